@@ -1,0 +1,3 @@
+from twisted.application.service import ServiceMaker
+
+amp = ServiceMaker("amp", "amp.tap", "Admission mutation proxy for Kubernetes.", "amp")
