@@ -1,0 +1,85 @@
+"""
+Prometheus metrics and the plain-HTTP ``/metrics`` resource.
+
+Every component gets the one L{Metrics} object it reports to; each instance
+has its own registry, so tests can make a fresh one and read it back.  The
+C{endpoint} label is always an origin (C{scheme://host:port}), never a full
+URL, so its cardinality is bounded by the number of endpoint services.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from twisted.web.resource import Resource
+from twisted.web.server import Request
+
+#: Buckets for admission and endpoint latency: webhook budgets are
+#: milliseconds to a few seconds.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+BREAKER_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
+
+
+class Metrics:
+    """
+    All of amp's metrics, in one registry.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.admission_requests = Counter(
+            "amp_admission_requests", "Admission reviews answered, by result.",
+            ["kind", "operation", "result"], registry=r)
+        self.admission_duration = Histogram(
+            "amp_admission_duration_seconds", "Time from request to answer for a review.",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.bad_requests = Counter(
+            "amp_bad_requests", "Requests refused before review, by HTTP status.", ["code"], registry=r)
+        self.endpoint_requests = Counter(
+            "amp_endpoint_requests", "Endpoint calls by outcome.", ["endpoint", "outcome"], registry=r)
+        self.endpoint_duration = Histogram(
+            "amp_endpoint_duration_seconds", "Endpoint call latency.", ["endpoint"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.breaker_state = Gauge(
+            "amp_circuit_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
+            ["endpoint"], registry=r)
+        self.shadow_patches = Counter(
+            "amp_shadow_patches", "Patches computed in shadow mode and not applied.", ["endpoint"], registry=r)
+        self.patch_repairs = Counter(
+            "amp_patch_repairs", "Operations amp inserted to create missing parents.", registry=r)
+        self.namespace_cache_size = Gauge(
+            "amp_namespace_cache_namespaces", "Namespaces held in the cache.", registry=r)
+        self.namespace_watch_restarts = Counter(
+            "amp_namespace_watch_restarts", "Watch restarts, by reason.", ["reason"], registry=r)
+        self.namespace_events = Counter(
+            "amp_namespace_events", "Watch events applied, by type.", ["type"], registry=r)
+        self.namespace_misses = Counter(
+            "amp_namespace_cache_misses", "Lookups the cache could not answer, by result.", ["result"], registry=r)
+        self.tls_not_after = Gauge(
+            "amp_tls_certificate_not_after_timestamp_seconds",
+            "Expiry of the serving certificate (unix time).", registry=r)
+        self.tls_reloads = Counter(
+            "amp_tls_reloads", "Serving certificate reloads by result.", ["result"], registry=r)
+        self.open_connections = Gauge(
+            "amp_open_connections", "Open client connections on the webhook listener.", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsResource(Resource):
+    """
+    C{GET /metrics} in the Prometheus text format.
+    """
+
+    isLeaf = True
+
+    def __init__(self, metrics: Metrics) -> None:
+        super().__init__()
+        self._metrics = metrics
+
+    def render_GET(self, request: Request) -> bytes:
+        request.setHeader(b"Content-Type", CONTENT_TYPE_LATEST.encode("ascii"))
+        return self._metrics.render()
