@@ -717,17 +717,6 @@ class TapTests(SynchronousTestCase):
                      ["--max-body", "0"]):
             self.assertRaises(usage.UsageError, example_tap.Options().parseOptions, argv)
 
-    def test_presets_file(self) -> None:
-        path = self.mktemp()
-        with open(path, "w") as f:
-            f.write(PRESETS_YAML)
-        options = example_tap.Options()
-        options.parseOptions(["--presets", path])
-        self.assertEqual([p.name for p in options["preset_list"]], ["add-gcp-secret", "mount-datasets", "proxy-env"])
-        with open(path, "w") as f:
-            f.write("- name: x\n")
-        self.assertRaises(usage.UsageError, example_tap.Options().parseOptions, ["--presets", path])
-
     def test_make_service_listens_where_told(self) -> None:
         options = example_tap.Options()
         options.parseOptions(["--port", "18091", "--interface", "::1"])
@@ -785,6 +774,18 @@ class CappedRequestTests(SynchronousTestCase):
         self.assertFalse(seen[0].body_too_large)
         self.assertTrue(transport.value().startswith(b"HTTP/1.1 200 "))
         self.assertTrue(transport.value().endswith(b"\r\n\r\n[]"))
+
+
+def test_presets_file_option(tmp_path):
+    path = tmp_path / "presets.yaml"
+    path.write_text(PRESETS_YAML)
+    options = example_tap.Options()
+    options.parseOptions(["--presets", str(path)])
+    assert [p.name for p in options["preset_list"]] == ["add-gcp-secret", "mount-datasets", "proxy-env"]
+    path.write_text("- name: x\n")
+    with pytest.raises(usage.UsageError) as info:
+        example_tap.Options().parseOptions(["--presets", str(path)])
+    assert "selector is required" in str(info.value)
 
 
 @implementer(IBodyProducer)
