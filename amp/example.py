@@ -322,7 +322,7 @@ SIDECAR_INIT_IMAGE = "alpine:3.12.0"
 SHARED_VOLUME = "amp-shared"
 SHARED_MOUNT_PATH = "/var/run/amp"
 INJECT_ANNOTATION = "amp.txn2.com/inject"
-INJECTED_AUDIT_KEY = "sidecar.amp.txn2.com/injected"
+INJECTED_AUDIT_KEY = "sidecar-injected"
 
 
 def container_ports(pod: Mapping[str, Any]) -> list[int]:

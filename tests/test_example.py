@@ -271,7 +271,7 @@ def test_sidecar_injection_on_a_bare_pod():
     pod = mesh_pod()
     reply = example.sidecar_reply(pod)
     assert reply["allowed"] is True
-    assert reply["auditAnnotations"] == {"sidecar.amp.txn2.com/injected": "true"}
+    assert reply["auditAnnotations"] == {"sidecar-injected": "true"}
     out = apply(pod, reply["patch"])
     names = [c["name"] for c in out["spec"]["containers"]]
     assert names == ["app", "metrics", "worker", "amp-proxy"], "app containers keep their indexes"
@@ -606,7 +606,7 @@ class HTTPTests(SynchronousTestCase):
     def test_sidecar_and_audit_annotation(self) -> None:
         code, reply = self.post_json("/sidecar", mesh_pod())
         self.assertEqual(code, 200)
-        self.assertEqual(reply["auditAnnotations"], {"sidecar.amp.txn2.com/injected": "true"})
+        self.assertEqual(reply["auditAnnotations"], {"sidecar-injected": "true"})
         self.assertEqual(apply(mesh_pod(), reply["patch"])["spec"]["containers"][-1]["name"], "amp-proxy")
 
     def test_poddefault_conflict_is_a_denial_in_a_200_reply(self) -> None:

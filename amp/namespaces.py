@@ -1,0 +1,91 @@
+"""
+Where amp learns about namespaces: the L{INamespaceSource} interface and its
+implementations.
+
+The hot path asks L{INamespaceSource.cached} first, which answers from memory
+on the reactor thread; only when that says L{UNKNOWN} does it call
+L{INamespaceSource.fetch}.  L{StaticNamespaceSource} serves namespaces from
+the config so amp runs without a cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, succeed
+from zope.interface import Attribute, Interface, implementer
+
+from amp.config import KubernetesConfig
+from amp.policy import NamespaceInfo
+
+
+class _Unknown:
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+#: L{INamespaceSource.cached} has no answer: call L{INamespaceSource.fetch}.
+UNKNOWN = _Unknown()
+
+CachedAnswer = Union[NamespaceInfo, None, _Unknown]
+
+
+class INamespaceSource(Interface):
+    """
+    Namespaces by name, for the review path.  Implementations are services.
+    """
+
+    def cached(name: str) -> CachedAnswer:
+        """
+        The namespace from memory: a L{NamespaceInfo}, None (known not to
+        exist), or L{UNKNOWN}.  Never blocks.
+        """
+
+    def fetch(name: str, timeout: float) -> "Deferred[Optional[NamespaceInfo]]":
+        """
+        Look the namespace up at the source, within C{timeout} seconds.
+        Concurrent fetches of one name share one lookup.
+        """
+
+    def readiness() -> tuple[bool, str]:
+        """
+        Whether the source has synced, and a human detail.
+        """
+
+    def cluster_failure_policy() -> Optional[str]:
+        """
+        The failurePolicy of amp's own MutatingWebhookConfiguration, if
+        watched and known; else None.
+        """
+
+    count = Attribute("Number of namespaces held.")
+
+
+@implementer(INamespaceSource)
+class StaticNamespaceSource(Service):
+    """
+    Namespaces listed in the config (C{kubernetes.namespaces}); always ready.
+    """
+
+    def __init__(self, config: KubernetesConfig) -> None:
+        self._namespaces = {
+            name: NamespaceInfo(name, dict(spec.labels), dict(spec.annotations))
+            for name, spec in config.namespaces.items()
+        }
+
+    @property
+    def count(self) -> int:
+        return len(self._namespaces)
+
+    def cached(self, name: str) -> CachedAnswer:
+        return self._namespaces.get(name)
+
+    def fetch(self, name: str, timeout: float) -> "Deferred[Optional[NamespaceInfo]]":
+        return succeed(self._namespaces.get(name))
+
+    def readiness(self) -> tuple[bool, str]:
+        return True, f"static namespaces: {len(self._namespaces)}"
+
+    def cluster_failure_policy(self) -> Optional[str]:
+        return None

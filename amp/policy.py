@@ -1,0 +1,132 @@
+"""
+Namespace + config -> what to do with a review (pure).
+
+L{route} answers, for one namespace: is amp enabled there, which endpoint
+(checked against the allow-list), with which settings, in which mode, and
+under which failure policy.  L{review_budget} turns the API server's
+C{?timeout=} into the time amp may spend.  Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from amp.config import Config, EndpointSettings
+from amp.urls import BadURL, EndpointURL, parse_endpoint_url
+
+IGNORE, FAIL = "Ignore", "Fail"
+NORMAL, SHADOW = "normal", "shadow"
+
+_TIMEOUT = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
+_TIMEOUT_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceInfo:
+    """
+    What amp keeps of a Namespace: its name, labels, annotations and
+    resourceVersion.  The watched source keeps only the labels and
+    annotations amp reads, never whole objects.
+    """
+
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    resource_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """
+    The decision for one review's namespace.
+
+    @ivar enabled: the namespace opted in; when false nothing else matters.
+    @ivar url: the checked endpoint, or None.
+    @ivar error: C{(reason, message)} when the endpoint cannot be used.
+    """
+
+    enabled: bool
+    failure_policy: str = FAIL
+    mode: str = NORMAL
+    url: Optional[EndpointURL] = None
+    raw_url: str = ""
+    settings: Optional[EndpointSettings] = None
+    error: Optional[tuple[str, str]] = None
+
+
+_NOT_ENABLED = Route(enabled=False)
+
+
+def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str]) -> str:
+    """
+    The namespace's C{amp.txn2.com/failure-policy} annotation if valid, else
+    the config's C{failure_policy}; C{auto} follows the cluster's
+    MutatingWebhookConfiguration (C{cluster_policy}) and falls back to
+    C{Fail}, the Kubernetes default, while that is unknown.
+    """
+    if ns is not None:
+        value = ns.annotations.get(config.kubernetes.failure_policy_annotation)
+        if value in (IGNORE, FAIL):
+            return value
+    if config.failure_policy == "auto":
+        return cluster_policy if cluster_policy in (IGNORE, FAIL) else FAIL
+    return config.failure_policy
+
+
+def is_enabled(ns: Optional[NamespaceInfo], config: Config) -> bool:
+    kube = config.kubernetes
+    return ns is not None and ns.labels.get(kube.enabled_label) == kube.enabled_value
+
+
+def route(
+    ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str], *, validation: bool = False
+) -> Route:
+    """
+    Decide what to do for a review in namespace C{ns} (None: no such
+    namespace).  C{validation} picks the validation endpoint annotation.
+    """
+    if not is_enabled(ns, config):
+        return _NOT_ENABLED
+    assert ns is not None
+    kube = config.kubernetes
+    policy = failure_policy(ns, config, cluster_policy)
+    mode = SHADOW if ns.annotations.get(kube.mode_annotation) == SHADOW else NORMAL
+    if validation:
+        raw = ns.annotations.get(kube.validation_annotation)
+    else:
+        raw = next((ns.annotations[a] for a in kube.endpoint_annotations if ns.annotations.get(a)), None)
+    if not raw:
+        return Route(enabled=True, failure_policy=policy, mode=mode)
+    try:
+        url = parse_endpoint_url(raw)
+    except BadURL as e:
+        return Route(True, policy, mode, raw_url=raw, error=("bad-url", str(e)))
+    if not config.endpoints.allowed(url):
+        return Route(True, policy, mode, url=url, raw_url=raw,
+                     error=("not-allowed", f"endpoint {url.origin} is not in endpoints.allow"))
+    return Route(True, policy, mode, url=url, raw_url=raw, settings=config.endpoints.settings_for(url))
+
+
+def parse_timeout(value: Optional[str]) -> Optional[float]:
+    """
+    The API server's C{?timeout=10s} query value in seconds, or None.
+    """
+    if not value:
+        return None
+    m = _TIMEOUT.match(value.strip())
+    if not m:
+        return None
+    seconds = float(m.group(1)) * _TIMEOUT_UNITS[m.group(2)]
+    return seconds if seconds > 0 else None
+
+
+def review_budget(timeout: Optional[float], default_timeout: float, margin: float) -> float:
+    """
+    Seconds amp may spend on one review: the API server's timeout (or the
+    configured default) less the safety margin, never less than a tenth of
+    the timeout so a large margin cannot leave nothing.
+    """
+    total = timeout if timeout is not None else default_timeout
+    return max(total - margin, total * 0.1)

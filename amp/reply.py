@@ -1,0 +1,88 @@
+"""
+The endpoint protocol's reply (pure).
+
+An endpoint answers either with a bare JSON array of JSON Patch operations
+(the Go amp's protocol) or with an object::
+
+    {"patch": [...], "allowed": true, "status": {"code": 403, "message": "..."},
+     "warnings": ["..."], "auditAnnotations": {"key": "value"}}
+
+L{parse_reply} turns the bytes into an L{EndpointDecision} or raises
+L{ReplyError} naming what is wrong.  Whether the patch applies is
+L{amp.patch}'s business, not this module's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+_OBJECT_KEYS = frozenset({"patch", "allowed", "status", "warnings", "auditAnnotations"})
+
+
+class ReplyError(ValueError):
+    """
+    The endpoint's reply is not in the protocol; C{reason} is
+    C{invalid-json} or C{invalid-reply}.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointDecision:
+    patch: list = field(default_factory=list)
+    allowed: bool = True
+    code: int = 403
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+    audit: Mapping[str, Any] = field(default_factory=dict)
+
+
+def parse_reply(body: bytes) -> EndpointDecision:
+    """
+    Parse an endpoint's 2xx reply body.
+
+    @raise ReplyError: when it is not JSON or not one of the two forms.
+    """
+    if not body.strip():
+        raise ReplyError("invalid-json", "endpoint replied with an empty body (send [] for no change)")
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise ReplyError("invalid-json", "endpoint reply is not JSON") from None
+    if isinstance(doc, list):
+        return EndpointDecision(patch=doc)
+    if not isinstance(doc, dict):
+        raise ReplyError("invalid-reply", f"endpoint reply is a JSON {type(doc).__name__}, "
+                                          "expected an array of patch operations or an object")
+    unknown = set(doc) - _OBJECT_KEYS
+    if unknown:
+        raise ReplyError("invalid-reply", f"endpoint reply has unknown key {sorted(unknown)[0]!r}")
+    patch = doc.get("patch")
+    if patch is None:
+        patch = []
+    if not isinstance(patch, list):
+        raise ReplyError("invalid-reply", "endpoint reply 'patch' is not an array")
+    allowed = doc.get("allowed", True)
+    if not isinstance(allowed, bool):
+        raise ReplyError("invalid-reply", "endpoint reply 'allowed' is not true or false")
+    status = doc.get("status") or {}
+    if not isinstance(status, dict):
+        raise ReplyError("invalid-reply", "endpoint reply 'status' is not an object")
+    code = status.get("code", 403)
+    if isinstance(code, bool) or not isinstance(code, int) or not 400 <= code <= 599:
+        code = 403
+    message = status.get("message", "")
+    if not isinstance(message, str):
+        raise ReplyError("invalid-reply", "endpoint reply 'status.message' is not a string")
+    warnings = doc.get("warnings") or []
+    if not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings):
+        raise ReplyError("invalid-reply", "endpoint reply 'warnings' is not an array of strings")
+    audit = doc.get("auditAnnotations") or {}
+    if not isinstance(audit, dict):
+        raise ReplyError("invalid-reply", "endpoint reply 'auditAnnotations' is not an object")
+    return EndpointDecision(patch, allowed, code, message, tuple(warnings), audit)

@@ -1,0 +1,622 @@
+"""
+The serving certificate of amp's TLS listener: loading, checking and hot reload.
+
+This module owns everything between the PEM files on disk and the
+C{OpenSSL.SSL.Context} each new TLS connection is built from:
+
+L{ReloadingCertificate}
+    Loads the certificate chain, private key and (optionally) the CA that
+    client certificates must be signed by, checks that they belong together
+    and have not expired, and builds an C{SSL.Context} with amp's TLS
+    settings.  It is the L{IOpenSSLServerConnectionCreator} of the listener:
+    every new connection gets the context that is current at accept time,
+    and connections already open keep the context they started with.
+
+    L{ReloadingCertificate.check} notices a change of the files (a rewrite in
+    place, or the atomic C{..data} symlink swap the kubelet does for a Secret
+    volume) and loads the new set.  A set that does not load (half written,
+    key and certificate from different generations, already expired) never
+    replaces a good one: the old context stays in service, the failure is
+    logged and counted, and the next check tries again.
+
+L{CertificateReloadService}
+    Calls C{check()} every few seconds and reloads on C{SIGHUP}.
+
+L{tls_endpoint}
+    A TCP listener that speaks TLS through a L{ReloadingCertificate}.
+    (C{serverFromString("ssl:...")} reads its certificate once and never
+    again, so it is not used.)
+
+Wiring, in order: build a L{ReloadingCertificate}, call C{load()} before the
+reactor runs (it raises L{CertificateError}, whose message names the file and
+the problem, so start-up fails with one clear line), listen with
+L{tls_endpoint}, and add a L{CertificateReloadService} to the application.
+
+Change detection compares, for every file, its resolved path, inode, size
+and modification time (nanoseconds) with what was last loaded.  A file
+rewritten in place with the same size within the file system's timestamp
+granularity (a few milliseconds) of the previous load is not noticed by
+polling; C{SIGHUP} (L{ReloadingCertificate.reload}) always re-reads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Callable, Optional, Union
+
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from OpenSSL import SSL, crypto
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
+from twisted.internet.interfaces import (
+    IListeningPort,
+    IOpenSSLServerConnectionCreator,
+    IProtocolFactory,
+    IReactorTime,
+    IStreamServerEndpoint,
+)
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
+from zope.interface import implementer
+
+from amp.metrics import Metrics
+
+#: TLS 1.2 cipher suites: Mozilla's "intermediate" list without the
+#: finite-field DHE suites, i.e. ECDHE key exchange with AES-GCM or
+#: ChaCha20-Poly1305.  TLS 1.3 suites are OpenSSL's defaults (all AEAD).
+TLS12_CIPHERS = ":".join(
+    (
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+        "ECDHE-RSA-AES128-GCM-SHA256",
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+        "ECDHE-RSA-AES256-GCM-SHA384",
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+        "ECDHE-RSA-CHACHA20-POLY1305",
+    )
+)
+
+#: The only application protocol offered over ALPN: the API server talks
+#: HTTP/1.1 to webhooks.
+ALPN_PROTOCOL = b"http/1.1"
+
+_MIN_VERSIONS = {"1.2": SSL.TLS1_2_VERSION, "1.3": SSL.TLS1_3_VERSION}
+
+_OPTIONS = (
+    SSL.OP_NO_COMPRESSION
+    | SSL.OP_CIPHER_SERVER_PREFERENCE
+    | getattr(SSL, "OP_NO_RENEGOTIATION", 0)
+)
+
+_PEM_BEGIN_CERT = b"-----BEGIN CERTIFICATE-----"
+_PEM_END_CERT = b"-----END CERTIFICATE-----"
+
+
+class CertificateError(ValueError):
+    """
+    A certificate, key or client CA file cannot be used; the message names
+    the file and the problem.
+    """
+
+
+@dataclass(frozen=True)
+class FileState:
+    """
+    What identifies one version of a file: where its path resolves to (so a
+    C{..data} symlink swap is seen), its inode, size and modification time.
+    """
+
+    realpath: str
+    inode: int
+    size: int
+    mtime_ns: int
+
+
+#: A file's state, or the error that stopped us from looking at it.
+_Observed = Union[FileState, str]
+
+
+def _stat(path: str) -> _Observed:
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return f"error {e.errno}"
+    return FileState(os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _read(path: str, what: str) -> tuple[bytes, FileState]:
+    """
+    Read C{path} and return its bytes with the state of exactly the file
+    that was read.
+    """
+    realpath = os.path.realpath(path)
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            data = f.read()
+    except FileNotFoundError:
+        raise CertificateError(f"{what} {path}: file not found") from None
+    except PermissionError:
+        raise CertificateError(f"{what} {path}: not readable (permission denied)") from None
+    except IsADirectoryError:
+        raise CertificateError(f"{what} {path}: is a directory, expected a PEM file") from None
+    except OSError as e:
+        raise CertificateError(f"{what} {path}: cannot be read ({e.strerror})") from None
+    if not data.strip():
+        raise CertificateError(f"{what} {path}: file is empty")
+    return data, FileState(realpath, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _parse_certificates(data: bytes, path: str, what: str) -> list[x509.Certificate]:
+    """
+    All certificates of a PEM bundle; a bundle whose last block is cut off
+    (a file still being written) is refused rather than silently shortened.
+    """
+    begins, ends = data.count(_PEM_BEGIN_CERT), data.count(_PEM_END_CERT)
+    if begins == 0:
+        raise CertificateError(f"{what} {path}: not a PEM certificate (no '{_PEM_BEGIN_CERT.decode()}' line)")
+    if begins != ends:
+        raise CertificateError(
+            f"{what} {path}: truncated PEM certificate ({begins} BEGIN and {ends} END lines)"
+        )
+    try:
+        certs = x509.load_pem_x509_certificates(data)
+    except ValueError:
+        raise CertificateError(f"{what} {path}: not a valid PEM certificate (malformed or truncated)") from None
+    if len(certs) != begins:
+        raise CertificateError(
+            f"{what} {path}: only {len(certs)} of {begins} PEM certificates could be parsed"
+        )
+    return certs
+
+
+def _parse_key(data: bytes, path: str) -> Any:
+    what = "key file"
+    try:
+        return serialization.load_pem_private_key(data, password=None)
+    except TypeError:
+        raise CertificateError(f"{what} {path}: the private key is encrypted; amp needs an unencrypted key") from None
+    except UnsupportedAlgorithm as e:
+        raise CertificateError(f"{what} {path}: unsupported private key type ({e})") from None
+    except ValueError:
+        raise CertificateError(f"{what} {path}: not a valid PEM private key (malformed or truncated)") from None
+
+
+def _spki(public_key: Any) -> bytes:
+    return public_key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def _utc(when: datetime.datetime) -> str:
+    return when.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _select_alpn(connection: SSL.Connection, offered: list[bytes]) -> Any:
+    """
+    Pick HTTP/1.1 when the client offers it; otherwise negotiate no
+    protocol (the handshake still succeeds).
+    """
+    if ALPN_PROTOCOL in offered:
+        return ALPN_PROTOCOL
+    return SSL.NO_OVERLAPPING_PROTOCOLS
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    context: SSL.Context
+    fingerprint: tuple[_Observed, ...]
+    serial: int
+    not_after: datetime.datetime
+
+
+@implementer(IOpenSSLServerConnectionCreator)
+class ReloadingCertificate:
+    """
+    The serving certificate, reloadable while connections are open.
+
+    @ivar serial: serial number of the certificate in service (C{None}
+        until one is loaded).
+    @ivar not_after: its expiry as an aware C{datetime} in UTC (C{None}
+        until one is loaded).
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        cert_path: str,
+        key_path: str,
+        *,
+        clock: IReactorTime,
+        client_ca: Optional[str] = None,
+        min_version: str = "1.2",
+        metrics: Optional[Metrics] = None,
+    ) -> None:
+        """
+        @param cert_path: PEM certificate chain, the serving certificate
+            first (C{tls.crt}).
+        @param key_path: its unencrypted PEM private key (C{tls.key}).
+        @param clock: what "now" is for the expiry checks.
+        @param client_ca: PEM file of the CA(s) a client certificate must be
+            signed by; when given, every client must present one.  It is
+            watched and reloaded together with the pair.
+        @param min_version: C{"1.2"} or C{"1.3"}.
+        @param metrics: where reloads and the expiry time are reported.
+        """
+        if min_version not in _MIN_VERSIONS:
+            raise ValueError(f"min_version: expected 1.2 or 1.3, got {min_version!r}")
+        self.cert_path = cert_path
+        self.key_path = key_path
+        self.client_ca = client_ca
+        self.min_version = min_version
+        self._clock = clock
+        self._metrics = metrics
+        self._current: Optional[_Loaded] = None
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def loaded(self) -> bool:
+        """Whether a certificate is in service."""
+        return self._current is not None
+
+    @property
+    def serial(self) -> Optional[int]:
+        return self._current.serial if self._current is not None else None
+
+    @property
+    def not_after(self) -> Optional[datetime.datetime]:
+        return self._current.not_after if self._current is not None else None
+
+    def expired(self) -> bool:
+        """
+        Whether the certificate in service has expired by the clock.  False
+        when none is loaded (see L{loaded}).
+        """
+        if self._current is None:
+            return False
+        return self._clock.seconds() >= self._current.not_after.timestamp()
+
+    def readiness(self) -> tuple[bool, str]:
+        """
+        C{(ready, detail)} for C{/readyz}: ready when a certificate is loaded
+        and has not expired.
+        """
+        current = self._current
+        if current is None:
+            return False, "no TLS certificate loaded"
+        if self.expired():
+            return False, f"certificate serial {current.serial:#x} expired at {_utc(current.not_after)}"
+        return True, f"certificate serial {current.serial:#x}, expires {_utc(current.not_after)}"
+
+    # ------------------------------------------------------------ loading
+
+    def _paths(self) -> tuple[str, ...]:
+        paths: tuple[str, ...] = (self.cert_path, self.key_path)
+        if self.client_ca is not None:
+            paths += (self.client_ca,)
+        return paths
+
+    def fingerprint(self) -> tuple[_Observed, ...]:
+        """
+        The current on-disk state of the certificate, key and client CA files.
+        """
+        return tuple(_stat(p) for p in self._paths())
+
+    def _build(self) -> _Loaded:
+        """
+        Read, check and turn the files into a context; raises
+        L{CertificateError}.  Nothing is changed here.
+        """
+        cert_data, cert_state = _read(self.cert_path, "certificate file")
+        key_data, key_state = _read(self.key_path, "key file")
+        chain = _parse_certificates(cert_data, self.cert_path, "certificate file")
+        key = _parse_key(key_data, self.key_path)
+        leaf = chain[0]
+        if _spki(leaf.public_key()) != _spki(key.public_key()):
+            raise CertificateError(
+                f"key file {self.key_path}: private key does not match the certificate "
+                f"in {self.cert_path} (serial {leaf.serial_number:#x})"
+            )
+        not_after = leaf.not_valid_after_utc
+        if self._clock.seconds() >= not_after.timestamp():
+            raise CertificateError(
+                f"certificate file {self.cert_path}: certificate serial {leaf.serial_number:#x} "
+                f"expired at {_utc(not_after)}"
+            )
+        states: tuple[_Observed, ...] = (cert_state, key_state)
+        client_cas: list[x509.Certificate] = []
+        if self.client_ca is not None:
+            ca_data, ca_state = _read(self.client_ca, "client CA file")
+            client_cas = _parse_certificates(ca_data, self.client_ca, "client CA file")
+            states += (ca_state,)
+
+        try:
+            context = self._context(leaf, chain[1:], key, client_cas)
+        except (SSL.Error, crypto.Error, ValueError, TypeError) as e:
+            raise CertificateError(
+                f"certificate file {self.cert_path}: OpenSSL refused the certificate, key or client CA ({e})"
+            ) from None
+        return _Loaded(context, states, leaf.serial_number, not_after)
+
+    def _context(
+        self,
+        leaf: x509.Certificate,
+        intermediates: list[x509.Certificate],
+        key: Any,
+        client_cas: list[x509.Certificate],
+    ) -> SSL.Context:
+        ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
+        ctx.set_min_proto_version(_MIN_VERSIONS[self.min_version])
+        ctx.set_options(_OPTIONS)
+        ctx.use_certificate(leaf)
+        for extra in intermediates:
+            ctx.add_extra_chain_cert(extra)
+        ctx.use_privatekey(key)
+        ctx.check_privatekey()
+        # Required for session resumption when client certificates are
+        # verified; harmless otherwise.
+        ctx.set_session_id(b"amp")
+        if client_cas:
+            store = ctx.get_cert_store()
+            if store is None:
+                raise CertificateError("OpenSSL context has no certificate store")
+            for ca in client_cas:
+                store.add_cert(crypto.X509.from_cryptography(ca))
+                ctx.add_client_ca(ca)
+            ctx.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT)
+        else:
+            ctx.set_verify(SSL.VERIFY_NONE)
+        ctx.set_alpn_select_callback(_select_alpn)
+        ctx.set_cipher_list(TLS12_CIPHERS.encode("ascii"))
+        return ctx
+
+    def _install(self, new: _Loaded) -> None:
+        self._current = new
+        if self._metrics is not None:
+            self._metrics.tls_not_after.set(new.not_after.timestamp())
+
+    def load(self) -> None:
+        """
+        Load the files at start-up.
+
+        @raises CertificateError: naming the file and the problem (missing,
+            unreadable, not PEM, key does not match, expired).
+        """
+        new = self._build()
+        self._install(new)
+        self.log.info(
+            "Serving TLS certificate serial {serial} from {cert_path}, expires {not_after}",
+            serial=f"{new.serial:#x}",
+            cert_path=self.cert_path,
+            not_after=_utc(new.not_after),
+        )
+
+    def check(self) -> bool:
+        """
+        Load the files if they changed since the last successful load.
+
+        @return: whether a new certificate was put into service.
+        """
+        current = self._current
+        if current is not None and self.fingerprint() == current.fingerprint:
+            return False
+        return self._attempt("files changed")
+
+    def reload(self) -> bool:
+        """
+        Re-read the files whether or not they look changed (C{SIGHUP}).
+
+        @return: whether a new certificate was put into service.
+        """
+        return self._attempt("reload requested")
+
+    def _attempt(self, trigger: str) -> bool:
+        """
+        Try to replace the certificate in service; on any failure keep it.
+        Never raises.
+        """
+        previous = self._current
+        old_serial = f"{previous.serial:#x}" if previous is not None else None
+        try:
+            new = self._build()
+        except CertificateError as e:
+            self._count("error")
+            self.log.warn(
+                "TLS certificate not reloaded ({trigger}), still serving serial {serial}: {reason}",
+                trigger=trigger,
+                serial=old_serial,
+                reason=str(e),
+            )
+            return False
+        except Exception:
+            self._count("error")
+            self.log.failure(
+                "TLS certificate not reloaded ({trigger}), still serving serial {serial}",
+                trigger=trigger,
+                serial=old_serial,
+            )
+            return False
+        self._install(new)
+        self._count("success")
+        self.log.info(
+            "TLS certificate reloaded ({trigger}): serial {serial} replaces {previous_serial}, "
+            "expires {not_after}",
+            trigger=trigger,
+            serial=f"{new.serial:#x}",
+            previous_serial=old_serial,
+            not_after=_utc(new.not_after),
+        )
+        return True
+
+    def _count(self, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.tls_reloads.labels(result=result).inc()
+
+    # ------------------------------------------------------------ IOpenSSLServerConnectionCreator
+
+    def serverConnectionForTLS(self, tlsProtocol: TLSMemoryBIOProtocol) -> SSL.Connection:
+        """
+        A server-side connection built from the context in service now.
+        """
+        current = self._current
+        if current is None:
+            raise CertificateError(
+                f"certificate file {self.cert_path}: no TLS certificate loaded; call load() first"
+            )
+        return SSL.Connection(current.context, None)
+
+
+_SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, None]
+
+
+class CertificateReloadService(Service):
+    """
+    Polls L{ReloadingCertificate.check} every C{interval} seconds and reloads
+    on C{SIGHUP}.
+
+    The certificate must already be loaded (L{ReloadingCertificate.load});
+    this service only keeps it current.
+
+    @ivar clock: the clock the polling runs on.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        cert: ReloadingCertificate,
+        *,
+        reactor: Any,
+        interval: float = 5.0,
+        clock: Optional[IReactorTime] = None,
+        install_sighup: bool = True,
+    ) -> None:
+        """
+        @param reactor: used for C{callFromThread} from the signal handler
+            and, unless C{clock} is given, for polling.
+        @param install_sighup: install the C{SIGHUP} handler on start.
+        """
+        if interval <= 0:
+            raise ValueError(f"interval: must be greater than zero, got {interval!r}")
+        self.cert = cert
+        self.reactor = reactor
+        self.interval = interval
+        self.clock: IReactorTime = clock if clock is not None else reactor
+        self.install_sighup = install_sighup
+        self._loop: Optional[LoopingCall] = None
+        self._installed = False
+        self._previous: _SignalHandler = None
+
+    def startService(self) -> None:
+        super().startService()
+        loop = LoopingCall(self._tick)
+        loop.clock = self.clock
+        self._loop = loop
+        done = loop.start(self.interval, now=False)
+        done.addErrback(lambda f: self.log.failure("TLS certificate polling stopped", f))
+        if self.install_sighup:
+            self._install_signal()
+
+    def stopService(self) -> Optional[Deferred[None]]:
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+        self._restore_signal()
+        return super().stopService()
+
+    def _tick(self) -> None:
+        try:
+            self.cert.check()
+        except Exception:
+            self.log.failure(
+                "Unexpected error while checking TLS certificate files {cert_path}",
+                cert_path=self.cert.cert_path,
+            )
+
+    # ------------------------------------------------------------ SIGHUP
+
+    def handle_sighup(self, signum: int, frame: Optional[FrameType]) -> None:
+        """
+        The C{SIGHUP} handler: schedule a forced reload on the reactor
+        thread, then call the handler that was installed before ours.
+        """
+        self.reactor.callFromThread(self.cert.reload)
+        previous = self._previous
+        if callable(previous):
+            previous(signum, frame)
+
+    def _install_signal(self) -> None:
+        try:
+            previous = signal.getsignal(signal.SIGHUP)
+            signal.signal(signal.SIGHUP, self.handle_sighup)
+        except ValueError as e:
+            # Not the main thread: polling still works.
+            self.log.warn("SIGHUP reload of the TLS certificate not available: {error}", error=str(e))
+            return
+        self._previous = previous
+        self._installed = True
+
+    def _restore_signal(self) -> None:
+        if not self._installed:
+            return
+        self._installed = False
+        previous, self._previous = self._previous, None
+        try:
+            if signal.getsignal(signal.SIGHUP) == self.handle_sighup:
+                signal.signal(signal.SIGHUP, previous if previous is not None else signal.SIG_DFL)
+        except ValueError as e:
+            self.log.warn("Could not restore the previous SIGHUP handler: {error}", error=str(e))
+
+
+@implementer(IStreamServerEndpoint)
+class ReloadingTLSServerEndpoint:
+    """
+    TCP (IPv4, or IPv6 when the interface contains C{:}) with TLS from a
+    L{ReloadingCertificate}.
+    """
+
+    def __init__(
+        self,
+        reactor: Any,
+        port: int,
+        interface: str,
+        creator: ReloadingCertificate,
+        backlog: int = 128,
+    ) -> None:
+        self.reactor = reactor
+        self.port = port
+        self.interface = interface
+        self.creator = creator
+        self.backlog = backlog
+
+    def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
+        if ":" in self.interface:
+            tcp: IStreamServerEndpoint = TCP6ServerEndpoint(
+                self.reactor, self.port, backlog=self.backlog, interface=self.interface
+            )
+        else:
+            tcp = TCP4ServerEndpoint(self.reactor, self.port, backlog=self.backlog, interface=self.interface)
+        return tcp.listen(TLSMemoryBIOFactory(self.creator, False, protocolFactory, clock=self.reactor))
+
+
+def tls_endpoint(
+    reactor: Any,
+    port: int,
+    interface: str,
+    creator: ReloadingCertificate,
+    backlog: int = 128,
+) -> IStreamServerEndpoint:
+    """
+    The webhook listener: TLS on C{interface:port}, each connection using
+    the certificate C{creator} has in service when it is accepted.
+    """
+    return ReloadingTLSServerEndpoint(reactor, port, interface, creator, backlog)

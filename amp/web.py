@@ -1,0 +1,291 @@
+"""
+The webhook's HTTP side: C{/mutate}, C{/validate}, C{/healthz}, C{/readyz},
+and the limits twisted.web does not enforce by itself.
+
+twisted.web neither caps request bodies nor bounds how long a client may take
+to send one (its idle timer resets on every byte), and it spools large bodies
+to temporary files.  L{WebhookSite} builds L{WebhookChannel}s that:
+  - refuse a body over C{listen.max_body} with 413 as soon as the
+    Content-Length (or the running count of a chunked body) says so, without
+    buffering it;
+  - give each request C{listen.request_timeout} from its first byte to its
+    last, answering 408 and closing when it runs out;
+  - close connections beyond C{listen.max_connections} at once.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Callable, Optional
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web import http, server
+from twisted.web.resource import Resource
+
+from amp.admission import Admitter, Outcome
+from amp.metrics import Metrics
+from amp.policy import parse_timeout, review_budget
+from amp.review import AdmissionRequest, ReviewError, parse_review
+
+_REASONS = {408: b"Request Timeout", 413: b"Content Too Large"}
+
+
+class WebhookRequest(server.Request):
+    """
+    A request whose body is held in memory and capped.
+    """
+
+    _received = 0
+    _refused = False
+
+    def gotLength(self, length: Optional[int]) -> None:
+        self.content = io.BytesIO()
+        limit = self.channel.site.max_body
+        if length is not None and length > limit:
+            self._refused = True
+            self.channel.refuse(413, f"request body of {length} bytes is over the {limit} byte limit (listen.max_body)")
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self._refused:
+            return
+        self._received += len(data)
+        limit = self.channel.site.max_body
+        if self._received > limit:
+            self._refused = True
+            self.channel.refuse(413, f"request body is over the {limit} byte limit (listen.max_body)")
+            return
+        self.content.write(data)
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        if self._refused:
+            return
+        super().requestReceived(command, path, version)
+
+
+class WebhookChannel(http.HTTPChannel):
+    """
+    An HTTP/1.1 channel with a whole-request read deadline, a connection cap
+    and an early refusal path.
+    """
+
+    _read_deadline: Any = None
+    _closing = False
+    _counted = False
+
+    def connectionMade(self) -> None:
+        site: WebhookSite = self.site
+        if site.open_connections >= site.max_connections:
+            site.logger.warn("Connection refused: {count} connections open (listen.max_connections)",
+                          count=site.open_connections)
+            self.transport.abortConnection()
+            return
+        site.open_connections += 1
+        self._counted = True
+        site.metrics.open_connections.set(site.open_connections)
+        super().connectionMade()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._closing:
+            return
+        if self._read_deadline is None and not self._handlingRequest:
+            self._read_deadline = self.site.reactor.callLater(self.site.request_timeout, self._read_timed_out)
+        super().dataReceived(data)
+
+    def allContentReceived(self) -> None:
+        self._cancel_deadline()
+        super().allContentReceived()
+
+    def _read_timed_out(self) -> None:
+        self._read_deadline = None
+        self.refuse(408, f"request not received within {self.site.request_timeout:g}s (listen.request_timeout)")
+
+    def _cancel_deadline(self) -> None:
+        if self._read_deadline is not None:
+            if self._read_deadline.active():
+                self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def refuse(self, code: int, message: str) -> None:
+        """
+        Answer C{code} with C{message} and close, without reading further.
+        """
+        if self._closing:
+            return
+        self._closing = True
+        self._cancel_deadline()
+        self.site.metrics.bad_requests.labels(str(code)).inc()
+        self.site.logger.warn("Refused a request: {code} {message}", code=code, message=message)
+        body = message.encode("utf-8") + b"\n"
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
+            b"Connection: close\r\n\r\n%s" % (code, _REASONS.get(code, b"Error"), len(body), body))
+        self.setRawMode()
+        self.transport.loseConnection()
+
+    def connectionLost(self, reason: Failure) -> None:
+        self._cancel_deadline()
+        if self._counted:
+            self._counted = False
+            site: WebhookSite = self.site
+            site.open_connections -= 1
+            site.metrics.open_connections.set(site.open_connections)
+        super().connectionLost(reason)
+
+
+class WebhookSite(server.Site):
+    """
+    The webhook listener's site: limits from C{listen.*}, no tracebacks to
+    clients, no access log (each review logs one line of its own).
+    """
+
+    protocol = WebhookChannel
+    requestFactory = WebhookRequest
+    displayTracebacks = False
+    logger = Logger()
+
+    def __init__(
+        self, resource: Resource, *, reactor: IReactorTime, metrics: Metrics, max_body: int,
+        max_connections: int, request_timeout: float, idle_timeout: float,
+    ) -> None:
+        super().__init__(resource, timeout=idle_timeout, reactor=reactor)
+        self.metrics = metrics
+        self.max_body = max_body
+        self.max_connections = max_connections
+        self.request_timeout = request_timeout
+        self.open_connections = 0
+
+    def log(self, request: Any) -> None:  # type: ignore[override]
+        """
+        No access log line: reviews log their own.
+        """
+
+
+def _plain(request: server.Request, code: int, message: str) -> bytes:
+    request.setResponseCode(code)
+    request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+    return message.encode("utf-8") + b"\n"
+
+
+class AdmissionResource(Resource):
+    """
+    C{POST /mutate} or C{POST /validate}: an AdmissionReview in, an
+    AdmissionReview out.
+    """
+
+    isLeaf = True
+    log = Logger()
+
+    def __init__(self, admitter: Admitter, clock: IReactorTime, metrics: Metrics, *, validation: bool) -> None:
+        super().__init__()
+        self._admitter = admitter
+        self._clock = clock
+        self._metrics = metrics
+        self._validation = validation
+
+    def render_POST(self, request: server.Request) -> Any:
+        started = self._clock.seconds()
+        content_type = (request.getHeader(b"content-type") or b"").split(b";", 1)[0].strip().lower()
+        if content_type != b"application/json":
+            self._metrics.bad_requests.labels("415").inc()
+            return _plain(request, 415, f"Content-Type must be application/json, got {content_type.decode('latin-1')!r}")
+        try:
+            req = parse_review(request.content.getvalue())
+        except ReviewError as e:
+            self._metrics.bad_requests.labels(str(e.code)).inc()
+            self.log.info("Bad AdmissionReview: {error}", error=e.message)
+            return _plain(request, e.code, e.message)
+        timeout = request.args.get(b"timeout")
+        deadline = self._admitter.config.deadline
+        budget = review_budget(parse_timeout(timeout[0].decode("ascii", "replace") if timeout else None),
+                               deadline.default_timeout, deadline.margin)
+        d = self._admitter.review(req, budget, validation=self._validation)
+        if not d.called:
+            request.notifyFinish().addErrback(_cancel_on_disconnect, d)
+        d.addCallback(self._respond, request, req, started)
+        d.addErrback(self._write_failed, request)
+        return server.NOT_DONE_YET
+
+    def _respond(self, result: tuple[bytes, Outcome], request: server.Request, req: AdmissionRequest,
+                 started: float) -> None:
+        body, outcome = result
+        if request._disconnected:
+            outcome.reason = outcome.reason or "client-disconnected"
+        else:
+            request.setHeader(b"content-type", b"application/json")
+            request.setHeader(b"content-length", b"%d" % len(body))
+            request.write(body)
+            request.finish()
+        elapsed = self._clock.seconds() - started
+        self._metrics.admission_duration.observe(elapsed)
+        self._metrics.admission_requests.labels(req.kind, req.operation, outcome.result).inc()
+        self.log.info(
+            "review {uid} {namespace}/{pod} {result}{reason_text} endpoint={endpoint} "
+            "patch={patch_size}B in {duration_ms:.1f}ms",
+            uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=outcome.endpoint or "-",
+            result=outcome.result, reason=outcome.reason,
+            reason_text=f" ({outcome.reason})" if outcome.reason else "",
+            patch_size=outcome.patch_size, duration_ms=elapsed * 1000, dry_run=req.dry_run,
+            kind=req.kind, operation=req.operation)
+
+    def _write_failed(self, failure: Failure, request: server.Request) -> None:
+        self.log.failure("Could not write an admission answer", failure)
+        if not request._disconnected and not request.finished:
+            request.setResponseCode(500)
+            request.finish()
+
+
+def _cancel_on_disconnect(failure: Failure, d: Deferred) -> None:
+    if not d.called:
+        d.cancel()
+
+
+class HealthResource(Resource):
+    """
+    C{GET /healthz}: the process is alive and its reactor turns.
+    """
+
+    isLeaf = True
+
+    def render_GET(self, request: server.Request) -> bytes:
+        return _plain(request, 200, "ok")
+
+
+class ReadyResource(Resource):
+    """
+    C{GET /readyz}: 200 when every check passes, else 503; the body lists
+    each check and its detail.
+    """
+
+    isLeaf = True
+
+    def __init__(self, checks: dict[str, Callable[[], tuple[bool, str]]]) -> None:
+        super().__init__()
+        self._checks = checks
+
+    def render_GET(self, request: server.Request) -> bytes:
+        lines = []
+        ready = True
+        for name, check in self._checks.items():
+            try:
+                ok, detail = check()
+            except Exception as e:
+                ok, detail = False, f"check failed: {e}"
+            ready = ready and ok
+            lines.append(f"[{'+' if ok else '-'}] {name}: {detail}")
+        lines.append("ready" if ready else "not ready")
+        return _plain(request, 200 if ready else 503, "\n".join(lines))
+
+
+def webhook_root(
+    admitter: Admitter, clock: IReactorTime, metrics: Metrics, ready_checks: dict[str, Callable[[], tuple[bool, str]]]
+) -> Resource:
+    root = Resource()
+    root.putChild(b"mutate", AdmissionResource(admitter, clock, metrics, validation=False))
+    root.putChild(b"validate", AdmissionResource(admitter, clock, metrics, validation=True))
+    root.putChild(b"healthz", HealthResource())
+    root.putChild(b"readyz", ReadyResource(ready_checks))
+    return root
+
