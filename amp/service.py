@@ -115,6 +115,9 @@ class AmpService(MultiService):
             idle_timeout=listen.idle_timeout)
         self.webhook = StreamServerEndpointService(
             tls_endpoint(reactor, listen.port, listen.interface, certificate), self.site)
+        # A port that cannot be bound must stop start-up, not leave a
+        # process that looks alive and serves nothing.
+        self.webhook._raiseSynchronously = True
         self.webhook.setServiceParent(self)
         self.metrics_listener: Optional[StreamServerEndpointService] = None
         if config.metrics.port:
@@ -124,6 +127,7 @@ class AmpService(MultiService):
             metrics_site.log = lambda request: None  # type: ignore[method-assign]
             self.metrics_listener = StreamServerEndpointService(
                 _tcp(reactor, config.metrics.port, config.metrics.interface), metrics_site)
+            self.metrics_listener._raiseSynchronously = True
             self.metrics_listener.setServiceParent(self)
 
 
