@@ -12,6 +12,7 @@ import datetime
 import os
 import shutil
 import signal
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol, wrapClientTLS
 from twisted.internet.interfaces import IHandshakeListener, IOpenSSLClientConnectionCreator
 from twisted.internet.protocol import Protocol
-from twisted.internet.ssl import Certificate, PrivateCertificate, optionsForClientTLS
+from twisted.internet.ssl import Certificate, optionsForClientTLS
 from twisted.internet.task import Clock
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
@@ -74,9 +75,8 @@ class PKI:
         cert, key = issue_cert(self.ca, self.ca_key, "amp", HOSTS, **kw)
         return Pair(pem_cert(cert), pem_key(key), cert.serial_number, cert.not_valid_after_utc)
 
-    def client(self) -> PrivateCertificate:
-        cert, key = issue_cert(self.ca, self.ca_key, "kube-apiserver", ["kube-apiserver"], client=True)
-        return PrivateCertificate.loadPEM(pem_cert(cert) + pem_key(key))
+    def client(self) -> tuple[x509.Certificate, Any]:
+        return issue_cert(self.ca, self.ca_key, "kube-apiserver", ["kube-apiserver"], client=True)
 
 
 def _ca(name: str, *, path_length: int = 0, issuer: Optional[tuple[Any, Any]] = None) -> tuple[Any, Any]:
@@ -287,8 +287,12 @@ class RawClient:
     """
 
     def __init__(self, ca: x509.Certificate, *, min_version: int = 0, max_version: int = 0,
-                 ciphers: Optional[bytes] = None) -> None:
+                 ciphers: Optional[bytes] = None,
+                 client_cert: Optional[tuple[x509.Certificate, Any]] = None) -> None:
         self.context = SSL.Context(SSL.TLS_CLIENT_METHOD)
+        if client_cert is not None:
+            self.context.use_certificate(client_cert[0])
+            self.context.use_privatekey(client_cert[1])
         if min_version:
             self.context.set_min_proto_version(min_version)
         if max_version:
@@ -360,8 +364,8 @@ class TLSTestCase(TestCase):
         self.clock = Clock()
         self.clock.advance(time.time())
         self.pki = PKI()
-        self.dir = Path(self.mktemp())
-        self.dir.mkdir(parents=True)
+        self.dir = Path(tempfile.mkdtemp(prefix="amp-tls-"))
+        self.addCleanup(shutil.rmtree, self.dir, True)
         self.metrics = Metrics()
         self.files = PlainFiles(self.dir)
 
@@ -395,13 +399,10 @@ class TLSTestCase(TestCase):
         self.addCleanup(tracker.close_all)
         self.port = port.getHost().port
 
-    def client(self, ca: Optional[bytes] = None, client_cert: Optional[PrivateCertificate] = None,
-               alpn: Optional[list[bytes]] = None) -> Any:
+    def client(self, ca: Optional[bytes] = None, alpn: Optional[list[bytes]] = None) -> Any:
+        """What a careful HTTPS client does: verify chain and host name."""
         return optionsForClientTLS(
-            "localhost",
-            trustRoot=Certificate.loadPEM(ca or self.pki.ca_pem),
-            clientCertificate=client_cert,
-            acceptableProtocols=alpn,
+            "localhost", trustRoot=Certificate.loadPEM(ca or self.pki.ca_pem), acceptableProtocols=alpn
         )
 
     @inlineCallbacks
@@ -603,20 +604,22 @@ class ClientCertificateTests(TLSTestCase):
         ours = self.pki.client()
         theirs = other.client()
 
-        accepted = yield self.fetch(self.client(client_cert=ours))
+        accepted = yield self.fetch(RawClient(self.pki.ca, client_cert=ours))
         self.assertTrue(accepted.answered_ok, accepted.received)
         hits = self.hello.hits
 
-        self.assertRefused((yield self.fetch(self.client(client_cert=theirs))), hits)
-        self.assertRefused((yield self.fetch(self.client())), hits)
+        self.assertRefused((yield self.fetch(RawClient(self.pki.ca, client_cert=theirs))), hits)
+        self.assertRefused((yield self.fetch(RawClient(self.pki.ca))), hits)
 
         # The client CA file is watched with the pair.
+        self.clock.advance(INTERVAL)
+        self.assertEqual(self.reloads("success"), 0, "unchanged files must not be reloaded")
         self.files.write(ca=other.ca_pem)
         self.clock.advance(INTERVAL)
         self.assertEqual(self.reloads("success"), 1)
-        now_accepted = yield self.fetch(self.client(client_cert=theirs))
+        now_accepted = yield self.fetch(RawClient(self.pki.ca, client_cert=theirs))
         self.assertTrue(now_accepted.answered_ok, now_accepted.received)
-        self.assertRefused((yield self.fetch(self.client(client_cert=ours))), hits + 1)
+        self.assertRefused((yield self.fetch(RawClient(self.pki.ca, client_cert=ours))), hits + 1)
 
 
 class ProtocolTests(TLSTestCase):
