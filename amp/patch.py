@@ -181,6 +181,10 @@ def _rules(denied: tuple[str, ...], allowed: tuple[str, ...]) -> tuple[tuple, tu
 def _refusal(tokens: tuple[str, ...], rules: tuple[tuple, tuple]) -> Optional[str]:
     """
     Why changing C{tokens} is refused, or L{None} when it is not.
+
+    A path is refused when it is a denied path, is under one, or contains one
+    (replacing C{/metadata} rewrites C{/metadata/name}); an allowed path opens
+    itself and everything under it.
     """
     denied, allowed = rules
     n = len(tokens)
@@ -189,14 +193,15 @@ def _refusal(tokens: tuple[str, ...], rules: tuple[tuple, tuple]) -> Optional[st
         if n >= m:
             if tokens[:m] != dtokens:
                 continue
+            if any(tokens[:len(a)] == a for a in allowed):
+                return None
             how = "is refused by amp" if n == m else f"is under {dpath}, which is refused by amp"
         elif dtokens[:n] == tokens:
+            if any(dtokens[:len(a)] == a for a in allowed):
+                continue
             how = f"contains {dpath}, which is refused by amp"
         else:
             continue
-        for atokens in allowed:
-            if tokens[:len(atokens)] == atokens:
-                return None
         return how + " (patch.denied_paths)"
     return None
 
