@@ -197,7 +197,7 @@ class CircuitBreaker:
             return Ticket(self, self._epoch)
         if state == OPEN and not self._cooled():
             return None
-        if self._trials > self._settings.half_open_requests:
+        if self._trials >= self._settings.half_open_requests:
             return None
         self._trials += 1
         return Ticket(self, self._epoch)
