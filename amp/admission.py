@@ -93,9 +93,9 @@ class Admitter:
         else:
             d = self._routed(req, ns, outcome, started, budget, validation)  # type: ignore[arg-type]
         if d.called and not d.paused:
-            return d.addErrback(self._internal_error, req, outcome)
+            return d.addErrback(self._internal_error, req, outcome, validation)
         d.addTimeout(budget, self._clock, onTimeoutCancel=self._deadline)
-        return d.addErrback(self._internal_error, req, outcome)
+        return d.addErrback(self._internal_error, req, outcome, validation)
 
     def _deadline(self, result: Any, timeout: float) -> Any:
         if isinstance(result, Failure):
@@ -113,7 +113,7 @@ class Admitter:
         if r.url is not None:
             outcome.endpoint = r.url.origin
         if r.error is not None:
-            return succeed(self._failed(req, r, outcome, *r.error))
+            return succeed(self._failed(req, r, outcome, *r.error, validation=validation))
         if r.url is None:
             if validation:
                 outcome.result = "skipped"
@@ -134,7 +134,7 @@ class Admitter:
         d = self._endpoints.call(r.url, r.settings, dumps(req.object), headers, remaining)
         d.addCallbacks(
             self._answered, self._call_failed,
-            callbackArgs=(req, r, outcome, validation), errbackArgs=(req, r, outcome))
+            callbackArgs=(req, r, outcome, validation), errbackArgs=(req, r, outcome, validation))
         return d
 
     def _has_validation_endpoint(self, ns: Optional[NamespaceInfo]) -> bool:
@@ -142,10 +142,12 @@ class Admitter:
 
     # ------------------------------------------------------------ outcomes
 
-    def _call_failed(self, failure: Failure, req: AdmissionRequest, r: Route, outcome: Outcome) -> tuple:
+    def _call_failed(
+        self, failure: Failure, req: AdmissionRequest, r: Route, outcome: Outcome, validation: bool
+    ) -> tuple:
         failure.trap(EndpointFailure)
         e = failure.value
-        return self._failed(req, r, outcome, e.reason, e.message)
+        return self._failed(req, r, outcome, e.reason, e.message, validation=validation)
 
     def _answered(
         self, decision: EndpointDecision, req: AdmissionRequest, r: Route, outcome: Outcome, validation: bool
@@ -199,9 +201,17 @@ class Admitter:
                 patch=checked.operations if checked is not None else None)
         return encode_response(req.api_version, req.uid), outcome
 
-    def _failed(self, req: AdmissionRequest, r: Route, outcome: Outcome, reason: str, message: str) -> tuple:
+    def _failed(
+        self, req: AdmissionRequest, r: Route, outcome: Outcome, reason: str, message: str, *,
+        validation: bool = False,
+    ) -> tuple:
         """
         The failure policy: the one place every failure ends.
+
+        Under C{Ignore} a mutation is stamped with the C{amp.txn2.com/skipped}
+        annotation; a validation is not, because the API server rejects any
+        patch from a validating webhook (and would then apply the webhook's
+        own failurePolicy, typically C{Fail}).
         """
         where = r.url.origin if r.url is not None else (r.raw_url or "(none)")
         outcome.reason = reason
@@ -217,7 +227,7 @@ class Admitter:
                 message=clip(f"amp: {text}; failure policy Fail denies the Pod", 1024)), outcome
         outcome.result = "ignored"
         patch: Optional[bytes] = None
-        if self.config.annotate_skipped and isinstance(req.object, dict):
+        if self.config.annotate_skipped and not validation and isinstance(req.object, dict):
             ops = annotation_op(req.object, SKIPPED_ANNOTATION, clip(f"{reason}: {where}", 250))
             patch = dumps(ops)
         return encode_response(
@@ -225,15 +235,16 @@ class Admitter:
             warnings=[f"amp: {where} {reason}; Pod admitted unchanged"],
             audit={AUDIT_ERROR_KEY: clip(text, 1024)}), outcome
 
-    def _internal_error(self, failure: Failure, req: AdmissionRequest, outcome: Outcome) -> tuple:
+    def _internal_error(self, failure: Failure, req: AdmissionRequest, outcome: Outcome, validation: bool) -> tuple:
         """
         Deadline, or a bug: still a well-formed answer under the policy.
         """
         ns = self._namespaces.cached(req.namespace)
         ns = ns if isinstance(ns, NamespaceInfo) else None
-        r = route(ns, self.config, self._namespaces.cluster_failure_policy())
+        r = route(ns, self.config, self._namespaces.cluster_failure_policy(), validation=validation)
         r = Route(True, r.failure_policy if r.enabled else FAIL, r.mode, r.url, r.raw_url)
         if failure.check(_Deadline):
-            return self._failed(req, r, outcome, "deadline", failure.getErrorMessage())
+            return self._failed(req, r, outcome, "deadline", failure.getErrorMessage(), validation=validation)
         self.log.failure("Internal error reviewing {uid}", failure, uid=req.uid)
-        return self._failed(req, r, outcome, "internal-error", f"amp internal error: {failure.getErrorMessage()}")
+        return self._failed(req, r, outcome, "internal-error", f"amp internal error: {failure.getErrorMessage()}",
+                            validation=validation)
