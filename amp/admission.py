@@ -24,7 +24,7 @@ from amp.endpoints import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource
 from amp.patch import PatchError, annotation_op, check_patch
-from amp.policy import FAIL, SHADOW, NamespaceInfo, Route, route
+from amp.policy import FAIL, SHADOW, NamespaceInfo, Route, failure_policy, route
 from amp.reply import EndpointDecision
 from amp.review import AdmissionRequest, clean_audit_annotations, clip, dumps, encode_response
 
@@ -241,8 +241,12 @@ class Admitter:
         """
         ns = self._namespaces.cached(req.namespace)
         ns = ns if isinstance(ns, NamespaceInfo) else None
-        r = route(ns, self.config, self._namespaces.cluster_failure_policy(), validation=validation)
-        r = Route(True, r.failure_policy if r.enabled else FAIL, r.mode, r.url, r.raw_url)
+        cluster_policy = self._namespaces.cluster_failure_policy()
+        r = route(ns, self.config, cluster_policy, validation=validation)
+        # A namespace still unknown here (its lookup failed or hung) has no
+        # annotation to read: the configured policy applies, not a blanket Fail.
+        policy = r.failure_policy if r.enabled else failure_policy(ns, self.config, cluster_policy)
+        r = Route(True, policy, r.mode, r.url, r.raw_url)
         if failure.check(_Deadline):
             return self._failed(req, r, outcome, "deadline", failure.getErrorMessage(), validation=validation)
         self.log.failure("Internal error reviewing {uid}", failure, uid=req.uid)
