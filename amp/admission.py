@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -87,11 +87,13 @@ class Admitter:
             return succeed((encode_response(req.api_version, req.uid), outcome))
         started = self._clock.seconds()
         ns = self._namespaces.cached(req.namespace)
+        # maybeDeferred: an exception raised on the way (a bug, a broken
+        # source or client) still ends in _internal_error and an answer.
         if ns is UNKNOWN:
-            d = self._namespaces.fetch(req.namespace, budget)
+            d = maybeDeferred(self._namespaces.fetch, req.namespace, budget)
             d.addCallback(lambda ns: self._routed(req, ns, outcome, started, budget, validation))
         else:
-            d = self._routed(req, ns, outcome, started, budget, validation)  # type: ignore[arg-type]
+            d = maybeDeferred(self._routed, req, ns, outcome, started, budget, validation)
         if d.called and not d.paused:
             return d.addErrback(self._internal_error, req, outcome, validation)
         d.addTimeout(budget, self._clock, onTimeoutCancel=self._deadline)
