@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, maybeDeferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -251,6 +251,11 @@ class Admitter:
         r = Route(True, policy, r.mode, r.url, r.raw_url)
         if failure.check(_Deadline):
             return self._failed(req, r, outcome, "deadline", failure.getErrorMessage(), validation=validation)
+        if failure.check(CancelledError):
+            # The API server hung up (see amp.web): nobody reads this answer,
+            # and it is not an error of amp's.
+            return self._failed(req, r, outcome, "cancelled", "the review was cancelled: the client went away",
+                                validation=validation)
         self.log.failure("Internal error reviewing {uid}", failure, uid=req.uid)
         return self._failed(req, r, outcome, "internal-error", f"amp internal error: {failure.getErrorMessage()}",
                             validation=validation)
