@@ -5,6 +5,10 @@ Every component gets the one L{Metrics} object it reports to; each instance
 has its own registry, so tests can make a fresh one and read it back.  The
 C{endpoint} label is always an origin (C{scheme://host:port}), never a full
 URL, so its cardinality is bounded by the number of endpoint services.
+
+Label values with a fixed set (C{amp_tls_reloads_total{result}}) start at
+zero, so that C{increase()} and C{rate()} see the first event.
+``docs/metrics.md`` describes every metric and what to alert on.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from twisted.web.server import Request
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 BREAKER_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
+
+#: Values of C{amp_tls_reloads_total{result}}.
+TLS_RELOAD_RESULTS = ("success", "error")
 
 
 class Metrics:
@@ -62,10 +69,15 @@ class Metrics:
             "Expiry of the serving certificate (unix time).", registry=r)
         self.tls_reloads = Counter(
             "amp_tls_reloads", "Serving certificate reloads by result.", ["result"], registry=r)
+        for result in TLS_RELOAD_RESULTS:
+            self.tls_reloads.labels(result=result)
         self.open_connections = Gauge(
             "amp_open_connections", "Open client connections on the webhook listener.", registry=r)
 
     def render(self) -> bytes:
+        """
+        The registry in the Prometheus text exposition format.
+        """
         return generate_latest(self.registry)
 
 
