@@ -3,10 +3,11 @@ Endpoint URLs: parsing, validation and allow-list patterns (pure).
 
 An endpoint URL comes from a namespace annotation, which anyone who can edit
 that namespace controls, so it is parsed strictly before amp goes near it:
-only ``http`` and ``https``, no credentials, no control characters, a host and
-a port that make sense.  Allow-list patterns are matched component by
-component (scheme, host, port, path), never as one string, so that tricks such
-as ``http://127.0.0.1:80@evil/`` cannot satisfy ``http://127.0.0.1:*/*``.
+only ``http`` and ``https``, no credentials, no control characters, only
+ASCII, a host and a port that make sense.  Allow-list patterns are matched
+component by component (scheme, host, port, path), never as one string, so
+that tricks such as ``http://127.0.0.1:80@evil/`` cannot satisfy
+``http://127.0.0.1:*/*``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ def parse_endpoint_url(url: str) -> EndpointURL:
         raise BadURL("endpoint URL is longer than 2048 characters")
     if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
         raise BadURL("endpoint URL contains whitespace or control characters")
+    if not url.isascii():
+        # Unicode whitespace and look-alike characters hide in annotations,
+        # and the request line must be ASCII: IDN hosts go in as punycode,
+        # other characters percent-encoded.
+        raise BadURL("endpoint URL contains non-ASCII characters (use punycode or percent-encoding)")
     try:
         parts = urlsplit(url)
         port = parts.port
