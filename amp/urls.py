@@ -139,8 +139,8 @@ class URLPattern:
             raise ValueError(f"URL pattern {text!r} has no host")
         if port == "":
             port = "*" if scheme == "*" else str(DEFAULT_PORTS[scheme])
-        elif port != "*" and not port.isdigit():
-            raise ValueError(f"URL pattern {text!r}: port must be a number or *")
+        elif port != "*" and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"URL pattern {text!r}: port must be a number 1-65535 or *")
         return cls(text=text, scheme=scheme, host=host.lower(), port=port, path=path)
 
     def matches(self, url: EndpointURL) -> bool:
