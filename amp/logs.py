@@ -4,20 +4,31 @@ Log output: text lines, or one JSON object per line (C{log.format: json}).
 Events come from C{twisted.logger}; the JSON form carries the event's
 keyword fields (uid, namespace, pod, endpoint, result, duration_ms, ...) as
 top-level keys beside C{time}, C{level}, C{logger} and C{message}.  Fields
-that cannot be represented in JSON are written as their C{repr}.
+that cannot be represented in JSON are written as their C{repr}; a failure
+(C{log.failure}, or C{log.err} from legacy code) adds C{error} and
+C{traceback}.  Every line is a complete JSON document, whatever the event
+holds: newlines inside values are escaped and non-finite floats are written
+as strings.
+
+C{log.level} drops events below it.  Twisted's per-connection chatter
+("Starting factory ...", "Stopping factory ..." for every pooled endpoint
+connection) is only written at C{log.level: debug}.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import IO, Any, Callable
 
 from twisted.logger import (
     FilteringLogObserver,
+    ILogFilterPredicate,
     ILogObserver,
     LogLevel,
     LogLevelFilterPredicate,
+    PredicateResult,
     formatEvent,
     textFileLogObserver,
 )
@@ -26,15 +37,36 @@ from zope.interface import implementer
 
 _LEVELS = {"debug": LogLevel.debug, "info": LogLevel.info, "warn": LogLevel.warn, "error": LogLevel.error}
 
+#: Formats of Twisted's own per-connection messages, written only at debug.
+CHATTER_FORMATS = frozenset({
+    "Starting factory {factory!r}",
+    "Stopping factory {factory!r}",
+    "Starting protocol {protocol!r}",
+    "Stopping protocol {protocol!r}",
+})
+
+#: Keys of legacy (C{twisted.python.log}) events that carry nothing useful
+#: beside the JSON line's own fields.
+_LEGACY_NOISE = frozenset({"isError", "failure", "message", "time", "format"})
+
 
 def _field(value: Any) -> Any:
-    if value is None or isinstance(value, (str, int, float, bool)):
+    if value is None or isinstance(value, (str, bool, int)):
         return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
     if isinstance(value, (list, tuple)):
         return [_field(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _field(v) for k, v in value.items()}
     return repr(value)
+
+
+def _timestamp(when: float) -> str:
+    millis = int((when % 1) * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + f".{millis:03d}Z"
 
 
 def event_as_json(event: dict) -> str:
@@ -43,21 +75,38 @@ def event_as_json(event: dict) -> str:
     """
     level = event.get("log_level")
     out: dict[str, Any] = {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(event.get("log_time", time.time())))
-        + f".{int((event.get('log_time', 0) % 1) * 1000):03d}Z",
+        "time": _timestamp(event.get("log_time", time.time())),
         "level": level.name if level is not None else "info",
         "logger": event.get("log_namespace", ""),
         "message": formatEvent(event),
     }
     for key, value in event.items():
-        if key.startswith("log_") or key in out or key == "format":
+        if key.startswith("log_") or key in out or key in _LEGACY_NOISE:
+            continue
+        if key == "system" and value == "-":
             continue
         out[key] = _field(value)
     failure = event.get("log_failure")
+    if not isinstance(failure, Failure):
+        failure = event.get("failure")
     if isinstance(failure, Failure):
         out["error"] = failure.getErrorMessage()
         out["traceback"] = failure.getTraceback()
-    return json.dumps(out, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(out, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _fallback(event: dict, error: Exception) -> str:
+    """
+    The line written for an event that could not be turned into JSON.
+    """
+    level = event.get("log_level")
+    return json.dumps({
+        "time": _timestamp(time.time()),
+        "level": level.name if isinstance(level, LogLevel) else "info",
+        "logger": str(event.get("log_namespace", "")),
+        "message": "log event could not be written as JSON",
+        "error": repr(error),
+    }, separators=(",", ":"))
 
 
 @implementer(ILogObserver)
@@ -71,13 +120,33 @@ class JSONLinesObserver:
         self._flush = out.flush
 
     def __call__(self, event: dict) -> None:
-        self._write(event_as_json(event) + "\n")
+        try:
+            line = event_as_json(event)
+        except Exception as e:
+            line = _fallback(event, e)
+        self._write(line + "\n")
         self._flush()
+
+
+@implementer(ILogFilterPredicate)
+class _QuietChatter:
+    """
+    Drop Twisted's per-connection factory and protocol messages.
+    """
+
+    def __call__(self, event: dict) -> PredicateResult:
+        if event.get("log_format") in CHATTER_FORMATS and event.get("log_level") is LogLevel.info:
+            return PredicateResult.no
+        return PredicateResult.maybe
 
 
 def make_observer(fmt: str, level: str, out: IO[str]) -> ILogObserver:
     """
-    The observer for C{log.format} and C{log.level}, writing to C{out}.
+    The observer for C{log.format} (C{text} or C{json}) and C{log.level}
+    (C{debug}, C{info}, C{warn} or C{error}), writing to C{out}.
     """
     base = JSONLinesObserver(out) if fmt == "json" else textFileLogObserver(out)
-    return FilteringLogObserver(base, [LogLevelFilterPredicate(defaultLogLevel=_LEVELS[level])])
+    predicates: list[ILogFilterPredicate] = [LogLevelFilterPredicate(defaultLogLevel=_LEVELS[level])]
+    if level != "debug":
+        predicates.insert(0, _QuietChatter())
+    return FilteringLogObserver(base, predicates)

@@ -1,0 +1,255 @@
+"""
+Tests for amp's log output (L{amp.logs}): JSON lines that parse one per
+line and carry the review fields, failures with their traceback, level
+filtering, and the per-review line of a real review, which must never hold
+the Pod.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from typing import Any
+
+import pytest
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.logger import Logger, globalLogPublisher
+from twisted.python.failure import Failure
+from twisted.trial.unittest import TestCase
+
+from amphelpers import (
+    WebhookClient,
+    decode_answer,
+    make_config,
+    namespace,
+    pod,
+    review_bytes,
+    start_amp,
+    start_example,
+)
+from amp.logs import event_as_json, make_observer
+
+REVIEW_FIELDS = ("uid", "namespace", "pod", "endpoint", "result", "reason", "duration_ms", "patch_size")
+SECRET_VALUE = "hunter2-do-not-log"
+SECRET_IMAGE = "gcr.io/team/secret-app:1.0"
+
+
+def lines_of(buf: io.StringIO) -> list[dict[str, Any]]:
+    """Every line of C{buf} parsed as JSON (fails on any line that is not)."""
+    text = buf.getvalue()
+    assert text.endswith("\n") or not text
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def logger(fmt: str = "json", level: str = "info", namespace: str = "amp.web.AdmissionResource") -> tuple:
+    buf = io.StringIO()
+    return Logger(namespace=namespace, observer=make_observer(fmt, level, buf)), buf
+
+
+class JSONLineTests(TestCase):
+
+    def test_review_fields_are_top_level_keys(self) -> None:
+        """
+        A review event becomes one JSON object with the time, level, logger,
+        formatted message and every keyword field at the top level.
+        """
+        log, buf = logger()
+        log.info("review {uid} {namespace}/{pod} {result}", uid="u-1", namespace="team-a", pod="web-*",
+                 endpoint="http://ep.team-a.svc:8080", result="patched", reason="", duration_ms=12.5,
+                 patch_size=497)
+        [line] = lines_of(buf)
+        self.assertEqual(line["message"], "review u-1 team-a/web-* patched")
+        self.assertEqual(line["level"], "info")
+        self.assertEqual(line["logger"], "amp.web.AdmissionResource")
+        self.assertRegex(line["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+        self.assertEqual({k: line[k] for k in REVIEW_FIELDS}, {
+            "uid": "u-1", "namespace": "team-a", "pod": "web-*", "endpoint": "http://ep.team-a.svc:8080",
+            "result": "patched", "reason": "", "duration_ms": 12.5, "patch_size": 497})
+
+    def test_one_line_per_event_whatever_the_values(self) -> None:
+        """
+        Newlines inside values, bytes, non-finite floats and objects that
+        are not JSON still give exactly one parseable line per event.
+        """
+        log, buf = logger()
+        log.info("first\nwith a newline {x}", x="a\nb")
+        log.info("second", raw=b"\xffbytes", ratio=math.nan, big=math.inf, obj=object(), items=(1, "two"))
+        log.warn("third", nested={"k": [1, {"v": None}]})
+        parsed = lines_of(buf)
+        self.assertEqual(len(parsed), 3)
+        self.assertEqual(parsed[0]["x"], "a\nb")
+        self.assertEqual(parsed[1]["raw"], "\\xffbytes")
+        self.assertEqual(parsed[1]["ratio"], "nan")
+        self.assertEqual(parsed[1]["big"], "inf")
+        self.assertTrue(parsed[1]["obj"].startswith("<object object"))
+        self.assertEqual(parsed[1]["items"], [1, "two"])
+        self.assertEqual(parsed[2]["nested"], {"k": [1, {"v": None}]})
+        self.assertEqual(parsed[2]["level"], "warn")
+
+    def test_failure_carries_error_and_traceback(self) -> None:
+        log, buf = logger()
+        try:
+            {}["missing"]
+        except KeyError:
+            log.failure("Internal error reviewing {uid}", uid="u-2")
+        [line] = lines_of(buf)
+        self.assertEqual(line["level"], "critical")
+        self.assertEqual(line["uid"], "u-2")
+        self.assertEqual(line["message"], "Internal error reviewing u-2")
+        self.assertEqual(line["error"], "'missing'")
+        self.assertIn("KeyError", line["traceback"])
+        self.assertIn("test_failure_carries_error_and_traceback", line["traceback"])
+
+    def test_legacy_error_event(self) -> None:
+        """
+        An error from C{twisted.python.log.err} (legacy code in Twisted)
+        keeps its traceback and drops the legacy bookkeeping keys.
+        """
+        try:
+            1 / 0
+        except ZeroDivisionError:
+            failure = Failure()
+        event = {
+            "system": "-", "failure": failure, "why": "oops", "isError": 1, "message": (), "time": 1.5,
+            "log_time": 1.5, "log_text": "oops", "log_format": "{log_text}", "log_namespace": "log_legacy",
+        }
+        line = json.loads(event_as_json(event))
+        self.assertEqual(line["message"], "oops")
+        self.assertEqual(line["why"], "oops")
+        self.assertIn("ZeroDivisionError", line["traceback"])
+        self.assertEqual(line["time"], "1970-01-01T00:00:01.500Z")
+        for gone in ("system", "failure", "isError"):
+            self.assertNotIn(gone, line)
+
+    def test_level_filtering(self) -> None:
+        seen = {}
+        for level in ("debug", "info", "warn", "error"):
+            log, buf = logger(level=level)
+            log.debug("d")
+            log.info("i")
+            log.warn("w")
+            log.error("e")
+            seen[level] = [line["message"] for line in lines_of(buf)]
+        self.assertEqual(seen, {
+            "debug": ["d", "i", "w", "e"], "info": ["i", "w", "e"], "warn": ["w", "e"], "error": ["e"]})
+
+    def test_connection_chatter_only_at_debug(self) -> None:
+        """
+        Twisted's "Starting factory" / "Stopping factory" lines (one per
+        pooled endpoint connection) are dropped unless the level is debug.
+        """
+        for level, expected in (("info", []), ("debug", ["Starting factory 'pool'", "Stopping factory 'pool'"])):
+            log, buf = logger(level=level, namespace="twisted.web.client._HTTP11ClientFactory")
+            log.info("Starting factory {factory!r}", factory="pool")
+            log.info("Stopping factory {factory!r}", factory="pool")
+            self.assertEqual([line["message"] for line in lines_of(buf)], expected, level)
+
+    def test_text_format(self) -> None:
+        log, buf = logger(fmt="text")
+        log.info("review {uid} {result}", uid="u-3", result="ignored")
+        text = buf.getvalue()
+        self.assertEqual(len(text.splitlines()), 1)
+        self.assertIn("review u-3 ignored", text)
+        self.assertIn("[amp.web.AdmissionResource#info]", text)
+        self.assertFalse(text.lstrip().startswith("{"))
+
+
+class ReviewLogTests(TestCase):
+    """
+    The one line a real review logs, through the JSON observer on the
+    global log publisher (as under twistd).
+    """
+
+    timeout = 30
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        self.buf = io.StringIO()
+        observer = make_observer("json", "info", self.buf)
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        self.example = yield start_example(reactor)
+        self.addCleanup(self.example.stop)
+        ex = self.example.url
+        config = make_config({
+            "team-a": namespace(ex("/user-env")),
+            "broken": namespace(ex("/error")),
+            "shadow": namespace(ex("/registry"), mode="shadow"),
+        }, log={"format": "json"})
+        self.amp = yield start_amp(config, reactor)
+        self.addCleanup(self.amp.stop)
+        self.client = WebhookClient(reactor)
+        self.addCleanup(self.client.close)
+        self.origin = f"http://127.0.0.1:{self.example.port}"
+
+    def secret_pod(self) -> dict[str, Any]:
+        return pod(
+            "notebook",
+            annotations={"hub.jupyter.org/username": "alice", "team.example/token": SECRET_VALUE},
+            containers=[{"name": "app", "image": SECRET_IMAGE,
+                         "env": [{"name": "DB_PASSWORD", "value": SECRET_VALUE}]}])
+
+    @inlineCallbacks
+    def admit(self, ns: str, uid: str) -> Any:
+        response, body = yield self.client.post(
+            self.amp.url("/mutate", "timeout=10s"), review_bytes(self.secret_pod(), namespace=ns, uid=uid))
+        self.assertEqual(response.code, 200)
+        return decode_answer(body)["response"]
+
+    def review_line(self, uid: str) -> dict[str, Any]:
+        found = [line for line in lines_of(self.buf)
+                 if line["logger"] == "amp.web.AdmissionResource" and line.get("uid") == uid]
+        self.assertEqual(len(found), 1, self.buf.getvalue())
+        return found[0]
+
+    @inlineCallbacks
+    def test_patched_review_line(self) -> Any:
+        answer = yield self.admit("team-a", "uid-patched")
+        line = self.review_line("uid-patched")
+        patch_bytes = json.dumps(answer["_patch"], separators=(",", ":")).encode("utf-8")
+        self.assertEqual(
+            {k: line[k] for k in REVIEW_FIELDS if k != "duration_ms"},
+            {"uid": "uid-patched", "namespace": "team-a", "pod": "notebook", "endpoint": self.origin,
+             "result": "patched", "reason": "", "patch_size": len(patch_bytes)})
+        self.assertIsInstance(line["duration_ms"], float)
+        self.assertGreater(line["duration_ms"], 0)
+        self.assertIn("team-a/notebook patched", line["message"])
+
+    @inlineCallbacks
+    def test_failed_review_line_names_the_reason(self) -> Any:
+        yield self.admit("broken", "uid-broken")
+        line = self.review_line("uid-broken")
+        self.assertEqual((line["result"], line["reason"], line["endpoint"]), ("ignored", "http-5xx", self.origin))
+
+    @inlineCallbacks
+    def test_no_pod_body_in_the_logs(self) -> Any:
+        """
+        Neither the container image, nor env values, nor annotation values
+        of the Pod appear anywhere in what amp (or the example endpoint
+        server) logged for the reviews.
+        """
+        yield self.admit("team-a", "uid-1")
+        yield self.admit("broken", "uid-2")
+        text = self.buf.getvalue()
+        self.assertIn("uid-1", text)
+        self.assertIn("uid-2", text)
+        for secret in (SECRET_VALUE, SECRET_IMAGE, "secret-app", "DB_PASSWORD"):
+            self.assertNotIn(secret, text)
+        self.assertIsNone(re.search(r'"(object|spec|containers)"\s*:', text))
+
+    @pytest.mark.xfail(strict=True, reason="amp.admission logs the shadow patch operations (patch=...), "
+                                           "which the JSON form writes out")
+    @inlineCallbacks
+    def test_no_pod_content_in_shadow_mode_logs(self) -> Any:
+        """
+        Shadow mode logs what the endpoint would have done, but not the
+        values of its patch (which are derived from the Pod).
+        """
+        answer = yield self.admit("shadow", "uid-shadow")
+        self.assertIsNone(answer["_patch"], "shadow mode never patches")
+        text = self.buf.getvalue()
+        self.assertIn("uid-shadow", text)
+        self.assertNotIn("team/secret-app", text)
