@@ -42,6 +42,16 @@ class EndpointDecision:
     audit: Mapping[str, Any] = field(default_factory=dict)
 
 
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "string" if isinstance(value, str) else type(value).__name__
+
+
 def parse_reply(body: bytes) -> EndpointDecision:
     """
     Parse an endpoint's 2xx reply body.
@@ -57,7 +67,7 @@ def parse_reply(body: bytes) -> EndpointDecision:
     if isinstance(doc, list):
         return EndpointDecision(patch=doc)
     if not isinstance(doc, dict):
-        raise ReplyError("invalid-reply", f"endpoint reply is a JSON {type(doc).__name__}, "
+        raise ReplyError("invalid-reply", f"endpoint reply is a JSON {_json_type(doc)}, "
                                           "expected an array of patch operations or an object")
     unknown = set(doc) - _OBJECT_KEYS
     if unknown:
