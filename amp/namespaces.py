@@ -31,6 +31,14 @@ UNKNOWN = _Unknown()
 CachedAnswer = Union[NamespaceInfo, None, _Unknown]
 
 
+class NamespaceLookupError(Exception):
+    """
+    L{INamespaceSource.fetch} could not tell whether the namespace exists
+    (the API server failed, timed out or could not be reached, or the source
+    is not configured).  The review path answers it with the failure policy.
+    """
+
+
 class INamespaceSource(Interface):
     """
     Namespaces by name, for the review path.  Implementations are services.
@@ -45,7 +53,9 @@ class INamespaceSource(Interface):
     def fetch(name: str, timeout: float) -> "Deferred[Optional[NamespaceInfo]]":
         """
         Look the namespace up at the source, within C{timeout} seconds.
-        Concurrent fetches of one name share one lookup.
+        Concurrent fetches of one name share one lookup.  Fires with None
+        when the namespace does not exist; fails with
+        L{NamespaceLookupError} when that cannot be known.
         """
 
     def readiness() -> tuple[bool, str]:
