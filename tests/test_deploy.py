@@ -1,0 +1,515 @@
+"""
+Tests for the Kubernetes manifests in deploy/: every object validates offline
+against the Kubernetes JSON schemas (kubernetes-validate ships them), the
+kustomizations list every file, the RBAC is exactly least privilege, the
+pieces refer to each other correctly (names, ports, paths, labels), the
+ConfigMap's amp.yaml loads with amp's own config loader, and the
+no-cert-manager install script produces a Secret and a caBundle that belong
+together (run against a stand-in kubectl that records what it is given).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+from cryptography import x509
+
+from amp.config import Config, parse_config
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+OVERLAYS = ("cert-manager", "no-cert-manager")
+#: The Kubernetes version whose schemas the manifests must satisfy (the
+#: end-to-end tests run kube-apiserver 1.37).
+K8S_VERSION = "1.37"
+CERT_MANAGER = "cert-manager.io/v1"
+CA_PLACEHOLDER = "${CA_BUNDLE}"
+
+POD_LABELS = {"app.kubernetes.io/name": "amp", "app.kubernetes.io/component": "webhook"}
+
+
+# ---------------------------------------------------------------- loading
+
+
+def manifest_files() -> list[Path]:
+    return sorted(p for p in DEPLOY.rglob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def build(directory: Path) -> list[dict[str, Any]]:
+    """
+    What C{kustomize build} gives for the plain C{resources:} lists used
+    here (no patches or generators): every object, in order.
+    """
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    assert set(kustomization) <= {"apiVersion", "kind", "resources"}, "only resources: is emulated"
+    out = []
+    for entry in kustomization["resources"]:
+        target = (directory / entry).resolve()
+        out.extend(build(target) if target.is_dir() else load(target))
+    return out
+
+
+def objects(overlay: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """The objects of an overlay keyed by (kind, name)."""
+    out = {}
+    for doc in build(DEPLOY / overlay):
+        key = (doc["kind"], doc["metadata"]["name"])
+        assert key not in out, f"{key} defined twice in {overlay}"
+        out[key] = doc
+    return out
+
+
+def only(overlay: str, kind: str) -> dict[str, Any]:
+    found = [d for (k, _), d in objects(overlay).items() if k == kind]
+    assert len(found) == 1, f"{overlay}: expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def amp_yaml() -> Config:
+    return parse_config(yaml.safe_load(only("cert-manager", "ConfigMap")["data"]["amp.yaml"]))
+
+
+def pod_spec() -> dict[str, Any]:
+    return only("cert-manager", "Deployment")["spec"]["template"]["spec"]
+
+
+def container() -> dict[str, Any]:
+    [c] = pod_spec()["containers"]
+    return c
+
+
+def all_docs() -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in manifest_files():
+        for doc in load(path):
+            yield path, doc
+
+
+# ---------------------------------------------------------------- schema validation
+
+
+@pytest.mark.parametrize("path", manifest_files(), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_manifest_validates_against_kubernetes_schema(path: Path) -> None:
+    """
+    Every Kubernetes object validates against the strict schema (no
+    unknown fields).  cert-manager objects are custom resources: the
+    Kubernetes schemas do not have them (checked here, so that a skip is
+    never silent) and L{test_cert_manager_objects_shape} checks them.
+    """
+    docs = load(path)
+    assert docs, f"{path} has no objects"
+    for doc in docs:
+        if doc["apiVersion"] == CERT_MANAGER:
+            with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+                kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+            continue
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_schema_validation_catches_mistakes() -> None:
+    """
+    The validator is really looking: a wrong type and an unknown field in
+    the Deployment are both refused.
+    """
+    deployment = only("cert-manager", "Deployment")
+    wrong_type = copy.deepcopy(deployment)
+    wrong_type["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] = "yes"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(wrong_type, K8S_VERSION, strict=True)
+    unknown = copy.deepcopy(deployment)
+    unknown["spec"]["template"]["spec"]["containers"][0]["readinessProbes"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(unknown, K8S_VERSION, strict=True)
+
+
+_GO_DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+s)?$")
+_USAGES = {"digital signature", "key encipherment", "server auth", "client auth", "cert sign", "crl sign"}
+
+
+def _hours(duration: str) -> float:
+    m = _GO_DURATION.match(duration)
+    assert m and duration, f"{duration!r} is not a Go duration in h/m/s"
+    h, mi, s = (int(g[:-1]) if g else 0 for g in m.groups())
+    return h + mi / 60 + s / 3600
+
+
+def test_cert_manager_objects_shape() -> None:
+    """
+    The cert-manager Issuers and Certificates (custom resources, so not in
+    the Kubernetes schemas) use only cert-manager v1 fields with valid
+    values, and form a chain: self-signed Issuer -> CA Certificate -> CA
+    Issuer -> amp's Certificate.
+    """
+    objs = objects("cert-manager")
+    issuers = {name: d for (kind, name), d in objs.items() if kind == "Issuer"}
+    certificates = {name: d for (kind, name), d in objs.items() if kind == "Certificate"}
+    for doc in list(issuers.values()) + list(certificates.values()):
+        assert doc["apiVersion"] == CERT_MANAGER
+        assert set(doc) == {"apiVersion", "kind", "metadata", "spec"}
+        assert set(doc["metadata"]) <= {"name", "namespace", "labels", "annotations"}
+        assert doc["metadata"]["namespace"] == "amp-system"
+    for name, issuer in issuers.items():
+        spec = issuer["spec"]
+        assert len(spec) == 1 and set(spec) <= {"selfSigned", "ca"}, f"Issuer {name}: one issuer type"
+        if "ca" in spec:
+            assert set(spec["ca"]) == {"secretName"}
+    for name, cert in certificates.items():
+        spec = cert["spec"]
+        assert set(spec) <= {"secretName", "dnsNames", "isCA", "commonName", "duration", "renewBefore",
+                             "privateKey", "usages", "issuerRef"}, name
+        assert spec["secretName"]
+        assert _hours(spec["renewBefore"]) < _hours(spec["duration"]), name
+        key = spec["privateKey"]
+        assert set(key) <= {"algorithm", "size", "rotationPolicy", "encoding"}
+        assert key["algorithm"] in ("RSA", "ECDSA", "Ed25519")
+        assert key["rotationPolicy"] in ("Never", "Always")
+        assert set(spec.get("usages", [])) <= _USAGES
+        ref = spec["issuerRef"]
+        assert ref["group"] == "cert-manager.io" and ref["kind"] == "Issuer"
+        assert ref["name"] in issuers, f"Certificate {name} refers to a missing Issuer {ref['name']}"
+
+    [ca] = [c for c in certificates.values() if c["spec"].get("isCA")]
+    assert "selfSigned" in issuers[ca["spec"]["issuerRef"]["name"]]["spec"]
+    assert ca["spec"]["privateKey"]["rotationPolicy"] == "Never", "a renewed CA must keep its key"
+    ca_issuers = [n for n, i in issuers.items() if i["spec"].get("ca", {}).get("secretName") == ca["spec"]["secretName"]]
+    assert len(ca_issuers) == 1
+    serving = certificates["amp-tls"]["spec"]
+    assert serving["issuerRef"]["name"] == ca_issuers[0]
+    assert not serving.get("isCA")
+    assert "server auth" in serving["usages"]
+
+
+# ---------------------------------------------------------------- kustomize layout
+
+
+@pytest.mark.parametrize("directory", ["base", *OVERLAYS])
+def test_kustomization_lists_every_manifest(directory: str) -> None:
+    here = DEPLOY / directory
+    kustomization = yaml.safe_load((here / "kustomization.yaml").read_text())
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    assert kustomization["kind"] == "Kustomization"
+    files = {e for e in kustomization["resources"] if not (here / e).is_dir()}
+    assert files == {p.name for p in here.glob("*.yaml") if p.name != "kustomization.yaml"}
+    dirs = [e for e in kustomization["resources"] if (here / e).is_dir()]
+    assert dirs == ([] if directory == "base" else ["../base"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_has_everything_an_installation_needs(overlay: str) -> None:
+    kinds = sorted(kind for kind, _ in objects(overlay))
+    expected = ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "MutatingWebhookConfiguration",
+                "Namespace", "PodDisruptionBudget", "Service", "ServiceAccount"]
+    if overlay == "cert-manager":
+        expected += ["Certificate", "Certificate", "Issuer", "Issuer"]
+    assert kinds == sorted(expected)
+    for (kind, name), doc in objects(overlay).items():
+        if kind not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"):
+            assert doc["metadata"].get("namespace") == "amp-system", f"{kind}/{name}"
+
+
+# ---------------------------------------------------------------- RBAC
+
+
+def test_rbac_is_exactly_least_privilege() -> None:
+    """
+    Read-only access to namespaces and mutatingwebhookconfigurations, and
+    nothing else anywhere in deploy/: no other role, no other verb, no
+    wildcard.
+    """
+    roles = [(p, d) for p, d in all_docs() if d["kind"] in ("ClusterRole", "Role")]
+    assert len(roles) == 1, [str(p) for p, _ in roles]
+    [(_, role)] = roles
+    assert role["kind"] == "ClusterRole"
+    rules = sorted(
+        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])), tuple(r.get("resourceNames", ())))
+        for r in role["rules"])
+    assert rules == [
+        (("",), ("namespaces",), ("get", "list", "watch"), ()),
+        (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("get", "list", "watch"), ()),
+    ]
+    for rule in role["rules"]:
+        assert set(rule) <= {"apiGroups", "resources", "verbs"}, "no nonResourceURLs, no resourceNames"
+
+    bindings = [d for _, d in all_docs() if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert len(bindings) == 1
+    [binding] = bindings
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    account = only("cert-manager", "ServiceAccount")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": account["metadata"]["namespace"]}]
+    assert pod_spec()["serviceAccountName"] == account["metadata"]["name"]
+
+
+# ---------------------------------------------------------------- amp.yaml
+
+
+def test_configmap_amp_yaml_loads_for_in_cluster_use() -> None:
+    config = amp_yaml()
+    webhook = only("cert-manager", "MutatingWebhookConfiguration")
+    assert config.kubernetes.source == "cluster"
+    assert config.kubernetes.webhook_configuration == webhook["metadata"]["name"]
+    assert config.kubernetes.webhook_name == webhook["webhooks"][0]["name"]
+    assert config.failure_policy == "auto"
+    assert config.log.format == "json"
+    assert config.metrics.port == 9090
+    assert config.listen.interface == config.metrics.interface == "0.0.0.0"
+    assert config.deadline.default_timeout == webhook["webhooks"][0]["timeoutSeconds"]
+    assert config.endpoints.defaults.timeout < config.deadline.default_timeout - config.deadline.margin
+    for pattern in config.endpoints.allow:
+        assert pattern.host.endswith((".svc", ".svc.cluster.local")), f"{pattern.text} is not in-cluster"
+        assert pattern.scheme in ("http", "https")
+
+
+def test_config_paths_and_ports_match_the_deployment() -> None:
+    """
+    What amp.yaml says and what the Deployment provides agree: the
+    container ports, the config file and the certificate files that the
+    projected volume puts under /etc/amp.
+    """
+    config = amp_yaml()
+    c = container()
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {
+        "webhook": config.listen.port, "metrics": config.metrics.port}
+    assert (config.listen.port, config.metrics.port) == (8443, 9090)
+    [mount] = [m for m in c["volumeMounts"] if m["mountPath"] == "/etc/amp"]
+    assert mount["readOnly"] is True
+    [volume] = [v for v in pod_spec()["volumes"] if v["name"] == mount["name"]]
+    files = {}
+    for source in volume["projected"]["sources"]:
+        [(kind, ref)] = source.items()
+        for item in ref["items"]:
+            files[f"{mount['mountPath']}/{item['path']}"] = (kind, ref["name"], item["key"])
+    configmap = only("cert-manager", "ConfigMap")
+    certificate = objects("cert-manager")[("Certificate", "amp-tls")]
+    assert files == {
+        "/etc/amp/amp.yaml": ("configMap", configmap["metadata"]["name"], "amp.yaml"),
+        config.tls.cert: ("secret", certificate["spec"]["secretName"], "tls.crt"),
+        config.tls.key: ("secret", certificate["spec"]["secretName"], "tls.key"),
+    }
+    assert c["command"] == ["twistd", "--nodaemon", "--pidfile=", "amp", "--config", "/etc/amp/amp.yaml"]
+
+
+# ---------------------------------------------------------------- Deployment, Service, PDB
+
+
+def test_deployment_is_highly_available_and_locked_down() -> None:
+    deployment = only("cert-manager", "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    template_labels = spec["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= template_labels.items()
+    pod = pod_spec()
+    keys = {t["topologyKey"]: t for t in pod["topologySpreadConstraints"]}
+    assert keys["kubernetes.io/hostname"]["whenUnsatisfiable"] == "DoNotSchedule"
+    assert keys["topology.kubernetes.io/zone"]["whenUnsatisfiable"] == "ScheduleAnyway"
+    for t in keys.values():
+        assert t["labelSelector"]["matchLabels"].items() <= template_labels.items()
+
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    c = container()
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["runAsNonRoot"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    for kind in ("requests", "limits"):
+        assert set(c["resources"][kind]) == {"cpu", "memory"}
+
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = c[probe]["httpGet"]
+        assert (get["path"], get["port"], get["scheme"]) == (path, "webhook", "HTTPS"), probe
+
+
+def test_service_and_pdb_select_the_pods() -> None:
+    template_labels = only("cert-manager", "Deployment")["spec"]["template"]["metadata"]["labels"]
+    service = only("cert-manager", "Service")
+    assert service["spec"]["selector"].items() <= template_labels.items()
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert (ports["https"]["port"], ports["https"]["targetPort"]) == (443, "webhook")
+    assert ports["metrics"]["targetPort"] == "metrics"
+    pdb = only("cert-manager", "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+    assert POD_LABELS.items() <= template_labels.items()
+
+
+# ---------------------------------------------------------------- the webhook registration
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_webhook_registration(overlay: str) -> None:
+    mwc = only(overlay, "MutatingWebhookConfiguration")
+    assert mwc["metadata"]["name"] == "amp.txn2.com"
+    [hook] = mwc["webhooks"]
+    assert hook["name"] == "mutate.amp.txn2.com"
+    selector = hook["namespaceSelector"]
+    assert selector["matchLabels"] == {"amp.txn2.com/enabled": "true"}
+    [expression] = selector["matchExpressions"]
+    assert expression["key"] == "kubernetes.io/metadata.name"
+    assert expression["operator"] == "NotIn"
+    assert "amp-system" in expression["values"]
+    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                              "resources": ["pods"], "scope": "Namespaced"}]
+    assert hook["sideEffects"] == "None"
+    assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
+    assert hook["timeoutSeconds"] == 10
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["matchPolicy"] == "Equivalent"
+    assert hook["reinvocationPolicy"] == "Never"
+    service = only(overlay, "Service")
+    assert hook["clientConfig"]["service"] == {
+        "name": service["metadata"]["name"], "namespace": service["metadata"]["namespace"],
+        "path": "/mutate", "port": 443}
+
+
+def test_cert_manager_injects_the_ca_of_the_serving_certificate() -> None:
+    objs = objects("cert-manager")
+    mwc = only("cert-manager", "MutatingWebhookConfiguration")
+    annotation = mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    assert annotation == "amp-system/amp-tls"
+    namespace, name = annotation.split("/")
+    certificate = objs[("Certificate", name)]
+    assert certificate["metadata"]["namespace"] == namespace
+    service = only("cert-manager", "Service")
+    svc = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert svc in certificate["spec"]["dnsNames"], "the API server verifies this name"
+    assert "caBundle" not in mwc["webhooks"][0]["clientConfig"]
+
+
+def test_no_cert_manager_variant_has_a_ca_bundle_placeholder() -> None:
+    with_cm = only("cert-manager", "MutatingWebhookConfiguration")
+    without = only("no-cert-manager", "MutatingWebhookConfiguration")
+    placeholder = without["webhooks"][0]["clientConfig"]["caBundle"]
+    assert placeholder == CA_PLACEHOLDER
+    with pytest.raises(binascii.Error):
+        base64.b64decode(placeholder, validate=True)  # the API server refuses it unreplaced
+    assert "annotations" not in without["metadata"]
+    same = copy.deepcopy(without)
+    del same["webhooks"][0]["clientConfig"]["caBundle"]
+    expected = copy.deepcopy(with_cm)
+    del expected["metadata"]["annotations"]
+    assert same == expected, "the two registrations differ only in where the CA comes from"
+
+
+# ---------------------------------------------------------------- install.sh
+
+
+FAKE_KUBECTL = textwrap.dedent('''\
+    #!{python}
+    """A stand-in for kubectl: records what would be applied as JSON lines."""
+    import base64, json, os, sys
+    from pathlib import Path
+    import yaml
+
+    log = Path(os.environ["FAKE_KUBECTL_LOG"])
+    args = sys.argv[1:]
+
+    def record(text):
+        with log.open("a") as f:
+            for doc in yaml.safe_load_all(text):
+                if doc:
+                    f.write(json.dumps(doc) + "\\n")
+
+    def build(directory):
+        k = yaml.safe_load((directory / "kustomization.yaml").read_text())
+        out = []
+        for entry in k["resources"]:
+            target = (directory / entry).resolve()
+            out.append(build(target) if target.is_dir() else target.read_text())
+        return "\\n---\\n".join(out)
+
+    if args[:2] == ["apply", "-f"]:
+        record(sys.stdin.read() if args[2] == "-" else Path(args[2]).read_text())
+    elif args[:2] == ["apply", "-k"]:
+        record(build(Path(args[2])))
+    elif args[:5] == ["-n", "amp-system", "create", "secret", "generic"]:
+        assert "--dry-run=client" in args and args[-2:] == ["-o", "yaml"], args
+        data, kind = {{}}, "Opaque"
+        for a in args[6:]:
+            if a.startswith("--type="):
+                kind = a.split("=", 1)[1]
+            elif a.startswith("--from-file="):
+                key, path = a.split("=", 2)[1:]
+                data[key] = base64.b64encode(Path(path).read_bytes()).decode()
+        print(yaml.safe_dump({{"apiVersion": "v1", "kind": "Secret", "type": kind, "data": data,
+                              "metadata": {{"name": args[5], "namespace": "amp-system"}}}}))
+    else:
+        sys.exit("fake kubectl: unexpected arguments %r" % (args,))
+''')
+
+
+def test_install_script_without_cert_manager(tmp_path: Path) -> None:
+    """
+    install.sh makes the certificate with amp.devcert, creates the Secret
+    the Deployment mounts, applies the base, and registers the webhook with
+    a caBundle that verifies the serving certificate for the Service name.
+    """
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    kubectl = bin_dir / "kubectl"
+    kubectl.write_text(FAKE_KUBECTL.format(python=sys.executable))
+    kubectl.chmod(0o755)
+    log = tmp_path / "applied.jsonl"
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", PYTHON=sys.executable,
+               PYTHONPATH=str(ROOT), FAKE_KUBECTL_LOG=str(log))
+    tls_dir = tmp_path / "amp-tls"
+    result = subprocess.run(["sh", str(DEPLOY / "no-cert-manager" / "install.sh"), str(tls_dir)],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    applied = [json.loads(line) for line in log.read_text().splitlines()]
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for doc in applied:
+        by_kind.setdefault(doc["kind"], []).append(doc)
+
+    assert {d["kind"] for d in build(DEPLOY / "base")} <= set(by_kind)
+    [secret] = by_kind["Secret"]
+    projected = [s["secret"]["name"] for v in pod_spec()["volumes"] if "projected" in v
+                 for s in v["projected"]["sources"] if "secret" in s]
+    assert secret["metadata"]["name"] in projected
+    assert secret["type"] == "kubernetes.io/tls"
+    cert_pem = base64.b64decode(secret["data"]["tls.crt"])
+    assert cert_pem == (tls_dir / "tls.crt").read_bytes()
+    assert base64.b64decode(secret["data"]["tls.key"]) == (tls_dir / "tls.key").read_bytes()
+
+    [mwc] = by_kind["MutatingWebhookConfiguration"]
+    ca_pem = base64.b64decode(mwc["webhooks"][0]["clientConfig"]["caBundle"], validate=True)
+    assert ca_pem == (tls_dir / "ca.crt").read_bytes()
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName)
+    assert "amp.amp-system.svc" in names
+
+    # Run again (renewal): same CA, new serving certificate.
+    log.unlink()
+    result = subprocess.run(["sh", str(DEPLOY / "no-cert-manager" / "install.sh"), str(tls_dir)],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    again = [json.loads(line) for line in log.read_text().splitlines()]
+    [secret2] = [d for d in again if d["kind"] == "Secret"]
+    [mwc2] = [d for d in again if d["kind"] == "MutatingWebhookConfiguration"]
+    assert mwc2["webhooks"][0]["clientConfig"]["caBundle"] == mwc["webhooks"][0]["clientConfig"]["caBundle"]
+    assert secret2["data"]["tls.crt"] != secret["data"]["tls.crt"]
