@@ -123,7 +123,10 @@ class WebhookChannel(http.HTTPChannel):
             b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
             b"Connection: close\r\n\r\n%s" % (code, _REASONS.get(code, b"Error"), len(body), body))
         self.setRawMode()
-        self.transport.loseConnection()
+        # HTTPChannel.loseConnection, not the transport's: the channel is
+        # registered as the transport's producer, and a TLS transport does
+        # not close while a producer is registered.
+        self.loseConnection()
 
     def connectionLost(self, reason: Failure) -> None:
         self._cancel_deadline()
