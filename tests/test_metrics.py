@@ -8,6 +8,8 @@ checked is what Prometheus would see.
 from __future__ import annotations
 
 import datetime
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -177,7 +179,8 @@ class ScrapeTests(TestCase):
         self.refused_origin = f"http://127.0.0.1:{refused}"
         self.origin = f"http://127.0.0.1:{self.example.port}"
         ex = self.example.url
-        self.tls_dir = Path(self.mktemp())
+        self.tls_dir = Path(tempfile.mkdtemp(prefix="amp-test-metrics-"))
+        self.addCleanup(shutil.rmtree, self.tls_dir, True)
         self.tls = write_dev_tls(self.tls_dir, ["127.0.0.1"])
         raw = raw_config(
             {
