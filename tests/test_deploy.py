@@ -229,9 +229,9 @@ def test_overlay_has_everything_an_installation_needs(overlay: str) -> None:
 
 def test_rbac_is_exactly_least_privilege() -> None:
     """
-    Read-only access to namespaces and mutatingwebhookconfigurations, and
-    nothing else anywhere in deploy/: no other role, no other verb, no
-    wildcard.
+    Read-only access to namespaces and to amp's own
+    MutatingWebhookConfiguration (by name), and nothing else anywhere in
+    deploy/: no other role, no other verb, no wildcard.
     """
     roles = [(p, d) for p, d in all_docs() if d["kind"] in ("ClusterRole", "Role")]
     assert len(roles) == 1, [str(p) for p, _ in roles]
@@ -240,12 +240,15 @@ def test_rbac_is_exactly_least_privilege() -> None:
     rules = sorted(
         (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])), tuple(r.get("resourceNames", ())))
         for r in role["rules"])
+    webhook = only("cert-manager", "MutatingWebhookConfiguration")["metadata"]["name"]
     assert rules == [
         (("",), ("namespaces",), ("get", "list", "watch"), ()),
-        (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("get", "list", "watch"), ()),
+        (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("get", "list", "watch"),
+         (webhook,)),
     ]
+    assert amp_yaml().kubernetes.webhook_configuration == webhook, "amp watches the one it may read"
     for rule in role["rules"]:
-        assert set(rule) <= {"apiGroups", "resources", "verbs"}, "no nonResourceURLs, no resourceNames"
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, "no nonResourceURLs"
 
     bindings = [d for _, d in all_docs() if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
     assert len(bindings) == 1
