@@ -1,0 +1,632 @@
+"""
+Tests for amp.admission: one review end to end, without a reactor.
+
+The Admitter runs on a L{Clock}; its EndpointClient talks to the example
+endpoints (L{amp.example_tap.build_root}) through treq's
+C{RequestTraversalAgent}, in memory, plus a few tiny resources under
+C{/test/...} that answer exactly what a test needs.  Every failure is checked
+under both failure policies, including the C{amp.txn2.com/skipped}
+annotation patch, which must apply to the Pod.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from treq.testing import RequestTraversalAgent
+from twisted.internet.defer import Deferred, fail
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
+from zope.interface import implementer
+
+from amp.admission import SKIPPED_ANNOTATION, Admitter, Outcome
+from amp.breaker import BreakerRegistry
+from amp.config import Config
+from amp.endpoints import EndpointClient
+from amp.example_tap import build_root
+from amp.metrics import Metrics
+from amp.namespaces import UNKNOWN, INamespaceSource, StaticNamespaceSource
+from amp.policy import NamespaceInfo
+from amp.review import parse_review
+from amphelpers import (
+    UID,
+    V1BETA1,
+    apply_patch,
+    decode_answer,
+    make_config,
+    namespace,
+    pod,
+    review_bytes,
+)
+
+EP = "http://127.0.0.1:8090"
+ORIGIN = "http://127.0.0.1:8090"
+
+
+class Canned(Resource):
+    """
+    Answers every POST with C{code} and C{body}; records each request's
+    headers and body.  C{hang=True} never answers.
+    """
+
+    isLeaf = True
+
+    def __init__(self, body: Any = b"[]", code: int = 200, hang: bool = False) -> None:
+        super().__init__()
+        self.body = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.code = code
+        self.hang = hang
+        self.requests: list[tuple[dict[bytes, bytes], bytes]] = []
+
+    def render_POST(self, request: Any) -> Any:
+        headers = {k.lower(): v[0] for k, v in request.requestHeaders.getAllRawHeaders()}
+        self.requests.append((headers, request.content.read()))
+        if self.hang:
+            return NOT_DONE_YET
+        request.setResponseCode(self.code)
+        request.setHeader(b"content-type", b"application/json")
+        return self.body
+
+
+def ns_map(**entries: dict) -> dict:
+    return {name.replace("_", "-"): spec for name, spec in entries.items()}
+
+
+class Harness:
+    """An Admitter over the example endpoints (plus /test/<name> resources) on a Clock."""
+
+    def __init__(self, config: Config, source: Optional[INamespaceSource] = None, **canned: Canned) -> None:
+        self.clock = Clock()
+        self.metrics = Metrics()
+        root = build_root()
+        test = Resource()
+        root.putChild(b"test", test)
+        for name, resource in canned.items():
+            test.putChild(name.encode(), resource)
+        self.root = root
+        self.agent = RequestTraversalAgent(root)
+        self.config = config
+        self.client = EndpointClient(
+            self.clock, self.metrics, BreakerRegistry(self.clock),
+            lambda origin: config.endpoints.defaults, agent=self.agent)
+        self.source = source if source is not None else StaticNamespaceSource(config.kubernetes)
+        self.admitter = Admitter(config, self.source, self.client, self.clock, self.metrics)
+
+    def review(self, body: bytes, budget: float = 9.5, validation: bool = False) -> Deferred:
+        return self.admitter.review(parse_review(body), budget, validation=validation)
+
+
+def answered(case: SynchronousTestCase, d: Deferred) -> tuple[dict, Outcome]:
+    body, outcome = case.successResultOf(d)
+    doc = decode_answer(body)
+    return doc["response"], outcome
+
+
+def config_for(path: str = "/user-env", **kwargs: Any) -> Config:
+    """team-a -> EP + path; kwargs are passed on to make_config."""
+    return make_config({"team-a": namespace(EP + path)}, **kwargs)
+
+
+# ---------------------------------------------------------------- success paths
+
+
+class PatchedTests(SynchronousTestCase):
+    def test_endpoint_patch_is_returned_and_applies(self) -> None:
+        h = Harness(config_for("/user-env"))
+        the_pod = pod(annotations={"hub.jupyter.org/username": "alice"})
+        response, outcome = answered(self, h.review(review_bytes(the_pod)))
+        self.assertTrue(response["allowed"])
+        self.assertEqual(response["uid"], UID)
+        patched = apply_patch(the_pod, response["_patch"])
+        env = {e["name"]: e["value"] for e in patched["spec"]["containers"][0]["env"]}
+        self.assertEqual(env["AMP_USER"], "alice")
+        self.assertIn({"name": "user-home", "emptyDir": {}}, patched["spec"]["volumes"])
+        self.assertEqual(outcome.result, "patched")
+        self.assertEqual(outcome.endpoint, ORIGIN)
+        self.assertGreater(outcome.patch_size, 0)
+
+    def test_v1beta1_review_gets_a_v1beta1_answer(self) -> None:
+        h = Harness(config_for("/user-env"))
+        body, _ = self.successResultOf(h.review(review_bytes(api_version=V1BETA1)))
+        doc = decode_answer(body)
+        self.assertEqual(doc["apiVersion"], V1BETA1)
+        self.assertIsNotNone(doc["response"]["_patch"])
+
+    def test_endpoint_gets_the_pod_and_amp_headers(self) -> None:
+        canned = Canned([])
+        h = Harness(config_for("/test/canned"), canned=canned)
+        the_pod = pod("x")
+        self.successResultOf(h.review(review_bytes(the_pod, dry_run=True)))
+        [(headers, body)] = canned.requests
+        self.assertEqual(json.loads(body), the_pod)
+        self.assertEqual(headers[b"x-amp-namespace"], b"team-a")
+        self.assertEqual(headers[b"x-amp-operation"], b"CREATE")
+        self.assertEqual(headers[b"x-amp-uid"], UID.encode())
+        self.assertEqual(headers[b"x-amp-dry-run"], b"true")
+        self.assertEqual(headers[b"content-type"], b"application/json")
+        self.assertTrue(headers[b"user-agent"].startswith(b"amp/"))
+
+    def test_namespace_comes_from_the_request_not_the_object(self) -> None:
+        canned = Canned([])
+        h = Harness(make_config({"team-a": namespace(EP + "/test/canned"), "other": namespace(enabled=False)}),
+                    canned=canned)
+        forged = pod()
+        forged["metadata"]["namespace"] = "team-a"
+        response, outcome = answered(self, h.review(review_bytes(forged, namespace="other")))
+        self.assertEqual(canned.requests, [])
+        self.assertEqual(outcome.result, "skipped")
+        self.assertNotIn("patch", response)
+
+    def test_mutation_annotation_of_the_go_amp_is_accepted(self) -> None:
+        config = make_config({"team-a": namespace(annotations={"mutation.amp.txn2.com/ep": EP + "/user-env"})})
+        response, outcome = answered(self, Harness(config).review(review_bytes()))
+        self.assertEqual(outcome.result, "patched")
+        self.assertIsNotNone(response["_patch"])
+
+    def test_object_form_warnings_and_audit_annotations_pass_through(self) -> None:
+        config = make_config({"team-a": namespace(EP + "/registry"), "mesh": namespace(EP + "/sidecar")})
+        h = Harness(config)
+        the_pod = pod(containers=[{"name": "app", "image": "gcr.io/x/y:1", "ports": [{"containerPort": 80}]}])
+        response, _ = answered(self, h.review(review_bytes(the_pod)))
+        self.assertEqual(len(response["warnings"]), 1)
+        self.assertTrue(response["warnings"][0].startswith("amp: registry rewritten"))
+        self.assertEqual(apply_patch(the_pod, response["_patch"])["spec"]["containers"][0]["image"],
+                         "asia.gcr.io/x/y:1")
+        response, _ = answered(self, h.review(review_bytes(the_pod, namespace="mesh")))
+        self.assertEqual(response["auditAnnotations"], {"sidecar-injected": "true"})
+
+    def test_bad_audit_keys_are_dropped_with_a_warning(self) -> None:
+        canned = Canned({"patch": [], "auditAnnotations": {"ok-key": "v", "bad/key": "v"}})
+        response, _ = answered(self, Harness(config_for("/test/canned"), canned=canned).review(review_bytes()))
+        self.assertEqual(response["auditAnnotations"], {"ok-key": "v"})
+        self.assertTrue(any("bad/key" in w for w in response["warnings"]))
+
+    def test_repair_creates_the_missing_parent(self) -> None:
+        canned = Canned([{"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "A", "value": "1"}}])
+        h = Harness(config_for("/test/canned"), canned=canned)
+        the_pod = pod()
+        response, outcome = answered(self, h.review(review_bytes(the_pod)))
+        self.assertEqual(outcome.result, "patched")
+        self.assertEqual(response["_patch"][0]["path"], "/spec/containers/0/env")
+        patched = apply_patch(the_pod, response["_patch"])
+        self.assertEqual(patched["spec"]["containers"][0]["env"], [{"name": "A", "value": "1"}])
+        self.assertEqual(h.metrics.patch_repairs._value.get(), 1)
+
+
+class UnchangedTests(SynchronousTestCase):
+    def assertUnchanged(self, response: dict) -> None:
+        self.assertTrue(response["allowed"])
+        self.assertNotIn("patch", response)
+        self.assertNotIn("patchType", response)
+        self.assertNotIn("warnings", response)
+
+    def test_namespace_not_enabled(self) -> None:
+        canned = Canned([{"op": "add", "path": "/metadata/labels", "value": {}}])
+        config = make_config({"team-a": namespace(EP + "/test/canned", enabled=False)})
+        response, outcome = answered(self, Harness(config, canned=canned).review(review_bytes()))
+        self.assertUnchanged(response)
+        self.assertEqual(outcome.result, "skipped")
+        self.assertEqual(canned.requests, [])
+
+    def test_namespace_label_with_another_value(self) -> None:
+        config = make_config({"team-a": namespace(EP + "/user-env", enabled=False,
+                                                  labels={"amp.txn2.com/enabled": "false"})})
+        response, outcome = answered(self, Harness(config).review(review_bytes()))
+        self.assertUnchanged(response)
+
+    def test_unknown_namespace(self) -> None:
+        response, outcome = answered(self, Harness(config_for()).review(review_bytes(namespace="nowhere")))
+        self.assertUnchanged(response)
+        self.assertEqual(outcome.result, "skipped")
+
+    def test_not_a_pod_create(self) -> None:
+        canned = Canned([{"op": "add", "path": "/metadata/labels", "value": {}}])
+        h = Harness(config_for("/test/canned"), canned=canned)
+        cases = [
+            review_bytes(operation="UPDATE"),
+            review_bytes(operation="DELETE"),
+            review_bytes({"kind": "ConfigMap", "metadata": {"name": "c"}},
+                         kind={"group": "", "version": "v1", "kind": "ConfigMap"}),
+            review_bytes(kind={"group": "apps", "version": "v1", "kind": "Pod"}),
+            review_bytes(sub_resource="ephemeralcontainers"),
+        ]
+        for body in cases:
+            response, outcome = answered(self, h.review(body))
+            self.assertUnchanged(response)
+            self.assertEqual(outcome.result, "skipped")
+        self.assertEqual(canned.requests, [])
+
+    def test_empty_patch(self) -> None:
+        response, outcome = answered(self, Harness(config_for("/noop")).review(review_bytes()))
+        self.assertUnchanged(response)
+        self.assertEqual(outcome.result, "allowed")
+
+    def test_patch_that_only_tests(self) -> None:
+        canned = Canned([{"op": "test", "path": "/kind", "value": "Pod"}])
+        response, outcome = answered(self, Harness(config_for("/test/canned"), canned=canned).review(review_bytes()))
+        self.assertUnchanged(response)
+
+    def test_mutation_is_skipped_where_only_validation_is_configured(self) -> None:
+        config = make_config({"team-a": namespace(validation=EP + "/validate-labels")})
+        response, outcome = answered(self, Harness(config).review(review_bytes()))
+        self.assertUnchanged(response)
+        self.assertEqual(outcome.result, "skipped")
+
+
+class DeniedTests(SynchronousTestCase):
+    def test_endpoint_denial(self) -> None:
+        response, outcome = answered(self, Harness(config_for("/deny")).review(review_bytes()))
+        self.assertFalse(response["allowed"])
+        self.assertEqual(response["status"]["code"], 403)
+        self.assertIn(ORIGIN, response["status"]["message"])
+        self.assertIn("denied by example policy", response["status"]["message"])
+        self.assertNotIn("patch", response)
+        self.assertEqual(outcome.result, "denied")
+        self.assertEqual(outcome.reason, "endpoint-denied")
+
+    def test_endpoint_denial_code_passes_through(self) -> None:
+        canned = Canned({"allowed": False, "status": {"code": 422, "message": "no"}})
+        response, _ = answered(self, Harness(config_for("/test/canned"), canned=canned).review(review_bytes()))
+        self.assertEqual(response["status"]["code"], 422)
+
+
+# ---------------------------------------------------------------- failures
+
+#: (namespace annotations, canned resource or None, reason, where)
+FAILURES: dict[str, tuple[dict, Optional[Canned], str, str]] = {
+    "http-5xx": ({"amp.txn2.com/ep": EP + "/error"}, None, "http-5xx", ORIGIN),
+    "http-4xx": ({"amp.txn2.com/ep": EP + "/no-such-path"}, None, "http-4xx", ORIGIN),
+    "invalid-json": ({"amp.txn2.com/ep": EP + "/garbage"}, None, "invalid-json", ORIGIN),
+    "invalid-reply": ({"amp.txn2.com/ep": EP + "/test/canned"}, Canned({"patches": []}), "invalid-reply", ORIGIN),
+    "apply-failed": ({"amp.txn2.com/ep": EP + "/bad-patch"}, None, "apply-failed", ORIGIN),
+    "refused-path": ({"amp.txn2.com/ep": EP + "/test/canned"},
+                     Canned([{"op": "replace", "path": "/metadata/name", "value": "evil"}]), "refused-path", ORIGIN),
+    "invalid-patch": ({"amp.txn2.com/ep": EP + "/test/canned"}, Canned([{"op": "frobnicate", "path": "/x"}]),
+                      "invalid-patch", ORIGIN),
+    "not-allowed": ({"amp.txn2.com/ep": "http://10.0.0.1:8080/mutate"}, None, "not-allowed", "http://10.0.0.1:8080"),
+    "bad-url": ({"amp.txn2.com/ep": "ftp://127.0.0.1/x"}, None, "bad-url", "ftp://127.0.0.1/x"),
+    "no-endpoint": ({}, None, "no-endpoint", "(none)"),
+}
+
+
+class FailurePolicyTests(SynchronousTestCase):
+    def harness(self, case: str, policy: str, **config: Any) -> Harness:
+        annotations, canned, _, _ = FAILURES[case]
+        ann = dict(annotations)
+        ann["amp.txn2.com/failure-policy"] = policy
+        cfg = make_config({"team-a": namespace(annotations=ann)}, **config)
+        return Harness(cfg, **({"canned": canned} if canned is not None else {}))
+
+    def test_every_failure_under_ignore(self) -> None:
+        for case, (_, _, reason, where) in FAILURES.items():
+            with self.subTest(case=case):
+                h = self.harness(case, "Ignore")
+                the_pod = pod()
+                response, outcome = answered(self, h.review(review_bytes(the_pod)))
+                self.assertTrue(response["allowed"])
+                self.assertEqual(outcome.result, "ignored")
+                self.assertEqual(outcome.reason, reason)
+                [warning] = response["warnings"]
+                self.assertIn(where, warning)
+                self.assertIn(reason, warning)
+                self.assertLess(len(warning), 120)
+                error = response["auditAnnotations"]["error"]
+                self.assertIn(where, error)
+                self.assertIn(f"({reason})", error)
+                patched = apply_patch(the_pod, response["_patch"])
+                self.assertEqual(patched["metadata"]["annotations"], {SKIPPED_ANNOTATION: f"{reason}: {where}"})
+                self.assertEqual(patched["spec"], the_pod["spec"])
+
+    def test_every_failure_under_fail(self) -> None:
+        for case, (_, _, reason, where) in FAILURES.items():
+            with self.subTest(case=case):
+                response, outcome = answered(self, self.harness(case, "Fail").review(review_bytes()))
+                self.assertFalse(response["allowed"])
+                self.assertEqual(response["status"]["code"], 500)
+                message = response["status"]["message"]
+                self.assertIn(where, message)
+                self.assertIn(f"({reason})", message)
+                self.assertIn("failure policy Fail", message)
+                self.assertNotIn("patch", response)
+                self.assertEqual(outcome.result, "denied")
+                self.assertEqual(outcome.reason, reason)
+
+    def test_config_default_applies_without_an_annotation(self) -> None:
+        for policy, allowed in (("Ignore", True), ("Fail", False)):
+            h = Harness(config_for("/error", failure_policy=policy))
+            response, _ = answered(self, h.review(review_bytes()))
+            self.assertEqual(response["allowed"], allowed)
+
+    def test_auto_without_a_cluster_policy_fails_closed(self) -> None:
+        h = Harness(config_for("/error", failure_policy="auto"))
+        response, _ = answered(self, h.review(review_bytes()))
+        self.assertFalse(response["allowed"])
+
+    def test_skipped_annotation_joins_existing_annotations(self) -> None:
+        h = Harness(config_for("/error"))
+        the_pod = pod(annotations={"keep": "me"})
+        response, _ = answered(self, h.review(review_bytes(the_pod)))
+        patched = apply_patch(the_pod, response["_patch"])
+        self.assertEqual(patched["metadata"]["annotations"],
+                         {"keep": "me", SKIPPED_ANNOTATION: "http-5xx: " + ORIGIN})
+
+    def test_skipped_annotation_on_a_pod_without_metadata(self) -> None:
+        h = Harness(config_for("/error"))
+        the_pod = {"apiVersion": "v1", "kind": "Pod", "spec": {"containers": [{"name": "a", "image": "b"}]}}
+        response, _ = answered(self, h.review(review_bytes(the_pod)))
+        patched = apply_patch(the_pod, response["_patch"])
+        self.assertEqual(patched["metadata"]["annotations"], {SKIPPED_ANNOTATION: "http-5xx: " + ORIGIN})
+
+    def test_annotate_skipped_off(self) -> None:
+        h = Harness(config_for("/error", annotate_skipped=False))
+        response, outcome = answered(self, h.review(review_bytes()))
+        self.assertTrue(response["allowed"])
+        self.assertNotIn("patch", response)
+        self.assertIn("error", response["auditAnnotations"])
+        self.assertEqual(len(response["warnings"]), 1)
+        self.assertEqual(outcome.result, "ignored")
+
+    def test_patch_over_max_size(self) -> None:
+        h = Harness(config_for("/user-env", patch={"max_size": 64}))
+        response, outcome = answered(self, h.review(review_bytes()))
+        self.assertEqual(outcome.reason, "patch-too-large")
+        self.assertEqual(apply_patch(pod(), response["_patch"])["metadata"]["annotations"],
+                         {SKIPPED_ANNOTATION: "patch-too-large: " + ORIGIN})
+
+    def test_repair_off_makes_a_missing_parent_a_failure(self) -> None:
+        canned = Canned([{"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "A", "value": "1"}}])
+        h = Harness(config_for("/test/canned", patch={"repair": False}), canned=canned)
+        response, outcome = answered(self, h.review(review_bytes()))
+        self.assertEqual(outcome.reason, "apply-failed")
+        self.assertIn("patch.repair is off", response["auditAnnotations"]["error"])
+
+    def test_allowed_paths_let_a_denied_path_through(self) -> None:
+        canned = Canned([{"op": "add", "path": "/metadata/name", "value": "renamed"}])
+        h = Harness(config_for("/test/canned", patch={"allowed_paths": ["/metadata/name"]}), canned=canned)
+        response, outcome = answered(self, h.review(review_bytes()))
+        self.assertEqual(outcome.result, "patched")
+        self.assertEqual(apply_patch(pod(), response["_patch"])["metadata"]["name"], "renamed")
+
+
+class ShadowTests(SynchronousTestCase):
+    def config(self, path: str) -> Config:
+        return make_config({"team-a": namespace(EP + path, mode="shadow", failure_policy="Fail")})
+
+    def test_shadow_admits_unchanged_and_records(self) -> None:
+        h = Harness(self.config("/user-env"))
+        response, outcome = answered(self, h.review(review_bytes()))
+        self.assertTrue(response["allowed"])
+        self.assertNotIn("patch", response)
+        self.assertEqual(outcome.result, "shadow")
+        self.assertGreater(outcome.shadow_patch_size, 0)
+        self.assertEqual(h.metrics.shadow_patches.labels(ORIGIN)._value.get(), 1)
+
+    def test_shadow_does_not_enforce_a_denial(self) -> None:
+        response, outcome = answered(self, Harness(self.config("/deny")).review(review_bytes()))
+        self.assertTrue(response["allowed"])
+        self.assertEqual(outcome.result, "shadow")
+
+    def test_shadow_failure_admits_unchanged_without_annotation(self) -> None:
+        for path, reason in (("/error", "http-5xx"), ("/bad-patch", "apply-failed")):
+            response, outcome = answered(self, Harness(self.config(path)).review(review_bytes()))
+            self.assertTrue(response["allowed"])
+            self.assertNotIn("patch", response)
+            self.assertEqual(outcome.result, "shadow")
+            self.assertEqual(outcome.reason, reason)
+
+
+# ---------------------------------------------------------------- validation
+
+
+class ValidationTests(SynchronousTestCase):
+    def harness(self, path: str, policy: str = "Ignore", **canned: Canned) -> Harness:
+        return Harness(make_config({"team-a": namespace(validation=EP + path, failure_policy=policy)}), **canned)
+
+    def test_validate_allows_and_denies(self) -> None:
+        h = self.harness("/validate-labels")
+        response, outcome = answered(self, h.review(review_bytes(pod(labels={"app": "x"})), validation=True))
+        self.assertTrue(response["allowed"])
+        self.assertNotIn("patch", response)
+        response, outcome = answered(self, h.review(review_bytes(pod()), validation=True))
+        self.assertFalse(response["allowed"])
+        self.assertEqual(response["status"]["code"], 403)
+        self.assertIn("pod has no app label", response["status"]["message"])
+
+    def test_validate_never_returns_a_patch(self) -> None:
+        canned = Canned([{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}])
+        response, _ = answered(self, self.harness("/test/canned", canned=canned).review(
+            review_bytes(), validation=True))
+        self.assertTrue(response["allowed"])
+        self.assertNotIn("patch", response)
+
+    def test_validate_failure_under_ignore_has_no_patch(self) -> None:
+        """
+        The API server refuses any patch from a validating webhook, so the
+        skipped annotation must not be sent on /validate.
+        """
+        response, outcome = answered(self, self.harness("/error").review(review_bytes(), validation=True))
+        self.assertTrue(response["allowed"])
+        self.assertNotIn("patch", response)
+        self.assertEqual(outcome.reason, "http-5xx")
+        self.assertIn("http-5xx", response["auditAnnotations"]["error"])
+
+    def test_validate_failure_under_fail(self) -> None:
+        response, _ = answered(self, self.harness("/error", "Fail").review(review_bytes(), validation=True))
+        self.assertFalse(response["allowed"])
+        self.assertIn(ORIGIN, response["status"]["message"])
+
+    def test_validate_without_validation_endpoint_is_skipped(self) -> None:
+        h = Harness(config_for("/user-env"))
+        response, outcome = answered(self, h.review(review_bytes(), validation=True))
+        self.assertTrue(response["allowed"])
+        self.assertNotIn("patch", response)
+        self.assertEqual(outcome.result, "skipped")
+
+
+# ---------------------------------------------------------------- namespace source and deadline
+
+
+@implementer(INamespaceSource)
+class FakeSource:
+    """A namespace source whose cache knows nothing; fetches are Deferreds the test fires."""
+
+    count = 0
+
+    def __init__(self, policy: Optional[str] = None) -> None:
+        self.fetches: list[tuple[str, float, Deferred]] = []
+        self.known: dict[str, NamespaceInfo] = {}
+        self.policy = policy
+
+    def cached(self, name: str) -> Any:
+        return self.known.get(name, UNKNOWN)
+
+    def fetch(self, name: str, timeout: float) -> Deferred:
+        d: Deferred = Deferred()
+        self.fetches.append((name, timeout, d))
+        return d
+
+    def readiness(self) -> tuple[bool, str]:
+        return True, "fake"
+
+    def cluster_failure_policy(self) -> Optional[str]:
+        return self.policy
+
+
+def team_a(path: str = "/user-env", **annotations: str) -> NamespaceInfo:
+    return NamespaceInfo("team-a", {"amp.txn2.com/enabled": "true"}, {"amp.txn2.com/ep": EP + path, **annotations})
+
+
+class NamespaceFetchTests(SynchronousTestCase):
+    def test_cache_miss_fetches_then_calls_the_endpoint(self) -> None:
+        source = FakeSource()
+        h = Harness(make_config(), source=source)
+        d = h.review(review_bytes(), budget=3.0)
+        self.assertNoResult(d)
+        [(name, timeout, fetch)] = source.fetches
+        self.assertEqual((name, timeout), ("team-a", 3.0))
+        fetch.callback(team_a())
+        response, outcome = answered(self, d)
+        self.assertEqual(outcome.result, "patched")
+
+    def test_cache_miss_for_a_missing_namespace_admits(self) -> None:
+        source = FakeSource()
+        h = Harness(make_config(), source=source)
+        d = h.review(review_bytes())
+        source.fetches[0][2].callback(None)
+        response, outcome = answered(self, d)
+        self.assertTrue(response["allowed"])
+        self.assertEqual(outcome.result, "skipped")
+
+    def test_cluster_policy_is_followed_under_auto(self) -> None:
+        for cluster, allowed in (("Ignore", True), ("Fail", False), (None, False)):
+            source = FakeSource(policy=cluster)
+            source.known["team-a"] = team_a("/error")
+            h = Harness(make_config(failure_policy="auto"), source=source)
+            response, _ = answered(self, h.review(review_bytes()))
+            self.assertEqual(response["allowed"], allowed, cluster)
+
+    def test_failed_fetch_is_answered_by_the_policy(self) -> None:
+        source = FakeSource()
+        h = Harness(make_config(failure_policy="Ignore"), source=source)
+        d = h.review(review_bytes())
+        source.fetches[0][2].errback(RuntimeError("apiserver unreachable"))
+        response, outcome = answered(self, d)
+        self.assertTrue(response["allowed"])
+        self.assertEqual(outcome.reason, "internal-error")
+        self.assertIn("apiserver unreachable", response["auditAnnotations"]["error"])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+
+class DeadlineTests(SynchronousTestCase):
+    def test_hung_endpoint_is_answered_exactly_at_the_budget(self) -> None:
+        for policy, allowed in (("Ignore", True), ("Fail", False)):
+            h = Harness(config_for("/hang", failure_policy=policy))
+            d = h.review(review_bytes(), budget=1.5)
+            h.clock.advance(1.499)
+            self.assertNoResult(d)
+            h.clock.advance(0.001)
+            response, outcome = answered(self, d)
+            self.assertEqual(response["allowed"], allowed)
+            self.assertEqual(outcome.reason, "timeout")
+            self.assertEqual(h.clock.getDelayedCalls(), [])
+
+    def test_endpoint_timeout_shorter_than_the_budget_wins(self) -> None:
+        h = Harness(config_for("/hang", endpoints={"timeout": "250ms"}))
+        d = h.review(review_bytes(), budget=9.5)
+        h.clock.advance(0.249)
+        self.assertNoResult(d)
+        h.clock.advance(0.001)
+        response, outcome = answered(self, d)
+        self.assertEqual(outcome.reason, "timeout")
+        self.assertIn("0.25s", response["auditAnnotations"]["error"])
+
+    def test_time_spent_fetching_the_namespace_is_taken_from_the_endpoint_call(self) -> None:
+        source = FakeSource()
+        h = Harness(make_config(), source=source)
+        d = h.review(review_bytes(), budget=2.0)
+        h.clock.advance(1.5)
+        source.fetches[0][2].callback(team_a("/hang"))
+        h.clock.advance(0.499)
+        self.assertNoResult(d)
+        h.clock.advance(0.001)
+        response, outcome = answered(self, d)
+        self.assertTrue(response["allowed"])
+        self.assertIn(outcome.reason, ("timeout", "deadline"))
+
+    def test_hung_namespace_fetch_is_answered_at_the_budget_by_the_config_policy(self) -> None:
+        for policy, allowed in (("Ignore", True), ("Fail", False)):
+            source = FakeSource()
+            h = Harness(make_config(failure_policy=policy), source=source)
+            d = h.review(review_bytes(), budget=2.0)
+            h.clock.advance(1.999)
+            self.assertNoResult(d)
+            h.clock.advance(0.001)
+            response, outcome = answered(self, d)
+            self.assertEqual(response["allowed"], allowed, policy)
+            self.assertEqual(outcome.reason, "deadline")
+            text = response["auditAnnotations"]["error"] if allowed else response["status"]["message"]
+            self.assertIn("deadline", text)
+            self.assertEqual(self.flushLoggedErrors(), [])
+
+    def test_cancelled_review_answers_quietly(self) -> None:
+        """The API server hung up: the review is cancelled, nothing is logged as an error."""
+        source = FakeSource()
+        h = Harness(make_config(), source=source)
+        d = h.review(review_bytes(), budget=2.0)
+        d.cancel()
+        body, outcome = self.successResultOf(d)
+        self.assertTrue(decode_answer(body)["response"]["allowed"])
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+
+class RobustnessTests(SynchronousTestCase):
+    def test_endpoint_client_raising_still_answers(self) -> None:
+        class Broken:
+            def call(self, *args: Any) -> Any:
+                raise RuntimeError("bug in the client")
+
+        config = config_for("/user-env")
+        admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), Broken(),  # type: ignore[arg-type]
+                            Clock(), Metrics())
+        body, outcome = self.successResultOf(admitter.review(parse_review(review_bytes()), 2.0))
+        response = decode_answer(body)["response"]
+        self.assertTrue(response["allowed"])
+        self.assertEqual(outcome.reason, "internal-error")
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+    def test_endpoint_client_failing_unexpectedly_still_answers(self) -> None:
+        class Broken:
+            def call(self, *args: Any) -> Any:
+                return fail(ValueError("unexpected"))
+
+        config = config_for("/user-env", failure_policy="Fail")
+        admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), Broken(),  # type: ignore[arg-type]
+                            Clock(), Metrics())
+        body, outcome = self.successResultOf(admitter.review(parse_review(review_bytes()), 2.0))
+        response = decode_answer(body)["response"]
+        self.assertFalse(response["allowed"])
+        self.assertIn(ORIGIN, response["status"]["message"])
+        self.assertEqual(len(self.flushLoggedErrors(ValueError)), 1)

@@ -1,0 +1,211 @@
+"""
+Tests for amp.policy: which endpoint, which failure policy, which mode, and
+how much time a review may take.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+
+from amp.config import Config, parse_config
+from amp.policy import FAIL, IGNORE, NORMAL, SHADOW, NamespaceInfo, failure_policy, parse_timeout, review_budget, route
+
+ENABLED = {"amp.txn2.com/enabled": "true"}
+EP = "http://127.0.0.1:8090/user-env"
+
+CONFIG = parse_config({
+    "endpoints": {
+        "allow": ["http://127.0.0.1:*/*", "http://*.svc:*/*"],
+        "timeout": "2s",
+        "overrides": [{"match": "http://slow.team-a.svc:*/*", "timeout": "8s"}],
+    },
+    "failure_policy": "Ignore",
+})
+
+
+def ns(labels: Optional[dict] = None, **annotations: str) -> NamespaceInfo:
+    return NamespaceInfo("team-a", ENABLED if labels is None else labels, annotations)
+
+
+def with_ep(url: str = EP, **more: str) -> NamespaceInfo:
+    return ns(**{"amp.txn2.com/ep": url}, **more)
+
+
+# ---------------------------------------------------------------- route
+
+
+@pytest.mark.parametrize(
+    "namespace",
+    [
+        None,
+        NamespaceInfo("team-a", {}, {"amp.txn2.com/ep": EP}),
+        NamespaceInfo("team-a", {"amp.txn2.com/enabled": "false"}, {"amp.txn2.com/ep": EP}),
+        NamespaceInfo("team-a", {"amp.txn2.com/enabled": "True"}, {"amp.txn2.com/ep": EP}),
+        NamespaceInfo("team-a", {}, {"amp.txn2.com/enabled": "true", "amp.txn2.com/ep": EP}),
+    ],
+)
+def test_not_enabled(namespace: Optional[NamespaceInfo]) -> None:
+    r = route(namespace, CONFIG, None)
+    assert not r.enabled
+    assert r.url is None and r.error is None
+
+
+def test_enabled_label_name_and_value_come_from_the_config() -> None:
+    config = parse_config({"kubernetes": {"enabled_label": "example.com/amp", "enabled_value": "on"}})
+    assert route(ns({"example.com/amp": "on"}), config, None).enabled
+    assert not route(ns(), config, None).enabled
+
+
+def test_enabled_without_an_endpoint() -> None:
+    r = route(ns(), CONFIG, None)
+    assert r.enabled
+    assert r.url is None and r.error is None and r.settings is None
+    assert r.failure_policy == IGNORE
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1/x", "http://user@127.0.0.1/x", "http://127.0.0.1/a b", "nope"])
+def test_bad_url(url: str) -> None:
+    r = route(with_ep(url), CONFIG, None)
+    assert r.enabled
+    assert r.url is None
+    assert r.raw_url == url
+    assert r.error is not None and r.error[0] == "bad-url"
+    assert r.error[1].startswith("endpoint URL")
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1:8090/x", "https://127.0.0.1:8443/x",
+                                 "http://127.0.0.1.nip.io/x", "http://metadata.google.internal/"])
+def test_not_allowed(url: str) -> None:
+    r = route(with_ep(url), CONFIG, None)
+    assert r.error is not None and r.error[0] == "not-allowed"
+    assert r.url is not None
+    assert r.error[1] == f"endpoint {r.url.origin} is not in endpoints.allow"
+    assert r.settings is None
+
+
+def test_allowed_with_default_settings() -> None:
+    r = route(with_ep(), CONFIG, None)
+    assert r.enabled and r.error is None
+    assert r.url is not None and r.url.origin == "http://127.0.0.1:8090"
+    assert r.settings == CONFIG.endpoints.defaults
+    assert r.settings is not None and r.settings.timeout == 2.0
+    assert (r.failure_policy, r.mode) == (IGNORE, NORMAL)
+
+
+def test_allowed_with_override_settings() -> None:
+    r = route(with_ep("http://slow.team-a.svc:8080/m"), CONFIG, None)
+    assert r.settings is not None and r.settings.timeout == 8.0
+
+
+def test_endpoint_annotations_in_order() -> None:
+    go_amp = ns(**{"mutation.amp.txn2.com/ep": "http://127.0.0.1:1/go"})
+    r = route(go_amp, CONFIG, None)
+    assert r.url is not None and r.url.path == "/go"
+    both = ns(**{"amp.txn2.com/ep": "http://127.0.0.1:1/amp", "mutation.amp.txn2.com/ep": "http://127.0.0.1:1/go"})
+    r = route(both, CONFIG, None)
+    assert r.url is not None and r.url.path == "/amp"
+    empty_first = ns(**{"amp.txn2.com/ep": "", "mutation.amp.txn2.com/ep": "http://127.0.0.1:1/go"})
+    r = route(empty_first, CONFIG, None)
+    assert r.url is not None and r.url.path == "/go"
+
+
+def test_validation_uses_its_own_annotation() -> None:
+    namespace = ns(**{"amp.txn2.com/ep": "http://127.0.0.1:1/m", "validation.amp.txn2.com/ep": "http://127.0.0.1:1/v"})
+    r = route(namespace, CONFIG, None, validation=True)
+    assert r.url is not None and r.url.path == "/v"
+    r = route(with_ep(), CONFIG, None, validation=True)
+    assert r.enabled and r.url is None and r.error is None
+
+
+@pytest.mark.parametrize("value, mode", [("shadow", SHADOW), ("normal", NORMAL), ("Shadow", NORMAL), ("", NORMAL)])
+def test_mode(value: str, mode: str) -> None:
+    r = route(with_ep(**{"amp.txn2.com/mode": value}), CONFIG, None)
+    assert r.mode == mode
+
+
+def test_mode_is_kept_on_errors() -> None:
+    r = route(with_ep("ftp://x/", **{"amp.txn2.com/mode": "shadow"}), CONFIG, None)
+    assert r.mode == SHADOW and r.error is not None
+
+
+# ---------------------------------------------------------------- failure policy
+
+
+def config_policy(value: str) -> Config:
+    return parse_config({"failure_policy": value})
+
+
+@pytest.mark.parametrize(
+    "annotation, configured, cluster, expected",
+    [
+        # the namespace annotation wins
+        ("Fail", "Ignore", "Ignore", FAIL),
+        ("Ignore", "Fail", "Fail", IGNORE),
+        ("Ignore", "auto", "Fail", IGNORE),
+        # an invalid annotation is ignored
+        ("ignore", "Ignore", None, IGNORE),
+        ("fail", "Ignore", "Fail", IGNORE),
+        # else the config
+        (None, "Ignore", "Fail", IGNORE),
+        (None, "Fail", "Ignore", FAIL),
+        # auto follows the cluster's webhook configuration
+        (None, "auto", "Ignore", IGNORE),
+        (None, "auto", "Fail", FAIL),
+        # ... and is Fail, the Kubernetes default, while that is unknown
+        (None, "auto", None, FAIL),
+        (None, "auto", "Weird", FAIL),
+    ],
+)
+def test_failure_policy_precedence(annotation: Optional[str], configured: str, cluster: Optional[str],
+                                   expected: str) -> None:
+    annotations = {} if annotation is None else {"amp.txn2.com/failure-policy": annotation}
+    namespace = ns(**annotations)
+    assert failure_policy(namespace, config_policy(configured), cluster) == expected
+    assert route(namespace, config_policy(configured), cluster).failure_policy == expected
+
+
+def test_failure_policy_without_a_namespace() -> None:
+    assert failure_policy(None, config_policy("Ignore"), None) == IGNORE
+    assert failure_policy(None, config_policy("auto"), "Ignore") == IGNORE
+    assert failure_policy(None, config_policy("auto"), None) == FAIL
+
+
+def test_failure_policy_annotation_name_comes_from_the_config() -> None:
+    config = parse_config({"failure_policy": "Fail", "kubernetes": {"failure_policy_annotation": "example.com/fp"}})
+    assert failure_policy(ns(**{"example.com/fp": "Ignore"}), config, None) == IGNORE
+    assert failure_policy(ns(**{"amp.txn2.com/failure-policy": "Ignore"}), config, None) == FAIL
+
+
+# ---------------------------------------------------------------- deadline
+
+
+@pytest.mark.parametrize(
+    "value, seconds",
+    [("10s", 10.0), ("30s", 30.0), ("1.5s", 1.5), ("500ms", 0.5), ("2m", 120.0), ("10", 10.0), (" 10s ", 10.0)],
+)
+def test_parse_timeout(value: str, seconds: float) -> None:
+    assert parse_timeout(value) == seconds
+
+
+@pytest.mark.parametrize("value", [None, "", "abc", "10 s", "-1s", "0s", "0", "10h", "1e3s"])
+def test_parse_timeout_ignores_what_it_cannot_read(value: Optional[str]) -> None:
+    assert parse_timeout(value) is None
+
+
+@pytest.mark.parametrize(
+    "timeout, default, margin, budget",
+    [
+        (10.0, 10.0, 0.5, 9.5),
+        (None, 10.0, 0.5, 9.5),
+        (None, 4.0, 1.0, 3.0),
+        (1.0, 10.0, 0.5, 0.5),
+        (30.0, 10.0, 0.5, 29.5),
+        # a margin as large as the timeout still leaves a tenth of it
+        (1.0, 10.0, 2.0, 0.1),
+        (2.0, 10.0, 2.0, 0.2),
+    ],
+)
+def test_review_budget(timeout: Optional[float], default: float, margin: float, budget: float) -> None:
+    assert review_budget(timeout, default, margin) == pytest.approx(budget)

@@ -1,0 +1,231 @@
+"""
+Tests for amp.review: AdmissionReview parsing (v1 and v1beta1, every 400),
+the answer's envelope and patch encoding, warning clipping and audit keys.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from amp.review import (
+    WARNINGS_TOTAL,
+    ReviewError,
+    clean_audit_annotations,
+    clip,
+    clip_warnings,
+    encode_response,
+    parse_review,
+)
+from amphelpers import UID, V1, V1BETA1, pod, review, review_bytes
+
+
+@pytest.mark.parametrize("api_version", [V1, V1BETA1])
+def test_parse_both_versions(api_version: str) -> None:
+    the_pod = pod("web")
+    req = parse_review(review_bytes(the_pod, api_version=api_version, dry_run=True))
+    assert req.api_version == api_version
+    assert req.uid == UID
+    assert (req.group, req.version, req.kind) == ("", "v1", "Pod")
+    assert req.operation == "CREATE"
+    assert req.namespace == "team-a"
+    assert req.dry_run is True
+    assert req.object == the_pod
+    assert req.is_pod_create
+    assert req.pod_name == "web"
+
+
+def test_namespace_is_the_requests_not_the_objects() -> None:
+    forged = pod()
+    forged["metadata"]["namespace"] = "kube-system"
+    assert parse_review(review_bytes(forged, namespace="team-a")).namespace == "team-a"
+    empty = review(pod())
+    empty["request"]["namespace"] = None
+    assert parse_review(json.dumps(empty).encode()).namespace == ""
+
+
+def test_seed_v1beta1_request_without_optional_fields() -> None:
+    body = json.dumps({
+        "apiVersion": V1BETA1, "kind": "AdmissionReview",
+        "request": {"uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "namespace": "ns", "operation": "CREATE", "object": pod("")},
+    }).encode()
+    req = parse_review(body)
+    assert req.dry_run is False
+    assert req.is_pod_create
+    assert req.pod_name == "web-*"
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({}, True),
+        ({"operation": "UPDATE"}, False),
+        ({"kind": {"group": "", "version": "v1", "kind": "Service"}}, False),
+        ({"kind": {"group": "example.com", "version": "v1", "kind": "Pod"}}, False),
+        ({"subResource": "ephemeralcontainers"}, False),
+        ({"object": None}, False),
+        ({"object": ["not", "a", "pod"]}, False),
+    ],
+)
+def test_is_pod_create(changes: dict, expected: bool) -> None:
+    doc = review()
+    doc["request"].update(changes)
+    assert parse_review(json.dumps(doc).encode()).is_pod_create is expected
+
+
+def _with(path: str, value: Any, delete: bool = False) -> bytes:
+    doc = review()
+    target = doc
+    keys = path.split(".")
+    for k in keys[:-1]:
+        target = target[k]
+    if delete:
+        del target[keys[-1]]
+    else:
+        target[keys[-1]] = value
+    return json.dumps(doc).encode()
+
+
+BAD = [
+    (b"{", "request body is not valid JSON"),
+    (b"", "request body is not valid JSON"),
+    (b"\xff\xfe\x00garbage", "request body is not valid JSON"),
+    (b"[1, 2]", "request body is not a JSON object"),
+    (b'"review"', "request body is not a JSON object"),
+    (_with("apiVersion", "admission.k8s.io/v2"), "apiVersion 'admission.k8s.io/v2' is not one of"),
+    (_with("apiVersion", None, delete=True), "apiVersion None is not one of admission.k8s.io/v1, "),
+    (_with("kind", "AdmissionRequest"), "kind 'AdmissionRequest' is not AdmissionReview"),
+    (_with("request", None, delete=True), "AdmissionReview has no request object"),
+    (_with("request", "x"), "AdmissionReview has no request object"),
+    (_with("request.uid", None, delete=True), "request.uid is missing or not a string"),
+    (_with("request.uid", ""), "request.uid is missing or not a string"),
+    (_with("request.uid", 42), "request.uid is missing or not a string"),
+    (_with("request.kind", None, delete=True), "request.kind is missing or not an object"),
+    (_with("request.kind", "Pod"), "request.kind is missing or not an object"),
+    (_with("request.operation", None, delete=True), "request.operation is missing or not a string"),
+    (_with("request.namespace", 7), "request.namespace is not a string"),
+    (_with("request.dryRun", "true"), "request.dryRun is not a boolean"),
+]
+
+
+@pytest.mark.parametrize("body, fragment", BAD, ids=[f"{i}" for i in range(len(BAD))])
+def test_bad_reviews_are_400_with_a_message(body: bytes, fragment: str) -> None:
+    with pytest.raises(ReviewError) as e:
+        parse_review(body)
+    assert e.value.code == 400
+    assert fragment in e.value.message
+    assert str(e.value) == e.value.message
+
+
+# ---------------------------------------------------------------- answers
+
+
+def answer(body: bytes) -> dict:
+    doc = json.loads(body)
+    assert doc["kind"] == "AdmissionReview"
+    return doc
+
+
+@pytest.mark.parametrize("api_version", [V1, V1BETA1])
+def test_answer_echoes_uid_and_api_version(api_version: str) -> None:
+    doc = answer(encode_response(api_version, "the-uid"))
+    assert doc["apiVersion"] == api_version
+    assert doc["response"] == {"uid": "the-uid", "allowed": True}
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"patch": []}, {"patch": None}, {"patch_bytes": b""},
+                                    {"patch_bytes": b"[]"}])
+def test_no_patch_type_without_a_change(kwargs: dict) -> None:
+    response = answer(encode_response(V1, UID, **kwargs))["response"]
+    assert "patch" not in response
+    assert "patchType" not in response
+
+
+def test_patch_is_base64_of_the_operations() -> None:
+    ops = [{"op": "add", "path": "/metadata/labels", "value": {"\u00e9": "\u2713"}}]
+    response = answer(encode_response(V1, UID, patch=ops))["response"]
+    assert response["patchType"] == "JSONPatch"
+    assert json.loads(base64.b64decode(response["patch"], validate=True)) == ops
+
+
+def test_patch_bytes_are_sent_as_given() -> None:
+    raw = b'[{"op":"remove","path":"/spec/x"}]'
+    response = answer(encode_response(V1, UID, patch_bytes=raw))["response"]
+    assert base64.b64decode(response["patch"]) == raw
+
+
+def test_denial_has_a_status_and_never_a_patch() -> None:
+    response = answer(encode_response(
+        V1, UID, allowed=False, patch=[{"op": "add", "path": "/x", "value": 1}], code=500,
+        message="amp: no", reason="InternalError"))["response"]
+    assert response["allowed"] is False
+    assert response["status"] == {"status": "Failure", "code": 500, "message": "amp: no", "reason": "InternalError"}
+    assert "patch" not in response and "patchType" not in response
+
+
+def test_denial_defaults_to_403_without_a_reason() -> None:
+    status = answer(encode_response(V1, UID, allowed=False, message="m"))["response"]["status"]
+    assert status == {"status": "Failure", "code": 403, "message": "m"}
+
+
+def test_warnings_and_audit_are_included() -> None:
+    response = answer(encode_response(V1, UID, warnings=["one", "two"], audit={"error": "x"}))["response"]
+    assert response["warnings"] == ["one", "two"]
+    assert response["auditAnnotations"] == {"error": "x"}
+
+
+def test_each_warning_is_clipped_under_120_characters() -> None:
+    response = answer(encode_response(V1, UID, warnings=["x" * 500, "y" * 119, "z" * 120]))["response"]
+    assert [len(w) for w in response["warnings"]] == [119, 119, 119]
+    assert response["warnings"][0].endswith("...")
+    assert response["warnings"][1] == "y" * 119
+
+
+def test_warnings_stay_under_4kib_in_total() -> None:
+    warnings = clip_warnings([f"{i:03d} " + "w" * 300 for i in range(100)])
+    assert sum(len(w) for w in warnings) <= WARNINGS_TOTAL < 4096
+    assert all(len(w) < 120 for w in warnings)
+    assert warnings[0].startswith("000 ")
+    assert len(warnings) == WARNINGS_TOTAL // 119
+
+
+def test_warnings_are_one_line_and_never_empty() -> None:
+    assert clip_warnings(["a\nb\r\n  c\td", "", "   "]) == ["a b c d"]
+
+
+def test_clip() -> None:
+    assert clip("short") == "short"
+    assert clip("a" * 10, limit=8) == "aaaaa..."
+    assert len(clip("word " * 100)) < 120
+
+
+# ---------------------------------------------------------------- audit annotations
+
+
+def test_audit_keys_must_be_a_bare_name() -> None:
+    good, problems = clean_audit_annotations({
+        "error": "e", "sidecar-injected": "true", "a.b_c-d": "1", "x" * 63: "long",
+        "x" * 64: "too long", "amp.txn2.com/error": "slash", "": "empty", "-lead": "dash", "trail-": "dash",
+        "sp ace": "space",
+    })
+    assert good == {"error": "e", "sidecar-injected": "true", "a.b_c-d": "1", "x" * 63: "long"}
+    assert len(problems) == 6
+    assert any("'amp.txn2.com/error'" in p for p in problems)
+    assert all("dropped" in p for p in problems)
+
+
+def test_audit_values_are_strings_and_clipped() -> None:
+    good, problems = clean_audit_annotations({"n": 5, "long": "v" * 5000, "multi": "a\nb"})
+    assert problems == []
+    assert good["n"] == "5"
+    assert len(good["long"]) == 1024
+    assert good["multi"] == "a b"
+
+
+def test_non_ascii_is_sent_as_utf8() -> None:
+    body = encode_response(V1, UID, warnings=["caf\u00e9"])
+    assert "caf\u00e9".encode("utf-8") in body
