@@ -510,18 +510,23 @@ class KubernetesNamespaceSource(Service):
         self._connections.install(self._api)
         run = self._run = _Run()
         self._threads = run.threads
-        core = kubernetes.client.CoreV1Api(self._api)
+        api = self._api
+        # The API classes are built in the threads: the first one imports a
+        # large generated module, which must not hold up the reactor.
+
+        def list_namespaces(**kwargs: Any) -> Any:
+            return kubernetes.client.CoreV1Api(api).list_namespace(**kwargs)
+
         if not config.per_review_get:
             watch = _ListWatch(
-                list_call=_list_call_410(core.list_namespace), parse_list=self._keep.namespace_list,
+                list_call=_list_call_410(list_namespaces), parse_list=self._keep.namespace_list,
                 parse_object=self._keep.namespace, deliver=self._bridge(run, self._namespace_news),
                 stop=run.stop, config=config, random=self._random)
             run.threads.append(threading.Thread(target=watch.call, name="amp-namespace-watch", daemon=True))
         if config.webhook_configuration:
             name = config.webhook_configuration
-            adm = kubernetes.client.AdmissionregistrationV1Api(self._api)
-
             def list_webhook_configuration(**kwargs: Any) -> Any:
+                adm = kubernetes.client.AdmissionregistrationV1Api(api)
                 return adm.list_mutating_webhook_configuration(field_selector=f"metadata.name={name}", **kwargs)
 
             def parse_list(body: bytes) -> tuple[Any, str]:
@@ -624,11 +629,11 @@ class KubernetesNamespaceSource(Service):
                 self._cache[name] = info
                 self._negative.pop(name, None)
             self._metrics.namespace_cache_size.set(len(self._cache))
-            self._last_event, self._rv = now, rv or self._rv
+            self._last_event, self._rv, self._last_error = now, rv or self._rv, ""
         elif what == "bookmark":
             (rv,) = args
             self._metrics.namespace_events.labels("BOOKMARK").inc()
-            self._last_event, self._rv = now, rv or self._rv
+            self._last_event, self._rv, self._last_error = now, rv or self._rv, ""
         elif what == "replace":
             items, rv = args
             first = not self._listed
@@ -762,11 +767,11 @@ class KubernetesNamespaceSource(Service):
             return _failed(NamespaceLookupError(detail))
         if not name:
             return succeed(None)
-        core = kubernetes.client.CoreV1Api(api)
         keep = self._keep
 
         def get() -> Optional[NamespaceInfo]:
             try:
+                core = kubernetes.client.CoreV1Api(api)
                 response = core.read_namespace(name, _request_timeout=timeout, _preload_content=False)
             except ApiException as e:
                 if e.status == 404:

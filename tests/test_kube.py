@@ -281,10 +281,12 @@ class ListAndWatchTests(SourceTestCase):
         self.fake.set_delay(5.0, NS_PATH)
         self.fake.drop_watches()
         yield wait_until(lambda: restarts(metrics, "stalled") >= 1, what="the stalled restart")
+        self.assertIn("watch restarting after stalled", source.readiness()[1])
         self.fake.set_delay(0)
         self.fake.update_namespace("a", annotations={"amp.txn2.com/ep": EP_A})
         yield wait_until(lambda: source.cached("a").annotations.get("amp.txn2.com/ep") == EP_A)
-        self.assertIn("stalled", source._last_error)
+        # a live stream again: readiness no longer reports the restart
+        self.assertNotIn("restarting", source.readiness()[1])
 
     @inlineCallbacks
     def test_server_timeout_restarts_the_watch_from_the_last_revision(self) -> Any:
@@ -296,8 +298,9 @@ class ListAndWatchTests(SourceTestCase):
         yield wait_until(lambda: len(self.watch_requests()) >= 2, what="a second watch")
         self.assertEqual(self.watch_requests()[1].query["resourceVersion"], rv)
         self.assertGreaterEqual(restarts(metrics, "timeout"), 1)
-        self.assertTrue(source.readiness()[0])
-        self.assertEqual(source._last_error, "")
+        ready, detail = source.readiness()
+        self.assertTrue(ready)
+        self.assertNotIn("restarting", detail)
 
     @inlineCallbacks
     def test_errors_back_off_exponentially_capped(self) -> Any:
