@@ -6,40 +6,116 @@ L{EndpointClient.call} POSTs the Pod and resolves to an
 L{amp.reply.EndpointDecision}, or fails with L{EndpointFailure} whose
 C{reason} is one of L{REASONS}: every way a call can go wrong has a name that
 reaches the warning, the audit annotation, the deny message and the
-C{amp_endpoint_requests_total{outcome}} label.
+C{amp_endpoint_requests_total{endpoint,outcome}} label (L{OUTCOMES}).
 
-The client is Twisted's C{Agent} over one L{OriginPool}.  treq's
+Connections
+===========
+
+Calls go out through Twisted's HTTP/1.1 client over one L{OriginPool}.  treq's
 C{HTTPClient} is not used on this path: it re-parses the URL, runs a cookie
 jar and transparently gunzips replies (an unbounded expansion before any size
-check could see it) on every request, none of which amp wants.  Tests inject
-an C{IAgent}, e.g. C{treq.testing.RequestTraversalAgent}.
+check could see it) on every request, none of which amp wants.
+
+Everything amp needs for one set of L{EndpointSettings} (the connect
+endpoints with their connect timeout, the TLS options with the CA bundle and
+client certificate, the parsed URLs) is built once, on the first call that
+uses those settings, and kept.  The pool's key is C{(scheme, host, port,
+settings profile)}: a connection opened with one override's TLS settings is
+never reused for a call made under another.  Per key the pool keeps at most
+C{pool_size} idle connections, each for at most C{idle_timeout} seconds, and
+hands out the most recently used one first, so after a burst the surplus goes
+idle and is closed.  C{pool_size} bounds idle connections, not concurrent
+ones: the bulkhead does that.
+
+Limits
+======
+
+  - One timer per call: C{min(settings.timeout, budget)} seconds from the
+    call, covering connect, TLS handshake, headers and body.  When it fires
+    the call fails with C{timeout} at that moment and its connection is
+    aborted.  C{connect_timeout} separately bounds the TCP connect.
+  - Bulkhead: when C{max_concurrent} calls to the origin are in flight, the
+    next fails at once with C{concurrency-limit} instead of queueing.
+  - A reply over C{max_response} bytes fails with C{response-too-large}: at
+    once when its Content-Length says so, else as soon as the body passes
+    the limit; the connection is closed either way.  Non-2xx replies are not
+    read: their connection is closed.  Redirects are never followed.
+
+Circuit breaker
+===============
+
+One L{amp.breaker.CircuitBreaker} per origin, from the shared
+L{BreakerRegistry}.  Its thresholds are the C{breaker} settings of the
+origin's root URL C{scheme://host:port/} (an override with a path pattern
+cannot give one origin two breakers).  While it is open, calls fail with
+C{breaker-open} without touching the network.  Every failure of the endpoint
+counts against it, including the endpoint's own timeout; a call that amp
+ends early (the review's deadline is shorter than the endpoint's timeout,
+the caller cancels) or that fails on amp's side (TLS files that do not load)
+counts nothing and hands its ticket back.
+
+Retries
+=======
+
+Off by default.  With C{retry: true} a call is retried once, and only when
+the connection could not be made (refused or another connect error: the
+endpoint cannot have seen the request), never after a timeout or after
+anything was sent, and only within the first half of the call's time.
+
+Shutdown
+========
+
+L{EndpointClient.close} stops keeping connections, waits for the calls in
+flight (each is bounded by its timer), closes every idle connection and
+fires once every connection that was open has closed.  Calls made after
+that still work, on connections that are closed when they end.
 """
 
 from __future__ import annotations
 
+import string
 from typing import Any, Callable, Optional
+from urllib.parse import quote
 
-from OpenSSL import SSL
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from OpenSSL import SSL, crypto
 from twisted.internet import error as ierror
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError as DeferredTimeout, succeed
-from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.defer import CancelledError, Deferred, fail, gatherResults, succeed
+from twisted.internet.abstract import isIPAddress, isIPv6Address
+from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Protocol
-from twisted.internet.ssl import Certificate, PrivateCertificate, optionsForClientTLS
+from twisted.internet.ssl import Certificate, TLSVersion, optionsForClientTLS, trustRootFromCertificates
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone, ResponseFailed, ResponseNeverReceived
+from twisted.web._newclient import HTTP11ClientProtocol
+from twisted.web.client import (
+    URI,
+    Agent,
+    HTTPConnectionPool,
+    RequestGenerationFailed,
+    RequestTransmissionFailed,
+    ResponseDone,
+    ResponseFailed,
+    _HTTP11ClientFactory,
+)
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
 from amp import __version__
-from amp.breaker import BreakerRegistry
-from amp.config import EndpointSettings
+from amp.breaker import BreakerRegistry, CircuitBreaker, Ticket
+from amp.config import BreakerConfig, EndpointSettings
 from amp.metrics import Metrics
 from amp.reply import EndpointDecision, ReplyError, parse_reply
 from amp.urls import EndpointURL
+
+try:
+    from service_identity import VerificationError
+except ImportError:  # pragma: no cover - service_identity is a dependency
+    VerificationError = SSL.Error  # type: ignore[misc,assignment]
 
 #: Every named failure of an endpoint call.
 REASONS = (
@@ -48,7 +124,25 @@ REASONS = (
     "breaker-open", "concurrency-limit",
 )
 
+#: Values of the C{outcome} label of C{amp_endpoint_requests_total}: C{ok},
+#: every reason, and C{cancelled} (the caller gave up before the call ended).
+OUTCOMES = ("ok",) + REASONS + ("cancelled",)
+
 USER_AGENT = f"amp/{__version__}".encode("ascii")
+
+# Printable ASCII stays as it is in a URL; anything else is percent-encoded.
+_URL_SAFE = "".join(chr(c) for c in range(0x21, 0x7F))
+
+# Bounds on the per-client caches (settings objects, URLs).
+_CACHE_LIMIT = 4096
+
+# HostnameEndpoint starts a connect to the next resolved address every this
+# many seconds, and only notices that every attempt failed on that beat: its
+# default (0.3s) would make a refused connection take 0.3s to report.  An IP
+# literal skips resolution and connects directly.
+_ATTEMPT_DELAY = 0.05
+
+log = Logger()
 
 
 class EndpointFailure(Exception):
@@ -62,12 +156,22 @@ class EndpointFailure(Exception):
         self.message = message
 
 
+class _LocalFailure(EndpointFailure):
+    """
+    A failure on amp's side (TLS files that do not load, a URL amp cannot
+    encode): named like the others, but it says nothing about the endpoint's
+    health, so the breaker does not count it.
+    """
+
+
 @implementer(IBodyProducer)
 class BytesProducer:
     """
     A request body already in memory, written in one go (Twisted's
     C{FileBodyProducer} would pace it through the global cooperator).
     """
+
+    __slots__ = ("_body", "length")
 
     def __init__(self, body: bytes) -> None:
         self._body = body
@@ -87,9 +191,13 @@ class BytesProducer:
         pass
 
 
+# ---------------------------------------------------------------- reading replies
+
+
 class _LimitedBody(Protocol):
     """
-    Collect a response body, failing as soon as it passes C{limit} bytes.
+    Collect a response body, failing and closing the connection as soon as
+    it passes C{limit} bytes.
     """
 
     def __init__(self, finished: Deferred, limit: int) -> None:
@@ -103,9 +211,10 @@ class _LimitedBody(Protocol):
             return
         self._size += len(data)
         if self._size > self._limit:
+            self._chunks = []
+            self.transport.loseConnection()
             self._finished.errback(Failure(EndpointFailure(
                 "response-too-large", f"reply is larger than the {self._limit} byte limit")))
-            self.transport.stopProducing()
             return
         self._chunks.append(data)
 
@@ -118,21 +227,31 @@ class _LimitedBody(Protocol):
             self._finished.errback(reason)
 
 
+class _Drop(Protocol):
+    """
+    Takes a response body only to close its connection (a no-op if the whole
+    response has already arrived and the connection went back to the pool).
+    """
+
+    def connectionMade(self) -> None:
+        self.transport.loseConnection()
+
+
 def read_limited(response: Any, limit: int) -> Deferred:
     """
     The body of C{response}, or an L{EndpointFailure} past C{limit} bytes.
-    Cancelling the result aborts the connection.
+    Cancelling the result closes the connection.
     """
     length = response.length
     if isinstance(length, int) and length > limit:
-        response.deliverBody(Protocol())
-        return _fail_now(EndpointFailure(
+        response.deliverBody(_Drop())
+        return fail(EndpointFailure(
             "response-too-large", f"reply of {length} bytes is larger than the {limit} byte limit"))
     collector: _LimitedBody
 
     def cancel(d: Deferred) -> None:
         if collector.transport is not None:
-            collector.transport.stopProducing()
+            collector.transport.loseConnection()
 
     finished: Deferred = Deferred(cancel)
     collector = _LimitedBody(finished, limit)
@@ -140,109 +259,339 @@ def read_limited(response: Any, limit: int) -> Deferred:
     return finished
 
 
-def _fail_now(exc: Exception) -> Deferred:
-    d: Deferred = Deferred()
-    d.errback(Failure(exc))
-    return d
+# ---------------------------------------------------------------- the pool
+
+
+class _PooledProtocol(HTTP11ClientProtocol):
+    """
+    An HTTP/1.1 client connection that tells its pool when it opens and
+    closes, so that the pool can count and close every connection, not only
+    the idle ones.
+    """
+
+    def __init__(self, quiescentCallback: Callable[[Any], None], pool: "OriginPool", key: Any) -> None:
+        super().__init__(quiescentCallback)
+        self._pool = pool
+        self._key = key
+        self._lost_waiters: Optional[list[Deferred]] = None
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self._pool._opened(self)
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        try:
+            super().connectionLost(reason)
+        finally:
+            self._pool._lost(self)
+            waiters, self._lost_waiters = self._lost_waiters, None
+            for d in waiters or ():
+                d.callback(None)
+
+    def when_lost(self) -> Deferred:
+        """
+        A Deferred that fires once this connection has closed.
+        """
+        d: Deferred = Deferred()
+        if self._lost_waiters is None:
+            self._lost_waiters = []
+        self._lost_waiters.append(d)
+        return d
+
+
+class _PooledFactory(_HTTP11ClientFactory):
+    def __init__(self, pool: "OriginPool", key: Any) -> None:
+        super().__init__(lambda connection: pool._putConnection(key, connection), repr(key[:3]))
+        self._pool = pool
+        self._key = key
+
+    def buildProtocol(self, addr: Any) -> _PooledProtocol:
+        return _PooledProtocol(self._quiescentCallback, self._pool, self._key)
 
 
 class OriginPool(HTTPConnectionPool):
     """
-    One connection pool for every endpoint, with per-origin limits: how many
-    idle connections to keep and for how long comes from C{limits(key)},
-    where C{key} is the Agent's C{(scheme, host, port)}.
+    One connection pool for every endpoint.  Keys are C{(scheme, host, port,
+    profile)} where C{profile.settings} is the L{EndpointSettings} the
+    connection was opened under: per key, at most C{pool_size} idle
+    connections are kept, each for at most C{idle_timeout} seconds.  The
+    most recently used idle connection is handed out first.
     """
 
     retryAutomatically = False
 
-    def __init__(self, reactor: Any, limits: Callable[[Any], tuple[int, float]]) -> None:
+    def __init__(self, reactor: Any) -> None:
         super().__init__(reactor, persistent=True)
-        self._limits = limits
+        self._open: set[_PooledProtocol] = set()
+        #: Connections opened since the pool was made.
+        self.connections_opened = 0
+        #: When true, connections are closed instead of kept.
+        self.closing = False
+
+    def getConnection(self, key: Any, endpoint: Any) -> Deferred:
+        connections = self._connections.get(key)
+        while connections:
+            connection = connections.pop()
+            self._timeouts.pop(connection).cancel()
+            if connection.state == "QUIESCENT":
+                return succeed(connection)
+        return self._newConnection(key, endpoint)
+
+    def _newConnection(self, key: Any, endpoint: Any) -> Deferred:
+        return endpoint.connect(_PooledFactory(self, key))
 
     def _putConnection(self, key: Any, connection: Any) -> None:
-        if connection.state != "QUIESCENT":
+        # A connection amp already started closing (a reply it stopped
+        # reading) may still finish its response: do not keep it.
+        if self.closing or connection.state != "QUIESCENT" or getattr(connection.transport, "disconnecting", False):
             connection.transport.loseConnection()
             return
-        keep, idle = self._limits(key)
+        settings = key[3].settings
         connections = self._connections.setdefault(key, [])
-        while len(connections) >= keep:
-            dropped = connections.pop(0)
-            dropped.transport.loseConnection()
-            self._timeouts.pop(dropped).cancel()
+        if len(connections) >= settings.pool_size:
+            for dead in [c for c in connections if c.state != "QUIESCENT"]:
+                connections.remove(dead)
+                self._timeouts.pop(dead).cancel()
+            while len(connections) >= settings.pool_size:
+                dropped = connections.pop(0)
+                self._timeouts.pop(dropped).cancel()
+                dropped.transport.loseConnection()
         connections.append(connection)
-        self._timeouts[connection] = self._reactor.callLater(idle, self._removeConnection, key, connection)
+        self._timeouts[connection] = self._reactor.callLater(
+            settings.idle_timeout, self._removeConnection, key, connection)
+
+    def _opened(self, connection: _PooledProtocol) -> None:
+        self._open.add(connection)
+        self.connections_opened += 1
+
+    def _lost(self, connection: _PooledProtocol) -> None:
+        self._open.discard(connection)
+        idle = self._connections.get(connection._key)
+        if idle and connection in idle:
+            idle.remove(connection)
+            self._timeouts.pop(connection).cancel()
 
     def idle_connections(self) -> int:
+        """
+        Idle connections waiting in the pool.
+        """
         return sum(len(c) for c in self._connections.values())
+
+    def open_connections(self) -> int:
+        """
+        Connections open now, idle or busy.
+        """
+        return len(self._open)
+
+    def shutdown(self) -> Deferred:
+        """
+        Stop keeping connections, close the idle ones, and fire once every
+        connection open now has closed (busy ones close when their request
+        ends).
+        """
+        self.closing = True
+        waits = [c.when_lost() for c in list(self._open)]
+        self.closeCachedConnections()
+        return gatherResults(waits).addCallback(lambda _: None)
+
+
+# ---------------------------------------------------------------- per-settings state
+
+
+def _read_file(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise _LocalFailure("tls-error", f"cannot read {what} {path}: {e.strerror}") from None
 
 
 def _client_tls(settings: EndpointSettings, host: str) -> Any:
+    """
+    TLS options for one endpoint host: verify the server against
+    C{ca_bundle} (every certificate in it; the system's trust store when
+    unset) and its name against C{host}, TLS 1.2 at least, and present
+    C{client_cert} (leaf first, then any intermediates) with C{client_key}.
+
+    @raise _LocalFailure: C{tls-error} when a file does not load.
+    """
     trust = None
     if settings.ca_bundle:
-        with open(settings.ca_bundle, "rb") as f:
-            trust = Certificate.loadPEM(f.read())
-    client = None
+        pem = _read_file(settings.ca_bundle, "ca_bundle")
+        try:
+            cas = x509.load_pem_x509_certificates(pem)
+        except ValueError:
+            raise _LocalFailure("tls-error", f"ca_bundle {settings.ca_bundle} holds no PEM certificate") from None
+        trust = trustRootFromCertificates([Certificate(crypto.X509.from_cryptography(c)) for c in cas])
+    extra: dict[str, Any] = {"raiseMinimumTo": TLSVersion.TLSv1_2}
     if settings.client_cert and settings.client_key:
-        with open(settings.client_cert, "rb") as f:
-            cert = f.read()
-        with open(settings.client_key, "rb") as f:
-            key = f.read()
-        client = PrivateCertificate.loadPEM(cert + b"\n" + key)
-    return optionsForClientTLS(host, trustRoot=trust, clientCertificate=client)
+        try:
+            chain = x509.load_pem_x509_certificates(_read_file(settings.client_cert, "client_cert"))
+        except ValueError:
+            raise _LocalFailure(
+                "tls-error", f"client_cert {settings.client_cert} holds no PEM certificate") from None
+        try:
+            key = serialization.load_pem_private_key(_read_file(settings.client_key, "client_key"), None)
+        except (ValueError, TypeError):
+            raise _LocalFailure(
+                "tls-error", f"client_key {settings.client_key} is not an unencrypted PEM private key") from None
+        public = serialization.PublicFormat.SubjectPublicKeyInfo
+        if key.public_key().public_bytes(serialization.Encoding.DER, public) != chain[0].public_key().public_bytes(
+                serialization.Encoding.DER, public):
+            raise _LocalFailure(
+                "tls-error", f"client_key {settings.client_key} does not belong to client_cert {settings.client_cert}")
+        extra["privateKey"] = crypto.PKey.from_cryptography_key(key)  # type: ignore[arg-type]
+        extra["certificate"] = crypto.X509.from_cryptography(chain[0])
+        if len(chain) > 1:
+            extra["extraCertChain"] = [crypto.X509.from_cryptography(c) for c in chain[1:]]
+    return optionsForClientTLS(host, trustRoot=trust, extraCertificateOptions=extra)
+
+
+class _Target:
+    """
+    One endpoint URL under one profile, ready to send to.
+    """
+
+    __slots__ = ("url", "uri", "path", "headers", "key", "scheme", "host", "port")
+
+    def __init__(self, url: EndpointURL, profile: "_Profile") -> None:
+        try:
+            host_bytes = url.host.encode("ascii")
+        except UnicodeEncodeError:
+            raise _LocalFailure("connection-failed", f"host name {url.host!r} is not ASCII (use punycode)") from None
+        scheme = url.scheme.encode("ascii")
+        self.scheme, self.host, self.port = scheme, url.host, url.port
+        self.path = quote(url.path, safe=_URL_SAFE).encode("ascii")
+        netloc = b"[" + host_bytes + b"]" if b":" in host_bytes else host_bytes
+        self.url = b"%s://%s:%d%s" % (scheme, netloc, url.port, self.path)
+        self.uri = URI.fromBytes(self.url)
+        self.headers = Headers({
+            b"host": [profile.agent._computeHostValue(scheme, host_bytes, url.port)],
+            b"content-type": [b"application/json"],
+            b"accept": [b"application/json"],
+            b"user-agent": [USER_AGENT],
+        })._rawHeaders
+        self.key = (scheme, host_bytes, url.port, profile)
 
 
 @implementer(IAgentEndpointFactory)
-class _EndpointFactory:
+class _Profile:
     """
-    Connections for one set of endpoint settings: connect timeout and, for
-    https, the CA bundle and client certificate.
+    Everything built once for one value of L{EndpointSettings}: the agent
+    over the shared pool, connect endpoints (connect timeout, TLS options)
+    per host, and parsed URLs.  Identity-hashed, so it is a cheap part of
+    the pool key.
     """
 
-    def __init__(self, reactor: Any, settings: EndpointSettings) -> None:
+    def __init__(self, reactor: Any, settings: EndpointSettings, pool: OriginPool) -> None:
+        self.settings = settings
         self._reactor = reactor
-        self._settings = settings
-        self._tls: dict[str, Any] = {}
+        self.agent = Agent.usingEndpointFactory(reactor, self, pool)
+        self._targets: dict[str, _Target] = {}
+        self._endpoints: dict[tuple[bytes, str, int], Any] = {}
 
-    def endpointForURI(self, uri: Any) -> Any:
-        host = uri.host.decode("ascii")
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        ep = HostnameEndpoint(self._reactor, host, uri.port, timeout=self._settings.connect_timeout)
-        if uri.scheme == b"https":
-            tls = self._tls.get(host)
-            if tls is None:
-                tls = self._tls[host] = _client_tls(self._settings, host)
-            ep = wrapClientTLS(tls, ep)
+    def target(self, url: EndpointURL) -> _Target:
+        t = self._targets.get(url.url)
+        if t is None:
+            t = _Target(url, self)
+            if len(self._targets) >= _CACHE_LIMIT:
+                self._targets.clear()
+            self._targets[url.url] = t
+        return t
+
+    def endpoint(self, scheme: bytes, host: str, port: int) -> Any:
+        """
+        The connect endpoint for one host and port (built once, reused):
+        C{connect_timeout}, and for https the TLS options.
+
+        @raise _LocalFailure: when the TLS files do not load.
+        """
+        k = (scheme, host, port)
+        ep = self._endpoints.get(k)
+        if ep is None:
+            timeout = self.settings.connect_timeout
+            if isIPAddress(host):
+                ep = TCP4ClientEndpoint(self._reactor, host, port, timeout=timeout)
+            elif isIPv6Address(host):
+                ep = TCP6ClientEndpoint(self._reactor, host, port, timeout=timeout)
+            else:
+                ep = HostnameEndpoint(self._reactor, host, port, timeout=timeout, attemptDelay=_ATTEMPT_DELAY)
+            if scheme == b"https":
+                ep = wrapClientTLS(_client_tls(self.settings, host), ep)
+            self._endpoints[k] = ep
         return ep
 
+    def endpointForURI(self, uri: Any) -> Any:
+        """
+        L{IAgentEndpointFactory}, for C{self.agent.request}; amp's own calls
+        hand the agent the endpoint themselves.
+        """
+        return self.endpoint(uri.scheme, uri.host.decode("ascii").strip("[]"), uri.port)
 
-def classify(failure: Failure, timeout: float) -> EndpointFailure:
+
+class _Origin:
     """
-    Name what went wrong with a call.
+    Per-origin state: calls in flight (the bulkhead), breaker thresholds and
+    metric children.
+    """
+
+    __slots__ = ("name", "in_flight", "breaker_config", "outcomes", "duration", "warned")
+
+    def __init__(self, name: str, breaker_config: BreakerConfig, metrics: Metrics) -> None:
+        self.name = name
+        self.in_flight = 0
+        self.breaker_config = breaker_config
+        self.outcomes: dict[str, Any] = {}
+        self.duration = metrics.endpoint_duration.labels(name)
+        self.warned: set[BreakerConfig] = set()
+
+
+# ---------------------------------------------------------------- classifying failures
+
+
+def classify(failure: Failure, settings: Optional[EndpointSettings] = None) -> EndpointFailure:
+    """
+    Name what went wrong with a call that ended in C{failure}.
     """
     if failure.check(EndpointFailure):
         return failure.value
-    if failure.check(CancelledError, DeferredTimeout, ierror.TimeoutError, ierror.ConnectingCancelledError):
-        return EndpointFailure("timeout", f"no reply within {timeout:.3g}s")
     if failure.check(ierror.ConnectionRefusedError):
         return EndpointFailure("connection-refused", "connection refused")
+    if failure.check(ierror.TimeoutError, ierror.TCPTimedOutError):
+        within = f" within {settings.connect_timeout:.3g}s" if settings is not None else ""
+        return EndpointFailure("timeout", f"could not connect{within}")
     if failure.check(SSL.Error):
-        return EndpointFailure("tls-error", f"TLS failed: {_first_line(failure.value)}")
-    if failure.check(ResponseNeverReceived, ResponseFailed):
-        inner = [r for r in failure.value.reasons if not r.check(CancelledError)]
+        return EndpointFailure("tls-error", f"TLS failed: {_ssl_text(failure.value)}")
+    if failure.check(VerificationError):
+        return EndpointFailure("tls-error", f"certificate does not match the host: {_first_line(failure.value)}")
+    if failure.check(ResponseFailed, RequestGenerationFailed, RequestTransmissionFailed):
+        inner = failure.value.reasons
         for r in inner:
             if r.check(SSL.Error):
-                return EndpointFailure("tls-error", f"TLS failed: {_first_line(r.value)}")
-        if not inner:
-            return EndpointFailure("timeout", f"no reply within {timeout:.3g}s")
+                return EndpointFailure("tls-error", f"TLS failed: {_ssl_text(r.value)}")
+            if r.check(VerificationError):
+                return EndpointFailure(
+                    "tls-error", f"certificate does not match the host: {_first_line(r.value)}")
+        if inner and all(r.check(CancelledError) for r in inner):
+            return EndpointFailure("timeout", "call cancelled before a reply")
         return EndpointFailure("connection-reset", "connection closed before a full reply")
     if failure.check(ierror.ConnectionLost, ierror.ConnectionDone):
         return EndpointFailure("connection-reset", "connection closed before a full reply")
+    if failure.check(CancelledError, ierror.ConnectingCancelledError):
+        return EndpointFailure("timeout", "call cancelled before a reply")
     if failure.check(ierror.DNSLookupError):
         return EndpointFailure("connection-failed", "host name did not resolve")
     if failure.check(ierror.ConnectError):
         return EndpointFailure("connection-failed", f"could not connect: {_first_line(failure.value)}")
     return EndpointFailure("connection-failed", _first_line(failure.value))
+
+
+def _ssl_text(value: Any) -> str:
+    try:
+        parts = [p[-1] for p in value.args[0] if p and p[-1]]
+    except (IndexError, TypeError):
+        parts = []
+    return "; ".join(parts)[:100] if parts else _first_line(value)
 
 
 def _first_line(value: Any) -> str:
@@ -252,21 +601,176 @@ def _first_line(value: Any) -> str:
 
 def _retriable(failure: Failure) -> bool:
     """
-    Only failures where the endpoint cannot have seen the request.
+    Only failures where the endpoint cannot have seen the request, and
+    never a timeout.
     """
-    return bool(failure.check(ierror.ConnectionRefusedError, ierror.ConnectError)) and not failure.check(
-        ierror.TimeoutError, ierror.ConnectingCancelledError)
+    return bool(failure.check(ierror.ConnectError)) and not failure.check(
+        ierror.TimeoutError, ierror.TCPTimedOutError)
+
+
+_EXPECTED = (
+    EndpointFailure, ierror.ConnectError, ierror.ConnectionLost, ierror.ConnectionDone, ierror.DNSLookupError,
+    ierror.ConnectingCancelledError, ResponseFailed, RequestGenerationFailed, RequestTransmissionFailed,
+    CancelledError, SSL.Error, VerificationError,
+)
+
+
+# ---------------------------------------------------------------- one call
+
+
+class _Call:
+    """
+    One call: its timer, its ticket, its place in the bulkhead.  Exactly one
+    of success, failure, timeout or cancellation settles it; whatever the
+    request does after that is ignored.
+    """
+
+    __slots__ = (
+        "_client", "_origin", "_target", "_profile", "_settings", "_body", "_headers", "_timeout",
+        "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry", "_done", "_waiters", "result",
+    )
+
+    def __init__(
+        self, client: "EndpointClient", origin: _Origin, target: _Target, profile: _Profile,
+        settings: EndpointSettings, body: bytes, headers: Headers, timeout: float,
+        breaker: CircuitBreaker, ticket: Ticket,
+    ) -> None:
+        self._client = client
+        self._origin = origin
+        self._target = target
+        self._profile = profile
+        self._settings = settings
+        self._body = body
+        self._headers = headers
+        self._timeout = timeout
+        self._breaker = breaker
+        self._ticket = ticket
+        self._retry = settings.retry
+        self._done = False
+        self._waiters: Optional[list[Deferred]] = None
+        self._pending: Optional[Deferred] = None
+        self.result: Deferred = Deferred(self._cancelled)
+
+    def start(self) -> Deferred:
+        reactor = self._client._reactor
+        self._started = reactor.seconds()
+        self._timer = reactor.callLater(self._timeout, self._timed_out)
+        d = self._send()
+        d.addCallbacks(self._got_response, self._not_answered)
+        self._pending = d
+        d.addBoth(self._ended)
+        return self.result
+
+    def _send(self) -> Deferred:
+        try:
+            return self._client._send(self._profile, self._target, self._headers, self._body)
+        except Exception:
+            return fail()
+
+    def _got_response(self, response: Any) -> Any:
+        code = response.code
+        if 200 <= code < 300:
+            return read_limited(response, self._settings.max_response).addCallback(_parse)
+        response.deliverBody(_Drop())
+        if 300 <= code < 400:
+            where = response.headers.getRawHeaders(b"location", [b""])[0].decode("latin-1")
+            raise EndpointFailure("redirect", f"HTTP {code} redirect not followed{' to ' + _first_line(where) if where else ''}")
+        if 400 <= code < 500:
+            raise EndpointFailure("http-4xx", f"HTTP {code}")
+        if 500 <= code < 600:
+            raise EndpointFailure("http-5xx", f"HTTP {code}")
+        raise EndpointFailure("invalid-reply", f"HTTP status {code} is not a reply")
+
+    def _not_answered(self, failure: Failure) -> Any:
+        if self._retry and not self._done and _retriable(failure):
+            self._retry = False
+            if self._client._reactor.seconds() - self._started < self._timeout / 2:
+                log.info("Retrying {endpoint} after {error}", endpoint=self._origin.name,
+                         error=_first_line(failure.value))
+                return self._send().addCallback(self._got_response)
+        return failure
+
+    def _ended(self, result: Any) -> None:
+        if self._done:
+            # Settled already (timer or caller); this is the aborted request.
+            return None
+        if not isinstance(result, Failure):
+            self._settle("ok", "success")
+            self.result.callback(result)
+            return None
+        failure = classify(result, self._settings)
+        if not result.check(*_EXPECTED):
+            log.failure("Unexpected error calling {endpoint}", result, endpoint=self._origin.name)
+        self._settle(failure.reason, "release" if isinstance(failure, _LocalFailure) else "failure")
+        self.result.errback(Failure(failure))
+        return None
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        if self._done:
+            return
+        # The endpoint's own timeout is a verdict on the endpoint; a shorter
+        # review deadline is not.
+        own = self._timeout >= self._settings.timeout
+        self._settle("timeout", "failure" if own else "release")
+        self.result.errback(Failure(EndpointFailure("timeout", f"no reply within {self._timeout:.3g}s")))
+        if self._pending is not None:
+            self._pending.cancel()
+
+    def _cancelled(self, result: Deferred) -> None:
+        if self._done:
+            return
+        self._settle("cancelled", "release")
+        if self._pending is not None:
+            self._pending.cancel()
+
+    def _settle(self, outcome: str, verdict: str) -> None:
+        self._done = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        client = self._client
+        origin = self._origin
+        origin.in_flight -= 1
+        client._live.discard(self)
+        origin.duration.observe(client._reactor.seconds() - self._started)
+        client._count(origin, outcome)
+        if verdict == "success":
+            self._breaker.record_success(self._ticket)
+        elif verdict == "failure":
+            self._breaker.record_failure(self._ticket)
+        else:
+            self._breaker.release(self._ticket)
+        waiters, self._waiters = self._waiters, None
+        for d in waiters or ():
+            d.callback(None)
+
+    def settled(self) -> Deferred:
+        """
+        A Deferred that fires when this call has ended.
+        """
+        if self._done:
+            return succeed(None)
+        d: Deferred = Deferred()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(d)
+        return d
+
+
+# ---------------------------------------------------------------- the client
 
 
 class EndpointClient:
     """
     The one client amp uses to call endpoints.
 
+    @param reactor: for connections and every timer.
+    @param settings_for_origin: the settings of an origin's root URL; their
+        C{breaker} block configures that origin's breaker.
     @param agent: an C{IAgent} to use for every call instead of amp's own
-        pooled agents (tests).
+        pooled connections (tests).
     """
-
-    log = Logger()
 
     def __init__(
         self,
@@ -281,112 +785,121 @@ class EndpointClient:
         self._breakers = breakers
         self._settings_for_origin = settings_for_origin
         self._test_agent = agent
-        self.pool = OriginPool(reactor, self._pool_limits)
-        self._agents: dict[EndpointSettings, IAgent] = {}
-        self._in_flight: dict[str, int] = {}
+        self.pool = OriginPool(reactor)
+        self._profiles: dict[EndpointSettings, _Profile] = {}
+        self._by_id: dict[int, tuple[EndpointSettings, _Profile]] = {}
+        self._origins: dict[str, _Origin] = {}
+        self._live: set[_Call] = set()
 
-    def _pool_limits(self, key: Any) -> tuple[int, float]:
-        scheme, host, port = key[:3]
-        host = host.decode("ascii") if isinstance(host, bytes) else host
-        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-        settings = self._settings_for_origin(f"{scheme.decode('ascii')}://{host}:{port}")
-        return settings.pool_size, settings.idle_timeout
-
-    def _agent(self, settings: EndpointSettings) -> IAgent:
-        if self._test_agent is not None:
-            return self._test_agent
-        agent = self._agents.get(settings)
-        if agent is None:
-            agent = Agent.usingEndpointFactory(self._reactor, _EndpointFactory(self._reactor, settings), self.pool)
-            self._agents[settings] = agent
-        return agent
+    # ------------------------------------------------------------ state
 
     def in_flight(self, origin: str) -> int:
-        return self._in_flight.get(origin, 0)
+        """
+        Calls to C{origin} in flight now.
+        """
+        o = self._origins.get(origin)
+        return o.in_flight if o is not None else 0
+
+    def _profile(self, settings: EndpointSettings) -> _Profile:
+        entry = self._by_id.get(id(settings))
+        if entry is not None and entry[0] is settings:
+            return entry[1]
+        profile = self._profiles.get(settings)
+        if profile is None:
+            profile = self._profiles[settings] = _Profile(self._reactor, settings, self.pool)
+        if len(self._by_id) >= _CACHE_LIMIT:
+            self._by_id.clear()
+        self._by_id[id(settings)] = (settings, profile)
+        return profile
+
+    def _origin(self, name: str, settings: EndpointSettings) -> _Origin:
+        o = self._origins.get(name)
+        if o is None:
+            try:
+                config = self._settings_for_origin(name).breaker
+            except Exception:
+                log.failure("No settings for endpoint origin {endpoint}", endpoint=name)
+                config = settings.breaker
+            o = self._origins[name] = _Origin(name, config, self._metrics)
+        return o
+
+    def _breaker(self, origin: _Origin, settings: EndpointSettings) -> CircuitBreaker:
+        config = origin.breaker_config
+        if settings.breaker is not config and settings.breaker != config and settings.breaker not in origin.warned:
+            origin.warned.add(settings.breaker)
+            log.warn("Breaker settings of an override for {endpoint} differ from the origin's; the breaker "
+                     "for an origin uses the settings of {endpoint}/", endpoint=origin.name)
+        return self._breakers.get(origin.name, config)
+
+    def _count(self, origin: _Origin, outcome: str) -> None:
+        child = origin.outcomes.get(outcome)
+        if child is None:
+            child = origin.outcomes[outcome] = self._metrics.endpoint_requests.labels(origin.name, outcome)
+        child.inc()
+
+    # ------------------------------------------------------------ calls
 
     def call(
         self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes], budget: float
     ) -> "Deferred[EndpointDecision]":
         """
         POST C{body} to C{url} and parse the reply, within
-        C{min(settings.timeout, budget)} seconds.
+        C{min(settings.timeout, budget)} seconds.  Fails with
+        L{EndpointFailure}; cancelling the result ends the call (the
+        breaker counts nothing) and fails it with C{CancelledError}.
         """
-        origin = url.origin
-        timeout = min(settings.timeout, budget)
-        breaker = self._breakers.get(origin, settings.breaker)
+        origin = self._origin(url.origin, settings)
+        breaker = self._breaker(origin, settings)
         ticket = breaker.allow()
         if ticket is None:
-            return self._refuse(origin, EndpointFailure(
-                "breaker-open", f"circuit breaker open, next try in {breaker.reopens_in():.1f}s"))
-        in_flight = self._in_flight.get(origin, 0)
-        if in_flight >= settings.max_concurrent:
+            return self._refuse(origin, "breaker-open",
+                                f"circuit breaker open, next try in {breaker.reopens_in():.1f}s")
+        if origin.in_flight >= settings.max_concurrent:
             breaker.release(ticket)
-            return self._refuse(origin, EndpointFailure(
-                "concurrency-limit", f"{in_flight} calls already in flight (max_concurrent)"))
-        self._in_flight[origin] = in_flight + 1
-        started = self._reactor.seconds()
-        raw_headers = Headers({
-            b"content-type": [b"application/json"],
-            b"user-agent": [USER_AGENT],
-            b"accept": [b"application/json"],
-        })
+            return self._refuse(origin, "concurrency-limit",
+                                f"{origin.in_flight} calls already in flight (max_concurrent)")
+        timeout = settings.timeout if settings.timeout < budget else budget
+        if timeout <= 0:
+            breaker.release(ticket)
+            return self._refuse(origin, "timeout", "no time left in the review's deadline")
+        try:
+            profile = self._profile(settings)
+            target = profile.target(url)
+        except _LocalFailure as e:
+            breaker.release(ticket)
+            return self._refuse(origin, e.reason, e.message)
+        # The fixed headers were encoded once, with the target; only the
+        # per-review ones are encoded (and sanitised) here.
+        raw = Headers()
+        raw._rawHeaders.update(target.headers)
+        set_header = raw.setRawHeaders
         for k, v in headers.items():
-            raw_headers.setRawHeaders(k, [v])
-        target = url.url.encode("ascii")
-        agent = self._agent(settings)
-        retry = [settings.retry]
+            set_header(k, [v])
+        c = _Call(self, origin, target, profile, settings, body, raw, timeout, breaker, ticket)
+        origin.in_flight += 1
+        self._live.add(c)
+        return c.start()
 
-        def attempt() -> Deferred:
-            return agent.request(b"POST", target, raw_headers, BytesProducer(body))
+    def _send(self, profile: _Profile, target: _Target, headers: Headers, body: bytes) -> Deferred:
+        producer = BytesProducer(body)
+        if self._test_agent is not None:
+            return self._test_agent.request(b"POST", target.url, headers, producer)
+        endpoint = profile.endpoint(target.scheme, target.host, target.port)
+        return profile.agent._requestWithEndpoint(
+            target.key, endpoint, b"POST", target.uri, headers, producer, target.path)
 
-        def maybe_retry(failure: Failure) -> Any:
-            if retry[0] and _retriable(failure) and self._reactor.seconds() - started < timeout * 0.5:
-                retry[0] = False
-                self.log.info("Retrying {endpoint} after {error}", endpoint=origin, error=_first_line(failure.value))
-                return attempt().addErrback(maybe_retry)
-            return failure
-
-        def got_response(response: Any) -> Deferred:
-            code = response.code
-            if 200 <= code < 300:
-                return read_limited(response, settings.max_response).addCallback(_parse)
-            response.deliverBody(Protocol())
-            if 300 <= code < 400:
-                raise EndpointFailure("redirect", f"HTTP {code} redirect not followed")
-            raise EndpointFailure("http-4xx" if code < 500 else "http-5xx", f"HTTP {code}")
-
-        d = attempt().addErrback(maybe_retry).addCallback(got_response)
-        d.addTimeout(timeout, self._reactor)
-
-        def done(result: Any) -> Any:
-            self._in_flight[origin] -= 1
-            elapsed = self._reactor.seconds() - started
-            self._metrics.endpoint_duration.labels(origin).observe(elapsed)
-            if not isinstance(result, Failure):
-                breaker.record_success(ticket)
-                self._metrics.endpoint_requests.labels(origin, "ok").inc()
-                return result
-            failure = classify(result, timeout)
-            self._metrics.endpoint_requests.labels(origin, failure.reason).inc()
-            if result.check(CancelledError) or (result.check(DeferredTimeout) and timeout < settings.timeout):
-                # amp gave up (the review's deadline, or the API server hung
-                # up) before the endpoint's own timeout: nothing learned.
-                breaker.release(ticket)
-            else:
-                breaker.record_failure(ticket)
-            raise failure
-
-        return d.addBoth(done)
-
-    def _refuse(self, origin: str, failure: EndpointFailure) -> Deferred:
-        self._metrics.endpoint_requests.labels(origin, failure.reason).inc()
-        return _fail_now(failure)
+    def _refuse(self, origin: _Origin, reason: str, message: str) -> Deferred:
+        self._count(origin, reason)
+        return fail(EndpointFailure(reason, message))
 
     def close(self) -> Deferred:
         """
-        Close every cached connection (service stop).
+        Shut down: stop keeping connections, wait for the calls in flight,
+        close every connection; fires when all that were open have closed.
         """
-        return self.pool.closeCachedConnections()
+        self.pool.closing = True
+        calls = [c.settled() for c in list(self._live)]
+        return gatherResults(calls).addCallback(lambda _: self.pool.shutdown())
 
 
 def _parse(body: bytes) -> EndpointDecision:
