@@ -10,6 +10,9 @@ L{wait_until}, which polls on the reactor with a hard timeout.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from typing import Any, Callable, Optional
 
@@ -90,7 +93,9 @@ class SourceTestCase(TestCase):
     def setUp(self) -> None:
         self.fake = FakeKube().start()
         self.addCleanup(self._stop_fake)
-        self.kubeconfig = self.mktemp()
+        self.tmp = tempfile.mkdtemp(prefix="amp-test-kube-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.kubeconfig = os.path.join(self.tmp, "kubeconfig")
         write_kubeconfig(self.kubeconfig, self.fake.url)
 
     def _stop_fake(self) -> None:
@@ -495,7 +500,7 @@ class ConnectionTests(SourceTestCase):
 
     @inlineCallbacks
     def test_bad_kubeconfig_is_a_clear_readiness_error(self) -> Any:
-        source, _ = self.start(kubeconfig=self.mktemp())
+        source, _ = self.start(kubeconfig=os.path.join(self.tmp, "missing"))
         ready, detail = source.readiness()
         self.assertFalse(ready)
         self.assertIn("cannot load the Kubernetes client configuration from kubeconfig", detail)
