@@ -9,7 +9,9 @@ to temporary files.  L{WebhookSite} builds L{WebhookChannel}s that:
     Content-Length (or the running count of a chunked body) says so, without
     buffering it;
   - give each request C{listen.request_timeout} from its first byte to its
-    last, answering 408 and closing when it runs out;
+    last, answering 408 and closing when it runs out; the first request's
+    time starts when the connection is accepted, so a client that never
+    finishes the TLS handshake or never sends a request is closed too;
   - close connections beyond C{listen.max_connections} at once.
 """
 
@@ -74,6 +76,8 @@ class WebhookChannel(http.HTTPChannel):
     _read_deadline: Any = None
     _closing = False
     _counted = False
+    #: Bytes of a request not yet fully received have arrived.
+    _in_request = False
 
     def connectionMade(self) -> None:
         site: WebhookSite = self.site
@@ -86,20 +90,34 @@ class WebhookChannel(http.HTTPChannel):
         self._counted = True
         site.metrics.open_connections.set(site.open_connections)
         super().connectionMade()
+        self._start_deadline()
 
     def dataReceived(self, data: bytes) -> None:
         if self._closing:
             return
+        self._in_request = True
         if self._read_deadline is None and not self._handlingRequest:
-            self._read_deadline = self.site.reactor.callLater(self.site.request_timeout, self._read_timed_out)
+            self._start_deadline()
         super().dataReceived(data)
 
     def allContentReceived(self) -> None:
         self._cancel_deadline()
+        self._in_request = False
         super().allContentReceived()
+
+    def _start_deadline(self) -> None:
+        self._read_deadline = self.site.reactor.callLater(self.site.request_timeout, self._read_timed_out)
 
     def _read_timed_out(self) -> None:
         self._read_deadline = None
+        if not self._in_request:
+            # Nothing to answer (possibly not even a finished TLS handshake,
+            # so no way to send one): just close.
+            self._closing = True
+            self.site.logger.info("Closed a connection that sent no request within {timeout}s "
+                                  "(listen.request_timeout)", timeout=self.site.request_timeout)
+            self.transport.abortConnection()
+            return
         self.refuse(408, f"request not received within {self.site.request_timeout:g}s (listen.request_timeout)")
 
     def _cancel_deadline(self) -> None:
