@@ -1,5 +1,8 @@
-"""pytest wiring for the end-to-end tests: the ``e2e`` marker and the
-session-wide ``control_plane`` fixture (a real etcd + kube-apiserver).
+"""pytest wiring for the end-to-end tests: the ``e2e`` marker, the
+session-wide ``control_plane`` fixture (a real etcd + kube-apiserver), and
+the fixtures that run amp against it: amp's ServiceAccount kubeconfig with
+the RBAC from ``deploy/``, the example endpoints, and registered amp
+instances (``start_amp``, ``start_module_amp``).
 
 Without Go (and without cached binaries) the e2e tests are skipped on a
 developer machine and fail when ``CI=true``.
@@ -8,11 +11,14 @@ developer machine and fail when ``CI=true``.
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import pytest
+import yaml
 
 from . import build
+from .amp_process import REPO_ROOT, AmpInstance, ExampleEndpoints
 from .cluster import ControlPlane
 
 
@@ -61,3 +67,144 @@ def control_plane(
         yield plane
     finally:
         plane.stop()
+
+
+# ---------------------------------------------------------------- amp under test
+
+DEPLOY_DIR = REPO_ROOT / "deploy"
+AMP_SERVICE_ACCOUNT = ("amp-e2e-system", "amp")
+AMP_CLUSTER_ROLE = "amp-e2e"
+
+def deploy_documents(substitutions: dict[str, str] | None = None) -> list[tuple[Path, dict[str, Any]]]:
+    """Every YAML document under ``deploy/`` as ``(file, document)``, after
+    replacing each ``${NAME}`` placeholder given in ``substitutions``."""
+    documents = []
+    if DEPLOY_DIR.is_dir():
+        for path in sorted(DEPLOY_DIR.rglob("*")):
+            if path.suffix not in (".yaml", ".yml") or not path.is_file():
+                continue
+            text = path.read_text()
+            for name, value in (substitutions or {}).items():
+                text = text.replace("${" + name + "}", value)
+            for doc in yaml.safe_load_all(text):
+                if isinstance(doc, dict) and doc.get("kind") == "List":
+                    documents.extend((path, item) for item in doc.get("items") or [])
+                elif isinstance(doc, dict) and doc:
+                    documents.append((path, doc))
+    return documents
+
+
+def deploy_cluster_role_rules() -> list[dict[str, Any]]:
+    """The rules of amp's ClusterRole in ``deploy/`` (there must be one)."""
+    roles = [(path, doc) for path, doc in deploy_documents() if doc.get("kind") == "ClusterRole"]
+    names = ", ".join(f"{d['metadata']['name']} ({p.relative_to(REPO_ROOT)})" for p, d in roles)
+    assert len(roles) == 1, f"expected one ClusterRole for amp in deploy/, found: {names or 'none'}"
+    return roles[0][1].get("rules") or []
+
+
+def deploy_amp_config() -> dict[str, Any]:
+    """amp's configuration as ``deploy/`` ships it (the ConfigMap's
+    ``amp.yaml``)."""
+    maps = [
+        doc for _, doc in deploy_documents()
+        if doc.get("kind") == "ConfigMap" and "amp.yaml" in (doc.get("data") or {})
+    ]
+    assert len(maps) == 1, f"expected one ConfigMap with amp.yaml in deploy/, found {len(maps)}"
+    return yaml.safe_load(maps[0]["data"]["amp.yaml"])
+
+
+@pytest.fixture(scope="session")
+def amp_kubeconfig(control_plane: ControlPlane) -> Iterator[Path]:
+    """A kubeconfig for amp's ServiceAccount, bound to (a copy named
+    ``amp-e2e`` of) the ClusterRole from ``deploy/`` and nothing else: the
+    scenarios prove that this RBAC is enough."""
+    from kubernetes import client
+
+    rules = deploy_cluster_role_rules()
+    namespace, name = AMP_SERVICE_ACCOUNT
+    path = control_plane.service_account_kubeconfig(namespace, name)
+    rbac = client.RbacAuthorizationV1Api(control_plane.admin_client())
+    rbac.create_cluster_role(
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": AMP_CLUSTER_ROLE}, "rules": rules}
+    )
+    rbac.create_cluster_role_binding(
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": AMP_CLUSTER_ROLE},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": AMP_CLUSTER_ROLE},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}
+    )
+    try:
+        yield path
+    finally:
+        rbac.delete_cluster_role_binding(AMP_CLUSTER_ROLE)
+        rbac.delete_cluster_role(AMP_CLUSTER_ROLE)
+
+
+@pytest.fixture(scope="session")
+def example_endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleEndpoints]:
+    """``twistd amp-example`` on a free loopback port for the whole session."""
+    examples = ExampleEndpoints(tmp_path_factory.mktemp("amp-example"))
+    try:
+        examples.start_and_wait()
+        yield examples
+    finally:
+        status = examples.stop()
+    assert examples.stopped_cleanly(), f"amp-example did not stop cleanly (status {status})\n{examples.describe()}"
+
+
+AmpFactory = Callable[..., AmpInstance]
+
+
+def _launch(
+    control_plane: ControlPlane, kubeconfig: Path, examples: ExampleEndpoints, workdir: Path
+) -> tuple[AmpFactory, list[AmpInstance]]:
+    started: list[AmpInstance] = []
+
+    def launch(instance: str, **options: Any) -> AmpInstance:
+        amp = AmpInstance(control_plane, kubeconfig, examples, workdir, instance, **options)
+        started.append(amp)
+        return amp.start()
+
+    return launch, started
+
+
+def _close_all(started: list[AmpInstance]) -> None:
+    failures = []
+    for amp in started:
+        status = amp.close()
+        if not amp.process.stopped_cleanly():
+            failures.append(f"amp {amp.instance} did not stop cleanly (status {status})\n{amp.process.describe()}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.fixture
+def start_amp(
+    control_plane: ControlPlane,
+    amp_kubeconfig: Path,
+    example_endpoints: ExampleEndpoints,
+    tmp_path: Path,
+) -> Iterator[AmpFactory]:
+    """``start_amp(instance, **options)``: a running, registered
+    L{AmpInstance} that is unregistered and stopped after the test (which
+    fails if amp does not exit cleanly)."""
+    launch, started = _launch(control_plane, amp_kubeconfig, example_endpoints, tmp_path)
+    try:
+        yield launch
+    finally:
+        _close_all(started)
+
+
+@pytest.fixture(scope="module")
+def start_module_amp(
+    control_plane: ControlPlane,
+    amp_kubeconfig: Path,
+    example_endpoints: ExampleEndpoints,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[AmpFactory]:
+    """Like ``start_amp``, for an instance shared by a module's tests."""
+    launch, started = _launch(control_plane, amp_kubeconfig, example_endpoints, tmp_path_factory.mktemp("amp"))
+    try:
+        yield launch
+    finally:
+        _close_all(started)
