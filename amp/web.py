@@ -223,8 +223,10 @@ class AdmissionResource(Resource):
         budget = review_budget(parse_timeout(timeout[0].decode("ascii", "replace") if timeout else None),
                                deadline.default_timeout, deadline.margin)
         d = self._admitter.review(req, budget, validation=self._validation)
-        if not d.called:
-            request.notifyFinish().addErrback(_cancel_on_disconnect, d)
+        # Not "if not d.called": a review can be called already and still be
+        # waiting on a chained Deferred (an endpoint call started from a
+        # namespace fetch that answered at once); cancel() reaches it.
+        request.notifyFinish().addErrback(_cancel_on_disconnect, d)
         d.addCallback(self._respond, request, req, started)
         d.addErrback(self._write_failed, request)
         return server.NOT_DONE_YET
@@ -259,8 +261,12 @@ class AdmissionResource(Resource):
 
 
 def _cancel_on_disconnect(failure: Failure, d: Deferred) -> None:
-    if not d.called:
-        d.cancel()
+    """
+    The client went away before the answer was written: stop the review
+    (and its endpoint call).  Cancelling a review that has its answer
+    already does nothing.
+    """
+    d.cancel()
 
 
 class HealthResource(Resource):
