@@ -279,6 +279,36 @@ class SlowClientTests(WebTestCase):
         self.assertEqual(parse_raw_response(data)[0], 408)
 
     @inlineCallbacks
+    def test_connection_that_never_sends_a_request_is_closed(self) -> Any:
+        """
+        A client that connects and sends nothing (not even a TLS handshake)
+        must not hold one of listen.max_connections for the idle timeout.
+        """
+        config = make_config(listen={"request_timeout": "200ms"})
+        amp, _ = yield self.start(config)
+        lost: Deferred = Deferred()
+
+        class Silent(Protocol):
+            def connectionLost(self, reason: Any) -> None:
+                lost.callback(None)
+
+        started = reactor.seconds()
+        yield connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", amp.port), Silent())
+        yield lost.addTimeout(5, reactor)
+        self.assertGreaterEqual(reactor.seconds() - started, 0.2)
+        yield amp.connections.wait_idle()
+        self.assertEqual(amp.service.site.open_connections, 0)
+
+    @inlineCallbacks
+    def test_handshake_then_nothing_is_closed(self) -> Any:
+        config = make_config(listen={"request_timeout": "200ms"})
+        amp, _ = yield self.start(config)
+        started = reactor.seconds()
+        data = yield tls_exchange(reactor, amp.port, timeout=5)
+        self.assertEqual(data, b"")
+        self.assertGreaterEqual(reactor.seconds() - started, 0.2)
+
+    @inlineCallbacks
     def test_idle_connection_after_an_answer_stays_open(self) -> Any:
         """The read deadline starts with a request's first byte, not while a kept-alive connection idles."""
         config = make_config(listen={"request_timeout": "100ms"})
