@@ -1,0 +1,507 @@
+"""
+The benchmark's moving parts, shared by C{bench/run} and
+C{bench/workers_experiment.py}: child processes pinned to CPUs and stopped by
+pid, CPU time and peak RSS from /proc, wrk (installed on demand) and its
+summary, amp's bench configuration and a running C{twistd amp}, the answer
+checks, and the summary of py-spy's collapsed stacks.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import platform
+import re
+import resource
+import select
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+import bodies  # noqa: E402
+
+ON, OFF = "bench-on", "bench-off"
+
+WRK_MISSING = 3
+MODE_FAILED = 1
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+LUA = os.path.join(BENCH, "lua", "review.lua")
+
+
+class WrkMissing(Exception):
+    pass
+
+
+class ModeFailed(Exception):
+    pass
+
+
+def say(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ /proc
+
+
+def cpu_seconds(pid: int) -> float:
+    """
+    utime + stime of every thread of C{pid}, in seconds.
+    """
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def busy_seconds() -> float:
+    """
+    CPU time spent by the whole machine outside idle and iowait, in seconds.
+    """
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def wait_quiet(max_wait: float, threshold_pct: float = 15.0) -> float:
+    """
+    Wait (up to C{max_wait} seconds, in one-second samples) until the rest
+    of the machine uses under C{threshold_pct}% of one CPU; return the last
+    sample.  Call it before starting anything of the benchmark's own.
+    """
+    deadline = time.monotonic() + max_wait
+    while True:
+        before, t0 = busy_seconds(), time.monotonic()
+        time.sleep(1.0)
+        pct = 100 * (busy_seconds() - before) / (time.monotonic() - t0)
+        if pct < threshold_pct or time.monotonic() >= deadline:
+            say(f"other processes use {pct:.0f}% of a CPU" + ("" if pct < threshold_pct else "; going ahead anyway"))
+            return round(pct, 1)
+
+
+def peak_rss_mib(pid: int) -> Optional[float]:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """
+    Reset VmHWM to the current RSS (C{clear_refs} value 5), so the peak of
+    one mode is not that of an earlier one.
+    """
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0].strip()
+    except OSError:
+        wrk = ""
+    import twisted
+    import OpenSSL
+
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "twisted": twisted.__version__,
+        "pyopenssl": OpenSSL.__version__,
+        "openssl": ssl.OPENSSL_VERSION,
+        "wrk": wrk,
+    }
+
+
+# ------------------------------------------------------------------ processes
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pinned(cpus: Optional[set[int]]) -> Any:
+    if not cpus:
+        return None
+
+    def pin() -> None:
+        os.sched_setaffinity(0, cpus)
+
+    return pin
+
+
+class Proc:
+    """
+    A child process started by the benchmark, stopped by its pid.
+    """
+
+    def __init__(self, name: str, argv: list[str], *, cpus: Optional[set[int]] = None,
+                 env: Optional[dict[str, str]] = None, stdout: Any = subprocess.PIPE,
+                 cwd: Optional[str] = None, pass_fds: tuple[int, ...] = ()) -> None:
+        self.name = name
+        self.argv = argv
+        self.popen = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE if stdout is subprocess.PIPE
+                                      else subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_pinned(cpus),
+                                      text=True, pass_fds=pass_fds)
+        self.pid = self.popen.pid
+
+    def first_line(self, timeout: float) -> dict[str, Any]:
+        """
+        The JSON object the process prints on its first stdout line.
+        """
+        out = self.popen.stdout
+        assert out is not None
+        ready, _, _ = select.select([out], [], [], timeout)
+        line = out.readline() if ready else ""
+        if not line:
+            self.stop()
+            err = self.popen.stderr.read() if self.popen.stderr else ""
+            raise RuntimeError(f"{self.name} did not start: {err.strip()[-2000:]}")
+        return json.loads(line)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> str:
+        """
+        SIGTERM, then SIGKILL after C{timeout}; returns what is left on stdout.
+        """
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            out, _ = self.popen.communicate()
+        return out or ""
+
+
+# ------------------------------------------------------------------ wrk
+
+
+def ensure_wrk() -> str:
+    """
+    The path of wrk, installing the Debian package when running as root.
+
+    @raise WrkMissing: with the reason, when it cannot be had.
+    """
+    found = shutil.which("wrk")
+    if found:
+        return found
+    apt = shutil.which("apt-get")
+    if os.geteuid() != 0 or not apt:
+        raise WrkMissing(
+            "wrk is not installed and cannot be installed here "
+            f"({'not root' if os.geteuid() != 0 else 'no apt-get'}): install the Debian package 'wrk' "
+            "(apt-get install wrk) or put wrk on PATH")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for command in ([apt, "install", "-y", "-q", "wrk"], [apt, "update", "-q"], [apt, "install", "-y", "-q", "wrk"]):
+        if command[1] == "update" and shutil.which("wrk"):
+            break
+        say("wrk is not installed; running: " + " ".join(command))
+        done = subprocess.run(command, env=env, stdout=sys.stderr, stderr=sys.stderr)
+        if command[1] == "install" and done.returncode == 0:
+            break
+    found = shutil.which("wrk")
+    if not found:
+        raise WrkMissing("wrk is not installed and 'apt-get install -y wrk' did not install it (see above)")
+    return found
+
+
+def run_wrk(url: str, body_file: str, *, connections: int, duration: float, cpus: Optional[set[int]],
+            threads: int = 1, timeout_s: int = 10) -> dict[str, Any]:
+    """
+    One wrk run; its summary (requests, latency percentiles in microseconds,
+    errors) plus the CPU seconds wrk itself used.
+    """
+    threads = max(1, min(threads, connections))
+    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s",
+            f"--timeout={timeout_s}s", "-s", LUA, url, "--", body_file]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(argv, capture_output=True, text=True, preexec_fn=_pinned(cpus),
+                          timeout=duration + 60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    summary = None
+    for line in done.stdout.splitlines():
+        if line.startswith("AMPBENCH "):
+            summary = json.loads(line[len("AMPBENCH "):])
+    if done.returncode != 0 or summary is None:
+        raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
+    summary["wrk_cpu_s"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return summary
+
+
+# ------------------------------------------------------------------ amp
+
+
+def amp_config(path: str, *, port: int, metrics_port: int, tls: dict[str, Any], endpoint_url: str,
+               source: str, kubeconfig: Optional[str], per_review_get: bool) -> None:
+    import yaml
+
+    kube: dict[str, Any] = {"source": source}
+    if source == "static":
+        kube["namespaces"] = {
+            ON: {"labels": {"amp.txn2.com/enabled": "true"}, "annotations": {"amp.txn2.com/ep": endpoint_url}},
+            OFF: {"labels": {"team": "other"}},
+        }
+    else:
+        kube["kubeconfig"] = kubeconfig
+        kube["per_review_get"] = per_review_get
+    config = {
+        "listen": {"port": port, "interface": "127.0.0.1"},
+        "tls": {"cert": str(tls["cert"]), "key": str(tls["key"])},
+        "metrics": {"port": metrics_port, "interface": "127.0.0.1"},
+        "kubernetes": kube,
+        "endpoints": {"allow": ["http://127.0.0.1:*/*"]},
+        "failure_policy": "Ignore",
+    }
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f, sort_keys=False)
+
+
+class Amp:
+    """
+    One C{twistd -n amp} process and how to reach it.
+    """
+
+    def __init__(self, name: str, workdir: str, tls: dict[str, Any], *, endpoint_url: str, source: str,
+                 kubeconfig: Optional[str], per_review_get: bool, cpus: Optional[set[int]],
+                 extra_twistd: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.config_path = os.path.join(workdir, f"{name}.yaml")
+        self.log_path = os.path.join(workdir, f"{name}.log")
+        amp_config(self.config_path, port=self.port, metrics_port=self.metrics_port, tls=tls,
+                   endpoint_url=endpoint_url, source=source, kubeconfig=kubeconfig,
+                   per_review_get=per_review_get)
+        self.ca = str(tls["ca_cert"])
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        argv = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+                "-n", "--pidfile=", *extra_twistd, "amp", "--config", self.config_path]
+        self.log = open(self.log_path, "w")
+        self.proc = Proc(f"amp ({name})", argv, cpus=cpus, env=env, stdout=self.log, cwd=workdir)
+        self.pid = self.proc.pid
+        self.url = f"https://127.0.0.1:{self.port}/mutate?timeout=10s"
+
+    def _tls(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca)
+        ctx.check_hostname = False
+        return ctx
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if not self.proc.alive():
+                raise RuntimeError(f"amp ({self.name}) exited: {self.tail()}")
+            try:
+                conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self._tls(), timeout=2)
+                conn.request("GET", "/readyz")
+                resp = conn.getresponse()
+                last = resp.read().decode("utf-8", "replace")
+                conn.close()
+                if resp.status == 200:
+                    return
+            except OSError as e:
+                last = str(e)
+            time.sleep(0.1)
+        raise RuntimeError(f"amp ({self.name}) not ready after {timeout:g}s: {last.strip()}")
+
+    def review(self, body_file: str) -> dict[str, Any]:
+        """
+        One review sent from here, its decoded answer.
+        """
+        with open(body_file, "rb") as f:
+            data = f.read()
+        conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self._tls(), timeout=15)
+        conn.request("POST", "/mutate?timeout=10s", body=data, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        text = resp.read()
+        conn.close()
+        if resp.status != 200:
+            raise ModeFailed(f"amp ({self.name}) answered HTTP {resp.status}: {text[:300]!r}")
+        return json.loads(text)["response"]
+
+    def metrics(self) -> dict[str, float]:
+        """
+        amp's review and endpoint counters, keyed like C{result=patched} and
+        C{endpoint=ok}.
+        """
+        conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=5)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode("utf-8")
+        conn.close()
+        out: dict[str, float] = {}
+        for m in re.finditer(r'^amp_admission_requests_total\{[^}]*result="([^"]+)"[^}]*\} (\S+)$', text, re.M):
+            out[f"result={m.group(1)}"] = out.get(f"result={m.group(1)}", 0) + float(m.group(2))
+        for m in re.finditer(r'^amp_endpoint_requests_total\{[^}]*outcome="([^"]+)"[^}]*\} (\S+)$', text, re.M):
+            out[f"endpoint={m.group(1)}"] = out.get(f"endpoint={m.group(1)}", 0) + float(m.group(2))
+        for m in re.finditer(r'^amp_namespace_cache_misses_total\{[^}]*result="([^"]+)"[^}]*\} (\S+)$', text, re.M):
+            out[f"miss={m.group(1)}"] = out.get(f"miss={m.group(1)}", 0) + float(m.group(2))
+        return out
+
+    def tail(self, lines: int = 20) -> str:
+        self.log.flush()
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log_path) - 8192))
+                return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def log_problems(self) -> list[str]:
+        """
+        Warning, error and critical lines in amp's log (not the per-review
+        info lines).
+        """
+        found = []
+        with open(self.log_path, "rb") as f:
+            for raw in f:
+                if b"#warn]" in raw or b"#error]" in raw or b"#critical]" in raw or b"Traceback" in raw:
+                    found.append(raw.decode("utf-8", "replace").rstrip()[:300])
+                    if len(found) >= 20:
+                        break
+        return found
+
+    def stop(self) -> None:
+        self.proc.stop()
+        self.log.close()
+
+
+# ------------------------------------------------------------------ checks
+
+
+def _patch_of(response: dict[str, Any]) -> list[Any]:
+    if "patch" not in response:
+        return []
+    return json.loads(base64.b64decode(response["patch"]))
+
+
+def check_answer(mode: str, response: dict[str, Any]) -> None:
+    """
+    The answer a mode must give: (b) and (c) the endpoint's patch, (d) an
+    unchanged Pod.
+    """
+    label_path = "/metadata/labels/" + bodies.PATCH_LABEL.replace("/", "~1")
+    if not response.get("allowed"):
+        raise ModeFailed(f"mode ({mode}): amp denied the Pod: {response.get('status')}")
+    patch = _patch_of(response)
+    if mode in ("b", "c"):
+        if not any(op.get("path") == label_path for op in patch) or response.get("warnings"):
+            raise ModeFailed(f"mode ({mode}): expected the endpoint's patch, got {patch} "
+                             f"with warnings {response.get('warnings')}")
+    elif patch:
+        raise ModeFailed(f"mode ({mode}): expected no patch for a namespace that is not enabled, got {patch}")
+
+
+EXPECTED_RESULT = {"b": "result=patched", "c": "result=patched", "d": "result=skipped"}
+
+
+def _short(path: str) -> str:
+    for marker in ("/site-packages/", "/lib/python3"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    if path.startswith(REPO + os.sep):
+        return os.path.relpath(path, REPO)
+    return path
+
+
+_FRAME = re.compile(r"^(.*) \((.*?)(?::(\d+))?\)$")
+
+
+def _frame_key(frame: str) -> str:
+    m = _FRAME.match(frame)
+    if not m:
+        return frame
+    return f"{m.group(1)} ({_short(m.group(2))})"
+
+
+#: Where the time goes, by subsystem: a stack counts for a row when any of
+#: its frames matches (so rows overlap, and are inclusive of callees).
+BREAKDOWN = (
+    ("TLS record layer (pyOpenSSL)", re.compile(r"\(OpenSSL/")),
+    ("twisted.web form parsing of POST bodies (Request._parseContentType -> email)",
+     re.compile(r"^_parseContentType ")),
+    ("per-review log line (Logger.info in AdmissionResource._respond)", re.compile(r"^Logger\.(info|emit) ")),
+    ("JSON decoding (json.loads)", re.compile(r"\(json/decoder\.py")),
+    ("JSON encoding (json.dumps)", re.compile(r"\(json/encoder\.py")),
+    ("AdmissionReview parsing (amp.review.parse_review)", re.compile(r"^parse_review \(amp/")),
+    ("patch checks (amp.patch.check_patch)", re.compile(r"^check_patch \(amp/")),
+    ("endpoint call set-up (amp.endpoints.EndpointClient.call)", re.compile(r"^EndpointClient\.call \(amp/")),
+    ("Prometheus metrics (prometheus_client)", re.compile(r"\(prometheus_client/")),
+    ("timers (reactor.callLater / DelayedCall.cancel)", re.compile(r"^(ReactorBase\.callLater|DelayedCall\.cancel) ")),
+    ("socket send (Connection.writeSomeData)", re.compile(r"^Connection\.writeSomeData ")),
+)
+
+
+def summarise_collapsed(path: str, top_n: int = 15) -> dict[str, Any]:
+    """
+    Own and total time per function from collapsed stacks (py-spy's
+    C{--format raw}: C{frame;frame;...;leaf COUNT} per line).
+    """
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    parts = {label: 0 for label, _ in BREAKDOWN}
+    files: dict[str, int] = {}
+    samples = 0
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            n = int(count)
+            frames = [_frame_key(x) for x in stack.split(";") if x and not x.startswith(("process ", "thread "))]
+            if not frames:
+                continue
+            samples += n
+            own[frames[-1]] = own.get(frames[-1], 0) + n
+            leaf_file = _FRAME.match(frames[-1])
+            leaf_file = leaf_file.group(2) if leaf_file else "?"
+            files[leaf_file] = files.get(leaf_file, 0) + n
+            for key in set(frames):
+                total[key] = total.get(key, 0) + n
+            for label, pattern in BREAKDOWN:
+                if any(pattern.search(frame) for frame in frames):
+                    parts[label] += n
+    top = sorted(own.items(), key=lambda kv: kv[1], reverse=True)[:top_n]
+    return {
+        "samples": samples,
+        "top": [{"function": k, "own_pct": round(100 * v / samples, 1) if samples else 0.0,
+                 "total_pct": round(100 * total[k] / samples, 1) if samples else 0.0} for k, v in top],
+        "breakdown": [{"part": label, "total_pct": round(100 * v / samples, 1) if samples else 0.0}
+                      for label, v in sorted(parts.items(), key=lambda kv: kv[1], reverse=True)],
+        "own_by_file": [{"file": k, "own_pct": round(100 * v / samples, 1) if samples else 0.0}
+                        for k, v in sorted(files.items(), key=lambda kv: kv[1], reverse=True)[:top_n]],
+        "top_total": [{"function": k, "total_pct": round(100 * v / samples, 1) if samples else 0.0}
+                      for k, v in sorted(total.items(), key=lambda kv: kv[1], reverse=True)[:top_n]],
+    }

@@ -1,0 +1,82 @@
+"""
+The benchmark harness works end to end: C{bench/run --quick} starts amp under
+twistd, the endpoint, the fake Kubernetes API and wrk, measures every mode
+with both bodies and writes its results.  Nothing here is about speed: the
+figures only have to be there and be sane.
+
+wrk is a Debian package; bench/run installs it when it runs as root.  Where it
+cannot (not root, no apt-get) the test is skipped with bench/run's reason,
+except in CI (C{CI=true}), where it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WRK_MISSING = 3  # bench/run's exit status when wrk cannot be had
+MODES = {"a", "b", "c", "d"}
+BODIES = {"typical", "large"}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("bench-results")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run"), "--quick", "--out", str(out)],
+        cwd=str(REPO), capture_output=True, text=True, timeout=600)
+    if done.returncode == WRK_MISSING:
+        reason = (done.stderr.strip().splitlines() or ["wrk is missing"])[-1]
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"bench/run cannot run in CI: {reason}")
+        pytest.skip(reason)
+    assert done.returncode == 0, f"bench/run --quick failed ({done.returncode}):\n{done.stderr[-5000:]}"
+    written = sorted(out.glob("*.json"))
+    assert len(written) == 1, f"expected one JSON result, found {written}"
+    return json.loads(written[0].read_text()), out
+
+
+def test_every_mode_and_body_is_measured(quick_run: tuple[dict, Path]) -> None:
+    result, _ = quick_run
+    assert result["namespace_source"] == "kubeconfig"
+    measured = {(row["mode"], row["body"]) for row in result["table"]}
+    assert measured == {(m, b) for m in MODES for b in BODIES}
+    assert {p["mode"] for p in result["curve"]} == {"a", "b"}
+
+
+def test_figures_are_sane(quick_run: tuple[dict, Path]) -> None:
+    result, _ = quick_run
+    for row in result["table"] + result["curve"]:
+        where = f"mode ({row['mode']}) c={row['connections']}"
+        assert row["reviews_per_s"] > 0, where
+        lat = row["latency_ms"]
+        assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"], (where, lat)
+    for row in result["table"]:
+        where = f"mode ({row['mode']}) {row['body']}"
+        assert row["requests"] > 0 and not any(row["errors"].values()), (where, row["errors"])
+        if row["mode"] == "a":
+            assert "amp_cpu_ms_per_review" not in row, where
+            continue
+        assert row["amp_cpu_ms_per_review"] > 0, where
+        # A Python process running Twisted, pyOpenSSL and the kubernetes
+        # client holds tens of MiB; under 10 MiB would mean a wrong pid.
+        assert 10 < row["amp_peak_rss_mib"] < 4096, where
+        expected = "result=skipped" if row["mode"] == "d" else "result=patched"
+        assert row["amp_counts"].get(expected, 0) >= row["requests"], (where, row["amp_counts"])
+    assert result["machine"]["nproc"] >= 1 and result["machine"]["python"]
+
+
+def test_markdown_table_is_written(quick_run: tuple[dict, Path]) -> None:
+    _, out = quick_run
+    (md,) = out.glob("*.md")
+    text = md.read_text()
+    assert "| mode | body | reviews/s |" in text
+    for label in ("(a) endpoint alone", "(b) amp, warm namespace cache", "(c) amp, one Namespace GET",
+                  "(d) amp, namespace not enabled"):
+        assert label in text
