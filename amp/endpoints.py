@@ -360,6 +360,19 @@ class OriginPool(HTTPConnectionPool):
         self._timeouts[connection] = self._reactor.callLater(
             settings.idle_timeout, self._removeConnection, key, connection)
 
+    def _removeConnection(self, key: Any, connection: Any) -> None:
+        # Forget it before closing it: a transport may report the loss at once.
+        self._connections[key].remove(connection)
+        del self._timeouts[connection]
+        connection.transport.loseConnection()
+
+    def closeCachedConnections(self) -> Deferred:
+        connections, self._connections = self._connections, {}
+        timeouts, self._timeouts = self._timeouts, {}
+        for delayed in timeouts.values():
+            delayed.cancel()
+        return gatherResults([c.abort() for idle in connections.values() for c in idle]).addCallback(lambda _: None)
+
     def _opened(self, connection: _PooledProtocol) -> None:
         self._open.add(connection)
         self.connections_opened += 1
@@ -560,18 +573,15 @@ def classify(failure: Failure, settings: Optional[EndpointSettings] = None) -> E
     if failure.check(ierror.TimeoutError, ierror.TCPTimedOutError):
         within = f" within {settings.connect_timeout:.3g}s" if settings is not None else ""
         return EndpointFailure("timeout", f"could not connect{within}")
-    if failure.check(SSL.Error):
-        return EndpointFailure("tls-error", f"TLS failed: {_ssl_text(failure.value)}")
-    if failure.check(VerificationError):
-        return EndpointFailure("tls-error", f"certificate does not match the host: {_first_line(failure.value)}")
+    tls = _tls_failure(failure)
+    if tls is not None:
+        return tls
     if failure.check(ResponseFailed, RequestGenerationFailed, RequestTransmissionFailed):
         inner = failure.value.reasons
         for r in inner:
-            if r.check(SSL.Error):
-                return EndpointFailure("tls-error", f"TLS failed: {_ssl_text(r.value)}")
-            if r.check(VerificationError):
-                return EndpointFailure(
-                    "tls-error", f"certificate does not match the host: {_first_line(r.value)}")
+            tls = _tls_failure(r)
+            if tls is not None:
+                return tls
         if inner and all(r.check(CancelledError) for r in inner):
             return EndpointFailure("timeout", "call cancelled before a reply")
         return EndpointFailure("connection-reset", "connection closed before a full reply")
@@ -584,6 +594,14 @@ def classify(failure: Failure, settings: Optional[EndpointSettings] = None) -> E
     if failure.check(ierror.ConnectError):
         return EndpointFailure("connection-failed", f"could not connect: {_first_line(failure.value)}")
     return EndpointFailure("connection-failed", _first_line(failure.value))
+
+
+def _tls_failure(failure: Failure) -> Optional[EndpointFailure]:
+    if failure.check(SSL.Error):
+        return EndpointFailure("tls-error", f"TLS failed: {_ssl_text(failure.value)}")
+    if failure.check(VerificationError):
+        return EndpointFailure("tls-error", f"certificate does not match the host: {_first_line(failure.value)}")
+    return None
 
 
 def _ssl_text(value: Any) -> str:
@@ -674,7 +692,8 @@ class _Call:
         response.deliverBody(_Drop())
         if 300 <= code < 400:
             where = response.headers.getRawHeaders(b"location", [b""])[0].decode("latin-1")
-            raise EndpointFailure("redirect", f"HTTP {code} redirect not followed{' to ' + _first_line(where) if where else ''}")
+            to = f" to {_first_line(where)}" if where else ""
+            raise EndpointFailure("redirect", f"HTTP {code} redirect{to} not followed")
         if 400 <= code < 500:
             raise EndpointFailure("http-4xx", f"HTTP {code}")
         if 500 <= code < 600:
@@ -862,19 +881,24 @@ class EndpointClient:
         if timeout <= 0:
             breaker.release(ticket)
             return self._refuse(origin, "timeout", "no time left in the review's deadline")
+        # From here on the ticket must reach the breaker whatever happens.
         try:
             profile = self._profile(settings)
             target = profile.target(url)
+            # The fixed headers were encoded once, with the target; only the
+            # per-review ones are encoded (and sanitised) here.
+            raw = Headers()
+            raw._rawHeaders.update(target.headers)
+            set_header = raw.setRawHeaders
+            for k, v in headers.items():
+                set_header(k, [v])
         except _LocalFailure as e:
             breaker.release(ticket)
             return self._refuse(origin, e.reason, e.message)
-        # The fixed headers were encoded once, with the target; only the
-        # per-review ones are encoded (and sanitised) here.
-        raw = Headers()
-        raw._rawHeaders.update(target.headers)
-        set_header = raw.setRawHeaders
-        for k, v in headers.items():
-            set_header(k, [v])
+        except Exception:
+            breaker.release(ticket)
+            log.failure("Could not build the request to {endpoint}", endpoint=origin.name)
+            return self._refuse(origin, "connection-failed", "amp could not build the request")
         c = _Call(self, origin, target, profile, settings, body, raw, timeout, breaker, ticket)
         origin.in_flight += 1
         self._live.add(c)

@@ -137,6 +137,27 @@ class NoAddresses:
         return resolution
 
 
+class SlowCloseTransport(StringTransportWithDisconnection):
+    """
+    Closing takes a while, as on a real socket: C{loseConnection} only marks
+    the transport as disconnecting; C{closed()} reports the loss.
+    """
+
+    def loseConnection(self) -> None:
+        self.disconnecting = True
+
+    def abortConnection(self) -> None:
+        self.disconnecting = True
+
+    def resumeProducing(self) -> None:
+        # A closing socket ignores this; StringTransport would raise.
+        if not self.disconnecting:
+            super().resumeProducing()
+
+    def closed(self) -> None:
+        StringTransportWithDisconnection.loseConnection(self)
+
+
 class MemoryNet:
     """
     Twisted's HTTP client on a L{MemoryReactorClock}: every connect attempt
@@ -158,10 +179,10 @@ class MemoryNet:
         factory = self.reactor.tcpClients[i][2]
         factory.clientConnectionFailed(self.reactor.connectors[i], Failure(exc))
 
-    def accept(self, i: int = -1) -> tuple[Any, StringTransportWithDisconnection]:
+    def accept(self, i: int = -1, transport_class: type = StringTransportWithDisconnection) -> tuple[Any, Any]:
         host, port, factory = self.reactor.tcpClients[i][:3]
         proto = factory.buildProtocol(IPv4Address("TCP", host, port))
-        transport = StringTransportWithDisconnection(
+        transport = transport_class(
             hostAddress=IPv4Address("TCP", "127.0.0.1", 40000), peerAddress=IPv4Address("TCP", host, port))
         transport.protocol = proto
         proto.makeConnection(transport)
@@ -681,7 +702,7 @@ class HalfReply(Protocol):
         if getattr(self, "_answered", False):
             return
         self._answered = True
-        self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[{\"op\"")
+        self.transport.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n[{"op"')
         reactor.callLater(0, self.transport.abortConnection)
 
 
@@ -721,6 +742,7 @@ class LoopbackFailureTests(TestCase, FailureAssertions):
         url = self.server.url("/redirect")
         e = yield self.assertFailsWith(h.call(url), "redirect")
         self.assertIn("302", e.message)
+        self.assertIn("/ok", e.message)
         self.assertEqual(self.resource.hits.get(b"/ok", 0), 0)
         self.assertEqual(h.count(url, "redirect"), 1)
 
@@ -873,6 +895,84 @@ class MemoryNetTests(SynchronousTestCase, FailureAssertions):
         self.assertEqual(self.net.attempts, 1)
         proto.dataReceived(http_reply(b"[]"))
         self.assertEqual(self.successResultOf(d2).patch, [])
+
+    def test_idle_connection_closes_after_idle_timeout(self) -> None:
+        h = self.harness(idle_timeout=30.0)
+        d = h.call(self.URL)
+        proto, transport = self.net.accept()
+        proto.dataReceived(http_reply(b"[]"))
+        self.successResultOf(d)
+        self.assertEqual(h.client.pool.idle_connections(), 1)
+        self.net.reactor.advance(29.999)
+        self.assertTrue(transport.connected)
+        self.net.reactor.advance(0.001)
+        self.assertFalse(transport.connected)
+        self.assertEqual((h.client.pool.idle_connections(), h.client.pool.open_connections()), (0, 0))
+
+    def test_close_closes_idle_connections(self) -> None:
+        h = self.harness()
+        d = h.call(self.URL)
+        proto, transport = self.net.accept()
+        proto.dataReceived(http_reply(b"[]"))
+        self.successResultOf(d)
+        self.successResultOf(h.client.close())
+        self.assertFalse(transport.connected)
+        self.assertEqual(h.client.pool.open_connections(), 0)
+        self.assertEqual(self.net.reactor.getDelayedCalls(), [])
+
+    def test_a_connection_amp_is_closing_is_not_reused(self) -> None:
+        # A 5xx reply whose connection amp closes, while the close is still
+        # under way: the next call must not be handed that connection.
+        h = self.harness()
+        d = h.call(self.URL)
+        proto, transport = self.net.accept(transport_class=SlowCloseTransport)
+        proto.dataReceived(http_reply(b"error page", 503))
+        self.assertReason(d, "http-5xx")
+        self.assertTrue(transport.disconnecting)
+        transport.clear()
+        h.call(self.URL)
+        self.assertEqual(self.net.attempts, 2)
+        self.assertEqual(transport.value(), b"")
+        transport.closed()
+        self.assertEqual(h.client.pool.open_connections(), 0)
+
+    def test_close_waits_for_a_call_still_connecting(self) -> None:
+        h = self.harness()
+        d = h.call(self.URL)
+        closed = h.client.close()
+        self.assertNoResult(closed)
+        proto, transport = self.net.accept()
+        proto.dataReceived(http_reply(b"[]"))
+        self.successResultOf(d)
+        self.successResultOf(closed)
+        self.assertFalse(transport.connected)
+
+    def test_idle_connection_closed_by_the_endpoint_leaves_the_pool(self) -> None:
+        h = self.harness()
+        d = h.call(self.URL)
+        proto, transport = self.net.accept()
+        proto.dataReceived(http_reply(b"[]"))
+        self.successResultOf(d)
+        transport.loseConnection()
+        self.assertEqual(h.client.pool.idle_connections(), 0)
+        # The next call connects afresh instead of failing on the dead one.
+        h.call(self.URL)
+        self.assertEqual(self.net.attempts, 2)
+
+    def test_a_request_that_cannot_be_built_hands_its_ticket_back(self) -> None:
+        settings = EndpointSettings(breaker=BreakerConfig(consecutive_failures=1, half_open_requests=1))
+        h = Harness(self.net.reactor, settings)
+        d = h.call(self.URL)
+        self.net.fail(ierror.ConnectionRefusedError())
+        self.assertReason(d, "connection-refused")
+        self.net.reactor.advance(settings.breaker.cooldown)
+        not_bytes: Any = {b"x-bad": 5}
+        bad = h.client.call(parse_endpoint_url(self.URL), settings, b"{}", not_bytes, 5.0)
+        self.assertReason(bad, "connection-failed")
+        self.assertEqual(len(self.flushLoggedErrors()), 1)
+        # The half-open trial slot is free again: the next call goes out.
+        h.call(self.URL)
+        self.assertEqual(self.net.attempts, 2)
 
     def test_hung_endpoint_times_out_exactly_at_the_budget(self) -> None:
         h = self.harness(timeout=5.0)
@@ -1209,6 +1309,8 @@ class ClassifyTests(SynchronousTestCase):
         self.assertEqual(self.reason(ResponseNeverReceived([Failure(SSL.Error([("SSL routines", "", "bad")]))])),
                          "tls-error")
         self.assertEqual(self.reason(ResponseNeverReceived([Failure(VerificationError(errors=[]))])), "tls-error")
+        self.assertEqual(self.reason(VerificationError(errors=[])), "tls-error")
+        self.assertEqual(self.reason(SSL.Error([("SSL routines", "", "bad")])), "tls-error")
         self.assertEqual(self.reason(ResponseFailed([Failure(ierror.ConnectionLost())])), "connection-reset")
         self.assertEqual(self.reason(ResponseNeverReceived([Failure(defer.CancelledError())])), "timeout")
         self.assertEqual(self.reason(EndpointFailure("http-5xx", "HTTP 500")), "http-5xx")
