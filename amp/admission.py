@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 from amp.config import Config
 from amp.endpoints import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
-from amp.namespaces import UNKNOWN, INamespaceSource
+from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceLookupError
 from amp.patch import PatchError, annotation_op, check_patch
 from amp.policy import FAIL, SHADOW, NamespaceInfo, Route, failure_policy, route
 from amp.reply import EndpointDecision
@@ -199,8 +199,7 @@ class Admitter:
             self.log.info(
                 "Shadow mode: {endpoint} would have {verdict} pod {pod} in {namespace} ({ops} operations)",
                 endpoint=origin, verdict="patched" if decision.allowed else "denied", pod=req.pod_name,
-                namespace=req.namespace, ops=len(checked.operations) if checked is not None else 0,
-                patch=checked.operations if checked is not None else None)
+                namespace=req.namespace, ops=len(checked.operations) if checked is not None else 0)
         return encode_response(req.api_version, req.uid), outcome
 
     def _failed(
@@ -251,6 +250,9 @@ class Admitter:
         r = Route(True, policy, r.mode, r.url, r.raw_url)
         if failure.check(_Deadline):
             return self._failed(req, r, outcome, "deadline", failure.getErrorMessage(), validation=validation)
+        if failure.check(NamespaceLookupError):
+            return self._failed(req, r, outcome, "namespace-lookup", failure.getErrorMessage(),
+                                validation=validation)
         if failure.check(CancelledError):
             # The API server hung up (see amp.web): nobody reads this answer,
             # and it is not an error of amp's.

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import yaml
 
+from amp.patch import parse_pointer
 from amp.urls import URLPattern, EndpointURL
 
 
@@ -151,6 +152,16 @@ def _patterns(value: Any) -> tuple[URLPattern, ...]:
         except ValueError as e:
             raise ValueError(f"item {i}: {e}") from None
     return tuple(out)
+
+
+def _pointers(value: Any) -> tuple[str, ...]:
+    items = _str_list(value)
+    for i, item in enumerate(items):
+        try:
+            parse_pointer(item)
+        except ValueError as e:
+            raise ValueError(f"item {i}: {item!r} is not a JSON pointer ({e})") from None
+    return items
 
 
 def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
@@ -371,11 +382,21 @@ _FIELDS: dict[type, dict[str, Callable[[Any], Any]]] = {
     },
     DeadlineConfig: {"default_timeout": _positive(parse_duration), "margin": parse_duration},
     PatchConfig: {
-        "denied_paths": _str_list, "allowed_paths": _str_list, "repair": _bool,
+        "denied_paths": _pointers, "allowed_paths": _pointers, "repair": _bool,
         "max_size": _positive(parse_size), "max_operations": _positive(_int),
     },
     LogConfig: {"format": _choice("text", "json"), "level": _choice("debug", "info", "warn", "error")},
 }
+
+
+def _keyname(name: Any) -> str:
+    """
+    A key as it appears in an error message: as written, or quoted when it
+    is empty, not a string, or would be confused with the message.
+    """
+    if isinstance(name, str) and name.strip() and ":" not in name and name == name.strip():
+        return name
+    return repr(name)
 
 
 def _section(cls: type, raw: Any, key: str, base: Any = None, extra: tuple[str, ...] = ()) -> Any:
@@ -394,7 +415,7 @@ def _section(cls: type, raw: Any, key: str, base: Any = None, extra: tuple[str, 
             continue
         if name not in parsers:
             known = ", ".join(sorted(list(parsers) + list(extra)))
-            raise ConfigError(f"{key}.{name}: unknown key (known keys: {known})")
+            raise ConfigError(f"{key}.{_keyname(name)}: unknown key (known keys: {known})")
         try:
             values[name] = parsers[name](value)
         except ValueError as e:
@@ -518,7 +539,7 @@ def parse_config(raw: Any) -> Config:
                 raise ConfigError(f"{name}: {e}") from None
         else:
             known = ", ".join(sorted(list(sections) + list(scalars)))
-            raise ConfigError(f"{name}: unknown key (known keys: {known})")
+            raise ConfigError(f"{_keyname(name)}: unknown key (known keys: {known})")
     config = Config(**values)
     if config.kubernetes.source != "static" and config.kubernetes.namespaces:
         raise ConfigError("kubernetes.namespaces: only used with kubernetes.source: static")

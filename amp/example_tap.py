@@ -37,7 +37,7 @@ from twisted.application.service import IService
 from twisted.internet.endpoints import quoteStringArgument
 from twisted.logger import Logger
 from twisted.python import usage
-from twisted.web import http, server
+from twisted.web import http, pages, server
 from twisted.web.resource import Resource
 
 from amp import example
@@ -215,6 +215,16 @@ class Healthz(Resource):
         return b"ok\n"
 
 
+class _Root(Resource):
+    """
+    Known endpoints, else a plain 404 (Resource's default page is a
+    deprecated HTML error page).
+    """
+
+    def getChild(self, path: bytes, request: Any) -> Resource:
+        return pages.notFound("Not Found", "no such example endpoint")
+
+
 def build_root(
     registry_map: Mapping[str, str] | None = None,
     presets: Sequence[example.Preset] | None = None,
@@ -223,7 +233,7 @@ def build_root(
     """The resource tree of the example server (see the module docstring)."""
     rmap = dict(example.DEFAULT_REGISTRY_MAP if registry_map is None else registry_map)
     preset_list = tuple(example.DEFAULT_PRESETS if presets is None else presets)
-    root = Resource()
+    root = _Root()
     handlers: dict[bytes, Callable[[dict[str, Any]], Any]] = {
         b"user-env": example.user_env_patch,
         b"registry": lambda pod: example.registry_reply(pod, rmap),

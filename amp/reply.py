@@ -52,6 +52,10 @@ def _json_type(value: Any) -> str:
     return "string" if isinstance(value, str) else type(value).__name__
 
 
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse_reply(body: bytes) -> EndpointDecision:
     """
     Parse an endpoint's 2xx reply body.
@@ -61,7 +65,7 @@ def parse_reply(body: bytes) -> EndpointDecision:
     if not body.strip():
         raise ReplyError("invalid-json", "endpoint replied with an empty body (send [] for no change)")
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, parse_constant=_no_constants)
     except (ValueError, UnicodeDecodeError):
         raise ReplyError("invalid-json", "endpoint reply is not JSON") from None
     if isinstance(doc, list):

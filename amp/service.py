@@ -54,7 +54,9 @@ def namespace_source(config: Config, reactor: Any, metrics: Metrics) -> INamespa
     The namespace source named by C{kubernetes.source}.
     """
     if config.kubernetes.source == "static":
-        return StaticNamespaceSource(config.kubernetes)
+        static = StaticNamespaceSource(config.kubernetes)
+        metrics.namespace_cache_size.set(static.count)
+        return static
     from amp.kube import KubernetesNamespaceSource
 
     return KubernetesNamespaceSource(config.kubernetes, reactor=reactor, metrics=metrics)
@@ -148,8 +150,9 @@ def make_amp_service(config: Config, reactor: Any, **kwargs: Any) -> AmpService:
     Load the serving certificate (raising L{amp.tls.CertificateError} with
     a clear message if it cannot be used) and build the service.
     """
+    metrics = kwargs.setdefault("metrics", Metrics())
     certificate = ReloadingCertificate(
         config.tls.cert, config.tls.key, clock=reactor, client_ca=config.tls.client_ca,
-        min_version=config.tls.min_version, metrics=kwargs.get("metrics"))
+        min_version=config.tls.min_version, metrics=metrics)
     certificate.load()
     return AmpService(config, reactor, certificate=certificate, **kwargs)

@@ -24,7 +24,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web import http, server
+from twisted.web import http, pages, server
 from twisted.web.resource import Resource
 
 from amp.admission import Admitter, Outcome
@@ -190,6 +190,11 @@ def _plain(request: server.Request, code: int, message: str) -> bytes:
     return message.encode("utf-8") + b"\n"
 
 
+_REVIEW_LINE = "review {uid} {namespace}/{pod} {result} endpoint={endpoint} patch={patch_size}B in {duration_ms:.1f}ms"
+_REVIEW_LINE_WITH_REASON = (
+    "review {uid} {namespace}/{pod} {result} ({reason}) endpoint={endpoint} patch={patch_size}B in {duration_ms:.1f}ms")
+
+
 class AdmissionResource(Resource):
     """
     C{POST /mutate} or C{POST /validate}: an AdmissionReview in, an
@@ -205,6 +210,12 @@ class AdmissionResource(Resource):
         self._clock = clock
         self._metrics = metrics
         self._validation = validation
+
+    def render(self, request: server.Request) -> Any:
+        if request.method != b"POST":
+            request.setHeader(b"allow", b"POST")
+            return _plain(request, 405, f"{request.path.decode('latin-1')} accepts only POST")
+        return self.render_POST(request)
 
     def render_POST(self, request: server.Request) -> Any:
         started = self._clock.seconds()
@@ -245,12 +256,9 @@ class AdmissionResource(Resource):
         self._metrics.admission_duration.observe(elapsed)
         self._metrics.admission_requests.labels(req.kind, req.operation, outcome.result).inc()
         self.log.info(
-            "review {uid} {namespace}/{pod} {result}{reason_text} endpoint={endpoint} "
-            "patch={patch_size}B in {duration_ms:.1f}ms",
+            _REVIEW_LINE_WITH_REASON if outcome.reason else _REVIEW_LINE,
             uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=outcome.endpoint or "-",
-            result=outcome.result, reason=outcome.reason,
-            reason_text=f" ({outcome.reason})" if outcome.reason else "",
-            patch_size=outcome.patch_size, duration_ms=elapsed * 1000, dry_run=req.dry_run,
+            result=outcome.result, reason=outcome.reason, patch_size=outcome.patch_size, duration_ms=elapsed * 1000, dry_run=req.dry_run,
             kind=req.kind, operation=req.operation)
 
     def _write_failed(self, failure: Failure, request: server.Request) -> None:
@@ -306,10 +314,23 @@ class ReadyResource(Resource):
         return _plain(request, 200 if ready else 503, "\n".join(lines))
 
 
+class _Root(Resource):
+    """
+    The listener's root: known children, else a plain 404 (Resource's
+    default page is a deprecated HTML error page).
+    """
+
+    def getChild(self, path: bytes, request: server.Request) -> Resource:
+        return pages.notFound("Not Found", "amp serves /mutate, /validate, /healthz and /readyz")
+
+    def render(self, request: server.Request) -> bytes:
+        return _plain(request, 404, "amp serves /mutate, /validate, /healthz and /readyz")
+
+
 def webhook_root(
     admitter: Admitter, clock: IReactorTime, metrics: Metrics, ready_checks: dict[str, Callable[[], tuple[bool, str]]]
 ) -> Resource:
-    root = Resource()
+    root = _Root()
     root.putChild(b"mutate", AdmissionResource(admitter, clock, metrics, validation=False))
     root.putChild(b"validate", AdmissionResource(admitter, clock, metrics, validation=True))
     root.putChild(b"healthz", HealthResource())

@@ -240,8 +240,6 @@ class ReviewLogTests(TestCase):
             self.assertNotIn(secret, text)
         self.assertIsNone(re.search(r'"(object|spec|containers)"\s*:', text))
 
-    @pytest.mark.xfail(strict=True, reason="amp.admission logs the shadow patch operations (patch=...), "
-                                           "which the JSON form writes out")
     @inlineCallbacks
     def test_no_pod_content_in_shadow_mode_logs(self) -> Any:
         """

@@ -357,8 +357,6 @@ def test_tls_reload_results_start_at_zero() -> None:
         assert metrics.registry.get_sample_value("amp_tls_reloads_total", {"result": result}) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="nothing sets amp_namespace_cache_namespaces for the static "
-                                       "namespace source yet (amp/service.py)")
 def test_static_namespace_count_is_exposed() -> None:
     """
     With C{kubernetes.source: static} the cache gauge is the number of
