@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from . import build
-from .amp_process import REPO_ROOT, AmpInstance, ExampleEndpoints
+from .amp_process import REPO_ROOT, AmpInstance, ExampleEndpoints, wait_until
 from .cluster import ControlPlane
 
 
@@ -135,10 +135,35 @@ def amp_kubeconfig(control_plane: ControlPlane) -> Iterator[Path]:
          "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}
     )
     try:
+        _wait_until_authorized(path, rules)
         yield path
     finally:
         rbac.delete_cluster_role_binding(AMP_CLUSTER_ROLE)
         rbac.delete_cluster_role(AMP_CLUSTER_ROLE)
+
+
+def _wait_until_authorized(kubeconfig: Path, rules: list[dict[str, Any]]) -> None:
+    """Wait until the API server's authorizer has caught up with the new
+    binding (it learns of RBAC objects through a watch), so that amp's first
+    list is not refused and retried after a backoff."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    checks = client.AuthorizationV1Api(api)
+    try:
+        def allowed() -> bool | None:
+            review = checks.create_self_subject_rules_review(
+                {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview",
+                 "spec": {"namespace": "default"}})
+            granted = review.status.resource_rules or []
+            wanted = {(g, res) for r in rules for g in r.get("apiGroups") or [] for res in r.get("resources") or []}
+            have = {(g, res) for rule in granted for g in rule.api_groups or [] for res in rule.resources or []
+                    if "list" in rule.verbs and "watch" in rule.verbs}
+            return True if wanted <= have else None
+
+        wait_until("amp's RBAC to take effect", allowed, 10.0)
+    finally:
+        api.close()
 
 
 @pytest.fixture(scope="session")
