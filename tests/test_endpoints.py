@@ -1420,6 +1420,40 @@ class MutualTLSTests(TestCase, FailureAssertions):
         # amp's own configuration problem says nothing about the endpoint.
         self.assertEqual(h.breaker(url).state, CLOSED)
 
+    def replace(self, path: str, data: bytes) -> None:
+        """
+        Swap a file for a new one, as a Secret volume update does.
+        """
+        with open(path + ".new", "wb") as f:
+            f.write(data)
+        os.replace(path + ".new", path)
+
+    @inlineCallbacks
+    def test_changed_tls_files_are_loaded_without_a_restart(self) -> Any:
+        bundle = self.write("rotating-ca.crt", pem_cert(self.other_ca))
+        h = RealHarness(self, self.mtls(ca_bundle=bundle))
+        url = self.server.url("/ok")
+        yield self.assertFailsWith(h.call(url), "tls-error")
+        self.replace(bundle, pem_cert(self.ca))
+        # Looked at no more often than every _TLS_RECHECK seconds ...
+        yield self.assertFailsWith(h.call(url), "tls-error")
+        # ... and once it is time, the new CA is in use.
+        self.patch(endpoints_module, "_TLS_RECHECK", 0.0)
+        decision = yield h.call(url)
+        self.assertEqual(decision.patch, PATCH)
+
+    @inlineCallbacks
+    def test_a_broken_rotation_keeps_the_files_in_use(self) -> Any:
+        self.patch(endpoints_module, "_TLS_RECHECK", 0.0)
+        h = RealHarness(self, self.mtls(pool_size=1))
+        self.resource.hold_until = 2
+        yield defer.gatherResults([h.call(self.server.url("/hold")) for _ in range(2)])
+        self.replace(self.client_key, b"half a key")
+        self.resource.hold_until = 2
+        # Two at once: one rides the pooled connection, one needs a new one.
+        yield defer.gatherResults([h.call(self.server.url("/hold")) for _ in range(2)])
+        self.assertEqual(self.server.accepted, 3)
+
     @inlineCallbacks
     def test_client_key_of_another_certificate(self) -> Any:
         _, stray = issue_cert(self.ca, self.ca_key, "amp", ["amp"], client=True)
