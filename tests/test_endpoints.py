@@ -1430,6 +1430,7 @@ class MutualTLSTests(TestCase, FailureAssertions):
 
     @inlineCallbacks
     def test_changed_tls_files_are_loaded_without_a_restart(self) -> Any:
+        self.patch(endpoints_module, "_TLS_RECHECK", 3600.0)
         bundle = self.write("rotating-ca.crt", pem_cert(self.other_ca))
         h = RealHarness(self, self.mtls(ca_bundle=bundle))
         url = self.server.url("/ok")
