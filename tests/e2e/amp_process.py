@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
@@ -225,23 +226,29 @@ def amp_config(
     kubeconfig: Path,
     failure_policy: str = "Ignore",
     webhook_configuration: Optional[str] = None,
-    reload_interval: str = "5s",
-    endpoint_timeout: str = "2s",
+    overrides: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
     """amp's YAML configuration (as a dict) for the end-to-end tests:
     a kubeconfig namespace source, loopback endpoints allowed, no metrics
-    listener."""
+    listener.  ``overrides`` maps a section to the keys to set in it
+    (``{"tls": {"reload_interval": "500ms"}}``) or a top-level key to its
+    value."""
     kubernetes: dict[str, Any] = {"source": "kubeconfig", "kubeconfig": str(kubeconfig)}
     if webhook_configuration:
         kubernetes["webhook_configuration"] = webhook_configuration
     config: dict[str, Any] = {
         "listen": {"port": port, "interface": LOOPBACK},
-        "tls": {"cert": str(cert), "key": str(key), "reload_interval": reload_interval},
+        "tls": {"cert": str(cert), "key": str(key)},
         "metrics": {"port": 0},
         "kubernetes": kubernetes,
-        "endpoints": {"allow": [f"http://{LOOPBACK}:*/*"], "timeout": endpoint_timeout},
+        "endpoints": {"allow": [f"http://{LOOPBACK}:*/*"], "timeout": "2s"},
         "failure_policy": failure_policy,
     }
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key].update(value)
+        else:
+            config[key] = value
     return config
 
 
@@ -269,6 +276,20 @@ class AmpProcess(TwistdProcess):
         self.start()
         self.wait_healthy(self.port, "/readyz", self.client_context(), timeout)
         return self
+
+    def metric(self, name: str, **labels: str) -> Optional[float]:
+        """The value of one sample from amp's ``/metrics`` (needs
+        ``metrics.port``), or None when amp does not report it."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        status, body = _get(LOOPBACK, int(self.config["metrics"]["port"]), "/metrics", None)
+        if status != 200:
+            raise ProcessError(f"GET /metrics answered {status}: {body[:200]!r}\n{self.describe()}")
+        for family in text_string_to_metric_families(body.decode()):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return float(sample.value)
+        return None
 
     def served_certificate(self) -> bytes:
         """The DER certificate amp presents to a new TLS connection."""
@@ -332,7 +353,7 @@ class RecordingEndpoint:
         self._thread.join(timeout=5)
 
 
-# ---------------------------------------------------------------- in the cluster
+# ---- in the cluster
 
 ENABLED_LABEL = "amp.txn2.com/enabled"
 ENDPOINT_ANNOTATION = "amp.txn2.com/ep"
@@ -443,20 +464,21 @@ class AmpInstance:
         webhook_name: str = "pods.amp.txn2.com",
         watch_webhook_configuration: bool = False,
         webhook_timeout_seconds: int = 5,
-        reload_interval: str = "5s",
-        endpoint_timeout: str = "2s",
+        overrides: Optional[dict[str, Any]] = None,
     ) -> None:
         self.control_plane = control_plane
         self.examples = examples
-        self.instance = instance
-        self.workdir = Path(workdir) / instance
+        # Unique in the session: it names the instance's label value,
+        # webhook configuration and probe namespace.
+        self.instance = f"{instance}-{uuid.uuid4().hex[:6]}"
+        self.workdir = Path(workdir) / self.instance
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.webhook_configuration_name = webhook_configuration_name or f"amp-e2e-{instance}"
+        self.webhook_configuration_name = webhook_configuration_name or f"amp-e2e-{self.instance}"
         self.webhook_name = webhook_name
         self.webhook_failure_policy = webhook_failure_policy
         self.webhook_timeout_seconds = webhook_timeout_seconds
-        issued_cert, issued_key = control_plane.issue_serving_certificate(f"amp-{instance}")
+        issued_cert, issued_key = control_plane.issue_serving_certificate(f"amp-{self.instance}")
         self.cert_path = self.workdir / "tls.crt"
         self.key_path = self.workdir / "tls.key"
         self.cert_path.write_bytes(issued_cert.read_bytes())
@@ -469,12 +491,11 @@ class AmpInstance:
             kubeconfig=kubeconfig,
             failure_policy=failure_policy,
             webhook_configuration=self.webhook_configuration_name if watch_webhook_configuration else None,
-            reload_interval=reload_interval,
-            endpoint_timeout=endpoint_timeout,
+            overrides=overrides,
         )
         if watch_webhook_configuration:
             config["kubernetes"]["webhook_name"] = webhook_name
-        self.process = AmpProcess(f"amp-{instance}", self.workdir, config, control_plane.ca_pem)
+        self.process = AmpProcess(f"amp-{self.instance}", self.workdir, config, control_plane.ca_pem)
         self._registered = False
 
     @property

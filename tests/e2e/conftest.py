@@ -75,6 +75,7 @@ DEPLOY_DIR = REPO_ROOT / "deploy"
 AMP_SERVICE_ACCOUNT = ("amp-e2e-system", "amp")
 AMP_CLUSTER_ROLE = "amp-e2e"
 
+
 def deploy_documents(substitutions: dict[str, str] | None = None) -> list[tuple[Path, dict[str, Any]]]:
     """Every YAML document under ``deploy/`` as ``(file, document)``, after
     replacing each ``${NAME}`` placeholder given in ``substitutions``."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import ssl
 import threading
 import time
 import uuid
@@ -35,6 +34,7 @@ from .amp_process import (
     ExampleEndpoints,
     RecordingEndpoint,
     closed_port,
+    free_port,
     parse_warning,
     pod_manifest,
     wait_until,
@@ -120,7 +120,7 @@ def core(control_plane: ControlPlane) -> client.CoreV1Api:
     return client.CoreV1Api(control_plane.admin_client())
 
 
-# ---------------------------------------------------------------- 1
+# ---- 1. Pods in a labelled namespace are stored mutated, others not
 
 
 def test_labelled_namespace_pod_is_stored_mutated_unlabelled_is_not(
@@ -146,7 +146,7 @@ def test_labelled_namespace_pod_is_stored_mutated_unlabelled_is_not(
     assert untouched["metadata"].get("annotations") is None
 
 
-# ---------------------------------------------------------------- 2
+# ---- 2. each example endpoint, as stored
 
 
 def test_user_env_endpoint_adds_env_home_volume_and_init_container(
@@ -249,7 +249,7 @@ def test_poddefault_endpoint_applies_matching_preset_only(
     assert_unchanged(read_pod(core, ns, "without-secret"))
 
 
-# ---------------------------------------------------------------- 3
+# ---- 3. an endpoint that is down, under Ignore and under Fail
 
 
 def test_endpoint_down_under_ignore_admits_unchanged_with_warning(
@@ -282,7 +282,7 @@ def test_endpoint_down_under_fail_refuses_with_amps_message(amp: AmpInstance, co
     assert core.list_namespaced_pod(ns).items == []
 
 
-# ---------------------------------------------------------------- 4
+# ---- 4. a namespace change reaches amp through its watch
 
 
 def test_namespace_annotation_change_reaches_amp_through_the_watch(
@@ -315,7 +315,7 @@ def test_namespace_annotation_change_reaches_amp_through_the_watch(
     assert amp.process.running() and amp.process.pid == pid
 
 
-# ---------------------------------------------------------------- 7
+# ---- 7. dry-run
 
 
 def test_dry_run_reaches_the_endpoint_marked_and_stores_nothing(
@@ -346,7 +346,7 @@ def test_dry_run_reaches_the_endpoint_marked_and_stores_nothing(
         assert read_pod(core, ns, "real")["metadata"]["labels"] == {"recorded": "yes"}
 
 
-# ---------------------------------------------------------------- 9
+# ---- 9. a patch that cannot apply is caught by amp
 
 
 def test_patch_the_api_server_would_reject_is_caught_by_amp_under_fail(
@@ -378,7 +378,7 @@ def test_patch_the_api_server_would_reject_is_dropped_by_amp_under_ignore(
     assert f"amp: {origin} apply-failed; Pod admitted unchanged" in warnings
 
 
-# ---------------------------------------------------------------- 5
+# ---- 5. failure_policy auto follows the webhook configuration
 
 
 def set_webhook_failure_policy(control_plane: ControlPlane, name: str, policy: str) -> None:
@@ -443,7 +443,7 @@ def test_failure_policy_auto_follows_the_webhook_configuration(
     assert f"MutatingWebhookConfiguration {amp.webhook_configuration_name}: failurePolicy is now Ignore" in log
 
 
-# ---------------------------------------------------------------- 6
+# ---- 6. certificate rotation under load
 
 
 def replace_file(path: Path, data: bytes) -> None:
@@ -462,7 +462,7 @@ def serial(der: bytes) -> int:
 def test_certificate_rotation_while_pods_are_created(
     start_amp: AmpFactory, control_plane: ControlPlane, example_endpoints: ExampleEndpoints
 ) -> None:
-    amp = start_amp("rotation", reload_interval="500ms")
+    amp = start_amp("rotation", overrides={"tls": {"reload_interval": "500ms"}})
     ns = amp.namespace(unique("s6-rotation"), example_endpoints.url("user-env"), failure_policy="Fail")
     old_serial = serial(amp.process.served_certificate())
 
@@ -496,8 +496,9 @@ def test_certificate_rotation_while_pods_are_created(
         wait_until("Pods to be created before the rotation", lambda: len(created) >= 5 or None, 20.0)
         new_cert, new_key = control_plane.issue_serving_certificate("amp-rotation-renewed")
         marks["rotated"] = len(created)
-        # Key first, then certificate, each atomically: in between amp sees
-        # a pair that does not belong together and must keep the old one.
+        # Key first, then certificate, each atomically: a reload check that
+        # falls in between sees a pair that does not belong together and
+        # must keep serving the old one.
         replace_file(amp.key_path, new_key.read_bytes())
         replace_file(amp.cert_path, new_cert.read_bytes())
         new_serial = x509.load_pem_x509_certificate(new_cert.read_bytes()).serial_number
@@ -522,7 +523,7 @@ def test_certificate_rotation_while_pods_are_created(
     assert f"serial {new_serial:#x}" in log
 
 
-# ---------------------------------------------------------------- 8
+# ---- 8. the deploy/ manifests
 
 #: Documents under deploy/ that are not sent to the API server, and why.
 NOT_APPLIED = {
@@ -605,7 +606,7 @@ def test_deploy_pod_template_is_admitted_under_its_namespace_pod_security(contro
     assert warnings == []
 
 
-# ---------------------------------------------------------------- beyond the list
+# ---- more real-server behaviour
 
 
 def test_amp_answers_a_hung_endpoint_before_the_api_servers_timeout(
@@ -615,7 +616,7 @@ def test_amp_answers_a_hung_endpoint_before_the_api_servers_timeout(
     ``?timeout=2s``); amp's own endpoint timeout is longer, so only that
     budget lets amp answer, under Ignore, before the API server gives up
     (and, its webhook failurePolicy being Fail, would refuse the Pod)."""
-    amp = start_amp("deadline", webhook_timeout_seconds=2, endpoint_timeout="20s")
+    amp = start_amp("deadline", webhook_timeout_seconds=2, overrides={"endpoints": {"timeout": "20s"}})
     ns = amp.namespace(unique("x-deadline"), example_endpoints.url("hang"), failure_policy="Ignore")
 
     started = time.monotonic()
@@ -663,3 +664,29 @@ def test_v1beta1_admission_reviews_are_answered_in_kind(
     finally:
         registrations.delete_mutating_webhook_configuration(name)
     assert read_pod(core, ns, pod["metadata"]["name"])["spec"]["initContainers"][0]["name"] == "new-init-container"
+
+
+def test_namespace_watch_resumes_after_the_server_ends_it(
+    start_amp: AmpFactory, example_endpoints: ExampleEndpoints, core: client.CoreV1Api
+) -> None:
+    """With a 1 s watch timeout the API server ends amp's watch every
+    second; amp resumes it from the last resourceVersion and still sees the
+    next annotation change."""
+    amp = start_amp("rewatch", overrides={"kubernetes": {"watch_timeout": "1s"}, "metrics": {"port": free_port()}})
+    ns = amp.namespace(unique("x-rewatch"), example_endpoints.url("user-env"))
+    restarts = "amp_namespace_watch_restarts_total"
+    wait_until("two watch restarts on the server's timeout",
+               lambda: (amp.process.metric(restarts, reason="timeout") or 0) >= 2 or None, 10.0,
+               details=amp.process.describe)
+    assert amp.process.metric(restarts, reason="expired") in (None, 0.0)
+
+    core.patch_namespace(ns, {"metadata": {"annotations": {ENDPOINT_ANNOTATION: example_endpoints.url("sidecar")}}})
+    attempts: list[int] = []
+
+    def sidecar() -> Optional[bool]:
+        attempts.append(1)
+        pod, _ = create_pod(core, ns, pod_manifest(f"after-{len(attempts)}"))
+        return True if "amp-proxy" in [c["name"] for c in pod["spec"]["containers"]] else None
+
+    wait_until("a Pod mutated by the new endpoint", sidecar, PROPAGATION_DEADLINE, details=amp.process.describe)
+    assert (amp.process.metric("amp_namespace_events_total", type="MODIFIED") or 0) >= 1
