@@ -10,12 +10,14 @@ import socket
 import ssl
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from . import build
+from .amp_process import wait_until
 from .cluster import ControlPlane, ControlPlaneError
 
 pytestmark = pytest.mark.e2e
@@ -105,8 +107,17 @@ def test_service_account_kubeconfig_authenticates_and_rbac_applies(
                 ],
             )
         )
+        def listed() -> Optional[set[str]]:
+            # The API server applies a new binding a moment after it is stored.
+            try:
+                return {ns.metadata.name for ns in client.CoreV1Api(api).list_namespace().items}
+            except ApiException as e:
+                if e.status != 403:
+                    raise
+                return None
+
         try:
-            names = {ns.metadata.name for ns in client.CoreV1Api(api).list_namespace().items}
+            names = wait_until("the new ClusterRoleBinding to take effect", listed, 10)
         finally:
             rbac.delete_cluster_role_binding("cp-sa-namespace-reader")
             rbac.delete_cluster_role("cp-sa-namespace-reader")
