@@ -13,6 +13,7 @@ import dataclasses
 import ipaddress
 import math
 import re
+from fnmatch import fnmatchcase
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
@@ -467,6 +468,10 @@ def _endpoints(raw: Any) -> EndpointsConfig:
             pattern = URLPattern.parse(item["match"])
         except ValueError as e:
             raise ConfigError(f"{okey}.match: {e}") from None
+        if "breaker" in item and not fnmatchcase("/", pattern.path):
+            raise ConfigError(
+                f"{okey}.breaker: a circuit breaker guards a whole endpoint origin (scheme://host:port), "
+                f"so breaker settings need a match whose path covers '/', not {pattern.path!r}")
         compiled.append(EndpointOverride(pattern, _endpoint_settings(item, okey, defaults, ("match",))))
     return dataclasses.replace(out, overrides=tuple(compiled))
 

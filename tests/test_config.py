@@ -327,3 +327,16 @@ def test_empty_file_is_all_defaults(tmp_path: Path) -> None:
     path = tmp_path / "amp.yaml"
     path.write_text("# nothing\n")
     assert load_config(str(path)) == Config()
+
+
+def test_breaker_settings_need_an_override_that_covers_the_origin() -> None:
+    """
+    A breaker guards a whole origin: breaker settings on a path-only
+    override would silently not apply, so the config refuses them.
+    """
+    with pytest.raises(ConfigError, match=r"^endpoints\.overrides\[0\]\.breaker: .*covers '/'"):
+        parse_config({"endpoints": {"overrides": [
+            {"match": "http://a.svc:80/hang*", "breaker": {"cooldown": "1s"}}]}})
+    config = parse_config({"endpoints": {"overrides": [
+        {"match": "http://a.svc:80/*", "breaker": {"cooldown": "1s"}}]}})
+    assert config.endpoints.overrides[0].settings.breaker.cooldown == 1.0
