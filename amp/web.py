@@ -12,7 +12,19 @@ to temporary files.  L{WebhookSite} builds L{WebhookChannel}s that:
     last, answering 408 and closing when it runs out; the first request's
     time starts when the connection is accepted, so a client that never
     finishes the TLS handshake or never sends a request is closed too;
-  - close connections beyond C{listen.max_connections} at once.
+  - close connections beyond C{listen.max_connections} at once;
+  - refuse a request line over L{WebhookChannel.MAX_LENGTH} bytes (414), a
+    header line over that, more than L{WebhookChannel.maxHeaders} header
+    fields or more than L{WebhookChannel.totalHeadersSize} bytes of request
+    line and headers (431) as soon as what has arrived says so, and answer
+    any other malformed request with 400, always with a reason and
+    C{Connection: close};
+  - after a refusal, read and drop what the client still sends for at most
+    L{CLOSE_GRACE} seconds or L{LINGER_BYTES} bytes, then abort: a client
+    that writes its whole body before reading gets its answer instead of a
+    reset, and a client that never finishes the close cannot hold its slot.
+    A connection that is closed for being idle gets the same grace
+    (C{abortTimeout}) to take the close before it is aborted.
 """
 
 from __future__ import annotations
@@ -32,7 +44,19 @@ from amp.metrics import Metrics
 from amp.policy import parse_timeout, review_budget
 from amp.review import AdmissionRequest, ReviewError, parse_review
 
-_REASONS = {408: b"Request Timeout", 413: b"Content Too Large"}
+_REASONS = {
+    400: b"Bad Request", 408: b"Request Timeout", 413: b"Content Too Large", 414: b"URI Too Long",
+    431: b"Request Header Fields Too Large",
+}
+
+#: Seconds a connection amp is closing may take to close: after a refusal,
+#: the client's remaining input is read and dropped meanwhile; after an
+#: idle timeout, the client must take the close.  Then it is aborted.
+CLOSE_GRACE = 1.0
+
+#: Bytes of input dropped after a refusal before the connection is aborted
+#: without waiting for the rest of L{CLOSE_GRACE}.
+LINGER_BYTES = 1024 * 1024
 
 
 class WebhookRequest(server.Request):
@@ -73,11 +97,25 @@ class WebhookChannel(http.HTTPChannel):
     and an early refusal path.
     """
 
+    #: Longest request line or header line.  The API server's are far
+    #: shorter; Twisted's default (16 KiB) is twice this.
+    MAX_LENGTH = 8192
+    #: Most header fields in one request (Twisted's default is 500).
+    maxHeaders = 100
+    #: Most bytes of request line and headers together (Twisted's default).
+    totalHeadersSize = 16384
+    #: Seconds an idle connection being closed has to close (see CLOSE_GRACE).
+    abortTimeout = CLOSE_GRACE
+
     _read_deadline: Any = None
+    _linger: Any = None
     _closing = False
     _counted = False
+    _dropped = 0
     #: Bytes of a request not yet fully received have arrived.
     _in_request = False
+    #: The current request's first line has arrived.
+    _request_line_seen = False
 
     def connectionMade(self) -> None:
         site: WebhookSite = self.site
@@ -94,15 +132,57 @@ class WebhookChannel(http.HTTPChannel):
 
     def dataReceived(self, data: bytes) -> None:
         if self._closing:
+            self._dropped += len(data)
+            if self._dropped > LINGER_BYTES:
+                self._abort()
             return
         self._in_request = True
         if self._read_deadline is None and not self._handlingRequest:
             self._start_deadline()
         super().dataReceived(data)
 
+    def lineReceived(self, line: bytes) -> None:
+        if self._closing:
+            return
+        if line:
+            # Before the parser runs: a request that ends on this line
+            # resets the flag for the next one.
+            self._request_line_seen = True
+        super().lineReceived(line)
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        """
+        A line longer than L{MAX_LENGTH} without its end: refuse it now
+        rather than buffer it (LineReceiver's default would close the
+        transport directly, which a TLS transport defers while this channel
+        is its producer).
+        """
+        if not self._request_line_seen:
+            self.refuse(414, f"request line is over {self.MAX_LENGTH} bytes")
+        else:
+            self.refuse(431, f"a header line is over {self.MAX_LENGTH} bytes")
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        """
+        Twisted's answer to any request it cannot parse (a bare 400): name
+        the header limits when that is what was hit.
+        """
+        if self._receivedHeaderSize > self.totalHeadersSize:
+            self.refuse(431, f"request headers are over {self.totalHeadersSize} bytes")
+        elif self._receivedHeaderCount > self.maxHeaders:
+            self.refuse(431, f"more than {self.maxHeaders} header fields")
+        else:
+            self.refuse(400, "request is not valid HTTP/1.1")
+
+    def _send100Continue(self) -> None:
+        # A request refused on its Content-Length must not be told to go on.
+        if not self._closing:
+            super()._send100Continue()
+
     def allContentReceived(self) -> None:
         self._cancel_deadline()
         self._in_request = False
+        self._request_line_seen = False
         super().allContentReceived()
 
     def _start_deadline(self) -> None:
@@ -128,12 +208,15 @@ class WebhookChannel(http.HTTPChannel):
 
     def refuse(self, code: int, message: str) -> None:
         """
-        Answer C{code} with C{message} and close, without reading further.
+        Answer C{code} with C{message} and close.  Nothing more is parsed;
+        what the client still sends is dropped for at most L{CLOSE_GRACE}
+        seconds or L{LINGER_BYTES} bytes, then the connection is aborted.
         """
         if self._closing:
             return
         self._closing = True
         self._cancel_deadline()
+        self._linger = self.site.reactor.callLater(CLOSE_GRACE, self._abort)
         self.site.metrics.bad_requests.labels(str(code)).inc()
         self.site.logger.warn("Refused a request: {code} {message}", code=code, message=message)
         body = message.encode("utf-8") + b"\n"
@@ -146,8 +229,20 @@ class WebhookChannel(http.HTTPChannel):
         # not close while a producer is registered.
         self.loseConnection()
 
+    def _abort(self) -> None:
+        if self._linger is None:
+            return
+        if self._linger.active():
+            self._linger.cancel()
+        self._linger = None
+        self.transport.abortConnection()
+
     def connectionLost(self, reason: Failure) -> None:
         self._cancel_deadline()
+        if self._linger is not None:
+            if self._linger.active():
+                self._linger.cancel()
+            self._linger = None
         if self._counted:
             self._counted = False
             site: WebhookSite = self.site

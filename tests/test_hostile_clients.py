@@ -1,0 +1,493 @@
+"""
+Hostile clients against an in-process amp over real loopback TLS: slow
+headers and bodies are cut off by C{listen.request_timeout} (not reset by
+each byte), connections over C{listen.max_connections} are closed at once
+while the others keep working, oversized request lines, headers and bodies
+are refused before they have arrived whole, a refused client that is still
+sending gets its answer, and a client that never reads does not hold up
+anyone else.
+
+Time is real here (sockets); every wait is short and bounded: request
+timeouts of a few hundred milliseconds, and every test has a hard timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from OpenSSL import SSL
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol, wrapClientTLS
+from twisted.internet.protocol import Protocol
+from twisted.internet.ssl import Certificate, optionsForClientTLS
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from amp import web
+from amp.metrics import Metrics
+from amphelpers import (
+    UID,
+    ca_pem,
+    decode_answer,
+    make_config,
+    namespace,
+    parse_raw_response,
+    review_bytes,
+    start_amp,
+)
+
+HEAD = b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+
+
+def post_head(length: int, extra: bytes = b"") -> bytes:
+    return HEAD + extra + b"Content-Length: %d\r\n\r\n" % length
+
+
+class RawClient(Protocol):
+    """
+    A TLS client that writes what the test says, when it says, and records
+    what comes back and when the connection closed.
+    """
+
+    def __init__(self) -> None:
+        self.received = b""
+        self.sent = 0
+        self.lost: Deferred = Deferred()
+        self.closed_at: Optional[float] = None
+        self._trickle: Any = None
+        self._got: list[tuple[bytes, Deferred]] = []
+
+    def connectionMade(self) -> None:
+        self.connected_at = reactor.seconds()
+
+    def send(self, data: bytes) -> None:
+        self.sent += len(data)
+        self.transport.write(data)
+
+    def trickle(self, data: bytes, interval: float) -> None:
+        """Write C{data} one byte every C{interval} seconds until it is all sent or the connection closes."""
+        rest = list(data)
+
+        def step() -> None:
+            self._trickle = None
+            if self.closed_at is not None or not rest:
+                return
+            self.send(bytes([rest.pop(0)]))
+            self._trickle = reactor.callLater(interval, step)
+
+        step()
+
+    def until(self, marker: bytes) -> Deferred:
+        """Fires once C{marker} has been received."""
+        d: Deferred = Deferred()
+        if marker in self.received:
+            d.callback(self.received)
+        else:
+            self._got.append((marker, d))
+        return d.addTimeout(5, reactor)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+        for marker, d in list(self._got):
+            if marker in self.received:
+                self._got.remove((marker, d))
+                d.callback(self.received)
+
+    def connectionLost(self, reason: Any) -> None:
+        self.closed_at = reactor.seconds()
+        if self._trickle is not None and self._trickle.active():
+            self._trickle.cancel()
+        self.lost.callback(self.received)
+
+    def elapsed(self) -> float:
+        assert self.closed_at is not None
+        return self.closed_at - self.connected_at
+
+
+def connect(port: int) -> Deferred:
+    """A L{RawClient} connected over TLS (development CA, IP checked) to amp."""
+    endpoint = wrapClientTLS(
+        optionsForClientTLS("127.0.0.1", trustRoot=Certificate.loadPEM(ca_pem())),
+        TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=5))
+    return connectProtocol(endpoint, RawClient())
+
+
+class HostileTestCase(TestCase):
+    timeout = 20
+
+    @inlineCallbacks
+    def start(self, **listen: Any) -> Any:
+        config = make_config({"team-a": namespace(enabled=False)}, listen=listen)
+        amp = yield start_amp(config, reactor)
+        self.addCleanup(amp.stop)
+        return amp
+
+    @inlineCallbacks
+    def client(self, amp: Any) -> Any:
+        c = yield connect(amp.port)
+        self.addCleanup(lambda: c.transport.abortConnection() if c.closed_at is None else None)
+        return c
+
+    @inlineCallbacks
+    def closed(self, client: RawClient, within: float = 5.0) -> Any:
+        """Wait for amp to close C{client}'s connection; fail if it has not within C{within} seconds."""
+        try:
+            yield client.lost.addTimeout(within, reactor)
+        except Exception:
+            self.fail(f"amp did not close the connection within {within}s; received {client.received[:200]!r}")
+        return client.received
+
+    def assertRefused(self, data: bytes, code: int, text: bytes) -> None:
+        status, headers, body = parse_raw_response(data)
+        self.assertEqual(status, code, data[:300])
+        self.assertIn(text, body)
+        self.assertEqual(headers[b"connection"], b"close")
+
+
+# ---------------------------------------------------------------- slow clients
+
+
+class SlowClientTests(HostileTestCase):
+    @inlineCallbacks
+    def test_headers_sent_byte_by_byte_are_cut_off_at_the_request_timeout(self) -> Any:
+        """Each byte arrives well within the timeout; the whole request does not."""
+        amp = yield self.start(request_timeout="300ms")
+        c = yield self.client(amp)
+        head = post_head(10)
+        c.trickle(head, 0.02)  # the whole head would take about 2s
+        data = yield self.closed(c)
+        self.assertRefused(data, 408, b"request not received within 0.3s (listen.request_timeout)")
+        self.assertLess(c.sent, len(head))
+        self.assertGreaterEqual(c.elapsed(), 0.28)
+        self.assertLess(c.elapsed(), 1.5)
+
+    @inlineCallbacks
+    def test_body_sent_byte_by_byte_is_cut_off_at_the_request_timeout(self) -> Any:
+        amp = yield self.start(request_timeout="300ms")
+        c = yield self.client(amp)
+        body = review_bytes()
+        c.send(post_head(len(body)))
+        c.trickle(body, 0.02)
+        data = yield self.closed(c)
+        self.assertRefused(data, 408, b"(listen.request_timeout)")
+        self.assertLess(c.sent, len(body))
+        self.assertGreaterEqual(c.elapsed(), 0.28)
+        self.assertLess(c.elapsed(), 1.5)
+        self.assertEqual(amp.metrics.bad_requests.labels("408")._value.get(), 1)
+
+    @inlineCallbacks
+    def test_second_request_trickled_on_a_kept_alive_connection_is_cut_off(self) -> Any:
+        """The deadline restarts with each request's first byte, and holds for that request."""
+        amp = yield self.start(request_timeout="300ms")
+        c = yield self.client(amp)
+        body = review_bytes()
+        c.send(post_head(len(body)) + body)
+        yield c.until(b'"uid"')
+        answered = len(c.received)
+        c.trickle(post_head(len(body)), 0.02)
+        started = reactor.seconds()
+        data = yield self.closed(c)
+        self.assertRefused(data[answered:], 408, b"(listen.request_timeout)")
+        self.assertLess(reactor.seconds() - started, 1.5)
+
+    @inlineCallbacks
+    def test_tls_handshake_sent_byte_by_byte_is_cut_off(self) -> Any:
+        """A ClientHello dribbled in over TCP never becomes a request: closed at the request timeout."""
+        amp = yield self.start(request_timeout="300ms")
+        hello = client_hello()
+        c = RawClient()
+        yield connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", amp.port), c)
+        self.addCleanup(lambda: c.transport.abortConnection() if c.closed_at is None else None)
+        c.trickle(hello, 0.02)
+        yield self.closed(c)
+        self.assertLess(c.sent, len(hello))
+        self.assertGreaterEqual(c.elapsed(), 0.28)
+        self.assertLess(c.elapsed(), 1.5)
+        yield amp.connections.wait_idle()
+        self.assertEqual(amp.service.site.open_connections, 0)
+
+
+def client_hello() -> bytes:
+    """The first flight of a TLS client, as bytes to send by hand."""
+    ctx = SSL.Context(SSL.TLS_CLIENT_METHOD)
+    conn = SSL.Connection(ctx, None)
+    conn.set_connect_state()
+    try:
+        conn.do_handshake()
+    except SSL.WantReadError:
+        pass
+    return conn.bio_read(65536)
+
+
+# ---------------------------------------------------------------- connection cap
+
+
+class ConnectionCapTests(HostileTestCase):
+    @inlineCallbacks
+    def test_connections_over_the_cap_are_closed_at_once_and_the_others_keep_working(self) -> Any:
+        amp = yield self.start(max_connections=2, request_timeout="3s")
+        held = []
+        for _ in range(2):
+            c = yield self.client(amp)
+            c.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            yield c.until(b"ok\n")
+            held.append(c)
+        self.assertEqual(amp.service.site.open_connections, 2)
+
+        # Several more at once: each is closed without waiting for any timeout.
+        extra = []
+        for _ in range(3):
+            c = RawClient()
+            yield connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", amp.port), c)
+            extra.append(c)
+        for c in extra:
+            yield self.closed(c, within=2.0)
+            self.assertEqual(c.received, b"")
+            self.assertLess(c.elapsed(), 1.0)
+        self.assertEqual(amp.service.site.open_connections, 2)
+
+        # The held connections still serve reviews.
+        body = review_bytes()
+        for c in held:
+            before = len(c.received)
+            c.send(post_head(len(body)) + body)
+            data = yield c.until(b'"uid"')
+            status, _, content = parse_raw_response(data[before:])
+            self.assertEqual(status, 200)
+            self.assertEqual(decode_answer(content)["response"]["uid"], UID)
+
+        # A freed slot takes a new connection.
+        held[0].transport.loseConnection()
+        yield held[0].lost
+        yield wait_for(lambda: amp.service.site.open_connections == 1)
+        c = yield self.client(amp)
+        c.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        yield c.until(b"ok\n")
+        self.assertEqual(amp.service.site.open_connections, 2)
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> Deferred:
+    """Fires once C{predicate()} is true, checked every 10ms; fails after C{timeout}."""
+    pending: list[Any] = []
+
+    def stop(_: Any) -> None:
+        for call in pending:
+            if call.active():
+                call.cancel()
+
+    d: Deferred = Deferred(stop)
+
+    def check() -> None:
+        pending.clear()
+        if predicate():
+            d.callback(None)
+        else:
+            pending.append(reactor.callLater(0.01, check))
+
+    check()
+    return d.addTimeout(timeout, reactor)
+
+
+# ---------------------------------------------------------------- oversized requests
+
+
+class OversizedTests(HostileTestCase):
+    """
+    Every refusal here comes while the client is still in the middle of the
+    oversized part (it never finishes it): amp answers from what it has,
+    without waiting for the rest or for the request timeout.
+    """
+
+    @inlineCallbacks
+    def refused_midway(self, *chunks: bytes, **listen: Any) -> Any:
+        amp = yield self.start(request_timeout="5s", **listen)
+        c = yield self.client(amp)
+        for chunk in chunks:
+            c.send(chunk)
+        data = yield self.closed(c, within=3.0)
+        self.assertLess(c.elapsed(), 2.0)
+        return amp, data
+
+    @inlineCallbacks
+    def test_huge_request_line(self) -> Any:
+        amp, data = yield self.refused_midway(b"POST /" + b"a" * 20000)
+        self.assertRefused(data, 414, b"request line is over 8192 bytes")
+        self.assertEqual(amp.metrics.bad_requests.labels("414")._value.get(), 1)
+
+    @inlineCallbacks
+    def test_huge_request_line_after_a_first_request(self) -> Any:
+        """On a kept-alive connection the next request's first line is a request line again."""
+        amp, data = yield self.refused_midway(
+            b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", b"GET /" + b"a" * 20000)
+        first, _, second = data.partition(b"ok\n")
+        self.assertEqual(parse_raw_response(first)[0], 200)
+        self.assertRefused(second, 414, b"request line is over 8192 bytes")
+
+    @inlineCallbacks
+    def test_malformed_request_is_400_with_a_reason(self) -> Any:
+        amp, data = yield self.refused_midway(b"NOT HTTP\r\n")
+        self.assertRefused(data, 400, b"request is not valid HTTP/1.1")
+        self.assertEqual(amp.metrics.bad_requests.labels("400")._value.get(), 1)
+
+    @inlineCallbacks
+    def test_one_huge_header(self) -> Any:
+        amp, data = yield self.refused_midway(HEAD + b"X-Big: " + b"b" * 20000)
+        self.assertRefused(data, 431, b"a header line is over 8192 bytes")
+        self.assertEqual(amp.metrics.bad_requests.labels("431")._value.get(), 1)
+
+    @inlineCallbacks
+    def test_many_headers(self) -> Any:
+        headers = b"".join(b"X-H%d: v\r\n" % i for i in range(web.WebhookChannel.maxHeaders + 1))
+        amp, data = yield self.refused_midway(HEAD + headers)
+        self.assertRefused(data, 431, b"more than %d header fields" % web.WebhookChannel.maxHeaders)
+
+    @inlineCallbacks
+    def test_headers_over_the_total_size(self) -> Any:
+        line = b"X-Pad: " + b"p" * 1000 + b"\r\n"
+        count = web.WebhookChannel.totalHeadersSize // len(line) + 1
+        self.assertLess(count, web.WebhookChannel.maxHeaders)
+        amp, data = yield self.refused_midway(HEAD + line * count)
+        self.assertRefused(data, 431, b"request headers are over %d bytes" % web.WebhookChannel.totalHeadersSize)
+
+    @inlineCallbacks
+    def test_headers_just_under_the_limits_are_served(self) -> Any:
+        """The limits leave room for real requests: 50 headers of 200 bytes go through."""
+        amp = yield self.start(request_timeout="5s")
+        c = yield self.client(amp)
+        body = review_bytes()
+        c.send(post_head(len(body), extra=b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 200) for i in range(50))) + body)
+        data = yield c.until(b'"uid"')
+        self.assertEqual(parse_raw_response(data)[0], 200)
+
+    @inlineCallbacks
+    def test_body_over_the_limit_by_content_length_is_refused_before_any_body(self) -> Any:
+        amp, data = yield self.refused_midway(post_head(10 * 1024 * 1024), max_body=4096)
+        self.assertRefused(data, 413, b"request body of 10485760 bytes is over the 4096 byte limit (listen.max_body)")
+
+    @inlineCallbacks
+    def test_chunked_body_is_refused_once_the_running_count_passes_the_limit(self) -> Any:
+        chunk = b"x" * 1000
+        chunks = [b"%x\r\n%s\r\n" % (len(chunk), chunk)] * 5  # 5000 bytes, no last chunk
+        amp, data = yield self.refused_midway(
+            HEAD + b"Transfer-Encoding: chunked\r\n\r\n", *chunks, max_body=4096)
+        self.assertRefused(data, 413, b"request body is over the 4096 byte limit (listen.max_body)")
+
+    @inlineCallbacks
+    def test_expect_continue_over_the_limit_gets_413_and_no_100(self) -> Any:
+        """curl sends Expect: 100-continue for large bodies: it must get the 413, not a 100 to go ahead."""
+        amp, data = yield self.refused_midway(
+            post_head(10 * 1024 * 1024, extra=b"Expect: 100-continue\r\n"), max_body=4096)
+        self.assertTrue(data.startswith(b"HTTP/1.1 413 "), data[:100])
+        self.assertNotIn(b"100 Continue", data)
+
+    @inlineCallbacks
+    def test_client_still_sending_after_413_gets_the_answer(self) -> Any:
+        """
+        A client that writes its whole body before reading (most do) is
+        still sending when amp refuses; amp reads and drops what follows for
+        a moment instead of resetting the connection under it, so the 413
+        arrives.
+        """
+        amp = yield self.start(request_timeout="5s", max_body=4096)
+        c = yield self.client(amp)
+        c.send(post_head(512 * 1024))
+        block = b"y" * 16384
+
+        def pump() -> None:
+            if c.closed_at is None and c.sent < 512 * 1024:
+                c.send(block)
+                reactor.callLater(0.001, pump)
+
+        pump()
+        data = yield self.closed(c, within=4.0)
+        self.assertRefused(data, 413, b"(listen.max_body)")
+
+
+# ---------------------------------------------------------------- clients that do not read
+
+
+class NonReaderTests(HostileTestCase):
+    @inlineCallbacks
+    def test_client_that_never_reads_does_not_hold_up_others_and_is_closed(self) -> Any:
+        amp = yield self.start(request_timeout="1s", idle_timeout="300ms")
+        greedy = yield self.client(amp)
+        # It stops reading, then pipelines far more requests than fit in
+        # amp's read-ahead, and never reads an answer.
+        greedy.transport.pauseProducing()
+        body = review_bytes()
+        greedy.send((post_head(len(body)) + body) * 200)
+        # Meanwhile another client is served, repeatedly.
+        other = yield self.client(amp)
+        for n in range(1, 4):
+            other.send(post_head(len(body)) + body)
+            yield wait_for(lambda: other.received.count(b"HTTP/1.1 200 OK") == n)
+        self.assertEqual(other.received.count(b'"uid"'), 3)
+        # amp closes the greedy one within idle_timeout plus the close grace
+        # (a client that does not read does not see that until it reads).
+        started = reactor.seconds()
+        yield wait_for(lambda: amp.service.site.open_connections == 1, timeout=0.3 + web.CLOSE_GRACE + 3.0)
+        self.assertLess(reactor.seconds() - started, 0.3 + web.CLOSE_GRACE + 1.0)
+        self.assertIsNone(greedy.closed_at)
+        greedy.transport.resumeProducing()
+        yield self.closed(greedy)
+
+
+# ---------------------------------------------------------------- the close after a refusal (unit)
+
+
+class _Transport(StringTransport):
+    """A StringTransport that counts aborts and lets a test see producer registration."""
+
+    aborted_times = 0
+
+    def abortConnection(self) -> None:
+        self.aborted_times += 1
+        super().abortConnection()
+
+
+class LingerTests(SynchronousTestCase):
+    """
+    After a refusal amp keeps reading (and dropping) for a short, bounded
+    while, then aborts: a client cannot hold the connection by never
+    finishing its side of the close.
+    """
+
+    def channel(self, max_body: int = 1024) -> tuple[Any, _Transport, Clock]:
+        clock = Clock()
+        site = web.WebhookSite(web.webhook_root(None, clock, Metrics(), {}), reactor=clock, metrics=Metrics(),
+                               max_body=max_body, max_connections=10, request_timeout=5.0, idle_timeout=60.0)
+        channel = site.buildProtocol(None)
+        transport = _Transport()
+        channel.makeConnection(transport)
+        return channel, transport, clock
+
+    def test_refused_connection_is_aborted_after_the_grace_period(self) -> None:
+        channel, transport, clock = self.channel()
+        channel.dataReceived(post_head(10 * 1024 * 1024))
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 413 "))
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(transport.aborted_times, 0)
+        channel.dataReceived(b"z" * 1000)
+        clock.advance(web.CLOSE_GRACE - 0.01)
+        self.assertEqual(transport.aborted_times, 0)
+        clock.advance(0.01)
+        self.assertEqual(transport.aborted_times, 1)
+
+    def test_refused_connection_is_aborted_once_too_much_was_dropped(self) -> None:
+        channel, transport, clock = self.channel()
+        channel.dataReceived(post_head(10 * 1024 * 1024))
+        channel.dataReceived(b"z" * web.LINGER_BYTES)
+        self.assertEqual(transport.aborted_times, 0)
+        channel.dataReceived(b"z")
+        self.assertEqual(transport.aborted_times, 1)
+        written = transport.value()
+        channel.dataReceived(b"z" * 100)
+        self.assertEqual(transport.value(), written)
+
+    def test_closed_connection_leaves_no_timer(self) -> None:
+        channel, transport, clock = self.channel()
+        channel.dataReceived(post_head(10 * 1024 * 1024))
+        channel.connectionLost(None)
+        self.assertEqual(clock.getDelayedCalls(), [])
