@@ -271,7 +271,9 @@ def test_watch_timeout_ends_client_stream_without_error(kube: FakeKube, core: An
     events = stream(watch.Watch(), core.list_namespace,
                     resource_version=kube.resource_version, timeout_seconds=1)
     assert list(events) == []
-    assert kube.open_watches() == 0
+    # The server finishes its side of the stream a moment after the client
+    # has read the last chunk.
+    assert kube.wait_for_no_watches(timeout=5)
 
 
 def test_watch_without_resource_version_starts_with_current_state(
