@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Optional
 import yaml
 
 from amp.patch import parse_pointer
-from amp.urls import URLPattern, EndpointURL
+from amp.urls import URLPattern, EndpointURL, parse_networks
 
 
 class ConfigError(ValueError):
@@ -166,14 +166,10 @@ def _pointers(value: Any) -> tuple[str, ...]:
 
 
 def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    items = _str_list(value)
-    out = []
-    for i, item in enumerate(items):
-        try:
-            out.append(ipaddress.ip_network(item, strict=False))
-        except ValueError as e:
-            raise ValueError(f"item {i}: {e}") from None
-    return tuple(out)
+    """
+    C{endpoints.deny_networks}: CIDRs and names (L{amp.urls.NAMED_NETWORKS}).
+    """
+    return parse_networks(_str_list(value))
 
 
 def _tls_version(value: Any) -> str:
@@ -278,6 +274,10 @@ class EndpointSettings:
     client_cert: Optional[str] = None
     client_key: Optional[str] = None
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    #: C{endpoints.deny_networks}, the same in the defaults and every
+    #: override (an override cannot set it): the networks no address amp
+    #: connects to for these settings may be in.
+    deny_networks: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -445,17 +445,20 @@ def _endpoints(raw: Any) -> EndpointsConfig:
         raise ConfigError(f"{key}: expected a mapping, got {type(raw).__name__}")
     own = ("allow", "deny_networks", "overrides")
     defaults = _endpoint_settings(raw, key, EndpointSettings(), own)
-    out = EndpointsConfig(defaults=defaults)
+    if "deny_networks" in raw:
+        try:
+            deny = _networks(raw["deny_networks"])
+        except ValueError as e:
+            raise ConfigError(f"{key}.deny_networks: {e}") from None
+        # Carried in the settings, so every override inherits it and the
+        # endpoint client has it wherever it has the settings.
+        defaults = dataclasses.replace(defaults, deny_networks=deny)
+    out = EndpointsConfig(defaults=defaults, deny_networks=defaults.deny_networks)
     if "allow" in raw:
         try:
             out = dataclasses.replace(out, allow=_patterns(raw["allow"]))
         except ValueError as e:
             raise ConfigError(f"{key}.allow: {e}") from None
-    if "deny_networks" in raw:
-        try:
-            out = dataclasses.replace(out, deny_networks=_networks(raw["deny_networks"]))
-        except ValueError as e:
-            raise ConfigError(f"{key}.deny_networks: {e}") from None
     overrides = raw.get("overrides") or []
     if not isinstance(overrides, list):
         raise ConfigError(f"{key}.overrides: expected a list of {{match: pattern, ...}}")

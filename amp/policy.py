@@ -109,6 +109,27 @@ def route(
     return Route(True, policy, mode, url=url, raw_url=raw, settings=config.endpoints.settings_for(url))
 
 
+def shown_url(raw: str, limit: int = 200) -> str:
+    """
+    An annotation's URL (C{Route.raw_url}) as amp may repeat it (in
+    warnings, audit and Pod annotations, logs) when it is not a URL amp
+    will call: credentials masked (C{http://***@host/}), anything but
+    printable ASCII escaped (C{\\r}, C{\\x00}, C{\\u2028}), at most
+    C{limit} characters.
+    """
+    text = raw.strip()
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "", text
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority = rest[:end]
+    if "@" in authority:
+        text = f"{scheme}{sep}***@{authority.rsplit('@', 1)[1]}{rest[end:]}"
+    out = "".join(c if 0x20 < ord(c) < 0x7F else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                  for c in text)
+    return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
 def parse_timeout(value: Optional[str]) -> Optional[float]:
     """
     The API server's C{?timeout=10s} query value in seconds, or None.

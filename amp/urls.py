@@ -8,6 +8,11 @@ ASCII, a host and a port that make sense.  Allow-list patterns are matched
 component by component (scheme, host, port, path), never as one string, so
 that tricks such as ``http://127.0.0.1:80@evil/`` cannot satisfy
 ``http://127.0.0.1:*/*``.
+
+The address side of the allow-list lives here too: L{parse_networks} reads
+C{endpoints.deny_networks} (CIDRs and the names in L{NAMED_NETWORKS}) and
+L{denied_network} says whether an address falls in one of them, looking
+through IPv4-mapped and NAT64 IPv6 addresses to the IPv4 address they carry.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Iterable, Optional, Union
 from urllib.parse import urlsplit
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -151,3 +157,76 @@ class URLPattern:
         if not fnmatchcase(url.host, self.host):
             return False
         return fnmatchcase(url.path, self.path)
+
+
+# ---------------------------------------------------------------- address deny-list
+
+Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+
+#: Names accepted in C{endpoints.deny_networks}, and the ranges they stand for.
+NAMED_NETWORKS: dict[str, tuple[str, ...]] = {
+    # This host.  Connecting to 0.0.0.0 or :: reaches the local host too.
+    "loopback": ("127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128"),
+    # Link-local: the cloud metadata services (169.254.169.254) live here.
+    "link-local": ("169.254.0.0/16", "fe80::/10"),
+    # Cloud metadata and credential services, including those outside the
+    # link-local ranges: AWS's IPv6 instance metadata and EKS Pod Identity
+    # (fd00:ec2::/...), ECS task metadata, Alibaba Cloud (100.100.100.200).
+    "metadata": (
+        "169.254.169.254/32", "169.254.170.2/32", "169.254.170.23/32",
+        "fd00:ec2::254/128", "fd00:ec2::23/128", "100.100.100.200/32",
+    ),
+    # RFC 1918 and IPv6 unique local addresses.
+    "private": ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"),
+    # RFC 6598 shared address space (carrier-grade NAT; some clusters put
+    # Pods or Services here).
+    "cgnat": ("100.64.0.0/10",),
+}
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def parse_networks(items: Iterable[str]) -> tuple[Network, ...]:
+    """
+    CIDRs (C{10.0.0.0/8}, C{fd00::/8}, a bare address) and names from
+    L{NAMED_NETWORKS}, in order, without repeats.
+
+    @raise ValueError: naming the item (C{item <i>: ...}) that is neither.
+    """
+    out: list[Network] = []
+    for i, item in enumerate(items):
+        texts = NAMED_NETWORKS.get(item.strip().lower())
+        if texts is None:
+            try:
+                nets = [ipaddress.ip_network(item.strip(), strict=False)]
+            except ValueError:
+                names = ", ".join(NAMED_NETWORKS)
+                raise ValueError(f"item {i}: {item!r} is not a CIDR (like 10.0.0.0/8 or fd00::/8) "
+                                 f"or one of {names}") from None
+        else:
+            nets = [ipaddress.ip_network(t) for t in texts]
+        out.extend(n for n in nets if n not in out)
+    return tuple(out)
+
+
+def denied_network(address: str, networks: Iterable[Network]) -> Optional[Network]:
+    """
+    The first of C{networks} that the IP address C{address} is in, or None.
+    An IPv4-mapped (C{::ffff:a.b.c.d}) or NAT64 (C{64:ff9b::a.b.c.d}) IPv6
+    address is also checked as the IPv4 address it carries, so an IPv4
+    range covers every way of writing its addresses.
+
+    @raise ValueError: if C{address} is not an IP address.
+    """
+    ip = ipaddress.ip_address(address)
+    candidates: list[Union[ipaddress.IPv4Address, ipaddress.IPv6Address]] = [ip]
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            candidates.append(ip.ipv4_mapped)
+        elif ip in _NAT64:
+            candidates.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    for net in networks:
+        for candidate in candidates:
+            if candidate.version == net.version and candidate in net:
+                return net
+    return None

@@ -418,6 +418,7 @@ class ReasonCoverageTests(SynchronousTestCase):
         "connection-refused": "LoopbackFailureTests.test_refused",
         "connection-reset": "LoopbackFailureTests.test_reset_mid_reply",
         "connection-failed": "MemoryNetTests.test_name_that_does_not_resolve",
+        "denied-address": "MemoryNetTests.test_name_resolving_into_deny_networks",
         "tls-error": "MutualTLSTests.test_wrong_ca_is_a_tls_error",
         "redirect": "LoopbackFailureTests.test_redirect_is_not_followed",
         "http-4xx": "LoopbackFailureTests.test_http_4xx",
@@ -875,6 +876,20 @@ class MemoryNetTests(SynchronousTestCase, FailureAssertions):
         e = self.assertReason(d, "connection-failed")
         self.assertIn("resolve", e.message)
         self.assertEqual(h.count(url, "connection-failed"), 1)
+
+    def test_name_resolving_into_deny_networks(self) -> None:
+        # The memory reactor resolves every name to 127.0.0.1.  More on
+        # denied addresses in test_ssrf.py.
+        settings = EndpointSettings(deny_networks=parse_config(
+            {"endpoints": {"deny_networks": ["loopback"]}}).endpoints.deny_networks,
+            breaker=BreakerConfig(consecutive_failures=1))
+        h = Harness(self.net.reactor, settings)
+        url = "http://endpoint.test:8090/mutate"
+        e = self.assertReason(h.call(url), "denied-address")
+        self.assertIn("127.0.0.1", e.message)
+        self.assertEqual(self.net.attempts, 0)
+        self.assertEqual(h.count(url, "denied-address"), 1)
+        self.assertEqual(h.breaker(url).state, CLOSED)
 
     def test_other_connect_error_is_connection_failed(self) -> None:
         h = self.harness()
