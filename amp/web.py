@@ -56,7 +56,7 @@ CLOSE_GRACE = 1.0
 
 #: Bytes of input dropped after a refusal before the connection is aborted
 #: without waiting for the rest of L{CLOSE_GRACE}.
-LINGER_BYTES = 1024 * 1024
+LINGER_BYTES = 4 * 1024 * 1024
 
 
 class WebhookRequest(server.Request):

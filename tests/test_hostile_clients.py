@@ -140,6 +140,7 @@ class HostileTestCase(TestCase):
         return client.received
 
     def assertRefused(self, data: bytes, code: int, text: bytes) -> None:
+        self.assertTrue(data.startswith(b"HTTP/1.1 "), f"no answer, got {data[:100]!r}")
         status, headers, body = parse_raw_response(data)
         self.assertEqual(status, code, data[:300])
         self.assertIn(text, body)
@@ -386,21 +387,25 @@ class OversizedTests(HostileTestCase):
     def test_client_still_sending_after_413_gets_the_answer(self) -> Any:
         """
         A client that writes its whole body before reading (most do) is
-        still sending when amp refuses; amp reads and drops what follows for
-        a moment instead of resetting the connection under it, so the 413
-        arrives.
+        still sending when amp refuses; amp reads and drops what follows
+        (within its bounds) instead of resetting the connection under it,
+        so the 413 is there when the client reads.
         """
         amp = yield self.start(request_timeout="5s", max_body=4096)
         c = yield self.client(amp)
-        c.send(post_head(512 * 1024))
-        block = b"y" * 16384
+        c.transport.pauseProducing()  # not reading while it writes
+        size = 3 * 1024 * 1024
+        c.send(post_head(size))
+        block = b"y" * 65536
 
         def pump() -> None:
-            if c.closed_at is None and c.sent < 512 * 1024:
+            if c.closed_at is None and c.sent < size:
                 c.send(block)
-                reactor.callLater(0.001, pump)
+                reactor.callLater(0.002, pump)
 
         pump()
+        yield wait_for(lambda: c.sent >= size or c.closed_at is not None, timeout=4.0)
+        c.transport.resumeProducing()
         data = yield self.closed(c, within=4.0)
         self.assertRefused(data, 413, b"(listen.max_body)")
 
