@@ -74,19 +74,24 @@ def busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / CLK_TCK
 
 
-def wait_quiet(max_wait: float, threshold_pct: float = 15.0) -> float:
+def wait_quiet(max_wait: float, threshold_pct: float = 15.0, quiet: bool = False) -> float:
     """
     Wait (up to C{max_wait} seconds, in one-second samples) until the rest
     of the machine uses under C{threshold_pct}% of one CPU; return the last
-    sample.  Call it before starting anything of the benchmark's own.
+    sample.  Call it while the benchmark's own processes are idle.  With
+    C{quiet}, say nothing unless it had to wait.
     """
-    deadline = time.monotonic() + max_wait
+    started = time.monotonic()
+    deadline = started + max_wait
     while True:
         before, t0 = busy_seconds(), time.monotonic()
         time.sleep(1.0)
         pct = 100 * (busy_seconds() - before) / (time.monotonic() - t0)
         if pct < threshold_pct or time.monotonic() >= deadline:
-            say(f"other processes use {pct:.0f}% of a CPU" + ("" if pct < threshold_pct else "; going ahead anyway"))
+            waited = time.monotonic() - started
+            if waited > 1.5 or not quiet:
+                say(f"other processes use {pct:.0f}% of a CPU after waiting {waited:.0f}s"
+                    + ("" if pct < threshold_pct else "; going ahead anyway"))
             return round(pct, 1)
 
 
