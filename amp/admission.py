@@ -24,7 +24,7 @@ from amp.endpoints import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceLookupError
 from amp.patch import PatchError, annotation_op, check_patch
-from amp.policy import FAIL, SHADOW, NamespaceInfo, Route, failure_policy, route
+from amp.policy import FAIL, SHADOW, NamespaceInfo, Route, failure_policy, route, shown_url
 from amp.reply import EndpointDecision
 from amp.review import AdmissionRequest, clean_audit_annotations, clip, dumps, encode_response
 
@@ -214,7 +214,9 @@ class Admitter:
         patch from a validating webhook (and would then apply the webhook's
         own failurePolicy, typically C{Fail}).
         """
-        where = r.url.origin if r.url is not None else (r.raw_url or "(none)")
+        # An unusable annotation is shown masked: it may hold credentials or
+        # control characters, and it lands in warnings, audit and the Pod.
+        where = r.url.origin if r.url is not None else (shown_url(r.raw_url) if r.raw_url else "(none)")
         outcome.reason = reason
         text = f"endpoint {where} failed ({reason}): {message}"
         if r.mode == SHADOW:

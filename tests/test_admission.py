@@ -630,3 +630,21 @@ class RobustnessTests(SynchronousTestCase):
         self.assertFalse(response["allowed"])
         self.assertIn(ORIGIN, response["status"]["message"])
         self.assertEqual(len(self.flushLoggedErrors(ValueError)), 1)
+
+
+class UnusableAnnotationTests(SynchronousTestCase):
+    def test_credentials_and_control_characters_are_not_repeated(self) -> None:
+        """
+        An annotation amp will not call may hold a password or CR/LF; the
+        warning, audit annotation and skipped annotation show it masked.
+        """
+        raw = "http://admin:hunter2@10.0.0.1/\r\nX-Evil: 1"
+        h = Harness(make_config({"team-a": namespace(raw, failure_policy="Ignore")}))
+        the_pod = pod()
+        response, outcome = answered(self, h.review(review_bytes(the_pod)))
+        self.assertEqual(outcome.reason, "bad-url")
+        patched = apply_patch(the_pod, response["_patch"])
+        shown = json.dumps([response["warnings"], response["auditAnnotations"], patched["metadata"]])
+        self.assertNotIn("hunter2", shown)
+        self.assertNotIn("\r", shown.encode().decode("unicode_escape"))
+        self.assertIn("***@10.0.0.1", shown)
