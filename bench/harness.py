@@ -469,6 +469,19 @@ BREAKDOWN = (
 )
 
 
+def _package(path: str) -> str:
+    """
+    C{twisted/web/http.py} -> C{twisted.web}; C{json/decoder.py} -> C{json};
+    C{amp/web.py} -> C{amp}.
+    """
+    parts = path.split("/")
+    if len(parts) > 2 and parts[0] == "twisted":
+        return ".".join(parts[:2])
+    if len(parts) > 1:
+        return parts[0]
+    return path.rsplit(".", 1)[0] or "?"
+
+
 def summarise_collapsed(path: str, top_n: int = 15) -> dict[str, Any]:
     """
     Own and total time per function from collapsed stacks (py-spy's
@@ -478,6 +491,7 @@ def summarise_collapsed(path: str, top_n: int = 15) -> dict[str, Any]:
     total: dict[str, int] = {}
     parts = {label: 0 for label, _ in BREAKDOWN}
     files: dict[str, int] = {}
+    packages: dict[str, int] = {}
     samples = 0
     with open(path) as f:
         for line in f:
@@ -493,6 +507,8 @@ def summarise_collapsed(path: str, top_n: int = 15) -> dict[str, Any]:
             leaf_file = _FRAME.match(frames[-1])
             leaf_file = leaf_file.group(2) if leaf_file else "?"
             files[leaf_file] = files.get(leaf_file, 0) + n
+            package = _package(leaf_file)
+            packages[package] = packages.get(package, 0) + n
             for key in set(frames):
                 total[key] = total.get(key, 0) + n
             for label, pattern in BREAKDOWN:
@@ -505,6 +521,8 @@ def summarise_collapsed(path: str, top_n: int = 15) -> dict[str, Any]:
                  "total_pct": round(100 * total[k] / samples, 1) if samples else 0.0} for k, v in top],
         "breakdown": [{"part": label, "total_pct": round(100 * v / samples, 1) if samples else 0.0}
                       for label, v in sorted(parts.items(), key=lambda kv: kv[1], reverse=True)],
+        "own_by_package": [{"package": k, "own_pct": round(100 * v / samples, 1) if samples else 0.0}
+                           for k, v in sorted(packages.items(), key=lambda kv: kv[1], reverse=True)[:top_n]],
         "own_by_file": [{"file": k, "own_pct": round(100 * v / samples, 1) if samples else 0.0}
                         for k, v in sorted(files.items(), key=lambda kv: kv[1], reverse=True)[:top_n]],
         "top_total": [{"function": k, "total_pct": round(100 * v / samples, 1) if samples else 0.0}
