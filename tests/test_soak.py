@@ -2,9 +2,11 @@
 The soak under injected faults: C{bench/soak --quick} runs amp under twistd
 for a minute of load while its endpoint misbehaves in every way the chaos
 endpoint knows, its serving certificate is rotated and the Kubernetes API
-cuts its watch and answers 410, and must pass every criterion.  The checks
-the soak's client applies to each answer are tested here too, so that a soak
-that passes is known to be able to fail.
+cuts its watch and answers 410, and must pass every criterion.  On a machine
+busy with other work the soak may call its result inconclusive (only timing
+failed): the test is then skipped, except in CI, where it fails.  The checks
+the soak's client applies to each answer and its reconciliation are tested
+here too, so that a soak that passes is known to be able to fail.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ soak = _load_soak()
 @pytest.fixture(scope="module")
 def quick_soak(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("soak-results")
-    done = subprocess.run([sys.executable, str(SOAK), "--quick", "--wait-quiet", "20", "--out", str(out)], cwd=str(REPO),
-                          capture_output=True, text=True, timeout=150)
+    done = subprocess.run([sys.executable, str(SOAK), "--quick", "--wait-quiet", "20", "--out", str(out)],
+                          cwd=str(REPO), capture_output=True, text=True, timeout=150)
     written = sorted(out.glob("soak-*.json"))
     assert len(written) == 1, f"expected one report, found {written}; stderr:\n{done.stderr[-3000:]}"
     report = json.loads(written[0].read_text())
@@ -182,10 +184,41 @@ def test_reconciliation_catches_a_miscounted_outcome() -> None:
     assert soak.reconcile(namespaces, ports, records, amp_log, calls, injected, counted)["review_mismatches"] == 1
 
 
-def test_reconciliation_tells_late_endpoint_answers_apart() -> None:
+def test_reconciliation_tells_timing_apart_from_miscounts() -> None:
     namespaces = [{"name": "soak-fail", "port": "steady", "enabled": True}]
-    records = {"u1": {"uid": "u1", "ns": "soak-fail", "out": "denied", "reason": "timeout"}}
-    amp_log = {"u1": ("soak-fail", "denied", "timeout", 300.4)}
+    records = {uid: {"uid": uid, "ns": "soak-fail", "out": "denied", "reason": reason}
+               for uid, reason in (("u1", "timeout"), ("u2", "timeout"), ("u3", "concurrency-limit"))}
+    amp_log = {"u1": ("soak-fail", "denied", "timeout", 300.4), "u2": ("soak-fail", "denied", "timeout", 300.2),
+               "u3": ("soak-fail", "denied", "concurrency-limit", 0.1)}
+    # u1: the endpoint answered after amp's timeout; u2: it never read the
+    # call; u3: amp's bulkhead refused it.
+    counted = {"http://127.0.0.1:1": {"timeout": 2, "concurrency-limit": 1}}
     result = soak.reconcile(namespaces, {"steady": 1}, records, amp_log, {"u1": ("steady", "delay")},
-                            {"steady": {"delay": 1}}, {"http://127.0.0.1:1": {"timeout": 1}})
-    assert result["problems"] == [] and result["endpoint_timing"]["late_answers"] == 1
+                            {"steady": {"delay": 1}}, counted)
+    assert result["problems"] == [] and result["review_mismatches"] == 0
+    assert result["endpoint_timing"] == {"late_answers": 1, "unread_calls": 1, "bulkhead_refusals": 1}
+    # A bulkhead refusal amp did not count is a miscount, not timing.
+    counted["http://127.0.0.1:1"]["concurrency-limit"] = 0
+    result = soak.reconcile(namespaces, {"steady": 1}, records, amp_log, {"u1": ("steady", "delay")},
+                            {"steady": {"delay": 1}}, counted)
+    assert len(result["problems"]) == 1
+
+
+def _samples(busy: set[int]) -> list[dict[str, Any]]:
+    return [{"t": float(t), "other_cpu_pct": 80.0 if t in busy else 5.0} for t in range(30)]
+
+
+def test_timing_failures_are_put_down_to_a_busy_machine_only_when_they_coincide() -> None:
+    samples = _samples({12})
+    assert soak.attributable(["endpoint_timing"], samples, [(12.2, 12.5)])["attributable"]
+    assert soak.attributable(["deadlines", "endpoint_timing"], samples, [(11.5, 12.1), (13.0, 13.9)])["attributable"]
+    # A late answer in a quiet second is amp's.
+    assert not soak.attributable(["endpoint_timing"], samples, [(12.2, 12.5), (3.0, 3.3)])["attributable"]
+    # A miscount is never the machine's.
+    assert not soak.attributable(["outcomes", "endpoint_timing"], samples, [(12.2, 12.5)])["attributable"]
+    # Growth of RSS or fds only when the last third had a busy second.
+    assert not soak.attributable(["rss"], samples, [])["attributable"]
+    assert soak.attributable(["fds"], _samples({25}), [])["attributable"]
+    # amp runnable and given no CPU at all makes a busy second too.
+    starved = [dict(x, amp_main_thread="R:0") if x["t"] == 3 else x for x in samples]
+    assert soak.attributable(["deadlines"], starved, [(3.4, 3.9)])["attributable"]
