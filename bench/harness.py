@@ -55,13 +55,20 @@ def say(message: str) -> None:
 # ------------------------------------------------------------------ /proc
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """
+    utime and stime of every thread of C{pid}, in seconds.
+    """
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
 def cpu_seconds(pid: int) -> float:
     """
     utime + stime of every thread of C{pid}, in seconds.
     """
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return sum(cpu_split(pid))
 
 
 def busy_seconds() -> float:
