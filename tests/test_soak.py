@@ -196,7 +196,8 @@ def test_reconciliation_tells_timing_apart_from_miscounts() -> None:
     result = soak.reconcile(namespaces, {"steady": 1}, records, amp_log, {"u1": ("steady", "delay")},
                             {"steady": {"delay": 1}}, counted)
     assert result["problems"] == [] and result["review_mismatches"] == 0
-    assert result["endpoint_timing"] == {"late_answers": 1, "unread_calls": 1, "bulkhead_refusals": 1}
+    assert result["endpoint_timing"] == {"late_answers": 1, "unread_calls": 1, "bulkhead_refusals": 1,
+                                        "cancelled_by_client": 0}
     # A bulkhead refusal amp did not count is a miscount, not timing.
     counted["http://127.0.0.1:1"]["concurrency-limit"] = 0
     result = soak.reconcile(namespaces, {"steady": 1}, records, amp_log, {"u1": ("steady", "delay")},
@@ -222,3 +223,17 @@ def test_timing_failures_are_put_down_to_a_busy_machine_only_when_they_coincide(
     # amp runnable and given no CPU at all makes a busy second too.
     starved = [dict(x, amp_main_thread="R:0") if x["t"] == 3 else x for x in samples]
     assert soak.attributable(["deadlines"], starved, [(3.4, 3.9)])["attributable"]
+
+
+def test_a_review_cancelled_is_timing_only_when_the_client_gave_up() -> None:
+    namespaces = [{"name": "soak-ignore", "port": "steady", "enabled": True}]
+    amp_log = {"u1": ("soak-ignore", "ignored", "cancelled", 2900.0)}
+    calls = {"u1": ("steady", "ok")}
+    counted = {"http://127.0.0.1:1": {"cancelled": 1}}
+    gave_up = {"u1": {"uid": "u1", "ns": "soak-ignore", "out": "violation", "late": True, "at": 1.0}}
+    result = soak.reconcile(namespaces, {"steady": 1}, gave_up, amp_log, calls, {"steady": {"ok": 1}}, counted)
+    assert result["problems"] == [] and result["endpoint_timing"]["cancelled_by_client"] == 1
+    assert result["endpoint_timing"]["late_answers"] == 0
+    waited = {"u1": {"uid": "u1", "ns": "soak-ignore", "out": "ignored", "reason": "cancelled", "at": 1.0}}
+    result = soak.reconcile(namespaces, {"steady": 1}, waited, amp_log, calls, {"steady": {"ok": 1}}, counted)
+    assert result["review_mismatches"] == 1
