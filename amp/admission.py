@@ -69,6 +69,7 @@ class Admitter:
         self._endpoints = endpoints
         self._clock = clock
         self._metrics = metrics
+        self._routes: dict[str, tuple] = {}
         patch = config.patch
         self._patch_options = dict(
             denied=patch.denied_paths, allowed=patch.allowed_paths, repair=patch.repair,
@@ -108,7 +109,8 @@ class Admitter:
         self, req: AdmissionRequest, ns: Optional[NamespaceInfo], outcome: Outcome, started: float,
         budget: float, validation: bool,
     ) -> Deferred:
-        r = route(ns, self.config, self._namespaces.cluster_failure_policy(), validation=validation)
+        r = route(ns, self.config, self._namespaces.cluster_failure_policy(), validation=validation,
+                  cache=self._routes)
         if not r.enabled:
             outcome.result = "skipped"
             return succeed((encode_response(req.api_version, req.uid), outcome))
@@ -133,7 +135,8 @@ class Admitter:
             b"x-amp-uid": req.uid.encode("ascii", "replace"),
             b"x-amp-dry-run": b"true" if req.dry_run else b"false",
         }
-        d = self._endpoints.call(r.url, r.settings, dumps(req.object), headers, remaining)
+        pod_json = req.object_json if req.object_json is not None else dumps(req.object)
+        d = self._endpoints.call(r.url, r.settings, pod_json, headers, remaining)
         d.addCallbacks(
             self._answered, self._call_failed,
             callbackArgs=(req, r, outcome, validation), errbackArgs=(req, r, outcome, validation))

@@ -467,8 +467,14 @@ class KubernetesNamespaceSource(Service):
         metrics: Optional[Metrics] = None,
         clock: Optional[IReactorTime] = None,
         random: Callable[[], float] = _random.random,
+        on_first_list: Optional[Callable[[], None]] = None,
     ) -> None:
+        """
+        @param on_first_list: called once, on the reactor thread, when the
+            first namespace list has landed.
+        """
         self._config = config
+        self._on_first_list = on_first_list
         self._reactor = reactor
         self._clock: IReactorTime = clock if clock is not None else reactor
         self._metrics = metrics if metrics is not None else Metrics()
@@ -646,6 +652,8 @@ class KubernetesNamespaceSource(Service):
             self._metrics.namespace_cache_size.set(len(items))
             self.log.info("{what} {count} namespaces at resourceVersion {rv}",
                           what="Listed" if first else "Relisted", count=len(items), rv=rv)
+            if first and self._on_first_list is not None:
+                self._on_first_list()
         elif what == "restart":
             self._restarted("namespace", "", *args)
         elif what == "crashed":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import lru_cache
 import time
 from typing import IO, Any, Callable
 
@@ -30,7 +31,6 @@ from twisted.logger import (
     LogLevelFilterPredicate,
     PredicateResult,
     formatEvent,
-    textFileLogObserver,
 )
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -64,9 +64,42 @@ def _field(value: Any) -> Any:
     return repr(value)
 
 
+@lru_cache(maxsize=4)
+def _second(second: int) -> str:
+    """
+    The UTC date and time of one whole second; cached, as every line within
+    that second shares it (strftime is a large part of a log line's cost).
+    """
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
+
 def _timestamp(when: float) -> str:
-    millis = int((when % 1) * 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + f".{millis:03d}Z"
+    second = int(when)
+    return f"{_second(second)}.{int((when - second) * 1000):03d}Z"
+
+
+@implementer(ILogObserver)
+class TextLinesObserver:
+    """
+    Twisted's classic text lines (C{<time> [<namespace>#<level>] <message>}),
+    with the time formatted once per second instead of once per line.
+    """
+
+    def __init__(self, out: IO[str]) -> None:
+        self._write: Callable[[str], Any] = out.write
+        self._flush = out.flush
+
+    def __call__(self, event: dict) -> None:
+        text = formatEvent(event)
+        failure = event.get("log_failure")
+        if isinstance(failure, Failure):
+            text = f"{text}\n{failure.getTraceback()}"
+        level = event.get("log_level")
+        line = (f"{_timestamp(event.get('log_time', time.time()))} "
+                f"[{event.get('log_namespace', '-')}#{level.name if level is not None else 'info'}] "
+                f"{text}".replace("\n", "\n\t"))
+        self._write(line + "\n")
+        self._flush()
 
 
 def event_as_json(event: dict) -> str:
@@ -145,7 +178,7 @@ def make_observer(fmt: str, level: str, out: IO[str]) -> ILogObserver:
     The observer for C{log.format} (C{text} or C{json}) and C{log.level}
     (C{debug}, C{info}, C{warn} or C{error}), writing to C{out}.
     """
-    base = JSONLinesObserver(out) if fmt == "json" else textFileLogObserver(out)
+    base = JSONLinesObserver(out) if fmt == "json" else TextLinesObserver(out)
     predicates: list[ILogFilterPredicate] = [LogLevelFilterPredicate(defaultLogLevel=_LEVELS[level])]
     if level != "debug":
         predicates.insert(0, _QuietChatter())

@@ -18,6 +18,9 @@ from amp.urls import BadURL, EndpointURL, parse_endpoint_url
 
 IGNORE, FAIL = "Ignore", "Fail"
 NORMAL, SHADOW = "normal", "shadow"
+#: Why a namespace's endpoint annotation cannot be used.
+BAD_URL, NOT_ALLOWED = "bad-url", "not-allowed"
+ROUTE_REASONS = (BAD_URL, NOT_ALLOWED)
 
 _TIMEOUT = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
 _TIMEOUT_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
@@ -81,11 +84,15 @@ def is_enabled(ns: Optional[NamespaceInfo], config: Config) -> bool:
 
 
 def route(
-    ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str], *, validation: bool = False
+    ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str], *, validation: bool = False,
+    cache: Optional[dict[str, tuple]] = None,
 ) -> Route:
     """
     Decide what to do for a review in namespace C{ns} (None: no such
     namespace).  C{validation} picks the validation endpoint annotation.
+    C{cache}, a dict kept for one C{config}, remembers what each annotation
+    value resolved to (parsed URL, allow-list verdict, settings), so the hot
+    path does not parse the same URL for every review.
     """
     if not is_enabled(ns, config):
         return _NOT_ENABLED
@@ -99,14 +106,31 @@ def route(
         raw = next((ns.annotations[a] for a in kube.endpoint_annotations if ns.annotations.get(a)), None)
     if not raw:
         return Route(enabled=True, failure_policy=policy, mode=mode)
+    resolved = cache.get(raw) if cache is not None else None
+    if resolved is None:
+        resolved = _resolve(raw, config)
+        if cache is not None:
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            cache[raw] = resolved
+    url, settings, error = resolved
+    return Route(True, policy, mode, url=url, raw_url=raw, settings=settings, error=error)
+
+
+#: Distinct endpoint annotation values remembered by L{route}'s cache.
+_CACHE_LIMIT = 4096
+
+
+def _resolve(
+    raw: str, config: Config
+) -> tuple[Optional[EndpointURL], Optional[EndpointSettings], Optional[tuple[str, str]]]:
     try:
         url = parse_endpoint_url(raw)
     except BadURL as e:
-        return Route(True, policy, mode, raw_url=raw, error=("bad-url", str(e)))
+        return None, None, (BAD_URL, str(e))
     if not config.endpoints.allowed(url):
-        return Route(True, policy, mode, url=url, raw_url=raw,
-                     error=("not-allowed", f"endpoint {url.origin} is not in endpoints.allow"))
-    return Route(True, policy, mode, url=url, raw_url=raw, settings=config.endpoints.settings_for(url))
+        return url, None, (NOT_ALLOWED, f"endpoint {url.origin} is not in endpoints.allow")
+    return url, config.endpoints.settings_for(url), None
 
 
 def shown_url(raw: str, limit: int = 200) -> str:

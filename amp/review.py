@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
@@ -59,6 +60,9 @@ class AdmissionRequest:
     sub_resource: str
     dry_run: bool
     object: Any
+    #: The object's JSON exactly as the API server sent it, when it could be
+    #: cut out of the body; forwarded to the endpoint as is.
+    object_json: Optional[bytes] = None
 
     @property
     def is_pod_create(self) -> bool:
@@ -86,16 +90,63 @@ class AdmissionRequest:
         return f"{generate}*" if generate else ""
 
 
+_scan_once = json.JSONDecoder().scan_once
+_KEY_COLON = re.compile(r'"object"[ \t\n\r]*:[ \t\n\r]*')
+#: Stands in for request.object while the rest of the review is parsed;
+#: a NUL and a per-process token, so no real review contains it.
+_SENTINEL = f"\x00amp-object-{os.urandom(8).hex()}"
+_SENTINEL_JSON = json.dumps(_SENTINEL)
+
+
+def _split_object(body: bytes) -> Optional[tuple[dict, bytes]]:
+    """
+    Parse the review and cut C{request.object}'s JSON out of C{body}, for
+    forwarding without serialising the Pod again (for large Pods that costs
+    as much as parsing it).  The object is parsed once, the rest of the
+    review once with a sentinel in the object's place; the sentinel landing
+    at C{request.object} proves the cut was the right one.  None when
+    anything is unusual: the caller then parses the whole body the plain
+    way, which also produces the error messages.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    pos = 0
+    for _ in range(3):
+        m = _KEY_COLON.search(text, pos)
+        if m is None:
+            return None
+        start = m.end()
+        try:
+            value, end = _scan_once(text, start)
+            doc = json.loads(text[:start] + _SENTINEL_JSON + text[end:])
+        except (StopIteration, ValueError):
+            return None
+        request = doc.get("request") if isinstance(doc, dict) else None
+        if isinstance(request, dict) and request.get("object") == _SENTINEL:
+            request["object"] = value
+            raw = body[start:end] if body.isascii() else text[start:end].encode("utf-8")
+            return doc, raw
+        pos = m.start() + 1
+    return None
+
+
 def parse_review(body: bytes) -> AdmissionRequest:
     """
     Parse an AdmissionReview request body.
 
     @raise ReviewError: 400 with a message that says what is wrong.
     """
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ReviewError(400, f"request body is not valid JSON: {e}") from None
+    split = _split_object(body)
+    if split is not None:
+        doc, object_json = split
+    else:
+        object_json = None
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ReviewError(400, f"request body is not valid JSON: {e}") from None
     if not isinstance(doc, dict):
         raise ReviewError(400, "request body is not a JSON object (expected an AdmissionReview)")
     api_version = doc.get("apiVersion")
@@ -133,6 +184,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
         sub_resource=str(request.get("subResource") or ""),
         dry_run=dry_run,
         object=request.get("object"),
+        object_json=object_json if isinstance(request.get("object"), dict) else None,
     )
 
 

@@ -8,8 +8,9 @@ TLS webhook listener and the plain-HTTP metrics listener.
 
 from __future__ import annotations
 
+import gc
 import random
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
@@ -49,7 +50,9 @@ def _tcp(reactor: Any, port: int, interface: str) -> Any:
     return cls(reactor, port, interface=interface)
 
 
-def namespace_source(config: Config, reactor: Any, metrics: Metrics) -> INamespaceSource:
+def namespace_source(
+    config: Config, reactor: Any, metrics: Metrics, on_first_list: Optional[Callable[[], None]] = None
+) -> INamespaceSource:
     """
     The namespace source named by C{kubernetes.source}.
     """
@@ -59,7 +62,8 @@ def namespace_source(config: Config, reactor: Any, metrics: Metrics) -> INamespa
         return static
     from amp.kube import KubernetesNamespaceSource
 
-    return KubernetesNamespaceSource(config.kubernetes, reactor=reactor, metrics=metrics)
+    return KubernetesNamespaceSource(config.kubernetes, reactor=reactor, metrics=metrics,
+                                     on_first_list=on_first_list)
 
 
 class AmpService(MultiService):
@@ -80,14 +84,25 @@ class AmpService(MultiService):
         agent: Optional[IAgent] = None,
         install_sighup: bool = True,
         log_observer: Optional[ILogObserver] = None,
+        freeze_gc: bool = False,
     ) -> None:
+        """
+        @param freeze_gc: move the objects alive once amp has started (and
+            again once the first namespace list has landed) out of the
+            garbage collector's view: they live as long as the process, and
+            scanning them in every full collection is what made p99 latency
+            (20-35 ms pauses at ~1000 reviews/s).  For the daemon; tests
+            leave it off.
+        """
         super().__init__()
+        self.freeze_gc = freeze_gc
         self.log_observer = log_observer
         self.config = config
         self.reactor = reactor
         self.metrics = metrics = metrics if metrics is not None else Metrics()
         self.certificate = certificate
-        self.namespaces = namespaces if namespaces is not None else namespace_source(config, reactor, metrics)
+        self.namespaces = namespaces if namespaces is not None else namespace_source(
+            config, reactor, metrics, on_first_list=self._freeze if freeze_gc else None)
         self.namespaces.setServiceParent(self)  # type: ignore[attr-defined]
 
         def breaker_changed(origin: str, state: str) -> None:
@@ -132,6 +147,15 @@ class AmpService(MultiService):
             self.metrics_listener._raiseSynchronously = True
             self.metrics_listener.setServiceParent(self)
 
+
+    def startService(self) -> None:
+        super().startService()
+        if self.freeze_gc:
+            self.reactor.callWhenRunning(self._freeze)
+
+    def _freeze(self) -> None:
+        gc.collect()
+        gc.freeze()
 
     def setServiceParent(self, parent: Any) -> None:
         """

@@ -51,7 +51,7 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     config = options.config
     observer = make_observer(config.log.format, config.log.level, sys.stdout)
     try:
-        service = make_amp_service(config, reactor, metrics=Metrics(), log_observer=observer)
+        service = make_amp_service(config, reactor, metrics=Metrics(), log_observer=observer, freeze_gc=True)
     except CertificateError as e:
         raise SystemExit(f"amp: {e}") from None
     if options["check"]:

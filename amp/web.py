@@ -67,6 +67,12 @@ class WebhookRequest(server.Request):
     _received = 0
     _refused = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Reviews are JSON: never run Twisted's form parsing (it parses the
+        # Content-Type through the email package on every POST).
+        self._parsePOSTFormSubmission = False
+
     def gotLength(self, length: Optional[int]) -> None:
         self.content = io.BytesIO()
         limit = self.channel.site.max_body
@@ -348,6 +354,12 @@ class AdmissionResource(Resource):
             request.write(body)
             request.finish()
         elapsed = self._clock.seconds() - started
+        # The answer is only in the transport's buffer until the reactor's
+        # next I/O pass: do the accounting (log line, metrics) after that, two
+        # turns later, so it never delays the answer.
+        self._clock.callLater(0, self._clock.callLater, 0, self._account, req, outcome, elapsed)
+
+    def _account(self, req: AdmissionRequest, outcome: Outcome, elapsed: float) -> None:
         self._metrics.admission_duration.observe(elapsed)
         self._metrics.admission_requests.labels(req.kind, req.operation, outcome.result).inc()
         self.log.info(

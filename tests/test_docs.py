@@ -21,6 +21,7 @@ import yaml
 
 import amp.endpoints
 import amp.patch
+import amp.policy
 from amp.config import Config, EndpointsConfig, parse_config
 from amp.example_tap import build_root
 from amp.metrics import Metrics
@@ -190,7 +191,7 @@ def failure_reasons() -> set[str]:
                 if name.isupper() and name != "DEFAULT_DENIED"}
     admission = (AMP / "admission.py").read_text()
     reasons |= set(re.findall(r'_failed\(\s*req,\s*r,\s*outcome,\s*"([a-z-]+)"', admission))
-    reasons |= set(re.findall(r'error=\("([a-z-]+)"', (AMP / "policy.py").read_text()))
+    reasons |= set(amp.policy.ROUTE_REASONS)
     return reasons
 
 

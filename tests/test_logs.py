@@ -251,3 +251,32 @@ class ReviewLogTests(TestCase):
         text = self.buf.getvalue()
         self.assertIn("uid-shadow", text)
         self.assertNotIn("team/secret-app", text)
+
+
+def test_text_lines_are_twisteds_classic_form() -> None:
+    """
+    Text logs keep Twisted's classic line (time, logger#level, message);
+    a failure's traceback follows on indented lines.
+    """
+    import io
+
+    from twisted.logger import LogLevel
+    from twisted.python.failure import Failure
+
+    from amp.logs import TextLinesObserver
+
+    out = io.StringIO()
+    observer = TextLinesObserver(out)
+    observer({"log_format": "review {uid} done", "uid": "u-1", "log_time": 1763735342.25,
+              "log_namespace": "amp.web", "log_level": LogLevel.info})
+    try:
+        1 / 0
+    except ZeroDivisionError:
+        failure = Failure()
+    observer({"log_format": "boom", "log_time": 1763735343.0, "log_namespace": "amp.x",
+              "log_level": LogLevel.critical, "log_failure": failure})
+    first, *rest = out.getvalue().splitlines()
+    assert first == "2025-11-21T14:29:02.250Z [amp.web#info] review u-1 done"
+    assert rest[0] == "2025-11-21T14:29:03.000Z [amp.x#critical] boom"
+    assert any("ZeroDivisionError" in line for line in rest[1:])
+    assert all(line.startswith("\t") for line in rest[1:])

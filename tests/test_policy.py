@@ -11,6 +11,7 @@ import pytest
 
 from amp.config import Config, parse_config
 from amp.policy import FAIL, IGNORE, NORMAL, SHADOW, NamespaceInfo, failure_policy, parse_timeout, review_budget, route
+from amphelpers import make_config, namespace
 
 ENABLED = {"amp.txn2.com/enabled": "true"}
 EP = "http://127.0.0.1:8090/user-env"
@@ -209,3 +210,23 @@ def test_parse_timeout_ignores_what_it_cannot_read(value: Optional[str]) -> None
 )
 def test_review_budget(timeout: Optional[float], default: float, margin: float, budget: float) -> None:
     assert review_budget(timeout, default, margin) == pytest.approx(budget)
+
+
+def test_route_cache_gives_the_same_decisions() -> None:
+    """
+    With a cache, each annotation value is resolved once and every decision
+    (allowed, refused, bad URL) is the same as without it.
+    """
+    config = make_config({
+        "ok": namespace("http://127.0.0.1:8090/user-env"),
+        "refused": namespace("http://10.1.2.3:80/"),
+        "bad": namespace("gopher://x/"),
+    })
+    cache: dict = {}
+    for name in ("ok", "refused", "bad", "ok", "refused", "bad"):
+        ns = NamespaceInfo(name, config.kubernetes.namespaces[name].labels,
+                           config.kubernetes.namespaces[name].annotations)
+        assert route(ns, config, None, cache=cache) == route(ns, config, None)
+    assert len(cache) == 3
+    ns = NamespaceInfo("ok", config.kubernetes.namespaces["ok"].labels, config.kubernetes.namespaces["ok"].annotations)
+    assert route(ns, config, None, cache=cache).url is route(ns, config, None, cache=cache).url

@@ -8,6 +8,8 @@ from __future__ import annotations
 import base64
 import json
 from typing import Any
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pytest
 
@@ -229,3 +231,64 @@ def test_audit_values_are_strings_and_clipped() -> None:
 def test_non_ascii_is_sent_as_utf8() -> None:
     body = encode_response(V1, UID, warnings=["caf\u00e9"])
     assert "caf\u00e9".encode("utf-8") in body
+
+
+# ---------------------------------------------------------------- the object's own bytes
+
+def _forwarded(body: bytes):
+    req = parse_review(body)
+    assert req.object_json is not None
+    assert json.loads(req.object_json) == req.object
+    assert req.object_json in body
+    return req
+
+
+def test_object_bytes_are_cut_from_the_body_as_sent() -> None:
+    """
+    The Pod is forwarded to the endpoint byte for byte as the API server
+    sent it, not serialised again.
+    """
+    body = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u",' \
+           b'"kind":{"group":"","version":"v1","kind":"Pod"},"operation":"CREATE","namespace":"n",' \
+           b'"object":{"metadata":{"name":"p"},  "spec":{"containers":[{"name":"c","image":"i"}]}},' \
+           b'"oldObject":null,"dryRun":false}}'
+    req = _forwarded(body)
+    assert req.object_json == b'{"metadata":{"name":"p"},  "spec":{"containers":[{"name":"c","image":"i"}]}}'
+
+
+def test_an_earlier_key_named_object_is_not_taken_for_the_pod() -> None:
+    doc = review(pod())
+    doc["request"] = {"userInfo": {"username": "u", "extra": {"object": ["decoy"]}}, **doc["request"]}
+    doc = {"request": doc["request"], "apiVersion": doc["apiVersion"], "kind": doc["kind"]}
+    req = _forwarded(json.dumps(doc, indent=2).encode())
+    assert req.object == pod()
+
+
+def test_non_ascii_and_pretty_printed_bodies() -> None:
+    the_pod = pod()
+    the_pod["metadata"]["annotations"] = {"note": "grüße \u2028 ☃"}
+    body = json.dumps(review(the_pod), indent=3, ensure_ascii=False).encode("utf-8")
+    req = _forwarded(body)
+    assert req.object == the_pod
+
+
+def test_no_object_bytes_without_an_object() -> None:
+    doc = review(pod(), operation="DELETE")
+    doc["request"]["object"] = None
+    assert parse_review(json.dumps(doc).encode()).object_json is None
+
+
+@settings(max_examples=200, derandomize=True)
+@given(extra=st.dictionaries(st.sampled_from(["object", "x", "oldObject", "options"]),
+                             st.recursive(st.none() | st.text(max_size=5) | st.integers(),
+                                          lambda c: st.dictionaries(st.sampled_from(["object", "a"]), c, max_size=3),
+                                          max_leaves=6), max_size=3),
+       indent=st.sampled_from([None, 0, 2]))
+def test_object_bytes_always_decode_to_the_parsed_object(extra: dict, indent: Any) -> None:
+    doc = review(pod())
+    doc["request"]["userInfo"] = {"username": "u", "extra": extra}
+    body = json.dumps(doc, indent=indent).encode()
+    req = parse_review(body)
+    assert req.object == json.loads(body)["request"]["object"]
+    if req.object_json is not None:
+        assert json.loads(req.object_json) == req.object
