@@ -84,12 +84,10 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
-def _name(common_name: str) -> x509.Name:
+def _name(common_name: str, organizations: Iterable[str] = ("amp development",)) -> x509.Name:
     return x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "amp development"),
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-        ]
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+        + [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
     )
 
 
@@ -152,6 +150,8 @@ def issue_cert(
     hosts: Iterable[str],
     *,
     client: bool = False,
+    server: bool | None = None,
+    organizations: Iterable[str] = ("amp development",),
     days: int = DEFAULT_DAYS,
     not_before: datetime.datetime | None = None,
     not_after: datetime.datetime | None = None,
@@ -160,25 +160,31 @@ def issue_cert(
     Issue an end-entity certificate signed by ``ca_cert``/``ca_key``.
 
     ``hosts`` become subjectAltNames (IP literals as IP SANs, the rest as
-    DNS SANs). ``client`` selects clientAuth instead of serverAuth. The
-    validity defaults to five minutes ago until ``days`` days from now;
-    ``not_before``/``not_after`` override it (e.g. to make an expired
-    certificate for tests).
+    DNS SANs). ``client`` adds clientAuth; ``server`` (by default: not
+    ``client``) adds serverAuth and needs at least one host.
+    ``organizations`` are the subject's O attributes (Kubernetes reads
+    them as a client certificate's groups). The validity defaults to five
+    minutes ago until ``days`` days from now; ``not_before``/``not_after``
+    override it (e.g. to make an expired certificate for tests).
     """
+    server = not client if server is None else server
     names = [_san(h) for h in hosts]
-    if not names:
+    if server and not names:
         raise ValueError("a certificate needs at least one host name or address")
+    if not (server or client):
+        raise ValueError("a certificate needs server or client use")
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     start = not_before if not_before is not None else now - CLOCK_SKEW
     end = not_after if not_after is not None else now + datetime.timedelta(days=days)
     if end <= start:
         raise ValueError("not_after must be later than not_before")
-    usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
+    usages += [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
     ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-    cert = (
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(_name(common_name))
+        .subject_name(_name(common_name, organizations))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -199,15 +205,15 @@ def issue_cert(
             ),
             critical=True,
         )
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False
         )
-        .sign(ca_key, hashes.SHA256())
     )
-    return cert, key
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return builder.sign(ca_key, hashes.SHA256()), key
 
 
 def pem_cert(cert: x509.Certificate) -> bytes:

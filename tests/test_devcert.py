@@ -196,3 +196,22 @@ def test_cli_hosts_days_and_ca_bundle(tmp_path, capsys):
 def test_cli_rejects_bad_days(tmp_path):
     with pytest.raises(SystemExit):
         devcert.main([str(tmp_path), "--days", "0"])
+
+
+def test_client_certificate_with_groups_and_no_hosts() -> None:
+    """
+    A Kubernetes client identity: organizations become groups, no SANs
+    needed; server use still requires a host.
+    """
+    from cryptography.x509.oid import NameOID
+
+    ca_cert, ca_key = devcert.make_ca("test-ca")
+    cert, _ = devcert.issue_cert(ca_cert, ca_key, "admin", (), client=True, organizations=("system:masters",))
+    assert [a.value for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)] == ["system:masters"]
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usages) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    both, _ = devcert.issue_cert(ca_cert, ca_key, "peer", ["127.0.0.1"], client=True, server=True)
+    assert set(both.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == {
+        ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+    with pytest.raises(ValueError, match="host"):
+        devcert.issue_cert(ca_cert, ca_key, "server", ())

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import atexit
 import base64
-import datetime
 import http.client
 import ipaddress
 import json
@@ -42,10 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from amp.devcert import issue_cert, make_ca, pem_cert, pem_key
 
 from .build import Binaries, build
 
@@ -77,51 +76,11 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def _cert_pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _validity() -> tuple[datetime.datetime, datetime.datetime]:
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return now - datetime.timedelta(hours=1), now + datetime.timedelta(days=2)
-
-
 class _Authority:
-    """A self-signed certificate authority that issues leaf certificates."""
+    """A certificate authority that issues leaf certificates (amp.devcert's)."""
 
     def __init__(self, common_name: str) -> None:
-        self.key = _new_key()
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        not_before, not_after = _validity()
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(not_before)
-            .not_valid_after(not_after)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()),
-                critical=False,
-            )
-            .sign(self.key, hashes.SHA256())
-        )
+        self.cert, self.key = make_ca(common_name, days=2)
 
     def issue(
         self,
@@ -133,54 +92,9 @@ class _Authority:
         client: bool = False,
     ) -> tuple[bytes, bytes]:
         """A leaf certificate and its key, both PEM."""
-        key = _new_key()
-        attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
-        attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
-        not_before, not_after = _validity()
-        usages = []
-        if server:
-            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-        if client:
-            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name(attributes))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(not_before)
-            .not_valid_after(not_after)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
-                critical=False,
-            )
-        )
-        if hosts:
-            names: list[x509.GeneralName] = []
-            for host in hosts:
-                try:
-                    names.append(x509.IPAddress(ipaddress.ip_address(host)))
-                except ValueError:
-                    names.append(x509.DNSName(host))
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-        cert = builder.sign(self.key, hashes.SHA256())
-        return _cert_pem(cert), _key_pem(key)
+        cert, key = issue_cert(self.cert, self.key, common_name, hosts, client=client, server=server,
+                               organizations=organizations, days=2)
+        return pem_cert(cert), pem_key(key)
 
 
 def _write(path: Path, data: bytes, mode: int = 0o600) -> Path:
@@ -313,9 +227,9 @@ class ControlPlane:
     def _write_pki(self) -> None:
         self._ca = _Authority("amp-e2e-ca")
         self._client_ca = _Authority("amp-e2e-client-ca")
-        self.ca_pem = _cert_pem(self._ca.cert)
+        self.ca_pem = pem_cert(self._ca.cert)
         _write(self.ca_path, self.ca_pem, 0o644)
-        _write(self.pki / "client-ca.crt", _cert_pem(self._client_ca.cert), 0o644)
+        _write(self.pki / "client-ca.crt", pem_cert(self._client_ca.cert), 0o644)
 
         first_service_ip = str(next(ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE).hosts()))
         cert, key = self._ca.issue(
