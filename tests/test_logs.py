@@ -13,7 +13,6 @@ import math
 import re
 from typing import Any
 
-import pytest
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.logger import Logger, globalLogPublisher

@@ -17,22 +17,19 @@ import pytest
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import inlineCallbacks
 from twisted.internet.endpoints import TCP4ServerEndpoint
-from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
-from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
-from zope.interface import implementer
 
 from amphelpers import (
     WAIT,
     ConnectionTracker,
+    _RecordingEndpoint,
     WebhookClient,
     closed_port,
     decode_answer,
     make_config,
     namespace,
-    pod,
     raw_config,
     review_bytes,
     start_example,
@@ -58,28 +55,6 @@ REQUIRED = {
 
 
 # ---------------------------------------------------------------- an amp with its metrics listener
-
-
-@implementer(IStreamServerEndpoint)
-class _Recording:
-    """
-    Listens through C{inner}; C{listening} fires with the port.
-    """
-
-    def __init__(self, inner: IStreamServerEndpoint) -> None:
-        self.inner = inner
-        self.listening: Deferred = Deferred()
-
-    def listen(self, factory: IProtocolFactory) -> Deferred:
-        def got(port: IListeningPort) -> IListeningPort:
-            self.listening.callback(port)
-            return port
-
-        def failed(failure: Failure) -> Failure:
-            self.listening.errback(failure)
-            return failure
-
-        return self.inner.listen(factory).addCallbacks(got, failed)
 
 
 class AmpWithMetrics:
@@ -125,7 +100,7 @@ def start_amp_with_metrics(config: Config) -> Any:
     # configured port is replaced by a free one.
     ephemeral = TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1")
     for listener, inner in ((service.webhook, service.webhook.endpoint), (service.metrics_listener, ephemeral)):
-        endpoint = _Recording(inner)
+        endpoint = _RecordingEndpoint(inner)
         tracker = ConnectionTracker(listener.factory, reactor)
         listener.endpoint = endpoint
         listener.factory = tracker
