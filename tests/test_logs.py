@@ -279,3 +279,24 @@ def test_text_lines_are_twisteds_classic_form() -> None:
     assert rest[0] == "2025-11-21T14:29:03.000Z [amp.x#critical] boom"
     assert any("ZeroDivisionError" in line for line in rest[1:])
     assert all(line.startswith("\t") for line in rest[1:])
+
+
+def test_fast_formatting_matches_twisteds() -> None:
+    """
+    amp's log observers format plain messages themselves (for speed); the
+    text must be what twisted.logger.formatEvent gives, for every shape of
+    format, including the ones handed back to Twisted.
+    """
+    from twisted.logger import formatEvent
+
+    from amp.logs import format_event
+    from amp.web import _REVIEW_LINE, _REVIEW_LINE_WITH_REASON
+
+    fields = {"uid": "u-1", "namespace": "team-a", "pod": "p-*", "endpoint": "http://e:80", "result": "ignored",
+              "reason": "timeout", "patch_size": 0, "duration_ms": 12.345, "a": {"k": 1}, "x": 3, "y": "z"}
+    formats = [_REVIEW_LINE, _REVIEW_LINE_WITH_REASON, "{a!r} x", "{a.k}", "{}", "plain {{braces}}",
+               "{x:>5}|{y}", "{missing}", "{x:{y}}", "unclosed {", "{a}"]
+    for fmt in formats:
+        event = dict(fields, log_format=fmt)
+        assert format_event(event) == formatEvent(event), fmt
+    assert format_event({"no": "format"}) == formatEvent({"no": "format"})
