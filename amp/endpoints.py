@@ -811,7 +811,7 @@ class _Origin:
     metric children.
     """
 
-    __slots__ = ("name", "in_flight", "breaker_config", "outcomes", "duration", "warned")
+    __slots__ = ("name", "in_flight", "breaker_config", "outcomes", "duration")
 
     def __init__(self, name: str, breaker_config: BreakerConfig, metrics: Metrics) -> None:
         self.name = name
@@ -819,7 +819,6 @@ class _Origin:
         self.breaker_config = breaker_config
         self.outcomes: dict[str, Any] = {}
         self.duration = metrics.endpoint_duration.labels(name)
-        self.warned: set[BreakerConfig] = set()
 
 
 # ---------------------------------------------------------------- classifying failures
@@ -1110,12 +1109,9 @@ class EndpointClient:
         return o
 
     def _breaker(self, origin: _Origin, settings: EndpointSettings) -> CircuitBreaker:
-        config = origin.breaker_config
-        if settings.breaker is not config and settings.breaker != config and settings.breaker not in origin.warned:
-            origin.warned.add(settings.breaker)
-            log.warn("Breaker settings of an override for {endpoint} differ from the origin's; the breaker "
-                     "for an origin uses the settings of {endpoint}/", endpoint=origin.name)
-        return self._breakers.get(origin.name, config)
+        # Always the origin's thresholds: the config refuses breaker
+        # settings on overrides that do not cover the origin's root.
+        return self._breakers.get(origin.name, origin.breaker_config)
 
     def _count(self, origin: _Origin, outcome: str) -> None:
         child = origin.outcomes.get(outcome)

@@ -107,7 +107,9 @@ class AmpService(MultiService):
 
         def breaker_changed(origin: str, state: str) -> None:
             metrics.breaker_state.labels(origin).set(BREAKER_STATE_VALUES[state])
-            self.log.warn("Circuit breaker for {endpoint} is now {state}", endpoint=origin, state=state)
+            # Opening is the news; half-open and closed follow on their own.
+            emit = self.log.warn if state == "open" else self.log.info
+            emit("Circuit breaker for {endpoint} is now {state}", endpoint=origin, state=state)
 
         self.breakers = BreakerRegistry(reactor, breaker_changed, random=random.random)
         endpoints = config.endpoints
