@@ -85,8 +85,13 @@ class AmpService(MultiService):
         install_sighup: bool = True,
         log_observer: Optional[ILogObserver] = None,
         freeze_gc: bool = False,
+        worker: int = 0,
     ) -> None:
         """
+        @param worker: which of C{config.workers} processes this is (0 for
+            the first).  With more than one worker every process listens on
+            the webhook port with C{SO_REUSEPORT}, and worker C{i} serves
+            metrics on C{metrics.port + i}; see L{amp.workers}.
         @param freeze_gc: move the objects alive once amp has started (and
             again once the first namespace list has landed) out of the
             garbage collector's view: they live as long as the process, and
@@ -132,8 +137,10 @@ class AmpService(MultiService):
             root, reactor=reactor, metrics=metrics, max_body=listen.max_body,
             max_connections=listen.max_connections, request_timeout=listen.request_timeout,
             idle_timeout=listen.idle_timeout)
+        self.worker = worker
         self.webhook = StreamServerEndpointService(
-            tls_endpoint(reactor, listen.port, listen.interface, certificate), self.site)
+            tls_endpoint(reactor, listen.port, listen.interface, certificate, reuse_port=config.workers > 1),
+            self.site)
         # A port that cannot be bound must stop start-up, not leave a
         # process that looks alive and serves nothing.
         self.webhook._raiseSynchronously = True
@@ -145,7 +152,7 @@ class AmpService(MultiService):
             metrics_site = Site(metrics_root, reactor=reactor)
             metrics_site.log = lambda request: None  # type: ignore[method-assign]
             self.metrics_listener = StreamServerEndpointService(
-                _tcp(reactor, config.metrics.port, config.metrics.interface), metrics_site)
+                _tcp(reactor, config.metrics.port + worker, config.metrics.interface), metrics_site)
             self.metrics_listener._raiseSynchronously = True
             self.metrics_listener.setServiceParent(self)
 

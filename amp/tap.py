@@ -22,6 +22,8 @@ class Options(usage.Options):
     longdesc = "Run amp, the admission mutation proxy for Kubernetes."
     optParameters = [
         ["config", "c", "etc/amp.yaml", "Path to amp's YAML configuration."],
+        ["worker", None, 0, "Which worker this process is (0 to workers-1); set by worker 0 for its children.",
+         int],
     ]
     optFlags = [
         ["check", None, "Check the configuration and certificate, then exit."],
@@ -34,11 +36,27 @@ class Options(usage.Options):
             self.config = load_config(self["config"])
         except ConfigError as e:
             raise usage.UsageError(f"config {self['config']}: {e}") from None
+        workers = self.config.workers
+        if not 0 <= self["worker"] < workers:
+            raise usage.UsageError(f"--worker: expected 0 to {workers - 1} (workers: {workers}), got {self['worker']}")
+        if workers > 1 and self.config.listen.port == 0:
+            raise usage.UsageError(
+                f"config {self['config']}: listen.port: workers share the webhook port, so it cannot be 0 "
+                f"(workers: {workers})")
+        metrics_port = self.config.metrics.port
+        if metrics_port and metrics_port + workers - 1 > 65535:
+            raise usage.UsageError(
+                f"config {self['config']}: metrics.port: {metrics_port} + one port per worker "
+                f"({workers}) goes past 65535")
 
 
 def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     """
     Build amp's service from parsed options.
+
+    With C{workers} above one, worker 0 (the default C{--worker}) also
+    starts and supervises the other workers (L{amp.workers}); the others
+    stop when worker 0 exits.
     """
     if reactor is None:
         from twisted.internet import reactor as global_reactor
@@ -47,13 +65,20 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     from amp.metrics import Metrics
     from amp.service import make_amp_service
     from amp.tls import CertificateError
+    from amp.workers import ParentWatch, supervise
 
     config = options.config
+    worker = options["worker"]
     observer = make_observer(config.log.format, config.log.level, sys.stdout)
     try:
-        service = make_amp_service(config, reactor, metrics=Metrics(), log_observer=observer, freeze_gc=True)
+        service = make_amp_service(config, reactor, metrics=Metrics(), log_observer=observer, freeze_gc=True,
+                                   worker=worker)
     except CertificateError as e:
         raise SystemExit(f"amp: {e}") from None
     if options["check"]:
         raise SystemExit(0)
+    if worker == 0 and config.workers > 1:
+        supervise(service, options["config"], config.workers, reactor)
+    elif worker > 0:
+        ParentWatch(reactor).setServiceParent(service)
     return service

@@ -44,6 +44,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import socket
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Callable, Optional, Union
@@ -53,8 +54,9 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL, crypto
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
+from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import (
     IListeningPort,
     IOpenSSLServerConnectionCreator,
@@ -582,6 +584,10 @@ class ReloadingTLSServerEndpoint:
     """
     TCP (IPv4, or IPv6 when the interface contains C{:}) with TLS from a
     L{ReloadingCertificate}.
+
+    @ivar reuse_port: bind with C{SO_REUSEPORT}, so that several processes
+        (amp's workers) can each listen on the same port with their own
+        accept queue; the kernel spreads new connections among them.
     """
 
     def __init__(
@@ -591,21 +597,50 @@ class ReloadingTLSServerEndpoint:
         interface: str,
         creator: ReloadingCertificate,
         backlog: int = 128,
+        reuse_port: bool = False,
     ) -> None:
         self.reactor = reactor
         self.port = port
         self.interface = interface
         self.creator = creator
         self.backlog = backlog
+        self.reuse_port = reuse_port
 
     def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
+        tls = TLSMemoryBIOFactory(self.creator, False, protocolFactory, clock=self.reactor)
+        if self.reuse_port:
+            return self._listen_reuse_port(tls)
         if ":" in self.interface:
             tcp: IStreamServerEndpoint = TCP6ServerEndpoint(
                 self.reactor, self.port, backlog=self.backlog, interface=self.interface
             )
         else:
             tcp = TCP4ServerEndpoint(self.reactor, self.port, backlog=self.backlog, interface=self.interface)
-        return tcp.listen(TLSMemoryBIOFactory(self.creator, False, protocolFactory, clock=self.reactor))
+        return tcp.listen(tls)
+
+    def _listen_reuse_port(self, factory: IProtocolFactory) -> Deferred[IListeningPort]:
+        """
+        Bind and listen with C{SO_REUSEADDR} and C{SO_REUSEPORT} set, then
+        hand the socket to the reactor (C{adoptStreamPort} duplicates the
+        descriptor, so our copy is closed).
+        """
+        family = socket.AF_INET6 if ":" in self.interface else socket.AF_INET
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as e:
+            return fail(CannotListenError(self.interface, self.port, e))
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((self.interface, self.port))
+            sock.listen(self.backlog)
+            sock.setblocking(False)
+            port = self.reactor.adoptStreamPort(sock.fileno(), family, factory)
+        except OSError as e:
+            return fail(CannotListenError(self.interface, self.port, e))
+        finally:
+            sock.close()
+        return succeed(port)
 
 
 def tls_endpoint(
@@ -614,9 +649,12 @@ def tls_endpoint(
     interface: str,
     creator: ReloadingCertificate,
     backlog: int = 128,
+    reuse_port: bool = False,
 ) -> IStreamServerEndpoint:
     """
     The webhook listener: TLS on C{interface:port}, each connection using
-    the certificate C{creator} has in service when it is accepted.
+    the certificate C{creator} has in service when it is accepted.  With
+    C{reuse_port}, the socket is bound with C{SO_REUSEPORT} so that other
+    processes can listen on the same port (see L{amp.workers}).
     """
-    return ReloadingTLSServerEndpoint(reactor, port, interface, creator, backlog)
+    return ReloadingTLSServerEndpoint(reactor, port, interface, creator, backlog, reuse_port)

@@ -1,0 +1,198 @@
+"""
+amp's worker processes: C{workers: N} runs N amp processes that share the
+webhook port.
+
+One Twisted process uses one core.  With C{workers} above one, the process
+twistd starts is worker 0; it also runs a L{WorkerMonitor} that starts
+workers 1 .. N-1 as child processes (C{twistd amp --config <same file>
+--worker i}), restarts a child that exits (with the back-off of
+L{twisted.runner.procmon.ProcessMonitor}) and, when worker 0 stops, stops
+the children and waits for them to exit.
+
+Every worker binds its own socket on C{listen.port} with C{SO_REUSEPORT}
+(L{amp.tls.tls_endpoint}): each has its own accept queue and the kernel
+spreads new connections among them by their address and port.  (One shared
+listening socket does not spread the load: the first worker to wake takes
+the API server's keep-alive connections and keeps them.)
+
+Children write their log lines straight to the parent's standard output and
+error (the descriptors are inherited).  A child's standard input is a pipe
+from the parent: when it reads end-of-file the parent is gone (killed without
+the chance to stop its children), and the child stops too (L{ParentWatch}).
+
+Everything else is per process: each worker has its own metrics (worker
+C{i} serves them on C{metrics.port + i}), its own readiness, its own
+namespace watch and its own certificate polling.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from typing import Any, Optional
+
+from twisted.application.service import IServiceCollection, Service
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorProcess, IReactorTime
+from twisted.internet.main import CONNECTION_DONE
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.runner.procmon import ProcessMonitor
+from zope.interface import implementer
+
+#: How often the monitor looks whether its stopped children have exited.
+_EXIT_POLL = 0.05
+
+
+def worker_argv(config_path: str, worker: int) -> list[str]:
+    """
+    The command line of worker C{worker}: this Python running twistd in the
+    foreground, without a pid file, on the same configuration file.
+    """
+    return [
+        sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+        "--nodaemon", "--pidfile=", "amp", "--config", config_path, "--worker", str(worker),
+    ]
+
+
+@implementer(IReactorProcess, IReactorTime)
+class _InheritOutput:
+    """
+    The reactor as L{ProcessMonitor} sees it: processes are spawned with our
+    standard output and error (so their log lines reach the same place
+    unchanged) and a pipe as their standard input (L{ParentWatch}).
+    """
+
+    def __init__(self, reactor: Any) -> None:
+        self._reactor = reactor
+
+    def spawnProcess(self, processProtocol: Any, executable: Any, args: Any = (), env: Any = None,
+                     path: Any = None, uid: Any = None, gid: Any = None, usePTY: bool = False,
+                     childFDs: Any = None) -> Any:
+        return self._reactor.spawnProcess(
+            processProtocol, executable, args, env=env, path=path, uid=uid, gid=gid,
+            childFDs={0: "w", 1: 1, 2: 2})
+
+    def callLater(self, delay: float, callable: Any, *args: Any, **kw: Any) -> Any:
+        return self._reactor.callLater(delay, callable, *args, **kw)
+
+    def seconds(self) -> float:
+        return float(self._reactor.seconds())
+
+    def getDelayedCalls(self) -> Any:
+        return self._reactor.getDelayedCalls()
+
+
+class WorkerMonitor(ProcessMonitor):
+    """
+    A L{ProcessMonitor} for amp's workers whose C{stopService} waits until
+    every child has exited (C{SIGTERM}, then C{SIGKILL} after C{killTime}
+    seconds), so that twistd does not exit before its children.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor: Any) -> None:
+        super().__init__(reactor=_InheritOutput(reactor))
+        self.clock: IReactorTime = reactor
+
+    def stopService(self) -> Deferred[None]:  # type: ignore[override]
+        super().stopService()
+        if not self.protocols:
+            return succeed(None)
+        done: Deferred[None] = Deferred()
+        deadline = self.clock.seconds() + self.killTime + 2
+
+        def check() -> None:
+            if not self.protocols or self.clock.seconds() >= deadline:
+                if self.protocols:
+                    self.log.warn("Workers {names} did not exit", names=sorted(self.protocols))
+                loop.stop()
+
+        loop = LoopingCall(check)
+        loop.clock = self.clock
+        loop.start(_EXIT_POLL, now=False).addCallback(lambda _: done.callback(None))
+        return done
+
+
+def supervise(parent: IServiceCollection, config_path: str, workers: int, reactor: Any) -> WorkerMonitor:
+    """
+    Add to C{parent} a L{WorkerMonitor} that runs workers 1 .. C{workers}-1
+    on C{config_path} with this process's environment.
+    """
+    monitor = WorkerMonitor(reactor)
+    config_path = os.path.abspath(config_path)
+    for worker in range(1, workers):
+        monitor.addProcess(f"amp-worker-{worker}", worker_argv(config_path, worker), env=dict(os.environ))
+    monitor.setServiceParent(parent)
+    return monitor
+
+
+class _StdinReader:
+    """
+    Reads and discards standard input; end-of-file calls C{on_eof}.
+    """
+
+    def __init__(self, fd: int, on_eof: Any) -> None:
+        self.fd = fd
+        self.on_eof = on_eof
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def logPrefix(self) -> str:
+        return "ParentWatch"
+
+    def doRead(self) -> Optional[Failure]:
+        try:
+            data = os.read(self.fd, 4096)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data = b""
+        if not data:
+            return CONNECTION_DONE  # type: ignore[no-any-return]
+        return None
+
+    def connectionLost(self, reason: Failure) -> None:
+        self.on_eof()
+
+
+class ParentWatch(Service):
+    """
+    In a child worker: stop the reactor when standard input (a pipe from
+    worker 0) reaches end-of-file, i.e. when worker 0 has exited.  Does
+    nothing when standard input is not a pipe (a worker started by hand).
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor: Any, fd: int = 0) -> None:
+        self.reactor = reactor
+        self.fd = fd
+        self._reader: Optional[_StdinReader] = None
+
+    def startService(self) -> None:
+        super().startService()
+        try:
+            if not stat.S_ISFIFO(os.fstat(self.fd).st_mode):
+                return
+        except OSError:
+            return
+        os.set_blocking(self.fd, False)
+        self._reader = _StdinReader(self.fd, self._parent_gone)
+        self.reactor.addReader(self._reader)
+
+    def stopService(self) -> Optional[Deferred[None]]:
+        if self._reader is not None:
+            self.reactor.removeReader(self._reader)
+            self._reader = None
+        return super().stopService()
+
+    def _parent_gone(self) -> None:
+        self._reader = None
+        if self.running:
+            self.log.warn("Worker 0 has exited; stopping this worker")
+            self.reactor.stop()

@@ -1,0 +1,296 @@
+"""
+Tests for C{workers}: several amp processes on one webhook port with
+C{SO_REUSEPORT} (amp.tls, amp.service, amp.tap, amp.workers).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
+
+import pytest
+import yaml
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.testing import MemoryReactorClock
+from twisted.python.usage import UsageError
+from twisted.runner.procmon import ProcessMonitor
+from twisted.trial.unittest import TestCase
+
+from amp.tap import Options, makeService
+from amp.tls import ReloadingCertificate, tls_endpoint
+from amp.workers import ParentWatch, worker_argv
+from amphelpers import ca_pem, decode_answer, dev_tls, make_config, raw_config, review_bytes, start_amp, tls_exchange
+
+REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def _reuse_port(listening: Any) -> int:
+    return int(listening.socket.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT))
+
+
+class _Say(Protocol):
+    def connectionMade(self) -> None:
+        self.transport.write(self.factory.word)  # type: ignore[attr-defined]
+        self.transport.loseConnection()
+
+
+def _saying(word: bytes) -> Factory:
+    factory = Factory.forProtocol(_Say)
+    factory.word = word  # type: ignore[attr-defined]
+    return factory
+
+
+class ListenerTests(TestCase):
+    def certificate(self) -> ReloadingCertificate:
+        tls = dev_tls()
+        cert = ReloadingCertificate(str(tls["cert"]), str(tls["key"]), clock=reactor)
+        cert.load()
+        return cert
+
+    @inlineCallbacks
+    def test_one_worker_listens_without_reuse_port(self) -> Any:
+        amp = yield start_amp(make_config(), reactor)
+        self.addCleanup(amp.stop)
+        self.assertEqual(_reuse_port(amp.service.webhook._waitingForPort.result), 0)
+
+    @inlineCallbacks
+    def test_several_workers_listen_with_reuse_port(self) -> Any:
+        amp = yield start_amp(make_config(workers=2), reactor)
+        self.addCleanup(amp.stop)
+        self.assertNotEqual(_reuse_port(amp.service.webhook._waitingForPort.result), 0)
+        response = yield tls_exchange(reactor, amp.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        self.assertTrue(response.startswith(b"HTTP/1.1 200"), response[:100])
+
+    @inlineCallbacks
+    def test_two_reuse_port_listeners_share_a_port_and_both_answer_tls(self) -> Any:
+        cert = self.certificate()
+        a = yield tls_endpoint(reactor, 0, "127.0.0.1", cert, reuse_port=True).listen(_saying(b"a"))
+        port = a.getHost().port
+        b = yield tls_endpoint(reactor, port, "127.0.0.1", cert, reuse_port=True).listen(_saying(b"b"))
+        yield b.stopListening()
+        self.assertEqual((yield tls_exchange(reactor, port)), b"a")
+        c = yield tls_endpoint(reactor, port, "127.0.0.1", cert, reuse_port=True).listen(_saying(b"c"))
+        self.addCleanup(c.stopListening)
+        yield a.stopListening()
+        self.assertEqual((yield tls_exchange(reactor, port)), b"c")
+
+    @inlineCallbacks
+    def test_without_reuse_port_the_port_is_taken(self) -> Any:
+        cert = self.certificate()
+        a = yield tls_endpoint(reactor, 0, "127.0.0.1", cert, reuse_port=True).listen(_saying(b"a"))
+        self.addCleanup(a.stopListening)
+        from twisted.internet.error import CannotListenError
+
+        with self.assertRaises(CannotListenError):
+            yield tls_endpoint(reactor, a.getHost().port, "127.0.0.1", cert).listen(_saying(b"b"))
+
+
+# ---------------------------------------------------------------- supervisor
+
+
+class _SpawningReactor(MemoryReactorClock):
+    def __init__(self) -> None:
+        super().__init__()
+        self.spawned: list[dict[str, Any]] = []
+
+    def spawnProcess(self, protocol: Any, executable: Any, args: Any = (), env: Any = None, path: Any = None,
+                     uid: Any = None, gid: Any = None, usePTY: bool = False, childFDs: Any = None) -> Any:
+        self.spawned.append({"executable": executable, "args": list(args), "env": env, "childFDs": childFDs})
+        return None
+
+
+def _config_file(tmp_path: Path, **sections: Any) -> str:
+    path = tmp_path / "amp.yaml"
+    path.write_text(yaml.safe_dump(raw_config(**sections)))
+    return str(path)
+
+
+def _options(path: str, *extra: str) -> Options:
+    options = Options()
+    options.parseOptions(["--config", path, *extra])
+    return options
+
+
+def _monitors(service: Any) -> list[ProcessMonitor]:
+    return [s for s in service if isinstance(s, ProcessMonitor)]
+
+
+def test_worker_zero_supervises_the_other_workers(tmp_path: Path) -> None:
+    path = _config_file(tmp_path, workers=2, listen={"port": 18443})
+    fake = _SpawningReactor()
+    service = makeService(_options(path), reactor=fake)
+    [monitor] = _monitors(service)
+    monitor.startService()
+    [child] = fake.spawned
+    assert child["args"] == worker_argv(path, 1)
+    assert child["args"][-4:] == ["--config", path, "--worker", "1"]
+    assert child["executable"] == sys.executable
+    assert child["env"] == dict(os.environ)
+    # Log lines go straight to our stdout/stderr; stdin is the parent-alive pipe.
+    assert child["childFDs"] == {0: "w", 1: 1, 2: 2}
+    assert not [s for s in service if isinstance(s, ParentWatch)]
+
+
+def test_a_worker_never_supervises_and_serves_metrics_on_its_own_port(tmp_path: Path) -> None:
+    path = _config_file(tmp_path, workers=2, listen={"port": 18443}, metrics={"port": 19090})
+    fake = _SpawningReactor()
+    service = makeService(_options(path, "--worker", "1"), reactor=fake)
+    assert _monitors(service) == []
+    assert [s for s in service if isinstance(s, ParentWatch)]
+    service.metrics_listener.privilegedStartService()
+    assert [p[0] for p in fake.tcpServers] == [19091]
+
+
+def test_one_worker_is_todays_amp(tmp_path: Path) -> None:
+    path = _config_file(tmp_path, listen={"port": 18443}, metrics={"port": 19090})
+    fake = _SpawningReactor()
+    service = makeService(_options(path), reactor=fake)
+    assert _monitors(service) == []
+    assert not [s for s in service if isinstance(s, ParentWatch)]
+    assert service.webhook.endpoint.reuse_port is False
+    service.metrics_listener.privilegedStartService()
+    assert [p[0] for p in fake.tcpServers] == [19090]
+
+
+def test_worker_index_out_of_range_is_a_usage_error(tmp_path: Path) -> None:
+    path = _config_file(tmp_path, workers=2, listen={"port": 18443})
+    with pytest.raises(UsageError, match=r"--worker: expected 0 to 1 \(workers: 2\), got 2"):
+        _options(path, "--worker", "2")
+
+
+def test_workers_need_a_fixed_webhook_port(tmp_path: Path) -> None:
+    path = _config_file(tmp_path, workers=2)
+    with pytest.raises(UsageError, match="listen.port: workers share the webhook port, so it cannot be 0"):
+        _options(path)
+
+
+def test_metrics_ports_must_fit(tmp_path: Path) -> None:
+    path = _config_file(tmp_path, workers=3, listen={"port": 18443}, metrics={"port": 65534})
+    with pytest.raises(UsageError, match="metrics.port: 65534 \\+ one port per worker \\(3\\) goes past 65535"):
+        _options(path)
+
+
+# ---------------------------------------------------------------- two real processes
+
+
+def _wait_until(what: str, probe: Callable[[], Optional[T]], timeout: float, details: Callable[[], str]) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result is not None:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{details()}")
+        time.sleep(0.05)
+
+
+def _free_ports() -> tuple[int, int]:
+    """A free port for the webhook and a free pair (base, base+1) for metrics."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        webhook = s.getsockname()[1]
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            base = a.getsockname()[1]
+            if base + 1 > 65535 or base + 1 == webhook or base == webhook:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", base + 1))
+                except OSError:
+                    continue
+                return webhook, base
+    raise AssertionError("no free pair of loopback ports")
+
+
+def _reviews_answered(port: int) -> Optional[int]:
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        connection.request("GET", "/metrics")
+        body = connection.getresponse().read().decode()
+        connection.close()
+    except OSError:
+        return None
+    return int(sum(float(line.split()[-1]) for line in body.splitlines()
+                   if line.startswith("amp_admission_requests_total")))
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
+    webhook, metrics = _free_ports()
+    path = _config_file(tmp_path, workers=2, listen={"port": webhook}, metrics={"port": metrics})
+    log = open(tmp_path / "amp.log", "wb")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    twistd = Path(sys.executable).with_name("twistd")
+    parent = subprocess.Popen([str(twistd), "-n", "--pidfile=", "amp", "--config", path], cwd=tmp_path, env=env,
+                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    child_pids: list[int] = []
+
+    def output() -> str:
+        return (tmp_path / "amp.log").read_text(errors="replace")[-4000:]
+
+    try:
+        _wait_until("both workers' metrics", lambda: (
+            (_reviews_answered(metrics), _reviews_answered(metrics + 1))
+            if None not in (_reviews_answered(metrics), _reviews_answered(metrics + 1)) else None), 10, output)
+        child_pids = _children(parent.pid)
+        assert len(child_pids) == 1, child_pids
+
+        context = ssl.create_default_context(cadata=ca_pem().decode())
+        sent = 40
+        for i in range(sent):
+            connection = http.client.HTTPSConnection("127.0.0.1", webhook, timeout=5, context=context)
+            uid = f"uid-{i}"
+            connection.request("POST", "/mutate", body=review_bytes(namespace="default", uid=uid),
+                               headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            body = response.read()
+            connection.close()
+            assert response.status == 200, body
+            answer = decode_answer(body)["response"]
+            assert answer["uid"] == uid and answer["allowed"] is True, answer
+
+        counts = (_reviews_answered(metrics), _reviews_answered(metrics + 1))
+        assert sum(c or 0 for c in counts) == sent, counts
+        assert all(counts), f"one worker answered everything: {counts}"
+    finally:
+        parent.send_signal(signal.SIGTERM)
+        try:
+            parent.wait(timeout=10)
+        finally:
+            if parent.poll() is None:
+                parent.kill()
+                parent.wait()
+            log.close()
+    # twistd ends by re-raising the signal it was stopped with.
+    assert parent.returncode in (0, -signal.SIGTERM), output()
+    for pid in child_pids:
+        _wait_until(f"worker process {pid} to exit", lambda: True if _gone(pid) else None, 5, output)
