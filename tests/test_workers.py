@@ -6,7 +6,6 @@ C{SO_REUSEPORT} (amp.tls, amp.service, amp.tap, amp.workers).
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import signal
 import socket
@@ -15,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import pytest
 import yaml
@@ -244,30 +243,71 @@ def _gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
-    webhook, metrics = _free_ports()
-    path = _config_file(tmp_path, workers=2, listen={"port": webhook}, metrics={"port": metrics})
-    log = open(tmp_path / "amp.log", "wb")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    twistd = Path(sys.executable).with_name("twistd")
-    parent = subprocess.Popen([str(twistd), "-n", "--pidfile=", "amp", "--config", path], cwd=tmp_path, env=env,
-                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    child_pids: list[int] = []
+class _Pair:
+    """C{twistd amp} with C{workers: 2} as a subprocess."""
 
-    def output() -> str:
-        return (tmp_path / "amp.log").read_text(errors="replace")[-4000:]
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.webhook, self.metrics = _free_ports()
+        path = _config_file(tmp_path, workers=2, listen={"port": self.webhook}, metrics={"port": self.metrics})
+        self.log = open(tmp_path / "amp.log", "wb")
+        self.seen: list[int] = []
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        twistd = Path(sys.executable).with_name("twistd")
+        self.parent = subprocess.Popen(
+            [str(twistd), "-n", "--pidfile=", "amp", "--config", path], cwd=tmp_path, env=env,
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
 
+    def output(self) -> str:
+        return (self.tmp_path / "amp.log").read_text(errors="replace")[-4000:]
+
+    def counts(self) -> tuple[Optional[int], Optional[int]]:
+        """Reviews answered by worker 0 and worker 1 (None: not listening)."""
+        return _reviews_answered(self.metrics), _reviews_answered(self.metrics + 1)
+
+    def wait_serving(self) -> int:
+        """Wait until both workers serve metrics; returns worker 1's pid."""
+        _wait_until("both workers' metrics", lambda: True if None not in self.counts() else None, 10, self.output)
+        children = _children(self.parent.pid)
+        self.seen.extend(children)
+        assert len(children) == 1, children
+        return children[0]
+
+    def reap(self) -> None:
+        """Kill any worker a failed test left behind."""
+        for pid in self.seen:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.parent.poll() is None:
+            self.parent.send_signal(sig)
+        try:
+            self.parent.wait(timeout=10)
+        finally:
+            if self.parent.poll() is None:
+                self.parent.kill()
+                self.parent.wait()
+            self.log.close()
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[_Pair]:
+    started = _Pair(tmp_path)
     try:
-        _wait_until("both workers' metrics", lambda: (
-            (_reviews_answered(metrics), _reviews_answered(metrics + 1))
-            if None not in (_reviews_answered(metrics), _reviews_answered(metrics + 1)) else None), 10, output)
-        child_pids = _children(parent.pid)
-        assert len(child_pids) == 1, child_pids
+        yield started
+    finally:
+        started.stop(signal.SIGKILL)
+        started.reap()
 
+
+def test_two_workers_share_the_port_and_stop_together(pair: _Pair) -> None:
+    try:
+        child = pair.wait_serving()
         context = ssl.create_default_context(cadata=ca_pem().decode())
         sent = 40
         for i in range(sent):
-            connection = http.client.HTTPSConnection("127.0.0.1", webhook, timeout=5, context=context)
+            connection = http.client.HTTPSConnection("127.0.0.1", pair.webhook, timeout=5, context=context)
             uid = f"uid-{i}"
             connection.request("POST", "/mutate", body=review_bytes(namespace="default", uid=uid),
                                headers={"Content-Type": "application/json"})
@@ -278,19 +318,33 @@ def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
             answer = decode_answer(body)["response"]
             assert answer["uid"] == uid and answer["allowed"] is True, answer
 
-        counts = (_reviews_answered(metrics), _reviews_answered(metrics + 1))
+        counts = pair.counts()
         assert sum(c or 0 for c in counts) == sent, counts
         assert all(counts), f"one worker answered everything: {counts}"
     finally:
-        parent.send_signal(signal.SIGTERM)
-        try:
-            parent.wait(timeout=10)
-        finally:
-            if parent.poll() is None:
-                parent.kill()
-                parent.wait()
-            log.close()
+        pair.stop()
     # twistd ends by re-raising the signal it was stopped with.
-    assert parent.returncode in (0, -signal.SIGTERM), output()
-    for pid in child_pids:
-        _wait_until(f"worker process {pid} to exit", lambda: True if _gone(pid) else None, 5, output)
+    assert pair.parent.returncode in (0, -signal.SIGTERM), pair.output()
+    # Worker 0 waited for its child: it is gone by the time worker 0 is.
+    assert _gone(child), pair.output()
+
+
+def test_a_worker_that_dies_is_restarted(pair: _Pair) -> None:
+    try:
+        child = pair.wait_serving()
+        os.kill(child, signal.SIGKILL)
+        _wait_until("worker 1 to stop serving", lambda: True if pair.counts()[1] is None else None, 5, pair.output)
+        replacement = _wait_until(
+            "a new worker 1", lambda: [p for p in _children(pair.parent.pid) if p != child] or None, 5, pair.output)
+        _wait_until("the new worker 1's metrics", lambda: pair.counts()[1], 10, pair.output)
+        assert len(replacement) == 1
+    finally:
+        pair.stop()
+
+
+def test_workers_stop_when_worker_zero_is_killed(pair: _Pair) -> None:
+    try:
+        child = pair.wait_serving()
+    finally:
+        pair.stop(signal.SIGKILL)
+    _wait_until(f"worker process {child} to exit", lambda: True if _gone(child) else None, 5, pair.output)
