@@ -31,6 +31,8 @@ from typing import Any, Callable, Optional, TypeVar
 
 import yaml
 
+from .cluster import spawn_logged
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
 POLL_INTERVAL = 0.05
@@ -128,19 +130,7 @@ class TwistdProcess:
             [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         )
         env["PYTHONUNBUFFERED"] = "1"
-        log = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen(
-                self.args,
-                cwd=self.workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
+        self.proc = spawn_logged(self.args, self.workdir, self.log_path, env)
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

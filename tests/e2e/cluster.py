@@ -97,6 +97,25 @@ class _Authority:
         return pem_cert(cert), pem_key(key)
 
 
+def spawn_logged(
+    args: list[str], cwd: Path, log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``args`` in its own session with stdout and stderr appended to ``log_path``."""
+    log = open(log_path, "ab")
+    try:
+        return subprocess.Popen(
+            args,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        log.close()
+
+
 def _write(path: Path, data: bytes, mode: int = 0o600) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -281,18 +300,7 @@ class ControlPlane:
     # -- processes ---------------------------------------------------------
 
     def _spawn(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-        log = open(log_path, "ab")
-        try:
-            return subprocess.Popen(
-                args,
-                cwd=self.workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
+        return spawn_logged(args, self.workdir, log_path)
 
     def _failure(self, what: str) -> ControlPlaneError:
         return ControlPlaneError(
