@@ -21,7 +21,7 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred, inlineCallbacks
-from twisted.internet.interfaces import IHostnameResolver, IHostResolution
+from twisted.internet.interfaces import IHostnameResolver
 from twisted.internet.testing import MemoryReactorClock
 from twisted.protocols.policies import WrappingFactory
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
@@ -32,7 +32,7 @@ from zope.interface import implementer
 from amp.admission import SKIPPED_ANNOTATION, Admitter
 from amp.breaker import BreakerRegistry
 from amp.config import ConfigError, parse_config
-from amp.endpoints import EndpointClient
+from amp.endpoints import EndpointClient, _Resolution
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 from amp.policy import shown_url
@@ -45,15 +45,6 @@ EVERYWHERE = ["http://*:*/*", "https://*:*/*"]
 
 
 # ---------------------------------------------------------------- helpers
-
-
-@implementer(IHostResolution)
-class _Resolution:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def cancel(self) -> None:
-        pass
 
 
 @implementer(IHostnameResolver)
