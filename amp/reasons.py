@@ -1,0 +1,105 @@
+"""
+The one vocabulary of outcomes: every result a review can have and every
+reason a review, an endpoint call or a patch can fail with (pure).
+
+Metrics labels, warnings, audit annotations, the status stamp, the log line,
+the docs and the tests all use these names; nothing else spells them.  Each
+member is a C{str} (L{enum.StrEnum}), so it formats as its value in messages
+and label values, and a member compares equal to its value.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Result(StrEnum):
+    """
+    What amp did with one review (C{result} in the log line, the metrics
+    and C{/debug/reviews}).
+    """
+
+    #: The endpoint's patch was applied.
+    PATCHED = "patched"
+    #: The endpoint answered with no change (or validation allowed the Pod).
+    ALLOWED = "allowed"
+    #: A failure under the C{Ignore} policy: the Pod was admitted unchanged.
+    IGNORED = "ignored"
+    #: A failure under the C{Fail} policy, or the endpoint denied the Pod.
+    DENIED = "denied"
+    #: amp does not act on this review (not a Pod create, namespace not enabled).
+    SKIPPED = "skipped"
+    #: Shadow mode: the endpoint was called and its answer recorded, not used.
+    SHADOW = "shadow"
+
+
+class Reason(StrEnum):
+    """
+    Why a review did not end as the endpoint intended.
+    """
+
+    # -- the namespace's configuration (policy)
+    NO_ENDPOINT = "no-endpoint"
+    BAD_URL = "bad-url"
+    NOT_ALLOWED = "not-allowed"
+
+    # -- the endpoint call
+    TIMEOUT = "timeout"
+    CONNECTION_REFUSED = "connection-refused"
+    CONNECTION_RESET = "connection-reset"
+    CONNECTION_FAILED = "connection-failed"
+    DENIED_ADDRESS = "denied-address"
+    TLS_ERROR = "tls-error"
+    REDIRECT = "redirect"
+    HTTP_4XX = "http-4xx"
+    HTTP_5XX = "http-5xx"
+    RESPONSE_TOO_LARGE = "response-too-large"
+    INVALID_JSON = "invalid-json"
+    INVALID_REPLY = "invalid-reply"
+    BREAKER_OPEN = "breaker-open"
+    CONCURRENCY_LIMIT = "concurrency-limit"
+
+    # -- the endpoint's patch
+    INVALID_PATCH = "invalid-patch"
+    REFUSED_PATH = "refused-path"
+    APPLY_FAILED = "apply-failed"
+    TOO_MANY_OPERATIONS = "too-many-operations"
+    INVALID_POD = "invalid-pod"
+    PATCH_TOO_LARGE = "patch-too-large"
+
+    # -- the endpoint's decision
+    ENDPOINT_DENIED = "endpoint-denied"
+
+    # -- the review as a whole
+    DEADLINE = "deadline"
+    CANCELLED = "cancelled"
+    NAMESPACE_LOOKUP = "namespace-lookup"
+    INTERNAL_ERROR = "internal-error"
+
+
+#: Failures of the namespace's endpoint configuration (found before any call).
+ROUTE_REASONS = frozenset({Reason.NO_ENDPOINT, Reason.BAD_URL, Reason.NOT_ALLOWED})
+
+#: Named failures of one endpoint call.
+ENDPOINT_REASONS = frozenset({
+    Reason.TIMEOUT, Reason.CONNECTION_REFUSED, Reason.CONNECTION_RESET, Reason.CONNECTION_FAILED,
+    Reason.DENIED_ADDRESS, Reason.TLS_ERROR, Reason.REDIRECT, Reason.HTTP_4XX, Reason.HTTP_5XX,
+    Reason.RESPONSE_TOO_LARGE, Reason.INVALID_JSON, Reason.INVALID_REPLY, Reason.BREAKER_OPEN,
+    Reason.CONCURRENCY_LIMIT,
+})
+
+#: Why amp refused an endpoint's patch.
+PATCH_REASONS = frozenset({
+    Reason.INVALID_PATCH, Reason.REFUSED_PATH, Reason.APPLY_FAILED, Reason.TOO_MANY_OPERATIONS,
+    Reason.INVALID_POD, Reason.PATCH_TOO_LARGE,
+})
+
+#: Failures of the review as a whole, whatever the endpoint did.
+REVIEW_REASONS = frozenset({Reason.DEADLINE, Reason.CANCELLED, Reason.NAMESPACE_LOOKUP, Reason.INTERNAL_ERROR})
+
+#: Every reason that ends in the failure policy (everything but a deliberate deny).
+FAILURE_REASONS = ROUTE_REASONS | ENDPOINT_REASONS | PATCH_REASONS | REVIEW_REASONS
+
+#: Values of C{amp_endpoint_requests_total{outcome}}: C{ok}, every endpoint
+#: reason, and C{cancelled} (the caller gave up before the call ended).
+ENDPOINT_OUTCOMES = ("ok",) + tuple(sorted(ENDPOINT_REASONS)) + (Reason.CANCELLED.value,)
