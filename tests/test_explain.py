@@ -15,9 +15,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any, Optional
 
 import yaml
@@ -465,7 +467,7 @@ class UsageTests(SynchronousTestCase):
 
     def test_no_pod(self) -> None:
         self.bad([self.files.write("svc.yaml", "kind: Service\nmetadata: {name: s}\n")],
-                 "no Pod or workload", "Service")
+                 "no Pod, workload", "Service")
 
     def test_two_pods(self) -> None:
         two = yaml.safe_dump_all([pod("a"), pod("b")])
@@ -731,6 +733,16 @@ status: {phase: Running}
         multi = "kind: ConfigMap\nmetadata: {name: c}\n---\n" + DEPLOYMENT
         self.assertEqual(self.one(multi).source, "Deployment notebook")
 
+    def test_admission_review(self) -> None:
+        review = json.loads((Path(__file__).parent.parent / "etc" / "reviews" / "pod-create.json").read_text())
+        got = self.one(json.dumps(review))
+        self.assertEqual(got.namespace, review["request"]["namespace"])
+        self.assertEqual(got.pod["spec"], review["request"]["object"]["spec"])
+        self.assertIn("AdmissionReview", got.source)
+        with self.assertRaises(InputError) as e:
+            self.one(json.dumps(review), "elsewhere")
+        self.assertIn("does not match --namespace elsewhere", str(e.exception))
+
     def test_errors_name_the_problem(self) -> None:
         with self.assertRaises(InputError) as e:
             self.one("kind: Deployment\nmetadata: {name: d}\nspec: {template: {metadata: {}}}\n")
@@ -738,3 +750,28 @@ status: {phase: Running}
         with self.assertRaises(InputError) as e:
             load_documents(b"", "empty.yaml")
         self.assertIn("empty.yaml holds no document", str(e.exception))
+
+
+# ---------------------------------------------------------------- the docs
+
+
+class DocsTests(SynchronousTestCase):
+    def test_documented_command_lines_parse(self) -> None:
+        """
+        Every C{amp explain} command line in the README and the endpoint
+        guide uses options the command has.
+        """
+        from amp.cli.explain import _parser
+
+        root = Path(__file__).parent.parent
+        found = 0
+        for page in (root / "README.md", root / "docs" / "endpoints.md"):
+            text = page.read_text().replace("\\\n", " ")
+            for line in text.splitlines():
+                line = line.strip().removeprefix("$ ")
+                if not line.startswith(("amp explain", ".venv/bin/amp explain")):
+                    continue
+                found += 1
+                argv = shlex.split(line.split("#")[0])[2:]
+                _parser(io.StringIO()).parse_args(argv)
+        self.assertGreaterEqual(found, 3)

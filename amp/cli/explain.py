@@ -42,7 +42,6 @@ from twisted.logger import ILogObserver, LogLevel, formatEvent
 from twisted.web.iweb import IAgent
 from zope.interface import implementer
 
-from amp import __version__
 from amp.admission import SKIPPED_ANNOTATION, Admitter
 from amp.breaker import BreakerRegistry
 from amp.cli.replay import recorded_reply_agent
@@ -61,7 +60,7 @@ from amp.urls import parse_endpoint_url
 
 __all__ = [
     "EXIT_ADMITTED", "EXIT_FAILURE_POLICY", "EXIT_USAGE", "EXIT_DENIED", "EXIT_NOT_IDEMPOTENT",
-    "ExplainOptions", "Explanation", "Round", "UsageError", "exit_status", "explain", "main", "run",
+    "ExplainOptions", "Explanation", "Round", "UsageError", "exit_status", "explain", "run",
 ]
 
 EXIT_ADMITTED = 0

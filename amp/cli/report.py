@@ -207,7 +207,8 @@ def render_text(x: "Explanation") -> str:
     """
     first = x.first
     name = _pod_name(first.request_pod)
-    origin = "" if x.input.source.startswith("Pod") else f" (from {x.input.source})"
+    origin = f" (from {x.input.source})" if not x.input.source.startswith("Pod") else (
+        " (from an AdmissionReview)" if "AdmissionReview" in x.input.source else "")
     lines = [f"Pod {name}{origin} in namespace {x.input.namespace}"]
     if x.cluster_policy:
         lines.append(f"failure_policy auto follows {x.cluster_policy}")

@@ -2,7 +2,8 @@
 What C{amp explain} reviews (pure): the input file's documents in, the one
 Pod the API server would send amp out.
 
-A Pod is reviewed as written.  A workload (Deployment, StatefulSet,
+A Pod is reviewed as written, and so is the Pod of a recorded
+AdmissionReview (in its namespace).  A workload (Deployment, StatefulSet,
 DaemonSet, ReplicaSet, Job, CronJob) is turned into the Pod its controller
 would create from its Pod template: the template's metadata and spec, the
 namespace, the name or C{generateName} the controller gives it, the labels
@@ -32,6 +33,8 @@ __all__ = ["InputError", "PodInput", "WORKLOAD_KINDS", "load_documents", "pod_fo
 
 #: The kinds whose Pod template amp explain reviews, by kind.
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")
+
+_REVIEWABLE = frozenset(("Pod", "AdmissionReview", *WORKLOAD_KINDS))
 
 #: Metadata only the API server sets; a file copied from
 #: C{kubectl get -o yaml} has them, a create never sends them.
@@ -139,14 +142,14 @@ def select_object(docs: list[Any], name: str) -> dict[str, Any]:
 
     @raise InputError: none, or more than one.
     """
-    found = [d for d in docs if isinstance(d, dict) and (d.get("kind") == "Pod" or d.get("kind") in WORKLOAD_KINDS)]
+    found = [d for d in docs if isinstance(d, dict) and d.get("kind") in _REVIEWABLE]
     if len(found) == 1:
         return found[0]
     if found:
         names = ", ".join(_describe(d) for d in found)
         raise InputError(f"{name} holds {len(found)} objects amp could review ({names}); give it one")
     kinds = sorted({str(d.get("kind")) if isinstance(d, dict) else type(d).__name__ for d in docs})
-    raise InputError(f"{name} holds no Pod or workload ({', '.join(WORKLOAD_KINDS)}); "
+    raise InputError(f"{name} holds no Pod, workload ({', '.join(WORKLOAD_KINDS)}) or AdmissionReview; "
                      f"found {', '.join(kinds)}")
 
 
@@ -172,6 +175,8 @@ def pod_for(obj: dict[str, Any], namespace: Optional[str], now: Optional[float] 
         C{namespace}.
     """
     kind = obj.get("kind")
+    if kind == "AdmissionReview":
+        return _from_review(obj, namespace)
     meta = obj.get("metadata")
     if meta is None:
         meta = {}
@@ -237,6 +242,21 @@ def pod_for(obj: dict[str, Any], namespace: Optional[str], now: Optional[float] 
         _daemon_tolerations(pod["spec"])
         _owner(pmeta, "apps/v1", "DaemonSet", name, ns)
     return PodInput(pod, ns, source)
+
+
+def _from_review(review: dict[str, Any], namespace: Optional[str]) -> PodInput:
+    """
+    The Pod of a recorded AdmissionReview, in the review's namespace.
+    """
+    request = _mapping(review.get("request"), "AdmissionReview: request")
+    obj = request.get("object")
+    if not isinstance(obj, dict) or obj.get("kind", "Pod") != "Pod":
+        raise InputError("AdmissionReview: request.object is not a Pod")
+    own = request.get("namespace")
+    if namespace and own and own != namespace:
+        raise InputError(f"the namespace of the AdmissionReview ({own}) does not match --namespace {namespace}")
+    got = pod_for({**obj, "kind": "Pod"}, namespace or (own if isinstance(own, str) else None))
+    return PodInput(got.pod, got.namespace, f"{got.source} (from an AdmissionReview)")
 
 
 def _mapping(value: Any, what: str) -> dict[str, Any]:
