@@ -14,6 +14,10 @@ cancelled and the review is answered at once.
 Every answer is built by a named constructor of L{amp.answers}; every
 failure ends in L{_Review._failed}, the one place the failure policy is
 applied, with the L{Route} the review was on.
+
+A review may be given an L{amp.trace.IReviewTrace} (C{amp explain} does;
+the daemon does not): each decision is then told to it as it is taken.
+Without one, the review only tests for C{None} at each decision.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from amp.policy import FAIL, SHADOW, NamespaceInfo, Route, failure_policy, route
 from amp.reasons import Reason
 from amp.reply import EndpointDecision
 from amp.review import AdmissionRequest, clean_audit_annotations, clip, dumps
+from amp.trace import IReviewTrace, Step, answer_message, record_route
 
 __all__ = ["AUDIT_ERROR_KEY", "SKIPPED_ANNOTATION", "Admitter", "Answer", "Outcome"]
 
@@ -71,15 +76,22 @@ class Admitter:
             denied=patch.denied_paths, allowed=patch.allowed_paths, repair=patch.repair,
             max_operations=patch.max_operations)
 
-    def review(self, req: AdmissionRequest, deadline: Deadline, *, validation: bool = False) -> "Deferred[Answer]":
+    def review(
+        self, req: AdmissionRequest, deadline: Deadline, *, validation: bool = False,
+        trace: Optional[IReviewTrace] = None,
+    ) -> "Deferred[Answer]":
         """
         Answer C{req} before C{deadline}.  Resolves to an L{Answer}; never
         fails.  Cancelling the result (the client went away) answers at
-        once, as C{cancelled}.
+        once, as C{cancelled}.  C{trace}, if given, is told each decision.
         """
         if not req.is_pod_create:
-            return succeed(answers.skipped(req))
-        return _Review(self, req, deadline, validation).start()
+            answer = answers.skipped(req)
+            if trace is not None:
+                trace.record(Step.ANSWER, result=answer.outcome.result, reason="",
+                             message=f"amp reviews Pod creation only, not {req.operation} of {req.kind}")
+            return succeed(answer)
+        return _Review(self, req, deadline, validation, trace).start()
 
     def _has_validation_endpoint(self, ns: Optional[NamespaceInfo]) -> bool:
         return ns is not None and bool(ns.annotations.get(self.config.kubernetes.validation_annotation))
@@ -92,12 +104,18 @@ class _Review:
     """
 
     __slots__ = ("_admitter", "_req", "_deadline", "_validation", "_route", "_pending", "_timer", "_ending",
-                 "_done", "result")
+                 "_done", "result", "_trace", "_call_started")
 
     log = Logger()
 
-    def __init__(self, admitter: Admitter, req: AdmissionRequest, deadline: Deadline, validation: bool) -> None:
+    def __init__(
+        self, admitter: Admitter, req: AdmissionRequest, deadline: Deadline, validation: bool,
+        trace: Optional[IReviewTrace] = None,
+    ) -> None:
         self._admitter = admitter
+        self._trace = trace
+        #: When the endpoint call started (kept for the trace only).
+        self._call_started = 0.0
         self._req = req
         self._deadline = deadline
         self._validation = validation
@@ -157,6 +175,9 @@ class _Review:
         req = self._req
         r = self._route = route(ns, a.config, a._namespaces.cluster_failure_policy(),
                                 validation=self._validation, cache=a._routes)
+        trace = self._trace
+        if trace is not None:
+            record_route(trace, ns, a.config, a._namespaces.cluster_failure_policy(), r, validation=self._validation)
         if not r.enabled:
             return self._answer(answers.skipped(req))
         if r.error is not None:
@@ -173,6 +194,10 @@ class _Review:
             b"x-amp-dry-run": b"true" if req.dry_run else b"false",
         }
         pod_json = req.object_json if req.object_json is not None else dumps(req.object)
+        if trace is not None:
+            now = self._call_started = a._clock.seconds()
+            left = self._deadline.remaining(now)
+            trace.record(Step.BUDGET, seconds=round(left, 4), timeout=round(min(r.settings.timeout, left), 4))
         self._wait(a._endpoints.call(r.url, r.settings, pod_json, headers, self._deadline, r.breaker),
                    self._decided)
 
@@ -182,6 +207,12 @@ class _Review:
         r = self._route
         assert r is not None and r.url is not None
         origin = r.url.origin
+        trace = self._trace
+        if trace is not None:
+            self._record_call("ok", "")
+            trace.record(Step.REPLY, allowed=decision.allowed, operations=len(decision.patch),
+                         warnings=list(decision.warnings), code=None if decision.allowed else decision.code,
+                         message=decision.message)
         if r.mode == SHADOW:
             return self._answer(self._shadow(decision, origin))
         audit, problems = clean_audit_annotations(decision.audit)
@@ -192,15 +223,19 @@ class _Review:
         if self._validation or not decision.patch:
             return self._answer(answers.allowed(req, origin, warnings=warnings, audit=audit))
         try:
-            checked = check_patch(req.object, decision.patch, **a._patch_options)
+            checked = check_patch(req.object, decision.patch, **a._patch_options, trace=trace)
         except PatchError as e:
+            if trace is not None:
+                trace.record(Step.CHECK, reason=e.reason, message=str(e))
             return self._answer(self._failed(e.reason, str(e)))
         if not checked.operations:
             return self._answer(answers.allowed(req, origin, warnings=warnings, audit=audit))
         patch = dumps(checked.operations)
         if len(patch) > a.config.patch.max_size:
-            return self._answer(self._failed(Reason.PATCH_TOO_LARGE,
-                                             f"patch of {len(patch)} bytes is over patch.max_size"))
+            message = f"patch of {len(patch)} bytes is over patch.max_size"
+            if trace is not None:
+                trace.record(Step.CHECK, reason=Reason.PATCH_TOO_LARGE, message=message)
+            return self._answer(self._failed(Reason.PATCH_TOO_LARGE, message))
         if checked.repaired:
             a._metrics.patch_repairs.inc(checked.repaired)
         warnings.extend(f"amp: {w}" for w in checked.warnings)
@@ -210,8 +245,11 @@ class _Review:
         a = self._admitter
         req = self._req
         try:
-            checked = check_patch(req.object, decision.patch, **a._patch_options) if decision.allowed else None
+            checked = (check_patch(req.object, decision.patch, **a._patch_options, trace=self._trace)
+                       if decision.allowed else None)
         except PatchError as e:
+            if self._trace is not None:
+                self._trace.record(Step.CHECK, reason=e.reason, message=str(e))
             self.log.info("Shadow patch from {endpoint} would fail: {reason}", endpoint=origin, reason=str(e))
             return answers.shadow(req, origin, reason=e.reason)
         size = len(dumps(checked.operations)) if checked is not None else 0
@@ -227,6 +265,10 @@ class _Review:
     def _answer(self, answer: Answer) -> None:
         if self._done:
             return
+        if self._trace is not None:
+            outcome = answer.outcome
+            self._trace.record(Step.ANSWER, result=outcome.result, reason=outcome.reason,
+                               message=answer_message(answer.body))
         self._done = True
         self._pending = None
         timer, self._timer = self._timer, None
@@ -270,6 +312,8 @@ class _Review:
             # Including the call cut off by the review's deadline: C{timeout}.
             e = failure.value
             reason, message = e.reason, e.message
+            if self._trace is not None:
+                self._record_call(reason, message)
         elif self._ending is Reason.DEADLINE:
             reason, message = Reason.DEADLINE, f"review deadline of {self._deadline.budget:.3g}s passed"
         elif failure.check(NamespaceLookupError):
@@ -280,6 +324,13 @@ class _Review:
             self.log.failure("Internal error reviewing {uid}", failure, uid=self._req.uid)
             reason, message = Reason.INTERNAL_ERROR, f"amp internal error: {failure.getErrorMessage()}"
         self._answer(self._failed(reason, message))
+
+    def _record_call(self, outcome: str, message: str) -> None:
+        r = self._route
+        assert self._trace is not None and r is not None and r.url is not None
+        seconds = self._admitter._clock.seconds() - self._call_started
+        self._trace.record(Step.CALL, endpoint=r.url.origin, url=r.url.url, outcome=outcome,
+                           seconds=round(seconds, 6), message=message)
 
     def _failed(self, reason: str, message: str) -> Answer:
         """
@@ -304,7 +355,10 @@ class _Review:
             return answers.errored(req, endpoint, reason, text)
         patch: Optional[bytes] = None
         if self._admitter.config.annotate_skipped and not self._validation and isinstance(req.object, dict):
-            patch = dumps(annotation_op(req.object, SKIPPED_ANNOTATION, clip(f"{reason}: {where}", 250)))
+            stamp = clip(f"{reason}: {where}", 250)
+            patch = dumps(annotation_op(req.object, SKIPPED_ANNOTATION, stamp))
+            if self._trace is not None:
+                self._trace.record(Step.STAMP, key=SKIPPED_ANNOTATION, value=stamp)
         return answers.ignored(req, endpoint, where, reason, text, patch=patch)
 
     def _route_without_namespace(self) -> Route:

@@ -35,6 +35,7 @@ from functools import lru_cache
 from typing import Any, Optional, Sequence
 
 from amp.reasons import Reason
+from amp.trace import Step
 
 __all__ = [
     "DEFAULT_DENIED", "PatchError", "CheckedPatch", "check_patch", "annotation_op", "escape_pointer_token",
@@ -689,7 +690,7 @@ def _check_pod(original: dict, patched: dict) -> None:
 
 
 def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, allowed: Sequence[str] = (),
-                repair: bool = True, max_operations: int = 1000) -> CheckedPatch:
+                repair: bool = True, max_operations: int = 1000, trace: Any = None) -> CheckedPatch:
     """
     Check an endpoint's patch against C{pod}, dry-apply it and repair it.
 
@@ -701,6 +702,8 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
         C{denied} would refuse them.
     @param repair: insert C{add} operations for missing parents of an C{add}.
     @param max_operations: the most operations a patch may have.
+    @param trace: an L{amp.trace.IReviewTrace} told each operation that
+        applies and each repair, or None.
     @raise PatchError: the patch cannot be sent to the API server.
     @raise ValueError: C{denied} or C{allowed} holds a string that is not a
         JSON pointer.
@@ -734,16 +737,28 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
                 raise PatchError(Reason.APPLY_FAILED, f"{op.label}: {fail.message}") from None
             if not repair:
                 raise PatchError(Reason.APPLY_FAILED, f"{op.label}: {fail.message} (patch.repair is off)") from None
+            before = len(operations)
             try:
                 repaired += _repair(doc, op, fail, rules, operations)
             except _Fail as again:
                 raise PatchError(Reason.APPLY_FAILED, f"{op.label}: {again.message}") from None
+            if trace is not None:
+                _trace_repair(trace, op, fail, operations[before:])
         operations.append(op.out)
+        if trace is not None:
+            trace.record(Step.OPERATION, index=op.index, op=op.op, path=op.path, from_=op.frm, repair=False)
 
     if not modifies:
         return CheckedPatch([], 0, (), pod)
     _check_pod(pod, doc.root)
     return CheckedPatch(operations, repaired, tuple(doc.warnings), doc.root)
+
+
+def _trace_repair(trace: Any, op: _Op, fail: _Fail, inserted: list[dict]) -> None:
+    paths = ", ".join(i["path"] for i in inserted)
+    trace.record(Step.REPAIR, index=op.index, message=f"{op.label}: {fail.message}; amp inserted add {paths}")
+    for i in inserted:
+        trace.record(Step.OPERATION, index=None, op=i["op"], path=i["path"], from_=None, repair=True)
 
 
 def annotation_op(pod: dict, key: str, value: str) -> list[dict]:

@@ -88,6 +88,24 @@ def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: 
     return config.failure_policy
 
 
+def failure_policy_why(ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str]) -> tuple[str, str]:
+    """
+    L{failure_policy} and, in words, where it came from (for
+    C{amp explain}'s trace; the review path only needs the policy).
+    """
+    policy = failure_policy(ns, config, cluster_policy)
+    key = config.kubernetes.failure_policy_annotation
+    value = ns.annotations.get(key) if ns is not None else None
+    if value in (IGNORE, FAIL):
+        return policy, f"the namespace's annotation {key}"
+    why = f"the annotation {key}={value!r} is not Ignore or Fail, so " if value is not None else f"no annotation {key}, so "
+    if config.failure_policy != "auto":
+        return policy, why + f"the config's failure_policy {config.failure_policy}"
+    if cluster_policy in (IGNORE, FAIL):
+        return policy, why + "failure_policy auto: the failurePolicy of amp's MutatingWebhookConfiguration"
+    return policy, why + "failure_policy auto, and amp's MutatingWebhookConfiguration is not known: Fail"
+
+
 def is_enabled(ns: Optional[NamespaceInfo], config: Config) -> bool:
     kube = config.kubernetes
     return ns is not None and ns.labels.get(kube.enabled_label) == kube.enabled_value

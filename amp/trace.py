@@ -38,11 +38,16 @@ and mappings of them), so a trace prints as text or JSON as it is.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from zope.interface import Interface, implementer
+
+if TYPE_CHECKING:
+    from amp.config import Config
+    from amp.policy import NamespaceInfo, Route
 
 
 class Step(StrEnum):
@@ -126,3 +131,53 @@ class RecordedTrace:
             if e.step == step:
                 return e.fields
         return None
+
+
+def answer_message(body: bytes) -> str:
+    """
+    What an AdmissionReview answer tells about a failure or a deny: the
+    deny's message, or amp's audit annotation (the full text of a failure
+    under C{Ignore}); C{""} when there is none.
+    """
+    response = json.loads(body).get("response") or {}
+    status = response.get("status") or {}
+    audit = response.get("auditAnnotations") or {}
+    return str(status.get("message") or audit.get("error") or "")
+
+
+def record_route(
+    trace: IReviewTrace, ns: "Optional[NamespaceInfo]", config: "Config", cluster_policy: Optional[str],
+    r: "Route", *, validation: bool = False,
+) -> None:
+    """
+    Tell C{trace} what L{amp.policy.route} decided for C{ns} and why: the
+    C{route}, C{allow} and C{policy} steps.  The facts come from the route
+    itself and from the config it was made with; the failure policy's
+    reason from L{amp.policy.failure_policy_why}, the function the route
+    takes the policy from.
+    """
+    from amp.policy import failure_policy_why, shown_url
+
+    kube = config.kubernetes
+    labels = ns.labels if ns is not None else {}
+    annotations = ns.annotations if ns is not None else {}
+    keys = (kube.validation_annotation,) if validation else tuple(kube.endpoint_annotations)
+    annotation = next((k for k in keys if r.raw_url and annotations.get(k) == r.raw_url), None)
+    trace.record(
+        Step.ROUTE, enabled=r.enabled, label=kube.enabled_label, value=kube.enabled_value,
+        got=labels.get(kube.enabled_label), exists=ns is not None, annotation=annotation,
+        annotations=list(keys), url=shown_url(r.raw_url) if r.raw_url else "", mode=r.mode)
+    if not r.enabled:
+        return
+    if r.raw_url:
+        allow = config.endpoints.allow
+        if r.url is None:
+            error = r.error[1] if r.error is not None else ""
+            trace.record(Step.ALLOW, url="", allowed=False, pattern=None, error=error,
+                         patterns=[p.text for p in allow])
+        else:
+            pattern = next((p.text for p in allow if p.matches(r.url)), None)
+            trace.record(Step.ALLOW, url=r.url.url, allowed=pattern is not None, pattern=pattern,
+                         error=r.error[1] if r.error is not None else "", patterns=[p.text for p in allow])
+    policy, why = failure_policy_why(ns, config, cluster_policy)
+    trace.record(Step.POLICY, policy=r.failure_policy, why=why if policy == r.failure_policy else "")

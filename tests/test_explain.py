@@ -36,7 +36,9 @@ from amp.cli import dispatch
 from amp.cli.explain import (
     EXIT_ADMITTED, EXIT_DENIED, EXIT_FAILURE_POLICY, EXIT_NOT_IDEMPOTENT, EXIT_USAGE, run,
 )
+from amp.cli.replay import recorded_reply_agent
 from amp.cli.workloads import InputError, load_documents, pod_for, select_object
+from amp.trace import Step
 from tests.fakekube import FakeKube
 from tests.helpers import EP_ANNOTATION, ENABLED_LABEL, pod, start_example
 
@@ -239,6 +241,8 @@ class LiveTests(TestCase):
         """
         ran = yield run_live(["--config", self.config, "-n", "broken", self.pod])
         self.assertEqual(ran.status, EXIT_FAILURE_POLICY, ran.out)
+        self.assertIn("refused    apply-failed: operation 0 (remove /spec/ampExampleDoesNotExist): "
+                      "/spec/ampExampleDoesNotExist does not exist\n", ran.out)
         self.assertIn("answer     ignored (apply-failed)", ran.out)
         self.assertIn("operation 0 (remove /spec/ampExampleDoesNotExist): /spec/ampExampleDoesNotExist does not exist",
                       ran.out)
@@ -343,9 +347,30 @@ class ReplyTests(SynchronousTestCase):
         self.assertEqual(doc["patch"], [
             {"op": "add", "path": "/spec/containers/0/env", "value": []}, ENV_OP])
         self.assertEqual(doc["pod"]["spec"]["containers"][0]["env"], [{"name": "TEAM", "value": "a"}])
-        call = next(e for e in doc["trace"] if e["step"] == "call")
-        self.assertEqual(call["url"], "http://injector.example:8080/mutate")
-        self.assertTrue(call["recorded"].endswith("reply.json"))
+        self.assertTrue(doc["recorded_reply"].endswith("reply.json"))
+        trace = doc["trace"]
+        self.assertEqual([e["step"] for e in trace], [
+            "namespace", "route", "allow", "policy", "budget", "call", "reply", "repair", "operation", "operation",
+            "answer"])
+        route, allow, policy, budget, call, reply, repair, inserted, own, answer = trace[1:]
+        self.assertEqual((route["enabled"], route["annotation"], route["url"]),
+                         (True, EP_ANNOTATION, "http://injector.example:8080/mutate"))
+        self.assertEqual((allow["allowed"], allow["pattern"]), (True, "http://*.example:*/*"))
+        self.assertEqual(policy["policy"], "Ignore")
+        self.assertIn("the config's failure_policy Ignore", policy["why"])
+        self.assertEqual((budget["seconds"], budget["timeout"]), (9.5, 5.0))
+        self.assertEqual((call["url"], call["outcome"]), ("http://injector.example:8080/mutate", "ok"))
+        self.assertEqual((reply["allowed"], reply["operations"]), (True, 1))
+        self.assertEqual(repair["message"], "operation 0 (add /spec/containers/0/env/-): /spec/containers/0/env "
+                                            "does not exist; amp inserted add /spec/containers/0/env")
+        self.assertEqual((inserted["path"], inserted["repair"], inserted["index"]),
+                         ("/spec/containers/0/env", True, None))
+        self.assertEqual((own["path"], own["repair"], own["index"]), (ENV_OP["path"], False, 0))
+        self.assertEqual((answer["result"], answer["reason"]), ("patched", ""))
+        text = self.explain([ENV_OP]).out
+        self.assertIn("answered with the recorded reply", text)
+        self.assertIn("operation  + add /spec/containers/0/env  (inserted by amp: repair)\n"
+                      "operation  0 add /spec/containers/0/env/-\n", text)
 
     def test_recorded_object_reply_with_warnings_and_deny(self) -> None:
         ran = self.explain({"allowed": False, "status": {"code": 403, "message": "no GPUs for team-a"},
@@ -416,6 +441,27 @@ class ReplyTests(SynchronousTestCase):
         self.assertEqual((doc["result"], doc["reason"]), ("denied", "not-allowed"))
         self.assertEqual(ran.status, EXIT_FAILURE_POLICY)
         self.assertEqual(doc["trace"][0]["annotations"][EP_ANNOTATION], "http://elsewhere.test:80/")
+
+    def test_failure_policy_typo_is_named(self) -> None:
+        """
+        A typo in the failure-policy annotation falls back to the config's
+        policy, and the trace says so.
+        """
+        ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--reply", self.files.write("r.json", "{"),
+                              "--set-annotation", "amp.txn2.com/failure-policy=fail", self.pod])
+        self.assertEqual(ran.status, EXIT_FAILURE_POLICY)
+        self.assertIn("policy     Ignore: the annotation amp.txn2.com/failure-policy='fail' is not Ignore or Fail, "
+                      "so the config's failure_policy Ignore\n", ran.out)
+
+    def test_not_enabled_says_why(self) -> None:
+        ran = run_sync(self, ["-n", "team-q", "--set-label", f"{ENABLED_LABEL}=yes", "--set-annotation",
+                              f"{EP_ANNOTATION}=http://user:secret@injector.tools.svc:8080/", "-o", "json", self.pod])
+        self.assertEqual(ran.status, EXIT_ADMITTED)
+        doc = ran.json
+        self.assertEqual(doc["result"], "skipped")
+        route = doc["trace"][1]
+        self.assertEqual((route["step"], route["enabled"], route["got"]), ("route", False, "yes"))
+        self.assertNotIn("secret", json.dumps(doc["trace"][1:]))
 
     def test_stdin(self) -> None:
         path = self.files.write("reply.json", "[]")
@@ -775,3 +821,63 @@ class DocsTests(SynchronousTestCase):
                 argv = shlex.split(line.split("#")[0])[2:]
                 _parser(io.StringIO()).parse_args(argv)
         self.assertGreaterEqual(found, 3)
+
+
+# ---------------------------------------------------------------- the trace in the pipeline
+
+
+class TraceInPipelineTests(SynchronousTestCase):
+    """
+    The review path tells a trace each decision, and the trace never
+    changes the answer.
+    """
+
+    def admitter(self, config: Any, agent: Any) -> Any:
+        from amp.admission import Admitter
+        from amp.breaker import BreakerRegistry
+        from amp.endpoints import EndpointClient
+        from amp.metrics import Metrics
+        from amp.namespaces import StaticNamespaceSource
+
+        clock = Clock()
+        metrics = Metrics()
+        client = EndpointClient(clock, metrics, BreakerRegistry(clock), agent=agent)
+        return Admitter(config, StaticNamespaceSource(config.kubernetes), client, clock, metrics), clock
+
+    def test_trace_observes_without_changing_the_answer(self) -> None:
+        from amp.config import parse_config
+        from amp.deadline import Deadline
+        from amp.review import parse_review
+        from amp.trace import RecordedTrace
+        from tests.helpers import review_bytes
+
+        for reply, policy in (([ENV_OP], "Ignore"), ([{"op": "remove", "path": "/spec/nope"}], "Ignore"),
+                              ([{"op": "remove", "path": "/spec/nope"}], "Fail"), ({"allowed": False}, "Ignore"),
+                              ("{", "Ignore")):
+            config = parse_config(yaml.safe_load(config_text(
+                {"team-a": ns("http://127.0.0.1:9/x")}, failure_policy=policy)))
+            answers = []
+            for trace in (None, RecordedTrace()):
+                admitter, clock = self.admitter(config, recorded_reply_agent(
+                    reply.encode() if isinstance(reply, str) else json.dumps(reply).encode()))
+                req = parse_review(review_bytes())
+                answers.append(self.successResultOf(admitter.review(req, Deadline.after(clock.seconds(), 5.0),
+                                                                    trace=trace)))
+            self.assertEqual(answers[0], answers[1])
+            self.assertEqual(trace.steps(Step.ANSWER)[-1]["result"], answers[1].outcome.result)
+
+    def test_failure_policy_why(self) -> None:
+        from amp.config import parse_config
+        from amp.policy import NamespaceInfo, failure_policy, failure_policy_why
+
+        key = "amp.txn2.com/failure-policy"
+        for annotations, configured, cluster, want in (
+                ({key: "Ignore"}, "Fail", None, "the namespace's annotation"),
+                ({key: "fail"}, "Ignore", None, "'fail' is not Ignore or Fail, so the config's failure_policy Ignore"),
+                ({}, "auto", "Ignore", "failurePolicy of amp's MutatingWebhookConfiguration"),
+                ({}, "auto", None, "is not known: Fail")):
+            config = parse_config({"failure_policy": configured})
+            info = NamespaceInfo("n", {}, annotations)
+            policy, why = failure_policy_why(info, config, cluster)
+            self.assertEqual(policy, failure_policy(info, config, cluster))
+            self.assertIn(want, why)

@@ -47,16 +47,15 @@ from amp.breaker import BreakerRegistry
 from amp.cli.replay import recorded_reply_agent
 from amp.cli.workloads import InputError, PodInput, load_documents, pod_for, select_object
 from amp.config import Config, ConfigError, KubernetesConfig, load_config
-from amp.endpoints import EndpointClient, EndpointFailure
+from amp.deadline import Deadline, review_budget
+from amp.endpoints import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, StaticNamespaceSource
 from amp.patch import PatchError, check_patch
-from amp.policy import NamespaceInfo, review_budget
+from amp.policy import NamespaceInfo
 from amp.reasons import Reason, Result
-from amp.reply import EndpointDecision
 from amp.review import parse_review
 from amp.trace import RecordedTrace, Step
-from amp.urls import parse_endpoint_url
 
 __all__ = [
     "EXIT_ADMITTED", "EXIT_FAILURE_POLICY", "EXIT_USAGE", "EXIT_DENIED", "EXIT_NOT_IDEMPOTENT",
@@ -74,7 +73,7 @@ MAX_INPUT = 16 * 1024 * 1024
 
 #: Annotations amp stamps on the Pods it reviews (left out when --twice
 #: compares two rounds: amp rewrites them on every review).
-STAMP_ANNOTATIONS = (SKIPPED_ANNOTATION,)
+STAMP_ANNOTATIONS = frozenset((SKIPPED_ANNOTATION,))
 
 
 class UsageError(Exception):
@@ -155,6 +154,9 @@ class Explanation:
     cluster_policy: str = ""
     #: C{--twice} was asked for.
     twice: bool = False
+    #: The file of the recorded reply the endpoint calls were answered
+    #: with, if they were.
+    recorded: Optional[str] = None
 
     @property
     def exit_status(self) -> int:
@@ -307,49 +309,6 @@ def _first_line(error: BaseException) -> str:
 # ---------------------------------------------------------------- running
 
 
-class _ObservedClient:
-    """
-    The endpoint client as the Admitter uses it, with each call's outcome
-    and time recorded in the current round's trace (C{call} and C{reply}
-    steps).
-    """
-
-    def __init__(self, client: EndpointClient, clock: Any, recorded: Optional[str] = None) -> None:
-        self.client = client
-        self._clock = clock
-        self._recorded = recorded
-        self.trace: Optional[RecordedTrace] = None
-
-    def call(self, url: Any, settings: Any, body: bytes, headers: Any, budget: float, *args: Any,
-             **kwargs: Any) -> Deferred:
-        started = self._clock.seconds()
-        trace = self.trace
-        if trace is not None:
-            trace.record(Step.BUDGET, seconds=round(budget, 4), timeout=min(settings.timeout, round(budget, 4)))
-
-        def answered(decision: EndpointDecision) -> EndpointDecision:
-            if trace is not None:
-                trace.record(Step.CALL, endpoint=url.origin, url=url.url, outcome="ok",
-                             seconds=self._clock.seconds() - started, message="", recorded=self._recorded)
-                trace.record(Step.REPLY, allowed=decision.allowed, operations=len(decision.patch),
-                             warnings=list(decision.warnings), code=None if decision.allowed else decision.code,
-                             message=decision.message)
-            return decision
-
-        def failed(failure: Any) -> Any:
-            if trace is not None and failure.check(EndpointFailure):
-                e = failure.value
-                trace.record(Step.CALL, endpoint=url.origin, url=url.url, outcome=str(e.reason),
-                             seconds=self._clock.seconds() - started, message=e.message, recorded=self._recorded)
-            return failure
-
-        d = self.client.call(url, settings, body, headers, budget, *args, **kwargs)
-        return d.addCallbacks(answered, failed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.client, name)
-
-
 @implementer(ILogObserver)
 class _LogLines:
     """
@@ -426,54 +385,35 @@ def _decode(body: bytes) -> dict[str, Any]:
 
 @inlineCallbacks
 def _review(
-    admitter: Admitter, clock: Any, source: ExplainedNamespace, client: _ObservedClient, log: _LogLines,
-    pod: dict[str, Any], namespace: str, budget: float,
+    admitter: Admitter, clock: Any, source: ExplainedNamespace, log: _LogLines, pod: dict[str, Any],
+    namespace: str, budget: float,
 ) -> Any:
     trace = RecordedTrace(clock.seconds)
-    source.trace = client.trace = trace
+    source.trace = trace
     start = len(log.lines)
     req = parse_review(_review_bytes(pod, namespace))
-    body, outcome = yield admitter.review(req, budget)
+    body, outcome = yield admitter.review(req, Deadline.after(clock.seconds(), budget), trace=trace)
     answer = _decode(body)
     message = answer["message"] or answer["audit"].get("error", "")
     patch = answer["patch"]
     admitted = apply_answer_patch(pod, patch) if answer["allowed"] else None
-    trace.record(Step.ANSWER, result=str(outcome.result), reason=str(outcome.reason), message=message)
-    for key, value in _stamps(patch):
-        trace.record(Step.STAMP, key=key, value=value)
     return Round(
         request_pod=pod, result=str(outcome.result), reason=str(outcome.reason), message=message,
         allowed=answer["allowed"], code=answer["code"], patch=patch, warnings=answer["warnings"],
         audit=answer["audit"], pod=admitted, endpoint=outcome.endpoint, trace=trace, log=log.lines[start:])
 
 
-def _stamps(patch: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+def _without_stamps(pod: Optional[dict[str, Any]], stamps: frozenset[str]) -> Optional[dict[str, Any]]:
     """
-    The status stamps amp's patch sets: (annotation, value) pairs.
+    C{pod} without amp's status stamps (annotations named in C{stamps}).
     """
-    out = []
-    for op in patch:
-        if op.get("op") != "add":
-            continue
-        path, value = op.get("path"), op.get("value")
-        if path == "/metadata" and isinstance(value, dict):
-            path, value = "/metadata/annotations", value.get("annotations")
-        for key in STAMP_ANNOTATIONS:
-            if path == "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1"):
-                out.append((key, value))
-            elif path == "/metadata/annotations" and isinstance(value, dict) and key in value:
-                out.append((key, value[key]))
-    return out
-
-
-def _without_stamps(pod: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     if pod is None:
         return None
     meta = pod.get("metadata")
     annotations = meta.get("annotations") if isinstance(meta, dict) else None
-    if not isinstance(annotations, dict) or not any(k in annotations for k in STAMP_ANNOTATIONS):
+    if not isinstance(annotations, dict) or not any(k in annotations for k in stamps):
         return pod
-    kept = {k: v for k, v in annotations.items() if k not in STAMP_ANNOTATIONS}
+    kept = {k: v for k, v in annotations.items() if k not in stamps}
     meta = dict(meta)  # type: ignore[arg-type]
     if kept:
         meta["annotations"] = kept
@@ -527,28 +467,25 @@ def explain(
         inner = StaticNamespaceSource(KubernetesConfig())
         where = "the command line"
     source = ExplainedNamespace(inner, namespace, options.labels, options.annotations, where, cluster_policy)
-
-    def settings_for_origin(origin: str) -> Any:
-        return config.endpoints.settings_for(parse_endpoint_url(origin + "/"))
-
-    endpoint_client = EndpointClient(reactor, metrics, BreakerRegistry(reactor), settings_for_origin, agent=agent)
-    client = _ObservedClient(endpoint_client, reactor, recorded)
-    admitter = Admitter(config, source, client, reactor, metrics)  # type: ignore[arg-type]
+    endpoint_client = EndpointClient(reactor, metrics, BreakerRegistry(reactor), agent=agent)
+    admitter = Admitter(config, source, endpoint_client, reactor, metrics)
     deadline = config.deadline
     budget = review_budget(None, deadline.default_timeout, deadline.margin)
     log = _LogLines()
     if log_publisher is not None:
         log_publisher.addObserver(log)
     try:
-        first = yield _review(admitter, reactor, source, client, log, pod_input.pod, namespace, budget)
+        first = yield _review(admitter, reactor, source, log, pod_input.pod, namespace, budget)
         result = Explanation(pod_input, first, namespace_source=where, cluster_policy=policy_note,
-                             twice=options.twice)
+                             twice=options.twice, recorded=recorded)
         if options.twice and first.pod is not None and first.result in (Result.PATCHED, Result.ALLOWED):
-            second = yield _review(admitter, reactor, source, client, log, first.pod, namespace, budget)
+            second = yield _review(admitter, reactor, source, log, first.pod, namespace, budget)
             result.second = second
+            stamps = STAMP_ANNOTATIONS | {
+                str(e["key"]) for r in (first, second) for e in r.trace.steps(Step.STAMP)}
             result.idempotent = (
                 second.result in (Result.PATCHED, Result.ALLOWED, Result.SKIPPED)
-                and _without_stamps(second.pod) == _without_stamps(first.pod))
+                and _without_stamps(second.pod, stamps) == _without_stamps(first.pod, stamps))
         return result
     finally:
         if log_publisher is not None:

@@ -57,6 +57,7 @@ def render_json(x: "Explanation") -> str:
         "namespace": x.input.namespace,
         "input": x.input.source,
         "namespace_source": x.namespace_source,
+        "recorded_reply": x.recorded,
         **_round_json(x.first),
         "exit_status": x.exit_status,
     }
@@ -95,7 +96,7 @@ def _ms(seconds: Optional[float]) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.3g}s"
 
 
-def _event_lines(e: TraceEvent) -> list[tuple[str, str]]:
+def _event_lines(e: TraceEvent, recorded: Optional[str]) -> list[tuple[str, str]]:
     f = e.fields
     step = e.step
     if step == Step.NAMESPACE:
@@ -134,8 +135,8 @@ def _event_lines(e: TraceEvent) -> list[tuple[str, str]]:
         return [("budget", text)]
     if step == Step.CALL:
         text = f"POST {f.get('url')}: {f.get('outcome')} in {_ms(f.get('seconds'))}"
-        if f.get("recorded"):
-            text = f"POST {f.get('url')}, answered with the recorded reply {f['recorded']}: {f.get('outcome')}"
+        if recorded:
+            text = f"POST {f.get('url')}, answered with the recorded reply {recorded}: {f.get('outcome')}"
         if f.get("message"):
             text += f": {f['message']}"
         return [("call", text)]
@@ -170,10 +171,10 @@ def _event_lines(e: TraceEvent) -> list[tuple[str, str]]:
     return [(str(step), json.dumps(f, ensure_ascii=False))]
 
 
-def _round_text(r: "Round") -> list[str]:
+def _round_text(r: "Round", recorded: Optional[str]) -> list[str]:
     lines: list[str] = []
     for e in r.trace.events:
-        for head, text in _event_lines(e):
+        for head, text in _event_lines(e, recorded):
             lines.append(f"{head:<{_WIDTH}}{text}".rstrip())
     for w in r.warnings:
         lines.append(f"{'warning':<{_WIDTH}}{w}")
@@ -213,13 +214,13 @@ def render_text(x: "Explanation") -> str:
     if x.cluster_policy:
         lines.append(f"failure_policy auto follows {x.cluster_policy}")
     lines.append("")
-    lines.extend(_round_text(first))
+    lines.extend(_round_text(first, x.recorded))
     lines.append("")
     lines.extend(_pod_change(first, "Pod (as sent)", "Pod (as admitted)"))
     if x.second is not None:
         second = x.second
         lines += ["", "Second review, of the admitted Pod (--twice):", ""]
-        lines.extend(_round_text(second))
+        lines.extend(_round_text(second, x.recorded))
         lines.append("")
         lines.extend(_pod_change(second, "Pod (after the first review)", "Pod (after the second review)"))
     status = x.exit_status
@@ -229,6 +230,9 @@ def render_text(x: "Explanation") -> str:
         summary += "; idempotent" if x.idempotent else "; NOT idempotent"
     elif x.twice:
         summary += "; idempotency not checked: the first review admitted no patch to review again"
-    lines.append(f"{summary} -> exit {status}: {_EXIT_MEANING.get(status, '')}".rstrip(": "))
+    meaning = _EXIT_MEANING.get(status, "")
+    if first.result == "shadow" and status == 1:
+        meaning = "shadow mode admits the Pod unchanged; in normal mode the failure policy would decide"
+    lines.append(f"{summary} -> exit {status}: {meaning}".rstrip(": "))
     return "\n".join(lines) + "\n"
 
