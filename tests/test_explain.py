@@ -871,13 +871,13 @@ class TraceInPipelineTests(SynchronousTestCase):
         from amp.policy import NamespaceInfo, failure_policy, failure_policy_why
 
         key = "amp.txn2.com/failure-policy"
-        for annotations, configured, cluster, want in (
+        for notes, configured, cluster, want in (
                 ({key: "Ignore"}, "Fail", None, "the namespace's annotation"),
                 ({key: "fail"}, "Ignore", None, "'fail' is not Ignore or Fail, so the config's failure_policy Ignore"),
                 ({}, "auto", "Ignore", "failurePolicy of amp's MutatingWebhookConfiguration"),
                 ({}, "auto", None, "is not known: Fail")):
             config = parse_config({"failure_policy": configured})
-            info = NamespaceInfo("n", {}, annotations)
+            info = NamespaceInfo("n", {}, notes)
             policy, why = failure_policy_why(info, config, cluster)
             self.assertEqual(policy, failure_policy(info, config, cluster))
             self.assertIn(want, why)
