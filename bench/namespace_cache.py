@@ -20,27 +20,22 @@ import argparse
 import gc
 import json
 import os
-import sys
 import tempfile
 import threading
 import time
 import tracemalloc
 from typing import Any, Callable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-sys.path.insert(0, os.path.join(HERE, ".."))
+import kubernetes.client
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.task import LoopingCall, react
 
-import kubernetes.client  # noqa: E402
-from twisted.internet.defer import Deferred, inlineCallbacks  # noqa: E402
-from twisted.internet.task import LoopingCall, react  # noqa: E402
-
-from amp.config import KubernetesConfig  # noqa: E402
-from amp.kube import KubernetesNamespaceSource  # noqa: E402
-from amp.kube._events import Changed, WatchEvent  # noqa: E402
-from amp.kube._keep import Keep  # noqa: E402
-from amp.metrics import Metrics  # noqa: E402
-from fakekube import FakeKube  # noqa: E402
+from amp.config import KubernetesConfig
+from amp.kube import KubernetesNamespaceSource
+from amp.kube._events import Changed, WatchEvent
+from amp.kube._keep import Keep
+from amp.metrics import Metrics
+from tests.fakekube import FakeKube
 
 NS_PATH = "/api/v1/namespaces"
 LAST_APPLIED = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {

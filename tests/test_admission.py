@@ -30,7 +30,7 @@ from amp.example_tap import build_root
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.review import parse_review
-from amphelpers import (
+from tests.helpers import (
     UID,
     V1BETA1,
     apply_patch,

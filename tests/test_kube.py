@@ -32,7 +32,7 @@ from amp.kube._watch import ListWatch
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.policy import FAIL, IGNORE, failure_policy, route
-from memorykube import (
+from tests.memorykube import (
     MemoryKube,
     ScriptedLister,
     Threads,

@@ -28,7 +28,7 @@ from amp.kube import KubernetesNamespaceSource
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, NamespaceLookupError
 from amp.policy import IGNORE
-from fakekube import FakeKube
+from tests.fakekube import FakeKube
 
 ENABLED = {"amp.txn2.com/enabled": "true"}
 EP_A = "http://ep-a.team.svc:8080/mutate"
