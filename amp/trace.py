@@ -47,7 +47,8 @@ from zope.interface import Interface, implementer
 
 if TYPE_CHECKING:
     from amp.config import Config
-    from amp.policy import NamespaceInfo, Route
+    from amp.namespaces import NamespaceInfo
+    from amp.policy import Route
 
 
 class Step(StrEnum):

@@ -29,8 +29,7 @@ from amp.deadline import Deadline
 from amp.endpoints import EndpointClient
 from amp.example_tap import build_root
 from amp.metrics import Metrics
-from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceLookupError, StaticNamespaceSource
-from amp.policy import NamespaceInfo
+from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
 from amp.review import parse_review
 from tests.helpers import (
     UID,

@@ -868,7 +868,8 @@ class TraceInPipelineTests(SynchronousTestCase):
 
     def test_failure_policy_why(self) -> None:
         from amp.config import parse_config
-        from amp.policy import NamespaceInfo, failure_policy, failure_policy_why
+        from amp.namespaces import NamespaceInfo
+        from amp.policy import failure_policy, failure_policy_why
 
         key = "amp.txn2.com/failure-policy"
         for notes, configured, cluster, want in (

@@ -50,9 +50,8 @@ from amp.config import Config, ConfigError, KubernetesConfig, load_config
 from amp.deadline import Deadline, review_budget
 from amp.endpoints import EndpointClient
 from amp.metrics import Metrics
-from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, StaticNamespaceSource
+from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.patch import PatchError, check_patch
-from amp.policy import NamespaceInfo
 from amp.reasons import Reason, Result
 from amp.review import parse_review
 from amp.trace import RecordedTrace, Step
