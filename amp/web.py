@@ -41,7 +41,7 @@ from twisted.web.resource import Resource
 
 from amp.admission import Admitter, Outcome
 from amp.metrics import Metrics
-from amp.policy import parse_timeout, review_budget
+from amp.deadline import review_deadline
 from amp.review import AdmissionRequest, ReviewError, parse_review
 
 _REASONS = {
@@ -330,11 +330,11 @@ class AdmissionResource(Resource):
             self._metrics.bad_requests.labels(str(e.code)).inc()
             self.log.info("Bad AdmissionReview: {error}", error=e.message)
             return _plain(request, e.code, e.message)
+        # The review's one deadline, computed here once and carried down.
         timeout = request.args.get(b"timeout")
-        deadline = self._admitter.config.deadline
-        budget = review_budget(parse_timeout(timeout[0].decode("ascii", "replace") if timeout else None),
-                               deadline.default_timeout, deadline.margin)
-        d = self._admitter.review(req, budget, validation=self._validation)
+        deadline = review_deadline(timeout[0].decode("ascii", "replace") if timeout else None, started,
+                                   self._admitter.config.deadline)
+        d = self._admitter.review(req, deadline, validation=self._validation)
         # Not "if not d.called": a review can be called already and still be
         # waiting on a chained Deferred (an endpoint call started from a
         # namespace fetch that answered at once); cancel() reaches it.
