@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test venv tools bench clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -17,13 +17,18 @@ $(STAMP): setup.py
 
 venv: $(STAMP)
 
+# Command-line tools the suite and the benchmark need (wrk, ...), cached under
+# ~/.cache/amp-tools; see tools/install.
+tools:
+	tools/install
+
 demo: $(STAMP)
 	$(PY) -m amp.demo
 
-test: $(STAMP)
+test: $(STAMP) tools
 	$(PY) -m pytest
 
-bench: $(STAMP)
+bench: $(STAMP) tools
 	$(PY) bench/run
 
 clean:
