@@ -29,12 +29,13 @@ from typing import Any, Callable
 
 import kubernetes.client  # noqa: E402
 from twisted.internet.defer import Deferred, inlineCallbacks  # noqa: E402
-from twisted.internet.task import LoopingCall, react  # noqa: E402
+from twisted.internet.task import react  # noqa: E402
 
 from amp.config import KubernetesConfig  # noqa: E402
 from amp.kube import KubernetesNamespaceSource, _Keep  # noqa: E402
 from amp.metrics import Metrics  # noqa: E402
 from tests.fakekube import FakeKube  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
 NS_PATH = "/api/v1/namespaces"
 LAST_APPLIED = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {
@@ -128,20 +129,6 @@ class CountingSource(KubernetesNamespaceSource):
         return self.reached
 
 
-def wait_until(reactor: Any, predicate: Callable[[], bool], timeout: float) -> Deferred:
-    deadline = reactor.seconds() + timeout
-
-    def check() -> None:
-        if predicate():
-            loop.stop()
-        elif reactor.seconds() > deadline:
-            raise RuntimeError("timed out")
-
-    loop = LoopingCall(check)
-    loop.clock = reactor
-    return loop.start(0.005)
-
-
 def in_thread(reactor: Any, work: Callable[[], Any]) -> Deferred:
     d: Deferred = Deferred()
 
@@ -222,9 +209,9 @@ current-context: fake
 
         started = time.perf_counter()
         source.startService()
-        yield wait_until(reactor, lambda: source.readiness()[0], 60)
+        yield wait_until(lambda: source.readiness()[0], 60, "the first list", clock=reactor)
         rows.append(("start -> first list in the cache (ready)", f"{time.perf_counter() - started:.2f} s"))
-        yield wait_until(reactor, lambda: fake.open_watches() == 1, 10)
+        yield wait_until(lambda: fake.open_watches() == 1, 10, "the watch", clock=reactor)
         names = sorted(source._cache)
 
         m = options.events

@@ -347,12 +347,17 @@ class RunningAmp:
         C{service.metrics}, C{service.site}, ...).
     @ivar port: the TCP port of the TLS webhook listener.
     @ivar connections: the L{ConnectionTracker} of the listener.
+    @ivar metrics_port: the port of the plain-HTTP metrics listener, or
+        None when amp was started without it.
     """
 
-    def __init__(self, service: AmpService, port: int, connections: ConnectionTracker) -> None:
+    def __init__(self, service: AmpService, port: int, connections: ConnectionTracker,
+                 metrics_port: Optional[int] = None, trackers: Iterable[ConnectionTracker] = ()) -> None:
         self.service = service
         self.port = port
         self.connections = connections
+        self.metrics_port = metrics_port
+        self._trackers = [connections, *trackers]
 
     @property
     def metrics(self) -> Metrics:
@@ -365,11 +370,17 @@ class RunningAmp:
             text += "?" + query
         return text.encode("ascii")
 
+    def metrics_url(self) -> bytes:
+        """C{http://127.0.0.1:<metrics port>/metrics}, as bytes for treq."""
+        assert self.metrics_port is not None, "amp was started without its metrics listener"
+        return f"http://127.0.0.1:{self.metrics_port}/metrics".encode("ascii")
+
     @inlineCallbacks
     def stop(self) -> Any:
         """Stop every service of amp and close every connection to it."""
         yield self.service.stopService()
-        yield self.connections.close_all()
+        for tracker in self._trackers:
+            yield tracker.close_all()
 
 
 @inlineCallbacks
@@ -379,28 +390,43 @@ def start_amp(
     *,
     namespaces: Optional[INamespaceSource] = None,
     metrics: Optional[Metrics] = None,
+    metrics_listener: bool = False,
 ) -> Any:
     """
     Build amp with L{make_amp_service} (certificate loaded from
     C{config.tls}, no SIGHUP handler), start it and wait until the webhook
-    listens.  C{config.listen.port} should be 0 (see L{make_config}).
-    Resolves to a L{RunningAmp}; add its C{stop} as a cleanup.
+    listens.  C{config.listen.port} should be 0 (see L{make_config}).  With
+    C{metrics_listener}, C{config.metrics.port} must name a port (0 turns
+    the listener off); the listener is moved to a free loopback port, see
+    L{RunningAmp.metrics_url}.  Resolves to a L{RunningAmp}; add its
+    C{stop} as a cleanup.
     """
     kwargs: dict[str, Any] = {"install_sighup": False, "metrics": metrics if metrics is not None else Metrics()}
     if namespaces is not None:
         kwargs["namespaces"] = namespaces
     service = make_amp_service(config, reactor, **kwargs)
-    recording = _RecordingEndpoint(service.webhook.endpoint)
-    tracker = ConnectionTracker(service.webhook.factory, reactor)
-    service.webhook.endpoint = recording
-    service.webhook.factory = tracker
+    listeners = [(service.webhook, service.webhook.endpoint)]
+    if metrics_listener:
+        assert service.metrics_listener is not None, "the metrics listener exists only when metrics.port is set"
+        listeners.append((service.metrics_listener, TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1")))
+    recordings, trackers = [], []
+    for listener, inner in listeners:
+        recording = _RecordingEndpoint(inner)
+        tracker = ConnectionTracker(listener.factory, reactor)
+        listener.endpoint = recording
+        listener.factory = tracker
+        recordings.append(recording)
+        trackers.append(tracker)
     service.startService()
     try:
-        port = yield recording.listening.addTimeout(WAIT, reactor)
+        ports = []
+        for recording in recordings:
+            port = yield recording.listening.addTimeout(WAIT, reactor)
+            ports.append(port.getHost().port)
     except Exception:
         yield service.stopService()
         raise
-    return RunningAmp(service, port.getHost().port, tracker)
+    return RunningAmp(service, ports[0], trackers[0], ports[1] if metrics_listener else None, trackers[1:])
 
 
 # ---------------------------------------------------------------- example endpoints

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, Deferred, gatherResults, inlineCallbacks
-from twisted.internet.task import Clock, LoopingCall
+from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import TestCase
 
@@ -28,29 +28,13 @@ from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceLookupError
 from amp.policy import FAIL, IGNORE, NamespaceInfo, failure_policy, route
 from tests.fakekube import FakeKube
+from tests.waiting import wait_until
 
 ENABLED = {"amp.txn2.com/enabled": "true"}
 EP_A = "http://ep-a.team.svc:8080/mutate"
 EP_B = "http://ep-b.team.svc:8080/mutate"
 NS_PATH = "/api/v1/namespaces"
 MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> Deferred:
-    """
-    Fires once C{predicate()} is true, checked every 10 ms on the reactor;
-    fails with AssertionError after C{timeout} seconds.
-    """
-    deadline = reactor.seconds() + timeout
-
-    def check() -> None:
-        if predicate():
-            loop.stop()
-        elif reactor.seconds() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-    loop = LoopingCall(check)
-    return loop.start(0.01, now=True).addCallback(lambda _: None)
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from . import build
-from .amp_process import REPO_ROOT, AmpInstance, ExampleEndpoints, wait_until
+from ..waiting import poll_until
+from .amp_process import REPO_ROOT, AmpInstance, ExampleEndpoints
 from .cluster import ControlPlane
 
 
@@ -136,14 +137,14 @@ def amp_kubeconfig(control_plane: ControlPlane) -> Iterator[Path]:
          "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}
     )
     try:
-        _wait_until_authorized(path, rules)
+        _poll_until_authorized(path, rules)
         yield path
     finally:
         rbac.delete_cluster_role_binding(AMP_CLUSTER_ROLE)
         rbac.delete_cluster_role(AMP_CLUSTER_ROLE)
 
 
-def _wait_until_authorized(kubeconfig: Path, rules: list[dict[str, Any]]) -> None:
+def _poll_until_authorized(kubeconfig: Path, rules: list[dict[str, Any]]) -> None:
     """Wait until the API server's authorizer has caught up with the new
     binding (it learns of RBAC objects through a watch), so that amp's first
     list is not refused and retried after a backoff."""
@@ -162,7 +163,7 @@ def _wait_until_authorized(kubeconfig: Path, rules: list[dict[str, Any]]) -> Non
                     if "list" in rule.verbs and "watch" in rule.verbs}
             return True if wanted <= have else None
 
-        wait_until("amp's RBAC to take effect", allowed, 10.0)
+        poll_until("amp's RBAC to take effect", allowed, 10.0)
     finally:
         api.close()
 
