@@ -17,16 +17,17 @@ $(STAMP): setup.py
 
 venv: $(STAMP)
 
-# Command-line tools the suite and the benchmark need (wrk, ...), cached under
-# ~/.cache/amp-tools; see tools/install.
+# Tools the suite and the benchmark need besides Python packages (wrk; the
+# e2e tests' kube-apiserver and etcd), cached under ~/.cache; see tools/install.
 tools:
 	tools/install
 
 demo: $(STAMP)
 	$(PY) -m amp.demo
 
+# On every CPU (pytest-xdist); tests/conftest.py keeps together what shares a run.
 test: $(STAMP) tools
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadgroup
 
 bench: $(STAMP) tools
 	$(PY) bench/run
