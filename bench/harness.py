@@ -360,16 +360,7 @@ class Amp:
         """
         One review sent from here, its decoded answer.
         """
-        with open(body_file, "rb") as f:
-            data = f.read()
-        conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self._tls(), timeout=15)
-        conn.request("POST", "/mutate?timeout=10s", body=data, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        text = resp.read()
-        conn.close()
-        if resp.status != 200:
-            raise ModeFailed(f"amp ({self.name}) answered HTTP {resp.status}: {text[:300]!r}")
-        return json.loads(text)["response"]
+        return post_review(self.port, self.ca, body_file, f"amp ({self.name})")
 
     def metrics(self) -> dict[str, float]:
         """
@@ -416,6 +407,27 @@ class Amp:
 # ------------------------------------------------------------------ checks
 
 
+def post_review(port: int, ca: str, body_file: str, who: str) -> dict[str, Any]:
+    """
+    POST one review to C{https://127.0.0.1:port/mutate} (trusting C{ca});
+    the decoded C{response} of the answer.
+    """
+    with open(body_file, "rb") as f:
+        data = f.read()
+    context = ssl.create_default_context(cafile=ca)
+    context.check_hostname = False
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=15)
+    try:
+        conn.request("POST", "/mutate?timeout=10s", body=data, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        text = resp.read()
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise ModeFailed(f"{who} answered HTTP {resp.status}: {text[:300]!r}")
+    return json.loads(text)["response"]
+
+
 def _patch_of(response: dict[str, Any]) -> list[Any]:
     if "patch" not in response:
         return []
@@ -424,14 +436,14 @@ def _patch_of(response: dict[str, Any]) -> list[Any]:
 
 def check_answer(mode: str, response: dict[str, Any]) -> None:
     """
-    The answer a mode must give: (b) and (c) the endpoint's patch, (d) an
-    unchanged Pod.
+    The answer a mode must give: (b), (c) and the floor (f) the endpoint's
+    patch, (d) an unchanged Pod.
     """
     label_path = "/metadata/labels/" + bodies.PATCH_LABEL.replace("/", "~1")
     if not response.get("allowed"):
         raise ModeFailed(f"mode ({mode}): amp denied the Pod: {response.get('status')}")
     patch = _patch_of(response)
-    if mode in ("b", "c"):
+    if mode in ("b", "c", "f"):
         if not any(op.get("path") == label_path for op in patch) or response.get("warnings"):
             raise ModeFailed(f"mode ({mode}): expected the endpoint's patch, got {patch} "
                              f"with warnings {response.get('warnings')}")

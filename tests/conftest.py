@@ -20,6 +20,7 @@ import pytest
 _SHARED_RUN_MODULES = ("test_soak.py", "test_bench.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = item.path

@@ -251,10 +251,11 @@ class Soak:
                 # (one in 125 on average), so new handshakes keep meeting
                 # the rotated certificate; an idle connection is closed
                 # well before amp's own idle timeout would.
-                "v1beta1_share": 0.1, "close_share": 1 / 125, "idle_close": 20.0, "max_connections": 256,
+                "v1beta1_share": 0.1, "close_share": 1 / 125, "idle_close": 20.0, "max_connections": 64,
                 # The client waits this long past the API server's timeout
-                # before it calls a review unanswered: a late answer on a
-                # busy machine is timing, a missing one is a failure.
+                # (from sending the request) before it calls a review
+                # unanswered: a late answer on a busy machine is timing, a
+                # missing one is a failure.
                 "grace": 30.0,
             }, f)
         self.load = Proc("load generator", [sys.executable, "-m", "bench.soak.load", plan], cpus=self.load_cpus)
