@@ -36,6 +36,10 @@ REPO = os.path.dirname(BENCH)
 ON, OFF = "bench-on", "bench-off"
 
 WRK_MISSING = 3
+#: How long a child process may take to start and be ready (seconds): a
+#: deadline for a harness waiting on another process, generous because a
+#: busy machine starts processes slowly, never a measurement.
+START_TIMEOUT = 120.0
 MODE_FAILED = 1
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 LUA = os.path.join(BENCH, "lua", "review.lua")
@@ -187,7 +191,7 @@ class Proc:
                                       text=True, pass_fds=pass_fds)
         self.pid = self.popen.pid
 
-    def first_line(self, timeout: float) -> dict[str, Any]:
+    def first_line(self, timeout: float = START_TIMEOUT) -> dict[str, Any]:
         """
         The JSON object the process prints on its first stdout line.
         """
@@ -334,7 +338,7 @@ class Amp:
         ctx.check_hostname = False
         return ctx
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
         """Wait until amp's C{/readyz} answers 200; fail if amp exits or is not ready in time."""
         last = ""
 

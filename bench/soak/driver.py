@@ -24,7 +24,7 @@ import time
 from typing import Any, Optional
 
 from bench.chaos_endpoint import KINDS
-from bench.harness import Amp, Proc, busy_seconds, cpu_seconds, machine, wait_quiet
+from bench.harness import START_TIMEOUT, Amp, Proc, busy_seconds, cpu_seconds, machine, wait_quiet
 from bench.soak.reconcile import scan_log
 from bench.soak.report import busy_machine, evaluate, text_report
 from bench.soak.settings import (
@@ -204,7 +204,7 @@ class Soak:
             "--seed", str(self.args.seed), "--delay-ms", f"{DELAY_MS[0]}:{DELAY_MS[1]}",
             "--oversize", str(OVERSIZE), "--log", self.chaos_log], cpus=self.load_cpus)
         self.procs.append(self.chaos)
-        self.ports = self.chaos.first_line(30)["ports"]
+        self.ports = self.chaos.first_line()["ports"]
         say(f"chaos endpoint on ports {self.ports} (pid {self.chaos.pid})")
 
         self.namespaces = []
@@ -223,7 +223,7 @@ class Soak:
             json.dump({"namespaces": api_namespaces, "filler": 50, "kubeconfig": self.kubeconfig}, f)
         self.fakeapi = Proc("fake API", [py, "-m", "bench.soak.fakeapi", plan], cpus=self.load_cpus)
         self.procs.append(self.fakeapi)
-        first = self.fakeapi.first_line(30)
+        first = self.fakeapi.first_line()
         self.api_url, self.control = first["url"], first["control"]
         say(f"fake Kubernetes API on {self.api_url}, control port {self.control} (pid {self.fakeapi.pid})")
 
@@ -232,12 +232,12 @@ class Soak:
                        kubeconfig=self.kubeconfig, per_review_get=False, cpus=self.amp_cpus,
                        overlay=amp_overlay(self.ports))
         self.procs.append(self.amp)
-        self.amp.wait_ready(60)
+        self.amp.wait_ready()
         say(f"amp ready on port {self.amp.port}, metrics on {self.amp.metrics_port} (pid {self.amp.pid})")
         # What amp holds open before any load: the listeners, the log, the
         # watch connection; the load must leave nothing more behind.
         poll_until("amp's namespace watch", lambda: Scrape.get(self.amp.metrics_port).value(
-            "amp_namespace_cache_namespaces") is not None, 30)
+            "amp_namespace_cache_namespaces") is not None, START_TIMEOUT)
         self.fds_before = fd_count(self.amp.pid)
 
     def start_load(self) -> None:
@@ -260,7 +260,7 @@ class Soak:
             }, f)
         self.load = Proc("load generator", [sys.executable, "-m", "bench.soak.load", plan], cpus=self.load_cpus)
         self.procs.append(self.load)
-        self.load.first_line(60)
+        self.load.first_line()
 
     def stop(self) -> dict[str, str]:
         outs = {}
@@ -376,7 +376,7 @@ class Soak:
         judged is where amp ends up, not how fast.
         """
         last = self.volume.serials[-1]
-        settle = 30.0
+        settle = 60.0
         try:
             serial = poll_until("amp to serve the last certificate",
                                 lambda: served_serial(self.amp.port, self.ca) == last and last, settle, interval=0.2)
