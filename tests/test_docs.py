@@ -23,7 +23,7 @@ import amp.endpoints
 import amp.patch
 import amp.policy
 from amp.config import Config, EndpointsConfig, parse_config
-from amp.example_tap import build_root
+from amp_examples.server import build_root
 from amp.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent

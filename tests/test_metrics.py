@@ -35,7 +35,7 @@ from amphelpers import (
     start_example,
 )
 from amp.config import Config, parse_config
-from amp.devcert import write_dev_tls
+from amp_dev.devcert import write_dev_tls
 from amp.metrics import BREAKER_STATE_VALUES, Metrics
 from amp.service import AmpService, make_amp_service
 

@@ -1,5 +1,5 @@
 """
-The local demo (C{make demo}, or C{python -m amp.demo}): writes a dev
+The local demo (C{make demo}, or C{python -m amp_dev.demo}): writes a dev
 certificate, starts C{twistd amp-example} and C{twistd amp} with
 C{etc/amp.yaml} (static namespaces, no cluster needed), sends a sample
 AdmissionReview for each demo namespace and prints the decoded answer, then
@@ -25,10 +25,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from amp.devcert import write_dev_tls
+from amp_dev.devcert import write_dev_tls
 
 SAMPLE = Path("etc/reviews/pod-create.json")
-NAMESPACES = ["team-a", "registry-mirror", "mesh", "kubeflow", "flaky", "strict", "opted-out"]
+NAMESPACES = ["team-a", "registry-mirror", "mesh", "kubeflow", "filers", "flaky", "strict", "opted-out"]
 
 
 def _wait(url: str, context: Optional[ssl.SSLContext], deadline: float, procs: list) -> None:
