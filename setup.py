@@ -15,14 +15,15 @@ jsonpatch, the tests' oracle for amp's own patch code.  install_requires
 is exactly what amp imports (tests/test_packaging.py checks it).
 """
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="amp",
     version="0.1.0",
     description="Admission mutation proxy for Kubernetes, on Twisted",
     python_requires=">=3.11",
-    packages=["amp", "twisted.plugins"],
+    # amp and its subpackages (amp.kube, ...); the wheel test checks every module of amp/ ships
+    packages=find_packages(include=["amp", "amp.*"]) + ["twisted.plugins"],
     package_data={"twisted": ["plugins/amp_plugin.py"]},
     install_requires=[
         "twisted>=24.7",

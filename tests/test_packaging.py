@@ -20,7 +20,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from test_dockerfile import stages
+from tests.test_dockerfile import stages
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_WORDS = re.compile(r"example|demo|devcert", re.I)
