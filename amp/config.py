@@ -343,7 +343,7 @@ class Config:
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     endpoints: EndpointsConfig = field(default_factory=EndpointsConfig)
     failure_policy: str = "auto"
-    annotate_skipped: bool = True
+    annotate_status: bool = True
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
     patch: PatchConfig = field(default_factory=PatchConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -536,18 +536,26 @@ def parse_config(raw: Any) -> Config:
     }
     scalars: dict[str, Callable[[Any], Any]] = {
         "failure_policy": _choice("auto", "Ignore", "Fail"),
-        "annotate_skipped": _bool,
+        "annotate_status": _bool,
         "workers": _positive(_int),
     }
     values: dict[str, Any] = {}
-    for name, value in raw.items():
+    for key, value in raw.items():
+        name = key
+        if name == "annotate_skipped":
+            # The key from before amp.txn2.com/status replaced
+            # amp.txn2.com/skipped: false kept amp's annotation off Pods, and
+            # still does.
+            if "annotate_status" in raw:
+                raise ConfigError("annotate_skipped: renamed to annotate_status; give only annotate_status")
+            name = "annotate_status"
         if name in sections:
             values[name] = sections[name](value)
         elif name in scalars:
             try:
                 values[name] = scalars[name](value)
             except ValueError as e:
-                raise ConfigError(f"{name}: {e}") from None
+                raise ConfigError(f"{key}: {e}") from None
         else:
             known = ", ".join(sorted(list(sections) + list(scalars)))
             raise ConfigError(f"{_keyname(name)}: unknown key (known keys: {known})")
