@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test venv bench clean tools
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,12 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m amp.demo
 
-test: $(STAMP)
+# Command-line tools the tests run (helm, kustomize, promtool), built or
+# extracted once into ~/.cache/amp-tools.
+tools:
+	tools/install-deploy-tools
+
+test: $(STAMP) tools
 	$(PY) -m pytest
 
 bench: $(STAMP)
