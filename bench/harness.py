@@ -27,10 +27,7 @@ from typing import Any, Optional
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
-if BENCH not in sys.path:
-    sys.path.insert(0, BENCH)
-
-import bodies  # noqa: E402
+from bench import bodies  # noqa: E402
 
 ON, OFF = "bench-on", "bench-off"
 

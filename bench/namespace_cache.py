@@ -20,16 +20,12 @@ import argparse
 import gc
 import json
 import os
-import sys
 import tempfile
 import threading
 import time
 import tracemalloc
 from typing import Any, Callable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-sys.path.insert(0, os.path.join(HERE, ".."))
 
 import kubernetes.client  # noqa: E402
 from twisted.internet.defer import Deferred, inlineCallbacks  # noqa: E402
@@ -38,7 +34,7 @@ from twisted.internet.task import LoopingCall, react  # noqa: E402
 from amp.config import KubernetesConfig  # noqa: E402
 from amp.kube import KubernetesNamespaceSource, _Keep  # noqa: E402
 from amp.metrics import Metrics  # noqa: E402
-from fakekube import FakeKube  # noqa: E402
+from tests.fakekube import FakeKube  # noqa: E402
 
 NS_PATH = "/api/v1/namespaces"
 LAST_APPLIED = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {

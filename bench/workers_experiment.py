@@ -39,11 +39,8 @@ from typing import Any
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
-sys.path.insert(0, REPO)
-sys.path.insert(0, BENCH)
-
-import bodies  # noqa: E402
-from harness import (  # noqa: E402
+from bench import bodies  # noqa: E402
+from bench.harness import (  # noqa: E402
     ON, WRK_MISSING, Proc, WrkMissing, busy_seconds, cpu_seconds, ensure_wrk, free_port, machine, run_wrk, say,
 )
 

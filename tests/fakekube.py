@@ -110,10 +110,8 @@ timeout, woken by the server, no polling) let a test synchronise with a
 client running in another thread.  ``errors`` lists unexpected exceptions
 raised while serving (a test should assert it stays empty).
 
-Import: the tests directory is not a package; pytest puts it on ``sys.path``
-(rootdir-relative "prepend" import mode), so tests write ``from fakekube
-import FakeKube``.  Other code (a benchmark) can add this directory to
-``sys.path``.
+Import: ``from tests.fakekube import FakeKube`` (``tests`` is a package;
+the development install puts the repository on ``sys.path``).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, StaticNamespaceSource
 from amp.policy import NamespaceInfo
 from amp.review import parse_review
-from amphelpers import (
+from tests.helpers import (
     UID,
     V1BETA1,
     apply_patch,

@@ -20,7 +20,7 @@ import urllib3
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
-from fakekube import FakeKube, Request, api_client, client_configuration
+from tests.fakekube import FakeKube, Request, api_client, client_configuration
 
 T = 5  # seconds: the bound on every blocking call
 

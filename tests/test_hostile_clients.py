@@ -27,7 +27,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from amp import web
 from amp.metrics import Metrics
-from amphelpers import (
+from tests.helpers import (
     UID,
     ca_pem,
     decode_answer,

@@ -27,7 +27,7 @@ from amp.kube import KubernetesNamespaceSource, backoff_delay, webhook_failure_p
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceLookupError
 from amp.policy import FAIL, IGNORE, NamespaceInfo, failure_policy, route
-from fakekube import FakeKube
+from tests.fakekube import FakeKube
 
 ENABLED = {"amp.txn2.com/enabled": "true"}
 EP_A = "http://ep-a.team.svc:8080/mutate"

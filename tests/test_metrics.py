@@ -21,7 +21,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.trial.unittest import TestCase
 
-from amphelpers import (
+from tests.helpers import (
     WAIT,
     ConnectionTracker,
     _RecordingEndpoint,

@@ -11,7 +11,7 @@ import pytest
 
 from amp.config import Config, parse_config
 from amp.policy import FAIL, IGNORE, NORMAL, SHADOW, NamespaceInfo, failure_policy, parse_timeout, review_budget, route
-from amphelpers import make_config, namespace
+from tests.helpers import make_config, namespace
 
 ENABLED = {"amp.txn2.com/enabled": "true"}
 EP = "http://127.0.0.1:8090/user-env"

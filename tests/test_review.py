@@ -22,7 +22,7 @@ from amp.review import (
     encode_response,
     parse_review,
 )
-from amphelpers import UID, V1, V1BETA1, pod, review, review_bytes
+from tests.helpers import UID, V1, V1BETA1, pod, review, review_bytes
 
 
 @pytest.mark.parametrize("api_version", [V1, V1BETA1])

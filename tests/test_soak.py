@@ -26,8 +26,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SOAK = REPO / "bench" / "soak"
-sys.path.insert(0, str(REPO / "bench"))
-from chaos_endpoint import KINDS  # noqa: E402
+from bench.chaos_endpoint import KINDS
 
 INCONCLUSIVE = 3  # bench/soak's exit status when only timing failed on a busy machine
 UID = "6f1c2d3e-4f50-4a6b-8c7d-0e1f2a3b4c5d"

@@ -25,7 +25,7 @@ from zope.interface import implementer
 
 from amp.devcert import make_ca, pem_cert
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
-from amphelpers import (
+from tests.helpers import (
     UID,
     WebhookClient,
     ca_pem,

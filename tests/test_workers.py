@@ -29,7 +29,7 @@ from twisted.trial.unittest import TestCase
 from amp.tap import Options, makeService
 from amp.tls import ReloadingCertificate, tls_endpoint
 from amp.workers import ParentWatch, worker_argv
-from amphelpers import ca_pem, decode_answer, dev_tls, make_config, raw_config, review_bytes, start_amp, tls_exchange
+from tests.helpers import ca_pem, decode_answer, dev_tls, make_config, raw_config, review_bytes, start_amp, tls_exchange
 
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")

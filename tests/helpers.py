@@ -6,7 +6,7 @@ and a TLS client that verifies amp's certificate.
 Typical use in a C{twisted.trial.unittest.TestCase}::
 
     from twisted.internet import reactor
-    from amphelpers import (WebhookClient, make_config, namespace, review_bytes,
+    from tests.helpers import (WebhookClient, make_config, namespace, review_bytes,
                             start_amp, start_example, decode_answer)
 
     @inlineCallbacks
