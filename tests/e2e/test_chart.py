@@ -27,7 +27,7 @@ import pytest
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
-from ..deploytools import DEPLOY, helm_template, kustomize_build
+from ..deploytools import APISERVER_METRICS, DEPLOY, helm_template, kustomize_build
 from .amp_process import INSTANCE_LABEL, closed_port, pod_manifest, wait_until
 from .cluster import ControlPlane
 
@@ -40,10 +40,6 @@ NOT_APPLIED = {
 }
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
 
-#: The API server's own metrics that the alerting rules
-#: (deploy/chart/amp/files/amp-rules.yaml) use; tests/test_monitoring.py
-#: lets these, and only these, be names amp does not export.
-APISERVER_METRICS = ("apiserver_admission_webhook_fail_open_count", "apiserver_admission_webhook_request_total")
 
 
 def unique(prefix: str) -> str:
