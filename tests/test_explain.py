@@ -42,6 +42,7 @@ from amp.trace import Step
 from tests.fakekube import FakeKube
 from tests.helpers import EP_ANNOTATION, ENABLED_LABEL, pod, start_example
 
+STATUS = "amp.txn2.com/status"
 ENV_OP = {"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "TEAM", "value": "a"}}
 
 DEPLOYMENT = """\
@@ -246,8 +247,8 @@ class LiveTests(TestCase):
         self.assertIn("answer     ignored (apply-failed)", ran.out)
         self.assertIn("operation 0 (remove /spec/ampExampleDoesNotExist): /spec/ampExampleDoesNotExist does not exist",
                       ran.out)
-        self.assertIn("stamp      amp.txn2.com/skipped: apply-failed: http://127.0.0.1:", ran.out)
-        self.assertIn("+    amp.txn2.com/skipped: 'apply-failed: http://127.0.0.1:", ran.out)
+        self.assertIn("stamp      amp.txn2.com/status: skipped apply-failed http://127.0.0.1:", ran.out)
+        self.assertIn("+    amp.txn2.com/status: skipped apply-failed http://127.0.0.1:", ran.out)
         self.assertIn("-> exit 1: the failure policy decided", ran.out)
 
     @inlineCallbacks
@@ -297,7 +298,11 @@ class LiveTests(TestCase):
         self.assertIs(doc["idempotent"], True)
         self.assertEqual(doc["result"], "patched")
         self.assertEqual(doc["second"]["result"], "allowed")
-        self.assertEqual(doc["second"]["pod"], doc["pod"])
+        # Equal but for amp's status stamp, which says what each review did.
+        first, second = doc["pod"], doc["second"]["pod"]
+        self.assertTrue(first["metadata"]["annotations"].pop(STATUS).startswith("mutated "))
+        self.assertTrue(second["metadata"]["annotations"].pop(STATUS).startswith("unchanged "))
+        self.assertEqual(second, first)
 
     @inlineCallbacks
     def test_twice_appending_endpoint_is_not_idempotent(self) -> Any:
@@ -343,16 +348,20 @@ class ReplyTests(SynchronousTestCase):
         self.assertEqual(ran.status, EXIT_ADMITTED, ran.err)
         doc = ran.json
         self.assertEqual(doc["result"], "patched")
-        # amp's repair: the env list is created before the append.
+        # amp's repair: the env list is created before the append; then
+        # amp's status stamp.
         self.assertEqual(doc["patch"], [
-            {"op": "add", "path": "/spec/containers/0/env", "value": []}, ENV_OP])
+            {"op": "add", "path": "/spec/containers/0/env", "value": []}, ENV_OP,
+            {"op": "add", "path": "/metadata/annotations",
+             "value": {STATUS: "mutated http://injector.example:8080"}}])
         self.assertEqual(doc["pod"]["spec"]["containers"][0]["env"], [{"name": "TEAM", "value": "a"}])
         self.assertTrue(doc["recorded_reply"].endswith("reply.json"))
         trace = doc["trace"]
         self.assertEqual([e["step"] for e in trace], [
             "namespace", "route", "allow", "policy", "budget", "call", "reply", "repair", "operation", "operation",
-            "answer"])
-        route, allow, policy, budget, call, reply, repair, inserted, own, answer = trace[1:]
+            "stamp", "answer"])
+        route, allow, policy, budget, call, reply, repair, inserted, own, stamp, answer = trace[1:]
+        self.assertEqual((stamp["key"], stamp["value"]), (STATUS, "mutated http://injector.example:8080"))
         self.assertEqual((route["enabled"], route["annotation"], route["url"]),
                          (True, EP_ANNOTATION, "http://injector.example:8080/mutate"))
         self.assertEqual((allow["allowed"], allow["pattern"]), (True, "http://*.example:*/*"))
@@ -469,7 +478,8 @@ class ReplyTests(SynchronousTestCase):
                        stdin=yaml.safe_dump(pod("from-stdin")))
         self.assertEqual(ran.status, EXIT_ADMITTED, ran.err)
         self.assertIn("Pod from-stdin in namespace team-a", ran.out)
-        self.assertIn("The Pod is admitted unchanged.", ran.out)
+        self.assertIn("The endpoint changes nothing; amp adds its status stamp:", ran.out)
+        self.assertIn("+    amp.txn2.com/status: unchanged http://injector.example:8080\n", ran.out)
 
 
 # ---------------------------------------------------------------- bad usage and input

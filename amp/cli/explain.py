@@ -42,10 +42,10 @@ from twisted.logger import ILogObserver, LogLevel, formatEvent
 from twisted.web.iweb import IAgent
 from zope.interface import implementer
 
-from amp.admission import SKIPPED_ANNOTATION, Admitter
+from amp.admission import LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION, Admitter
 from amp.breaker import BreakerRegistry
 from amp.cli.replay import recorded_reply_agent
-from amp.cli.workloads import InputError, PodInput, load_documents, pod_for, select_object
+from amp.cli.workloads import InputError, PodInput, load_documents, pod_for, select_object, without_stamps
 from amp.config import Config, ConfigError, KubernetesConfig, load_config
 from amp.deadline import Deadline, review_budget
 from amp.endpoints import EndpointClient
@@ -72,7 +72,7 @@ MAX_INPUT = 16 * 1024 * 1024
 
 #: Annotations amp stamps on the Pods it reviews (left out when --twice
 #: compares two rounds: amp rewrites them on every review).
-STAMP_ANNOTATIONS = frozenset((SKIPPED_ANNOTATION,))
+STAMP_ANNOTATIONS = frozenset((STATUS_ANNOTATION, LEGACY_SKIPPED_ANNOTATION))
 
 
 class UsageError(Exception):
@@ -402,25 +402,6 @@ def _review(
         audit=answer["audit"], pod=admitted, endpoint=outcome.endpoint, trace=trace, log=log.lines[start:])
 
 
-def _without_stamps(pod: Optional[dict[str, Any]], stamps: frozenset[str]) -> Optional[dict[str, Any]]:
-    """
-    C{pod} without amp's status stamps (annotations named in C{stamps}).
-    """
-    if pod is None:
-        return None
-    meta = pod.get("metadata")
-    annotations = meta.get("annotations") if isinstance(meta, dict) else None
-    if not isinstance(annotations, dict) or not any(k in annotations for k in stamps):
-        return pod
-    kept = {k: v for k, v in annotations.items() if k not in stamps}
-    meta = dict(meta)  # type: ignore[arg-type]
-    if kept:
-        meta["annotations"] = kept
-    else:
-        meta.pop("annotations", None)
-    return {**pod, "metadata": meta}
-
-
 @inlineCallbacks
 def explain(
     reactor: Any, options: ExplainOptions, pod_input: PodInput, *, agent: Optional[IAgent] = None,
@@ -484,7 +465,7 @@ def explain(
                 str(e["key"]) for r in (first, second) for e in r.trace.steps(Step.STAMP)}
             result.idempotent = (
                 second.result in (Result.PATCHED, Result.ALLOWED, Result.SKIPPED)
-                and _without_stamps(second.pod, stamps) == _without_stamps(first.pod, stamps))
+                and without_stamps(second.pod, stamps) == without_stamps(first.pod, stamps))
         return result
     finally:
         if log_publisher is not None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import yaml
 
+from amp.cli.workloads import without_stamps
 from amp.trace import Step, TraceEvent
 
 if TYPE_CHECKING:
@@ -198,7 +199,13 @@ def _pod_change(r: "Round", before: str, after: str) -> list[str]:
     if r.pod is None:
         return ["The Pod is not admitted."]
     diff = _diff(r.request_pod, r.pod, before, after)
-    return [diff.rstrip("\n")] if diff else ["The Pod is admitted unchanged."]
+    if not diff:
+        return ["The Pod is admitted unchanged."]
+    stamps = {str(f["key"]) for f in r.trace.steps(Step.STAMP)}
+    if stamps and without_stamps(r.request_pod, stamps) == without_stamps(r.pod, stamps):
+        return ["The endpoint changes nothing; amp adds its status stamp:", diff.rstrip("\n")]
+    return [diff.rstrip("\n")]
+
 
 
 def render_text(x: "Explanation") -> str:

@@ -29,7 +29,8 @@ from typing import Any, Optional
 
 import yaml
 
-__all__ = ["InputError", "PodInput", "WORKLOAD_KINDS", "load_documents", "pod_for", "select_object"]
+__all__ = ["InputError", "PodInput", "WORKLOAD_KINDS", "load_documents", "pod_for", "select_object",
+           "without_stamps"]
 
 #: The kinds whose Pod template amp explain reviews, by kind.
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")
@@ -381,3 +382,23 @@ def _daemon_tolerations(spec: dict[str, Any]) -> None:
         if (key, effect) not in have:
             tolerations.append({"key": key, "operator": "Exists", "effect": effect})
     spec["tolerations"] = tolerations
+
+
+def without_stamps(pod: Optional[dict[str, Any]], stamps: Any) -> Optional[dict[str, Any]]:
+    """
+    C{pod} without the annotations named in C{stamps} (amp's status stamps,
+    which every review rewrites), for comparing two reviews' Pods.
+    """
+    if pod is None:
+        return None
+    meta = pod.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    if not isinstance(annotations, dict) or not any(k in annotations for k in stamps):
+        return pod
+    kept = {k: v for k, v in annotations.items() if k not in stamps}
+    meta = dict(meta)  # type: ignore[arg-type]
+    if kept:
+        meta["annotations"] = kept
+    else:
+        meta.pop("annotations", None)
+    return {**pod, "metadata": meta}
