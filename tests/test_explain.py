@@ -478,7 +478,7 @@ class ReplyTests(SynchronousTestCase):
                        stdin=yaml.safe_dump(pod("from-stdin")))
         self.assertEqual(ran.status, EXIT_ADMITTED, ran.err)
         self.assertIn("Pod from-stdin in namespace team-a", ran.out)
-        self.assertIn("The endpoint changes nothing; amp adds its status stamp:", ran.out)
+        self.assertIn("Only amp's status stamp changes:", ran.out)
         self.assertIn("+    amp.txn2.com/status: unchanged http://injector.example:8080\n", ran.out)
 
 

@@ -203,7 +203,7 @@ def _pod_change(r: "Round", before: str, after: str) -> list[str]:
         return ["The Pod is admitted unchanged."]
     stamps = {str(f["key"]) for f in r.trace.steps(Step.STAMP)}
     if stamps and without_stamps(r.request_pod, stamps) == without_stamps(r.pod, stamps):
-        return ["The endpoint changes nothing; amp adds its status stamp:", diff.rstrip("\n")]
+        return ["Only amp's status stamp changes:", diff.rstrip("\n")]
     return [diff.rstrip("\n")]
 
 
