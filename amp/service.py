@@ -44,7 +44,6 @@ from amp.endpoints import EndpointClient
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
 from amp.tls import CertificateReloadService, ReloadingCertificate
-from amp.urls import parse_endpoint_url
 from amp.web import WebhookSite, webhook_root
 
 
@@ -227,12 +226,7 @@ class AmpService(MultiService):
             emit("Circuit breaker for {endpoint} is now {state}", endpoint=origin, state=state)
 
         self.breakers = BreakerRegistry(reactor, breaker_changed, random=random.random)
-        endpoints = config.endpoints
-
-        def settings_for_origin(origin: str) -> Any:
-            return endpoints.settings_for(parse_endpoint_url(origin + "/"))
-
-        self.endpoint_client = EndpointClient(reactor, metrics, self.breakers, settings_for_origin, agent=agent)
+        self.endpoint_client = EndpointClient(reactor, metrics, self.breakers, agent=agent)
         EndpointClientService(self.endpoint_client).setServiceParent(self)
         CertificateReloadService(
             certificate, reactor=reactor, interval=config.tls.reload_interval, install_sighup=install_sighup

@@ -52,7 +52,7 @@ from twisted.web.resource import Resource
 from amp.admission import Admitter, Outcome
 from amp.logs import RepeatLimiter
 from amp.metrics import Metrics
-from amp.policy import parse_timeout, review_budget
+from amp.deadline import review_deadline
 from amp.review import AdmissionRequest, ReviewError, parse_review
 
 _REASONS = {
@@ -468,11 +468,11 @@ class AdmissionResource(Resource):
             # body's fault: a 400 naming it, never Twisted's 500 page.
             return self._bad(request, 400, f"request body is not a valid AdmissionReview "
                                            f"({type(e).__name__}: {str(e)[:200]})")
+        # The review's one deadline, computed here once and carried down.
         timeout = request.args.get(b"timeout")
-        deadline = self._admitter.config.deadline
-        budget = review_budget(parse_timeout(timeout[0].decode("ascii", "replace") if timeout else None),
-                               deadline.default_timeout, deadline.margin)
-        d = self._admitter.review(req, budget, validation=self._validation)
+        deadline = review_deadline(timeout[0].decode("ascii", "replace") if timeout else None, started,
+                                   self._admitter.config.deadline)
+        d = self._admitter.review(req, deadline, validation=self._validation)
         # Not "if not d.called": a review can be called already and still be
         # waiting on a chained Deferred (an endpoint call started from a
         # namespace fetch that answered at once); cancel() reaches it.

@@ -38,7 +38,7 @@ from amp.logs import RepeatLimiter
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, StaticNamespaceSource
 from amp.service import AmpService, serving_certificate
-from amphelpers import UID, decode_answer, make_config, namespace, parse_raw_response, pod, review, review_bytes
+from tests.helpers import UID, decode_answer, make_config, namespace, parse_raw_response, pod, review, review_bytes
 
 HEAD = b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"

@@ -20,7 +20,7 @@ from twisted.logger import Logger, LogLevel, formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from amphelpers import (
+from tests.helpers import (
     WebhookClient,
     decode_answer,
     make_config,

@@ -32,13 +32,14 @@ from zope.interface import implementer
 from amp.admission import SKIPPED_ANNOTATION, Admitter
 from amp.breaker import BreakerRegistry
 from amp.config import ConfigError, parse_config
+from amp.deadline import Deadline
 from amp.endpoints import EndpointClient, _Resolution
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 from amp.policy import shown_url
 from amp.review import parse_review
 from amp.urls import NAMED_NETWORKS, denied_network, parse_networks
-from amphelpers import WebhookClient, decode_answer, make_config, namespace, review_bytes, start_amp
+from tests.helpers import WebhookClient, decode_answer, make_config, namespace, review_bytes, start_amp
 
 PATCH = [{"op": "add", "path": "/metadata/labels", "value": {"via": "endpoint"}}]
 EVERYWHERE = ["http://*:*/*", "https://*:*/*"]
@@ -87,15 +88,14 @@ class Reviewer:
         self.config = make_config({"team-a": namespace(endpoint, failure_policy=policy)}, endpoints=section)
         self.metrics = Metrics()
         self.breakers = BreakerRegistry(reactor_, lambda origin, state: None)
-        settings = self.config.endpoints.defaults
-        self.client = EndpointClient(reactor_, self.metrics, self.breakers, lambda origin: settings,
-                                     resolver=resolver)
+        self.reactor = reactor_
+        self.client = EndpointClient(reactor_, self.metrics, self.breakers, resolver=resolver)
         self.admitter = Admitter(self.config, StaticNamespaceSource(self.config.kubernetes), self.client,
                                  reactor_, self.metrics)
 
     def review(self) -> Deferred:
         """Resolves to C{(response, outcome)}: the AdmissionReview's response, decoded."""
-        d = self.admitter.review(parse_review(review_bytes()), 5.0)
+        d = self.admitter.review(parse_review(review_bytes()), Deadline.after(self.reactor.seconds(), 5.0))
         return d.addCallback(lambda result: (decode_answer(result[0])["response"], result[1]))
 
     def count(self, origin: str, outcome: str) -> float:

@@ -5,7 +5,7 @@ their TLS handshake, and that no answer ever carries Retry-After.  Every
 limit of the channel is tested to the second in memory in
 test_channel.py.
 
-amp runs in-process (L{amphelpers.start_amp}) with the development
+amp runs in-process (L{tests.helpers.start_amp}) with the development
 certificate; the client verifies the CA and the IP address.  Real-time
 waits are short (a 0.2s request timeout) and bounded.
 """
@@ -26,7 +26,7 @@ from zope.interface import implementer
 
 from amp.devcert import make_ca, pem_cert
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
-from amphelpers import (
+from tests.helpers import (
     UID,
     WebhookClient,
     decode_answer,
