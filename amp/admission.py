@@ -41,7 +41,8 @@ from amp.endpoints import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.patch import CheckedPatch, PatchError, annotate, check_patch, unchanged
-from amp.policy import FAIL, SHADOW, Route, failure_policy, route
+from amp.policy import (
+    FAIL, SHADOW, Route, failure_policy, opted_out, own_pods_warning, protected_namespaces, route)
 from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
 from amp.review import AdmissionRequest, clean_audit_annotations, clip, dumps
@@ -79,6 +80,9 @@ class Admitter:
         self._clock = clock
         self._metrics = metrics
         self._routes: dict[str, tuple] = {}
+        self._protected = protected_namespaces(config)
+        #: Protected namespaces amp has said it leaves alone (said once each).
+        self._protected_told: set[str] = set()
         patch = config.patch
         self._patch_options = dict(
             denied=patch.denied_paths, allowed=patch.allowed_paths, repair=patch.repair,
@@ -92,7 +96,44 @@ class Admitter:
         """
         if not req.is_pod_create:
             return succeed(answers.skipped(req))
+        alone = self._left_alone(req)
+        if alone is not None:
+            return succeed(answers.skipped(req, reason=alone))
         return _Review(self, req, deadline, validation).start()
+
+    def _left_alone(self, req: AdmissionRequest) -> Optional[Reason]:
+        """
+        Why amp does not act on C{req} at all, before any lookup or call:
+        its namespace is protected (said once per namespace), or the Pod
+        opted out.  None when amp acts.
+        """
+        name = req.namespace
+        if name in self._protected:
+            if name not in self._protected_told:
+                self._protected_told.add(name)
+                self.log.warn(
+                    "Asked to review a Pod in {namespace}, amp's own or a protected namespace: amp leaves Pods "
+                    "there unchanged (kubernetes.protected_namespaces, allow_protected_namespaces); the "
+                    "webhook configuration's namespaceSelector should exclude it", namespace=name)
+            return Reason.PROTECTED_NAMESPACE
+        if opted_out(req.object, self.config):
+            return Reason.OPTED_OUT
+        return None
+
+    def own_pods_warning(self) -> Optional[str]:
+        """
+        Warn (and return the warning) when amp's own namespace, as the
+        namespace source knows it now, is enabled: amp's own Pods would be
+        sent to it.  Called at start-up, once the source has its namespaces.
+        """
+        own = self.config.kubernetes.own_namespace
+        if not own:
+            return None
+        ns = self._namespaces.cached(own)
+        warning = own_pods_warning(ns if isinstance(ns, NamespaceInfo) else None, self.config)
+        if warning is not None:
+            self.log.warn("{warning}", warning=warning)
+        return warning
 
     def _has_validation_endpoint(self, ns: Optional[NamespaceInfo]) -> bool:
         return ns is not None and bool(ns.annotations.get(self.config.kubernetes.validation_annotation))

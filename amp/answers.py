@@ -61,14 +61,15 @@ class Answer(NamedTuple):
     outcome: Outcome
 
 
-def skipped(req: AdmissionRequest, *, patch: Optional[bytes] = None) -> Answer:
+def skipped(req: AdmissionRequest, *, patch: Optional[bytes] = None, reason: str = "") -> Answer:
     """
     amp does not act on this review: admitted as it is, nothing said; with
     C{patch}, only amp's status annotation (a namespace with a validation
-    endpoint only, on C{/mutate}).
+    endpoint only, on C{/mutate}).  C{reason} (one of
+    L{amp.reasons.SKIP_REASONS}) says why when it is not the obvious one.
     """
     return Answer(encode_response(req.api_version, req.uid, patch_bytes=patch),
-                  Outcome(Result.SKIPPED, patch_size=len(patch) if patch else 0))
+                  Outcome(Result.SKIPPED, reason, patch_size=len(patch) if patch else 0))
 
 
 def allowed(

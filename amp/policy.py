@@ -9,7 +9,7 @@ under which failure policy.  Nothing here does I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Any, Optional
 
 from amp.config import BreakerConfig, Config, EndpointSettings
 from amp.namespaces import NamespaceInfo
@@ -73,6 +73,49 @@ def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: 
     if config.failure_policy == "auto":
         return cluster_policy if cluster_policy in (IGNORE, FAIL) else FAIL
     return config.failure_policy
+
+
+def protected_namespaces(config: Config) -> frozenset[str]:
+    """
+    The namespaces whose Pods amp never changes: its own
+    (C{kubernetes.own_namespace}) and C{kubernetes.protected_namespaces};
+    none when C{kubernetes.allow_protected_namespaces} is set.  A webhook
+    that must answer before its own Pods (or kube-system's) can start would
+    lock the cluster out of recovering.
+    """
+    kube = config.kubernetes
+    if kube.allow_protected_namespaces:
+        return frozenset()
+    own = (kube.own_namespace,) if kube.own_namespace else ()
+    return frozenset((*own, *kube.protected_namespaces))
+
+
+def opted_out(pod: Any, config: Config) -> bool:
+    """
+    Whether C{pod} opts out of amp: its enable label
+    (C{kubernetes.enabled_label}) says C{kubernetes.opt_out_value}
+    (C{amp.txn2.com/enabled: "false"}).
+    """
+    metadata = pod.get("metadata") if type(pod) is dict else None
+    labels = metadata.get("labels") if type(metadata) is dict else None
+    kube = config.kubernetes
+    return type(labels) is dict and labels.get(kube.enabled_label) == kube.opt_out_value
+
+
+def own_pods_warning(ns: Optional[NamespaceInfo], config: Config) -> Optional[str]:
+    """
+    What to warn about at start-up when amp's own namespace C{ns} is
+    enabled (its own Pods would be sent to it), or None.
+    """
+    if not is_enabled(ns, config):
+        return None
+    assert ns is not None
+    if ns.name in protected_namespaces(config):
+        return (f"amp's own namespace {ns.name} is enabled ({config.kubernetes.enabled_label}); amp will not "
+                "change its Pods (kubernetes.allow_protected_namespaces is off)")
+    return (f"amp's own namespace {ns.name} is enabled ({config.kubernetes.enabled_label}) and "
+            "kubernetes.allow_protected_namespaces is on: amp reviews its own Pods, so while no replica is ready "
+            "new ones may not start")
 
 
 def is_enabled(ns: Optional[NamespaceInfo], config: Config) -> bool:
