@@ -13,13 +13,17 @@ A trace is anything with a C{record(step, **fields)} method
   - C{namespace}: C{name}, C{found} (bool), C{source} (where it came from),
     C{labels}, C{annotations} (what amp keeps of them);
   - C{route}: C{enabled} (bool), C{label} and C{value} (the opt-in label
-    and the value it needs), C{annotation} (the endpoint annotation used,
-    or None), C{url} (its text), C{mode};
-  - C{allow}: C{url}, C{allowed} (bool), C{pattern} (the matching
-    C{endpoints.allow} pattern or None), C{error} (why the URL is unusable);
+    and the value it needs), C{got} (the namespace's value), C{annotation}
+    (the endpoint annotation used, or None), C{url} (its text, masked),
+    C{mode}, C{steps} (the chain's endpoints, in order);
+  - C{allow}, per endpoint of the chain: C{url}, C{allowed} (bool),
+    C{pattern} (the matching C{endpoints.allow} pattern or None), and when
+    the annotation cannot be used, C{reason} (C{bad-url}, C{not-allowed})
+    and C{error} (the message);
   - C{policy}: C{policy} (C{Ignore}/C{Fail}), C{why};
-  - C{budget}: C{seconds} (left for the review), C{timeout} (the
-    endpoint's own timeout);
+  - C{budget}, before each call: C{seconds} (left for the review),
+    C{timeout} (what the call may take), C{position} and C{chain_length}
+    (its place in the chain);
   - C{call}: C{endpoint} (origin), C{url}, C{outcome} (C{ok} or a reason),
     C{seconds}, C{message};
   - C{reply}: C{allowed}, C{operations} (count), C{warnings}, C{code},
@@ -29,6 +33,8 @@ A trace is anything with a C{record(step, **fields)} method
   - C{repair}: C{index} (of the endpoint's operation), C{message};
   - C{check}: C{reason}, C{message} (the patch was refused: the exact text
     the failure policy reports);
+  - C{skip}: C{endpoint}, C{reason}, C{message} (under C{Ignore}, a failed
+    endpoint of a chain is skipped and the chain goes on);
   - C{answer}: C{result}, C{reason}, C{message};
   - C{stamp}: C{key}, C{value} (the annotation amp puts on the Pod).
 
@@ -66,6 +72,7 @@ class Step(StrEnum):
     OPERATION = "operation"
     REPAIR = "repair"
     CHECK = "check"
+    SKIP = "skip"
     ANSWER = "answer"
     STAMP = "stamp"
 
@@ -109,7 +116,7 @@ class RecordedTrace:
     events: list[TraceEvent] = field(default_factory=list)
     _start: Optional[float] = None
 
-    def record(self, step: Step, **fields: Any) -> None:
+    def record(self, step: Step, /, **fields: Any) -> None:
         at = 0.0
         if self.seconds is not None:
             now = self.seconds()
@@ -167,18 +174,24 @@ def record_route(
     trace.record(
         Step.ROUTE, enabled=r.enabled, label=kube.enabled_label, value=kube.enabled_value,
         got=labels.get(kube.enabled_label), exists=ns is not None, annotation=annotation,
-        annotations=list(keys), url=shown_url(r.raw_url) if r.raw_url else "", mode=r.mode)
+        annotations=list(keys), url=shown_url(r.raw_url) if r.raw_url else "", mode=r.mode,
+        steps=[step.name for step in r.steps])
     if not r.enabled:
         return
-    if r.raw_url:
-        allow = config.endpoints.allow
+    allow = config.endpoints.allow
+    patterns = [p.text for p in allow]
+    if r.error is not None and r.raw_url:
+        reason, message = r.error
         if r.url is None:
-            error = r.error[1] if r.error is not None else ""
-            trace.record(Step.ALLOW, url="", allowed=False, pattern=None, error=error,
-                         patterns=[p.text for p in allow])
+            trace.record(Step.ALLOW, url=shown_url(r.bad_url or r.raw_url), allowed=False, pattern=None,
+                         reason=reason, error=message, patterns=patterns)
         else:
             pattern = next((p.text for p in allow if p.matches(r.url)), None)
-            trace.record(Step.ALLOW, url=r.url.url, allowed=pattern is not None, pattern=pattern,
-                         error=r.error[1] if r.error is not None else "", patterns=[p.text for p in allow])
+            trace.record(Step.ALLOW, url=r.url.url, allowed=pattern is not None, pattern=pattern, reason=reason,
+                         error=message, patterns=patterns)
+    for step in r.steps:
+        pattern = next((p.text for p in allow if p.matches(step.url)), None)
+        trace.record(Step.ALLOW, url=step.url.url, allowed=pattern is not None, pattern=pattern, reason="",
+                     error="", patterns=patterns)
     policy, why = failure_policy_why(ns, config, cluster_policy)
     trace.record(Step.POLICY, policy=r.failure_policy, why=why if policy == r.failure_policy else "")

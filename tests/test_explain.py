@@ -186,6 +186,7 @@ class LiveTests(TestCase):
             "denying": ns(url("/deny")),
             "down": ns(url("/error")),
             "off": {"labels": {}, "annotations": {EP_ANNOTATION: url("/user-env")}},
+            "chain": ns(f"{url('/error')} {url('/user-env')}"),
         }))
         self.pod = self.files.write("pod.yaml", yaml.safe_dump(pod("web", annotations={
             "hub.jupyter.org/username": "alice"})))
@@ -268,6 +269,32 @@ class LiveTests(TestCase):
         self.assertEqual((doc["result"], doc["reason"]), ("ignored", "http-5xx"))
         call = next(e for e in doc["trace"] if e["step"] == "call")
         self.assertEqual(call["outcome"], "http-5xx")
+
+    @inlineCallbacks
+    def test_chain_with_a_failing_step_under_ignore(self) -> Any:
+        """
+        An endpoint chain: each call has its own budget, call and reply
+        steps; the failing first endpoint is skipped under Ignore and the
+        second one's patch is applied.
+        """
+        ran = yield run_live(["--config", self.config, "-n", "chain", "-o", "json", self.pod])
+        doc = ran.json
+        self.assertEqual((doc["result"], doc["reason"]), ("patched", "http-5xx"))
+        self.assertEqual(ran.status, EXIT_FAILURE_POLICY)
+        trace = doc["trace"]
+        route = trace[1]
+        self.assertEqual(len(route["steps"]), 2)
+        calls = [(e["url"].rsplit("/", 1)[1], e["outcome"]) for e in trace if e["step"] == "call"]
+        self.assertEqual(calls, [("error", "http-5xx"), ("user-env", "ok")])
+        budgets = [(e["position"], e["chain_length"]) for e in trace if e["step"] == "budget"]
+        self.assertEqual(budgets, [(1, 2), (2, 2)])
+        [skip] = [e for e in trace if e["step"] == "skip"]
+        self.assertEqual((skip["reason"], skip["message"]), ("http-5xx", "HTTP 500"))
+        self.assertIn({"name": "AMP_USER", "value": "alice"}, doc["pod"]["spec"]["containers"][0]["env"])
+        text = (yield run_live(["--config", self.config, "-n", "chain", self.pod])).out
+        self.assertIn("endpoints  ", text)
+        self.assertIn("a chain of 2", text)
+        self.assertIn("budget     endpoint 2 of 2: ", text)
 
     @inlineCallbacks
     def test_endpoint_deny_exits_3(self) -> Any:
@@ -471,6 +498,15 @@ class ReplyTests(SynchronousTestCase):
         route = doc["trace"][1]
         self.assertEqual((route["step"], route["enabled"], route["got"]), ("route", False, "yes"))
         self.assertNotIn("secret", json.dumps(doc["trace"][1:]))
+
+    def test_opted_out_pod_is_left_alone(self) -> None:
+        opted = self.files.write("opted.json", pod("web", labels={ENABLED_LABEL: "false"}))
+        ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--reply", self.files.write("r.json", [ENV_OP]),
+                              "-o", "json", opted])
+        self.assertEqual(ran.status, EXIT_ADMITTED)
+        doc = ran.json
+        self.assertEqual((doc["result"], doc["reason"], doc["patch"]), ("skipped", "opted-out", []))
+        self.assertEqual([e["step"] for e in doc["trace"]], ["answer"])
 
     def test_stdin(self) -> None:
         path = self.files.write("reply.json", "[]")

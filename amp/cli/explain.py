@@ -52,7 +52,7 @@ from amp.endpoints import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.patch import PatchError, check_patch
-from amp.reasons import Reason, Result
+from amp.reasons import FAILURE_REASONS, Reason, Result
 from amp.review import parse_review
 from amp.trace import RecordedTrace, Step
 
@@ -171,9 +171,10 @@ def exit_status(result: str, reason: str) -> int:
     """
     if reason == Reason.ENDPOINT_DENIED:
         return EXIT_DENIED
-    if result in (Result.PATCHED, Result.ALLOWED, Result.SKIPPED):
-        return EXIT_ADMITTED
-    if result == Result.SHADOW and not reason:
+    if reason in FAILURE_REASONS:
+        # Including a chain patched without a failed endpoint's patch.
+        return EXIT_FAILURE_POLICY
+    if result in (Result.PATCHED, Result.ALLOWED, Result.SKIPPED, Result.SHADOW):
         return EXIT_ADMITTED
     return EXIT_FAILURE_POLICY
 
@@ -525,7 +526,8 @@ no --config they describe the whole namespace, and no cluster is needed.
 EPILOG = """\
 exit status:
   0  admitted as the endpoint intended (patched, allowed, or amp does not act)
-  1  the failure policy decided (ignored, or denied because of a failure)
+  1  the failure policy decided (ignored, denied because of a failure, or a chain
+     patched without a failed endpoint's patch)
   2  bad usage or input
   3  the endpoint denied the Pod
   4  with --twice: a second review would change the Pod again (not idempotent)

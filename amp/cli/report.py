@@ -116,14 +116,17 @@ def _event_lines(e: TraceEvent, recorded: Optional[str]) -> list[tuple[str, str]
             have = "is not set" if got is None else f"is {got!r}"
             return [("route", f"not enabled: amp acts only where {label}; the label {have}")]
         out = [("route", f"enabled ({label}), mode {f.get('mode')}")]
-        if f.get("annotation"):
+        steps = f.get("steps") or []
+        if f.get("annotation") and len(steps) > 1:
+            out.append(("endpoints", f"{' then '.join(steps)}: a chain of {len(steps)} (annotation {f['annotation']})"))
+        elif f.get("annotation"):
             out.append(("endpoint", f"{f['url']} (annotation {f['annotation']})"))
         else:
             out.append(("endpoint", f"none: no annotation {' or '.join(f.get('annotations') or ())}"))
         return out
     if step == Step.ALLOW:
-        if f.get("error") and not f.get("url"):
-            return [("allow", f"unusable URL: {f['error']}")]
+        if f.get("reason") == "bad-url":
+            return [("allow", f"{f.get('url')}: unusable: {f.get('error')}")]
         if f.get("allowed"):
             return [("allow", f"{f['url']} matches endpoints.allow {f.get('pattern')}")]
         return [("allow", f"{f['url']} matches no endpoints.allow pattern ({', '.join(f.get('patterns') or ())})")]
@@ -131,6 +134,8 @@ def _event_lines(e: TraceEvent, recorded: Optional[str]) -> list[tuple[str, str]
         return [("policy", f"{f.get('policy')}: {f.get('why')}")]
     if step == Step.BUDGET:
         text = f"{f['seconds']:.3g}s left of the review's deadline"
+        if (f.get("chain_length") or 1) > 1:
+            text = f"endpoint {f['position']} of {f['chain_length']}: " + text
         if f.get("timeout") is not None:
             text += f"; the call may take {f['timeout']:.3g}s (the endpoint's timeout, or what is left)"
         return [("budget", text)]
@@ -159,6 +164,9 @@ def _event_lines(e: TraceEvent, recorded: Optional[str]) -> list[tuple[str, str]
         return [("repair", str(f.get("message")))]
     if step == Step.CHECK:
         return [("refused", f"{f.get('reason')}: {f.get('message')}")]
+    if step == Step.SKIP:
+        return [("skipped", f"{f.get('endpoint')} ({f.get('reason')}): {f.get('message')}; under Ignore the chain "
+                            "goes on without its patch")]
     if step == Step.ANSWER:
         text = str(f.get("result"))
         if f.get("reason"):
@@ -240,6 +248,8 @@ def render_text(x: "Explanation") -> str:
     meaning = _EXIT_MEANING.get(status, "")
     if first.result == "shadow" and status == 1:
         meaning = "shadow mode admits the Pod unchanged; in normal mode the failure policy would decide"
+    elif first.result == "patched" and status == 1:
+        meaning = "the failure policy decided: patched without a failed endpoint's patch"
     lines.append(f"{summary} -> exit {status}: {meaning}".rstrip(": "))
     return "\n".join(lines) + "\n"
 
