@@ -14,6 +14,7 @@ retries are off, so a request that fails fails once and the caller decides.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import weakref
@@ -163,15 +164,24 @@ class Stream(Protocol):
 
 
 class _ApiLister:
-    """A L{Lister} over one list method of the generated API classes."""
+    """
+    A L{Lister} over one list method of the generated API classes; C{fixed}
+    options go with every request, C{list_headers} and C{watch_headers}
+    with lists and watches.
+    """
 
-    def __init__(self, call: Callable[..., Any], **fixed: Any) -> None:
+    def __init__(self, call: Callable[..., Any], *, list_headers: Optional[dict[str, str]] = None,
+                 watch_headers: Optional[dict[str, str]] = None, **fixed: Any) -> None:
         self._call = call
         self._fixed = fixed
+        self._list_headers = list_headers
+        self._watch_headers = watch_headers
 
     def list(self, *, limit: Optional[int], continue_token: Optional[str],
              timeout: tuple[float, float]) -> bytes:
         options: dict[str, Any] = dict(self._fixed)
+        if self._list_headers:
+            options["_headers"] = dict(self._list_headers)
         if limit:
             options["limit"] = limit
         if continue_token:
@@ -184,10 +194,13 @@ class _ApiLister:
 
     def watch(self, *, resource_version: str, timeout_seconds: int,
               timeout: tuple[float, float]) -> "_ResponseStream":
+        options: dict[str, Any] = dict(self._fixed)
+        if self._watch_headers:
+            options["_headers"] = dict(self._watch_headers)
         return _ResponseStream(self._call(
             watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
             timeout_seconds=timeout_seconds, _request_timeout=timeout, _preload_content=False,
-            **self._fixed))
+            **options))
 
 
 class _ResponseStream:
@@ -223,6 +236,15 @@ def _lines(response: Any) -> Iterator[bytes]:
 
 
 # ------------------------------------------------------------ the client
+
+#: Ask for metadata only (the API server's PartialObjectMetadata), so that a
+#: Pod list or watch carries no spec or status.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+class Conflict(Exception):
+    """The object exists already, or changed since it was read (HTTP 409)."""
 
 
 class KubeClient:
@@ -265,6 +287,69 @@ class KubeClient:
 
         return _ApiLister(list_webhook_configuration, field_selector=f"metadata.name={name}")
 
+    def fork(self) -> "KubeClient":
+        """Another client on the same configuration, with sockets of its own to cut."""
+        return KubeClient(self._configuration)
+
+    def pod_metadata(self) -> Lister:
+        """Every Pod of the cluster, metadata only."""
+        api = self.api
+
+        def list_pods(**kwargs: Any) -> Any:
+            return kubernetes.client.CoreV1Api(api).list_pod_for_all_namespaces(**kwargs)
+
+        return _ApiLister(list_pods, list_headers={"Accept": METADATA_LIST}, watch_headers={"Accept": METADATA})
+
+    def create_event(self, namespace: str, body: dict[str, Any], timeout: float) -> None:
+        """Create a core/v1 Event; one that exists already (409) counts as created."""
+        try:
+            response = kubernetes.client.CoreV1Api(self.api).create_namespaced_event(
+                namespace, body, _request_timeout=timeout, _preload_content=False)
+        except ApiException as e:
+            if e.status == 409:
+                return
+            raise
+        response.release_conn()
+
+    def read_lease(self, namespace: str, name: str, timeout: float) -> Optional[dict[str, Any]]:
+        """The Lease, or None when it does not exist."""
+        try:
+            response = kubernetes.client.CoordinationV1Api(self.api).read_namespaced_lease(
+                name, namespace, _request_timeout=timeout, _preload_content=False)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return _json(response)
+
+    def create_lease(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """
+        @raise Conflict: another replica created it first.
+        """
+        try:
+            response = kubernetes.client.CoordinationV1Api(self.api).create_namespaced_lease(
+                namespace, body, _request_timeout=timeout, _preload_content=False)
+        except ApiException as e:
+            if e.status == 409:
+                raise Conflict(describe(e)) from None
+            raise
+        return _json(response)
+
+    def replace_lease(self, namespace: str, name: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """
+        Replace the Lease if it is still at C{body}'s resourceVersion.
+
+        @raise Conflict: it changed since it was read.
+        """
+        try:
+            response = kubernetes.client.CoordinationV1Api(self.api).replace_namespaced_lease(
+                name, namespace, body, _request_timeout=timeout, _preload_content=False)
+        except ApiException as e:
+            if e.status == 409:
+                raise Conflict(describe(e)) from None
+            raise
+        return _json(response)
+
     def read_namespace(self, name: str, timeout: float) -> Optional[bytes]:
         """The Namespace's JSON, or None when it does not exist."""
         try:
@@ -287,6 +372,13 @@ class KubeClient:
         self.api.close()
 
 
+def _json(response: Any) -> dict[str, Any]:
+    try:
+        return json.loads(response.data)
+    finally:
+        response.release_conn()
+
+
 def get_namespace(client: Any, parse: Callable[[bytes], NamespaceInfo], name: str,
                   timeout: float) -> Optional[NamespaceInfo]:
     """
@@ -304,3 +396,16 @@ def get_namespace(client: Any, parse: Callable[[bytes], NamespaceInfo], name: st
         return parse(body)
     except (ValueError, AttributeError) as e:
         raise NamespaceLookupError(f"namespace {name}: unreadable answer: {e}") from None
+
+
+#: Where a Pod's service account token mount says which namespace it runs in.
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def service_account_namespace(path: str = SERVICE_ACCOUNT_NAMESPACE) -> Optional[str]:
+    """amp's own namespace when it runs in a cluster; None elsewhere."""
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
