@@ -215,7 +215,7 @@ def test_kustomization_lists_every_manifest(directory: str) -> None:
 def test_overlay_has_everything_an_installation_needs(overlay: str) -> None:
     kinds = sorted(kind for kind, _ in objects(overlay))
     expected = ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "MutatingWebhookConfiguration",
-                "Namespace", "PodDisruptionBudget", "Service", "ServiceAccount"]
+                "Namespace", "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount"]
     if overlay == "cert-manager":
         expected += ["Certificate", "Certificate", "Issuer", "Issuer"]
     assert kinds == sorted(expected)
@@ -230,34 +230,47 @@ def test_overlay_has_everything_an_installation_needs(overlay: str) -> None:
 def test_rbac_is_exactly_least_privilege() -> None:
     """
     Read-only access to namespaces and to amp's own
-    MutatingWebhookConfiguration (by name), and nothing else anywhere in
-    deploy/: no other role, no other verb, no wildcard.
+    MutatingWebhookConfiguration (by name); for the bypassed-Pod report,
+    list/watch of Pods, create of Events, and its Lease in amp's own
+    namespace (by name once it exists); nothing else anywhere in deploy/:
+    no other role, no other verb, no wildcard.
     """
-    roles = [(p, d) for p, d in all_docs() if d["kind"] in ("ClusterRole", "Role")]
-    assert len(roles) == 1, [str(p) for p, _ in roles]
-    [(_, role)] = roles
-    assert role["kind"] == "ClusterRole"
-    rules = sorted(
-        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])), tuple(r.get("resourceNames", ())))
-        for r in role["rules"])
+    def rules_of(role: dict[str, Any]) -> list[tuple]:
+        for rule in role["rules"]:
+            assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, "no nonResourceURLs"
+        return sorted((tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])),
+                       tuple(r.get("resourceNames", ()))) for r in role["rules"])
+
+    roles = {d["kind"]: d for _, d in all_docs() if d["kind"] in ("ClusterRole", "Role")}
+    assert len([d for _, d in all_docs() if d["kind"] in ("ClusterRole", "Role")]) == 2
     webhook = only("cert-manager", "MutatingWebhookConfiguration")["metadata"]["name"]
-    assert rules == [
+    assert rules_of(roles["ClusterRole"]) == [
+        (("",), ("events",), ("create",), ()),
         (("",), ("namespaces",), ("get", "list", "watch"), ()),
+        (("",), ("pods",), ("list", "watch"), ()),
         (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("get", "list", "watch"),
          (webhook,)),
     ]
-    assert amp_yaml().kubernetes.webhook_configuration == webhook, "amp watches the one it may read"
-    for rule in role["rules"]:
-        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, "no nonResourceURLs"
-
-    bindings = [d for _, d in all_docs() if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
-    assert len(bindings) == 1
-    [binding] = bindings
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": role["metadata"]["name"]}
+    config = amp_yaml()
+    assert config.kubernetes.webhook_configuration == webhook, "amp watches the one it may read"
+    lease = config.kubernetes.bypass.lease_name
+    assert rules_of(roles["Role"]) == [
+        (("coordination.k8s.io",), ("leases",), ("create",), ()),
+        (("coordination.k8s.io",), ("leases",), ("get", "update"), (lease,)),
+    ]
     account = only("cert-manager", "ServiceAccount")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                                    "namespace": account["metadata"]["namespace"]}]
+    assert roles["Role"]["metadata"]["namespace"] == account["metadata"]["namespace"], "amp's own namespace"
+    assert config.kubernetes.bypass.enabled and config.kubernetes.bypass.lease_namespace is None, \
+        "on, with the Lease in the namespace amp runs in"
+
+    bindings = {d["kind"]: d for _, d in all_docs() if d["kind"] in ("ClusterRoleBinding", "RoleBinding")}
+    assert len([d for _, d in all_docs() if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]) == 2
+    for kind, role in roles.items():
+        binding = bindings[kind + "Binding"]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": kind,
+                                      "name": role["metadata"]["name"]}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                        "namespace": account["metadata"]["namespace"]}]
     assert pod_spec()["serviceAccountName"] == account["metadata"]["name"]
 
 
