@@ -175,7 +175,7 @@ class MemoryKube:
         self.lease_calls: list[tuple[str, str]] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.event_error: Optional[BaseException] = None
-        self.forks = 0
+        self.forks: list[MemoryKube] = []
 
     def add_namespace(self, name: str, **kwargs: Any) -> None:
         self.namespace_objects[name] = namespace(name, **kwargs)
@@ -193,15 +193,25 @@ class MemoryKube:
         return self._lister("pods")
 
     def fork(self) -> "MemoryKube":
-        self.forks += 1
-        return self
+        """A client with sockets of its own (its own cut and close), on the same listers."""
+        child = MemoryKube()
+        child.listers = self.listers
+        child.stop = self.stop
+        self.forks.append(child)
+        return child
+
+    def _check_open(self) -> None:
+        if self.cut_calls or self.closed:
+            raise OSError("the client's sockets were shut down")
 
     def create_event(self, namespace: str, body: dict[str, Any], timeout: float) -> None:
+        self._check_open()
         if self.event_error is not None:
             raise self.event_error
         self.events.append((namespace, body))
 
     def _lease_call(self, what: str, identity: str) -> None:
+        self._check_open()
         self.lease_calls.append((what, identity))
         if self.lease_error is not None:
             raise self.lease_error
@@ -239,6 +249,7 @@ class MemoryKube:
         return (lease["spec"].get("holderIdentity") or None) if lease else None
 
     def read_namespace(self, name: str, timeout: float) -> Optional[bytes]:
+        self._check_open()
         self.gets.append((name, timeout))
         if name in self.errors:
             raise self.errors.pop(name)

@@ -563,14 +563,16 @@ class SourceWatchTests(SourceTestCase):
         source = self.start(webhook_configuration="amp")
         self.assertEqual(len(source.threads), 2)
         d = source.stopService()
-        self.assertEqual(self.kube.cut_calls, 1, "sockets shut down at once to wake blocked reads")
+        [watches] = self.kube.forks
+        self.assertEqual(watches.cut_calls, 1, "the watches' sockets shut down at once to wake blocked reads")
+        self.assertEqual(self.kube.cut_calls, 0, "calls in the thread pool are bounded; they may finish")
         self.assertNoResult(d)
         self.threads.started[0].run()
         self.assertNoResult(d)
-        self.assertFalse(self.kube.closed)
+        self.assertFalse(self.kube.closed or watches.closed)
         self.threads.started[1].run()
         self.successResultOf(d)
-        self.assertTrue(self.kube.closed)
+        self.assertTrue(self.kube.closed and watches.closed)
         self.assertEqual(self.kube.listers["namespaces"].calls, [], "a stopped thread makes no request")
 
     def test_stop_gives_up_on_a_stuck_thread(self) -> None:
@@ -580,7 +582,7 @@ class SourceWatchTests(SourceTestCase):
         self.assertNoResult(d)
         self.reactor.advance(0.1)
         self.successResultOf(d)
-        self.assertFalse(self.kube.closed, "a thread may still use the client")
+        self.assertFalse(self.kube.forks[0].closed, "a thread may still use the client")
         [warning] = self.logs.at(LogLevel.warn)
         self.assertEqual(warning["names"], "amp-namespace-watch")
 

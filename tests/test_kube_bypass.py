@@ -19,7 +19,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from amp.config import BypassConfig, KubernetesConfig
 from amp.kube import KubernetesNamespaceSource
 from amp.kube._bypass import CHECKED, MARGIN, MAX_QUEUED_EVENTS, SETTLE, BypassReporter
-from amp.kube._client import METADATA, METADATA_LIST, _ApiLister
+from amp.kube._client import KubeClient
 from amp.kube._events import Changed, Replaced, Restarting
 from amp.kube._keep import Keep, PodKeep, PodSeen, format_time, parse_time
 from amp.kube._lease import LeaseElector
@@ -107,27 +107,27 @@ class KeepTests(SynchronousTestCase):
             self.assertIsNone(keep.pod(dropped), dropped["metadata"]["name"])
 
     def test_the_pod_watch_asks_for_metadata_only(self) -> None:
-        calls: list[dict[str, Any]] = []
+        calls: list[tuple[str, str, list, str]] = []
 
-        class Response:
-            data = b"{}"
+        class Client:
+            def request(self, method: str, path: str, *, query: Any, accept: str, timeout: Any) -> bytes:
+                calls.append((method, path, list(query), accept))
+                return b"{}"
 
-            def release_conn(self) -> None:
-                pass
+            def open(self, method: str, path: str, *, query: Any, accept: str, timeout: Any) -> Any:
+                calls.append((method, path, list(query), accept))
+                return None
 
-        def call(**kwargs: Any) -> Response:
-            calls.append(kwargs)
-            return Response()
-
-        lister = _ApiLister(call, list_headers={"Accept": METADATA_LIST}, watch_headers={"Accept": METADATA})
+        lister = KubeClient.pod_metadata(Client())  # type: ignore[arg-type]
         lister.list(limit=500, continue_token="c1", timeout=(1.0, 1.0))
         lister.watch(resource_version="7", timeout_seconds=30, timeout=(1.0, 31.0))
-        self.assertEqual(calls[0]["_headers"], {"Accept": "application/json;as=PartialObjectMetadataList;"
-                                                          "g=meta.k8s.io;v=v1"})
-        self.assertEqual((calls[0]["limit"], calls[0]["_continue"]), (500, "c1"))
-        self.assertEqual(calls[1]["_headers"], {"Accept": "application/json;as=PartialObjectMetadata;"
-                                                          "g=meta.k8s.io;v=v1"})
-        self.assertEqual((calls[1]["watch"], calls[1]["resource_version"]), (True, "7"))
+        self.assertEqual(calls, [
+            ("GET", "/api/v1/pods", [("limit", "500"), ("continue", "c1")],
+             "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"),
+            ("GET", "/api/v1/pods", [("watch", "true"), ("resourceVersion", "7"), ("allowWatchBookmarks", "true"),
+                                     ("timeoutSeconds", "30")],
+             "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"),
+        ])
 
     def test_the_pod_watch_loop_keeps_only_candidates(self) -> None:
         stop = threading.Event()
@@ -301,6 +301,13 @@ class ReportTests(ReporterTestCase):
         self.namespaces.infos["brand-new"] = enabled_ns("brand-new", since=-2)
         self.clock.advance(SETTLE / 2)
         self.assertEqual(self.reported(), ["brand-new/p"])
+
+    def test_a_listed_pod_older_than_the_namespace_list_is_judged_at_once(self) -> None:
+        reporter = self.reporter()  # the namespace list landed at T0
+        reporter.news(Replaced((seen("team-a", "older", -2), seen("team-a", "newer", 0)), "10"))
+        self.assertEqual(self.reported(), ["team-a/older"])
+        self.settle()
+        self.assertEqual(self.reported(), ["team-a/older", "team-a/newer"])
 
     def test_pods_wait_for_the_first_namespace_list(self) -> None:
         reporter = BypassReporter(
@@ -578,7 +585,8 @@ class SourceBypassTests(SynchronousTestCase):
         self.reactor.pool.run()
         self.assertEqual(self.kube.holder(), "amp-0_abc")
         self.assertEqual([t.name for t in self.threads.started], ["amp-namespace-watch", "amp-pod-watch"])
-        self.assertEqual(self.kube.forks, 1, "the Pod watch has a client of its own")
+        watches, pod_watch = self.kube.forks
+        self.assertIsNot(watches, pod_watch, "the Pod watch has a client of its own")
 
         pods = self.kube.listers["pods"]
         pods.stop = source.watches["pods"].stopping
@@ -597,10 +605,10 @@ class SourceBypassTests(SynchronousTestCase):
         self.reactor.pool.run()
         self.threads.run_all()
         self.successResultOf(d)
-        self.assertIsNone(self.kube.holder())
+        self.assertIsNone(self.kube.holder(), "released, though the watches' sockets were shut down")
         checked = json.loads(self.kube.leases[("amp-system", "amp-bypass-reporter")]["metadata"]["annotations"][CHECKED])
         self.assertEqual(checked["reported"], ["uid-team-a-bypassed"])
-        self.assertTrue(self.kube.closed)
+        self.assertTrue(self.kube.closed and all(fork.closed for fork in self.kube.forks))
 
     def test_a_replica_that_steps_down_stops_its_pod_watch(self) -> None:
         source = self.start()
@@ -612,7 +620,8 @@ class SourceBypassTests(SynchronousTestCase):
             self.reactor.advance(1)
             self.reactor.pool.run()
         self.assertFalse(source.elector.leader)
-        self.assertEqual(self.kube.cut_calls, 1, "the Pod watch's sockets are shut down")
+        self.assertEqual(self.kube.forks[1].cut_calls, 1, "the Pod watch's sockets are shut down")
+        self.assertEqual(self.kube.forks[0].cut_calls, 0, "the namespace watch goes on")
         # news still in flight from the old term is dropped
         pod_watch.emit(Replaced((seen("team-a", "late", -1),), "30"))
         self.reactor.advance(SETTLE)

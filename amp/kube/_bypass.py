@@ -16,7 +16,8 @@ act on (amp's own, C{kubernetes.bypass.ignore_namespaces}), of namespaces
 not enabled now, and Pods created longer ago than the horizon.  A Pod is
 judged a moment (L{SETTLE}) after it is seen, so that the namespace watch,
 a separate stream, has caught up with a namespace created or enabled just
-before it.
+before it; a listed Pod created before the namespace list landed is judged
+at once.
 
 Only the leader among replicas reports (L{amp.kube._lease}); the Lease
 carries, from one leader to the next, how far the report got (L{CHECKED}):
@@ -105,6 +106,7 @@ class BypassReporter:
         self._identity = identity
         self.active = False
         self._namespaces_listed = False
+        self._namespaces_listed_at: Optional[float] = None
         self._reported: OrderedDict[str, float] = OrderedDict()
         self._pending: deque[tuple[float, PodSeen]] = deque()
         self._deleted: set[str] = set()
@@ -138,9 +140,13 @@ class BypassReporter:
             self._timer.cancel()
         self._timer = None
 
-    def namespaces_listed(self) -> None:
-        """The namespace cache is complete: judge the Pods that waited for it."""
+    def namespaces_listed(self, at: Optional[float] = None) -> None:
+        """
+        The namespace cache is complete (its list landed C{at}, now if
+        None): judge the Pods that waited for it.
+        """
         self._namespaces_listed = True
+        self._namespaces_listed_at = self._clock.seconds() if at is None else at
         waiting, self._waiting = self._waiting, []
         for pod in waiting:
             self._judge(pod)
@@ -172,8 +178,14 @@ class BypassReporter:
         if not self.active:
             return
         if isinstance(event, Replaced):
+            # The namespace cache already knows every namespace a Pod
+            # created a second before its list landed could be in.
+            listed = self._namespaces_listed_at
             for pod in event.items:
-                self._seen(pod)
+                if listed is not None and pod.created < listed - 1 and pod.uid not in self._reported:
+                    self._judge(pod)
+                else:
+                    self._seen(pod)
         elif isinstance(event, Changed):
             if event.kind == "DELETED":
                 self._deleted.add(event.obj.uid)

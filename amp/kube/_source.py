@@ -4,8 +4,11 @@ reactor thread).
 
 L{KubernetesNamespaceSource} owns:
 
-  - the client (L{amp.kube._client.KubeClient}), built at start from the
-    in-cluster service account or a kubeconfig;
+  - the clients (L{amp.kube._client.KubeClient}), built at start from the
+    in-cluster service account or a kubeconfig: one for the watches, whose
+    sockets stopping shuts down, and one for the bounded calls in the
+    thread pool (a GET on a cache miss, the Lease, Events), which must
+    still work while amp stops (the Lease is released then);
   - one thread per watched kind, each running a
     L{amp.kube._watch.ListWatch}: the namespace watch, and, when
     C{kubernetes.webhook_configuration} is set, a second one for amp's own
@@ -23,8 +26,8 @@ L{KubernetesNamespaceSource} owns:
     own, with a client of its own so that stepping down can cut its sockets.
 
 Stopping sets the threads' stop flag, releases the Lease, and shuts down the
-clients' sockets so a blocked read returns at once; each thread says when it
-has ended.
+watch clients' sockets so a blocked read returns at once; each thread says
+when it has ended.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ class _PodWatch:
 class _Run:
     """One start of the service: its stop flag, threads and bridges."""
 
+    watch_client: Any
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[Any] = field(default_factory=list)
     watches: dict[str, ListWatch] = field(default_factory=dict)
@@ -166,6 +170,7 @@ class KubernetesNamespaceSource(Service):
         self._negative: dict[str, float] = {}
         self._pending: dict[str, _Pending] = {}
         self._listed = False
+        self._listed_at: Optional[float] = None
         self._last_event: Optional[float] = None
         self._last_error = ""
         self._config_error: Optional[str] = None
@@ -193,13 +198,14 @@ class KubernetesNamespaceSource(Service):
             self.log.error("{detail}", detail=self._config_error)
             return
         self.client = client
-        run = self._run = self._last_run = _Run()
+        watches = client.fork() if not config.per_review_get or config.webhook_configuration else None
+        run = self._run = self._last_run = _Run(watches)
         if not config.per_review_get:
-            self._watch(run, "namespaces", "amp-namespace-watch", client.namespaces(),
+            self._watch(run, "namespaces", "amp-namespace-watch", watches.namespaces(),
                         parse=self._keep.namespace, collect=self._keep.namespaces, handler=self._namespace_news)
         if config.webhook_configuration:
             webhook = WebhookPolicy(config.webhook_configuration, config.webhook_name)
-            self._watch(run, "webhook", "amp-webhook-watch", client.webhook_configuration(webhook.name),
+            self._watch(run, "webhook", "amp-webhook-watch", watches.webhook_configuration(webhook.name),
                         parse=webhook.parse, collect=webhook.collect, handler=self._webhook_news)
         self.log.info("Kubernetes namespace source on {host} ({mode})", host=client.host,
                       mode="per-review GET" if config.per_review_get else "watch")
@@ -263,7 +269,7 @@ class KubernetesNamespaceSource(Service):
         assert run.reporter is not None
         run.reporter.start_term(previous)
         if self._listed:
-            run.reporter.namespaces_listed()
+            run.reporter.namespaces_listed(self._listed_at)
         horizon = self._config.bypass.horizon
         client = self.client.fork()
         keep = PodKeep(self._config, cutoff=lambda: self._wall() - horizon)
@@ -286,9 +292,10 @@ class KubernetesNamespaceSource(Service):
     def stopService(self) -> Optional[Deferred]:
         """
         Stop the threads: set their stop flag, drop their undelivered news
-        and shut down the client's sockets so any blocked read returns.  The
-        Deferred fires once every thread has said it ended, or after
-        L{STOP_WAIT} seconds with a warning.
+        and shut down the watch client's sockets so any blocked read
+        returns; release the Lease.  The Deferred fires once every thread
+        has said it ended and the Lease is released, or after L{STOP_WAIT}
+        seconds with a warning.
         """
         super().stopService()
         run, self._run = self._run, None
@@ -300,7 +307,8 @@ class KubernetesNamespaceSource(Service):
         for bridge in run.bridges:
             bridge.close()
         assert client is not None
-        client.cut()
+        if run.watch_client is not None:
+            run.watch_client.cut()
         ended: Deferred = Deferred()
         if run.running == 0:
             ended.callback(None)
@@ -312,6 +320,8 @@ class KubernetesNamespaceSource(Service):
             if timer.active():
                 timer.cancel()
                 client.close()
+                if run.watch_client is not None:
+                    run.watch_client.close()
                 done.callback(None)
 
         def late() -> None:
@@ -393,6 +403,7 @@ class KubernetesNamespaceSource(Service):
             for name in [n for n in self._negative if n in items]:
                 del self._negative[name]
             self._listed, self._last_event, self._rv, self._last_error = True, now, rv, ""
+            self._listed_at = now
             self._metrics.namespace_cache_size.set(len(items))
             self.log.info("{what} {count} namespaces at resourceVersion {rv}",
                           what="Listed" if first else "Relisted", count=len(items), rv=rv)
