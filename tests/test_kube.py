@@ -13,11 +13,9 @@ real client against the fake API server.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any, Callable, Iterable, Optional
 
-from kubernetes.client.exceptions import ApiException
 from twisted.internet.defer import CancelledError
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
