@@ -722,6 +722,15 @@ class FetchTests(SourceTestCase):
         [warning] = self.logs.at(LogLevel.warn)
         self.assertEqual(warning["error"], "namespace boom: HTTP 500 Internal Server Error")
 
+    def test_a_failure_without_a_message_is_still_named(self) -> None:
+        source = self.listed()
+        self.kube.errors["quiet"] = TimeoutError()
+        d = source.fetch("quiet", 2.0)
+        self.reactor.pool.run()
+        self.assertEqual(str(self.failureResultOf(d, NamespaceLookupError).value), "namespace quiet: TimeoutError")
+        [warning] = self.logs.at(LogLevel.warn)
+        self.assertEqual(warning["error"], "namespace quiet: TimeoutError")
+
     def test_unreadable_answer_is_a_lookup_error(self) -> None:
         source = self.listed()
         self.kube.read_namespace = lambda name, timeout: b"{not json"  # type: ignore[method-assign]

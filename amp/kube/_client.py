@@ -58,7 +58,8 @@ def describe(error: BaseException) -> str:
         return f"HTTP {error.status} {error.reason or ''}".strip()
     if isinstance(error, MaxRetryError) and error.reason is not None:
         error = error.reason
-    text = f"{type(error).__name__}: {error}"
+    detail = str(error).strip()
+    text = f"{type(error).__name__}: {detail}" if detail else type(error).__name__
     return text if len(text) <= 300 else text[:297] + "..."
 
 
