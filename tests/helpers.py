@@ -46,7 +46,9 @@ from typing import Any, Iterable, Mapping, Optional
 import jsonpatch
 import treq
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
-from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint, connectProtocol, wrapClientTLS
+from twisted.internet.endpoints import (
+    TCP4ClientEndpoint, TCP4ServerEndpoint, connectProtocol, serverFromString, wrapClientTLS,
+)
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import Certificate, optionsForClientTLS
@@ -61,7 +63,8 @@ from amp.devcert import write_dev_tls
 from amp.example_tap import build_site
 from amp.metrics import Metrics
 from amp.namespaces import INamespaceSource
-from amp.service import AmpService, make_amp_service
+from amp.service import AmpService, namespace_source, serving_certificate
+from amp.tls import tls_endpoint
 
 #: The uid every review built here carries unless told otherwise.
 UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
@@ -316,15 +319,23 @@ class ConnectionTracker(WrappingFactory):
 
 
 @implementer(IStreamServerEndpoint)
-class _RecordingEndpoint:
-    """Listens through C{inner} and remembers the port."""
+class RecordingEndpoint:
+    """
+    Listens through C{inner} with the factory wrapped in a
+    L{ConnectionTracker}, and remembers the port.
+    """
 
-    def __init__(self, inner: IStreamServerEndpoint) -> None:
+    def __init__(self, inner: IStreamServerEndpoint, reactor: Any) -> None:
         self.inner = inner
+        self.reactor = reactor
         #: Fires with the listening port, or fails as the listen did.
         self.listening: Deferred = Deferred()
+        #: The tracker of the connections accepted, once listening.
+        self.tracker: Optional[ConnectionTracker] = None
 
     def listen(self, factory: IProtocolFactory) -> Deferred:
+        self.tracker = ConnectionTracker(factory, self.reactor)
+
         def got(port: IListeningPort) -> IListeningPort:
             self.listening.callback(port)
             return port
@@ -333,7 +344,7 @@ class _RecordingEndpoint:
             self.listening.errback(failure)
             return failure
 
-        return self.inner.listen(factory).addCallbacks(got, failed)
+        return self.inner.listen(self.tracker).addCallbacks(got, failed)
 
 
 # ---------------------------------------------------------------- amp
@@ -393,40 +404,33 @@ def start_amp(
     metrics_listener: bool = False,
 ) -> Any:
     """
-    Build amp with L{make_amp_service} (certificate loaded from
-    C{config.tls}, no SIGHUP handler), start it and wait until the webhook
-    listens.  C{config.listen.port} should be 0 (see L{make_config}).  With
-    C{metrics_listener}, C{config.metrics.port} must name a port (0 turns
-    the listener off); the listener is moved to a free loopback port, see
-    L{RunningAmp.metrics_url}.  Resolves to a L{RunningAmp}; add its
-    C{stop} as a cleanup.
+    Build amp (certificate loaded from C{config.tls}, no SIGHUP handler)
+    with its webhook on 127.0.0.1 port 0, start it and wait until the
+    webhook listens.  With C{metrics_listener}, amp's plain-HTTP metrics
+    listener listens too, on another free loopback port (see
+    L{RunningAmp.metrics_url}); without it amp has none.  Resolves to a
+    L{RunningAmp}; add its C{stop} as a cleanup.
     """
-    kwargs: dict[str, Any] = {"install_sighup": False, "metrics": metrics if metrics is not None else Metrics()}
-    if namespaces is not None:
-        kwargs["namespaces"] = namespaces
-    service = make_amp_service(config, reactor, **kwargs)
-    listeners = [(service.webhook, service.webhook.endpoint)]
-    if metrics_listener:
-        assert service.metrics_listener is not None, "the metrics listener exists only when metrics.port is set"
-        listeners.append((service.metrics_listener, TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1")))
-    recordings, trackers = [], []
-    for listener, inner in listeners:
-        recording = _RecordingEndpoint(inner)
-        tracker = ConnectionTracker(listener.factory, reactor)
-        listener.endpoint = recording
-        listener.factory = tracker
-        recordings.append(recording)
-        trackers.append(tracker)
+    metrics = metrics if metrics is not None else Metrics()
+    certificate = serving_certificate(config.tls, reactor, metrics)
+    webhook = RecordingEndpoint(tls_endpoint(reactor, 0, "127.0.0.1", certificate), reactor)
+    scrape = RecordingEndpoint(serverFromString(reactor, "tcp:0:interface=127.0.0.1"), reactor) \
+        if metrics_listener else None
+    service = AmpService(
+        config, reactor, certificate=certificate, webhook_endpoint=webhook, metrics_endpoint=scrape,
+        namespaces=namespaces if namespaces is not None else namespace_source(config, reactor, metrics),
+        metrics=metrics, install_sighup=False)
     service.startService()
     try:
-        ports = []
-        for recording in recordings:
-            port = yield recording.listening.addTimeout(WAIT, reactor)
-            ports.append(port.getHost().port)
+        port = yield webhook.listening.addTimeout(WAIT, reactor)
+        scrape_port = None if scrape is None else (yield scrape.listening.addTimeout(WAIT, reactor))
     except Exception:
         yield service.stopService()
         raise
-    return RunningAmp(service, ports[0], trackers[0], ports[1] if metrics_listener else None, trackers[1:])
+    assert webhook.tracker is not None
+    trackers = [] if scrape is None else [scrape.tracker]
+    return RunningAmp(service, port.getHost().port, webhook.tracker,
+                      None if scrape_port is None else scrape_port.getHost().port, trackers)
 
 
 # ---------------------------------------------------------------- example endpoints

@@ -34,7 +34,7 @@ from tests.prometheus import Scrape
 from amp.config import parse_config
 from amp.devcert import write_dev_tls
 from amp.metrics import BREAKER_STATE_VALUES, Metrics
-from amp.service import make_amp_service
+from amp.service import namespace_source
 
 #: The metrics the operator documentation and alerts rely on, with their
 #: Prometheus type and label names.
@@ -86,7 +86,6 @@ class ScrapeTests(TestCase):
                 "down": namespace(f"{self.refused_origin}/mutate"),
             },
             tls={"cert": str(self.tls["cert"]), "key": str(self.tls["key"])},
-            metrics={"port": 9090, "interface": "127.0.0.1"},
             endpoints={"overrides": [{"match": f"{self.refused_origin}/*",
                                       "breaker": {"consecutive_failures": 1, "cooldown": "1m",
                                                   "max_cooldown": "1m"}}]},
@@ -256,5 +255,6 @@ def test_static_namespace_count_is_exposed() -> None:
     """
     config = make_config({"a": namespace("http://127.0.0.1:1/x"), "b": namespace(enabled=False),
                           "c": namespace()})
-    service = make_amp_service(config, reactor, metrics=Metrics(), install_sighup=False)
-    assert service.metrics.registry.get_sample_value("amp_namespace_cache_namespaces") == 3
+    metrics = Metrics()
+    namespace_source(config, reactor, metrics)
+    assert metrics.registry.get_sample_value("amp_namespace_cache_namespaces") == 3
