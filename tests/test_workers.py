@@ -32,6 +32,9 @@ from tests.helpers import ca_pem, decode_answer, dev_tls, raw_config, review_byt
 from tests.waiting import poll_until
 
 REPO = Path(__file__).resolve().parent.parent
+#: How long a twistd process may take to start, restart or stop (seconds):
+#: generous, since a busy machine starts processes slowly.
+START = 60.0
 
 
 def _reuse_port(listening: Any) -> int:
@@ -255,7 +258,7 @@ class _Pair:
 
     def wait_serving(self) -> int:
         """Wait until both workers serve metrics; returns worker 1's pid."""
-        poll_until("both workers' metrics", lambda: True if None not in self.counts() else None, 10, self.output)
+        poll_until("both workers' metrics", lambda: True if None not in self.counts() else None, START, self.output)
         children = _children(self.parent.pid)
         self.seen.extend(children)
         assert len(children) == 1, children
@@ -271,7 +274,7 @@ class _Pair:
         if self.parent.poll() is None:
             self.parent.send_signal(sig)
         try:
-            self.parent.wait(timeout=10)
+            self.parent.wait(timeout=START)
         finally:
             if self.parent.poll() is None:
                 self.parent.kill()
@@ -321,10 +324,10 @@ def test_a_worker_that_dies_is_restarted(pair: _Pair) -> None:
     try:
         child = pair.wait_serving()
         os.kill(child, signal.SIGKILL)
-        poll_until("worker 1 to stop serving", lambda: True if pair.counts()[1] is None else None, 5, pair.output)
+        poll_until("worker 1 to stop serving", lambda: True if pair.counts()[1] is None else None, START, pair.output)
         replacement = poll_until(
-            "a new worker 1", lambda: [p for p in _children(pair.parent.pid) if p != child] or None, 5, pair.output)
-        poll_until("the new worker 1's metrics", lambda: pair.counts()[1], 10, pair.output)
+            "a new worker 1", lambda: [p for p in _children(pair.parent.pid) if p != child] or None, START, pair.output)
+        poll_until("the new worker 1's metrics", lambda: pair.counts()[1], START, pair.output)
         assert len(replacement) == 1
     finally:
         pair.stop()
@@ -335,4 +338,4 @@ def test_workers_stop_when_worker_zero_is_killed(pair: _Pair) -> None:
         child = pair.wait_serving()
     finally:
         pair.stop(signal.SIGKILL)
-    poll_until(f"worker process {child} to exit", lambda: True if _gone(child) else None, 5, pair.output)
+    poll_until(f"worker process {child} to exit", lambda: True if _gone(child) else None, START, pair.output)

@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any, Optional
 
-from bench.chaos_endpoint import KINDS
+from bench.chaos_endpoint import FAULT_KINDS, HOSTILE_KINDS
 from bench.harness import START_TIMEOUT, Amp, Proc, busy_seconds, cpu_seconds, machine, wait_quiet
 from bench.soak.reconcile import scan_log
 from bench.soak.report import busy_machine, evaluate, text_report
@@ -186,7 +186,7 @@ class Soak:
         self.t0 = 0.0
         self.fds_before = 0
         self.served_serials: set[int] = set()
-        self.kinds = KINDS
+        self.kinds = FAULT_KINDS + (HOSTILE_KINDS if args.hostile else ())
 
     # -------------------------------------------------------------- processes
 
@@ -202,7 +202,9 @@ class Soak:
         self.chaos = Proc("chaos endpoint", [
             py, "-m", "bench.chaos_endpoint", "--port", "steady", "--port", "flaky",
             "--seed", str(self.args.seed), "--delay-ms", f"{DELAY_MS[0]}:{DELAY_MS[1]}",
-            "--oversize", str(OVERSIZE), "--log", self.chaos_log], cpus=self.load_cpus)
+            "--oversize", str(OVERSIZE), "--log", self.chaos_log,
+            *(["--hostile", "--flood-bytes", str(self.args.flood_mib * 1024 * 1024)] if self.args.hostile else [])],
+            cpus=self.load_cpus)
         self.procs.append(self.chaos)
         self.ports = self.chaos.first_line()["ports"]
         say(f"chaos endpoint on ports {self.ports} (pid {self.chaos.pid})")
@@ -420,6 +422,11 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="seconds between watch faults (a drop and a forced 410 in turn)")
     p.add_argument("--rss-limit-mib", type=float, default=RSS_LIMIT_MIB,
                    help=f"amp's RSS must stay under this many MiB (default {RSS_LIMIT_MIB:g}, the shipped limit)")
+    p.add_argument("--hostile", action="store_true",
+                   help="mix hostile endpoints in with the faults: header floods, one huge header line, deeply "
+                        "nested JSON, slow-drip bodies (see bench/chaos_endpoint.py)")
+    p.add_argument("--flood-mib", type=int, default=8,
+                   help="MiB of head a hostile header-flood or huge-header call sends at most (default 8)")
     p.add_argument("--out", default=os.path.join(BENCH, "results"), help="results directory")
     p.add_argument("--keep-logs", action="store_true", help="copy amp's log and the call logs to the results")
     p.add_argument("--no-pin", action="store_true", help="do not give amp a CPU of its own")
@@ -435,7 +442,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
-    stem = "soak-" + now.strftime("%Y%m%dT%H%M%SZ") + ("-quick" if args.quick else "")
+    stem = "soak-" + now.strftime("%Y%m%dT%H%M%SZ") + ("-hostile" if args.hostile else "") + (
+        "-quick" if args.quick else "")
     started = time.monotonic()
     result: dict[str, Any] = {
         "date": now.isoformat(timespec="seconds"),
@@ -445,7 +453,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                      "max_response": MAX_RESPONSE, "oversize": OVERSIZE, "delay_ms": DELAY_MS,
                      "breakers": {"steady": NEVER_OPENS, "flaky": OPENS_OFTEN},
                      "rss_limit_mib": args.rss_limit_mib, "fd_slack": FD_SLACK,
-                     "timing_judged": not args.quick, "timing_criteria": list(TIMING_CRITERIA)},
+                     "timing_judged": not args.quick, "timing_criteria": list(TIMING_CRITERIA),
+                     "hostile": args.hostile, "flood_mib": args.flood_mib if args.hostile else None},
     }
     if args.wait_quiet > 0:
         result["settings"]["other_cpu_pct_before"] = wait_quiet(args.wait_quiet)

@@ -5,6 +5,8 @@ breaker settings, the chaos endpoint's faults, and the pass thresholds.
 
 from __future__ import annotations
 
+from bench.chaos_endpoint import HEADER_REASONS
+
 ENABLED_LABEL = "amp.txn2.com/enabled"
 ENDPOINT_ANNOTATION = "amp.txn2.com/ep"
 POLICY_ANNOTATION = "amp.txn2.com/failure-policy"
@@ -50,6 +52,11 @@ REVIEW_REASONS = {
     "reset": {"connection-reset"},
     "hang": {"timeout", "deadline"},
     "oversized": {"response-too-large"},
+    # The hostile kinds (--hostile): see bench/chaos_endpoint.py.
+    "header-flood": {"timeout", "deadline", *HEADER_REASONS},
+    "huge-header": {"timeout", "deadline", "connection-failed", *HEADER_REASONS},
+    "deep-json": {"invalid-json"},
+    "drip": {"timeout", "deadline"},
 }
 
 #: Lines in amp's log that fail the soak.
