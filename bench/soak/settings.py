@@ -54,7 +54,7 @@ REVIEW_REASONS = {
     "oversized": {"response-too-large"},
     # The hostile kinds (--hostile): see bench/chaos_endpoint.py.
     "header-flood": {"timeout", "deadline", *HEADER_REASONS},
-    "huge-header": {"timeout", "deadline", "connection-failed", *HEADER_REASONS},
+    "huge-header": {"timeout", "deadline", *HEADER_REASONS},
     "deep-json": {"invalid-json"},
     "drip": {"timeout", "deadline"},
 }
