@@ -21,6 +21,7 @@ import ssl
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 from bench.chaos_endpoint import FAULT_KINDS, HOSTILE_KINDS
@@ -32,6 +33,7 @@ from bench.soak.settings import (
     NAMESPACES, NEVER_OPENS, OPENS_OFTEN, OVERSIZE, PASSED, POLICY_ANNOTATION, QUICK_DURATION, RSS_LIMIT_MIB,
     TIMING_CRITERIA,
 )
+from tests.helpers import SecretVolume
 from tests.prometheus import Scrape
 from tests.waiting import WaitTimeout, poll_until
 
@@ -42,60 +44,40 @@ def say(message: str) -> None:
     print(f"soak: {message}", file=sys.stderr, flush=True)
 
 
-class SecretVolume:
+class RotatingCertificate:
     """
-    amp's serving certificate laid out like a Kubernetes Secret volume:
-    C{tls.crt} and C{tls.key} are symlinks into C{..data}, itself a symlink
-    to a timestamped directory; a rotation writes a new directory and swaps
-    C{..data} atomically (what the kubelet does).  The generation before
-    the current one is kept until the next rotation, so a reload that
-    resolved the old link a moment before the swap still finds its files.
+    amp's serving certificate in a directory laid out like a Kubernetes
+    Secret volume (L{tests.helpers.SecretVolume}: C{tls.crt} and C{tls.key}
+    are links into C{..data}, swapped atomically as the kubelet does);
+    L{rotate} issues a new one from the same CA.  The generation before the
+    current one is kept until the next rotation, so a reload that resolved
+    the old link a moment before the swap still finds its files.
     """
 
     def __init__(self, directory: str, ca_cert_path: str, ca_key_path: str) -> None:
         from cryptography import x509
         from cryptography.hazmat.primitives import serialization
 
-        self.dir = directory
-        os.makedirs(directory, exist_ok=True)
         with open(ca_cert_path, "rb") as f:
             self.ca_cert = x509.load_pem_x509_certificate(f.read())
         with open(ca_key_path, "rb") as f:
             self.ca_key = serialization.load_pem_private_key(f.read(), None)
-        self.generation = 0
         self.serials: list[int] = []
-        self._old: list[str] = []
-        self.rotate()
-        for name in ("tls.crt", "tls.key"):
-            os.symlink(os.path.join("..data", name), os.path.join(directory, name))
-        self.cert = os.path.join(directory, "tls.crt")
-        self.key = os.path.join(directory, "tls.key")
+        self.volume = SecretVolume(Path(directory), self._issue(), keep=1)
+        self.cert = self.volume.path("tls.crt")
+        self.key = self.volume.path("tls.key")
 
-    def rotate(self) -> int:
-        """
-        Issue a new serving certificate from the same CA and swap it in;
-        returns its serial.
-        """
+    def _issue(self) -> dict[str, bytes]:
         from amp.devcert import DEFAULT_HOSTS, issue_cert, pem_cert, pem_key
 
         cert, key = issue_cert(self.ca_cert, self.ca_key, "amp", DEFAULT_HOSTS, days=1)
-        self.generation += 1
-        name = f"..gen-{self.generation:05d}"
-        target = os.path.join(self.dir, name)
-        os.mkdir(target)
-        for file, data, mode in (("tls.key", pem_key(key), 0o600), ("tls.crt", pem_cert(cert), 0o644)):
-            fd = os.open(os.path.join(target, file), os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-        link = os.path.join(self.dir, "..data")
-        tmp = os.path.join(self.dir, "..data_tmp")
-        os.symlink(name, tmp)
-        os.replace(tmp, link)
-        self._old.append(target)
-        while len(self._old) > 2:
-            shutil.rmtree(self._old.pop(0))
         self.serials.append(cert.serial_number)
-        return cert.serial_number
+        return {"tls.key": pem_key(key), "tls.crt": pem_cert(cert)}
+
+    def rotate(self) -> int:
+        """Issue a new serving certificate and swap it in; returns its serial."""
+        self.volume.swap(self._issue())
+        return self.serials[-1]
 
 
 def rss_kib(pid: int) -> int:
@@ -197,7 +179,7 @@ class Soak:
         w = self.workdir
         ca = write_dev_tls(os.path.join(w, "ca"))
         self.ca = str(ca["ca_cert"])
-        self.volume = SecretVolume(os.path.join(w, "tls"), self.ca, str(ca["ca_key"]))
+        self.volume = RotatingCertificate(os.path.join(w, "tls"), self.ca, str(ca["ca_key"]))
         self.chaos_log = os.path.join(w, "chaos-calls.txt")
         self.chaos = Proc("chaos endpoint", [
             py, "-m", "bench.chaos_endpoint", "--port", "steady", "--port", "flaky",
