@@ -30,7 +30,7 @@ from bench.soak.reconcile import scan_log
 from bench.soak.report import busy_machine, evaluate, text_report
 from bench.soak.settings import (
     BROKEN, DELAY_MS, ENABLED_LABEL, ENDPOINT_ANNOTATION, ENDPOINT_IDLE_TIMEOUT, FAILED, FD_SLACK, MAX_RESPONSE,
-    NAMESPACES, NEVER_OPENS, OPENS_OFTEN, OVERSIZE, PASSED, POLICY_ANNOTATION, QUICK_DURATION, RSS_LIMIT_MIB,
+    NAMESPACES, NEVER_OPENS, OPENS_OFTEN, OVERSIZE, PASSED, POLICY_ANNOTATION, QUICK_DURATION, QUICK_RATE, RSS_LIMIT_MIB,
     TIMING_CRITERIA,
 )
 from tests.helpers import SecretVolume
@@ -397,7 +397,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help=f"a {QUICK_DURATION:g}-second run that judges behaviour only (what the test suite runs)")
     p.add_argument("--minutes", type=float, help="minutes of load (default 10)")
     p.add_argument("--duration", type=float, help="seconds of load (instead of --minutes)")
-    p.add_argument("--rate", type=float, default=150.0, help="reviews per second (default 150)")
+    p.add_argument("--rate", type=float,
+                   help=f"reviews per second (default 150, quick {QUICK_RATE:g})")
     p.add_argument("--seed", type=int, default=20240501, help="seed of the chaos endpoint and the client")
     p.add_argument("--rotate-every", type=float, default=3.0, help="seconds between certificate rotations")
     p.add_argument("--fault-every", type=float, default=5.0,
@@ -415,6 +416,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                    help="first wait up to this long for other processes to use under 15%% of a CPU")
     a = p.parse_args(argv)
+    if a.rate is None:
+        a.rate = QUICK_RATE if a.quick else 150.0
     if a.duration is None:
         a.duration = QUICK_DURATION if a.quick and a.minutes is None else 60.0 * (a.minutes or 10.0)
     return a

@@ -68,6 +68,9 @@ PASSED, FAILED, BROKEN = 0, 1, 2
 #: Seconds of load in a --quick run: enough for every fault kind, the
 #: flaky breaker opening, certificate rotations and both watch faults.
 QUICK_DURATION = 15.0
+#: Reviews per second in a --quick run: every fault kind still comes up
+#: dozens of times.
+QUICK_RATE = 100.0
 
 #: amp's RSS must stay under this (MiB) unless --rss-limit-mib says
 #: otherwise: the memory limit of the shipped manifests (deploy/base).
