@@ -10,7 +10,17 @@ is the one place that builds the real ones from the config.
 
 One service per concern: the namespace source, the serving certificate's
 reload loop, the endpoint client (whose stop closes pooled connections), the
-TLS webhook listener and the plain-HTTP metrics listener.
+TLS webhook listener, the plain-HTTP metrics listener and the config file's
+reload loop (L{AmpService.apply} swaps a reloaded config in).
+
+Stopping (C{SIGTERM} under twistd) is a graceful drain, bounded by
+C{listen.drain_timeout}: C{/readyz} fails at once, the webhook listener
+closes, every review already received is answered and every connection
+closed (L{amp.web.WebhookSite.drain}), and only then do the other parts stop
+(the endpoint client's connections, the namespace source, the metrics
+listener), so that the reviews in flight still have what they need.
+Services added with L{AmpService.drain_with} (worker 0's monitor of the
+other workers) stop when the drain begins.
 """
 
 from __future__ import annotations
@@ -19,8 +29,8 @@ import gc
 import random
 from typing import Any, Callable, Optional
 
-from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred
+from twisted.application.service import IService, MultiService, Service
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
 from twisted.logger import ILogObserver, Logger
 from twisted.python.failure import Failure
@@ -34,8 +44,9 @@ from amp.config import Config, TLSConfig
 from amp.endpoints import EndpointClient
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
+from amp.logs import ConfigurableObserver
+from amp.reload import ConfigFile, ConfigReloadService
 from amp.tls import CertificateReloadService, ReloadingCertificate
-from amp.urls import parse_endpoint_url
 from amp.web import WebhookSite, webhook_root
 
 
@@ -181,6 +192,7 @@ class AmpService(MultiService):
         install_sighup: bool = True,
         log_observer: Optional[ILogObserver] = None,
         freeze_gc: bool = False,
+        config_path: Optional[str] = None,
     ) -> None:
         """
         @param certificate: the loaded serving certificate the webhook
@@ -197,8 +209,16 @@ class AmpService(MultiService):
             of amp's own pooled connections (tests).
         @param freeze_gc: once the reactor runs, move the objects alive
             then out of the garbage collector's view (L{freeze_startup_objects}).
+        @param config_path: the file C{config} was loaded from: watched, and
+            reloaded when it changes or on C{SIGHUP} (L{apply}); None: no
+            reload.
+        @param log_observer: the observer twistd writes with; a
+            L{ConfigurableObserver} follows C{log.*} on a reload.
         """
         super().__init__()
+        self._drain_with: list[IService] = []
+        #: Set when the drain begins: C{/readyz} fails from then on.
+        self.draining = False
         self.freeze_gc = freeze_gc
         self.log_observer = log_observer
         self.config = config
@@ -215,21 +235,18 @@ class AmpService(MultiService):
             emit("Circuit breaker for {endpoint} is now {state}", endpoint=origin, state=state)
 
         self.breakers = BreakerRegistry(reactor, breaker_changed, random=random.random)
-        endpoints = config.endpoints
-
-        def settings_for_origin(origin: str) -> Any:
-            return endpoints.settings_for(parse_endpoint_url(origin + "/"))
-
-        self.endpoint_client = EndpointClient(reactor, metrics, self.breakers, settings_for_origin, agent=agent)
+        self.endpoint_client = EndpointClient(reactor, metrics, self.breakers, agent=agent)
         EndpointClientService(self.endpoint_client).setServiceParent(self)
         CertificateReloadService(
             certificate, reactor=reactor, interval=config.tls.reload_interval, install_sighup=install_sighup
         ).setServiceParent(self)
         self.admitter = Admitter(config, self.namespaces, self.endpoint_client, reactor, metrics)
         root = webhook_root(self.admitter, reactor, metrics, {
+            "listener": self._listener_readiness,
             "certificate": certificate.readiness,
-            "namespaces": self.namespaces.readiness,
+            "namespaces": lambda: self.namespaces.readiness(),
         })
+        self._admission = [root.getStaticEntity(b"mutate"), root.getStaticEntity(b"validate")]
         listen = config.listen
         self.site = WebhookSite(
             root, reactor=reactor, metrics=metrics, max_body=listen.max_body,
@@ -241,9 +258,103 @@ class AmpService(MultiService):
         if metrics_endpoint is not None:
             self.metrics_listener = ListenerService(metrics_endpoint, metrics_site(metrics, reactor))
             self.metrics_listener.setServiceParent(self)
+        self.config_file: Optional[ConfigFile] = None
+        self.config_reload: Optional[ConfigReloadService] = None
+        if config_path is not None:
+            self.config_file = ConfigFile(config_path, config, self.apply, metrics)
+            self.config_reload = ConfigReloadService(
+                self.config_file, reactor=reactor, interval=config.reload_interval, install_sighup=install_sighup)
+            self.config_reload.setServiceParent(self)
+
+    def apply(self, config: Config) -> None:
+        """
+        Put C{config} in force, between reviews: every review from now on
+        runs under it, and a review in flight finishes under the config it
+        started with (it holds the L{Admitter} it started with).  What
+        changes is swapped as whole objects: the admitter (routes, policy,
+        endpoints and their overrides, allow and deny lists, timeouts, the
+        breaker and pool settings the routes carry, patch rules), the static
+        namespace source, the listener's limits, the log format and level.
+        C{config}'s restart-only keys must be the running ones
+        (L{amp.config.for_reload}).
+        """
+        namespaces = self.namespaces
+        if config.kubernetes != self.config.kubernetes and config.kubernetes.source == "static":
+            namespaces = namespace_source(config, self.reactor, self.metrics)
+        admitter = Admitter(config, namespaces, self.endpoint_client, self.reactor, self.metrics)
+        # Everything is built: swap.
+        if namespaces is not self.namespaces:
+            old, self.namespaces = self.namespaces, namespaces
+            namespaces.setServiceParent(self)  # type: ignore[attr-defined]
+            old.disownServiceParent()  # type: ignore[attr-defined]
+        self.admitter = admitter
+        for resource in self._admission:
+            resource.admitter = admitter
+        self.site.apply(config.listen)
+        if isinstance(self.log_observer, ConfigurableObserver):
+            self.log_observer.configure(config.log.format, config.log.level)
+        if self.config_reload is not None:
+            self.config_reload.set_interval(config.reload_interval)
+        self.config = config
+
+    def _listener_readiness(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "shutting down: answering the reviews in flight"
+        return True, "accepting connections"
+
+    def drain_with(self, service: IService) -> None:
+        """
+        Add C{service} as a child that stops when the drain begins, beside
+        the listener's drain, rather than after it (worker 0's monitor: its
+        workers drain themselves at the same time).
+        """
+        service.setServiceParent(self)
+        self._drain_with.append(service)
+
+    def stopService(self) -> Deferred[None]:
+        """
+        The graceful drain (see the module docstring), then every other
+        part.  Fires when all have stopped.
+        """
+        Service.stopService(self)
+        self.draining = True
+        timeout = self.config.listen.drain_timeout
+        started = self.reactor.seconds()
+        self.log.info(
+            "Shutting down: not ready, not accepting connections; answering the reviews in flight on "
+            "{count} open connections within {timeout:g}s (listen.drain_timeout)",
+            count=self.site.open_connections, timeout=timeout)
+        drained = maybeDeferred(self.webhook.stopService)
+        drained.addCallback(lambda _: self.site.drain(timeout))
+
+        def report(aborted: int) -> None:
+            if not aborted:
+                self.log.info("Drained in {seconds:.3f}s", seconds=self.reactor.seconds() - started)
+
+        drained.addCallback(report)
+        first = [drained] + [maybeDeferred(s.stopService) for s in reversed(self._drain_with)]
+        done = DeferredList(first, consumeErrors=True)
+        done.addCallback(self._log_stop_errors)
+
+        def stop_the_rest(_: Any) -> Deferred:
+            rest = [s for s in reversed(list(self)) if s is not self.webhook and s not in self._drain_with]
+            return DeferredList([maybeDeferred(s.stopService) for s in rest], consumeErrors=True).addCallback(
+                self._log_stop_errors)
+
+        done.addCallback(stop_the_rest)
+        return done.addCallback(lambda _: None)
+
+    def _log_stop_errors(self, results: list[tuple[bool, Any]]) -> None:
+        for ok, result in results:
+            if not ok:
+                self.log.failure("A part of amp failed to stop", result)
 
     def startService(self) -> None:
         super().startService()
+        if self.namespaces.readiness()[0]:
+            # A source that has its namespaces already (the static one);
+            # the cluster source's first list calls this (amp.tap).
+            self.admitter.own_pods_warning()
         if self.freeze_gc:
             self.reactor.callWhenRunning(freeze_startup_objects)
 

@@ -28,7 +28,7 @@ then the example server).  Every C{stop}/C{close} returns a Deferred that
 fires only when every socket it owns is closed.
 
 Everything listens on 127.0.0.1 port 0 (a free port chosen by the kernel).
-The development CA and serving certificate (L{amp.devcert}) are made once
+The development CA and serving certificate (L{amp_dev.devcert}) are made once
 per process in a temporary directory, see L{dev_tls}.
 """
 
@@ -48,7 +48,7 @@ import jsonpatch
 import treq
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
 from twisted.internet.endpoints import (
-    TCP4ClientEndpoint, TCP4ServerEndpoint, connectProtocol, serverFromString, wrapClientTLS,
+    TCP4ClientEndpoint, TCP4ServerEndpoint, connectProtocol, wrapClientTLS,
 )
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
 from twisted.internet.protocol import Factory, Protocol
@@ -60,8 +60,8 @@ from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
 from amp.config import Config, parse_config
-from amp.devcert import write_dev_tls
-from amp.example_tap import build_site
+from amp_dev.devcert import write_dev_tls
+from amp_examples.server import build_site
 from amp.metrics import Metrics
 from amp.namespaces import INamespaceSource
 from amp.service import AmpService, namespace_source, serving_certificate
@@ -84,7 +84,7 @@ _tls_paths: Optional[dict[str, Path]] = None
 
 def dev_tls() -> dict[str, Path]:
     """
-    The development CA and certificates (L{amp.devcert.write_dev_tls}), made
+    The development CA and certificates (L{amp_dev.devcert.write_dev_tls}), made
     once per process in a temporary directory removed at exit.  Keys:
     C{ca_cert}, C{ca_key}, C{cert}, C{key}, C{client_cert}, C{client_key}.
     The serving certificate covers C{localhost} and C{127.0.0.1}.
@@ -458,32 +458,32 @@ def start_amp(
 ) -> Any:
     """
     Build amp (certificate loaded from C{config.tls}, no SIGHUP handler)
-    with its webhook on 127.0.0.1 port 0, start it and wait until the
-    webhook listens.  With C{metrics_listener}, amp's plain-HTTP metrics
-    listener listens too, on another free loopback port (see
-    L{RunningAmp.metrics_url}); without it amp has none.  Resolves to a
-    L{RunningAmp}; add its C{stop} as a cleanup.
+    with its webhook on 127.0.0.1 port 0 and, with C{metrics_listener}, its
+    metrics listener on another free loopback port (see
+    L{RunningAmp.metrics_url}); start it and wait until it listens.
+    Resolves to a L{RunningAmp}; add its C{stop} as a cleanup.
     """
     metrics = metrics if metrics is not None else Metrics()
     certificate = serving_certificate(config.tls, reactor, metrics)
     webhook = RecordingEndpoint(tls_endpoint(reactor, 0, "127.0.0.1", certificate), reactor)
-    scrape = RecordingEndpoint(serverFromString(reactor, "tcp:0:interface=127.0.0.1"), reactor) \
-        if metrics_listener else None
+    metrics_endpoint = (RecordingEndpoint(TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"), reactor)
+                        if metrics_listener else None)
     service = AmpService(
-        config, reactor, certificate=certificate, webhook_endpoint=webhook, metrics_endpoint=scrape,
+        config, reactor, certificate=certificate, webhook_endpoint=webhook, metrics_endpoint=metrics_endpoint,
         namespaces=namespaces if namespaces is not None else namespace_source(config, reactor, metrics),
         metrics=metrics, install_sighup=False)
     service.startService()
     try:
         port = yield webhook.listening.addTimeout(WAIT, reactor)
-        scrape_port = None if scrape is None else (yield scrape.listening.addTimeout(WAIT, reactor))
+        metrics_port = None
+        if metrics_endpoint is not None:
+            metrics_port = (yield metrics_endpoint.listening.addTimeout(WAIT, reactor)).getHost().port
     except Exception:
         yield service.stopService()
         raise
     assert webhook.tracker is not None
-    trackers = [] if scrape is None else [scrape.tracker]
-    return RunningAmp(service, port.getHost().port, webhook.tracker,
-                      None if scrape_port is None else scrape_port.getHost().port, trackers)
+    extra = [metrics_endpoint.tracker] if metrics_endpoint is not None and metrics_endpoint.tracker else []
+    return RunningAmp(service, port.getHost().port, webhook.tracker, metrics_port, extra)
 
 
 # ---------------------------------------------------------------- example endpoints
@@ -491,11 +491,11 @@ def start_amp(
 
 class RunningExample:
     """
-    The example endpoint server (L{amp.example_tap.build_site}) on
+    The example endpoint server (L{amp_examples.server.build_site}) on
     127.0.0.1, plain HTTP.
 
-    @ivar root: its resource tree; C{root.children[b"hang"].pending} holds
-        the requests C{/hang} is sitting on.
+    @ivar root: its resource tree; C{root.children[b"hang"].handler.pending}
+        holds the calls C{/hang} is sitting on.
     """
 
     def __init__(self, port: IListeningPort, tracker: ConnectionTracker, root: Any) -> None:

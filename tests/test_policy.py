@@ -1,6 +1,6 @@
 """
-Tests for amp.policy: which endpoint, which failure policy, which mode, and
-how much time a review may take.
+Tests for amp.policy: which endpoint (with which settings and breaker),
+which failure policy, which mode.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from amp.config import Config, parse_config
 from amp.namespaces import NamespaceInfo
-from amp.policy import FAIL, IGNORE, NORMAL, SHADOW, failure_policy, parse_timeout, review_budget, route
+from amp.policy import FAIL, IGNORE, NORMAL, SHADOW, failure_policy, route
 from tests.helpers import make_config, namespace
 
 ENABLED = {"amp.txn2.com/enabled": "true"}
@@ -101,6 +101,29 @@ def test_allowed_with_override_settings() -> None:
     assert r.settings is not None and r.settings.timeout == 8.0
 
 
+def test_breaker_settings_are_the_origins() -> None:
+    """
+    One breaker guards a whole origin: its settings are those of the
+    origin's root URL, even where a path override gives the URL others.
+    """
+    config = parse_config({
+        "endpoints": {
+            "allow": ["http://127.0.0.1:*/*"],
+            "overrides": [
+                {"match": "http://127.0.0.1:*/slow", "timeout": "8s"},
+                {"match": "http://127.0.0.1:*/*", "breaker": {"consecutive_failures": 1}},
+            ],
+        },
+    })
+    slow = route(with_ep("http://127.0.0.1:8090/slow"), config, None)
+    assert slow.settings is not None and slow.settings.timeout == 8.0
+    assert slow.settings.breaker.consecutive_failures == 5
+    assert slow.breaker is not None and slow.breaker.consecutive_failures == 1
+    other = route(with_ep("http://127.0.0.1:8090/other"), config, None)
+    assert other.breaker == slow.breaker
+    assert route(with_ep("http://10.0.0.1:80/"), config, None).breaker is None
+
+
 def test_endpoint_annotations_in_order() -> None:
     go_amp = ns(**{"mutation.amp.txn2.com/ep": "http://127.0.0.1:1/go"})
     r = route(go_amp, CONFIG, None)
@@ -180,39 +203,6 @@ def test_failure_policy_annotation_name_comes_from_the_config() -> None:
     assert failure_policy(ns(**{"amp.txn2.com/failure-policy": "Ignore"}), config, None) == FAIL
 
 
-# ---------------------------------------------------------------- deadline
-
-
-@pytest.mark.parametrize(
-    "value, seconds",
-    [("10s", 10.0), ("30s", 30.0), ("1.5s", 1.5), ("500ms", 0.5), ("2m", 120.0), ("10", 10.0), (" 10s ", 10.0)],
-)
-def test_parse_timeout(value: str, seconds: float) -> None:
-    assert parse_timeout(value) == seconds
-
-
-@pytest.mark.parametrize("value", [None, "", "abc", "10 s", "-1s", "0s", "0", "10h", "1e3s"])
-def test_parse_timeout_ignores_what_it_cannot_read(value: Optional[str]) -> None:
-    assert parse_timeout(value) is None
-
-
-@pytest.mark.parametrize(
-    "timeout, default, margin, budget",
-    [
-        (10.0, 10.0, 0.5, 9.5),
-        (None, 10.0, 0.5, 9.5),
-        (None, 4.0, 1.0, 3.0),
-        (1.0, 10.0, 0.5, 0.5),
-        (30.0, 10.0, 0.5, 29.5),
-        # a margin as large as the timeout still leaves a tenth of it
-        (1.0, 10.0, 2.0, 0.1),
-        (2.0, 10.0, 2.0, 0.2),
-    ],
-)
-def test_review_budget(timeout: Optional[float], default: float, margin: float, budget: float) -> None:
-    assert review_budget(timeout, default, margin) == pytest.approx(budget)
-
-
 def test_route_cache_gives_the_same_decisions() -> None:
     """
     With a cache, each annotation value is resolved once and every decision
@@ -231,3 +221,61 @@ def test_route_cache_gives_the_same_decisions() -> None:
     assert len(cache) == 3
     ns = NamespaceInfo("ok", config.kubernetes.namespaces["ok"].labels, config.kubernetes.namespaces["ok"].annotations)
     assert route(ns, config, None, cache=cache).url is route(ns, config, None, cache=cache).url
+
+
+# ---------------------------------------------------------------- opt-out and self-protection
+
+
+def test_protected_namespaces_are_amps_own_and_kube_system_by_default() -> None:
+    from amp.policy import protected_namespaces
+
+    assert protected_namespaces(parse_config({})) == {"kube-system"}
+    own = parse_config({"kubernetes": {"own_namespace": "amp-system"}})
+    assert protected_namespaces(own) == {"amp-system", "kube-system"}
+    more = parse_config({"kubernetes": {"own_namespace": "amp-system", "protected_namespaces": ["infra"]}})
+    assert protected_namespaces(more) == {"amp-system", "infra"}
+    allowed = parse_config({"kubernetes": {"own_namespace": "amp-system", "allow_protected_namespaces": True}})
+    assert protected_namespaces(allowed) == frozenset()
+
+
+@pytest.mark.parametrize("labels,out", [
+    ({"amp.txn2.com/enabled": "false"}, True),
+    ({"amp.txn2.com/enabled": "true"}, False),
+    ({"amp.txn2.com/enabled": "False"}, False),
+    ({}, False),
+    (None, False),
+])
+def test_a_pod_opts_out_with_the_enable_label_set_to_false(labels: Optional[dict], out: bool) -> None:
+    from amp.policy import opted_out
+
+    metadata = {"name": "web"} if labels is None else {"name": "web", "labels": labels}
+    assert opted_out({"metadata": metadata}, CONFIG) is out
+
+
+@pytest.mark.parametrize("the_pod", [None, [], {"metadata": []}, {"metadata": {"labels": ["x"]}}])
+def test_opt_out_reads_odd_pods_as_not_opted_out(the_pod: object) -> None:
+    from amp.policy import opted_out
+
+    assert opted_out(the_pod, CONFIG) is False
+
+
+def test_opt_out_label_and_value_come_from_the_config() -> None:
+    from amp.policy import opted_out
+
+    config = parse_config({"kubernetes": {"enabled_label": "example.com/amp", "opt_out_value": "off"}})
+    assert opted_out({"metadata": {"labels": {"example.com/amp": "off"}}}, config)
+    assert not opted_out({"metadata": {"labels": {"amp.txn2.com/enabled": "false"}}}, config)
+
+
+def test_own_pods_warning_only_for_an_enabled_own_namespace() -> None:
+    from amp.policy import own_pods_warning
+
+    config = parse_config({"kubernetes": {"own_namespace": "amp-system"}})
+    enabled = NamespaceInfo("amp-system", ENABLED, {})
+    assert own_pods_warning(None, config) is None
+    assert own_pods_warning(NamespaceInfo("amp-system", {}, {}), config) is None
+    warning = own_pods_warning(enabled, config)
+    assert warning is not None and "amp-system" in warning and "will not change its Pods" in warning
+    allowed = parse_config({"kubernetes": {"own_namespace": "amp-system", "allow_protected_namespaces": True}})
+    warning = own_pods_warning(enabled, allowed)
+    assert warning is not None and "reviews its own Pods" in warning

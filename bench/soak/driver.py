@@ -68,7 +68,7 @@ class RotatingCertificate:
         self.key = self.volume.path("tls.key")
 
     def _issue(self) -> dict[str, bytes]:
-        from amp.devcert import DEFAULT_HOSTS, issue_cert, pem_cert, pem_key
+        from amp_dev.devcert import DEFAULT_HOSTS, issue_cert, pem_cert, pem_key
 
         cert, key = issue_cert(self.ca_cert, self.ca_key, "amp", DEFAULT_HOSTS, days=1)
         self.serials.append(cert.serial_number)
@@ -173,7 +173,7 @@ class Soak:
     # -------------------------------------------------------------- processes
 
     def start(self) -> None:
-        from amp.devcert import write_dev_tls
+        from amp_dev.devcert import write_dev_tls
 
         py = sys.executable
         w = self.workdir
