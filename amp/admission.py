@@ -20,7 +20,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from amp.config import Config
-from amp.endpoints import EndpointClient, EndpointFailure
+from amp.endpoint import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceLookupError
 from amp.patch import PatchError, annotation_op, check_patch

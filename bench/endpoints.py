@@ -34,8 +34,6 @@ import sys
 import time
 from typing import Any, Callable
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 _REPLY_BODY = b'[{"op":"add","path":"/metadata/labels/bench","value":"true"}]'
 _REPLY = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
           % (len(_REPLY_BODY), _REPLY_BODY))
@@ -137,7 +135,7 @@ def build(url: str, *, endpoints: dict[str, Any], failure_policy: str = "Ignore"
     from amp.admission import Admitter
     from amp.breaker import BreakerRegistry
     from amp.config import parse_config
-    from amp.endpoints import EndpointClient
+    from amp.endpoint import EndpointClient
     from amp.metrics import Metrics
     from amp.namespaces import StaticNamespaceSource
     from amp.urls import parse_endpoint_url
@@ -299,7 +297,7 @@ def healthy(calls: int, concurrency: int) -> Any:
         else:
             yield gatherResults([worker() for _ in range(concurrency)])
         elapsed = time.perf_counter() - started
-        opened = client.pool.connections_opened
+        opened = client.connections_opened
         yield client.close()
         accepted = yield deferToProcess(child.stop)
         kind = "waves " if waves else "steady"

@@ -24,7 +24,7 @@ from twisted.web.resource import Resource
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
 from amp.config import ConfigError, parse_config
-from amp.endpoints import EndpointClient
+from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 from amp.review import ReviewError, parse_review

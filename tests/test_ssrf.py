@@ -32,7 +32,8 @@ from zope.interface import implementer
 from amp.admission import SKIPPED_ANNOTATION, Admitter
 from amp.breaker import BreakerRegistry
 from amp.config import ConfigError, parse_config
-from amp.endpoints import EndpointClient, _Resolution
+from amp.endpoint import EndpointClient
+from amp.endpoint._connect import Resolution
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 from amp.policy import shown_url
@@ -62,7 +63,7 @@ class ScriptedResolver:
                         addressTypes: Any = None, transportSemantics: str = "TCP") -> Any:
         answer = self.answers[min(len(self.queries), len(self.answers) - 1)]
         self.queries.append(hostName)
-        resolution = _Resolution(hostName)
+        resolution = Resolution(hostName)
         receiver.resolutionBegan(resolution)
         for address in answer:
             cls = IPv6Address if ":" in address else IPv4Address
@@ -283,8 +284,8 @@ class NeverConnectedTests(SynchronousTestCase, Answers):
             def resolveHostName(self, receiver: Any, hostName: str, portNumber: int = 0,
                                 addressTypes: Any = None, transportSemantics: str = "TCP") -> Any:
                 held.append((receiver, portNumber))
-                receiver.resolutionBegan(_Resolution(hostName))
-                return _Resolution(hostName)
+                receiver.resolutionBegan(Resolution(hostName))
+                return Resolution(hostName)
 
         r = Reviewer(self.reactor, "http://slow-dns.team-a.svc:8080/", allow=EVERYWHERE, timeout="2s",
                      resolver=Slow())
@@ -458,7 +459,7 @@ class LoopbackSSRFTests(LoopbackTestCase):
         self.assertEqual((good.accepted, evil.accepted), (1, 0))
         self.assertEqual(len(resolver.queries), 1)
         # A new connection looks the name up again: now it is denied.
-        yield r.client.pool.closeCachedConnections()
+        yield r.client.close_idle_connections()
         response, outcome = yield r.review()
         self.assertEqual(outcome.reason, "denied-address")
         self.assertEqual(len(resolver.queries), 2)
@@ -476,7 +477,7 @@ class LoopbackSSRFTests(LoopbackTestCase):
         r = self.reviewer(f"http://moving.team-a.svc:{port}/mutate", allow=EVERYWHERE, resolver=resolver)
         yield r.review()
         self.assertEqual((first.accepted, second.accepted), (1, 0))
-        yield r.client.pool.closeCachedConnections()
+        yield r.client.close_idle_connections()
         _, outcome = yield r.review()
         self.assertEqual(outcome.result, "patched")
         self.assertEqual((first.accepted, second.accepted), (1, 1))
