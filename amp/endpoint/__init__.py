@@ -27,7 +27,7 @@ concern each:
   - L{amp.endpoint._tls}: client TLS, reloaded when its files change.
   - L{amp.endpoint._types}: the reactor the client needs (L{IEndpointReactor}).
 
-Calls go out through C{Agent.request}, not treq's C{HTTPClient}: treq
+Calls go out through Twisted's C{Agent}, not treq's C{HTTPClient}: treq
 re-parses the URL, runs a cookie jar and transparently gunzips replies (an
 unbounded expansion before any size check could see it) on every request,
 none of which amp wants.
@@ -75,9 +75,12 @@ trip (several, with a cluster's search domains) on every review.
 Twisted internals
 =================
 
-None: the pool, the agent, the endpoints and the protocol wrapper are used
-through their public APIs.  The one override, the pool's public
-C{getConnection}, passes over idle connections amp has started closing.
+One: C{Agent._requestWithEndpoint}, so that a call does not parse its URL
+again (L{amp.endpoint._pool.Profile.request} gives the measurement: -11%
+of the client's CPU per call).  The pool, the agent's endpoint factory, the
+endpoints and the protocol wrapper are used through their public APIs; the
+one override, the pool's public C{getConnection}, passes over idle
+connections amp has started closing.
 
 Shutdown
 ========

@@ -49,7 +49,7 @@ from zope.interface import implementer
 from amp.breaker import CircuitBreaker, Ticket
 from amp.config import EndpointSettings
 from amp.endpoint._failures import EXPECTED, EndpointFailure, LocalFailure, classify, first_line, retriable
-from amp.endpoint._pool import Target
+from amp.endpoint._pool import Profile, Target
 from amp.endpoint._reading import Drop, read_limited
 from amp.reasons import Reason
 from amp.reply import EndpointDecision, ReplyError, parse_reply
@@ -120,24 +120,27 @@ class Call:
     One call: its timer (if it has one), its ticket, its place in the
     bulkhead.
 
+    @param profile: the settings profile whose pool the call goes through,
+        or None to use C{agent} (tests).
     @param timeout: the endpoint's own timeout when it is shorter than the
         caller's time left, else None (the caller's deadline rules).
     @param allowed: the call's time: C{min(settings.timeout, remaining)}.
     """
 
     __slots__ = (
-        "_client", "_origin", "_target", "_agent", "_settings", "_body", "_headers", "_timeout", "_allowed",
-        "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry", "_done", "_waiters", "result",
+        "_client", "_origin", "_target", "_profile", "_agent", "_settings", "_body", "_headers", "_timeout",
+        "_allowed", "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry", "_done", "_waiters", "result",
     )
 
     def __init__(
-        self, client: "EndpointClient", origin: "Origin", target: Target, agent: Any,
+        self, client: "EndpointClient", origin: "Origin", target: Target, profile: Optional[Profile], agent: Any,
         settings: EndpointSettings, body: bytes, headers: Headers, timeout: Optional[float], allowed: float,
         breaker: CircuitBreaker, ticket: Ticket,
     ) -> None:
         self._client = client
         self._origin = origin
         self._target = target
+        self._profile = profile
         self._agent = agent
         self._settings = settings
         self._body = body
@@ -166,6 +169,8 @@ class Call:
 
     def _send(self) -> Deferred:
         try:
+            if self._profile is not None:
+                return self._profile.request(self._target, self._headers, BytesProducer(self._body))
             return self._agent.request(b"POST", self._target.url, self._headers, BytesProducer(self._body))
         except Exception:
             return fail()

@@ -203,8 +203,8 @@ class EndpointClient:
             breaker.release(ticket)
             log.failure("Could not build the request to {endpoint}", endpoint=origin.name)
             return self._refuse(origin, Reason.CONNECTION_FAILED, "amp could not build the request")
-        agent = self._test_agent if self._test_agent is not None else profile.agent
-        c = Call(self, origin, target, agent, settings, body, raw, timeout,
+        c = Call(self, origin, target, profile if self._test_agent is None else None, self._test_agent, settings,
+                 body, raw, timeout,
                  timeout if timeout is not None else remaining, breaker, ticket)
         origin.in_flight += 1
         self._live.add(c)

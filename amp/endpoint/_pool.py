@@ -22,6 +22,10 @@ handed out.
 Every connection is wrapped in a L{GuardedConnection} on its way up from
 the connect endpoint (L{GuardedEndpoint}), which is how the client counts
 the connections open and waits for them to close.
+
+A call is C{Agent.request} without parsing the URL again: the one private
+Twisted name, C{Agent._requestWithEndpoint}, kept because it measurably
+pays (L{Profile.request}).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IHostnameResolver, IProtocolFactory, IStreamClientEndpoint
 from twisted.web.client import URI, Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
 from amp import __version__
@@ -118,17 +122,21 @@ class Target:
     @raise LocalFailure: C{connection-failed} when the host is not ASCII.
     """
 
-    __slots__ = ("url", "headers", "denied")
+    __slots__ = ("url", "uri", "key", "headers", "denied")
 
     def __init__(self, url: EndpointURL, settings: EndpointSettings) -> None:
         try:
             host = url.host.encode("ascii")
         except UnicodeEncodeError:
-            raise LocalFailure(Reason.CONNECTION_FAILED, f"host name {url.host!r} is not ASCII (use punycode)") from None
+            raise LocalFailure(
+                Reason.CONNECTION_FAILED, f"host name {url.host!r} is not ASCII (use punycode)") from None
         scheme = url.scheme.encode("ascii")
         path = quote(url.path, safe=_URL_SAFE).encode("ascii")
         netloc = b"[" + host + b"]" if b":" in host else host
         self.url = b"%s://%s:%d%s" % (scheme, netloc, url.port, path)
+        self.uri = URI.fromBytes(self.url)
+        #: The pool key, as Agent.request computes it.
+        self.key = (self.uri.scheme, self.uri.host, self.uri.port)
         self.headers = Headers({
             b"host": [host_header(scheme, host, url.port)],
             b"content-type": [b"application/json"],
@@ -177,6 +185,23 @@ class Profile:
                 self._targets.clear()
             self._targets[url.url] = t
         return t
+
+    def request(self, target: Target, headers: Headers, body: IBodyProducer) -> Deferred:
+        """
+        POST C{body} to C{target} through the agent and the pool.
+
+        This is C{Agent.request} with the URL parsed once per target instead
+        of on every call: C{Agent._requestWithEndpoint}, the one private
+        Twisted name amp uses.  It pays: C{python bench/endpoints.py
+        --only-memory} (the client's own CPU per call, one pooled
+        connection, no sockets) measured a median of 235 us per call through
+        C{Agent.request} and 209 us through this (-11%), five interleaved
+        runs each on the 2-CPU development machine.  C{Agent.request} does
+        nothing else for amp: it checks the URL (built and checked here),
+        parses it, asks C{endpointForURI} and computes the same pool key.
+        """
+        return self.agent._requestWithEndpoint(target.key, self.endpointForURI(target.uri), b"POST", target.uri,
+                                               headers, body, target.uri.originForm)
 
     def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
         """
