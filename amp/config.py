@@ -2,7 +2,11 @@
 amp's configuration: ``etc/amp.yaml`` in, frozen dataclasses out (pure).
 
 Every key has a default here, and ``docs/config.md`` lists the same keys with
-the same defaults (a test keeps the two in step).  Every error is a
+the same defaults (a test keeps the two in step).
+
+The file is reloaded while amp runs (L{amp.reload}); L{for_reload} keeps
+the keys that only a restart can change at their running values and names
+them, and L{config_digest} identifies the configuration in force.  Every error is a
 L{ConfigError} whose message starts with the dotted key that is wrong, e.g.
 ``endpoints.overrides[0].timeout: expected a duration like 250ms, 2s or 1m``.
 """
@@ -10,7 +14,9 @@ L{ConfigError} whose message starts with the dotted key that is wrong, e.g.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
+import json
 import math
 import re
 from fnmatch import fnmatchcase
@@ -200,6 +206,9 @@ class ListenConfig:
     max_connections: int = 1024
     request_timeout: float = 10.0
     idle_timeout: float = 60.0
+    #: Bound of a graceful shutdown: just above the longest review budget
+    #: (the API server's longest timeoutSeconds, 30s, less deadline.margin).
+    drain_timeout: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -340,11 +349,12 @@ class Config:
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     endpoints: EndpointsConfig = field(default_factory=EndpointsConfig)
     failure_policy: str = "auto"
-    annotate_skipped: bool = True
+    annotate_status: bool = True
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
     patch: PatchConfig = field(default_factory=PatchConfig)
     log: LogConfig = field(default_factory=LogConfig)
     workers: int = 1
+    reload_interval: float = 5.0
 
 
 # ---------------------------------------------------------------- loading
@@ -353,7 +363,7 @@ _FIELDS: dict[type, dict[str, Callable[[Any], Any]]] = {
     ListenConfig: {
         "port": _port, "interface": _str, "max_body": _positive(parse_size),
         "max_connections": _positive(_int), "request_timeout": _positive(parse_duration),
-        "idle_timeout": _positive(parse_duration),
+        "idle_timeout": _positive(parse_duration), "drain_timeout": _positive(parse_duration),
     },
     TLSConfig: {
         "cert": _str, "key": _str, "client_ca": _opt_str, "min_version": _tls_version,
@@ -533,18 +543,27 @@ def parse_config(raw: Any) -> Config:
     }
     scalars: dict[str, Callable[[Any], Any]] = {
         "failure_policy": _choice("auto", "Ignore", "Fail"),
-        "annotate_skipped": _bool,
+        "annotate_status": _bool,
         "workers": _positive(_int),
+        "reload_interval": _positive(parse_duration),
     }
     values: dict[str, Any] = {}
-    for name, value in raw.items():
+    for key, value in raw.items():
+        name = key
+        if name == "annotate_skipped":
+            # The key from before amp.txn2.com/status replaced
+            # amp.txn2.com/skipped: false kept amp's annotation off Pods, and
+            # still does.
+            if "annotate_status" in raw:
+                raise ConfigError("annotate_skipped: renamed to annotate_status; give only annotate_status")
+            name = "annotate_status"
         if name in sections:
             values[name] = sections[name](value)
         elif name in scalars:
             try:
                 values[name] = scalars[name](value)
             except ValueError as e:
-                raise ConfigError(f"{name}: {e}") from None
+                raise ConfigError(f"{key}: {e}") from None
         else:
             known = ", ".join(sorted(list(sections) + list(scalars)))
             raise ConfigError(f"{_keyname(name)}: unknown key (known keys: {known})")
@@ -568,5 +587,96 @@ def load_config(path: str) -> Config:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"(file): {path} is not valid YAML: {e}") from None
+        raise ConfigError(f"(file): {path} is not valid YAML: {_yaml_problem(e)}") from None
     return parse_config(raw)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """
+    A YAML error on one line: where, what, and in what (PyYAML's own text
+    spans several lines with a copy of the offending line).
+    """
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    context = getattr(error, "context", None)
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
+    if context:
+        text += f" ({context})"
+    return " ".join(text.split())
+
+
+# ---------------------------------------------------------------- reloading
+
+#: Keys only a restart can change: the listening sockets, the files the
+#: serving certificate is loaded from and how, the number of processes.
+RESTART_ONLY = (
+    "listen.port", "listen.interface", "tls.cert", "tls.key", "tls.client_ca", "tls.min_version",
+    "tls.reload_interval", "metrics.port", "metrics.interface", "workers", "kubernetes.source",
+)
+
+#: The keys of C{kubernetes} a running Kubernetes namespace source was
+#: built from (its client, its watches and what it keeps of each
+#: namespace): restart-only unless the source is the static one, which is
+#: rebuilt from the new config.
+_KUBERNETES_SOURCE_KEYS = tuple(
+    f"kubernetes.{f.name}" for f in dataclasses.fields(KubernetesConfig) if f.name not in ("source", "namespaces"))
+
+
+def _get(config: Config, dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _set(config: Any, dotted: str, value: Any) -> Any:
+    head, _, rest = dotted.partition(".")
+    if not rest:
+        return dataclasses.replace(config, **{head: value})
+    return dataclasses.replace(config, **{head: _set(getattr(config, head), rest, value)})
+
+
+def for_reload(running: Config, new: Config) -> tuple[Config, list[str]]:
+    """
+    The configuration to put in force when C{new} is loaded while
+    C{running} is: C{new} with every restart-only key that changed kept at
+    its running value, and the names of those keys (in a stable order).
+    """
+    keys = list(RESTART_ONLY)
+    if running.kubernetes.source != "static":
+        keys += _KUBERNETES_SOURCE_KEYS
+    kept = []
+    effective = new
+    for key in keys:
+        old = _get(running, key)
+        if _get(new, key) != old:
+            kept.append(key)
+            effective = _set(effective, key, old)
+    return effective, kept
+
+
+def _canonical(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, URLPattern):
+        return value.text
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (ipaddress.IPv4Network, ipaddress.IPv6Network)):
+        return str(value)
+    raise TypeError(f"no canonical form for {type(value).__name__}")
+
+
+def config_digest(config: Config) -> str:
+    """
+    A short hash of the configuration (every key's value, defaults
+    included): equal for equal configurations, whatever the file's layout,
+    comments or key order, so replicas running different configurations
+    show different hashes.
+    """
+    text = json.dumps(_canonical(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]

@@ -3,7 +3,7 @@ twistd glue: C{twistd amp --config etc/amp.yaml}.
 
 Options are checked before the reactor starts: a broken config or an
 unusable certificate stops start-up with one line that names the key or file
-and the problem, not a traceback.
+and the problem (no traceback, no usage text) and exit status 1.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Optional
 from twisted.python import usage
 
 from amp.config import Config, ConfigError, load_config
-from amp.logs import make_observer
+from amp.logs import ConfigurableObserver
 
 
 class Options(usage.Options):
@@ -32,27 +32,36 @@ class Options(usage.Options):
     config: Config
 
     def postOptions(self) -> None:
+        """
+        Load and check the configuration.  A wrong configuration stops
+        twistd with one line on standard error that names the file, the key
+        and the problem, and exit status 1: not twistd's usage text, which
+        says nothing about it.
+        """
+        path = self["config"]
         try:
-            self.config = load_config(self["config"])
+            self.config = load_config(path)
         except ConfigError as e:
-            raise usage.UsageError(f"config {self['config']}: {e}") from None
+            raise SystemExit(f"amp: config {path}: {e}") from None
         workers = self.config.workers
-        if not 0 <= self["worker"] < workers:
-            raise usage.UsageError(f"--worker: expected 0 to {workers - 1} (workers: {workers}), got {self['worker']}")
         if workers > 1 and self.config.listen.port == 0:
-            raise usage.UsageError(
-                f"config {self['config']}: listen.port: workers share the webhook port, so it cannot be 0 "
+            raise SystemExit(
+                f"amp: config {path}: listen.port: workers share the webhook port, so it cannot be 0 "
                 f"(workers: {workers})")
         metrics_port = self.config.metrics.port
         if metrics_port and metrics_port + workers - 1 > 65535:
-            raise usage.UsageError(
-                f"config {self['config']}: metrics.port: {metrics_port} + one port per worker "
+            raise SystemExit(
+                f"amp: config {path}: metrics.port: {metrics_port} + one port per worker "
                 f"({workers}) goes past 65535")
+        if not 0 <= self["worker"] < workers:
+            raise usage.UsageError(f"--worker: expected 0 to {workers - 1} (workers: {workers}), got {self['worker']}")
 
 
 def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     """
-    Build amp's service from parsed options.
+    Build amp's service from parsed options: the one place that reaches for
+    the global reactor (when none is given) and builds the real listening
+    endpoints, the serving certificate and the namespace source.
 
     With C{workers} above one, worker 0 (the default C{--worker}) also
     starts and supervises the other workers (L{amp.workers}); the others
@@ -62,23 +71,39 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
         from twisted.internet import reactor as global_reactor
 
         reactor = global_reactor
+    from twisted.internet.endpoints import serverFromString
+
     from amp.metrics import Metrics
-    from amp.service import make_amp_service
-    from amp.tls import CertificateError
+    from amp.service import AmpService, freeze_startup_objects, namespace_source, serving_certificate
+    from amp.tls import CertificateError, tcp_description, tls_endpoint
     from amp.workers import ParentWatch, supervise
 
     config = options.config
     worker = options["worker"]
-    observer = make_observer(config.log.format, config.log.level, sys.stdout)
+    observer = ConfigurableObserver(config.log.format, config.log.level, sys.stdout)
+    metrics = Metrics()
     try:
-        service = make_amp_service(config, reactor, metrics=Metrics(), log_observer=observer, freeze_gc=True,
-                                   worker=worker)
+        certificate = serving_certificate(config.tls, reactor, metrics)
     except CertificateError as e:
         raise SystemExit(f"amp: {e}") from None
+    listen = config.listen
+    # Worker i serves its own metrics on metrics.port + i (amp.workers).
+    metrics_endpoint = None
+    if config.metrics.port:
+        metrics_endpoint = serverFromString(
+            reactor, tcp_description(config.metrics.port + worker, config.metrics.interface))
+    service = AmpService(
+        config, reactor,
+        certificate=certificate,
+        webhook_endpoint=tls_endpoint(reactor, listen.port, listen.interface, certificate,
+                                      reuse_port=config.workers > 1),
+        metrics_endpoint=metrics_endpoint,
+        namespaces=namespace_source(config, reactor, metrics, on_first_list=freeze_startup_objects),
+        metrics=metrics, log_observer=observer, freeze_gc=True, config_path=options["config"])
     if options["check"]:
         raise SystemExit(0)
     if worker == 0 and config.workers > 1:
-        supervise(service, options["config"], config.workers, reactor)
+        service.drain_with(supervise(options["config"], config.workers, reactor, listen.drain_timeout))
     elif worker > 0:
         ParentWatch(reactor).setServiceParent(service)
     return service

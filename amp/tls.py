@@ -20,10 +20,13 @@ L{ReloadingCertificate}
     logged and counted, and the next check tries again.
 
 L{CertificateReloadService}
-    Calls C{check()} every few seconds and reloads on C{SIGHUP}.
+    Calls C{check()} every few seconds and reloads on C{SIGHUP}
+    (L{amp.reload.ReloadService}).
 
-L{tls_endpoint}
-    A TCP listener that speaks TLS through a L{ReloadingCertificate}.
+L{TLSServerEndpoint}, L{tls_endpoint}
+    TLS through a L{ReloadingCertificate} over any stream server endpoint;
+    L{tls_endpoint} builds the webhook's (TCP from a C{serverFromString}
+    description, or L{ReusePortServerEndpoint} for workers).
     (C{serverFromString("ssl:...")} reads its certificate once and never
     again, so it is not used.)
 
@@ -42,20 +45,16 @@ polling; C{SIGHUP} (L{ReloadingCertificate.reload}) always re-reads.
 from __future__ import annotations
 
 import datetime
-import os
-import signal
 import socket
 from dataclasses import dataclass
-from types import FrameType
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional
 
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL, crypto
-from twisted.application.service import Service
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
+from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import (
     IListeningPort,
@@ -64,12 +63,13 @@ from twisted.internet.interfaces import (
     IReactorTime,
     IStreamServerEndpoint,
 )
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from zope.interface import implementer
 
+from amp._files import FileState, Observed, observe
 from amp.metrics import Metrics
+from amp.reload import ReloadService
 
 #: TLS 1.2 cipher suites: Mozilla's "intermediate" list without the
 #: finite-field DHE suites, i.e. ECDHE key exchange with AES-GCM or
@@ -108,40 +108,14 @@ class CertificateError(ValueError):
     """
 
 
-@dataclass(frozen=True)
-class FileState:
-    """
-    What identifies one version of a file: where its path resolves to (so a
-    C{..data} symlink swap is seen), its inode, size and modification time.
-    """
-
-    realpath: str
-    inode: int
-    size: int
-    mtime_ns: int
-
-
-#: A file's state, or the error that stopped us from looking at it.
-_Observed = Union[FileState, str]
-
-
-def _stat(path: str) -> _Observed:
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        return f"error {e.errno}"
-    return FileState(os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
-
-
 def _read(path: str, what: str) -> tuple[bytes, FileState]:
     """
     Read C{path} and return its bytes with the state of exactly the file
     that was read.
     """
-    realpath = os.path.realpath(path)
     try:
         with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
+            state = FileState.of_open_file(path, f.fileno())
             data = f.read()
     except FileNotFoundError:
         raise CertificateError(f"{what} {path}: file not found") from None
@@ -153,7 +127,7 @@ def _read(path: str, what: str) -> tuple[bytes, FileState]:
         raise CertificateError(f"{what} {path}: cannot be read ({e.strerror})") from None
     if not data.strip():
         raise CertificateError(f"{what} {path}: file is empty")
-    return data, FileState(realpath, st.st_ino, st.st_size, st.st_mtime_ns)
+    return data, state
 
 
 def _parse_certificates(data: bytes, path: str, what: str) -> list[x509.Certificate]:
@@ -214,7 +188,7 @@ def _select_alpn(connection: SSL.Connection, offered: list[bytes]) -> Any:
 @dataclass(frozen=True)
 class _Loaded:
     context: SSL.Context
-    fingerprint: tuple[_Observed, ...]
+    fingerprint: tuple[Observed, ...]
     serial: int
     not_after: datetime.datetime
 
@@ -307,11 +281,11 @@ class ReloadingCertificate:
             paths += (self.client_ca,)
         return paths
 
-    def fingerprint(self) -> tuple[_Observed, ...]:
+    def fingerprint(self) -> tuple[Observed, ...]:
         """
         The current on-disk state of the certificate, key and client CA files.
         """
-        return tuple(_stat(p) for p in self._paths())
+        return tuple(observe(p) for p in self._paths())
 
     def _build(self) -> _Loaded:
         """
@@ -334,7 +308,7 @@ class ReloadingCertificate:
                 f"certificate file {self.cert_path}: certificate serial {leaf.serial_number:#x} "
                 f"expired at {_utc(not_after)}"
             )
-        states: tuple[_Observed, ...] = (cert_state, key_state)
+        states: tuple[Observed, ...] = (cert_state, key_state)
         client_cas: list[x509.Certificate] = []
         if self.client_ca is not None:
             ca_data, ca_state = _read(self.client_ca, "client CA file")
@@ -477,152 +451,62 @@ class ReloadingCertificate:
         return SSL.Connection(current.context, None)
 
 
-_SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, None]
-
-
-class CertificateReloadService(Service):
+class CertificateReloadService(ReloadService):
     """
     Polls L{ReloadingCertificate.check} every C{interval} seconds and reloads
-    on C{SIGHUP}.
+    on C{SIGHUP} (L{amp.reload.ReloadService}).
 
     The certificate must already be loaded (L{ReloadingCertificate.load});
     this service only keeps it current.
-
-    @ivar clock: the clock the polling runs on.
     """
 
-    log = Logger()
+    what = "the TLS certificate files"
 
-    def __init__(
-        self,
-        cert: ReloadingCertificate,
-        *,
-        reactor: Any,
-        interval: float = 5.0,
-        clock: Optional[IReactorTime] = None,
-        install_sighup: bool = True,
-    ) -> None:
-        """
-        @param reactor: used for C{callFromThread} from the signal handler
-            and, unless C{clock} is given, for polling.
-        @param install_sighup: install the C{SIGHUP} handler on start.
-        """
-        if interval <= 0:
-            raise ValueError(f"interval: must be greater than zero, got {interval!r}")
+    def __init__(self, cert: ReloadingCertificate, **kwargs: Any) -> None:
+        super().__init__(cert, **kwargs)
         self.cert = cert
-        self.reactor = reactor
-        self.interval = interval
-        self.clock: IReactorTime = clock if clock is not None else reactor
-        self.install_sighup = install_sighup
-        self._loop: Optional[LoopingCall] = None
-        self._installed = False
-        self._previous: _SignalHandler = None
-
-    def startService(self) -> None:
-        super().startService()
-        loop = LoopingCall(self._tick)
-        loop.clock = self.clock
-        self._loop = loop
-        done = loop.start(self.interval, now=False)
-        done.addErrback(lambda f: self.log.failure("TLS certificate polling stopped", f))
-        if self.install_sighup:
-            self._install_signal()
-
-    def stopService(self) -> Optional[Deferred[None]]:
-        if self._loop is not None and self._loop.running:
-            self._loop.stop()
-        self._loop = None
-        self._restore_signal()
-        return super().stopService()
-
-    def _tick(self) -> None:
-        try:
-            self.cert.check()
-        except Exception:
-            self.log.failure(
-                "Unexpected error while checking TLS certificate files {cert_path}",
-                cert_path=self.cert.cert_path,
-            )
-
-    # ------------------------------------------------------------ SIGHUP
-
-    def handle_sighup(self, signum: int, frame: Optional[FrameType]) -> None:
-        """
-        The C{SIGHUP} handler: schedule a forced reload on the reactor
-        thread, then call the handler that was installed before ours.
-        """
-        self.reactor.callFromThread(self.cert.reload)
-        previous = self._previous
-        if callable(previous):
-            previous(signum, frame)
-
-    def _install_signal(self) -> None:
-        try:
-            previous = signal.getsignal(signal.SIGHUP)
-            signal.signal(signal.SIGHUP, self.handle_sighup)
-        except ValueError as e:
-            # Not the main thread: polling still works.
-            self.log.warn("SIGHUP reload of the TLS certificate not available: {error}", error=str(e))
-            return
-        self._previous = previous
-        self._installed = True
-
-    def _restore_signal(self) -> None:
-        if not self._installed:
-            return
-        self._installed = False
-        previous, self._previous = self._previous, None
-        try:
-            if signal.getsignal(signal.SIGHUP) == self.handle_sighup:
-                signal.signal(signal.SIGHUP, previous if previous is not None else signal.SIG_DFL)
-        except ValueError as e:
-            self.log.warn("Could not restore the previous SIGHUP handler: {error}", error=str(e))
 
 
 @implementer(IStreamServerEndpoint)
-class ReloadingTLSServerEndpoint:
+class TLSServerEndpoint:
     """
-    TCP (IPv4, or IPv6 when the interface contains C{:}) with TLS from a
-    L{ReloadingCertificate}.
-
-    @ivar reuse_port: bind with C{SO_REUSEPORT}, so that several processes
-        (amp's workers) can each listen on the same port with their own
-        accept queue; the kernel spreads new connections among them.
+    TLS over any stream server endpoint (C{inner}): every connection it
+    accepts is wrapped in TLS from a L{ReloadingCertificate}, with the
+    certificate in service when the connection is accepted.  (Twisted has
+    C{wrapClientTLS} for clients; C{serverFromString("ssl:...")} reads its
+    certificate once and never again.)
     """
 
-    def __init__(
-        self,
-        reactor: Any,
-        port: int,
-        interface: str,
-        creator: ReloadingCertificate,
-        backlog: int = 128,
-        reuse_port: bool = False,
-    ) -> None:
+    def __init__(self, inner: IStreamServerEndpoint, creator: ReloadingCertificate, clock: IReactorTime) -> None:
+        self.inner = inner
+        self.creator = creator
+        self.clock = clock
+
+    def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
+        return self.inner.listen(TLSMemoryBIOFactory(self.creator, False, protocolFactory, clock=self.clock))
+
+
+@implementer(IStreamServerEndpoint)
+class ReusePortServerEndpoint:
+    """
+    TCP (IPv4, or IPv6 when the interface contains C{:}) bound with
+    C{SO_REUSEADDR} and C{SO_REUSEPORT}, so that several processes (amp's
+    workers) can each listen on the same port with their own accept queue;
+    the kernel spreads new connections among them.  Twisted's TCP endpoints
+    have no such option.
+    """
+
+    def __init__(self, reactor: Any, port: int, interface: str, backlog: int = 128) -> None:
         self.reactor = reactor
         self.port = port
         self.interface = interface
-        self.creator = creator
         self.backlog = backlog
-        self.reuse_port = reuse_port
 
     def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
-        tls = TLSMemoryBIOFactory(self.creator, False, protocolFactory, clock=self.reactor)
-        if self.reuse_port:
-            return self._listen_reuse_port(tls)
-        if ":" in self.interface:
-            tcp: IStreamServerEndpoint = TCP6ServerEndpoint(
-                self.reactor, self.port, backlog=self.backlog, interface=self.interface
-            )
-        else:
-            tcp = TCP4ServerEndpoint(self.reactor, self.port, backlog=self.backlog, interface=self.interface)
-        return tcp.listen(tls)
-
-    def _listen_reuse_port(self, factory: IProtocolFactory) -> Deferred[IListeningPort]:
         """
-        Bind and listen with C{SO_REUSEADDR} and C{SO_REUSEPORT} set, then
-        hand the socket to the reactor (C{adoptStreamPort} duplicates the
-        descriptor, so our copy is closed).
+        Bind and listen, then hand the socket to the reactor
+        (C{adoptStreamPort} duplicates the descriptor, so our copy is
+        closed).
         """
         family = socket.AF_INET6 if ":" in self.interface else socket.AF_INET
         try:
@@ -635,12 +519,23 @@ class ReloadingTLSServerEndpoint:
             sock.bind((self.interface, self.port))
             sock.listen(self.backlog)
             sock.setblocking(False)
-            port = self.reactor.adoptStreamPort(sock.fileno(), family, factory)
+            port = self.reactor.adoptStreamPort(sock.fileno(), family, protocolFactory)
         except OSError as e:
             return fail(CannotListenError(self.interface, self.port, e))
         finally:
             sock.close()
         return succeed(port)
+
+
+def tcp_description(port: int, interface: str, backlog: Optional[int] = None) -> str:
+    """
+    The C{serverFromString} description of a TCP listener on
+    C{interface:port} (an IPv6 interface's colons escaped).
+    """
+    description = f"tcp:{port}:interface={interface.replace(':', chr(92) + ':')}"
+    if backlog is not None:
+        description += f":backlog={backlog}"
+    return description
 
 
 def tls_endpoint(
@@ -657,4 +552,9 @@ def tls_endpoint(
     C{reuse_port}, the socket is bound with C{SO_REUSEPORT} so that other
     processes can listen on the same port (see L{amp.workers}).
     """
-    return ReloadingTLSServerEndpoint(reactor, port, interface, creator, backlog, reuse_port)
+    inner: IStreamServerEndpoint
+    if reuse_port:
+        inner = ReusePortServerEndpoint(reactor, port, interface, backlog)
+    else:
+        inner = serverFromString(reactor, tcp_description(port, interface, backlog))
+    return TLSServerEndpoint(inner, creator, reactor)

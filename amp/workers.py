@@ -7,7 +7,10 @@ twistd starts is worker 0; it also runs a L{WorkerMonitor} that starts
 workers 1 .. N-1 as child processes (C{twistd amp --config <same file>
 --worker i}), restarts a child that exits (with the back-off of
 L{twisted.runner.procmon.ProcessMonitor}) and, when worker 0 stops, stops
-the children and waits for them to exit.
+the children and waits for them to exit.  A stop is a drain: worker 0 sends
+each child C{SIGTERM} when its own drain begins, every worker drains its own
+connections (L{amp.service.AmpService.stopService}), and a child still
+running C{listen.drain_timeout} plus a second later is killed.
 
 Every worker binds its own socket on C{listen.port} with C{SO_REUSEPORT}
 (L{amp.tls.tls_endpoint}): each has its own accept queue and the kernel
@@ -22,7 +25,8 @@ the chance to stop its children), and the child stops too (L{ParentWatch}).
 
 Everything else is per process: each worker has its own metrics (worker
 C{i} serves them on C{metrics.port + i}), its own readiness, its own
-namespace watch and its own certificate polling.
+namespace watch, its own certificate and config polling.  C{SIGHUP} to
+worker 0 is passed on to every worker.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import stat
 import sys
 from typing import Any, Optional
 
-from twisted.application.service import IServiceCollection, Service
+from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorProcess, IReactorTime
 from twisted.internet.main import CONNECTION_DONE
@@ -41,6 +45,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.runner.procmon import ProcessMonitor
 from zope.interface import implementer
+
+from amp.reload import SighupHandler
 
 #: How often the monitor looks whether its stopped children have exited.
 _EXIT_POLL = 0.05
@@ -94,11 +100,29 @@ class WorkerMonitor(ProcessMonitor):
 
     log = Logger()
 
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: Any, install_sighup: bool = True) -> None:
         super().__init__(reactor=_InheritOutput(reactor))
         self.clock: IReactorTime = reactor
+        self.install_sighup = install_sighup
+        self._sighup = SighupHandler(reactor, self.signal_workers, "the workers")
+
+    def startService(self) -> None:
+        super().startService()
+        if self.install_sighup:
+            self._sighup.install()
+
+    def signal_workers(self, signal_name: str = "HUP") -> None:
+        """
+        Send C{signal_name} to every running worker: C{SIGHUP} to worker 0
+        reloads its certificate and config, and reaches the workers too.
+        """
+        for protocol in self.protocols.values():
+            transport = getattr(protocol, "transport", None)
+            if transport is not None and transport.pid is not None:
+                transport.signalProcess(signal_name)
 
     def stopService(self) -> Deferred[None]:  # type: ignore[override]
+        self._sighup.restore()
         super().stopService()
         if not self.protocols:
             return succeed(None)
@@ -117,16 +141,18 @@ class WorkerMonitor(ProcessMonitor):
         return done
 
 
-def supervise(parent: IServiceCollection, config_path: str, workers: int, reactor: Any) -> WorkerMonitor:
+def supervise(config_path: str, workers: int, reactor: Any, drain_timeout: float) -> WorkerMonitor:
     """
-    Add to C{parent} a L{WorkerMonitor} that runs workers 1 .. C{workers}-1
-    on C{config_path} with this process's environment.
+    A L{WorkerMonitor} that runs workers 1 .. C{workers}-1 on C{config_path}
+    with this process's environment.  When it stops, each worker gets
+    C{SIGTERM} (and drains, as worker 0 does) and C{drain_timeout} plus a
+    second to exit before C{SIGKILL}.
     """
     monitor = WorkerMonitor(reactor)
+    monitor.killTime = drain_timeout + 1
     config_path = os.path.abspath(config_path)
     for worker in range(1, workers):
         monitor.addProcess(f"amp-worker-{worker}", worker_argv(config_path, worker), env=dict(os.environ))
-    monitor.setServiceParent(parent)
     return monitor
 
 

@@ -24,8 +24,7 @@ from typing import Any
 
 from twisted.internet.protocol import Factory, Protocol
 
-# Run as a script: its own directory is on sys.path.
-from bodies import PATCH_LABEL
+from bench.bodies import PATCH_LABEL
 
 PATCH = json.dumps([{"op": "add", "path": "/metadata/labels/" + PATCH_LABEL.replace("/", "~1"),
                      "value": "true"}], separators=(",", ":")).encode("ascii")

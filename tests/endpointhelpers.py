@@ -36,6 +36,7 @@ from twisted.web.server import NOT_DONE_YET
 
 from amp.breaker import BreakerRegistry
 from amp.config import EndpointSettings
+from amp.deadline import Deadline
 from amp.endpoint import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
 from amp.urls import parse_endpoint_url
@@ -61,17 +62,25 @@ class Harness:
         self, reactor_: Any, settings: Optional[EndpointSettings] = None, *, agent: Any = None,
         origin_settings: Optional[EndpointSettings] = None, **client: Any,
     ) -> None:
+        self.reactor = reactor_
         self.settings = settings if settings is not None else EndpointSettings()
         self.metrics = Metrics()
         self.transitions: list[tuple[str, str]] = []
         self.breakers = BreakerRegistry(reactor_, lambda origin, state: self.transitions.append((origin, state)))
-        root = origin_settings if origin_settings is not None else self.settings
-        self.client = EndpointClient(reactor_, self.metrics, self.breakers, lambda origin: root, agent=agent,
-                                     **client)
+        self.root = origin_settings if origin_settings is not None else self.settings
+        self.client = EndpointClient(reactor_, self.metrics, self.breakers, agent=agent, **client)
 
     def call(self, url: str, settings: Optional[EndpointSettings] = None, budget: float = 10.0,
-             body: bytes = b'{"kind":"Pod"}') -> Deferred:
-        return self.client.call(parse_endpoint_url(url), settings or self.settings, body, HEADERS, budget)
+             body: bytes = b'{"kind":"Pod"}', *, enforce: bool = True) -> Deferred:
+        """
+        Call C{url} with a deadline C{budget} seconds away, which this
+        harness enforces as a review would, by cancelling the call when it
+        passes (unless not C{enforce}: then nothing does).
+        """
+        deadline = Deadline.after(self.reactor.seconds(), budget)
+        d = self.client.call(parse_endpoint_url(url), settings or self.settings, body, HEADERS, deadline,
+                             self.root.breaker)
+        return d.addTimeout(budget, self.reactor) if enforce else d
 
     def count(self, url: str, outcome: str) -> float:
         return requests_total(self.metrics, parse_endpoint_url(url).origin, outcome)

@@ -87,7 +87,8 @@ def test_empty_config_is_all_defaults(raw: Any) -> None:
 def test_defaults_of_every_section() -> None:
     c = Config()
     assert c.listen == ListenConfig(port=8443, interface="0.0.0.0", max_body=3 * 1024 * 1024,
-                                    max_connections=1024, request_timeout=10.0, idle_timeout=60.0)
+                                    max_connections=1024, request_timeout=10.0, idle_timeout=60.0,
+                                    drain_timeout=30.0)
     assert c.tls == TLSConfig(cert="/etc/amp/tls/tls.crt", key="/etc/amp/tls/tls.key", client_ca=None,
                               min_version="1.2", reload_interval=5.0)
     assert c.metrics == MetricsConfig(port=9090, interface="0.0.0.0")
@@ -114,7 +115,12 @@ def test_defaults_of_every_section() -> None:
     assert (c.patch.allowed_paths, c.patch.repair, c.patch.max_size, c.patch.max_operations) == (
         (), True, 1024 * 1024, 1000)
     assert c.log == LogConfig(format="text", level="info")
-    assert (c.failure_policy, c.annotate_skipped, c.workers) == ("auto", True, 1)
+    assert (c.failure_policy, c.annotate_status, c.workers) == ("auto", True, 1)
+
+
+def test_annotate_skipped_is_the_old_name_of_annotate_status() -> None:
+    assert parse_config({"annotate_skipped": False}).annotate_status is False
+    assert parse_config({"annotate_skipped": True}) == Config()
 
 
 @pytest.mark.parametrize(
@@ -208,11 +214,12 @@ ERRORS = [
     ({"listen": {"port": 70000}}, "listen.port", "expected a port number 0-65535"),
     ({"listen": {"port": True}}, "listen.port", "expected a whole number"),
     ({"listen": {"port": 8443.5}}, "listen.port", "expected a whole number"),
-    ({"listen": {"prot": 8443}}, "listen.prot", "unknown key (known keys: idle_timeout, interface"),
+    ({"listen": {"prot": 8443}}, "listen.prot", "unknown key (known keys: drain_timeout, idle_timeout, interface"),
     ({"listen": {"interface": ""}}, "listen.interface", "non-empty string"),
     ({"listen": {"max_body": "3 megabytes"}}, "listen.max_body", "expected a size"),
     ({"listen": {"max_body": 0}}, "listen.max_body", "greater than zero"),
     ({"listen": {"max_connections": 0}}, "listen.max_connections", "greater than zero"),
+    ({"listen": {"drain_timeout": 0}}, "listen.drain_timeout", "greater than zero"),
     ({"listen": {"request_timeout": "10 seconds"}}, "listen.request_timeout", "expected a duration"),
     ({"listen": {"request_timeout": 0}}, "listen.request_timeout", "greater than zero"),
     ({"listen": {"idle_timeout": float("nan")}}, "listen.idle_timeout", "expected a duration"),
@@ -277,8 +284,10 @@ ERRORS = [
     ({"log": {"level": "verbose"}}, "log.level", "expected one of debug, info, warn, error"),
     ({"failure_policy": "ignore"}, "failure_policy", "expected one of auto, Ignore, Fail, got 'ignore'"),
     ({"annotate_skipped": "no"}, "annotate_skipped", "expected true or false"),
+    ({"annotate_status": "no"}, "annotate_status", "expected true or false"),
+    ({"annotate_status": False, "annotate_skipped": False}, "annotate_skipped", "renamed to annotate_status"),
     ({"workers": 0}, "workers", "greater than zero"),
-    ({"listne": {}}, "listne", "unknown key (known keys: annotate_skipped, deadline, endpoints"),
+    ({"listne": {}}, "listne", "unknown key (known keys: annotate_status, deadline, endpoints"),
 ]
 
 
@@ -313,7 +322,8 @@ def test_load_config_invalid_yaml(tmp_path: Path) -> None:
     path.write_text("listen: {port: 8443\ntls: [\n")
     with pytest.raises(ConfigError) as e:
         load_config(str(path))
-    assert str(e.value).startswith(f"(file): {path} is not valid YAML")
+    assert str(e.value) == (f"(file): {path} is not valid YAML: line 2, column 4: expected ',' or '}}', "
+                            f"but got ':' (while parsing a flow mapping)")
 
 
 def test_load_config_reports_the_key_of_a_wrong_value(tmp_path: Path) -> None:

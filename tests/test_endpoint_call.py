@@ -25,6 +25,7 @@ from treq.testing import RequestTraversalAgent
 from amp.admission import Admitter
 from amp.breaker import CLOSED, HALF_OPEN, OPEN, BreakerRegistry
 from amp.config import BreakerConfig, EndpointSettings, parse_config
+from amp.deadline import Deadline
 from amp.endpoint import USER_AGENT, EndpointClient, EndpointFailure
 from amp.endpoint._failures import classify
 from amp.metrics import Metrics
@@ -33,7 +34,7 @@ from amp.reasons import ENDPOINT_REASONS
 from amp.reply import EndpointDecision
 from amp.review import parse_review
 from amp.urls import EndpointURL, parse_endpoint_url
-from endpointhelpers import (
+from tests.endpointhelpers import (
     Endpoint,
     FailureAssertions,
     Harness,
@@ -79,7 +80,7 @@ class ReasonCoverageTests(SynchronousTestCase):
         self.assertEqual(set(self.TESTS), set(ENDPOINT_REASONS))
         for reason, name in self.TESTS.items():
             module, cls, method = name.split(".")
-            found = getattr(getattr(importlib.import_module(module), cls, None), method, None)
+            found = getattr(getattr(importlib.import_module(f"tests.{module}"), cls, None), method, None)
             self.assertTrue(callable(found), f"{reason}: {name} is missing")
 
 
@@ -102,7 +103,7 @@ class OneTimerTests(SynchronousTestCase, FailureAssertions):
 
     def test_endpoint_timeout_shorter_than_the_time_left(self) -> None:
         h = self.harness(EndpointSettings(timeout=1.0, breaker=BreakerConfig(consecutive_failures=1)))
-        d = h.call(URL, budget=9.5)
+        d = h.call(URL, budget=9.5, enforce=False)
         self.assertEqual([c.getTime() for c in self.clock.getDelayedCalls()], [1.0])
         self.clock.advance(0.999)
         self.assertNoResult(d)
@@ -118,24 +119,38 @@ class OneTimerTests(SynchronousTestCase, FailureAssertions):
 
     def test_no_timer_of_its_own_when_the_caller_has_less_time(self) -> None:
         h = self.harness(EndpointSettings(timeout=5.0))
-        d = h.call(URL, budget=1.5)
+        d = h.call(URL, budget=1.5, enforce=False)
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.clock.advance(60)
         self.assertNoResult(d)
-        d.cancel()
-        self.failureResultOf(d, defer.CancelledError)
 
     def test_no_timer_of_its_own_when_the_times_are_equal(self) -> None:
         h = self.harness(EndpointSettings(timeout=2.0))
-        h.call(URL, budget=2.0)
+        h.call(URL, budget=2.0, enforce=False)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
-    def test_caller_cancel_is_cancelled_not_an_endpoint_failure(self) -> None:
+    def test_the_callers_deadline_ends_the_call_without_a_verdict(self) -> None:
+        # The caller cancels when its deadline passes: the call had all its
+        # time and timed out, but the review's deadline is not the
+        # endpoint's fault.
         settings = EndpointSettings(timeout=5.0, breaker=BreakerConfig(consecutive_failures=1))
         h = self.harness(settings)
         for _ in range(3):
             d = h.call(URL, budget=1.0)
             self.clock.advance(1.0)
+            e = self.assertReason(d, "timeout")
+            self.assertEqual(e.message, "no reply within 1s")
+        self.assertEqual(h.count(URL, "timeout"), 3)
+        self.assertEqual(h.breaker(URL).state, CLOSED)
+        self.assertEqual(h.client.in_flight(ORIGIN), 0)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_the_caller_going_away_is_cancelled(self) -> None:
+        settings = EndpointSettings(timeout=5.0, breaker=BreakerConfig(consecutive_failures=1))
+        h = self.harness(settings)
+        for _ in range(3):
+            d = h.call(URL, budget=2.0)
+            self.clock.advance(0.5)
             d.cancel()
             self.failureResultOf(d, defer.CancelledError)
         self.assertEqual(h.count(URL, "cancelled"), 3)
@@ -185,9 +200,9 @@ class OneTimerTests(SynchronousTestCase, FailureAssertions):
         self.assertEqual(endpoints.settings_for(other).timeout, 3.0)
         self.assertEqual(endpoints.settings_for(elsewhere).timeout, 5.0)
         client = EndpointClient(self.clock, Metrics(), BreakerRegistry(self.clock),
-                                lambda origin: endpoints.settings_for(parse_endpoint_url(origin + "/")),
                                 agent=RequestTraversalAgent(self.hung))
-        calls = {u: client.call(u, endpoints.settings_for(u), b"{}", {}, 9.5) for u in (hang, other, elsewhere)}
+        deadline = Deadline.after(self.clock.seconds(), 9.5)
+        calls = {u: client.call(u, endpoints.settings_for(u), b"{}", {}, deadline) for u in (hang, other, elsewhere)}
         self.clock.advance(1.0)
         self.assertReason(calls[hang], "timeout")
         self.assertNoResult(calls[other])
@@ -269,7 +284,8 @@ class ConnectTests(SynchronousTestCase, FailureAssertions):
         self.assertReason(d, "connection-refused")
         self.net.reactor.advance(settings.breaker.cooldown)
         not_bytes: Any = {b"x-bad": 5}
-        bad = h.client.call(parse_endpoint_url(URL), settings, b"{}", not_bytes, 5.0)
+        bad = h.client.call(parse_endpoint_url(URL), settings, b"{}", not_bytes,
+                            Deadline.after(self.net.reactor.seconds(), 5.0))
         self.assertReason(bad, "connection-failed")
         self.assertEqual(len(self.flushLoggedErrors()), 1)
         # The half-open trial slot is free again: the next call goes out.
@@ -421,6 +437,9 @@ class BreakerIntegrationTests(SynchronousTestCase, FailureAssertions):
             consecutive_failures=2, cooldown=5.0, max_cooldown=60.0, half_open_requests=1))
         self.h = Harness(self.clock, self.settings, agent=RequestTraversalAgent(self.resource))
 
+    def deadline(self) -> Deadline:
+        return Deadline.after(self.clock.seconds(), 9.5)
+
     def test_trip_refuse_trial_close(self) -> None:
         h = self.h
         self.assertReason(h.call(URL), "http-5xx")
@@ -478,17 +497,16 @@ class BreakerIntegrationTests(SynchronousTestCase, FailureAssertions):
         metrics = Metrics()
         breakers = BreakerRegistry(
             self.clock, lambda origin, state: metrics.breaker_state.labels(origin).set(BREAKER_STATE_VALUES[state]))
-        client = EndpointClient(self.clock, metrics, breakers, lambda o: self.settings,
-                                agent=RequestTraversalAgent(self.resource))
+        client = EndpointClient(self.clock, metrics, breakers, agent=RequestTraversalAgent(self.resource))
         gauge = lambda: metrics.registry.get_sample_value(  # noqa: E731
             "amp_circuit_breaker_state", {"endpoint": ORIGIN})
         url = parse_endpoint_url(URL)
         for _ in range(2):
-            self.assertReason(client.call(url, self.settings, b"{}", {}, 9.5), "http-5xx")
+            self.assertReason(client.call(url, self.settings, b"{}", {}, self.deadline()), "http-5xx")
         self.assertEqual(gauge(), 2)
         self.clock.advance(5.0)
         self.resource.status = 200
-        self.successResultOf(client.call(url, self.settings, b"{}", {}, 9.5))
+        self.successResultOf(client.call(url, self.settings, b"{}", {}, self.deadline()))
         self.assertEqual(gauge(), 0)
 
 
@@ -552,11 +570,11 @@ class WireTests(TestCase, FailureAssertions):
         path = EndpointURL(f"http://127.0.0.1:{port}/caf\u00e9", "http", "127.0.0.1", port, "/caf\u00e9")
         host = EndpointURL(f"http://caf\u00e9:{port}/ok", "http", "caf\u00e9", port, "/ok")
         with self.assertRaises(EndpointFailure) as e:
-            yield h.client.call(path, h.settings, b"{}", {}, 5.0)
+            yield h.client.call(path, h.settings, b"{}", {}, Deadline.after(reactor.seconds(), 5.0))
         self.assertEqual(e.exception.reason, "http-4xx")
         self.assertEqual(self.resource.seen[0][0], b"/caf%C3%A9")
         with self.assertRaises(EndpointFailure) as e:
-            yield h.client.call(host, h.settings, b"{}", {}, 5.0)
+            yield h.client.call(host, h.settings, b"{}", {}, Deadline.after(reactor.seconds(), 5.0))
         self.assertEqual(e.exception.reason, "connection-failed")
         self.assertEqual(h.client.in_flight(path.origin), 0)
         self.assertEqual(h.client.in_flight(host.origin), 0)
@@ -593,15 +611,13 @@ class ShadowModeTests(TestCase):
             "endpoints": {"allow": ["http://127.0.0.1:*/*"], "timeout": "2s"},
         })
         metrics = Metrics()
-        client = EndpointClient(
-            reactor, metrics, BreakerRegistry(reactor),
-            lambda origin: config.endpoints.settings_for(parse_endpoint_url(origin + "/")))
+        client = EndpointClient(reactor, metrics, BreakerRegistry(reactor))
         self.addCleanup(client.close)
         return Admitter(config, StaticNamespaceSource(config.kubernetes), client, reactor, metrics), metrics
 
     @inlineCallbacks
     def review(self, admitter: Admitter) -> Any:
-        answer, outcome = yield admitter.review(parse_review(review_body()), 5.0)
+        answer, outcome = yield admitter.review(parse_review(review_body()), Deadline.after(reactor.seconds(), 5.0))
         return json.loads(answer)["response"], outcome
 
     @inlineCallbacks
@@ -653,15 +669,14 @@ class AdmitterDeadlineTests(SynchronousTestCase):
         })
         metrics = Metrics()
         breakers = BreakerRegistry(clock)
-        client = EndpointClient(clock, metrics, breakers, lambda o: config.endpoints.defaults,
-                                agent=RequestTraversalAgent(Hung()))
+        client = EndpointClient(clock, metrics, breakers, agent=RequestTraversalAgent(Hung()))
         admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), client, clock, metrics)
         return admitter, metrics, breakers, config.endpoints.defaults.breaker
 
     def test_the_reviews_deadline_is_the_one_timer(self) -> None:
         clock = Clock()
         admitter, metrics, breakers, breaker_config = self.admitter(clock, "30s")
-        d = admitter.review(parse_review(review_body()), 9.5)
+        d = admitter.review(parse_review(review_body()), Deadline.after(clock.seconds(), 9.5))
         self.assertEqual([c.getTime() for c in clock.getDelayedCalls()], [9.5])
         clock.advance(9.499)
         self.assertNoResult(d)
@@ -669,18 +684,17 @@ class AdmitterDeadlineTests(SynchronousTestCase):
         answer, outcome = self.successResultOf(d)
         response = json.loads(answer)["response"]
         self.assertTrue(response["allowed"])
-        self.assertEqual(outcome.reason, "deadline")
-        # The call was cancelled by the review, not failed by the endpoint:
-        # the breaker learned nothing.
-        self.assertEqual(requests_total(metrics, ORIGIN, "cancelled"), 1)
-        self.assertEqual(requests_total(metrics, ORIGIN, "timeout"), 0)
+        self.assertEqual(outcome.reason, "timeout")
+        self.assertIn("no reply within 9.5s", response["auditAnnotations"]["error"])
+        # The review's deadline cut the call: the breaker learned nothing.
+        self.assertEqual(requests_total(metrics, ORIGIN, "timeout"), 1)
         self.assertEqual(breakers.get(ORIGIN, breaker_config).state, CLOSED)
         self.assertEqual(clock.getDelayedCalls(), [])
 
     def test_a_shorter_endpoint_timeout_is_the_endpoints_failure(self) -> None:
         clock = Clock()
         admitter, metrics, breakers, breaker_config = self.admitter(clock, "2s")
-        d = admitter.review(parse_review(review_body()), 9.5)
+        d = admitter.review(parse_review(review_body()), Deadline.after(clock.seconds(), 9.5))
         self.assertEqual(sorted(c.getTime() for c in clock.getDelayedCalls()), [2.0, 9.5])
         clock.advance(2.0)
         answer, outcome = self.successResultOf(d)

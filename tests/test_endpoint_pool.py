@@ -19,7 +19,7 @@ from twisted.web.server import Site
 
 from amp.config import EndpointSettings
 from amp.endpoint import _connect
-from endpointhelpers import (
+from tests.endpointhelpers import (
     PATCH,
     PATCH_BYTES,
     Endpoint,

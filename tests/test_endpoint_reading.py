@@ -20,7 +20,7 @@ from twisted.web.server import Site
 from amp.breaker import OPEN
 from amp.config import BreakerConfig, EndpointSettings
 from amp.urls import parse_endpoint_url
-from endpointhelpers import (
+from tests.endpointhelpers import (
     PATCH,
     Endpoint,
     FailureAssertions,

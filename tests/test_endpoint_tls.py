@@ -26,9 +26,9 @@ from twisted.trial.unittest import TestCase
 from twisted.web.server import Site
 
 from amp.config import BreakerConfig, EndpointSettings
-from amp.devcert import issue_cert, make_ca, pem_cert, pem_key
 from amp.endpoint import _tls
-from endpointhelpers import PATCH, Endpoint, FailureAssertions, LoopbackServer, RealHarness, tls_server_options
+from amp_dev.devcert import issue_cert, make_ca, pem_cert, pem_key
+from tests.endpointhelpers import PATCH, Endpoint, FailureAssertions, LoopbackServer, RealHarness, tls_server_options
 
 
 def chain_ca(name: str, issuer: Optional[tuple[x509.Certificate, Any]] = None) -> tuple[x509.Certificate, Any]:

@@ -35,11 +35,13 @@ none of which amp wants.
 Limits
 ======
 
-  - Time: the endpoint's C{timeout} when it is shorter than the time the
-    review has left (then it counts against the breaker), else the review's
-    deadline, which the caller enforces by cancelling the call (counted as
-    C{cancelled}, not against the breaker).  C{connect_timeout} separately
-    bounds the TCP connect.
+  - Time: C{min(settings.timeout, time left before the review's
+    deadline)}, covering connect, TLS handshake, headers and body.  The
+    call's own timer covers only C{settings.timeout}, when that ends first
+    (a C{timeout} then counts against the breaker); the review's deadline
+    belongs to the caller (L{amp.admission}), whose one timer cancels the
+    call when it passes (C{timeout}, not counted).  C{connect_timeout}
+    separately bounds the TCP connect.
   - Bulkhead: when C{max_concurrent} calls to the origin are in flight, the
     next fails at once with C{concurrency-limit} instead of queueing.
   - A reply over C{max_response} bytes fails with C{response-too-large}: at
@@ -56,9 +58,9 @@ of the origin's root URL C{scheme://host:port/} (an override with a path
 pattern cannot give one origin two breakers).  While it is open, calls fail
 with C{breaker-open} without touching the network.  Every failure of the
 endpoint counts against it, including the endpoint's own timeout; a call
-that amp ends early (the caller cancels it) or that fails on amp's side (TLS
-files that do not load, a denied address) counts nothing and hands its
-ticket back.
+that amp ends early (the review's deadline, the caller cancels it) or that
+fails on amp's side (TLS files that do not load, a denied address) counts
+nothing and hands its ticket back.
 
 Denied addresses and pooled connections
 =======================================

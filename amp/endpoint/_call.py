@@ -18,12 +18,15 @@ One timer
 =========
 
 The call runs its own timer only when the endpoint's C{timeout} is shorter
-than the time the caller has left: then the endpoint's timeout is the
-verdict, C{timeout}, and it counts against the breaker.  Otherwise the
-caller's deadline is the one timer: the caller (L{amp.admission.Admitter},
-which owns the review's deadline) cancels the call's Deferred when it runs
-out, which settles the call as C{cancelled} and releases the ticket; the
-caller reports its own reason.
+than the time left before the review's deadline: then the endpoint's
+timeout is the verdict, C{timeout}, and it counts against the breaker.
+Otherwise the deadline's timer is the one timer, and it is the caller's
+(L{amp.admission}, which owns the review's L{amp.deadline.Deadline}): the
+caller cancels the call's Deferred when the deadline passes.  The call then
+fails with C{timeout} (it had all the time there was) and hands its ticket
+back: the review's deadline is not a verdict on the endpoint.  Cancelled
+before the deadline (the API server hung up), the call ends as
+C{cancelled}, also without a verdict.
 
 Retries
 =======
@@ -48,6 +51,7 @@ from zope.interface import implementer
 
 from amp.breaker import CircuitBreaker, Ticket
 from amp.config import EndpointSettings
+from amp.deadline import Deadline
 from amp.endpoint._failures import EXPECTED, EndpointFailure, LocalFailure, classify, first_line, retriable
 from amp.endpoint._pool import Profile, Target
 from amp.endpoint._reading import Drop, read_limited
@@ -124,18 +128,19 @@ class Call:
         or None to use C{agent} (tests).
     @param timeout: the endpoint's own timeout when it is shorter than the
         caller's time left, else None (the caller's deadline rules).
+    @param deadline: the review's deadline, which the caller enforces.
     @param allowed: the call's time: C{min(settings.timeout, remaining)}.
     """
 
     __slots__ = (
         "_client", "_origin", "_target", "_profile", "_agent", "_settings", "_body", "_headers", "_timeout",
-        "_allowed", "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry", "_done", "_waiters", "result",
+        "_deadline", "_allowed", "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry", "_done", "_waiters", "result",
     )
 
     def __init__(
         self, client: "EndpointClient", origin: "Origin", target: Target, profile: Optional[Profile], agent: Any,
-        settings: EndpointSettings, body: bytes, headers: Headers, timeout: Optional[float], allowed: float,
-        breaker: CircuitBreaker, ticket: Ticket,
+        settings: EndpointSettings, body: bytes, headers: Headers, timeout: Optional[float], deadline: Deadline,
+        allowed: float, breaker: CircuitBreaker, ticket: Ticket,
     ) -> None:
         self._client = client
         self._origin = origin
@@ -146,6 +151,7 @@ class Call:
         self._body = body
         self._headers = headers
         self._timeout = timeout
+        self._deadline = deadline
         self._allowed = allowed
         self._breaker = breaker
         self._ticket = ticket
@@ -199,22 +205,28 @@ class Call:
         self.result.errback(Failure(failure))
         return None
 
-    def _timed_out(self) -> None:
+    def _timed_out(self, own: bool = True) -> None:
+        """
+        No reply in the call's time: its own timeout (C{own}, a verdict on
+        the endpoint) or the review's deadline (not one).
+        """
         self._timer = None
         if self._done:
             return
-        self._settle(Reason.TIMEOUT, "failure")
-        self.result.errback(Failure(EndpointFailure(
-            Reason.TIMEOUT, f"no reply within {self._timeout:.3g}s (endpoints.timeout)")))
+        self._settle(Reason.TIMEOUT, "failure" if own else "release")
+        self.result.errback(Failure(EndpointFailure(Reason.TIMEOUT, f"no reply within {self._allowed:.3g}s")))
         if self._pending is not None:
             self._pending.cancel()
 
     def _cancelled(self, result: Deferred) -> None:
-        # The caller gave up (the review's deadline, the API server hung up):
-        # not a verdict on the endpoint.  Deferred.cancel then fails the
-        # result with CancelledError.
         if self._done:
             return
+        if self._deadline.passed(self._client.reactor.seconds()):
+            # The review's deadline passed: the call had all its time.
+            self._timed_out(own=False)
+            return
+        # The caller went away: not a verdict on the endpoint.
+        # Deferred.cancel then fails the result with CancelledError.
         self._settle(Reason.CANCELLED, "release")
         if self._pending is not None:
             self._pending.cancel()

@@ -5,7 +5,7 @@ L{EndpointClient}: the one client amp calls endpoints with; it admits calls
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from twisted.internet.defer import Deferred, fail, gatherResults
 from twisted.internet.interfaces import IHostnameResolver
@@ -14,6 +14,7 @@ from twisted.web.iweb import IAgent
 
 from amp.breaker import BreakerRegistry, CircuitBreaker
 from amp.config import BreakerConfig, EndpointSettings
+from amp.deadline import Deadline
 from amp.endpoint._call import Call
 from amp.endpoint._failures import EndpointFailure, LocalFailure
 from amp.endpoint._pool import Profile
@@ -51,8 +52,6 @@ class EndpointClient:
     The one client amp uses to call endpoints.
 
     @param reactor: for connections and every timer.
-    @param settings_for_origin: the settings of an origin's root URL; their
-        C{breaker} block configures that origin's breaker.
     @param agent: an C{IAgent} to use for every call instead of amp's own
         pooled connections (tests).
     @param resolver: the C{IHostnameResolver} for endpoint host names;
@@ -64,7 +63,6 @@ class EndpointClient:
         reactor: IEndpointReactor,
         metrics: Metrics,
         breakers: BreakerRegistry,
-        settings_for_origin: Callable[[str], EndpointSettings],
         agent: Optional[IAgent] = None,
         resolver: Optional[IHostnameResolver] = None,
     ) -> None:
@@ -72,7 +70,6 @@ class EndpointClient:
         self._resolver = resolver
         self._metrics = metrics
         self._breakers = breakers
-        self._settings_for_origin = settings_for_origin
         self._test_agent = agent
         self._profiles: dict[EndpointSettings, Profile] = {}
         self._by_id: dict[int, tuple[EndpointSettings, Profile]] = {}
@@ -126,15 +123,10 @@ class EndpointClient:
         self._by_id[id(settings)] = (settings, profile)
         return profile
 
-    def _origin(self, name: str, settings: EndpointSettings) -> Origin:
+    def _origin(self, name: str, breaker: BreakerConfig) -> Origin:
         o = self._origins.get(name)
         if o is None:
-            try:
-                config = self._settings_for_origin(name).breaker
-            except Exception:
-                log.failure("No settings for endpoint origin {endpoint}", endpoint=name)
-                config = settings.breaker
-            o = self._origins[name] = Origin(name, config, self._metrics)
+            o = self._origins[name] = Origin(name, breaker, self._metrics)
         return o
 
     def _breaker(self, origin: Origin) -> CircuitBreaker:
@@ -158,21 +150,27 @@ class EndpointClient:
 
     def call(
         self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes],
-        remaining: float,
+        deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
     ) -> "Deferred[EndpointDecision]":
         """
-        POST C{body} to C{url} and parse the reply.
+        POST C{body} to C{url} and parse the reply, within C{settings.timeout}
+        and before C{deadline}.  Fails with L{EndpointFailure}.
 
-        When C{settings.timeout} is shorter than C{remaining} (the caller's
-        time left), the call fails with C{timeout} once it has passed.
-        Otherwise the caller's deadline is the only timer and the caller must
-        cancel the result by then: cancelling ends the call, counts it as
-        C{cancelled} (the breaker learns nothing) and fails the result with
+        The caller owns C{deadline}: when C{settings.timeout} ends first, the
+        call's own timer fails it with C{timeout} (which counts against the
+        breaker); otherwise the caller's timer is the only one, and the
+        caller cancels the result when the deadline passes: the call then
+        fails with C{timeout} too, but the breaker counts nothing (the
+        review's deadline is not a verdict on the endpoint).  Cancelled
+        before the deadline (the API server went away), the call ends as
+        C{cancelled}, the breaker counts nothing, and the result fails with
         C{CancelledError}.
 
-        Fails with L{EndpointFailure}.
+        @param breaker_config: the breaker settings of C{url}'s origin (those
+            of its root URL, see L{amp.policy.Route.breaker}); by default
+            C{settings.breaker}.  The first call to an origin sets them.
         """
-        origin = self._origin(url.origin, settings)
+        origin = self._origin(url.origin, breaker_config if breaker_config is not None else settings.breaker)
         breaker = self._breaker(origin)
         ticket = breaker.allow()
         if ticket is None:
@@ -182,9 +180,12 @@ class EndpointClient:
             breaker.release(ticket)
             return self._refuse(origin, Reason.CONCURRENCY_LIMIT,
                                 f"{origin.in_flight} calls already in flight (max_concurrent)")
+        remaining = deadline.remaining(self.reactor.seconds())
         if remaining <= 0:
             breaker.release(ticket)
             return self._refuse(origin, Reason.TIMEOUT, "no time left in the review's deadline")
+        # A timer of the call's own only when the endpoint's timeout ends
+        # before the caller's deadline: that deadline is the caller's timer.
         timeout = settings.timeout if settings.timeout < remaining else None
         # From here on the ticket must reach the breaker whatever happens.
         try:
@@ -204,8 +205,7 @@ class EndpointClient:
             log.failure("Could not build the request to {endpoint}", endpoint=origin.name)
             return self._refuse(origin, Reason.CONNECTION_FAILED, "amp could not build the request")
         c = Call(self, origin, target, profile if self._test_agent is None else None, self._test_agent, settings,
-                 body, raw, timeout,
-                 timeout if timeout is not None else remaining, breaker, ticket)
+                 body, raw, timeout, deadline, timeout if timeout is not None else remaining, breaker, ticket)
         origin.in_flight += 1
         self._live.add(c)
         return c.start()

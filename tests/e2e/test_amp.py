@@ -1,6 +1,7 @@
 """amp against a real kube-apiserver: real AdmissionReviews over TLS with a
 ``caBundle``, real patches, warnings, failure policy, watches, certificate
-rotation, dry-run, and the ``deploy/`` manifests.
+rotation, dry-run.  (tests/e2e/test_chart.py applies the ``deploy/``
+manifests and the Helm chart.)
 
 amp runs as ``twistd -n --pidfile= amp`` with ``kubernetes.source:
 kubeconfig`` (a ServiceAccount bound to the RBAC from ``deploy/``), the
@@ -11,7 +12,6 @@ Pod is read back from the API server: what is stored is what counts.
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 import time
@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import pytest
 from cryptography import x509
-from kubernetes import client, config, dynamic
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from .amp_process import (
@@ -29,7 +29,7 @@ from .amp_process import (
     ENDPOINT_ANNOTATION,
     FAILURE_POLICY_ANNOTATION,
     INSTANCE_LABEL,
-    SKIPPED_ANNOTATION,
+    STATUS_ANNOTATION,
     AmpInstance,
     ExampleEndpoints,
     RecordingEndpoint,
@@ -37,11 +37,11 @@ from .amp_process import (
     free_port,
     parse_warning,
     pod_manifest,
-    wait_until,
     webhook_configuration,
 )
+from ..waiting import poll_until
 from .cluster import ControlPlane
-from .conftest import AmpFactory, deploy_amp_config, deploy_documents
+from .conftest import AmpFactory, deploy_amp_config
 
 pytestmark = pytest.mark.e2e
 
@@ -139,7 +139,7 @@ def test_labelled_namespace_pod_is_stored_mutated_unlabelled_is_not(
         "ADDED_VAR": "something important",
     }
     assert own_volumes(mutated) == {"user-home": {"name": "user-home", "emptyDir": {}}}
-    assert SKIPPED_ANNOTATION not in (mutated["metadata"].get("annotations") or {})
+    assert mutated["metadata"]["annotations"] == {STATUS_ANNOTATION: f"mutated {endpoint.rsplit('/', 1)[0]}"}
 
     untouched = read_pod(core, plain, "web")
     assert_unchanged(untouched)
@@ -263,9 +263,11 @@ def test_endpoint_down_under_ignore_admits_unchanged_with_warning(
     pod = read_pod(core, ns, "admitted")
     assert_unchanged(pod)
     annotations = pod["metadata"]["annotations"]
-    assert list(annotations) == [SKIPPED_ANNOTATION]
-    assert annotations[SKIPPED_ANNOTATION].endswith(f": {down}")
-    assert any(w.startswith(f"amp: {down} ") and w.endswith("; Pod admitted unchanged") for w in warnings), warnings
+    assert list(annotations) == [STATUS_ANNOTATION]
+    assert annotations[STATUS_ANNOTATION].startswith("skipped ")
+    assert annotations[STATUS_ANNOTATION].endswith(f" {down}")
+    assert any(w.startswith(f"amp: {down} ") and w.endswith("; admitted without the endpoint's patch")
+               for w in warnings), warnings
     assert returned["metadata"]["uid"] == pod["metadata"]["uid"]
 
 
@@ -303,7 +305,7 @@ def test_namespace_annotation_change_reaches_amp_through_the_watch(
         names = [c["name"] for c in pod["spec"]["containers"]]
         return pod if "amp-proxy" in names else None
 
-    switched = wait_until("a Pod mutated by the new endpoint", next_pod_has_sidecar, PROPAGATION_DEADLINE,
+    switched = poll_until("a Pod mutated by the new endpoint", next_pod_has_sidecar, PROPAGATION_DEADLINE,
                           details=amp.process.describe)
 
     stored = read_pod(core, ns, switched["metadata"]["name"])
@@ -374,8 +376,8 @@ def test_patch_the_api_server_would_reject_is_dropped_by_amp_under_ignore(
     pod = read_pod(core, ns, "bad")
     assert_unchanged(pod)
     origin = example_endpoints.url("").rstrip("/")
-    assert pod["metadata"]["annotations"] == {SKIPPED_ANNOTATION: f"apply-failed: {origin}"}
-    assert f"amp: {origin} apply-failed; Pod admitted unchanged" in warnings
+    assert pod["metadata"]["annotations"] == {STATUS_ANNOTATION: f"skipped apply-failed {origin}"}
+    assert f"amp: {origin} apply-failed; admitted without the endpoint's patch" in warnings
 
 
 # ---- 5. failure_policy auto follows the webhook configuration
@@ -420,12 +422,13 @@ def test_failure_policy_auto_follows_the_webhook_configuration(
             assert "failure policy Fail denies the Pod" in exc.body, exc.body
             return None
 
-    _, warnings = wait_until("amp to answer under Ignore", admitted, PROPAGATION_DEADLINE,
+    _, warnings = poll_until("amp to answer under Ignore", admitted, PROPAGATION_DEADLINE,
                              details=amp.process.describe)
     pod = read_pod(core, ns, attempts[-1])
     assert_unchanged(pod)
-    assert list(pod["metadata"]["annotations"]) == [SKIPPED_ANNOTATION]
-    assert any(w.startswith(f"amp: {down} ") and w.endswith("; Pod admitted unchanged") for w in warnings), warnings
+    assert list(pod["metadata"]["annotations"]) == [STATUS_ANNOTATION]
+    assert any(w.startswith(f"amp: {down} ") and w.endswith("; admitted without the endpoint's patch")
+               for w in warnings), warnings
 
     set_webhook_failure_policy(control_plane, amp.webhook_configuration_name, "Fail")
 
@@ -438,7 +441,7 @@ def test_failure_policy_auto_follows_the_webhook_configuration(
         attempts.append("admitted")
         return None
 
-    wait_until("amp to answer under Fail again", refused_again, PROPAGATION_DEADLINE, details=amp.process.describe)
+    poll_until("amp to answer under Fail again", refused_again, PROPAGATION_DEADLINE, details=amp.process.describe)
     log = amp.process.log_text()
     assert f"MutatingWebhookConfiguration {amp.webhook_configuration_name}: failurePolicy is now Ignore" in log
 
@@ -493,7 +496,7 @@ def test_certificate_rotation_while_pods_are_created(
     creator = threading.Thread(target=create_pods, name="pod-creator", daemon=True)
     creator.start()
     try:
-        wait_until("Pods to be created before the rotation", lambda: len(created) >= 5 or None, 20.0)
+        poll_until("Pods to be created before the rotation", lambda: len(created) >= 5 or None, 20.0)
         new_cert, new_key = control_plane.issue_serving_certificate("amp-rotation-renewed")
         marks["rotated"] = len(created)
         # Key first, then certificate, each atomically: a reload check that
@@ -504,14 +507,14 @@ def test_certificate_rotation_while_pods_are_created(
         new_serial = x509.load_pem_x509_certificate(new_cert.read_bytes()).serial_number
         assert new_serial != old_serial
 
-        wait_until(
+        poll_until(
             "amp to serve the new certificate",
             lambda: serial(amp.process.served_certificate()) == new_serial or None,
             5.0,
             details=amp.process.describe,
         )
         marks["served"] = len(created)
-        wait_until("Pods to be created after the rotation", lambda: len(created) >= marks["served"] + 10 or None, 20.0)
+        poll_until("Pods to be created after the rotation", lambda: len(created) >= marks["served"] + 10 or None, 20.0)
     finally:
         stop.set()
         creator.join(timeout=15)
@@ -521,89 +524,6 @@ def test_certificate_rotation_while_pods_are_created(
     assert len(created) >= marks["served"] + 10 > marks["rotated"] >= 5
     log = amp.process.log_text()
     assert f"serial {new_serial:#x}" in log
-
-
-# ---- 8. the deploy/ manifests
-
-#: Documents under deploy/ that are not sent to the API server, and why.
-NOT_APPLIED = {
-    "kustomize.config.k8s.io": "a kustomize build file, not an API object",
-    "cert-manager.io": "cert-manager's CRDs are not installed in this control plane",
-}
-
-
-def test_every_deploy_manifest_passes_a_server_side_dry_run_apply(control_plane: ControlPlane) -> None:
-    api = control_plane.admin_client()
-    documents = deploy_documents({"CA_BUNDLE": base64.b64encode(control_plane.ca_pem).decode()})
-    assert documents, "deploy/ holds no manifests"
-    dyn = dynamic.DynamicClient(api)
-
-    def apply(doc: dict[str, Any], dry_run: Optional[str]) -> Any:
-        resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-        return dyn.server_side_apply(
-            resource, body=doc, namespace=doc["metadata"].get("namespace"),
-            field_manager="amp-e2e", force_conflicts=True, dry_run=dry_run)
-
-    # Namespaced objects can only be dry-run into a namespace that exists.
-    for _, doc in documents:
-        if doc["kind"] == "Namespace":
-            apply(doc, None)
-
-    applied, skipped, failures = [], [], []
-    for path, doc in documents:
-        where = f"{path.relative_to(path.parents[1])} {doc.get('kind')} {doc.get('metadata', {}).get('name')}"
-        group = doc.get("apiVersion", "").partition("/")[0]
-        if group in NOT_APPLIED:
-            skipped.append(f"{where}: {NOT_APPLIED[group]}")
-            continue
-        try:
-            apply(doc, "All")
-        except ApiException as exc:
-            failures.append(f"{where}: {exc.status} {exc.body}")
-        except Exception as exc:
-            failures.append(f"{where}: {type(exc).__name__}: {exc}")
-        else:
-            applied.append(where)
-
-    assert failures == []
-    kinds = {where.split()[1] for where in applied}
-    assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment",
-            "Service", "MutatingWebhookConfiguration"} <= kinds, applied
-    assert all("cert-manager" in s or "kustomization" in s for s in skipped), skipped
-
-
-def test_deploy_pod_template_is_admitted_under_its_namespace_pod_security(control_plane: ControlPlane) -> None:
-    """The Deployment dry-runs fine, but its Pods are what the namespace's
-    ``pod-security.kubernetes.io/enforce`` label is enforced on."""
-    api = control_plane.admin_client()
-    documents = [doc for _, doc in deploy_documents()]
-    (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
-    (namespace,) = [d for d in documents if d["kind"] == "Namespace"]
-    ns = deployment["metadata"]["namespace"]
-    assert namespace["metadata"]["name"] == ns
-    assert "pod-security.kubernetes.io/enforce" in namespace["metadata"]["labels"]
-    core = client.CoreV1Api(api)
-    dyn = dynamic.DynamicClient(api)
-    # For real: the namespace with its labels, and the ServiceAccount the
-    # Pod runs as (the ServiceAccount admission plugin looks it up).
-    dyn.server_side_apply(dyn.resources.get(api_version="v1", kind="Namespace"), body=namespace,
-                          field_manager="amp-e2e", force_conflicts=True)
-    template = deployment["spec"]["template"]
-    account = template["spec"].get("serviceAccountName", "default")
-    try:
-        core.create_namespaced_service_account(ns, {"metadata": {"name": account}})
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"generateName": "amp-", "labels": template["metadata"].get("labels")},
-           "spec": template["spec"]}
-    try:
-        _, warnings = create_pod(core, ns, pod, dry_run="All")
-    except ApiException as exc:
-        pytest.fail(f"the API server refuses amp's Pod in {ns}: {exc.status} {exc.body}")
-    assert warnings == []
 
 
 # ---- more real-server behaviour
@@ -626,12 +546,9 @@ def test_amp_answers_a_hung_endpoint_before_the_api_servers_timeout(
     pod = read_pod(core, ns, "patient")
     assert_unchanged(pod)
     origin = example_endpoints.url("").rstrip("/")
-    # The endpoint call is cut at what is left of the review's budget
-    # ("timeout"); the review's own deadline would say "deadline".
-    reason = pod["metadata"]["annotations"][SKIPPED_ANNOTATION].partition(":")[0]
-    assert reason in ("timeout", "deadline")
-    assert pod["metadata"]["annotations"] == {SKIPPED_ANNOTATION: f"{reason}: {origin}"}
-    assert f"amp: {origin} {reason}; Pod admitted unchanged" in warnings
+    # The endpoint call is cut when the review's deadline passes: "timeout".
+    assert pod["metadata"]["annotations"] == {STATUS_ANNOTATION: f"skipped timeout {origin}"}
+    assert f"amp: {origin} timeout; admitted without the endpoint's patch" in warnings
     assert 1.0 < elapsed < 2.0
 
 
@@ -659,7 +576,7 @@ def test_v1beta1_admission_reviews_are_answered_in_kind(
             pod, _ = create_pod(core, ns, pod_manifest(f"old-review-{len(attempts)}"))
             return pod if "AMP_USER" in env_of(pod["spec"]["containers"][0]) else None
 
-        pod = wait_until("the API server to use the v1beta1 registration", mutated, PROPAGATION_DEADLINE,
+        pod = poll_until("the API server to use the v1beta1 registration", mutated, PROPAGATION_DEADLINE,
                          details=amp.process.describe)
     finally:
         registrations.delete_mutating_webhook_configuration(name)
@@ -675,7 +592,7 @@ def test_namespace_watch_resumes_after_the_server_ends_it(
     amp = start_amp("rewatch", overrides={"kubernetes": {"watch_timeout": "1s"}, "metrics": {"port": free_port()}})
     ns = amp.namespace(unique("x-rewatch"), example_endpoints.url("user-env"))
     restarts = "amp_namespace_watch_restarts_total"
-    wait_until("two watch restarts on the server's timeout",
+    poll_until("two watch restarts on the server's timeout",
                lambda: (amp.process.metric(restarts, reason="timeout") or 0) >= 2 or None, 10.0,
                details=amp.process.describe)
     assert amp.process.metric(restarts, reason="expired") in (None, 0.0)
@@ -688,5 +605,5 @@ def test_namespace_watch_resumes_after_the_server_ends_it(
         pod, _ = create_pod(core, ns, pod_manifest(f"after-{len(attempts)}"))
         return True if "amp-proxy" in [c["name"] for c in pod["spec"]["containers"]] else None
 
-    wait_until("a Pod mutated by the new endpoint", sidecar, PROPAGATION_DEADLINE, details=amp.process.describe)
+    poll_until("a Pod mutated by the new endpoint", sidecar, PROPAGATION_DEADLINE, details=amp.process.describe)
     assert (amp.process.metric("amp_namespace_events_total", type="MODIFIED") or 0) >= 1
