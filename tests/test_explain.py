@@ -881,7 +881,7 @@ class TraceInPipelineTests(SynchronousTestCase):
     def admitter(self, config: Any, agent: Any) -> Any:
         from amp.admission import Admitter
         from amp.breaker import BreakerRegistry
-        from amp.endpoints import EndpointClient
+        from amp.endpoint import EndpointClient
         from amp.metrics import Metrics
         from amp.namespaces import StaticNamespaceSource
 

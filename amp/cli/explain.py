@@ -6,7 +6,7 @@ The Pod (or a workload's Pod template, see L{amp.cli.workloads}) becomes an
 AdmissionReview, which goes through the daemon's own parts: the review
 parser, the namespace source of the config (or the namespace the command
 line describes), L{amp.admission.Admitter} with its route, allow-list,
-failure policy and status stamp, L{amp.endpoints.EndpointClient} (a live
+failure policy and status stamp, L{amp.endpoint.EndpointClient} (a live
 call, or the recorded reply of C{--reply} served in memory, see
 L{amp.cli.replay}) and the patch checks.  Nothing here decides anything
 about the review: it collects the decisions (L{amp.trace}), the answer and
@@ -48,7 +48,7 @@ from amp.cli.replay import recorded_reply_agent
 from amp.cli.workloads import InputError, PodInput, load_documents, pod_for, select_object, without_stamps
 from amp.config import Config, ConfigError, KubernetesConfig, load_config
 from amp.deadline import Deadline, review_budget
-from amp.endpoints import EndpointClient
+from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.patch import PatchError, check_patch

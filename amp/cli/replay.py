@@ -1,7 +1,7 @@
 """
 A recorded endpoint reply, served in memory (C{amp explain --reply FILE}).
 
-L{RecordedReplyAgent} is the C{IAgent} L{amp.endpoints.EndpointClient} is
+L{RecordedReplyAgent} is the C{IAgent} L{amp.endpoint.EndpointClient} is
 given instead of its own connections: the client sends its request and reads
 the reply as it does over a socket (its timer, its size limits on the
 announced length and on the bytes, the reply parsing and the naming of every
