@@ -341,12 +341,17 @@ class BadURLTests(SynchronousTestCase, Answers):
             self.assertTrue(response["allowed"])
 
     def test_cr_lf(self) -> None:
-        for url in ("http://127.0.0.1:8080/mutate\r\nX-Injected: 1", "http://127.0.0.1:8080/\nHost: evil",
-                    "http://127.0.0.1:8080/a\rb", "http://127.0.0.1:8080/a\tb", "http://127.0.0.1:8080/\x00"):
+        for url in ("http://127.0.0.1:8080/mutate\r\nX-Injected: 1", "http://127.0.0.1:8080/a\rb",
+                    "http://127.0.0.1:8080/a\tb", "http://127.0.0.1:8080/\x00"):
             response, _ = self.review(url, policy="Fail")
             self.assertDenied(response, "bad-url", "endpoint URL contains whitespace or control characters")
             self.assertNotIn("\r", response["status"]["message"])
             self.assertNotIn("\n", response["status"]["message"])
+        # A newline separates the URLs of a chain: every piece is checked
+        # before any call, and "Host:" is no URL.
+        response, _ = self.review("http://127.0.0.1:8080/\nHost: evil", policy="Fail")
+        self.assertDenied(response, "bad-url", "endpoint URL")
+        self.assertNotIn("\n", response["status"]["message"])
 
     def test_unicode_line_separators(self) -> None:
         response, _ = self.review("http://127.0.0.1:8080/a\u2028X-Injected: 1", policy="Fail")
