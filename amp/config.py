@@ -2,7 +2,11 @@
 amp's configuration: ``etc/amp.yaml`` in, frozen dataclasses out (pure).
 
 Every key has a default here, and ``docs/config.md`` lists the same keys with
-the same defaults (a test keeps the two in step).  Every error is a
+the same defaults (a test keeps the two in step).
+
+The file is reloaded while amp runs (L{amp.reload}); L{for_reload} keeps
+the keys that only a restart can change at their running values and names
+them, and L{config_digest} identifies the configuration in force.  Every error is a
 L{ConfigError} whose message starts with the dotted key that is wrong, e.g.
 ``endpoints.overrides[0].timeout: expected a duration like 250ms, 2s or 1m``.
 """
@@ -10,7 +14,9 @@ L{ConfigError} whose message starts with the dotted key that is wrong, e.g.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
+import json
 import math
 import re
 from fnmatch import fnmatchcase
@@ -361,6 +367,7 @@ class Config:
     patch: PatchConfig = field(default_factory=PatchConfig)
     log: LogConfig = field(default_factory=LogConfig)
     workers: int = 1
+    reload_interval: float = 5.0
 
 
 # ---------------------------------------------------------------- loading
@@ -558,6 +565,7 @@ def parse_config(raw: Any) -> Config:
         "annotate_status": _bool,
         "ephemeral_containers": _bool,
         "workers": _positive(_int),
+        "reload_interval": _positive(parse_duration),
     }
     values: dict[str, Any] = {}
     for key, value in raw.items():
@@ -615,3 +623,80 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     if context:
         text += f" ({context})"
     return " ".join(text.split())
+
+
+# ---------------------------------------------------------------- reloading
+
+#: Keys only a restart can change: the listening sockets, the files the
+#: serving certificate is loaded from and how, the number of processes.
+RESTART_ONLY = (
+    "listen.port", "listen.interface", "tls.cert", "tls.key", "tls.client_ca", "tls.min_version",
+    "tls.reload_interval", "metrics.port", "metrics.interface", "workers", "kubernetes.source",
+)
+
+#: The keys of C{kubernetes} a running Kubernetes namespace source was
+#: built from (its client, its watches and what it keeps of each
+#: namespace): restart-only unless the source is the static one, which is
+#: rebuilt from the new config.
+_KUBERNETES_SOURCE_KEYS = tuple(
+    f"kubernetes.{f.name}" for f in dataclasses.fields(KubernetesConfig) if f.name not in ("source", "namespaces"))
+
+
+def _get(config: Config, dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _set(config: Any, dotted: str, value: Any) -> Any:
+    head, _, rest = dotted.partition(".")
+    if not rest:
+        return dataclasses.replace(config, **{head: value})
+    return dataclasses.replace(config, **{head: _set(getattr(config, head), rest, value)})
+
+
+def for_reload(running: Config, new: Config) -> tuple[Config, list[str]]:
+    """
+    The configuration to put in force when C{new} is loaded while
+    C{running} is: C{new} with every restart-only key that changed kept at
+    its running value, and the names of those keys (in a stable order).
+    """
+    keys = list(RESTART_ONLY)
+    if running.kubernetes.source != "static":
+        keys += _KUBERNETES_SOURCE_KEYS
+    kept = []
+    effective = new
+    for key in keys:
+        old = _get(running, key)
+        if _get(new, key) != old:
+            kept.append(key)
+            effective = _set(effective, key, old)
+    return effective, kept
+
+
+def _canonical(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, URLPattern):
+        return value.text
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (ipaddress.IPv4Network, ipaddress.IPv6Network)):
+        return str(value)
+    raise TypeError(f"no canonical form for {type(value).__name__}")
+
+
+def config_digest(config: Config) -> str:
+    """
+    A short hash of the configuration (every key's value, defaults
+    included): equal for equal configurations, whatever the file's layout,
+    comments or key order, so replicas running different configurations
+    show different hashes.
+    """
+    text = json.dumps(_canonical(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]

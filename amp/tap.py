@@ -15,7 +15,7 @@ from typing import Any, Optional
 from twisted.python import usage
 
 from amp.config import Config, ConfigError, load_config
-from amp.logs import make_observer
+from amp.logs import ConfigurableObserver
 
 
 class Options(usage.Options):
@@ -102,7 +102,7 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
 
     config = with_own_namespace(options.config)
     worker = options["worker"]
-    observer = make_observer(config.log.format, config.log.level, sys.stdout)
+    observer = ConfigurableObserver(config.log.format, config.log.level, sys.stdout)
     metrics = Metrics()
     try:
         certificate = serving_certificate(config.tls, reactor, metrics)
@@ -126,7 +126,7 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
                                       reuse_port=config.workers > 1),
         metrics_endpoint=metrics_endpoint,
         namespaces=namespace_source(config, reactor, metrics, on_first_list=first_list),
-        metrics=metrics, log_observer=observer, freeze_gc=True)
+        metrics=metrics, log_observer=observer, freeze_gc=True, config_path=options["config"])
     if options["check"]:
         raise SystemExit(0)
     if worker == 0 and config.workers > 1:

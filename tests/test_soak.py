@@ -25,7 +25,7 @@ import pytest
 from bench.chaos_endpoint import KINDS
 from bench.soak.reconcile import reconcile
 from bench.soak.load import Violation, check_answer
-from bench.soak.settings import QUICK_DURATION, SKIPPED_PATH
+from bench.soak.settings import QUICK_DURATION
 
 REPO = Path(__file__).resolve().parent.parent
 UID = "6f1c2d3e-4f50-4a6b-8c7d-0e1f2a3b4c5d"
