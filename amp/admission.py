@@ -11,6 +11,14 @@ one timer that enforces it: when the deadline passes, or the client goes
 away (the review's Deferred is cancelled), the step in progress is
 cancelled and the review is answered at once.
 
+The endpoint may be a chain (L{amp.policy.Route.steps}): one loop
+(L{_Review._call_next}) calls each in order with the Pod as the steps
+before it left it, and their patches are composed into one
+(L{amp.patch.compose}).  Pods that opt out, and Pods in amp's own or a
+protected namespace, are answered unchanged before any lookup.  With
+C{ephemeral_containers}, a C{pods/ephemeralcontainers} update is reviewed
+like a creation, but may change only C{/spec/ephemeralContainers}.
+
 Every answer is built by a named constructor of L{amp.answers}; every
 failure ends in L{_Review._failed}, the one place the failure policy is
 applied, with the L{Route} the review was on.
@@ -63,6 +71,9 @@ STATUS_LIMIT = 250
 
 _CANCELLED = "the review was cancelled: the client went away"
 
+#: All a C{pods/ephemeralcontainers} update may change.
+EPHEMERAL_CONTAINERS = "/spec/ephemeralContainers"
+
 
 class Admitter:
     """
@@ -102,7 +113,7 @@ class Admitter:
         fails.  Cancelling the result (the client went away) answers at
         once, as C{cancelled}.  C{trace}, if given, is told each decision.
         """
-        if not req.is_pod_create:
+        if not (req.is_pod_create or (self.config.ephemeral_containers and req.is_ephemeral_update)):
             return succeed(_told(trace, answers.skipped(req)))
         alone = self._left_alone(req)
         if alone is not None:
@@ -270,6 +281,8 @@ class _Review:
             b"x-amp-uid": req.uid.encode("ascii", "replace"),
             b"x-amp-dry-run": b"true" if req.dry_run else b"false",
         }
+        if req.sub_resource:
+            headers[b"x-amp-subresource"] = req.sub_resource.encode("ascii", "replace")
         if chain.pod.pod is req.object:
             pod_json = req.object_json if req.object_json is not None else dumps(req.object)
         else:
@@ -304,7 +317,8 @@ class _Review:
                                                warnings=chain.warnings, audit=chain.audit))
         if not self._validation and decision.patch:
             try:
-                checked = check_patch(chain.pod.pod, decision.patch, **a._patch_options, trace=trace)
+                checked = check_patch(chain.pod.pod, decision.patch, **a._patch_options, trace=trace,
+                                      confined=EPHEMERAL_CONTAINERS if req.is_ephemeral_update else None)
             except PatchError as e:
                 if trace is not None:
                     trace.record(Step.CHECK, reason=e.reason, message=str(e))
@@ -419,7 +433,10 @@ class _Review:
         req = self._req
         if checked is None:
             checked = unchanged(req.object)
-        if self._validation or not self._admitter.config.annotate_status:
+        if self._validation or req.is_ephemeral_update or not self._admitter.config.annotate_status:
+            # An ephemeral container update may change nothing but
+            # spec.ephemeralContainers: the Pod keeps its stamp from its
+            # creation.
             return checked
         value = clip(" ".join((status, *words)), STATUS_LIMIT)
         if self._trace is not None:

@@ -694,7 +694,8 @@ def _check_pod(original: dict, patched: dict) -> None:
 
 
 def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, allowed: Sequence[str] = (),
-                repair: bool = True, max_operations: int = 1000, trace: Any = None) -> CheckedPatch:
+                repair: bool = True, max_operations: int = 1000, trace: Any = None,
+                confined: Optional[str] = None) -> CheckedPatch:
     """
     Check an endpoint's patch against C{pod}, dry-apply it and repair it.
 
@@ -708,6 +709,9 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
     @param max_operations: the most operations a patch may have.
     @param trace: an L{amp.trace.IReviewTrace} told each operation that
         applies and each repair, or None.
+    @param confined: a JSON pointer every operation (its C{path}, and the
+        C{from} of a C{move} or C{copy}) must be under, or None (the
+        C{pods/ephemeralcontainers} subresource changes nothing else).
     @raise PatchError: the patch cannot be sent to the API server.
     @raise ValueError: C{denied} or C{allowed} holds a string that is not a
         JSON pointer.
@@ -717,6 +721,13 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
         raise PatchError(Reason.INVALID_POD, f"the Pod must be a JSON object, not {_json_type(pod)}")
     rules = _rules(tuple(denied), tuple(allowed))
 
+    if confined is not None:
+        inside = parse_pointer(confined)
+        for op in parsed:
+            for which, tokens in (("path", op.tokens), ("from", op.ftokens)):
+                if tokens is not None and op.op != "test" and tokens[:len(inside)] != inside:
+                    raise PatchError(Reason.REFUSED_PATH, f"{op.label}: {which} is not under {confined}, the only "
+                                                          "part of the Pod this review may change")
     modifies = False
     for op in parsed:
         if op.op == "test":
