@@ -224,6 +224,8 @@ class TLSConfig:
 class MetricsConfig:
     port: int = 9090
     interface: str = "0.0.0.0"
+    #: How many recent decisions C{GET /debug/reviews} serves (0: off).
+    debug_reviews: int = 256
 
 
 @dataclass(frozen=True)
@@ -395,7 +397,7 @@ _FIELDS: dict[type, dict[str, Callable[[Any], Any]]] = {
         "cert": _str, "key": _str, "client_ca": _opt_str, "min_version": _tls_version,
         "reload_interval": _positive(parse_duration),
     },
-    MetricsConfig: {"port": _port, "interface": _str},
+    MetricsConfig: {"port": _port, "interface": _str, "debug_reviews": _nonneg_int},
     KubernetesConfig: {
         "source": _choice("cluster", "kubeconfig", "static"), "kubeconfig": _opt_str, "context": _opt_str,
         "enabled_label": _str, "enabled_value": _str, "endpoint_annotations": _str_list,

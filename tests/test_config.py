@@ -91,7 +91,7 @@ def test_defaults_of_every_section() -> None:
                                     drain_timeout=30.0)
     assert c.tls == TLSConfig(cert="/etc/amp/tls/tls.crt", key="/etc/amp/tls/tls.key", client_ca=None,
                               min_version="1.2", reload_interval=5.0)
-    assert c.metrics == MetricsConfig(port=9090, interface="0.0.0.0")
+    assert c.metrics == MetricsConfig(port=9090, interface="0.0.0.0", debug_reviews=256)
     k = c.kubernetes
     assert k.source == "cluster"
     assert k.namespaces == {}
@@ -231,6 +231,8 @@ ERRORS = [
     ({"tls": {"reload_interval": "0s"}}, "tls.reload_interval", "greater than zero"),
     ({"tls": {"ca": "x"}}, "tls.ca", "unknown key"),
     ({"metrics": {"port": -1}}, "metrics.port", "port number"),
+    ({"metrics": {"debug_reviews": -1}}, "metrics.debug_reviews", "negative"),
+    ({"metrics": {"debug_reviews": "lots"}}, "metrics.debug_reviews", "whole number"),
     ({"kubernetes": {"source": "etcd"}}, "kubernetes.source", "expected one of cluster, kubeconfig, static"),
     ({"kubernetes": {"source": "kubeconfig"}}, "kubernetes.kubeconfig", "required"),
     ({"kubernetes": {"endpoint_annotations": "amp.txn2.com/ep"}}, "kubernetes.endpoint_annotations",
