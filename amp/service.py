@@ -40,7 +40,8 @@ from twisted.web.server import Site
 
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
-from amp.config import Config, TLSConfig
+from amp import __version__
+from amp.config import Config, TLSConfig, config_summary
 from amp.endpoint import EndpointClient
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
@@ -360,6 +361,8 @@ class AmpService(MultiService):
                 self.log.failure("A part of amp failed to stop", result)
 
     def startService(self) -> None:
+        self.log.info("amp {version} starting: {summary}", version=__version__,
+                      summary=config_summary(self.config))
         super().startService()
         if self.config.kubernetes.source == "static":
             # The static source has its namespaces already; the cluster

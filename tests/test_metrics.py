@@ -35,6 +35,7 @@ from tests.helpers import (
 )
 from tests.prometheus import Scrape
 from tests.waiting import wait_until
+from amp import __version__
 from amp.config import parse_config
 from amp_dev.devcert import write_dev_tls
 from amp.metrics import BREAKER_STATE_VALUES, Metrics
@@ -257,6 +258,16 @@ class ScrapeTests(TestCase):
         self.assertEqual(scrape.value(calls, endpoint=origin, outcome="connection-refused"), 1)
         self.assertEqual(scrape.value(calls, endpoint=origin, outcome="breaker-open"), 1)
         self.assertEqual(scrape.value("amp_endpoint_duration_seconds_count", endpoint=origin), 1)
+
+    @inlineCallbacks
+    def test_build_info_names_the_running_version(self) -> Any:
+        """
+        ``amp_build_info{version}`` is 1 for amp's version, and only it.
+        """
+        scrape = yield self.scrape()
+        self.assertEqual(scrape.value("amp_build_info", version=__version__), 1)
+        self.assertEqual([dict(labels) for name, labels in scrape.samples if name == "amp_build_info"],
+                         [{"version": __version__}])
 
     @inlineCallbacks
     def test_tls_expiry_and_reloads(self) -> Any:
