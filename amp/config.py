@@ -238,7 +238,6 @@ class BypassConfig:
 
     enabled: bool = False
     horizon: float = 3600.0
-    ignore_namespaces: tuple[str, ...] = ("kube-system",)
     lease_name: str = "amp-bypass-reporter"
     lease_namespace: Optional[str] = None
     lease_duration: float = 15.0
@@ -265,6 +264,15 @@ class KubernetesConfig:
     miss_timeout: float = 2.0
     miss_negative_ttl: float = 5.0
     per_review_get: bool = False
+    #: amp's own namespace (None: read from the service account mount
+    #: when amp runs in a cluster); amp never changes Pods there.
+    own_namespace: Optional[str] = None
+    #: Namespaces whose Pods amp never changes, besides its own.
+    protected_namespaces: tuple[str, ...] = ("kube-system",)
+    #: Let amp change Pods in its own and the protected namespaces.
+    allow_protected_namespaces: bool = False
+    #: A Pod whose C{enabled_label} has this value opts out of amp.
+    opt_out_value: str = "false"
     bypass: BypassConfig = field(default_factory=BypassConfig)
 
 
@@ -319,6 +327,8 @@ class EndpointsConfig:
     deny_networks: tuple[Any, ...] = ()
     defaults: EndpointSettings = field(default_factory=EndpointSettings)
     overrides: tuple[EndpointOverride, ...] = ()
+    #: The most endpoints one namespace's annotation may chain.
+    chain_limit: int = 4
 
     def settings_for(self, url: EndpointURL) -> EndpointSettings:
         """
@@ -363,6 +373,8 @@ class Config:
     endpoints: EndpointsConfig = field(default_factory=EndpointsConfig)
     failure_policy: str = "auto"
     annotate_status: bool = True
+    #: Also review C{pods/ephemeralcontainers} updates (C{kubectl debug}).
+    ephemeral_containers: bool = False
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
     patch: PatchConfig = field(default_factory=PatchConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -391,10 +403,11 @@ _FIELDS: dict[type, dict[str, Callable[[Any], Any]]] = {
         "watch_timeout": _positive(parse_duration), "request_timeout": _positive(parse_duration),
         "backoff_initial": _positive(parse_duration), "backoff_max": _positive(parse_duration),
         "miss_timeout": _positive(parse_duration), "miss_negative_ttl": parse_duration,
-        "per_review_get": _bool,
+        "per_review_get": _bool, "own_namespace": _opt_str, "protected_namespaces": _str_list,
+        "allow_protected_namespaces": _bool, "opt_out_value": _str,
     },
     BypassConfig: {
-        "enabled": _bool, "horizon": _positive(parse_duration), "ignore_namespaces": _str_list,
+        "enabled": _bool, "horizon": _positive(parse_duration),
         "lease_name": _str, "lease_namespace": _opt_str, "lease_duration": _positive(parse_duration),
     },
     BreakerConfig: {
@@ -470,7 +483,7 @@ def _endpoints(raw: Any) -> EndpointsConfig:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{key}: expected a mapping, got {type(raw).__name__}")
-    own = ("allow", "deny_networks", "overrides")
+    own = ("allow", "deny_networks", "overrides", "chain_limit")
     defaults = _endpoint_settings(raw, key, EndpointSettings(), own)
     if "deny_networks" in raw:
         try:
@@ -481,6 +494,11 @@ def _endpoints(raw: Any) -> EndpointsConfig:
         # endpoint client has it wherever it has the settings.
         defaults = dataclasses.replace(defaults, deny_networks=deny)
     out = EndpointsConfig(defaults=defaults, deny_networks=defaults.deny_networks)
+    if "chain_limit" in raw:
+        try:
+            out = dataclasses.replace(out, chain_limit=_positive(_int)(raw["chain_limit"]))
+        except ValueError as e:
+            raise ConfigError(f"{key}.chain_limit: {e}") from None
     if "allow" in raw:
         try:
             out = dataclasses.replace(out, allow=_patterns(raw["allow"]))
@@ -541,9 +559,10 @@ def _kubernetes(raw: Any) -> KubernetesConfig:
             raise ConfigError(f"{key}.bypass.enabled: needs kubernetes.source cluster or kubeconfig")
         if kube.per_review_get:
             raise ConfigError(f"{key}.bypass.enabled: needs the namespace watch (kubernetes.per_review_get: false)")
-        if kube.source == "kubeconfig" and not bypass.lease_namespace:
+        if kube.source == "kubeconfig" and not (bypass.lease_namespace or kube.own_namespace):
             raise ConfigError(f"{key}.bypass.lease_namespace: required with kubernetes.source: kubeconfig "
-                              "(in a cluster it defaults to amp's own namespace)")
+                              "unless kubernetes.own_namespace is set (in a cluster it defaults to amp's own "
+                              "namespace)")
     return kube
 
 
@@ -570,6 +589,7 @@ def parse_config(raw: Any) -> Config:
     scalars: dict[str, Callable[[Any], Any]] = {
         "failure_policy": _choice("auto", "Ignore", "Fail"),
         "annotate_status": _bool,
+        "ephemeral_containers": _bool,
         "workers": _positive(_int),
         "reload_interval": _positive(parse_duration),
     }

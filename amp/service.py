@@ -351,6 +351,10 @@ class AmpService(MultiService):
 
     def startService(self) -> None:
         super().startService()
+        if self.namespaces.readiness()[0]:
+            # A source that has its namespaces already (the static one);
+            # the cluster source's first list calls this (amp.tap).
+            self.admitter.own_pods_warning()
         if self.freeze_gc:
             self.reactor.callWhenRunning(freeze_startup_objects)
 

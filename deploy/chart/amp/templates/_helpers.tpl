@@ -70,10 +70,9 @@ amp follows, and the default deadline (the webhook's timeoutSeconds).
 {{- $kube := deepCopy ($config.kubernetes | default dict) -}}
 {{- $_ := set $kube "webhook_configuration" .Values.webhook.configurationName -}}
 {{- $_ := set $kube "webhook_name" .Values.webhook.name -}}
-{{- if $kube.bypass -}}
-{{- $bypass := deepCopy $kube.bypass -}}
-{{- $_ := set $bypass "ignore_namespaces" (.Values.webhook.excludeNamespaces | default list) -}}
-{{- $_ := set $kube "bypass" $bypass -}}
+{{- $_ := set $kube "own_namespace" .Release.Namespace -}}
+{{- if not (hasKey $kube "protected_namespaces") -}}
+{{- $_ := set $kube "protected_namespaces" (.Values.webhook.excludeNamespaces | default list) -}}
 {{- end -}}
 {{- $_ := set $config "kubernetes" $kube -}}
 {{- $deadline := deepCopy ($config.deadline | default dict) -}}
