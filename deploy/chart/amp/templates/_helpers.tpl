@@ -74,11 +74,6 @@ amp follows, and the default deadline (the webhook's timeoutSeconds).
 {{- if not (hasKey $kube "protected_namespaces") -}}
 {{- $_ := set $kube "protected_namespaces" (.Values.webhook.excludeNamespaces | default list) -}}
 {{- end -}}
-{{- if $kube.bypass -}}
-{{- $bypass := deepCopy $kube.bypass -}}
-{{- $_ := set $bypass "ignore_namespaces" (.Values.webhook.excludeNamespaces | default list) -}}
-{{- $_ := set $kube "bypass" $bypass -}}
-{{- end -}}
 {{- $_ := set $config "kubernetes" $kube -}}
 {{- $deadline := deepCopy ($config.deadline | default dict) -}}
 {{- $_ := set $deadline "default_timeout" (printf "%ds" (int .Values.webhook.timeoutSeconds)) -}}
