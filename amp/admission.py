@@ -22,9 +22,9 @@ from twisted.python.failure import Failure
 from amp.config import Config
 from amp.endpoints import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
-from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceLookupError
+from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.patch import PatchError, annotation_op, check_patch
-from amp.policy import FAIL, SHADOW, NamespaceInfo, Route, failure_policy, route, shown_url
+from amp.policy import FAIL, SHADOW, Route, failure_policy, route, shown_url
 from amp.reply import EndpointDecision
 from amp.review import AdmissionRequest, clean_audit_annotations, clip, dumps, encode_response
 

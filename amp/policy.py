@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Optional
 
 from amp.config import Config, EndpointSettings
+from amp.namespaces import NamespaceInfo
 from amp.urls import BadURL, EndpointURL, parse_endpoint_url
 
 IGNORE, FAIL = "Ignore", "Fail"
@@ -24,20 +25,6 @@ ROUTE_REASONS = (BAD_URL, NOT_ALLOWED)
 
 _TIMEOUT = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
 _TIMEOUT_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
-
-
-@dataclass(frozen=True, slots=True)
-class NamespaceInfo:
-    """
-    What amp keeps of a Namespace: its name, labels, annotations and
-    resourceVersion.  The watched source keeps only the labels and
-    annotations amp reads, never whole objects.
-    """
-
-    name: str
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
-    resource_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,12 @@
 """
-Wiring: builds the C{MultiService} that is a running amp.
+Wiring: the C{MultiService} that is a running amp, assembled from the parts
+it is given.
+
+L{AmpService} receives its listening endpoints (the webhook's TLS endpoint
+and the metrics listener's, or None when metrics are off), its namespace
+source and, for tests, the HTTP agent its endpoint calls go through; it never
+builds a listener or reaches for the global reactor.  L{amp.tap.makeService}
+is the one place that builds the real ones from the config.
 
 One service per concern: the namespace source, the serving certificate's
 reload loop, the endpoint client (whose stop closes pooled connections), the
@@ -12,22 +19,22 @@ import gc
 import random
 from typing import Any, Callable, Optional
 
-from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
 from twisted.logger import ILogObserver, Logger
+from twisted.python.failure import Failure
 from twisted.web.iweb import IAgent
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
-from amp.config import Config
+from amp.config import Config, TLSConfig
 from amp.endpoints import EndpointClient
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
-from amp.tls import CertificateReloadService, ReloadingCertificate, tls_endpoint
+from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.urls import parse_endpoint_url
 from amp.web import WebhookSite, webhook_root
 
@@ -45,9 +52,68 @@ class EndpointClientService(Service):
         return self.client.close()
 
 
-def _tcp(reactor: Any, port: int, interface: str) -> Any:
-    cls = TCP6ServerEndpoint if ":" in interface else TCP4ServerEndpoint
-    return cls(reactor, port, interface=interface)
+class ListenerService(Service):
+    """
+    Listens on C{endpoint} with C{factory} while running.
+
+    A listen that fails at once (the port is taken, the address is not
+    local) raises from C{privilegedStartService}, so that twistd stops
+    instead of leaving a process that looks alive and serves nothing.
+
+    @ivar port: the listening port, once listening.
+    """
+
+    log = Logger()
+
+    def __init__(self, endpoint: IStreamServerEndpoint, factory: IProtocolFactory) -> None:
+        self.endpoint = endpoint
+        self.factory = factory
+        self.port: Optional[IListeningPort] = None
+        self._listening: Optional[Deferred] = None
+
+    def privilegedStartService(self) -> None:
+        super().privilegedStartService()
+        outcome: list[Any] = []
+        d = self.endpoint.listen(self.factory)
+        d.addBoth(outcome.append)
+        if outcome:
+            self._listened(outcome[0])
+            self._listening = d
+            return
+        # An endpoint that listens later: report a failure when it comes.
+        self._listening = d.addCallback(self._listened).addErrback(
+            lambda f: self.log.failure("Could not listen on {endpoint!r}", f, endpoint=self.endpoint))
+
+    def _listened(self, result: Any) -> None:
+        if isinstance(result, Failure):
+            result.raiseException()
+        self.port = result
+
+    def startService(self) -> None:
+        super().startService()
+        if self._listening is None:
+            self.privilegedStartService()
+
+    def stopService(self) -> Optional[Deferred]:
+        super().stopService()
+        self._listening = None
+        port, self.port = self.port, None
+        if port is not None:
+            return port.stopListening()  # type: ignore[no-any-return]
+        return None
+
+
+def serving_certificate(config: TLSConfig, clock: Any, metrics: Optional[Metrics] = None) -> ReloadingCertificate:
+    """
+    The serving certificate named by C{tls.*}, loaded.
+
+    @raises amp.tls.CertificateError: naming the file and the problem.
+    """
+    certificate = ReloadingCertificate(
+        config.cert, config.key, clock=clock, client_ca=config.client_ca, min_version=config.min_version,
+        metrics=metrics)
+    certificate.load()
+    return certificate
 
 
 def namespace_source(
@@ -66,9 +132,37 @@ def namespace_source(
                                      on_first_list=on_first_list)
 
 
+def freeze_startup_objects() -> None:
+    """
+    Collect, then move every object alive now out of the garbage
+    collector's view: objects made at start-up (and by the first namespace
+    list) live as long as the process, and scanning them in every full
+    collection is what made p99 latency (20-35 ms pauses at ~1000
+    reviews/s).  For the daemon; tests leave it off.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def metrics_site(metrics: Metrics, reactor: Any) -> Site:
+    """
+    The plain-HTTP site serving C{/metrics}, without an access log.
+    """
+    root = Resource()
+    root.putChild(b"metrics", MetricsResource(metrics))
+    site = Site(root, reactor=reactor)
+    site.log = lambda request: None  # type: ignore[method-assign]
+    return site
+
+
 class AmpService(MultiService):
     """
-    A running amp.  Attributes expose the parts for tests and tooling.
+    A running amp, assembled from its parts.  Attributes expose the parts
+    for tests and tooling.
+
+    @ivar webhook: the L{ListenerService} of the TLS webhook listener.
+    @ivar metrics_listener: the L{ListenerService} of the metrics listener,
+        or None when metrics are off.
     """
 
     log = Logger()
@@ -79,35 +173,39 @@ class AmpService(MultiService):
         reactor: Any,
         *,
         certificate: ReloadingCertificate,
-        metrics: Optional[Metrics] = None,
-        namespaces: Optional[INamespaceSource] = None,
+        webhook_endpoint: IStreamServerEndpoint,
+        metrics_endpoint: Optional[IStreamServerEndpoint],
+        namespaces: INamespaceSource,
+        metrics: Metrics,
         agent: Optional[IAgent] = None,
         install_sighup: bool = True,
         log_observer: Optional[ILogObserver] = None,
         freeze_gc: bool = False,
-        worker: int = 0,
     ) -> None:
         """
-        @param worker: which of C{config.workers} processes this is (0 for
-            the first).  With more than one worker every process listens on
-            the webhook port with C{SO_REUSEPORT}, and worker C{i} serves
-            metrics on C{metrics.port + i}; see L{amp.workers}.
-        @param freeze_gc: move the objects alive once amp has started (and
-            again once the first namespace list has landed) out of the
-            garbage collector's view: they live as long as the process, and
-            scanning them in every full collection is what made p99 latency
-            (20-35 ms pauses at ~1000 reviews/s).  For the daemon; tests
-            leave it off.
+        @param certificate: the loaded serving certificate the webhook
+            endpoint serves (L{serving_certificate}); kept current by a
+            L{CertificateReloadService} and reported by C{/readyz}.
+        @param webhook_endpoint: where the webhook listens, e.g.
+            L{amp.tls.tls_endpoint} on C{listen.port}.
+        @param metrics_endpoint: where C{/metrics} is served over plain
+            HTTP, e.g. C{serverFromString(reactor, "tcp:9090")}; None: no
+            metrics listener.
+        @param namespaces: the namespace source (L{namespace_source}); a
+            child service of this one.
+        @param agent: an C{IAgent} every endpoint call goes through instead
+            of amp's own pooled connections (tests).
+        @param freeze_gc: once the reactor runs, move the objects alive
+            then out of the garbage collector's view (L{freeze_startup_objects}).
         """
         super().__init__()
         self.freeze_gc = freeze_gc
         self.log_observer = log_observer
         self.config = config
         self.reactor = reactor
-        self.metrics = metrics = metrics if metrics is not None else Metrics()
+        self.metrics = metrics
         self.certificate = certificate
-        self.namespaces = namespaces if namespaces is not None else namespace_source(
-            config, reactor, metrics, on_first_list=self._freeze if freeze_gc else None)
+        self.namespaces = namespaces
         self.namespaces.setServiceParent(self)  # type: ignore[attr-defined]
 
         def breaker_changed(origin: str, state: str) -> None:
@@ -137,34 +235,17 @@ class AmpService(MultiService):
             root, reactor=reactor, metrics=metrics, max_body=listen.max_body,
             max_connections=listen.max_connections, request_timeout=listen.request_timeout,
             idle_timeout=listen.idle_timeout)
-        self.worker = worker
-        self.webhook = StreamServerEndpointService(
-            tls_endpoint(reactor, listen.port, listen.interface, certificate, reuse_port=config.workers > 1),
-            self.site)
-        # A port that cannot be bound must stop start-up, not leave a
-        # process that looks alive and serves nothing.
-        self.webhook._raiseSynchronously = True
+        self.webhook = ListenerService(webhook_endpoint, self.site)
         self.webhook.setServiceParent(self)
-        self.metrics_listener: Optional[StreamServerEndpointService] = None
-        if config.metrics.port:
-            metrics_root = Resource()
-            metrics_root.putChild(b"metrics", MetricsResource(metrics))
-            metrics_site = Site(metrics_root, reactor=reactor)
-            metrics_site.log = lambda request: None  # type: ignore[method-assign]
-            self.metrics_listener = StreamServerEndpointService(
-                _tcp(reactor, config.metrics.port + worker, config.metrics.interface), metrics_site)
-            self.metrics_listener._raiseSynchronously = True
+        self.metrics_listener: Optional[ListenerService] = None
+        if metrics_endpoint is not None:
+            self.metrics_listener = ListenerService(metrics_endpoint, metrics_site(metrics, reactor))
             self.metrics_listener.setServiceParent(self)
-
 
     def startService(self) -> None:
         super().startService()
         if self.freeze_gc:
-            self.reactor.callWhenRunning(self._freeze)
-
-    def _freeze(self) -> None:
-        gc.collect()
-        gc.freeze()
+            self.reactor.callWhenRunning(freeze_startup_objects)
 
     def setServiceParent(self, parent: Any) -> None:
         """
@@ -176,16 +257,3 @@ class AmpService(MultiService):
             if parent.getComponent(ILogObserver, None) is None:
                 parent.setComponent(ILogObserver, self.log_observer)
         super().setServiceParent(parent)
-
-
-def make_amp_service(config: Config, reactor: Any, **kwargs: Any) -> AmpService:
-    """
-    Load the serving certificate (raising L{amp.tls.CertificateError} with
-    a clear message if it cannot be used) and build the service.
-    """
-    metrics = kwargs.setdefault("metrics", Metrics())
-    certificate = ReloadingCertificate(
-        config.tls.cert, config.tls.key, clock=reactor, client_ca=config.tls.client_ca,
-        min_version=config.tls.min_version, metrics=metrics)
-    certificate.load()
-    return AmpService(config, reactor, certificate=certificate, **kwargs)

@@ -26,15 +26,16 @@ import time
 import tracemalloc
 from typing import Any, Callable
 
+import kubernetes.client
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.task import LoopingCall, react
 
-import kubernetes.client  # noqa: E402
-from twisted.internet.defer import Deferred, inlineCallbacks  # noqa: E402
-from twisted.internet.task import LoopingCall, react  # noqa: E402
-
-from amp.config import KubernetesConfig  # noqa: E402
-from amp.kube import KubernetesNamespaceSource, _Keep  # noqa: E402
-from amp.metrics import Metrics  # noqa: E402
-from tests.fakekube import FakeKube  # noqa: E402
+from amp.config import KubernetesConfig
+from amp.kube import KubernetesNamespaceSource
+from amp.kube._events import Changed, WatchEvent
+from amp.kube._keep import Keep
+from amp.metrics import Metrics
+from tests.fakekube import FakeKube
 
 NS_PATH = "/api/v1/namespaces"
 LAST_APPLIED = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {
@@ -81,10 +82,10 @@ def traced(make: Callable[[], Any]) -> tuple[Any, int]:
     return value, held
 
 
-def memory(fake: FakeKube, keep: _Keep) -> list[tuple[str, str]]:
+def memory(fake: FakeKube, keep: Keep) -> list[tuple[str, str]]:
     body = list_body(fake)
     n = len(json.loads(body)["items"])
-    cache, cache_bytes = traced(lambda: keep.namespace_list(body)[0])
+    cache, cache_bytes = traced(lambda: keep.namespaces(keep.namespace(o) for o in json.loads(body)["items"]))
     assert len(cache) == n
     del cache
     raw, raw_bytes = traced(lambda: json.loads(body))
@@ -111,9 +112,9 @@ class CountingSource(KubernetesNamespaceSource):
     reached: Deferred | None = None
     first_at = 0.0
 
-    def _namespace_news(self, what: str, *args: Any) -> None:
-        super()._namespace_news(what, *args)
-        if what == "event":
+    def _namespace_news(self, event: WatchEvent) -> None:
+        super()._namespace_news(event)
+        if isinstance(event, Changed):
             self.applied += 1
             if not self.first_at:
                 self.first_at = time.perf_counter()
@@ -164,7 +165,7 @@ def updates(fake: FakeKube, names: list[str], m: int) -> Callable[[], float]:
     return work
 
 
-def stages(keep: _Keep, source: KubernetesNamespaceSource, fake: FakeKube, m: int) -> list[tuple[str, str]]:
+def stages(keep: Keep, source: KubernetesNamespaceSource, fake: FakeKube, m: int) -> list[tuple[str, str]]:
     """Each stage alone: parsing an event line in the thread, applying it on the reactor."""
     obj = fake.get_namespace("ns-00000")
     line = json.dumps({"type": "MODIFIED", "object": obj}).encode()
@@ -176,7 +177,7 @@ def stages(keep: _Keep, source: KubernetesNamespaceSource, fake: FakeKube, m: in
     info = keep.namespace(obj)
     started = time.perf_counter()
     for _ in range(m):
-        source._namespace_news("event", "MODIFIED", info, info.resource_version)
+        source._namespace_news(Changed("MODIFIED", info, info.resource_version))
     apply = (time.perf_counter() - started) / m
     return [
         ("  thread: parse one event line", f"{parse * 1e6:.1f} us  ({1 / parse:,.0f}/s)"),
@@ -212,7 +213,7 @@ contexts: [{{name: fake, context: {{cluster: fake, user: amp}}}}]
 current-context: fake
 """)
     config = KubernetesConfig(source="kubeconfig", kubeconfig=kubeconfig, watch_timeout=600.0)
-    keep = _Keep(config)
+    keep = Keep(config)
     source = CountingSource(config, reactor=reactor, metrics=Metrics())
     try:
         started = time.perf_counter()

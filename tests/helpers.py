@@ -61,7 +61,8 @@ from amp.devcert import write_dev_tls
 from amp.example_tap import build_site
 from amp.metrics import Metrics
 from amp.namespaces import INamespaceSource
-from amp.service import AmpService, make_amp_service
+from amp.service import AmpService, namespace_source, serving_certificate
+from amp.tls import tls_endpoint
 
 #: The uid every review built here carries unless told otherwise.
 UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
@@ -316,15 +317,23 @@ class ConnectionTracker(WrappingFactory):
 
 
 @implementer(IStreamServerEndpoint)
-class _RecordingEndpoint:
-    """Listens through C{inner} and remembers the port."""
+class RecordingEndpoint:
+    """
+    Listens through C{inner} with the factory wrapped in a
+    L{ConnectionTracker}, and remembers the port.
+    """
 
-    def __init__(self, inner: IStreamServerEndpoint) -> None:
+    def __init__(self, inner: IStreamServerEndpoint, reactor: Any) -> None:
         self.inner = inner
+        self.reactor = reactor
         #: Fires with the listening port, or fails as the listen did.
         self.listening: Deferred = Deferred()
+        #: The tracker of the connections accepted, once listening.
+        self.tracker: Optional[ConnectionTracker] = None
 
     def listen(self, factory: IProtocolFactory) -> Deferred:
+        self.tracker = ConnectionTracker(factory, self.reactor)
+
         def got(port: IListeningPort) -> IListeningPort:
             self.listening.callback(port)
             return port
@@ -333,7 +342,7 @@ class _RecordingEndpoint:
             self.listening.errback(failure)
             return failure
 
-        return self.inner.listen(factory).addCallbacks(got, failed)
+        return self.inner.listen(self.tracker).addCallbacks(got, failed)
 
 
 # ---------------------------------------------------------------- amp
@@ -381,26 +390,26 @@ def start_amp(
     metrics: Optional[Metrics] = None,
 ) -> Any:
     """
-    Build amp with L{make_amp_service} (certificate loaded from
-    C{config.tls}, no SIGHUP handler), start it and wait until the webhook
-    listens.  C{config.listen.port} should be 0 (see L{make_config}).
-    Resolves to a L{RunningAmp}; add its C{stop} as a cleanup.
+    Build amp (certificate loaded from C{config.tls}, no SIGHUP handler, no
+    metrics listener) with its webhook on 127.0.0.1 port 0, start it and
+    wait until the webhook listens.  Resolves to a L{RunningAmp}; add its
+    C{stop} as a cleanup.
     """
-    kwargs: dict[str, Any] = {"install_sighup": False, "metrics": metrics if metrics is not None else Metrics()}
-    if namespaces is not None:
-        kwargs["namespaces"] = namespaces
-    service = make_amp_service(config, reactor, **kwargs)
-    recording = _RecordingEndpoint(service.webhook.endpoint)
-    tracker = ConnectionTracker(service.webhook.factory, reactor)
-    service.webhook.endpoint = recording
-    service.webhook.factory = tracker
+    metrics = metrics if metrics is not None else Metrics()
+    certificate = serving_certificate(config.tls, reactor, metrics)
+    webhook = RecordingEndpoint(tls_endpoint(reactor, 0, "127.0.0.1", certificate), reactor)
+    service = AmpService(
+        config, reactor, certificate=certificate, webhook_endpoint=webhook, metrics_endpoint=None,
+        namespaces=namespaces if namespaces is not None else namespace_source(config, reactor, metrics),
+        metrics=metrics, install_sighup=False)
     service.startService()
     try:
-        port = yield recording.listening.addTimeout(WAIT, reactor)
+        port = yield webhook.listening.addTimeout(WAIT, reactor)
     except Exception:
         yield service.stopService()
         raise
-    return RunningAmp(service, port.getHost().port, tracker)
+    assert webhook.tracker is not None
+    return RunningAmp(service, port.getHost().port, webhook.tracker)
 
 
 # ---------------------------------------------------------------- example endpoints

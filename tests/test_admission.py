@@ -28,8 +28,7 @@ from amp.config import Config
 from amp.endpoints import EndpointClient
 from amp.example_tap import build_root
 from amp.metrics import Metrics
-from amp.namespaces import UNKNOWN, INamespaceSource, StaticNamespaceSource
-from amp.policy import NamespaceInfo
+from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.review import parse_review
 from tests.helpers import (
     UID,

@@ -18,13 +18,13 @@ from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.endpoints import TCP4ServerEndpoint
+from twisted.internet.endpoints import serverFromString
 from twisted.trial.unittest import TestCase
 
 from tests.helpers import (
     WAIT,
     ConnectionTracker,
-    _RecordingEndpoint,
+    RecordingEndpoint,
     WebhookClient,
     closed_port,
     decode_answer,
@@ -37,7 +37,8 @@ from tests.helpers import (
 from amp.config import Config, parse_config
 from amp.devcert import write_dev_tls
 from amp.metrics import BREAKER_STATE_VALUES, Metrics
-from amp.service import AmpService, make_amp_service
+from amp.service import AmpService, namespace_source, serving_certificate
+from amp.tls import tls_endpoint
 
 #: The metrics the operator documentation and alerts rely on, with their
 #: Prometheus type and label names.
@@ -59,10 +60,7 @@ REQUIRED = {
 
 class AmpWithMetrics:
     """
-    amp built by L{make_amp_service} with its webhook and metrics
-    listeners both moved to free loopback ports.  (C{metrics.port: 0}
-    turns the metrics listener off, so the config names a real port and
-    the listener's endpoint is swapped before start.)
+    amp with its webhook and metrics listeners both on free loopback ports.
     """
 
     def __init__(self, service: AmpService, webhook: int, metrics: int,
@@ -91,29 +89,23 @@ class AmpWithMetrics:
 
 @inlineCallbacks
 def start_amp_with_metrics(config: Config) -> Any:
-    assert config.metrics.port, "the metrics listener exists only when metrics.port is set"
-    assert config.listen.port == 0
-    service = make_amp_service(config, reactor, metrics=Metrics(), install_sighup=False)
-    assert service.metrics_listener is not None
-    trackers, waiting = [], []
-    # The webhook listens on port 0 already (TLS); the metrics listener's
-    # configured port is replaced by a free one.
-    ephemeral = TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1")
-    for listener, inner in ((service.webhook, service.webhook.endpoint), (service.metrics_listener, ephemeral)):
-        endpoint = _RecordingEndpoint(inner)
-        tracker = ConnectionTracker(listener.factory, reactor)
-        listener.endpoint = endpoint
-        listener.factory = tracker
-        trackers.append(tracker)
-        waiting.append(endpoint.listening)
+    metrics = Metrics()
+    certificate = serving_certificate(config.tls, reactor, metrics)
+    webhook = RecordingEndpoint(tls_endpoint(reactor, 0, "127.0.0.1", certificate), reactor)
+    scrape = RecordingEndpoint(serverFromString(reactor, "tcp:0:interface=127.0.0.1"), reactor)
+    service = AmpService(
+        config, reactor, certificate=certificate, webhook_endpoint=webhook, metrics_endpoint=scrape,
+        namespaces=namespace_source(config, reactor, metrics), metrics=metrics, install_sighup=False)
     service.startService()
     try:
-        webhook = yield waiting[0].addTimeout(WAIT, reactor)
-        metrics = yield waiting[1].addTimeout(WAIT, reactor)
+        webhook_port = yield webhook.listening.addTimeout(WAIT, reactor)
+        metrics_port = yield scrape.listening.addTimeout(WAIT, reactor)
     except Exception:
         yield service.stopService()
         raise
-    return AmpWithMetrics(service, webhook.getHost().port, metrics.getHost().port, trackers)
+    assert webhook.tracker is not None and scrape.tracker is not None
+    return AmpWithMetrics(service, webhook_port.getHost().port, metrics_port.getHost().port,
+                          [webhook.tracker, scrape.tracker])
 
 
 def samples(text: str) -> dict[tuple[str, frozenset], float]:
@@ -168,7 +160,6 @@ class ScrapeTests(TestCase):
                 "down": namespace(f"{self.refused_origin}/mutate"),
             },
             tls={"cert": str(self.tls["cert"]), "key": str(self.tls["key"])},
-            metrics={"port": 9090, "interface": "127.0.0.1"},
             endpoints={"overrides": [{"match": f"{self.refused_origin}/*",
                                       "breaker": {"consecutive_failures": 1, "cooldown": "1m",
                                                   "max_cooldown": "1m"}}]},
@@ -339,5 +330,6 @@ def test_static_namespace_count_is_exposed() -> None:
     """
     config = make_config({"a": namespace("http://127.0.0.1:1/x"), "b": namespace(enabled=False),
                           "c": namespace()})
-    service = make_amp_service(config, reactor, metrics=Metrics(), install_sighup=False)
-    assert service.metrics.registry.get_sample_value("amp_namespace_cache_namespaces") == 3
+    metrics = Metrics()
+    namespace_source(config, reactor, metrics)
+    assert metrics.registry.get_sample_value("amp_namespace_cache_namespaces") == 3

@@ -10,7 +10,8 @@ from typing import Optional
 import pytest
 
 from amp.config import Config, parse_config
-from amp.policy import FAIL, IGNORE, NORMAL, SHADOW, NamespaceInfo, failure_policy, parse_timeout, review_budget, route
+from amp.namespaces import NamespaceInfo
+from amp.policy import FAIL, IGNORE, NORMAL, SHADOW, failure_policy, parse_timeout, review_budget, route
 from tests.helpers import make_config, namespace
 
 ENABLED = {"amp.txn2.com/enabled": "true"}
