@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import promql_parser
-import pytest
 import yaml
 
 from amp.metrics import TLS_RELOAD_RESULTS, Metrics
