@@ -158,7 +158,7 @@ def test_workload_values() -> None:
     assert c["resources"]["limits"] == {"cpu": "1", "memory": "512Mi"}
     assert pod["priorityClassName"] == "amp-critical"
     assert pod["terminationGracePeriodSeconds"] == 45
-    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "8"]
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["python", "-c", "import time; time.sleep(8)"]
     [spread] = pod["topologySpreadConstraints"]
     assert spread["maxSkew"] == 2 and spread["whenUnsatisfiable"] == "DoNotSchedule"
     assert spread["labelSelector"]["matchLabels"] == d["spec"]["selector"]["matchLabels"]
