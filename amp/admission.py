@@ -1,52 +1,48 @@
 """
 One review, end to end: namespace -> route -> endpoint -> patch checks ->
-answer, with every failure funnelled through L{Admitter._failed}, the one
-place the failure policy is applied.
+answer.
 
-L{Admitter.review} always resolves (never fails) to the bytes of a
-well-formed AdmissionReview answer, within the review's budget: a hung
-namespace lookup or endpoint is cut off by the deadline and answered by the
-failure policy.
+L{Admitter.review} always resolves (never fails) to an L{Answer}, the bytes
+of a well-formed AdmissionReview answer and its L{Outcome}, before the
+review's L{Deadline}.  Each review waits on one step at a time (the
+namespace lookup when the cache does not know the namespace, then the
+endpoint call), gives each step what is left of the deadline, and owns the
+one timer that enforces it: when the deadline passes, or the client goes
+away (the review's Deferred is cancelled), the step in progress is
+cancelled and the review is answered at once.
+
+Every answer is built by a named constructor of L{amp.answers}; every
+failure ends in L{_Review._failed}, the one place the failure policy is
+applied, with the L{Route} the review was on.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from twisted.internet.defer import CancelledError, Deferred, maybeDeferred, succeed
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from amp import answers
+from amp.answers import AUDIT_ERROR_KEY, Answer, Outcome
 from amp.config import Config
+from amp.deadline import Deadline
 from amp.endpoints import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.patch import PatchError, annotation_op, check_patch
-from amp.policy import FAIL, SHADOW, Route, failure_policy, route, shown_url
+from amp.policy import FAIL, SHADOW, Route, failure_policy, route
+from amp.reasons import Reason
 from amp.reply import EndpointDecision
-from amp.review import AdmissionRequest, clean_audit_annotations, clip, dumps, encode_response
+from amp.review import AdmissionRequest, clean_audit_annotations, clip, dumps
 
-AUDIT_ERROR_KEY = "error"
+__all__ = ["AUDIT_ERROR_KEY", "SKIPPED_ANNOTATION", "Admitter", "Answer", "Outcome"]
+
 SKIPPED_ANNOTATION = "amp.txn2.com/skipped"
 
-
-@dataclass(slots=True)
-class Outcome:
-    """
-    What happened to one review, for the log line and the metrics.
-    """
-
-    result: str = "allowed"
-    reason: str = ""
-    endpoint: str = ""
-    patch_size: int = 0
-    shadow_patch_size: int = -1
-
-
-class _Deadline(Exception):
-    pass
+_CANCELLED = "the review was cancelled: the client went away"
 
 
 class Admitter:
@@ -75,60 +71,101 @@ class Admitter:
             denied=patch.denied_paths, allowed=patch.allowed_paths, repair=patch.repair,
             max_operations=patch.max_operations)
 
-    # ------------------------------------------------------------ entry
-
-    def review(self, req: AdmissionRequest, budget: float, *, validation: bool = False) -> "Deferred[tuple[bytes, Outcome]]":
+    def review(self, req: AdmissionRequest, deadline: Deadline, *, validation: bool = False) -> "Deferred[Answer]":
         """
-        Answer C{req} within C{budget} seconds.  Resolves to the answer's
-        bytes and the L{Outcome}; never fails.
+        Answer C{req} before C{deadline}.  Resolves to an L{Answer}; never
+        fails.  Cancelling the result (the client went away) answers at
+        once, as C{cancelled}.
         """
-        outcome = Outcome()
         if not req.is_pod_create:
-            outcome.result = "skipped"
-            return succeed((encode_response(req.api_version, req.uid), outcome))
-        started = self._clock.seconds()
-        ns = self._namespaces.cached(req.namespace)
-        # maybeDeferred: an exception raised on the way (a bug, a broken
-        # source or client) still ends in _internal_error and an answer.
-        if ns is UNKNOWN:
-            d = maybeDeferred(self._namespaces.fetch, req.namespace, budget)
-            d.addCallback(lambda ns: self._routed(req, ns, outcome, started, budget, validation))
-        else:
-            d = maybeDeferred(self._routed, req, ns, outcome, started, budget, validation)
-        if d.called and not d.paused:
-            return d.addErrback(self._internal_error, req, outcome, validation)
-        d.addTimeout(budget, self._clock, onTimeoutCancel=self._deadline)
-        return d.addErrback(self._internal_error, req, outcome, validation)
+            return succeed(answers.skipped(req))
+        return _Review(self, req, deadline, validation).start()
 
-    def _deadline(self, result: Any, timeout: float) -> Any:
-        if isinstance(result, Failure):
-            raise _Deadline(f"review deadline of {timeout:.3g}s passed")
-        return result
+    def _has_validation_endpoint(self, ns: Optional[NamespaceInfo]) -> bool:
+        return ns is not None and bool(ns.annotations.get(self.config.kubernetes.validation_annotation))
 
-    def _routed(
-        self, req: AdmissionRequest, ns: Optional[NamespaceInfo], outcome: Outcome, started: float,
-        budget: float, validation: bool,
-    ) -> Deferred:
-        r = route(ns, self.config, self._namespaces.cluster_failure_policy(), validation=validation,
-                  cache=self._routes)
+
+class _Review:
+    """
+    One review in progress: the step it waits on, the deadline's timer, the
+    route once known.
+    """
+
+    __slots__ = ("_admitter", "_req", "_deadline", "_validation", "_route", "_pending", "_timer", "_ending",
+                 "_done", "result")
+
+    log = Logger()
+
+    def __init__(self, admitter: Admitter, req: AdmissionRequest, deadline: Deadline, validation: bool) -> None:
+        self._admitter = admitter
+        self._req = req
+        self._deadline = deadline
+        self._validation = validation
+        self._route: Optional[Route] = None
+        #: The step waited on: a namespace lookup or an endpoint call.
+        self._pending: Optional[Deferred] = None
+        self._timer: Optional[IDelayedCall] = None
+        #: Why the review is being ended early: DEADLINE or CANCELLED.
+        self._ending: Optional[Reason] = None
+        self._done = False
+        self.result: Deferred[Answer] = Deferred(self._cancel)
+
+    # ------------------------------------------------------------ steps
+
+    def start(self) -> "Deferred[Answer]":
+        a = self._admitter
+        namespaces = a._namespaces
+        name = self._req.namespace
+        try:
+            ns = namespaces.cached(name)
+            if ns is UNKNOWN:
+                self._wait(namespaces.fetch(name, self._deadline.remaining(a._clock.seconds())), self._routed)
+            else:
+                self._routed(ns)
+        except Exception:
+            # A bug, a broken source or client: still an answer.
+            self._step_failed(Failure())
+        return self.result
+
+    def _wait(self, d: Deferred, then: Callable[[Any], None]) -> None:
+        """
+        Wait for C{d}, then pass its result to C{then}; arm the deadline's
+        timer if it is not armed yet and C{d} has not fired already.
+        """
+        self._pending = d
+        d.addBoth(self._resume, d, then)
+        if self._pending is d and self._timer is None:
+            clock = self._admitter._clock
+            self._timer = clock.callLater(self._deadline.remaining(clock.seconds()), self._expired)
+
+    def _resume(self, result: Any, d: Deferred, then: Callable[[Any], None]) -> None:
+        if self._pending is not d:
+            # The review was answered without this step; its result is dropped.
+            return None
+        self._pending = None
+        try:
+            if isinstance(result, Failure):
+                self._step_failed(result)
+            else:
+                then(result)
+        except Exception:
+            self._step_failed(Failure())
+        return None
+
+    def _routed(self, ns: Optional[NamespaceInfo]) -> None:
+        a = self._admitter
+        req = self._req
+        r = self._route = route(ns, a.config, a._namespaces.cluster_failure_policy(),
+                                validation=self._validation, cache=a._routes)
         if not r.enabled:
-            outcome.result = "skipped"
-            return succeed((encode_response(req.api_version, req.uid), outcome))
-        if r.url is not None:
-            outcome.endpoint = r.url.origin
+            return self._answer(answers.skipped(req))
         if r.error is not None:
-            return succeed(self._failed(req, r, outcome, *r.error, validation=validation))
+            return self._answer(self._failed(*r.error))
         if r.url is None:
-            if validation:
-                outcome.result = "skipped"
-                return succeed((encode_response(req.api_version, req.uid), outcome))
-            if self._has_validation_endpoint(ns):
-                outcome.result = "skipped"
-                return succeed((encode_response(req.api_version, req.uid), outcome))
-            return succeed(self._failed(req, r, outcome, "no-endpoint",
-                                        "namespace is enabled but has no endpoint annotation"))
+            if self._validation or a._has_validation_endpoint(ns):
+                return self._answer(answers.skipped(req))
+            return self._answer(self._failed(Reason.NO_ENDPOINT, "namespace is enabled but has no endpoint annotation"))
         assert r.settings is not None
-        remaining = budget - (self._clock.seconds() - started)
         headers = {
             b"x-amp-namespace": req.namespace.encode("utf-8"),
             b"x-amp-operation": req.operation.encode("ascii", "replace"),
@@ -136,79 +173,115 @@ class Admitter:
             b"x-amp-dry-run": b"true" if req.dry_run else b"false",
         }
         pod_json = req.object_json if req.object_json is not None else dumps(req.object)
-        d = self._endpoints.call(r.url, r.settings, pod_json, headers, remaining)
-        d.addCallbacks(
-            self._answered, self._call_failed,
-            callbackArgs=(req, r, outcome, validation), errbackArgs=(req, r, outcome, validation))
-        return d
+        self._wait(a._endpoints.call(r.url, r.settings, pod_json, headers, self._deadline, r.breaker),
+                   self._decided)
 
-    def _has_validation_endpoint(self, ns: Optional[NamespaceInfo]) -> bool:
-        return ns is not None and bool(ns.annotations.get(self.config.kubernetes.validation_annotation))
-
-    # ------------------------------------------------------------ outcomes
-
-    def _call_failed(
-        self, failure: Failure, req: AdmissionRequest, r: Route, outcome: Outcome, validation: bool
-    ) -> tuple:
-        failure.trap(EndpointFailure)
-        e = failure.value
-        return self._failed(req, r, outcome, e.reason, e.message, validation=validation)
-
-    def _answered(
-        self, decision: EndpointDecision, req: AdmissionRequest, r: Route, outcome: Outcome, validation: bool
-    ) -> tuple[bytes, Outcome]:
+    def _decided(self, decision: EndpointDecision) -> None:
+        a = self._admitter
+        req = self._req
+        r = self._route
+        assert r is not None and r.url is not None
+        origin = r.url.origin
+        if r.mode == SHADOW:
+            return self._answer(self._shadow(decision, origin))
         audit, problems = clean_audit_annotations(decision.audit)
         warnings = [f"amp: {w}" for w in decision.warnings] + [f"amp: {p}" for p in problems]
-        if r.mode == SHADOW:
-            return self._shadow(decision, req, r, outcome)
         if not decision.allowed:
-            outcome.result = "denied"
-            outcome.reason = "endpoint-denied"
-            message = decision.message or "denied by the endpoint without a message"
-            return encode_response(
-                req.api_version, req.uid, allowed=False, code=decision.code,
-                message=clip(f"amp: endpoint {r.url.origin} denied the Pod: {message}", 1024),  # type: ignore[union-attr]
-                warnings=warnings, audit=audit), outcome
-        if validation or not decision.patch:
-            return encode_response(req.api_version, req.uid, warnings=warnings, audit=audit), outcome
+            return self._answer(answers.denied(req, origin, decision.code, decision.message, warnings=warnings,
+                                               audit=audit))
+        if self._validation or not decision.patch:
+            return self._answer(answers.allowed(req, origin, warnings=warnings, audit=audit))
         try:
-            checked = check_patch(req.object, decision.patch, **self._patch_options)
+            checked = check_patch(req.object, decision.patch, **a._patch_options)
         except PatchError as e:
-            return self._failed(req, r, outcome, e.reason, str(e))
-        patch = dumps(checked.operations) if checked.operations else b""
-        if len(patch) > self.config.patch.max_size:
-            return self._failed(req, r, outcome, "patch-too-large",
-                                f"patch of {len(patch)} bytes is over patch.max_size")
+            return self._answer(self._failed(e.reason, str(e)))
+        if not checked.operations:
+            return self._answer(answers.allowed(req, origin, warnings=warnings, audit=audit))
+        patch = dumps(checked.operations)
+        if len(patch) > a.config.patch.max_size:
+            return self._answer(self._failed(Reason.PATCH_TOO_LARGE,
+                                             f"patch of {len(patch)} bytes is over patch.max_size"))
         if checked.repaired:
-            self._metrics.patch_repairs.inc(checked.repaired)
+            a._metrics.patch_repairs.inc(checked.repaired)
         warnings.extend(f"amp: {w}" for w in checked.warnings)
-        outcome.result = "patched" if patch else "allowed"
-        outcome.patch_size = len(patch)
-        return encode_response(req.api_version, req.uid, patch_bytes=patch or None, warnings=warnings,
-                               audit=audit), outcome
+        self._answer(answers.patched(req, origin, patch, warnings=warnings, audit=audit))
 
-    def _shadow(self, decision: EndpointDecision, req: AdmissionRequest, r: Route, outcome: Outcome) -> tuple:
-        origin = r.url.origin  # type: ignore[union-attr]
-        outcome.result = "shadow"
+    def _shadow(self, decision: EndpointDecision, origin: str) -> Answer:
+        a = self._admitter
+        req = self._req
         try:
-            checked = check_patch(req.object, decision.patch, **self._patch_options) if decision.allowed else None
+            checked = check_patch(req.object, decision.patch, **a._patch_options) if decision.allowed else None
         except PatchError as e:
-            outcome.reason = e.reason
             self.log.info("Shadow patch from {endpoint} would fail: {reason}", endpoint=origin, reason=str(e))
-        else:
-            size = len(dumps(checked.operations)) if checked is not None else 0
-            outcome.shadow_patch_size = size
-            self._metrics.shadow_patches.labels(origin).inc()
-            self.log.info(
-                "Shadow mode: {endpoint} would have {verdict} pod {pod} in {namespace} ({ops} operations)",
-                endpoint=origin, verdict="patched" if decision.allowed else "denied", pod=req.pod_name,
-                namespace=req.namespace, ops=len(checked.operations) if checked is not None else 0)
-        return encode_response(req.api_version, req.uid), outcome
+            return answers.shadow(req, origin, reason=e.reason)
+        size = len(dumps(checked.operations)) if checked is not None else 0
+        a._metrics.shadow_patches.labels(origin).inc()
+        self.log.info(
+            "Shadow mode: {endpoint} would have {verdict} pod {pod} in {namespace} ({ops} operations)",
+            endpoint=origin, verdict="patched" if decision.allowed else "denied", pod=req.pod_name,
+            namespace=req.namespace, ops=len(checked.operations) if checked is not None else 0)
+        return answers.shadow(req, origin, shadow_patch_size=size)
 
-    def _failed(
-        self, req: AdmissionRequest, r: Route, outcome: Outcome, reason: str, message: str, *,
-        validation: bool = False,
-    ) -> tuple:
+    # ------------------------------------------------------------ ending
+
+    def _answer(self, answer: Answer) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._pending = None
+        timer, self._timer = self._timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+        self.result.callback(answer)
+
+    def _expired(self) -> None:
+        self._timer = None
+        self._end(Reason.DEADLINE)
+
+    def _cancel(self, result: Deferred) -> None:
+        self._end(Reason.CANCELLED)
+
+    def _end(self, why: Reason) -> None:
+        """
+        End the review now (its deadline passed, or the client went away):
+        cancel the step in progress, which then ends through L{_resume}.
+        """
+        if self._done:
+            return
+        self._ending = why
+        pending = self._pending
+        if pending is not None:
+            pending.cancel()
+        if not self._done:
+            # The step did not end when cancelled: answer without it.
+            self._pending = None
+            self._step_failed(Failure(CancelledError()))
+
+    def _step_failed(self, failure: Failure) -> None:
+        """
+        A step failed, was cancelled, or raised: name the reason and answer
+        under the failure policy.
+        """
+        if self._ending is Reason.CANCELLED:
+            # The API server hung up (see amp.web): nobody reads this
+            # answer, and it is not an error of amp's.
+            reason, message = Reason.CANCELLED, _CANCELLED
+        elif failure.check(EndpointFailure):
+            # Including the call cut off by the review's deadline: C{timeout}.
+            e = failure.value
+            reason, message = e.reason, e.message
+        elif self._ending is Reason.DEADLINE:
+            reason, message = Reason.DEADLINE, f"review deadline of {self._deadline.budget:.3g}s passed"
+        elif failure.check(NamespaceLookupError):
+            reason, message = Reason.NAMESPACE_LOOKUP, failure.getErrorMessage()
+        elif failure.check(CancelledError):
+            reason, message = Reason.CANCELLED, _CANCELLED
+        else:
+            self.log.failure("Internal error reviewing {uid}", failure, uid=self._req.uid)
+            reason, message = Reason.INTERNAL_ERROR, f"amp internal error: {failure.getErrorMessage()}"
+        self._answer(self._failed(reason, message))
+
+    def _failed(self, reason: str, message: str) -> Answer:
         """
         The failure policy: the one place every failure ends.
 
@@ -217,52 +290,37 @@ class Admitter:
         patch from a validating webhook (and would then apply the webhook's
         own failurePolicy, typically C{Fail}).
         """
+        req = self._req
+        r = self._route if self._route is not None else self._route_without_namespace()
         # An unusable annotation is shown masked: it may hold credentials or
         # control characters, and it lands in warnings, audit and the Pod.
-        where = r.url.origin if r.url is not None else (shown_url(r.raw_url) if r.raw_url else "(none)")
-        outcome.reason = reason
+        where = r.where
+        endpoint = r.url.origin if r.url is not None else ""
         text = f"endpoint {where} failed ({reason}): {message}"
         if r.mode == SHADOW:
-            outcome.result = "shadow"
             self.log.info("Shadow mode: {text}", text=text)
-            return encode_response(req.api_version, req.uid), outcome
+            return answers.shadow(req, endpoint, reason=reason)
         if r.failure_policy == FAIL:
-            outcome.result = "denied"
-            return encode_response(
-                req.api_version, req.uid, allowed=False, code=500, reason="InternalError",
-                message=clip(f"amp: {text}; failure policy Fail denies the Pod", 1024)), outcome
-        outcome.result = "ignored"
+            return answers.errored(req, endpoint, reason, text)
         patch: Optional[bytes] = None
-        if self.config.annotate_skipped and not validation and isinstance(req.object, dict):
-            ops = annotation_op(req.object, SKIPPED_ANNOTATION, clip(f"{reason}: {where}", 250))
-            patch = dumps(ops)
-        return encode_response(
-            req.api_version, req.uid, patch_bytes=patch,
-            warnings=[f"amp: {where} {reason}; Pod admitted unchanged"],
-            audit={AUDIT_ERROR_KEY: clip(text, 1024)}), outcome
+        if self._admitter.config.annotate_skipped and not self._validation and isinstance(req.object, dict):
+            patch = dumps(annotation_op(req.object, SKIPPED_ANNOTATION, clip(f"{reason}: {where}", 250)))
+        return answers.ignored(req, endpoint, where, reason, text, patch=patch)
 
-    def _internal_error(self, failure: Failure, req: AdmissionRequest, outcome: Outcome, validation: bool) -> tuple:
+    def _route_without_namespace(self) -> Route:
         """
-        Deadline, or a bug: still a well-formed answer under the policy.
+        The route of a review that failed before it had one (its namespace
+        lookup failed, hung or was cancelled): from what the cache knows
+        now; a namespace still unknown has no annotation to read, so the
+        configured policy applies, not a blanket C{Fail}.
         """
-        ns = self._namespaces.cached(req.namespace)
-        ns = ns if isinstance(ns, NamespaceInfo) else None
-        cluster_policy = self._namespaces.cluster_failure_policy()
-        r = route(ns, self.config, cluster_policy, validation=validation)
-        # A namespace still unknown here (its lookup failed or hung) has no
-        # annotation to read: the configured policy applies, not a blanket Fail.
-        policy = r.failure_policy if r.enabled else failure_policy(ns, self.config, cluster_policy)
-        r = Route(True, policy, r.mode, r.url, r.raw_url)
-        if failure.check(_Deadline):
-            return self._failed(req, r, outcome, "deadline", failure.getErrorMessage(), validation=validation)
-        if failure.check(NamespaceLookupError):
-            return self._failed(req, r, outcome, "namespace-lookup", failure.getErrorMessage(),
-                                validation=validation)
-        if failure.check(CancelledError):
-            # The API server hung up (see amp.web): nobody reads this answer,
-            # and it is not an error of amp's.
-            return self._failed(req, r, outcome, "cancelled", "the review was cancelled: the client went away",
-                                validation=validation)
-        self.log.failure("Internal error reviewing {uid}", failure, uid=req.uid)
-        return self._failed(req, r, outcome, "internal-error", f"amp internal error: {failure.getErrorMessage()}",
-                            validation=validation)
+        a = self._admitter
+        try:
+            ns = a._namespaces.cached(self._req.namespace)
+            ns = ns if isinstance(ns, NamespaceInfo) else None
+            cluster_policy = a._namespaces.cluster_failure_policy()
+            r = route(ns, a.config, cluster_policy, validation=self._validation)
+            return r if r.enabled else Route(True, failure_policy(ns, a.config, cluster_policy))
+        except Exception:
+            self.log.failure("Internal error reviewing {uid}", uid=self._req.uid)
+            return Route(True, failure_policy(None, a.config, None))

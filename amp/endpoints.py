@@ -30,10 +30,13 @@ ones: the bulkhead does that.
 Limits
 ======
 
-  - One timer per call: C{min(settings.timeout, budget)} seconds from the
-    call, covering connect, TLS handshake, headers and body.  When it fires
-    the call fails with C{timeout} at that moment and its connection is
-    aborted.  C{connect_timeout} separately bounds the TCP connect.
+  - A call has C{min(settings.timeout, time left before the review's
+    deadline)} seconds, covering connect, TLS handshake, headers and body.
+    Its own timer covers only C{settings.timeout}, when that ends first: the
+    review's deadline belongs to the caller (L{amp.admission}), whose one
+    timer cancels the call when it passes.  Either way the call fails with
+    C{timeout} at that moment and its connection is aborted.
+    C{connect_timeout} separately bounds the TCP connect.
   - Bulkhead: when C{max_concurrent} calls to the origin are in flight, the
     next fails at once with C{concurrency-limit} instead of queueing.
   - A reply over C{max_response} bytes fails with C{response-too-large}: at
@@ -168,6 +171,7 @@ from zope.interface import implementer
 from amp import __version__
 from amp.breaker import BreakerRegistry, CircuitBreaker, Ticket
 from amp.config import BreakerConfig, EndpointSettings
+from amp.deadline import Deadline
 from amp.metrics import Metrics
 from amp.reply import EndpointDecision, ReplyError, parse_reply
 from amp.urls import EndpointURL, denied_network
@@ -907,12 +911,13 @@ class _Call:
 
     __slots__ = (
         "_client", "_origin", "_target", "_profile", "_settings", "_body", "_headers", "_timeout",
-        "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry", "_done", "_waiters", "result",
+        "_deadline", "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry", "_done", "_waiters",
+        "result",
     )
 
     def __init__(
         self, client: "EndpointClient", origin: _Origin, target: _Target, profile: _Profile,
-        settings: EndpointSettings, body: bytes, headers: Headers, timeout: float,
+        settings: EndpointSettings, body: bytes, headers: Headers, timeout: float, deadline: Deadline,
         breaker: CircuitBreaker, ticket: Ticket,
     ) -> None:
         self._client = client
@@ -923,6 +928,7 @@ class _Call:
         self._body = body
         self._headers = headers
         self._timeout = timeout
+        self._deadline = deadline
         self._breaker = breaker
         self._ticket = ticket
         self._retry = settings.retry
@@ -934,7 +940,13 @@ class _Call:
     def start(self) -> Deferred:
         reactor = self._client._reactor
         self._started = reactor.seconds()
-        self._timer = reactor.callLater(self._timeout, self._timed_out)
+        # A timer for the endpoint's own timeout only, when it ends before
+        # the review's deadline: that deadline is the caller's to enforce
+        # (it cancels the call, see _cancelled).
+        if self._timeout < self._deadline.remaining(self._started):
+            self._timer = reactor.callLater(self._timeout, self._timed_out)
+        else:
+            self._timer = None
         d = self._send()
         d.addCallbacks(self._got_response, self._not_answered)
         self._pending = d
@@ -986,13 +998,12 @@ class _Call:
         self.result.errback(Failure(failure))
         return None
 
-    def _timed_out(self) -> None:
+    def _timed_out(self, own: bool = True) -> None:
         self._timer = None
         if self._done:
             return
-        # The endpoint's own timeout is a verdict on the endpoint; a shorter
-        # review deadline is not.
-        own = self._timeout >= self._settings.timeout
+        # The endpoint's own timeout is a verdict on the endpoint; the
+        # review's deadline is not.
         self._settle("timeout", "failure" if own else "release")
         self.result.errback(Failure(EndpointFailure("timeout", f"no reply within {self._timeout:.3g}s")))
         if self._pending is not None:
@@ -1000,6 +1011,10 @@ class _Call:
 
     def _cancelled(self, result: Deferred) -> None:
         if self._done:
+            return
+        if self._deadline.passed(self._client._reactor.seconds()):
+            # The review's deadline passed: the call timed out.
+            self._timed_out(own=False)
             return
         self._settle("cancelled", "release")
         if self._pending is not None:
@@ -1047,8 +1062,6 @@ class EndpointClient:
     The one client amp uses to call endpoints.
 
     @param reactor: for connections and every timer.
-    @param settings_for_origin: the settings of an origin's root URL; their
-        C{breaker} block configures that origin's breaker.
     @param agent: an C{IAgent} to use for every call instead of amp's own
         pooled connections (tests).
     @param resolver: the C{IHostnameResolver} for endpoint host names;
@@ -1060,7 +1073,6 @@ class EndpointClient:
         reactor: IReactorTime,
         metrics: Metrics,
         breakers: BreakerRegistry,
-        settings_for_origin: Callable[[str], EndpointSettings],
         agent: Optional[IAgent] = None,
         resolver: Optional[IHostnameResolver] = None,
     ) -> None:
@@ -1068,7 +1080,6 @@ class EndpointClient:
         self._resolver = resolver
         self._metrics = metrics
         self._breakers = breakers
-        self._settings_for_origin = settings_for_origin
         self._test_agent = agent
         self.pool = OriginPool(reactor)
         self._profiles: dict[EndpointSettings, _Profile] = {}
@@ -1097,15 +1108,10 @@ class EndpointClient:
         self._by_id[id(settings)] = (settings, profile)
         return profile
 
-    def _origin(self, name: str, settings: EndpointSettings) -> _Origin:
+    def _origin(self, name: str, breaker: BreakerConfig) -> _Origin:
         o = self._origins.get(name)
         if o is None:
-            try:
-                config = self._settings_for_origin(name).breaker
-            except Exception:
-                log.failure("No settings for endpoint origin {endpoint}", endpoint=name)
-                config = settings.breaker
-            o = self._origins[name] = _Origin(name, config, self._metrics)
+            o = self._origins[name] = _Origin(name, breaker, self._metrics)
         return o
 
     def _breaker(self, origin: _Origin, settings: EndpointSettings) -> CircuitBreaker:
@@ -1122,15 +1128,24 @@ class EndpointClient:
     # ------------------------------------------------------------ calls
 
     def call(
-        self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes], budget: float
+        self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes],
+        deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
     ) -> "Deferred[EndpointDecision]":
         """
-        POST C{body} to C{url} and parse the reply, within
-        C{min(settings.timeout, budget)} seconds.  Fails with
-        L{EndpointFailure}; cancelling the result ends the call (the
-        breaker counts nothing) and fails it with C{CancelledError}.
+        POST C{body} to C{url} and parse the reply, within C{settings.timeout}
+        and before C{deadline}.  Fails with L{EndpointFailure}.
+
+        The caller owns C{deadline}: it cancels the result when the deadline
+        passes, and the call then fails with C{timeout} (the breaker counts
+        nothing: the review's deadline is not a verdict on the endpoint).
+        Cancelled before, the call ends (the breaker counts nothing) and
+        fails with C{CancelledError}.
+
+        @param breaker_config: the breaker settings of C{url}'s origin (those of
+            its root URL, see L{amp.policy.Route.breaker}); by default
+            C{settings.breaker}.  The first call to an origin sets them.
         """
-        origin = self._origin(url.origin, settings)
+        origin = self._origin(url.origin, breaker_config if breaker_config is not None else settings.breaker)
         breaker = self._breaker(origin, settings)
         ticket = breaker.allow()
         if ticket is None:
@@ -1140,6 +1155,7 @@ class EndpointClient:
             breaker.release(ticket)
             return self._refuse(origin, "concurrency-limit",
                                 f"{origin.in_flight} calls already in flight (max_concurrent)")
+        budget = deadline.remaining(self._reactor.seconds())
         timeout = settings.timeout if settings.timeout < budget else budget
         if timeout <= 0:
             breaker.release(ticket)
@@ -1165,7 +1181,7 @@ class EndpointClient:
             breaker.release(ticket)
             log.failure("Could not build the request to {endpoint}", endpoint=origin.name)
             return self._refuse(origin, "connection-failed", "amp could not build the request")
-        c = _Call(self, origin, target, profile, settings, body, raw, timeout, breaker, ticket)
+        c = _Call(self, origin, target, profile, settings, body, raw, timeout, deadline, breaker, ticket)
         origin.in_flight += 1
         self._live.add(c)
         return c.start()

@@ -34,21 +34,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Optional, Sequence
 
+from amp.reasons import Reason
+
 __all__ = [
-    "DEFAULT_DENIED", "INVALID_PATCH", "REFUSED_PATH", "APPLY_FAILED", "PATCH_TOO_LARGE",
-    "TOO_MANY_OPERATIONS", "INVALID_POD", "PatchError", "CheckedPatch", "check_patch",
-    "annotation_op", "escape_pointer_token", "parse_pointer",
+    "DEFAULT_DENIED", "PatchError", "CheckedPatch", "check_patch", "annotation_op", "escape_pointer_token",
+    "parse_pointer",
 ]
 
 DEFAULT_DENIED: tuple[str, ...] = ("/metadata/name", "/metadata/namespace", "/metadata/uid", "/status")
 
-# PatchError.reason values: short stable slugs for metrics and annotations.
-INVALID_PATCH = "invalid-patch"
-REFUSED_PATH = "refused-path"
-APPLY_FAILED = "apply-failed"
-PATCH_TOO_LARGE = "patch-too-large"  # raised by the caller, which sees the bytes
-TOO_MANY_OPERATIONS = "too-many-operations"
-INVALID_POD = "invalid-pod"
 
 _OPS = ("add", "remove", "replace", "move", "copy", "test")
 _NEEDS_VALUE = frozenset(("add", "replace", "test"))
@@ -61,15 +55,15 @@ class PatchError(ValueError):
     """
     An endpoint's patch cannot be sent to the API server.
 
-    @ivar reason: a short stable slug (L{INVALID_PATCH}, L{REFUSED_PATH},
-        L{APPLY_FAILED}, L{PATCH_TOO_LARGE}, L{TOO_MANY_OPERATIONS},
-        L{INVALID_POD}) for metrics and annotations.
+    @ivar reason: one of L{amp.reasons.PATCH_REASONS} but
+        C{patch-too-large} (the caller, which sees the bytes, checks the
+        size).
 
     C{str(error)} is a one-line message that names the operation (its index in
     the endpoint's patch, the op and the path) and the problem.
     """
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: Reason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -260,46 +254,45 @@ def _check_json(value: Any, where: str) -> Optional[str]:
 
 def _parse_ops(ops: Any, max_operations: int) -> list[_Op]:
     if type(ops) is not list:
-        raise PatchError(INVALID_PATCH, f"the patch must be a JSON array of operations, not {_json_type(ops)}")
+        raise PatchError(Reason.INVALID_PATCH, f"the patch must be a JSON array of operations, not {_json_type(ops)}")
     if len(ops) > max_operations:
-        raise PatchError(
-            TOO_MANY_OPERATIONS,
+        raise PatchError(Reason.TOO_MANY_OPERATIONS,
             f"the patch has {len(ops)} operations, more than patch.max_operations ({max_operations})")
     parsed = []
     for i, raw in enumerate(ops):
         if type(raw) is not dict:
-            raise PatchError(INVALID_PATCH, f"operation {i}: must be an object, not {_json_type(raw)}")
+            raise PatchError(Reason.INVALID_PATCH, f"operation {i}: must be an object, not {_json_type(raw)}")
         op = raw.get("op")
         if type(op) is not str or op not in _OPS:
             got = "missing" if "op" not in raw else f"got {_show(json.dumps(op, default=repr))}"
-            raise PatchError(INVALID_PATCH, f"operation {i}: \"op\" must be one of {', '.join(_OPS)}; {got}")
+            raise PatchError(Reason.INVALID_PATCH, f"operation {i}: \"op\" must be one of {', '.join(_OPS)}; {got}")
         path = raw.get("path")
         if type(path) is not str:
             got = "missing" if "path" not in raw else f"a {_json_type(path)}"
-            raise PatchError(INVALID_PATCH, f"operation {i} ({op}): \"path\" must be a string; it is {got}")
+            raise PatchError(Reason.INVALID_PATCH, f"operation {i} ({op}): \"path\" must be a string; it is {got}")
         try:
             tokens = parse_pointer(path)
         except ValueError as e:
-            raise PatchError(INVALID_PATCH, f"operation {i} ({op} {_show(path)}): \"path\" {e}") from None
+            raise PatchError(Reason.INVALID_PATCH, f"operation {i} ({op} {_show(path)}): \"path\" {e}") from None
         out = {"op": op, "path": path}
         frm = ftokens = value = None
         if op in _NEEDS_FROM:
             frm = raw.get("from")
             if type(frm) is not str:
                 got = "missing" if "from" not in raw else f"a {_json_type(frm)}"
-                raise PatchError(INVALID_PATCH, f"operation {i} ({op} {_show(path)}): \"from\" must be a string; it is {got}")
+                raise PatchError(Reason.INVALID_PATCH, f"operation {i} ({op} {_show(path)}): \"from\" must be a string; it is {got}")
             try:
                 ftokens = parse_pointer(frm)
             except ValueError as e:
-                raise PatchError(INVALID_PATCH, f"operation {i} ({op} {_show(path)}): \"from\" {e}") from None
+                raise PatchError(Reason.INVALID_PATCH, f"operation {i} ({op} {_show(path)}): \"from\" {e}") from None
             out["from"] = frm
         elif op in _NEEDS_VALUE:
             if "value" not in raw:
-                raise PatchError(INVALID_PATCH, f"operation {i} ({op} {_show(path)}): \"value\" is missing")
+                raise PatchError(Reason.INVALID_PATCH, f"operation {i} ({op} {_show(path)}): \"value\" is missing")
             value = raw["value"]
             problem = _check_json(value, "value")
             if problem is not None:
-                raise PatchError(INVALID_PATCH, f"operation {i} ({op} {_show(path)}): {problem}")
+                raise PatchError(Reason.INVALID_PATCH, f"operation {i} ({op} {_show(path)}): {problem}")
             out["value"] = value
         parsed.append(_Op(i, op, path, tokens, frm, ftokens, value, out))
     return parsed
@@ -562,7 +555,7 @@ def _repair(doc: _Doc, op: _Op, fail: _Fail, rules: tuple, out: list[dict]) -> i
     for tokens, _ in plan:
         why = _refusal(tokens, rules)
         if why is not None:
-            raise PatchError(REFUSED_PATH, f"{op.label}: {fail.message}, and creating it "
+            raise PatchError(Reason.REFUSED_PATH, f"{op.label}: {fail.message}, and creating it "
                                            f"({_show(_pointer(tokens))}) {why}")
     node: Any = fail.node
     for tokens, is_list in plan:
@@ -689,7 +682,7 @@ def _check_pod(original: dict, patched: dict) -> None:
     problems = [message for check, message in problems if check not in already]
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise PatchError(INVALID_POD, f"the patched Pod would be invalid: {problems[0]}{more}")
+        raise PatchError(Reason.INVALID_POD, f"the patched Pod would be invalid: {problems[0]}{more}")
 
 
 # ---------------------------------------------------------------- public API
@@ -714,7 +707,7 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
     """
     parsed = _parse_ops(ops, max_operations)
     if type(pod) is not dict:
-        raise PatchError(INVALID_POD, f"the Pod must be a JSON object, not {_json_type(pod)}")
+        raise PatchError(Reason.INVALID_POD, f"the Pod must be a JSON object, not {_json_type(pod)}")
     rules = _rules(tuple(denied), tuple(allowed))
 
     modifies = False
@@ -724,11 +717,11 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
         modifies = True
         why = _refusal(op.tokens, rules)
         if why is not None:
-            raise PatchError(REFUSED_PATH, f"{op.label}: path {why}")
+            raise PatchError(Reason.REFUSED_PATH, f"{op.label}: path {why}")
         if op.op == "move":
             why = _refusal(op.ftokens, rules)
             if why is not None:
-                raise PatchError(REFUSED_PATH, f"{op.label}: from {why}")
+                raise PatchError(Reason.REFUSED_PATH, f"{op.label}: from {why}")
 
     doc = _Doc(pod)
     operations: list[dict] = []
@@ -738,13 +731,13 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
             _apply(doc, op)
         except _Fail as fail:
             if op.op != "add" or fail.node is None:
-                raise PatchError(APPLY_FAILED, f"{op.label}: {fail.message}") from None
+                raise PatchError(Reason.APPLY_FAILED, f"{op.label}: {fail.message}") from None
             if not repair:
-                raise PatchError(APPLY_FAILED, f"{op.label}: {fail.message} (patch.repair is off)") from None
+                raise PatchError(Reason.APPLY_FAILED, f"{op.label}: {fail.message} (patch.repair is off)") from None
             try:
                 repaired += _repair(doc, op, fail, rules, operations)
             except _Fail as again:
-                raise PatchError(APPLY_FAILED, f"{op.label}: {again.message}") from None
+                raise PatchError(Reason.APPLY_FAILED, f"{op.label}: {again.message}") from None
         operations.append(op.out)
 
     if not modifies:

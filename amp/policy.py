@@ -3,28 +3,21 @@ Namespace + config -> what to do with a review (pure).
 
 L{route} answers, for one namespace: is amp enabled there, which endpoint
 (checked against the allow-list), with which settings, in which mode, and
-under which failure policy.  L{review_budget} turns the API server's
-C{?timeout=} into the time amp may spend.  Nothing here does I/O.
+under which failure policy.  Nothing here does I/O.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
-from amp.config import Config, EndpointSettings
+from amp.config import BreakerConfig, Config, EndpointSettings
 from amp.namespaces import NamespaceInfo
+from amp.reasons import Reason
 from amp.urls import BadURL, EndpointURL, parse_endpoint_url
 
 IGNORE, FAIL = "Ignore", "Fail"
 NORMAL, SHADOW = "normal", "shadow"
-#: Why a namespace's endpoint annotation cannot be used.
-BAD_URL, NOT_ALLOWED = "bad-url", "not-allowed"
-ROUTE_REASONS = (BAD_URL, NOT_ALLOWED)
-
-_TIMEOUT = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
-_TIMEOUT_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +27,11 @@ class Route:
 
     @ivar enabled: the namespace opted in; when false nothing else matters.
     @ivar url: the checked endpoint, or None.
+    @ivar raw_url: the annotation's text.
+    @ivar settings: the settings for calls to C{url}.
+    @ivar breaker: the circuit breaker settings of C{url}'s origin (those of
+        the origin's root URL, C{scheme://host:port/}: one breaker guards
+        the whole origin).
     @ivar error: C{(reason, message)} when the endpoint cannot be used.
     """
 
@@ -43,7 +41,19 @@ class Route:
     url: Optional[EndpointURL] = None
     raw_url: str = ""
     settings: Optional[EndpointSettings] = None
-    error: Optional[tuple[str, str]] = None
+    breaker: Optional[BreakerConfig] = None
+    error: Optional[tuple[Reason, str]] = None
+
+    @property
+    def where(self) -> str:
+        """
+        The endpoint as amp names it in messages, warnings, audit and Pod
+        annotations: its origin, the annotation's text masked
+        (L{shown_url}) when it is not a usable URL, or C{(none)}.
+        """
+        if self.url is not None:
+            return self.url.origin
+        return shown_url(self.raw_url) if self.raw_url else "(none)"
 
 
 _NOT_ENABLED = Route(enabled=False)
@@ -100,24 +110,26 @@ def route(
             if len(cache) >= _CACHE_LIMIT:
                 cache.clear()
             cache[raw] = resolved
-    url, settings, error = resolved
-    return Route(True, policy, mode, url=url, raw_url=raw, settings=settings, error=error)
+    url, settings, breaker, error = resolved
+    return Route(True, policy, mode, url=url, raw_url=raw, settings=settings, breaker=breaker, error=error)
 
 
 #: Distinct endpoint annotation values remembered by L{route}'s cache.
 _CACHE_LIMIT = 4096
 
 
-def _resolve(
-    raw: str, config: Config
-) -> tuple[Optional[EndpointURL], Optional[EndpointSettings], Optional[tuple[str, str]]]:
+def _resolve(raw: str, config: Config) -> tuple[
+    Optional[EndpointURL], Optional[EndpointSettings], Optional[BreakerConfig], Optional[tuple[Reason, str]]
+]:
     try:
         url = parse_endpoint_url(raw)
     except BadURL as e:
-        return None, None, (BAD_URL, str(e))
-    if not config.endpoints.allowed(url):
-        return url, None, (NOT_ALLOWED, f"endpoint {url.origin} is not in endpoints.allow")
-    return url, config.endpoints.settings_for(url), None
+        return None, None, None, (Reason.BAD_URL, str(e))
+    endpoints = config.endpoints
+    if not endpoints.allowed(url):
+        return url, None, None, (Reason.NOT_ALLOWED, f"endpoint {url.origin} is not in endpoints.allow")
+    root = replace(url, url=url.origin + "/", path="/")
+    return url, endpoints.settings_for(url), endpoints.settings_for(root).breaker, None
 
 
 def shown_url(raw: str, limit: int = 200) -> str:
@@ -139,26 +151,3 @@ def shown_url(raw: str, limit: int = 200) -> str:
     out = "".join(c if 0x20 < ord(c) < 0x7F else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
                   for c in text)
     return out if len(out) <= limit else out[: limit - 3] + "..."
-
-
-def parse_timeout(value: Optional[str]) -> Optional[float]:
-    """
-    The API server's C{?timeout=10s} query value in seconds, or None.
-    """
-    if not value:
-        return None
-    m = _TIMEOUT.match(value.strip())
-    if not m:
-        return None
-    seconds = float(m.group(1)) * _TIMEOUT_UNITS[m.group(2)]
-    return seconds if seconds > 0 else None
-
-
-def review_budget(timeout: Optional[float], default_timeout: float, margin: float) -> float:
-    """
-    Seconds amp may spend on one review: the API server's timeout (or the
-    configured default) less the safety margin, never less than a tenth of
-    the timeout so a large margin cannot leave nothing.
-    """
-    total = timeout if timeout is not None else default_timeout
-    return max(total - margin, total * 0.1)

@@ -11,6 +11,15 @@ is the one place that builds the real ones from the config.
 One service per concern: the namespace source, the serving certificate's
 reload loop, the endpoint client (whose stop closes pooled connections), the
 TLS webhook listener and the plain-HTTP metrics listener.
+
+Stopping (C{SIGTERM} under twistd) is a graceful drain, bounded by
+C{listen.drain_timeout}: C{/readyz} fails at once, the webhook listener
+closes, every review already received is answered and every connection
+closed (L{amp.web.WebhookSite.drain}), and only then do the other parts stop
+(the endpoint client's connections, the namespace source, the metrics
+listener), so that the reviews in flight still have what they need.
+Services added with L{AmpService.drain_with} (worker 0's monitor of the
+other workers) stop when the drain begins.
 """
 
 from __future__ import annotations
@@ -19,8 +28,8 @@ import gc
 import random
 from typing import Any, Callable, Optional
 
-from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred
+from twisted.application.service import IService, MultiService, Service
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
 from twisted.logger import ILogObserver, Logger
 from twisted.python.failure import Failure
@@ -35,7 +44,6 @@ from amp.endpoints import EndpointClient
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
 from amp.tls import CertificateReloadService, ReloadingCertificate
-from amp.urls import parse_endpoint_url
 from amp.web import WebhookSite, webhook_root
 
 
@@ -199,6 +207,9 @@ class AmpService(MultiService):
             then out of the garbage collector's view (L{freeze_startup_objects}).
         """
         super().__init__()
+        self._drain_with: list[IService] = []
+        #: Set when the drain begins: C{/readyz} fails from then on.
+        self.draining = False
         self.freeze_gc = freeze_gc
         self.log_observer = log_observer
         self.config = config
@@ -215,18 +226,14 @@ class AmpService(MultiService):
             emit("Circuit breaker for {endpoint} is now {state}", endpoint=origin, state=state)
 
         self.breakers = BreakerRegistry(reactor, breaker_changed, random=random.random)
-        endpoints = config.endpoints
-
-        def settings_for_origin(origin: str) -> Any:
-            return endpoints.settings_for(parse_endpoint_url(origin + "/"))
-
-        self.endpoint_client = EndpointClient(reactor, metrics, self.breakers, settings_for_origin, agent=agent)
+        self.endpoint_client = EndpointClient(reactor, metrics, self.breakers, agent=agent)
         EndpointClientService(self.endpoint_client).setServiceParent(self)
         CertificateReloadService(
             certificate, reactor=reactor, interval=config.tls.reload_interval, install_sighup=install_sighup
         ).setServiceParent(self)
         self.admitter = Admitter(config, self.namespaces, self.endpoint_client, reactor, metrics)
         root = webhook_root(self.admitter, reactor, metrics, {
+            "listener": self._listener_readiness,
             "certificate": certificate.readiness,
             "namespaces": self.namespaces.readiness,
         })
@@ -241,6 +248,58 @@ class AmpService(MultiService):
         if metrics_endpoint is not None:
             self.metrics_listener = ListenerService(metrics_endpoint, metrics_site(metrics, reactor))
             self.metrics_listener.setServiceParent(self)
+
+    def _listener_readiness(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "shutting down: answering the reviews in flight"
+        return True, "accepting connections"
+
+    def drain_with(self, service: IService) -> None:
+        """
+        Add C{service} as a child that stops when the drain begins, beside
+        the listener's drain, rather than after it (worker 0's monitor: its
+        workers drain themselves at the same time).
+        """
+        service.setServiceParent(self)
+        self._drain_with.append(service)
+
+    def stopService(self) -> Deferred[None]:
+        """
+        The graceful drain (see the module docstring), then every other
+        part.  Fires when all have stopped.
+        """
+        Service.stopService(self)
+        self.draining = True
+        timeout = self.config.listen.drain_timeout
+        started = self.reactor.seconds()
+        self.log.info(
+            "Shutting down: not ready, not accepting connections; answering the reviews in flight on "
+            "{count} open connections within {timeout:g}s (listen.drain_timeout)",
+            count=self.site.open_connections, timeout=timeout)
+        drained = maybeDeferred(self.webhook.stopService)
+        drained.addCallback(lambda _: self.site.drain(timeout))
+
+        def report(aborted: int) -> None:
+            if not aborted:
+                self.log.info("Drained in {seconds:.3f}s", seconds=self.reactor.seconds() - started)
+
+        drained.addCallback(report)
+        first = [drained] + [maybeDeferred(s.stopService) for s in reversed(self._drain_with)]
+        done = DeferredList(first, consumeErrors=True)
+        done.addCallback(self._log_stop_errors)
+
+        def stop_the_rest(_: Any) -> Deferred:
+            rest = [s for s in reversed(list(self)) if s is not self.webhook and s not in self._drain_with]
+            return DeferredList([maybeDeferred(s.stopService) for s in rest], consumeErrors=True).addCallback(
+                self._log_stop_errors)
+
+        done.addCallback(stop_the_rest)
+        return done.addCallback(lambda _: None)
+
+    def _log_stop_errors(self, results: list[tuple[bool, Any]]) -> None:
+        for ok, result in results:
+            if not ok:
+                self.log.failure("A part of amp failed to stop", result)
 
     def startService(self) -> None:
         super().startService()

@@ -96,7 +96,7 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     if options["check"]:
         raise SystemExit(0)
     if worker == 0 and config.workers > 1:
-        supervise(service, options["config"], config.workers, reactor)
+        service.drain_with(supervise(options["config"], config.workers, reactor, listen.drain_timeout))
     elif worker > 0:
         ParentWatch(reactor).setServiceParent(service)
     return service

@@ -139,7 +139,6 @@ def build(url: str, *, endpoints: dict[str, Any], failure_policy: str = "Ignore"
     from amp.endpoints import EndpointClient
     from amp.metrics import Metrics
     from amp.namespaces import StaticNamespaceSource
-    from amp.urls import parse_endpoint_url
 
     config = parse_config({
         "failure_policy": failure_policy,
@@ -148,9 +147,7 @@ def build(url: str, *, endpoints: dict[str, Any], failure_policy: str = "Ignore"
         "endpoints": dict({"allow": ["http://127.0.0.1:*/*"]}, **endpoints),
     })
     metrics = Metrics()
-    client = EndpointClient(
-        reactor, metrics, BreakerRegistry(reactor),
-        lambda origin: config.endpoints.settings_for(parse_endpoint_url(origin + "/")))
+    client = EndpointClient(reactor, metrics, BreakerRegistry(reactor))
     admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), client, reactor, metrics)
     return admitter, client, config
 
@@ -172,6 +169,7 @@ def hung(budget: float, rounds: int, burst: int) -> Any:
     from twisted.internet.defer import gatherResults, inlineCallbacks
     from twisted.internet.protocol import Factory, Protocol
 
+    from amp.deadline import Deadline
     from amp.review import parse_review
 
     @inlineCallbacks
@@ -183,12 +181,12 @@ def hung(budget: float, rounds: int, burst: int) -> Any:
         times = []
         for _ in range(rounds):
             started = time.perf_counter()
-            _, outcome = yield admitter.review(request, budget)
+            _, outcome = yield admitter.review(request, Deadline.after(reactor.seconds(), budget))
             times.append(time.perf_counter() - started)
         assert outcome.reason == "timeout", outcome
         def timed_review() -> Any:
             started = time.perf_counter()
-            return admitter.review(request, budget).addCallback(
+            return admitter.review(request, Deadline.after(reactor.seconds(), budget)).addCallback(
                 lambda answer: (answer[1].reason, time.perf_counter() - started))
 
         answers = yield gatherResults([timed_review() for _ in range(burst)])
@@ -210,6 +208,7 @@ def breaker_open(reviews: int) -> Any:
     from twisted.internet.defer import inlineCallbacks
     from twisted.internet.protocol import Factory, Protocol
 
+    from amp.deadline import Deadline
     from amp.review import parse_review
     from amp.urls import parse_endpoint_url
 
@@ -222,9 +221,9 @@ def breaker_open(reviews: int) -> Any:
         admitter, client, config = build(url, endpoints={"breaker": {"consecutive_failures": 1, "cooldown": "10m",
                                                                      "max_cooldown": "10m"}})
         request = parse_review(review_body())
-        _, outcome = yield admitter.review(request, 5.0)
+        _, outcome = yield admitter.review(request, Deadline.after(reactor.seconds(), 5.0))
         assert outcome.reason == "connection-refused", outcome
-        _, outcome = yield admitter.review(request, 5.0)
+        _, outcome = yield admitter.review(request, Deadline.after(reactor.seconds(), 5.0))
         assert outcome.reason == "breaker-open", outcome
 
         def timed(fn: Callable[[], Any]) -> float:
@@ -236,13 +235,13 @@ def breaker_open(reviews: int) -> Any:
                 best = min(best, (time.perf_counter() - started) / reviews)
             return best
 
-        review_time = timed(lambda: admitter.review(request, 5.0))
+        review_time = timed(lambda: admitter.review(request, Deadline.after(reactor.seconds(), 5.0)))
         target = parse_endpoint_url(url)
         settings = config.endpoints.settings_for(target)
         body = b'{"kind":"Pod"}'
 
         def call() -> None:
-            client.call(target, settings, body, {}, 5.0).addErrback(lambda f: None)
+            client.call(target, settings, body, {}, Deadline.after(reactor.seconds(), 10.0)).addErrback(lambda f: None)
 
         call_time = timed(call)
         yield client.close()
@@ -257,6 +256,7 @@ def healthy(calls: int, concurrency: int) -> Any:
     from twisted.internet import reactor
     from twisted.internet.defer import gatherResults, inlineCallbacks
 
+    from amp.deadline import Deadline
     from amp.review import parse_review
     from amp.urls import parse_endpoint_url
 
@@ -280,7 +280,7 @@ def healthy(calls: int, concurrency: int) -> Any:
 
         def one() -> Any:
             started = time.perf_counter()
-            return client.call(target, settings, body, headers, 5.0).addCallback(
+            return client.call(target, settings, body, headers, Deadline.after(reactor.seconds(), 10.0)).addCallback(
                 lambda _: latencies.append(time.perf_counter() - started))
 
         left = [calls]
@@ -319,7 +319,7 @@ def healthy(calls: int, concurrency: int) -> Any:
         def worker() -> Any:
             while left[0] > 0:
                 left[0] -= 1
-                _, outcome = yield admitter.review(request, 5.0)
+                _, outcome = yield admitter.review(request, Deadline.after(reactor.seconds(), 5.0))
                 results.append(outcome.result)
 
         started = time.perf_counter()

@@ -15,7 +15,7 @@ import json
 from typing import Any, Optional
 
 from treq.testing import RequestTraversalAgent
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
@@ -25,10 +25,11 @@ from zope.interface import implementer
 from amp.admission import SKIPPED_ANNOTATION, Admitter, Outcome
 from amp.breaker import BreakerRegistry
 from amp.config import Config
+from amp.deadline import Deadline
 from amp.endpoints import EndpointClient
 from amp.example_tap import build_root
 from amp.metrics import Metrics
-from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, StaticNamespaceSource
+from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
 from amp.review import parse_review
 from tests.helpers import (
     UID,
@@ -88,14 +89,19 @@ class Harness:
         self.root = root
         self.agent = RequestTraversalAgent(root)
         self.config = config
-        self.client = EndpointClient(
-            self.clock, self.metrics, BreakerRegistry(self.clock),
-            lambda origin: config.endpoints.defaults, agent=self.agent)
+        self.client = EndpointClient(self.clock, self.metrics, BreakerRegistry(self.clock), agent=self.agent)
         self.source = source if source is not None else StaticNamespaceSource(config.kubernetes)
         self.admitter = Admitter(config, self.source, self.client, self.clock, self.metrics)
 
     def review(self, body: bytes, budget: float = 9.5, validation: bool = False) -> Deferred:
-        return self.admitter.review(parse_review(body), budget, validation=validation)
+        return self.admitter.review(parse_review(body), Deadline.after(self.clock.seconds(), budget),
+                                    validation=validation)
+
+
+def requests_total(h: Harness, outcome: str, origin: str = ORIGIN) -> float:
+    value = h.metrics.registry.get_sample_value(
+        "amp_endpoint_requests_total", {"endpoint": origin, "outcome": outcome})
+    return value or 0.0
 
 
 def answered(case: SynchronousTestCase, d: Deferred) -> tuple[dict, Outcome]:
@@ -390,6 +396,23 @@ class FailurePolicyTests(SynchronousTestCase):
         self.assertEqual(apply_patch(pod(), response["_patch"])["metadata"]["name"], "renamed")
 
 
+class BreakerTests(SynchronousTestCase):
+    def test_the_origins_breaker_settings_apply_to_every_path(self) -> None:
+        """
+        The path override of C{/error} keeps the default breaker, but the
+        origin's breaker opens after one failure, as its root's settings say.
+        """
+        config = make_config({"team-a": namespace(EP + "/error"), "team-b": namespace(EP + "/user-env")},
+                             endpoints={"overrides": [
+                                 {"match": "http://127.0.0.1:*/error", "timeout": "1s"},
+                                 {"match": "http://127.0.0.1:*/*", "breaker": {"consecutive_failures": 1}}]})
+        h = Harness(config)
+        _, outcome = answered(self, h.review(review_bytes()))
+        self.assertEqual(outcome.reason, "http-5xx")
+        _, outcome = answered(self, h.review(review_bytes(namespace="team-b")))
+        self.assertEqual(outcome.reason, "breaker-open")
+
+
 class ShadowTests(SynchronousTestCase):
     def config(self, path: str) -> Config:
         return make_config({"team-a": namespace(EP + path, mode="shadow", failure_policy="Fail")})
@@ -573,7 +596,62 @@ class DeadlineTests(SynchronousTestCase):
         h.clock.advance(0.001)
         response, outcome = answered(self, d)
         self.assertTrue(response["allowed"])
-        self.assertIn(outcome.reason, ("timeout", "deadline"))
+        # The endpoint had what was left: it timed out, the review did not.
+        self.assertEqual(outcome.reason, "timeout")
+        self.assertIn("no reply within 0.5s", response["auditAnnotations"]["error"])
+        self.assertEqual(requests_total(h, "timeout"), 1)
+        self.assertEqual(h.clock.getDelayedCalls(), [])
+
+    def test_one_timer_owns_the_deadline(self) -> None:
+        """
+        While a review waits on an endpoint whose own timeout is longer
+        than what is left, the review's timer is the only one; the
+        endpoint's own timer exists only when it ends first.
+        """
+        h = Harness(config_for("/hang", endpoints={"timeout": "30s"}))
+        d = h.review(review_bytes(), budget=1.5)
+        [timer] = h.clock.getDelayedCalls()
+        self.assertEqual(timer.getTime(), 1.5)
+        h.clock.advance(1.5)
+        _, outcome = answered(self, d)
+        self.assertEqual(outcome.reason, "timeout")
+
+        h = Harness(config_for("/hang", endpoints={"timeout": "250ms"}))
+        d = h.review(review_bytes(), budget=1.5)
+        self.assertEqual(sorted(c.getTime() for c in h.clock.getDelayedCalls()), [0.25, 1.5])
+        h.clock.advance(0.25)
+        self.successResultOf(d)
+        self.assertEqual(h.clock.getDelayedCalls(), [])
+
+    def test_the_namespace_lookup_gets_what_is_left(self) -> None:
+        source = FakeSource()
+        h = Harness(make_config(), source=source)
+        h.clock.advance(100.0)
+        deadline = Deadline.after(99.0, 3.0)  # the review arrived a second ago
+        d = h.admitter.review(parse_review(review_bytes()), deadline)
+        [(_, timeout, fetch)] = source.fetches
+        self.assertEqual(timeout, 2.0)
+        [timer] = h.clock.getDelayedCalls()
+        self.assertEqual(timer.getTime(), 102.0)
+        fetch.callback(team_a())
+        _, outcome = answered(self, d)
+        self.assertEqual(outcome.result, "patched")
+        self.assertEqual(h.clock.getDelayedCalls(), [])
+
+    def test_the_failure_path_keeps_the_route_the_review_was_on(self) -> None:
+        """
+        The namespace changed its failure policy while the endpoint hung:
+        the review ends under the policy it was routed with.
+        """
+        source = FakeSource()
+        source.known["team-a"] = team_a("/hang", **{"amp.txn2.com/failure-policy": "Fail"})
+        h = Harness(make_config(failure_policy="Ignore"), source=source)
+        d = h.review(review_bytes(), budget=1.0)
+        source.known["team-a"] = team_a("/hang", **{"amp.txn2.com/failure-policy": "Ignore"})
+        h.clock.advance(1.0)
+        response, outcome = answered(self, d)
+        self.assertFalse(response["allowed"])
+        self.assertEqual((outcome.result, outcome.reason, outcome.endpoint), ("denied", "timeout", ORIGIN))
 
     def test_hung_namespace_fetch_is_answered_at_the_budget_by_the_config_policy(self) -> None:
         for policy, allowed in (("Ignore", True), ("Fail", False)):
@@ -598,7 +676,46 @@ class DeadlineTests(SynchronousTestCase):
         d.cancel()
         body, outcome = self.successResultOf(d)
         self.assertTrue(decode_answer(body)["response"]["allowed"])
+        self.assertEqual(outcome.reason, "cancelled")
         self.assertEqual(self.flushLoggedErrors(), [])
+        self.assertEqual(h.clock.getDelayedCalls(), [])
+
+    def test_cancelled_during_the_endpoint_call_is_cancelled(self) -> None:
+        h = Harness(config_for("/hang"))
+        d = h.review(review_bytes(), budget=2.0)
+        h.clock.advance(1.0)
+        d.cancel()
+        _, outcome = self.successResultOf(d)
+        self.assertEqual(outcome.reason, "cancelled")
+        self.assertEqual(requests_total(h, "cancelled"), 1)
+        self.assertEqual(requests_total(h, "timeout"), 0)
+        self.assertEqual(h.clock.getDelayedCalls(), [])
+
+    def test_cancelled_during_a_lookup_that_fails_when_cancelled_is_cancelled(self) -> None:
+        """
+        A namespace source whose lookup, cancelled, fails as a lookup
+        failure: the review was still cancelled, not a lookup failure.
+        """
+        source = FakeSource()
+        h = Harness(make_config(), source=source)
+        d = h.review(review_bytes(), budget=2.0)
+        fetch = source.fetches[0][2]
+        fetch.addErrback(lambda f: f.trap(CancelledError) and fail(NamespaceLookupError("namespace team-a: ")))
+        d.cancel()
+        _, outcome = self.successResultOf(d)
+        self.assertEqual(outcome.reason, "cancelled")
+
+    def test_a_step_that_does_not_end_when_cancelled_does_not_hold_the_answer(self) -> None:
+        """A lookup that stays paused when cancelled: answered at the deadline; its late end changes nothing."""
+        source = FakeSource()
+        h = Harness(make_config(failure_policy="Ignore"), source=source)
+        d = h.review(review_bytes(), budget=2.0)
+        fetch = source.fetches[0][2]
+        fetch.pause()
+        h.clock.advance(2.0)
+        _, outcome = answered(self, d)
+        fetch.unpause()
+        self.assertEqual(outcome.reason, "deadline")
 
 
 class RobustnessTests(SynchronousTestCase):
@@ -610,7 +727,7 @@ class RobustnessTests(SynchronousTestCase):
         config = config_for("/user-env")
         admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), Broken(),  # type: ignore[arg-type]
                             Clock(), Metrics())
-        body, outcome = self.successResultOf(admitter.review(parse_review(review_bytes()), 2.0))
+        body, outcome = self.successResultOf(admitter.review(parse_review(review_bytes()), Deadline(2.0, 2.0)))
         response = decode_answer(body)["response"]
         self.assertTrue(response["allowed"])
         self.assertEqual(outcome.reason, "internal-error")
@@ -624,7 +741,7 @@ class RobustnessTests(SynchronousTestCase):
         config = config_for("/user-env", failure_policy="Fail")
         admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), Broken(),  # type: ignore[arg-type]
                             Clock(), Metrics())
-        body, outcome = self.successResultOf(admitter.review(parse_review(review_bytes()), 2.0))
+        body, outcome = self.successResultOf(admitter.review(parse_review(review_bytes()), Deadline(2.0, 2.0)))
         response = decode_answer(body)["response"]
         self.assertFalse(response["allowed"])
         self.assertIn(ORIGIN, response["status"]["message"])

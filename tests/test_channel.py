@@ -3,8 +3,8 @@ Tests for amp.web's channel in memory, the way Twisted tests its own
 (C{twisted/web/test/test_http.py}): amp's assembled webhook site on a
 L{Clock}, each connection over a L{StringTransport}.  The read deadline
 (408), the idle timeout, the request-line and header limits (414, 431), the
-body cap (413), the connection cap and the bounded close after a refusal,
-each to the exact second of the clock.
+body cap (413), the connection cap, the bounded close after a refusal and the
+graceful drain at shutdown, each to the exact second of the clock.
 
 The same limits over real loopback TLS are in test_web.py and
 test_hostile_clients.py.
@@ -15,16 +15,19 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.error import ConnectionDone
+from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
-from twisted.internet.error import ConnectionDone
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from amp import web
-from amp.namespaces import StaticNamespaceSource
-from amp.service import AmpService, serving_certificate
 from amp.metrics import Metrics
+from amp.namespaces import UNKNOWN, INamespaceSource, StaticNamespaceSource
+from amp.service import AmpService, serving_certificate
 from tests.helpers import UID, decode_answer, make_config, namespace, parse_raw_response, review_bytes
 
 HEAD = b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -363,3 +366,169 @@ class LingerTests(ChannelTestCase):
         c.send(post_head(10 * 1024 * 1024))
         c.lose()
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+# ---------------------------------------------------------------- graceful drain
+
+
+@implementer(IListeningPort)
+class _Port:
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def stopListening(self) -> None:
+        self.events.append("stopped listening")
+
+    def startListening(self) -> None:
+        pass
+
+    def getHost(self) -> Any:
+        return IPv4Address("TCP", "127.0.0.1", 8443)
+
+
+@implementer(IStreamServerEndpoint)
+class _Endpoint:
+    """Listens at once; records when the port stops listening."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def listen(self, factory: Any) -> Deferred:
+        self.events.append("listening")
+        return succeed(_Port(self.events))
+
+
+@implementer(INamespaceSource)
+class HeldSource(StaticNamespaceSource):
+    """
+    Knows no namespace from memory: every review waits on a lookup the
+    test answers (C{answer}); records when it is stopped.
+    """
+
+    def __init__(self, events: list[str]) -> None:
+        super().__init__(make_config().kubernetes)
+        self.events = events
+        self.lookups: list[Deferred] = []
+
+    def cached(self, name: str) -> Any:
+        return UNKNOWN
+
+    def fetch(self, name: str, timeout: float) -> Deferred:
+        d: Deferred = Deferred()
+        self.lookups.append(d)
+        return d
+
+    def answer(self) -> None:
+        """The lookups answer: no such namespace (the review is answered, allowed)."""
+        lookups, self.lookups = self.lookups, []
+        for d in lookups:
+            d.callback(None)
+
+    def stopService(self) -> Any:
+        self.events.append("namespaces stopped")
+        return super().stopService()
+
+
+class DrainTests(ChannelTestCase):
+    """
+    L{AmpService.stopService}: not ready, not listening, every review
+    already received answered and its connection closed after the answer,
+    idle connections closed at once, the rest of amp stopped only then; all
+    within C{listen.drain_timeout}.
+    """
+
+    def start(self, drain_timeout: str = "5s") -> AmpService:
+        self.clock = MemoryReactorClock()
+        self.events: list[str] = []
+        config = make_config(listen={"drain_timeout": drain_timeout})
+        self.metrics = Metrics()
+        self.source = HeldSource(self.events)
+        service = AmpService(
+            config, self.clock, certificate=serving_certificate(config.tls, self.clock, self.metrics),
+            webhook_endpoint=_Endpoint(self.events), metrics_endpoint=None, namespaces=self.source,
+            metrics=self.metrics, install_sighup=False)
+        service.startService()
+        return service
+
+    def review(self, site: web.WebhookSite, uid: str) -> Connection:
+        c = self.connect(site)
+        body = review_bytes(uid=uid)
+        c.send(post_head(len(body)) + body)
+        return c
+
+    def answer_of(self, c: Connection) -> tuple[int, dict, bytes]:
+        return parse_raw_response(c.received())
+
+    def test_reviews_in_flight_are_answered_then_every_connection_closes_then_amp_stops(self) -> None:
+        service = self.start()
+        site = service.site
+        idle = self.connect(site)
+        idle.send(HEALTHZ)
+        busy = self.review(site, "in-flight")
+        readyz = self.connect(site)
+        readyz.send(b"GET /readyz HTTP/1.1\r\n")  # a request half received
+        partial = self.connect(site)
+        body = review_bytes(uid="half-sent")
+        partial.send(post_head(len(body)) + body[:20])
+
+        stopped = service.stopService()
+        self.assertEqual(self.events, ["listening", "stopped listening"])
+        self.assertTrue(idle.transport.disconnecting)
+        for c in (busy, readyz, partial):
+            self.assertFalse(c.transport.disconnecting)
+        late = self.connect(site)
+        self.assertEqual(late.transport.aborted_times, 1)
+        self.assertEqual(late.received(), b"")
+
+        # The half-received requests are received and answered.
+        readyz.send(b"Host: 127.0.0.1\r\n\r\n")
+        status, headers, text = self.answer_of(readyz)
+        self.assertEqual(status, 503)
+        self.assertIn(b"[-] listener: shutting down", text)
+        self.assertEqual(headers[b"connection"], b"close")
+        self.assertTrue(readyz.transport.disconnecting)
+        partial.send(body[20:])
+        self.assertEqual(busy.received(), b"")
+        self.assertEqual(partial.received(), b"")
+
+        self.source.answer()
+        for c, uid in ((busy, "in-flight"), (partial, "half-sent")):
+            status, headers, content = self.answer_of(c)
+            self.assertEqual(status, 200)
+            self.assertEqual(decode_answer(content)["response"]["uid"], uid)
+            self.assertEqual(headers[b"connection"], b"close")
+            self.assertTrue(c.transport.disconnecting)
+
+        # amp's other parts stop only once every connection has closed.
+        self.assertNotIn("namespaces stopped", self.events)
+        for c in (idle, busy, readyz):
+            c.lose()
+        self.assertNoResult(stopped)
+        partial.lose()
+        self.successResultOf(stopped)
+        self.assertEqual(self.events[-1], "namespaces stopped")
+        self.assertEqual(site.open_connections, 0)
+
+    def test_what_is_still_open_at_the_drain_timeout_is_aborted(self) -> None:
+        service = self.start(drain_timeout="5s")
+        busy = self.review(service.site, "hung")
+        [lookup] = self.source.lookups
+        stopped = service.stopService()
+        self.clock.advance(4.99)
+        self.assertEqual(busy.transport.aborted_times, 0)
+        self.assertNoResult(stopped)
+        self.clock.advance(0.01)
+        self.assertEqual(busy.transport.aborted_times, 1)
+        self.successResultOf(stopped)
+        self.assertIn("namespaces stopped", self.events)
+        # The aborted connection cancels its review: nothing of it is left.
+        busy.lose()
+        self.clock.advance(0)
+        self.clock.advance(0)
+        self.assertTrue(lookup.called)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_no_connection_at_all_stops_at_once(self) -> None:
+        service = self.start()
+        self.successResultOf(service.stopService())
+        self.assertEqual(self.events, ["listening", "stopped listening", "namespaces stopped"])

@@ -177,6 +177,27 @@ def test_workload_values() -> None:
     assert "priorityClassName" not in deployment(bare)["spec"]["template"]["spec"]
 
 
+def test_grace_period_leaves_room_for_prestop_and_amps_drain() -> None:
+    """
+    The kubelet kills amp terminationGracePeriodSeconds after it starts
+    stopping the Pod: the chart makes that preStop + amp's drain bound
+    (listen.drain_timeout, amp's own default when unset) + 5 s, and refuses
+    an explicit value that leaves no room for both.
+    """
+    def grace(*args: str) -> int:
+        return deployment(helm_template(*args))["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+
+    amp_default = parse_config({}).listen.drain_timeout
+    assert grace() == 5 + amp_default + 5
+    assert grace("--set", "config.listen.drain_timeout=1m", "--set", "preStopSleepSeconds=10") == 10 + 60 + 5
+    assert grace("--set", "config.listen.drain_timeout=1500ms") == 5 + 2 + 5
+    assert grace("--set", "terminationGracePeriodSeconds=120") == 120
+    result = subprocess.run([tool("helm"), "template", "amp", str(CHART), "--set", "terminationGracePeriodSeconds=30"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "terminationGracePeriodSeconds 30 is too short" in result.stderr
+
+
 def test_webhook_values() -> None:
     docs = helm_template(
         "--set", "webhook.failurePolicy=Fail", "--set", "webhook.timeoutSeconds=5",

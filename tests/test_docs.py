@@ -1,8 +1,9 @@
 """
 Tests that keep docs/ true to the code: the configuration reference lists
 exactly the loader's keys with exactly its defaults, the metrics page lists
-exactly the registry's metrics and labels, every failure reason amp can
-emit has its entry in the failure-modes and troubleshooting pages, the
+exactly the registry's metrics and labels, every reason of amp's one
+vocabulary (L{amp.reasons}) has its entry in the troubleshooting page and
+every failure reason its row in the failure-modes page, the
 messages the troubleshooting page quotes are still the ones the code emits,
 the endpoint protocol page names the headers amp sends and the example
 endpoints that exist, and every relative link resolves.
@@ -20,11 +21,10 @@ import pytest
 import yaml
 
 import amp.endpoints
-import amp.patch
-import amp.policy
 from amp.config import Config, EndpointsConfig, parse_config
 from amp.example_tap import build_root
 from amp.metrics import Metrics
+from amp.reasons import ENDPOINT_OUTCOMES, FAILURE_REASONS, Reason
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -175,7 +175,7 @@ def test_metrics_page_lists_exactly_the_registry() -> None:
 
 
 def test_metrics_page_names_every_endpoint_outcome() -> None:
-    outcomes = getattr(amp.endpoints, "OUTCOMES", ("ok",) + amp.endpoints.REASONS)
+    outcomes = ENDPOINT_OUTCOMES
     row = next(line for line in doc("metrics.md").splitlines() if line.startswith("| `amp_endpoint_requests_total`"))
     named = set(re.findall(r"`([a-z0-9-]+)`", row.split("|")[4]))
     assert set(outcomes) <= named, sorted(set(outcomes) - named)
@@ -184,46 +184,46 @@ def test_metrics_page_names_every_endpoint_outcome() -> None:
 # ---------------------------------------------------------------- reasons
 
 
-def failure_reasons() -> set[str]:
-    """Every reason a review can fail with, from the code."""
-    reasons = set(amp.endpoints.REASONS)
-    reasons |= {getattr(amp.patch, name) for name in amp.patch.__all__
-                if name.isupper() and name != "DEFAULT_DENIED"}
-    admission = (AMP / "admission.py").read_text()
-    reasons |= set(re.findall(r'_failed\(\s*req,\s*r,\s*outcome,\s*"([a-z-]+)"', admission))
-    reasons |= set(amp.policy.ROUTE_REASONS)
-    return reasons
-
-
-def test_reason_list_comes_from_the_code() -> None:
-    reasons = failure_reasons()
+def test_the_vocabulary_is_complete() -> None:
+    """The reasons the tests below go through (guards them)."""
     assert {"timeout", "http-5xx", "apply-failed", "no-endpoint", "not-allowed", "bad-url", "deadline",
-            "internal-error"} <= reasons
-    assert len(reasons) >= 25
+            "internal-error", "cancelled", "endpoint-denied"} <= set(Reason)
+    assert len(FAILURE_REASONS) >= 25
+    assert set(Reason) - FAILURE_REASONS == {Reason.ENDPOINT_DENIED}
+
+
+def reason_sections() -> set[str]:
+    text = doc("troubleshooting.md")
+    reasons_part = text.split("\n## Reasons\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^### `([a-z0-9-]+)`$", reasons_part, re.M))
 
 
 def test_every_reason_has_a_troubleshooting_section() -> None:
-    text = doc("troubleshooting.md")
-    reasons_part = text.split("\n## Reasons\n", 1)[1].split("\n## ", 1)[0]
-    headings = set(re.findall(r"^### `([a-z0-9-]+)`$", reasons_part, re.M))
-    assert headings == failure_reasons(), (
-        f"missing: {sorted(failure_reasons() - headings)}, not a reason: {sorted(headings - failure_reasons())}")
+    headings = reason_sections()
+    reasons = set(Reason)
+    assert headings == reasons, (
+        f"missing: {sorted(reasons - headings)}, not a reason: {sorted(headings - reasons)}")
 
 
-def test_every_reason_is_in_the_failure_modes_tables() -> None:
+def test_every_failure_reason_is_in_the_failure_modes_tables() -> None:
     rows = set(re.findall(r"^\| `([a-z0-9-]+)` \|", doc("failure-modes.md"), re.M))
-    assert rows == failure_reasons(), (
-        f"missing: {sorted(failure_reasons() - rows)}, not a reason: {sorted(rows - failure_reasons())}")
+    assert rows == FAILURE_REASONS, (
+        f"missing: {sorted(FAILURE_REASONS - rows)}, not a reason: {sorted(rows - FAILURE_REASONS)}")
+
+
+def test_failure_modes_says_a_deny_is_not_a_failure() -> None:
+    not_failures = doc("failure-modes.md").split("\n### Not failures\n", 1)[1].split("\n## ", 1)[0]
+    assert f"`{Reason.ENDPOINT_DENIED}`" in not_failures
 
 
 #: Messages the troubleshooting page quotes, with the code that emits them
 #: (the text, or its pieces, as they appear in the source when that differs
 #: from the page's).
 MESSAGES = [
-    ("Pod admitted unchanged", "admission.py", None),
-    ("failure policy Fail denies the Pod", "admission.py", None),
-    ("denied the Pod: ", "admission.py", None),
-    ("denied by the endpoint without a message", "admission.py", None),
+    ("Pod admitted unchanged", "answers.py", None),
+    ("failure policy Fail denies the Pod", "answers.py", None),
+    ("denied the Pod: ", "answers.py", None),
+    ("denied by the endpoint without a message", "answers.py", None),
     ("dropped (must be a name without '/')", "review.py", None),
     ("replaced an existing list of", "patch.py", None),
     ("namespace is enabled but has no endpoint annotation", "admission.py", None),

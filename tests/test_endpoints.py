@@ -42,6 +42,7 @@ from amp import endpoints as endpoints_module
 from amp.admission import Admitter
 from amp.breaker import CLOSED, HALF_OPEN, OPEN, BreakerRegistry
 from amp.config import BreakerConfig, EndpointSettings, parse_config
+from amp.deadline import Deadline
 from amp.devcert import issue_cert, make_ca, pem_cert, pem_key
 from amp.endpoints import OUTCOMES, REASONS, USER_AGENT, EndpointClient, EndpointFailure, OriginPool, classify
 from amp.metrics import Metrics
@@ -78,12 +79,20 @@ class Harness:
         self.metrics = Metrics()
         self.transitions: list[tuple[str, str]] = []
         self.breakers = BreakerRegistry(reactor_, lambda origin, state: self.transitions.append((origin, state)))
-        root = origin_settings if origin_settings is not None else self.settings
-        self.client = EndpointClient(reactor_, self.metrics, self.breakers, lambda origin: root, agent=agent)
+        self.root = origin_settings if origin_settings is not None else self.settings
+        self.reactor = reactor_
+        self.client = EndpointClient(reactor_, self.metrics, self.breakers, agent=agent)
 
     def call(self, url: str, settings: Optional[EndpointSettings] = None, budget: float = 10.0,
              body: bytes = b'{"kind":"Pod"}') -> Deferred:
-        return self.client.call(parse_endpoint_url(url), settings or self.settings, body, HEADERS, budget)
+        """
+        Call C{url} with a deadline C{budget} seconds away, which this
+        harness enforces as a review would: by cancelling the call.
+        """
+        deadline = Deadline.after(self.reactor.seconds(), budget)
+        d = self.client.call(parse_endpoint_url(url), settings or self.settings, body, HEADERS, deadline,
+                             self.root.breaker)
+        return d.addTimeout(budget, self.reactor)
 
     def count(self, url: str, outcome: str) -> float:
         return requests_total(self.metrics, parse_endpoint_url(url).origin, outcome)
@@ -681,11 +690,11 @@ class WireTests(TestCase, FailureAssertions):
         path = EndpointURL(f"http://127.0.0.1:{port}/caf\u00e9", "http", "127.0.0.1", port, "/caf\u00e9")
         host = EndpointURL(f"http://caf\u00e9:{port}/ok", "http", "caf\u00e9", port, "/ok")
         with self.assertRaises(EndpointFailure) as e:
-            yield h.client.call(path, h.settings, b"{}", {}, 5.0)
+            yield h.client.call(path, h.settings, b"{}", {}, Deadline.after(h.reactor.seconds(), 5.0))
         self.assertEqual(e.exception.reason, "http-4xx")
         self.assertEqual(self.resource.seen[0][0], b"/caf%C3%A9")
         with self.assertRaises(EndpointFailure) as e:
-            yield h.client.call(host, h.settings, b"{}", {}, 5.0)
+            yield h.client.call(host, h.settings, b"{}", {}, Deadline.after(h.reactor.seconds(), 5.0))
         self.assertEqual(e.exception.reason, "connection-failed")
         self.assertEqual(h.client.in_flight(path.origin), 0)
         self.assertEqual(h.client.in_flight(host.origin), 0)
@@ -982,7 +991,8 @@ class MemoryNetTests(SynchronousTestCase, FailureAssertions):
         self.assertReason(d, "connection-refused")
         self.net.reactor.advance(settings.breaker.cooldown)
         not_bytes: Any = {b"x-bad": 5}
-        bad = h.client.call(parse_endpoint_url(self.URL), settings, b"{}", not_bytes, 5.0)
+        bad = h.client.call(parse_endpoint_url(self.URL), settings, b"{}", not_bytes,
+                            Deadline.after(h.reactor.seconds(), 5.0))
         self.assertReason(bad, "connection-failed")
         self.assertEqual(len(self.flushLoggedErrors()), 1)
         # The half-open trial slot is free again: the next call goes out.
@@ -1127,10 +1137,9 @@ class ClockTimeoutTests(SynchronousTestCase, FailureAssertions):
         clock = Clock()
         hung = Hung()
         metrics = Metrics()
-        client = EndpointClient(clock, metrics, BreakerRegistry(clock),
-                                lambda origin: endpoints.settings_for(parse_endpoint_url(origin + "/")),
-                                agent=RequestTraversalAgent(hung))
-        calls = {u: client.call(u, endpoints.settings_for(u), b"{}", {}, 9.5) for u in (hang, other, elsewhere)}
+        client = EndpointClient(clock, metrics, BreakerRegistry(clock), agent=RequestTraversalAgent(hung))
+        deadline = Deadline.after(clock.seconds(), 9.5)
+        calls = {u: client.call(u, endpoints.settings_for(u), b"{}", {}, deadline) for u in (hang, other, elsewhere)}
         clock.advance(1.0)
         self.assertReason(calls[hang], "timeout")
         self.assertNoResult(calls[other])
@@ -1292,17 +1301,17 @@ class BreakerIntegrationTests(SynchronousTestCase, FailureAssertions):
         metrics = Metrics()
         breakers = BreakerRegistry(
             self.clock, lambda origin, state: metrics.breaker_state.labels(origin).set(BREAKER_STATE_VALUES[state]))
-        client = EndpointClient(self.clock, metrics, breakers, lambda o: self.settings,
-                                agent=RequestTraversalAgent(self.resource))
+        client = EndpointClient(self.clock, metrics, breakers, agent=RequestTraversalAgent(self.resource))
         gauge = lambda: metrics.registry.get_sample_value(  # noqa: E731
             "amp_circuit_breaker_state", {"endpoint": self.ORIGIN})
         url = parse_endpoint_url(self.URL)
         for _ in range(2):
-            self.assertReason(client.call(url, self.settings, b"{}", {}, 9.5), "http-5xx")
+            self.assertReason(client.call(url, self.settings, b"{}", {}, Deadline.after(self.clock.seconds(), 9.5)),
+                              "http-5xx")
         self.assertEqual(gauge(), 2)
         self.clock.advance(5.0)
         self.resource.status = 200
-        self.successResultOf(client.call(url, self.settings, b"{}", {}, 9.5))
+        self.successResultOf(client.call(url, self.settings, b"{}", {}, Deadline.after(self.clock.seconds(), 9.5)))
         self.assertEqual(gauge(), 0)
 
 
@@ -1513,15 +1522,13 @@ class ShadowModeTests(TestCase):
             "endpoints": {"allow": ["http://127.0.0.1:*/*"], "timeout": "2s"},
         })
         metrics = Metrics()
-        client = EndpointClient(
-            reactor, metrics, BreakerRegistry(reactor),
-            lambda origin: config.endpoints.settings_for(parse_endpoint_url(origin + "/")))
+        client = EndpointClient(reactor, metrics, BreakerRegistry(reactor))
         self.addCleanup(client.close)
         return Admitter(config, StaticNamespaceSource(config.kubernetes), client, reactor, metrics), metrics
 
     @inlineCallbacks
     def review(self, admitter: Admitter) -> Any:
-        answer, outcome = yield admitter.review(parse_review(review_body()), 5.0)
+        answer, outcome = yield admitter.review(parse_review(review_body()), Deadline.after(reactor.seconds(), 5.0))
         return json.loads(answer)["response"], outcome
 
     @inlineCallbacks
@@ -1574,10 +1581,9 @@ class AdmitterDeadlineTests(SynchronousTestCase):
         })
         metrics = Metrics()
         breakers = BreakerRegistry(clock)
-        client = EndpointClient(clock, metrics, breakers, lambda o: config.endpoints.defaults,
-                                agent=RequestTraversalAgent(hung))
+        client = EndpointClient(clock, metrics, breakers, agent=RequestTraversalAgent(hung))
         admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), client, clock, metrics)
-        d = admitter.review(parse_review(review_body()), 9.5)
+        d = admitter.review(parse_review(review_body()), Deadline.after(clock.seconds(), 9.5))
         clock.advance(9.499)
         self.assertNoResult(d)
         clock.advance(0.001)

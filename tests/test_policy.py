@@ -1,6 +1,6 @@
 """
-Tests for amp.policy: which endpoint, which failure policy, which mode, and
-how much time a review may take.
+Tests for amp.policy: which endpoint (with which settings and breaker),
+which failure policy, which mode.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from amp.config import Config, parse_config
 from amp.namespaces import NamespaceInfo
-from amp.policy import FAIL, IGNORE, NORMAL, SHADOW, failure_policy, parse_timeout, review_budget, route
+from amp.policy import FAIL, IGNORE, NORMAL, SHADOW, failure_policy, route
 from tests.helpers import make_config, namespace
 
 ENABLED = {"amp.txn2.com/enabled": "true"}
@@ -101,6 +101,29 @@ def test_allowed_with_override_settings() -> None:
     assert r.settings is not None and r.settings.timeout == 8.0
 
 
+def test_breaker_settings_are_the_origins() -> None:
+    """
+    One breaker guards a whole origin: its settings are those of the
+    origin's root URL, even where a path override gives the URL others.
+    """
+    config = parse_config({
+        "endpoints": {
+            "allow": ["http://127.0.0.1:*/*"],
+            "overrides": [
+                {"match": "http://127.0.0.1:*/slow", "timeout": "8s"},
+                {"match": "http://127.0.0.1:*/*", "breaker": {"consecutive_failures": 1}},
+            ],
+        },
+    })
+    slow = route(with_ep("http://127.0.0.1:8090/slow"), config, None)
+    assert slow.settings is not None and slow.settings.timeout == 8.0
+    assert slow.settings.breaker.consecutive_failures == 5
+    assert slow.breaker is not None and slow.breaker.consecutive_failures == 1
+    other = route(with_ep("http://127.0.0.1:8090/other"), config, None)
+    assert other.breaker == slow.breaker
+    assert route(with_ep("http://10.0.0.1:80/"), config, None).breaker is None
+
+
 def test_endpoint_annotations_in_order() -> None:
     go_amp = ns(**{"mutation.amp.txn2.com/ep": "http://127.0.0.1:1/go"})
     r = route(go_amp, CONFIG, None)
@@ -178,39 +201,6 @@ def test_failure_policy_annotation_name_comes_from_the_config() -> None:
     config = parse_config({"failure_policy": "Fail", "kubernetes": {"failure_policy_annotation": "example.com/fp"}})
     assert failure_policy(ns(**{"example.com/fp": "Ignore"}), config, None) == IGNORE
     assert failure_policy(ns(**{"amp.txn2.com/failure-policy": "Ignore"}), config, None) == FAIL
-
-
-# ---------------------------------------------------------------- deadline
-
-
-@pytest.mark.parametrize(
-    "value, seconds",
-    [("10s", 10.0), ("30s", 30.0), ("1.5s", 1.5), ("500ms", 0.5), ("2m", 120.0), ("10", 10.0), (" 10s ", 10.0)],
-)
-def test_parse_timeout(value: str, seconds: float) -> None:
-    assert parse_timeout(value) == seconds
-
-
-@pytest.mark.parametrize("value", [None, "", "abc", "10 s", "-1s", "0s", "0", "10h", "1e3s"])
-def test_parse_timeout_ignores_what_it_cannot_read(value: Optional[str]) -> None:
-    assert parse_timeout(value) is None
-
-
-@pytest.mark.parametrize(
-    "timeout, default, margin, budget",
-    [
-        (10.0, 10.0, 0.5, 9.5),
-        (None, 10.0, 0.5, 9.5),
-        (None, 4.0, 1.0, 3.0),
-        (1.0, 10.0, 0.5, 0.5),
-        (30.0, 10.0, 0.5, 29.5),
-        # a margin as large as the timeout still leaves a tenth of it
-        (1.0, 10.0, 2.0, 0.1),
-        (2.0, 10.0, 2.0, 0.2),
-    ],
-)
-def test_review_budget(timeout: Optional[float], default: float, margin: float, budget: float) -> None:
-    assert review_budget(timeout, default, margin) == pytest.approx(budget)
 
 
 def test_route_cache_gives_the_same_decisions() -> None:

@@ -24,6 +24,7 @@ from twisted.web.resource import Resource
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
 from amp.config import ConfigError, parse_config
+from amp.deadline import Deadline
 from amp.endpoints import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
@@ -59,9 +60,7 @@ def _admitter(reply: Reply, policy: str) -> tuple[Admitter, Clock]:
         "team-a": namespace("http://127.0.0.1:8090/ep", failure_policy=policy),
     })
     metrics = Metrics()
-    client = EndpointClient(
-        clock, metrics, BreakerRegistry(clock), lambda origin: config.endpoints.defaults,
-        agent=RequestTraversalAgent(reply))
+    client = EndpointClient(clock, metrics, BreakerRegistry(clock), agent=RequestTraversalAgent(reply))
     source = StaticNamespaceSource(config.kubernetes)
     return Admitter(config, source, client, clock, metrics), clock
 
@@ -69,7 +68,7 @@ def _admitter(reply: Reply, policy: str) -> tuple[Admitter, Clock]:
 def _answer(admitter: Admitter, clock: Clock, body: bytes) -> dict[str, Any]:
     req = parse_review(body)
     results: list = []
-    admitter.review(req, 9.5).addBoth(results.append)
+    admitter.review(req, Deadline.after(clock.seconds(), 9.5)).addBoth(results.append)
     clock.advance(10)
     assert len(results) == 1, "the review did not finish by its deadline"
     answer_bytes, _ = results[0]

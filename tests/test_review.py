@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import json
 from typing import Any
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pytest
@@ -278,7 +278,7 @@ def test_no_object_bytes_without_an_object() -> None:
     assert parse_review(json.dumps(doc).encode()).object_json is None
 
 
-@settings(max_examples=200, derandomize=True)
+@settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(extra=st.dictionaries(st.sampled_from(["object", "x", "oldObject", "options"]),
                              st.recursive(st.none() | st.text(max_size=5) | st.integers(),
                                           lambda c: st.dictionaries(st.sampled_from(["object", "a"]), c, max_size=3),

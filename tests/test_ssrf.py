@@ -32,6 +32,7 @@ from zope.interface import implementer
 from amp.admission import SKIPPED_ANNOTATION, Admitter
 from amp.breaker import BreakerRegistry
 from amp.config import ConfigError, parse_config
+from amp.deadline import Deadline
 from amp.endpoints import EndpointClient, _Resolution
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
@@ -87,15 +88,14 @@ class Reviewer:
         self.config = make_config({"team-a": namespace(endpoint, failure_policy=policy)}, endpoints=section)
         self.metrics = Metrics()
         self.breakers = BreakerRegistry(reactor_, lambda origin, state: None)
-        settings = self.config.endpoints.defaults
-        self.client = EndpointClient(reactor_, self.metrics, self.breakers, lambda origin: settings,
-                                     resolver=resolver)
+        self.reactor = reactor_
+        self.client = EndpointClient(reactor_, self.metrics, self.breakers, resolver=resolver)
         self.admitter = Admitter(self.config, StaticNamespaceSource(self.config.kubernetes), self.client,
                                  reactor_, self.metrics)
 
     def review(self) -> Deferred:
         """Resolves to C{(response, outcome)}: the AdmissionReview's response, decoded."""
-        d = self.admitter.review(parse_review(review_bytes()), 5.0)
+        d = self.admitter.review(parse_review(review_bytes()), Deadline.after(self.reactor.seconds(), 5.0))
         return d.addCallback(lambda result: (decode_answer(result[0])["response"], result[1]))
 
     def count(self, origin: str, outcome: str) -> float:

@@ -267,7 +267,7 @@ class _Pair:
 
     def wait_serving(self) -> int:
         """Wait until both workers serve metrics; returns worker 1's pid."""
-        _wait_until("both workers' metrics", lambda: True if None not in self.counts() else None, 10, self.output)
+        _wait_until("both workers' metrics", lambda: True if None not in self.counts() else None, 30, self.output)
         children = _children(self.parent.pid)
         self.seen.extend(children)
         assert len(children) == 1, children
@@ -333,10 +333,11 @@ def test_a_worker_that_dies_is_restarted(pair: _Pair) -> None:
     try:
         child = pair.wait_serving()
         os.kill(child, signal.SIGKILL)
-        _wait_until("worker 1 to stop serving", lambda: True if pair.counts()[1] is None else None, 5, pair.output)
+        # Generous deadlines: a new twistd process starts slowly on a busy machine.
+        _wait_until("worker 1 to stop serving", lambda: True if pair.counts()[1] is None else None, 15, pair.output)
         replacement = _wait_until(
-            "a new worker 1", lambda: [p for p in _children(pair.parent.pid) if p != child] or None, 5, pair.output)
-        _wait_until("the new worker 1's metrics", lambda: pair.counts()[1], 10, pair.output)
+            "a new worker 1", lambda: [p for p in _children(pair.parent.pid) if p != child] or None, 15, pair.output)
+        _wait_until("the new worker 1's metrics", lambda: pair.counts()[1], 30, pair.output)
         assert len(replacement) == 1
     finally:
         pair.stop()

@@ -1,0 +1,149 @@
+"""
+Every answer amp gives to a review, through a few named constructors (pure).
+
+Each constructor returns an L{Answer}: the bytes of the AdmissionReview
+answer and the L{Outcome} that the review's log line and metrics report, so
+that what the API server is told and what amp counts cannot drift apart.
+
+  - L{skipped}: amp does not act on this review (not a Pod create, the
+    namespace is not enabled or does not exist, nothing configured for it);
+  - L{allowed}: the endpoint answered with no change;
+  - L{patched}: the endpoint's checked patch is applied;
+  - L{denied}: the endpoint denied the Pod;
+  - L{ignored} and L{errored}: a failure under the C{Ignore} or C{Fail}
+    policy (L{amp.admission} decides which: the failure policy is applied
+    in one place);
+  - L{shadow}: shadow mode, the Pod admitted as it is whatever happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, NamedTuple, Optional
+
+from amp.reasons import Reason, Result
+from amp.review import AdmissionRequest, clip, encode_response
+
+#: The key of amp's own audit annotation (shown by the API server as
+#: C{<webhook name>/error}).
+AUDIT_ERROR_KEY = "error"
+
+#: The longest message amp puts in a deny or an audit annotation.
+MESSAGE_LIMIT = 1024
+
+
+@dataclass(slots=True)
+class Outcome:
+    """
+    What happened to one review, for the log line and the metrics.
+
+    @ivar reason: why the review did not end as the endpoint intended, or
+        C{""}.
+    @ivar endpoint: the endpoint's origin, or C{""} when there was none.
+    @ivar patch_size: bytes of the patch sent to the API server.
+    @ivar shadow_patch_size: in shadow mode, bytes of the patch that would
+        have been sent; else -1.
+    """
+
+    result: Result = Result.ALLOWED
+    reason: str = ""
+    endpoint: str = ""
+    patch_size: int = 0
+    shadow_patch_size: int = -1
+
+
+class Answer(NamedTuple):
+    """
+    An answer to one review: the AdmissionReview's bytes and its L{Outcome}.
+    """
+
+    body: bytes
+    outcome: Outcome
+
+
+def skipped(req: AdmissionRequest) -> Answer:
+    """
+    amp does not act on this review: admitted as it is, nothing said.
+    """
+    return Answer(encode_response(req.api_version, req.uid), Outcome(Result.SKIPPED))
+
+
+def allowed(
+    req: AdmissionRequest, endpoint: str, *, warnings: Iterable[str] = (),
+    audit: Optional[Mapping[str, str]] = None,
+) -> Answer:
+    """
+    The endpoint answered with no change (or allowed the Pod on C{/validate}).
+    """
+    return Answer(encode_response(req.api_version, req.uid, warnings=warnings, audit=audit),
+                  Outcome(Result.ALLOWED, endpoint=endpoint))
+
+
+def patched(
+    req: AdmissionRequest, endpoint: str, patch: bytes, *, warnings: Iterable[str] = (),
+    audit: Optional[Mapping[str, str]] = None,
+) -> Answer:
+    """
+    The endpoint's patch (checked, dry-applied, serialised) is applied.
+    """
+    return Answer(
+        encode_response(req.api_version, req.uid, patch_bytes=patch, warnings=warnings, audit=audit),
+        Outcome(Result.PATCHED, endpoint=endpoint, patch_size=len(patch)))
+
+
+def denied(
+    req: AdmissionRequest, endpoint: str, code: int, message: str, *, warnings: Iterable[str] = (),
+    audit: Optional[Mapping[str, str]] = None,
+) -> Answer:
+    """
+    The endpoint denied the Pod (whatever the failure policy): C{code} and
+    its message, with the endpoint named.
+    """
+    message = message or "denied by the endpoint without a message"
+    return Answer(
+        encode_response(
+            req.api_version, req.uid, allowed=False, code=code,
+            message=clip(f"amp: endpoint {endpoint} denied the Pod: {message}", MESSAGE_LIMIT),
+            warnings=warnings, audit=audit),
+        Outcome(Result.DENIED, Reason.ENDPOINT_DENIED, endpoint))
+
+
+def ignored(
+    req: AdmissionRequest, endpoint: str, where: str, reason: Reason, text: str, *,
+    patch: Optional[bytes] = None,
+) -> Answer:
+    """
+    A failure under C{Ignore}: the Pod is admitted without the endpoint's
+    change, with a warning, amp's audit annotation (C{text}) and C{patch}
+    (amp's own annotation, when it stamps one).
+    """
+    return Answer(
+        encode_response(
+            req.api_version, req.uid, patch_bytes=patch,
+            warnings=[f"amp: {where} {reason}; Pod admitted unchanged"],
+            audit={AUDIT_ERROR_KEY: clip(text, MESSAGE_LIMIT)}),
+        Outcome(Result.IGNORED, reason, endpoint, len(patch) if patch else 0))
+
+
+def errored(req: AdmissionRequest, endpoint: str, reason: Reason, text: str) -> Answer:
+    """
+    A failure under C{Fail}: the Pod is denied with C{500 InternalError}
+    and C{text}.
+    """
+    return Answer(
+        encode_response(
+            req.api_version, req.uid, allowed=False, code=500, reason="InternalError",
+            message=clip(f"amp: {text}; failure policy Fail denies the Pod", MESSAGE_LIMIT)),
+        Outcome(Result.DENIED, reason, endpoint))
+
+
+def shadow(
+    req: AdmissionRequest, endpoint: str, *, reason: str = "", shadow_patch_size: int = -1
+) -> Answer:
+    """
+    Shadow mode: the Pod is admitted as it is, whatever the endpoint
+    answered or however it failed; the outcome records what would have
+    happened.
+    """
+    return Answer(encode_response(req.api_version, req.uid),
+                  Outcome(Result.SHADOW, reason, endpoint, shadow_patch_size=shadow_patch_size))

@@ -1,0 +1,91 @@
+"""
+The review's one deadline (pure).
+
+The API server tells a webhook how long it will wait with C{?timeout=10s}
+on the URL.  The HTTP edge (L{amp.web}) turns that, less
+C{deadline.margin}, into one absolute L{Deadline} on the reactor's clock,
+once, when the request arrives; it travels down with the review.  One timer
+enforces it, the one L{amp.admission} arms for the review; every step
+(the namespace lookup, the endpoint call) is given what is left of it
+(L{Deadline.remaining}) and is cancelled by that timer when it passes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from amp.config import DeadlineConfig
+
+_TIMEOUT = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
+_TIMEOUT_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
+
+#: Times are floats: a timer set for C{remaining(now)} fires at
+#: C{now + (at - now)}, which can be C{at} less a rounding error.  Within
+#: this many seconds of C{at}, the deadline has passed.
+_SLACK = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """
+    When a review must be answered by, on the reactor's clock.
+
+    @ivar at: the absolute time (C{IReactorTime.seconds()}).
+    @ivar budget: the seconds the review had when it arrived (for messages).
+    """
+
+    at: float
+    budget: float
+
+    @classmethod
+    def after(cls, now: float, budget: float) -> "Deadline":
+        """
+        The deadline C{budget} seconds after C{now}.
+        """
+        return cls(now + budget, budget)
+
+    def remaining(self, now: float) -> float:
+        """
+        Seconds left at C{now}; never negative.
+        """
+        left = self.at - now
+        return left if left > 0.0 else 0.0
+
+    def passed(self, now: float) -> bool:
+        """
+        Whether the deadline has passed at C{now}.
+        """
+        return now >= self.at - _SLACK
+
+
+def parse_timeout(value: Optional[str]) -> Optional[float]:
+    """
+    The API server's C{?timeout=10s} query value in seconds, or None.
+    """
+    if not value:
+        return None
+    m = _TIMEOUT.match(value.strip())
+    if not m:
+        return None
+    seconds = float(m.group(1)) * _TIMEOUT_UNITS[m.group(2)]
+    return seconds if seconds > 0 else None
+
+
+def review_budget(timeout: Optional[float], default_timeout: float, margin: float) -> float:
+    """
+    Seconds amp may spend on one review: the API server's timeout (or the
+    configured default) less the safety margin, never less than a tenth of
+    the timeout so a large margin cannot leave nothing.
+    """
+    total = timeout if timeout is not None else default_timeout
+    return max(total - margin, total * 0.1)
+
+
+def review_deadline(query: Optional[str], now: float, config: DeadlineConfig) -> Deadline:
+    """
+    The deadline of a review that arrived at C{now} with C{?timeout=query}
+    (None when the query has none).
+    """
+    return Deadline.after(now, review_budget(parse_timeout(query), config.default_timeout, config.margin))
