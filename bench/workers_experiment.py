@@ -143,7 +143,7 @@ def measure(n: int, share: str, workdir: str, config: str, body: str, endpoint: 
                      pass_fds=(listener.fileno(),) if listener is not None else ())
             workers.append(p)
         for p in workers:
-            p.first_line(30)
+            p.first_line()
         if listener is not None:
             listener.close()
             listener = None
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         files = bodies.write_bodies(os.path.join(workdir, "bodies"), {"on": ON})
         endpoint = Proc("endpoint", [sys.executable, os.path.join(BENCH, "endpoint.py")])
         try:
-            endpoint_url = f"http://127.0.0.1:{endpoint.first_line(20)['port']}/patch"
+            endpoint_url = f"http://127.0.0.1:{endpoint.first_line()['port']}/patch"
             config = os.path.join(workdir, "amp.yaml")
             write_config(config, tls, endpoint_url)
             for share in args.share.split(","):

@@ -356,12 +356,17 @@ class RunningAmp:
         C{service.metrics}, C{service.site}, ...).
     @ivar port: the TCP port of the TLS webhook listener.
     @ivar connections: the L{ConnectionTracker} of the listener.
+    @ivar metrics_port: the port of the plain-HTTP metrics listener, or
+        None when amp was started without it.
     """
 
-    def __init__(self, service: AmpService, port: int, connections: ConnectionTracker) -> None:
+    def __init__(self, service: AmpService, port: int, connections: ConnectionTracker,
+                 metrics_port: Optional[int] = None, trackers: Iterable[ConnectionTracker] = ()) -> None:
         self.service = service
         self.port = port
         self.connections = connections
+        self.metrics_port = metrics_port
+        self._trackers = [connections, *trackers]
 
     @property
     def metrics(self) -> Metrics:
@@ -374,11 +379,17 @@ class RunningAmp:
             text += "?" + query
         return text.encode("ascii")
 
+    def metrics_url(self) -> bytes:
+        """C{http://127.0.0.1:<metrics port>/metrics}, as bytes for treq."""
+        assert self.metrics_port is not None, "amp was started without its metrics listener"
+        return f"http://127.0.0.1:{self.metrics_port}/metrics".encode("ascii")
+
     @inlineCallbacks
     def stop(self) -> Any:
         """Stop every service of amp and close every connection to it."""
         yield self.service.stopService()
-        yield self.connections.close_all()
+        for tracker in self._trackers:
+            yield tracker.close_all()
 
 
 @inlineCallbacks
@@ -388,28 +399,36 @@ def start_amp(
     *,
     namespaces: Optional[INamespaceSource] = None,
     metrics: Optional[Metrics] = None,
+    metrics_listener: bool = False,
 ) -> Any:
     """
-    Build amp (certificate loaded from C{config.tls}, no SIGHUP handler, no
-    metrics listener) with its webhook on 127.0.0.1 port 0, start it and
-    wait until the webhook listens.  Resolves to a L{RunningAmp}; add its
-    C{stop} as a cleanup.
+    Build amp (certificate loaded from C{config.tls}, no SIGHUP handler)
+    with its webhook on 127.0.0.1 port 0 and, with C{metrics_listener}, its
+    metrics listener on another free loopback port (see
+    L{RunningAmp.metrics_url}); start it and wait until it listens.
+    Resolves to a L{RunningAmp}; add its C{stop} as a cleanup.
     """
     metrics = metrics if metrics is not None else Metrics()
     certificate = serving_certificate(config.tls, reactor, metrics)
     webhook = RecordingEndpoint(tls_endpoint(reactor, 0, "127.0.0.1", certificate), reactor)
+    metrics_endpoint = (RecordingEndpoint(TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"), reactor)
+                        if metrics_listener else None)
     service = AmpService(
-        config, reactor, certificate=certificate, webhook_endpoint=webhook, metrics_endpoint=None,
+        config, reactor, certificate=certificate, webhook_endpoint=webhook, metrics_endpoint=metrics_endpoint,
         namespaces=namespaces if namespaces is not None else namespace_source(config, reactor, metrics),
         metrics=metrics, install_sighup=False)
     service.startService()
     try:
         port = yield webhook.listening.addTimeout(WAIT, reactor)
+        metrics_port = None
+        if metrics_endpoint is not None:
+            metrics_port = (yield metrics_endpoint.listening.addTimeout(WAIT, reactor)).getHost().port
     except Exception:
         yield service.stopService()
         raise
     assert webhook.tracker is not None
-    return RunningAmp(service, port.getHost().port, webhook.tracker)
+    extra = [metrics_endpoint.tracker] if metrics_endpoint is not None and metrics_endpoint.tracker else []
+    return RunningAmp(service, port.getHost().port, webhook.tracker, metrics_port, extra)
 
 
 # ---------------------------------------------------------------- example endpoints

@@ -35,6 +35,7 @@ from tests.helpers import (
     review_bytes,
     start_amp,
 )
+from tests.waiting import wait_until
 
 HEAD = b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
 
@@ -232,33 +233,11 @@ class ConnectionCapTests(HostileTestCase):
         # A freed slot takes a new connection.
         held[0].transport.loseConnection()
         yield held[0].lost
-        yield wait_for(lambda: amp.service.site.open_connections == 1)
+        yield wait_until(lambda: amp.service.site.open_connections == 1)
         c = yield self.client(amp)
         c.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         yield c.until(b"ok\n")
         self.assertEqual(amp.service.site.open_connections, 2)
-
-
-def wait_for(predicate: Any, timeout: float = 5.0) -> Deferred:
-    """Fires once C{predicate()} is true, checked every 10ms; fails after C{timeout}."""
-    pending: list[Any] = []
-
-    def stop(_: Any) -> None:
-        for call in pending:
-            if call.active():
-                call.cancel()
-
-    d: Deferred = Deferred(stop)
-
-    def check() -> None:
-        pending.clear()
-        if predicate():
-            d.callback(None)
-        else:
-            pending.append(reactor.callLater(0.01, check))
-
-    check()
-    return d.addTimeout(timeout, reactor)
 
 
 # ---------------------------------------------------------------- oversized requests
@@ -314,7 +293,7 @@ class OversizedTests(HostileTestCase):
                 reactor.callLater(0.002, pump)
 
         pump()
-        yield wait_for(lambda: c.sent >= size or c.closed_at is not None, timeout=4.0)
+        yield wait_until(lambda: c.sent >= size or c.closed_at is not None, timeout=4.0)
         c.transport.resumeProducing()
         data = yield self.closed(c, within=4.0)
         self.assertRefused(data, 413, b"(listen.max_body)")
@@ -337,12 +316,12 @@ class NonReaderTests(HostileTestCase):
         other = yield self.client(amp)
         for n in range(1, 4):
             other.send(post_head(len(body)) + body)
-            yield wait_for(lambda: other.received.count(b"HTTP/1.1 200 OK") == n)
+            yield wait_until(lambda: other.received.count(b"HTTP/1.1 200 OK") == n)
         self.assertEqual(other.received.count(b'"uid"'), 3)
         # amp closes the greedy one within idle_timeout plus the close grace
         # (a client that does not read does not see that until it reads).
         started = reactor.seconds()
-        yield wait_for(lambda: amp.service.site.open_connections == 1, timeout=0.3 + web.CLOSE_GRACE + 3.0)
+        yield wait_until(lambda: amp.service.site.open_connections == 1, timeout=0.3 + web.CLOSE_GRACE + 3.0)
         self.assertLess(reactor.seconds() - started, 0.3 + web.CLOSE_GRACE + 1.0)
         self.assertIsNone(greedy.closed_at)
         greedy.transport.resumeProducing()

@@ -11,20 +11,15 @@ import datetime
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from cryptography import x509
-from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.endpoints import serverFromString
 from twisted.trial.unittest import TestCase
 
 from tests.helpers import (
-    WAIT,
-    ConnectionTracker,
-    RecordingEndpoint,
     WebhookClient,
     closed_port,
     decode_answer,
@@ -32,13 +27,14 @@ from tests.helpers import (
     namespace,
     raw_config,
     review_bytes,
+    start_amp,
     start_example,
 )
-from amp.config import Config, parse_config
+from tests.prometheus import Scrape
+from amp.config import parse_config
 from amp.devcert import write_dev_tls
 from amp.metrics import BREAKER_STATE_VALUES, Metrics
-from amp.service import AmpService, namespace_source, serving_certificate
-from amp.tls import tls_endpoint
+from amp.service import make_amp_service
 
 #: The metrics the operator documentation and alerts rely on, with their
 #: Prometheus type and label names.
@@ -53,76 +49,6 @@ REQUIRED = {
     "amp_tls_certificate_not_after_timestamp_seconds": ("gauge", set()),
     "amp_tls_reloads": ("counter", {"result"}),
 }
-
-
-# ---------------------------------------------------------------- an amp with its metrics listener
-
-
-class AmpWithMetrics:
-    """
-    amp with its webhook and metrics listeners both on free loopback ports.
-    """
-
-    def __init__(self, service: AmpService, webhook: int, metrics: int,
-                 trackers: list[ConnectionTracker]) -> None:
-        self.service = service
-        self.webhook_port = webhook
-        self.metrics_port = metrics
-        self._trackers = trackers
-
-    @property
-    def metrics(self) -> Metrics:
-        return self.service.metrics
-
-    def url(self, path: str = "/mutate") -> bytes:
-        return f"https://127.0.0.1:{self.webhook_port}{path}?timeout=10s".encode("ascii")
-
-    def metrics_url(self) -> bytes:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics".encode("ascii")
-
-    @inlineCallbacks
-    def stop(self) -> Any:
-        yield self.service.stopService()
-        for tracker in self._trackers:
-            yield tracker.close_all()
-
-
-@inlineCallbacks
-def start_amp_with_metrics(config: Config) -> Any:
-    metrics = Metrics()
-    certificate = serving_certificate(config.tls, reactor, metrics)
-    webhook = RecordingEndpoint(tls_endpoint(reactor, 0, "127.0.0.1", certificate), reactor)
-    scrape = RecordingEndpoint(serverFromString(reactor, "tcp:0:interface=127.0.0.1"), reactor)
-    service = AmpService(
-        config, reactor, certificate=certificate, webhook_endpoint=webhook, metrics_endpoint=scrape,
-        namespaces=namespace_source(config, reactor, metrics), metrics=metrics, install_sighup=False)
-    service.startService()
-    try:
-        webhook_port = yield webhook.listening.addTimeout(WAIT, reactor)
-        metrics_port = yield scrape.listening.addTimeout(WAIT, reactor)
-    except Exception:
-        yield service.stopService()
-        raise
-    assert webhook.tracker is not None and scrape.tracker is not None
-    return AmpWithMetrics(service, webhook_port.getHost().port, metrics_port.getHost().port,
-                          [webhook.tracker, scrape.tracker])
-
-
-def samples(text: str) -> dict[tuple[str, frozenset], float]:
-    """Every sample of a scrape, keyed by name and label set."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def families(text: str) -> dict[str, Any]:
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def value(scrape: dict, name: str, **labels: str) -> Optional[float]:
-    return scrape.get((name, frozenset(labels.items())))
 
 
 POD = {"kind": "Pod", "operation": "CREATE"}
@@ -164,14 +90,14 @@ class ScrapeTests(TestCase):
                                       "breaker": {"consecutive_failures": 1, "cooldown": "1m",
                                                   "max_cooldown": "1m"}}]},
         )
-        self.amp = yield start_amp_with_metrics(parse_config(raw))
+        self.amp = yield start_amp(parse_config(raw), reactor, metrics_listener=True)
         self.addCleanup(self.amp.stop)
         self.client = WebhookClient(reactor, ca=self.tls["ca_cert"].read_bytes())
         self.addCleanup(self.client.close)
 
     @inlineCallbacks
     def admit(self, ns: str, obj: Any = None) -> Any:
-        response, body = yield self.client.post(self.amp.url(), review_bytes(obj, namespace=ns))
+        response, body = yield self.client.post(self.amp.url(query="timeout=10s"), review_bytes(obj, namespace=ns))
         self.assertEqual(response.code, 200, body)
         return decode_answer(body)["response"]
 
@@ -180,7 +106,7 @@ class ScrapeTests(TestCase):
         response, body = yield self.client.get(self.amp.metrics_url())
         self.assertEqual(response.code, 200)
         self.assertTrue(response.headers.getRawHeaders(b"content-type")[0].startswith(b"text/plain"))
-        return body.decode("utf-8")
+        return Scrape(body.decode("utf-8"))
 
     @inlineCallbacks
     def test_every_documented_metric_is_exposed(self) -> Any:
@@ -188,8 +114,7 @@ class ScrapeTests(TestCase):
         The metrics the operator docs and alerts name are all on
         ``/metrics`` with their type, before any review.
         """
-        text = yield self.scrape()
-        found = families(text)
+        found = (yield self.scrape()).families
         for name, (kind, _) in REQUIRED.items():
             self.assertIn(name, found, f"{name} is not exposed")
             self.assertEqual(found[name].type, kind, name)
@@ -212,16 +137,16 @@ class ScrapeTests(TestCase):
         yield self.admit("opted-out")
         yield self.admit("not-allowed")
 
-        scrape = samples((yield self.scrape()))
+        scrape = yield self.scrape()
         total = "amp_admission_requests_total"
-        self.assertEqual(value(scrape, total, result="patched", **POD), 1)
-        self.assertEqual(value(scrape, total, result="ignored", **POD), 2)
-        self.assertEqual(value(scrape, total, result="denied", **POD), 2)
-        self.assertEqual(value(scrape, total, result="skipped", **POD), 1)
-        self.assertIsNone(value(scrape, total, result="allowed", **POD))
-        self.assertEqual(value(scrape, "amp_admission_duration_seconds_count"), 6)
-        self.assertEqual(value(scrape, "amp_admission_duration_seconds_bucket", le="+Inf"), 6)
-        self.assertGreater(value(scrape, "amp_admission_duration_seconds_sum"), 0)
+        self.assertEqual(scrape.value(total, result="patched", **POD), 1)
+        self.assertEqual(scrape.value(total, result="ignored", **POD), 2)
+        self.assertEqual(scrape.value(total, result="denied", **POD), 2)
+        self.assertEqual(scrape.value(total, result="skipped", **POD), 1)
+        self.assertIsNone(scrape.value(total, result="allowed", **POD))
+        self.assertEqual(scrape.value("amp_admission_duration_seconds_count"), 6)
+        self.assertEqual(scrape.value("amp_admission_duration_seconds_bucket", le="+Inf"), 6)
+        self.assertGreater(scrape.value("amp_admission_duration_seconds_sum"), 0)
 
     @inlineCallbacks
     def test_endpoint_counters_by_origin_and_outcome(self) -> Any:
@@ -233,13 +158,13 @@ class ScrapeTests(TestCase):
         """
         for ns in ("patched", "denied", "ignored", "fail-closed", "opted-out", "not-allowed"):
             yield self.admit(ns)
-        scrape = samples((yield self.scrape()))
+        scrape = yield self.scrape()
         calls = "amp_endpoint_requests_total"
-        self.assertEqual(value(scrape, calls, endpoint=self.origin, outcome="ok"), 2)
-        self.assertEqual(value(scrape, calls, endpoint=self.origin, outcome="http-5xx"), 1)
-        self.assertEqual(value(scrape, calls, endpoint=self.origin, outcome="invalid-json"), 1)
-        self.assertEqual(value(scrape, "amp_endpoint_duration_seconds_count", endpoint=self.origin), 4)
-        endpoints = {dict(labels).get("endpoint") for (name, labels) in scrape if name.startswith("amp_endpoint_")}
+        self.assertEqual(scrape.value(calls, endpoint=self.origin, outcome="ok"), 2)
+        self.assertEqual(scrape.value(calls, endpoint=self.origin, outcome="http-5xx"), 1)
+        self.assertEqual(scrape.value(calls, endpoint=self.origin, outcome="invalid-json"), 1)
+        self.assertEqual(scrape.value("amp_endpoint_duration_seconds_count", endpoint=self.origin), 4)
+        endpoints = {dict(labels).get("endpoint") for (name, labels) in scrape.samples if name.startswith("amp_endpoint_")}
         self.assertEqual(endpoints, {self.origin}, "the endpoint label is the origin, never a path")
 
     @inlineCallbacks
@@ -254,13 +179,13 @@ class ScrapeTests(TestCase):
         second = yield self.admit("down")
         self.assertTrue(second["allowed"])
         self.assertIn("breaker-open", " ".join(second.get("warnings", [])))
-        scrape = samples((yield self.scrape()))
+        scrape = yield self.scrape()
         origin = self.refused_origin
-        self.assertEqual(value(scrape, "amp_circuit_breaker_state", endpoint=origin), BREAKER_STATE_VALUES["open"])
+        self.assertEqual(scrape.value("amp_circuit_breaker_state", endpoint=origin), BREAKER_STATE_VALUES["open"])
         calls = "amp_endpoint_requests_total"
-        self.assertEqual(value(scrape, calls, endpoint=origin, outcome="connection-refused"), 1)
-        self.assertEqual(value(scrape, calls, endpoint=origin, outcome="breaker-open"), 1)
-        self.assertEqual(value(scrape, "amp_endpoint_duration_seconds_count", endpoint=origin), 1)
+        self.assertEqual(scrape.value(calls, endpoint=origin, outcome="connection-refused"), 1)
+        self.assertEqual(scrape.value(calls, endpoint=origin, outcome="breaker-open"), 1)
+        self.assertEqual(scrape.value("amp_endpoint_duration_seconds_count", endpoint=origin), 1)
 
     @inlineCallbacks
     def test_tls_expiry_and_reloads(self) -> Any:
@@ -272,25 +197,25 @@ class ScrapeTests(TestCase):
         def not_after(path: Path) -> float:
             return x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc.timestamp()
 
-        scrape = samples((yield self.scrape()))
+        scrape = yield self.scrape()
         expiry = "amp_tls_certificate_not_after_timestamp_seconds"
-        self.assertEqual(value(scrape, expiry), not_after(self.tls["cert"]))
-        self.assertEqual(value(scrape, "amp_tls_reloads_total", result="success"), 0)
-        self.assertEqual(value(scrape, "amp_tls_reloads_total", result="error"), 0)
+        self.assertEqual(scrape.value(expiry), not_after(self.tls["cert"]))
+        self.assertEqual(scrape.value("amp_tls_reloads_total", result="success"), 0)
+        self.assertEqual(scrape.value("amp_tls_reloads_total", result="error"), 0)
 
         write_dev_tls(self.tls_dir, ["127.0.0.1"], days=30)
         self.assertTrue(self.amp.service.certificate.reload())
-        scrape = samples((yield self.scrape()))
+        scrape = yield self.scrape()
         renewed = not_after(self.tls["cert"])
         self.assertLess(renewed, datetime.datetime.now(datetime.timezone.utc).timestamp() + 31 * 86400)
-        self.assertEqual(value(scrape, expiry), renewed)
-        self.assertEqual(value(scrape, "amp_tls_reloads_total", result="success"), 1)
+        self.assertEqual(scrape.value(expiry), renewed)
+        self.assertEqual(scrape.value("amp_tls_reloads_total", result="success"), 1)
 
         self.tls["key"].write_bytes(b"-----BEGIN PRIVATE KEY-----\ntruncated\n")
         self.assertFalse(self.amp.service.certificate.reload())
-        scrape = samples((yield self.scrape()))
-        self.assertEqual(value(scrape, "amp_tls_reloads_total", result="error"), 1)
-        self.assertEqual(value(scrape, expiry), renewed)
+        scrape = yield self.scrape()
+        self.assertEqual(scrape.value("amp_tls_reloads_total", result="error"), 1)
+        self.assertEqual(scrape.value(expiry), renewed)
         answer = yield self.admit("patched")
         self.assertTrue(answer["allowed"], "amp keeps serving with the certificate in service")
 

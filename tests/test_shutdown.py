@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import pytest
 import yaml
 
-from amphelpers import ca_pem, namespace, raw_config, review_bytes
+from tests.helpers import ca_pem, namespace, raw_config, review_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")

@@ -12,9 +12,8 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Iterator, Optional
 
 import pytest
 import yaml
@@ -30,9 +29,9 @@ from amp.tap import Options, makeService
 from amp.tls import ReloadingCertificate, tls_endpoint
 from amp.workers import ParentWatch, worker_argv
 from tests.helpers import ca_pem, decode_answer, dev_tls, raw_config, review_bytes, tls_exchange
+from tests.waiting import poll_until
 
 REPO = Path(__file__).resolve().parent.parent
-T = TypeVar("T")
 
 
 def _reuse_port(listening: Any) -> int:
@@ -184,17 +183,6 @@ def test_metrics_ports_must_fit(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- two real processes
 
 
-def _wait_until(what: str, probe: Callable[[], Optional[T]], timeout: float, details: Callable[[], str]) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result is not None:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{details()}")
-        time.sleep(0.05)
-
-
 def _free_ports() -> tuple[int, int]:
     """A free port for the webhook and a free pair (base, base+1) for metrics."""
     with socket.socket() as s:
@@ -267,7 +255,7 @@ class _Pair:
 
     def wait_serving(self) -> int:
         """Wait until both workers serve metrics; returns worker 1's pid."""
-        _wait_until("both workers' metrics", lambda: True if None not in self.counts() else None, 30, self.output)
+        poll_until("both workers' metrics", lambda: True if None not in self.counts() else None, 60, self.output)
         children = _children(self.parent.pid)
         self.seen.extend(children)
         assert len(children) == 1, children
@@ -333,11 +321,10 @@ def test_a_worker_that_dies_is_restarted(pair: _Pair) -> None:
     try:
         child = pair.wait_serving()
         os.kill(child, signal.SIGKILL)
-        # Generous deadlines: a new twistd process starts slowly on a busy machine.
-        _wait_until("worker 1 to stop serving", lambda: True if pair.counts()[1] is None else None, 15, pair.output)
-        replacement = _wait_until(
-            "a new worker 1", lambda: [p for p in _children(pair.parent.pid) if p != child] or None, 15, pair.output)
-        _wait_until("the new worker 1's metrics", lambda: pair.counts()[1], 30, pair.output)
+        poll_until("worker 1 to stop serving", lambda: True if pair.counts()[1] is None else None, 60, pair.output)
+        replacement = poll_until(
+            "a new worker 1", lambda: [p for p in _children(pair.parent.pid) if p != child] or None, 60, pair.output)
+        poll_until("the new worker 1's metrics", lambda: pair.counts()[1], 60, pair.output)
         assert len(replacement) == 1
     finally:
         pair.stop()
@@ -348,4 +335,4 @@ def test_workers_stop_when_worker_zero_is_killed(pair: _Pair) -> None:
         child = pair.wait_serving()
     finally:
         pair.stop(signal.SIGKILL)
-    _wait_until(f"worker process {child} to exit", lambda: True if _gone(child) else None, 5, pair.output)
+    poll_until(f"worker process {child} to exit", lambda: True if _gone(child) else None, 60, pair.output)

@@ -28,7 +28,9 @@ from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
 from ..deploytools import APISERVER_METRICS, DEPLOY, helm_template, kustomize_build
-from .amp_process import INSTANCE_LABEL, closed_port, pod_manifest, wait_until
+from ..prometheus import Scrape
+from ..waiting import poll_until
+from .amp_process import INSTANCE_LABEL, closed_port, pod_manifest
 from .cluster import ControlPlane
 
 pytestmark = pytest.mark.e2e
@@ -204,28 +206,24 @@ def test_pod_template_is_admitted_under_its_namespace_pod_security(control_plane
 # ---- the shipped webhook's selectors, for real
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def apiserver_metrics(api: client.ApiClient, names: tuple[str, ...]) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """The samples of the API server's /metrics named C{names}, by name, as
-    exposed (the Python parser would add C{_total} to counters that lack it)."""
+def apiserver_metrics(api: client.ApiClient) -> Scrape:
+    """The API server's /metrics."""
     method, url, headers, _, _ = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
     response = api.call_api(method, url, header_params=headers)
     response.read()
     assert response.status == 200, response.data
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {name: [] for name in names}
-    for line in response.data.decode().splitlines():
-        match = _SAMPLE.match(line)
-        if match and match.group(1) in samples:
-            samples[match.group(1)].append((dict(_LABEL.findall(match.group(2) or "")), float(match.group(3))))
-    return samples
+    return Scrape(response.data.decode())
+
+
+def exposed(scrape: Scrape, name: str, webhook: str) -> list[str]:
+    """The lines of metric C{name} (as exposed, so as PromQL names it) for C{webhook}."""
+    pattern = re.compile(rf'^{re.escape(name)}{{[^}}]*\bname="{re.escape(webhook)}"[^}}]*}} ', re.M)
+    return [m.group(0) for m in pattern.finditer(scrape.text)]
 
 
 def fail_opens(api: client.ApiClient, webhook: str) -> float:
-    [name] = [n for n in APISERVER_METRICS if "fail_open" in n]
-    return sum(value for labels, value in apiserver_metrics(api, (name,))[name] if labels.get("name") == webhook)
+    # prometheus_client's parser names the counter's samples with _total.
+    return apiserver_metrics(api).total("apiserver_admission_webhook_fail_open_count_total", name=webhook)
 
 
 @pytest.fixture
@@ -284,7 +282,7 @@ def test_shipped_selectors_keep_amp_off_its_namespace_kube_system_and_opted_out_
         # The registration has reached the API server's webhook cache once a
         # Pod of an enabled namespace fails open.
         attempts = iter(range(10_000))
-        wait_until("the webhook registration to reach the API server",
+        poll_until("the webhook registration to reach the API server",
                    lambda: created(team, f"warm-{next(attempts)}") or None, 10.0)
 
         assert created(team, "sent") == 1
@@ -293,11 +291,10 @@ def test_shipped_selectors_keep_amp_off_its_namespace_kube_system_and_opted_out_
         assert created(amp_namespace, "own") == 0
         assert created("kube-system", f"system-{instance}") == 0
 
-        metrics = apiserver_metrics(api, APISERVER_METRICS)
+        scrape = apiserver_metrics(api)
         for name in APISERVER_METRICS:
-            assert any(labels.get("name") == webhook for labels, _ in metrics[name]), name
-        codes = {labels["code"] for labels, _ in metrics["apiserver_admission_webhook_request_total"]
-                 if labels.get("name") == webhook}
+            assert exposed(scrape, name, webhook), f"the API server exposes no {name} for {webhook}"
+        codes = scrape.by("apiserver_admission_webhook_request_total", "code", name=webhook)
         assert codes and "200" not in codes, f"the alert's code!=\"200\" sees the failed calls: {codes}"
     finally:
         admission.delete_mutating_webhook_configuration(registration["metadata"]["name"])
