@@ -14,6 +14,14 @@ cancelled and the review is answered at once.
 Every answer is built by a named constructor of L{amp.answers}; every
 failure ends in L{_Review._failed}, the one place the failure policy is
 applied, with the L{Route} the review was on.
+
+The status stamp: every Pod reviewed on C{/mutate} in an enabled namespace
+(not in shadow mode, unless C{annotate_status} is off) gets the annotation
+L{STATUS_ANNOTATION}, C{<status> [<reason>] <endpoint>} (L{Status}), in the
+same checked, dry-applied patch as the endpoint's change, and loses the
+L{LEGACY_SKIPPED_ANNOTATION} of earlier versions.  Every review overwrites
+it, so after the API server reinvokes amp it tells what the last round did;
+no value set by the Pod's author or the endpoint survives.
 """
 
 from __future__ import annotations
@@ -32,15 +40,20 @@ from amp.deadline import Deadline
 from amp.endpoints import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
-from amp.patch import PatchError, annotation_op, check_patch
+from amp.patch import CheckedPatch, PatchError, annotate, check_patch, unchanged
 from amp.policy import FAIL, SHADOW, Route, failure_policy, route
-from amp.reasons import Reason
+from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
 from amp.review import AdmissionRequest, clean_audit_annotations, clip, dumps
 
-__all__ = ["AUDIT_ERROR_KEY", "SKIPPED_ANNOTATION", "Admitter", "Answer", "Outcome"]
+__all__ = ["AUDIT_ERROR_KEY", "LEGACY_SKIPPED_ANNOTATION", "STATUS_ANNOTATION", "Admitter", "Answer", "Outcome"]
 
-SKIPPED_ANNOTATION = "amp.txn2.com/skipped"
+#: What amp did with the Pod in its last review (see the module docstring).
+STATUS_ANNOTATION = "amp.txn2.com/status"
+#: Earlier versions' mark of a Pod admitted after a failure; amp removes it.
+LEGACY_SKIPPED_ANNOTATION = "amp.txn2.com/skipped"
+#: The longest status annotation value.
+STATUS_LIMIT = 250
 
 _CANCELLED = "the review was cancelled: the client went away"
 
@@ -162,8 +175,13 @@ class _Review:
         if r.error is not None:
             return self._answer(self._failed(*r.error))
         if r.url is None:
-            if self._validation or a._has_validation_endpoint(ns):
+            if self._validation:
                 return self._answer(answers.skipped(req))
+            if a._has_validation_endpoint(ns):
+                # Nothing to mutate, but the Pod was reviewed: stamped, so
+                # it is not taken for one that bypassed amp.
+                stamped = self._stamp(None, Status.UNCHANGED, r.where)
+                return self._answer(answers.skipped(req, patch=_patch_bytes(stamped)))
             return self._answer(self._failed(Reason.NO_ENDPOINT, "namespace is enabled but has no endpoint annotation"))
         assert r.settings is not None
         headers = {
@@ -189,15 +207,20 @@ class _Review:
         if not decision.allowed:
             return self._answer(answers.denied(req, origin, decision.code, decision.message, warnings=warnings,
                                                audit=audit))
-        if self._validation or not decision.patch:
+        if self._validation:
             return self._answer(answers.allowed(req, origin, warnings=warnings, audit=audit))
-        try:
-            checked = check_patch(req.object, decision.patch, **a._patch_options)
-        except PatchError as e:
-            return self._answer(self._failed(e.reason, str(e)))
+        if decision.patch:
+            try:
+                checked = check_patch(req.object, decision.patch, **a._patch_options)
+            except PatchError as e:
+                return self._answer(self._failed(e.reason, str(e)))
+        else:
+            checked = unchanged(req.object)
         if not checked.operations:
-            return self._answer(answers.allowed(req, origin, warnings=warnings, audit=audit))
-        patch = dumps(checked.operations)
+            stamped = self._stamp(checked, Status.UNCHANGED, origin)
+            return self._answer(answers.allowed(req, origin, warnings=warnings, audit=audit,
+                                                patch=_patch_bytes(stamped)))
+        patch = dumps(self._stamp(checked, Status.MUTATED, origin).operations)
         if len(patch) > a.config.patch.max_size:
             return self._answer(self._failed(Reason.PATCH_TOO_LARGE,
                                              f"patch of {len(patch)} bytes is over patch.max_size"))
@@ -205,6 +228,20 @@ class _Review:
             a._metrics.patch_repairs.inc(checked.repaired)
         warnings.extend(f"amp: {w}" for w in checked.warnings)
         self._answer(answers.patched(req, origin, patch, warnings=warnings, audit=audit))
+
+    def _stamp(self, checked: Optional[CheckedPatch], status: Status, *words: str) -> CheckedPatch:
+        """
+        C{checked} (by default: the Pod as it came) with amp's status
+        annotation, C{status} then C{words}, unless the review is a
+        validation or C{annotate_status} is off.
+        """
+        req = self._req
+        if checked is None:
+            checked = unchanged(req.object)
+        if self._validation or not self._admitter.config.annotate_status:
+            return checked
+        value = clip(" ".join((status, *words)), STATUS_LIMIT)
+        return annotate(checked, {LEGACY_SKIPPED_ANNOTATION: None, STATUS_ANNOTATION: value})
 
     def _shadow(self, decision: EndpointDecision, origin: str) -> Answer:
         a = self._admitter
@@ -273,20 +310,22 @@ class _Review:
         elif self._ending is Reason.DEADLINE:
             reason, message = Reason.DEADLINE, f"review deadline of {self._deadline.budget:.3g}s passed"
         elif failure.check(NamespaceLookupError):
-            reason, message = Reason.NAMESPACE_LOOKUP, failure.getErrorMessage()
+            reason = Reason.NAMESPACE_LOOKUP
+            message = failure.getErrorMessage() or f"namespace {self._req.namespace}: the lookup failed"
         elif failure.check(CancelledError):
             reason, message = Reason.CANCELLED, _CANCELLED
         else:
             self.log.failure("Internal error reviewing {uid}", failure, uid=self._req.uid)
-            reason, message = Reason.INTERNAL_ERROR, f"amp internal error: {failure.getErrorMessage()}"
+            error = failure.getErrorMessage() or getattr(failure.type, "__name__", "unknown error")
+            reason, message = Reason.INTERNAL_ERROR, f"amp internal error: {error}"
         self._answer(self._failed(reason, message))
 
     def _failed(self, reason: str, message: str) -> Answer:
         """
         The failure policy: the one place every failure ends.
 
-        Under C{Ignore} a mutation is stamped with the C{amp.txn2.com/skipped}
-        annotation; a validation is not, because the API server rejects any
+        Under C{Ignore} a mutation is stamped C{skipped <reason>
+        <endpoint>}; a validation is not, because the API server rejects any
         patch from a validating webhook (and would then apply the webhook's
         own failurePolicy, typically C{Fail}).
         """
@@ -302,9 +341,12 @@ class _Review:
             return answers.shadow(req, endpoint, reason=reason)
         if r.failure_policy == FAIL:
             return answers.errored(req, endpoint, reason, text)
-        patch: Optional[bytes] = None
-        if self._admitter.config.annotate_skipped and not self._validation and isinstance(req.object, dict):
-            patch = dumps(annotation_op(req.object, SKIPPED_ANNOTATION, clip(f"{reason}: {where}", 250)))
+        try:
+            patch = _patch_bytes(self._stamp(None, Status.SKIPPED, reason, where))
+        except Exception:
+            # A bug in stamping must not cost the answer.
+            self.log.failure("Internal error stamping {uid}", uid=req.uid)
+            patch = None
         return answers.ignored(req, endpoint, where, reason, text, patch=patch)
 
     def _route_without_namespace(self) -> Route:
@@ -324,3 +366,7 @@ class _Review:
         except Exception:
             self.log.failure("Internal error reviewing {uid}", uid=self._req.uid)
             return Route(True, failure_policy(None, a.config, None))
+
+
+def _patch_bytes(checked: CheckedPatch) -> Optional[bytes]:
+    return dumps(checked.operations) if checked.operations else None

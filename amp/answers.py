@@ -61,22 +61,26 @@ class Answer(NamedTuple):
     outcome: Outcome
 
 
-def skipped(req: AdmissionRequest) -> Answer:
+def skipped(req: AdmissionRequest, *, patch: Optional[bytes] = None) -> Answer:
     """
-    amp does not act on this review: admitted as it is, nothing said.
+    amp does not act on this review: admitted as it is, nothing said; with
+    C{patch}, only amp's status annotation (a namespace with a validation
+    endpoint only, on C{/mutate}).
     """
-    return Answer(encode_response(req.api_version, req.uid), Outcome(Result.SKIPPED))
+    return Answer(encode_response(req.api_version, req.uid, patch_bytes=patch),
+                  Outcome(Result.SKIPPED, patch_size=len(patch) if patch else 0))
 
 
 def allowed(
     req: AdmissionRequest, endpoint: str, *, warnings: Iterable[str] = (),
-    audit: Optional[Mapping[str, str]] = None,
+    audit: Optional[Mapping[str, str]] = None, patch: Optional[bytes] = None,
 ) -> Answer:
     """
-    The endpoint answered with no change (or allowed the Pod on C{/validate}).
+    The endpoint answered with no change (or allowed the Pod on
+    C{/validate}); C{patch} holds amp's status annotation only.
     """
-    return Answer(encode_response(req.api_version, req.uid, warnings=warnings, audit=audit),
-                  Outcome(Result.ALLOWED, endpoint=endpoint))
+    return Answer(encode_response(req.api_version, req.uid, patch_bytes=patch, warnings=warnings, audit=audit),
+                  Outcome(Result.ALLOWED, endpoint=endpoint, patch_size=len(patch) if patch else 0))
 
 
 def patched(
@@ -84,7 +88,8 @@ def patched(
     audit: Optional[Mapping[str, str]] = None,
 ) -> Answer:
     """
-    The endpoint's patch (checked, dry-applied, serialised) is applied.
+    The endpoint's patch (checked, dry-applied, serialised, with amp's
+    status annotation) is applied.
     """
     return Answer(
         encode_response(req.api_version, req.uid, patch_bytes=patch, warnings=warnings, audit=audit),
@@ -114,13 +119,14 @@ def ignored(
 ) -> Answer:
     """
     A failure under C{Ignore}: the Pod is admitted without the endpoint's
-    change, with a warning, amp's audit annotation (C{text}) and C{patch}
-    (amp's own annotation, when it stamps one).
+    patch, with a warning, amp's audit annotation (C{text}) and C{patch}
+    (amp's status annotation, when it stamps one: then the Pod is not
+    unchanged, and the warning does not say so).
     """
     return Answer(
         encode_response(
             req.api_version, req.uid, patch_bytes=patch,
-            warnings=[f"amp: {where} {reason}; Pod admitted unchanged"],
+            warnings=[f"amp: {where} {reason}; admitted without the endpoint's patch"],
             audit={AUDIT_ERROR_KEY: clip(text, MESSAGE_LIMIT)}),
         Outcome(Result.IGNORED, reason, endpoint, len(patch) if patch else 0))
 

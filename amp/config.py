@@ -343,7 +343,7 @@ class Config:
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     endpoints: EndpointsConfig = field(default_factory=EndpointsConfig)
     failure_policy: str = "auto"
-    annotate_skipped: bool = True
+    annotate_status: bool = True
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
     patch: PatchConfig = field(default_factory=PatchConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -536,18 +536,26 @@ def parse_config(raw: Any) -> Config:
     }
     scalars: dict[str, Callable[[Any], Any]] = {
         "failure_policy": _choice("auto", "Ignore", "Fail"),
-        "annotate_skipped": _bool,
+        "annotate_status": _bool,
         "workers": _positive(_int),
     }
     values: dict[str, Any] = {}
-    for name, value in raw.items():
+    for key, value in raw.items():
+        name = key
+        if name == "annotate_skipped":
+            # The key from before amp.txn2.com/status replaced
+            # amp.txn2.com/skipped: false kept amp's annotation off Pods, and
+            # still does.
+            if "annotate_status" in raw:
+                raise ConfigError("annotate_skipped: renamed to annotate_status; give only annotate_status")
+            name = "annotate_status"
         if name in sections:
             values[name] = sections[name](value)
         elif name in scalars:
             try:
                 values[name] = scalars[name](value)
             except ValueError as e:
-                raise ConfigError(f"{name}: {e}") from None
+                raise ConfigError(f"{key}: {e}") from None
         else:
             known = ", ".join(sorted(list(sections) + list(scalars)))
             raise ConfigError(f"{_keyname(name)}: unknown key (known keys: {known})")
@@ -571,5 +579,19 @@ def load_config(path: str) -> Config:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"(file): {path} is not valid YAML: {e}") from None
+        raise ConfigError(f"(file): {path} is not valid YAML: {_yaml_problem(e)}") from None
     return parse_config(raw)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """
+    A YAML error on one line: where, what, and in what (PyYAML's own text
+    spans several lines with a copy of the offending line).
+    """
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    context = getattr(error, "context", None)
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
+    if context:
+        text += f" ({context})"
+    return " ".join(text.split())

@@ -37,6 +37,9 @@ BREAKER_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
 #: Values of C{amp_tls_reloads_total{result}}.
 TLS_RELOAD_RESULTS = ("success", "error")
 
+#: Values of C{amp_connections_dropped_total{reason}}.
+CONNECTION_DROP_REASONS = ("max-connections", "no-request", "shutting-down")
+
 
 class Metrics:
     """
@@ -88,6 +91,10 @@ class Metrics:
             self.tls_reloads.labels(result=result)
         self.open_connections = Gauge(
             "amp_open_connections", "Open client connections on the webhook listener.", registry=r)
+        self.connections_dropped = Counter(
+            "amp_connections_dropped", "Connections closed before any answer, by reason.", ["reason"], registry=r)
+        for reason in CONNECTION_DROP_REASONS:
+            self.connections_dropped.labels(reason=reason)
 
     def render(self) -> bytes:
         """

@@ -32,13 +32,13 @@ import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from amp.reasons import Reason
 
 __all__ = [
-    "DEFAULT_DENIED", "PatchError", "CheckedPatch", "check_patch", "annotation_op", "escape_pointer_token",
-    "parse_pointer",
+    "DEFAULT_DENIED", "PatchError", "CheckedPatch", "check_patch", "unchanged", "annotation_ops", "annotate",
+    "escape_pointer_token", "parse_pointer",
 ]
 
 DEFAULT_DENIED: tuple[str, ...] = ("/metadata/name", "/metadata/namespace", "/metadata/uid", "/status")
@@ -741,22 +741,60 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
         operations.append(op.out)
 
     if not modifies:
-        return CheckedPatch([], 0, (), pod)
+        return unchanged(pod)
     _check_pod(pod, doc.root)
     return CheckedPatch(operations, repaired, tuple(doc.warnings), doc.root)
 
 
-def annotation_op(pod: dict, key: str, value: str) -> list[dict]:
+def unchanged(pod: dict) -> CheckedPatch:
     """
-    The operations that set C{metadata.annotations[key]} to C{value} on C{pod},
-    creating C{/metadata/annotations} when it is missing.
+    The L{CheckedPatch} of a patch that changes nothing: C{pod} as it is.
+    """
+    return CheckedPatch([], 0, (), pod)
 
-    Pass the Pod the operations will apply to: after a checked patch, that is
-    L{CheckedPatch.pod}, and the result goes after L{CheckedPatch.operations}.
+
+def annotation_ops(pod: Any, changes: Mapping[str, Optional[str]]) -> list[dict]:
     """
+    The operations that make C{pod}'s C{metadata.annotations} hold each key
+    of C{changes} set to its value, or without it where the value is None:
+    creating C{/metadata/annotations} (or C{/metadata}) when it is missing
+    or not an object, removing only keys that are there.
+    """
+    sets = {k: v for k, v in changes.items() if v is not None}
     metadata = pod.get("metadata") if type(pod) is dict else None
     if type(metadata) is not dict:
-        return [{"op": "add", "path": "/metadata", "value": {"annotations": {key: value}}}]
-    if type(metadata.get("annotations")) is not dict:
-        return [{"op": "add", "path": "/metadata/annotations", "value": {key: value}}]
-    return [{"op": "add", "path": "/metadata/annotations/" + escape_pointer_token(key), "value": value}]
+        return [{"op": "add", "path": "/metadata", "value": {"annotations": sets}}] if sets else []
+    annotations = metadata.get("annotations")
+    if type(annotations) is not dict:
+        return [{"op": "add", "path": "/metadata/annotations", "value": sets}] if sets else []
+    ops: list[dict] = []
+    for key, value in changes.items():
+        path = "/metadata/annotations/" + escape_pointer_token(key)
+        if value is not None:
+            ops.append({"op": "add", "path": path, "value": value})
+        elif key in annotations:
+            ops.append({"op": "remove", "path": path})
+    return ops
+
+
+def annotate(checked: CheckedPatch, changes: Mapping[str, Optional[str]]) -> CheckedPatch:
+    """
+    amp's own annotations after an endpoint's checked patch: the operations
+    of L{annotation_ops} for the Pod as the patch leaves it
+    (L{CheckedPatch.pod}), dry-applied and appended.  They apply whatever
+    the endpoint's patch did to C{/metadata/annotations} (replaced it,
+    removed it, set one of the same keys), and C{patch.denied_paths} does
+    not apply to them: they are amp's, not the endpoint's.
+
+    @raise PatchError: C{apply-failed} if they do not apply (a bug).
+    """
+    ops = annotation_ops(checked.pod, changes)
+    if not ops:
+        return checked
+    doc = _Doc(checked.pod)
+    for op in _parse_ops(ops, len(ops)):
+        try:
+            _apply(doc, op)
+        except _Fail as fail:
+            raise PatchError(Reason.APPLY_FAILED, f"amp's annotation {op.label}: {fail.message}") from None
+    return CheckedPatch(checked.operations + ops, checked.repaired, checked.warnings, doc.root)

@@ -33,6 +33,22 @@ class Result(StrEnum):
     SHADOW = "shadow"
 
 
+class Status(StrEnum):
+    """
+    The first word of the C{amp.txn2.com/status} annotation amp stamps on
+    every Pod it reviews on C{/mutate} in an enabled namespace.
+    """
+
+    #: The endpoint's patch was applied.
+    MUTATED = "mutated"
+    #: The endpoint answered with no change (or the namespace has no
+    #: mutation endpoint, only a validation one).
+    UNCHANGED = "unchanged"
+    #: A failure under the C{Ignore} policy: the endpoint's patch was not
+    #: applied; the reason follows.
+    SKIPPED = "skipped"
+
+
 class Reason(StrEnum):
     """
     Why a review did not end as the endpoint intended.

@@ -2,11 +2,11 @@
 Tests for amp.admission: one review end to end, without a reactor.
 
 The Admitter runs on a L{Clock}; its EndpointClient talks to the example
-endpoints (L{amp.example_tap.build_root}) through treq's
+endpoints (L{amp_examples.server.build_root}) through treq's
 C{RequestTraversalAgent}, in memory, plus a few tiny resources under
 C{/test/...} that answer exactly what a test needs.  Every failure is checked
-under both failure policies, including the C{amp.txn2.com/skipped}
-annotation patch, which must apply to the Pod.
+under both failure policies, with the C{amp.txn2.com/status} stamp, whose
+patch must apply to the Pod whatever the endpoint did.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
-from amp.admission import SKIPPED_ANNOTATION, Admitter, Outcome
+from amp.admission import LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION, Admitter, Outcome
 from amp.breaker import BreakerRegistry
 from amp.config import Config
 from amp.deadline import Deadline
 from amp.endpoints import EndpointClient
-from amp.example_tap import build_root
+from amp_examples.server import build_root
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
 from amp.review import parse_review
@@ -104,6 +104,12 @@ def requests_total(h: Harness, outcome: str, origin: str = ORIGIN) -> float:
     return value or 0.0
 
 
+def stamp(the_pod: dict, response: dict) -> Optional[str]:
+    """The status stamp of C{the_pod} once C{response}'s patch is applied, or None."""
+    annotations = apply_patch(the_pod, response["_patch"]).get("metadata", {}).get("annotations") or {}
+    return annotations.get(STATUS_ANNOTATION)
+
+
 def answered(case: SynchronousTestCase, d: Deferred) -> tuple[dict, Outcome]:
     body, outcome = case.successResultOf(d)
     doc = decode_answer(body)
@@ -132,6 +138,7 @@ class PatchedTests(SynchronousTestCase):
         self.assertEqual(outcome.result, "patched")
         self.assertEqual(outcome.endpoint, ORIGIN)
         self.assertGreater(outcome.patch_size, 0)
+        self.assertEqual(patched["metadata"]["annotations"][STATUS_ANNOTATION], f"mutated {ORIGIN}")
 
     def test_v1beta1_review_gets_a_v1beta1_answer(self) -> None:
         h = Harness(config_for("/user-env"))
@@ -208,6 +215,15 @@ class UnchangedTests(SynchronousTestCase):
         self.assertNotIn("patchType", response)
         self.assertNotIn("warnings", response)
 
+    def assertOnlyStamped(self, response: dict, value: str) -> None:
+        """Allowed, no warning, and the patch changes nothing but the stamp."""
+        self.assertTrue(response["allowed"])
+        self.assertNotIn("warnings", response)
+        the_pod = pod()
+        patched = apply_patch(the_pod, response["_patch"])
+        self.assertEqual(patched["metadata"].pop("annotations"), {STATUS_ANNOTATION: value})
+        self.assertEqual(patched, the_pod)
+
     def test_namespace_not_enabled(self) -> None:
         canned = Canned([{"op": "add", "path": "/metadata/labels", "value": {}}])
         config = make_config({"team-a": namespace(EP + "/test/canned", enabled=False)})
@@ -246,18 +262,21 @@ class UnchangedTests(SynchronousTestCase):
 
     def test_empty_patch(self) -> None:
         response, outcome = answered(self, Harness(config_for("/noop")).review(review_bytes()))
-        self.assertUnchanged(response)
+        self.assertOnlyStamped(response, f"unchanged {ORIGIN}")
         self.assertEqual(outcome.result, "allowed")
+        self.assertEqual(outcome.patch_size, len(json.dumps(response["_patch"], separators=(",", ":"))))
 
     def test_patch_that_only_tests(self) -> None:
         canned = Canned([{"op": "test", "path": "/kind", "value": "Pod"}])
         response, outcome = answered(self, Harness(config_for("/test/canned"), canned=canned).review(review_bytes()))
-        self.assertUnchanged(response)
+        self.assertOnlyStamped(response, f"unchanged {ORIGIN}")
+        self.assertEqual(outcome.result, "allowed")
 
     def test_mutation_is_skipped_where_only_validation_is_configured(self) -> None:
+        """Reviewed all the same: stamped, so it is not taken for a Pod that bypassed amp."""
         config = make_config({"team-a": namespace(validation=EP + "/validate-labels")})
         response, outcome = answered(self, Harness(config).review(review_bytes()))
-        self.assertUnchanged(response)
+        self.assertOnlyStamped(response, "unchanged (none)")
         self.assertEqual(outcome.result, "skipped")
 
 
@@ -321,8 +340,9 @@ class FailurePolicyTests(SynchronousTestCase):
                 error = response["auditAnnotations"]["error"]
                 self.assertIn(where, error)
                 self.assertIn(f"({reason})", error)
+                self.assertEqual(warning, f"amp: {where} {reason}; admitted without the endpoint's patch")
                 patched = apply_patch(the_pod, response["_patch"])
-                self.assertEqual(patched["metadata"]["annotations"], {SKIPPED_ANNOTATION: f"{reason}: {where}"})
+                self.assertEqual(patched["metadata"]["annotations"], {STATUS_ANNOTATION: f"skipped {reason} {where}"})
                 self.assertEqual(patched["spec"], the_pod["spec"])
 
     def test_every_failure_under_fail(self) -> None:
@@ -350,36 +370,40 @@ class FailurePolicyTests(SynchronousTestCase):
         response, _ = answered(self, h.review(review_bytes()))
         self.assertFalse(response["allowed"])
 
-    def test_skipped_annotation_joins_existing_annotations(self) -> None:
+    def test_skipped_stamp_joins_existing_annotations(self) -> None:
         h = Harness(config_for("/error"))
         the_pod = pod(annotations={"keep": "me"})
         response, _ = answered(self, h.review(review_bytes(the_pod)))
         patched = apply_patch(the_pod, response["_patch"])
         self.assertEqual(patched["metadata"]["annotations"],
-                         {"keep": "me", SKIPPED_ANNOTATION: "http-5xx: " + ORIGIN})
+                         {"keep": "me", STATUS_ANNOTATION: "skipped http-5xx " + ORIGIN})
 
-    def test_skipped_annotation_on_a_pod_without_metadata(self) -> None:
+    def test_skipped_stamp_on_a_pod_without_metadata(self) -> None:
         h = Harness(config_for("/error"))
         the_pod = {"apiVersion": "v1", "kind": "Pod", "spec": {"containers": [{"name": "a", "image": "b"}]}}
         response, _ = answered(self, h.review(review_bytes(the_pod)))
         patched = apply_patch(the_pod, response["_patch"])
-        self.assertEqual(patched["metadata"]["annotations"], {SKIPPED_ANNOTATION: "http-5xx: " + ORIGIN})
+        self.assertEqual(patched["metadata"]["annotations"], {STATUS_ANNOTATION: "skipped http-5xx " + ORIGIN})
 
-    def test_annotate_skipped_off(self) -> None:
-        h = Harness(config_for("/error", annotate_skipped=False))
-        response, outcome = answered(self, h.review(review_bytes()))
-        self.assertTrue(response["allowed"])
-        self.assertNotIn("patch", response)
-        self.assertIn("error", response["auditAnnotations"])
-        self.assertEqual(len(response["warnings"]), 1)
-        self.assertEqual(outcome.result, "ignored")
+    def test_annotate_status_off(self) -> None:
+        for path, result in (("/error", "ignored"), ("/noop", "allowed"), ("/user-env", "patched")):
+            h = Harness(config_for(path, annotate_status=False))
+            the_pod = pod(annotations={LEGACY_SKIPPED_ANNOTATION: "left alone"})
+            response, outcome = answered(self, h.review(review_bytes(the_pod)))
+            self.assertTrue(response["allowed"])
+            self.assertEqual(outcome.result, result)
+            self.assertEqual(apply_patch(the_pod, response["_patch"])["metadata"]["annotations"],
+                             {LEGACY_SKIPPED_ANNOTATION: "left alone"})
+            if result == "ignored":
+                self.assertIn("error", response["auditAnnotations"])
+                self.assertNotIn("patch", response)
 
     def test_patch_over_max_size(self) -> None:
         h = Harness(config_for("/user-env", patch={"max_size": 64}))
         response, outcome = answered(self, h.review(review_bytes()))
         self.assertEqual(outcome.reason, "patch-too-large")
         self.assertEqual(apply_patch(pod(), response["_patch"])["metadata"]["annotations"],
-                         {SKIPPED_ANNOTATION: "patch-too-large: " + ORIGIN})
+                         {STATUS_ANNOTATION: "skipped patch-too-large " + ORIGIN})
 
     def test_repair_off_makes_a_missing_parent_a_failure(self) -> None:
         canned = Canned([{"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "A", "value": "1"}}])
@@ -394,6 +418,86 @@ class FailurePolicyTests(SynchronousTestCase):
         response, outcome = answered(self, h.review(review_bytes()))
         self.assertEqual(outcome.result, "patched")
         self.assertEqual(apply_patch(pod(), response["_patch"])["metadata"]["name"], "renamed")
+
+
+class StatusStampTests(SynchronousTestCase):
+    """
+    The stamp tells what the last review did, whatever the Pod carried and
+    whatever the endpoint's patch did to the annotations.
+    """
+
+    FORGED = {STATUS_ANNOTATION: "mutated http://forged", LEGACY_SKIPPED_ANNOTATION: "http-5xx: http://old",
+              "keep": "me"}
+
+    def test_a_stamp_the_pod_came_with_never_survives(self) -> None:
+        for path, value in (("/user-env", f"mutated {ORIGIN}"), ("/noop", f"unchanged {ORIGIN}"),
+                            ("/error", f"skipped http-5xx {ORIGIN}")):
+            with self.subTest(path=path):
+                the_pod = pod(annotations=dict(self.FORGED, **{"hub.jupyter.org/username": "alice"}))
+                response, _ = answered(self, Harness(config_for(path)).review(review_bytes(the_pod)))
+                annotations = apply_patch(the_pod, response["_patch"])["metadata"]["annotations"]
+                self.assertEqual(annotations[STATUS_ANNOTATION], value)
+                self.assertNotIn(LEGACY_SKIPPED_ANNOTATION, annotations)
+                self.assertEqual(annotations["keep"], "me")
+
+    def test_the_stamp_applies_whatever_the_endpoint_did_to_the_annotations(self) -> None:
+        replies = {
+            "replaced": [{"op": "add", "path": "/metadata/annotations", "value": {"x": "y"}}],
+            "removed": [{"op": "remove", "path": "/metadata/annotations"}],
+            "forged": [{"op": "add", "path": "/metadata/annotations/amp.txn2.com~1status", "value": "mutated by me"}],
+            "legacy": [{"op": "add", "path": "/metadata/annotations/amp.txn2.com~1skipped", "value": "x"}],
+        }
+        for name, reply in replies.items():
+            with self.subTest(reply=name):
+                the_pod = pod(annotations=self.FORGED)
+                h = Harness(config_for("/test/canned"), canned=Canned(reply))
+                response, outcome = answered(self, h.review(review_bytes(the_pod)))
+                self.assertEqual(outcome.result, "patched")
+                annotations = apply_patch(the_pod, response["_patch"])["metadata"]["annotations"]
+                self.assertEqual(annotations[STATUS_ANNOTATION], f"mutated {ORIGIN}")
+                self.assertNotIn(LEGACY_SKIPPED_ANNOTATION, annotations)
+
+    def test_denied_paths_do_not_stop_amps_own_stamp(self) -> None:
+        h = Harness(config_for("/noop", patch={"denied_paths": ["/metadata"]}))
+        response, _ = answered(self, h.review(review_bytes()))
+        self.assertEqual(stamp(pod(), response), f"unchanged {ORIGIN}")
+
+    def test_reinvocation_after_a_failed_round_tells_the_last_round(self) -> None:
+        """
+        The API server reinvokes amp with the Pod as the first round left
+        it: a failure stamped C{skipped}; the second round's success
+        replaces it with C{mutated}, and its answer carries no warning.
+        """
+        flaky = Canned(code=500)
+        h = Harness(config_for("/test/flaky"), flaky=flaky)
+        first = pod(annotations={"hub.jupyter.org/username": "alice"})
+        response, outcome = answered(self, h.review(review_bytes(first)))
+        self.assertEqual(outcome.result, "ignored")
+        second = apply_patch(first, response["_patch"])
+        self.assertEqual(second["metadata"]["annotations"][STATUS_ANNOTATION], f"skipped http-5xx {ORIGIN}")
+        flaky.code = 200
+        flaky.body = json.dumps([{"op": "add", "path": "/metadata/labels", "value": {"injected": "1"}}]).encode()
+        response, outcome = answered(self, h.review(review_bytes(second)))
+        self.assertEqual(outcome.result, "patched")
+        self.assertNotIn("warnings", response)
+        stored = apply_patch(second, response["_patch"])
+        self.assertEqual(stored["metadata"]["labels"], {"injected": "1"})
+        self.assertEqual(stored["metadata"]["annotations"],
+                         {"hub.jupyter.org/username": "alice", STATUS_ANNOTATION: f"mutated {ORIGIN}"})
+
+    def test_shadow_and_disabled_namespaces_are_not_stamped(self) -> None:
+        config = make_config({"team-a": namespace(EP + "/user-env", mode="shadow"),
+                              "off": namespace(EP + "/user-env", enabled=False)})
+        h = Harness(config)
+        for ns in ("team-a", "off", "nowhere"):
+            response, _ = answered(self, h.review(review_bytes(namespace=ns)))
+            self.assertNotIn("patch", response)
+
+    def test_an_unusable_annotation_is_stamped_masked(self) -> None:
+        raw = "http://admin:hunter2@10.0.0.1/x"
+        h = Harness(make_config({"team-a": namespace(raw, failure_policy="Ignore")}))
+        response, _ = answered(self, h.review(review_bytes()))
+        self.assertEqual(stamp(pod(), response), "skipped bad-url http://***@10.0.0.1/x")
 
 
 class BreakerTests(SynchronousTestCase):
@@ -704,6 +808,18 @@ class DeadlineTests(SynchronousTestCase):
         d.cancel()
         _, outcome = self.successResultOf(d)
         self.assertEqual(outcome.reason, "cancelled")
+
+    def test_a_failure_without_a_message_is_still_explained(self) -> None:
+        for error, reason, text in ((NamespaceLookupError(), "namespace-lookup", "namespace team-a: the lookup failed"),
+                                    (KeyError(), "internal-error", "amp internal error: KeyError")):
+            source = FakeSource()
+            h = Harness(make_config(failure_policy="Ignore"), source=source)
+            d = h.review(review_bytes(), budget=2.0)
+            source.fetches[0][2].errback(error)
+            response, outcome = answered(self, d)
+            self.assertEqual(outcome.reason, reason)
+            self.assertEqual(response["auditAnnotations"]["error"], f"endpoint (none) failed ({reason}): {text}")
+        self.assertEqual(len(self.flushLoggedErrors(KeyError)), 1)
 
     def test_a_step_that_does_not_end_when_cancelled_does_not_hold_the_answer(self) -> None:
         """A lookup that stays paused when cancelled: answered at the deadline; its late end changes nothing."""

@@ -115,7 +115,12 @@ def test_defaults_of_every_section() -> None:
     assert (c.patch.allowed_paths, c.patch.repair, c.patch.max_size, c.patch.max_operations) == (
         (), True, 1024 * 1024, 1000)
     assert c.log == LogConfig(format="text", level="info")
-    assert (c.failure_policy, c.annotate_skipped, c.workers) == ("auto", True, 1)
+    assert (c.failure_policy, c.annotate_status, c.workers) == ("auto", True, 1)
+
+
+def test_annotate_skipped_is_the_old_name_of_annotate_status() -> None:
+    assert parse_config({"annotate_skipped": False}).annotate_status is False
+    assert parse_config({"annotate_skipped": True}) == Config()
 
 
 @pytest.mark.parametrize(
@@ -279,8 +284,10 @@ ERRORS = [
     ({"log": {"level": "verbose"}}, "log.level", "expected one of debug, info, warn, error"),
     ({"failure_policy": "ignore"}, "failure_policy", "expected one of auto, Ignore, Fail, got 'ignore'"),
     ({"annotate_skipped": "no"}, "annotate_skipped", "expected true or false"),
+    ({"annotate_status": "no"}, "annotate_status", "expected true or false"),
+    ({"annotate_status": False, "annotate_skipped": False}, "annotate_skipped", "renamed to annotate_status"),
     ({"workers": 0}, "workers", "greater than zero"),
-    ({"listne": {}}, "listne", "unknown key (known keys: annotate_skipped, deadline, endpoints"),
+    ({"listne": {}}, "listne", "unknown key (known keys: annotate_status, deadline, endpoints"),
 ]
 
 
@@ -315,7 +322,8 @@ def test_load_config_invalid_yaml(tmp_path: Path) -> None:
     path.write_text("listen: {port: 8443\ntls: [\n")
     with pytest.raises(ConfigError) as e:
         load_config(str(path))
-    assert str(e.value).startswith(f"(file): {path} is not valid YAML")
+    assert str(e.value) == (f"(file): {path} is not valid YAML: line 2, column 4: expected ',' or '}}', "
+                            f"but got ':' (while parsing a flow mapping)")
 
 
 def test_load_config_reports_the_key_of_a_wrong_value(tmp_path: Path) -> None:

@@ -602,7 +602,7 @@ FAKE_KUBECTL = textwrap.dedent('''\
 
 def test_install_script_without_cert_manager(tmp_path: Path) -> None:
     """
-    install.sh makes the certificate with amp.devcert, creates the Secret
+    install.sh makes the certificate with amp_dev.devcert, creates the Secret
     the Deployment mounts, applies the base, and registers the webhook with
     a caBundle that verifies the serving certificate for the Service name.
     """

@@ -22,7 +22,7 @@ import yaml
 
 import amp.endpoints
 from amp.config import Config, EndpointsConfig, parse_config
-from amp.example_tap import build_root
+from amp_examples.server import build_root
 from amp.metrics import Metrics
 from amp.reasons import ENDPOINT_OUTCOMES, FAILURE_REASONS, Reason
 
@@ -220,7 +220,7 @@ def test_failure_modes_says_a_deny_is_not_a_failure() -> None:
 #: (the text, or its pieces, as they appear in the source when that differs
 #: from the page's).
 MESSAGES = [
-    ("Pod admitted unchanged", "answers.py", None),
+    ("admitted without the endpoint's patch", "answers.py", None),
     ("failure policy Fail denies the Pod", "answers.py", None),
     ("denied the Pod: ", "answers.py", None),
     ("denied by the endpoint without a message", "answers.py", None),
@@ -356,5 +356,5 @@ def test_relative_links_resolve(page: Path) -> None:
 
 def test_slugs_follow_github() -> None:
     assert _slug("`/readyz` is not ready") == "readyz-is-not-ready"
-    assert _slug("`Warning: amp: <endpoint> <reason>; Pod admitted unchanged`") == \
-        "warning-amp-endpoint-reason-pod-admitted-unchanged"
+    assert _slug("`Warning: amp: <endpoint> <reason>; admitted without the endpoint's patch`") == \
+        "warning-amp-endpoint-reason-admitted-without-the-endpoints-patch"

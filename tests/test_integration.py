@@ -20,7 +20,7 @@ from twisted.web._newclient import ResponseNeverReceived
 
 from zope.interface import implementer
 
-from amp.admission import SKIPPED_ANNOTATION
+from amp.admission import STATUS_ANNOTATION
 from amp.namespaces import UNKNOWN, INamespaceSource, StaticNamespaceSource
 from tests.helpers import (
     UID,
@@ -128,7 +128,7 @@ class PatchedTests(IntegrationTestCase):
                                         uid=f"uid-{u}"), uid=f"uid-{u}")
             for u in users)
         for user, doc in zip(users, docs):
-            patched = apply_patch(pod(), doc["response"]["_patch"])
+            patched = apply_patch(pod(annotations={"hub.jupyter.org/username": user}), doc["response"]["_patch"])
             self.assertIn({"name": "AMP_USER", "value": user}, patched["spec"]["containers"][0]["env"])
 
     @inlineCallbacks
@@ -156,8 +156,13 @@ class UnchangedTests(IntegrationTestCase):
             doc = yield self.post(amp, body)
             response = doc["response"]
             self.assertTrue(response["allowed"])
-            self.assertNotIn("patch", response)
             self.assertNotIn("warnings", response)
+            if body == cases[2]:
+                # Reviewed, no change: only amp's status stamp.
+                self.assertEqual(apply_patch(pod(), response["_patch"])["metadata"]["annotations"],
+                                 {STATUS_ANNOTATION: f"unchanged http://127.0.0.1:{self.example.port}"})
+            else:
+                self.assertNotIn("patch", response)
         # only the noop namespace reached the example server
         self.assertEqual(self.example.connections.accepted, 1)
 
@@ -202,7 +207,7 @@ class FailureTests(IntegrationTestCase):
             self.assertIn(reason, response["warnings"][0])
             self.assertIn(where, response["auditAnnotations"]["error"])
             patched = apply_patch(the_pod, response["_patch"])
-            self.assertEqual(patched["metadata"]["annotations"][SKIPPED_ANNOTATION], f"{reason}: {where}")
+            self.assertEqual(patched["metadata"]["annotations"][STATUS_ANNOTATION], f"skipped {reason} {where}")
             self.assertEqual(patched["spec"], the_pod["spec"])
 
     @inlineCallbacks
@@ -240,8 +245,8 @@ class DeadlineTests(IntegrationTestCase):
         self.assertIn("timeout", response["warnings"][0])
         # 0.5s less the few milliseconds amp spent before the call
         self.assertRegex(response["auditAnnotations"]["error"], r"no reply within 0\.(5|4\d*)s$")
-        self.assertEqual(apply_patch(pod(), response["_patch"])["metadata"]["annotations"][SKIPPED_ANNOTATION],
-                         f"timeout: http://127.0.0.1:{self.example.port}")
+        self.assertEqual(apply_patch(pod(), response["_patch"])["metadata"]["annotations"][STATUS_ANNOTATION],
+                         f"skipped timeout http://127.0.0.1:{self.example.port}")
         self.assertLess(elapsed, 5.0)
 
     @inlineCallbacks
@@ -270,16 +275,16 @@ class DeadlineTests(IntegrationTestCase):
 
     @inlineCallbacks
     def hang_up_and_check(self, amp: Any) -> Any:
-        hang = self.example.root.children[b"hang"]
+        endpoint = self.example.root.children[b"hang"]
+        hang = endpoint.handler
         arrived: Deferred = Deferred()
-        respond = hang.respond
 
-        def respond_and_tell(request: Any, pod: Any) -> Any:
-            result = respond(request, pod)
+        def hang_and_tell(pod: Any, call: Any) -> Any:
+            result = hang(pod, call)
             arrived.callback(None)
             return result
 
-        hang.respond = respond_and_tell
+        endpoint.handler = hang_and_tell
         started = reactor.seconds()
         call = self.client.post(amp.url("/mutate", "timeout=10s"), review_bytes(namespace="hang"))
         call.addErrback(lambda f: f.trap(CancelledError, ResponseNeverReceived))

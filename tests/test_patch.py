@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from amp.patch import (
-    DEFAULT_DENIED, CheckedPatch, PatchError, annotation_op, check_patch, escape_pointer_token,
+    DEFAULT_DENIED, CheckedPatch, PatchError, annotate, annotation_ops, check_patch, escape_pointer_token, unchanged,
     parse_pointer,
 )
 
@@ -542,35 +542,81 @@ def test_several_problems_are_counted():
     assert str(e).endswith("(and 1 more)")
 
 
-# ---------------------------------------------------------------- annotation_op and pointers
+# ---------------------------------------------------------------- amp's own annotations and pointers
+
+STATUS = "amp.txn2.com/status"
+LEGACY = "amp.txn2.com/skipped"
+STAMP = {LEGACY: None, STATUS: "mutated http://ep.team-a.svc:8080"}
 
 
-def test_annotation_op_creates_annotations_when_missing():
+def test_annotation_ops_create_annotations_when_missing():
     pod = make_pod()
-    ops = annotation_op(pod, "amp.txn2.com/skipped", "endpoint timed out")
-    assert ops == [{"op": "add", "path": "/metadata/annotations",
-                    "value": {"amp.txn2.com/skipped": "endpoint timed out"}}]
-    assert jsonpatch.apply_patch(pod, ops)["metadata"]["annotations"] == {"amp.txn2.com/skipped": "endpoint timed out"}
+    ops = annotation_ops(pod, STAMP)
+    assert ops == [{"op": "add", "path": "/metadata/annotations", "value": {STATUS: STAMP[STATUS]}}]
+    assert jsonpatch.apply_patch(pod, ops)["metadata"]["annotations"] == {STATUS: STAMP[STATUS]}
 
 
-def test_annotation_op_adds_to_existing_annotations_with_escaping():
+def test_annotation_ops_create_metadata_when_missing():
     pod = make_pod()
-    pod["metadata"]["annotations"] = {"keep": "me"}
-    ops = annotation_op(pod, "amp.txn2.com/skipped", "yes")
-    assert ops == [{"op": "add", "path": "/metadata/annotations/amp.txn2.com~1skipped", "value": "yes"}]
-    assert jsonpatch.apply_patch(pod, ops)["metadata"]["annotations"] == {"keep": "me", "amp.txn2.com/skipped": "yes"}
-    ops = annotation_op(pod, "a~b/c", "v")
+    del pod["metadata"]
+    assert jsonpatch.apply_patch(pod, annotation_ops(pod, STAMP))["metadata"] == {"annotations": {STATUS: STAMP[STATUS]}}
+
+
+def test_annotation_ops_set_and_remove_with_escaping():
+    pod = make_pod()
+    pod["metadata"]["annotations"] = {"keep": "me", LEGACY: "http-5xx: x", STATUS: "forged by the author"}
+    ops = annotation_ops(pod, STAMP)
+    assert ops == [{"op": "remove", "path": "/metadata/annotations/amp.txn2.com~1skipped"},
+                   {"op": "add", "path": "/metadata/annotations/amp.txn2.com~1status", "value": STAMP[STATUS]}]
+    assert jsonpatch.apply_patch(pod, ops)["metadata"]["annotations"] == {"keep": "me", STATUS: STAMP[STATUS]}
+    ops = annotation_ops(pod, {"a~b/c": "v"})
     assert ops[0]["path"] == "/metadata/annotations/a~0b~1c"
     assert jsonpatch.apply_patch(pod, ops)["metadata"]["annotations"]["a~b/c"] == "v"
 
 
-def test_annotation_op_after_a_checked_patch():
+def test_removing_what_is_not_there_is_no_operation():
     pod = make_pod()
-    result = check_patch(pod, [{"op": "add", "path": "/metadata/annotations/a", "value": "1"}])
-    ops = result.operations + annotation_op(result.pod, "amp.txn2.com/mutated", "true")
-    assert ops[-1]["path"] == "/metadata/annotations/amp.txn2.com~1mutated"
-    assert jsonpatch.apply_patch(pod, ops)["metadata"]["annotations"] == {"a": "1", "amp.txn2.com/mutated": "true"}
-    assert check_patch(pod, ops).repaired == 0
+    pod["metadata"]["annotations"] = {"keep": "me"}
+    assert annotation_ops(pod, {LEGACY: None}) == []
+    assert annotate(unchanged(pod), {LEGACY: None}) == unchanged(pod)
+
+
+@pytest.mark.parametrize("endpoint_ops", [
+    [],
+    [{"op": "add", "path": "/metadata/annotations/a", "value": "1"}],
+    [{"op": "add", "path": "/metadata/annotations", "value": {"x": "y"}}],
+    [{"op": "replace", "path": "/metadata/annotations", "value": {}}],
+    [{"op": "remove", "path": "/metadata/annotations"}],
+    [{"op": "add", "path": "/metadata/annotations/amp.txn2.com~1status", "value": "forged by the endpoint"}],
+    [{"op": "add", "path": "/metadata/annotations/amp.txn2.com~1skipped", "value": "forged"}],
+    [{"op": "remove", "path": "/metadata/annotations/amp.txn2.com~1skipped"}],
+], ids=["nothing", "adds-one", "replaces-wholesale", "replace-empty", "removes-all", "sets-status", "sets-legacy",
+        "removes-legacy"])
+def test_annotate_after_a_checked_patch_always_applies_and_wins(endpoint_ops):
+    pod = make_pod()
+    pod["metadata"]["annotations"] = {"keep": "me", LEGACY: "http-5xx: x", STATUS: "skipped old"}
+    checked = annotate(check_patch(pod, endpoint_ops), STAMP)
+    patched = jsonpatch.apply_patch(pod, checked.operations)
+    assert patched == checked.pod
+    assert patched["metadata"]["annotations"][STATUS] == STAMP[STATUS]
+    assert LEGACY not in patched["metadata"]["annotations"]
+    # The whole patch passes amp's own checks too, even where annotations are denied to endpoints.
+    assert check_patch(pod, checked.operations).pod == patched
+
+
+def test_annotations_are_amps_even_where_endpoints_may_not_write():
+    pod = make_pod()
+    checked = annotate(check_patch(pod, [], denied=("/metadata",)), STAMP)
+    assert jsonpatch.apply_patch(pod, checked.operations)["metadata"]["annotations"] == {STATUS: STAMP[STATUS]}
+
+
+def test_annotate_copies_on_write():
+    pod = make_pod()
+    pod["metadata"]["annotations"] = {"keep": "me"}
+    before = json.dumps(pod, sort_keys=True)
+    checked = annotate(unchanged(pod), STAMP)
+    assert json.dumps(pod, sort_keys=True) == before
+    assert checked.pod["metadata"]["annotations"] == {"keep": "me", STATUS: STAMP[STATUS]}
 
 
 def test_pointer_tokens():

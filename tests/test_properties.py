@@ -85,7 +85,7 @@ def _answer(admitter: Admitter, clock: Clock, body: bytes) -> dict[str, Any]:
     return response
 
 
-@settings(max_examples=300, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=JSON)
 def test_arbitrary_json_is_a_clear_400_or_a_wellformed_answer(doc: Any) -> None:
     reply = Reply()
@@ -100,7 +100,7 @@ def test_arbitrary_json_is_a_clear_400_or_a_wellformed_answer(doc: Any) -> None:
     _answer(admitter, clock, body)
 
 
-@settings(max_examples=200, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(request_part=st.dictionaries(
     st.sampled_from(["uid", "kind", "operation", "namespace", "object", "dryRun", "subResource", "name"]),
     JSON, max_size=8))
@@ -121,7 +121,7 @@ def test_review_with_arbitrary_request_fields(request_part: dict) -> None:
     _answer(admitter, clock, body)
 
 
-@settings(max_examples=300, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reply_doc=JSON, code=st.sampled_from([200, 200, 200, 201, 204, 302, 400, 500]),
        policy=st.sampled_from(["Ignore", "Fail"]))
 def test_arbitrary_endpoint_replies_never_yield_a_patch_that_fails(reply_doc: Any, code: int, policy: str) -> None:
@@ -143,7 +143,7 @@ def test_arbitrary_endpoint_replies_never_yield_a_patch_that_fails(reply_doc: An
                 assert not any(path == d or path.startswith(d + "/") for d in DENIED), op
 
 
-@settings(max_examples=200, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(st.fixed_dictionaries({
     "op": st.sampled_from(["add", "replace", "remove", "move", "copy", "test", "bogus"]),
     "path": st.sampled_from(["/spec/containers/0/env/-", "/spec/volumes/-", "/metadata/labels/x",
@@ -171,7 +171,7 @@ CONFIG_KEYS = [
 ]
 
 
-@settings(max_examples=400, derandomize=True)
+@settings(max_examples=400, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(key=st.sampled_from(CONFIG_KEYS), value=JSON)
 def test_config_errors_name_the_key(key: tuple[str, str], value: Any) -> None:
     section, name = key
@@ -181,7 +181,7 @@ def test_config_errors_name_the_key(key: tuple[str, str], value: Any) -> None:
         assert str(e).startswith(f"{section}.{name}:"), str(e)
 
 
-@settings(max_examples=200, derandomize=True)
+@settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=JSON)
 def test_config_documents_of_any_shape(doc: Any) -> None:
     try:

@@ -323,6 +323,7 @@ def test_the_shipped_deployment_gives_the_drain_its_time() -> None:
     from amp.config import parse_config
 
     deployment = yaml.safe_load((REPO / "deploy/base/deployment.yaml").read_text())
+    # The ConfigMap is generated from amp.yaml (kustomize configMapGenerator).
     config = parse_config(yaml.safe_load((REPO / "deploy/base/amp.yaml").read_text()))
     spec = deployment["spec"]["template"]["spec"]
     [container] = spec["containers"]

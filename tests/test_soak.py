@@ -25,7 +25,7 @@ import pytest
 from bench.chaos_endpoint import KINDS
 from bench.soak.reconcile import reconcile
 from bench.soak.load import Violation, check_answer
-from bench.soak.settings import QUICK_DURATION, SKIPPED_PATH
+from bench.soak.settings import QUICK_DURATION
 
 REPO = Path(__file__).resolve().parent.parent
 UID = "6f1c2d3e-4f50-4a6b-8c7d-0e1f2a3b4c5d"
@@ -104,9 +104,11 @@ def _patch(ops: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 LABEL_OP = {"op": "add", "path": "/metadata/labels/amp.soak~1patched", "value": "delay"}
-SKIP_OP = {"op": "add", "path": SKIPPED_PATH, "value": "timeout: http://127.0.0.1:1"}
+STATUS_PATH = "/metadata/annotations/amp.txn2.com~1status"
+MUTATED_OP = {"op": "add", "path": STATUS_PATH, "value": "mutated http://127.0.0.1:1"}
+SKIP_OP = {"op": "add", "path": STATUS_PATH, "value": "skipped timeout http://127.0.0.1:1"}
 IGNORED = {"uid": UID, "allowed": True, **_patch([SKIP_OP]),
-           "warnings": ["amp: http://127.0.0.1:1 timeout; Pod admitted unchanged"],
+           "warnings": ["amp: http://127.0.0.1:1 timeout; admitted without the endpoint's patch"],
            "auditAnnotations": {"error": "endpoint http://127.0.0.1:1 failed (timeout): no reply"}}
 DENIED = {"uid": UID, "allowed": False,
           "status": {"code": 500, "message": "amp: endpoint http://127.0.0.1:1 failed (http-5xx): HTTP 500"}}
@@ -118,7 +120,7 @@ def _check(ns: dict[str, Any], body: bytes, status: int = 200, version: str = V1
 
 
 def test_client_names_good_answers() -> None:
-    patched = {"uid": UID, "allowed": True, **_patch([LABEL_OP])}
+    patched = {"uid": UID, "allowed": True, **_patch([LABEL_OP, MUTATED_OP])}
     assert _check(IGNORE, _answer(patched)) == ("patched", "", "delay")
     assert _check(IGNORE, _answer(IGNORED)) == ("ignored", "timeout", "")
     assert _check(FAIL, _answer(DENIED)) == ("denied", "http-5xx", "")
@@ -138,6 +140,8 @@ def test_client_names_good_answers() -> None:
                       **_patch([{"op": "replace", "path": "/metadata/labels/missing", "value": "x"}])}), 200),
     (IGNORE, _answer({"uid": UID, "allowed": True, "patch": "W10="}), 200),
     (IGNORE, _answer({"uid": UID, "allowed": True}), 200),
+    (IGNORE, _answer({"uid": UID, "allowed": True, **_patch([LABEL_OP])}), 200),
+    (IGNORE, _answer({"uid": UID, "allowed": True, **_patch([LABEL_OP, SKIP_OP])}), 200),
     (IGNORE, _answer({**IGNORED, "warnings": []}), 200),
     (FAIL, _answer({**DENIED, "status": {"code": 500, "message": "no reason here"}}), 200),
     (OFF, _answer({"uid": UID, "allowed": True, **_patch([LABEL_OP])}), 200),

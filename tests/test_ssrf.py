@@ -5,7 +5,7 @@ and says why it refused.
 
 Every case goes through the L{Admitter} (or C{/mutate} over TLS) and checks
 the answer the API server would get: under C{Ignore} the warning, the audit
-annotation and the C{amp.txn2.com/skipped} annotation; under C{Fail} the
+annotation and the C{amp.txn2.com/status} annotation; under C{Fail} the
 deny message.  Addresses outside loopback are never connected to: those
 cases run on a L{MemoryReactorClock}, whose connect attempts are only
 recorded.  Cases that need a real server use 127.0.0.0/8, with scripted
@@ -29,7 +29,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 from zope.interface import implementer
 
-from amp.admission import SKIPPED_ANNOTATION, Admitter
+from amp.admission import STATUS_ANNOTATION, Admitter
 from amp.breaker import BreakerRegistry
 from amp.config import ConfigError, parse_config
 from amp.deadline import Deadline
@@ -109,13 +109,14 @@ class Answers:
 
     def assertIgnored(self, response: dict, reason: str, where: str, message: str) -> None:
         self.assertTrue(response["allowed"], response)  # type: ignore[attr-defined]
-        self.assertEqual(response["warnings"], [f"amp: {where} {reason}; Pod admitted unchanged"])  # type: ignore
+        self.assertEqual(response["warnings"],  # type: ignore[attr-defined]
+                         [f"amp: {where} {reason}; admitted without the endpoint's patch"])
         audit = response["auditAnnotations"]["error"]
         self.assertIn(f"endpoint {where} failed ({reason}): ", audit)  # type: ignore[attr-defined]
         self.assertIn(message, audit)  # type: ignore[attr-defined]
         [op] = response["_patch"]
-        self.assertEqual(op["value"], {SKIPPED_ANNOTATION: f"{reason}: {where}"}  # type: ignore[attr-defined]
-                         if op["path"] == "/metadata/annotations" else f"{reason}: {where}")
+        self.assertEqual(op["value"], {STATUS_ANNOTATION: f"skipped {reason} {where}"}  # type: ignore[attr-defined]
+                         if op["path"] == "/metadata/annotations" else f"skipped {reason} {where}")
 
     def assertDenied(self, response: dict, reason: str, message: str) -> None:
         self.assertFalse(response["allowed"], response)  # type: ignore[attr-defined]

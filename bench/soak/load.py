@@ -32,11 +32,11 @@ from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
 from bench import bodies
-from bench.soak.settings import SKIPPED_PATH
+from bench.soak.settings import STATUS_ANNOTATION
 
 VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
-_IGNORED_WARNING = re.compile(r"^amp: (\S+) ([a-z0-9-]+); Pod admitted unchanged$")
+_IGNORED_WARNING = re.compile(r"^amp: (\S+) ([a-z0-9-]+); admitted without the endpoint's patch$")
 _DENIED_MESSAGE = re.compile(r"^amp: endpoint (\S+) failed \(([a-z0-9-]+)\): ")
 
 
@@ -50,7 +50,7 @@ def check_answer(ns: dict[str, Any], version: str, uid: str, status: int, header
     Check one answer as the API server would, and say what it was:
     C{(outcome, reason, kind)} with outcome C{patched} (the endpoint's
     patch; C{kind} is the label value the chaos endpoint set), C{ignored}
-    (failure policy Ignore: the Pod admitted with amp's skipped annotation;
+    (failure policy Ignore: the Pod admitted with amp's C{skipped} status;
     C{reason} is amp's name for the failure), C{denied} (failure policy Fail)
     or C{skipped} (a namespace that is not enabled).
 
@@ -85,33 +85,38 @@ def check_answer(ns: dict[str, Any], version: str, uid: str, status: int, header
             raise Violation(f"denial without amp's reason: {message!r}")
         return "denied", m.group(2), ""
     ops: list[Any] = []
+    patched = pod
     if "patch" in resp or "patchType" in resp:
         if resp.get("patchType") != "JSONPatch":
             raise Violation(f"patchType {resp.get('patchType')!r}")
         try:
             ops = json.loads(base64.b64decode(resp["patch"], validate=True))
-            jsonpatch.JsonPatch(ops).apply(pod)
+            patched = jsonpatch.JsonPatch(ops).apply(pod)
         except Exception as e:
             raise Violation(f"patch does not apply: {type(e).__name__}: {e}") from None
     if not ns["enabled"]:
         if ops or warnings:
             raise Violation(f"a namespace that is not enabled got a patch {ops} or warnings {warnings}")
         return "skipped", "", ""
-    if len(ops) == 1 and ops[0].get("path") == "/metadata/labels/amp.soak~1patched":
+    status = str(((patched.get("metadata") or {}).get("annotations") or {}).get(STATUS_ANNOTATION, ""))
+    label = [op for op in ops if op.get("path") == "/metadata/labels/amp.soak~1patched"]
+    if len(label) == 1 and len(ops) == 2:
         if warnings:
             raise Violation(f"patched with warnings {warnings}")
-        return "patched", "", str(ops[0].get("value"))
-    if len(ops) == 1 and ops[0].get("path") == SKIPPED_PATH:
+        if not status.startswith("mutated "):
+            raise Violation(f"patched with the status {status!r}")
+        return "patched", "", str(label[0].get("value"))
+    if status.startswith("skipped ") and len(ops) == 1:
         if ns["policy"] != "Ignore":
-            raise Violation(f"admitted unchanged under failure policy {ns['policy']}")
+            raise Violation(f"admitted without the endpoint's patch under failure policy {ns['policy']}")
         m = _IGNORED_WARNING.match(warnings[0]) if len(warnings) == 1 and isinstance(warnings[0], str) else None
         if not m:
-            raise Violation(f"admitted unchanged without amp's warning: {warnings}")
+            raise Violation(f"admitted without the endpoint's patch and without amp's warning: {warnings}")
         reason = m.group(2)
-        if not str(ops[0].get("value", "")).startswith(f"{reason}: "):
-            raise Violation(f"skipped annotation {ops[0].get('value')!r} does not name {reason}")
+        if not status.startswith(f"skipped {reason} "):
+            raise Violation(f"status {status!r} does not name {reason}")
         if not (resp.get("auditAnnotations") or {}).get("error"):
-            raise Violation("admitted unchanged without the audit annotation")
+            raise Violation("admitted without the endpoint's patch and without the audit annotation")
         return "ignored", reason, ""
     raise Violation(f"unexpected answer: allowed with patch {ops} and warnings {warnings}")
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 ENABLED_LABEL = "amp.txn2.com/enabled"
 ENDPOINT_ANNOTATION = "amp.txn2.com/ep"
 POLICY_ANNOTATION = "amp.txn2.com/failure-policy"
-SKIPPED_ANNOTATION = "amp.txn2.com/skipped"
-SKIPPED_PATH = "/metadata/annotations/" + SKIPPED_ANNOTATION.replace("/", "~1")
+STATUS_ANNOTATION = "amp.txn2.com/status"
 
 #: The namespaces reviews are sent to: (name, failure policy, chaos port,
 #: endpoint path, the API server's timeout in seconds, share of the load).

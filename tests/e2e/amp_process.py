@@ -323,7 +323,7 @@ class RecordingEndpoint:
 ENABLED_LABEL = "amp.txn2.com/enabled"
 ENDPOINT_ANNOTATION = "amp.txn2.com/ep"
 FAILURE_POLICY_ANNOTATION = "amp.txn2.com/failure-policy"
-SKIPPED_ANNOTATION = "amp.txn2.com/skipped"
+STATUS_ANNOTATION = "amp.txn2.com/status"
 #: Each amp instance's MutatingWebhookConfiguration also selects on this
 #: label, so that several instances can be registered at once without all
 #: of them mutating every labelled namespace.

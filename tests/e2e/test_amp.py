@@ -29,7 +29,7 @@ from .amp_process import (
     ENDPOINT_ANNOTATION,
     FAILURE_POLICY_ANNOTATION,
     INSTANCE_LABEL,
-    SKIPPED_ANNOTATION,
+    STATUS_ANNOTATION,
     AmpInstance,
     ExampleEndpoints,
     RecordingEndpoint,
@@ -139,7 +139,7 @@ def test_labelled_namespace_pod_is_stored_mutated_unlabelled_is_not(
         "ADDED_VAR": "something important",
     }
     assert own_volumes(mutated) == {"user-home": {"name": "user-home", "emptyDir": {}}}
-    assert SKIPPED_ANNOTATION not in (mutated["metadata"].get("annotations") or {})
+    assert mutated["metadata"]["annotations"] == {STATUS_ANNOTATION: f"mutated {endpoint.rsplit('/', 1)[0]}"}
 
     untouched = read_pod(core, plain, "web")
     assert_unchanged(untouched)
@@ -263,9 +263,11 @@ def test_endpoint_down_under_ignore_admits_unchanged_with_warning(
     pod = read_pod(core, ns, "admitted")
     assert_unchanged(pod)
     annotations = pod["metadata"]["annotations"]
-    assert list(annotations) == [SKIPPED_ANNOTATION]
-    assert annotations[SKIPPED_ANNOTATION].endswith(f": {down}")
-    assert any(w.startswith(f"amp: {down} ") and w.endswith("; Pod admitted unchanged") for w in warnings), warnings
+    assert list(annotations) == [STATUS_ANNOTATION]
+    assert annotations[STATUS_ANNOTATION].startswith("skipped ")
+    assert annotations[STATUS_ANNOTATION].endswith(f" {down}")
+    assert any(w.startswith(f"amp: {down} ") and w.endswith("; admitted without the endpoint's patch")
+               for w in warnings), warnings
     assert returned["metadata"]["uid"] == pod["metadata"]["uid"]
 
 
@@ -374,8 +376,8 @@ def test_patch_the_api_server_would_reject_is_dropped_by_amp_under_ignore(
     pod = read_pod(core, ns, "bad")
     assert_unchanged(pod)
     origin = example_endpoints.url("").rstrip("/")
-    assert pod["metadata"]["annotations"] == {SKIPPED_ANNOTATION: f"apply-failed: {origin}"}
-    assert f"amp: {origin} apply-failed; Pod admitted unchanged" in warnings
+    assert pod["metadata"]["annotations"] == {STATUS_ANNOTATION: f"skipped apply-failed {origin}"}
+    assert f"amp: {origin} apply-failed; admitted without the endpoint's patch" in warnings
 
 
 # ---- 5. failure_policy auto follows the webhook configuration
@@ -424,8 +426,9 @@ def test_failure_policy_auto_follows_the_webhook_configuration(
                              details=amp.process.describe)
     pod = read_pod(core, ns, attempts[-1])
     assert_unchanged(pod)
-    assert list(pod["metadata"]["annotations"]) == [SKIPPED_ANNOTATION]
-    assert any(w.startswith(f"amp: {down} ") and w.endswith("; Pod admitted unchanged") for w in warnings), warnings
+    assert list(pod["metadata"]["annotations"]) == [STATUS_ANNOTATION]
+    assert any(w.startswith(f"amp: {down} ") and w.endswith("; admitted without the endpoint's patch")
+               for w in warnings), warnings
 
     set_webhook_failure_policy(control_plane, amp.webhook_configuration_name, "Fail")
 
@@ -543,12 +546,9 @@ def test_amp_answers_a_hung_endpoint_before_the_api_servers_timeout(
     pod = read_pod(core, ns, "patient")
     assert_unchanged(pod)
     origin = example_endpoints.url("").rstrip("/")
-    # The endpoint call is cut at what is left of the review's budget
-    # ("timeout"); the review's own deadline would say "deadline".
-    reason = pod["metadata"]["annotations"][SKIPPED_ANNOTATION].partition(":")[0]
-    assert reason in ("timeout", "deadline")
-    assert pod["metadata"]["annotations"] == {SKIPPED_ANNOTATION: f"{reason}: {origin}"}
-    assert f"amp: {origin} {reason}; Pod admitted unchanged" in warnings
+    # The endpoint call is cut when the review's deadline passes: "timeout".
+    assert pod["metadata"]["annotations"] == {STATUS_ANNOTATION: f"skipped timeout {origin}"}
+    assert f"amp: {origin} timeout; admitted without the endpoint's patch" in warnings
     assert 1.0 < elapsed < 2.0
 
 

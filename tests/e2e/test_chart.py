@@ -291,7 +291,7 @@ def test_shipped_selectors_keep_amp_off_its_namespace_kube_system_and_opted_out_
         # Pod of an enabled namespace fails open.
         attempts = iter(range(10_000))
         poll_until("the webhook registration to reach the API server",
-                   lambda: created(team, f"warm-{next(attempts)}") or None, 10.0)
+                   lambda: created(team, f"warm-{next(attempts)}") or None, 60.0)
 
         assert created(team, "sent") == 1
         assert created(team, "opted-out", {"amp.txn2.com/enabled": "false"}) == 0
