@@ -58,6 +58,7 @@ class Reason(StrEnum):
     NO_ENDPOINT = "no-endpoint"
     BAD_URL = "bad-url"
     NOT_ALLOWED = "not-allowed"
+    CHAIN_TOO_LONG = "chain-too-long"
 
     # -- the endpoint call
     TIMEOUT = "timeout"
@@ -86,6 +87,10 @@ class Reason(StrEnum):
     # -- the endpoint's decision
     ENDPOINT_DENIED = "endpoint-denied"
 
+    # -- why amp leaves a Pod alone without asking an endpoint (not failures)
+    OPTED_OUT = "opted-out"
+    PROTECTED_NAMESPACE = "protected-namespace"
+
     # -- the review as a whole
     DEADLINE = "deadline"
     CANCELLED = "cancelled"
@@ -94,7 +99,7 @@ class Reason(StrEnum):
 
 
 #: Failures of the namespace's endpoint configuration (found before any call).
-ROUTE_REASONS = frozenset({Reason.NO_ENDPOINT, Reason.BAD_URL, Reason.NOT_ALLOWED})
+ROUTE_REASONS = frozenset({Reason.NO_ENDPOINT, Reason.BAD_URL, Reason.NOT_ALLOWED, Reason.CHAIN_TOO_LONG})
 
 #: Named failures of one endpoint call.
 ENDPOINT_REASONS = frozenset({
@@ -109,6 +114,10 @@ PATCH_REASONS = frozenset({
     Reason.INVALID_PATCH, Reason.REFUSED_PATH, Reason.APPLY_FAILED, Reason.TOO_MANY_OPERATIONS,
     Reason.INVALID_POD, Reason.PATCH_TOO_LARGE,
 })
+
+#: Why amp did not act on a Pod it was asked about (the Pod opted out with
+#: the enable label, or it is in amp's own or a protected namespace).
+SKIP_REASONS = frozenset({Reason.OPTED_OUT, Reason.PROTECTED_NAMESPACE})
 
 #: Failures of the review as a whole, whatever the endpoint did.
 REVIEW_REASONS = frozenset({Reason.DEADLINE, Reason.CANCELLED, Reason.NAMESPACE_LOOKUP, Reason.INTERNAL_ERROR})
