@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import promql_parser
 import yaml
 
-from amp.metrics import TLS_RELOAD_RESULTS, Metrics
+from amp.metrics import CONFIG_RELOAD_RESULTS, TLS_RELOAD_RESULTS, Metrics
 from amp.reasons import ENDPOINT_OUTCOMES, Result
 from tests.deploytools import APISERVER_METRICS, CHART, DEPLOY, ROOT, kustomize_build, one, run, tool
 
@@ -41,7 +41,6 @@ FOREIGN_METRICS = {
 #: while amp does not export them (the test fails once it does, so that the
 #: name moves to the checked set).
 IN_PROGRESS_METRICS = {
-    "amp_config_reloads_total": "config reload (reloads by result)",
     "amp_bypassed_pods_total": "the bypassed-Pod watch (by namespace)",
 }
 #: Labels Prometheus adds to every series of a target it scrapes through the
@@ -230,6 +229,7 @@ def test_label_names_and_values_the_rules_and_dashboard_use_exist() -> None:
         ("amp_admission_requests_total", "result"): {r.value for r in Result},
         ("amp_endpoint_requests_total", "outcome"): set(ENDPOINT_OUTCOMES),
         ("amp_tls_reloads_total", "result"): set(TLS_RELOAD_RESULTS),
+        ("amp_config_reloads_total", "result"): set(CONFIG_RELOAD_RESULTS),
     }
     for where, selector in used_selectors():
         if selector.name not in amp:
