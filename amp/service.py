@@ -43,10 +43,10 @@ from amp.breaker import BreakerRegistry
 from amp import __version__
 from amp.config import Config, TLSConfig, config_summary
 from amp.endpoint import EndpointClient
+from amp.logs import ConfigurableObserver
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
 from amp.recent import RecentDecisions, RecentDecisionsResource
-from amp.logs import ConfigurableObserver
 from amp.reload import ConfigFile, ConfigReloadService
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.web import WebhookSite, webhook_root
@@ -364,9 +364,14 @@ class AmpService(MultiService):
         self.log.info("amp {version} starting: {summary}", version=__version__,
                       summary=config_summary(self.config))
         super().startService()
-        if self.config.kubernetes.source == "static":
-            # The static source has its namespaces already; the cluster
-            # source's first list calls this (amp.tap).
+        try:
+            ready = self.namespaces.readiness()[0]
+        except Exception:
+            # /readyz reports a source whose check fails; start-up goes on.
+            ready = False
+        if ready:
+            # A source that has its namespaces already (the static one);
+            # the cluster source's first list calls this (amp.tap).
             self.admitter.own_pods_warning()
         if self.freeze_gc:
             self.reactor.callWhenRunning(freeze_startup_objects)
