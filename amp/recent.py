@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Iterable, Optional
 
@@ -69,9 +69,23 @@ def rfc3339(seconds: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+#: The most characters kept of a decision's uid, namespace, Pod name,
+#: endpoint and reason (Kubernetes names are at most 253), and of its
+#: message (amp's messages are clipped at 1024 already): a request can carry
+#: any string, and the buffer's memory must stay bounded.
+FIELD_LIMIT = 256
+MESSAGE_LIMIT = 1024
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class RecentDecisions:
     """
-    The last C{size} decisions, oldest first; older ones are dropped.
+    The last C{size} decisions, oldest first; older ones are dropped.  Each
+    field is clipped (L{FIELD_LIMIT}, L{MESSAGE_LIMIT}), so the memory held
+    is bounded whatever the requests carried.
     """
 
     def __init__(self, size: int) -> None:
@@ -92,8 +106,16 @@ class RecentDecisions:
             self._decisions = deque(self._decisions, maxlen=max(size, 0))
 
     def record(self, decision: Decision) -> None:
-        if self._decisions.maxlen:
-            self._decisions.append(decision)
+        if not self._decisions.maxlen:
+            return
+        d = decision
+        if max(len(d.uid), len(d.namespace), len(d.pod), len(d.endpoint), len(d.reason)) > FIELD_LIMIT or (
+                len(d.message) > MESSAGE_LIMIT):
+            d = replace(
+                d, uid=_clip(d.uid, FIELD_LIMIT), namespace=_clip(d.namespace, FIELD_LIMIT),
+                pod=_clip(d.pod, FIELD_LIMIT), endpoint=_clip(d.endpoint, FIELD_LIMIT),
+                reason=_clip(d.reason, FIELD_LIMIT), message=_clip(d.message, MESSAGE_LIMIT))
+        self._decisions.append(d)
 
     def select(
         self, *, namespace: Optional[str] = None, pod: Optional[str] = None, uid: Optional[str] = None,

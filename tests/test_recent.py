@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from twisted.web.test.requesthelper import DummyRequest
 
-from amp.recent import Decision, RecentDecisions, RecentDecisionsResource, rfc3339
+from amp.recent import FIELD_LIMIT, MESSAGE_LIMIT, Decision, RecentDecisions, RecentDecisionsResource, rfc3339
 
 
 def decision(uid: str = "u1", namespace: str = "team-a", pod: str = "web-1", **kw: Any) -> Decision:
@@ -52,6 +52,19 @@ def test_size_zero_keeps_nothing() -> None:
     recent.record(decision())
     assert recent.select() == []
     assert recent.size == 0
+
+
+def test_long_fields_are_clipped_so_memory_stays_bounded() -> None:
+    recent = RecentDecisions(2)
+    recent.record(decision(uid="u" * 100_000, pod="p" * 100_000, message="m" * 100_000))
+    (kept,) = recent.select()
+    assert len(kept.uid) == FIELD_LIMIT and kept.uid.endswith("...")
+    assert len(kept.pod) == FIELD_LIMIT
+    assert len(kept.message) == MESSAGE_LIMIT
+    assert kept.namespace == "team-a"
+    short = decision()
+    recent.record(short)
+    assert recent.select()[-1] is short
 
 
 def test_filters_match_exactly_and_together() -> None:
