@@ -267,6 +267,11 @@ MESSAGES = [
     ("(listen.request_timeout)", "web.py", None),
     ("connections open (listen.max_connections)", "web.py", None),
     ("Bad\nAdmissionReview: ", "web.py", "Bad AdmissionReview: "),
+    ("nests arrays and objects more than 100\ndeep; an AdmissionReview never does", "review.py",
+     ("nests arrays and objects more than {MAX_DEPTH} deep; ", "an AdmissionReview never does", "MAX_DEPTH = 100")),
+    ("is not JSON an API\nserver sends: NaN is not a JSON number", "review.py",
+     ("is not JSON an API server sends: ", "is not a JSON number")),
+    ("is out of range", "review.py", None),
 ]
 
 
