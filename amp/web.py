@@ -25,6 +25,12 @@ to temporary files.  L{WebhookSite} builds L{WebhookChannel}s that:
     reset, and a client that never finishes the close cannot hold its slot.
     A connection that is closed for being idle gets the same grace
     (C{abortTimeout}) to take the close before it is aborted.
+
+L{WebhookSite.drain} is the listener's part of a graceful shutdown (the
+listening port is already closed): idle kept-alive connections are closed at
+once, a connection with a request in progress gets its answer with
+C{Connection: close} and is closed after it, and whatever is still open when
+the drain's time is up is aborted.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from __future__ import annotations
 import io
 from typing import Any, Callable, Optional
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -125,6 +131,10 @@ class WebhookChannel(http.HTTPChannel):
 
     def connectionMade(self) -> None:
         site: WebhookSite = self.site
+        if site.draining:
+            # Accepted just before the port closed: nothing of it was received.
+            self.transport.abortConnection()
+            return
         if site.open_connections >= site.max_connections:
             site.logger.warn("Connection refused: {count} connections open (listen.max_connections)",
                           count=site.open_connections)
@@ -132,9 +142,39 @@ class WebhookChannel(http.HTTPChannel):
             return
         site.open_connections += 1
         self._counted = True
+        site.channels.add(self)
         site.metrics.open_connections.set(site.open_connections)
         super().connectionMade()
         self._start_deadline()
+
+    def checkPersistence(self, request: Any, version: bytes) -> bool:
+        """
+        While draining, every answer closes its connection.
+        """
+        if self.site.draining:
+            request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            return False
+        return bool(super().checkPersistence(request, version))
+
+    def drain(self) -> None:
+        """
+        The shutdown's part for this connection: a request in progress
+        (received in part or whole, being answered) is answered with
+        C{Connection: close} and the connection closed after it; an idle
+        connection is closed now, with the usual L{CLOSE_GRACE} to take it.
+        """
+        if self._closing:
+            return
+        if self.requests or self._in_request:
+            self.persistent = False
+            for request in self.requests:
+                if not request.startedWriting:
+                    request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            return
+        self._closing = True
+        self._cancel_deadline()
+        self._linger = self.site.reactor.callLater(CLOSE_GRACE, self._abort)
+        self.loseConnection()
 
     def dataReceived(self, data: bytes) -> None:
         if self._closing:
@@ -249,12 +289,13 @@ class WebhookChannel(http.HTTPChannel):
             if self._linger.active():
                 self._linger.cancel()
             self._linger = None
+        super().connectionLost(reason)
         if self._counted:
             self._counted = False
             site: WebhookSite = self.site
             site.open_connections -= 1
             site.metrics.open_connections.set(site.open_connections)
-        super().connectionLost(reason)
+            site.channel_closed(self)
 
 
 class WebhookSite(server.Site):
@@ -278,6 +319,47 @@ class WebhookSite(server.Site):
         self.max_connections = max_connections
         self.request_timeout = request_timeout
         self.open_connections = 0
+        #: The connections counted in C{open_connections}.
+        self.channels: set[WebhookChannel] = set()
+        #: Set by L{drain}: every answer closes its connection, and a
+        #: connection accepted now is closed at once.
+        self.draining = False
+        self._drained: Optional[Deferred[int]] = None
+        self._drain_timer: Any = None
+
+    def drain(self, timeout: float) -> "Deferred[int]":
+        """
+        Finish with every open connection (L{WebhookChannel.drain}): fires
+        once all are closed, or after C{timeout} seconds, when those still
+        open are aborted.  Fires with how many were aborted.  Call it once
+        the listening port is closed.
+        """
+        self.draining = True
+        if self._drained is not None:
+            return self._drained
+        for channel in list(self.channels):
+            channel.drain()
+        if not self.channels:
+            return succeed(0)
+        self._drained = Deferred()
+        self._drain_timer = self.reactor.callLater(timeout, self._drain_timed_out, timeout)
+        return self._drained
+
+    def channel_closed(self, channel: WebhookChannel) -> None:
+        self.channels.discard(channel)
+        if self._drained is not None and not self.channels and self._drain_timer.active():
+            self._drain_timer.cancel()
+            self._drained.callback(0)
+
+    def _drain_timed_out(self, timeout: float) -> None:
+        left = list(self.channels)
+        self.logger.warn(
+            "Drain: {count} connections still open after {timeout:g}s (listen.drain_timeout), aborted",
+            count=len(left), timeout=timeout)
+        for channel in left:
+            channel.transport.abortConnection()
+        assert self._drained is not None
+        self._drained.callback(len(left))
 
     def log(self, request: Any) -> None:  # type: ignore[override]
         """

@@ -7,7 +7,10 @@ twistd starts is worker 0; it also runs a L{WorkerMonitor} that starts
 workers 1 .. N-1 as child processes (C{twistd amp --config <same file>
 --worker i}), restarts a child that exits (with the back-off of
 L{twisted.runner.procmon.ProcessMonitor}) and, when worker 0 stops, stops
-the children and waits for them to exit.
+the children and waits for them to exit.  A stop is a drain: worker 0 sends
+each child C{SIGTERM} when its own drain begins, every worker drains its own
+connections (L{amp.service.AmpService.stopService}), and a child still
+running C{listen.drain_timeout} plus a second later is killed.
 
 Every worker binds its own socket on C{listen.port} with C{SO_REUSEPORT}
 (L{amp.tls.tls_endpoint}): each has its own accept queue and the kernel
@@ -32,7 +35,7 @@ import stat
 import sys
 from typing import Any, Optional
 
-from twisted.application.service import IServiceCollection, Service
+from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorProcess, IReactorTime
 from twisted.internet.main import CONNECTION_DONE
@@ -117,16 +120,18 @@ class WorkerMonitor(ProcessMonitor):
         return done
 
 
-def supervise(parent: IServiceCollection, config_path: str, workers: int, reactor: Any) -> WorkerMonitor:
+def supervise(config_path: str, workers: int, reactor: Any, drain_timeout: float) -> WorkerMonitor:
     """
-    Add to C{parent} a L{WorkerMonitor} that runs workers 1 .. C{workers}-1
-    on C{config_path} with this process's environment.
+    A L{WorkerMonitor} that runs workers 1 .. C{workers}-1 on C{config_path}
+    with this process's environment.  When it stops, each worker gets
+    C{SIGTERM} (and drains, as worker 0 does) and C{drain_timeout} plus a
+    second to exit before C{SIGKILL}.
     """
     monitor = WorkerMonitor(reactor)
+    monitor.killTime = drain_timeout + 1
     config_path = os.path.abspath(config_path)
     for worker in range(1, workers):
         monitor.addProcess(f"amp-worker-{worker}", worker_argv(config_path, worker), env=dict(os.environ))
-    monitor.setServiceParent(parent)
     return monitor
 
 

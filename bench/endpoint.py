@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
 from twisted.internet.protocol import Factory, Protocol
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bodies import PATCH_LABEL  # noqa: E402
+from bench.bodies import PATCH_LABEL
 
 PATCH = json.dumps([{"op": "add", "path": "/metadata/labels/" + PATCH_LABEL.replace("/", "~1"),
                      "value": "true"}], separators=(",", ":")).encode("ascii")

@@ -34,7 +34,6 @@ import sys
 import time
 from typing import Any, Callable
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _REPLY_BODY = b'[{"op":"add","path":"/metadata/labels/bench","value":"true"}]'
 _REPLY = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"

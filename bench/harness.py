@@ -1,9 +1,10 @@
 """
-The benchmark's moving parts, shared by C{bench/run} and
+The benchmark's moving parts, shared by C{bench/run}, the soak and
 C{bench/workers_experiment.py}: child processes pinned to CPUs and stopped by
-pid, CPU time and peak RSS from /proc, wrk (installed on demand) and its
-summary, amp's bench configuration and a running C{twistd amp}, the answer
-checks, and the summary of py-spy's collapsed stacks.
+pid, CPU time and peak RSS from /proc, wrk (installed by the project's set-up
+step, C{tools/install}) and its summary, amp's bench configuration and a
+running C{twistd amp}, the answer checks, and the summary of py-spy's
+collapsed stacks.
 """
 
 from __future__ import annotations
@@ -25,16 +26,20 @@ import sys
 import time
 from typing import Any, Optional
 
+from bench import bodies
+from tests.prometheus import Scrape
+from tests.waiting import poll_until
+
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
-if BENCH not in sys.path:
-    sys.path.insert(0, BENCH)
-
-import bodies  # noqa: E402
 
 ON, OFF = "bench-on", "bench-off"
 
 WRK_MISSING = 3
+#: How long a child process may take to start and be ready (seconds): a
+#: deadline for a harness waiting on another process, generous because a
+#: busy machine starts processes slowly, never a measurement.
+START_TIMEOUT = 120.0
 MODE_FAILED = 1
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 LUA = os.path.join(BENCH, "lua", "review.lua")
@@ -134,8 +139,8 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     try:
-        wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0].strip()
-    except OSError:
+        wrk = subprocess.run([ensure_wrk(), "-v"], capture_output=True, text=True).stdout.split("\n")[0].strip()
+    except (OSError, WrkMissing):
         wrk = ""
     import twisted
     import OpenSSL
@@ -186,7 +191,7 @@ class Proc:
                                       text=True, pass_fds=pass_fds)
         self.pid = self.popen.pid
 
-    def first_line(self, timeout: float) -> dict[str, Any]:
+    def first_line(self, timeout: float = START_TIMEOUT) -> dict[str, Any]:
         """
         The JSON object the process prints on its first stdout line.
         """
@@ -220,32 +225,25 @@ class Proc:
 # ------------------------------------------------------------------ wrk
 
 
+#: Where C{tools/install} puts the tools it installs (C{$AMP_TOOLS/bin}).
+TOOLS_BIN = os.path.join(os.environ.get("AMP_TOOLS") or os.path.expanduser("~/.cache/amp-tools"), "bin")
+
+
+def find_tool(name: str) -> Optional[str]:
+    """The path of a command-line tool: on PATH, else in the tools cache; None when missing."""
+    return shutil.which(name) or shutil.which(name, path=TOOLS_BIN)
+
+
 def ensure_wrk() -> str:
     """
-    The path of wrk, installing the Debian package when running as root.
+    The path of wrk (see L{find_tool}).
 
-    @raise WrkMissing: with the reason, when it cannot be had.
+    @raise WrkMissing: saying how to install it, when it is missing.
     """
-    found = shutil.which("wrk")
-    if found:
-        return found
-    apt = shutil.which("apt-get")
-    if os.geteuid() != 0 or not apt:
-        raise WrkMissing(
-            "wrk is not installed and cannot be installed here "
-            f"({'not root' if os.geteuid() != 0 else 'no apt-get'}): install the Debian package 'wrk' "
-            "(apt-get install wrk) or put wrk on PATH")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for command in ([apt, "install", "-y", "-q", "wrk"], [apt, "update", "-q"], [apt, "install", "-y", "-q", "wrk"]):
-        if command[1] == "update" and shutil.which("wrk"):
-            break
-        say("wrk is not installed; running: " + " ".join(command))
-        done = subprocess.run(command, env=env, stdout=sys.stderr, stderr=sys.stderr)
-        if command[1] == "install" and done.returncode == 0:
-            break
-    found = shutil.which("wrk")
-    if not found:
-        raise WrkMissing("wrk is not installed and 'apt-get install -y wrk' did not install it (see above)")
+    found = find_tool("wrk")
+    if found is None:
+        raise WrkMissing(f"wrk is missing: run 'make tools' (tools/install wrk), which unpacks the Debian "
+                         f"package into {TOOLS_BIN}, or put wrk on PATH")
     return found
 
 
@@ -256,7 +254,7 @@ def run_wrk(url: str, body_file: str, *, connections: int, duration: float, cpus
     errors) plus the CPU seconds wrk itself used.
     """
     threads = max(1, min(threads, connections))
-    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s",
+    argv = [ensure_wrk(), f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s",
             f"--timeout={timeout_s}s", "-s", LUA, url, "--", body_file]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(argv, capture_output=True, text=True, preexec_fn=_pinned(cpus),
@@ -276,7 +274,13 @@ def run_wrk(url: str, body_file: str, *, connections: int, duration: float, cpus
 
 
 def amp_config(path: str, *, port: int, metrics_port: int, tls: dict[str, Any], endpoint_url: str,
-               source: str, kubeconfig: Optional[str], per_review_get: bool) -> None:
+               source: str, kubeconfig: Optional[str], per_review_get: bool,
+               overlay: Optional[dict[str, Any]] = None) -> None:
+    """
+    Write amp's benchmark configuration to C{path}; C{overlay} is laid over
+    it section by section (a mapping updates the section's keys, anything
+    else replaces the section).
+    """
     import yaml
 
     kube: dict[str, Any] = {"source": source}
@@ -296,6 +300,11 @@ def amp_config(path: str, *, port: int, metrics_port: int, tls: dict[str, Any], 
         "endpoints": {"allow": ["http://127.0.0.1:*/*"]},
         "failure_policy": "Ignore",
     }
+    for section, value in (overlay or {}).items():
+        if isinstance(value, dict) and isinstance(config.get(section), dict):
+            config[section].update(value)
+        else:
+            config[section] = value
     with open(path, "w") as f:
         yaml.safe_dump(config, f, sort_keys=False)
 
@@ -307,7 +316,7 @@ class Amp:
 
     def __init__(self, name: str, workdir: str, tls: dict[str, Any], *, endpoint_url: str, source: str,
                  kubeconfig: Optional[str], per_review_get: bool, cpus: Optional[set[int]],
-                 extra_twistd: tuple[str, ...] = ()) -> None:
+                 extra_twistd: tuple[str, ...] = (), overlay: Optional[dict[str, Any]] = None) -> None:
         self.name = name
         self.port = free_port()
         self.metrics_port = free_port()
@@ -315,13 +324,12 @@ class Amp:
         self.log_path = os.path.join(workdir, f"{name}.log")
         amp_config(self.config_path, port=self.port, metrics_port=self.metrics_port, tls=tls,
                    endpoint_url=endpoint_url, source=source, kubeconfig=kubeconfig,
-                   per_review_get=per_review_get)
+                   per_review_get=per_review_get, overlay=overlay)
         self.ca = str(tls["ca_cert"])
-        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         argv = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
                 "-n", "--pidfile=", *extra_twistd, "amp", "--config", self.config_path]
         self.log = open(self.log_path, "w")
-        self.proc = Proc(f"amp ({name})", argv, cpus=cpus, env=env, stdout=self.log, cwd=workdir)
+        self.proc = Proc(f"amp ({name})", argv, cpus=cpus, stdout=self.log, cwd=workdir)
         self.pid = self.proc.pid
         self.url = f"https://127.0.0.1:{self.port}/mutate?timeout=10s"
 
@@ -330,10 +338,12 @@ class Amp:
         ctx.check_hostname = False
         return ctx
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        """Wait until amp's C{/readyz} answers 200; fail if amp exits or is not ready in time."""
         last = ""
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
+            nonlocal last
             if not self.proc.alive():
                 raise RuntimeError(f"amp ({self.name}) exited: {self.tail()}")
             try:
@@ -342,44 +352,32 @@ class Amp:
                 resp = conn.getresponse()
                 last = resp.read().decode("utf-8", "replace")
                 conn.close()
-                if resp.status == 200:
-                    return
+                return resp.status == 200
             except OSError as e:
                 last = str(e)
-            time.sleep(0.1)
-        raise RuntimeError(f"amp ({self.name}) not ready after {timeout:g}s: {last.strip()}")
+                return False
+
+        poll_until(f"amp ({self.name}) to be ready", ready, timeout, interval=0.1,
+                   details=lambda: f"last /readyz answer: {last.strip()}")
 
     def review(self, body_file: str) -> dict[str, Any]:
         """
         One review sent from here, its decoded answer.
         """
-        with open(body_file, "rb") as f:
-            data = f.read()
-        conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self._tls(), timeout=15)
-        conn.request("POST", "/mutate?timeout=10s", body=data, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        text = resp.read()
-        conn.close()
-        if resp.status != 200:
-            raise ModeFailed(f"amp ({self.name}) answered HTTP {resp.status}: {text[:300]!r}")
-        return json.loads(text)["response"]
+        return post_review(self.port, self.ca, body_file, f"amp ({self.name})")
 
     def metrics(self) -> dict[str, float]:
         """
         amp's review and endpoint counters, keyed like C{result=patched} and
         C{endpoint=ok}.
         """
-        conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=5)
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode("utf-8")
-        conn.close()
+        scrape = Scrape.get(self.metrics_port, timeout=5)
         out: dict[str, float] = {}
-        for m in re.finditer(r'^amp_admission_requests_total\{[^}]*result="([^"]+)"[^}]*\} (\S+)$', text, re.M):
-            out[f"result={m.group(1)}"] = out.get(f"result={m.group(1)}", 0) + float(m.group(2))
-        for m in re.finditer(r'^amp_endpoint_requests_total\{[^}]*outcome="([^"]+)"[^}]*\} (\S+)$', text, re.M):
-            out[f"endpoint={m.group(1)}"] = out.get(f"endpoint={m.group(1)}", 0) + float(m.group(2))
-        for m in re.finditer(r'^amp_namespace_cache_misses_total\{[^}]*result="([^"]+)"[^}]*\} (\S+)$', text, re.M):
-            out[f"miss={m.group(1)}"] = out.get(f"miss={m.group(1)}", 0) + float(m.group(2))
+        for key, name, label in (("result", "amp_admission_requests_total", "result"),
+                                 ("endpoint", "amp_endpoint_requests_total", "outcome"),
+                                 ("miss", "amp_namespace_cache_misses_total", "result")):
+            for value, count in scrape.by(name, label).items():
+                out[f"{key}={value}"] = count
         return out
 
     def tail(self, lines: int = 20) -> str:
@@ -413,6 +411,27 @@ class Amp:
 # ------------------------------------------------------------------ checks
 
 
+def post_review(port: int, ca: str, body_file: str, who: str) -> dict[str, Any]:
+    """
+    POST one review to C{https://127.0.0.1:port/mutate} (trusting C{ca});
+    the decoded C{response} of the answer.
+    """
+    with open(body_file, "rb") as f:
+        data = f.read()
+    context = ssl.create_default_context(cafile=ca)
+    context.check_hostname = False
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=15)
+    try:
+        conn.request("POST", "/mutate?timeout=10s", body=data, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        text = resp.read()
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise ModeFailed(f"{who} answered HTTP {resp.status}: {text[:300]!r}")
+    return json.loads(text)["response"]
+
+
 def _patch_of(response: dict[str, Any]) -> list[Any]:
     if "patch" not in response:
         return []
@@ -421,14 +440,14 @@ def _patch_of(response: dict[str, Any]) -> list[Any]:
 
 def check_answer(mode: str, response: dict[str, Any]) -> None:
     """
-    The answer a mode must give: (b) and (c) the endpoint's patch, (d) an
-    unchanged Pod.
+    The answer a mode must give: (b), (c) and the floor (f) the endpoint's
+    patch, (d) an unchanged Pod.
     """
     label_path = "/metadata/labels/" + bodies.PATCH_LABEL.replace("/", "~1")
     if not response.get("allowed"):
         raise ModeFailed(f"mode ({mode}): amp denied the Pod: {response.get('status')}")
     patch = _patch_of(response)
-    if mode in ("b", "c"):
+    if mode in ("b", "c", "f"):
         if not any(op.get("path") == label_path for op in patch) or response.get("warnings"):
             raise ModeFailed(f"mode ({mode}): expected the endpoint's patch, got {patch} "
                              f"with warnings {response.get('warnings')}")

@@ -20,25 +20,23 @@ import argparse
 import gc
 import json
 import os
-import sys
 import tempfile
 import threading
 import time
 import tracemalloc
 from typing import Any, Callable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-sys.path.insert(0, os.path.join(HERE, ".."))
+import kubernetes.client
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.task import react
 
-import kubernetes.client  # noqa: E402
-from twisted.internet.defer import Deferred, inlineCallbacks  # noqa: E402
-from twisted.internet.task import LoopingCall, react  # noqa: E402
-
-from amp.config import KubernetesConfig  # noqa: E402
-from amp.kube import KubernetesNamespaceSource, _Keep  # noqa: E402
-from amp.metrics import Metrics  # noqa: E402
-from fakekube import FakeKube  # noqa: E402
+from amp.config import KubernetesConfig
+from amp.kube import KubernetesNamespaceSource
+from amp.kube._events import Changed, WatchEvent
+from amp.kube._keep import Keep
+from amp.metrics import Metrics
+from tests.fakekube import FakeKube
+from tests.waiting import wait_until
 
 NS_PATH = "/api/v1/namespaces"
 LAST_APPLIED = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {
@@ -85,10 +83,10 @@ def traced(make: Callable[[], Any]) -> tuple[Any, int]:
     return value, held
 
 
-def memory(fake: FakeKube, keep: _Keep) -> list[tuple[str, str]]:
+def memory(fake: FakeKube, keep: Keep) -> list[tuple[str, str]]:
     body = list_body(fake)
     n = len(json.loads(body)["items"])
-    cache, cache_bytes = traced(lambda: keep.namespace_list(body)[0])
+    cache, cache_bytes = traced(lambda: keep.namespaces(keep.namespace(o) for o in json.loads(body)["items"]))
     assert len(cache) == n
     del cache
     raw, raw_bytes = traced(lambda: json.loads(body))
@@ -115,9 +113,9 @@ class CountingSource(KubernetesNamespaceSource):
     reached: Deferred | None = None
     first_at = 0.0
 
-    def _namespace_news(self, what: str, *args: Any) -> None:
-        super()._namespace_news(what, *args)
-        if what == "event":
+    def _namespace_news(self, event: WatchEvent) -> None:
+        super()._namespace_news(event)
+        if isinstance(event, Changed):
             self.applied += 1
             if not self.first_at:
                 self.first_at = time.perf_counter()
@@ -130,20 +128,6 @@ class CountingSource(KubernetesNamespaceSource):
         self.first_at = 0.0
         self.reached = Deferred()
         return self.reached
-
-
-def wait_until(reactor: Any, predicate: Callable[[], bool], timeout: float) -> Deferred:
-    deadline = reactor.seconds() + timeout
-
-    def check() -> None:
-        if predicate():
-            loop.stop()
-        elif reactor.seconds() > deadline:
-            raise RuntimeError("timed out")
-
-    loop = LoopingCall(check)
-    loop.clock = reactor
-    return loop.start(0.005)
 
 
 def in_thread(reactor: Any, work: Callable[[], Any]) -> Deferred:
@@ -168,7 +152,7 @@ def updates(fake: FakeKube, names: list[str], m: int) -> Callable[[], float]:
     return work
 
 
-def stages(keep: _Keep, source: KubernetesNamespaceSource, fake: FakeKube, m: int) -> list[tuple[str, str]]:
+def stages(keep: Keep, source: KubernetesNamespaceSource, fake: FakeKube, m: int) -> list[tuple[str, str]]:
     """Each stage alone: parsing an event line in the thread, applying it on the reactor."""
     obj = fake.get_namespace("ns-00000")
     line = json.dumps({"type": "MODIFIED", "object": obj}).encode()
@@ -180,7 +164,7 @@ def stages(keep: _Keep, source: KubernetesNamespaceSource, fake: FakeKube, m: in
     info = keep.namespace(obj)
     started = time.perf_counter()
     for _ in range(m):
-        source._namespace_news("event", "MODIFIED", info, info.resource_version)
+        source._namespace_news(Changed("MODIFIED", info, info.resource_version))
     apply = (time.perf_counter() - started) / m
     return [
         ("  thread: parse one event line", f"{parse * 1e6:.1f} us  ({1 / parse:,.0f}/s)"),
@@ -216,7 +200,7 @@ contexts: [{{name: fake, context: {{cluster: fake, user: amp}}}}]
 current-context: fake
 """)
     config = KubernetesConfig(source="kubeconfig", kubeconfig=kubeconfig, watch_timeout=600.0)
-    keep = _Keep(config)
+    keep = Keep(config)
     source = CountingSource(config, reactor=reactor, metrics=Metrics())
     try:
         started = time.perf_counter()
@@ -226,9 +210,9 @@ current-context: fake
 
         started = time.perf_counter()
         source.startService()
-        yield wait_until(reactor, lambda: source.readiness()[0], 60)
+        yield wait_until(lambda: source.readiness()[0], 60, "the first list", clock=reactor)
         rows.append(("start -> first list in the cache (ready)", f"{time.perf_counter() - started:.2f} s"))
-        yield wait_until(reactor, lambda: fake.open_watches() == 1, 10)
+        yield wait_until(lambda: fake.open_watches() == 1, 10, "the watch", clock=reactor)
         names = sorted(source._cache)
 
         m = options.events

@@ -4,7 +4,7 @@ Do N amp processes sharing one listening port serve more reviews than one?
 
 For N in C{--workers} (default 1,2) and each way of sharing the port in
 C{--share}, this starts N worker processes, each building amp's real
-service with L{amp.service.make_amp_service} (static namespaces pointing at
+service with L{amp.service.AmpService} (static namespaces pointing at
 C{bench/endpoint.py}) and serving the webhook from a shared port:
 
   - C{adopt}: this process binds and listens on one socket and passes it to
@@ -39,11 +39,8 @@ from typing import Any
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
-sys.path.insert(0, REPO)
-sys.path.insert(0, BENCH)
-
-import bodies  # noqa: E402
-from harness import (  # noqa: E402
+from bench import bodies  # noqa: E402
+from bench.harness import (  # noqa: E402
     ON, WRK_MISSING, Proc, WrkMissing, busy_seconds, cpu_seconds, ensure_wrk, free_port, machine, run_wrk, say,
 )
 
@@ -56,16 +53,14 @@ def worker(args: argparse.Namespace) -> int:
     One amp worker: amp's service, its webhook listener on the shared port.
     """
     from twisted.internet import reactor
-    from twisted.internet.defer import succeed
-    from twisted.internet.interfaces import IStreamServerEndpoint
+    from twisted.internet.endpoints import AdoptedStreamServerEndpoint
     from twisted.logger import globalLogBeginner
-    from twisted.protocols.tls import TLSMemoryBIOFactory
-    from zope.interface import implementer
 
     from amp.config import load_config
     from amp.logs import make_observer
     from amp.metrics import Metrics
-    from amp.service import make_amp_service
+    from amp.service import AmpService, namespace_source, serving_certificate
+    from amp.tls import TLSServerEndpoint
 
     config = load_config(args.config)
     log = open(args.log, "w")
@@ -81,25 +76,13 @@ def worker(args: argparse.Namespace) -> int:
         s.setblocking(False)
         fd = s.detach()
 
-    @implementer(IStreamServerEndpoint)
-    class SharedTLSEndpoint:
-        """
-        amp's TLS listener (as L{amp.tls.ReloadingTLSServerEndpoint}) on a
-        socket that is already listening.
-        """
-
-        def __init__(self, creator: Any) -> None:
-            self.creator = creator
-
-        def listen(self, factory: Any) -> Any:
-            tls = TLSMemoryBIOFactory(self.creator, False, factory, clock=reactor)
-            port = reactor.adoptStreamPort(fd, socket.AF_INET, tls)
-            os.close(fd)
-            return succeed(port)
-
     metrics = Metrics()
-    service = make_amp_service(config, reactor, metrics=metrics, install_sighup=False)
-    service.webhook.endpoint = SharedTLSEndpoint(service.certificate)
+    certificate = serving_certificate(config.tls, reactor, metrics)
+    # amp's TLS listener on the socket that is already listening.
+    webhook = TLSServerEndpoint(AdoptedStreamServerEndpoint(reactor, fd, socket.AF_INET), certificate, reactor)
+    service = AmpService(config, reactor, certificate=certificate, webhook_endpoint=webhook, metrics_endpoint=None,
+                         namespaces=namespace_source(config, reactor, metrics), metrics=metrics,
+                         install_sighup=False)
     service.startService()
 
     def reviews() -> int:
@@ -160,7 +143,7 @@ def measure(n: int, share: str, workdir: str, config: str, body: str, endpoint: 
                      pass_fds=(listener.fileno(),) if listener is not None else ())
             workers.append(p)
         for p in workers:
-            p.first_line(30)
+            p.first_line()
         if listener is not None:
             listener.close()
             listener = None
@@ -261,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         files = bodies.write_bodies(os.path.join(workdir, "bodies"), {"on": ON})
         endpoint = Proc("endpoint", [sys.executable, os.path.join(BENCH, "endpoint.py")])
         try:
-            endpoint_url = f"http://127.0.0.1:{endpoint.first_line(20)['port']}/patch"
+            endpoint_url = f"http://127.0.0.1:{endpoint.first_line()['port']}/patch"
             config = os.path.join(workdir, "amp.yaml")
             write_config(config, tls, endpoint_url)
             for share in args.share.split(","):

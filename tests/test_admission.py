@@ -29,10 +29,9 @@ from amp.deadline import Deadline
 from amp.endpoints import EndpointClient
 from amp.example_tap import build_root
 from amp.metrics import Metrics
-from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceLookupError, StaticNamespaceSource
-from amp.policy import NamespaceInfo
+from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
 from amp.review import parse_review
-from amphelpers import (
+from tests.helpers import (
     UID,
     V1BETA1,
     apply_patch,

@@ -87,7 +87,8 @@ def test_empty_config_is_all_defaults(raw: Any) -> None:
 def test_defaults_of_every_section() -> None:
     c = Config()
     assert c.listen == ListenConfig(port=8443, interface="0.0.0.0", max_body=3 * 1024 * 1024,
-                                    max_connections=1024, request_timeout=10.0, idle_timeout=60.0)
+                                    max_connections=1024, request_timeout=10.0, idle_timeout=60.0,
+                                    drain_timeout=30.0)
     assert c.tls == TLSConfig(cert="/etc/amp/tls/tls.crt", key="/etc/amp/tls/tls.key", client_ca=None,
                               min_version="1.2", reload_interval=5.0)
     assert c.metrics == MetricsConfig(port=9090, interface="0.0.0.0")
@@ -213,11 +214,12 @@ ERRORS = [
     ({"listen": {"port": 70000}}, "listen.port", "expected a port number 0-65535"),
     ({"listen": {"port": True}}, "listen.port", "expected a whole number"),
     ({"listen": {"port": 8443.5}}, "listen.port", "expected a whole number"),
-    ({"listen": {"prot": 8443}}, "listen.prot", "unknown key (known keys: idle_timeout, interface"),
+    ({"listen": {"prot": 8443}}, "listen.prot", "unknown key (known keys: drain_timeout, idle_timeout, interface"),
     ({"listen": {"interface": ""}}, "listen.interface", "non-empty string"),
     ({"listen": {"max_body": "3 megabytes"}}, "listen.max_body", "expected a size"),
     ({"listen": {"max_body": 0}}, "listen.max_body", "greater than zero"),
     ({"listen": {"max_connections": 0}}, "listen.max_connections", "greater than zero"),
+    ({"listen": {"drain_timeout": 0}}, "listen.drain_timeout", "greater than zero"),
     ({"listen": {"request_timeout": "10 seconds"}}, "listen.request_timeout", "expected a duration"),
     ({"listen": {"request_timeout": 0}}, "listen.request_timeout", "greater than zero"),
     ({"listen": {"idle_timeout": float("nan")}}, "listen.idle_timeout", "expected a duration"),

@@ -1,11 +1,12 @@
 """
-Hostile clients against an in-process amp over real loopback TLS: slow
-headers and bodies are cut off by C{listen.request_timeout} (not reset by
-each byte), connections over C{listen.max_connections} are closed at once
-while the others keep working, oversized request lines, headers and bodies
-are refused before they have arrived whole, a refused client that is still
-sending gets its answer, and a client that never reads does not hold up
-anyone else.
+Hostile clients against an in-process amp over real loopback TLS, the real
+thing behind the in-memory channel tests of test_channel.py: a trickled
+body and a trickled TLS handshake are cut off by C{listen.request_timeout}
+(not reset by each byte), connections over C{listen.max_connections} are
+closed at once while the others keep working, an oversized request line or
+header is refused before it has arrived whole, a refused client that is
+still sending gets its answer, and a client that never reads does not hold
+up anyone else.
 
 Time is real here (sockets); every wait is short and bounded: request
 timeouts of a few hundred milliseconds, and every test has a hard timeout.
@@ -21,13 +22,10 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol, wrapClientTLS
 from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import Certificate, optionsForClientTLS
-from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
-from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.trial.unittest import TestCase
 
 from amp import web
-from amp.metrics import Metrics
-from amphelpers import (
+from tests.helpers import (
     UID,
     ca_pem,
     decode_answer,
@@ -37,6 +35,7 @@ from amphelpers import (
     review_bytes,
     start_amp,
 )
+from tests.waiting import wait_until
 
 HEAD = b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
 
@@ -152,19 +151,6 @@ class HostileTestCase(TestCase):
 
 class SlowClientTests(HostileTestCase):
     @inlineCallbacks
-    def test_headers_sent_byte_by_byte_are_cut_off_at_the_request_timeout(self) -> Any:
-        """Each byte arrives well within the timeout; the whole request does not."""
-        amp = yield self.start(request_timeout="300ms")
-        c = yield self.client(amp)
-        head = post_head(10)
-        c.trickle(head, 0.02)  # the whole head would take about 2s
-        data = yield self.closed(c)
-        self.assertRefused(data, 408, b"request not received within 0.3s (listen.request_timeout)")
-        self.assertLess(c.sent, len(head))
-        self.assertGreaterEqual(c.elapsed(), 0.28)
-        self.assertLess(c.elapsed(), 1.5)
-
-    @inlineCallbacks
     def test_body_sent_byte_by_byte_is_cut_off_at_the_request_timeout(self) -> Any:
         amp = yield self.start(request_timeout="300ms")
         c = yield self.client(amp)
@@ -177,21 +163,6 @@ class SlowClientTests(HostileTestCase):
         self.assertGreaterEqual(c.elapsed(), 0.28)
         self.assertLess(c.elapsed(), 1.5)
         self.assertEqual(amp.metrics.bad_requests.labels("408")._value.get(), 1)
-
-    @inlineCallbacks
-    def test_second_request_trickled_on_a_kept_alive_connection_is_cut_off(self) -> Any:
-        """The deadline restarts with each request's first byte, and holds for that request."""
-        amp = yield self.start(request_timeout="300ms")
-        c = yield self.client(amp)
-        body = review_bytes()
-        c.send(post_head(len(body)) + body)
-        yield c.until(b'"uid"')
-        answered = len(c.received)
-        c.trickle(post_head(len(body)), 0.02)
-        started = reactor.seconds()
-        data = yield self.closed(c)
-        self.assertRefused(data[answered:], 408, b"(listen.request_timeout)")
-        self.assertLess(reactor.seconds() - started, 1.5)
 
     @inlineCallbacks
     def test_tls_handshake_sent_byte_by_byte_is_cut_off(self) -> Any:
@@ -262,33 +233,11 @@ class ConnectionCapTests(HostileTestCase):
         # A freed slot takes a new connection.
         held[0].transport.loseConnection()
         yield held[0].lost
-        yield wait_for(lambda: amp.service.site.open_connections == 1)
+        yield wait_until(lambda: amp.service.site.open_connections == 1)
         c = yield self.client(amp)
         c.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         yield c.until(b"ok\n")
         self.assertEqual(amp.service.site.open_connections, 2)
-
-
-def wait_for(predicate: Any, timeout: float = 5.0) -> Deferred:
-    """Fires once C{predicate()} is true, checked every 10ms; fails after C{timeout}."""
-    pending: list[Any] = []
-
-    def stop(_: Any) -> None:
-        for call in pending:
-            if call.active():
-                call.cancel()
-
-    d: Deferred = Deferred(stop)
-
-    def check() -> None:
-        pending.clear()
-        if predicate():
-            d.callback(None)
-        else:
-            pending.append(reactor.callLater(0.01, check))
-
-    check()
-    return d.addTimeout(timeout, reactor)
 
 
 # ---------------------------------------------------------------- oversized requests
@@ -318,70 +267,10 @@ class OversizedTests(HostileTestCase):
         self.assertEqual(amp.metrics.bad_requests.labels("414")._value.get(), 1)
 
     @inlineCallbacks
-    def test_huge_request_line_after_a_first_request(self) -> Any:
-        """On a kept-alive connection the next request's first line is a request line again."""
-        amp, data = yield self.refused_midway(
-            b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", b"GET /" + b"a" * 20000)
-        first, _, second = data.partition(b"ok\n")
-        self.assertEqual(parse_raw_response(first)[0], 200)
-        self.assertRefused(second, 414, b"request line is over 8192 bytes")
-
-    @inlineCallbacks
-    def test_malformed_request_is_400_with_a_reason(self) -> Any:
-        amp, data = yield self.refused_midway(b"NOT HTTP\r\n")
-        self.assertRefused(data, 400, b"request is not valid HTTP/1.1")
-        self.assertEqual(amp.metrics.bad_requests.labels("400")._value.get(), 1)
-
-    @inlineCallbacks
     def test_one_huge_header(self) -> Any:
         amp, data = yield self.refused_midway(HEAD + b"X-Big: " + b"b" * 20000)
         self.assertRefused(data, 431, b"a header line is over 8192 bytes")
         self.assertEqual(amp.metrics.bad_requests.labels("431")._value.get(), 1)
-
-    @inlineCallbacks
-    def test_many_headers(self) -> Any:
-        headers = b"".join(b"X-H%d: v\r\n" % i for i in range(web.WebhookChannel.maxHeaders + 1))
-        amp, data = yield self.refused_midway(HEAD + headers)
-        self.assertRefused(data, 431, b"more than %d header fields" % web.WebhookChannel.maxHeaders)
-
-    @inlineCallbacks
-    def test_headers_over_the_total_size(self) -> Any:
-        line = b"X-Pad: " + b"p" * 1000 + b"\r\n"
-        count = web.WebhookChannel.totalHeadersSize // len(line) + 1
-        self.assertLess(count, web.WebhookChannel.maxHeaders)
-        amp, data = yield self.refused_midway(HEAD + line * count)
-        self.assertRefused(data, 431, b"request headers are over %d bytes" % web.WebhookChannel.totalHeadersSize)
-
-    @inlineCallbacks
-    def test_headers_just_under_the_limits_are_served(self) -> Any:
-        """The limits leave room for real requests: 50 headers of 200 bytes go through."""
-        amp = yield self.start(request_timeout="5s")
-        c = yield self.client(amp)
-        body = review_bytes()
-        c.send(post_head(len(body), extra=b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 200) for i in range(50))) + body)
-        data = yield c.until(b'"uid"')
-        self.assertEqual(parse_raw_response(data)[0], 200)
-
-    @inlineCallbacks
-    def test_body_over_the_limit_by_content_length_is_refused_before_any_body(self) -> Any:
-        amp, data = yield self.refused_midway(post_head(10 * 1024 * 1024), max_body=4096)
-        self.assertRefused(data, 413, b"request body of 10485760 bytes is over the 4096 byte limit (listen.max_body)")
-
-    @inlineCallbacks
-    def test_chunked_body_is_refused_once_the_running_count_passes_the_limit(self) -> Any:
-        chunk = b"x" * 1000
-        chunks = [b"%x\r\n%s\r\n" % (len(chunk), chunk)] * 5  # 5000 bytes, no last chunk
-        amp, data = yield self.refused_midway(
-            HEAD + b"Transfer-Encoding: chunked\r\n\r\n", *chunks, max_body=4096)
-        self.assertRefused(data, 413, b"request body is over the 4096 byte limit (listen.max_body)")
-
-    @inlineCallbacks
-    def test_expect_continue_over_the_limit_gets_413_and_no_100(self) -> Any:
-        """curl sends Expect: 100-continue for large bodies: it must get the 413, not a 100 to go ahead."""
-        amp, data = yield self.refused_midway(
-            post_head(10 * 1024 * 1024, extra=b"Expect: 100-continue\r\n"), max_body=4096)
-        self.assertTrue(data.startswith(b"HTTP/1.1 413 "), data[:100])
-        self.assertNotIn(b"100 Continue", data)
 
     @inlineCallbacks
     def test_client_still_sending_after_413_gets_the_answer(self) -> Any:
@@ -404,7 +293,7 @@ class OversizedTests(HostileTestCase):
                 reactor.callLater(0.002, pump)
 
         pump()
-        yield wait_for(lambda: c.sent >= size or c.closed_at is not None, timeout=4.0)
+        yield wait_until(lambda: c.sent >= size or c.closed_at is not None, timeout=4.0)
         c.transport.resumeProducing()
         data = yield self.closed(c, within=4.0)
         self.assertRefused(data, 413, b"(listen.max_body)")
@@ -427,72 +316,13 @@ class NonReaderTests(HostileTestCase):
         other = yield self.client(amp)
         for n in range(1, 4):
             other.send(post_head(len(body)) + body)
-            yield wait_for(lambda: other.received.count(b"HTTP/1.1 200 OK") == n)
+            yield wait_until(lambda: other.received.count(b"HTTP/1.1 200 OK") == n)
         self.assertEqual(other.received.count(b'"uid"'), 3)
         # amp closes the greedy one within idle_timeout plus the close grace
         # (a client that does not read does not see that until it reads).
         started = reactor.seconds()
-        yield wait_for(lambda: amp.service.site.open_connections == 1, timeout=0.3 + web.CLOSE_GRACE + 3.0)
+        yield wait_until(lambda: amp.service.site.open_connections == 1, timeout=0.3 + web.CLOSE_GRACE + 3.0)
         self.assertLess(reactor.seconds() - started, 0.3 + web.CLOSE_GRACE + 1.0)
         self.assertIsNone(greedy.closed_at)
         greedy.transport.resumeProducing()
         yield self.closed(greedy)
-
-
-# ---------------------------------------------------------------- the close after a refusal (unit)
-
-
-class _Transport(StringTransport):
-    """A StringTransport that counts aborts and lets a test see producer registration."""
-
-    aborted_times = 0
-
-    def abortConnection(self) -> None:
-        self.aborted_times += 1
-        super().abortConnection()
-
-
-class LingerTests(SynchronousTestCase):
-    """
-    After a refusal amp keeps reading (and dropping) for a short, bounded
-    while, then aborts: a client cannot hold the connection by never
-    finishing its side of the close.
-    """
-
-    def channel(self, max_body: int = 1024) -> tuple[Any, _Transport, Clock]:
-        clock = Clock()
-        site = web.WebhookSite(web.webhook_root(None, clock, Metrics(), {}), reactor=clock, metrics=Metrics(),
-                               max_body=max_body, max_connections=10, request_timeout=5.0, idle_timeout=60.0)
-        channel = site.buildProtocol(None)
-        transport = _Transport()
-        channel.makeConnection(transport)
-        return channel, transport, clock
-
-    def test_refused_connection_is_aborted_after_the_grace_period(self) -> None:
-        channel, transport, clock = self.channel()
-        channel.dataReceived(post_head(10 * 1024 * 1024))
-        self.assertTrue(transport.value().startswith(b"HTTP/1.1 413 "))
-        self.assertTrue(transport.disconnecting)
-        self.assertEqual(transport.aborted_times, 0)
-        channel.dataReceived(b"z" * 1000)
-        clock.advance(web.CLOSE_GRACE - 0.01)
-        self.assertEqual(transport.aborted_times, 0)
-        clock.advance(0.01)
-        self.assertEqual(transport.aborted_times, 1)
-
-    def test_refused_connection_is_aborted_once_too_much_was_dropped(self) -> None:
-        channel, transport, clock = self.channel()
-        channel.dataReceived(post_head(10 * 1024 * 1024))
-        channel.dataReceived(b"z" * web.LINGER_BYTES)
-        self.assertEqual(transport.aborted_times, 0)
-        channel.dataReceived(b"z")
-        self.assertEqual(transport.aborted_times, 1)
-        written = transport.value()
-        channel.dataReceived(b"z" * 100)
-        self.assertEqual(transport.value(), written)
-
-    def test_closed_connection_leaves_no_timer(self) -> None:
-        channel, transport, clock = self.channel()
-        channel.dataReceived(post_head(10 * 1024 * 1024))
-        channel.connectionLost(None)
-        self.assertEqual(clock.getDelayedCalls(), [])

@@ -22,7 +22,7 @@ from zope.interface import implementer
 
 from amp.admission import STATUS_ANNOTATION
 from amp.namespaces import UNKNOWN, INamespaceSource, StaticNamespaceSource
-from amphelpers import (
+from tests.helpers import (
     UID,
     V1BETA1,
     WebhookClient,

@@ -1,587 +1,356 @@
 """
-Tests for amp.kube: the Kubernetes namespace source, driven by the real
-``kubernetes`` client against the fake API server in ``fakekube.py`` over
-loopback, on the real reactor.
+Unit tests for amp.kube, without sockets, threads or time:
 
-Changes made on the fake server travel through the watch thread and
-``callFromThread`` before the cache sees them, so tests wait for them with
-L{wait_until}, which polls on the reactor with a hard timeout.
+- the list/watch loop (L{amp.kube._watch.ListWatch}) run synchronously
+  against a scripted list/watch (L{memorykube.ScriptedLister});
+- the bridge, with a C{callFromThread} that queues or runs at once;
+- the namespace source's reactor side, fed typed events through its
+  bridges, with a C{Clock}, an in-memory client and a manual thread pool.
+
+tests/test_kube_fakeapi.py runs the whole thing with real threads and the
+real client against the fake API server.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-import time
-from typing import Any, Callable, Optional
+import json
+import threading
+from typing import Any, Callable, Iterable, Optional
 
-from twisted.internet import reactor
-from twisted.internet.defer import CancelledError, Deferred, gatherResults, inlineCallbacks
-from twisted.internet.task import Clock, LoopingCall
-from twisted.logger import globalLogPublisher
-from twisted.trial.unittest import TestCase
+from kubernetes.client.exceptions import ApiException
+from twisted.internet.defer import CancelledError
+from twisted.logger import LogLevel, globalLogPublisher
+from twisted.trial.unittest import SynchronousTestCase
+from urllib3.exceptions import MaxRetryError, ProtocolError, ReadTimeoutError
 
 from amp.config import Config, KubernetesConfig
-from amp.kube import KubernetesNamespaceSource, backoff_delay, webhook_failure_policy
+from amp.kube import STOP_WAIT, KubernetesNamespaceSource, backoff_delay, webhook_failure_policy
+from amp.kube._bridge import Bridge
+from amp.kube._events import Bookmark, Changed, Crashed, Replaced, Restarting
+from amp.kube._keep import Keep
+from amp.kube._watch import ListWatch
 from amp.metrics import Metrics
-from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceLookupError
-from amp.policy import FAIL, IGNORE, NamespaceInfo, failure_policy, route
-from fakekube import FakeKube
+from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
+from amp.policy import FAIL, IGNORE, failure_policy, route
+from tests.memorykube import (
+    MemoryKube,
+    ScriptedLister,
+    Threads,
+    ThreadReactor,
+    api_error,
+    bookmark,
+    event,
+    expired_event,
+    list_body,
+    namespace,
+)
 
 ENABLED = {"amp.txn2.com/enabled": "true"}
 EP_A = "http://ep-a.team.svc:8080/mutate"
 EP_B = "http://ep-b.team.svc:8080/mutate"
-NS_PATH = "/api/v1/namespaces"
-MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> Deferred:
-    """
-    Fires once C{predicate()} is true, checked every 10 ms on the reactor;
-    fails with AssertionError after C{timeout} seconds.
-    """
-    deadline = reactor.seconds() + timeout
-
-    def check() -> None:
-        if predicate():
-            loop.stop()
-        elif reactor.seconds() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-    loop = LoopingCall(check)
-    return loop.start(0.01, now=True).addCallback(lambda _: None)
+def kube_config(**overrides: Any) -> KubernetesConfig:
+    values: dict[str, Any] = dict(
+        source="kubeconfig", kubeconfig="/nonexistent", watch_timeout=30.0, request_timeout=2.0,
+        backoff_initial=1.0, backoff_max=8.0, miss_timeout=2.0, miss_negative_ttl=5.0)
+    values.update(overrides)
+    return KubernetesConfig(**values)
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def events(metrics: Metrics, kind: str) -> float:
-    return sample(metrics, "amp_namespace_events_total", type=kind)
+class LogCapture:
+    def __init__(self, case: SynchronousTestCase) -> None:
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        case.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def at(self, level: LogLevel) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("log_level") == level and
+                e.get("log_namespace", "").startswith("amp.kube")]
 
 
-def restarts(metrics: Metrics, reason: str) -> float:
-    return sample(metrics, "amp_namespace_watch_restarts_total", reason=reason)
+# ====================================================================== the thread side
 
 
-def misses(metrics: Metrics, result: str) -> float:
-    return sample(metrics, "amp_namespace_cache_misses_total", result=result)
+class Monotonic:
+    """A monotonic clock the script advances."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> Callable[[], None]:
+        def step() -> None:
+            self.now += seconds
+        return step
 
 
-def write_kubeconfig(path: str, url: str) -> None:
-    with open(path, "w") as f:
-        f.write(f"""\
-apiVersion: v1
-kind: Config
-clusters:
-- name: fake
-  cluster: {{server: "{url}"}}
-users:
-- name: amp
-  user: {{token: fake-token}}
-contexts:
-- name: fake
-  context: {{cluster: fake, user: amp}}
-current-context: fake
-""")
-
-
-class SourceTestCase(TestCase):
-    timeout = 15
+class ListWatchTests(SynchronousTestCase):
+    """
+    The loop, run synchronously: each test scripts what the API server
+    answers and reads what the loop emitted and how long it waited.
+    """
 
     def setUp(self) -> None:
-        self.fake = FakeKube().start()
-        self.addCleanup(self._stop_fake)
-        self.tmp = tempfile.mkdtemp(prefix="amp-test-kube-")
-        self.addCleanup(shutil.rmtree, self.tmp, True)
-        self.kubeconfig = os.path.join(self.tmp, "kubeconfig")
-        write_kubeconfig(self.kubeconfig, self.fake.url)
+        self.stop = threading.Event()
+        self.lister = ScriptedLister(self.stop)
+        self.emitted: list[Any] = []
+        self.waits: list[float] = []
+        self.clock = Monotonic()
+        self.keep = Keep(kube_config())
 
-    def _stop_fake(self) -> None:
-        self.fake.stop()
-        self.assertEqual(self.fake.errors, [])
+    def run_watch(self, random: Iterable[float] = (), wait: Optional[Callable[[float], Any]] = None,
+                  **options: Any) -> ListWatch:
+        values = iter(random)
+        options.setdefault("parse", self.keep.namespace)
+        options.setdefault("collect", self.keep.namespaces)
+        watch = ListWatch(
+            lister=self.lister, emit=self.emitted.append, stop=self.stop,
+            config=kube_config(**options.pop("config", {})), random=lambda: next(values),
+            monotonic=self.clock, wait=wait or self.waits.append, **options)
+        watch.run()
+        return watch
 
-    def kube_config(self, **overrides: Any) -> KubernetesConfig:
-        values: dict[str, Any] = dict(
-            source="kubeconfig", kubeconfig=self.kubeconfig, watch_timeout=30.0, request_timeout=2.0,
-            backoff_initial=0.01, backoff_max=0.05, miss_timeout=2.0, miss_negative_ttl=5.0)
-        values.update(overrides)
-        return KubernetesConfig(**values)
+    def timeout(self) -> Callable[[], None]:
+        """A step: the server's own timeout passes (the stream then ends)."""
+        return self.clock.advance(30)
 
-    def start(self, clock: Optional[Clock] = None, random: Callable[[], float] = lambda: 0.5,
-              **overrides: Any) -> tuple[KubernetesNamespaceSource, Metrics]:
-        metrics = Metrics()
-        source = KubernetesNamespaceSource(
-            self.kube_config(**overrides), reactor=reactor, metrics=metrics, clock=clock, random=random)
-        source.startService()
-        self.addCleanup(self._stop_source, source)
-        return source, metrics
+    def restarts(self) -> list[Restarting]:
+        return [e for e in self.emitted if isinstance(e, Restarting)]
 
-    def _stop_source(self, source: KubernetesNamespaceSource) -> Optional[Deferred]:
-        if source.running:
-            return source.stopService()
-        return None
+    def test_lists_then_watches_from_the_list_version(self) -> None:
+        self.lister.lists.append(list_body([namespace("a", "3", ENABLED), namespace("b", "4")], "10"))
+        self.lister.watches.append([
+            event("ADDED", namespace("c", "11")),
+            event("MODIFIED", namespace("a", "12", ENABLED, {"amp.txn2.com/ep": EP_A})),
+            event("DELETED", namespace("b", "13")),
+        ])
+        watch = self.run_watch()
 
-    def listed(self, source: KubernetesNamespaceSource) -> Deferred:
-        return wait_until(lambda: source.readiness()[0], what="the first list")
+        replaced, added, modified, deleted, restart = self.emitted
+        self.assertEqual(restart, Restarting("timeout", "", 0.0))
+        self.assertEqual(replaced.resource_version, "10")
+        self.assertEqual(sorted(replaced.items), ["a", "b"])
+        self.assertEqual(dict(replaced.items["a"].labels), ENABLED)
+        self.assertEqual((added.kind, added.obj.name, added.resource_version), ("ADDED", "c", "11"))
+        self.assertEqual((modified.kind, dict(modified.obj.annotations)), ("MODIFIED", {"amp.txn2.com/ep": EP_A}))
+        self.assertEqual((deleted.kind, deleted.obj.name, deleted.resource_version), ("DELETED", "b", "13"))
+        # one list; the watch asks for bookmarks from the list's version,
+        # with the server's timeout and a read timeout longer than it
+        [listed] = self.lister.requests("list")
+        self.assertEqual(listed, {"limit": None, "continue": None, "timeout": (2.0, 2.0)})
+        first = self.lister.requests("watch")[0]
+        self.assertEqual(first, {"resource_version": "10", "timeout_seconds": 30, "timeout": (2.0, 32.0)})
+        self.assertEqual(watch.resource_version, "13")
+        self.assertTrue(all(s.closed for s in self.lister.streams))
 
-    def watching(self, n: int = 1) -> None:
-        """Block (bounded) until the fake has n open watches."""
-        self.assertTrue(self.fake.wait_for_watches(n, timeout=5))
+    def test_server_timeout_resumes_from_the_last_event_at_once(self) -> None:
+        self.lister.lists.append(list_body([], "10"))
+        self.lister.watches.extend([
+            [event("ADDED", namespace("a", "11")), self.timeout()],
+            [self.timeout()],
+        ])
+        self.run_watch()
+        self.assertEqual([w["resource_version"] for w in self.lister.requests("watch")], ["10", "11", "11"])
+        self.assertEqual(self.restarts(), [Restarting("timeout", "", 0.0)] * 2)
+        self.assertEqual(self.waits, [])
+        self.assertEqual(len(self.lister.requests("list")), 1)
 
-    def watch_requests(self, path: str = NS_PATH) -> list[Any]:
-        return [r for r in self.fake.requests if r.path == path and r.query.get("watch") == "true"]
+    def test_bookmark_moves_the_resume_point_of_a_dropped_stream(self) -> None:
+        self.lister.lists.append(list_body([namespace("a", "5")], "10"))
+        self.lister.watches.extend([
+            [event("MODIFIED", namespace("a", "11")), bookmark("20"),
+             ProtocolError("Response ended prematurely")],
+        ])
+        self.run_watch(random=[0.5])
+        self.assertIn(Bookmark("20"), self.emitted)
+        [restart] = self.restarts()
+        self.assertEqual((restart.reason, restart.delay), ("dropped", 0.5))
+        self.assertIn("ProtocolError: Response ended prematurely", restart.error)
+        self.assertEqual([w["resource_version"] for w in self.lister.requests("watch")], ["10", "20"])
+        self.assertEqual(len(self.lister.requests("list")), 1, "resumed, not relisted")
+
+    def test_410_answer_to_the_watch_relists_at_once_then_backs_off(self) -> None:
+        self.lister.lists.extend([
+            list_body([namespace("a", "5"), namespace("b", "6")], "10"),
+            list_body([namespace("a", "5")], "30"),
+            list_body([namespace("a", "5")], "31"),
+        ])
+        self.lister.watches.extend([api_error(410), api_error(410), [self.timeout()]])
+        self.run_watch(random=[0.25])
+
+        lists = [e for e in self.emitted if isinstance(e, Replaced)]
+        self.assertEqual([(sorted(e.items), e.resource_version) for e in lists],
+                         [(["a", "b"], "10"), (["a"], "30"), (["a"], "31")])
+        first, second, _ = self.restarts()
+        self.assertEqual((first.reason, first.error, first.delay), ("expired", "HTTP 410 Gone", 0.0))
+        # a second 410 in a row is not retried at once
+        self.assertEqual((second.reason, second.delay), ("expired", 0.25 * 2.0))
+        self.assertEqual([w["resource_version"] for w in self.lister.requests("watch")][:3], ["10", "30", "31"])
+
+    def test_410_error_event_relists(self) -> None:
+        self.lister.lists.extend([list_body([namespace("a", "5")], "10"), list_body([], "40")])
+        self.lister.watches.extend([[event("ADDED", namespace("b", "11")), expired_event()]])
+        self.run_watch()
+        restart = self.restarts()[0]
+        self.assertEqual(restart, Restarting("expired", "Expired: too old resource version: 5 (8)", 0.0))
+        self.assertEqual(len(self.lister.requests("list")), 2)
+        self.assertEqual(self.emitted[-2:], [Restarting("expired", "Expired: too old resource version: 5 (8)", 0.0),
+                                             Replaced({}, "40")])
+        self.assertEqual([w["resource_version"] for w in self.lister.requests("watch")], ["10", "40"])
+
+    def test_other_error_event_backs_off_and_resumes_without_relisting(self) -> None:
+        self.lister.lists.append(list_body([], "10"))
+        failure = {"type": "ERROR", "object": {"kind": "Status", "code": 500, "reason": "InternalError",
+                                               "message": "etcd is sad"}}
+        self.lister.watches.extend([[event("ADDED", namespace("a", "11")), failure]])
+        self.run_watch(random=[0.5])
+        self.assertEqual(self.restarts(), [Restarting("error", "_WatchError: ERROR event 500 InternalError: etcd is sad",
+                                                      0.5)])
+        self.assertEqual(self.waits, [0.5])
+        self.assertEqual([w["resource_version"] for w in self.lister.requests("watch")], ["10", "11"])
+        self.assertEqual(len(self.lister.requests("list")), 1)
+
+    def test_backoff_is_exponential_capped_fully_jittered_and_reset_by_progress(self) -> None:
+        self.lister.lists.extend([api_error(503)] * 5 + [list_body([], "10")])
+        self.lister.watches.extend([
+            [event("ADDED", namespace("a", "11")), ProtocolError("cut")],
+            ProtocolError("refused"),
+        ])
+        # initial 1s, cap 8s: ceilings 1, 2, 4, 8, 8; then progress resets to 1, 2
+        self.run_watch(random=[1.0, 0.5, 1.0, 0.25, 1.0, 1.0, 0.75])
+        self.assertEqual(self.waits, [1.0, 1.0, 4.0, 2.0, 8.0, 1.0, 1.5])
+        self.assertEqual([r.reason for r in self.restarts()], ["error"] * 5 + ["dropped", "error"])
+        self.assertEqual(self.restarts()[0].error, "HTTP 503 Service Unavailable")
+
+    def test_stalled_stream_restarts_from_the_last_version(self) -> None:
+        self.lister.lists.append(list_body([], "10"))
+        self.lister.watches.extend([
+            [event("ADDED", namespace("a", "11")), ReadTimeoutError(None, "/api/v1/namespaces", "Read timed out.")],
+            MaxRetryError(None, "/api/v1/namespaces", ReadTimeoutError(None, "/", "Read timed out.")),
+        ])
+        self.run_watch(random=[0.5, 0.5])
+        first, second = self.restarts()
+        self.assertEqual((first.reason, first.delay), ("stalled", 0.5))
+        self.assertIn("ReadTimeoutError", first.error)
+        self.assertEqual((second.reason, second.delay), ("stalled", 1.0))
+        self.assertEqual([w["resource_version"] for w in self.lister.requests("watch")], ["10", "11", "11"])
+
+    def test_a_stream_that_ends_at_once_without_events_backs_off(self) -> None:
+        self.lister.lists.append(list_body([], "10"))
+        self.lister.watches.extend([[], []])
+        self.run_watch(random=[0.5, 0.5])
+        self.assertEqual(self.restarts(), [Restarting("timeout", "the watch ended early without events", 0.5),
+                                           Restarting("timeout", "the watch ended early without events", 1.0)])
+
+    def test_unreadable_line_backs_off_and_resumes(self) -> None:
+        self.lister.lists.append(list_body([], "10"))
+        self.lister.watches.extend([[event("ADDED", namespace("a", "11")), b"{not json"]])
+        self.run_watch(random=[0.5])
+        [restart] = self.restarts()
+        self.assertEqual(restart.reason, "error")
+        self.assertIn("JSONDecodeError", restart.error)
+        self.assertEqual(self.lister.requests("watch")[-1]["resource_version"], "11")
+
+    def test_stop_mid_stream_ends_the_loop_without_a_restart(self) -> None:
+        self.lister.lists.append(list_body([], "10"))
+        self.lister.watches.extend([
+            [event("ADDED", namespace("a", "11")), self.stop.set, event("ADDED", namespace("b", "12"))],
+        ])
+        self.run_watch()
+        self.assertEqual([type(e) for e in self.emitted], [Replaced, Changed])
+        self.assertEqual(len(self.lister.requests("watch")), 1)
+        self.assertTrue(self.lister.streams[0].closed)
+
+    def test_stop_while_backing_off_ends_the_loop(self) -> None:
+        self.lister.lists.extend([api_error(500), list_body([], "10")])
+
+        def wait(delay: float) -> None:
+            self.waits.append(delay)
+            self.stop.set()
+
+        self.run_watch(random=[0.5], wait=wait)
+        self.assertEqual(self.waits, [0.5])
+        self.assertEqual(len(self.lister.calls), 1)
+
+    def test_an_error_after_stop_is_not_reported(self) -> None:
+        def failing() -> None:
+            self.stop.set()
+            raise OSError("socket shut down by stopService")
+
+        self.lister.lists.append(list_body([], "10"))
+        self.lister.watches.append([failing])
+        self.run_watch()
+        self.assertEqual(self.restarts(), [])
+
+    def test_a_bug_in_the_loop_is_reported_as_crashed(self) -> None:
+        self.lister.lists.append(api_error(500))
+
+        def broken(delay: float) -> None:
+            raise RuntimeError("bug")
+
+        watch = ListWatch(lister=self.lister, parse=self.keep.namespace, emit=self.emitted.append,
+                          stop=self.stop, config=kube_config(), random=lambda: 0.5, wait=broken)
+        watch.run_guarded()
+        self.assertEqual(self.emitted[-1], Crashed("RuntimeError: bug"))
+
+    def test_pages_are_joined_and_an_expired_continue_token_relists(self) -> None:
+        self.lister.lists.extend([
+            list_body([namespace("a", "1"), namespace("b", "2")], "10", continue_token="t1"),
+            api_error(410),
+            list_body([namespace("a", "1"), namespace("b", "2")], "20", continue_token="t2"),
+            list_body([namespace("c", "3")], "20"),
+        ])
+        self.run_watch(page_size=2)
+        lists = [e for e in self.emitted if isinstance(e, Replaced)]
+        self.assertEqual([(sorted(e.items), e.resource_version) for e in lists], [(["a", "b", "c"], "20")])
+        self.assertEqual([(r["limit"], r["continue"]) for r in self.lister.requests("list")],
+                         [(2, None), (2, "t1"), (2, None), (2, "t2")])
+        self.assertEqual(self.restarts()[0].reason, "expired")
+
+    def test_only_wanted_kinds_and_kept_objects_are_emitted_but_all_move_the_version(self) -> None:
+        def parse(obj: dict[str, Any]) -> Optional[str]:
+            name = obj["metadata"]["name"]
+            return None if name.startswith("skip") else name
+
+        self.lister.lists.append(list_body([namespace("a", "1"), namespace("skip-1", "2")], "10"))
+        self.lister.watches.extend([
+            [event("ADDED", namespace("b", "11")), event("ADDED", namespace("skip-2", "12")),
+             event("MODIFIED", namespace("b", "13")), self.timeout()],
+        ])
+        self.run_watch(parse=parse, collect=tuple, kinds={"ADDED"})
+        self.assertEqual(self.emitted[0], Replaced(("a",), "10"))
+        self.assertEqual([e for e in self.emitted if isinstance(e, Changed)], [Changed("ADDED", "b", "11")])
+        self.assertEqual(self.lister.requests("watch")[-1]["resource_version"], "13")
 
 
-# ------------------------------------------------------------ list, watch, readiness
+def test_backoff_is_exponential_capped_and_fully_jittered() -> None:
+    top = [backoff_delay(n, 0.5, 30.0, lambda: 1.0) for n in range(9)]
+    assert top == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert [backoff_delay(n, 0.5, 30.0, lambda: 0.0) for n in range(9)] == [0.0] * 9
+    assert backoff_delay(3, 0.5, 30.0, lambda: 0.25) == 1.0
+    assert backoff_delay(10_000, 0.5, 30.0, lambda: 0.5) == 15.0
 
 
-class ListAndWatchTests(SourceTestCase):
+class KeepTests(SynchronousTestCase):
 
-    @inlineCallbacks
-    def test_first_list_fills_cache_and_flips_readiness(self) -> Any:
-        self.fake.add_namespace("team-a", labels={**ENABLED, "team": "a"}, annotations={
+    def test_only_the_label_and_amps_annotations_are_kept(self) -> None:
+        keep = Keep(kube_config())
+        info = keep.namespace(namespace("team-a", "7", {**ENABLED, "team": "a"}, {
             "amp.txn2.com/ep": EP_A, "amp.txn2.com/failure-policy": "Ignore",
-            "kubectl.kubernetes.io/last-applied-configuration": "{" + "x" * 500 + "}"})
-        self.fake.add_namespace("team-b")
-        self.fake.add_namespace("kube-system")
-        source, metrics = self.start()
-        self.assertTrue(INamespaceSource.providedBy(source))
-        self.assertEqual(source.readiness(), (False, "waiting for the first namespace list"))
-        self.assertIs(source.cached("team-a"), UNKNOWN)
-
-        yield self.listed(source)
-
-        ready, detail = source.readiness()
-        self.assertTrue(ready)
-        self.assertRegex(detail, r"^3 namespaces, last event \d+s ago$")
-        self.assertEqual(source.count, 3)
-        self.assertEqual(sample(metrics, "amp_namespace_cache_namespaces"), 3)
-        info = source.cached("team-a")
+            "kubectl.kubernetes.io/last-applied-configuration": "{" + "x" * 500 + "}"}))
         self.assertIsInstance(info, NamespaceInfo)
-        # only what amp reads is kept
+        self.assertEqual((info.name, info.resource_version), ("team-a", "7"))
         self.assertEqual(dict(info.labels), ENABLED)
         self.assertEqual(dict(info.annotations), {"amp.txn2.com/ep": EP_A, "amp.txn2.com/failure-policy": "Ignore"})
-        self.assertEqual(info.resource_version, self.fake.get_namespace("team-a")["metadata"]["resourceVersion"])
-        self.assertEqual(dict(source.cached("team-b").annotations), {})
-        self.assertIs(source.cached("never-seen"), UNKNOWN)
-        # the watch starts from the list's resourceVersion, with bookmarks and both timeouts
-        self.watching()
-        lists = [r for r in self.fake.requests if r.path == NS_PATH and "watch" not in r.query]
-        self.assertEqual(len(lists), 1)
-        watch = self.watch_requests()[0]
-        self.assertEqual(watch.query["resourceVersion"], self.fake.resource_version)
-        self.assertEqual(watch.query["allowWatchBookmarks"], "true")
-        self.assertEqual(watch.query["timeoutSeconds"], "30")
-
-    @inlineCallbacks
-    def test_annotation_change_reaches_cached_and_route(self) -> Any:
-        self.fake.add_namespace("team-a", labels=ENABLED, annotations={"amp.txn2.com/ep": EP_A})
-        source, metrics = self.start()
-        config = Config(kubernetes=source._config)
-        yield self.listed(source)
-        self.assertEqual(route(source.cached("team-a"), config, None).raw_url, EP_A)
-        self.watching()
-
-        self.fake.update_namespace("team-a", annotations={"amp.txn2.com/ep": EP_B})
-        yield wait_until(lambda: source.cached("team-a").annotations.get("amp.txn2.com/ep") == EP_B)
-        decision = route(source.cached("team-a"), config, None)
-        self.assertEqual(decision.raw_url, EP_B)
-        self.assertEqual(decision.url.origin, "http://ep-b.team.svc:8080")
-
-        self.fake.update_namespace("team-a", labels={})
-        yield wait_until(lambda: not source.cached("team-a").labels)
-        self.assertFalse(route(source.cached("team-a"), config, None).enabled)
-
-        self.fake.add_namespace("team-new", labels=ENABLED, annotations={"amp.txn2.com/ep": EP_A})
-        yield wait_until(lambda: source.cached("team-new") is not UNKNOWN)
-        self.assertEqual(route(source.cached("team-new"), config, None).raw_url, EP_A)
-        self.fake.delete_namespace("team-new")
-        yield wait_until(lambda: source.cached("team-new") is UNKNOWN)
-        self.assertEqual((events(metrics, "MODIFIED"), events(metrics, "ADDED"), events(metrics, "DELETED")),
-                         (2, 1, 1))
-
-    @inlineCallbacks
-    def test_dropped_watch_resumes_from_last_bookmark_nothing_lost_or_doubled(self) -> Any:
-        for name in ("a", "b", "c"):
-            self.fake.add_namespace(name, labels=ENABLED)
-        source, metrics = self.start(random=lambda: 0.0)
-        yield self.listed(source)
-        self.watching()
-        self.fake.update_namespace("a", annotations={"amp.txn2.com/ep": EP_A})
-        # A change the namespace watch does not see moves the revision on;
-        # the bookmark then carries a revision newer than any namespace event.
-        self.fake.put_webhook_configuration("unrelated", [{"name": "x.example.com"}])
-        bookmark_rv = self.fake.resource_version
-        self.fake.bookmark()
-        yield wait_until(lambda: source.resource_version == bookmark_rv, what="the bookmark")
-        self.assertEqual(events(metrics, "BOOKMARK"), 1)
-
-        self.assertEqual(self.fake.drop_watches(), 1)
-        self.fake.update_namespace("b", annotations={"amp.txn2.com/ep": EP_B})
-        self.fake.add_namespace("d", labels=ENABLED)
-        self.fake.delete_namespace("c")
-        yield wait_until(lambda: source.cached("d") is not UNKNOWN and source.cached("c") is UNKNOWN)
-        yield wait_until(lambda: source.resource_version == self.fake.resource_version)
-
-        watches = self.watch_requests()
-        self.assertEqual(len(watches), 2)
-        self.assertEqual(watches[1].query["resourceVersion"], bookmark_rv)
-        self.assertEqual(restarts(metrics, "dropped"), 1)
-        # every change applied exactly once, and no relist
-        self.assertEqual((events(metrics, "MODIFIED"), events(metrics, "ADDED"), events(metrics, "DELETED")),
-                         (2, 1, 1))
-        self.assertEqual(len([r for r in self.fake.requests if r.path == NS_PATH and "watch" not in r.query]), 1)
-        self.assertEqual(source.cached("b").annotations["amp.txn2.com/ep"], EP_B)
-        self.assertEqual(sorted(source._cache), ["a", "b", "d"])
-
-    @inlineCallbacks
-    def _expired_relists(self, expired_as: str) -> Any:
-        self.fake.stop()
-        self.fake = FakeKube(expired_as=expired_as).start()
-        write_kubeconfig(self.kubeconfig, self.fake.url)
-        for name in ("a", "b", "c"):
-            self.fake.add_namespace(name, labels=ENABLED)
-        source, metrics = self.start(random=lambda: 0.0)
-        yield self.listed(source)
-        self.watching()
-        # Hold the reconnect at the server while namespaces change and the
-        # history the resume needs is compacted away.
-        self.fake.set_delay(0.5, NS_PATH)
-        self.fake.drop_watches()
-        self.assertTrue(self.fake.wait_for_requests(2, NS_PATH, watch=True))
-        self.fake.set_delay(0)
-        self.fake.delete_namespace("c")
-        self.fake.add_namespace("d")
-        self.fake.update_namespace("a", annotations={"amp.txn2.com/mode": "shadow"})
-        self.fake.expire_history()
-
-        yield wait_until(lambda: restarts(metrics, "expired") == 1, what="the 410")
-        yield wait_until(lambda: source.cached("d") is not UNKNOWN, what="the relist")
-        self.assertEqual(sorted(source._cache), ["a", "b", "d"])
-        self.assertIs(source.cached("c"), UNKNOWN)
-        self.assertEqual(source.cached("a").annotations, {"amp.txn2.com/mode": "shadow"})
-        self.assertEqual(source.count, 3)
-        self.assertEqual(sample(metrics, "amp_namespace_cache_namespaces"), 3)
-        # the deletion was never seen as an event: the relist replaced the cache
-        self.assertEqual(events(metrics, "DELETED"), 0)
-        self.assertEqual(len([r for r in self.fake.requests if r.path == NS_PATH and "watch" not in r.query]), 2)
-        self.watching()
-        self.assertEqual(self.watch_requests()[-1].query["resourceVersion"], self.fake.resource_version)
-
-    def test_expired_event_relists_and_drops_deleted_namespaces(self) -> Deferred:
-        return self._expired_relists("event")
-
-    def test_expired_http_answer_relists_and_drops_deleted_namespaces(self) -> Deferred:
-        return self._expired_relists("http")
-
-    @inlineCallbacks
-    def test_silent_watch_is_restarted(self) -> Any:
-        self.fake.add_namespace("a")
-        # the server ends a watch after 1 s; a stream silent for 1 + 0.5 s is dead
-        source, metrics = self.start(watch_timeout=1.0, request_timeout=0.5, random=lambda: 0.0)
-        yield self.listed(source)
-        self.watching()
-        self.fake.set_delay(5.0, NS_PATH)
-        self.fake.drop_watches()
-        yield wait_until(lambda: restarts(metrics, "stalled") >= 1, what="the stalled restart")
-        self.assertIn("watch restarting after stalled", source.readiness()[1])
-        self.fake.set_delay(0)
-        self.fake.update_namespace("a", annotations={"amp.txn2.com/ep": EP_A})
-        yield wait_until(lambda: source.cached("a").annotations.get("amp.txn2.com/ep") == EP_A)
-        # a live stream again: readiness no longer reports the restart
-        self.assertNotIn("restarting", source.readiness()[1])
-
-    @inlineCallbacks
-    def test_server_timeout_restarts_the_watch_from_the_last_revision(self) -> Any:
-        self.fake.add_namespace("a")
-        source, metrics = self.start(watch_timeout=1.0, request_timeout=1.0)
-        yield self.listed(source)
-        self.fake.update_namespace("a", annotations={"amp.txn2.com/ep": EP_A})
-        rv = self.fake.resource_version
-        yield wait_until(lambda: len(self.watch_requests()) >= 2, what="a second watch")
-        self.assertEqual(self.watch_requests()[1].query["resourceVersion"], rv)
-        self.assertGreaterEqual(restarts(metrics, "timeout"), 1)
-        ready, detail = source.readiness()
-        self.assertTrue(ready)
-        self.assertNotIn("restarting", detail)
-
-    @inlineCallbacks
-    def test_errors_back_off_exponentially_capped(self) -> Any:
-        delays: list[float] = []
-
-        def observe(event: dict) -> None:
-            if event.get("log_namespace", "").startswith("amp.kube") and "delay" in event:
-                delays.append(event["delay"])
-
-        globalLogPublisher.addObserver(observe)
-        self.addCleanup(globalLogPublisher.removeObserver, observe)
-        self.fake.add_namespace("a")
-        self.fake.fail_next(5, status=503, path_prefix=NS_PATH)
-        source, metrics = self.start(backoff_initial=0.01, backoff_max=0.04, random=lambda: 1.0)
-        self.assertFalse(source.readiness()[0])
-        yield self.listed(source)
-        self.assertEqual(delays, [0.01, 0.02, 0.04, 0.04, 0.04])
-        self.assertEqual(restarts(metrics, "error"), 5)
-
-    @inlineCallbacks
-    def test_readiness_reports_why_the_first_list_fails(self) -> Any:
-        self.fake.fail_next(1000, status=403, path_prefix=NS_PATH)
-        source, metrics = self.start()
-        yield wait_until(lambda: restarts(metrics, "error") >= 2)
-        ready, detail = source.readiness()
-        self.assertFalse(ready)
-        self.assertIn("waiting for the first namespace list", detail)
-        self.assertIn("HTTP 403", detail)
-
-
-# ------------------------------------------------------------ stopping
-
-
-class StopTests(SourceTestCase):
-
-    @inlineCallbacks
-    def _stops_within_a_second(self, source: KubernetesNamespaceSource) -> Any:
-        [thread] = source.threads
-        self.assertTrue(thread.is_alive())
-        started = time.monotonic()
-        yield source.stopService()
-        elapsed = time.monotonic() - started
-        self.assertFalse(thread.is_alive())
-        self.assertLess(elapsed, 1.0)
-        self.assertTrue(self.fake.wait_for_no_watches(2))
-
-    @inlineCallbacks
-    def test_stop_while_watching(self) -> Any:
-        self.fake.add_namespace("a")
-        source, _ = self.start()
-        yield self.listed(source)
-        self.watching()
-        yield self._stops_within_a_second(source)
-        self.assertIs(source.readiness()[0], False)
-
-    @inlineCallbacks
-    def test_stop_while_the_list_is_slow(self) -> Any:
-        self.fake.set_delay(10.0, NS_PATH)
-        source, _ = self.start(request_timeout=10.0)
-        self.assertTrue(self.fake.wait_for_requests(1, NS_PATH))
-        yield self._stops_within_a_second(source)
-
-    @inlineCallbacks
-    def test_stop_while_backing_off(self) -> Any:
-        self.fake.fail_next(1000, status=500, path_prefix=NS_PATH)
-        source, metrics = self.start(backoff_initial=30.0, backoff_max=30.0, random=lambda: 0.99)
-        yield wait_until(lambda: restarts(metrics, "error") == 1)
-        yield self._stops_within_a_second(source)
-
-    @inlineCallbacks
-    def test_stopped_source_answers_lookups_with_an_error(self) -> Any:
-        self.fake.add_namespace("a")
-        source, metrics = self.start()
-        yield self.listed(source)
-        yield source.stopService()
-        self.assertTrue(self.fake.wait_for_no_watches(2))
-        self.assertEqual(source.readiness(), (False, "not started"))
-        yield self.assertFailure(source.fetch("b", 1.0), NamespaceLookupError)
-        self.assertEqual(self.fake.count(NS_PATH + "/b"), 0)
-
-
-# ------------------------------------------------------------ cache misses
-
-
-class FetchTests(SourceTestCase):
-
-    @inlineCallbacks
-    def hold_watch(self, source: KubernetesNamespaceSource) -> Any:
-        """
-        List, then hold the watch's reconnect at the server for 3 s, so that
-        namespaces created meanwhile are unknown to the cache.
-        """
-        yield self.listed(source)
-        self.watching()
-        self.fake.set_delay(3.0, NS_PATH)
-        self.fake.drop_watches()
-        self.assertTrue(self.fake.wait_for_requests(2, NS_PATH, watch=True))
-        self.fake.set_delay(0)
-
-    @inlineCallbacks
-    def test_concurrent_misses_share_one_get(self) -> Any:
-        source, metrics = self.start()
-        yield self.hold_watch(source)
-        self.fake.add_namespace("late", labels=ENABLED, annotations={"amp.txn2.com/ep": EP_A})
-        self.assertIs(source.cached("late"), UNKNOWN)
-        self.fake.set_delay(0.2, NS_PATH + "/late")
-
-        waiters = [source.fetch("late", 2.0) for _ in range(5)]
-        waiters[1].cancel()
-        results = yield gatherResults([waiters[i] for i in (0, 2, 3, 4)])
-
-        self.assertEqual(self.fake.count(NS_PATH + "/late"), 1)
-        self.assertFailure(waiters[1], CancelledError)
-        yield waiters[1]
-        for info in results:
-            self.assertEqual(info.name, "late")
-            self.assertEqual(dict(info.annotations), {"amp.txn2.com/ep": EP_A})
-        self.assertEqual(misses(metrics, "found"), 4)
-        # the answer is cached: the next review needs no GET
-        self.assertEqual(source.cached("late"), results[0])
-        self.assertEqual(events(metrics, "ADDED"), 0)
-
-    @inlineCallbacks
-    def test_missing_namespace_is_remembered_for_the_ttl(self) -> Any:
-        clock = Clock()
-        source, metrics = self.start(clock=clock, miss_negative_ttl=5.0)
-        yield self.listed(source)
-        self.watching()
-
-        self.assertIsNone((yield source.fetch("ghost", 2.0)))
-        self.assertEqual(self.fake.count(NS_PATH + "/ghost"), 1)
-        self.assertEqual(misses(metrics, "not-found"), 1)
-        self.assertIsNone(source.cached("ghost"))
-        clock.advance(4.9)
-        self.assertIsNone(source.cached("ghost"))
-        self.assertRegex(source.readiness()[1], r"last event 5s ago")
-        clock.advance(0.2)
-        self.assertIs(source.cached("ghost"), UNKNOWN)
-        self.assertIsNone((yield source.fetch("ghost", 2.0)))
-        self.assertEqual(self.fake.count(NS_PATH + "/ghost"), 2)
-
-        # a namespace created meanwhile is known as soon as the watch says so
-        self.assertIsNone(source.cached("ghost"))
-        self.fake.add_namespace("ghost", labels=ENABLED)
-        yield wait_until(lambda: source.cached("ghost") is not None)
-        self.assertEqual(source.cached("ghost").name, "ghost")
-
-    @inlineCallbacks
-    def test_lookup_errors_fail_with_namespace_lookup_error(self) -> Any:
-        source, metrics = self.start()
-        yield self.hold_watch(source)
-        self.fake.fail_next(1, status=500, path_prefix=NS_PATH + "/boom")
-        failure = yield self.assertFailure(source.fetch("boom", 2.0), NamespaceLookupError)
-        self.assertIn("HTTP 500", str(failure))
-        self.assertIs(source.cached("boom"), UNKNOWN)
-        self.assertEqual(misses(metrics, "error"), 1)
-
-    @inlineCallbacks
-    def test_slow_lookup_times_out_once_without_retries(self) -> Any:
-        source, metrics = self.start()
-        yield self.hold_watch(source)
-        self.fake.add_namespace("slow")
-        self.fake.set_delay(2.0, NS_PATH + "/slow")
-        started = time.monotonic()
-        yield self.assertFailure(source.fetch("slow", 0.3), NamespaceLookupError)
-        self.assertLess(time.monotonic() - started, 1.0)
-        self.assertEqual(self.fake.count(NS_PATH + "/slow"), 1)
-
-    @inlineCallbacks
-    def test_per_review_get_mode_gets_every_time(self) -> Any:
-        self.fake.add_namespace("team-a", labels=ENABLED, annotations={"amp.txn2.com/ep": EP_A})
-        source, metrics = self.start(per_review_get=True)
-        self.assertEqual(source.threads, ())
-        self.assertEqual(source.readiness(), (True, "per-review GET mode: no namespace cache"))
-        self.assertIs(source.cached("team-a"), UNKNOWN)
-        first, second = yield gatherResults([source.fetch("team-a", 2.0), source.fetch("team-a", 2.0)])
-        self.assertEqual(first, second)
-        self.assertEqual(first.annotations["amp.txn2.com/ep"], EP_A)
-        self.assertIsNone((yield source.fetch("nope", 2.0)))
-        self.assertIsNone((yield source.fetch("nope", 2.0)))
-        self.assertEqual(self.fake.count(NS_PATH + "/team-a"), 2)
-        self.assertEqual(self.fake.count(NS_PATH + "/nope"), 2)
-        self.assertEqual(self.fake.count(NS_PATH, watch=True), 0)
-        self.assertIs(source.cached("team-a"), UNKNOWN)
-        self.assertEqual(misses(metrics, "found"), 2)
-
-
-# ------------------------------------------------------------ configuration
-
-
-class ConnectionTests(SourceTestCase):
-
-    @inlineCallbacks
-    def test_bad_kubeconfig_is_a_clear_readiness_error(self) -> Any:
-        source, _ = self.start(kubeconfig=os.path.join(self.tmp, "missing"))
-        ready, detail = source.readiness()
-        self.assertFalse(ready)
-        self.assertIn("cannot load the Kubernetes client configuration from kubeconfig", detail)
-        self.assertEqual(source.threads, ())
-        failure = yield self.assertFailure(source.fetch("a", 1.0), NamespaceLookupError)
-        self.assertIn("cannot load", str(failure))
-
-    def test_in_cluster_outside_a_cluster_is_a_clear_readiness_error(self) -> None:
-        source, _ = self.start(source="cluster", kubeconfig=None)
-        ready, detail = source.readiness()
-        self.assertFalse(ready)
-        self.assertIn("in-cluster service account", detail)
-
-    @inlineCallbacks
-    def test_kubeconfig_context_is_used(self) -> Any:
-        other = FakeKube().start()
-        self.addCleanup(other.stop)
-        other.add_namespace("only-on-other")
-        with open(self.kubeconfig, "w") as f:
-            f.write(f"""\
-apiVersion: v1
-kind: Config
-clusters:
-- {{name: fake, cluster: {{server: "{self.fake.url}"}}}}
-- {{name: other, cluster: {{server: "{other.url}"}}}}
-users:
-- {{name: amp, user: {{token: t}}}}
-contexts:
-- {{name: fake, context: {{cluster: fake, user: amp}}}}
-- {{name: other, context: {{cluster: other, user: amp}}}}
-current-context: fake
-""")
-        source, _ = self.start(context="other")
-        yield self.listed(source)
-        self.assertIsNot(source.cached("only-on-other"), UNKNOWN)
-        self.assertEqual(self.fake.count(NS_PATH), 0)
-
-
-# ------------------------------------------------------------ failure_policy: auto
-
-
-class WebhookConfigurationTests(SourceTestCase):
-
-    @inlineCallbacks
-    def test_auto_failure_policy_follows_the_webhook_configuration(self) -> Any:
-        self.fake.add_namespace("team-a", labels=ENABLED, annotations={"amp.txn2.com/ep": EP_A})
-        self.fake.put_webhook_configuration("amp", [
-            {"name": "other.amp.txn2.com", "failurePolicy": "Fail"},
-            {"name": "pods.amp.txn2.com", "failurePolicy": "Ignore"},
-        ])
-        self.fake.set_delay(0.3, MWC_PATH)
-        source, metrics = self.start(webhook_configuration="amp", webhook_name="pods.amp.txn2.com")
-        self.assertEqual(len(source.threads), 2)
-        config = Config(kubernetes=source._config, failure_policy="auto")
-        yield wait_until(lambda: source.count == 1, what="the namespace list")
-        ready, detail = source.readiness()
-        self.assertFalse(ready)
-        self.assertIn("waiting for the first list of MutatingWebhookConfiguration amp", detail)
-        self.assertIsNone(source.cluster_failure_policy())
-        self.fake.set_delay(0)
-
-        yield self.listed(source)
-        self.assertEqual(source.cluster_failure_policy(), IGNORE)
-        self.assertEqual(failure_policy(source.cached("team-a"), config, source.cluster_failure_policy()), IGNORE)
-        self.assertEqual(route(source.cached("team-a"), config, source.cluster_failure_policy()).failure_policy,
-                         IGNORE)
-        query = [r for r in self.fake.requests if r.path == MWC_PATH][0].query
-        self.assertEqual(query["fieldSelector"], "metadata.name=amp")
-
-        self.fake.put_webhook_configuration("amp", [{"name": "pods.amp.txn2.com", "failurePolicy": "Fail"}])
-        yield wait_until(lambda: source.cluster_failure_policy() == FAIL)
-        self.fake.put_webhook_configuration("someone-else", [{"name": "x", "failurePolicy": "Ignore"}])
-        self.fake.delete_webhook_configuration("amp")
-        yield wait_until(lambda: source.cluster_failure_policy() is None)
-        self.assertEqual(failure_policy(source.cached("team-a"), config, source.cluster_failure_policy()), FAIL)
-        self.fake.put_webhook_configuration("amp", [{"name": "pods.amp.txn2.com", "failurePolicy": "Ignore"}])
-        yield wait_until(lambda: source.cluster_failure_policy() == IGNORE)
-        # webhook events are not namespace events
-        self.assertEqual(events(metrics, "ADDED") + events(metrics, "MODIFIED") + events(metrics, "DELETED"), 0)
-        yield source.stopService()
-        self.assertEqual([t for t in source.threads if t.is_alive()], [])
+        bare = keep.namespace(namespace("team-b"))
+        self.assertEqual((dict(bare.labels), dict(bare.annotations)), ({}, {}))
 
     def test_webhook_entry_selection(self) -> None:
         obj = {"webhooks": [{"name": "a", "failurePolicy": "Ignore"}, {"name": "b"}]}
@@ -593,13 +362,394 @@ class WebhookConfigurationTests(SourceTestCase):
         self.assertIsNone(webhook_failure_policy(None, None))
 
 
-# ------------------------------------------------------------ backoff
+# ====================================================================== the bridge
 
 
-def test_backoff_is_exponential_capped_and_fully_jittered() -> None:
-    top = [backoff_delay(n, 0.5, 30.0, lambda: 1.0) for n in range(9)]
-    assert top == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
-    assert [backoff_delay(n, 0.5, 30.0, lambda: 0.0) for n in range(9)] == [0.0] * 9
-    assert backoff_delay(3, 0.5, 30.0, lambda: 0.25) == 1.0
-    assert backoff_delay(10_000, 0.5, 30.0, lambda: 0.5) == 15.0
+class BridgeTests(SynchronousTestCase):
 
+    def test_events_reach_the_handler_only_through_call_from_thread_in_order(self) -> None:
+        reactor = ThreadReactor(queue_from_threads=True)
+        seen: list[Any] = []
+        finished: list[bool] = []
+        bridge = Bridge(reactor, seen.append, on_finished=lambda: finished.append(True))
+        bridge(Replaced({}, "1"))
+        bridge(Bookmark("2"))
+        self.assertEqual(seen, [], "nothing runs in the calling thread")
+        self.assertEqual(reactor.deliver(), 2)
+        self.assertEqual(seen, [Replaced({}, "1"), Bookmark("2")])
+
+    def test_closed_bridge_drops_news_in_flight_but_still_says_the_thread_ended(self) -> None:
+        reactor = ThreadReactor(queue_from_threads=True)
+        seen: list[Any] = []
+        finished: list[bool] = []
+        bridge = Bridge(reactor, seen.append, on_finished=lambda: finished.append(True))
+        bridge(Bookmark("1"))
+        bridge.close()
+        bridge(Bookmark("2"))
+        bridge.finished()
+        reactor.deliver()
+        self.assertEqual((seen, finished), ([], [True]))
+
+    def test_events_are_immutable(self) -> None:
+        from dataclasses import FrozenInstanceError
+
+        with self.assertRaises(FrozenInstanceError):
+            Bookmark("1").resource_version = "2"  # type: ignore[misc]
+
+
+# ====================================================================== the reactor side
+
+
+class SourceTestCase(SynchronousTestCase):
+    """
+    A source on a L{ThreadReactor}: watch threads are recorded, not
+    started; tests send typed events through the source's own bridges.
+    """
+
+    def setUp(self) -> None:
+        self.reactor = ThreadReactor()
+        self.kube = MemoryKube()
+        self.threads = Threads()
+        self.metrics = Metrics()
+        self.logs = LogCapture(self)
+        self.first_lists: list[bool] = []
+
+    def start(self, **overrides: Any) -> KubernetesNamespaceSource:
+        source = KubernetesNamespaceSource(
+            kube_config(**overrides), reactor=self.reactor, metrics=self.metrics, random=lambda: 0.5,
+            on_first_list=lambda: self.first_lists.append(True), client_factory=lambda config: self.kube,
+            spawn=self.threads)
+        source.startService()
+        self.addCleanup(self._stop, source)
+        return source
+
+    def _stop(self, source: KubernetesNamespaceSource) -> None:
+        if source.running:
+            d = source.stopService()
+            self.threads.run_all()
+            if d is not None:
+                self.successResultOf(d)
+
+    def send(self, source: KubernetesNamespaceSource, *events: Any, kind: str = "namespaces") -> None:
+        """What the watch thread of C{kind} would emit."""
+        emit = source.watches[kind].emit
+        for e in events:
+            emit(e)
+
+    def infos(self, *objs: dict[str, Any]) -> dict[str, NamespaceInfo]:
+        keep = Keep(kube_config())
+        return {o["metadata"]["name"]: keep.namespace(o) for o in objs}
+
+    def info(self, name: str, rv: str = "1", **kwargs: Any) -> NamespaceInfo:
+        return Keep(kube_config()).namespace(namespace(name, rv, **kwargs))
+
+    def events(self, kind: str) -> float:
+        return sample(self.metrics, "amp_namespace_events_total", type=kind)
+
+    def misses(self, result: str) -> float:
+        return sample(self.metrics, "amp_namespace_cache_misses_total", result=result)
+
+
+class SourceWatchTests(SourceTestCase):
+
+    def test_first_list_fills_the_cache_and_makes_it_ready(self) -> None:
+        source = self.start()
+        self.assertTrue(INamespaceSource.providedBy(source))
+        self.assertEqual([t.name for t in self.threads.started], ["amp-namespace-watch"])
+        self.assertEqual(source.readiness(), (False, "waiting for the first namespace list"))
+        self.assertIs(source.cached("team-a"), UNKNOWN)
+
+        self.reactor.advance(100)
+        self.send(source, Replaced(self.infos(namespace("team-a", "3", ENABLED, {"amp.txn2.com/ep": EP_A}),
+                                              namespace("team-b", "4"), namespace("kube-system", "5")), "10"))
+        self.reactor.advance(42)
+        self.assertEqual(source.readiness(), (True, "3 namespaces, last event 42s ago"))
+        self.assertEqual(source.count, 3)
+        self.assertEqual(source.resource_version, "10")
+        self.assertEqual(sample(self.metrics, "amp_namespace_cache_namespaces"), 3)
+        self.assertEqual(source.cached("team-a").annotations, {"amp.txn2.com/ep": EP_A})
+        self.assertIs(source.cached("never-seen"), UNKNOWN)
+        self.assertEqual(self.first_lists, [True])
+        [listed] = [e for e in self.logs.at(LogLevel.info) if "what" in e]
+        self.assertEqual((listed["what"], listed["count"], listed["rv"]), ("Listed", 3, "10"))
+
+    def test_events_change_what_route_decides(self) -> None:
+        source = self.start()
+        config = Config(kubernetes=kube_config())
+        self.send(source, Replaced(self.infos(namespace("team-a", "3", ENABLED, {"amp.txn2.com/ep": EP_A})), "10"))
+        self.assertEqual(route(source.cached("team-a"), config, None).raw_url, EP_A)
+
+        self.send(source, Changed("MODIFIED", self.info("team-a", "11", labels=ENABLED,
+                                                        annotations={"amp.txn2.com/ep": EP_B}), "11"))
+        self.assertEqual(route(source.cached("team-a"), config, None).url.origin, "http://ep-b.team.svc:8080")
+        self.send(source, Changed("MODIFIED", self.info("team-a", "12"), "12"))
+        self.assertFalse(route(source.cached("team-a"), config, None).enabled)
+        self.send(source, Changed("ADDED", self.info("team-new", "13", labels=ENABLED), "13"))
+        self.assertEqual(source.cached("team-new").name, "team-new")
+        self.send(source, Changed("DELETED", self.info("team-new", "14"), "14"))
+        self.assertIs(source.cached("team-new"), UNKNOWN)
+        self.assertEqual((self.events("MODIFIED"), self.events("ADDED"), self.events("DELETED")), (2, 1, 1))
+        self.assertEqual((source.count, source.resource_version), (1, "14"))
+        self.assertEqual(sample(self.metrics, "amp_namespace_cache_namespaces"), 1)
+
+    def test_bookmark_moves_the_resource_version(self) -> None:
+        source = self.start()
+        self.send(source, Replaced({}, "10"), Bookmark("25"))
+        self.assertEqual(source.resource_version, "25")
+        self.assertEqual(self.events("BOOKMARK"), 1)
+
+    def test_relist_replaces_the_cache(self) -> None:
+        source = self.start(miss_negative_ttl=60.0)
+        self.send(source, Replaced(self.infos(namespace("a"), namespace("b"), namespace("c")), "10"))
+        self.assertIsNone(self.successResultOf(self._fetch(source, "d")))
+        self.assertIsNone(source.cached("d"))
+        self.send(source, Replaced(self.infos(namespace("a"), namespace("b", "20", ENABLED), namespace("d")), "30"))
+        self.assertEqual(sorted(source._cache), ["a", "b", "d"])
+        self.assertIs(source.cached("c"), UNKNOWN)
+        self.assertEqual(source.cached("d").name, "d", "a namespace the relist found is no longer missing")
+        self.assertEqual(dict(source.cached("b").labels), ENABLED)
+        self.assertEqual(self.events("DELETED"), 0)
+        self.assertEqual(self.first_lists, [True])
+        self.assertEqual(self.logs.at(LogLevel.info)[-1]["what"], "Relisted")
+
+    def _fetch(self, source: KubernetesNamespaceSource, name: str, timeout: float = 2.0) -> Any:
+        d = source.fetch(name, timeout)
+        self.reactor.pool.run()
+        return d
+
+    def test_restarts_show_in_readiness_metrics_and_the_log(self) -> None:
+        source = self.start()
+        self.send(source, Restarting("error", "HTTP 403 Forbidden", 0.5))
+        self.assertEqual(source.readiness(),
+                         (False, "waiting for the first namespace list (last attempt: error: HTTP 403 Forbidden)"))
+        self.send(source, Replaced({}, "10"), Restarting("stalled", "ReadTimeoutError: read timed out", 1.5))
+        ready, detail = source.readiness()
+        self.assertTrue(ready)
+        self.assertIn("watch restarting after stalled: ReadTimeoutError: read timed out", detail)
+        [warning] = [e for e in self.logs.at(LogLevel.warn) if e.get("reason") == "stalled"]
+        self.assertEqual((warning["what"], warning["delay"]), ("namespace", 1.5))
+        # a live stream again: readiness no longer reports the restart
+        self.send(source, Bookmark("11"))
+        self.assertNotIn("restarting", source.readiness()[1])
+        # the server's normal timeout is counted, not reported
+        warnings = len(self.logs.at(LogLevel.warn))
+        self.send(source, Restarting("timeout", "", 0.0))
+        self.assertEqual(len(self.logs.at(LogLevel.warn)), warnings)
+        self.assertNotIn("restarting", source.readiness()[1])
+        for reason in ("error", "stalled", "timeout"):
+            self.assertEqual(sample(self.metrics, "amp_namespace_watch_restarts_total", reason=reason), 1)
+
+    def test_a_crashed_thread_shows_in_readiness(self) -> None:
+        source = self.start()
+        self.send(source, Crashed("RuntimeError: bug"))
+        self.assertEqual(source.readiness(),
+                         (False, "waiting for the first namespace list (last attempt: watch thread failed: "
+                                 "RuntimeError: bug)"))
+        [critical] = self.logs.at(LogLevel.critical)
+        self.assertEqual(critical["error"], "RuntimeError: bug")
+
+    def test_news_after_stop_is_dropped(self) -> None:
+        source = self.start()
+        bridge = source.watches["namespaces"].emit
+        self.send(source, Replaced(self.infos(namespace("a")), "10"))
+        d = source.stopService()
+        bridge(Changed("DELETED", self.info("a"), "11"))
+        self.assertEqual(self.events("DELETED"), 0)
+        self.assertEqual(source.readiness(), (False, "not started"))
+        self.threads.run_all()
+        self.successResultOf(d)
+
+    def test_stop_waits_for_every_thread_then_closes_the_client(self) -> None:
+        source = self.start(webhook_configuration="amp")
+        self.assertEqual(len(source.threads), 2)
+        d = source.stopService()
+        self.assertEqual(self.kube.cut_calls, 1, "sockets shut down at once to wake blocked reads")
+        self.assertNoResult(d)
+        self.threads.started[0].run()
+        self.assertNoResult(d)
+        self.assertFalse(self.kube.closed)
+        self.threads.started[1].run()
+        self.successResultOf(d)
+        self.assertTrue(self.kube.closed)
+        self.assertEqual(self.kube.listers["namespaces"].calls, [], "a stopped thread makes no request")
+
+    def test_stop_gives_up_on_a_stuck_thread(self) -> None:
+        source = self.start()
+        d = source.stopService()
+        self.reactor.advance(STOP_WAIT - 0.1)
+        self.assertNoResult(d)
+        self.reactor.advance(0.1)
+        self.successResultOf(d)
+        self.assertFalse(self.kube.closed, "a thread may still use the client")
+        [warning] = self.logs.at(LogLevel.warn)
+        self.assertEqual(warning["names"], "amp-namespace-watch")
+
+    def test_unusable_client_configuration_is_a_readiness_error(self) -> None:
+        def factory(config: KubernetesConfig) -> Any:
+            raise FileNotFoundError("no such kubeconfig")
+
+        source = KubernetesNamespaceSource(kube_config(kubeconfig="/etc/missing"), reactor=self.reactor,
+                                           client_factory=factory, spawn=self.threads)
+        source.startService()
+        ready, detail = source.readiness()
+        self.assertFalse(ready)
+        self.assertEqual(detail, "cannot load the Kubernetes client configuration from kubeconfig /etc/missing: "
+                                 "FileNotFoundError: no such kubeconfig")
+        self.assertEqual(source.threads, ())
+        failure = self.failureResultOf(source.fetch("a", 1.0), NamespaceLookupError)
+        self.assertIn("cannot load", str(failure.value))
+        self.assertIsNone(source.stopService())
+
+    def test_in_cluster_outside_a_cluster_is_a_readiness_error(self) -> None:
+        source = KubernetesNamespaceSource(kube_config(source="cluster", kubeconfig=None), reactor=self.reactor,
+                                           spawn=self.threads)
+        source.startService()
+        ready, detail = source.readiness()
+        self.assertFalse(ready)
+        self.assertIn("from in-cluster service account", detail)
+        source.stopService()
+
+
+class WebhookConfigurationTests(SourceTestCase):
+
+    def test_auto_failure_policy_follows_the_webhook_configuration(self) -> None:
+        source = self.start(webhook_configuration="amp", webhook_name="pods.amp.txn2.com")
+        config = Config(kubernetes=kube_config(), failure_policy="auto")
+        self.assertEqual([t.name for t in self.threads.started], ["amp-namespace-watch", "amp-webhook-watch"])
+        self.send(source, Replaced(self.infos(namespace("team-a", labels=ENABLED)), "10"))
+        ready, detail = source.readiness()
+        self.assertFalse(ready)
+        self.assertIn("waiting for the first list of MutatingWebhookConfiguration amp", detail)
+        self.send(source, Restarting("error", "HTTP 403 Forbidden", 1.0), kind="webhook")
+        self.assertIn("(last attempt: error: HTTP 403 Forbidden)", source.readiness()[1])
+        self.assertEqual(sample(self.metrics, "amp_namespace_watch_restarts_total", reason="webhook-error"), 1)
+
+        self.send(source, Replaced(IGNORE, "20"), kind="webhook")
+        self.assertTrue(source.readiness()[0])
+        self.assertEqual(source.cluster_failure_policy(), IGNORE)
+        self.assertEqual(failure_policy(source.cached("team-a"), config, source.cluster_failure_policy()), IGNORE)
+        self.send(source, Changed("MODIFIED", ("amp", FAIL), "21"), kind="webhook")
+        self.assertEqual(source.cluster_failure_policy(), FAIL)
+        self.send(source, Changed("DELETED", ("amp", FAIL), "22"), kind="webhook")
+        self.assertIsNone(source.cluster_failure_policy())
+        self.assertEqual(failure_policy(source.cached("team-a"), config, None), FAIL)
+        # webhook events are not namespace events
+        self.assertEqual(self.events("MODIFIED") + self.events("DELETED"), 0)
+
+    def test_the_webhook_list_keeps_only_the_named_configuration(self) -> None:
+        stop = threading.Event()
+        lister = ScriptedLister(stop, lists=[list_body([
+            {"metadata": {"name": "someone-else"}, "webhooks": [{"name": "x", "failurePolicy": "Fail"}]},
+            {"metadata": {"name": "amp"}, "webhooks": [{"name": "pods.amp.txn2.com", "failurePolicy": "Ignore"}]},
+        ], "10")])
+        from amp.kube._keep import WebhookPolicy
+
+        policy = WebhookPolicy("amp", "pods.amp.txn2.com")
+        emitted: list[Any] = []
+        ListWatch(lister=lister, parse=policy.parse, collect=policy.collect, emit=emitted.append, stop=stop,
+                  config=kube_config(), random=lambda: 0.0).run()
+        self.assertEqual(emitted[0], Replaced(IGNORE, "10"))
+
+
+class FetchTests(SourceTestCase):
+    """Cache misses: one GET in the thread pool, shared by its callers."""
+
+    def listed(self, **overrides: Any) -> KubernetesNamespaceSource:
+        source = self.start(**overrides)
+        self.send(source, Replaced({}, "10"))
+        return source
+
+    def test_concurrent_misses_share_one_get(self) -> None:
+        source = self.listed()
+        self.kube.add_namespace("late", labels=ENABLED, annotations={"amp.txn2.com/ep": EP_A})
+        waiters = [source.fetch("late", 1.5) for _ in range(5)]
+        waiters[1].cancel()
+        self.assertEqual(self.reactor.pool.run(), 1)
+        self.assertEqual(self.kube.gets, [("late", 1.5)])
+        self.failureResultOf(waiters[1], CancelledError)
+        results = [self.successResultOf(waiters[i]) for i in (0, 2, 3, 4)]
+        for info in results:
+            self.assertEqual((info.name, dict(info.annotations)), ("late", {"amp.txn2.com/ep": EP_A}))
+        self.assertEqual(self.misses("found"), 4)
+        # the answer is cached: the next review needs no GET
+        self.assertEqual(source.cached("late"), results[0])
+        self.assertEqual(self.events("ADDED"), 0)
+
+    def test_the_get_is_bounded_by_the_miss_timeout(self) -> None:
+        source = self.listed(miss_timeout=0.5)
+        source.fetch("a", 9.0)
+        source.fetch("b", 0.2)
+        self.reactor.pool.run()
+        self.assertEqual(self.kube.gets, [("a", 0.5), ("b", 0.2)])
+
+    def test_the_watch_view_wins_over_a_get_it_overtook(self) -> None:
+        source = self.listed()
+        self.kube.add_namespace("late", annotations={"amp.txn2.com/ep": EP_A})
+        d = source.fetch("late", 2.0)
+        self.send(source, Changed("ADDED", self.info("late", "12", annotations={"amp.txn2.com/ep": EP_B}), "12"))
+        self.reactor.pool.run()
+        self.assertEqual(self.successResultOf(d).annotations["amp.txn2.com/ep"], EP_B)
+        self.assertEqual(source.cached("late").annotations["amp.txn2.com/ep"], EP_B)
+
+    def test_missing_namespace_is_remembered_for_the_ttl(self) -> None:
+        source = self.listed(miss_negative_ttl=5.0)
+        d = source.fetch("ghost", 2.0)
+        self.reactor.pool.run()
+        self.assertIsNone(self.successResultOf(d))
+        self.assertEqual(self.misses("not-found"), 1)
+        self.assertIsNone(source.cached("ghost"))
+        self.reactor.advance(4.9)
+        self.assertIsNone(source.cached("ghost"))
+        self.reactor.advance(0.2)
+        self.assertIs(source.cached("ghost"), UNKNOWN)
+        d = source.fetch("ghost", 2.0)
+        self.reactor.pool.run()
+        self.assertIsNone(self.successResultOf(d))
+        self.assertEqual(len(self.kube.gets), 2)
+        # a namespace created meanwhile is known as soon as the watch says so
+        self.send(source, Changed("ADDED", self.info("ghost", labels=ENABLED), "20"))
+        self.assertEqual(source.cached("ghost").name, "ghost")
+
+    def test_lookup_errors_fail_with_namespace_lookup_error(self) -> None:
+        source = self.listed()
+        self.kube.errors["boom"] = api_error(500)
+        d = source.fetch("boom", 2.0)
+        self.reactor.pool.run()
+        failure = self.failureResultOf(d, NamespaceLookupError)
+        self.assertEqual(str(failure.value), "namespace boom: HTTP 500 Internal Server Error")
+        self.assertIs(source.cached("boom"), UNKNOWN)
+        self.assertEqual(self.misses("error"), 1)
+        [warning] = self.logs.at(LogLevel.warn)
+        self.assertEqual(warning["error"], "namespace boom: HTTP 500 Internal Server Error")
+
+    def test_unreadable_answer_is_a_lookup_error(self) -> None:
+        source = self.listed()
+        self.kube.read_namespace = lambda name, timeout: b"{not json"  # type: ignore[method-assign]
+        d = source.fetch("x", 2.0)
+        self.reactor.pool.run()
+        self.assertIn("namespace x: unreadable answer", str(self.failureResultOf(d, NamespaceLookupError).value))
+
+    def test_per_review_get_mode_gets_every_time(self) -> None:
+        self.kube.add_namespace("team-a", labels=ENABLED, annotations={"amp.txn2.com/ep": EP_A})
+        source = self.start(per_review_get=True)
+        self.assertEqual(source.threads, ())
+        self.assertEqual(source.readiness(), (True, "per-review GET mode: no namespace cache"))
+        self.assertIs(source.cached("team-a"), UNKNOWN)
+        first, second, missing = source.fetch("team-a", 2.0), source.fetch("team-a", 2.0), source.fetch("nope", 2.0)
+        self.reactor.pool.run()
+        info = self.successResultOf(first)
+        self.assertEqual(info, self.successResultOf(second))
+        self.assertEqual(info.annotations["amp.txn2.com/ep"], EP_A)
+        self.assertIsNone(self.successResultOf(missing))
+        self.assertEqual([name for name, _ in self.kube.gets], ["team-a", "team-a", "nope"])
+        self.assertIs(source.cached("team-a"), UNKNOWN)
+        self.assertEqual((self.misses("found"), self.misses("not-found")), (2, 1))
+
+    def test_stopped_source_answers_lookups_with_an_error(self) -> None:
+        source = self.listed()
+        d = source.stopService()
+        self.threads.run_all()
+        self.successResultOf(d)
+        self.assertEqual(source.readiness(), (False, "not started"))
+        self.failureResultOf(source.fetch("b", 1.0), NamespaceLookupError)
+        self.assertEqual(self.kube.gets, [])

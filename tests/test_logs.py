@@ -19,7 +19,7 @@ from twisted.logger import Logger, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
-from amphelpers import (
+from tests.helpers import (
     WebhookClient,
     decode_answer,
     make_config,

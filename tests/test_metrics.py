@@ -11,20 +11,15 @@ import datetime
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from cryptography import x509
-from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.trial.unittest import TestCase
 
-from amphelpers import (
-    WAIT,
-    ConnectionTracker,
-    _RecordingEndpoint,
+from tests.helpers import (
     WebhookClient,
     closed_port,
     decode_answer,
@@ -32,12 +27,14 @@ from amphelpers import (
     namespace,
     raw_config,
     review_bytes,
+    start_amp,
     start_example,
 )
-from amp.config import Config, parse_config
+from tests.prometheus import Scrape
+from amp.config import parse_config
 from amp.devcert import write_dev_tls
 from amp.metrics import BREAKER_STATE_VALUES, Metrics
-from amp.service import AmpService, make_amp_service
+from amp.service import make_amp_service
 
 #: The metrics the operator documentation and alerts rely on, with their
 #: Prometheus type and label names.
@@ -52,85 +49,6 @@ REQUIRED = {
     "amp_tls_certificate_not_after_timestamp_seconds": ("gauge", set()),
     "amp_tls_reloads": ("counter", {"result"}),
 }
-
-
-# ---------------------------------------------------------------- an amp with its metrics listener
-
-
-class AmpWithMetrics:
-    """
-    amp built by L{make_amp_service} with its webhook and metrics
-    listeners both moved to free loopback ports.  (C{metrics.port: 0}
-    turns the metrics listener off, so the config names a real port and
-    the listener's endpoint is swapped before start.)
-    """
-
-    def __init__(self, service: AmpService, webhook: int, metrics: int,
-                 trackers: list[ConnectionTracker]) -> None:
-        self.service = service
-        self.webhook_port = webhook
-        self.metrics_port = metrics
-        self._trackers = trackers
-
-    @property
-    def metrics(self) -> Metrics:
-        return self.service.metrics
-
-    def url(self, path: str = "/mutate") -> bytes:
-        return f"https://127.0.0.1:{self.webhook_port}{path}?timeout=10s".encode("ascii")
-
-    def metrics_url(self) -> bytes:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics".encode("ascii")
-
-    @inlineCallbacks
-    def stop(self) -> Any:
-        yield self.service.stopService()
-        for tracker in self._trackers:
-            yield tracker.close_all()
-
-
-@inlineCallbacks
-def start_amp_with_metrics(config: Config) -> Any:
-    assert config.metrics.port, "the metrics listener exists only when metrics.port is set"
-    assert config.listen.port == 0
-    service = make_amp_service(config, reactor, metrics=Metrics(), install_sighup=False)
-    assert service.metrics_listener is not None
-    trackers, waiting = [], []
-    # The webhook listens on port 0 already (TLS); the metrics listener's
-    # configured port is replaced by a free one.
-    ephemeral = TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1")
-    for listener, inner in ((service.webhook, service.webhook.endpoint), (service.metrics_listener, ephemeral)):
-        endpoint = _RecordingEndpoint(inner)
-        tracker = ConnectionTracker(listener.factory, reactor)
-        listener.endpoint = endpoint
-        listener.factory = tracker
-        trackers.append(tracker)
-        waiting.append(endpoint.listening)
-    service.startService()
-    try:
-        webhook = yield waiting[0].addTimeout(WAIT, reactor)
-        metrics = yield waiting[1].addTimeout(WAIT, reactor)
-    except Exception:
-        yield service.stopService()
-        raise
-    return AmpWithMetrics(service, webhook.getHost().port, metrics.getHost().port, trackers)
-
-
-def samples(text: str) -> dict[tuple[str, frozenset], float]:
-    """Every sample of a scrape, keyed by name and label set."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def families(text: str) -> dict[str, Any]:
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def value(scrape: dict, name: str, **labels: str) -> Optional[float]:
-    return scrape.get((name, frozenset(labels.items())))
 
 
 POD = {"kind": "Pod", "operation": "CREATE"}
@@ -168,19 +86,18 @@ class ScrapeTests(TestCase):
                 "down": namespace(f"{self.refused_origin}/mutate"),
             },
             tls={"cert": str(self.tls["cert"]), "key": str(self.tls["key"])},
-            metrics={"port": 9090, "interface": "127.0.0.1"},
             endpoints={"overrides": [{"match": f"{self.refused_origin}/*",
                                       "breaker": {"consecutive_failures": 1, "cooldown": "1m",
                                                   "max_cooldown": "1m"}}]},
         )
-        self.amp = yield start_amp_with_metrics(parse_config(raw))
+        self.amp = yield start_amp(parse_config(raw), reactor, metrics_listener=True)
         self.addCleanup(self.amp.stop)
         self.client = WebhookClient(reactor, ca=self.tls["ca_cert"].read_bytes())
         self.addCleanup(self.client.close)
 
     @inlineCallbacks
     def admit(self, ns: str, obj: Any = None) -> Any:
-        response, body = yield self.client.post(self.amp.url(), review_bytes(obj, namespace=ns))
+        response, body = yield self.client.post(self.amp.url(query="timeout=10s"), review_bytes(obj, namespace=ns))
         self.assertEqual(response.code, 200, body)
         return decode_answer(body)["response"]
 
@@ -189,7 +106,7 @@ class ScrapeTests(TestCase):
         response, body = yield self.client.get(self.amp.metrics_url())
         self.assertEqual(response.code, 200)
         self.assertTrue(response.headers.getRawHeaders(b"content-type")[0].startswith(b"text/plain"))
-        return body.decode("utf-8")
+        return Scrape(body.decode("utf-8"))
 
     @inlineCallbacks
     def test_every_documented_metric_is_exposed(self) -> Any:
@@ -197,8 +114,7 @@ class ScrapeTests(TestCase):
         The metrics the operator docs and alerts name are all on
         ``/metrics`` with their type, before any review.
         """
-        text = yield self.scrape()
-        found = families(text)
+        found = (yield self.scrape()).families
         for name, (kind, _) in REQUIRED.items():
             self.assertIn(name, found, f"{name} is not exposed")
             self.assertEqual(found[name].type, kind, name)
@@ -221,16 +137,16 @@ class ScrapeTests(TestCase):
         yield self.admit("opted-out")
         yield self.admit("not-allowed")
 
-        scrape = samples((yield self.scrape()))
+        scrape = yield self.scrape()
         total = "amp_admission_requests_total"
-        self.assertEqual(value(scrape, total, result="patched", **POD), 1)
-        self.assertEqual(value(scrape, total, result="ignored", **POD), 2)
-        self.assertEqual(value(scrape, total, result="denied", **POD), 2)
-        self.assertEqual(value(scrape, total, result="skipped", **POD), 1)
-        self.assertIsNone(value(scrape, total, result="allowed", **POD))
-        self.assertEqual(value(scrape, "amp_admission_duration_seconds_count"), 6)
-        self.assertEqual(value(scrape, "amp_admission_duration_seconds_bucket", le="+Inf"), 6)
-        self.assertGreater(value(scrape, "amp_admission_duration_seconds_sum"), 0)
+        self.assertEqual(scrape.value(total, result="patched", **POD), 1)
+        self.assertEqual(scrape.value(total, result="ignored", **POD), 2)
+        self.assertEqual(scrape.value(total, result="denied", **POD), 2)
+        self.assertEqual(scrape.value(total, result="skipped", **POD), 1)
+        self.assertIsNone(scrape.value(total, result="allowed", **POD))
+        self.assertEqual(scrape.value("amp_admission_duration_seconds_count"), 6)
+        self.assertEqual(scrape.value("amp_admission_duration_seconds_bucket", le="+Inf"), 6)
+        self.assertGreater(scrape.value("amp_admission_duration_seconds_sum"), 0)
 
     @inlineCallbacks
     def test_endpoint_counters_by_origin_and_outcome(self) -> Any:
@@ -242,13 +158,13 @@ class ScrapeTests(TestCase):
         """
         for ns in ("patched", "denied", "ignored", "fail-closed", "opted-out", "not-allowed"):
             yield self.admit(ns)
-        scrape = samples((yield self.scrape()))
+        scrape = yield self.scrape()
         calls = "amp_endpoint_requests_total"
-        self.assertEqual(value(scrape, calls, endpoint=self.origin, outcome="ok"), 2)
-        self.assertEqual(value(scrape, calls, endpoint=self.origin, outcome="http-5xx"), 1)
-        self.assertEqual(value(scrape, calls, endpoint=self.origin, outcome="invalid-json"), 1)
-        self.assertEqual(value(scrape, "amp_endpoint_duration_seconds_count", endpoint=self.origin), 4)
-        endpoints = {dict(labels).get("endpoint") for (name, labels) in scrape if name.startswith("amp_endpoint_")}
+        self.assertEqual(scrape.value(calls, endpoint=self.origin, outcome="ok"), 2)
+        self.assertEqual(scrape.value(calls, endpoint=self.origin, outcome="http-5xx"), 1)
+        self.assertEqual(scrape.value(calls, endpoint=self.origin, outcome="invalid-json"), 1)
+        self.assertEqual(scrape.value("amp_endpoint_duration_seconds_count", endpoint=self.origin), 4)
+        endpoints = {dict(labels).get("endpoint") for (name, labels) in scrape.samples if name.startswith("amp_endpoint_")}
         self.assertEqual(endpoints, {self.origin}, "the endpoint label is the origin, never a path")
 
     @inlineCallbacks
@@ -263,13 +179,13 @@ class ScrapeTests(TestCase):
         second = yield self.admit("down")
         self.assertTrue(second["allowed"])
         self.assertIn("breaker-open", " ".join(second.get("warnings", [])))
-        scrape = samples((yield self.scrape()))
+        scrape = yield self.scrape()
         origin = self.refused_origin
-        self.assertEqual(value(scrape, "amp_circuit_breaker_state", endpoint=origin), BREAKER_STATE_VALUES["open"])
+        self.assertEqual(scrape.value("amp_circuit_breaker_state", endpoint=origin), BREAKER_STATE_VALUES["open"])
         calls = "amp_endpoint_requests_total"
-        self.assertEqual(value(scrape, calls, endpoint=origin, outcome="connection-refused"), 1)
-        self.assertEqual(value(scrape, calls, endpoint=origin, outcome="breaker-open"), 1)
-        self.assertEqual(value(scrape, "amp_endpoint_duration_seconds_count", endpoint=origin), 1)
+        self.assertEqual(scrape.value(calls, endpoint=origin, outcome="connection-refused"), 1)
+        self.assertEqual(scrape.value(calls, endpoint=origin, outcome="breaker-open"), 1)
+        self.assertEqual(scrape.value("amp_endpoint_duration_seconds_count", endpoint=origin), 1)
 
     @inlineCallbacks
     def test_tls_expiry_and_reloads(self) -> Any:
@@ -281,25 +197,25 @@ class ScrapeTests(TestCase):
         def not_after(path: Path) -> float:
             return x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc.timestamp()
 
-        scrape = samples((yield self.scrape()))
+        scrape = yield self.scrape()
         expiry = "amp_tls_certificate_not_after_timestamp_seconds"
-        self.assertEqual(value(scrape, expiry), not_after(self.tls["cert"]))
-        self.assertEqual(value(scrape, "amp_tls_reloads_total", result="success"), 0)
-        self.assertEqual(value(scrape, "amp_tls_reloads_total", result="error"), 0)
+        self.assertEqual(scrape.value(expiry), not_after(self.tls["cert"]))
+        self.assertEqual(scrape.value("amp_tls_reloads_total", result="success"), 0)
+        self.assertEqual(scrape.value("amp_tls_reloads_total", result="error"), 0)
 
         write_dev_tls(self.tls_dir, ["127.0.0.1"], days=30)
         self.assertTrue(self.amp.service.certificate.reload())
-        scrape = samples((yield self.scrape()))
+        scrape = yield self.scrape()
         renewed = not_after(self.tls["cert"])
         self.assertLess(renewed, datetime.datetime.now(datetime.timezone.utc).timestamp() + 31 * 86400)
-        self.assertEqual(value(scrape, expiry), renewed)
-        self.assertEqual(value(scrape, "amp_tls_reloads_total", result="success"), 1)
+        self.assertEqual(scrape.value(expiry), renewed)
+        self.assertEqual(scrape.value("amp_tls_reloads_total", result="success"), 1)
 
         self.tls["key"].write_bytes(b"-----BEGIN PRIVATE KEY-----\ntruncated\n")
         self.assertFalse(self.amp.service.certificate.reload())
-        scrape = samples((yield self.scrape()))
-        self.assertEqual(value(scrape, "amp_tls_reloads_total", result="error"), 1)
-        self.assertEqual(value(scrape, expiry), renewed)
+        scrape = yield self.scrape()
+        self.assertEqual(scrape.value("amp_tls_reloads_total", result="error"), 1)
+        self.assertEqual(scrape.value(expiry), renewed)
         answer = yield self.admit("patched")
         self.assertTrue(answer["allowed"], "amp keeps serving with the certificate in service")
 
@@ -339,5 +255,6 @@ def test_static_namespace_count_is_exposed() -> None:
     """
     config = make_config({"a": namespace("http://127.0.0.1:1/x"), "b": namespace(enabled=False),
                           "c": namespace()})
-    service = make_amp_service(config, reactor, metrics=Metrics(), install_sighup=False)
-    assert service.metrics.registry.get_sample_value("amp_namespace_cache_namespaces") == 3
+    metrics = Metrics()
+    namespace_source(config, reactor, metrics)
+    assert metrics.registry.get_sample_value("amp_namespace_cache_namespaces") == 3

@@ -10,8 +10,9 @@ from typing import Optional
 import pytest
 
 from amp.config import Config, parse_config
-from amp.policy import FAIL, IGNORE, NORMAL, SHADOW, NamespaceInfo, failure_policy, route
-from amphelpers import make_config, namespace
+from amp.namespaces import NamespaceInfo
+from amp.policy import FAIL, IGNORE, NORMAL, SHADOW, failure_policy, route
+from tests.helpers import make_config, namespace
 
 ENABLED = {"amp.txn2.com/enabled": "true"}
 EP = "http://127.0.0.1:8090/user-env"

@@ -29,7 +29,7 @@ from amp.endpoints import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 from amp.review import ReviewError, parse_review
-from amphelpers import make_config, namespace, pod, review
+from tests.helpers import make_config, namespace, pod, review
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=20),

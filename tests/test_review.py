@@ -27,7 +27,7 @@ from amp.review import (
     nesting_exceeds,
     parse_review,
 )
-from amphelpers import UID, V1, V1BETA1, pod, review, review_bytes
+from tests.helpers import UID, V1, V1BETA1, pod, review, review_bytes
 
 
 @pytest.mark.parametrize("api_version", [V1, V1BETA1])

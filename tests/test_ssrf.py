@@ -39,7 +39,7 @@ from amp.namespaces import StaticNamespaceSource
 from amp.policy import shown_url
 from amp.review import parse_review
 from amp.urls import NAMED_NETWORKS, denied_network, parse_networks
-from amphelpers import WebhookClient, decode_answer, make_config, namespace, review_bytes, start_amp
+from tests.helpers import WebhookClient, decode_answer, make_config, namespace, review_bytes, start_amp
 
 PATCH = [{"op": "add", "path": "/metadata/labels", "value": {"via": "endpoint"}}]
 EVERYWHERE = ["http://*:*/*", "https://*:*/*"]

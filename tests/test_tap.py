@@ -17,7 +17,7 @@ from twisted.python.usage import UsageError
 
 from amp.service import AmpService
 from amp.tap import Options, makeService
-from amphelpers import dev_tls, raw_config
+from tests.helpers import dev_tls, raw_config
 
 REPO = Path(__file__).resolve().parent.parent
 TWISTD = Path(sys.executable).with_name("twistd")

@@ -1,9 +1,11 @@
 """
 Tests for amp.web over real loopback TLS: the bad-input errors (415, 413,
-400), /healthz and /readyz, the read deadline for slow clients, the
-connection cap, and that no answer ever carries Retry-After.
+400), /healthz and /readyz, a real 408 and connections that never finish
+their TLS handshake, and that no answer ever carries Retry-After.  Every
+limit of the channel is tested to the second in memory in
+test_channel.py.
 
-amp runs in-process (L{amphelpers.start_amp}) with the development
+amp runs in-process (L{tests.helpers.start_amp}) with the development
 certificate; the client verifies the CA and the IP address.  Real-time
 waits are short (a 0.2s request timeout) and bounded.
 """
@@ -16,19 +18,17 @@ from typing import Any, Optional
 from OpenSSL import SSL
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol, wrapClientTLS
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
-from twisted.internet.ssl import Certificate, optionsForClientTLS
 from twisted.trial.unittest import TestCase
 from twisted.web._newclient import RequestTransmissionFailed, ResponseNeverReceived
 from zope.interface import implementer
 
 from amp.devcert import make_ca, pem_cert
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
-from amphelpers import (
+from tests.helpers import (
     UID,
     WebhookClient,
-    ca_pem,
     decode_answer,
     make_config,
     namespace,
@@ -102,17 +102,6 @@ class BadInputTests(WebTestCase):
             self.assertIn(b"request.uid is missing", body)
 
     @inlineCallbacks
-    def test_body_over_the_limit_by_content_length_is_413(self) -> Any:
-        config = make_config(listen={"max_body": 1024})
-        amp, client = yield self.start(config)
-        data = yield tls_exchange(reactor, amp.port, raw_post(b"/mutate", b"", content_length=4096))
-        status, headers, body = parse_raw_response(data)
-        self.assertEqual(status, 413)
-        self.assertIn(b"request body of 4096 bytes is over the 1024 byte limit (listen.max_body)", body)
-        self.assertNotIn(b"retry-after", headers)
-        self.assertEqual(amp.metrics.bad_requests.labels("413")._value.get(), 1)
-
-    @inlineCallbacks
     def test_body_over_the_limit_with_treq_is_413(self) -> Any:
         config = make_config(listen={"max_body": 1024})
         amp, client = yield self.start(config)
@@ -121,19 +110,6 @@ class BadInputTests(WebTestCase):
         response, content = yield client.post(amp.url("/mutate"), body)
         self.assertEqual(response.code, 413)
         self.assertIn(b"listen.max_body", content)
-
-    @inlineCallbacks
-    def test_chunked_body_over_the_limit_is_413(self) -> Any:
-        config = make_config(listen={"max_body": 1024})
-        amp, client = yield self.start(config)
-        chunk = b"x" * 600
-        request = (b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                   b"Transfer-Encoding: chunked\r\n\r\n")
-        chunks = [request] + [b"%x\r\n%s\r\n" % (len(chunk), chunk)] * 2
-        data = yield tls_exchange(reactor, amp.port, *chunks)
-        status, headers, body = parse_raw_response(data)
-        self.assertEqual(status, 413)
-        self.assertIn(b"request body is over the 1024 byte limit (listen.max_body)", body)
 
     @inlineCallbacks
     def test_chunked_body_under_the_limit_is_reviewed(self) -> Any:
@@ -245,40 +221,6 @@ class SlowClientTests(WebTestCase):
         self.assertLess(elapsed, 5)
 
     @inlineCallbacks
-    def test_trickling_body_gets_408(self) -> Any:
-        """Each byte resets twisted.web's idle timer; the request deadline still holds."""
-        config = make_config(listen={"request_timeout": "200ms"})
-        amp, _ = yield self.start(config)
-        endpoint = wrapClientTLS(
-            optionsForClientTLS("127.0.0.1", trustRoot=Certificate.loadPEM(ca_pem())),
-            TCP4ClientEndpoint(reactor, "127.0.0.1", amp.port))
-        done: Deferred = Deferred()
-
-        class Trickle(Protocol):
-            received = b""
-
-            def connectionMade(self) -> None:
-                self.transport.write(raw_post(b"/mutate", b"", content_length=1000))
-                self.send()
-
-            def send(self) -> None:
-                if not done.called:
-                    self.transport.write(b"x")
-                    self.call = reactor.callLater(0.05, self.send)
-
-            def dataReceived(self, data: bytes) -> None:
-                self.received += data
-
-            def connectionLost(self, reason: Any) -> None:
-                if self.call.active():
-                    self.call.cancel()
-                done.callback(self.received)
-
-        yield connectProtocol(endpoint, Trickle())
-        data = yield done.addTimeout(5, reactor)
-        self.assertEqual(parse_raw_response(data)[0], 408)
-
-    @inlineCallbacks
     def test_connection_that_never_sends_a_request_is_closed(self) -> Any:
         """
         A client that connects and sends nothing (not even a TLS handshake)
@@ -309,17 +251,6 @@ class SlowClientTests(WebTestCase):
         self.assertGreaterEqual(reactor.seconds() - started, 0.2)
 
     @inlineCallbacks
-    def test_idle_connection_after_an_answer_stays_open(self) -> Any:
-        """The read deadline starts with a request's first byte, not while a kept-alive connection idles."""
-        config = make_config(listen={"request_timeout": "100ms"})
-        amp, _ = yield self.start(config)
-        with self.assertRaises(TimeoutError) as e:
-            yield tls_exchange(reactor, amp.port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
-                               timeout=0.5)
-        self.assertIn("HTTP/1.1 200 OK", str(e.exception))
-        self.assertNotIn("408", str(e.exception))
-
-    @inlineCallbacks
     def test_keep_alive_connection_serves_several_reviews(self) -> Any:
         config = make_config(listen={"request_timeout": "200ms"})
         amp, client = yield self.start(config)
@@ -327,53 +258,3 @@ class SlowClientTests(WebTestCase):
             response, body = yield client.post(amp.url("/mutate"), review_bytes())
             self.assertEqual(response.code, 200)
         self.assertEqual(amp.connections.accepted, 1)
-
-
-class ConnectionLimitTests(WebTestCase):
-    @inlineCallbacks
-    def test_connections_over_the_limit_are_closed(self) -> Any:
-        config = make_config(listen={"max_connections": 2})
-        amp, client = yield self.start(config)
-
-        class Holder(Protocol):
-            """A connection that has made one request and stays open."""
-
-            def __init__(self) -> None:
-                self.answered: Deferred = Deferred()
-                self.lost: Deferred = Deferred()
-                self.received = b""
-
-            def dataReceived(self, data: bytes) -> None:
-                self.received += data
-                if b"ok\n" in self.received and not self.answered.called:
-                    self.answered.callback(None)
-
-            def connectionLost(self, reason: Any) -> None:
-                self.lost.callback(None)
-
-        def connect(protocol: Holder) -> Deferred:
-            endpoint = wrapClientTLS(
-                optionsForClientTLS("127.0.0.1", trustRoot=Certificate.loadPEM(ca_pem())),
-                TCP4ClientEndpoint(reactor, "127.0.0.1", amp.port))
-            return connectProtocol(endpoint, protocol)
-
-        held = [Holder(), Holder()]
-        for h in held:
-            yield connect(h)
-            h.transport.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            yield h.answered.addTimeout(5, reactor)
-        self.assertEqual(amp.service.site.open_connections, 2)
-
-        third = Holder()
-        yield connect(third)
-        yield third.lost.addTimeout(5, reactor)
-        self.assertEqual(third.received, b"")
-        self.assertEqual(amp.service.site.open_connections, 2)
-
-        for h in held:
-            h.transport.loseConnection()
-            yield h.lost
-        yield amp.connections.wait_idle()
-        self.assertEqual(amp.service.site.open_connections, 0)
-        response, _ = yield client.get(amp.url("/healthz"))
-        self.assertEqual(response.code, 200)

@@ -12,9 +12,8 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Iterator, Optional
 
 import pytest
 import yaml
@@ -29,10 +28,10 @@ from twisted.trial.unittest import TestCase
 from amp.tap import Options, makeService
 from amp.tls import ReloadingCertificate, tls_endpoint
 from amp.workers import ParentWatch, worker_argv
-from amphelpers import ca_pem, decode_answer, dev_tls, make_config, raw_config, review_bytes, start_amp, tls_exchange
+from tests.helpers import ca_pem, decode_answer, dev_tls, raw_config, review_bytes, tls_exchange
+from tests.waiting import poll_until
 
 REPO = Path(__file__).resolve().parent.parent
-T = TypeVar("T")
 
 
 def _reuse_port(listening: Any) -> int:
@@ -57,20 +56,6 @@ class ListenerTests(TestCase):
         cert = ReloadingCertificate(str(tls["cert"]), str(tls["key"]), clock=reactor)
         cert.load()
         return cert
-
-    @inlineCallbacks
-    def test_one_worker_listens_without_reuse_port(self) -> Any:
-        amp = yield start_amp(make_config(), reactor)
-        self.addCleanup(amp.stop)
-        self.assertEqual(_reuse_port(amp.service.webhook._waitingForPort.result), 0)
-
-    @inlineCallbacks
-    def test_several_workers_listen_with_reuse_port(self) -> Any:
-        amp = yield start_amp(make_config(workers=2), reactor)
-        self.addCleanup(amp.stop)
-        self.assertNotEqual(_reuse_port(amp.service.webhook._waitingForPort.result), 0)
-        response = yield tls_exchange(reactor, amp.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        self.assertTrue(response.startswith(b"HTTP/1.1 200"), response[:100])
 
     @inlineCallbacks
     def test_two_reuse_port_listeners_share_a_port_and_both_answer_tls(self) -> Any:
@@ -149,7 +134,19 @@ def test_a_worker_never_supervises_and_serves_metrics_on_its_own_port(tmp_path: 
     assert _monitors(service) == []
     assert [s for s in service if isinstance(s, ParentWatch)]
     service.metrics_listener.privilegedStartService()
-    assert [p[0] for p in fake.tcpServers] == [19091]
+    assert [(p[0], p[3]) for p in fake.tcpServers] == [(19091, "0.0.0.0")]
+
+
+def test_several_workers_bind_the_webhook_port_with_reuse_port(tmp_path: Path) -> None:
+    webhook, _ = _free_ports()
+    path = _config_file(tmp_path, workers=2, listen={"port": webhook})
+    fake = _SpawningReactor()
+    service = makeService(_options(path, "--worker", "1"), reactor=fake)
+    service.webhook.privilegedStartService()
+    # Bound here with SO_REUSEPORT, then handed to the reactor.
+    [(fileno, family, factory)] = fake.adoptedPorts
+    assert family == socket.AF_INET
+    assert fake.tcpServers == []
 
 
 def test_one_worker_is_todays_amp(tmp_path: Path) -> None:
@@ -158,9 +155,11 @@ def test_one_worker_is_todays_amp(tmp_path: Path) -> None:
     service = makeService(_options(path), reactor=fake)
     assert _monitors(service) == []
     assert not [s for s in service if isinstance(s, ParentWatch)]
-    assert service.webhook.endpoint.reuse_port is False
+    service.webhook.privilegedStartService()
     service.metrics_listener.privilegedStartService()
-    assert [p[0] for p in fake.tcpServers] == [19090]
+    # Without SO_REUSEPORT: an ordinary TCP listen (a reuse-port listen adopts a socket).
+    assert [(p[0], p[3]) for p in fake.tcpServers] == [(18443, "127.0.0.1"), (19090, "0.0.0.0")]
+    assert fake.adoptedPorts == []
 
 
 def test_worker_index_out_of_range_is_a_usage_error(tmp_path: Path) -> None:
@@ -182,17 +181,6 @@ def test_metrics_ports_must_fit(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- two real processes
-
-
-def _wait_until(what: str, probe: Callable[[], Optional[T]], timeout: float, details: Callable[[], str]) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result is not None:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{details()}")
-        time.sleep(0.05)
 
 
 def _free_ports() -> tuple[int, int]:
@@ -267,7 +255,7 @@ class _Pair:
 
     def wait_serving(self) -> int:
         """Wait until both workers serve metrics; returns worker 1's pid."""
-        _wait_until("both workers' metrics", lambda: True if None not in self.counts() else None, 10, self.output)
+        poll_until("both workers' metrics", lambda: True if None not in self.counts() else None, 60, self.output)
         children = _children(self.parent.pid)
         self.seen.extend(children)
         assert len(children) == 1, children
@@ -333,10 +321,10 @@ def test_a_worker_that_dies_is_restarted(pair: _Pair) -> None:
     try:
         child = pair.wait_serving()
         os.kill(child, signal.SIGKILL)
-        _wait_until("worker 1 to stop serving", lambda: True if pair.counts()[1] is None else None, 5, pair.output)
-        replacement = _wait_until(
-            "a new worker 1", lambda: [p for p in _children(pair.parent.pid) if p != child] or None, 5, pair.output)
-        _wait_until("the new worker 1's metrics", lambda: pair.counts()[1], 10, pair.output)
+        poll_until("worker 1 to stop serving", lambda: True if pair.counts()[1] is None else None, 60, pair.output)
+        replacement = poll_until(
+            "a new worker 1", lambda: [p for p in _children(pair.parent.pid) if p != child] or None, 60, pair.output)
+        poll_until("the new worker 1's metrics", lambda: pair.counts()[1], 60, pair.output)
         assert len(replacement) == 1
     finally:
         pair.stop()
@@ -347,4 +335,4 @@ def test_workers_stop_when_worker_zero_is_killed(pair: _Pair) -> None:
         child = pair.wait_serving()
     finally:
         pair.stop(signal.SIGKILL)
-    _wait_until(f"worker process {child} to exit", lambda: True if _gone(child) else None, 5, pair.output)
+    poll_until(f"worker process {child} to exit", lambda: True if _gone(child) else None, 60, pair.output)

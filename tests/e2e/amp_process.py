@@ -24,21 +24,20 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional
 
 import yaml
 
+from ..prometheus import Scrape
+from ..waiting import poll_until
 from .cluster import spawn_logged
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
-POLL_INTERVAL = 0.05
 _TAIL_LINES = 60
 
-T = TypeVar("T")
 
 #: ``twistd`` with the test's own interpreter (``python -m twisted`` is ``twist``).
 TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
@@ -68,27 +67,6 @@ def tail(path: Path, lines: int = _TAIL_LINES) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
-
-def wait_until(
-    what: str,
-    probe: Callable[[], Optional[T]],
-    timeout: float,
-    *,
-    interval: float = POLL_INTERVAL,
-    details: Callable[[], str] = lambda: "",
-) -> T:
-    """Call ``probe`` until it returns something other than None (returned),
-    or fail after ``timeout`` seconds saying ``what`` was awaited."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result is not None:
-            return result
-        if time.monotonic() >= deadline:
-            extra = details()
-            raise ProcessError(f"timed out after {timeout:.1f}s waiting for {what}" + (f"\n{extra}" if extra else ""))
-        time.sleep(interval)
 
 
 def _get(url_host: str, port: int, path: str, context: Optional[ssl.SSLContext]) -> tuple[int, bytes]:
@@ -158,7 +136,7 @@ class TwistdProcess:
             last[0] = f"last answer: {status} {body[-500:].decode(errors='replace')}"
             return None
 
-        wait_until(f"{self.name} {path} on port {port}", probe, timeout,
+        poll_until(f"{self.name} {path} on port {port}", probe, timeout,
                    details=lambda: f"{last[0]}\n{self.describe()}")
 
     def stop(self, grace: float = 10.0) -> Optional[int]:
@@ -269,17 +247,14 @@ class AmpProcess(TwistdProcess):
 
     def metric(self, name: str, **labels: str) -> Optional[float]:
         """The value of one sample from amp's ``/metrics`` (needs
-        ``metrics.port``), or None when amp does not report it."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        status, body = _get(LOOPBACK, int(self.config["metrics"]["port"]), "/metrics", None)
-        if status != 200:
-            raise ProcessError(f"GET /metrics answered {status}: {body[:200]!r}\n{self.describe()}")
-        for family in text_string_to_metric_families(body.decode()):
-            for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                    return float(sample.value)
-        return None
+        ``metrics.port``) whose labels include ``labels``, or None when amp
+        does not report it."""
+        try:
+            scrape = Scrape.get(int(self.config["metrics"]["port"]), LOOPBACK, timeout=2)
+        except RuntimeError as e:
+            raise ProcessError(f"{e}\n{self.describe()}") from None
+        found = [v for (n, ls), v in scrape.samples.items() if n == name and labels.items() <= ls]
+        return float(found[0]) if found else None
 
     def served_certificate(self) -> bytes:
         """The DER certificate amp presents to a new TLS connection."""
@@ -554,7 +529,7 @@ class AmpInstance:
             last[0] = "probe Pod admitted without amp's mutation"
             return None
 
-        wait_until(
+        poll_until(
             f"the API server to call amp {self.instance}",
             mutated,
             timeout,

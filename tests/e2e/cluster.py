@@ -36,7 +36,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from amp.devcert import issue_cert, make_ca, pem_cert, pem_key
 
+from ..waiting import WaitTimeout, poll_until
 from .build import Binaries, build
 
 LOOPBACK = "127.0.0.1"
@@ -333,16 +333,16 @@ class ControlPlane:
             ],
             self.etcd_log,
         )
-        deadline = time.monotonic() + self.start_timeout
-        while True:
+        def healthy() -> bool:
             if self._etcd.poll() is not None:
                 raise self._failure(f"etcd exited with status {self._etcd.returncode}")
             status, body = _http_get(f"{self.etcd_url}/health", None)
-            if status == 200 and json.loads(body or b"{}").get("health") == "true":
-                return
-            if time.monotonic() > deadline:
-                raise self._failure(f"etcd was not healthy within {self.start_timeout:.0f}s")
-            time.sleep(0.1)
+            return status == 200 and json.loads(body or b"{}").get("health") == "true"
+
+        try:
+            poll_until("etcd to be healthy", healthy, self.start_timeout, interval=0.1)
+        except WaitTimeout:
+            raise self._failure(f"etcd was not healthy within {self.start_timeout:.0f}s") from None
 
     def _start_apiserver(self) -> None:
         assert self.binaries is not None
@@ -376,22 +376,24 @@ class ControlPlane:
         )
         context = ssl.create_default_context(cadata=self.ca_pem.decode())
         context.load_cert_chain(self._admin_cert, self._admin_key)
-        deadline = time.monotonic() + self.start_timeout
         last = ""
-        while True:
+
+        def ready() -> bool:
+            nonlocal last
             if self._apiserver.poll() is not None:
                 raise self._failure(
                     f"kube-apiserver exited with status {self._apiserver.returncode}"
                 )
             status, body = _http_get(f"{self.api_url}/readyz", context)
-            if status == 200:
-                return
             last = f"last /readyz answer: {status} {body[-2000:].decode(errors='replace')}"
-            if time.monotonic() > deadline:
-                raise self._failure(
-                    f"kube-apiserver was not ready within {self.start_timeout:.0f}s; {last}"
-                )
-            time.sleep(0.25)
+            return status == 200
+
+        try:
+            poll_until("kube-apiserver to be ready", ready, self.start_timeout, interval=0.25)
+        except WaitTimeout:
+            raise self._failure(
+                f"kube-apiserver was not ready within {self.start_timeout:.0f}s; {last}"
+            ) from None
 
     # -- clients and kubeconfigs -------------------------------------------
 

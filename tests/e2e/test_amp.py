@@ -37,9 +37,9 @@ from .amp_process import (
     free_port,
     parse_warning,
     pod_manifest,
-    wait_until,
     webhook_configuration,
 )
+from ..waiting import poll_until
 from .cluster import ControlPlane
 from .conftest import AmpFactory, deploy_amp_config, deploy_documents
 
@@ -305,7 +305,7 @@ def test_namespace_annotation_change_reaches_amp_through_the_watch(
         names = [c["name"] for c in pod["spec"]["containers"]]
         return pod if "amp-proxy" in names else None
 
-    switched = wait_until("a Pod mutated by the new endpoint", next_pod_has_sidecar, PROPAGATION_DEADLINE,
+    switched = poll_until("a Pod mutated by the new endpoint", next_pod_has_sidecar, PROPAGATION_DEADLINE,
                           details=amp.process.describe)
 
     stored = read_pod(core, ns, switched["metadata"]["name"])
@@ -422,7 +422,7 @@ def test_failure_policy_auto_follows_the_webhook_configuration(
             assert "failure policy Fail denies the Pod" in exc.body, exc.body
             return None
 
-    _, warnings = wait_until("amp to answer under Ignore", admitted, PROPAGATION_DEADLINE,
+    _, warnings = poll_until("amp to answer under Ignore", admitted, PROPAGATION_DEADLINE,
                              details=amp.process.describe)
     pod = read_pod(core, ns, attempts[-1])
     assert_unchanged(pod)
@@ -441,7 +441,7 @@ def test_failure_policy_auto_follows_the_webhook_configuration(
         attempts.append("admitted")
         return None
 
-    wait_until("amp to answer under Fail again", refused_again, PROPAGATION_DEADLINE, details=amp.process.describe)
+    poll_until("amp to answer under Fail again", refused_again, PROPAGATION_DEADLINE, details=amp.process.describe)
     log = amp.process.log_text()
     assert f"MutatingWebhookConfiguration {amp.webhook_configuration_name}: failurePolicy is now Ignore" in log
 
@@ -496,7 +496,7 @@ def test_certificate_rotation_while_pods_are_created(
     creator = threading.Thread(target=create_pods, name="pod-creator", daemon=True)
     creator.start()
     try:
-        wait_until("Pods to be created before the rotation", lambda: len(created) >= 5 or None, 20.0)
+        poll_until("Pods to be created before the rotation", lambda: len(created) >= 5 or None, 20.0)
         new_cert, new_key = control_plane.issue_serving_certificate("amp-rotation-renewed")
         marks["rotated"] = len(created)
         # Key first, then certificate, each atomically: a reload check that
@@ -507,14 +507,14 @@ def test_certificate_rotation_while_pods_are_created(
         new_serial = x509.load_pem_x509_certificate(new_cert.read_bytes()).serial_number
         assert new_serial != old_serial
 
-        wait_until(
+        poll_until(
             "amp to serve the new certificate",
             lambda: serial(amp.process.served_certificate()) == new_serial or None,
             5.0,
             details=amp.process.describe,
         )
         marks["served"] = len(created)
-        wait_until("Pods to be created after the rotation", lambda: len(created) >= marks["served"] + 10 or None, 20.0)
+        poll_until("Pods to be created after the rotation", lambda: len(created) >= marks["served"] + 10 or None, 20.0)
     finally:
         stop.set()
         creator.join(timeout=15)
@@ -659,7 +659,7 @@ def test_v1beta1_admission_reviews_are_answered_in_kind(
             pod, _ = create_pod(core, ns, pod_manifest(f"old-review-{len(attempts)}"))
             return pod if "AMP_USER" in env_of(pod["spec"]["containers"][0]) else None
 
-        pod = wait_until("the API server to use the v1beta1 registration", mutated, PROPAGATION_DEADLINE,
+        pod = poll_until("the API server to use the v1beta1 registration", mutated, PROPAGATION_DEADLINE,
                          details=amp.process.describe)
     finally:
         registrations.delete_mutating_webhook_configuration(name)
@@ -675,7 +675,7 @@ def test_namespace_watch_resumes_after_the_server_ends_it(
     amp = start_amp("rewatch", overrides={"kubernetes": {"watch_timeout": "1s"}, "metrics": {"port": free_port()}})
     ns = amp.namespace(unique("x-rewatch"), example_endpoints.url("user-env"))
     restarts = "amp_namespace_watch_restarts_total"
-    wait_until("two watch restarts on the server's timeout",
+    poll_until("two watch restarts on the server's timeout",
                lambda: (amp.process.metric(restarts, reason="timeout") or 0) >= 2 or None, 10.0,
                details=amp.process.describe)
     assert amp.process.metric(restarts, reason="expired") in (None, 0.0)
@@ -688,5 +688,5 @@ def test_namespace_watch_resumes_after_the_server_ends_it(
         pod, _ = create_pod(core, ns, pod_manifest(f"after-{len(attempts)}"))
         return True if "amp-proxy" in [c["name"] for c in pod["spec"]["containers"]] else None
 
-    wait_until("a Pod mutated by the new endpoint", sidecar, PROPAGATION_DEADLINE, details=amp.process.describe)
+    poll_until("a Pod mutated by the new endpoint", sidecar, PROPAGATION_DEADLINE, details=amp.process.describe)
     assert (amp.process.metric("amp_namespace_events_total", type="MODIFIED") or 0) >= 1

@@ -17,7 +17,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from . import build
-from .amp_process import wait_until
+from ..waiting import poll_until
 from .cluster import ControlPlane, ControlPlaneError
 
 pytestmark = pytest.mark.e2e
@@ -117,7 +117,7 @@ def test_service_account_kubeconfig_authenticates_and_rbac_applies(
                 return None
 
         try:
-            names = wait_until("the new ClusterRoleBinding to take effect", listed, 10)
+            names = poll_until("the new ClusterRoleBinding to take effect", listed, 10)
         finally:
             rbac.delete_cluster_role_binding("cp-sa-namespace-reader")
             rbac.delete_cluster_role("cp-sa-namespace-reader")

@@ -6,7 +6,7 @@ and a TLS client that verifies amp's certificate.
 Typical use in a C{twisted.trial.unittest.TestCase}::
 
     from twisted.internet import reactor
-    from amphelpers import (WebhookClient, make_config, namespace, review_bytes,
+    from tests.helpers import (WebhookClient, make_config, namespace, review_bytes,
                             start_amp, start_example, decode_answer)
 
     @inlineCallbacks
@@ -61,7 +61,8 @@ from amp.devcert import write_dev_tls
 from amp.example_tap import build_site
 from amp.metrics import Metrics
 from amp.namespaces import INamespaceSource
-from amp.service import AmpService, make_amp_service
+from amp.service import AmpService, namespace_source, serving_certificate
+from amp.tls import tls_endpoint
 
 #: The uid every review built here carries unless told otherwise.
 UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
@@ -316,15 +317,23 @@ class ConnectionTracker(WrappingFactory):
 
 
 @implementer(IStreamServerEndpoint)
-class _RecordingEndpoint:
-    """Listens through C{inner} and remembers the port."""
+class RecordingEndpoint:
+    """
+    Listens through C{inner} with the factory wrapped in a
+    L{ConnectionTracker}, and remembers the port.
+    """
 
-    def __init__(self, inner: IStreamServerEndpoint) -> None:
+    def __init__(self, inner: IStreamServerEndpoint, reactor: Any) -> None:
         self.inner = inner
+        self.reactor = reactor
         #: Fires with the listening port, or fails as the listen did.
         self.listening: Deferred = Deferred()
+        #: The tracker of the connections accepted, once listening.
+        self.tracker: Optional[ConnectionTracker] = None
 
     def listen(self, factory: IProtocolFactory) -> Deferred:
+        self.tracker = ConnectionTracker(factory, self.reactor)
+
         def got(port: IListeningPort) -> IListeningPort:
             self.listening.callback(port)
             return port
@@ -333,7 +342,7 @@ class _RecordingEndpoint:
             self.listening.errback(failure)
             return failure
 
-        return self.inner.listen(factory).addCallbacks(got, failed)
+        return self.inner.listen(self.tracker).addCallbacks(got, failed)
 
 
 # ---------------------------------------------------------------- amp
@@ -347,12 +356,17 @@ class RunningAmp:
         C{service.metrics}, C{service.site}, ...).
     @ivar port: the TCP port of the TLS webhook listener.
     @ivar connections: the L{ConnectionTracker} of the listener.
+    @ivar metrics_port: the port of the plain-HTTP metrics listener, or
+        None when amp was started without it.
     """
 
-    def __init__(self, service: AmpService, port: int, connections: ConnectionTracker) -> None:
+    def __init__(self, service: AmpService, port: int, connections: ConnectionTracker,
+                 metrics_port: Optional[int] = None, trackers: Iterable[ConnectionTracker] = ()) -> None:
         self.service = service
         self.port = port
         self.connections = connections
+        self.metrics_port = metrics_port
+        self._trackers = [connections, *trackers]
 
     @property
     def metrics(self) -> Metrics:
@@ -365,11 +379,17 @@ class RunningAmp:
             text += "?" + query
         return text.encode("ascii")
 
+    def metrics_url(self) -> bytes:
+        """C{http://127.0.0.1:<metrics port>/metrics}, as bytes for treq."""
+        assert self.metrics_port is not None, "amp was started without its metrics listener"
+        return f"http://127.0.0.1:{self.metrics_port}/metrics".encode("ascii")
+
     @inlineCallbacks
     def stop(self) -> Any:
         """Stop every service of amp and close every connection to it."""
         yield self.service.stopService()
-        yield self.connections.close_all()
+        for tracker in self._trackers:
+            yield tracker.close_all()
 
 
 @inlineCallbacks
@@ -379,28 +399,36 @@ def start_amp(
     *,
     namespaces: Optional[INamespaceSource] = None,
     metrics: Optional[Metrics] = None,
+    metrics_listener: bool = False,
 ) -> Any:
     """
-    Build amp with L{make_amp_service} (certificate loaded from
-    C{config.tls}, no SIGHUP handler), start it and wait until the webhook
-    listens.  C{config.listen.port} should be 0 (see L{make_config}).
+    Build amp (certificate loaded from C{config.tls}, no SIGHUP handler)
+    with its webhook on 127.0.0.1 port 0 and, with C{metrics_listener}, its
+    metrics listener on another free loopback port (see
+    L{RunningAmp.metrics_url}); start it and wait until it listens.
     Resolves to a L{RunningAmp}; add its C{stop} as a cleanup.
     """
-    kwargs: dict[str, Any] = {"install_sighup": False, "metrics": metrics if metrics is not None else Metrics()}
-    if namespaces is not None:
-        kwargs["namespaces"] = namespaces
-    service = make_amp_service(config, reactor, **kwargs)
-    recording = _RecordingEndpoint(service.webhook.endpoint)
-    tracker = ConnectionTracker(service.webhook.factory, reactor)
-    service.webhook.endpoint = recording
-    service.webhook.factory = tracker
+    metrics = metrics if metrics is not None else Metrics()
+    certificate = serving_certificate(config.tls, reactor, metrics)
+    webhook = RecordingEndpoint(tls_endpoint(reactor, 0, "127.0.0.1", certificate), reactor)
+    metrics_endpoint = (RecordingEndpoint(TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"), reactor)
+                        if metrics_listener else None)
+    service = AmpService(
+        config, reactor, certificate=certificate, webhook_endpoint=webhook, metrics_endpoint=metrics_endpoint,
+        namespaces=namespaces if namespaces is not None else namespace_source(config, reactor, metrics),
+        metrics=metrics, install_sighup=False)
     service.startService()
     try:
-        port = yield recording.listening.addTimeout(WAIT, reactor)
+        port = yield webhook.listening.addTimeout(WAIT, reactor)
+        metrics_port = None
+        if metrics_endpoint is not None:
+            metrics_port = (yield metrics_endpoint.listening.addTimeout(WAIT, reactor)).getHost().port
     except Exception:
         yield service.stopService()
         raise
-    return RunningAmp(service, port.getHost().port, tracker)
+    assert webhook.tracker is not None
+    extra = [metrics_endpoint.tracker] if metrics_endpoint is not None and metrics_endpoint.tracker else []
+    return RunningAmp(service, port.getHost().port, webhook.tracker, metrics_port, extra)
 
 
 # ---------------------------------------------------------------- example endpoints

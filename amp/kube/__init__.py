@@ -1,0 +1,36 @@
+"""
+amp's Kubernetes sources: a warm cache of every Namespace's labels and
+annotations (and the failurePolicy of amp's own webhook), kept current by
+list/watch loops that run in threads of their own.
+
+The package is split along the one boundary that matters, the reactor
+thread:
+
+  - thread side: L{amp.kube._client} (the synchronous C{kubernetes} client,
+    its sockets, the blocking calls) and L{amp.kube._watch} (the list/watch
+    loop: resume, relist on 410 Gone, backoff with jitter, stop);
+  - the crossing: L{amp.kube._events} (typed, immutable news) and
+    L{amp.kube._bridge} (the one C{reactor.callFromThread});
+  - reactor side: L{amp.kube._source} (the cache, the service, cache misses
+    through the reactor's thread pool);
+  - pure: L{amp.kube._keep} (what is kept of each object, parsed in the
+    threads).
+
+Only the reactor thread reads or writes the cache.  Only what amp reads is
+kept: the enable label, amp's annotations and the resourceVersion, never
+whole objects.
+"""
+
+from amp.kube._client import KubeClient, load_client_configuration
+from amp.kube._keep import webhook_failure_policy
+from amp.kube._source import STOP_WAIT, KubernetesNamespaceSource
+from amp.kube._watch import backoff_delay
+
+__all__ = [
+    "STOP_WAIT",
+    "KubeClient",
+    "KubernetesNamespaceSource",
+    "backoff_delay",
+    "load_client_configuration",
+    "webhook_failure_policy",
+]

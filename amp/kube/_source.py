@@ -1,0 +1,468 @@
+"""
+The Kubernetes namespace source (reactor side: everything here runs on the
+reactor thread).
+
+L{KubernetesNamespaceSource} owns:
+
+  - the client (L{amp.kube._client.KubeClient}), built at start from the
+    in-cluster service account or a kubeconfig;
+  - one thread per watched kind, each running a
+    L{amp.kube._watch.ListWatch}: the namespace watch, and, when
+    C{kubernetes.webhook_configuration} is set, a second one for amp's own
+    MutatingWebhookConfiguration (two independent streams with their own
+    resourceVersions and failures; one thread alternating between two
+    blocking reads could starve one of them, so each gets a thread);
+  - the cache itself, which only the reactor thread reads or writes: each
+    thread's news arrives through its L{amp.kube._bridge.Bridge} as typed
+    events;
+  - cache misses: one bounded GET in the reactor's thread pool, shared by
+    concurrent callers, with 404s remembered briefly.
+
+Stopping sets the threads' stop flag and shuts down the client's sockets so
+a blocked read returns at once; each thread says when it has ended.
+"""
+
+from __future__ import annotations
+
+import random as _random
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from amp.config import KubernetesConfig
+from amp.kube._bridge import Bridge
+from amp.kube._client import KubeClient, Lister, describe, get_namespace
+from amp.kube._events import Bookmark, Changed, Crashed, Replaced, Restarting, WatchEvent
+from amp.kube._keep import Keep, WebhookPolicy
+from amp.kube._watch import ListWatch
+from amp.metrics import Metrics
+from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, NamespaceLookupError
+
+#: How long C{stopService} waits for the threads before giving up on them
+#: (they are daemon threads; after a socket shutdown they end at once).
+STOP_WAIT = 2.0
+
+_NEGATIVE_PRUNE_AT = 1024
+
+
+def start_thread(name: str, target: Callable[[], None]) -> threading.Thread:
+    """Run C{target} in a new daemon thread named C{name}."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+@dataclass(eq=False)
+class _Run:
+    """One start of the service: its stop flag, threads and bridges."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    threads: list[Any] = field(default_factory=list)
+    watches: dict[str, ListWatch] = field(default_factory=dict)
+    bridges: list[Bridge] = field(default_factory=list)
+    running: int = 0
+    all_ended: Optional[Deferred] = None
+
+    def ended(self) -> None:
+        self.running -= 1
+        if self.running == 0 and self.all_ended is not None:
+            d, self.all_ended = self.all_ended, None
+            d.callback(None)
+
+
+@dataclass(eq=False)
+class _Pending:
+    """One GET in flight and the callers waiting for it."""
+
+    waiters: list[Deferred] = field(default_factory=list)
+    superseded: bool = False
+
+
+@implementer(INamespaceSource)
+class KubernetesNamespaceSource(Service):
+    """
+    Namespaces from the Kubernetes API, cached in memory and kept current by
+    a watch (see the module docstring).
+
+    @param config: the C{kubernetes} section.
+    @param reactor: for C{callFromThread}, its thread pool and the stop
+        timeout.
+    @param metrics: where to report (a fresh L{Metrics} if None).
+    @param clock: the time source for the negative-cache TTL and "last
+        event ago" (the reactor if None).
+    @param random: M{[0, 1)} for backoff jitter.
+    @param on_first_list: called once, on the reactor thread, when the
+        first namespace list has landed.
+    @param client_factory: makes the client from C{config} at start
+        (L{KubeClient.from_config}); raising means the configuration cannot
+        be used.
+    @param spawn: starts a watch thread (L{start_thread}).
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        config: KubernetesConfig,
+        *,
+        reactor: Any,
+        metrics: Optional[Metrics] = None,
+        clock: Optional[IReactorTime] = None,
+        random: Callable[[], float] = _random.random,
+        on_first_list: Optional[Callable[[], None]] = None,
+        client_factory: Callable[[KubernetesConfig], Any] = KubeClient.from_config,
+        spawn: Callable[[str, Callable[[], None]], Any] = start_thread,
+    ) -> None:
+        self._config = config
+        self._on_first_list = on_first_list
+        self._reactor = reactor
+        self._clock: IReactorTime = clock if clock is not None else reactor
+        self._metrics = metrics if metrics is not None else Metrics()
+        self._random = random
+        self._client_factory = client_factory
+        self._spawn = spawn
+        self._keep = Keep(config)
+        self._cache: dict[str, NamespaceInfo] = {}
+        self._negative: dict[str, float] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._listed = False
+        self._last_event: Optional[float] = None
+        self._last_error = ""
+        self._config_error: Optional[str] = None
+        self._webhook_policy: Optional[str] = None
+        self._webhook_listed = False
+        self._webhook_error = ""
+        self._rv = ""
+        self._run: Optional[_Run] = None
+        self._last_run: Optional[_Run] = None
+        self.client: Optional[KubeClient] = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def startService(self) -> None:
+        super().startService()
+        self._reset()
+        config = self._config
+        try:
+            client = self._client_factory(config)
+        except Exception as e:
+            where = "in-cluster service account" if config.source == "cluster" else (
+                f"kubeconfig {config.kubeconfig or '(default)'}"
+                + (f" context {config.context}" if config.context else ""))
+            self._config_error = f"cannot load the Kubernetes client configuration from {where}: {describe(e)}"
+            self.log.error("{detail}", detail=self._config_error)
+            return
+        self.client = client
+        run = self._run = self._last_run = _Run()
+        if not config.per_review_get:
+            self._watch(run, "namespaces", "amp-namespace-watch", client.namespaces(),
+                        parse=self._keep.namespace, collect=self._keep.namespaces, handler=self._namespace_news)
+        if config.webhook_configuration:
+            webhook = WebhookPolicy(config.webhook_configuration, config.webhook_name)
+            self._watch(run, "webhook", "amp-webhook-watch", client.webhook_configuration(webhook.name),
+                        parse=webhook.parse, collect=webhook.collect, handler=self._webhook_news)
+        self.log.info("Kubernetes namespace source on {host} ({mode})", host=client.host,
+                      mode="per-review GET" if config.per_review_get else "watch")
+
+    def _watch(self, run: _Run, name: str, thread_name: str, lister: Lister, *, parse: Callable[..., Any],
+               collect: Callable[..., Any], handler: Callable[[WatchEvent], None], **options: Any) -> ListWatch:
+        """Start one list/watch thread whose events reach C{handler} on the reactor."""
+        bridge = Bridge(self._reactor, handler, on_finished=run.ended)
+        watch = ListWatch(lister=lister, parse=parse, collect=collect, emit=bridge, stop=run.stop,
+                          config=self._config, random=self._random, **options)
+
+        def target() -> None:
+            try:
+                watch.run_guarded()
+            finally:
+                bridge.finished()
+
+        run.bridges.append(bridge)
+        run.watches[name] = watch
+        run.running += 1
+        run.threads.append(self._spawn(thread_name, target))
+        return watch
+
+    def stopService(self) -> Optional[Deferred]:
+        """
+        Stop the threads: set their stop flag, drop their undelivered news
+        and shut down the client's sockets so any blocked read returns.  The
+        Deferred fires once every thread has said it ended, or after
+        L{STOP_WAIT} seconds with a warning.
+        """
+        super().stopService()
+        run, self._run = self._run, None
+        client, self.client = self.client, None
+        if run is None:
+            return None
+        run.stop.set()
+        for bridge in run.bridges:
+            bridge.close()
+        assert client is not None
+        client.cut()
+        if run.running == 0:
+            client.close()
+            return None
+        done: Deferred = Deferred()
+        run.all_ended = Deferred()
+
+        def ended(_: Any) -> None:
+            timer.cancel()
+            client.close()
+            done.callback(None)
+
+        def late() -> None:
+            run.all_ended = None
+            alive = [getattr(t, "name", "?") for t in run.threads if getattr(t, "is_alive", lambda: False)()]
+            self.log.warn("Kubernetes watch threads still running after {seconds}s: {names}",
+                          seconds=STOP_WAIT, names=", ".join(alive) or "?")
+            done.callback(None)
+
+        run.all_ended.addCallback(ended)
+        timer = self._reactor.callLater(STOP_WAIT, late)
+        return done
+
+    def _reset(self) -> None:
+        self._cache = {}
+        self._negative = {}
+        self._listed = False
+        self._last_event = None
+        self._last_error = ""
+        self._config_error = None
+        self._webhook_policy = None
+        self._webhook_listed = False
+        self._webhook_error = ""
+        self._rv = ""
+        self._metrics.namespace_cache_size.set(0)
+
+    @property
+    def threads(self) -> tuple[Any, ...]:
+        """The watch threads of the current or last run (for tooling and tests)."""
+        return tuple(self._last_run.threads) if self._last_run is not None else ()
+
+    @property
+    def watches(self) -> dict[str, ListWatch]:
+        """The list/watch loops of the current or last run, by kind (for tooling and tests)."""
+        return dict(self._last_run.watches) if self._last_run is not None else {}
+
+    # ------------------------------------------------------------ news from the threads
+
+    def _namespace_news(self, event: WatchEvent) -> None:
+        now = self._clock.seconds()
+        if isinstance(event, Changed):
+            kind, info, rv = event.kind, event.obj, event.resource_version
+            self._metrics.namespace_events.labels(kind).inc()
+            name = info.name
+            pending = self._pending.get(name)
+            if pending is not None:
+                pending.superseded = True
+            if kind == "DELETED":
+                self._cache.pop(name, None)
+            else:
+                self._cache[name] = info
+                self._negative.pop(name, None)
+            self._metrics.namespace_cache_size.set(len(self._cache))
+            self._last_event, self._rv, self._last_error = now, rv or self._rv, ""
+        elif isinstance(event, Bookmark):
+            self._metrics.namespace_events.labels("BOOKMARK").inc()
+            self._last_event, self._rv, self._last_error = now, event.resource_version or self._rv, ""
+        elif isinstance(event, Replaced):
+            items, rv = event.items, event.resource_version
+            first = not self._listed
+            self._cache = items
+            for pending in self._pending.values():
+                pending.superseded = True
+            for name in [n for n in self._negative if n in items]:
+                del self._negative[name]
+            self._listed, self._last_event, self._rv, self._last_error = True, now, rv, ""
+            self._metrics.namespace_cache_size.set(len(items))
+            self.log.info("{what} {count} namespaces at resourceVersion {rv}",
+                          what="Listed" if first else "Relisted", count=len(items), rv=rv)
+            if first and self._on_first_list is not None:
+                self._on_first_list()
+        elif isinstance(event, Restarting):
+            self._restarted("namespace", "", event)
+        elif isinstance(event, Crashed):
+            self._last_error = f"watch thread failed: {event.error}"
+            self.log.critical("Namespace watch thread failed: {error}", error=event.error)
+
+    def _webhook_news(self, event: WatchEvent) -> None:
+        if isinstance(event, (Changed, Replaced)):
+            if isinstance(event, Changed):
+                _name, policy = event.obj
+                if event.kind == "DELETED":
+                    policy = None
+            else:
+                policy = event.items
+                self._webhook_listed, self._webhook_error = True, ""
+            if policy != self._webhook_policy:
+                self.log.info("MutatingWebhookConfiguration {name}: failurePolicy is now {policy}",
+                              name=self._config.webhook_configuration, policy=policy or "unknown")
+            self._webhook_policy = policy
+        elif isinstance(event, Restarting):
+            self._restarted("webhook configuration", "webhook-", event)
+        elif isinstance(event, Crashed):
+            self._webhook_error = f"watch thread failed: {event.error}"
+            self.log.critical("Webhook configuration watch thread failed: {error}", error=event.error)
+
+    def _restarted(self, what: str, prefix: str, event: Restarting) -> None:
+        reason, error = event.reason, event.error
+        self._metrics.namespace_watch_restarts.labels(prefix + reason).inc()
+        if reason == "timeout" and not error:
+            self.log.debug("The {what} watch ended on the server's timeout; resuming", what=what)
+            return
+        if prefix:
+            self._webhook_error = f"{reason}: {error}" if error else reason
+        else:
+            self._last_error = f"{reason}: {error}" if error else reason
+        self.log.warn("The {what} watch restarts ({reason}): {error}; next attempt in {delay:.2f}s",
+                      what=what, reason=reason, error=error or "-", delay=event.delay)
+
+    # ------------------------------------------------------------ INamespaceSource
+
+    @property
+    def count(self) -> int:
+        return len(self._cache)
+
+    @property
+    def resource_version(self) -> str:
+        """The resourceVersion of the last list, event or bookmark applied."""
+        return self._rv
+
+    @property
+    def listed(self) -> bool:
+        """The first namespace list has landed (the cache is complete)."""
+        return self._listed
+
+    def cached(self, name: str) -> CachedAnswer:
+        if self._config.per_review_get:
+            return UNKNOWN
+        info = self._cache.get(name)
+        if info is not None:
+            return info
+        until = self._negative.get(name)
+        if until is not None:
+            if self._clock.seconds() < until:
+                return None
+            del self._negative[name]
+        return UNKNOWN
+
+    def fetch(self, name: str, timeout: float) -> "Deferred[Optional[NamespaceInfo]]":
+        """
+        One GET of the namespace, bounded by C{timeout} (and
+        C{kubernetes.miss_timeout}), in the reactor's thread pool.  Callers
+        asking for the same name meanwhile share it; each gets its own
+        Deferred, so cancelling one leaves the others waiting.
+
+        @raise NamespaceLookupError: (in the Deferred) when the GET fails.
+        """
+        bound = max(0.001, min(timeout, self._config.miss_timeout))
+        if self._config.per_review_get:
+            d = self._get(name, bound)
+            d.addCallbacks(self._counted, self._lookup_failed, errbackArgs=(name, 1))
+            return d
+        waiter: Deferred = Deferred()
+        pending = self._pending.get(name)
+        if pending is not None:
+            pending.waiters.append(waiter)
+            return waiter
+        pending = self._pending[name] = _Pending([waiter])
+        self._get(name, bound).addBoth(self._fetched, name, pending)
+        return waiter
+
+    def readiness(self) -> tuple[bool, str]:
+        if self._config_error is not None:
+            return False, self._config_error
+        if self._run is None:
+            return False, "not started"
+        config = self._config
+        if config.per_review_get:
+            ok, detail = True, "per-review GET mode: no namespace cache"
+        elif not self._listed:
+            ok, detail = False, "waiting for the first namespace list"
+            if self._last_error:
+                detail += f" (last attempt: {self._last_error})"
+        else:
+            age = self._clock.seconds() - (self._last_event or 0.0)
+            ok, detail = True, f"{len(self._cache)} namespaces, last event {age:.0f}s ago"
+            if self._last_error:
+                detail += f"; watch restarting after {self._last_error}"
+        if config.webhook_configuration and not self._webhook_listed:
+            waiting = f"waiting for the first list of MutatingWebhookConfiguration {config.webhook_configuration}"
+            if self._webhook_error:
+                waiting += f" (last attempt: {self._webhook_error})"
+            return False, f"{detail}; {waiting}" if ok else detail
+        return ok, detail
+
+    def cluster_failure_policy(self) -> Optional[str]:
+        return self._webhook_policy
+
+    # ------------------------------------------------------------ cache misses
+
+    def _get(self, name: str, timeout: float) -> Deferred:
+        client = self.client
+        if client is None:
+            detail = self._config_error or "the Kubernetes namespace source is not running"
+            return _failed(NamespaceLookupError(detail))
+        if not name:
+            return succeed(None)
+        return deferToThreadPool(self._reactor, self._reactor.getThreadPool(), get_namespace,
+                                 client, self._keep.namespace_body, name, timeout)
+
+    def _counted(self, info: Optional[NamespaceInfo]) -> Optional[NamespaceInfo]:
+        self._metrics.namespace_misses.labels("found" if info is not None else "not-found").inc()
+        return info
+
+    def _lookup_failed(self, failure: Failure, name: str, callers: int) -> Failure:
+        self._metrics.namespace_misses.labels("error").inc(callers)
+        self.log.warn("Namespace lookup for {namespace} failed: {error}", namespace=name,
+                      error=failure.getErrorMessage())
+        if not failure.check(NamespaceLookupError):
+            return Failure(NamespaceLookupError(f"namespace {name}: {failure.getErrorMessage()}"))
+        return failure
+
+    def _fetched(self, result: Any, name: str, pending: _Pending) -> None:
+        if self._pending.get(name) is pending:
+            del self._pending[name]
+        waiters = [w for w in pending.waiters if not w.called]
+        if isinstance(result, Failure):
+            result = self._lookup_failed(result, name, len(waiters))
+            for waiter in waiters:
+                waiter.errback(result)
+            return
+        info: Optional[NamespaceInfo] = result
+        if pending.superseded and name in self._cache:
+            # The watch saw this namespace change while the GET was out:
+            # its view is the newer one.
+            info = self._cache[name]
+        elif not pending.superseded and self._run is not None:
+            if info is not None:
+                self._cache.setdefault(name, info)
+                self._metrics.namespace_cache_size.set(len(self._cache))
+            elif self._config.miss_negative_ttl > 0:
+                self._remember_missing(name)
+        label = "found" if info is not None else "not-found"
+        self._metrics.namespace_misses.labels(label).inc(len(waiters))
+        for waiter in waiters:
+            waiter.callback(info)
+
+    def _remember_missing(self, name: str) -> None:
+        now = self._clock.seconds()
+        if len(self._negative) >= _NEGATIVE_PRUNE_AT:
+            for stale in [n for n, until in self._negative.items() if until <= now]:
+                del self._negative[stale]
+        self._negative[name] = now + self._config.miss_negative_ttl
+
+
+def _failed(error: Exception) -> Deferred:
+    d: Deferred = Deferred()
+    d.errback(Failure(error))
+    return d
