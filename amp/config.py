@@ -579,5 +579,19 @@ def load_config(path: str) -> Config:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"(file): {path} is not valid YAML: {e}") from None
+        raise ConfigError(f"(file): {path} is not valid YAML: {_yaml_problem(e)}") from None
     return parse_config(raw)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """
+    A YAML error on one line: where, what, and in what (PyYAML's own text
+    spans several lines with a copy of the offending line).
+    """
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    context = getattr(error, "context", None)
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
+    if context:
+        text += f" ({context})"
+    return " ".join(text.split())

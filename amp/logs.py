@@ -220,3 +220,88 @@ def make_observer(fmt: str, level: str, out: IO[str]) -> ILogObserver:
     if level != "debug":
         predicates.insert(0, _QuietChatter())
     return FilteringLogObserver(base, predicates)
+
+
+class _Kind:
+    """The state of one kind of repeated warning (see L{RepeatLimiter})."""
+
+    __slots__ = ("summary", "logged", "suppressed", "flooding", "timer")
+
+    def __init__(self, summary: str) -> None:
+        self.summary = summary
+        self.logged = 0
+        self.suppressed = 0
+        self.flooding = False
+        self.timer: Any = None
+
+
+class RepeatLimiter:
+    """
+    Keeps one kind of repeated line (a connection refused, a client timed
+    out, a request refused) from flooding the log: in each interval of
+    C{interval} seconds on the reactor's clock, the first C{burst} lines of
+    a kind are written; the rest are counted, and one summary line with the
+    count is written when the interval ends.  While a kind keeps coming,
+    each later interval writes just its summary; an interval without any
+    resets the kind, so its next line is written again.
+
+    Callers count every event in their metrics themselves: only the log is
+    limited.
+
+    @param summaries: for each kind, the summary's subject, e.g.
+        C{"connections refused over listen.max_connections"}; the summary
+        reads C{"<count> more <subject> in the last <interval>s (...)"}.
+    """
+
+    def __init__(self, logger: Any, clock: Any, summaries: dict[str, str], *, burst: int = 5,
+                 interval: float = 60.0) -> None:
+        self._logger = logger
+        self._clock = clock
+        self.burst = burst
+        self.interval = interval
+        self._kinds = {kind: _Kind(summary) for kind, summary in summaries.items()}
+
+    def emit(self, kind: str, level: LogLevel, format: str, **fields: Any) -> None:
+        """
+        Write C{format} with C{fields} at C{level}, unless C{kind} has had
+        its C{burst} lines in this interval.
+        """
+        state = self._kinds[kind]
+        if state.timer is None:
+            state.timer = self._clock.callLater(self.interval, self._interval_over, state)
+        if state.flooding or state.logged >= self.burst:
+            state.suppressed += 1
+            return
+        state.logged += 1
+        self._logger.emit(level, format, **fields)
+
+    def _interval_over(self, state: _Kind) -> None:
+        state.timer = None
+        state.logged = 0
+        if not state.suppressed:
+            state.flooding = False
+            return
+        self._summarise(state)
+        state.flooding = True
+        state.timer = self._clock.callLater(self.interval, self._interval_over, state)
+
+    def _summarise(self, state: _Kind) -> None:
+        self._logger.warn(
+            "{count} more {subject} in the last {interval:g}s (only the first {burst} of a burst are logged)",
+            count=state.suppressed, subject=state.summary, interval=self.interval, burst=self.burst)
+        state.suppressed = 0
+
+    def flush(self) -> None:
+        """
+        Write the summaries of what is counted and not yet written, and stop
+        every timer (the listener is stopping).
+        """
+        for state in self._kinds.values():
+            if state.timer is not None:
+                if state.timer.active():
+                    state.timer.cancel()
+                state.timer = None
+            if state.suppressed:
+                self._summarise(state)
+            state.logged = 0
+            state.flooding = False

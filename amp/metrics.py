@@ -7,13 +7,23 @@ C{endpoint} label is always an origin (C{scheme://host:port}), never a full
 URL, so its cardinality is bounded by the number of endpoint services.
 
 Label values with a fixed set (C{amp_tls_reloads_total{result}}) start at
-zero, so that C{increase()} and C{rate()} see the first event.
+zero, so that C{increase()} and C{rate()} see the first event.  The registry
+also carries the process's own metrics (C{process_*}: CPU, resident memory,
+open file descriptors), and no C{*_created} series.
 ``docs/metrics.md`` describes every metric and what to alert on.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from twisted.web.resource import Resource
 from twisted.web.server import Request
@@ -27,6 +37,9 @@ BREAKER_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
 #: Values of C{amp_tls_reloads_total{result}}.
 TLS_RELOAD_RESULTS = ("success", "error")
 
+#: Values of C{amp_connections_dropped_total{reason}}.
+CONNECTION_DROP_REASONS = ("max-connections", "no-request", "shutting-down")
+
 
 class Metrics:
     """
@@ -34,8 +47,13 @@ class Metrics:
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # A *_created series per counter and histogram child doubles what is
+        # scraped and no alert or dashboard uses it.  (A switch of the
+        # prometheus_client module, for every registry in the process.)
+        disable_created_metrics()
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)
         self.admission_requests = Counter(
             "amp_admission_requests", "Admission reviews answered, by result.",
             ["kind", "operation", "result"], registry=r)
@@ -73,6 +91,10 @@ class Metrics:
             self.tls_reloads.labels(result=result)
         self.open_connections = Gauge(
             "amp_open_connections", "Open client connections on the webhook listener.", registry=r)
+        self.connections_dropped = Counter(
+            "amp_connections_dropped", "Connections closed before any answer, by reason.", ["reason"], registry=r)
+        for reason in CONNECTION_DROP_REASONS:
+            self.connections_dropped.labels(reason=reason)
 
     def render(self) -> bytes:
         """

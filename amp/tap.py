@@ -3,7 +3,7 @@ twistd glue: C{twistd amp --config etc/amp.yaml}.
 
 Options are checked before the reactor starts: a broken config or an
 unusable certificate stops start-up with one line that names the key or file
-and the problem, not a traceback.
+and the problem (no traceback, no usage text) and exit status 1.
 """
 
 from __future__ import annotations
@@ -32,22 +32,29 @@ class Options(usage.Options):
     config: Config
 
     def postOptions(self) -> None:
+        """
+        Load and check the configuration.  A wrong configuration stops
+        twistd with one line on standard error that names the file, the key
+        and the problem, and exit status 1: not twistd's usage text, which
+        says nothing about it.
+        """
+        path = self["config"]
         try:
-            self.config = load_config(self["config"])
+            self.config = load_config(path)
         except ConfigError as e:
-            raise usage.UsageError(f"config {self['config']}: {e}") from None
+            raise SystemExit(f"amp: config {path}: {e}") from None
         workers = self.config.workers
-        if not 0 <= self["worker"] < workers:
-            raise usage.UsageError(f"--worker: expected 0 to {workers - 1} (workers: {workers}), got {self['worker']}")
         if workers > 1 and self.config.listen.port == 0:
-            raise usage.UsageError(
-                f"config {self['config']}: listen.port: workers share the webhook port, so it cannot be 0 "
+            raise SystemExit(
+                f"amp: config {path}: listen.port: workers share the webhook port, so it cannot be 0 "
                 f"(workers: {workers})")
         metrics_port = self.config.metrics.port
         if metrics_port and metrics_port + workers - 1 > 65535:
-            raise usage.UsageError(
-                f"config {self['config']}: metrics.port: {metrics_port} + one port per worker "
+            raise SystemExit(
+                f"amp: config {path}: metrics.port: {metrics_port} + one port per worker "
                 f"({workers}) goes past 65535")
+        if not 0 <= self["worker"] < workers:
+            raise usage.UsageError(f"--worker: expected 0 to {workers - 1} (workers: {workers}), got {self['worker']}")
 
 
 def makeService(options: Options, reactor: Optional[Any] = None) -> Any:

@@ -19,6 +19,10 @@ to temporary files.  L{WebhookSite} builds L{WebhookChannel}s that:
     line and headers (431) as soon as what has arrived says so, and answer
     any other malformed request with 400, always with a reason and
     C{Connection: close};
+  - write the first few of each kind of repeated warning (connections
+    refused, clients timed out, requests refused) and then one summary line
+    with a count per interval (L{amp.logs.RepeatLimiter}); the metrics
+    count every one;
   - after a refusal, read and drop what the client still sends for at most
     L{CLOSE_GRACE} seconds or L{LINGER_BYTES} bytes, then abort: a client
     that writes its whole body before reading gets its answer instead of a
@@ -40,12 +44,13 @@ from typing import Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from twisted.web import http, pages, server
 from twisted.web.resource import Resource
 
 from amp.admission import Admitter, Outcome
+from amp.logs import RepeatLimiter
 from amp.metrics import Metrics
 from amp.deadline import review_deadline
 from amp.review import AdmissionRequest, ReviewError, parse_review
@@ -64,12 +69,25 @@ CLOSE_GRACE = 1.0
 #: without waiting for the rest of L{CLOSE_GRACE}.
 LINGER_BYTES = 4 * 1024 * 1024
 
+#: The listener's kinds of repeated warnings (L{amp.logs.RepeatLimiter}):
+#: at most L{WARNING_BURST} lines of a kind per L{WARNING_INTERVAL} seconds,
+#: then one summary line per interval.
+WARNING_KINDS = {
+    "connections-refused": "connections refused over listen.max_connections",
+    "timed-out": "clients timed out (listen.request_timeout)",
+    "refused": "requests refused before review (400, 413, 414, 431)",
+    "bad-reviews": "requests that were not valid AdmissionReviews (400, 415)",
+}
+WARNING_BURST = 5
+WARNING_INTERVAL = 60.0
+
 
 class WebhookRequest(server.Request):
     """
     A request whose body is held in memory and capped.
     """
 
+    logger = Logger()
     _received = 0
     _refused = False
 
@@ -102,6 +120,27 @@ class WebhookRequest(server.Request):
             return
         super().requestReceived(command, path, version)
 
+    def processingFailed(self, reason: Failure) -> Failure:
+        """
+        A bug of amp's while rendering (no input leads here): logged with
+        its traceback, answered with amp's own plain 500 instead of
+        Twisted's HTML page, and the connection closed.
+        """
+        self.logger.failure("amp internal error answering {method} {path}", failure=reason,
+                            method=self.method, path=self.path)
+        if self.startedWriting:
+            self.channel.loseConnection()
+            return reason
+        body = b"amp internal error\n"
+        self.setResponseCode(http.INTERNAL_SERVER_ERROR)
+        self.setHeader(b"content-type", b"text/plain; charset=utf-8")
+        self.setHeader(b"content-length", b"%d" % len(body))
+        self.setHeader(b"connection", b"close")
+        self.channel.persistent = False
+        self.write(body)
+        self.finish()
+        return reason
+
 
 class WebhookChannel(http.HTTPChannel):
     """
@@ -133,11 +172,14 @@ class WebhookChannel(http.HTTPChannel):
         site: WebhookSite = self.site
         if site.draining:
             # Accepted just before the port closed: nothing of it was received.
+            site.metrics.connections_dropped.labels("shutting-down").inc()
             self.transport.abortConnection()
             return
         if site.open_connections >= site.max_connections:
-            site.logger.warn("Connection refused: {count} connections open (listen.max_connections)",
-                          count=site.open_connections)
+            site.metrics.connections_dropped.labels("max-connections").inc()
+            site.warnings.emit("connections-refused", LogLevel.warn,
+                               "Connection refused: {count} connections open (listen.max_connections)",
+                               count=site.open_connections)
             self.transport.abortConnection()
             return
         site.open_connections += 1
@@ -240,8 +282,9 @@ class WebhookChannel(http.HTTPChannel):
             # Nothing to answer (possibly not even a finished TLS handshake,
             # so no way to send one): just close.
             self._closing = True
-            self.site.logger.info("Closed a connection that sent no request within {timeout}s "
-                                  "(listen.request_timeout)", timeout=self.site.request_timeout)
+            self.site.metrics.connections_dropped.labels("no-request").inc()
+            self.site.warnings.emit("timed-out", LogLevel.info, "Closed a connection that sent no request within "
+                                    "{timeout:g}s (listen.request_timeout)", timeout=self.site.request_timeout)
             self.transport.abortConnection()
             return
         self.refuse(408, f"request not received within {self.site.request_timeout:g}s (listen.request_timeout)")
@@ -264,7 +307,8 @@ class WebhookChannel(http.HTTPChannel):
         self._cancel_deadline()
         self._linger = self.site.reactor.callLater(CLOSE_GRACE, self._abort)
         self.site.metrics.bad_requests.labels(str(code)).inc()
-        self.site.logger.warn("Refused a request: {code} {message}", code=code, message=message)
+        self.site.warnings.emit("timed-out" if code == 408 else "refused", LogLevel.warn,
+                                "Refused a request: {code} {message}", code=code, message=message)
         body = message.encode("utf-8") + b"\n"
         self.transport.write(
             b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
@@ -319,6 +363,9 @@ class WebhookSite(server.Site):
         self.max_connections = max_connections
         self.request_timeout = request_timeout
         self.open_connections = 0
+        #: The listener's repeated warnings, limited.
+        self.warnings = RepeatLimiter(self.logger, reactor, WARNING_KINDS, burst=WARNING_BURST,
+                                      interval=WARNING_INTERVAL)
         #: The connections counted in C{open_connections}.
         self.channels: set[WebhookChannel] = set()
         #: Set by L{drain}: every answer closes its connection, and a
@@ -366,6 +413,10 @@ class WebhookSite(server.Site):
         No access log line: reviews log their own.
         """
 
+    def stopFactory(self) -> None:
+        super().stopFactory()
+        self.warnings.flush()
+
 
 def _plain(request: server.Request, code: int, message: str) -> bytes:
     request.setResponseCode(code)
@@ -404,14 +455,19 @@ class AdmissionResource(Resource):
         started = self._clock.seconds()
         content_type = (request.getHeader(b"content-type") or b"").split(b";", 1)[0].strip().lower()
         if content_type != b"application/json":
-            self._metrics.bad_requests.labels("415").inc()
-            return _plain(request, 415, f"Content-Type must be application/json, got {content_type.decode('latin-1')!r}")
+            return self._bad(request, 415, f"Content-Type must be application/json, got "
+                                           f"{content_type.decode('latin-1')!r}")
         try:
             req = parse_review(request.content.getvalue())
         except ReviewError as e:
-            self._metrics.bad_requests.labels(str(e.code)).inc()
-            self.log.info("Bad AdmissionReview: {error}", error=e.message)
-            return _plain(request, e.code, e.message)
+            return self._bad(request, e.code, e.message)
+        except RecursionError:
+            return self._bad(request, 400, "request body is nested too deeply to parse")
+        except Exception as e:
+            # Whatever else the body makes the parser raise, it is the
+            # body's fault: a 400 naming it, never Twisted's 500 page.
+            return self._bad(request, 400, f"request body is not a valid AdmissionReview "
+                                           f"({type(e).__name__}: {str(e)[:200]})")
         # The review's one deadline, computed here once and carried down.
         timeout = request.args.get(b"timeout")
         deadline = review_deadline(timeout[0].decode("ascii", "replace") if timeout else None, started,
@@ -424,6 +480,12 @@ class AdmissionResource(Resource):
         d.addCallback(self._respond, request, req, started)
         d.addErrback(self._write_failed, request)
         return server.NOT_DONE_YET
+
+    def _bad(self, request: server.Request, code: int, message: str) -> bytes:
+        self._metrics.bad_requests.labels(str(code)).inc()
+        site: WebhookSite = request.channel.site
+        site.warnings.emit("bad-reviews", LogLevel.info, "Bad AdmissionReview: {error}", error=message)
+        return _plain(request, code, message)
 
     def _respond(self, result: tuple[bytes, Outcome], request: server.Request, req: AdmissionRequest,
                  started: float) -> None:

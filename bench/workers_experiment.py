@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     except WrkMissing as e:
         say(str(e))
         return WRK_MISSING
-    from amp.devcert import write_dev_tls
+    from amp_dev.devcert import write_dev_tls
 
     now = datetime.datetime.now(datetime.timezone.utc)
     result: dict[str, Any] = {"date": now.isoformat(timespec="seconds"), "machine": machine(),

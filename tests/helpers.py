@@ -28,7 +28,7 @@ then the example server).  Every C{stop}/C{close} returns a Deferred that
 fires only when every socket it owns is closed.
 
 Everything listens on 127.0.0.1 port 0 (a free port chosen by the kernel).
-The development CA and serving certificate (L{amp.devcert}) are made once
+The development CA and serving certificate (L{amp_dev.devcert}) are made once
 per process in a temporary directory, see L{dev_tls}.
 """
 
@@ -57,8 +57,8 @@ from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
 from amp.config import Config, parse_config
-from amp.devcert import write_dev_tls
-from amp.example_tap import build_site
+from amp_dev.devcert import write_dev_tls
+from amp_examples.server import build_site
 from amp.metrics import Metrics
 from amp.namespaces import INamespaceSource
 from amp.service import AmpService, namespace_source, serving_certificate
@@ -81,7 +81,7 @@ _tls_paths: Optional[dict[str, Path]] = None
 
 def dev_tls() -> dict[str, Path]:
     """
-    The development CA and certificates (L{amp.devcert.write_dev_tls}), made
+    The development CA and certificates (L{amp_dev.devcert.write_dev_tls}), made
     once per process in a temporary directory removed at exit.  Keys:
     C{ca_cert}, C{ca_key}, C{cert}, C{key}, C{client_cert}, C{client_key}.
     The serving certificate covers C{localhost} and C{127.0.0.1}.
@@ -436,11 +436,11 @@ def start_amp(
 
 class RunningExample:
     """
-    The example endpoint server (L{amp.example_tap.build_site}) on
+    The example endpoint server (L{amp_examples.server.build_site}) on
     127.0.0.1, plain HTTP.
 
-    @ivar root: its resource tree; C{root.children[b"hang"].pending} holds
-        the requests C{/hang} is sitting on.
+    @ivar root: its resource tree; C{root.children[b"hang"].handler.pending}
+        holds the calls C{/hang} is sitting on.
     """
 
     def __init__(self, port: IListeningPort, tracker: ConnectionTracker, root: Any) -> None:

@@ -2,7 +2,7 @@
 Tests for amp.admission: one review end to end, without a reactor.
 
 The Admitter runs on a L{Clock}; its EndpointClient talks to the example
-endpoints (L{amp.example_tap.build_root}) through treq's
+endpoints (L{amp_examples.server.build_root}) through treq's
 C{RequestTraversalAgent}, in memory, plus a few tiny resources under
 C{/test/...} that answer exactly what a test needs.  Every failure is checked
 under both failure policies, with the C{amp.txn2.com/status} stamp, whose
@@ -27,7 +27,7 @@ from amp.breaker import BreakerRegistry
 from amp.config import Config
 from amp.deadline import Deadline
 from amp.endpoints import EndpointClient
-from amp.example_tap import build_root
+from amp_examples.server import build_root
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
 from amp.review import parse_review

@@ -4,7 +4,9 @@ Tests for amp.web's channel in memory, the way Twisted tests its own
 L{Clock}, each connection over a L{StringTransport}.  The read deadline
 (408), the idle timeout, the request-line and header limits (414, 431), the
 body cap (413), the connection cap, the bounded close after a refusal and the
-graceful drain at shutdown, each to the exact second of the clock.
+graceful drain at shutdown, each to the exact second of the clock; and no
+input whatever (bytes, JSON, nesting, sizes) gets a 500 or logs a
+traceback.
 
 The same limits over real loopback TLS are in test_web.py and
 test_hostile_clients.py.
@@ -12,7 +14,12 @@ test_hostile_clients.py.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, succeed
@@ -20,15 +27,18 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.resource import Resource
 from zope.interface import implementer
 
 from amp import web
+from amp.logs import RepeatLimiter
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, StaticNamespaceSource
 from amp.service import AmpService, serving_certificate
-from tests.helpers import UID, decode_answer, make_config, namespace, parse_raw_response, review_bytes
+from tests.helpers import UID, decode_answer, make_config, namespace, parse_raw_response, pod, review, review_bytes
 
 HEAD = b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -88,6 +98,11 @@ class ChannelTestCase(SynchronousTestCase):
         channel = site.buildProtocol(transport.getPeer())
         channel.makeConnection(transport)
         return Connection(channel, transport)
+
+    def timers(self) -> list[Any]:
+        """The clock's pending calls, but for the log limiter's interval timers."""
+        return [call for call in self.clock.getDelayedCalls()
+                if not isinstance(getattr(call.func, "__self__", None), RepeatLimiter)]
 
     def bad_requests(self, code: int) -> float:
         return self.metrics.registry.get_sample_value("amp_bad_requests_total", {"code": str(code)}) or 0.0
@@ -182,7 +197,7 @@ class ReadDeadlineTests(ChannelTestCase):
         self.assertEqual(c.received(), b"")
         c.lose()
         self.assertEqual(site.open_connections, 0)
-        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.timers(), [])
 
     def test_a_review_received_in_time_is_answered_and_never_timed_out(self) -> None:
         site = self.site(request_timeout="2s", idle_timeout="60s")
@@ -365,7 +380,7 @@ class LingerTests(ChannelTestCase):
         c = self.connect(site)
         c.send(post_head(10 * 1024 * 1024))
         c.lose()
-        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.timers(), [])
 
 
 # ---------------------------------------------------------------- graceful drain
@@ -526,9 +541,249 @@ class DrainTests(ChannelTestCase):
         self.clock.advance(0)
         self.clock.advance(0)
         self.assertTrue(lookup.called)
-        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.timers(), [])
 
     def test_no_connection_at_all_stops_at_once(self) -> None:
         service = self.start()
         self.successResultOf(service.stopService())
         self.assertEqual(self.events, ["listening", "stopped listening", "namespaces stopped"])
+
+
+class FloodTests(ChannelTestCase):
+    """
+    A flood of one kind of hostile client writes a few log lines and then
+    one summary per interval, while the metrics count every one.
+    """
+
+    def setUp(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def lines(self, text: str) -> list[str]:
+        return [m for m in (formatEvent(e) for e in self.events) if text in m]
+
+    def dropped(self, reason: str) -> float:
+        return self.metrics.registry.get_sample_value("amp_connections_dropped_total", {"reason": reason}) or 0.0
+
+    def test_connections_over_the_cap(self) -> None:
+        site = self.site(max_connections=2)
+        held = [self.connect(site), self.connect(site)]
+        for _ in range(1500):
+            self.connect(site).lose()
+        self.assertEqual(self.dropped("max-connections"), 1500)
+        self.assertEqual(len(self.lines("Connection refused")), web.WARNING_BURST)
+        self.clock.advance(web.WARNING_INTERVAL)
+        self.assertEqual(self.lines("more connections refused"), [
+            f"{1500 - web.WARNING_BURST} more connections refused over listen.max_connections in the last "
+            f"{web.WARNING_INTERVAL:g}s (only the first {web.WARNING_BURST} of a burst are logged)"])
+        self.assertEqual(site.open_connections, len(held))
+
+    def test_oversized_requests(self) -> None:
+        site = self.site(max_body=1024)
+        for _ in range(300):
+            c = self.connect(site)
+            c.send(post_head(10 * 1024 * 1024))
+            c.lose()
+        self.assertEqual(self.bad_requests(413), 300)
+        self.assertEqual(len(self.lines("Refused a request: 413")), web.WARNING_BURST)
+        self.clock.advance(web.WARNING_INTERVAL)
+        [summary] = self.lines("more requests refused before review")
+        self.assertTrue(summary.startswith(f"{300 - web.WARNING_BURST} more"), summary)
+
+    def test_timed_out_clients(self) -> None:
+        site = self.site(request_timeout="1s")
+        silent = [self.connect(site) for _ in range(200)]
+        slow = []
+        for _ in range(100):
+            c = self.connect(site)
+            c.send(post_head(10))
+            slow.append(c)
+        self.clock.advance(1)
+        self.assertEqual(self.dropped("no-request"), 200)
+        self.assertEqual(self.bad_requests(408), 100)
+        self.assertEqual(len(self.lines("sent no request")) + len(self.lines("Refused a request: 408")),
+                         web.WARNING_BURST)
+        for c in silent + slow:
+            c.lose()
+        self.clock.advance(web.WARNING_INTERVAL)
+        [summary] = self.lines("more clients timed out")
+        self.assertTrue(summary.startswith(f"{300 - web.WARNING_BURST} more"), summary)
+
+    def test_a_stopping_listener_writes_what_it_counted(self) -> None:
+        site = self.site(max_connections=1)
+        self.connect(site)
+        for _ in range(20):
+            self.connect(site).lose()
+        site.doStart()
+        site.doStop()
+        [summary] = self.lines("more connections refused")
+        self.assertTrue(summary.startswith(f"{20 - web.WARNING_BURST} more"), summary)
+        # The limiter's own timer is gone with the listener.
+        self.assertEqual(len(self.timers()), len(self.clock.getDelayedCalls()))
+
+
+# ---------------------------------------------------------------- no 500 for any input
+
+#: What amp's listener may answer: its own refusals and 200 reviews.
+ALLOWED_STATUSES = {100, 200, 400, 404, 405, 408, 413, 414, 415, 431}
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=10**300, max_value=10**400)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20)
+
+#: Where in an AdmissionReview a generated value goes.
+PLACES = [(), ("request",), ("request", "object"), ("request", "uid"), ("request", "object", "metadata"),
+          ("request", "object", "metadata", "annotations"), ("request", "object", "spec", "containers"),
+          ("apiVersion",), ("kind",), ("request", "kind"), ("request", "namespace"), ("request", "operation"),
+          ("request", "dryRun"), ("request", "object", "metadata", "name")]
+
+
+def placed(doc: Any, place: tuple[str, ...], value: Any) -> Any:
+    if not place:
+        return value
+    target = doc
+    for key in place[:-1]:
+        if not isinstance(target, dict):
+            return doc
+        target = target.setdefault(key, {})
+    if isinstance(target, dict):
+        target[place[-1]] = value
+    return doc
+
+
+def nested(depth: int, opener: str, closed: bool) -> str:
+    closer = {"[": "]", '{"a":': "}"}[opener]
+    return opener * depth + "1" + (closer * depth if closed else "")
+
+
+class NoServerErrorTests(ChannelTestCase):
+    """
+    Whatever a client sends, amp's listener answers with one of its own
+    refusals or a 200 review, never Twisted's "500 Processing Failed" page,
+    and logs no traceback.
+    """
+
+    def setUp(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+        self.fuzzed = self.site(max_body="64KiB", request_timeout="2s")
+        # team-a is not enabled; "on" is enabled with an endpoint the
+        # allow-list refuses, so its reviews end in the failure policy.
+        self.on = make_config({"on": namespace("https://not-allowed.example/x")})
+
+    def exchange(self, *chunks: bytes) -> bytes:
+        c = self.connect(self.fuzzed)
+        for chunk in chunks:
+            if c.transport.disconnecting:
+                break
+            c.send(chunk)
+        self.clock.advance(2)
+        self.clock.advance(web.CLOSE_GRACE)
+        self.clock.advance(0)
+        self.clock.advance(0)
+        c.lose()
+        return c.received()
+
+    def check(self, data: bytes) -> list[int]:
+        statuses = []
+        for m in re.finditer(rb"(?:^|\r\n)HTTP/1\.1 (\d{3}) [^\r]*\r\n(.*?)\r\n\r\n", data, re.S):
+            status = int(m.group(1))
+            statuses.append(status)
+            self.assertIn(status, ALLOWED_STATUSES, data[:500])
+            if status != 100:
+                headers = dict(line.split(b": ", 1) for line in m.group(2).split(b"\r\n"))
+                # amp's own answers: plain text, or an AdmissionReview; never an HTML error page.
+                self.assertIn(headers.get(b"Content-Type", headers.get(b"content-type")),
+                              (b"text/plain; charset=utf-8", b"application/json"), data[:500])
+        self.assertNotIn(b"Processing Failed", data)
+        failures = [e for e in self.events if "log_failure" in e or e.get("log_level") in (LogLevel.error,
+                                                                                          LogLevel.critical)]
+        self.assertEqual(failures, [], [formatEvent(e) for e in failures])
+        self.events.clear()
+        return statuses
+
+    def post(self, body: bytes, query: bytes = b"timeout=10s", content_type: bytes = b"application/json",
+             path: bytes = b"/mutate") -> list[int]:
+        head = (b"POST " + path + b"?" + query + b" HTTP/1.1\r\nHost: amp\r\nContent-Type: " + content_type
+                + b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+        return self.check(self.exchange(head + body))
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(st.binary(min_size=1, max_size=2048), min_size=1, max_size=4))
+    def test_arbitrary_bytes(self, chunks: list[bytes]) -> None:
+        self.check(self.exchange(*chunks))
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(st.binary(min_size=1, max_size=512), min_size=1, max_size=3))
+    def test_arbitrary_bytes_after_a_valid_request_head(self, chunks: list[bytes]) -> None:
+        self.check(self.exchange(b"POST /mutate HTTP/1.1\r\nHost: amp\r\n", *chunks))
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(json_values, st.sampled_from(PLACES), st.sampled_from(["team-a", "on", "missing", ""]),
+           st.sampled_from([b"/mutate", b"/validate"]))
+    def test_arbitrary_json_anywhere_in_a_review(self, value: Any, place: tuple[str, ...], ns: str,
+                                                 path: bytes) -> None:
+        doc = placed(review(namespace=ns), place, value)
+        body = json.dumps(doc, allow_nan=True).encode()
+        self.assertIn(self.post(body, path=path), ([200], [400]))
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.integers(min_value=1, max_value=100_000), st.sampled_from(["[", '{"a":']), st.booleans(),
+           st.sampled_from(["body", "object", "uid", "annotation"]), st.sampled_from(["team-a", "on"]))
+    def test_deep_nesting(self, depth: int, opener: str, closed: bool, where: str, ns: str) -> None:
+        deep = nested(depth, opener, closed)
+        if where == "body":
+            body = deep
+        else:
+            marker = "\u0000deep\u0000"
+            place = {"object": ("request", "object"), "uid": ("request", "uid"),
+                     "annotation": ("request", "object", "metadata", "annotations")}[where]
+            body = json.dumps(placed(review(namespace=ns), place, marker)).replace(json.dumps(marker), deep)
+        statuses = self.post(body.encode())
+        self.assertIn(statuses, ([200], [400], [413]))
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.integers(min_value=0, max_value=100 * 1024), st.sampled_from(["team-a", "on"]))
+    def test_sizes(self, padding: int, ns: str) -> None:
+        doc = review(pod(annotations={"pad": "x" * padding}), namespace=ns)
+        body = json.dumps(doc).encode()
+        statuses = self.post(body)
+        self.assertEqual(statuses, [413] if len(body) > 64 * 1024 else [200])
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.binary(max_size=64), st.binary(max_size=40), st.sampled_from(["team-a", "on"]))
+    def test_arbitrary_query_and_content_type(self, query: bytes, content_type: bytes, ns: str) -> None:
+        query = bytes(b for b in query if b not in b" \r\n#")
+        content_type = bytes(b for b in content_type if b not in b"\r\n")
+        self.post(review_bytes(namespace=ns), query=query, content_type=content_type)
+
+    def test_non_finite_numbers_and_huge_integers(self) -> None:
+        for token in (b"NaN", b"Infinity", b"-Infinity", b"1e999", b"9" * 5000):
+            body = review_bytes(namespace="on").replace(b'"nginx:1.25"', token)
+            self.assertIn(self.post(body), ([200], [400]))
+
+    def test_a_bug_while_rendering_is_amps_own_plain_500(self) -> None:
+        """No input leads here; a bug of amp's still gets no HTML page."""
+
+        class Broken(Resource):
+            isLeaf = True
+
+            def render(self, request: Any) -> bytes:
+                raise RuntimeError("a bug")
+
+        self.fuzzed.resource.putChild(b"broken", Broken())
+        c = self.connect(self.fuzzed)
+        c.send(b"GET /broken HTTP/1.1\r\nHost: amp\r\n\r\n")
+        status, headers, body = parse_raw_response(c.received())
+        self.assertEqual((status, body), (500, b"amp internal error\n"))
+        self.assertEqual(headers[b"content-type"], b"text/plain; charset=utf-8")
+        self.assertEqual(headers[b"connection"], b"close")
+        self.assertTrue(c.transport.disconnecting)
+        [failure] = [e for e in self.events if "log_failure" in e]
+        self.assertIn("a bug", str(failure["log_failure"].value))
+        self.flushLoggedErrors(RuntimeError)
+        self.events.clear()

@@ -322,7 +322,8 @@ def test_load_config_invalid_yaml(tmp_path: Path) -> None:
     path.write_text("listen: {port: 8443\ntls: [\n")
     with pytest.raises(ConfigError) as e:
         load_config(str(path))
-    assert str(e.value).startswith(f"(file): {path} is not valid YAML")
+    assert str(e.value) == (f"(file): {path} is not valid YAML: line 2, column 4: expected ',' or '}}', "
+                            f"but got ':' (while parsing a flow mapping)")
 
 
 def test_load_config_reports_the_key_of_a_wrong_value(tmp_path: Path) -> None:

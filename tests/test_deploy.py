@@ -1,11 +1,15 @@
 """
-Tests for the Kubernetes manifests in deploy/: every object validates offline
-against the Kubernetes JSON schemas (kubernetes-validate ships them), the
-kustomizations list every file, the RBAC is exactly least privilege, the
-pieces refer to each other correctly (names, ports, paths, labels), the
-ConfigMap's amp.yaml loads with amp's own config loader, and the
-no-cert-manager install script produces a Secret and a caBundle that belong
-together (run against a stand-in kubectl that records what it is given).
+Tests for the Kubernetes manifests in deploy/: the kustomize overlays, built
+with kustomize as C{kubectl apply -k} would, are rendered from the Helm chart
+(deploy/chart/amp) and equal a fresh render; every object validates offline
+against the Kubernetes JSON schemas (kubernetes-validate ships them); the
+kustomizations list every file and name amp's ConfigMap by a hash of its
+content, so an edit rolls the Deployment; the RBAC is exactly least
+privilege; the pieces refer to each other correctly (names, ports, paths,
+labels); the ConfigMap's amp.yaml loads with amp's own config loader; and
+the no-cert-manager install script produces a Secret and a caBundle that
+belong together (run against a stand-in kubectl that records what it is
+given).  tests/test_chart.py tests the chart's values.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -27,50 +32,58 @@ import yaml
 from cryptography import x509
 
 from amp.config import Config, parse_config
+from tests.deploytools import DEPLOY, ROOT, helm_template, kustomize_build, tool
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
 
-ROOT = Path(__file__).resolve().parent.parent
-DEPLOY = ROOT / "deploy"
 OVERLAYS = ("cert-manager", "no-cert-manager")
 #: The Kubernetes version whose schemas the manifests must satisfy (the
 #: end-to-end tests run kube-apiserver 1.37).
 K8S_VERSION = "1.37"
 CERT_MANAGER = "cert-manager.io/v1"
+PROMETHEUS_OPERATOR = "monitoring.coreos.com/v1"
+#: Custom resources: the Kubernetes schemas do not have them (checked, so
+#: that a skip is never silent); their own tests check their shape.
+CUSTOM_RESOURCES = (CERT_MANAGER, PROMETHEUS_OPERATOR)
 CA_PLACEHOLDER = "${CA_BUNDLE}"
 
 POD_LABELS = {"app.kubernetes.io/name": "amp", "app.kubernetes.io/component": "webhook"}
+
+#: What is checked against the schemas: every kustomization of deploy/ as
+#: built, and the chart rendered with the values that switch its parts on
+#: and off.
+BUILDS = ("base", *OVERLAYS, "monitoring")
+CHART_RENDERS = {
+    "chart-defaults": [],
+    "chart-self-signed": ["--set", "certManager.enabled=false"],
+    "chart-everything": ["--set", "monitoring.enabled=true", "--set", "namespace.create=true",
+                         "--set", "priorityClassName=system-cluster-critical", "--set", "webhook.ephemeralContainers=true",
+                         "--set", "webhook.reinvocationPolicy=IfNeeded", "--set", "image.digest=sha256:" + "0" * 64,
+                         "--set-json", 'tolerations=[{"key":"dedicated","operator":"Exists"}]',
+                         "--set-json", 'nodeSelector={"kubernetes.io/os":"linux"}'],
+    "chart-minimal": ["--set", "podDisruptionBudget.enabled=false", "--set", "preStopSleepSeconds=0",
+                      "--set", "monitoring.podAnnotations=false", "--set", "configChecksum=false",
+                      "--set-json", "topologySpread=[]"],
+}
 
 
 # ---------------------------------------------------------------- loading
 
 
-def manifest_files() -> list[Path]:
-    return sorted(p for p in DEPLOY.rglob("*.yaml") if p.name != "kustomization.yaml")
+_BUILT: dict[str, list[dict[str, Any]]] = {}
 
 
-def load(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-
-
-def build(directory: Path) -> list[dict[str, Any]]:
-    """
-    What C{kustomize build} gives for the plain C{resources:} lists used
-    here (no patches or generators): every object, in order.
-    """
-    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    assert set(kustomization) <= {"apiVersion", "kind", "resources"}, "only resources: is emulated"
-    out = []
-    for entry in kustomization["resources"]:
-        target = (directory / entry).resolve()
-        out.extend(build(target) if target.is_dir() else load(target))
-    return out
+def build(directory: str) -> list[dict[str, Any]]:
+    """The objects of one kustomization of deploy/, built by kustomize (once per session)."""
+    if directory not in _BUILT:
+        _BUILT[directory] = kustomize_build(DEPLOY / directory)
+    return copy.deepcopy(_BUILT[directory])
 
 
 def objects(overlay: str) -> dict[tuple[str, str], dict[str, Any]]:
     """The objects of an overlay keyed by (kind, name)."""
     out = {}
-    for doc in build(DEPLOY / overlay):
+    for doc in build(overlay):
         key = (doc["kind"], doc["metadata"]["name"])
         assert key not in out, f"{key} defined twice in {overlay}"
         out[key] = doc
@@ -96,27 +109,69 @@ def container() -> dict[str, Any]:
     return c
 
 
-def all_docs() -> Iterator[tuple[Path, dict[str, Any]]]:
-    for path in manifest_files():
-        for doc in load(path):
-            yield path, doc
+def all_docs() -> Iterator[dict[str, Any]]:
+    """Every object deploy/ can install, each once."""
+    seen = set()
+    for directory in BUILDS:
+        for doc in build(directory):
+            key = (doc["kind"], doc["metadata"].get("namespace"), doc["metadata"]["name"])
+            if key not in seen:
+                seen.add(key)
+                yield doc
+
+
+def rendered(source: str) -> list[dict[str, Any]]:
+    if source in CHART_RENDERS:
+        return helm_template(*CHART_RENDERS[source])
+    return build(source)
+
+
+# ---------------------------------------------------------------- one source of truth
+
+
+def test_kustomize_manifests_are_the_chart_rendered() -> None:
+    """
+    deploy/base, the overlays and deploy/monitoring are exactly what
+    deploy/render makes from the chart now: nobody edited a rendered file
+    or the chart without rendering again.
+    """
+    tool("helm")
+    result = subprocess.run([sys.executable, str(DEPLOY / "render"), "--check"], capture_output=True, text=True,
+                            timeout=120, env=dict(os.environ, AMP_HELM=tool("helm")))
+    assert result.returncode == 0, result.stderr
+
+
+def test_render_check_notices_a_hand_edit(tmp_path: Path) -> None:
+    """The check above can fail: a rendered file edited by hand, and a stale one, are named."""
+    copy_ = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy_, ignore=shutil.ignore_patterns("chart"))
+    deployment = copy_ / "base" / "deployment.yaml"
+    deployment.write_text(deployment.read_text().replace("replicas: 2", "replicas: 3"))
+    (copy_ / "monitoring" / "old.yaml").write_text("{}\n")
+    result = subprocess.run([sys.executable, str(DEPLOY / "render"), "--check", "--out", str(copy_)],
+                            capture_output=True, text=True, timeout=120, env=dict(os.environ, AMP_HELM=tool("helm")))
+    assert result.returncode == 1
+    assert "differs: base/deployment.yaml" in result.stderr
+    assert "not rendered any more: monitoring/old.yaml" in result.stderr
+    assert "amp.yaml" not in result.stderr
 
 
 # ---------------------------------------------------------------- schema validation
 
 
-@pytest.mark.parametrize("path", manifest_files(), ids=lambda p: str(p.relative_to(DEPLOY)))
-def test_manifest_validates_against_kubernetes_schema(path: Path) -> None:
+@pytest.mark.parametrize("source", [*BUILDS, *CHART_RENDERS])
+def test_manifest_validates_against_kubernetes_schema(source: str) -> None:
     """
-    Every Kubernetes object validates against the strict schema (no
-    unknown fields).  cert-manager objects are custom resources: the
+    Every Kubernetes object, as kustomize builds it and as the chart renders
+    it, validates against the strict schema (no unknown fields).
+    cert-manager and Prometheus Operator objects are custom resources: the
     Kubernetes schemas do not have them (checked here, so that a skip is
-    never silent) and L{test_cert_manager_objects_shape} checks them.
+    never silent) and their own tests check them.
     """
-    docs = load(path)
-    assert docs, f"{path} has no objects"
+    docs = rendered(source)
+    assert docs, f"{source} has no objects"
     for doc in docs:
-        if doc["apiVersion"] == CERT_MANAGER:
+        if doc["apiVersion"] in CUSTOM_RESOURCES:
             with pytest.raises(kubernetes_validate.SchemaNotFoundError):
                 kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
             continue
@@ -199,16 +254,44 @@ def test_cert_manager_objects_shape() -> None:
 # ---------------------------------------------------------------- kustomize layout
 
 
-@pytest.mark.parametrize("directory", ["base", *OVERLAYS])
+@pytest.mark.parametrize("directory", BUILDS)
 def test_kustomization_lists_every_manifest(directory: str) -> None:
     here = DEPLOY / directory
     kustomization = yaml.safe_load((here / "kustomization.yaml").read_text())
     assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
     assert kustomization["kind"] == "Kustomization"
     files = {e for e in kustomization["resources"] if not (here / e).is_dir()}
-    assert files == {p.name for p in here.glob("*.yaml") if p.name != "kustomization.yaml"}
+    generated = {f for g in kustomization.get("configMapGenerator", []) for f in g["files"]}
+    assert files | generated == {p.name for p in here.iterdir()
+                                 if p.suffix in (".yaml", ".json") and p.name != "kustomization.yaml"}
     dirs = [e for e in kustomization["resources"] if (here / e).is_dir()]
-    assert dirs == ([] if directory == "base" else ["../base"])
+    assert dirs == (["../base"] if directory in OVERLAYS else [])
+
+
+def test_amp_yaml_is_generated_so_an_edit_rolls_the_deployment(tmp_path: Path) -> None:
+    """
+    amp's ConfigMap comes from deploy/base/amp.yaml through kustomize's
+    configMapGenerator: its name carries a hash of the content and the
+    Deployment's volume follows it, so a changed amp.yaml is a changed Pod
+    template (a rollout), never a silent swap under running replicas.
+    """
+    copy_ = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy_, ignore=shutil.ignore_patterns("chart"))
+
+    def configmap_and_reference(root: Path) -> tuple[str, str]:
+        docs = kustomize_build(root / "cert-manager")
+        [configmap] = [d for d in docs if d["kind"] == "ConfigMap"]
+        [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+        [volume] = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if "projected" in v]
+        [ref] = [s["configMap"]["name"] for s in volume["projected"]["sources"] if "configMap" in s]
+        return configmap["metadata"]["name"], ref
+
+    before, ref_before = configmap_and_reference(copy_)
+    assert before == ref_before and re.fullmatch(r"amp-[a-z0-9]{10}", before)
+    path = copy_ / "base" / "amp.yaml"
+    path.write_text(path.read_text().replace("level: info", "level: debug"))
+    after, ref_after = configmap_and_reference(copy_)
+    assert after == ref_after != before
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -233,9 +316,9 @@ def test_rbac_is_exactly_least_privilege() -> None:
     MutatingWebhookConfiguration (by name), and nothing else anywhere in
     deploy/: no other role, no other verb, no wildcard.
     """
-    roles = [(p, d) for p, d in all_docs() if d["kind"] in ("ClusterRole", "Role")]
-    assert len(roles) == 1, [str(p) for p, _ in roles]
-    [(_, role)] = roles
+    roles = [d for d in all_docs() if d["kind"] in ("ClusterRole", "Role")]
+    assert len(roles) == 1, [r["metadata"]["name"] for r in roles]
+    [role] = roles
     assert role["kind"] == "ClusterRole"
     rules = sorted(
         (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])), tuple(r.get("resourceNames", ())))
@@ -250,7 +333,7 @@ def test_rbac_is_exactly_least_privilege() -> None:
     for rule in role["rules"]:
         assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, "no nonResourceURLs"
 
-    bindings = [d for _, d in all_docs() if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    bindings = [d for d in all_docs() if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
     assert len(bindings) == 1
     [binding] = bindings
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -372,7 +455,7 @@ def test_webhook_registration(overlay: str) -> None:
     [expression] = selector["matchExpressions"]
     assert expression["key"] == "kubernetes.io/metadata.name"
     assert expression["operator"] == "NotIn"
-    assert "amp-system" in expression["values"]
+    assert sorted(expression["values"]) == ["amp-system", "kube-system"]
     assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
                               "resources": ["pods"], "scope": "Namespaced"}]
     assert hook["sideEffects"] == "None"
@@ -385,6 +468,51 @@ def test_webhook_registration(overlay: str) -> None:
     assert hook["clientConfig"]["service"] == {
         "name": service["metadata"]["name"], "namespace": service["metadata"]["namespace"],
         "path": "/mutate", "port": 443}
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector matches an object with C{labels}."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        ok = {"In": key in labels and labels[key] in values,
+              "NotIn": key not in labels or labels[key] not in values,
+              "Exists": key in labels,
+              "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_webhook_selectors_protect_the_cluster_and_let_pods_opt_out(overlay: str) -> None:
+    """
+    The API server asks amp only about Pods in namespaces labelled enabled,
+    never in amp's own namespace or kube-system even when labelled (a
+    webhook that must answer before its own Pods start would lock the
+    cluster out of recovering), and never about a Pod labelled
+    amp.txn2.com/enabled: "false".
+    """
+    [hook] = only(overlay, "MutatingWebhookConfiguration")["webhooks"]
+    config = amp_yaml()
+    enabled = {config.kubernetes.enabled_label: config.kubernetes.enabled_value}
+    amp_namespace = only(overlay, "Deployment")["metadata"]["namespace"]
+
+    def namespace(name: str, labels: dict[str, str]) -> dict[str, str]:
+        return {"kubernetes.io/metadata.name": name, **labels}
+
+    namespaces = hook["namespaceSelector"]
+    assert selects(namespaces, namespace("team-a", enabled))
+    assert not selects(namespaces, namespace("team-b", {}))
+    assert not selects(namespaces, namespace("team-c", {config.kubernetes.enabled_label: "false"}))
+    assert not selects(namespaces, namespace(amp_namespace, enabled))
+    assert not selects(namespaces, namespace("kube-system", enabled))
+
+    pods = hook["objectSelector"]
+    assert selects(pods, {})
+    assert selects(pods, {"app": "web", "amp.txn2.com/enabled": "true"})
+    assert not selects(pods, {"app": "web", "amp.txn2.com/enabled": "false"})
 
 
 def test_cert_manager_injects_the_ca_of_the_serving_certificate() -> None:
@@ -422,7 +550,7 @@ def test_no_cert_manager_variant_has_a_ca_bundle_placeholder() -> None:
 FAKE_KUBECTL = textwrap.dedent('''\
     #!{python}
     """A stand-in for kubectl: records what would be applied as JSON lines."""
-    import base64, json, os, sys
+    import base64, json, os, subprocess, sys
     from pathlib import Path
     import yaml
 
@@ -436,12 +564,8 @@ FAKE_KUBECTL = textwrap.dedent('''\
                     f.write(json.dumps(doc) + "\\n")
 
     def build(directory):
-        k = yaml.safe_load((directory / "kustomization.yaml").read_text())
-        out = []
-        for entry in k["resources"]:
-            target = (directory / entry).resolve()
-            out.append(build(target) if target.is_dir() else target.read_text())
-        return "\\n---\\n".join(out)
+        return subprocess.run([os.environ["FAKE_KUBECTL_KUSTOMIZE"], "build", str(directory)],
+                              check=True, capture_output=True, text=True).stdout
 
     if args[:2] == ["apply", "-f"]:
         record(sys.stdin.read() if args[2] == "-" else Path(args[2]).read_text())
@@ -465,7 +589,7 @@ FAKE_KUBECTL = textwrap.dedent('''\
 
 def test_install_script_without_cert_manager(tmp_path: Path) -> None:
     """
-    install.sh makes the certificate with amp.devcert, creates the Secret
+    install.sh makes the certificate with amp_dev.devcert, creates the Secret
     the Deployment mounts, applies the base, and registers the webhook with
     a caBundle that verifies the serving certificate for the Service name.
     """
@@ -476,7 +600,7 @@ def test_install_script_without_cert_manager(tmp_path: Path) -> None:
     kubectl.chmod(0o755)
     log = tmp_path / "applied.jsonl"
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", PYTHON=sys.executable,
-               PYTHONPATH=str(ROOT), FAKE_KUBECTL_LOG=str(log))
+               PYTHONPATH=str(ROOT), FAKE_KUBECTL_LOG=str(log), FAKE_KUBECTL_KUSTOMIZE=tool("kustomize"))
     tls_dir = tmp_path / "amp-tls"
     result = subprocess.run(["sh", str(DEPLOY / "no-cert-manager" / "install.sh"), str(tls_dir)],
                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -486,7 +610,7 @@ def test_install_script_without_cert_manager(tmp_path: Path) -> None:
     for doc in applied:
         by_kind.setdefault(doc["kind"], []).append(doc)
 
-    assert {d["kind"] for d in build(DEPLOY / "base")} <= set(by_kind)
+    assert {d["kind"] for d in build("base")} <= set(by_kind)
     [secret] = by_kind["Secret"]
     projected = [s["secret"]["name"] for v in pod_spec()["volumes"] if "projected" in v
                  for s in v["projected"]["sources"] if "secret" in s]

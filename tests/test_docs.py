@@ -22,7 +22,7 @@ import yaml
 
 import amp.endpoints
 from amp.config import Config, EndpointsConfig, parse_config
-from amp.example_tap import build_root
+from amp_examples.server import build_root
 from amp.metrics import Metrics
 from amp.reasons import ENDPOINT_OUTCOMES, FAILURE_REASONS, Reason
 

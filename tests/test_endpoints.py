@@ -43,7 +43,7 @@ from amp.admission import Admitter
 from amp.breaker import CLOSED, HALF_OPEN, OPEN, BreakerRegistry
 from amp.config import BreakerConfig, EndpointSettings, parse_config
 from amp.deadline import Deadline
-from amp.devcert import issue_cert, make_ca, pem_cert, pem_key
+from amp_dev.devcert import issue_cert, make_ca, pem_cert, pem_key
 from amp.endpoints import OUTCOMES, REASONS, USER_AGENT, EndpointClient, EndpointFailure, OriginPool, classify
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource

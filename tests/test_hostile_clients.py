@@ -156,12 +156,11 @@ class SlowClientTests(HostileTestCase):
         c = yield self.client(amp)
         body = review_bytes()
         c.send(post_head(len(body)))
-        c.trickle(body, 0.02)
-        data = yield self.closed(c)
+        c.trickle(body, 0.05)  # the whole body would take about 20s
+        data = yield self.closed(c, within=10.0)
         self.assertRefused(data, 408, b"(listen.request_timeout)")
         self.assertLess(c.sent, len(body))
         self.assertGreaterEqual(c.elapsed(), 0.28)
-        self.assertLess(c.elapsed(), 1.5)
         self.assertEqual(amp.metrics.bad_requests.labels("408")._value.get(), 1)
 
     @inlineCallbacks
@@ -172,11 +171,10 @@ class SlowClientTests(HostileTestCase):
         c = RawClient()
         yield connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", amp.port), c)
         self.addCleanup(lambda: c.transport.abortConnection() if c.closed_at is None else None)
-        c.trickle(hello, 0.02)
-        yield self.closed(c)
+        c.trickle(hello, 0.05)
+        yield self.closed(c, within=10.0)
         self.assertLess(c.sent, len(hello))
         self.assertGreaterEqual(c.elapsed(), 0.28)
-        self.assertLess(c.elapsed(), 1.5)
         yield amp.connections.wait_idle()
         self.assertEqual(amp.service.site.open_connections, 0)
 
@@ -199,7 +197,7 @@ def client_hello() -> bytes:
 class ConnectionCapTests(HostileTestCase):
     @inlineCallbacks
     def test_connections_over_the_cap_are_closed_at_once_and_the_others_keep_working(self) -> Any:
-        amp = yield self.start(max_connections=2, request_timeout="3s")
+        amp = yield self.start(max_connections=2, request_timeout="60s")
         held = []
         for _ in range(2):
             c = yield self.client(amp)
@@ -208,16 +206,16 @@ class ConnectionCapTests(HostileTestCase):
             held.append(c)
         self.assertEqual(amp.service.site.open_connections, 2)
 
-        # Several more at once: each is closed without waiting for any timeout.
+        # Several more at once: each is closed without waiting for any
+        # timeout (the request timeout is a minute).
         extra = []
         for _ in range(3):
             c = RawClient()
             yield connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", amp.port), c)
             extra.append(c)
         for c in extra:
-            yield self.closed(c, within=2.0)
+            yield self.closed(c, within=10.0)
             self.assertEqual(c.received, b"")
-            self.assertLess(c.elapsed(), 1.0)
         self.assertEqual(amp.service.site.open_connections, 2)
 
         # The held connections still serve reviews.
@@ -252,12 +250,12 @@ class OversizedTests(HostileTestCase):
 
     @inlineCallbacks
     def refused_midway(self, *chunks: bytes, **listen: Any) -> Any:
-        amp = yield self.start(request_timeout="5s", **listen)
+        # Closed long before the request timeout: refused from what arrived.
+        amp = yield self.start(request_timeout="60s", **listen)
         c = yield self.client(amp)
         for chunk in chunks:
             c.send(chunk)
-        data = yield self.closed(c, within=3.0)
-        self.assertLess(c.elapsed(), 2.0)
+        data = yield self.closed(c, within=10.0)
         return amp, data
 
     @inlineCallbacks
@@ -320,9 +318,7 @@ class NonReaderTests(HostileTestCase):
         self.assertEqual(other.received.count(b'"uid"'), 3)
         # amp closes the greedy one within idle_timeout plus the close grace
         # (a client that does not read does not see that until it reads).
-        started = reactor.seconds()
-        yield wait_until(lambda: amp.service.site.open_connections == 1, timeout=0.3 + web.CLOSE_GRACE + 3.0)
-        self.assertLess(reactor.seconds() - started, 0.3 + web.CLOSE_GRACE + 1.0)
+        yield wait_until(lambda: amp.service.site.open_connections == 1, timeout=0.3 + web.CLOSE_GRACE + 10.0)
         self.assertIsNone(greedy.closed_at)
         greedy.transport.resumeProducing()
         yield self.closed(greedy)

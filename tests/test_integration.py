@@ -275,16 +275,16 @@ class DeadlineTests(IntegrationTestCase):
 
     @inlineCallbacks
     def hang_up_and_check(self, amp: Any) -> Any:
-        hang = self.example.root.children[b"hang"]
+        endpoint = self.example.root.children[b"hang"]
+        hang = endpoint.handler
         arrived: Deferred = Deferred()
-        respond = hang.respond
 
-        def respond_and_tell(request: Any, pod: Any) -> Any:
-            result = respond(request, pod)
+        def hang_and_tell(pod: Any, call: Any) -> Any:
+            result = hang(pod, call)
             arrived.callback(None)
             return result
 
-        hang.respond = respond_and_tell
+        endpoint.handler = hang_and_tell
         started = reactor.seconds()
         call = self.client.post(amp.url("/mutate", "timeout=10s"), review_bytes(namespace="hang"))
         call.addErrback(lambda f: f.trap(CancelledError, ResponseNeverReceived))

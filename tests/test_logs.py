@@ -1,8 +1,8 @@
 """
 Tests for amp's log output (L{amp.logs}): JSON lines that parse one per
 line and carry the review fields, failures with their traceback, level
-filtering, and the per-review line of a real review, which must never hold
-the Pod.
+filtering, the per-review line of a real review, which must never hold
+the Pod, and the limit on repeated lines.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.logger import Logger, globalLogPublisher
+from twisted.internet.task import Clock
+from twisted.logger import Logger, LogLevel, formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.helpers import (
     WebhookClient,
@@ -29,7 +30,7 @@ from tests.helpers import (
     start_amp,
     start_example,
 )
-from amp.logs import event_as_json, make_observer
+from amp.logs import RepeatLimiter, event_as_json, make_observer
 
 REVIEW_FIELDS = ("uid", "namespace", "pod", "endpoint", "result", "reason", "duration_ms", "patch_size")
 SECRET_VALUE = "hunter2-do-not-log"
@@ -300,3 +301,67 @@ def test_fast_formatting_matches_twisteds() -> None:
         event = dict(fields, log_format=fmt)
         assert format_event(event) == formatEvent(event), fmt
     assert format_event({"no": "format"}) == formatEvent({"no": "format"})
+
+
+class RepeatLimiterTests(SynchronousTestCase):
+    """
+    L{RepeatLimiter} on a L{Clock}: the first few lines of a kind, then one
+    summary with a count per interval.
+    """
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.events: list[dict[str, Any]] = []
+        self.limiter = RepeatLimiter(Logger(observer=self.events.append), self.clock,
+                                     {"refused": "connections refused", "other": "other things"},
+                                     burst=3, interval=10.0)
+
+    def messages(self) -> list[str]:
+        return [formatEvent(e) for e in self.events]
+
+    def refuse(self, n: int) -> None:
+        for i in range(n):
+            self.limiter.emit("refused", LogLevel.warn, "Connection refused: {i}", i=i)
+
+    def test_a_burst_logs_its_first_lines_then_one_summary_with_the_count(self) -> None:
+        self.refuse(1500)
+        self.assertEqual(self.messages(), ["Connection refused: 0", "Connection refused: 1", "Connection refused: 2"])
+        self.clock.advance(9.9)
+        self.assertEqual(len(self.events), 3)
+        self.clock.advance(0.1)
+        self.assertEqual(self.messages()[3:], [
+            "1497 more connections refused in the last 10s (only the first 3 of a burst are logged)"])
+        self.assertEqual(self.events[3]["log_level"], LogLevel.warn)
+
+    def test_a_flood_that_goes_on_writes_one_summary_per_interval(self) -> None:
+        self.refuse(10)
+        self.clock.advance(10)
+        for _ in range(3):
+            self.refuse(100)
+            self.clock.advance(10)
+        self.assertEqual(len(self.events), 3 + 4)
+        self.assertEqual([e["count"] for e in self.events[3:]], [7, 100, 100, 100])
+
+    def test_a_quiet_interval_resets_the_kind(self) -> None:
+        self.refuse(5)
+        self.clock.advance(10)  # summary of 2
+        self.clock.advance(10)  # nothing came: reset
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.refuse(1)
+        self.assertEqual(self.messages()[-1], "Connection refused: 0")
+
+    def test_kinds_are_limited_apart(self) -> None:
+        self.refuse(10)
+        self.limiter.emit("other", LogLevel.info, "other {n}", n=1)
+        self.assertEqual(self.messages()[-1], "other 1")
+
+    def test_a_burst_under_the_limit_writes_no_summary(self) -> None:
+        self.refuse(3)
+        self.clock.advance(100)
+        self.assertEqual(len(self.events), 3)
+
+    def test_flush_writes_what_is_counted_and_stops_the_timers(self) -> None:
+        self.refuse(8)
+        self.limiter.flush()
+        self.assertEqual(self.events[-1]["count"], 5)
+        self.assertEqual(self.clock.getDelayedCalls(), [])

@@ -32,9 +32,9 @@ from tests.helpers import (
 )
 from tests.prometheus import Scrape
 from amp.config import parse_config
-from amp.devcert import write_dev_tls
+from amp_dev.devcert import write_dev_tls
 from amp.metrics import BREAKER_STATE_VALUES, Metrics
-from amp.service import make_amp_service
+from amp.service import namespace_source
 
 #: The metrics the operator documentation and alerts rely on, with their
 #: Prometheus type and label names.

@@ -1,12 +1,14 @@
 """
 Tests for amp.tap and the twistd plugins: a broken config or certificate
-stops start-up with one line naming the key or file, and C{twistd --help}
-lists both plugins.
+stops start-up with one line naming the key or file and nothing else on the
+screen (no usage text), exit status non-zero, with C{--check} too; and
+C{twistd --help} lists both plugins.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,23 +43,34 @@ def yaml_config(**sections: object) -> str:
     return yaml.safe_dump(raw_config(**sections))
 
 
-def test_broken_config_is_a_usage_error_naming_the_key(tmp_path: Path) -> None:
+def config_error(path: str, *extra: str) -> str:
+    """The one line amp exits with for a wrong config."""
+    with pytest.raises(SystemExit) as e:
+        options_for(path, *extra)
+    assert isinstance(e.value.code, str), e.value.code
+    return e.value.code
+
+
+def test_broken_config_exits_with_one_line_naming_the_key(tmp_path: Path) -> None:
     path = write_config(tmp_path, "listen: {port: 8443}\nendpoints: {timeout: soon}\n")
-    with pytest.raises(UsageError) as e:
-        options_for(path)
-    assert str(e.value) == f"config {path}: endpoints.timeout: expected a duration like 250ms, 2s or 1m, got 'soon'"
+    assert config_error(path) == (
+        f"amp: config {path}: endpoints.timeout: expected a duration like 250ms, 2s or 1m, got 'soon'")
 
 
-def test_unknown_key_is_a_usage_error(tmp_path: Path) -> None:
+def test_unknown_key_exits_naming_it(tmp_path: Path) -> None:
     path = write_config(tmp_path, "listen: {prot: 8443}\n")
-    with pytest.raises(UsageError, match=r"listen\.prot: unknown key"):
-        options_for(path)
+    assert "listen.prot: unknown key" in config_error(path)
 
 
-def test_missing_config_file_is_a_usage_error(tmp_path: Path) -> None:
+def test_missing_config_file_exits_naming_it(tmp_path: Path) -> None:
     path = str(tmp_path / "missing.yaml")
-    with pytest.raises(UsageError, match="cannot read config file .*missing.yaml: No such file"):
-        options_for(path)
+    assert re.search("cannot read config file .*missing.yaml: No such file", config_error(path))
+
+
+def test_a_wrong_worker_flag_is_a_usage_error(tmp_path: Path) -> None:
+    path = write_config(tmp_path, yaml_config(workers=2, listen={"port": 18443}))
+    with pytest.raises(UsageError, match=r"--worker: expected 0 to 1 \(workers: 2\), got 2"):
+        options_for(path, "--worker", "2")
 
 
 def test_missing_certificate_exits_naming_the_file(tmp_path: Path) -> None:
@@ -97,20 +110,57 @@ def test_twistd_help_lists_both_plugins() -> None:
     assert "amp-example" in commands
 
 
-def test_twistd_amp_with_a_broken_config_prints_the_key_not_a_traceback(tmp_path: Path) -> None:
+def one_line(result: subprocess.CompletedProcess) -> str:
+    """
+    The process failed and wrote exactly one line, on standard error, and
+    nothing else (no usage text, no traceback, no log lines).
+    """
+    assert result.returncode != 0, result
+    assert result.stdout == "", result.stdout
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
+def test_twistd_amp_with_a_broken_config_prints_one_line(tmp_path: Path, check: bool) -> None:
     path = write_config(tmp_path, "listen: {port: 99999}\n")
+    result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, *(["--check"] if check else []),
+                     cwd=tmp_path)
+    assert one_line(result) == f"amp: config {path}: listen.port: expected a port number 0-65535, got 99999"
+
+
+@pytest.mark.parametrize("text, error", [
+    ("listen: [1, 2\n", "is not valid YAML"),
+    ("workers: 2\n", "listen.port: workers share the webhook port, so it cannot be 0"),
+    ("tls: {cert: 1}\n", "tls.cert: expected a non-empty string, got 1"),
+], ids=["yaml", "workers", "type"])
+def test_twistd_amp_check_prints_one_line_per_config_error(tmp_path: Path, text: str, error: str) -> None:
+    path = write_config(tmp_path, text.replace("workers: 2", "workers: 2\nlisten: {port: 0}"))
+    result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, "--check", cwd=tmp_path)
+    line = one_line(result)
+    assert line.startswith(f"amp: config {path}: "), line
+    assert error in line
+
+
+def test_twistd_amp_with_a_missing_config_file_prints_one_line(tmp_path: Path) -> None:
+    path = str(tmp_path / "nowhere.yaml")
     result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, cwd=tmp_path)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert "listen.port: expected a port number 0-65535, got 99999" in output
-    assert "Traceback" not in output
+    assert "cannot read config file" in one_line(result)
 
 
-def test_twistd_amp_with_a_missing_key_file_prints_the_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
+def test_twistd_amp_with_a_missing_key_file_prints_one_line(tmp_path: Path, check: bool) -> None:
     key = tmp_path / "gone.key"
     path = write_config(tmp_path, yaml_config(tls={"cert": str(dev_tls()["cert"]), "key": str(key)}))
-    result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, cwd=tmp_path)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert str(key) in output
-    assert "Traceback" not in output
+    result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, *(["--check"] if check else []),
+                     cwd=tmp_path)
+    line = one_line(result)
+    assert line.startswith("amp: key file "), line
+    assert str(key) in line
+
+
+def test_twistd_amp_check_of_a_good_config_exits_zero_quietly(tmp_path: Path) -> None:
+    path = write_config(tmp_path, yaml_config())
+    result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, "--check", cwd=tmp_path)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")

@@ -37,7 +37,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 from zope.interface import implementer
 
-from amp.devcert import issue_cert, make_ca, pem_cert, pem_key
+from amp_dev.devcert import issue_cert, make_ca, pem_cert, pem_key
 from amp.metrics import Metrics
 from amp.tls import (
     TLS12_CIPHERS,

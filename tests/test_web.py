@@ -24,7 +24,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web._newclient import RequestTransmissionFailed, ResponseNeverReceived
 from zope.interface import implementer
 
-from amp.devcert import make_ca, pem_cert
+from amp_dev.devcert import make_ca, pem_cert
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
 from tests.helpers import (
     UID,

@@ -170,13 +170,13 @@ def test_worker_index_out_of_range_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_workers_need_a_fixed_webhook_port(tmp_path: Path) -> None:
     path = _config_file(tmp_path, workers=2)
-    with pytest.raises(UsageError, match="listen.port: workers share the webhook port, so it cannot be 0"):
+    with pytest.raises(SystemExit, match="listen.port: workers share the webhook port, so it cannot be 0"):
         _options(path)
 
 
 def test_metrics_ports_must_fit(tmp_path: Path) -> None:
     path = _config_file(tmp_path, workers=3, listen={"port": 18443}, metrics={"port": 65534})
-    with pytest.raises(UsageError, match="metrics.port: 65534 \\+ one port per worker \\(3\\) goes past 65535"):
+    with pytest.raises(SystemExit, match="metrics.port: 65534 \\+ one port per worker \\(3\\) goes past 65535"):
         _options(path)
 
 

@@ -76,7 +76,7 @@ class SecretVolume:
         Issue a new serving certificate from the same CA and swap it in;
         returns its serial.
         """
-        from amp.devcert import DEFAULT_HOSTS, issue_cert, pem_cert, pem_key
+        from amp_dev.devcert import DEFAULT_HOSTS, issue_cert, pem_cert, pem_key
 
         cert, key = issue_cert(self.ca_cert, self.ca_key, "amp", DEFAULT_HOSTS, days=1)
         self.generation += 1
@@ -191,7 +191,7 @@ class Soak:
     # -------------------------------------------------------------- processes
 
     def start(self) -> None:
-        from amp.devcert import write_dev_tls
+        from amp_dev.devcert import write_dev_tls
 
         py = sys.executable
         w = self.workdir

@@ -3,7 +3,7 @@
 #
 #   deploy/no-cert-manager/install.sh [TLS_DIR]
 #
-# 1. `python -m amp.devcert TLS_DIR` writes a private CA and a serving
+# 1. `python -m amp_dev.devcert TLS_DIR` writes a private CA and a serving
 #    certificate for amp.amp-system.svc (TLS_DIR defaults to ./amp-tls; the
 #    CA is kept when the directory already holds a usable one).
 # 2. The serving certificate becomes the Secret amp-system/amp-tls.
@@ -14,7 +14,7 @@
 # caBundle) stays, amp picks up the new Secret without a restart.
 # TLS_DIR holds the CA's private key: keep it somewhere safe, not in git.
 #
-# Needs kubectl (1.14+, for apply -k) and Python with amp installed
+# Needs kubectl (1.14+, for apply -k) and Python with amp-examples installed
 # (PYTHON, default python3).
 set -eu
 
@@ -22,7 +22,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 tls_dir=${1:-amp-tls}
 python=${PYTHON:-python3}
 
-"$python" -m amp.devcert "$tls_dir" --hosts amp.amp-system.svc,amp.amp-system.svc.cluster.local >/dev/null
+"$python" -m amp_dev.devcert "$tls_dir" --hosts amp.amp-system.svc,amp.amp-system.svc.cluster.local >/dev/null
 
 kubectl apply -f "$here/../base/namespace.yaml"
 kubectl -n amp-system create secret generic amp-tls --type=kubernetes.io/tls \

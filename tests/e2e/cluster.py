@@ -43,7 +43,7 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from amp.devcert import issue_cert, make_ca, pem_cert, pem_key
+from amp_dev.devcert import issue_cert, make_ca, pem_cert, pem_key
 
 from ..waiting import WaitTimeout, poll_until
 from .build import Binaries, build
@@ -77,7 +77,7 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 class _Authority:
-    """A certificate authority that issues leaf certificates (amp.devcert's)."""
+    """A certificate authority that issues leaf certificates (amp_dev.devcert's)."""
 
     def __init__(self, common_name: str) -> None:
         self.cert, self.key = make_ca(common_name, days=2)

@@ -81,12 +81,16 @@ AMP_CLUSTER_ROLE = "amp-e2e"
 
 
 def deploy_documents(substitutions: dict[str, str] | None = None) -> list[tuple[Path, dict[str, Any]]]:
-    """Every YAML document under ``deploy/`` as ``(file, document)``, after
-    replacing each ``${NAME}`` placeholder given in ``substitutions``."""
+    """Every Kubernetes object in a YAML file under ``deploy/`` as ``(file,
+    document)``, after replacing each ``${NAME}`` placeholder given in
+    ``substitutions`` (not the Helm chart's templates, nor files that are not
+    Kubernetes objects, such as ``deploy/base/amp.yaml``)."""
     documents = []
     if DEPLOY_DIR.is_dir():
         for path in sorted(DEPLOY_DIR.rglob("*")):
             if path.suffix not in (".yaml", ".yml") or not path.is_file():
+                continue
+            if DEPLOY_DIR / "chart" in path.parents or path == DEPLOY_DIR / "base" / "amp.yaml":
                 continue
             text = path.read_text()
             for name, value in (substitutions or {}).items():
@@ -108,14 +112,9 @@ def deploy_cluster_role_rules() -> list[dict[str, Any]]:
 
 
 def deploy_amp_config() -> dict[str, Any]:
-    """amp's configuration as ``deploy/`` ships it (the ConfigMap's
-    ``amp.yaml``)."""
-    maps = [
-        doc for _, doc in deploy_documents()
-        if doc.get("kind") == "ConfigMap" and "amp.yaml" in (doc.get("data") or {})
-    ]
-    assert len(maps) == 1, f"expected one ConfigMap with amp.yaml in deploy/, found {len(maps)}"
-    return yaml.safe_load(maps[0]["data"]["amp.yaml"])
+    """amp's configuration as ``deploy/`` ships it (``deploy/base/amp.yaml``,
+    which kustomize's configMapGenerator turns into amp's ConfigMap)."""
+    return yaml.safe_load((DEPLOY_DIR / "base" / "amp.yaml").read_text())
 
 
 @pytest.fixture(scope="session")

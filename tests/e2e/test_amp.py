@@ -1,6 +1,7 @@
 """amp against a real kube-apiserver: real AdmissionReviews over TLS with a
 ``caBundle``, real patches, warnings, failure policy, watches, certificate
-rotation, dry-run, and the ``deploy/`` manifests.
+rotation, dry-run.  (tests/e2e/test_chart.py applies the ``deploy/``
+manifests and the Helm chart.)
 
 amp runs as ``twistd -n --pidfile= amp`` with ``kubernetes.source:
 kubeconfig`` (a ServiceAccount bound to the RBAC from ``deploy/``), the
@@ -11,7 +12,6 @@ Pod is read back from the API server: what is stored is what counts.
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 import time
@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import pytest
 from cryptography import x509
-from kubernetes import client, config, dynamic
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from .amp_process import (
@@ -41,7 +41,7 @@ from .amp_process import (
 )
 from ..waiting import poll_until
 from .cluster import ControlPlane
-from .conftest import AmpFactory, deploy_amp_config, deploy_documents
+from .conftest import AmpFactory, deploy_amp_config
 
 pytestmark = pytest.mark.e2e
 
@@ -524,89 +524,6 @@ def test_certificate_rotation_while_pods_are_created(
     assert len(created) >= marks["served"] + 10 > marks["rotated"] >= 5
     log = amp.process.log_text()
     assert f"serial {new_serial:#x}" in log
-
-
-# ---- 8. the deploy/ manifests
-
-#: Documents under deploy/ that are not sent to the API server, and why.
-NOT_APPLIED = {
-    "kustomize.config.k8s.io": "a kustomize build file, not an API object",
-    "cert-manager.io": "cert-manager's CRDs are not installed in this control plane",
-}
-
-
-def test_every_deploy_manifest_passes_a_server_side_dry_run_apply(control_plane: ControlPlane) -> None:
-    api = control_plane.admin_client()
-    documents = deploy_documents({"CA_BUNDLE": base64.b64encode(control_plane.ca_pem).decode()})
-    assert documents, "deploy/ holds no manifests"
-    dyn = dynamic.DynamicClient(api)
-
-    def apply(doc: dict[str, Any], dry_run: Optional[str]) -> Any:
-        resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-        return dyn.server_side_apply(
-            resource, body=doc, namespace=doc["metadata"].get("namespace"),
-            field_manager="amp-e2e", force_conflicts=True, dry_run=dry_run)
-
-    # Namespaced objects can only be dry-run into a namespace that exists.
-    for _, doc in documents:
-        if doc["kind"] == "Namespace":
-            apply(doc, None)
-
-    applied, skipped, failures = [], [], []
-    for path, doc in documents:
-        where = f"{path.relative_to(path.parents[1])} {doc.get('kind')} {doc.get('metadata', {}).get('name')}"
-        group = doc.get("apiVersion", "").partition("/")[0]
-        if group in NOT_APPLIED:
-            skipped.append(f"{where}: {NOT_APPLIED[group]}")
-            continue
-        try:
-            apply(doc, "All")
-        except ApiException as exc:
-            failures.append(f"{where}: {exc.status} {exc.body}")
-        except Exception as exc:
-            failures.append(f"{where}: {type(exc).__name__}: {exc}")
-        else:
-            applied.append(where)
-
-    assert failures == []
-    kinds = {where.split()[1] for where in applied}
-    assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment",
-            "Service", "MutatingWebhookConfiguration"} <= kinds, applied
-    assert all("cert-manager" in s or "kustomization" in s for s in skipped), skipped
-
-
-def test_deploy_pod_template_is_admitted_under_its_namespace_pod_security(control_plane: ControlPlane) -> None:
-    """The Deployment dry-runs fine, but its Pods are what the namespace's
-    ``pod-security.kubernetes.io/enforce`` label is enforced on."""
-    api = control_plane.admin_client()
-    documents = [doc for _, doc in deploy_documents()]
-    (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
-    (namespace,) = [d for d in documents if d["kind"] == "Namespace"]
-    ns = deployment["metadata"]["namespace"]
-    assert namespace["metadata"]["name"] == ns
-    assert "pod-security.kubernetes.io/enforce" in namespace["metadata"]["labels"]
-    core = client.CoreV1Api(api)
-    dyn = dynamic.DynamicClient(api)
-    # For real: the namespace with its labels, and the ServiceAccount the
-    # Pod runs as (the ServiceAccount admission plugin looks it up).
-    dyn.server_side_apply(dyn.resources.get(api_version="v1", kind="Namespace"), body=namespace,
-                          field_manager="amp-e2e", force_conflicts=True)
-    template = deployment["spec"]["template"]
-    account = template["spec"].get("serviceAccountName", "default")
-    try:
-        core.create_namespaced_service_account(ns, {"metadata": {"name": account}})
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"generateName": "amp-", "labels": template["metadata"].get("labels")},
-           "spec": template["spec"]}
-    try:
-        _, warnings = create_pod(core, ns, pod, dry_run="All")
-    except ApiException as exc:
-        pytest.fail(f"the API server refuses amp's Pod in {ns}: {exc.status} {exc.body}")
-    assert warnings == []
 
 
 # ---- more real-server behaviour

@@ -8,7 +8,7 @@ listener belongs to ``amp.tls``.
 
 Command line::
 
-    python -m amp.devcert DIR [--hosts h1,h2,...] [--days N] [--keep]
+    python -m amp_dev.devcert DIR [--hosts h1,h2,...] [--days N] [--keep]
 
 writes into ``DIR``:
 
@@ -344,7 +344,7 @@ def write_dev_tls(
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; see the module docstring."""
     parser = argparse.ArgumentParser(
-        prog="python -m amp.devcert",
+        prog="python -m amp_dev.devcert",
         description="Write a development CA plus serving and client certificates for amp.",
     )
     parser.add_argument("directory", help="output directory (created if missing)")

@@ -1,4 +1,4 @@
-"""Tests for amp.devcert: the development CA, serving and client certificates."""
+"""Tests for amp_dev.devcert: the development CA, serving and client certificates."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import DNSName, IPAddress, PolicyBuilder, Store, VerificationError
 
-from amp import devcert
+from amp_dev import devcert
 
 
 def _load(paths: dict, name: str) -> x509.Certificate:

@@ -1,0 +1,127 @@
+{{/*
+Names, labels and amp's configuration, shared by the templates.
+*/}}
+
+{{/* The release's base name: the release name, with the chart's name
+prefixed unless it already contains it (release "amp" gives "amp"). */}}
+{{- define "amp.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels on every object.  (No managed-by: the same objects are rendered
+into the kustomize manifests.) */}}
+{{- define "amp.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: amp
+{{- end -}}
+
+{{/* What the Deployment, the Service, the PDB and the spread select.  amp
+is one webhook per cluster (its webhook configuration and ClusterRole are
+cluster-wide), so the selector is the one the kustomize manifests always had:
+a Deployment's selector cannot change in place. */}}
+{{- define "amp.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/component: webhook
+{{- end -}}
+
+{{- define "amp.tlsSecret" -}}
+{{- include "amp.fullname" . }}-tls
+{{- end -}}
+
+{{- define "amp.image" -}}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The DNS names of amp's Service the API server calls. */}}
+{{- define "amp.serviceHosts" -}}
+{{- $svc := printf "%s.%s.svc" (include "amp.fullname" .) .Release.Namespace -}}
+{{- list $svc (printf "%s.cluster.local" $svc) | toJson -}}
+{{- end -}}
+
+{{/* The ports amp listens on, from its configuration (amp's defaults). */}}
+{{- define "amp.webhookPort" -}}
+{{- (.Values.config.listen | default dict).port | default 8443 | int -}}
+{{- end -}}
+{{- define "amp.metricsPort" -}}
+{{- (.Values.config.metrics | default dict).port | default 9090 | int -}}
+{{- end -}}
+
+{{/*
+amp.yaml: config from the values, with what the manifests decide set by the
+chart: the certificate files (the mounted Secret), the webhook configuration
+amp follows, and the default deadline (the webhook's timeoutSeconds).
+*/}}
+{{- define "amp.config" -}}
+{{- $config := deepCopy (.Values.config | default dict) -}}
+{{- $tls := deepCopy ($config.tls | default dict) -}}
+{{- $_ := set $tls "cert" "/etc/amp/tls/tls.crt" -}}
+{{- $_ := set $tls "key" "/etc/amp/tls/tls.key" -}}
+{{- $_ := set $config "tls" $tls -}}
+{{- $kube := deepCopy ($config.kubernetes | default dict) -}}
+{{- $_ := set $kube "webhook_configuration" .Values.webhook.configurationName -}}
+{{- $_ := set $kube "webhook_name" .Values.webhook.name -}}
+{{- $_ := set $config "kubernetes" $kube -}}
+{{- $deadline := deepCopy ($config.deadline | default dict) -}}
+{{- $_ := set $deadline "default_timeout" (printf "%ds" (int .Values.webhook.timeoutSeconds)) -}}
+{{- $_ := set $config "deadline" $deadline -}}
+{{- toYaml $config -}}
+{{- end -}}
+
+{{/*
+The self-signed path (certManager.enabled false, no selfSigned.caBundle):
+a private CA, reused from the Secret <fullname>-ca when it exists, and a
+serving certificate issued from it for the Service's names.  Made once per
+render and kept in .Values, so the Secrets and the webhook's caBundle agree.
+*/}}
+{{- define "amp.selfSigned" -}}
+{{- if not (hasKey .Values "_ampSelfSigned") -}}
+{{- $caName := printf "%s-ca" (include "amp.fullname" .) -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace $caName -}}
+{{- $ca := dict -}}
+{{- if and $existing $existing.data (hasKey $existing.data "tls.crt") (hasKey $existing.data "tls.key") -}}
+{{- $ca = buildCustomCert (index $existing.data "tls.crt") (index $existing.data "tls.key") -}}
+{{- else -}}
+{{- $ca = genCAWithKey $caName (int .Values.selfSigned.caDays) (genPrivateKey "ecdsa") -}}
+{{- end -}}
+{{- $hosts := include "amp.serviceHosts" . | fromJsonArray -}}
+{{- $cert := genSignedCertWithKey (first $hosts) nil $hosts (int .Values.selfSigned.certificateDays) $ca (genPrivateKey "ecdsa") -}}
+{{- $_ := set .Values "_ampSelfSigned" (dict "caCert" $ca.Cert "caKey" $ca.Key "cert" $cert.Cert "key" $cert.Key) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The webhook's caBundle when cert-manager does not inject it. */}}
+{{- define "amp.caBundle" -}}
+{{- if .Values.selfSigned.caBundle -}}
+{{- .Values.selfSigned.caBundle -}}
+{{- else -}}
+{{- include "amp.selfSigned" . -}}
+{{- .Values._ampSelfSigned.caCert | b64enc -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Pods' annotations: the config checksum (a change of amp.yaml rolls
+the Deployment), the prometheus.io scrape hints, and podAnnotations. */}}
+{{- define "amp.podAnnotations" -}}
+{{- $a := deepCopy (.Values.podAnnotations | default dict) -}}
+{{- if .Values.configChecksum -}}
+{{- $_ := set $a "checksum/config" (include "amp.config" . | sha256sum) -}}
+{{- end -}}
+{{- if .Values.monitoring.podAnnotations -}}
+{{- $_ := set $a "prometheus.io/scrape" "true" -}}
+{{- $_ := set $a "prometheus.io/port" (include "amp.metricsPort" .) -}}
+{{- $_ := set $a "prometheus.io/path" "/metrics" -}}
+{{- end -}}
+{{- if $a -}}
+{{- toYaml $a -}}
+{{- end -}}
+{{- end -}}

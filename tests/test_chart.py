@@ -1,0 +1,246 @@
+"""
+Tests for the Helm chart in deploy/chart/amp: C{helm lint} passes; the
+values an operator sets reach the objects they should (replicas, resources,
+image, priority class, PDB, spread, the webhook's policy, timeout and
+selectors); amp's configuration is structured values, rendered into amp.yaml
+that amp's own loader accepts, with the keys the manifests decide set by the
+chart and a checksum annotation that changes with it (so an edit rolls the
+Deployment); and without cert-manager the chart's self-signed certificate
+verifies against the webhook's caBundle for the Service's name.
+
+The kustomize manifests are rendered from this chart (tests/test_deploy.py
+proves they equal a fresh render and validates both against the schemas).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from amp.config import parse_config
+from tests.deploytools import CHART, helm_template, one, run, tool
+
+
+def deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(docs, "Deployment")
+
+
+def hook(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    [h] = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    return h
+
+
+def amp_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return yaml.safe_load(one(docs, "ConfigMap")["data"]["amp.yaml"])
+
+
+def checksum(docs: list[dict[str, Any]]) -> str:
+    return deployment(docs)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+
+@pytest.mark.parametrize("args", [
+    [],
+    ["--set", "certManager.enabled=false"],
+    ["--set", "monitoring.enabled=true", "--set", "namespace.create=true"],
+], ids=["defaults", "self-signed", "monitoring"])
+def test_helm_lint(args: list[str]) -> None:
+    result = run([tool("helm"), "lint", str(CHART), "--strict", "--namespace", "amp-system", *args])
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_helm_lint_refuses_a_broken_chart(tmp_path) -> None:
+    """The lint above is really looking: a template that is not YAML fails it."""
+    import shutil
+    import subprocess
+
+    broken = tmp_path / "amp"
+    shutil.copytree(CHART, broken)
+    (broken / "templates" / "broken.yaml").write_text("kind: ConfigMap\nmetadata: [\n")
+    result = subprocess.run([tool("helm"), "lint", str(broken), "--strict"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode != 0
+    assert "broken.yaml" in result.stdout + result.stderr
+
+
+def test_default_config_is_amp_yaml_amp_loads() -> None:
+    """
+    The config values render into an amp.yaml that amp's loader accepts,
+    with what the manifests decide filled in by the chart: the mounted
+    certificate files, the webhook configuration amp follows, and the
+    default deadline equal to the webhook's timeout.
+    """
+    docs = helm_template()
+    raw = amp_config(docs)
+    config = parse_config(raw)
+    h = hook(docs)
+    assert (config.tls.cert, config.tls.key) == ("/etc/amp/tls/tls.crt", "/etc/amp/tls/tls.key")
+    assert config.kubernetes.webhook_configuration == one(docs, "MutatingWebhookConfiguration")["metadata"]["name"]
+    assert config.kubernetes.webhook_name == h["name"]
+    assert config.deadline.default_timeout == h["timeoutSeconds"]
+    assert config.kubernetes.source == "cluster"
+
+
+def test_config_values_are_structured_and_roll_the_deployment() -> None:
+    """
+    One key of amp's configuration can be changed on its own (no YAML
+    string to replace): the rest stays, amp's loader accepts the result,
+    and the Pods' checksum annotation changes, so the Deployment rolls.
+    """
+    default = helm_template()
+    narrowed = helm_template("--set-json", 'config.endpoints.allow=["http://*.platform.svc:8080/*"]')
+    before, after = amp_config(default), amp_config(narrowed)
+    assert after["endpoints"]["allow"] == ["http://*.platform.svc:8080/*"]
+    assert after["endpoints"]["deny_networks"] == before["endpoints"]["deny_networks"]
+    after["endpoints"]["allow"] = before["endpoints"]["allow"]
+    assert after == before
+    [pattern] = parse_config(amp_config(narrowed)).endpoints.allow
+    assert pattern.host == "*.platform.svc"
+    assert checksum(narrowed) != checksum(default)
+    assert checksum(helm_template()) == checksum(default), "the same config gives the same checksum"
+    # Everything else in the Pod template is the same: only the config rolled it.
+    a, b = deployment(default)["spec"]["template"], deployment(narrowed)["spec"]["template"]
+    del a["metadata"]["annotations"]["checksum/config"], b["metadata"]["annotations"]["checksum/config"]
+    assert a == b
+
+
+def test_the_chart_decides_what_the_manifests_fix() -> None:
+    """
+    Keys that must agree with the manifests are the chart's, whatever the
+    values say: the certificate files, the webhook names, the deadline; the
+    container ports follow amp's configured ports.
+    """
+    docs = helm_template("--set", "config.tls.cert=/elsewhere.crt", "--set", "webhook.timeoutSeconds=7",
+                         "--set", "webhook.name=mutate.example.com", "--set", "config.listen.port=9443",
+                         "--set", "config.metrics.port=9100")
+    config = parse_config(amp_config(docs))
+    assert config.tls.cert == "/etc/amp/tls/tls.crt"
+    assert config.deadline.default_timeout == 7 == hook(docs)["timeoutSeconds"]
+    assert config.kubernetes.webhook_name == "mutate.example.com" == hook(docs)["name"]
+    [c] = deployment(docs)["spec"]["template"]["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"webhook": 9443, "metrics": 9100}
+    service = one(docs, "Service")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"https": 443, "metrics": 9100}
+    assert deployment(docs)["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9100"
+
+
+def test_workload_values() -> None:
+    docs = helm_template(
+        "--set", "replicas=3", "--set", "resources.limits.memory=512Mi", "--set", "image.repository=registry.example/amp",
+        "--set", "image.tag=1.2.3", "--set", "priorityClassName=amp-critical", "--set", "podDisruptionBudget.minAvailable=2",
+        "--set", "terminationGracePeriodSeconds=45", "--set", "preStopSleepSeconds=8",
+        "--set-json", 'topologySpread=[{"topologyKey":"topology.kubernetes.io/zone","maxSkew":2,"whenUnsatisfiable":"DoNotSchedule"}]')
+    d = deployment(docs)
+    pod = d["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    assert d["spec"]["replicas"] == 3
+    assert c["image"] == "registry.example/amp:1.2.3"
+    assert c["resources"]["limits"] == {"cpu": "1", "memory": "512Mi"}
+    assert pod["priorityClassName"] == "amp-critical"
+    assert pod["terminationGracePeriodSeconds"] == 45
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "8"]
+    [spread] = pod["topologySpreadConstraints"]
+    assert spread["maxSkew"] == 2 and spread["whenUnsatisfiable"] == "DoNotSchedule"
+    assert spread["labelSelector"]["matchLabels"] == d["spec"]["selector"]["matchLabels"]
+    assert spread["matchLabelKeys"] == ["pod-template-hash"]
+    assert one(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 2
+
+    digest = "sha256:" + "ab" * 32
+    [c] = deployment(helm_template("--set", f"image.digest={digest}"))["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == f"amp@{digest}"
+    [c] = deployment(helm_template())["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "amp:" + yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+
+    bare = helm_template("--set", "podDisruptionBudget.enabled=false", "--set", "preStopSleepSeconds=0")
+    assert not [d for d in bare if d["kind"] == "PodDisruptionBudget"]
+    assert "lifecycle" not in deployment(bare)["spec"]["template"]["spec"]["containers"][0]
+    assert "priorityClassName" not in deployment(bare)["spec"]["template"]["spec"]
+
+
+def test_webhook_values() -> None:
+    docs = helm_template(
+        "--set", "webhook.failurePolicy=Fail", "--set", "webhook.timeoutSeconds=5",
+        "--set", "webhook.reinvocationPolicy=IfNeeded", "--set", "webhook.ephemeralContainers=true",
+        "--set-json", 'webhook.excludeNamespaces=["kube-system","monitoring"]',
+        "--set-json", 'webhook.namespaceSelector={"matchLabels":{"team":"a"},"matchExpressions":[{"key":"tier","operator":"Exists"}]}',
+        "--set-json", 'webhook.objectSelector={"matchExpressions":[{"key":"inject","operator":"In","values":["yes"]}]}',
+        namespace="platform")
+    h = hook(docs)
+    assert (h["failurePolicy"], h["timeoutSeconds"], h["reinvocationPolicy"]) == ("Fail", 5, "IfNeeded")
+    # Helm merges maps into the defaults (lists replace them): the enabled
+    # label stays unless set to null.
+    assert h["namespaceSelector"] == {
+        "matchLabels": {"amp.txn2.com/enabled": "true", "team": "a"},
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+             "values": ["platform", "kube-system", "monitoring"]},
+            {"key": "tier", "operator": "Exists"},
+        ]}
+    assert h["objectSelector"] == {"matchExpressions": [{"key": "inject", "operator": "In", "values": ["yes"]}]}
+    assert [r["resources"] for r in h["rules"]] == [["pods"], ["pods/ephemeralcontainers"]]
+    assert h["rules"][1]["operations"] == ["UPDATE"]
+    assert h["clientConfig"]["service"] == {"name": "amp", "namespace": "platform", "path": "/mutate", "port": 443}
+    assert parse_config(amp_config(docs)).deadline.default_timeout == 5
+
+    default = hook(helm_template())
+    assert [r["resources"] for r in default["rules"]] == [["pods"]]
+
+
+def test_release_name_and_namespace_name_everything() -> None:
+    """Another release name or namespace renames the objects consistently."""
+    docs = helm_template(release="hooks", namespace="webhooks")
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("Deployment", "hooks-amp") in names and ("Certificate", "hooks-amp-tls") in names
+    mwc = one(docs, "MutatingWebhookConfiguration")
+    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "webhooks/hooks-amp-tls"
+    certificate = [d for d in docs if d["kind"] == "Certificate" and d["metadata"]["name"] == "hooks-amp-tls"][0]
+    assert "hooks-amp.webhooks.svc" in certificate["spec"]["dnsNames"]
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hooks-amp", "namespace": "webhooks"}]
+    for d in docs:
+        if d["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"):
+            assert d["metadata"]["namespace"] == "webhooks", d["kind"]
+    assert not [d for d in docs if d["kind"] == "Namespace"], "helm install --create-namespace makes it"
+
+
+def test_self_signed_certificate_verifies_for_the_service() -> None:
+    """
+    Without cert-manager the chart makes a CA and a serving certificate:
+    the webhook's caBundle is the CA, which signed the certificate in the
+    Secret the Deployment mounts, for the Service's DNS name, with its key.
+    """
+    docs = helm_template("--set", "certManager.enabled=false")
+    assert not [d for d in docs if d["apiVersion"].startswith("cert-manager.io")]
+    secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+    assert set(secrets) == {"amp-ca", "amp-tls"}
+    tls = {k: base64.b64decode(v) for k, v in secrets["amp-tls"]["data"].items()}
+    ca_pem = base64.b64decode(hook(docs)["clientConfig"]["caBundle"], validate=True)
+    assert tls["ca.crt"] == ca_pem == base64.b64decode(secrets["amp-ca"]["data"]["tls.crt"])
+
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    cert = x509.load_pem_x509_certificate(tls["tls.crt"])
+    cert.verify_directly_issued_by(ca)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName)
+    service = one(docs, "Service")
+    assert f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc" in names
+    key = serialization.load_pem_private_key(tls["tls.key"], password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    assert key.public_key().public_numbers() == cert.public_key().public_numbers()
+
+    [volume] = [v for v in deployment(docs)["spec"]["template"]["spec"]["volumes"] if "projected" in v]
+    assert "amp-tls" in [s["secret"]["name"] for s in volume["projected"]["sources"] if "secret" in s]
+
+
+def test_a_given_ca_bundle_is_used_as_is() -> None:
+    """With selfSigned.caBundle (your own Secret), the chart makes no Secret and registers that CA."""
+    docs = helm_template("--set", "certManager.enabled=false", "--set", "selfSigned.caBundle=Q0E=")
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    assert hook(docs)["clientConfig"]["caBundle"] == "Q0E="
+    assert "annotations" not in one(docs, "MutatingWebhookConfiguration")["metadata"]
