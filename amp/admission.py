@@ -13,7 +13,11 @@ cancelled and the review is answered at once.
 
 Every answer is built by a named constructor of L{amp.answers}; every
 failure ends in L{_Review._failed}, the one place the failure policy is
-applied, with the L{Route} the review was on.
+applied, with the L{Route} the review was on, and logged there at warning
+with its whole message.  The endpoint's reply is judged (patch checks,
+dry-apply, size) before the endpoint client counts the call, so a reply amp
+refuses is counted under its reason, not as C{ok}.  A namespace whose
+failure-policy annotation amp cannot use is reported once per change.
 
 The status stamp: every Pod reviewed on C{/mutate} in an enabled namespace
 (not in shadow mode, unless C{annotate_status} is off) gets the annotation
@@ -26,6 +30,7 @@ no value set by the Pod's author or the endpoint survives.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
@@ -57,6 +62,12 @@ STATUS_LIMIT = 250
 
 _CANCELLED = "the review was cancelled: the client went away"
 
+#: Namespaces whose last configuration problem is remembered.
+_PROBLEMS_LIMIT = 4096
+#: C{amp_namespace_problems_total{problem}} of an unusable failure-policy
+#: annotation.
+FAILURE_POLICY_PROBLEM = "failure-policy"
+
 
 class Admitter:
     """
@@ -79,6 +90,8 @@ class Admitter:
         self._clock = clock
         self._metrics = metrics
         self._routes: dict[str, tuple] = {}
+        #: The configuration problem last reported for each namespace.
+        self._problems: dict[str, str] = {}
         patch = config.patch
         self._patch_options = dict(
             denied=patch.denied_paths, allowed=patch.allowed_paths, repair=patch.repair,
@@ -94,6 +107,26 @@ class Admitter:
             return succeed(answers.skipped(req))
         return _Review(self, req, deadline, validation).start()
 
+    def _note_problem(self, namespace: str, problem: Optional[str]) -> None:
+        """
+        Report a namespace's unusable configuration at warning and count
+        it, once per change: again only when the problem differs from the
+        last one reported for that namespace, or came back after it was
+        fixed.
+        """
+        problems = self._problems
+        if problem is None:
+            if problems:
+                problems.pop(namespace, None)
+            return
+        if problems.get(namespace) == problem:
+            return
+        if len(problems) >= _PROBLEMS_LIMIT:
+            problems.clear()
+        problems[namespace] = problem
+        self.log.warn("Namespace {namespace}: {problem}", namespace=namespace, problem=problem)
+        self._metrics.namespace_problems.labels(FAILURE_POLICY_PROBLEM).inc()
+
     def _has_validation_endpoint(self, ns: Optional[NamespaceInfo]) -> bool:
         return ns is not None and bool(ns.annotations.get(self.config.kubernetes.validation_annotation))
 
@@ -105,7 +138,7 @@ class _Review:
     """
 
     __slots__ = ("_admitter", "_req", "_deadline", "_validation", "_route", "_pending", "_timer", "_ending",
-                 "_done", "result")
+                 "_done", "_verdict", "result")
 
     log = Logger()
 
@@ -121,6 +154,8 @@ class _Review:
         #: Why the review is being ended early: DEADLINE or CANCELLED.
         self._ending: Optional[Reason] = None
         self._done = False
+        #: What amp made of the endpoint's reply (see _judge).
+        self._verdict: Optional[_Verdict] = None
         self.result: Deferred[Answer] = Deferred(self._cancel)
 
     # ------------------------------------------------------------ steps
@@ -170,6 +205,8 @@ class _Review:
         req = self._req
         r = self._route = route(ns, a.config, a._namespaces.cluster_failure_policy(),
                                 validation=self._validation, cache=a._routes)
+        if r.enabled:
+            a._note_problem(req.namespace, r.policy_problem)
         if not r.enabled:
             return self._answer(answers.skipped(req))
         if r.error is not None:
@@ -191,8 +228,44 @@ class _Review:
             b"x-amp-dry-run": b"true" if req.dry_run else b"false",
         }
         pod_json = req.object_json if req.object_json is not None else dumps(req.object)
-        self._wait(a._endpoints.call(r.url, r.settings, pod_json, headers, self._deadline, r.breaker),
+        self._wait(a._endpoints.call(r.url, r.settings, pod_json, headers, self._deadline, r.breaker,
+                                     check=self._check_reply),
                    self._decided)
+
+    def _check_reply(self, decision: EndpointDecision) -> Optional[str]:
+        """
+        The endpoint client's check of a usable reply, before it counts the
+        call: the reason amp refuses the reply, or None.  The verdict is
+        kept for L{_decided}.
+        """
+        verdict = self._verdict = self._judge(decision)
+        return verdict.refusal[0] if verdict.refusal is not None else None
+
+    def _judge(self, decision: EndpointDecision) -> "_Verdict":
+        """
+        What amp makes of the endpoint's reply: the checked patch and the
+        patch to send (with the status stamp), or why amp refuses it.
+        """
+        a = self._admitter
+        req = self._req
+        r = self._route
+        assert r is not None and r.url is not None
+        if not decision.allowed or self._validation:
+            return _Verdict()
+        try:
+            checked = (check_patch(req.object, decision.patch, **a._patch_options) if decision.patch
+                       else unchanged(req.object))
+        except PatchError as e:
+            return _Verdict(refusal=(e.reason, str(e)))
+        if r.mode == SHADOW:
+            return _Verdict(checked)
+        if not checked.operations:
+            return _Verdict(checked, _patch_bytes(self._stamp(checked, Status.UNCHANGED, r.url.origin)))
+        patch = dumps(self._stamp(checked, Status.MUTATED, r.url.origin).operations)
+        if len(patch) > a.config.patch.max_size:
+            return _Verdict(checked, refusal=(Reason.PATCH_TOO_LARGE,
+                                              f"patch of {len(patch)} bytes is over patch.max_size"))
+        return _Verdict(checked, patch)
 
     def _decided(self, decision: EndpointDecision) -> None:
         a = self._admitter
@@ -200,34 +273,26 @@ class _Review:
         r = self._route
         assert r is not None and r.url is not None
         origin = r.url.origin
+        # Judged already, unless the client did not run the check.
+        verdict = self._verdict if self._verdict is not None else self._judge(decision)
         if r.mode == SHADOW:
-            return self._answer(self._shadow(decision, origin))
+            return self._answer(self._shadow(decision, origin, verdict))
         audit, problems = clean_audit_annotations(decision.audit)
         warnings = [f"amp: {w}" for w in decision.warnings] + [f"amp: {p}" for p in problems]
         if not decision.allowed:
             return self._answer(answers.denied(req, origin, decision.code, decision.message, warnings=warnings,
                                                audit=audit))
-        if self._validation:
-            return self._answer(answers.allowed(req, origin, warnings=warnings, audit=audit))
-        if decision.patch:
-            try:
-                checked = check_patch(req.object, decision.patch, **a._patch_options)
-            except PatchError as e:
-                return self._answer(self._failed(e.reason, str(e)))
-        else:
-            checked = unchanged(req.object)
-        if not checked.operations:
-            stamped = self._stamp(checked, Status.UNCHANGED, origin)
-            return self._answer(answers.allowed(req, origin, warnings=warnings, audit=audit,
-                                                patch=_patch_bytes(stamped)))
-        patch = dumps(self._stamp(checked, Status.MUTATED, origin).operations)
-        if len(patch) > a.config.patch.max_size:
-            return self._answer(self._failed(Reason.PATCH_TOO_LARGE,
-                                             f"patch of {len(patch)} bytes is over patch.max_size"))
+        if verdict.refusal is not None:
+            return self._answer(self._failed(*verdict.refusal))
+        checked = verdict.checked
+        if checked is None or not checked.operations:
+            # A validation, or no change (the patch is the stamp alone).
+            return self._answer(answers.allowed(req, origin, warnings=warnings, audit=audit, patch=verdict.patch))
+        assert verdict.patch is not None
         if checked.repaired:
             a._metrics.patch_repairs.inc(checked.repaired)
         warnings.extend(f"amp: {w}" for w in checked.warnings)
-        self._answer(answers.patched(req, origin, patch, warnings=warnings, audit=audit))
+        self._answer(answers.patched(req, origin, verdict.patch, warnings=warnings, audit=audit))
 
     def _stamp(self, checked: Optional[CheckedPatch], status: Status, *words: str) -> CheckedPatch:
         """
@@ -243,14 +308,14 @@ class _Review:
         value = clip(" ".join((status, *words)), STATUS_LIMIT)
         return annotate(checked, {LEGACY_SKIPPED_ANNOTATION: None, STATUS_ANNOTATION: value})
 
-    def _shadow(self, decision: EndpointDecision, origin: str) -> Answer:
+    def _shadow(self, decision: EndpointDecision, origin: str, verdict: "_Verdict") -> Answer:
         a = self._admitter
         req = self._req
-        try:
-            checked = check_patch(req.object, decision.patch, **a._patch_options) if decision.allowed else None
-        except PatchError as e:
-            self.log.info("Shadow patch from {endpoint} would fail: {reason}", endpoint=origin, reason=str(e))
-            return answers.shadow(req, origin, reason=e.reason)
+        if verdict.refusal is not None:
+            reason, message = verdict.refusal
+            self.log.info("Shadow patch from {endpoint} would fail: {reason}", endpoint=origin, reason=message)
+            return answers.shadow(req, origin, reason=reason)
+        checked = verdict.checked
         size = len(dumps(checked.operations)) if checked is not None else 0
         a._metrics.shadow_patches.labels(origin).inc()
         self.log.info(
@@ -328,18 +393,29 @@ class _Review:
         <endpoint>}; a validation is not, because the API server rejects any
         patch from a validating webhook (and would then apply the webhook's
         own failurePolicy, typically C{Fail}).
+
+        The log says it at warning, with the whole message the C{Fail}
+        policy would show (a review the client gave up on, at info: nobody
+        reads its answer).
         """
         req = self._req
         r = self._route if self._route is not None else self._route_without_namespace()
         # An unusable annotation is shown masked: it may hold credentials or
-        # control characters, and it lands in warnings, audit and the Pod.
+        # control characters, and it lands in warnings, audit, the Pod and
+        # the log.
         where = r.where
         endpoint = r.url.origin if r.url is not None else ""
         text = f"endpoint {where} failed ({reason}): {message}"
         if r.mode == SHADOW:
             self.log.info("Shadow mode: {text}", text=text)
             return answers.shadow(req, endpoint, reason=reason)
-        if r.failure_policy == FAIL:
+        fail = r.failure_policy == FAIL
+        emit = self.log.info if reason == Reason.CANCELLED else self.log.warn
+        emit("Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
+             uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=where, reason=reason,
+             message=message, text=text, policy=r.failure_policy,
+             effect="denies the Pod" if fail else "admits it without the endpoint's patch")
+        if fail:
             return answers.errored(req, endpoint, reason, text)
         try:
             patch = _patch_bytes(self._stamp(None, Status.SKIPPED, reason, where))
@@ -370,3 +446,19 @@ class _Review:
 
 def _patch_bytes(checked: CheckedPatch) -> Optional[bytes]:
     return dumps(checked.operations) if checked.operations else None
+
+
+@dataclass(slots=True)
+class _Verdict:
+    """
+    What amp makes of an endpoint's usable reply.
+
+    @ivar checked: the endpoint's patch, checked and dry-applied (None for
+        a deny or a validation).
+    @ivar patch: the patch to send: the endpoint's and the status stamp.
+    @ivar refusal: C{(reason, message)} when amp refuses the reply.
+    """
+
+    checked: Optional[CheckedPatch] = None
+    patch: Optional[bytes] = None
+    refusal: Optional[tuple[Reason, str]] = None

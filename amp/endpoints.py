@@ -912,13 +912,13 @@ class _Call:
     __slots__ = (
         "_client", "_origin", "_target", "_profile", "_settings", "_body", "_headers", "_timeout",
         "_deadline", "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry", "_done", "_waiters",
-        "result",
+        "_check", "result",
     )
 
     def __init__(
         self, client: "EndpointClient", origin: _Origin, target: _Target, profile: _Profile,
         settings: EndpointSettings, body: bytes, headers: Headers, timeout: float, deadline: Deadline,
-        breaker: CircuitBreaker, ticket: Ticket,
+        breaker: CircuitBreaker, ticket: Ticket, check: Optional[Callable[[EndpointDecision], Optional[str]]] = None,
     ) -> None:
         self._client = client
         self._origin = origin
@@ -929,6 +929,7 @@ class _Call:
         self._headers = headers
         self._timeout = timeout
         self._deadline = deadline
+        self._check = check
         self._breaker = breaker
         self._ticket = ticket
         self._retry = settings.retry
@@ -988,7 +989,15 @@ class _Call:
             # Settled already (timer or caller); this is the aborted request.
             return None
         if not isinstance(result, Failure):
-            self._settle("ok", "success")
+            # The endpoint answered (a success for the breaker); amp may
+            # still refuse what it said, and then the call is not "ok".
+            outcome = "ok"
+            if self._check is not None:
+                try:
+                    outcome = self._check(result) or "ok"
+                except Exception:
+                    log.failure("Could not check the reply of {endpoint}", endpoint=self._origin.name)
+            self._settle(outcome, "success")
             self.result.callback(result)
             return None
         failure = classify(result, self._settings)
@@ -1130,6 +1139,7 @@ class EndpointClient:
     def call(
         self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes],
         deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
+        check: Optional[Callable[[EndpointDecision], Optional[str]]] = None,
     ) -> "Deferred[EndpointDecision]":
         """
         POST C{body} to C{url} and parse the reply, within C{settings.timeout}
@@ -1141,6 +1151,10 @@ class EndpointClient:
         Cancelled before, the call ends (the breaker counts nothing) and
         fails with C{CancelledError}.
 
+        @param check: given a usable reply, the reason amp refuses it (its
+            patch does not apply, is too large, ...) or None; the call is
+            counted under that reason instead of C{ok}, and still resolves
+            to the reply (the endpoint answered: a success for the breaker).
         @param breaker_config: the breaker settings of C{url}'s origin (those of
             its root URL, see L{amp.policy.Route.breaker}); by default
             C{settings.breaker}.  The first call to an origin sets them.
@@ -1181,7 +1195,7 @@ class EndpointClient:
             breaker.release(ticket)
             log.failure("Could not build the request to {endpoint}", endpoint=origin.name)
             return self._refuse(origin, "connection-failed", "amp could not build the request")
-        c = _Call(self, origin, target, profile, settings, body, raw, timeout, deadline, breaker, ticket)
+        c = _Call(self, origin, target, profile, settings, body, raw, timeout, deadline, breaker, ticket, check)
         origin.in_flight += 1
         self._live.add(c)
         return c.start()

@@ -33,6 +33,8 @@ class Route:
         the origin's root URL, C{scheme://host:port/}: one breaker guards
         the whole origin).
     @ivar error: C{(reason, message)} when the endpoint cannot be used.
+    @ivar policy_problem: why the namespace's failure-policy annotation was
+        not used (a value that is not C{Ignore} or C{Fail}), or None.
     """
 
     enabled: bool
@@ -43,6 +45,7 @@ class Route:
     settings: Optional[EndpointSettings] = None
     breaker: Optional[BreakerConfig] = None
     error: Optional[tuple[Reason, str]] = None
+    policy_problem: Optional[str] = None
 
     @property
     def where(self) -> str:
@@ -75,6 +78,21 @@ def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: 
     return config.failure_policy
 
 
+def failure_policy_problem(ns: NamespaceInfo, config: Config, policy: str) -> Optional[str]:
+    """
+    Why the namespace's failure-policy annotation is not used, when it is
+    set to something other than C{Ignore} or C{Fail} (the value shown
+    escaped and cut short), and which C{policy} applies instead; else None.
+    """
+    key = config.kubernetes.failure_policy_annotation
+    value = ns.annotations.get(key)
+    if value is None or value in (IGNORE, FAIL):
+        return None
+    source = "the webhook's failurePolicy" if config.failure_policy == "auto" else "failure_policy"
+    return (f"annotation {key}: {shown_url(repr(value), 40)} is not {IGNORE} or {FAIL}; "
+            f"failure policy {policy} (from {source}) applies")
+
+
 def is_enabled(ns: Optional[NamespaceInfo], config: Config) -> bool:
     kube = config.kubernetes
     return ns is not None and ns.labels.get(kube.enabled_label) == kube.enabled_value
@@ -96,13 +114,14 @@ def route(
     assert ns is not None
     kube = config.kubernetes
     policy = failure_policy(ns, config, cluster_policy)
+    problem = failure_policy_problem(ns, config, policy)
     mode = SHADOW if ns.annotations.get(kube.mode_annotation) == SHADOW else NORMAL
     if validation:
         raw = ns.annotations.get(kube.validation_annotation)
     else:
         raw = next((ns.annotations[a] for a in kube.endpoint_annotations if ns.annotations.get(a)), None)
     if not raw:
-        return Route(enabled=True, failure_policy=policy, mode=mode)
+        return Route(enabled=True, failure_policy=policy, mode=mode, policy_problem=problem)
     resolved = cache.get(raw) if cache is not None else None
     if resolved is None:
         resolved = _resolve(raw, config)
@@ -111,7 +130,8 @@ def route(
                 cache.clear()
             cache[raw] = resolved
     url, settings, breaker, error = resolved
-    return Route(True, policy, mode, url=url, raw_url=raw, settings=settings, breaker=breaker, error=error)
+    return Route(True, policy, mode, url=url, raw_url=raw, settings=settings, breaker=breaker, error=error,
+                 policy_problem=problem)
 
 
 #: Distinct endpoint annotation values remembered by L{route}'s cache.

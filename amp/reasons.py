@@ -25,8 +25,11 @@ class Result(StrEnum):
     ALLOWED = "allowed"
     #: A failure under the C{Ignore} policy: the Pod was admitted without the endpoint's patch.
     IGNORED = "ignored"
-    #: A failure under the C{Fail} policy, or the endpoint denied the Pod.
+    #: The endpoint denied the Pod (its decision, whatever the failure policy).
     DENIED = "denied"
+    #: A failure under the C{Fail} policy: amp denied the Pod because the
+    #: review could not be completed.
+    FAILED = "failed"
     #: amp does not act on this review (not a Pod create, namespace not enabled).
     SKIPPED = "skipped"
     #: Shadow mode: the endpoint was called and its answer recorded, not used.
@@ -117,5 +120,7 @@ REVIEW_REASONS = frozenset({Reason.DEADLINE, Reason.CANCELLED, Reason.NAMESPACE_
 FAILURE_REASONS = ROUTE_REASONS | ENDPOINT_REASONS | PATCH_REASONS | REVIEW_REASONS
 
 #: Values of C{amp_endpoint_requests_total{outcome}}: C{ok}, every endpoint
-#: reason, and C{cancelled} (the caller gave up before the call ended).
-ENDPOINT_OUTCOMES = ("ok",) + tuple(sorted(ENDPOINT_REASONS)) + (Reason.CANCELLED.value,)
+#: reason, the reason amp refused a reply the endpoint gave (its patch), and
+#: C{cancelled} (the caller gave up before the call ended).
+ENDPOINT_OUTCOMES = (("ok",) + tuple(sorted(ENDPOINT_REASONS)) + tuple(sorted(PATCH_REASONS))
+                     + (Reason.CANCELLED.value,))

@@ -123,8 +123,8 @@ class ScrapeTests(TestCase):
     def test_review_counters_move_by_result(self) -> Any:
         """
         Each review is counted once, under the result the API server got:
-        patched, ignored (Ignore policy), denied (by the endpoint, or by
-        the Fail policy), skipped (namespace not enabled).
+        patched, ignored (Ignore policy), denied (by the endpoint), failed
+        (the Fail policy), skipped (namespace not enabled).
         """
         patched = yield self.admit("patched")
         self.assertIsNotNone(patched.get("_patch"))
@@ -141,7 +141,8 @@ class ScrapeTests(TestCase):
         total = "amp_admission_requests_total"
         self.assertEqual(scrape.value(total, result="patched", **POD), 1)
         self.assertEqual(scrape.value(total, result="ignored", **POD), 2)
-        self.assertEqual(scrape.value(total, result="denied", **POD), 2)
+        self.assertEqual(scrape.value(total, result="denied", **POD), 1)
+        self.assertEqual(scrape.value(total, result="failed", **POD), 1)
         self.assertEqual(scrape.value(total, result="skipped", **POD), 1)
         self.assertIsNone(scrape.value(total, result="allowed", **POD))
         self.assertEqual(scrape.value("amp_admission_duration_seconds_count"), 6)
