@@ -323,8 +323,8 @@ def test_the_shipped_deployment_gives_the_drain_its_time() -> None:
     from amp.config import parse_config
 
     deployment = yaml.safe_load((REPO / "deploy/base/deployment.yaml").read_text())
-    configmap = yaml.safe_load((REPO / "deploy/base/configmap.yaml").read_text())
-    config = parse_config(yaml.safe_load(configmap["data"]["amp.yaml"]))
+    # The ConfigMap is generated from amp.yaml (kustomize configMapGenerator).
+    config = parse_config(yaml.safe_load((REPO / "deploy/base/amp.yaml").read_text()))
     spec = deployment["spec"]["template"]["spec"]
     [container] = spec["containers"]
     command = container["lifecycle"]["preStop"]["exec"]["command"]

@@ -28,7 +28,9 @@ from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
 from ..deploytools import APISERVER_METRICS, DEPLOY, helm_template, kustomize_build
-from .amp_process import INSTANCE_LABEL, closed_port, pod_manifest, wait_until
+from tests.waiting import poll_until
+
+from .amp_process import INSTANCE_LABEL, closed_port, pod_manifest
 from .cluster import ControlPlane
 
 pytestmark = pytest.mark.e2e
@@ -284,8 +286,8 @@ def test_shipped_selectors_keep_amp_off_its_namespace_kube_system_and_opted_out_
         # The registration has reached the API server's webhook cache once a
         # Pod of an enabled namespace fails open.
         attempts = iter(range(10_000))
-        wait_until("the webhook registration to reach the API server",
-                   lambda: created(team, f"warm-{next(attempts)}") or None, 10.0)
+        poll_until("the webhook registration to reach the API server",
+                   lambda: created(team, f"warm-{next(attempts)}") or None, 60.0)
 
         assert created(team, "sent") == 1
         assert created(team, "opted-out", {"amp.txn2.com/enabled": "false"}) == 0
