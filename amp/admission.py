@@ -13,9 +13,9 @@ cancelled and the review is answered at once.
 
 Every answer is built by a named constructor of L{amp.answers}; every
 failure ends in L{_Review._failed}, the one place the failure policy is
-applied, with the L{Route} the review was on, and logged there at warning
-with its whole message.  The endpoint's reply is judged (patch checks,
-dry-apply, size) before the endpoint client counts the call, so a reply amp
+applied, with the L{Route} the review was on, and is logged at warning with
+its whole message.  Each endpoint's reply is judged (its patch checked and
+dry-applied) before the endpoint client counts the call, so a reply amp
 refuses is counted under its reason, not as C{ok}.  A namespace whose
 failure-policy annotation amp cannot use is reported once per change.
 
@@ -30,8 +30,7 @@ no value set by the Pod's author or the endpoint survives.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -45,11 +44,12 @@ from amp.deadline import Deadline
 from amp.endpoints import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
-from amp.patch import CheckedPatch, PatchError, annotate, check_patch, unchanged
-from amp.policy import FAIL, SHADOW, Route, failure_policy, route
+from amp.patch import CheckedPatch, PatchError, annotate, check_patch, compose, unchanged
+from amp.policy import (
+    FAIL, IGNORE, SHADOW, Route, failure_policy, opted_out, own_pods_warning, protected_namespaces, route)
 from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
-from amp.review import AdmissionRequest, clean_audit_annotations, clip, dumps
+from amp.review import AUDIT_VALUE_LIMIT, AdmissionRequest, clean_audit_annotations, clip, dumps
 
 __all__ = ["AUDIT_ERROR_KEY", "LEGACY_SKIPPED_ANNOTATION", "STATUS_ANNOTATION", "Admitter", "Answer", "Outcome"]
 
@@ -92,6 +92,9 @@ class Admitter:
         self._routes: dict[str, tuple] = {}
         #: The configuration problem last reported for each namespace.
         self._problems: dict[str, str] = {}
+        self._protected = protected_namespaces(config)
+        #: Protected namespaces amp has said it leaves alone (said once each).
+        self._protected_told: set[str] = set()
         patch = config.patch
         self._patch_options = dict(
             denied=patch.denied_paths, allowed=patch.allowed_paths, repair=patch.repair,
@@ -105,7 +108,50 @@ class Admitter:
         """
         if not req.is_pod_create:
             return succeed(answers.skipped(req))
+        alone = self._left_alone(req)
+        if alone is not None:
+            return succeed(answers.skipped(req, reason=alone))
         return _Review(self, req, deadline, validation).start()
+
+    def _compose_options(self, steps: int) -> dict[str, Any]:
+        """L{compose}'s options for a chain of C{steps}: each may send C{patch.max_operations}."""
+        options = self._patch_options
+        return dict(denied=options["denied"], allowed=options["allowed"],
+                    max_operations=options["max_operations"] * max(steps, 1))
+
+    def _left_alone(self, req: AdmissionRequest) -> Optional[Reason]:
+        """
+        Why amp does not act on C{req} at all, before any lookup or call:
+        its namespace is protected (said once per namespace), or the Pod
+        opted out.  None when amp acts.
+        """
+        name = req.namespace
+        if name in self._protected:
+            if name not in self._protected_told:
+                self._protected_told.add(name)
+                self.log.warn(
+                    "Asked to review a Pod in {namespace}, amp's own or a protected namespace: amp leaves Pods "
+                    "there unchanged (kubernetes.protected_namespaces, allow_protected_namespaces); the "
+                    "webhook configuration's namespaceSelector should exclude it", namespace=name)
+            return Reason.PROTECTED_NAMESPACE
+        if opted_out(req.object, self.config):
+            return Reason.OPTED_OUT
+        return None
+
+    def own_pods_warning(self) -> Optional[str]:
+        """
+        Warn (and return the warning) when amp's own namespace, as the
+        namespace source knows it now, is enabled: amp's own Pods would be
+        sent to it.  Called at start-up, once the source has its namespaces.
+        """
+        own = self.config.kubernetes.own_namespace
+        if not own:
+            return None
+        ns = self._namespaces.cached(own)
+        warning = own_pods_warning(ns if isinstance(ns, NamespaceInfo) else None, self.config)
+        if warning is not None:
+            self.log.warn("{warning}", warning=warning)
+        return warning
 
     def _note_problem(self, namespace: str, problem: Optional[str]) -> None:
         """
@@ -138,7 +184,7 @@ class _Review:
     """
 
     __slots__ = ("_admitter", "_req", "_deadline", "_validation", "_route", "_pending", "_timer", "_ending",
-                 "_done", "_verdict", "result")
+                 "_done", "result", "_chain", "_judged")
 
     log = Logger()
 
@@ -154,8 +200,11 @@ class _Review:
         #: Why the review is being ended early: DEADLINE or CANCELLED.
         self._ending: Optional[Reason] = None
         self._done = False
-        #: What amp made of the endpoint's reply (see _judge).
-        self._verdict: Optional[_Verdict] = None
+        #: The endpoint chain in progress, once routed.
+        self._chain: Optional[_Chain] = None
+        #: The current step's reply as judged before the call was counted:
+        #: the reply, and its checked patch or the PatchError.
+        self._judged: Optional[tuple[EndpointDecision, Any]] = None
         self.result: Deferred[Answer] = Deferred(self._cancel)
 
     # ------------------------------------------------------------ steps
@@ -211,7 +260,7 @@ class _Review:
             return self._answer(answers.skipped(req))
         if r.error is not None:
             return self._answer(self._failed(*r.error))
-        if r.url is None:
+        if not r.steps:
             if self._validation:
                 return self._answer(answers.skipped(req))
             if a._has_validation_endpoint(ns):
@@ -220,79 +269,176 @@ class _Review:
                 stamped = self._stamp(None, Status.UNCHANGED, r.where)
                 return self._answer(answers.skipped(req, patch=_patch_bytes(stamped)))
             return self._answer(self._failed(Reason.NO_ENDPOINT, "namespace is enabled but has no endpoint annotation"))
-        assert r.settings is not None
+        self._chain = _Chain(r, unchanged(req.object))
+        self._call_next()
+
+    def _call_next(self) -> None:
+        """
+        Call the chain's next endpoint with the Pod as the steps before it
+        left it, within what is left of the review's one deadline; or, when
+        every step is done, answer.
+        """
+        chain = self._chain
+        assert chain is not None
+        if chain.index == len(chain.route.steps):
+            return self._answer(self._chain_done())
+        step = chain.route.steps[chain.index]
+        req = self._req
         headers = {
             b"x-amp-namespace": req.namespace.encode("utf-8"),
             b"x-amp-operation": req.operation.encode("ascii", "replace"),
             b"x-amp-uid": req.uid.encode("ascii", "replace"),
             b"x-amp-dry-run": b"true" if req.dry_run else b"false",
         }
-        pod_json = req.object_json if req.object_json is not None else dumps(req.object)
-        self._wait(a._endpoints.call(r.url, r.settings, pod_json, headers, self._deadline, r.breaker,
-                                     check=self._check_reply),
+        if chain.pod.pod is req.object:
+            pod_json = req.object_json if req.object_json is not None else dumps(req.object)
+        else:
+            pod_json = dumps(chain.pod.pod)
+        self._judged = None
+        self._wait(self._admitter._endpoints.call(step.url, step.settings, pod_json, headers, self._deadline,
+                                                  step.breaker, check=self._check_reply),
                    self._decided)
 
     def _check_reply(self, decision: EndpointDecision) -> Optional[str]:
         """
         The endpoint client's check of a usable reply, before it counts the
-        call: the reason amp refuses the reply, or None.  The verdict is
-        kept for L{_decided}.
+        call: the reason amp refuses the reply (its patch is invalid, does
+        not apply, ...), or None.  What it found is kept for L{_decided}.
         """
-        verdict = self._verdict = self._judge(decision)
-        return verdict.refusal[0] if verdict.refusal is not None else None
+        judged = self._judge(decision)
+        self._judged = (decision, judged)
+        return judged.reason if isinstance(judged, PatchError) else None
 
-    def _judge(self, decision: EndpointDecision) -> "_Verdict":
+    def _judge(self, decision: EndpointDecision) -> Any:
         """
-        What amp makes of the endpoint's reply: the checked patch and the
-        patch to send (with the status stamp), or why amp refuses it.
+        The current step's patch checked and dry-applied to the Pod as the
+        steps before left it; the L{PatchError} when amp refuses it; None
+        when there is nothing to check (a deny, a validation, no patch).
         """
-        a = self._admitter
-        req = self._req
-        r = self._route
-        assert r is not None and r.url is not None
-        if not decision.allowed or self._validation:
-            return _Verdict()
+        chain = self._chain
+        assert chain is not None
+        if not decision.allowed or self._validation or not decision.patch:
+            return None
         try:
-            checked = (check_patch(req.object, decision.patch, **a._patch_options) if decision.patch
-                       else unchanged(req.object))
+            return check_patch(chain.pod.pod, decision.patch, **self._admitter._patch_options)
         except PatchError as e:
-            return _Verdict(refusal=(e.reason, str(e)))
-        if r.mode == SHADOW:
-            return _Verdict(checked)
-        if not checked.operations:
-            return _Verdict(checked, _patch_bytes(self._stamp(checked, Status.UNCHANGED, r.url.origin)))
-        patch = dumps(self._stamp(checked, Status.MUTATED, r.url.origin).operations)
-        if len(patch) > a.config.patch.max_size:
-            return _Verdict(checked, refusal=(Reason.PATCH_TOO_LARGE,
-                                              f"patch of {len(patch)} bytes is over patch.max_size"))
-        return _Verdict(checked, patch)
+            return e
 
     def _decided(self, decision: EndpointDecision) -> None:
         a = self._admitter
         req = self._req
-        r = self._route
-        assert r is not None and r.url is not None
-        origin = r.url.origin
+        chain = self._chain
+        assert chain is not None
+        origin = chain.route.steps[chain.index].name
         # Judged already, unless the client did not run the check.
-        verdict = self._verdict if self._verdict is not None else self._judge(decision)
-        if r.mode == SHADOW:
-            return self._answer(self._shadow(decision, origin, verdict))
+        judged = self._judged[1] if self._judged is not None and self._judged[0] is decision else self._judge(decision)
+        self._judged = None
         audit, problems = clean_audit_annotations(decision.audit)
-        warnings = [f"amp: {w}" for w in decision.warnings] + [f"amp: {p}" for p in problems]
+        chain.told(origin, decision.warnings, problems, audit)
         if not decision.allowed:
-            return self._answer(answers.denied(req, origin, decision.code, decision.message, warnings=warnings,
-                                               audit=audit))
-        if verdict.refusal is not None:
-            return self._answer(self._failed(*verdict.refusal))
-        checked = verdict.checked
-        if checked is None or not checked.operations:
-            # A validation, or no change (the patch is the stamp alone).
-            return self._answer(answers.allowed(req, origin, warnings=warnings, audit=audit, patch=verdict.patch))
-        assert verdict.patch is not None
+            if chain.route.mode == SHADOW:
+                return self._answer(self._shadow(chain, origin, denied=True))
+            return self._answer(answers.denied(req, origin, decision.code, decision.message,
+                                               warnings=chain.warnings, audit=chain.audit))
+        if isinstance(judged, PatchError):
+            return self._step_ended(judged.reason, str(judged))
+        if judged is not None and judged.operations:
+            chain.applied(judged)
+        chain.ok(origin)
+        self._call_next()
+
+    def _step_ended(self, reason: str, message: str) -> None:
+        """
+        The chain's current endpoint failed with C{reason}: under C{Ignore}
+        (not in shadow mode) its step is skipped and the chain goes on with
+        the Pod as it was; else the failure policy answers, naming it.
+        """
+        chain = self._chain
+        assert chain is not None
+        r = chain.route
+        step = r.steps[chain.index]
+        if r.failure_policy == FAIL or r.mode == SHADOW:
+            return self._answer(self._failed(reason, message, step.name))
+        chain.skip(step.name, reason, message)
+        self._call_next()
+
+    def _chain_done(self) -> Answer:
+        """
+        The answer of a chain whose every step ran or was skipped: the
+        steps' checked patches composed into one, checked as a whole and
+        stamped; or, in shadow mode, the Pod as it came.
+        """
+        a = self._admitter
+        req = self._req
+        chain = self._chain
+        assert chain is not None
+        r = chain.route
+        where = " ".join(chain.called)
+        endpoint = ",".join(chain.called)
+        if r.mode == SHADOW:
+            return self._shadow(chain, endpoint)
+        try:
+            checked = compose(req.object, chain.patches, **a._compose_options(len(r.steps)))
+        except PatchError as e:
+            return self._failed(e.reason, f"the chain's patches together: {e}", endpoint)
+        warnings = chain.warnings + [f"amp: {w}" for w in checked.warnings]
+        if chain.skipped:
+            return self._ignored_steps(chain, checked, warnings)
+        if self._validation:
+            return answers.allowed(req, endpoint, warnings=chain.warnings, audit=chain.audit)
+        if not checked.operations:
+            stamped = self._stamp(checked, Status.UNCHANGED, where)
+            return answers.allowed(req, endpoint, warnings=warnings, audit=chain.audit, patch=_patch_bytes(stamped))
+        patch = dumps(self._stamp(checked, Status.MUTATED, where).operations)
+        if len(patch) > a.config.patch.max_size:
+            return self._failed(Reason.PATCH_TOO_LARGE, f"patch of {len(patch)} bytes is over patch.max_size",
+                                endpoint)
         if checked.repaired:
             a._metrics.patch_repairs.inc(checked.repaired)
-        warnings.extend(f"amp: {w}" for w in checked.warnings)
-        self._answer(answers.patched(req, origin, verdict.patch, warnings=warnings, audit=audit))
+        return answers.patched(req, endpoint, patch, warnings=warnings, audit=chain.audit)
+
+    def _ignored_steps(self, chain: "_Chain", checked: CheckedPatch, warnings: list[str]) -> Answer:
+        """
+        The answer of a chain with skipped steps (under C{Ignore}): the
+        patches of the steps that succeeded, if any, and a stamp that lists
+        what was skipped and why: C{mutated <endpoints>; skipped <reason>
+        <endpoint>} or C{skipped <reason> <endpoint>[; unchanged
+        <endpoints>]}.
+        """
+        a = self._admitter
+        req = self._req
+        first_origin, first_reason, _ = chain.skipped[0]
+        text = "; ".join(f"endpoint {origin} failed ({reason}): {message}" for origin, reason, message in chain.skipped)
+        for origin, reason, message in chain.skipped:
+            self._log_failure(origin, reason, message, f"endpoint {origin} failed ({reason}): {message}", IGNORE,
+                              "admits it without the endpoint's patch")
+        skips = [f"{reason} {origin}" for origin, reason, _ in chain.skipped]
+        done = " ".join(chain.answered)
+        if checked.operations:
+            value = "; ".join([done] + [f"{Status.SKIPPED} {skip}" for skip in skips])
+            patch = dumps(self._stamp(checked, Status.MUTATED, value).operations)
+            if len(patch) > a.config.patch.max_size:
+                return self._failed(Reason.PATCH_TOO_LARGE, f"patch of {len(patch)} bytes is over patch.max_size",
+                                    done)
+            audit = dict(chain.audit)
+            audit[AUDIT_ERROR_KEY] = clip(text, answers.MESSAGE_LIMIT)
+            notes = [f"amp: {origin} {reason}; the chain went on without its patch"
+                     for origin, reason, _ in chain.skipped]
+            return answers.patched(req, ",".join(chain.called), patch, warnings=notes + warnings, audit=audit,
+                                   reason=first_reason)
+        value = "; ".join([skips[0]] + [f"{Status.SKIPPED} {skip}" for skip in skips[1:]]
+                          + ([f"{Status.UNCHANGED} {done}"] if done else []))
+        try:
+            patch = _patch_bytes(self._stamp(checked, Status.SKIPPED, value))
+        except Exception:
+            # A bug in stamping must not cost the answer.
+            self.log.failure("Internal error stamping {uid}", uid=req.uid)
+            patch = None
+        where = " ".join(origin for origin, _, _ in chain.skipped)
+        more = [f"amp: {origin} {reason}; admitted without the endpoint's patch"
+                for origin, reason, _ in chain.skipped[1:]]
+        return answers.ignored(req, first_origin, where, first_reason, text, patch=patch,
+                               warnings=more + warnings)
 
     def _stamp(self, checked: Optional[CheckedPatch], status: Status, *words: str) -> CheckedPatch:
         """
@@ -308,21 +454,26 @@ class _Review:
         value = clip(" ".join((status, *words)), STATUS_LIMIT)
         return annotate(checked, {LEGACY_SKIPPED_ANNOTATION: None, STATUS_ANNOTATION: value})
 
-    def _shadow(self, decision: EndpointDecision, origin: str, verdict: "_Verdict") -> Answer:
+    def _shadow(self, chain: "_Chain", where: str, *, denied: bool = False) -> Answer:
+        """
+        Shadow mode, for the whole chain: the Pod is admitted as it came;
+        what the chain would have done (denied, or its composed patch) is
+        logged and counted.
+        """
         a = self._admitter
         req = self._req
-        if verdict.refusal is not None:
-            reason, message = verdict.refusal
-            self.log.info("Shadow patch from {endpoint} would fail: {reason}", endpoint=origin, reason=message)
-            return answers.shadow(req, origin, reason=reason)
-        checked = verdict.checked
-        size = len(dumps(checked.operations)) if checked is not None else 0
-        a._metrics.shadow_patches.labels(origin).inc()
+        try:
+            checked = compose(req.object, chain.patches, **a._compose_options(len(chain.route.steps)))
+        except PatchError as e:
+            self.log.info("Shadow patch from {endpoint} would fail: {reason}", endpoint=where, reason=str(e))
+            return answers.shadow(req, where, reason=e.reason)
+        size = 0 if denied else len(dumps(checked.operations))
+        a._metrics.shadow_patches.labels(where).inc()
         self.log.info(
             "Shadow mode: {endpoint} would have {verdict} pod {pod} in {namespace} ({ops} operations)",
-            endpoint=origin, verdict="patched" if decision.allowed else "denied", pod=req.pod_name,
-            namespace=req.namespace, ops=len(checked.operations) if checked is not None else 0)
-        return answers.shadow(req, origin, shadow_patch_size=size)
+            endpoint=where, verdict="denied" if denied else "patched", pod=req.pod_name,
+            namespace=req.namespace, ops=0 if denied else len(checked.operations))
+        return answers.shadow(req, where, shadow_patch_size=size)
 
     # ------------------------------------------------------------ ending
 
@@ -361,9 +512,13 @@ class _Review:
 
     def _step_failed(self, failure: Failure) -> None:
         """
-        A step failed, was cancelled, or raised: name the reason and answer
-        under the failure policy.
+        A step failed, was cancelled, or raised: name the reason; a failed
+        endpoint of the chain ends in L{_step_ended} (or, once the
+        deadline has passed, the rest of the chain is skipped); anything
+        else is answered under the failure policy.
         """
+        chain = self._chain
+        calling = chain is not None and chain.index < len(chain.route.steps)
         if self._ending is Reason.CANCELLED:
             # The API server hung up (see amp.web): nobody reads this
             # answer, and it is not an error of amp's.
@@ -372,6 +527,8 @@ class _Review:
             # Including the call cut off by the review's deadline: C{timeout}.
             e = failure.value
             reason, message = e.reason, e.message
+            if calling and self._ending is None:
+                return self._step_ended(reason, message)
         elif self._ending is Reason.DEADLINE:
             reason, message = Reason.DEADLINE, f"review deadline of {self._deadline.budget:.3g}s passed"
         elif failure.check(NamespaceLookupError):
@@ -383,38 +540,47 @@ class _Review:
             self.log.failure("Internal error reviewing {uid}", failure, uid=self._req.uid)
             error = failure.getErrorMessage() or getattr(failure.type, "__name__", "unknown error")
             reason, message = Reason.INTERNAL_ERROR, f"amp internal error: {error}"
+        if calling and self._ending is Reason.DEADLINE:
+            assert chain is not None
+            r = chain.route
+            origin = r.steps[chain.index].name
+            if r.failure_policy == FAIL or r.mode == SHADOW:
+                return self._answer(self._failed(reason, message, origin))
+            # Under Ignore: this step and the ones after it are skipped; the
+            # steps that answered keep their patches.
+            chain.skip(origin, reason, message)
+            while chain.index < len(r.steps):
+                chain.skip(r.steps[chain.index].name, Reason.DEADLINE,
+                           f"review deadline of {self._deadline.budget:.3g}s passed before the call")
+            return self._answer(self._chain_done())
         self._answer(self._failed(reason, message))
 
-    def _failed(self, reason: str, message: str) -> Answer:
+    def _failed(self, reason: str, message: str, endpoint: Optional[str] = None) -> Answer:
         """
-        The failure policy: the one place every failure ends.
+        The failure policy: the one place every failure ends.  C{endpoint}
+        names the endpoint of the chain that failed; by default the route's
+        endpoints (or its masked annotation).  The log says it at warning,
+        with the whole message the C{Fail} policy would show.
 
         Under C{Ignore} a mutation is stamped C{skipped <reason>
         <endpoint>}; a validation is not, because the API server rejects any
         patch from a validating webhook (and would then apply the webhook's
         own failurePolicy, typically C{Fail}).
-
-        The log says it at warning, with the whole message the C{Fail}
-        policy would show (a review the client gave up on, at info: nobody
-        reads its answer).
         """
         req = self._req
         r = self._route if self._route is not None else self._route_without_namespace()
         # An unusable annotation is shown masked: it may hold credentials or
-        # control characters, and it lands in warnings, audit, the Pod and
-        # the log.
-        where = r.where
-        endpoint = r.url.origin if r.url is not None else ""
+        # control characters, and it lands in warnings, audit and the Pod.
+        where = endpoint if endpoint is not None else r.where
+        if endpoint is None:
+            endpoint = ",".join(step.name for step in r.steps) or (r.url.origin if r.url is not None else "")
         text = f"endpoint {where} failed ({reason}): {message}"
         if r.mode == SHADOW:
             self.log.info("Shadow mode: {text}", text=text)
             return answers.shadow(req, endpoint, reason=reason)
         fail = r.failure_policy == FAIL
-        emit = self.log.info if reason == Reason.CANCELLED else self.log.warn
-        emit("Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
-             uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=where, reason=reason,
-             message=message, text=text, policy=r.failure_policy,
-             effect="denies the Pod" if fail else "admits it without the endpoint's patch")
+        self._log_failure(where, reason, message, text, r.failure_policy,
+                          "denies the Pod" if fail else "admits it without the endpoint's patch")
         if fail:
             return answers.errored(req, endpoint, reason, text)
         try:
@@ -424,6 +590,18 @@ class _Review:
             self.log.failure("Internal error stamping {uid}", uid=req.uid)
             patch = None
         return answers.ignored(req, endpoint, where, reason, text, patch=patch)
+
+    def _log_failure(self, where: str, reason: str, message: str, text: str, policy: str, effect: str) -> None:
+        """
+        Say in amp's log, at warning, that the review ended in the failure
+        policy, with the whole (masked) message; a review the client gave
+        up on, at info: nobody reads its answer.
+        """
+        req = self._req
+        emit = self.log.info if reason == Reason.CANCELLED else self.log.warn
+        emit("Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
+             uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=where, reason=reason,
+             message=message, text=text, policy=policy, effect=effect)
 
     def _route_without_namespace(self) -> Route:
         """
@@ -444,21 +622,61 @@ class _Review:
             return Route(True, failure_policy(None, a.config, None))
 
 
+class _Chain:
+    """
+    The endpoint chain of one review in progress: which step is next, the
+    Pod as the steps so far left it, their checked patches, what they said
+    (warnings, audit annotations, each naming its endpoint when the chain
+    has more than one), and which were skipped and why.
+    """
+
+    __slots__ = ("route", "index", "pod", "patches", "warnings", "audit", "called", "answered", "skipped")
+
+    def __init__(self, route: Route, pod: CheckedPatch) -> None:
+        self.route = route
+        self.index = 0
+        #: The Pod as the steps so far left it (C{pod.pod}).
+        self.pod = pod
+        self.patches: list[CheckedPatch] = []
+        self.warnings: list[str] = []
+        self.audit: dict[str, str] = {}
+        #: Origins of the endpoints called (or skipped), in order.
+        self.called: list[str] = []
+        #: Origins of the endpoints that answered (not skipped).
+        self.answered: list[str] = []
+        #: C{(origin, reason, message)} of each skipped step.
+        self.skipped: list[tuple[str, str, str]] = []
+
+    def told(self, origin: str, warnings: Sequence[str], problems: Sequence[str], audit: Mapping[str, str]) -> None:
+        """
+        Keep what the endpoint at C{origin} said.  In a chain of more than
+        one, each warning and audit value names its endpoint, and an audit
+        key an earlier endpoint used is suffixed with the step's number.
+        """
+        if len(self.route.steps) == 1:
+            self.warnings.extend(f"amp: {w}" for w in (*warnings, *problems))
+            self.audit.update(audit)
+            return
+        self.warnings.extend(f"amp: {origin}: {w}" for w in (*warnings, *problems))
+        for key, value in audit.items():
+            if key in self.audit:
+                key = f"{key}.{self.index + 1}"
+            self.audit[key] = clip(f"{origin}: {value}", AUDIT_VALUE_LIMIT)
+
+    def applied(self, checked: CheckedPatch) -> None:
+        self.patches.append(checked)
+        self.pod = checked
+
+    def ok(self, origin: str) -> None:
+        self.called.append(origin)
+        self.answered.append(origin)
+        self.index += 1
+
+    def skip(self, origin: str, reason: str, message: str) -> None:
+        self.called.append(origin)
+        self.skipped.append((origin, reason, message))
+        self.index += 1
+
+
 def _patch_bytes(checked: CheckedPatch) -> Optional[bytes]:
     return dumps(checked.operations) if checked.operations else None
-
-
-@dataclass(slots=True)
-class _Verdict:
-    """
-    What amp makes of an endpoint's usable reply.
-
-    @ivar checked: the endpoint's patch, checked and dry-applied (None for
-        a deny or a validation).
-    @ivar patch: the patch to send: the endpoint's and the status stamp.
-    @ivar refusal: C{(reason, message)} when amp refuses the reply.
-    """
-
-    checked: Optional[CheckedPatch] = None
-    patch: Optional[bytes] = None
-    refusal: Optional[tuple[Reason, str]] = None

@@ -61,14 +61,15 @@ class Answer(NamedTuple):
     outcome: Outcome
 
 
-def skipped(req: AdmissionRequest, *, patch: Optional[bytes] = None) -> Answer:
+def skipped(req: AdmissionRequest, *, patch: Optional[bytes] = None, reason: str = "") -> Answer:
     """
     amp does not act on this review: admitted as it is, nothing said; with
     C{patch}, only amp's status annotation (a namespace with a validation
-    endpoint only, on C{/mutate}).
+    endpoint only, on C{/mutate}).  C{reason} (one of
+    L{amp.reasons.SKIP_REASONS}) says why when it is not the obvious one.
     """
     return Answer(encode_response(req.api_version, req.uid, patch_bytes=patch),
-                  Outcome(Result.SKIPPED, patch_size=len(patch) if patch else 0))
+                  Outcome(Result.SKIPPED, reason, patch_size=len(patch) if patch else 0))
 
 
 def allowed(
@@ -85,15 +86,17 @@ def allowed(
 
 def patched(
     req: AdmissionRequest, endpoint: str, patch: bytes, *, warnings: Iterable[str] = (),
-    audit: Optional[Mapping[str, str]] = None,
+    audit: Optional[Mapping[str, str]] = None, reason: str = "",
 ) -> Answer:
     """
     The endpoint's patch (checked, dry-applied, serialised, with amp's
-    status annotation) is applied.
+    status annotation) is applied; for a chain, the composed patch of its
+    endpoints, and C{reason} the failure of the first step skipped under
+    C{Ignore}, if any.
     """
     return Answer(
         encode_response(req.api_version, req.uid, patch_bytes=patch, warnings=warnings, audit=audit),
-        Outcome(Result.PATCHED, endpoint=endpoint, patch_size=len(patch)))
+        Outcome(Result.PATCHED, reason, endpoint=endpoint, patch_size=len(patch)))
 
 
 def denied(
@@ -115,18 +118,19 @@ def denied(
 
 def ignored(
     req: AdmissionRequest, endpoint: str, where: str, reason: Reason, text: str, *,
-    patch: Optional[bytes] = None,
+    patch: Optional[bytes] = None, warnings: Iterable[str] = (),
 ) -> Answer:
     """
     A failure under C{Ignore}: the Pod is admitted without the endpoint's
     patch, with a warning, amp's audit annotation (C{text}) and C{patch}
     (amp's status annotation, when it stamps one: then the Pod is not
-    unchanged, and the warning does not say so).
+    unchanged, and the warning does not say so); C{warnings} follow amp's
+    (those of a chain's other endpoints).
     """
     return Answer(
         encode_response(
             req.api_version, req.uid, patch_bytes=patch,
-            warnings=[f"amp: {where} {reason}; admitted without the endpoint's patch"],
+            warnings=[f"amp: {where} {reason}; admitted without the endpoint's patch", *warnings],
             audit={AUDIT_ERROR_KEY: clip(text, MESSAGE_LIMIT)}),
         Outcome(Result.IGNORED, reason, endpoint, len(patch) if patch else 0))
 

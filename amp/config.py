@@ -2,7 +2,11 @@
 amp's configuration: ``etc/amp.yaml`` in, frozen dataclasses out (pure).
 
 Every key has a default here, and ``docs/config.md`` lists the same keys with
-the same defaults (a test keeps the two in step).  Every error is a
+the same defaults (a test keeps the two in step).
+
+The file is reloaded while amp runs (L{amp.reload}); L{for_reload} keeps
+the keys that only a restart can change at their running values and names
+them, and L{config_digest} identifies the configuration in force.  Every error is a
 L{ConfigError} whose message starts with the dotted key that is wrong, e.g.
 ``endpoints.overrides[0].timeout: expected a duration like 250ms, 2s or 1m``.
 """
@@ -10,7 +14,9 @@ L{ConfigError} whose message starts with the dotted key that is wrong, e.g.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
+import json
 import math
 import re
 from fnmatch import fnmatchcase
@@ -247,6 +253,15 @@ class KubernetesConfig:
     miss_timeout: float = 2.0
     miss_negative_ttl: float = 5.0
     per_review_get: bool = False
+    #: amp's own namespace (None: read from the service account mount
+    #: when amp runs in a cluster); amp never changes Pods there.
+    own_namespace: Optional[str] = None
+    #: Namespaces whose Pods amp never changes, besides its own.
+    protected_namespaces: tuple[str, ...] = ("kube-system",)
+    #: Let amp change Pods in its own and the protected namespaces.
+    allow_protected_namespaces: bool = False
+    #: A Pod whose C{enabled_label} has this value opts out of amp.
+    opt_out_value: str = "false"
 
 
 @dataclass(frozen=True)
@@ -300,6 +315,8 @@ class EndpointsConfig:
     deny_networks: tuple[Any, ...] = ()
     defaults: EndpointSettings = field(default_factory=EndpointSettings)
     overrides: tuple[EndpointOverride, ...] = ()
+    #: The most endpoints one namespace's annotation may chain.
+    chain_limit: int = 4
 
     def settings_for(self, url: EndpointURL) -> EndpointSettings:
         """
@@ -344,10 +361,13 @@ class Config:
     endpoints: EndpointsConfig = field(default_factory=EndpointsConfig)
     failure_policy: str = "auto"
     annotate_status: bool = True
+    #: Also review C{pods/ephemeralcontainers} updates (C{kubectl debug}).
+    ephemeral_containers: bool = False
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
     patch: PatchConfig = field(default_factory=PatchConfig)
     log: LogConfig = field(default_factory=LogConfig)
     workers: int = 1
+    reload_interval: float = 5.0
 
 
 # ---------------------------------------------------------------- loading
@@ -371,7 +391,8 @@ _FIELDS: dict[type, dict[str, Callable[[Any], Any]]] = {
         "watch_timeout": _positive(parse_duration), "request_timeout": _positive(parse_duration),
         "backoff_initial": _positive(parse_duration), "backoff_max": _positive(parse_duration),
         "miss_timeout": _positive(parse_duration), "miss_negative_ttl": parse_duration,
-        "per_review_get": _bool,
+        "per_review_get": _bool, "own_namespace": _opt_str, "protected_namespaces": _str_list,
+        "allow_protected_namespaces": _bool, "opt_out_value": _str,
     },
     BreakerConfig: {
         "consecutive_failures": _positive(_int), "failure_ratio": _ratio, "window": _positive(parse_duration),
@@ -446,7 +467,7 @@ def _endpoints(raw: Any) -> EndpointsConfig:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{key}: expected a mapping, got {type(raw).__name__}")
-    own = ("allow", "deny_networks", "overrides")
+    own = ("allow", "deny_networks", "overrides", "chain_limit")
     defaults = _endpoint_settings(raw, key, EndpointSettings(), own)
     if "deny_networks" in raw:
         try:
@@ -457,6 +478,11 @@ def _endpoints(raw: Any) -> EndpointsConfig:
         # endpoint client has it wherever it has the settings.
         defaults = dataclasses.replace(defaults, deny_networks=deny)
     out = EndpointsConfig(defaults=defaults, deny_networks=defaults.deny_networks)
+    if "chain_limit" in raw:
+        try:
+            out = dataclasses.replace(out, chain_limit=_positive(_int)(raw["chain_limit"]))
+        except ValueError as e:
+            raise ConfigError(f"{key}.chain_limit: {e}") from None
     if "allow" in raw:
         try:
             out = dataclasses.replace(out, allow=_patterns(raw["allow"]))
@@ -537,7 +563,9 @@ def parse_config(raw: Any) -> Config:
     scalars: dict[str, Callable[[Any], Any]] = {
         "failure_policy": _choice("auto", "Ignore", "Fail"),
         "annotate_status": _bool,
+        "ephemeral_containers": _bool,
         "workers": _positive(_int),
+        "reload_interval": _positive(parse_duration),
     }
     values: dict[str, Any] = {}
     for key, value in raw.items():
@@ -595,3 +623,80 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     if context:
         text += f" ({context})"
     return " ".join(text.split())
+
+
+# ---------------------------------------------------------------- reloading
+
+#: Keys only a restart can change: the listening sockets, the files the
+#: serving certificate is loaded from and how, the number of processes.
+RESTART_ONLY = (
+    "listen.port", "listen.interface", "tls.cert", "tls.key", "tls.client_ca", "tls.min_version",
+    "tls.reload_interval", "metrics.port", "metrics.interface", "workers", "kubernetes.source",
+)
+
+#: The keys of C{kubernetes} a running Kubernetes namespace source was
+#: built from (its client, its watches and what it keeps of each
+#: namespace): restart-only unless the source is the static one, which is
+#: rebuilt from the new config.
+_KUBERNETES_SOURCE_KEYS = tuple(
+    f"kubernetes.{f.name}" for f in dataclasses.fields(KubernetesConfig) if f.name not in ("source", "namespaces"))
+
+
+def _get(config: Config, dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _set(config: Any, dotted: str, value: Any) -> Any:
+    head, _, rest = dotted.partition(".")
+    if not rest:
+        return dataclasses.replace(config, **{head: value})
+    return dataclasses.replace(config, **{head: _set(getattr(config, head), rest, value)})
+
+
+def for_reload(running: Config, new: Config) -> tuple[Config, list[str]]:
+    """
+    The configuration to put in force when C{new} is loaded while
+    C{running} is: C{new} with every restart-only key that changed kept at
+    its running value, and the names of those keys (in a stable order).
+    """
+    keys = list(RESTART_ONLY)
+    if running.kubernetes.source != "static":
+        keys += _KUBERNETES_SOURCE_KEYS
+    kept = []
+    effective = new
+    for key in keys:
+        old = _get(running, key)
+        if _get(new, key) != old:
+            kept.append(key)
+            effective = _set(effective, key, old)
+    return effective, kept
+
+
+def _canonical(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, URLPattern):
+        return value.text
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (ipaddress.IPv4Network, ipaddress.IPv6Network)):
+        return str(value)
+    raise TypeError(f"no canonical form for {type(value).__name__}")
+
+
+def config_digest(config: Config) -> str:
+    """
+    A short hash of the configuration (every key's value, defaults
+    included): equal for equal configurations, whatever the file's layout,
+    comments or key order, so replicas running different configurations
+    show different hashes.
+    """
+    text = json.dumps(_canonical(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]

@@ -10,7 +10,8 @@ C{traceback}.  Every line is a complete JSON document, whatever the event
 holds: newlines inside values are escaped and non-finite floats are written
 as strings.
 
-C{log.level} drops events below it.  Twisted's per-connection chatter
+C{log.level} drops events below it.  Both can change while amp runs
+(L{ConfigurableObserver}, on a config reload).  Twisted's per-connection chatter
 ("Starting factory ...", "Stopping factory ..." for every pooled endpoint
 connection) is only written at C{log.level: debug}.
 """
@@ -220,6 +221,27 @@ def make_observer(fmt: str, level: str, out: IO[str]) -> ILogObserver:
     if level != "debug":
         predicates.insert(0, _QuietChatter())
     return FilteringLogObserver(base, predicates)
+
+
+@implementer(ILogObserver)
+class ConfigurableObserver:
+    """
+    The observer for C{log.format} and C{log.level} that a config reload
+    can change (L{configure}) while twistd keeps the same observer.
+    """
+
+    def __init__(self, fmt: str, level: str, out: IO[str]) -> None:
+        self._out = out
+        self.configure(fmt, level)
+
+    def configure(self, fmt: str, level: str) -> None:
+        """Write every event from now on in C{fmt}, dropping those below C{level}."""
+        self.format = fmt
+        self.level = level
+        self._observer = make_observer(fmt, level, self._out)
+
+    def __call__(self, event: dict) -> None:
+        self._observer(event)
 
 
 class _Kind:

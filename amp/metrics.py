@@ -37,6 +37,9 @@ BREAKER_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
 #: Values of C{amp_tls_reloads_total{result}}.
 TLS_RELOAD_RESULTS = ("success", "error")
 
+#: Values of C{amp_config_reloads_total{result}}.
+CONFIG_RELOAD_RESULTS = ("success", "error")
+
 #: Values of C{amp_connections_dropped_total{reason}}.
 CONNECTION_DROP_REASONS = ("max-connections", "no-request", "shutting-down")
 
@@ -98,6 +101,12 @@ class Metrics:
             "amp_connections_dropped", "Connections closed before any answer, by reason.", ["reason"], registry=r)
         for reason in CONNECTION_DROP_REASONS:
             self.connections_dropped.labels(reason=reason)
+        self.config_reloads = Counter(
+            "amp_config_reloads", "Config file reloads (file changed or SIGHUP) by result.", ["result"], registry=r)
+        for result in CONFIG_RELOAD_RESULTS:
+            self.config_reloads.labels(result=result)
+        self.config_info = Gauge(
+            "amp_config_info", "1 for the hash of the configuration in force.", ["hash"], registry=r)
 
     def render(self) -> bytes:
         """

@@ -14,7 +14,11 @@ back to the API server:
     parents inserted before it;
   - a structural sanity check of the patched Pod, so that a patch which would
     make the Pod undecodable or invalid is blamed on the endpoint here rather
-    than rejected by the API server whatever the failure policy.
+    than rejected by the API server whatever the failure policy;
+  - composition of a chain (L{compose}): each endpoint's checked patch was
+    made for the Pod as the previous ones left it; their concatenation,
+    checked and dry-applied again as a whole against the Pod as it came, is
+    the one patch the API server applies, and equals applying each in turn.
 
 The API server rejects the whole request, whatever the failure policy, when a
 patch decodes but fails to apply; L{check_patch} therefore either returns a
@@ -37,7 +41,7 @@ from typing import Any, Mapping, Optional, Sequence
 from amp.reasons import Reason
 
 __all__ = [
-    "DEFAULT_DENIED", "PatchError", "CheckedPatch", "check_patch", "unchanged", "annotation_ops", "annotate",
+    "DEFAULT_DENIED", "PatchError", "CheckedPatch", "check_patch", "compose", "unchanged", "annotation_ops", "annotate",
     "escape_pointer_token", "parse_pointer",
 ]
 
@@ -744,6 +748,35 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
         return unchanged(pod)
     _check_pod(pod, doc.root)
     return CheckedPatch(operations, repaired, tuple(doc.warnings), doc.root)
+
+
+def compose(pod: dict, steps: Sequence[CheckedPatch], *, denied: Sequence[str] = DEFAULT_DENIED,
+            allowed: Sequence[str] = (), max_operations: int = 1000) -> CheckedPatch:
+    """
+    The one patch of a chain: C{steps}, each checked by L{check_patch}
+    against the Pod as the steps before it left it (step I{n} against
+    C{steps[n-1].pod}, the first against C{pod}), in order.
+
+    Their operations (repairs included) are concatenated and checked as a
+    whole against C{pod}: refused paths, a dry-apply, the patched Pod's
+    sanity.  The result's C{pod} is the Pod after every step, and applying
+    its C{operations} to C{pod} equals applying each step's in turn.
+    C{max_operations} bounds the whole.
+
+    @raise PatchError: the whole does not check (a step was not checked
+        against the Pod its predecessor left, or it goes over
+        C{max_operations}).
+    """
+    steps = [step for step in steps if step.operations]
+    if not steps:
+        return unchanged(pod)
+    if len(steps) == 1:
+        return steps[0]
+    operations = [op for step in steps for op in step.operations]
+    whole = check_patch(pod, operations, denied=denied, allowed=allowed, repair=False,
+                        max_operations=max_operations)
+    warnings = tuple(w for step in steps for w in step.warnings)
+    return CheckedPatch(whole.operations, sum(step.repaired for step in steps), warnings, whole.pod)
 
 
 def unchanged(pod: dict) -> CheckedPatch:

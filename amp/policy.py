@@ -1,15 +1,17 @@
 """
 Namespace + config -> what to do with a review (pure).
 
-L{route} answers, for one namespace: is amp enabled there, which endpoint
-(checked against the allow-list), with which settings, in which mode, and
-under which failure policy.  Nothing here does I/O.
+L{route} answers, for one namespace: is amp enabled there, which endpoints
+in which order (the chain, each checked against the allow-list), with which
+settings, in which mode, and under which failure policy.  L{opted_out} and
+L{protected_namespaces} say which Pods amp leaves alone whatever their
+namespace says.  Nothing here does I/O.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Any, Optional
 
 from amp.config import BreakerConfig, Config, EndpointSettings
 from amp.namespaces import NamespaceInfo
@@ -21,18 +23,43 @@ NORMAL, SHADOW = "normal", "shadow"
 
 
 @dataclass(frozen=True, slots=True)
+class EndpointStep:
+    """
+    One endpoint of a route's chain, checked against the allow-list.
+
+    @ivar url: the endpoint.
+    @ivar settings: the settings for calls to C{url}.
+    @ivar breaker: the circuit breaker settings of C{url}'s origin (those of
+        the origin's root URL, C{scheme://host:port/}: one breaker guards
+        the whole origin).
+    """
+
+    url: EndpointURL
+    settings: EndpointSettings
+    breaker: BreakerConfig
+    #: How amp names the step: its origin, or its origin and path when
+    #: another step of the chain has the same origin.
+    name: str = ""
+
+    @property
+    def origin(self) -> str:
+        return self.url.origin
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
     """
     The decision for one review's namespace.
 
     @ivar enabled: the namespace opted in; when false nothing else matters.
-    @ivar url: the checked endpoint, or None.
+    @ivar steps: the endpoints to call, in order (the chain), each checked;
+        empty when there is none or when C{error} is set.
+    @ivar url: the first endpoint, or, with C{error}, the URL that caused it
+        when it parsed; else None.
     @ivar raw_url: the annotation's text.
-    @ivar settings: the settings for calls to C{url}.
-    @ivar breaker: the circuit breaker settings of C{url}'s origin (those of
-        the origin's root URL, C{scheme://host:port/}: one breaker guards
-        the whole origin).
-    @ivar error: C{(reason, message)} when the endpoint cannot be used.
+    @ivar bad_url: with a C{bad-url} error, the piece of the annotation that
+        is not a URL.
+    @ivar error: C{(reason, message)} when the chain cannot be used.
     @ivar policy_problem: why the namespace's failure-policy annotation was
         not used (a value that is not C{Ignore} or C{Fail}), or None.
     """
@@ -42,20 +69,35 @@ class Route:
     mode: str = NORMAL
     url: Optional[EndpointURL] = None
     raw_url: str = ""
-    settings: Optional[EndpointSettings] = None
-    breaker: Optional[BreakerConfig] = None
+    steps: tuple[EndpointStep, ...] = ()
     error: Optional[tuple[Reason, str]] = None
+    bad_url: str = ""
     policy_problem: Optional[str] = None
+
+    @property
+    def settings(self) -> Optional[EndpointSettings]:
+        """The first endpoint's settings, or None."""
+        return self.steps[0].settings if self.steps else None
+
+    @property
+    def breaker(self) -> Optional[BreakerConfig]:
+        """The first endpoint's origin's breaker settings, or None."""
+        return self.steps[0].breaker if self.steps else None
 
     @property
     def where(self) -> str:
         """
-        The endpoint as amp names it in messages, warnings, audit and Pod
-        annotations: its origin, the annotation's text masked
-        (L{shown_url}) when it is not a usable URL, or C{(none)}.
+        The endpoint(s) as amp names them in messages, warnings, audit and
+        Pod annotations: the origins of the chain, space-separated; the
+        URL that made the chain unusable; the annotation's text masked
+        (L{shown_url}) when it is not a usable URL; or C{(none)}.
         """
+        if self.steps:
+            return " ".join(step.name for step in self.steps)
         if self.url is not None:
             return self.url.origin
+        if self.bad_url:
+            return shown_url(self.bad_url)
         return shown_url(self.raw_url) if self.raw_url else "(none)"
 
 
@@ -93,6 +135,49 @@ def failure_policy_problem(ns: NamespaceInfo, config: Config, policy: str) -> Op
             f"failure policy {policy} (from {source}) applies")
 
 
+def protected_namespaces(config: Config) -> frozenset[str]:
+    """
+    The namespaces whose Pods amp never changes: its own
+    (C{kubernetes.own_namespace}) and C{kubernetes.protected_namespaces};
+    none when C{kubernetes.allow_protected_namespaces} is set.  A webhook
+    that must answer before its own Pods (or kube-system's) can start would
+    lock the cluster out of recovering.
+    """
+    kube = config.kubernetes
+    if kube.allow_protected_namespaces:
+        return frozenset()
+    own = (kube.own_namespace,) if kube.own_namespace else ()
+    return frozenset((*own, *kube.protected_namespaces))
+
+
+def opted_out(pod: Any, config: Config) -> bool:
+    """
+    Whether C{pod} opts out of amp: its enable label
+    (C{kubernetes.enabled_label}) says C{kubernetes.opt_out_value}
+    (C{amp.txn2.com/enabled: "false"}).
+    """
+    metadata = pod.get("metadata") if type(pod) is dict else None
+    labels = metadata.get("labels") if type(metadata) is dict else None
+    kube = config.kubernetes
+    return type(labels) is dict and labels.get(kube.enabled_label) == kube.opt_out_value
+
+
+def own_pods_warning(ns: Optional[NamespaceInfo], config: Config) -> Optional[str]:
+    """
+    What to warn about at start-up when amp's own namespace C{ns} is
+    enabled (its own Pods would be sent to it), or None.
+    """
+    if not is_enabled(ns, config):
+        return None
+    assert ns is not None
+    if ns.name in protected_namespaces(config):
+        return (f"amp's own namespace {ns.name} is enabled ({config.kubernetes.enabled_label}); amp will not "
+                "change its Pods (kubernetes.allow_protected_namespaces is off)")
+    return (f"amp's own namespace {ns.name} is enabled ({config.kubernetes.enabled_label}) and "
+            "kubernetes.allow_protected_namespaces is on: amp reviews its own Pods, so while no replica is ready "
+            "new ones may not start")
+
+
 def is_enabled(ns: Optional[NamespaceInfo], config: Config) -> bool:
     kube = config.kubernetes
     return ns is not None and ns.labels.get(kube.enabled_label) == kube.enabled_value
@@ -124,13 +209,13 @@ def route(
         return Route(enabled=True, failure_policy=policy, mode=mode, policy_problem=problem)
     resolved = cache.get(raw) if cache is not None else None
     if resolved is None:
-        resolved = _resolve(raw, config)
+        resolved = resolve_chain(raw, config)
         if cache is not None:
             if len(cache) >= _CACHE_LIMIT:
                 cache.clear()
             cache[raw] = resolved
-    url, settings, breaker, error = resolved
-    return Route(True, policy, mode, url=url, raw_url=raw, settings=settings, breaker=breaker, error=error,
+    steps, url, bad, error = resolved
+    return Route(True, policy, mode, url=url, raw_url=raw, steps=steps, error=error, bad_url=bad,
                  policy_problem=problem)
 
 
@@ -138,18 +223,40 @@ def route(
 _CACHE_LIMIT = 4096
 
 
-def _resolve(raw: str, config: Config) -> tuple[
-    Optional[EndpointURL], Optional[EndpointSettings], Optional[BreakerConfig], Optional[tuple[Reason, str]]
+def resolve_chain(raw: str, config: Config) -> tuple[
+    tuple[EndpointStep, ...], Optional[EndpointURL], str, Optional[tuple[Reason, str]]
 ]:
-    try:
-        url = parse_endpoint_url(raw)
-    except BadURL as e:
-        return None, None, None, (Reason.BAD_URL, str(e))
+    """
+    The endpoint annotation C{raw}, one URL or several separated by
+    whitespace (a YAML block scalar with one URL per line reads naturally),
+    as the chain to call in order: C{(steps, url, bad_url, error)}.  Every
+    URL is checked (parsed, against C{endpoints.allow}) before any is
+    called; the first that cannot be used fails the whole chain, as does a
+    chain longer than C{endpoints.chain_limit}.
+    """
+    pieces = raw.split()
+    if not pieces:
+        pieces = [raw]
+    limit = config.endpoints.chain_limit
+    if len(pieces) > limit:
+        return (), None, "", (Reason.CHAIN_TOO_LONG, f"the endpoint annotation names {len(pieces)} endpoints, "
+                                                     f"more than endpoints.chain_limit ({limit})")
     endpoints = config.endpoints
-    if not endpoints.allowed(url):
-        return url, None, None, (Reason.NOT_ALLOWED, f"endpoint {url.origin} is not in endpoints.allow")
-    root = replace(url, url=url.origin + "/", path="/")
-    return url, endpoints.settings_for(url), endpoints.settings_for(root).breaker, None
+    steps = []
+    for piece in pieces:
+        try:
+            url = parse_endpoint_url(piece)
+        except BadURL as e:
+            return (), None, piece, (Reason.BAD_URL, str(e))
+        if not endpoints.allowed(url):
+            return (), url, "", (Reason.NOT_ALLOWED, f"endpoint {url.origin} is not in endpoints.allow")
+        root = replace(url, url=url.origin + "/", path="/")
+        steps.append(EndpointStep(url, endpoints.settings_for(url), endpoints.settings_for(root).breaker))
+    origins = [step.origin for step in steps]
+    steps_tuple = tuple(
+        replace(step, name=step.origin if origins.count(step.origin) == 1 else step.origin + step.url.path)
+        for step in steps)
+    return steps_tuple, steps_tuple[0].url, "", None
 
 
 def shown_url(raw: str, limit: int = 200) -> str:

@@ -61,6 +61,7 @@ class Reason(StrEnum):
     NO_ENDPOINT = "no-endpoint"
     BAD_URL = "bad-url"
     NOT_ALLOWED = "not-allowed"
+    CHAIN_TOO_LONG = "chain-too-long"
 
     # -- the endpoint call
     TIMEOUT = "timeout"
@@ -89,6 +90,10 @@ class Reason(StrEnum):
     # -- the endpoint's decision
     ENDPOINT_DENIED = "endpoint-denied"
 
+    # -- why amp leaves a Pod alone without asking an endpoint (not failures)
+    OPTED_OUT = "opted-out"
+    PROTECTED_NAMESPACE = "protected-namespace"
+
     # -- the review as a whole
     DEADLINE = "deadline"
     CANCELLED = "cancelled"
@@ -97,7 +102,7 @@ class Reason(StrEnum):
 
 
 #: Failures of the namespace's endpoint configuration (found before any call).
-ROUTE_REASONS = frozenset({Reason.NO_ENDPOINT, Reason.BAD_URL, Reason.NOT_ALLOWED})
+ROUTE_REASONS = frozenset({Reason.NO_ENDPOINT, Reason.BAD_URL, Reason.NOT_ALLOWED, Reason.CHAIN_TOO_LONG})
 
 #: Named failures of one endpoint call.
 ENDPOINT_REASONS = frozenset({
@@ -113,14 +118,22 @@ PATCH_REASONS = frozenset({
     Reason.INVALID_POD, Reason.PATCH_TOO_LARGE,
 })
 
+#: Why amp did not act on a Pod it was asked about (the Pod opted out with
+#: the enable label, or it is in amp's own or a protected namespace).
+SKIP_REASONS = frozenset({Reason.OPTED_OUT, Reason.PROTECTED_NAMESPACE})
+
 #: Failures of the review as a whole, whatever the endpoint did.
 REVIEW_REASONS = frozenset({Reason.DEADLINE, Reason.CANCELLED, Reason.NAMESPACE_LOOKUP, Reason.INTERNAL_ERROR})
 
 #: Every reason that ends in the failure policy (everything but a deliberate deny).
 FAILURE_REASONS = ROUTE_REASONS | ENDPOINT_REASONS | PATCH_REASONS | REVIEW_REASONS
 
+#: Why amp refused the patch of a reply an endpoint gave, known when the
+#: call is counted (the size limit applies to the answer's whole patch, later).
+REFUSED_REPLY_REASONS = PATCH_REASONS - {Reason.PATCH_TOO_LARGE}
+
 #: Values of C{amp_endpoint_requests_total{outcome}}: C{ok}, every endpoint
-#: reason, the reason amp refused a reply the endpoint gave (its patch), and
+#: reason, the reason amp refused a reply the endpoint gave, and
 #: C{cancelled} (the caller gave up before the call ended).
-ENDPOINT_OUTCOMES = (("ok",) + tuple(sorted(ENDPOINT_REASONS)) + tuple(sorted(PATCH_REASONS))
+ENDPOINT_OUTCOMES = (("ok",) + tuple(sorted(ENDPOINT_REASONS)) + tuple(sorted(REFUSED_REPLY_REASONS))
                      + (Reason.CANCELLED.value,))

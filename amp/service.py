@@ -10,7 +10,8 @@ is the one place that builds the real ones from the config.
 
 One service per concern: the namespace source, the serving certificate's
 reload loop, the endpoint client (whose stop closes pooled connections), the
-TLS webhook listener and the plain-HTTP metrics listener.
+TLS webhook listener, the plain-HTTP metrics listener and the config file's
+reload loop (L{AmpService.apply} swaps a reloaded config in).
 
 Stopping (C{SIGTERM} under twistd) is a graceful drain, bounded by
 C{listen.drain_timeout}: C{/readyz} fails at once, the webhook listener
@@ -43,6 +44,8 @@ from amp.config import Config, TLSConfig
 from amp.endpoints import EndpointClient
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
+from amp.logs import ConfigurableObserver
+from amp.reload import ConfigFile, ConfigReloadService
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.web import WebhookSite, webhook_root
 
@@ -189,6 +192,7 @@ class AmpService(MultiService):
         install_sighup: bool = True,
         log_observer: Optional[ILogObserver] = None,
         freeze_gc: bool = False,
+        config_path: Optional[str] = None,
     ) -> None:
         """
         @param certificate: the loaded serving certificate the webhook
@@ -205,6 +209,11 @@ class AmpService(MultiService):
             of amp's own pooled connections (tests).
         @param freeze_gc: once the reactor runs, move the objects alive
             then out of the garbage collector's view (L{freeze_startup_objects}).
+        @param config_path: the file C{config} was loaded from: watched, and
+            reloaded when it changes or on C{SIGHUP} (L{apply}); None: no
+            reload.
+        @param log_observer: the observer twistd writes with; a
+            L{ConfigurableObserver} follows C{log.*} on a reload.
         """
         super().__init__()
         self._drain_with: list[IService] = []
@@ -235,8 +244,9 @@ class AmpService(MultiService):
         root = webhook_root(self.admitter, reactor, metrics, {
             "listener": self._listener_readiness,
             "certificate": certificate.readiness,
-            "namespaces": self.namespaces.readiness,
+            "namespaces": lambda: self.namespaces.readiness(),
         })
+        self._admission = [root.getStaticEntity(b"mutate"), root.getStaticEntity(b"validate")]
         listen = config.listen
         self.site = WebhookSite(
             root, reactor=reactor, metrics=metrics, max_body=listen.max_body,
@@ -248,6 +258,44 @@ class AmpService(MultiService):
         if metrics_endpoint is not None:
             self.metrics_listener = ListenerService(metrics_endpoint, metrics_site(metrics, reactor))
             self.metrics_listener.setServiceParent(self)
+        self.config_file: Optional[ConfigFile] = None
+        self.config_reload: Optional[ConfigReloadService] = None
+        if config_path is not None:
+            self.config_file = ConfigFile(config_path, config, self.apply, metrics)
+            self.config_reload = ConfigReloadService(
+                self.config_file, reactor=reactor, interval=config.reload_interval, install_sighup=install_sighup)
+            self.config_reload.setServiceParent(self)
+
+    def apply(self, config: Config) -> None:
+        """
+        Put C{config} in force, between reviews: every review from now on
+        runs under it, and a review in flight finishes under the config it
+        started with (it holds the L{Admitter} it started with).  What
+        changes is swapped as whole objects: the admitter (routes, policy,
+        endpoints and their overrides, allow and deny lists, timeouts, the
+        breaker and pool settings the routes carry, patch rules), the static
+        namespace source, the listener's limits, the log format and level.
+        C{config}'s restart-only keys must be the running ones
+        (L{amp.config.for_reload}).
+        """
+        namespaces = self.namespaces
+        if config.kubernetes != self.config.kubernetes and config.kubernetes.source == "static":
+            namespaces = namespace_source(config, self.reactor, self.metrics)
+        admitter = Admitter(config, namespaces, self.endpoint_client, self.reactor, self.metrics)
+        # Everything is built: swap.
+        if namespaces is not self.namespaces:
+            old, self.namespaces = self.namespaces, namespaces
+            namespaces.setServiceParent(self)  # type: ignore[attr-defined]
+            old.disownServiceParent()  # type: ignore[attr-defined]
+        self.admitter = admitter
+        for resource in self._admission:
+            resource.admitter = admitter
+        self.site.apply(config.listen)
+        if isinstance(self.log_observer, ConfigurableObserver):
+            self.log_observer.configure(config.log.format, config.log.level)
+        if self.config_reload is not None:
+            self.config_reload.set_interval(config.reload_interval)
+        self.config = config
 
     def _listener_readiness(self) -> tuple[bool, str]:
         if self.draining:
@@ -303,6 +351,10 @@ class AmpService(MultiService):
 
     def startService(self) -> None:
         super().startService()
+        if self.namespaces.readiness()[0]:
+            # A source that has its namespaces already (the static one);
+            # the cluster source's first list calls this (amp.tap).
+            self.admitter.own_pods_warning()
         if self.freeze_gc:
             self.reactor.callWhenRunning(freeze_startup_objects)
 

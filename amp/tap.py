@@ -8,13 +8,14 @@ and the problem (no traceback, no usage text) and exit status 1.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any, Optional
 
 from twisted.python import usage
 
 from amp.config import Config, ConfigError, load_config
-from amp.logs import make_observer
+from amp.logs import ConfigurableObserver
 
 
 class Options(usage.Options):
@@ -57,6 +58,27 @@ class Options(usage.Options):
             raise usage.UsageError(f"--worker: expected 0 to {workers - 1} (workers: {workers}), got {self['worker']}")
 
 
+#: Where a Pod's service account mount says which namespace it runs in.
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def with_own_namespace(config: Config, path: str = SERVICE_ACCOUNT_NAMESPACE) -> Config:
+    """
+    C{config} with C{kubernetes.own_namespace} set: as configured, else the
+    namespace amp's Pod runs in (its service account mount), else unset.
+    """
+    if config.kubernetes.own_namespace:
+        return config
+    try:
+        with open(path) as f:
+            own = f.read().strip()
+    except OSError:
+        return config
+    if not own:
+        return config
+    return dataclasses.replace(config, kubernetes=dataclasses.replace(config.kubernetes, own_namespace=own))
+
+
 def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     """
     Build amp's service from parsed options: the one place that reaches for
@@ -78,9 +100,9 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     from amp.tls import CertificateError, tcp_description, tls_endpoint
     from amp.workers import ParentWatch, supervise
 
-    config = options.config
+    config = with_own_namespace(options.config)
     worker = options["worker"]
-    observer = make_observer(config.log.format, config.log.level, sys.stdout)
+    observer = ConfigurableObserver(config.log.format, config.log.level, sys.stdout)
     metrics = Metrics()
     try:
         certificate = serving_certificate(config.tls, reactor, metrics)
@@ -92,14 +114,19 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     if config.metrics.port:
         metrics_endpoint = serverFromString(
             reactor, tcp_description(config.metrics.port + worker, config.metrics.interface))
+
+    def first_list() -> None:
+        freeze_startup_objects()
+        service.admitter.own_pods_warning()
+
     service = AmpService(
         config, reactor,
         certificate=certificate,
         webhook_endpoint=tls_endpoint(reactor, listen.port, listen.interface, certificate,
                                       reuse_port=config.workers > 1),
         metrics_endpoint=metrics_endpoint,
-        namespaces=namespace_source(config, reactor, metrics, on_first_list=freeze_startup_objects),
-        metrics=metrics, log_observer=observer, freeze_gc=True)
+        namespaces=namespace_source(config, reactor, metrics, on_first_list=first_list),
+        metrics=metrics, log_observer=observer, freeze_gc=True, config_path=options["config"])
     if options["check"]:
         raise SystemExit(0)
     if worker == 0 and config.workers > 1:

@@ -20,7 +20,8 @@ L{ReloadingCertificate}
     logged and counted, and the next check tries again.
 
 L{CertificateReloadService}
-    Calls C{check()} every few seconds and reloads on C{SIGHUP}.
+    Calls C{check()} every few seconds and reloads on C{SIGHUP}
+    (L{amp.reload.ReloadService}).
 
 L{TLSServerEndpoint}, L{tls_endpoint}
     TLS through a L{ReloadingCertificate} over any stream server endpoint;
@@ -44,18 +45,14 @@ polling; C{SIGHUP} (L{ReloadingCertificate.reload}) always re-reads.
 from __future__ import annotations
 
 import datetime
-import os
-import signal
 import socket
 from dataclasses import dataclass
-from types import FrameType
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional
 
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL, crypto
-from twisted.application.service import Service
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
@@ -66,12 +63,13 @@ from twisted.internet.interfaces import (
     IReactorTime,
     IStreamServerEndpoint,
 )
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from zope.interface import implementer
 
+from amp._files import FileState, Observed, observe
 from amp.metrics import Metrics
+from amp.reload import ReloadService
 
 #: TLS 1.2 cipher suites: Mozilla's "intermediate" list without the
 #: finite-field DHE suites, i.e. ECDHE key exchange with AES-GCM or
@@ -110,40 +108,14 @@ class CertificateError(ValueError):
     """
 
 
-@dataclass(frozen=True)
-class FileState:
-    """
-    What identifies one version of a file: where its path resolves to (so a
-    C{..data} symlink swap is seen), its inode, size and modification time.
-    """
-
-    realpath: str
-    inode: int
-    size: int
-    mtime_ns: int
-
-
-#: A file's state, or the error that stopped us from looking at it.
-_Observed = Union[FileState, str]
-
-
-def _stat(path: str) -> _Observed:
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        return f"error {e.errno}"
-    return FileState(os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
-
-
 def _read(path: str, what: str) -> tuple[bytes, FileState]:
     """
     Read C{path} and return its bytes with the state of exactly the file
     that was read.
     """
-    realpath = os.path.realpath(path)
     try:
         with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
+            state = FileState.of_open_file(path, f.fileno())
             data = f.read()
     except FileNotFoundError:
         raise CertificateError(f"{what} {path}: file not found") from None
@@ -155,7 +127,7 @@ def _read(path: str, what: str) -> tuple[bytes, FileState]:
         raise CertificateError(f"{what} {path}: cannot be read ({e.strerror})") from None
     if not data.strip():
         raise CertificateError(f"{what} {path}: file is empty")
-    return data, FileState(realpath, st.st_ino, st.st_size, st.st_mtime_ns)
+    return data, state
 
 
 def _parse_certificates(data: bytes, path: str, what: str) -> list[x509.Certificate]:
@@ -216,7 +188,7 @@ def _select_alpn(connection: SSL.Connection, offered: list[bytes]) -> Any:
 @dataclass(frozen=True)
 class _Loaded:
     context: SSL.Context
-    fingerprint: tuple[_Observed, ...]
+    fingerprint: tuple[Observed, ...]
     serial: int
     not_after: datetime.datetime
 
@@ -309,11 +281,11 @@ class ReloadingCertificate:
             paths += (self.client_ca,)
         return paths
 
-    def fingerprint(self) -> tuple[_Observed, ...]:
+    def fingerprint(self) -> tuple[Observed, ...]:
         """
         The current on-disk state of the certificate, key and client CA files.
         """
-        return tuple(_stat(p) for p in self._paths())
+        return tuple(observe(p) for p in self._paths())
 
     def _build(self) -> _Loaded:
         """
@@ -336,7 +308,7 @@ class ReloadingCertificate:
                 f"certificate file {self.cert_path}: certificate serial {leaf.serial_number:#x} "
                 f"expired at {_utc(not_after)}"
             )
-        states: tuple[_Observed, ...] = (cert_state, key_state)
+        states: tuple[Observed, ...] = (cert_state, key_state)
         client_cas: list[x509.Certificate] = []
         if self.client_ca is not None:
             ca_data, ca_state = _read(self.client_ca, "client CA file")
@@ -479,106 +451,20 @@ class ReloadingCertificate:
         return SSL.Connection(current.context, None)
 
 
-_SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, None]
-
-
-class CertificateReloadService(Service):
+class CertificateReloadService(ReloadService):
     """
     Polls L{ReloadingCertificate.check} every C{interval} seconds and reloads
-    on C{SIGHUP}.
+    on C{SIGHUP} (L{amp.reload.ReloadService}).
 
     The certificate must already be loaded (L{ReloadingCertificate.load});
     this service only keeps it current.
-
-    @ivar clock: the clock the polling runs on.
     """
 
-    log = Logger()
+    what = "the TLS certificate files"
 
-    def __init__(
-        self,
-        cert: ReloadingCertificate,
-        *,
-        reactor: Any,
-        interval: float = 5.0,
-        clock: Optional[IReactorTime] = None,
-        install_sighup: bool = True,
-    ) -> None:
-        """
-        @param reactor: used for C{callFromThread} from the signal handler
-            and, unless C{clock} is given, for polling.
-        @param install_sighup: install the C{SIGHUP} handler on start.
-        """
-        if interval <= 0:
-            raise ValueError(f"interval: must be greater than zero, got {interval!r}")
+    def __init__(self, cert: ReloadingCertificate, **kwargs: Any) -> None:
+        super().__init__(cert, **kwargs)
         self.cert = cert
-        self.reactor = reactor
-        self.interval = interval
-        self.clock: IReactorTime = clock if clock is not None else reactor
-        self.install_sighup = install_sighup
-        self._loop: Optional[LoopingCall] = None
-        self._installed = False
-        self._previous: _SignalHandler = None
-
-    def startService(self) -> None:
-        super().startService()
-        loop = LoopingCall(self._tick)
-        loop.clock = self.clock
-        self._loop = loop
-        done = loop.start(self.interval, now=False)
-        done.addErrback(lambda f: self.log.failure("TLS certificate polling stopped", f))
-        if self.install_sighup:
-            self._install_signal()
-
-    def stopService(self) -> Optional[Deferred[None]]:
-        if self._loop is not None and self._loop.running:
-            self._loop.stop()
-        self._loop = None
-        self._restore_signal()
-        return super().stopService()
-
-    def _tick(self) -> None:
-        try:
-            self.cert.check()
-        except Exception:
-            self.log.failure(
-                "Unexpected error while checking TLS certificate files {cert_path}",
-                cert_path=self.cert.cert_path,
-            )
-
-    # ------------------------------------------------------------ SIGHUP
-
-    def handle_sighup(self, signum: int, frame: Optional[FrameType]) -> None:
-        """
-        The C{SIGHUP} handler: schedule a forced reload on the reactor
-        thread, then call the handler that was installed before ours.
-        """
-        self.reactor.callFromThread(self.cert.reload)
-        previous = self._previous
-        if callable(previous):
-            previous(signum, frame)
-
-    def _install_signal(self) -> None:
-        try:
-            previous = signal.getsignal(signal.SIGHUP)
-            signal.signal(signal.SIGHUP, self.handle_sighup)
-        except ValueError as e:
-            # Not the main thread: polling still works.
-            self.log.warn("SIGHUP reload of the TLS certificate not available: {error}", error=str(e))
-            return
-        self._previous = previous
-        self._installed = True
-
-    def _restore_signal(self) -> None:
-        if not self._installed:
-            return
-        self._installed = False
-        previous, self._previous = self._previous, None
-        try:
-            if signal.getsignal(signal.SIGHUP) == self.handle_sighup:
-                signal.signal(signal.SIGHUP, previous if previous is not None else signal.SIG_DFL)
-        except ValueError as e:
-            self.log.warn("Could not restore the previous SIGHUP handler: {error}", error=str(e))
 
 
 @implementer(IStreamServerEndpoint)

@@ -205,7 +205,7 @@ class WebhookChannel(http.HTTPChannel):
         C{Connection: close} and the connection closed after it; an idle
         connection is closed now, with the usual L{CLOSE_GRACE} to take it.
         """
-        if self._closing:
+        if self._closing or self.transport.disconnecting:
             return
         if self.requests or self._in_request:
             self.persistent = False
@@ -413,6 +413,17 @@ class WebhookSite(server.Site):
         No access log line: reviews log their own.
         """
 
+    def apply(self, listen: Any) -> None:
+        """
+        The limits of a reloaded C{listen} section, for every request and
+        connection from now on (a connection's idle timeout is set when it
+        is accepted).
+        """
+        self.max_body = listen.max_body
+        self.max_connections = listen.max_connections
+        self.request_timeout = listen.request_timeout
+        self.timeOut = listen.idle_timeout
+
     def stopFactory(self) -> None:
         super().stopFactory()
         self.warnings.flush()
@@ -440,7 +451,9 @@ class AdmissionResource(Resource):
 
     def __init__(self, admitter: Admitter, clock: IReactorTime, metrics: Metrics, *, validation: bool) -> None:
         super().__init__()
-        self._admitter = admitter
+        #: Reviews each request; replaced on a config reload (a review keeps
+        #: the admitter, and so the config, it started with).
+        self.admitter = admitter
         self._clock = clock
         self._metrics = metrics
         self._validation = validation
@@ -469,10 +482,11 @@ class AdmissionResource(Resource):
             return self._bad(request, 400, f"request body is not a valid AdmissionReview "
                                            f"({type(e).__name__}: {str(e)[:200]})")
         # The review's one deadline, computed here once and carried down.
+        admitter = self.admitter
         timeout = request.args.get(b"timeout")
         deadline = review_deadline(timeout[0].decode("ascii", "replace") if timeout else None, started,
-                                   self._admitter.config.deadline)
-        d = self._admitter.review(req, deadline, validation=self._validation)
+                                   admitter.config.deadline)
+        d = admitter.review(req, deadline, validation=self._validation)
         # Not "if not d.called": a review can be called already and still be
         # waiting on a chained Deferred (an endpoint call started from a
         # namespace fetch that answered at once); cancel() reaches it.

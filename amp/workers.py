@@ -25,7 +25,8 @@ the chance to stop its children), and the child stops too (L{ParentWatch}).
 
 Everything else is per process: each worker has its own metrics (worker
 C{i} serves them on C{metrics.port + i}), its own readiness, its own
-namespace watch and its own certificate polling.
+namespace watch, its own certificate and config polling.  C{SIGHUP} to
+worker 0 is passed on to every worker.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.runner.procmon import ProcessMonitor
 from zope.interface import implementer
+
+from amp.reload import SighupHandler
 
 #: How often the monitor looks whether its stopped children have exited.
 _EXIT_POLL = 0.05
@@ -97,11 +100,29 @@ class WorkerMonitor(ProcessMonitor):
 
     log = Logger()
 
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: Any, install_sighup: bool = True) -> None:
         super().__init__(reactor=_InheritOutput(reactor))
         self.clock: IReactorTime = reactor
+        self.install_sighup = install_sighup
+        self._sighup = SighupHandler(reactor, self.signal_workers, "the workers")
+
+    def startService(self) -> None:
+        super().startService()
+        if self.install_sighup:
+            self._sighup.install()
+
+    def signal_workers(self, signal_name: str = "HUP") -> None:
+        """
+        Send C{signal_name} to every running worker: C{SIGHUP} to worker 0
+        reloads its certificate and config, and reaches the workers too.
+        """
+        for protocol in self.protocols.values():
+            transport = getattr(protocol, "transport", None)
+            if transport is not None and transport.pid is not None:
+                transport.signalProcess(signal_name)
 
     def stopService(self) -> Deferred[None]:  # type: ignore[override]
+        self._sighup.restore()
         super().stopService()
         if not self.protocols:
             return succeed(None)

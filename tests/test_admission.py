@@ -569,11 +569,6 @@ class RefusedReplyTests(SynchronousTestCase):
                 self.assertEqual(requests_total(h, reason), 3)
                 self.assertEqual(requests_total(h, "ok"), 0)
 
-    def test_a_patch_too_large_counts_as_such(self) -> None:
-        h = Harness(config_for("/user-env", patch={"max_size": 64}))
-        answered(self, h.review(review_bytes()))
-        self.assertEqual((requests_total(h, "patch-too-large"), requests_total(h, "ok")), (1, 0))
-
     def test_usable_replies_and_denies_are_ok(self) -> None:
         for path in ("/user-env", "/noop", "/deny"):
             h = Harness(config_for(path))
@@ -1014,3 +1009,71 @@ class UnusableAnnotationTests(SynchronousTestCase):
         self.assertNotIn("hunter2", shown)
         self.assertNotIn("\r", shown.encode().decode("unicode_escape"))
         self.assertIn("***@10.0.0.1", shown)
+
+
+# ---------------------------------------------------------------- opt-out and self-protection
+
+
+class LeftAloneTests(SynchronousTestCase):
+    """
+    A Pod that opts out, or one in amp's own or a protected namespace, is
+    answered unchanged without a namespace lookup or a call, under either
+    failure policy.
+    """
+
+    def test_an_opted_out_pod_is_answered_unchanged_without_a_call(self) -> None:
+        for policy in ("Ignore", "Fail"):
+            called = Canned([{"op": "add", "path": "/metadata/labels/x", "value": "y"}])
+            h = Harness(config_for("/test/called", failure_policy=policy), called=called)
+            the_pod = pod(labels={"amp.txn2.com/enabled": "false", "app": "web"})
+            response, outcome = answered(self, h.review(review_bytes(the_pod)))
+            self.assertTrue(response["allowed"])
+            self.assertIsNone(response["_patch"])
+            self.assertNotIn("warnings", response)
+            self.assertEqual((outcome.result, outcome.reason), ("skipped", "opted-out"))
+            self.assertEqual(called.requests, [])
+
+    def test_only_false_opts_out(self) -> None:
+        called = Canned([])
+        h = Harness(config_for("/test/called"), called=called)
+        response, outcome = answered(self, h.review(review_bytes(pod(labels={"amp.txn2.com/enabled": "no"}))))
+        self.assertEqual(outcome.result, "allowed")
+        self.assertEqual(len(called.requests), 1)
+
+    def test_protected_namespaces_are_never_changed_and_said_once(self) -> None:
+        called = Canned([{"op": "add", "path": "/metadata/labels", "value": {"x": "y"}}])
+        config = make_config(
+            {"kube-system": namespace(EP + "/test/called"), "amp-system": namespace(EP + "/test/called")},
+            kubernetes={"own_namespace": "amp-system"}, failure_policy="Fail")
+        h = Harness(config, called=called)
+        logged: list[dict] = []
+        from twisted.logger import globalLogPublisher
+
+        globalLogPublisher.addObserver(logged.append)
+        self.addCleanup(globalLogPublisher.removeObserver, logged.append)
+        for ns in ("kube-system", "amp-system", "kube-system", "amp-system"):
+            response, outcome = answered(self, h.review(review_bytes(namespace=ns)))
+            self.assertTrue(response["allowed"])
+            self.assertIsNone(response["_patch"])
+            self.assertEqual((outcome.result, outcome.reason), ("skipped", "protected-namespace"))
+        self.assertEqual(called.requests, [])
+        told = sorted(e["namespace"] for e in logged if "protected namespace" in e.get("log_format", ""))
+        self.assertEqual(told, ["amp-system", "kube-system"])
+
+    def test_the_config_can_allow_protected_namespaces(self) -> None:
+        config = make_config({"kube-system": namespace(EP + "/test/called")},
+                             kubernetes={"allow_protected_namespaces": True})
+        called = Canned([])
+        h = Harness(config, called=called)
+        _, outcome = answered(self, h.review(review_bytes(namespace="kube-system")))
+        self.assertEqual(outcome.result, "allowed")
+        self.assertEqual(len(called.requests), 1)
+
+    def test_own_pods_warning_at_start_up(self) -> None:
+        enabled = make_config({"amp-system": namespace(EP + "/user-env")}, kubernetes={"own_namespace": "amp-system"})
+        warning = Harness(enabled).admitter.own_pods_warning()
+        self.assertIsNotNone(warning)
+        self.assertIn("amp-system", warning)
+        quiet = make_config({"amp-system": namespace(enabled=False)}, kubernetes={"own_namespace": "amp-system"})
+        self.assertIsNone(Harness(quiet).admitter.own_pods_warning())
+        self.assertIsNone(Harness(make_config()).admitter.own_pods_warning())

@@ -402,7 +402,7 @@ class _Port:
 
 
 @implementer(IStreamServerEndpoint)
-class _Endpoint:
+class ListeningAtOnce:
     """Listens at once; records when the port stops listening."""
 
     def __init__(self, events: list[str]) -> None:
@@ -460,7 +460,7 @@ class DrainTests(ChannelTestCase):
         self.source = HeldSource(self.events)
         service = AmpService(
             config, self.clock, certificate=serving_certificate(config.tls, self.clock, self.metrics),
-            webhook_endpoint=_Endpoint(self.events), metrics_endpoint=None, namespaces=self.source,
+            webhook_endpoint=ListeningAtOnce(self.events), metrics_endpoint=None, namespaces=self.source,
             metrics=self.metrics, install_sighup=False)
         service.startService()
         return service

@@ -27,29 +27,18 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Iterator, Optional
 
 import pytest
 import yaml
 
 from tests.helpers import ca_pem, namespace, raw_config, review_bytes
+from tests.waiting import poll_until
 
 REPO = Path(__file__).resolve().parent.parent
-T = TypeVar("T")
 
 #: The patch the held endpoint answers with.
 PATCH = [{"op": "add", "path": "/metadata/labels", "value": {"drained": "answered"}}]
-
-
-def wait_until(what: str, probe: Callable[[], Optional[T]], timeout: float, details: Callable[[], str]) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result is not None:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{details()}")
-        time.sleep(0.02)
 
 
 def free_port() -> int:
@@ -149,10 +138,9 @@ class Amp:
     def __init__(self, tmp_path: Path, endpoint: str, **sections: Any) -> None:
         self.tmp_path = tmp_path
         self.port = free_port()
-        sections["listen"] = {"port": self.port, **sections.get("listen", {})}
-        config = raw_config({"team-a": namespace(endpoint)}, **sections)
-        path = tmp_path / "amp.yaml"
-        path.write_text(yaml.safe_dump(config))
+        self.endpoint = endpoint
+        path = self.config_path = tmp_path / "amp.yaml"
+        self.write_config(**sections)
         self.log = open(tmp_path / "amp.log", "wb")
         env = dict(os.environ, PYTHONPATH=str(REPO))
         twistd = Path(sys.executable).with_name("twistd")
@@ -161,6 +149,18 @@ class Amp:
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
         self.seen: list[int] = []
         self.context = ssl.create_default_context(cadata=ca_pem().decode())
+
+    def write_config(self, namespaces: Optional[dict[str, Any]] = None, **sections: Any) -> None:
+        """
+        Write amp's config (C{team-a} enabled with the endpoint unless
+        C{namespaces} says otherwise) as the kubelet updates a ConfigMap
+        volume: a new file renamed over the old one.
+        """
+        sections["listen"] = {"port": self.port, **sections.get("listen", {})}
+        config = raw_config({"team-a": namespace(self.endpoint)} if namespaces is None else namespaces, **sections)
+        new = self.config_path.with_suffix(".new")
+        new.write_text(yaml.safe_dump(config))
+        os.replace(new, self.config_path)
 
     def output(self) -> str:
         return (self.tmp_path / "amp.log").read_text(errors="replace")[-6000:]
@@ -233,12 +233,12 @@ def test_sigterm_answers_the_review_in_flight_refuses_new_connections_and_exits(
         tmp_path: Path, endpoint: HeldEndpoint, pool: ThreadPoolExecutor) -> None:
     amp = Amp(tmp_path, endpoint.url, listen={"drain_timeout": "20s"})
     try:
-        wait_until("amp to serve", amp.healthy, 20, amp.output)
+        poll_until("amp to serve", amp.healthy, 20, amp.output)
         in_flight: Future = pool.submit(amp.review, "in-flight")
-        wait_until("the review to reach the endpoint", lambda: endpoint.held() or None, 10, amp.output)
+        poll_until("the review to reach the endpoint", lambda: endpoint.held() or None, 10, amp.output)
 
         amp.process.send_signal(signal.SIGTERM)
-        wait_until("new connections to be refused", amp.refused, 10, amp.output)
+        poll_until("new connections to be refused", amp.refused, 10, amp.output)
         assert not in_flight.done()
         assert amp.process.poll() is None, "amp exited with a review in flight"
 
@@ -260,9 +260,9 @@ def test_the_drain_is_bounded_by_drain_timeout(tmp_path: Path, endpoint: HeldEnd
     """A review that would outlast the drain (its own budget is 29.5s) is cut off at drain_timeout."""
     amp = Amp(tmp_path, endpoint.url, listen={"drain_timeout": "2s"}, endpoints={"timeout": "30s"})
     try:
-        wait_until("amp to serve", amp.healthy, 20, amp.output)
+        poll_until("amp to serve", amp.healthy, 20, amp.output)
         in_flight = pool.submit(amp.review, "hung")
-        wait_until("the review to reach the endpoint", lambda: endpoint.held() or None, 10, amp.output)
+        poll_until("the review to reach the endpoint", lambda: endpoint.held() or None, 10, amp.output)
         signalled = time.monotonic()
         amp.process.send_signal(signal.SIGTERM)
         amp.process.wait(timeout=20)
@@ -283,10 +283,10 @@ def test_worker_zero_drains_its_workers(tmp_path: Path, endpoint: HeldEndpoint, 
     amp = Amp(tmp_path, endpoint.url, workers=2, listen={"drain_timeout": "20s"},
               metrics={"port": metrics, "interface": "127.0.0.1"})
     try:
-        wait_until("both workers to serve", lambda: True if None not in (
+        poll_until("both workers to serve", lambda: True if None not in (
             metric(metrics, "amp_open_connections"), metric(metrics + 1, "amp_open_connections")) else None,
             20, amp.output)
-        [child] = wait_until("worker 1", lambda: children(amp.process.pid) or None, 10, amp.output)
+        [child] = poll_until("worker 1", lambda: children(amp.process.pid) or None, 10, amp.output)
         amp.seen.append(child)
         # New connections until each worker holds a review in flight (the
         # kernel spreads connections over the workers by their ports).
@@ -296,18 +296,18 @@ def test_worker_zero_drains_its_workers(tmp_path: Path, endpoint: HeldEndpoint, 
                 pytest.fail(f"16 connections all went to one worker\n{amp.output()}")
             uid = f"review-{len(reviews)}"
             reviews.append((uid, pool.submit(amp.review, uid)))
-            wait_until(f"{len(reviews)} reviews at the endpoint", lambda: endpoint.held() >= len(reviews) or None,
+            poll_until(f"{len(reviews)} reviews at the endpoint", lambda: endpoint.held() >= len(reviews) or None,
                        10, amp.output)
 
         amp.process.send_signal(signal.SIGTERM)
-        wait_until("new connections to be refused", amp.refused, 10, amp.output)
+        poll_until("new connections to be refused", amp.refused, 10, amp.output)
         assert amp.process.poll() is None and not gone(child)
 
         endpoint.release()
         for uid, future in reviews:
             assert_patched(future.result(timeout=20), uid)
         amp.process.wait(timeout=30)
-        wait_until("worker 1 to exit", lambda: True if gone(child) else None, 10, amp.output)
+        poll_until("worker 1 to exit", lambda: True if gone(child) else None, 10, amp.output)
     finally:
         amp.stop()
     assert amp.process.returncode in (0, -signal.SIGTERM), amp.output()

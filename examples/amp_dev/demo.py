@@ -136,8 +136,8 @@ def _examples_port(namespaces: dict[str, Any], path: Path) -> int:
     """The one loopback port the config's endpoint annotations point at (8090 when none does)."""
     found = set()
     for spec in namespaces.values():
-        url = ((spec or {}).get("annotations") or {}).get(ENDPOINT_ANNOTATION)
-        if url:
+        urls = ((spec or {}).get("annotations") or {}).get(ENDPOINT_ANNOTATION) or ""
+        for url in urls.split():  # a chain names several, one per line
             parsed = urllib.parse.urlsplit(url)
             if parsed.hostname == "127.0.0.1" and parsed.port:
                 found.add(parsed.port)

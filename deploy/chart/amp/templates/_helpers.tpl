@@ -70,6 +70,10 @@ amp follows, and the default deadline (the webhook's timeoutSeconds).
 {{- $kube := deepCopy ($config.kubernetes | default dict) -}}
 {{- $_ := set $kube "webhook_configuration" .Values.webhook.configurationName -}}
 {{- $_ := set $kube "webhook_name" .Values.webhook.name -}}
+{{- $_ := set $kube "own_namespace" .Release.Namespace -}}
+{{- if not (hasKey $kube "protected_namespaces") -}}
+{{- $_ := set $kube "protected_namespaces" (.Values.webhook.excludeNamespaces | default list) -}}
+{{- end -}}
 {{- $_ := set $config "kubernetes" $kube -}}
 {{- $deadline := deepCopy ($config.deadline | default dict) -}}
 {{- $_ := set $deadline "default_timeout" (printf "%ds" (int .Values.webhook.timeoutSeconds)) -}}
