@@ -41,7 +41,7 @@ from amp import answers
 from amp.answers import AUDIT_ERROR_KEY, Answer, Outcome
 from amp.config import Config
 from amp.deadline import Deadline
-from amp.endpoints import EndpointClient, EndpointFailure
+from amp.endpoint import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.patch import CheckedPatch, PatchError, annotate, check_patch, compose, unchanged

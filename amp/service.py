@@ -41,7 +41,7 @@ from twisted.web.server import Site
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
 from amp.config import Config, TLSConfig
-from amp.endpoints import EndpointClient
+from amp.endpoint import EndpointClient
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
 from amp.logs import ConfigurableObserver

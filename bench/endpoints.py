@@ -8,11 +8,15 @@ Measurements of amp's endpoint client over loopback; prints figures.
   2. Breaker open: amp's own time per review, and per endpoint call, while
      the endpoint's circuit breaker is open (no network call).  It should be
      well under a millisecond.
-  3. Healthy endpoint: calls per second and latency through the pool at a
-     given concurrency, steady and in waves, and connections opened; waves
-     again with a pool of 2 idle connections per origin (Twisted's default)
-     to show what an undersized pool costs; full reviews per second through
-     the Admitter.
+  3. Healthy endpoint: calls per second, amp's CPU time per call (the
+     figure that survives a busy machine: wall-clock rates swing with other
+     load) and latency through the pool at a given concurrency, steady and
+     in waves, and connections opened; waves again with a pool of 2 idle
+     connections per origin (Twisted's default) to show what an undersized
+     pool costs; full reviews per second through the Admitter.
+  4. The client alone, in memory: CPU per call with one pooled connection
+     on a memory reactor and no sockets, the steadiest figure for comparing
+     request paths (C{--only-memory} runs just this).
 
 The healthy endpoint runs in a child process (a minimal keep-alive HTTP/1.1
 responder, C{--serve}) so that the figures are amp's, not a server sharing
@@ -136,7 +140,7 @@ def build(url: str, *, endpoints: dict[str, Any], failure_policy: str = "Ignore"
     from amp.admission import Admitter
     from amp.breaker import BreakerRegistry
     from amp.config import parse_config
-    from amp.endpoints import EndpointClient
+    from amp.endpoint import EndpointClient
     from amp.metrics import Metrics
     from amp.namespaces import StaticNamespaceSource
 
@@ -292,17 +296,20 @@ def healthy(calls: int, concurrency: int) -> Any:
                 yield one()
 
         started = time.perf_counter()
+        cpu = time.process_time()
         if waves:
             for _ in range(calls // concurrency):
                 yield gatherResults([one() for _ in range(concurrency)])
         else:
             yield gatherResults([worker() for _ in range(concurrency)])
         elapsed = time.perf_counter() - started
-        opened = client.pool.connections_opened
+        cpu = time.process_time() - cpu
+        opened = client.connections_opened
         yield client.close()
         accepted = yield deferToProcess(child.stop)
         kind = "waves " if waves else "steady"
         print(f"   {kind} pool_size {pool_size:>3}: {len(latencies) / elapsed:6.0f} calls/s"
+              f"  amp CPU {cpu / len(latencies) * 1e6:5.0f} us/call"
               f"  p50 {ms(percentile(latencies, 0.5))}  p99 {ms(percentile(latencies, 0.99))}"
               f"  connections opened {opened} (endpoint accepted {accepted})")
 
@@ -323,12 +330,15 @@ def healthy(calls: int, concurrency: int) -> Any:
                 results.append(outcome.result)
 
         started = time.perf_counter()
+        cpu = time.process_time()
         yield gatherResults([worker() for _ in range(concurrency)])
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu
         yield client.close()
         accepted = yield deferToProcess(child.stop)
         patched = results.count("patched")
         print(f"   whole reviews through the Admitter: {calls / elapsed:8.0f} reviews/s"
+              f"  amp CPU {cpu / calls * 1e6:5.0f} us/review"
               f"  ({patched}/{len(results)} patched, endpoint accepted {accepted} connections)")
 
     @inlineCallbacks
@@ -340,6 +350,56 @@ def healthy(calls: int, concurrency: int) -> Any:
         yield through_admitter()
 
     return run()
+
+
+def in_memory(calls: int) -> None:
+    """
+    The client's own CPU per call with no sockets and no other process: one
+    pooled connection on a memory reactor, each call's reply written into
+    Twisted's HTTP client as soon as its request is out.  Best of 5 runs of
+    C{calls} calls; the figure to compare request paths with.
+    """
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.testing import MemoryReactorClock, StringTransport
+
+    from amp.breaker import BreakerRegistry
+    from amp.config import parse_config
+    from amp.deadline import Deadline
+    from amp.endpoint import EndpointClient
+    from amp.metrics import Metrics
+    from amp.urls import parse_endpoint_url
+
+    config = parse_config({"endpoints": {"allow": ["http://127.0.0.1:*/*"]}})
+    memory = MemoryReactorClock()
+    settings = config.endpoints.defaults
+    client = EndpointClient(memory, Metrics(), BreakerRegistry(memory))
+    target = parse_endpoint_url("http://127.0.0.1:8090/mutate")
+    body = review_body()
+    headers = {b"x-amp-namespace": b"bench", b"x-amp-operation": b"CREATE", b"x-amp-uid": b"bench",
+               b"x-amp-dry-run": b"false"}
+    deadline = Deadline.after(memory.seconds(), 10.0)
+    first = client.call(target, settings, body, headers, deadline)
+    host, port, factory = memory.tcpClients[0][:3]
+    proto = factory.buildProtocol(IPv4Address("TCP", host, port))
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    proto.dataReceived(_REPLY)
+    failures: list[Any] = []
+    first.addErrback(failures.append)
+
+    def run() -> float:
+        started = time.process_time()
+        for _ in range(calls):
+            d = client.call(target, settings, body, headers, deadline)
+            transport.clear()
+            proto.dataReceived(_REPLY)
+            d.addErrback(failures.append)
+        return (time.process_time() - started) / calls
+
+    best = min(run() for _ in range(5))
+    assert not failures and len(memory.tcpClients) == 1, (failures, memory.tcpClients)
+    print(f"4. the client alone, in memory (one pooled connection, no sockets), best of 5 x {calls} calls:")
+    print(f"   amp CPU {best * 1e6:.1f} us/call")
 
 
 def deferToProcess(stop: Callable[[], int]) -> Any:
@@ -357,9 +417,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--budget", type=float, default=0.25, help="review budget for the hung endpoint, seconds")
     parser.add_argument("--rounds", type=int, default=20, help="sequential reviews against the hung endpoint")
     parser.add_argument("--reviews", type=int, default=20000, help="reviews timed with the breaker open")
+    parser.add_argument("--memory-calls", type=int, default=5000, help="calls per in-memory run")
+    parser.add_argument("--only-memory", action="store_true", help="run only the in-memory measurement")
     args = parser.parse_args(argv)
     if args.serve:
         serve()
+        return 0
+    if args.only_memory:
+        in_memory(args.memory_calls)
         return 0
 
     from twisted.internet import reactor
@@ -373,6 +438,7 @@ def main(argv: list[str]) -> int:
             yield hung(args.budget, args.rounds, 50)
             yield breaker_open(args.reviews)
             yield healthy(args.calls, args.concurrency)
+            in_memory(args.memory_calls)
         except Exception:
             import traceback
 

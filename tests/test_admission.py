@@ -27,7 +27,7 @@ from amp.admission import LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION, Admitter
 from amp.breaker import BreakerRegistry
 from amp.config import Config
 from amp.deadline import Deadline
-from amp.endpoints import EndpointClient
+from amp.endpoint import EndpointClient
 from amp_examples.server import build_root
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError, StaticNamespaceSource

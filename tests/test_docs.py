@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-import amp.endpoints
+import amp.endpoint
 from amp.config import Config, EndpointsConfig, parse_config
 from amp_examples.server import build_root
 from amp.metrics import Metrics
@@ -240,19 +240,19 @@ MESSAGES = [
     ("the review was cancelled: the client went away", "admission.py", None),
     ("amp internal error: ", "admission.py", None),
     ("Internal error reviewing", "admission.py", None),
-    ("circuit breaker open, next try in", "endpoints.py", None),
-    ("calls already in flight (max_concurrent)", "endpoints.py", None),
-    ("no time left in the review's deadline", "endpoints.py", None),
-    ("call cancelled before a reply", "endpoints.py", None),
-    ("could not connect within", "endpoints.py", "could not connect{within}"),
-    ("connection closed before a full reply", "endpoints.py", None),
-    ("host name did not resolve", "endpoints.py", None),
-    ("certificate does not match the host", "endpoints.py", None),
-    ("is not an unencrypted PEM private key", "endpoints.py", None),
-    ("does not belong to client_cert", "endpoints.py", None),
-    ("redirect to <location> not followed", "endpoints.py", ("redirect{to} not followed", 'f" to {_first_line(where)}"')),
-    ("is larger than the <limit> byte limit", "endpoints.py", "is larger than the {limit} byte limit"),
-    ("is not a reply", "endpoints.py", None),
+    ("circuit breaker open, next try in", "endpoint/_client.py", None),
+    ("calls already in flight (max_concurrent)", "endpoint/_client.py", None),
+    ("no time left in the review's deadline", "endpoint/_client.py", None),
+    ("call cancelled before a reply", "endpoint/_failures.py", None),
+    ("could not connect within", "endpoint/_failures.py", "could not connect{within}"),
+    ("connection closed before a full reply", "endpoint/_failures.py", None),
+    ("host name did not resolve", "endpoint/_failures.py", None),
+    ("certificate does not match the host", "endpoint/_failures.py", None),
+    ("is not an unencrypted PEM private key", "endpoint/_tls.py", None),
+    ("does not belong to client_cert", "endpoint/_tls.py", None),
+    ("redirect to <location> not followed", "endpoint/_call.py", ("redirect{to} not followed", 'f" to {first_line(where)}"')),
+    ("is larger than the <limit> byte limit", "endpoint/_reading.py", "is larger than the {limit} byte limit"),
+    ("is not a reply", "endpoint/_call.py", None),
     ("send\n[] for no change", "reply.py", "send [] for no change"),
     ("endpoint\nreply has unknown key", "reply.py", "endpoint reply has unknown key"),
     ("the patched Pod would be invalid: ", "patch.py", None),
@@ -308,7 +308,7 @@ def test_endpoint_protocol_names_the_headers_amp_sends() -> None:
     text = doc("endpoints.md")
     documented = {h.lower() for h in re.findall(r"^(X-Amp-[A-Za-z-]+):", text, re.M)}
     assert documented == sent
-    assert f"User-Agent: {amp.endpoints.USER_AGENT.decode()}" in text
+    assert f"User-Agent: {amp.endpoint.USER_AGENT.decode()}" in text
 
 
 def test_endpoint_page_lists_every_example_endpoint() -> None:

@@ -43,7 +43,6 @@ FOREIGN_METRICS = {
 #: name moves to the checked set).
 IN_PROGRESS_METRICS = {
     "amp_config_reloads_total": "config reload (reloads by result)",
-    "amp_bypassed_pods_total": "the bypassed-Pod watch (by namespace)",
 }
 #: Labels Prometheus adds to every series of a target it scrapes through the
 #: ServiceMonitor (amp's own `endpoint` and `namespace` win: honorLabels).

@@ -74,6 +74,11 @@ amp follows, and the default deadline (the webhook's timeoutSeconds).
 {{- if not (hasKey $kube "protected_namespaces") -}}
 {{- $_ := set $kube "protected_namespaces" (.Values.webhook.excludeNamespaces | default list) -}}
 {{- end -}}
+{{- if $kube.bypass -}}
+{{- $bypass := deepCopy $kube.bypass -}}
+{{- $_ := set $bypass "ignore_namespaces" (.Values.webhook.excludeNamespaces | default list) -}}
+{{- $_ := set $kube "bypass" $bypass -}}
+{{- end -}}
 {{- $_ := set $config "kubernetes" $kube -}}
 {{- $deadline := deepCopy ($config.deadline | default dict) -}}
 {{- $_ := set $deadline "default_timeout" (printf "%ds" (int .Values.webhook.timeoutSeconds)) -}}
@@ -128,4 +133,18 @@ the Deployment), the prometheus.io scrape hints, and podAnnotations. */}}
 {{- if $a -}}
 {{- toYaml $a -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+"true" when the bypassed-Pod report is on (config.kubernetes.bypass.enabled),
+else empty; and the name of its Lease.
+*/}}
+{{- define "amp.bypass" -}}
+{{- $bypass := ((.Values.config | default dict).kubernetes | default dict).bypass | default dict -}}
+{{- if $bypass.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- define "amp.bypassLease" -}}
+{{- $bypass := ((.Values.config | default dict).kubernetes | default dict).bypass | default dict -}}
+{{- $bypass.lease_name | default "amp-bypass-reporter" -}}
 {{- end -}}

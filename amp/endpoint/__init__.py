@@ -1,0 +1,102 @@
+"""
+Calling endpoints: pooled HTTP/1.1 calls with per-endpoint timeouts, reply
+limits, a concurrency cap and a circuit breaker per endpoint origin, to
+addresses checked against C{endpoints.deny_networks}.
+
+L{EndpointClient.call} POSTs the Pod and resolves to an
+L{amp.reply.EndpointDecision}, or fails with L{EndpointFailure} whose
+C{reason} is one of L{amp.reasons.ENDPOINT_REASONS}: every way a call can go
+wrong has a name that reaches the warning, the audit annotation, the deny
+message and the C{amp_endpoint_requests_total{endpoint,outcome}} label
+(L{amp.reasons.ENDPOINT_OUTCOMES}).
+
+The package follows C{twisted.web.client} over C{twisted.web._newclient}:
+the public names are here, the machinery in private modules beside it, one
+concern each:
+
+  - L{amp.endpoint._client}: L{EndpointClient}: admitting a call (breaker,
+    bulkhead, time left), building its request, shutting down.
+  - L{amp.endpoint._call}: one call's state machine: its one timer, retries,
+    settling the outcome, the metric and the breaker ticket exactly once.
+  - L{amp.endpoint._failures}: naming failures (L{classify}).
+  - L{amp.endpoint._reading}: reading replies within their limits.
+  - L{amp.endpoint._pool}: Twisted's own C{HTTPConnectionPool} and C{Agent}
+    per settings profile; the profile is the agent's endpoint factory.
+  - L{amp.endpoint._connect}: SSRF-checked connecting (deny list, one
+    resolution per new connection, connecting to the checked addresses).
+  - L{amp.endpoint._tls}: client TLS, reloaded when its files change.
+  - L{amp.endpoint._types}: the reactor the client needs (L{IEndpointReactor}).
+
+Calls go out through Twisted's C{Agent}, not treq's C{HTTPClient}: treq
+re-parses the URL, runs a cookie jar and transparently gunzips replies (an
+unbounded expansion before any size check could see it) on every request,
+none of which amp wants.
+
+Limits
+======
+
+  - Time: C{min(settings.timeout, time left before the review's
+    deadline)}, covering connect, TLS handshake, headers and body.  The
+    call's own timer covers only C{settings.timeout}, when that ends first
+    (a C{timeout} then counts against the breaker); the review's deadline
+    belongs to the caller (L{amp.admission}), whose one timer cancels the
+    call when it passes (C{timeout}, not counted).  C{connect_timeout}
+    separately bounds the TCP connect.
+  - Bulkhead: when C{max_concurrent} calls to the origin are in flight, the
+    next fails at once with C{concurrency-limit} instead of queueing.
+  - A reply over C{max_response} bytes fails with C{response-too-large}: at
+    once when its Content-Length says so, else as soon as the body passes
+    the limit; the connection is closed either way.  Non-2xx replies are not
+    read: their connection is closed.  Redirects are never followed.
+
+Circuit breaker
+===============
+
+One L{amp.breaker.CircuitBreaker} per origin, from the shared
+L{amp.breaker.BreakerRegistry}.  Its thresholds are the C{breaker} settings
+of the origin's root URL C{scheme://host:port/} (an override with a path
+pattern cannot give one origin two breakers).  While it is open, calls fail
+with C{breaker-open} without touching the network.  Every failure of the
+endpoint counts against it, including the endpoint's own timeout; a call
+that amp ends early (the review's deadline, the caller cancels it) or that
+fails on amp's side (TLS files that do not load, a denied address) counts
+nothing and hands its ticket back.
+
+Denied addresses and pooled connections
+=======================================
+
+Pooled connections are reused without resolving again.  That is safe: a
+pooled connection was made to an address checked against the deny list of
+its profile's settings, and that list cannot change for the profile (the
+settings value is the profile's key, and the list is the same in every
+override).  A name whose answer changes, including to a denied address (DNS
+rebinding), therefore only reaches the new answer on a new connection, whose
+resolution is checked.  Resolving per call instead would put a DNS round
+trip (several, with a cluster's search domains) on every review.
+
+Twisted internals
+=================
+
+One: C{Agent._requestWithEndpoint}, so that a call does not parse its URL
+again (L{amp.endpoint._pool.Profile.request} gives the measurement: -11%
+of the client's CPU per call).  The pool, the agent's endpoint factory, the
+endpoints and the protocol wrapper are used through their public APIs; the
+one override, the pool's public C{getConnection}, passes over idle
+connections amp has started closing.
+
+Shutdown
+========
+
+L{EndpointClient.close} stops keeping connections, waits for the calls in
+flight, closes every idle connection and fires once every connection that
+was open has closed.  Calls made after that still work, on connections that
+are closed when they end.
+"""
+
+from amp.endpoint._client import EndpointClient
+from amp.endpoint._connect import DeniedAddress
+from amp.endpoint._failures import EndpointFailure
+from amp.endpoint._pool import USER_AGENT
+from amp.endpoint._types import IEndpointReactor
+
+__all__ = ["EndpointClient", "EndpointFailure", "DeniedAddress", "IEndpointReactor", "USER_AGENT"]

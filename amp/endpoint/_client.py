@@ -1,0 +1,254 @@
+"""
+L{EndpointClient}: the one client amp calls endpoints with; it admits calls
+(breaker, bulkhead, time left), builds their requests, and closes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from twisted.internet.defer import Deferred, fail, gatherResults
+from twisted.internet.interfaces import IHostnameResolver
+from twisted.logger import Logger
+from twisted.web.iweb import IAgent
+
+from amp.breaker import BreakerRegistry, CircuitBreaker
+from amp.config import BreakerConfig, EndpointSettings
+from amp.deadline import Deadline
+from amp.endpoint._call import Call
+from amp.endpoint._failures import EndpointFailure, LocalFailure
+from amp.endpoint._pool import Profile
+from amp.endpoint._reading import GuardedConnection
+from amp.endpoint._types import IEndpointReactor
+from amp.metrics import Metrics
+from amp.reasons import Reason
+from amp.reply import EndpointDecision
+from amp.urls import EndpointURL
+
+# Bound on the cache of settings objects seen (by identity).
+_CACHE_LIMIT = 4096
+
+log = Logger()
+
+
+class Origin:
+    """
+    Per-origin state: calls in flight (the bulkhead), breaker thresholds and
+    metric children.
+    """
+
+    __slots__ = ("name", "in_flight", "breaker_config", "outcomes", "duration")
+
+    def __init__(self, name: str, breaker_config: BreakerConfig, metrics: Metrics) -> None:
+        self.name = name
+        self.in_flight = 0
+        self.breaker_config = breaker_config
+        self.outcomes: dict[str, Any] = {}
+        self.duration = metrics.endpoint_duration.labels(name)
+
+
+class EndpointClient:
+    """
+    The one client amp uses to call endpoints.
+
+    @param reactor: for connections and every timer.
+    @param agent: an C{IAgent} to use for every call instead of amp's own
+        pooled connections (tests).
+    @param resolver: the C{IHostnameResolver} for endpoint host names;
+        None: the reactor's C{nameResolver}.
+    """
+
+    def __init__(
+        self,
+        reactor: IEndpointReactor,
+        metrics: Metrics,
+        breakers: BreakerRegistry,
+        agent: Optional[IAgent] = None,
+        resolver: Optional[IHostnameResolver] = None,
+    ) -> None:
+        self.reactor = reactor
+        self._resolver = resolver
+        self._metrics = metrics
+        self._breakers = breakers
+        self._test_agent = agent
+        self._profiles: dict[EndpointSettings, Profile] = {}
+        self._by_id: dict[int, tuple[EndpointSettings, Profile]] = {}
+        self._origins: dict[str, Origin] = {}
+        self._live: set[Call] = set()
+        self._open: set[GuardedConnection] = set()
+        self._closing = False
+        #: Connections opened since the client was made.
+        self.connections_opened = 0
+
+    # ------------------------------------------------------------ state
+
+    def in_flight(self, origin: str) -> int:
+        """
+        Calls to C{origin} in flight now.
+        """
+        o = self._origins.get(origin)
+        return o.in_flight if o is not None else 0
+
+    def open_connections(self) -> int:
+        """
+        Connections open now, idle or busy.
+        """
+        return len(self._open)
+
+    def idle_connections(self) -> int:
+        """
+        Open connections with no request on them (the pooled ones).
+        """
+        return sum(1 for c in self._open if c.http.state == "QUIESCENT" and not c.disconnecting)
+
+    def _connection_opened(self, connection: GuardedConnection) -> None:
+        self._open.add(connection)
+        self.connections_opened += 1
+
+    def _connection_lost(self, connection: GuardedConnection) -> None:
+        self._open.discard(connection)
+
+    def _profile(self, settings: EndpointSettings) -> Profile:
+        entry = self._by_id.get(id(settings))
+        if entry is not None and entry[0] is settings:
+            return entry[1]
+        profile = self._profiles.get(settings)
+        if profile is None:
+            profile = self._profiles[settings] = Profile(
+                self.reactor, settings, self._resolver, self._connection_opened, self._connection_lost)
+            if self._closing:
+                profile.pool.persistent = False
+        if len(self._by_id) >= _CACHE_LIMIT:
+            self._by_id.clear()
+        self._by_id[id(settings)] = (settings, profile)
+        return profile
+
+    def _origin(self, name: str, breaker: BreakerConfig) -> Origin:
+        o = self._origins.get(name)
+        if o is None:
+            o = self._origins[name] = Origin(name, breaker, self._metrics)
+        return o
+
+    def _breaker(self, origin: Origin) -> CircuitBreaker:
+        # Always the origin's thresholds: the config refuses breaker
+        # settings on overrides that do not cover the origin's root.
+        return self._breakers.get(origin.name, origin.breaker_config)
+
+    def _count(self, origin: Origin, outcome: str) -> None:
+        child = origin.outcomes.get(outcome)
+        if child is None:
+            child = origin.outcomes[outcome] = self._metrics.endpoint_requests.labels(origin.name, outcome)
+        child.inc()
+
+    def _settled(self, call: Call, origin: Origin, outcome: str, duration: float) -> None:
+        origin.in_flight -= 1
+        self._live.discard(call)
+        origin.duration.observe(duration)
+        self._count(origin, outcome)
+
+    # ------------------------------------------------------------ calls
+
+    def call(
+        self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes],
+        deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
+        check: Optional[Callable[[EndpointDecision], Optional[str]]] = None,
+    ) -> "Deferred[EndpointDecision]":
+        """
+        POST C{body} to C{url} and parse the reply, within C{settings.timeout}
+        and before C{deadline}.  Fails with L{EndpointFailure}.
+
+        The caller owns C{deadline}: when C{settings.timeout} ends first, the
+        call's own timer fails it with C{timeout} (which counts against the
+        breaker); otherwise the caller's timer is the only one, and the
+        caller cancels the result when the deadline passes: the call then
+        fails with C{timeout} too, but the breaker counts nothing (the
+        review's deadline is not a verdict on the endpoint).  Cancelled
+        before the deadline (the API server went away), the call ends as
+        C{cancelled}, the breaker counts nothing, and the result fails with
+        C{CancelledError}.
+
+        @param check: given a usable reply, the reason amp refuses it (its
+            patch is invalid, does not apply, ...) or None; the call is
+            counted under that reason instead of C{ok}, and still resolves to
+            the reply (the endpoint answered: a success for the breaker).
+        @param breaker_config: the breaker settings of C{url}'s origin (those
+            of its root URL, see L{amp.policy.Route.breaker}); by default
+            C{settings.breaker}.  The first call to an origin sets them.
+        """
+        origin = self._origin(url.origin, breaker_config if breaker_config is not None else settings.breaker)
+        breaker = self._breaker(origin)
+        ticket = breaker.allow()
+        if ticket is None:
+            return self._refuse(origin, Reason.BREAKER_OPEN,
+                                f"circuit breaker open, next try in {breaker.reopens_in():.1f}s")
+        if origin.in_flight >= settings.max_concurrent:
+            breaker.release(ticket)
+            return self._refuse(origin, Reason.CONCURRENCY_LIMIT,
+                                f"{origin.in_flight} calls already in flight (max_concurrent)")
+        remaining = deadline.remaining(self.reactor.seconds())
+        if remaining <= 0:
+            breaker.release(ticket)
+            return self._refuse(origin, Reason.TIMEOUT, "no time left in the review's deadline")
+        # A timer of the call's own only when the endpoint's timeout ends
+        # before the caller's deadline: that deadline is the caller's timer.
+        timeout = settings.timeout if settings.timeout < remaining else None
+        # From here on the ticket must reach the breaker whatever happens.
+        try:
+            profile = self._profile(settings)
+            target = profile.target(url)
+            raw = target.headers.copy()
+            for k, v in headers.items():
+                raw.setRawHeaders(k, [v])
+            if target.denied is not None:
+                log.warn("Not calling {endpoint}: {message}", endpoint=origin.name, message=target.denied)
+                raise LocalFailure(Reason.DENIED_ADDRESS, target.denied)
+        except LocalFailure as e:
+            breaker.release(ticket)
+            return self._refuse(origin, e.reason, e.message)
+        except Exception:
+            breaker.release(ticket)
+            log.failure("Could not build the request to {endpoint}", endpoint=origin.name)
+            return self._refuse(origin, Reason.CONNECTION_FAILED, "amp could not build the request")
+        c = Call(self, origin, target, profile if self._test_agent is None else None, self._test_agent, settings,
+                 body, raw, timeout, deadline, timeout if timeout is not None else remaining, breaker, ticket, check)
+        origin.in_flight += 1
+        self._live.add(c)
+        return c.start()
+
+    def _refuse(self, origin: Origin, reason: Reason, message: str) -> Deferred:
+        self._count(origin, reason)
+        return fail(EndpointFailure(reason, message))
+
+    # ------------------------------------------------------------ shutdown
+
+    def close(self) -> Deferred:
+        """
+        Shut down: stop keeping connections, wait for the calls in flight
+        (each is bounded by its timer or its caller's deadline), close the
+        idle connections; fires once every connection that was open has
+        closed.  Calls made after that still work, on connections that are
+        closed when they end.
+        """
+        self._closing = True
+        for profile in self._profiles.values():
+            profile.pool.persistent = False
+        calls = [c.settled() for c in list(self._live)]
+        return gatherResults(calls).addCallback(self._close_connections)
+
+    def close_idle_connections(self) -> Deferred:
+        """
+        Close every idle pooled connection; fires when they have closed.
+        """
+        return gatherResults([p.pool.closeCachedConnections() for p in list(self._profiles.values())]).addCallback(
+            lambda _: None)
+
+    def _close_connections(self, ignored: Any) -> Deferred:
+        # Every call has ended: what is open is idle or closing.  Abort it
+        # all rather than wait on peers to answer a graceful close.  The
+        # pool is emptied twice: a reply amp stopped reading may still have
+        # put its (closing) connection back while the first pass ran.
+        waits = [c.when_lost() for c in list(self._open)]
+        for c in list(self._open):
+            c.abortConnection()
+        self.close_idle_connections()
+        return gatherResults(waits).addCallback(lambda _: self.close_idle_connections())

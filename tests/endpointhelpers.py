@@ -1,0 +1,439 @@
+"""
+Harnesses for the endpoint client's tests (C{test_endpoint_*.py},
+C{test_ssrf.py}).
+
+Three kinds:
+
+  - L{MemoryNet}: Twisted's real HTTP client on a L{MemoryReactorClock}, so
+    connects, bytes on the wire and time are all in the test's hands
+    (connect timeouts, retries, pooling, a hung endpoint measured on the
+    clock).
+  - L{RequestTraversalAgent} (treq.testing) with a L{Clock} as the client's
+    reactor: a twisted.web resource answers in memory (L{Hung},
+    L{Switchable}).
+  - Real loopback servers on 127.0.0.1 (L{LoopbackServer}: twisted.web or
+    raw protocols, plain or TLS) whose factory counts accepted connections,
+    for integration.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from cryptography import x509
+from OpenSSL import crypto
+from twisted.internet import reactor
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.ssl import Certificate, CertificateOptions, trustRootFromCertificates
+from twisted.internet.testing import MemoryReactorClock, StringTransportWithDisconnection
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.python.failure import Failure
+from twisted.trial.unittest import TestCase
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
+
+from amp.breaker import BreakerRegistry
+from amp.config import EndpointSettings
+from amp.deadline import Deadline
+from amp.endpoint import EndpointClient, EndpointFailure
+from amp.metrics import Metrics
+from amp.urls import parse_endpoint_url
+
+PATCH = [{"op": "add", "path": "/metadata/labels", "value": {"team": "a"}}]
+PATCH_BYTES = json.dumps(PATCH).encode()
+HEADERS = {b"x-amp-namespace": b"team", b"x-amp-uid": b"u-1"}
+
+
+def requests_total(metrics: Metrics, origin: str, outcome: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "amp_endpoint_requests_total", {"endpoint": origin, "outcome": outcome})
+    return 0.0 if value is None else value
+
+
+class Harness:
+    """
+    An L{EndpointClient} with its metrics and breakers, and the breaker
+    transitions it reported.
+    """
+
+    def __init__(
+        self, reactor_: Any, settings: Optional[EndpointSettings] = None, *, agent: Any = None,
+        origin_settings: Optional[EndpointSettings] = None, **client: Any,
+    ) -> None:
+        self.reactor = reactor_
+        self.settings = settings if settings is not None else EndpointSettings()
+        self.metrics = Metrics()
+        self.transitions: list[tuple[str, str]] = []
+        self.breakers = BreakerRegistry(reactor_, lambda origin, state: self.transitions.append((origin, state)))
+        self.root = origin_settings if origin_settings is not None else self.settings
+        self.client = EndpointClient(reactor_, self.metrics, self.breakers, agent=agent, **client)
+
+    def call(self, url: str, settings: Optional[EndpointSettings] = None, budget: float = 10.0,
+             body: bytes = b'{"kind":"Pod"}', *, enforce: bool = True) -> Deferred:
+        """
+        Call C{url} with a deadline C{budget} seconds away, which this
+        harness enforces as a review would, by cancelling the call when it
+        passes (unless not C{enforce}: then nothing does).
+        """
+        deadline = Deadline.after(self.reactor.seconds(), budget)
+        d = self.client.call(parse_endpoint_url(url), settings or self.settings, body, HEADERS, deadline,
+                             self.root.breaker)
+        return d.addTimeout(budget, self.reactor) if enforce else d
+
+    def count(self, url: str, outcome: str) -> float:
+        return requests_total(self.metrics, parse_endpoint_url(url).origin, outcome)
+
+    def breaker(self, url: str) -> Any:
+        origin = parse_endpoint_url(url).origin
+        return self.breakers.get(origin, self.settings.breaker)
+
+
+class FailureAssertions:
+    """
+    Mixin: assert that a Deferred failed with a named reason.
+    """
+
+    def assertReason(self, d: Deferred, reason: str) -> EndpointFailure:
+        failure = self.failureResultOf(d, EndpointFailure)  # type: ignore[attr-defined]
+        self.assertEqual(failure.value.reason, reason, failure.value.message)  # type: ignore[attr-defined]
+        return failure.value
+
+    @inlineCallbacks
+    def assertFailsWith(self, d: Deferred, reason: str) -> Any:
+        try:
+            yield d
+        except EndpointFailure as e:
+            self.assertEqual(e.reason, reason, e.message)  # type: ignore[attr-defined]
+            return e
+        self.fail(f"call succeeded, expected {reason}")  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- in-memory network on a MemoryReactorClock
+
+
+class NoAddresses:
+    """
+    A resolver that finds no address (a name that does not resolve).
+    """
+
+    class _Resolution:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def cancel(self) -> None:
+            pass
+
+    def resolveHostName(self, receiver: Any, hostName: str, portNumber: int = 0,
+                        addressTypes: Any = None, transportSemantics: str = "TCP") -> Any:
+        resolution = self._Resolution(hostName)
+        receiver.resolutionBegan(resolution)
+        receiver.resolutionComplete()
+        return resolution
+
+
+class SlowCloseTransport(StringTransportWithDisconnection):
+    """
+    Closing takes a while, as on a real socket: C{loseConnection} only marks
+    the transport as disconnecting; C{closed()} reports the loss.
+    """
+
+    def loseConnection(self) -> None:
+        self.disconnecting = True
+
+    def abortConnection(self) -> None:
+        self.disconnecting = True
+
+    def resumeProducing(self) -> None:
+        # A closing socket ignores this; StringTransport would raise.
+        if not self.disconnecting:
+            super().resumeProducing()
+
+    def closed(self) -> None:
+        StringTransportWithDisconnection.loseConnection(self)
+
+
+class MemoryNet:
+    """
+    Twisted's HTTP client on a L{MemoryReactorClock}: every connect attempt
+    lands in C{reactor.tcpClients}; the test refuses it, times it out, or
+    accepts it and writes the server's bytes.
+    """
+
+    def __init__(self) -> None:
+        self.reactor = MemoryReactorClock()
+
+    @property
+    def attempts(self) -> int:
+        return len(self.reactor.tcpClients)
+
+    def connect_timeout(self, i: int = -1) -> float:
+        return self.reactor.tcpClients[i][3]
+
+    def fail(self, exc: Exception, i: int = -1) -> None:
+        factory = self.reactor.tcpClients[i][2]
+        factory.clientConnectionFailed(self.reactor.connectors[i], Failure(exc))
+
+    def accept(self, i: int = -1, transport_class: type = StringTransportWithDisconnection) -> tuple[Any, Any]:
+        """
+        Complete connect attempt C{i}; returns the client's protocol (as the
+        transport sees it) and the transport, whose C{value()} is what the
+        client wrote.
+        """
+        host, port, factory = self.reactor.tcpClients[i][:3]
+        proto = factory.buildProtocol(IPv4Address("TCP", host, port))
+        transport = transport_class(
+            hostAddress=IPv4Address("TCP", "127.0.0.1", 40000), peerAddress=IPv4Address("TCP", host, port))
+        transport.protocol = proto
+        proto.makeConnection(transport)
+        return proto, transport
+
+
+def http_reply(body: bytes, code: int = 200, extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
+            % (code, len(body), extra, body))
+
+
+# ---------------------------------------------------------------- in-memory resources
+
+
+class Hung(Resource):
+    """
+    Never answers; remembers the requests it holds.
+    """
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[Any] = []
+
+    def render_POST(self, request: Any) -> Any:
+        self.held.append(request)
+        return NOT_DONE_YET
+
+    def answer(self, body: bytes = b"[]") -> None:
+        request = self.held.pop(0)
+        request.setHeader(b"content-type", b"application/json")
+        request.write(body)
+        request.finish()
+
+
+class Switchable(Resource):
+    """
+    Answers C{status} with C{body}; counts requests.
+    """
+
+    isLeaf = True
+
+    def __init__(self, status: int = 200, body: bytes = b"[]") -> None:
+        super().__init__()
+        self.status = status
+        self.body = body
+        self.hits = 0
+
+    def render_POST(self, request: Any) -> bytes:
+        self.hits += 1
+        request.setResponseCode(self.status)
+        return self.body
+
+
+# ---------------------------------------------------------------- loopback servers
+
+
+class _Tracked(ProtocolWrapper):
+    def connectionLost(self, reason: Any) -> None:
+        super().connectionLost(reason)
+        self.factory.gone(self)
+
+
+class ConnectionCounter(WrappingFactory):
+    """
+    Wraps a server factory: counts accepted connections, knows which are
+    open, and can wait until at most C{n} are.
+    """
+
+    protocol = _Tracked
+
+    def __init__(self, wrapped: Any) -> None:
+        super().__init__(wrapped)
+        self.accepted = 0
+        self.open: set[_Tracked] = set()
+        self._waiters: list[tuple[int, Deferred]] = []
+
+    def buildProtocol(self, addr: Any) -> Any:
+        p = super().buildProtocol(addr)
+        self.accepted += 1
+        self.open.add(p)
+        return p
+
+    def gone(self, p: Any) -> None:
+        self.open.discard(p)
+        for n, d in list(self._waiters):
+            if len(self.open) <= n:
+                self._waiters.remove((n, d))
+                d.callback(None)
+
+    def until_open_at_most(self, n: int) -> Deferred:
+        d: Deferred = Deferred()
+        if len(self.open) <= n:
+            d.callback(None)
+        else:
+            self._waiters.append((n, d))
+        return d
+
+    def close_all(self) -> Deferred:
+        waiting = self.until_open_at_most(0)
+        for p in list(self.open):
+            p.transport.abortConnection()
+        return waiting
+
+
+class Endpoint(Resource):
+    """
+    A loopback endpoint server's resource: behaviour by path.
+    """
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hits: dict[bytes, int] = {}
+        self.seen: list[tuple[bytes, Any, bytes]] = []
+        self.held: list[Any] = []
+        self.hold_until = 0
+        self.stream_sent = 0
+        self.stream_lost: Deferred = Deferred()
+
+    def render_POST(self, request: Any) -> Any:
+        path = request.path
+        self.hits[path] = self.hits.get(path, 0) + 1
+        self.seen.append((path, request.requestHeaders, request.content.read()))
+        if path == b"/ok":
+            return PATCH_BYTES
+        if path == b"/empty-patch":
+            return b"[]"
+        if path == b"/hold":
+            # Hold requests until hold_until of them are waiting, then answer all.
+            self.held.append(request)
+            if len(self.held) >= self.hold_until:
+                held, self.held = self.held, []
+                for r in held:
+                    r.write(b"[]")
+                    r.finish()
+            return NOT_DONE_YET
+        if path == b"/hang":
+            self.held.append(request)
+            return NOT_DONE_YET
+        if path == b"/redirect":
+            request.setResponseCode(302)
+            request.setHeader(b"location", b"/ok")
+            return b""
+        if path.startswith(b"/status/"):
+            request.setResponseCode(int(path.rsplit(b"/", 1)[1]))
+            return b"error page"
+        if path == b"/text":
+            return b"<html>not json</html>"
+        if path == b"/object":
+            return b'{"patches": []}'
+        if path == b"/huge-length":
+            request.setHeader(b"content-length", b"10485760")
+            request.write(b"[")
+            self.held.append(request)
+            return NOT_DONE_YET
+        if path == b"/stream":
+            self._stream(request)
+            return NOT_DONE_YET
+        request.setResponseCode(404)
+        return b"no such path"
+
+    def _stream(self, request: Any) -> None:
+        finished = []
+        request.notifyFinish().addBoth(lambda r: (finished.append(r), self.stream_lost.callback(r)))
+        chunk = b" " * 4096
+
+        def more() -> None:
+            if finished or self.stream_sent >= 64 * 1024 * 1024:
+                return
+            request.write(chunk)
+            self.stream_sent += len(chunk)
+            reactor.callLater(0, more)
+
+        request.write(b"[")
+        more()
+
+    def answer_held(self, body: bytes = b"[]") -> None:
+        request = self.held.pop()
+        request.write(body)
+        request.finish()
+
+
+class LoopbackServer:
+    """
+    A twisted.web site (or any factory) on 127.0.0.1 with connection counting.
+    """
+
+    def __init__(self, factory: Any, port: Any, scheme: str = "http") -> None:
+        self.counter: ConnectionCounter = factory
+        self.port = port
+        self.scheme = scheme
+
+    @classmethod
+    def start(cls, testcase: TestCase, wrapped: Any, tls: Any = None) -> "LoopbackServer":
+        counter = ConnectionCounter(wrapped)
+        if tls is None:
+            port = reactor.listenTCP(0, counter, interface="127.0.0.1")
+        else:
+            port = reactor.listenSSL(0, counter, tls, interface="127.0.0.1")
+        server = cls(counter, port, "http" if tls is None else "https")
+        testcase.addCleanup(server.stop)
+        return server
+
+    def url(self, path: str, host: str = "127.0.0.1") -> str:
+        return f"{self.scheme}://{host}:{self.port.getHost().port}{path}"
+
+    @property
+    def accepted(self) -> int:
+        return self.counter.accepted
+
+    @inlineCallbacks
+    def stop(self) -> Any:
+        yield self.port.stopListening()
+        yield self.counter.close_all()
+
+
+class RealHarness(Harness):
+    """
+    A harness on the global reactor whose client is closed at cleanup.
+    """
+
+    def __init__(self, testcase: TestCase, settings: Optional[EndpointSettings] = None, **kw: Any) -> None:
+        super().__init__(reactor, settings, **kw)
+        testcase.addCleanup(self.client.close)
+
+
+def tls_server_options(cert: x509.Certificate, key: Any, client_ca: Optional[x509.Certificate] = None) -> Any:
+    """
+    Server TLS options for a loopback endpoint, from C{cryptography} objects
+    (pyOpenSSL's own objects are deprecated there); with C{client_ca}, a
+    client certificate signed by it is required.
+    """
+    if client_ca is None:
+        return CertificateOptions(privateKey=key, certificate=cert)
+    trust = trustRootFromCertificates([Certificate(crypto.X509.from_cryptography(client_ca))])
+    return CertificateOptions(privateKey=key, certificate=cert, trustRoot=trust)
+
+
+def review_body(namespace: str = "team") -> bytes:
+    return json.dumps({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "0df28fbd-5f5f-11e8-bc74-36e6bb280816",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE", "namespace": namespace, "name": "web",
+            "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "labels": {"app": "web"}},
+                       "spec": {"containers": [{"name": "c", "image": "nginx"}]}},
+        },
+    }).encode()
