@@ -238,7 +238,6 @@ class BypassConfig:
 
     enabled: bool = False
     horizon: float = 3600.0
-    ignore_namespaces: tuple[str, ...] = ("kube-system",)
     lease_name: str = "amp-bypass-reporter"
     lease_namespace: Optional[str] = None
     lease_duration: float = 15.0
@@ -408,7 +407,7 @@ _FIELDS: dict[type, dict[str, Callable[[Any], Any]]] = {
         "allow_protected_namespaces": _bool, "opt_out_value": _str,
     },
     BypassConfig: {
-        "enabled": _bool, "horizon": _positive(parse_duration), "ignore_namespaces": _str_list,
+        "enabled": _bool, "horizon": _positive(parse_duration),
         "lease_name": _str, "lease_namespace": _opt_str, "lease_duration": _positive(parse_duration),
     },
     BreakerConfig: {
@@ -560,9 +559,10 @@ def _kubernetes(raw: Any) -> KubernetesConfig:
             raise ConfigError(f"{key}.bypass.enabled: needs kubernetes.source cluster or kubeconfig")
         if kube.per_review_get:
             raise ConfigError(f"{key}.bypass.enabled: needs the namespace watch (kubernetes.per_review_get: false)")
-        if kube.source == "kubeconfig" and not bypass.lease_namespace:
+        if kube.source == "kubeconfig" and not (bypass.lease_namespace or kube.own_namespace):
             raise ConfigError(f"{key}.bypass.lease_namespace: required with kubernetes.source: kubeconfig "
-                              "(in a cluster it defaults to amp's own namespace)")
+                              "unless kubernetes.own_namespace is set (in a cluster it defaults to amp's own "
+                              "namespace)")
     return kube
 
 

@@ -50,11 +50,11 @@ def at(seconds: float) -> str:
     return format_time(T0 + seconds)
 
 
-def kube_config(**bypass: Any) -> KubernetesConfig:
+def kube_config(kube: Optional[dict[str, Any]] = None, **bypass: Any) -> KubernetesConfig:
     values: dict[str, Any] = dict(enabled=True, lease_namespace="amp-system", horizon=HOUR)
     values.update(bypass)
     return KubernetesConfig(source="kubeconfig", kubeconfig="/nonexistent", request_timeout=2.0,
-                            bypass=BypassConfig(**values))
+                            bypass=BypassConfig(**values), **(kube or {}))
 
 
 def enabled_ns(name: str, since: Optional[float] = -HOUR, **annotations: str) -> NamespaceInfo:
@@ -185,6 +185,7 @@ class ReporterTestCase(SynchronousTestCase):
         self.metrics = Metrics()
         self.kube = MemoryKube()
         self.logs = LogCapture(self)
+        self.config: dict[str, Any] = {}
         self.namespaces = Namespaces(
             enabled_ns("team-a"), enabled_ns("team-b"),
             enabled_ns("late-enabled", since=-30),
@@ -197,8 +198,9 @@ class ReporterTestCase(SynchronousTestCase):
     def reporter(self, post_event: Any = None, previous: Optional[dict[str, str]] = None,
                  **bypass: Any) -> BypassReporter:
         reporter = BypassReporter(
-            config=kube_config(**bypass), namespaces=self.namespaces, clock=self.clock, metrics=self.metrics,
-            post_event=post_event or self.post, own_namespace="amp-system", identity="amp-0_abc")
+            config=kube_config(self.config, **bypass), namespaces=self.namespaces, clock=self.clock,
+            metrics=self.metrics, post_event=post_event or self.post, own_namespace="amp-system",
+            identity="amp-0_abc")
         reporter.start_term(previous or {})
         reporter.namespaces_listed()
         return reporter
@@ -267,11 +269,16 @@ class ReportTests(ReporterTestCase):
         self.assertEqual(sum(s.value for m in self.metrics.registry.collect() if m.name == "amp_bypassed_pods"
                              for s in m.samples if s.name.endswith("_total")), 1)
 
-    def test_ignore_namespaces_is_configurable(self) -> None:
-        reporter = self.reporter(ignore_namespaces=("team-b",))
-        reporter.news(Replaced((seen("kube-system", "p", -5), seen("team-b", "p", -5)), "10"))
-        self.settle()
+    def test_the_namespaces_amp_does_not_act_on_follow_its_configuration(self) -> None:
+        self.config = {"protected_namespaces": ("team-b",)}
+        reporter = self.reporter()
+        reporter.news(Replaced((seen("kube-system", "p", -5), seen("team-b", "p", -5),
+                                seen("amp-system", "p", -5)), "10"))
         self.assertEqual(self.reported(), ["kube-system/p"])
+        self.config = {"allow_protected_namespaces": True}
+        reporter = self.reporter()
+        reporter.news(Replaced((seen("kube-system", "q", -5), seen("amp-system", "q", -5)), "10"))
+        self.assertEqual(self.reported(), ["kube-system/p", "kube-system/q", "amp-system/q"])
 
     def test_the_horizon_is_checked_when_the_pod_is_judged(self) -> None:
         reporter = self.reporter(horizon=60.0)

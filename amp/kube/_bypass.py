@@ -12,7 +12,7 @@ log line naming the Pod, and a Warning Event C{AmpBypassed} on the Pod.
 
 Never reported: Pods created before their namespace was enabled (or when
 that is unknown), Pods of shadow-mode namespaces, of namespaces amp does not
-act on (amp's own, C{kubernetes.bypass.ignore_namespaces}), of namespaces
+act on (amp's own, C{kubernetes.protected_namespaces}), of namespaces
 not enabled now, and Pods created longer ago than the horizon.  A Pod is
 judged a moment (L{SETTLE}) after it is seen, so that the namespace watch,
 a separate stream, has caught up with a namespace created or enabled just
@@ -79,7 +79,8 @@ class BypassReporter:
     @param namespaces: answers C{cached(name)} from the namespace cache.
     @param post_event: creates one Event (C{namespace}, body) in the
         thread pool; returns a Deferred.
-    @param own_namespace: amp's own namespace (never reported).
+    @param own_namespace: amp's own namespace (never reported, like the
+        protected ones, unless C{kubernetes.allow_protected_namespaces}).
     @param identity: this replica's name, for the Events it writes.
     """
 
@@ -98,7 +99,11 @@ class BypassReporter:
     ) -> None:
         self._config = config
         self._horizon = config.bypass.horizon
-        self._ignored = frozenset((own_namespace, *config.bypass.ignore_namespaces))
+        # The namespaces amp does not act on are not reported either (the
+        # webhook's namespaceSelector leaves them out): see
+        # amp.policy.protected_namespaces.
+        self._ignored = frozenset() if config.allow_protected_namespaces else frozenset(
+            (own_namespace, *config.protected_namespaces))
         self._namespaces = namespaces
         self._clock = clock
         self._metrics = metrics

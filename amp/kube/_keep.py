@@ -27,8 +27,6 @@ _EMPTY: Mapping[str, str] = types.MappingProxyType({})
 #: namespace, and the older one it replaces: a Pod with either was reviewed.
 STATUS_ANNOTATION = "amp.txn2.com/status"
 LEGACY_STATUS_ANNOTATION = "amp.txn2.com/skipped"
-#: The enable label's value on a Pod that opts out of amp.
-OPTED_OUT = "false"
 
 
 def parse_time(value: Any) -> Optional[float]:
@@ -164,13 +162,14 @@ class PodKeep:
     """
     Cuts a Pod's metadata down to a L{PodSeen}, or to nothing when it
     cannot be a bypassed Pod: it carries amp's status stamp (or the legacy
-    one), it opted out (the enable label set to C{false}), it is being
+    one), it opted out (the enable label set to C{kubernetes.opt_out_value}), it is being
     deleted, or it was created before C{cutoff()} (the report's horizon, on
     the wall clock; the reactor checks again on its own clock).
     """
 
     def __init__(self, config: KubernetesConfig, cutoff: Callable[[], float]) -> None:
         self.label = config.enabled_label
+        self.opted_out = config.opt_out_value
         self.stamps = (STATUS_ANNOTATION, LEGACY_STATUS_ANNOTATION)
         self.cutoff = cutoff
 
@@ -179,7 +178,7 @@ class PodKeep:
         annotations = meta.get("annotations") or {}
         if any(stamp in annotations for stamp in self.stamps):
             return None
-        if (meta.get("labels") or {}).get(self.label) == OPTED_OUT or meta.get("deletionTimestamp"):
+        if (meta.get("labels") or {}).get(self.label) == self.opted_out or meta.get("deletionTimestamp"):
             return None
         created = parse_time(meta.get("creationTimestamp"))
         if created is None or created < self.cutoff():

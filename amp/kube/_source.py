@@ -243,10 +243,11 @@ class KubernetesNamespaceSource(Service):
 
     def _start_bypass(self, run: _Run, client: Any) -> None:
         config = self._config
-        own = config.bypass.lease_namespace or service_account_namespace()
-        if not own:
+        own = config.own_namespace or service_account_namespace()
+        lease_namespace = config.bypass.lease_namespace or own
+        if not lease_namespace:
             self.log.error("The bypassed-Pod report is off: set kubernetes.bypass.lease_namespace "
-                           "(amp's own namespace) when amp does not run in a cluster")
+                           "(or kubernetes.own_namespace) when amp does not run in a cluster")
             return
 
         def post_event(namespace: str, body: dict[str, Any]) -> Deferred:
@@ -254,9 +255,11 @@ class KubernetesNamespaceSource(Service):
                                      namespace, body, config.request_timeout)
 
         run.reporter = BypassReporter(config=config, namespaces=self, clock=self._clock, metrics=self._metrics,
-                                      post_event=post_event, own_namespace=own, identity=self._identity)
+                                      post_event=post_event, own_namespace=own or lease_namespace,
+                                      identity=self._identity)
         run.elector = LeaseElector(
-            client=client, reactor=self._reactor, clock=self._clock, namespace=own, name=config.bypass.lease_name,
+            client=client, reactor=self._reactor, clock=self._clock, namespace=lease_namespace,
+            name=config.bypass.lease_name,
             identity=self._identity, duration=config.bypass.lease_duration, request_timeout=config.request_timeout,
             annotations=run.reporter.checked, on_elected=lambda previous: self._elected(run, previous),
             on_deposed=lambda: self._deposed(run))
