@@ -36,6 +36,7 @@ setup(
         "prometheus-client>=0.20",
         "cryptography>=43",
     ],
+    entry_points={"console_scripts": ["amp = amp.cli:main"]},
     extras_require={
         "test": [
             # < 9.2: on 9.2 pytest-xdist's --dist loadgroup no longer groups (pytest-xdist

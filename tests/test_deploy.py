@@ -441,6 +441,19 @@ def test_deployment_is_highly_available_and_locked_down() -> None:
         assert (get["path"], get["port"], get["scheme"]) == (path, "webhook", "HTTPS"), probe
 
 
+def test_rollout_gives_amp_time_to_drain() -> None:
+    """
+    A terminating replica keeps serving through preStop, then drains for up
+    to listen.drain_timeout (every review in flight answered): the kubelet's
+    grace period covers both, so it never kills amp with reviews in flight.
+    """
+    command = container()["lifecycle"]["preStop"]["exec"]["command"]
+    match = re.fullmatch(r"import time; time\.sleep\((\d+)\)", command[-1])
+    assert command[:2] == ["python", "-c"] and match, command
+    pre_stop = int(match.group(1))
+    assert pod_spec()["terminationGracePeriodSeconds"] >= pre_stop + amp_yaml().listen.drain_timeout + 1
+
+
 def test_service_and_pdb_select_the_pods() -> None:
     template_labels = only("cert-manager", "Deployment")["spec"]["template"]["metadata"]["labels"]
     service = only("cert-manager", "Service")

@@ -415,7 +415,7 @@ def test_twistd_amp_reloads_its_config_file_without_dropping_a_review(tmp_path: 
             i += 1
 
     try:
-        poll_until("amp to serve", amp.healthy, 20, amp.output)
+        poll_until("amp to serve", amp.healthy, 60, amp.output)
         first = poll_until("the config hash", lambda: config_hash(metrics), 10, amp.output)
         assert patched(amp.review("before"))
         steady = pool.submit(keep_reviewing)
