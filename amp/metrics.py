@@ -26,6 +26,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from twisted.web.resource import Resource
+
+from amp import __version__
 from twisted.web.server import Request
 
 #: Buckets for admission and endpoint latency: webhook budgets are
@@ -110,6 +112,8 @@ class Metrics:
             self.config_reloads.labels(result=result)
         self.config_info = Gauge(
             "amp_config_info", "1 for the hash of the configuration in force.", ["hash"], registry=r)
+        self.build_info = Gauge("amp_build_info", "1, labelled with amp's version.", ["version"], registry=r)
+        self.build_info.labels(version=__version__).set(1)
 
     def render(self) -> bytes:
         """
