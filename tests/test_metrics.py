@@ -191,7 +191,7 @@ class ScrapeTests(TestCase):
         self.assertEqual(ignored_d["reason"], "http-5xx")
         # The message is the failure's full text, as in the audit annotation.
         self.assertEqual(ignored_d["message"], ignored["auditAnnotations"]["error"])
-        self.assertEqual((failed["result"], failed["message"]), ("denied", denied["status"]["message"]))
+        self.assertEqual((failed["result"], failed["message"]), ("failed", denied["status"]["message"]))
         for leak in (b"s3cr3t", b"nginx", b"team.example/token", b"containers"):
             self.assertNotIn(leak, body)
 
