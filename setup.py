@@ -36,9 +36,12 @@ setup(
         "prometheus-client>=0.20",
         "cryptography>=43",
     ],
+    entry_points={"console_scripts": ["amp = amp.cli:main"]},
     extras_require={
         "test": [
-            "pytest>=8",
+            # < 9.2: on 9.2 pytest-xdist's --dist loadgroup no longer groups (pytest-xdist
+            # issue 1386), and the suite relies on it (tests/conftest.py)
+            "pytest>=8,<9.2",
             "pytest-xdist>=3.5",
             "hypothesis>=6.100",
             "treq>=24.9",
@@ -49,6 +52,7 @@ setup(
             "setuptools>=70.1",
             "promql-parser>=0.10",
         ],
-        "bench": ["matplotlib>=3.8"],
+        # the soak's load generator is treq, and it checks every patch with jsonpatch
+        "bench": ["matplotlib>=3.8", "treq>=24.9", "jsonpatch>=1.33"],
     },
 )

@@ -11,6 +11,14 @@ one timer that enforces it: when the deadline passes, or the client goes
 away (the review's Deferred is cancelled), the step in progress is
 cancelled and the review is answered at once.
 
+The endpoint may be a chain (L{amp.policy.Route.steps}): one loop
+(L{_Review._call_next}) calls each in order with the Pod as the steps
+before it left it, and their patches are composed into one
+(L{amp.patch.compose}).  Pods that opt out, and Pods in amp's own or a
+protected namespace, are answered unchanged before any lookup.  With
+C{ephemeral_containers}, a C{pods/ephemeralcontainers} update is reviewed
+like a creation, but may change only C{/spec/ephemeralContainers}.
+
 Every answer is built by a named constructor of L{amp.answers}; every
 failure ends in L{_Review._failed}, the one place the failure policy is
 applied, with the L{Route} the review was on.
@@ -22,6 +30,10 @@ same checked, dry-applied patch as the endpoint's change, and loses the
 L{LEGACY_SKIPPED_ANNOTATION} of earlier versions.  Every review overwrites
 it, so after the API server reinvokes amp it tells what the last round did;
 no value set by the Pod's author or the endpoint survives.
+
+A review may be given an L{amp.trace.IReviewTrace} (C{amp explain} does;
+the daemon does not): each decision is then told to it as it is taken.
+Without one, the review only tests for C{None} at each decision.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ from amp.policy import (
 from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
 from amp.review import AUDIT_VALUE_LIMIT, AdmissionRequest, clean_audit_annotations, clip, dumps
+from amp.trace import IReviewTrace, Step, answer_message, record_route
 
 __all__ = ["AUDIT_ERROR_KEY", "LEGACY_SKIPPED_ANNOTATION", "STATUS_ANNOTATION", "Admitter", "Answer", "Outcome"]
 
@@ -57,6 +70,9 @@ LEGACY_SKIPPED_ANNOTATION = "amp.txn2.com/skipped"
 STATUS_LIMIT = 250
 
 _CANCELLED = "the review was cancelled: the client went away"
+
+#: All a C{pods/ephemeralcontainers} update may change.
+EPHEMERAL_CONTAINERS = "/spec/ephemeralContainers"
 
 
 class Admitter:
@@ -88,18 +104,21 @@ class Admitter:
             denied=patch.denied_paths, allowed=patch.allowed_paths, repair=patch.repair,
             max_operations=patch.max_operations)
 
-    def review(self, req: AdmissionRequest, deadline: Deadline, *, validation: bool = False) -> "Deferred[Answer]":
+    def review(
+        self, req: AdmissionRequest, deadline: Deadline, *, validation: bool = False,
+        trace: Optional[IReviewTrace] = None,
+    ) -> "Deferred[Answer]":
         """
         Answer C{req} before C{deadline}.  Resolves to an L{Answer}; never
         fails.  Cancelling the result (the client went away) answers at
-        once, as C{cancelled}.
+        once, as C{cancelled}.  C{trace}, if given, is told each decision.
         """
-        if not req.is_pod_create:
-            return succeed(answers.skipped(req))
+        if not (req.is_pod_create or (self.config.ephemeral_containers and req.is_ephemeral_update)):
+            return succeed(_told(trace, answers.skipped(req)))
         alone = self._left_alone(req)
         if alone is not None:
-            return succeed(answers.skipped(req, reason=alone))
-        return _Review(self, req, deadline, validation).start()
+            return succeed(_told(trace, answers.skipped(req, reason=alone)))
+        return _Review(self, req, deadline, validation, trace).start()
 
     def _compose_options(self, steps: int) -> dict[str, Any]:
         """L{compose}'s options for a chain of C{steps}: each may send C{patch.max_operations}."""
@@ -152,12 +171,18 @@ class _Review:
     """
 
     __slots__ = ("_admitter", "_req", "_deadline", "_validation", "_route", "_pending", "_timer", "_ending",
-                 "_done", "result", "_chain")
+                 "_done", "result", "_chain", "_trace", "_call_started")
 
     log = Logger()
 
-    def __init__(self, admitter: Admitter, req: AdmissionRequest, deadline: Deadline, validation: bool) -> None:
+    def __init__(
+        self, admitter: Admitter, req: AdmissionRequest, deadline: Deadline, validation: bool,
+        trace: Optional[IReviewTrace] = None,
+    ) -> None:
         self._admitter = admitter
+        self._trace = trace
+        #: When the endpoint call in progress started (kept for the trace only).
+        self._call_started = 0.0
         self._req = req
         self._deadline = deadline
         self._validation = validation
@@ -219,6 +244,9 @@ class _Review:
         req = self._req
         r = self._route = route(ns, a.config, a._namespaces.cluster_failure_policy(),
                                 validation=self._validation, cache=a._routes)
+        if self._trace is not None:
+            record_route(self._trace, ns, a.config, a._namespaces.cluster_failure_policy(), r,
+                         validation=self._validation)
         if not r.enabled:
             return self._answer(answers.skipped(req))
         if r.error is not None:
@@ -253,10 +281,17 @@ class _Review:
             b"x-amp-uid": req.uid.encode("ascii", "replace"),
             b"x-amp-dry-run": b"true" if req.dry_run else b"false",
         }
+        if req.sub_resource:
+            headers[b"x-amp-subresource"] = req.sub_resource.encode("ascii", "replace")
         if chain.pod.pod is req.object:
             pod_json = req.object_json if req.object_json is not None else dumps(req.object)
         else:
             pod_json = dumps(chain.pod.pod)
+        if self._trace is not None:
+            now = self._call_started = self._admitter._clock.seconds()
+            left = self._deadline.remaining(now)
+            self._trace.record(Step.BUDGET, seconds=round(left, 4), timeout=round(min(step.settings.timeout, left), 4),
+                               position=chain.index + 1, chain_length=len(chain.route.steps))
         self._wait(self._admitter._endpoints.call(step.url, step.settings, pod_json, headers, self._deadline,
                                                   step.breaker),
                    self._decided)
@@ -267,6 +302,12 @@ class _Review:
         chain = self._chain
         assert chain is not None
         origin = chain.route.steps[chain.index].name
+        trace = self._trace
+        if trace is not None:
+            self._record_call("ok", "")
+            trace.record(Step.REPLY, allowed=decision.allowed, operations=len(decision.patch),
+                         warnings=list(decision.warnings), code=None if decision.allowed else decision.code,
+                         message=decision.message)
         audit, problems = clean_audit_annotations(decision.audit)
         chain.told(origin, decision.warnings, problems, audit)
         if not decision.allowed:
@@ -276,8 +317,11 @@ class _Review:
                                                warnings=chain.warnings, audit=chain.audit))
         if not self._validation and decision.patch:
             try:
-                checked = check_patch(chain.pod.pod, decision.patch, **a._patch_options)
+                checked = check_patch(chain.pod.pod, decision.patch, **a._patch_options, trace=trace,
+                                      confined=EPHEMERAL_CONTAINERS if req.is_ephemeral_update else None)
             except PatchError as e:
+                if trace is not None:
+                    trace.record(Step.CHECK, reason=e.reason, message=str(e))
                 return self._step_ended(e.reason, str(e))
             if checked.operations:
                 chain.applied(checked)
@@ -296,6 +340,8 @@ class _Review:
         step = r.steps[chain.index]
         if r.failure_policy == FAIL or r.mode == SHADOW:
             return self._answer(self._failed(reason, message, step.name))
+        if self._trace is not None:
+            self._trace.record(Step.SKIP, endpoint=step.name, reason=reason, message=message)
         chain.skip(step.name, reason, message)
         self._call_next()
 
@@ -317,6 +363,8 @@ class _Review:
         try:
             checked = compose(req.object, chain.patches, **a._compose_options(len(r.steps)))
         except PatchError as e:
+            if self._trace is not None:
+                self._trace.record(Step.CHECK, reason=e.reason, message=f"the chain's patches together: {e}")
             return self._failed(e.reason, f"the chain's patches together: {e}", endpoint)
         warnings = chain.warnings + [f"amp: {w}" for w in checked.warnings]
         if chain.skipped:
@@ -328,8 +376,10 @@ class _Review:
             return answers.allowed(req, endpoint, warnings=warnings, audit=chain.audit, patch=_patch_bytes(stamped))
         patch = dumps(self._stamp(checked, Status.MUTATED, where).operations)
         if len(patch) > a.config.patch.max_size:
-            return self._failed(Reason.PATCH_TOO_LARGE, f"patch of {len(patch)} bytes is over patch.max_size",
-                                endpoint)
+            message = f"patch of {len(patch)} bytes is over patch.max_size"
+            if self._trace is not None:
+                self._trace.record(Step.CHECK, reason=Reason.PATCH_TOO_LARGE, message=message)
+            return self._failed(Reason.PATCH_TOO_LARGE, message, endpoint)
         if checked.repaired:
             a._metrics.patch_repairs.inc(checked.repaired)
         return answers.patched(req, endpoint, patch, warnings=warnings, audit=chain.audit)
@@ -383,9 +433,14 @@ class _Review:
         req = self._req
         if checked is None:
             checked = unchanged(req.object)
-        if self._validation or not self._admitter.config.annotate_status:
+        if self._validation or req.is_ephemeral_update or not self._admitter.config.annotate_status:
+            # An ephemeral container update may change nothing but
+            # spec.ephemeralContainers: the Pod keeps its stamp from its
+            # creation.
             return checked
         value = clip(" ".join((status, *words)), STATUS_LIMIT)
+        if self._trace is not None:
+            self._trace.record(Step.STAMP, key=STATUS_ANNOTATION, value=value)
         return annotate(checked, {LEGACY_SKIPPED_ANNOTATION: None, STATUS_ANNOTATION: value})
 
     def _shadow(self, chain: "_Chain", where: str, *, denied: bool = False) -> Answer:
@@ -414,6 +469,7 @@ class _Review:
     def _answer(self, answer: Answer) -> None:
         if self._done:
             return
+        _told(self._trace, answer)
         self._done = True
         self._pending = None
         timer, self._timer = self._timer, None
@@ -461,6 +517,8 @@ class _Review:
             # Including the call cut off by the review's deadline: C{timeout}.
             e = failure.value
             reason, message = e.reason, e.message
+            if calling and self._trace is not None:
+                self._record_call(reason, message)
             if calling and self._ending is None:
                 return self._step_ended(reason, message)
         elif self._ending is Reason.DEADLINE:
@@ -488,6 +546,14 @@ class _Review:
                            f"review deadline of {self._deadline.budget:.3g}s passed before the call")
             return self._answer(self._chain_done())
         self._answer(self._failed(reason, message))
+
+    def _record_call(self, outcome: str, message: str) -> None:
+        chain = self._chain
+        assert self._trace is not None and chain is not None
+        step = chain.route.steps[chain.index]
+        seconds = self._admitter._clock.seconds() - self._call_started
+        self._trace.record(Step.CALL, endpoint=step.name, url=step.url.url, outcome=outcome,
+                           seconds=round(seconds, 6), message=message)
 
     def _failed(self, reason: str, message: str, endpoint: Optional[str] = None) -> Answer:
         """
@@ -594,6 +660,16 @@ class _Chain:
         self.called.append(origin)
         self.skipped.append((origin, reason, message))
         self.index += 1
+
+
+def _told(trace: Optional[IReviewTrace], answer: Answer) -> Answer:
+    """
+    Tell C{trace} (if any) the answer: its result, reason and message.
+    """
+    if trace is not None:
+        outcome = answer.outcome
+        trace.record(Step.ANSWER, result=outcome.result, reason=outcome.reason, message=answer_message(answer.body))
+    return answer
 
 
 def _patch_bytes(checked: CheckedPatch) -> Optional[bytes]:

@@ -233,6 +233,17 @@ class StaticNamespace:
 
 
 @dataclass(frozen=True)
+class BypassConfig:
+    """C{kubernetes.bypass}: the report of Pods admitted without amp's review."""
+
+    enabled: bool = False
+    horizon: float = 3600.0
+    lease_name: str = "amp-bypass-reporter"
+    lease_namespace: Optional[str] = None
+    lease_duration: float = 15.0
+
+
+@dataclass(frozen=True)
 class KubernetesConfig:
     source: str = "cluster"
     kubeconfig: Optional[str] = None
@@ -262,6 +273,7 @@ class KubernetesConfig:
     allow_protected_namespaces: bool = False
     #: A Pod whose C{enabled_label} has this value opts out of amp.
     opt_out_value: str = "false"
+    bypass: BypassConfig = field(default_factory=BypassConfig)
 
 
 @dataclass(frozen=True)
@@ -400,6 +412,10 @@ _FIELDS: dict[type, dict[str, Callable[[Any], Any]]] = {
         "per_review_get": _bool, "own_namespace": _opt_str, "protected_namespaces": _str_list,
         "allow_protected_namespaces": _bool, "opt_out_value": _str,
     },
+    BypassConfig: {
+        "enabled": _bool, "horizon": _positive(parse_duration),
+        "lease_name": _str, "lease_namespace": _opt_str, "lease_duration": _positive(parse_duration),
+    },
     BreakerConfig: {
         "consecutive_failures": _positive(_int), "failure_ratio": _ratio, "window": _positive(parse_duration),
         "min_requests": _positive(_int), "cooldown": _positive(parse_duration),
@@ -522,7 +538,8 @@ def _endpoints(raw: Any) -> EndpointsConfig:
 
 def _kubernetes(raw: Any) -> KubernetesConfig:
     key = "kubernetes"
-    kube = _section(KubernetesConfig, raw, key, extra=("namespaces",))
+    kube = _section(KubernetesConfig, raw, key, extra=("namespaces", "bypass"))
+    bypass = _section(BypassConfig, (raw or {}).get("bypass"), f"{key}.bypass")
     namespaces = {}
     raw_ns = (raw or {}).get("namespaces") or {}
     if not isinstance(raw_ns, dict):
@@ -544,11 +561,20 @@ def _kubernetes(raw: Any) -> KubernetesConfig:
         except ValueError as e:
             raise ConfigError(f"{nkey}.annotations: {e}") from None
         namespaces[str(name)] = StaticNamespace(labels, annotations)
-    kube = dataclasses.replace(kube, namespaces=namespaces)
+    kube = dataclasses.replace(kube, namespaces=namespaces, bypass=bypass)
     if kube.source == "kubeconfig" and not kube.kubeconfig:
         raise ConfigError(f"{key}.kubeconfig: required when kubernetes.source is kubeconfig")
     if kube.backoff_max < kube.backoff_initial:
         raise ConfigError(f"{key}.backoff_max: must be at least backoff_initial")
+    if bypass.enabled:
+        if kube.source == "static":
+            raise ConfigError(f"{key}.bypass.enabled: needs kubernetes.source cluster or kubeconfig")
+        if kube.per_review_get:
+            raise ConfigError(f"{key}.bypass.enabled: needs the namespace watch (kubernetes.per_review_get: false)")
+        if kube.source == "kubeconfig" and not (bypass.lease_namespace or kube.own_namespace):
+            raise ConfigError(f"{key}.bypass.lease_namespace: required with kubernetes.source: kubeconfig "
+                              "unless kubernetes.own_namespace is set (in a cluster it defaults to amp's own "
+                              "namespace)")
     return kube
 
 
@@ -602,6 +628,9 @@ def parse_config(raw: Any) -> Config:
     config = Config(**values)
     if config.kubernetes.source != "static" and config.kubernetes.namespaces:
         raise ConfigError("kubernetes.namespaces: only used with kubernetes.source: static")
+    if config.kubernetes.bypass.enabled and not config.annotate_status:
+        raise ConfigError("kubernetes.bypass.enabled: needs amp's stamp on reviewed Pods (annotate_status: true); "
+                          "without it every Pod would look bypassed")
     return config
 
 

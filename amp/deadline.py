@@ -20,6 +20,9 @@ from amp.config import DeadlineConfig
 
 _TIMEOUT = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
 _TIMEOUT_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
+#: The longest timeout the API server gives a webhook (timeoutSeconds is
+#: 1..30): a larger ?timeout= is not the API server's, and is cut to this.
+MAX_TIMEOUT = 30.0
 
 #: Times are floats: a timer set for C{remaining(now)} fires at
 #: C{now + (at - now)}, which can be C{at} less a rounding error.  Within
@@ -70,7 +73,8 @@ def parse_timeout(value: Optional[str]) -> Optional[float]:
     if not m:
         return None
     seconds = float(m.group(1)) * _TIMEOUT_UNITS[m.group(2)]
-    return seconds if seconds > 0 else None
+    # 400 digits make an infinite float: never an unbounded review.
+    return min(seconds, MAX_TIMEOUT) if seconds > 0 else None
 
 
 def review_budget(timeout: Optional[float], default_timeout: float, margin: float) -> float:

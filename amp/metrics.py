@@ -85,6 +85,9 @@ class Metrics:
             "amp_namespace_events", "Watch events applied, by type.", ["type"], registry=r)
         self.namespace_misses = Counter(
             "amp_namespace_cache_misses", "Lookups the cache could not answer, by result.", ["result"], registry=r)
+        self.bypassed_pods = Counter(
+            "amp_bypassed_pods", "Pods created in an enabled namespace without amp's review (no status stamp).",
+            ["namespace"], registry=r)
         self.tls_not_after = Gauge(
             "amp_tls_certificate_not_after_timestamp_seconds",
             "Expiry of the serving certificate (unix time).", registry=r)

@@ -27,12 +27,19 @@ class NamespaceInfo:
     What amp keeps of a Namespace: its name, labels, annotations and
     resourceVersion.  The watched source keeps only the labels and
     annotations amp reads, never whole objects.
+
+    @ivar enabled_since: for a namespace opted in, when the enable label
+        was last set (seconds since the epoch, from the API server's
+        managed fields; whole seconds); None when unknown or not opted in.
+        The bypassed-Pod report uses it to leave alone Pods created before
+        the namespace opted in.
     """
 
     name: str
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     resource_version: str = ""
+    enabled_since: Optional[float] = None
 
 
 class _Unknown:

@@ -39,6 +39,7 @@ from functools import lru_cache
 from typing import Any, Mapping, Optional, Sequence
 
 from amp.reasons import Reason
+from amp.trace import Step
 
 __all__ = [
     "DEFAULT_DENIED", "PatchError", "CheckedPatch", "check_patch", "compose", "unchanged", "annotation_ops", "annotate",
@@ -693,7 +694,8 @@ def _check_pod(original: dict, patched: dict) -> None:
 
 
 def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, allowed: Sequence[str] = (),
-                repair: bool = True, max_operations: int = 1000) -> CheckedPatch:
+                repair: bool = True, max_operations: int = 1000, trace: Any = None,
+                confined: Optional[str] = None) -> CheckedPatch:
     """
     Check an endpoint's patch against C{pod}, dry-apply it and repair it.
 
@@ -705,6 +707,11 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
         C{denied} would refuse them.
     @param repair: insert C{add} operations for missing parents of an C{add}.
     @param max_operations: the most operations a patch may have.
+    @param trace: an L{amp.trace.IReviewTrace} told each operation that
+        applies and each repair, or None.
+    @param confined: a JSON pointer every operation (its C{path}, and the
+        C{from} of a C{move} or C{copy}) must be under, or None (the
+        C{pods/ephemeralcontainers} subresource changes nothing else).
     @raise PatchError: the patch cannot be sent to the API server.
     @raise ValueError: C{denied} or C{allowed} holds a string that is not a
         JSON pointer.
@@ -714,6 +721,13 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
         raise PatchError(Reason.INVALID_POD, f"the Pod must be a JSON object, not {_json_type(pod)}")
     rules = _rules(tuple(denied), tuple(allowed))
 
+    if confined is not None:
+        inside = parse_pointer(confined)
+        for op in parsed:
+            for which, tokens in (("path", op.tokens), ("from", op.ftokens)):
+                if tokens is not None and op.op != "test" and tokens[:len(inside)] != inside:
+                    raise PatchError(Reason.REFUSED_PATH, f"{op.label}: {which} is not under {confined}, the only "
+                                                          "part of the Pod this review may change")
     modifies = False
     for op in parsed:
         if op.op == "test":
@@ -738,16 +752,28 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
                 raise PatchError(Reason.APPLY_FAILED, f"{op.label}: {fail.message}") from None
             if not repair:
                 raise PatchError(Reason.APPLY_FAILED, f"{op.label}: {fail.message} (patch.repair is off)") from None
+            before = len(operations)
             try:
                 repaired += _repair(doc, op, fail, rules, operations)
             except _Fail as again:
                 raise PatchError(Reason.APPLY_FAILED, f"{op.label}: {again.message}") from None
+            if trace is not None:
+                _trace_repair(trace, op, fail, operations[before:])
         operations.append(op.out)
+        if trace is not None:
+            trace.record(Step.OPERATION, index=op.index, op=op.op, path=op.path, from_=op.frm, repair=False)
 
     if not modifies:
         return unchanged(pod)
     _check_pod(pod, doc.root)
     return CheckedPatch(operations, repaired, tuple(doc.warnings), doc.root)
+
+
+def _trace_repair(trace: Any, op: _Op, fail: _Fail, inserted: list[dict]) -> None:
+    paths = ", ".join(i["path"] for i in inserted)
+    trace.record(Step.REPAIR, index=op.index, message=f"{op.label}: {fail.message}; amp inserted add {paths}")
+    for i in inserted:
+        trace.record(Step.OPERATION, index=None, op=i["op"], path=i["path"], from_=None, repair=True)
 
 
 def compose(pod: dict, steps: Sequence[CheckedPatch], *, denied: Sequence[str] = DEFAULT_DENIED,

@@ -10,6 +10,7 @@ namespace says.  Nothing here does I/O.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
@@ -117,6 +118,24 @@ def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: 
     return config.failure_policy
 
 
+def failure_policy_why(ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str]) -> tuple[str, str]:
+    """
+    L{failure_policy} and, in words, where it came from (for
+    C{amp explain}'s trace; the review path only needs the policy).
+    """
+    policy = failure_policy(ns, config, cluster_policy)
+    key = config.kubernetes.failure_policy_annotation
+    value = ns.annotations.get(key) if ns is not None else None
+    if value in (IGNORE, FAIL):
+        return policy, f"the namespace's annotation {key}"
+    why = f"the annotation {key}={value!r} is not Ignore or Fail, so " if value is not None else f"no annotation {key}, so "
+    if config.failure_policy != "auto":
+        return policy, why + f"the config's failure_policy {config.failure_policy}"
+    if cluster_policy in (IGNORE, FAIL):
+        return policy, why + "failure_policy auto: the failurePolicy of amp's MutatingWebhookConfiguration"
+    return policy, why + "failure_policy auto, and amp's MutatingWebhookConfiguration is not known: Fail"
+
+
 def protected_namespaces(config: Config) -> frozenset[str]:
     """
     The namespaces whose Pods amp never changes: its own
@@ -199,6 +218,9 @@ def route(
     return Route(True, policy, mode, url=url, raw_url=raw, steps=steps, error=error, bad_url=bad)
 
 
+#: What separates the URLs of a chain in the endpoint annotation.
+_SEPARATORS = re.compile(r"[ \n]+")
+
 #: Distinct endpoint annotation values remembered by L{route}'s cache.
 _CACHE_LIMIT = 4096
 
@@ -214,13 +236,19 @@ def resolve_chain(raw: str, config: Config) -> tuple[
     called; the first that cannot be used fails the whole chain, as does a
     chain longer than C{endpoints.chain_limit}.
     """
-    pieces = raw.split()
-    if not pieces:
-        pieces = [raw]
+    # Spaces and newlines only: any other whitespace or control character
+    # stays in its piece, where the URL check refuses it by name.
+    pieces = [piece for piece in _SEPARATORS.split(raw) if piece] or [raw]
     limit = config.endpoints.chain_limit
     if len(pieces) > limit:
         return (), None, "", (Reason.CHAIN_TOO_LONG, f"the endpoint annotation names {len(pieces)} endpoints, "
                                                      f"more than endpoints.chain_limit ({limit})")
+    for piece in pieces:
+        # Before any parsing: a piece that still holds whitespace or a
+        # control character (a CR, a tab, U+2028) is refused by name, as a
+        # single URL would be, however the rest of it reads.
+        if any(c.isspace() or not c.isprintable() for c in piece):
+            return (), None, piece, (Reason.BAD_URL, "endpoint URL contains whitespace or control characters")
     endpoints = config.endpoints
     steps = []
     for piece in pieces:

@@ -75,6 +75,20 @@ class AdmissionRequest:
         )
 
     @property
+    def is_ephemeral_update(self) -> bool:
+        """
+        A Pod UPDATE through the C{pods/ephemeralcontainers} subresource
+        (C{kubectl debug}): only C{spec.ephemeralContainers} may change.
+        """
+        return (
+            self.kind == "Pod"
+            and self.group == ""
+            and self.operation == "UPDATE"
+            and self.sub_resource == "ephemeralcontainers"
+            and isinstance(self.object, dict)
+        )
+
+    @property
     def pod_name(self) -> str:
         """
         The Pod's name, or its generateName with a trailing C{*}; Pods made by

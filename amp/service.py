@@ -42,9 +42,9 @@ from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
 from amp.config import Config, TLSConfig
 from amp.endpoint import EndpointClient
+from amp.logs import ConfigurableObserver
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
-from amp.logs import ConfigurableObserver
 from amp.reload import ConfigFile, ConfigReloadService
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.web import WebhookSite, webhook_root
@@ -351,7 +351,12 @@ class AmpService(MultiService):
 
     def startService(self) -> None:
         super().startService()
-        if self.namespaces.readiness()[0]:
+        try:
+            ready = self.namespaces.readiness()[0]
+        except Exception:
+            # /readyz reports a source whose check fails; start-up goes on.
+            ready = False
+        if ready:
             # A source that has its namespaces already (the static one);
             # the cluster source's first list calls this (amp.tap).
             self.admitter.own_pods_warning()

@@ -24,6 +24,25 @@ What it can do to a call (the C{kind}s, and the outcome amp must name):
                   Content-Length, else chunked
   ==============  ==========================================  ===================
 
+With C{--hostile} it also mixes in the endpoints of an attacker (who can point
+their namespace's annotation at a Service of their own), each bounded so that
+the chaos endpoint itself stays small:
+
+  ==============  ==========================================  ===================
+  header-flood    a status line, then short header lines      a header limit
+                  (C{X-H1: v}, ...) as fast as amp reads      (timeout until amp
+                  them, never the end of the head (up to      has one)
+                  C{--flood-bytes} per call)
+  huge-header     a status line and one header line of        a header limit
+                  C{--flood-bytes}, never the end of the head  (timeout until amp
+                                                              has one)
+  deep-json       200 with a JSON array nested 30,000 deep    invalid-json
+                  (under amp's C{max_response})
+  drip            200 with a Content-Length, then one byte    timeout (or
+                  every 20 ms: the body never completes in    cancelled)
+                  time
+  ==============  ==========================================  ===================
+
 The patch of C{ok} and C{delay} adds the label C{amp.soak/patched} whose
 value is the kind, so the client can tell which one it got.
 
@@ -55,11 +74,23 @@ from typing import IO, Any, Optional
 from twisted.web import server
 from twisted.web.resource import Resource
 
-KINDS = ("ok", "delay", "error", "garbage", "wrong-shape", "reset", "hang", "oversized")
+from amp.reasons import Reason
+
+#: What a well-meaning but failing endpoint does.
+FAULT_KINDS = ("ok", "delay", "error", "garbage", "wrong-shape", "reset", "hang", "oversized")
+#: What a hostile endpoint does (C{--hostile}).
+HOSTILE_KINDS = ("header-flood", "huge-header", "deep-json", "drip")
+KINDS = FAULT_KINDS + HOSTILE_KINDS
 
 #: Default share of each kind, in percent.
 DEFAULT_WEIGHTS = {"ok": 40, "delay": 20, "error": 8, "garbage": 6, "wrong-shape": 4, "reset": 7, "hang": 6,
-                   "oversized": 9}
+                   "oversized": 9, "header-flood": 0, "huge-header": 0, "deep-json": 0, "drip": 0}
+#: The hostile kinds' shares with C{--hostile}, added to the others.
+HOSTILE_WEIGHTS = {"header-flood": 3, "huge-header": 2, "deep-json": 3, "drip": 2}
+
+#: A reason in amp's vocabulary for a reply whose head is too large (a
+#: per-call limit on header bytes or count), whatever it is called.
+HEADER_REASONS = tuple(sorted(r.value for r in Reason if "header" in r.value))
 
 #: The outcome amp must report (C{amp_endpoint_requests_total{outcome}})
 #: for a call that got each kind; the first is the usual one.
@@ -74,7 +105,16 @@ EXPECTED_OUTCOMES = {
     # deadline is the shorter one and fires first, the review cancels it.
     "hang": ("timeout", "cancelled"),
     "oversized": ("response-too-large",),
+    # Until amp limits the bytes and lines of a reply's head, it reads them
+    # until its timeout.
+    "header-flood": ("timeout", "cancelled") + HEADER_REASONS,
+    "huge-header": ("timeout", "cancelled") + HEADER_REASONS,
+    "deep-json": ("invalid-json",),
+    "drip": ("timeout", "cancelled"),
 }
+
+#: Bytes of the deep-json reply: an array nested this deep.
+DEEP_JSON_DEPTH = 30_000
 
 PATCH_LABEL = "amp.soak/patched"
 _LABEL_PATH = "/metadata/labels/" + PATCH_LABEL.replace("/", "~1")
@@ -108,13 +148,14 @@ class Chaos:
     """
 
     def __init__(self, reactor: Any, seed: int, weights: dict[str, int], delay_ms: tuple[float, float],
-                 oversize: int, log: Optional[IO[str]]) -> None:
+                 oversize: int, log: Optional[IO[str]], flood_bytes: int = 8 * 1024 * 1024) -> None:
         self.reactor = reactor
         self.rng = random.Random(seed)
         self.kinds = [k for k in KINDS if weights.get(k, 0) > 0]
         self.weights = [weights[k] for k in self.kinds]
         self.delay_ms = delay_ms
         self.oversize = oversize
+        self.flood_bytes = flood_bytes
         self.log = log
         self.counts: dict[str, dict[str, int]] = {}
         self.hung: set[server.Request] = set()
@@ -223,6 +264,87 @@ class ChaosResource(Resource):
         return server.NOT_DONE_YET
 
 
+    # ------------------------------------------------------------ the hostile kinds
+
+    def _raw(self, request: server.Request, chunks: Any, every: float) -> Any:
+        """
+        Write C{chunks} straight to the connection (not through twisted.web,
+        which would write a head of its own), one every C{every} seconds,
+        until they run out or the connection is gone; never finish.
+        """
+        transport = request.channel.transport
+        hung = self.chaos.hung
+        hung.add(request)
+        state = {"call": None}
+
+        def more() -> None:
+            chunk = next(chunks, None)
+            if chunk is not None:
+                transport.write(chunk)
+                state["call"] = self.chaos.reactor.callLater(every, more)
+
+        def gone(_: Any) -> None:
+            hung.discard(request)
+            if state["call"] is not None and state["call"].active():
+                state["call"].cancel()
+
+        request.notifyFinish().addBoth(gone)
+        more()
+        return server.NOT_DONE_YET
+
+    def _header_flood(self, request: server.Request) -> Any:
+        step = 64 * 1024
+
+        def chunks() -> Any:
+            yield b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            n, sent = 0, 0
+            while sent < self.chaos.flood_bytes:
+                lines = []
+                size = 0
+                while size < step:
+                    n += 1
+                    line = b"X-H%d: v\r\n" % n
+                    lines.append(line)
+                    size += len(line)
+                sent += size
+                yield b"".join(lines)
+
+        return self._raw(request, chunks(), 0.002)
+
+    def _huge_header(self, request: server.Request) -> Any:
+        step = 64 * 1024
+
+        def chunks() -> Any:
+            yield b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Big: "
+            for _ in range(self.chaos.flood_bytes // step):
+                yield b"a" * step
+
+        return self._raw(request, chunks(), 0.002)
+
+    def _deep_json(self, request: server.Request) -> bytes:
+        return b"[" * DEEP_JSON_DEPTH + b"]" * DEEP_JSON_DEPTH
+
+    def _drip(self, request: server.Request) -> Any:
+        request.setHeader(b"content-length", b"4096")
+        hung = self.chaos.hung
+        hung.add(request)
+        state = {"call": None}
+
+        def drip() -> None:
+            request.write(b" ")
+            state["call"] = self.chaos.reactor.callLater(0.02, drip)
+
+        def gone(_: Any) -> None:
+            hung.discard(request)
+            if state["call"] is not None and state["call"].active():
+                state["call"].cancel()
+
+        request.notifyFinish().addBoth(gone)
+        request.write(b"[")
+        state["call"] = self.chaos.reactor.callLater(0.02, drip)
+        return server.NOT_DONE_YET
+
+
 class QuietSite(server.Site):
     """
     No access log.
@@ -242,13 +364,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--delay-ms", default="5:80", help="range of the delay kind, LOW:HIGH milliseconds")
     parser.add_argument("--oversize", type=int, default=80 * 1024, help="bytes of an oversized reply")
     parser.add_argument("--log", help="write one line per call (uid, port name, kind) to this file")
+    parser.add_argument("--hostile", action="store_true",
+                        help="also answer like a hostile endpoint (%s)" % ", ".join(HOSTILE_KINDS))
+    parser.add_argument("--flood-bytes", type=int, default=8 * 1024 * 1024,
+                        help="bytes of head a header-flood or huge-header call sends at most")
     args = parser.parse_args(argv)
     from twisted.internet import reactor as _reactor
 
     low, _, high = args.delay_ms.partition(":")
     log = open(args.log, "w", buffering=1 << 16) if args.log else None
-    chaos = Chaos(_reactor, args.seed, parse_weights(args.weights), (float(low), float(high or low)),
-                  args.oversize, log)
+    weights = parse_weights(args.weights)
+    if args.hostile:
+        weights.update({k: v for k, v in HOSTILE_WEIGHTS.items() if not weights.get(k)})
+    chaos = Chaos(_reactor, args.seed, weights, (float(low), float(high or low)), args.oversize, log,
+                  args.flood_bytes)
     ports = {}
     for name in args.ports or ["chaos"]:
         site = QuietSite(ChaosResource(chaos, name))

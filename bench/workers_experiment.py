@@ -37,12 +37,13 @@ import sys
 import tempfile
 from typing import Any
 
-BENCH = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(BENCH)
-from bench import bodies  # noqa: E402
-from bench.harness import (  # noqa: E402
+from bench import bodies
+from bench.harness import (
     ON, WRK_MISSING, Proc, WrkMissing, busy_seconds, cpu_seconds, ensure_wrk, free_port, machine, run_wrk, say,
 )
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
 
 
 # ------------------------------------------------------------------ a worker
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="amp-workers-") as workdir:
         tls = {k: str(v) for k, v in write_dev_tls(os.path.join(workdir, "tls")).items()}
         files = bodies.write_bodies(os.path.join(workdir, "bodies"), {"on": ON})
-        endpoint = Proc("endpoint", [sys.executable, os.path.join(BENCH, "endpoint.py")])
+        endpoint = Proc("endpoint", [sys.executable, "-m", "bench.endpoint"])
         try:
             endpoint_url = f"http://127.0.0.1:{endpoint.first_line()['port']}/patch"
             config = os.path.join(workdir, "amp.yaml")

@@ -35,3 +35,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("e2e"))
         elif path.name in _SHARED_RUN_MODULES:
             item.add_marker(pytest.mark.xdist_group(path.stem))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """
+    Refuse to run when pytest-xdist silently ignores the groups (as it does
+    on pytest 9.2, pytest-xdist issue 1386): the quick runs would run once
+    per worker and the e2e tests would start one control plane each.
+    """
+    if not session.config.getoption("loadgroup", False):
+        return
+    for item in session.items:
+        if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid:
+            raise pytest.UsageError(
+                f"pytest-xdist did not group {item.nodeid} (--dist loadgroup); this pytest "
+                f"({pytest.__version__}) breaks it: install amp's test extra (pytest < 9.2)")

@@ -32,7 +32,7 @@ APISERVER_METRICS = ("apiserver_admission_webhook_fail_open_count", "apiserver_a
 
 
 def tools_bin() -> Path:
-    root = os.environ.get("AMP_TOOLS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "amp-tools")
+    root = os.environ.get("AMP_TOOLS") or os.path.join(os.path.expanduser("~"), ".cache", "amp-tools")
     return Path(root) / "bin"
 
 

@@ -38,6 +38,7 @@ import atexit
 import base64
 import copy
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -46,7 +47,9 @@ from typing import Any, Iterable, Mapping, Optional
 import jsonpatch
 import treq
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
-from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint, connectProtocol, wrapClientTLS
+from twisted.internet.endpoints import (
+    TCP4ClientEndpoint, TCP4ServerEndpoint, connectProtocol, wrapClientTLS,
+)
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import Certificate, optionsForClientTLS
@@ -97,6 +100,58 @@ def dev_tls() -> dict[str, Path]:
 def ca_pem() -> bytes:
     """The development CA certificate, PEM."""
     return dev_tls()["ca_cert"].read_bytes()
+
+
+class SecretVolume:
+    """
+    A directory laid out like a Kubernetes Secret volume, as the kubelet
+    writes it::
+
+        tls.crt -> ..data/tls.crt
+        tls.key -> ..data/tls.key
+        ..data  -> ..gen-00001
+        ..gen-00001/tls.crt, tls.key
+
+    L{swap} writes a new generation directory and renames a new C{..data}
+    link over the old one (atomic).  The C{keep} generations before the
+    current one stay until later swaps (a reader that resolved the old link
+    a moment before still finds its files); older ones are removed.
+    """
+
+    def __init__(self, directory: Path, files: Mapping[str, bytes], keep: int = 0) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.keep = keep
+        self.generation = 0
+        self._generations: list[str] = []
+        self.current = self._write_generation(files)
+        os.symlink(self.current, self.dir / "..data")
+        for name in files:
+            os.symlink(f"..data/{name}", self.dir / name)
+
+    def path(self, name: str) -> str:
+        """The path of C{name} as a reader sees it (through C{..data})."""
+        return str(self.dir / name)
+
+    def _write_generation(self, files: Mapping[str, bytes]) -> str:
+        self.generation += 1
+        name = f"..gen-{self.generation:05d}"
+        (self.dir / name).mkdir()
+        for file_name, data in files.items():
+            mode = 0o600 if file_name.endswith(".key") else 0o644
+            fd = os.open(self.dir / name / file_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        self._generations.append(name)
+        return name
+
+    def swap(self, files: Mapping[str, bytes]) -> None:
+        """Put C{files} in place of the current generation, atomically."""
+        self.current = self._write_generation(files)
+        os.symlink(self.current, self.dir / "..data_tmp")
+        os.replace(self.dir / "..data_tmp", self.dir / "..data")
+        while len(self._generations) > self.keep + 1:
+            shutil.rmtree(self.dir / self._generations.pop(0))
 
 
 # ---------------------------------------------------------------- config

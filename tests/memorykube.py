@@ -7,7 +7,8 @@ no time.
   steps that advance a clock or set the stop flag), so that a
   L{amp.kube._watch.ListWatch} runs synchronously in the test.
 - L{MemoryKube}: the client facade the reactor side uses
-  (L{amp.kube._client.KubeClient}'s methods) over dictionaries.
+  (L{amp.kube._client.KubeClient}'s methods) over dictionaries: namespaces
+  for GETs, Leases with resourceVersion conflicts, Events.
 - L{ThreadReactor}: a C{MemoryReactorClock} with C{callFromThread} (run at
   once, or queued until L{ThreadReactor.deliver}) and a thread pool whose
   calls run only when the test says (L{ManualThreadPool.run}).
@@ -25,6 +26,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from kubernetes.client.exceptions import ApiException
 from twisted.internet.testing import MemoryReactorClock
 
+from amp.kube._client import Conflict
+
 
 def api_error(status: int, reason: str = "") -> ApiException:
     """What the kubernetes client raises for an HTTP error answer."""
@@ -39,6 +42,22 @@ def namespace(name: str, rv: str = "1", labels: Optional[dict] = None,
     return {"metadata": {"name": name, "resourceVersion": rv, "labels": labels or {},
                          "annotations": annotations or {}, **metadata},
             "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
+
+
+def pod(namespace: str, name: str, created: str, *, uid: Optional[str] = None, labels: Optional[dict] = None,
+        annotations: Optional[dict] = None, owner: Optional[str] = None, rv: str = "1",
+        **metadata: Any) -> dict[str, Any]:
+    """A Pod's PartialObjectMetadata, as the metadata-only list and watch send it."""
+    meta: dict[str, Any] = {"namespace": namespace, "name": name, "uid": uid or f"uid-{namespace}-{name}",
+                            "resourceVersion": rv, "creationTimestamp": created, **metadata}
+    if labels:
+        meta["labels"] = labels
+    if annotations:
+        meta["annotations"] = annotations
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner, "name": f"{name}-owner",
+                                    "uid": "owner-uid", "controller": True}]
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta}
 
 
 def event(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +110,8 @@ class ScriptedLister:
     is sent, an exception is raised mid-stream, a callable is called (to
     advance a clock, set the stop flag); the end of the list ends the stream
     as the server's timeout does.  When a script runs out, the lister sets
-    C{stop} and ends quietly, so C{ListWatch.run} returns.
+    C{stop} and ends quietly, so C{ListWatch.run} returns: C{stop} must be
+    the loop's own flag (C{ListWatch.stopping}).
     """
 
     def __init__(self, stop: threading.Event, lists: Iterable[Any] = (), watches: Iterable[Any] = ()) -> None:
@@ -148,6 +168,14 @@ class MemoryKube:
         self.closed = False
         self.stop = threading.Event()
         self.listers: dict[str, ScriptedLister] = {}
+        self.leases: dict[tuple[str, str], dict[str, Any]] = {}
+        self.lease_rv = 0
+        #: When set, every Lease call raises it (the API server is away).
+        self.lease_error: Optional[BaseException] = None
+        self.lease_calls: list[tuple[str, str]] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.event_error: Optional[BaseException] = None
+        self.forks: list[MemoryKube] = []
 
     def add_namespace(self, name: str, **kwargs: Any) -> None:
         self.namespace_objects[name] = namespace(name, **kwargs)
@@ -161,7 +189,67 @@ class MemoryKube:
     def webhook_configuration(self, name: str) -> ScriptedLister:
         return self._lister("webhook")
 
+    def pod_metadata(self) -> ScriptedLister:
+        return self._lister("pods")
+
+    def fork(self) -> "MemoryKube":
+        """A client with sockets of its own (its own cut and close), on the same listers."""
+        child = MemoryKube()
+        child.listers = self.listers
+        child.stop = self.stop
+        self.forks.append(child)
+        return child
+
+    def _check_open(self) -> None:
+        if self.cut_calls or self.closed:
+            raise OSError("the client's sockets were shut down")
+
+    def create_event(self, namespace: str, body: dict[str, Any], timeout: float) -> None:
+        self._check_open()
+        if self.event_error is not None:
+            raise self.event_error
+        self.events.append((namespace, body))
+
+    def _lease_call(self, what: str, identity: str) -> None:
+        self._check_open()
+        self.lease_calls.append((what, identity))
+        if self.lease_error is not None:
+            raise self.lease_error
+
+    def read_lease(self, namespace: str, name: str, timeout: float) -> Optional[dict[str, Any]]:
+        self._lease_call("read", "")
+        lease = self.leases.get((namespace, name))
+        return json.loads(json.dumps(lease)) if lease is not None else None
+
+    def _store(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.lease_rv += 1
+        stored = json.loads(json.dumps(body))
+        stored["metadata"]["resourceVersion"] = str(self.lease_rv)
+        self.leases[(namespace, name)] = stored
+        return json.loads(json.dumps(stored))
+
+    def create_lease(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self._lease_call("create", body["spec"].get("holderIdentity") or "")
+        name = body["metadata"]["name"]
+        if (namespace, name) in self.leases:
+            raise Conflict("HTTP 409 Conflict")
+        return self._store(namespace, name, body)
+
+    def replace_lease(self, namespace: str, name: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self._lease_call("replace", body["spec"].get("holderIdentity") or "")
+        current = self.leases.get((namespace, name))
+        if current is None:
+            raise api_error(404)
+        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise Conflict("HTTP 409 Conflict")
+        return self._store(namespace, name, body)
+
+    def holder(self, namespace: str = "amp-system", name: str = "amp-bypass-reporter") -> Optional[str]:
+        lease = self.leases.get((namespace, name))
+        return (lease["spec"].get("holderIdentity") or None) if lease else None
+
     def read_namespace(self, name: str, timeout: float) -> Optional[bytes]:
+        self._check_open()
         self.gets.append((name, timeout))
         if name in self.errors:
             raise self.errors.pop(name)

@@ -15,6 +15,9 @@ proves they equal a fresh render and validates both against the schemas).
 from __future__ import annotations
 
 import base64
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,11 +57,8 @@ def test_helm_lint(args: list[str]) -> None:
     assert "0 chart(s) failed" in result.stdout
 
 
-def test_helm_lint_refuses_a_broken_chart(tmp_path) -> None:
+def test_helm_lint_refuses_a_broken_chart(tmp_path: Path) -> None:
     """The lint above is really looking: a template that is not YAML fails it."""
-    import shutil
-    import subprocess
-
     broken = tmp_path / "amp"
     shutil.copytree(CHART, broken)
     (broken / "templates" / "broken.yaml").write_text("kind: ConfigMap\nmetadata: [\n")
@@ -66,6 +66,21 @@ def test_helm_lint_refuses_a_broken_chart(tmp_path) -> None:
                             timeout=120)
     assert result.returncode != 0
     assert "broken.yaml" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("value, message", [
+    ("webhook.failurePolicy=ignore", "value must be one of 'Ignore', 'Fail'"),
+    ("webhook.timeoutSeconds=60", "maximum: got 60, want 30"),
+    ("webhook.reinvocationPolicy=Always", "value must be one of 'Never', 'IfNeeded'"),
+    ("replicas=0", "minimum: got 0, want 1"),
+])
+def test_wrong_values_are_refused_naming_the_value(value: str, message: str) -> None:
+    """The chart's schema refuses a value the API server would refuse later, and says which."""
+    result = subprocess.run([tool("helm"), "template", "amp", str(CHART), "--set", value], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode != 0
+    key = "/" + value.split("=")[0].replace(".", "/")
+    assert f"at '{key}': {message}" in result.stderr
 
 
 def test_default_config_is_amp_yaml_amp_loads() -> None:
@@ -143,7 +158,7 @@ def test_workload_values() -> None:
     assert c["resources"]["limits"] == {"cpu": "1", "memory": "512Mi"}
     assert pod["priorityClassName"] == "amp-critical"
     assert pod["terminationGracePeriodSeconds"] == 45
-    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "8"]
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["python", "-c", "import time; time.sleep(8)"]
     [spread] = pod["topologySpreadConstraints"]
     assert spread["maxSkew"] == 2 and spread["whenUnsatisfiable"] == "DoNotSchedule"
     assert spread["labelSelector"]["matchLabels"] == d["spec"]["selector"]["matchLabels"]
@@ -160,6 +175,27 @@ def test_workload_values() -> None:
     assert not [d for d in bare if d["kind"] == "PodDisruptionBudget"]
     assert "lifecycle" not in deployment(bare)["spec"]["template"]["spec"]["containers"][0]
     assert "priorityClassName" not in deployment(bare)["spec"]["template"]["spec"]
+
+
+def test_grace_period_leaves_room_for_prestop_and_amps_drain() -> None:
+    """
+    The kubelet kills amp terminationGracePeriodSeconds after it starts
+    stopping the Pod: the chart makes that preStop + amp's drain bound
+    (listen.drain_timeout, amp's own default when unset) + 5 s, and refuses
+    an explicit value that leaves no room for both.
+    """
+    def grace(*args: str) -> int:
+        return deployment(helm_template(*args))["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+
+    amp_default = parse_config({}).listen.drain_timeout
+    assert grace() == 5 + amp_default + 5
+    assert grace("--set", "config.listen.drain_timeout=1m", "--set", "preStopSleepSeconds=10") == 10 + 60 + 5
+    assert grace("--set", "config.listen.drain_timeout=1500ms") == 5 + 2 + 5
+    assert grace("--set", "terminationGracePeriodSeconds=120") == 120
+    result = subprocess.run([tool("helm"), "template", "amp", str(CHART), "--set", "terminationGracePeriodSeconds=30"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "terminationGracePeriodSeconds 30 is too short" in result.stderr
 
 
 def test_webhook_values() -> None:

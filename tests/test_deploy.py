@@ -298,7 +298,7 @@ def test_amp_yaml_is_generated_so_an_edit_rolls_the_deployment(tmp_path: Path) -
 def test_overlay_has_everything_an_installation_needs(overlay: str) -> None:
     kinds = sorted(kind for kind, _ in objects(overlay))
     expected = ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "MutatingWebhookConfiguration",
-                "Namespace", "PodDisruptionBudget", "Service", "ServiceAccount"]
+                "Namespace", "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount"]
     if overlay == "cert-manager":
         expected += ["Certificate", "Certificate", "Issuer", "Issuer"]
     assert kinds == sorted(expected)
@@ -313,34 +313,47 @@ def test_overlay_has_everything_an_installation_needs(overlay: str) -> None:
 def test_rbac_is_exactly_least_privilege() -> None:
     """
     Read-only access to namespaces and to amp's own
-    MutatingWebhookConfiguration (by name), and nothing else anywhere in
-    deploy/: no other role, no other verb, no wildcard.
+    MutatingWebhookConfiguration (by name); for the bypassed-Pod report,
+    list/watch of Pods, create of Events, and its Lease in amp's own
+    namespace (by name once it exists); nothing else anywhere in deploy/:
+    no other role, no other verb, no wildcard.
     """
+    def rules_of(role: dict[str, Any]) -> list[tuple]:
+        for rule in role["rules"]:
+            assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, "no nonResourceURLs"
+        return sorted((tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])),
+                       tuple(r.get("resourceNames", ()))) for r in role["rules"])
+
     roles = [d for d in all_docs() if d["kind"] in ("ClusterRole", "Role")]
-    assert len(roles) == 1, [r["metadata"]["name"] for r in roles]
-    [role] = roles
-    assert role["kind"] == "ClusterRole"
-    rules = sorted(
-        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])), tuple(r.get("resourceNames", ())))
-        for r in role["rules"])
+    assert sorted(r["kind"] for r in roles) == ["ClusterRole", "Role"], [r["metadata"]["name"] for r in roles]
+    by_kind = {r["kind"]: r for r in roles}
     webhook = only("cert-manager", "MutatingWebhookConfiguration")["metadata"]["name"]
-    assert rules == [
+    assert rules_of(by_kind["ClusterRole"]) == [
+        (("",), ("events",), ("create",), ()),
         (("",), ("namespaces",), ("get", "list", "watch"), ()),
+        (("",), ("pods",), ("list", "watch"), ()),
         (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("get", "list", "watch"),
          (webhook,)),
     ]
-    assert amp_yaml().kubernetes.webhook_configuration == webhook, "amp watches the one it may read"
-    for rule in role["rules"]:
-        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, "no nonResourceURLs"
+    config = amp_yaml()
+    assert config.kubernetes.webhook_configuration == webhook, "amp watches the one it may read"
+    assert rules_of(by_kind["Role"]) == [
+        (("coordination.k8s.io",), ("leases",), ("create",), ()),
+        (("coordination.k8s.io",), ("leases",), ("get", "update"), (config.kubernetes.bypass.lease_name,)),
+    ]
+    account = only("cert-manager", "ServiceAccount")
+    assert by_kind["Role"]["metadata"]["namespace"] == account["metadata"]["namespace"], "amp's own namespace"
+    assert config.kubernetes.bypass.enabled and config.kubernetes.bypass.lease_namespace is None, \
+        "the report is on, its Lease in the namespace amp runs in"
 
     bindings = [d for d in all_docs() if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
-    assert len(bindings) == 1
-    [binding] = bindings
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": role["metadata"]["name"]}
-    account = only("cert-manager", "ServiceAccount")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                                    "namespace": account["metadata"]["namespace"]}]
+    assert sorted(b["kind"] for b in bindings) == ["ClusterRoleBinding", "RoleBinding"]
+    for binding in bindings:
+        kind = binding["kind"].removesuffix("Binding")
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": kind,
+                                      "name": by_kind[kind]["metadata"]["name"]}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                        "namespace": account["metadata"]["namespace"]}]
     assert pod_spec()["serviceAccountName"] == account["metadata"]["name"]
 
 
@@ -426,6 +439,19 @@ def test_deployment_is_highly_available_and_locked_down() -> None:
     for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         get = c[probe]["httpGet"]
         assert (get["path"], get["port"], get["scheme"]) == (path, "webhook", "HTTPS"), probe
+
+
+def test_rollout_gives_amp_time_to_drain() -> None:
+    """
+    A terminating replica keeps serving through preStop, then drains for up
+    to listen.drain_timeout (every review in flight answered): the kubelet's
+    grace period covers both, so it never kills amp with reviews in flight.
+    """
+    command = container()["lifecycle"]["preStop"]["exec"]["command"]
+    match = re.fullmatch(r"import time; time\.sleep\((\d+)\)", command[-1])
+    assert command[:2] == ["python", "-c"] and match, command
+    pre_stop = int(match.group(1))
+    assert pod_spec()["terminationGracePeriodSeconds"] >= pre_stop + amp_yaml().listen.drain_timeout + 1
 
 
 def test_service_and_pdb_select_the_pods() -> None:

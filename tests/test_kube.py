@@ -13,11 +13,9 @@ real client against the fake API server.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any, Callable, Iterable, Optional
 
-from kubernetes.client.exceptions import ApiException
 from twisted.internet.defer import CancelledError
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
@@ -563,14 +561,16 @@ class SourceWatchTests(SourceTestCase):
         source = self.start(webhook_configuration="amp")
         self.assertEqual(len(source.threads), 2)
         d = source.stopService()
-        self.assertEqual(self.kube.cut_calls, 1, "sockets shut down at once to wake blocked reads")
+        [watches] = self.kube.forks
+        self.assertEqual(watches.cut_calls, 1, "the watches' sockets shut down at once to wake blocked reads")
+        self.assertEqual(self.kube.cut_calls, 0, "calls in the thread pool are bounded; they may finish")
         self.assertNoResult(d)
         self.threads.started[0].run()
         self.assertNoResult(d)
-        self.assertFalse(self.kube.closed)
+        self.assertFalse(self.kube.closed or watches.closed)
         self.threads.started[1].run()
         self.successResultOf(d)
-        self.assertTrue(self.kube.closed)
+        self.assertTrue(self.kube.closed and watches.closed)
         self.assertEqual(self.kube.listers["namespaces"].calls, [], "a stopped thread makes no request")
 
     def test_stop_gives_up_on_a_stuck_thread(self) -> None:
@@ -580,7 +580,7 @@ class SourceWatchTests(SourceTestCase):
         self.assertNoResult(d)
         self.reactor.advance(0.1)
         self.successResultOf(d)
-        self.assertFalse(self.kube.closed, "a thread may still use the client")
+        self.assertFalse(self.kube.forks[0].closed, "a thread may still use the client")
         [warning] = self.logs.at(LogLevel.warn)
         self.assertEqual(warning["names"], "amp-namespace-watch")
 
@@ -721,6 +721,15 @@ class FetchTests(SourceTestCase):
         self.assertEqual(self.misses("error"), 1)
         [warning] = self.logs.at(LogLevel.warn)
         self.assertEqual(warning["error"], "namespace boom: HTTP 500 Internal Server Error")
+
+    def test_a_failure_without_a_message_is_still_named(self) -> None:
+        source = self.listed()
+        self.kube.errors["quiet"] = TimeoutError()
+        d = source.fetch("quiet", 2.0)
+        self.reactor.pool.run()
+        self.assertEqual(str(self.failureResultOf(d, NamespaceLookupError).value), "namespace quiet: TimeoutError")
+        [warning] = self.logs.at(LogLevel.warn)
+        self.assertEqual(warning["error"], "namespace quiet: TimeoutError")
 
     def test_unreadable_answer_is_a_lookup_error(self) -> None:
         source = self.listed()

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import promql_parser
-import pytest
 import yaml
 
-from amp.metrics import TLS_RELOAD_RESULTS, Metrics
+from amp.metrics import CONFIG_RELOAD_RESULTS, TLS_RELOAD_RESULTS, Metrics
 from amp.reasons import ENDPOINT_OUTCOMES, Result
 from tests.deploytools import APISERVER_METRICS, CHART, DEPLOY, ROOT, kustomize_build, one, run, tool
 
@@ -37,13 +36,6 @@ DASHBOARD = CHART / "files" / "amp-dashboard.json"
 FOREIGN_METRICS = {
     "up": "Prometheus, for every scrape target",
     **{name: "kube-apiserver (tests/e2e/test_chart.py reads it from a real one)" for name in APISERVER_METRICS},
-}
-#: Metrics being added to amp while these rules are written: allowed only
-#: while amp does not export them (the test fails once it does, so that the
-#: name moves to the checked set).
-IN_PROGRESS_METRICS = {
-    "amp_config_reloads_total": "config reload (reloads by result)",
-    "amp_bypassed_pods_total": "the bypassed-Pod watch (by namespace)",
 }
 #: Labels Prometheus adds to every series of a target it scrapes through the
 #: ServiceMonitor (amp's own `endpoint` and `namespace` win: honorLabels).
@@ -210,12 +202,11 @@ def test_every_metric_the_rules_and_dashboard_use_is_one_amp_exports() -> None:
     amp = exported()
     used = {s.name for _, s in used_selectors()}
     assert all(used), "every selector names its metric"
-    unknown = used - set(amp) - set(FOREIGN_METRICS) - set(IN_PROGRESS_METRICS)
+    unknown = used - set(amp) - set(FOREIGN_METRICS)
     assert unknown == set(), f"metrics amp does not export: {sorted(unknown)}"
     assert set(FOREIGN_METRICS) <= used, "a foreign metric is listed that nothing uses"
-    landed = set(IN_PROGRESS_METRICS) & set(amp)
-    assert landed == set(), f"amp exports {sorted(landed)} now: move them out of IN_PROGRESS_METRICS"
-    assert set(IN_PROGRESS_METRICS) <= used
+    # The config and bypass alerts rest on metrics amp really exports.
+    assert {"amp_config_reloads_total", "amp_config_info", "amp_bypassed_pods_total"} <= used & set(amp)
     # The process metrics the dashboard shows.
     assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"} <= used & set(amp)
 
@@ -231,6 +222,7 @@ def test_label_names_and_values_the_rules_and_dashboard_use_exist() -> None:
         ("amp_admission_requests_total", "result"): {r.value for r in Result},
         ("amp_endpoint_requests_total", "outcome"): set(ENDPOINT_OUTCOMES),
         ("amp_tls_reloads_total", "result"): set(TLS_RELOAD_RESULTS),
+        ("amp_config_reloads_total", "result"): set(CONFIG_RELOAD_RESULTS),
     }
     for where, selector in used_selectors():
         if selector.name not in amp:

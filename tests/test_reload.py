@@ -18,7 +18,9 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -133,8 +135,9 @@ class DigestTests(SynchronousTestCase):
 class ConfigFileTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = MemoryReactorClock()
-        self.dir = Path(self.mktemp())
-        self.dir.mkdir()
+        # Not self.mktemp(): under pytest that is a directory in the checkout.
+        self.dir = Path(tempfile.mkdtemp(prefix="amp-reload-"))
+        self.addCleanup(shutil.rmtree, self.dir, True)
         self.volume = ConfigMapVolume(self.dir)
         self.volume.update(yaml_of())
         self.metrics = Metrics()
@@ -262,8 +265,9 @@ class ApplyTests(SynchronousTestCase):
 
     def start(self, namespaces: Any = None, **sections: Any) -> AmpService:
         self.clock = MemoryReactorClock()
-        self.dir = Path(self.mktemp())
-        self.dir.mkdir()
+        # Not self.mktemp(): under pytest that is a directory in the checkout.
+        self.dir = Path(tempfile.mkdtemp(prefix="amp-reload-"))
+        self.addCleanup(shutil.rmtree, self.dir, True)
         self.volume = ConfigMapVolume(self.dir)
         self.volume.update(self.yaml(**sections))
         config = load_config(self.volume.path)
@@ -411,7 +415,7 @@ def test_twistd_amp_reloads_its_config_file_without_dropping_a_review(tmp_path: 
             i += 1
 
     try:
-        poll_until("amp to serve", amp.healthy, 20, amp.output)
+        poll_until("amp to serve", amp.healthy, 60, amp.output)
         first = poll_until("the config hash", lambda: config_hash(metrics), 10, amp.output)
         assert patched(amp.review("before"))
         steady = pool.submit(keep_reviewing)

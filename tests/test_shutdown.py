@@ -233,7 +233,7 @@ def test_sigterm_answers_the_review_in_flight_refuses_new_connections_and_exits(
         tmp_path: Path, endpoint: HeldEndpoint, pool: ThreadPoolExecutor) -> None:
     amp = Amp(tmp_path, endpoint.url, listen={"drain_timeout": "20s"})
     try:
-        poll_until("amp to serve", amp.healthy, 20, amp.output)
+        poll_until("amp to serve", amp.healthy, 60, amp.output)
         in_flight: Future = pool.submit(amp.review, "in-flight")
         poll_until("the review to reach the endpoint", lambda: endpoint.held() or None, 10, amp.output)
 
@@ -260,7 +260,7 @@ def test_the_drain_is_bounded_by_drain_timeout(tmp_path: Path, endpoint: HeldEnd
     """A review that would outlast the drain (its own budget is 29.5s) is cut off at drain_timeout."""
     amp = Amp(tmp_path, endpoint.url, listen={"drain_timeout": "2s"}, endpoints={"timeout": "30s"})
     try:
-        poll_until("amp to serve", amp.healthy, 20, amp.output)
+        poll_until("amp to serve", amp.healthy, 60, amp.output)
         in_flight = pool.submit(amp.review, "hung")
         poll_until("the review to reach the endpoint", lambda: endpoint.held() or None, 10, amp.output)
         signalled = time.monotonic()
@@ -285,7 +285,7 @@ def test_worker_zero_drains_its_workers(tmp_path: Path, endpoint: HeldEndpoint, 
     try:
         poll_until("both workers to serve", lambda: True if None not in (
             metric(metrics, "amp_open_connections"), metric(metrics + 1, "amp_open_connections")) else None,
-            20, amp.output)
+            60, amp.output)
         [child] = poll_until("worker 1", lambda: children(amp.process.pid) or None, 10, amp.output)
         amp.seen.append(child)
         # New connections until each worker holds a review in flight (the

@@ -21,11 +21,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from twisted.internet.error import ConnectionDone
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
 
-from bench.chaos_endpoint import KINDS
-from bench.soak.reconcile import reconcile
+from bench.chaos_endpoint import (
+    DEEP_JSON_DEPTH, EXPECTED_OUTCOMES, FAULT_KINDS, HOSTILE_KINDS, Chaos, ChaosResource, QuietSite,
+)
 from bench.soak.load import Violation, check_answer
-from bench.soak.settings import QUICK_DURATION
+from bench.soak.reconcile import outcome_keys, reconcile
+from bench.soak.settings import MAX_RESPONSE, QUICK_DURATION, QUICK_RATE, REVIEW_REASONS
 
 REPO = Path(__file__).resolve().parent.parent
 UID = "6f1c2d3e-4f50-4a6b-8c7d-0e1f2a3b4c5d"
@@ -50,7 +57,7 @@ def test_quick_soak_passes(quick_soak: dict[str, Any]) -> None:
     assert quick_soak["_exit"] == 0 and quick_soak["passed"] and not failed, quick_soak["_output"]
     load = quick_soak["load"]
     # Every review sent got a well-formed answer (late ones too).
-    assert load["sent"] >= 100 * QUICK_DURATION and load["answered"] == load["sent"]
+    assert load["sent"] >= QUICK_RATE * QUICK_DURATION and load["answered"] == load["sent"]
     assert load["violations"] == 0 and load["unanswered"] == 0
 
 
@@ -61,7 +68,7 @@ def test_only_timing_goes_unjudged_in_a_quick_run(quick_soak: dict[str, Any]) ->
 
 def test_every_fault_was_injected_and_counted_by_amp(quick_soak: dict[str, Any]) -> None:
     outcomes = quick_soak["criteria"]["outcomes"]
-    for kind in KINDS:
+    for kind in FAULT_KINDS:
         assert outcomes["injected_total"][kind] > 0, (kind, outcomes["injected_total"])
     reconciliation = outcomes["reconciliation"]
     assert reconciliation["review_mismatches"] == 0, reconciliation["mismatch_examples"]
@@ -208,3 +215,81 @@ def test_a_review_cancelled_is_timing_only_when_the_client_gave_up() -> None:
     waited = {"u1": {"uid": "u1", "ns": "soak-ignore", "out": "ignored", "reason": "cancelled", "at": 1.0}}
     result = reconcile(namespaces, {"steady": 1}, waited, amp_log, calls, {"steady": {"ok": 1}}, counted)
     assert result["review_mismatches"] == 1
+
+
+# ---------------------------------------------------------------------- the hostile endpoints
+
+
+class HostileKindsTests(SynchronousTestCase):
+    """
+    What the chaos endpoint sends for each hostile kind (C{--hostile}), on an
+    in-memory connection with a Clock.
+    """
+
+    FLOOD = 256 * 1024
+
+    def answer(self, kind: str) -> tuple[Any, StringTransport, Clock]:
+        clock = Clock()
+        chaos = Chaos(clock, 1, {**{k: 0 for k in FAULT_KINDS}, kind: 1}, (5, 5), 80 * 1024, None, self.FLOOD)
+        channel = QuietSite(ChaosResource(chaos, "p")).buildProtocol(None)
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        channel.dataReceived(b"POST /x HTTP/1.1\r\nHost: x\r\nX-Amp-Uid: u1\r\nContent-Length: 2\r\n\r\n{}")
+        return channel, transport, clock
+
+    def run_out(self, clock: Clock) -> None:
+        for _ in range(10_000):
+            if not clock.getDelayedCalls():
+                return
+            clock.advance(0.002)
+        self.fail("the endpoint kept sending")
+
+    def test_a_header_flood_never_ends_its_head_and_stops_at_its_bound(self) -> None:
+        channel, transport, clock = self.answer("header-flood")
+        self.run_out(clock)
+        sent = transport.value()
+        self.assertTrue(sent.startswith(b"HTTP/1.1 200 OK\r\n"))
+        self.assertNotIn(b"\r\n\r\n", sent)
+        self.assertGreater(sent.count(b"\r\nX-H"), 10_000)
+        self.assertTrue(self.FLOOD <= len(sent) <= self.FLOOD + 70 * 1024, len(sent))
+
+    def test_a_huge_header_is_one_line_that_never_ends(self) -> None:
+        channel, transport, clock = self.answer("huge-header")
+        self.run_out(clock)
+        head = transport.value()
+        self.assertEqual(head.count(b"\r\n"), 2)  # the status line and Content-Type; X-Big never ends
+        self.assertGreaterEqual(len(head.rsplit(b"\r\n", 1)[1]), self.FLOOD)
+
+    def test_deep_json_is_json_nested_past_any_decoder_limit_under_the_reply_limit(self) -> None:
+        channel, transport, clock = self.answer("deep-json")
+        _, _, body = transport.value().partition(b"\r\n\r\n")
+        self.assertLess(len(body), MAX_RESPONSE)
+        self.assertEqual(body, b"[" * DEEP_JSON_DEPTH + b"]" * DEEP_JSON_DEPTH)
+        with self.assertRaises(RecursionError):
+            json.loads(body)
+
+    def test_a_drip_never_completes_its_body_and_stops_when_the_caller_hangs_up(self) -> None:
+        channel, transport, clock = self.answer("drip")
+        clock.advance(0.02)
+        for _ in range(50):
+            clock.advance(0.02)
+        head, _, body = transport.value().partition(b"\r\n\r\n")
+        self.assertIn(b"content-length: 4096", head.lower())
+        self.assertTrue(0 < len(body) < 4096, len(body))
+        channel.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(clock.getDelayedCalls(), [])
+
+
+def test_every_kind_has_expected_outcomes_and_review_reasons() -> None:
+    for kind in FAULT_KINDS + HOSTILE_KINDS:
+        assert EXPECTED_OUTCOMES[kind], kind
+        assert kind in ("ok", "delay") or REVIEW_REASONS[kind], kind
+
+
+def test_kinds_share_a_reconciliation_row_only_when_their_outcomes_overlap() -> None:
+    assert outcome_keys(list(FAULT_KINDS))["hang"] == "timeout+cancelled"
+    assert outcome_keys(list(FAULT_KINDS))["garbage"] == "invalid-json"
+    keys = outcome_keys(list(FAULT_KINDS + HOSTILE_KINDS))
+    assert keys["hang"] == keys["drip"] == keys["header-flood"] == keys["huge-header"]
+    assert keys["deep-json"] == keys["garbage"] == "invalid-json"
+    assert keys["oversized"] == "response-too-large"

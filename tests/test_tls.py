@@ -24,14 +24,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from OpenSSL import SSL, crypto
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks
+from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol, wrapClientTLS
 from twisted.internet.interfaces import IHandshakeListener, IOpenSSLClientConnectionCreator
 from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import Certificate, optionsForClientTLS
 from twisted.internet.task import Clock
 from twisted.logger import Logger
-from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import Site
@@ -46,6 +45,7 @@ from amp.tls import (
     ReloadingCertificate,
     tls_endpoint,
 )
+from tests.helpers import ConnectionTracker, SecretVolume
 
 INTERVAL = 5.0
 HOSTS = ["localhost", "127.0.0.1"]
@@ -147,46 +147,6 @@ def _write_in_place(path: str, data: bytes) -> None:
         os.utime(path, ns=(before + 1_000_000_000, before + 1_000_000_000))
 
 
-class SecretVolume:
-    """
-    A directory laid out like a Kubernetes Secret volume::
-
-        tls.crt -> ..data/tls.crt
-        tls.key -> ..data/tls.key
-        ..data  -> ..2026_11_21_10_00_00.0001
-        ..2026_11_21_10_00_00.0001/tls.crt, tls.key
-
-    L{swap} writes a new timestamped directory, renames a new C{..data} link
-    over the old one (atomic), then removes the old directory.
-    """
-
-    def __init__(self, directory: Path, files: dict[str, bytes]) -> None:
-        self.dir = directory
-        self.generation = 0
-        self.current = self._write_generation(files)
-        os.symlink(self.current, directory / "..data")
-        for name in files:
-            os.symlink(f"..data/{name}", directory / name)
-
-    def path(self, name: str) -> str:
-        return str(self.dir / name)
-
-    def _write_generation(self, files: dict[str, bytes]) -> str:
-        self.generation += 1
-        name = f"..2026_11_21_10_00_00.{self.generation:04d}"
-        (self.dir / name).mkdir()
-        for file_name, data in files.items():
-            (self.dir / name / file_name).write_bytes(data)
-        return name
-
-    def swap(self, files: dict[str, bytes]) -> None:
-        old = self.current
-        self.current = self._write_generation(files)
-        os.symlink(self.current, self.dir / "..data_tmp")
-        os.rename(self.dir / "..data_tmp", self.dir / "..data")
-        shutil.rmtree(self.dir / old)
-
-
 # ---------------------------------------------------------------- server and client
 
 
@@ -201,36 +161,6 @@ class Hello(Resource):
         self.hits += 1
         request.setHeader(b"content-type", b"text/plain")
         return b"ok"
-
-
-class _TrackedConnection(ProtocolWrapper):
-    def connectionLost(self, reason: Any) -> None:
-        super().connectionLost(reason)
-        self.factory.gone(self)
-
-
-class ConnectionTracker(WrappingFactory):
-    """Knows the server's open connections, so a test can close them all."""
-
-    protocol = _TrackedConnection
-
-    def __init__(self, wrapped: Any) -> None:
-        super().__init__(wrapped)
-        self.open: dict[Any, Deferred[None]] = {}
-
-    def buildProtocol(self, addr: Any) -> Any:
-        p = super().buildProtocol(addr)
-        self.open[p] = Deferred()
-        return p
-
-    def gone(self, p: Any) -> None:
-        self.open.pop(p).callback(None)
-
-    def close_all(self) -> Deferred[Any]:
-        waiting = list(self.open.values())
-        for p in list(self.open):
-            p.transport.abortConnection()
-        return gatherResults(waiting)
 
 
 @implementer(IHandshakeListener)
@@ -393,7 +323,7 @@ class TLSTestCase(TestCase):
     @inlineCallbacks
     def serve(self, cert: ReloadingCertificate) -> Any:
         self.hello = Hello()
-        tracker = ConnectionTracker(Site(self.hello))
+        tracker = ConnectionTracker(Site(self.hello), reactor)
         port = yield tls_endpoint(reactor, 0, "127.0.0.1", cert).listen(tracker)
         self.addCleanup(port.stopListening)
         self.addCleanup(tracker.close_all)

@@ -271,7 +271,7 @@ class _Pair:
         if self.parent.poll() is None:
             self.parent.send_signal(sig)
         try:
-            self.parent.wait(timeout=10)
+            self.parent.wait(timeout=60)
         finally:
             if self.parent.poll() is None:
                 self.parent.kill()

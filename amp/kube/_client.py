@@ -4,7 +4,8 @@ on the reactor thread).
 
 L{KubeClient} is the one place amp calls the official C{kubernetes} client:
 the listers the watch threads loop over, and the blocking calls the reactor
-runs in its thread pool (a namespace GET on a cache miss).  It owns the
+runs in its thread pool (a namespace GET on a cache miss, the bypass
+report's Lease and Events).  It owns the
 C{ApiClient} and the sockets it opens, so that stopping can shut those down
 and wake a thread blocked in a read.
 
@@ -14,10 +15,12 @@ retries are off, so a request that fails fails once and the caller decides.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
+import urllib.parse
 import weakref
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
 
 import kubernetes.client
 import kubernetes.config
@@ -55,7 +58,8 @@ def describe(error: BaseException) -> str:
         return f"HTTP {error.status} {error.reason or ''}".strip()
     if isinstance(error, MaxRetryError) and error.reason is not None:
         error = error.reason
-    text = f"{type(error).__name__}: {error}"
+    detail = str(error).strip()
+    text = f"{type(error).__name__}: {detail}" if detail else type(error).__name__
     return text if len(text) <= 300 else text[:297] + "..."
 
 
@@ -162,32 +166,36 @@ class Stream(Protocol):
         ...
 
 
-class _ApiLister:
-    """A L{Lister} over one list method of the generated API classes."""
+class _PathLister:
+    """
+    A L{Lister} of the collection at C{path}; C{query} goes with every
+    request, C{list_accept} and C{watch_accept} say what lists and watches
+    ask for.
+    """
 
-    def __init__(self, call: Callable[..., Any], **fixed: Any) -> None:
-        self._call = call
-        self._fixed = fixed
+    def __init__(self, client: "KubeClient", path: str, *, query: tuple[tuple[str, str], ...] = (),
+                 list_accept: str = "application/json", watch_accept: str = "application/json") -> None:
+        self._client = client
+        self._path = path
+        self._query = query
+        self._list_accept = list_accept
+        self._watch_accept = watch_accept
 
     def list(self, *, limit: Optional[int], continue_token: Optional[str],
              timeout: tuple[float, float]) -> bytes:
-        options: dict[str, Any] = dict(self._fixed)
+        query = list(self._query)
         if limit:
-            options["limit"] = limit
+            query.append(("limit", str(limit)))
         if continue_token:
-            options["_continue"] = continue_token
-        response = self._call(_preload_content=False, _request_timeout=timeout, **options)
-        try:
-            return response.data
-        finally:
-            response.release_conn()
+            query.append(("continue", continue_token))
+        return self._client.request("GET", self._path, query=query, accept=self._list_accept, timeout=timeout)
 
     def watch(self, *, resource_version: str, timeout_seconds: int,
               timeout: tuple[float, float]) -> "_ResponseStream":
-        return _ResponseStream(self._call(
-            watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
-            timeout_seconds=timeout_seconds, _request_timeout=timeout, _preload_content=False,
-            **self._fixed))
+        query = [*self._query, ("watch", "true"), ("resourceVersion", resource_version),
+                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout_seconds))]
+        return _ResponseStream(self._client.open("GET", self._path, query=query, accept=self._watch_accept,
+                                                 timeout=timeout))
 
 
 class _ResponseStream:
@@ -224,14 +232,29 @@ def _lines(response: Any) -> Iterator[bytes]:
 
 # ------------------------------------------------------------ the client
 
+#: Ask for metadata only (the API server's PartialObjectMetadata), so that a
+#: Pod list or watch carries no spec or status.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+class Conflict(Exception):
+    """The object exists already, or changed since it was read (HTTP 409)."""
+
 
 class KubeClient:
     """
     One C{ApiClient} and the sockets it opened.  Built on the reactor
     (cheap); everything else blocks and runs in a watch thread or the
-    reactor's thread pool.  The API classes are built in those threads: the
-    first one imports a large generated module, which must not hold up the
-    reactor.
+    reactor's thread pool.
+
+    Requests go through C{ApiClient.param_serialize} and C{call_api} (the
+    client's configuration, authentication and connection pool) with the
+    API paths written here, not through the generated API classes:
+    importing the modules of C{CoreV1Api} and C{AdmissionregistrationV1Api}
+    costs 25 MiB of resident memory and 1.1 s of CPU (5.4 s of wall time on
+    the busy 2-core machine of the end-to-end tests), which delayed every
+    start's first namespace list; amp reads the answers as JSON anyway.
     """
 
     def __init__(self, configuration: kubernetes.client.Configuration) -> None:
@@ -248,36 +271,102 @@ class KubeClient:
         """
         return cls(load_client_configuration(config))
 
-    def namespaces(self) -> Lister:
-        api = self.api
+    def fork(self) -> "KubeClient":
+        """Another client on the same configuration, with sockets of its own to cut."""
+        return KubeClient(self._configuration)
 
-        def list_namespace(**kwargs: Any) -> Any:
-            return kubernetes.client.CoreV1Api(api).list_namespace(**kwargs)
+    # ------------------------------------------------------------ requests
 
-        return _ApiLister(list_namespace)
+    def open(self, method: str, path: str, *, query: Iterable[tuple[str, str]] = (), accept: str = "application/json",
+             body: Any = None, timeout: Any) -> Any:
+        """
+        Send one request; the response, its body not read yet.
 
-    def webhook_configuration(self, name: str) -> Lister:
-        api = self.api
+        @raise ApiException: for an answer that is not 2xx.
+        """
+        headers = {"Accept": accept}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        request = self.api.param_serialize(method=method, resource_path=path, query_params=list(query),
+                                           header_params=headers, body=body, auth_settings=["BearerToken"])
+        response = self.api.call_api(*request, _request_timeout=timeout)
+        if not 200 <= response.status <= 299:
+            response.read()
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        return response.response
 
-        def list_webhook_configuration(**kwargs: Any) -> Any:
-            adm = kubernetes.client.AdmissionregistrationV1Api(api)
-            return adm.list_mutating_webhook_configuration(**kwargs)
-
-        return _ApiLister(list_webhook_configuration, field_selector=f"metadata.name={name}")
-
-    def read_namespace(self, name: str, timeout: float) -> Optional[bytes]:
-        """The Namespace's JSON, or None when it does not exist."""
-        try:
-            response = kubernetes.client.CoreV1Api(self.api).read_namespace(
-                name, _request_timeout=timeout, _preload_content=False)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+    def request(self, method: str, path: str, *, query: Iterable[tuple[str, str]] = (),
+                accept: str = "application/json", body: Any = None, timeout: Any) -> bytes:
+        """One request; its body."""
+        response = self.open(method, path, query=query, accept=accept, body=body, timeout=timeout)
         try:
             return response.data
         finally:
             response.release_conn()
+
+    # ------------------------------------------------------------ what amp reads and writes
+
+    def namespaces(self) -> Lister:
+        return _PathLister(self, "/api/v1/namespaces")
+
+    def webhook_configuration(self, name: str) -> Lister:
+        return _PathLister(self, "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+                           query=(("fieldSelector", f"metadata.name={name}"),))
+
+    def pod_metadata(self) -> Lister:
+        """Every Pod of the cluster, metadata only."""
+        return _PathLister(self, "/api/v1/pods", list_accept=METADATA_LIST, watch_accept=METADATA)
+
+    def read_namespace(self, name: str, timeout: float) -> Optional[bytes]:
+        """The Namespace's JSON, or None when it does not exist."""
+        try:
+            return self.request("GET", f"/api/v1/namespaces/{_segment(name)}", timeout=timeout)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create_event(self, namespace: str, body: dict[str, Any], timeout: float) -> None:
+        """Create a core/v1 Event; one that exists already (409) counts as created."""
+        try:
+            self.request("POST", f"/api/v1/namespaces/{_segment(namespace)}/events", body=body, timeout=timeout)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+    def _leases(self, namespace: str) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{_segment(namespace)}/leases"
+
+    def read_lease(self, namespace: str, name: str, timeout: float) -> Optional[dict[str, Any]]:
+        """The Lease, or None when it does not exist."""
+        try:
+            return json.loads(self.request("GET", f"{self._leases(namespace)}/{_segment(name)}", timeout=timeout))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create_lease(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """
+        @raise Conflict: another replica created it first.
+        """
+        return self._write_lease("POST", self._leases(namespace), body, timeout)
+
+    def replace_lease(self, namespace: str, name: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """
+        Replace the Lease if it is still at C{body}'s resourceVersion.
+
+        @raise Conflict: it changed since it was read.
+        """
+        return self._write_lease("PUT", f"{self._leases(namespace)}/{_segment(name)}", body, timeout)
+
+    def _write_lease(self, method: str, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        try:
+            return json.loads(self.request(method, path, body=body, timeout=timeout))
+        except ApiException as e:
+            if e.status == 409:
+                raise Conflict(describe(e)) from None
+            raise
 
     def cut(self) -> None:
         """Shut down every socket, now and from now on (any thread)."""
@@ -285,6 +374,11 @@ class KubeClient:
 
     def close(self) -> None:
         self.api.close()
+
+
+def _segment(name: str) -> str:
+    """A name as one path segment."""
+    return urllib.parse.quote(name, safe="")
 
 
 def get_namespace(client: Any, parse: Callable[[bytes], NamespaceInfo], name: str,
@@ -304,3 +398,16 @@ def get_namespace(client: Any, parse: Callable[[bytes], NamespaceInfo], name: st
         return parse(body)
     except (ValueError, AttributeError) as e:
         raise NamespaceLookupError(f"namespace {name}: unreadable answer: {e}") from None
+
+
+#: Where a Pod's service account token mount says which namespace it runs in.
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def service_account_namespace(path: str = SERVICE_ACCOUNT_NAMESPACE) -> Optional[str]:
+    """amp's own namespace when it runs in a cluster; None elsewhere."""
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None

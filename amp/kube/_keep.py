@@ -3,21 +3,67 @@ What amp keeps of the objects it lists and watches (pure; runs in the watch
 threads and the thread pool).
 
 Every object the API server sends is cut down here, in the thread that read
-it, to the few fields amp uses: the enable label and amp's annotations of a
-Namespace, the failurePolicy of amp's own webhook.  Nothing else is kept.
+it, to the few fields amp uses: the enable label, amp's annotations and the
+time the label was set of a Namespace; the failurePolicy of amp's own
+webhook; name, uid, creation time and controller of a Pod that carries no
+status stamp.  Nothing else is kept.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 import types
-from typing import Any, Iterable, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from amp.config import KubernetesConfig
 from amp.namespaces import NamespaceInfo
 
 _EMPTY: Mapping[str, str] = types.MappingProxyType({})
+
+#: The annotation amp's review stamps on every Pod it reviews in an enabled
+#: namespace, and the older one it replaces: a Pod with either was reviewed.
+STATUS_ANNOTATION = "amp.txn2.com/status"
+LEGACY_STATUS_ANNOTATION = "amp.txn2.com/skipped"
+
+
+def parse_time(value: Any) -> Optional[float]:
+    """An RFC 3339 time as the API server writes it, in seconds since the epoch; None if unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp()
+
+
+def format_time(seconds: float, micro: bool = False) -> str:
+    """Seconds since the epoch as the API server's C{Time} (or C{MicroTime})."""
+    when = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+
+
+def label_set_at(meta: Mapping[str, Any], label: str) -> Optional[float]:
+    """
+    When C{label} was last written, from the object's managed fields: the
+    latest C{time} of an entry whose fields own C{metadata.labels[label]}.
+    An entry's time is that of its manager's last change to the object, so
+    this is never earlier than the label's own change.
+    """
+    key = "f:" + label
+    latest: Optional[float] = None
+    for entry in meta.get("managedFields") or ():
+        fields = ((entry.get("fieldsV1") or {}).get("f:metadata") or {}).get("f:labels") or {}
+        if key in fields:
+            when = parse_time(entry.get("time"))
+            if when is not None and (latest is None or when > latest):
+                latest = when
+    return latest
 
 
 class Keep:
@@ -28,6 +74,7 @@ class Keep:
 
     def __init__(self, config: KubernetesConfig) -> None:
         self.label = config.enabled_label
+        self.enabled_value = config.enabled_value
         self.annotations = tuple(dict.fromkeys((
             *config.endpoint_annotations, config.validation_annotation,
             config.failure_policy_annotation, config.mode_annotation)))
@@ -44,8 +91,9 @@ class Keep:
                 v = annotations.get(key)
                 if isinstance(v, str):
                     kept[key] = v
+        since = label_set_at(meta, self.label) if value == self.enabled_value else None
         return NamespaceInfo(str(meta.get("name", "")), kept_labels, kept or _EMPTY,
-                             str(meta.get("resourceVersion", "")))
+                             str(meta.get("resourceVersion", "")), since)
 
     def namespaces(self, items: Iterable[NamespaceInfo]) -> dict[str, NamespaceInfo]:
         """A list's namespaces by name (the collector of the namespace watch)."""
@@ -90,3 +138,52 @@ class WebhookPolicy:
     def collect(self, items: Iterable[tuple[str, Optional[str]]]) -> Optional[str]:
         """The policy of the configuration named C{name} in a list, or None."""
         return next((policy for name, policy in items if name == self.name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class PodSeen:
+    """
+    What the bypass report keeps of a Pod that carries no status stamp:
+    enough to judge it and to name it in a report.
+
+    @ivar created: its creationTimestamp, in seconds since the epoch.
+    @ivar controller: the kind of its controlling owner (C{ReplicaSet},
+        C{Job}, ...), or empty.
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    created: float
+    controller: str = ""
+
+
+class PodKeep:
+    """
+    Cuts a Pod's metadata down to a L{PodSeen}, or to nothing when it
+    cannot be a bypassed Pod: it carries amp's status stamp (or the legacy
+    one), it opted out (the enable label set to C{kubernetes.opt_out_value}), it is being
+    deleted, or it was created before C{cutoff()} (the report's horizon, on
+    the wall clock; the reactor checks again on its own clock).
+    """
+
+    def __init__(self, config: KubernetesConfig, cutoff: Callable[[], float]) -> None:
+        self.label = config.enabled_label
+        self.opted_out = config.opt_out_value
+        self.stamps = (STATUS_ANNOTATION, LEGACY_STATUS_ANNOTATION)
+        self.cutoff = cutoff
+
+    def pod(self, obj: Mapping[str, Any]) -> Optional[PodSeen]:
+        meta = obj.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        if any(stamp in annotations for stamp in self.stamps):
+            return None
+        if (meta.get("labels") or {}).get(self.label) == self.opted_out or meta.get("deletionTimestamp"):
+            return None
+        created = parse_time(meta.get("creationTimestamp"))
+        if created is None or created < self.cutoff():
+            return None
+        controller = next((str(o.get("kind") or "") for o in meta.get("ownerReferences") or ()
+                           if o.get("controller")), "")
+        return PodSeen(str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")),
+                       created, controller)

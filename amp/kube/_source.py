@@ -4,8 +4,11 @@ reactor thread).
 
 L{KubernetesNamespaceSource} owns:
 
-  - the client (L{amp.kube._client.KubeClient}), built at start from the
-    in-cluster service account or a kubeconfig;
+  - the clients (L{amp.kube._client.KubeClient}), built at start from the
+    in-cluster service account or a kubeconfig: one for the watches, whose
+    sockets stopping shuts down, and one for the bounded calls in the
+    thread pool (a GET on a cache miss, the Lease, Events), which must
+    still work while amp stops (the Lease is released then);
   - one thread per watched kind, each running a
     L{amp.kube._watch.ListWatch}: the namespace watch, and, when
     C{kubernetes.webhook_configuration} is set, a second one for amp's own
@@ -16,21 +19,29 @@ L{KubernetesNamespaceSource} owns:
     thread's news arrives through its L{amp.kube._bridge.Bridge} as typed
     events;
   - cache misses: one bounded GET in the reactor's thread pool, shared by
-    concurrent callers, with 404s remembered briefly.
+    concurrent callers, with 404s remembered briefly;
+  - with C{kubernetes.bypass.enabled}, the bypassed-Pod report
+    (L{amp.kube._bypass}): a Lease loop (L{amp.kube._lease}) and, while this
+    replica holds the Lease, a Pod watch (metadata only) in a thread of its
+    own, with a client of its own so that stepping down can cut its sockets.
 
-Stopping sets the threads' stop flag and shuts down the client's sockets so
-a blocked read returns at once; each thread says when it has ended.
+Stopping sets the threads' stop flag, releases the Lease, and shuts down the
+watch clients' sockets so a blocked read returns at once; each thread says
+when it has ended.
 """
 
 from __future__ import annotations
 
 import random as _random
+import socket
 import threading
+import time
+import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -39,9 +50,11 @@ from zope.interface import implementer
 
 from amp.config import KubernetesConfig
 from amp.kube._bridge import Bridge
-from amp.kube._client import KubeClient, Lister, describe, get_namespace
+from amp.kube._bypass import BypassReporter
+from amp.kube._client import KubeClient, Lister, describe, get_namespace, service_account_namespace
 from amp.kube._events import Bookmark, Changed, Crashed, Replaced, Restarting, WatchEvent
-from amp.kube._keep import Keep, WebhookPolicy
+from amp.kube._keep import Keep, PodKeep, WebhookPolicy
+from amp.kube._lease import LeaseElector
 from amp.kube._watch import ListWatch
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, NamespaceLookupError
@@ -51,6 +64,8 @@ from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInf
 STOP_WAIT = 2.0
 
 _NEGATIVE_PRUNE_AT = 1024
+#: Pods per page of the Pod list.
+POD_PAGE = 500
 
 
 def start_thread(name: str, target: Callable[[], None]) -> threading.Thread:
@@ -61,15 +76,28 @@ def start_thread(name: str, target: Callable[[], None]) -> threading.Thread:
 
 
 @dataclass(eq=False)
+class _PodWatch:
+    """The Pod watch of one term as the bypass reporter."""
+
+    stop: threading.Event
+    bridge: Bridge
+    client: Any
+
+
+@dataclass(eq=False)
 class _Run:
     """One start of the service: its stop flag, threads and bridges."""
 
+    watch_client: Any
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[Any] = field(default_factory=list)
     watches: dict[str, ListWatch] = field(default_factory=dict)
     bridges: list[Bridge] = field(default_factory=list)
     running: int = 0
     all_ended: Optional[Deferred] = None
+    reporter: Optional[BypassReporter] = None
+    elector: Optional[LeaseElector] = None
+    pod_watch: Optional[_PodWatch] = None
 
     def ended(self) -> None:
         self.running -= 1
@@ -105,6 +133,10 @@ class KubernetesNamespaceSource(Service):
         (L{KubeClient.from_config}); raising means the configuration cannot
         be used.
     @param spawn: starts a watch thread (L{start_thread}).
+    @param identity: this replica's name in the bypass report's Lease and
+        Events (host name and a random suffix).
+    @param wall: the wall clock the Pod watch thread checks the horizon
+        against.
     """
 
     log = Logger()
@@ -120,6 +152,8 @@ class KubernetesNamespaceSource(Service):
         on_first_list: Optional[Callable[[], None]] = None,
         client_factory: Callable[[KubernetesConfig], Any] = KubeClient.from_config,
         spawn: Callable[[str, Callable[[], None]], Any] = start_thread,
+        identity: Optional[str] = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._config = config
         self._on_first_list = on_first_list
@@ -129,11 +163,14 @@ class KubernetesNamespaceSource(Service):
         self._random = random
         self._client_factory = client_factory
         self._spawn = spawn
+        self._identity = identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        self._wall = wall
         self._keep = Keep(config)
         self._cache: dict[str, NamespaceInfo] = {}
         self._negative: dict[str, float] = {}
         self._pending: dict[str, _Pending] = {}
         self._listed = False
+        self._listed_at: Optional[float] = None
         self._last_event: Optional[float] = None
         self._last_error = ""
         self._config_error: Optional[str] = None
@@ -161,22 +198,33 @@ class KubernetesNamespaceSource(Service):
             self.log.error("{detail}", detail=self._config_error)
             return
         self.client = client
-        run = self._run = self._last_run = _Run()
+        watches = client.fork() if not config.per_review_get or config.webhook_configuration else None
+        run = self._run = self._last_run = _Run(watches)
         if not config.per_review_get:
-            self._watch(run, "namespaces", "amp-namespace-watch", client.namespaces(),
+            self._watch(run, "namespaces", "amp-namespace-watch", watches.namespaces(),
                         parse=self._keep.namespace, collect=self._keep.namespaces, handler=self._namespace_news)
         if config.webhook_configuration:
             webhook = WebhookPolicy(config.webhook_configuration, config.webhook_name)
-            self._watch(run, "webhook", "amp-webhook-watch", client.webhook_configuration(webhook.name),
+            self._watch(run, "webhook", "amp-webhook-watch", watches.webhook_configuration(webhook.name),
                         parse=webhook.parse, collect=webhook.collect, handler=self._webhook_news)
         self.log.info("Kubernetes namespace source on {host} ({mode})", host=client.host,
                       mode="per-review GET" if config.per_review_get else "watch")
+        if config.bypass.enabled:
+            self._start_bypass(run, client)
 
     def _watch(self, run: _Run, name: str, thread_name: str, lister: Lister, *, parse: Callable[..., Any],
-               collect: Callable[..., Any], handler: Callable[[WatchEvent], None], **options: Any) -> ListWatch:
+               collect: Callable[..., Any] = tuple, handler: Callable[[WatchEvent], None],
+               stop: Optional[threading.Event] = None, on_finished: Optional[Callable[[], None]] = None,
+               **options: Any) -> Bridge:
         """Start one list/watch thread whose events reach C{handler} on the reactor."""
-        bridge = Bridge(self._reactor, handler, on_finished=run.ended)
-        watch = ListWatch(lister=lister, parse=parse, collect=collect, emit=bridge, stop=run.stop,
+
+        def finished() -> None:
+            if on_finished is not None:
+                on_finished()
+            run.ended()
+
+        bridge = Bridge(self._reactor, handler, on_finished=finished)
+        watch = ListWatch(lister=lister, parse=parse, collect=collect, emit=bridge, stop=stop or run.stop,
                           config=self._config, random=self._random, **options)
 
         def target() -> None:
@@ -189,14 +237,68 @@ class KubernetesNamespaceSource(Service):
         run.watches[name] = watch
         run.running += 1
         run.threads.append(self._spawn(thread_name, target))
-        return watch
+        return bridge
+
+    # ------------------------------------------------------------ the bypass report
+
+    def _start_bypass(self, run: _Run, client: Any) -> None:
+        config = self._config
+        own = config.own_namespace or service_account_namespace()
+        lease_namespace = config.bypass.lease_namespace or own
+        if not lease_namespace:
+            self.log.error("The bypassed-Pod report is off: set kubernetes.bypass.lease_namespace "
+                           "(or kubernetes.own_namespace) when amp does not run in a cluster")
+            return
+
+        def post_event(namespace: str, body: dict[str, Any]) -> Deferred:
+            return deferToThreadPool(self._reactor, self._reactor.getThreadPool(), client.create_event,
+                                     namespace, body, config.request_timeout)
+
+        run.reporter = BypassReporter(config=config, namespaces=self, clock=self._clock, metrics=self._metrics,
+                                      post_event=post_event, own_namespace=own or lease_namespace,
+                                      identity=self._identity)
+        run.elector = LeaseElector(
+            client=client, reactor=self._reactor, clock=self._clock, namespace=lease_namespace,
+            name=config.bypass.lease_name,
+            identity=self._identity, duration=config.bypass.lease_duration, request_timeout=config.request_timeout,
+            annotations=run.reporter.checked, on_elected=lambda previous: self._elected(run, previous),
+            on_deposed=lambda: self._deposed(run))
+        run.elector.start()
+
+    def _elected(self, run: _Run, previous: Mapping[str, str]) -> None:
+        """This replica reports now: watch Pods until it steps down."""
+        if run is not self._run or self.client is None:
+            return
+        assert run.reporter is not None
+        run.reporter.start_term(previous)
+        if self._listed:
+            run.reporter.namespaces_listed(self._listed_at)
+        horizon = self._config.bypass.horizon
+        client = self.client.fork()
+        keep = PodKeep(self._config, cutoff=lambda: self._wall() - horizon)
+        stop = threading.Event()
+        bridge = self._watch(run, "pods", "amp-pod-watch", client.pod_metadata(), parse=keep.pod,
+                             handler=run.reporter.news, stop=stop, on_finished=client.close,
+                             kinds=("ADDED", "DELETED"), page_size=POD_PAGE)
+        run.pod_watch = _PodWatch(stop, bridge, client)
+
+    def _deposed(self, run: _Run) -> None:
+        """Another replica reports now, or amp stops: end the Pod watch."""
+        pods, run.pod_watch = run.pod_watch, None
+        if pods is not None:
+            pods.stop.set()
+            pods.bridge.close()
+            pods.client.cut()
+        if run.reporter is not None:
+            run.reporter.end_term()
 
     def stopService(self) -> Optional[Deferred]:
         """
         Stop the threads: set their stop flag, drop their undelivered news
-        and shut down the client's sockets so any blocked read returns.  The
-        Deferred fires once every thread has said it ended, or after
-        L{STOP_WAIT} seconds with a warning.
+        and shut down the watch client's sockets so any blocked read
+        returns; release the Lease.  The Deferred fires once every thread
+        has said it ended and the Lease is released, or after L{STOP_WAIT}
+        seconds with a warning.
         """
         super().stopService()
         run, self._run = self._run, None
@@ -204,30 +306,41 @@ class KubernetesNamespaceSource(Service):
         if run is None:
             return None
         run.stop.set()
+        released = run.elector.stop() if run.elector is not None else succeed(None)
         for bridge in run.bridges:
             bridge.close()
         assert client is not None
-        client.cut()
+        if run.watch_client is not None:
+            run.watch_client.cut()
+        ended: Deferred = Deferred()
         if run.running == 0:
-            client.close()
-            return None
+            ended.callback(None)
+        else:
+            run.all_ended = ended
         done: Deferred = Deferred()
-        run.all_ended = Deferred()
 
-        def ended(_: Any) -> None:
-            timer.cancel()
-            client.close()
-            done.callback(None)
+        def finished(_: Any) -> None:
+            if timer.active():
+                timer.cancel()
+                client.close()
+                if run.watch_client is not None:
+                    run.watch_client.close()
+                done.callback(None)
 
         def late() -> None:
             run.all_ended = None
             alive = [getattr(t, "name", "?") for t in run.threads if getattr(t, "is_alive", lambda: False)()]
-            self.log.warn("Kubernetes watch threads still running after {seconds}s: {names}",
-                          seconds=STOP_WAIT, names=", ".join(alive) or "?")
+            if alive or run.running:
+                self.log.warn("Kubernetes watch threads still running after {seconds}s: {names}",
+                              seconds=STOP_WAIT, names=", ".join(alive) or "?")
+            else:
+                self.log.warn("The Lease was not released within {seconds}s", seconds=STOP_WAIT)
             done.callback(None)
 
-        run.all_ended.addCallback(ended)
+        # The release needs the client: it is closed once the release and
+        # every thread are done, and left alone if that takes too long.
         timer = self._reactor.callLater(STOP_WAIT, late)
+        DeferredList([ended, released], consumeErrors=True).addCallback(finished)
         return done
 
     def _reset(self) -> None:
@@ -252,6 +365,16 @@ class KubernetesNamespaceSource(Service):
     def watches(self) -> dict[str, ListWatch]:
         """The list/watch loops of the current or last run, by kind (for tooling and tests)."""
         return dict(self._last_run.watches) if self._last_run is not None else {}
+
+    @property
+    def bypass(self) -> Optional[BypassReporter]:
+        """The bypassed-Pod report of the current or last run, if on."""
+        return self._last_run.reporter if self._last_run is not None else None
+
+    @property
+    def elector(self) -> Optional[LeaseElector]:
+        """The bypass report's Lease loop of the current or last run, if on."""
+        return self._last_run.elector if self._last_run is not None else None
 
     # ------------------------------------------------------------ news from the threads
 
@@ -283,11 +406,14 @@ class KubernetesNamespaceSource(Service):
             for name in [n for n in self._negative if n in items]:
                 del self._negative[name]
             self._listed, self._last_event, self._rv, self._last_error = True, now, rv, ""
+            self._listed_at = now
             self._metrics.namespace_cache_size.set(len(items))
             self.log.info("{what} {count} namespaces at resourceVersion {rv}",
                           what="Listed" if first else "Relisted", count=len(items), rv=rv)
             if first and self._on_first_list is not None:
                 self._on_first_list()
+            if self._run is not None and self._run.reporter is not None:
+                self._run.reporter.namespaces_listed()
         elif isinstance(event, Restarting):
             self._restarted("namespace", "", event)
         elif isinstance(event, Crashed):
@@ -362,6 +488,10 @@ class KubernetesNamespaceSource(Service):
         asking for the same name meanwhile share it; each gets its own
         Deferred, so cancelling one leaves the others waiting.
 
+        A caller that cancels its Deferred (the API server hung up) gets
+        C{CancelledError}: it is counted as C{cancelled}, not as a failed
+        lookup.
+
         @raise NamespaceLookupError: (in the Deferred) when the GET fails.
         """
         bound = max(0.001, min(timeout, self._config.miss_timeout))
@@ -369,7 +499,7 @@ class KubernetesNamespaceSource(Service):
             d = self._get(name, bound)
             d.addCallbacks(self._counted, self._lookup_failed, errbackArgs=(name, 1))
             return d
-        waiter: Deferred = Deferred()
+        waiter: Deferred = Deferred(self._cancelled)
         pending = self._pending.get(name)
         if pending is not None:
             pending.waiters.append(waiter)
@@ -421,12 +551,20 @@ class KubernetesNamespaceSource(Service):
         self._metrics.namespace_misses.labels("found" if info is not None else "not-found").inc()
         return info
 
+    def _cancelled(self, waiter: Deferred) -> None:
+        self._metrics.namespace_misses.labels("cancelled").inc()
+
     def _lookup_failed(self, failure: Failure, name: str, callers: int) -> Failure:
+        if failure.check(CancelledError):
+            # The caller gave up (per-review GET mode: its Deferred is the
+            # GET's): not a failure of the lookup.
+            self._metrics.namespace_misses.labels("cancelled").inc(callers)
+            return failure
         self._metrics.namespace_misses.labels("error").inc(callers)
-        self.log.warn("Namespace lookup for {namespace} failed: {error}", namespace=name,
-                      error=failure.getErrorMessage())
+        error = failure.getErrorMessage() or failure.type.__name__
+        self.log.warn("Namespace lookup for {namespace} failed: {error}", namespace=name, error=error)
         if not failure.check(NamespaceLookupError):
-            return Failure(NamespaceLookupError(f"namespace {name}: {failure.getErrorMessage()}"))
+            return Failure(NamespaceLookupError(f"namespace {name}: {error}"))
         return failure
 
     def _fetched(self, result: Any, name: str, pending: _Pending) -> None:

@@ -117,6 +117,11 @@ class ListWatch:
         self._progress = False
         self._streaming = False
 
+    @property
+    def stopping(self) -> threading.Event:
+        """The loop's stop flag."""
+        return self._stop
+
     def run(self) -> None:
         """The loop; returns when stopped."""
         failures = 0

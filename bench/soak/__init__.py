@@ -13,7 +13,7 @@ Usage::
 
     python -m bench.soak                # 10 minutes
     python -m bench.soak --minutes 30
-    python -m bench.soak --quick        # 15 seconds, behaviour only (what the test suite runs)
+    python -m bench.soak --quick        # 15 seconds at 100 reviews/s, behaviour only (what the test suite runs)
 
 Exit status: 0 when every judged criterion passed, 1 when one failed, 2 when
 the soak could not run (a process did not start).  The report is printed and

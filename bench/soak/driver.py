@@ -21,17 +21,19 @@ import ssl
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Optional
 
-from bench.chaos_endpoint import KINDS
+from bench.chaos_endpoint import FAULT_KINDS, HOSTILE_KINDS
 from bench.harness import START_TIMEOUT, Amp, Proc, busy_seconds, cpu_seconds, machine, wait_quiet
 from bench.soak.reconcile import scan_log
 from bench.soak.report import busy_machine, evaluate, text_report
 from bench.soak.settings import (
     BROKEN, DELAY_MS, ENABLED_LABEL, ENDPOINT_ANNOTATION, ENDPOINT_IDLE_TIMEOUT, FAILED, FD_SLACK, MAX_RESPONSE,
-    NAMESPACES, NEVER_OPENS, OPENS_OFTEN, OVERSIZE, PASSED, POLICY_ANNOTATION, QUICK_DURATION, RSS_LIMIT_MIB,
+    NAMESPACES, NEVER_OPENS, OPENS_OFTEN, OVERSIZE, PASSED, POLICY_ANNOTATION, QUICK_DURATION, QUICK_RATE, RSS_LIMIT_MIB,
     TIMING_CRITERIA,
 )
+from tests.helpers import SecretVolume
 from tests.prometheus import Scrape
 from tests.waiting import WaitTimeout, poll_until
 
@@ -42,60 +44,40 @@ def say(message: str) -> None:
     print(f"soak: {message}", file=sys.stderr, flush=True)
 
 
-class SecretVolume:
+class RotatingCertificate:
     """
-    amp's serving certificate laid out like a Kubernetes Secret volume:
-    C{tls.crt} and C{tls.key} are symlinks into C{..data}, itself a symlink
-    to a timestamped directory; a rotation writes a new directory and swaps
-    C{..data} atomically (what the kubelet does).  The generation before
-    the current one is kept until the next rotation, so a reload that
-    resolved the old link a moment before the swap still finds its files.
+    amp's serving certificate in a directory laid out like a Kubernetes
+    Secret volume (L{tests.helpers.SecretVolume}: C{tls.crt} and C{tls.key}
+    are links into C{..data}, swapped atomically as the kubelet does);
+    L{rotate} issues a new one from the same CA.  The generation before the
+    current one is kept until the next rotation, so a reload that resolved
+    the old link a moment before the swap still finds its files.
     """
 
     def __init__(self, directory: str, ca_cert_path: str, ca_key_path: str) -> None:
         from cryptography import x509
         from cryptography.hazmat.primitives import serialization
 
-        self.dir = directory
-        os.makedirs(directory, exist_ok=True)
         with open(ca_cert_path, "rb") as f:
             self.ca_cert = x509.load_pem_x509_certificate(f.read())
         with open(ca_key_path, "rb") as f:
             self.ca_key = serialization.load_pem_private_key(f.read(), None)
-        self.generation = 0
         self.serials: list[int] = []
-        self._old: list[str] = []
-        self.rotate()
-        for name in ("tls.crt", "tls.key"):
-            os.symlink(os.path.join("..data", name), os.path.join(directory, name))
-        self.cert = os.path.join(directory, "tls.crt")
-        self.key = os.path.join(directory, "tls.key")
+        self.volume = SecretVolume(Path(directory), self._issue(), keep=1)
+        self.cert = self.volume.path("tls.crt")
+        self.key = self.volume.path("tls.key")
 
-    def rotate(self) -> int:
-        """
-        Issue a new serving certificate from the same CA and swap it in;
-        returns its serial.
-        """
+    def _issue(self) -> dict[str, bytes]:
         from amp_dev.devcert import DEFAULT_HOSTS, issue_cert, pem_cert, pem_key
 
         cert, key = issue_cert(self.ca_cert, self.ca_key, "amp", DEFAULT_HOSTS, days=1)
-        self.generation += 1
-        name = f"..gen-{self.generation:05d}"
-        target = os.path.join(self.dir, name)
-        os.mkdir(target)
-        for file, data, mode in (("tls.key", pem_key(key), 0o600), ("tls.crt", pem_cert(cert), 0o644)):
-            fd = os.open(os.path.join(target, file), os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-        link = os.path.join(self.dir, "..data")
-        tmp = os.path.join(self.dir, "..data_tmp")
-        os.symlink(name, tmp)
-        os.replace(tmp, link)
-        self._old.append(target)
-        while len(self._old) > 2:
-            shutil.rmtree(self._old.pop(0))
         self.serials.append(cert.serial_number)
-        return cert.serial_number
+        return {"tls.key": pem_key(key), "tls.crt": pem_cert(cert)}
+
+    def rotate(self) -> int:
+        """Issue a new serving certificate and swap it in; returns its serial."""
+        self.volume.swap(self._issue())
+        return self.serials[-1]
 
 
 def rss_kib(pid: int) -> int:
@@ -186,7 +168,7 @@ class Soak:
         self.t0 = 0.0
         self.fds_before = 0
         self.served_serials: set[int] = set()
-        self.kinds = KINDS
+        self.kinds = FAULT_KINDS + (HOSTILE_KINDS if args.hostile else ())
 
     # -------------------------------------------------------------- processes
 
@@ -197,12 +179,14 @@ class Soak:
         w = self.workdir
         ca = write_dev_tls(os.path.join(w, "ca"))
         self.ca = str(ca["ca_cert"])
-        self.volume = SecretVolume(os.path.join(w, "tls"), self.ca, str(ca["ca_key"]))
+        self.volume = RotatingCertificate(os.path.join(w, "tls"), self.ca, str(ca["ca_key"]))
         self.chaos_log = os.path.join(w, "chaos-calls.txt")
         self.chaos = Proc("chaos endpoint", [
             py, "-m", "bench.chaos_endpoint", "--port", "steady", "--port", "flaky",
             "--seed", str(self.args.seed), "--delay-ms", f"{DELAY_MS[0]}:{DELAY_MS[1]}",
-            "--oversize", str(OVERSIZE), "--log", self.chaos_log], cpus=self.load_cpus)
+            "--oversize", str(OVERSIZE), "--log", self.chaos_log,
+            *(["--hostile", "--flood-bytes", str(self.args.flood_mib * 1024 * 1024)] if self.args.hostile else [])],
+            cpus=self.load_cpus)
         self.procs.append(self.chaos)
         self.ports = self.chaos.first_line()["ports"]
         say(f"chaos endpoint on ports {self.ports} (pid {self.chaos.pid})")
@@ -413,19 +397,27 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help=f"a {QUICK_DURATION:g}-second run that judges behaviour only (what the test suite runs)")
     p.add_argument("--minutes", type=float, help="minutes of load (default 10)")
     p.add_argument("--duration", type=float, help="seconds of load (instead of --minutes)")
-    p.add_argument("--rate", type=float, default=150.0, help="reviews per second (default 150)")
+    p.add_argument("--rate", type=float,
+                   help=f"reviews per second (default 150, quick {QUICK_RATE:g})")
     p.add_argument("--seed", type=int, default=20240501, help="seed of the chaos endpoint and the client")
     p.add_argument("--rotate-every", type=float, default=3.0, help="seconds between certificate rotations")
     p.add_argument("--fault-every", type=float, default=5.0,
                    help="seconds between watch faults (a drop and a forced 410 in turn)")
     p.add_argument("--rss-limit-mib", type=float, default=RSS_LIMIT_MIB,
                    help=f"amp's RSS must stay under this many MiB (default {RSS_LIMIT_MIB:g}, the shipped limit)")
+    p.add_argument("--hostile", action="store_true",
+                   help="mix hostile endpoints in with the faults: header floods, one huge header line, deeply "
+                        "nested JSON, slow-drip bodies (see bench/chaos_endpoint.py)")
+    p.add_argument("--flood-mib", type=int, default=8,
+                   help="MiB of head a hostile header-flood or huge-header call sends at most (default 8)")
     p.add_argument("--out", default=os.path.join(BENCH, "results"), help="results directory")
     p.add_argument("--keep-logs", action="store_true", help="copy amp's log and the call logs to the results")
     p.add_argument("--no-pin", action="store_true", help="do not give amp a CPU of its own")
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                    help="first wait up to this long for other processes to use under 15%% of a CPU")
     a = p.parse_args(argv)
+    if a.rate is None:
+        a.rate = QUICK_RATE if a.quick else 150.0
     if a.duration is None:
         a.duration = QUICK_DURATION if a.quick and a.minutes is None else 60.0 * (a.minutes or 10.0)
     return a
@@ -435,7 +427,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
-    stem = "soak-" + now.strftime("%Y%m%dT%H%M%SZ") + ("-quick" if args.quick else "")
+    stem = "soak-" + now.strftime("%Y%m%dT%H%M%SZ") + ("-hostile" if args.hostile else "") + (
+        "-quick" if args.quick else "")
     started = time.monotonic()
     result: dict[str, Any] = {
         "date": now.isoformat(timespec="seconds"),
@@ -445,7 +438,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                      "max_response": MAX_RESPONSE, "oversize": OVERSIZE, "delay_ms": DELAY_MS,
                      "breakers": {"steady": NEVER_OPENS, "flaky": OPENS_OFTEN},
                      "rss_limit_mib": args.rss_limit_mib, "fd_slack": FD_SLACK,
-                     "timing_judged": not args.quick, "timing_criteria": list(TIMING_CRITERIA)},
+                     "timing_judged": not args.quick, "timing_criteria": list(TIMING_CRITERIA),
+                     "hostile": args.hostile, "flood_mib": args.flood_mib if args.hostile else None},
     }
     if args.wait_quiet > 0:
         result["settings"]["other_cpu_pct_before"] = wait_quiet(args.wait_quiet)

@@ -246,10 +246,10 @@ class LoadGenerator:
 
     def send_due(self, loop: LoopingCall) -> None:
         elapsed = self.reactor.seconds() - self.t0
-        if elapsed >= self.plan["duration"]:
-            loop.stop()
-            return
-        due = int(elapsed * self.plan["rate"]) + 1
+        total = int(self.plan["duration"] * self.plan["rate"])
+        # Everything due by now; at the end, everything the run owes (a
+        # late last tick on a busy machine must not shorten the run).
+        due = total if elapsed >= self.plan["duration"] else min(total, int(elapsed * self.plan["rate"]) + 1)
         self.behind = max(self.behind, elapsed - (due - 1) / self.plan["rate"])
         while self.sent < due:
             ns = self.rng.choices(self.namespaces, self.weights)[0]
@@ -259,6 +259,8 @@ class LoadGenerator:
             self.pending.add(d)
             d.addBoth(lambda result, d=d: (self.pending.discard(d), result)[1])
             self.sent += 1
+        if self.sent >= total:
+            loop.stop()
 
     @inlineCallbacks
     def run(self) -> Any:

@@ -18,6 +18,7 @@ import os
 import statistics
 from typing import Any
 
+from bench.chaos_endpoint import HOSTILE_KINDS
 from bench.soak.reconcile import read_chaos_log, read_records, reconcile
 from bench.soak.settings import FD_SLACK, FLATNESS_MIN_DURATION, RSS_GROWTH_MAX_PCT, TIMING_CRITERIA
 
@@ -249,6 +250,16 @@ def text_report(result: dict[str, Any]) -> str:
               f"amp fds: {f['before_load']} before the load, {f['after_load_idle']} once idle after it (slack "
               f"{f['slack']}), max {f.get('max')} during it; client connections open after: "
               f"{f['open_client_connections_after']}; threads {f.get('threads')}"]
+    hostile = {k: n for k, n in o["injected_total"].items() if k in HOSTILE_KINDS and n}
+    if hostile:
+        verdict = "held" if r["under_limit"] else "was EXCEEDED"
+        lines.append(f"Hostile endpoints mixed in: {hostile} (heads of up to {result['settings']['flood_mib']} MiB "
+                     f"per header-flood or huge-header call); amp's RSS bound of {r['limit_mib']:g} MiB {verdict} "
+                     f"(max {_mib(r.get('max'))} MiB).")
+        if not r["under_limit"]:
+            lines.append("    amp buffered more than its bound while endpoints flooded it with header bytes: without "
+                         "a per-call limit on a reply's head (bytes and lines) and a cap on what all replies may "
+                         "buffer at once, each such call holds its whole head until amp's timeout.")
     t = c["tls"]
     lines.append(f"TLS: {t['rotations']} rotations, amp reloads {t['reloads']}, new connections were served "
                  f"{t['certificates_served']} certificates"

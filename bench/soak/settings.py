@@ -5,6 +5,8 @@ breaker settings, the chaos endpoint's faults, and the pass thresholds.
 
 from __future__ import annotations
 
+from bench.chaos_endpoint import HEADER_REASONS
+
 ENABLED_LABEL = "amp.txn2.com/enabled"
 ENDPOINT_ANNOTATION = "amp.txn2.com/ep"
 POLICY_ANNOTATION = "amp.txn2.com/failure-policy"
@@ -49,6 +51,11 @@ REVIEW_REASONS = {
     "reset": {"connection-reset"},
     "hang": {"timeout", "deadline"},
     "oversized": {"response-too-large"},
+    # The hostile kinds (--hostile): see bench/chaos_endpoint.py.
+    "header-flood": {"timeout", "deadline", *HEADER_REASONS},
+    "huge-header": {"timeout", "deadline", *HEADER_REASONS},
+    "deep-json": {"invalid-json"},
+    "drip": {"timeout", "deadline"},
 }
 
 #: Lines in amp's log that fail the soak.
@@ -60,6 +67,9 @@ PASSED, FAILED, BROKEN = 0, 1, 2
 #: Seconds of load in a --quick run: enough for every fault kind, the
 #: flaky breaker opening, certificate rotations and both watch faults.
 QUICK_DURATION = 15.0
+#: Reviews per second in a --quick run: every fault kind still comes up
+#: dozens of times.
+QUICK_RATE = 100.0
 
 #: amp's RSS must stay under this (MiB) unless --rss-limit-mib says
 #: otherwise: the memory limit of the shipped manifests (deploy/base).

@@ -95,11 +95,13 @@ def rewrite_image(image: str, registry_map: Mapping[str, str]) -> str | None:
     return None if rewritten == image else rewritten
 
 
-def registry_reply(pod: Mapping[str, Any], registry_map: Mapping[str, str] = DEFAULT_REGISTRY_MAP) -> dict[str, Any]:
-    """``replace`` operations for every image to rewrite, and one warning listing them (none when nothing matched)."""
+def registry_reply(pod: Mapping[str, Any], registry_map: Mapping[str, str] = DEFAULT_REGISTRY_MAP,
+                   kinds: Iterable[str] = CONTAINER_KINDS) -> dict[str, Any]:
+    """``replace`` operations for every image to rewrite (of the container lists ``kinds``), and one warning
+    listing them (none when nothing matched)."""
     ops: list[PatchOp] = []
     done: list[str] = []
-    for kind in CONTAINER_KINDS:
+    for kind in kinds:
         for i, container in items(pod, ["spec", kind]):
             image = container.get("image")
             new = rewrite_image(image, registry_map) if isinstance(image, str) else None
@@ -135,7 +137,12 @@ class Options(serving.Options):
 
 def endpoints(options: Mapping[str, Any]) -> dict[str, serving.Handler]:
     registry_map = dict(options.get("registry_map", DEFAULT_REGISTRY_MAP))
-    return {"registry": lambda pod, call: registry_reply(pod, registry_map)}
+    def registry(pod: serving.Pod, call: serving.Call) -> dict[str, Any]:
+        # kubectl debug: only spec.ephemeralContainers may change.
+        kinds = ("ephemeralContainers",) if call.subresource == "ephemeralcontainers" else CONTAINER_KINDS
+        return registry_reply(pod, registry_map, kinds)
+
+    return {"registry": registry}
 
 
 if __name__ == "__main__":

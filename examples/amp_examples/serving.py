@@ -59,6 +59,9 @@ class Call:
     operation: str = ""
     uid: str = ""
     dry_run: bool = False
+    #: ``ephemeralcontainers`` for ``kubectl debug`` (an UPDATE through
+    #: that subresource, where only spec.ephemeralContainers may change).
+    subresource: str = ""
 
     @classmethod
     def from_request(cls, request: server.Request) -> "Call":
@@ -70,6 +73,7 @@ class Call:
             operation=header(b"x-amp-operation", 32),
             uid=header(b"x-amp-uid", 64),
             dry_run=header(b"x-amp-dry-run", 8).lower() == "true",
+            subresource=header(b"x-amp-subresource", 64),
         )
 
 

@@ -160,9 +160,10 @@ def _poll_until_authorized(kubeconfig: Path, rules: list[dict[str, Any]]) -> Non
                 {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview",
                  "spec": {"namespace": "default"}})
             granted = review.status.resource_rules or []
-            wanted = {(g, res) for r in rules for g in r.get("apiGroups") or [] for res in r.get("resources") or []}
-            have = {(g, res) for rule in granted for g in rule.api_groups or [] for res in rule.resources or []
-                    if "list" in rule.verbs and "watch" in rule.verbs}
+            wanted = {(g, res, verb) for r in rules for g in r.get("apiGroups") or []
+                      for res in r.get("resources") or [] for verb in r.get("verbs") or []}
+            have = {(g, res, verb) for rule in granted for g in rule.api_groups or []
+                    for res in rule.resources or [] for verb in rule.verbs or []}
             return True if wanted <= have else None
 
         poll_until("amp's RBAC to take effect", allowed, 10.0)

@@ -28,8 +28,8 @@ from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
 from ..deploytools import APISERVER_METRICS, DEPLOY, helm_template, kustomize_build
-from tests.waiting import poll_until
-
+from ..prometheus import Scrape
+from ..waiting import poll_until
 from .amp_process import INSTANCE_LABEL, closed_port, pod_manifest
 from .cluster import ControlPlane
 
@@ -206,28 +206,32 @@ def test_pod_template_is_admitted_under_its_namespace_pod_security(control_plane
 # ---- the shipped webhook's selectors, for real
 
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def apiserver_metrics(api: client.ApiClient, names: tuple[str, ...]) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """The samples of the API server's /metrics named C{names}, by name, as
-    exposed (the Python parser would add C{_total} to counters that lack it)."""
+def apiserver_metrics(api: client.ApiClient) -> Scrape:
+    """The API server's /metrics."""
     method, url, headers, _, _ = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
     response = api.call_api(method, url, header_params=headers)
     response.read()
     assert response.status == 200, response.data
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {name: [] for name in names}
-    for line in response.data.decode().splitlines():
-        match = _SAMPLE.match(line)
-        if match and match.group(1) in samples:
-            samples[match.group(1)].append((dict(_LABEL.findall(match.group(2) or "")), float(match.group(3))))
-    return samples
+    return Scrape(response.data.decode())
+
+
+def exposed(scrape: Scrape, name: str, webhook: str) -> list[str]:
+    """The lines of metric C{name} (as exposed, so as PromQL names it) for C{webhook}."""
+    pattern = re.compile(rf'^{re.escape(name)}{{[^}}]*\bname="{re.escape(webhook)}"[^}}]*}} ', re.M)
+    return [m.group(0) for m in pattern.finditer(scrape.text)]
+
+
+def of_webhook(scrape: Scrape, sample: str, webhook: str) -> list[tuple[dict[str, str], float]]:
+    """The samples named C{sample} whose label C{name} is C{webhook} (a label
+    Scrape's keyword filters cannot take)."""
+    return [(dict(labels), value) for (n, labels), value in scrape.samples.items()
+            if n == sample and ("name", webhook) in labels]
 
 
 def fail_opens(api: client.ApiClient, webhook: str) -> float:
-    [name] = [n for n in APISERVER_METRICS if "fail_open" in n]
-    return sum(value for labels, value in apiserver_metrics(api, (name,))[name] if labels.get("name") == webhook)
+    # prometheus_client's parser names the counter's samples with _total.
+    return sum(v for _, v in of_webhook(apiserver_metrics(api), "apiserver_admission_webhook_fail_open_count_total",
+                                        webhook))
 
 
 @pytest.fixture
@@ -295,11 +299,10 @@ def test_shipped_selectors_keep_amp_off_its_namespace_kube_system_and_opted_out_
         assert created(amp_namespace, "own") == 0
         assert created("kube-system", f"system-{instance}") == 0
 
-        metrics = apiserver_metrics(api, APISERVER_METRICS)
+        scrape = apiserver_metrics(api)
         for name in APISERVER_METRICS:
-            assert any(labels.get("name") == webhook for labels, _ in metrics[name]), name
-        codes = {labels["code"] for labels, _ in metrics["apiserver_admission_webhook_request_total"]
-                 if labels.get("name") == webhook}
+            assert exposed(scrape, name, webhook), f"the API server exposes no {name} for {webhook}"
+        codes = {labels["code"] for labels, _ in of_webhook(scrape, "apiserver_admission_webhook_request_total", webhook)}
         assert codes and "200" not in codes, f"the alert's code!=\"200\" sees the failed calls: {codes}"
     finally:
         admission.delete_mutating_webhook_configuration(registration["metadata"]["name"])

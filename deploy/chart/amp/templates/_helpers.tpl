@@ -129,3 +129,47 @@ the Deployment), the prometheus.io scrape hints, and podAnnotations. */}}
 {{- toYaml $a -}}
 {{- end -}}
 {{- end -}}
+
+{{/* An amp duration (250ms, 2s, 1m, 1h, or bare seconds) in seconds. */}}
+{{- define "amp.seconds" -}}
+{{- $d := toString . -}}
+{{- if regexMatch "^[0-9.]+ms$" $d -}}{{ divf (trimSuffix "ms" $d | float64) 1000 }}
+{{- else if regexMatch "^[0-9.]+s$" $d -}}{{ trimSuffix "s" $d | float64 }}
+{{- else if regexMatch "^[0-9.]+m$" $d -}}{{ mulf (trimSuffix "m" $d | float64) 60 }}
+{{- else if regexMatch "^[0-9.]+h$" $d -}}{{ mulf (trimSuffix "h" $d | float64) 3600 }}
+{{- else if regexMatch "^[0-9.]+$" $d -}}{{ $d | float64 }}
+{{- else -}}{{ fail (printf "config.listen.drain_timeout: expected a duration like 250ms, 2s or 1m, got %q" $d) }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The Pods' terminationGracePeriodSeconds: preStop, then amp's drain
+(config.listen.drain_timeout; 30s is amp's default), then a few seconds to
+exit.  A value set explicitly must leave room for both.
+*/}}
+{{- define "amp.terminationGracePeriodSeconds" -}}
+{{- $drain := (.Values.config.listen | default dict).drain_timeout | default "30s" -}}
+{{- $needed := add (int .Values.preStopSleepSeconds) (include "amp.seconds" $drain | float64 | ceil | int) 5 -}}
+{{- with .Values.terminationGracePeriodSeconds -}}
+{{- if lt (int .) (int $needed) -}}
+{{- fail (printf "terminationGracePeriodSeconds %d is too short: preStop (%ds) + amp's drain (config.listen.drain_timeout %s) + 5s to exit need %d" (int .) (int $.Values.preStopSleepSeconds) $drain (int $needed)) -}}
+{{- end -}}
+{{- . -}}
+{{- else -}}
+{{- $needed -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when the bypassed-Pod report is on (config.kubernetes.bypass.enabled),
+else empty; and the name of its Lease.
+*/}}
+{{- define "amp.bypass" -}}
+{{- $bypass := ((.Values.config | default dict).kubernetes | default dict).bypass | default dict -}}
+{{- if $bypass.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- define "amp.bypassLease" -}}
+{{- $bypass := ((.Values.config | default dict).kubernetes | default dict).bypass | default dict -}}
+{{- $bypass.lease_name | default "amp-bypass-reporter" -}}
+{{- end -}}

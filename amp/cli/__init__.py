@@ -1,0 +1,67 @@
+"""
+The C{amp} console script: C{amp explain} (L{amp.cli.explain}) runs amp's own
+review pipeline on one Pod and prints the decision.
+
+L{main} is the only place here that uses the global reactor: it runs the
+command under C{twisted.internet.task.react}.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, IO, Optional, Sequence
+
+from amp import __version__
+
+__all__ = ["main", "dispatch"]
+
+USAGE = """\
+usage: amp explain [options] FILE     review one Pod (or a workload's Pod template) as amp would
+       amp --version
+
+Run 'amp explain --help' for the options.
+"""
+
+
+def dispatch(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
+             stderr: Optional[IO[str]] = None, log_publisher: Any = None) -> Any:
+    """
+    Run the command C{argv} names; a Deferred that fires with the exit status.
+    """
+    from twisted.internet.defer import succeed
+
+    out = stdout if stdout is not None else sys.stdout
+    err = stderr if stderr is not None else sys.stderr
+    if argv and argv[0] == "explain":
+        from amp.cli.explain import run
+
+        return run(argv[1:], reactor, stdin=stdin, stdout=out, stderr=err, log_publisher=log_publisher)
+    if argv and argv[0] == "--version":
+        out.write(f"amp {__version__}\n")
+        return succeed(0)
+    if argv and argv[0] in ("-h", "--help"):
+        out.write(USAGE)
+        return succeed(0)
+    what = f"unknown command {argv[0]!r}" if argv else "no command given"
+    err.write(f"amp: {what} (try 'amp explain --help')\n")
+    return succeed(2)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """
+    The console script: C{amp explain ...}.  Exits with the command's status.
+    """
+    from twisted.internet.task import react
+    from twisted.logger import globalLogPublisher
+
+    args = list(sys.argv[1:] if argv is None else argv)
+
+    def command(reactor: Any) -> Any:
+        return dispatch(args, reactor, log_publisher=globalLogPublisher).addCallback(_exit_with)
+
+    react(command)
+
+
+def _exit_with(status: int) -> None:
+    if status:
+        raise SystemExit(status)
