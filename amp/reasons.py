@@ -74,6 +74,8 @@ class Reason(StrEnum):
     HTTP_4XX = "http-4xx"
     HTTP_5XX = "http-5xx"
     RESPONSE_TOO_LARGE = "response-too-large"
+    RESPONSE_HEADERS_TOO_LARGE = "response-headers-too-large"
+    REPLY_BUFFER_FULL = "reply-buffer-full"
     INVALID_JSON = "invalid-json"
     INVALID_REPLY = "invalid-reply"
     BREAKER_OPEN = "breaker-open"
@@ -108,8 +110,8 @@ ROUTE_REASONS = frozenset({Reason.NO_ENDPOINT, Reason.BAD_URL, Reason.NOT_ALLOWE
 ENDPOINT_REASONS = frozenset({
     Reason.TIMEOUT, Reason.CONNECTION_REFUSED, Reason.CONNECTION_RESET, Reason.CONNECTION_FAILED,
     Reason.DENIED_ADDRESS, Reason.TLS_ERROR, Reason.REDIRECT, Reason.HTTP_4XX, Reason.HTTP_5XX,
-    Reason.RESPONSE_TOO_LARGE, Reason.INVALID_JSON, Reason.INVALID_REPLY, Reason.BREAKER_OPEN,
-    Reason.CONCURRENCY_LIMIT,
+    Reason.RESPONSE_TOO_LARGE, Reason.RESPONSE_HEADERS_TOO_LARGE, Reason.REPLY_BUFFER_FULL, Reason.INVALID_JSON,
+    Reason.INVALID_REPLY, Reason.BREAKER_OPEN, Reason.CONCURRENCY_LIMIT,
 })
 
 #: Why amp refused an endpoint's patch.

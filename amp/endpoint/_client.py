@@ -18,7 +18,7 @@ from amp.deadline import Deadline
 from amp.endpoint._call import Call
 from amp.endpoint._failures import EndpointFailure, LocalFailure
 from amp.endpoint._pool import Profile
-from amp.endpoint._reading import GuardedConnection
+from amp.endpoint._reading import Charge, GuardedConnection, ReplyBudget
 from amp.endpoint._types import IEndpointReactor
 from amp.metrics import Metrics
 from amp.reasons import Reason
@@ -79,6 +79,9 @@ class EndpointClient:
         self._closing = False
         #: Connections opened since the client was made.
         self.connections_opened = 0
+        #: Bytes of endpoint replies held now, over every call, and their
+        #: bound (C{endpoints.max_buffered}, from the settings of each call).
+        self.budget = ReplyBudget(EndpointSettings().max_buffered)
 
     # ------------------------------------------------------------ state
 
@@ -115,7 +118,7 @@ class EndpointClient:
         profile = self._profiles.get(settings)
         if profile is None:
             profile = self._profiles[settings] = Profile(
-                self.reactor, settings, self._resolver, self._connection_opened, self._connection_lost)
+                self.reactor, settings, self._resolver, self.budget, self._connection_opened, self._connection_lost)
             if self._closing:
                 profile.pool.persistent = False
         if len(self._by_id) >= _CACHE_LIMIT:
@@ -209,8 +212,11 @@ class EndpointClient:
             breaker.release(ticket)
             log.failure("Could not build the request to {endpoint}", endpoint=origin.name)
             return self._refuse(origin, Reason.CONNECTION_FAILED, "amp could not build the request")
+        # One bound for all calls; a reloaded configuration may change it.
+        self.budget.limit = settings.max_buffered
         c = Call(self, origin, target, profile if self._test_agent is None else None, self._test_agent, settings,
-                 body, raw, timeout, deadline, timeout if timeout is not None else remaining, breaker, ticket, check)
+                 body, raw, timeout, deadline, timeout if timeout is not None else remaining, Charge(self.budget),
+                 breaker, ticket, check)
         origin.in_flight += 1
         self._live.add(c)
         return c.start()
