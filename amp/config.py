@@ -784,7 +784,9 @@ def effective_config(config: Config) -> dict[str, Any]:
         "deny_networks": [str(n) for n in endpoints.deny_networks],
         "chain_limit": endpoints.chain_limit,
         **_settings(endpoints.defaults),
-        "overrides": [{"match": o.match.text, **_settings(o.settings)} for o in endpoints.overrides],
+        # max_buffered is one bound for all calls: set at the top only.
+        "overrides": [{"match": o.match.text, **{k: v for k, v in _settings(o.settings).items() if k != "max_buffered"}}
+                      for o in endpoints.overrides],
     }
     for ns in out["kubernetes"]["namespaces"].values():
         ns["annotations"] = {k: _mask_url_secrets(v) for k, v in ns["annotations"].items()}
