@@ -11,8 +11,8 @@ that what the API server is told and what amp counts cannot drift apart.
   - L{patched}: the endpoint's checked patch is applied;
   - L{denied}: the endpoint denied the Pod;
   - L{ignored} and L{errored}: a failure under the C{Ignore} or C{Fail}
-    policy (L{amp.admission} decides which: the failure policy is applied
-    in one place);
+    policy, results C{ignored} and C{failed} (L{amp.admission} decides
+    which: the failure policy is applied in one place);
   - L{shadow}: shadow mode, the Pod admitted as it is whatever happened.
 """
 
@@ -145,7 +145,7 @@ def errored(req: AdmissionRequest, endpoint: str, reason: Reason, text: str) -> 
     message = clip(f"amp: {text}; failure policy Fail denies the Pod", MESSAGE_LIMIT)
     return Answer(
         encode_response(req.api_version, req.uid, allowed=False, code=500, reason="InternalError", message=message),
-        Outcome(Result.DENIED, reason, endpoint, message=message))
+        Outcome(Result.FAILED, reason, endpoint, message=message))
 
 
 def shadow(

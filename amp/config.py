@@ -301,6 +301,8 @@ class EndpointSettings:
     connect_timeout: float = 1.0
     timeout: float = 5.0
     max_response: int = 1024 * 1024
+    max_response_header_size: int = 16 * 1024
+    max_response_headers: int = 100
     pool_size: int = 32
     idle_timeout: float = 60.0
     max_concurrent: int = 64
@@ -313,6 +315,10 @@ class EndpointSettings:
     #: override (an override cannot set it): the networks no address amp
     #: connects to for these settings may be in.
     deny_networks: tuple[Any, ...] = ()
+    #: C{endpoints.max_buffered}, the same in the defaults and every
+    #: override (an override cannot set it): bytes of endpoint replies held
+    #: at once over every call.
+    max_buffered: int = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -422,7 +428,8 @@ _FIELDS: dict[type, dict[str, Callable[[Any], Any]]] = {
     },
     EndpointSettings: {
         "connect_timeout": _positive(parse_duration), "timeout": _positive(parse_duration),
-        "max_response": _positive(parse_size), "pool_size": _positive(_int),
+        "max_response": _positive(parse_size), "max_response_header_size": _positive(parse_size),
+        "max_response_headers": _positive(_int), "pool_size": _positive(_int),
         "idle_timeout": _positive(parse_duration), "max_concurrent": _positive(_int), "retry": _bool,
         "ca_bundle": _opt_str, "client_cert": _opt_str, "client_key": _opt_str,
     },
@@ -488,7 +495,7 @@ def _endpoints(raw: Any) -> EndpointsConfig:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{key}: expected a mapping, got {type(raw).__name__}")
-    own = ("allow", "deny_networks", "overrides", "chain_limit")
+    own = ("allow", "deny_networks", "overrides", "chain_limit", "max_buffered")
     defaults = _endpoint_settings(raw, key, EndpointSettings(), own)
     if "deny_networks" in raw:
         try:
@@ -498,6 +505,11 @@ def _endpoints(raw: Any) -> EndpointsConfig:
         # Carried in the settings, so every override inherits it and the
         # endpoint client has it wherever it has the settings.
         defaults = dataclasses.replace(defaults, deny_networks=deny)
+    if "max_buffered" in raw:
+        try:
+            defaults = dataclasses.replace(defaults, max_buffered=_positive(parse_size)(raw["max_buffered"]))
+        except ValueError as e:
+            raise ConfigError(f"{key}.max_buffered: {e}") from None
     out = EndpointsConfig(defaults=defaults, deny_networks=defaults.deny_networks)
     if "chain_limit" in raw:
         try:
@@ -772,7 +784,9 @@ def effective_config(config: Config) -> dict[str, Any]:
         "deny_networks": [str(n) for n in endpoints.deny_networks],
         "chain_limit": endpoints.chain_limit,
         **_settings(endpoints.defaults),
-        "overrides": [{"match": o.match.text, **_settings(o.settings)} for o in endpoints.overrides],
+        # max_buffered is one bound for all calls: set at the top only.
+        "overrides": [{"match": o.match.text, **{k: v for k, v in _settings(o.settings).items() if k != "max_buffered"}}
+                      for o in endpoints.overrides],
     }
     for ns in out["kubernetes"]["namespaces"].values():
         ns["annotations"] = {k: _mask_url_secrets(v) for k, v in ns["annotations"].items()}

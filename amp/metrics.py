@@ -85,6 +85,9 @@ class Metrics:
             "amp_namespace_watch_restarts", "Watch restarts, by reason.", ["reason"], registry=r)
         self.namespace_events = Counter(
             "amp_namespace_events", "Watch events applied, by type.", ["type"], registry=r)
+        self.namespace_problems = Counter(
+            "amp_namespace_problems", "Unusable namespace configuration found, once per change of a namespace, "
+            "by problem.", ["problem"], registry=r)
         self.namespace_misses = Counter(
             "amp_namespace_cache_misses", "Lookups the cache could not answer, by result.", ["result"], registry=r)
         self.bypassed_pods = Counter(

@@ -23,10 +23,13 @@ class Result(StrEnum):
     PATCHED = "patched"
     #: The endpoint answered with no change (or validation allowed the Pod).
     ALLOWED = "allowed"
-    #: A failure under the C{Ignore} policy: the Pod was admitted unchanged.
+    #: A failure under the C{Ignore} policy: the Pod was admitted without the endpoint's patch.
     IGNORED = "ignored"
-    #: A failure under the C{Fail} policy, or the endpoint denied the Pod.
+    #: The endpoint denied the Pod (its decision, whatever the failure policy).
     DENIED = "denied"
+    #: A failure under the C{Fail} policy: amp denied the Pod because the
+    #: review could not be completed.
+    FAILED = "failed"
     #: amp does not act on this review (not a Pod create, namespace not enabled).
     SKIPPED = "skipped"
     #: Shadow mode: the endpoint was called and its answer recorded, not used.
@@ -71,6 +74,8 @@ class Reason(StrEnum):
     HTTP_4XX = "http-4xx"
     HTTP_5XX = "http-5xx"
     RESPONSE_TOO_LARGE = "response-too-large"
+    RESPONSE_HEADERS_TOO_LARGE = "response-headers-too-large"
+    REPLY_BUFFER_FULL = "reply-buffer-full"
     INVALID_JSON = "invalid-json"
     INVALID_REPLY = "invalid-reply"
     BREAKER_OPEN = "breaker-open"
@@ -105,8 +110,8 @@ ROUTE_REASONS = frozenset({Reason.NO_ENDPOINT, Reason.BAD_URL, Reason.NOT_ALLOWE
 ENDPOINT_REASONS = frozenset({
     Reason.TIMEOUT, Reason.CONNECTION_REFUSED, Reason.CONNECTION_RESET, Reason.CONNECTION_FAILED,
     Reason.DENIED_ADDRESS, Reason.TLS_ERROR, Reason.REDIRECT, Reason.HTTP_4XX, Reason.HTTP_5XX,
-    Reason.RESPONSE_TOO_LARGE, Reason.INVALID_JSON, Reason.INVALID_REPLY, Reason.BREAKER_OPEN,
-    Reason.CONCURRENCY_LIMIT,
+    Reason.RESPONSE_TOO_LARGE, Reason.RESPONSE_HEADERS_TOO_LARGE, Reason.REPLY_BUFFER_FULL, Reason.INVALID_JSON,
+    Reason.INVALID_REPLY, Reason.BREAKER_OPEN, Reason.CONCURRENCY_LIMIT,
 })
 
 #: Why amp refused an endpoint's patch.
@@ -125,6 +130,12 @@ REVIEW_REASONS = frozenset({Reason.DEADLINE, Reason.CANCELLED, Reason.NAMESPACE_
 #: Every reason that ends in the failure policy (everything but a deliberate deny).
 FAILURE_REASONS = ROUTE_REASONS | ENDPOINT_REASONS | PATCH_REASONS | REVIEW_REASONS
 
+#: Why amp refused the patch of a reply an endpoint gave, known when the
+#: call is counted (the size limit applies to the answer's whole patch, later).
+REFUSED_REPLY_REASONS = PATCH_REASONS - {Reason.PATCH_TOO_LARGE}
+
 #: Values of C{amp_endpoint_requests_total{outcome}}: C{ok}, every endpoint
-#: reason, and C{cancelled} (the caller gave up before the call ended).
-ENDPOINT_OUTCOMES = ("ok",) + tuple(sorted(ENDPOINT_REASONS)) + (Reason.CANCELLED.value,)
+#: reason, the reason amp refused a reply the endpoint gave, and
+#: C{cancelled} (the caller gave up before the call ended).
+ENDPOINT_OUTCOMES = (("ok",) + tuple(sorted(ENDPOINT_REASONS)) + tuple(sorted(REFUSED_REPLY_REASONS))
+                     + (Reason.CANCELLED.value,))

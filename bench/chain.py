@@ -29,7 +29,7 @@ from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
 from amp.config import parse_config
 from amp.deadline import Deadline
-from amp.endpoints import EndpointClient
+from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 from amp.review import parse_review

@@ -133,6 +133,19 @@ class NoAddresses:
         return resolution
 
 
+class ClientTransport(StringTransportWithDisconnection):
+    """
+    A connection's transport that reports the loss at once and remembers
+    whether it was aborted.
+    """
+
+    aborted = False
+
+    def abortConnection(self) -> None:
+        self.aborted = True
+        self.loseConnection()
+
+
 class SlowCloseTransport(StringTransportWithDisconnection):
     """
     Closing takes a while, as on a real socket: C{loseConnection} only marks
@@ -175,7 +188,7 @@ class MemoryNet:
         factory = self.reactor.tcpClients[i][2]
         factory.clientConnectionFailed(self.reactor.connectors[i], Failure(exc))
 
-    def accept(self, i: int = -1, transport_class: type = StringTransportWithDisconnection) -> tuple[Any, Any]:
+    def accept(self, i: int = -1, transport_class: type = ClientTransport) -> tuple[Any, Any]:
         """
         Complete connect attempt C{i}; returns the client's protocol (as the
         transport sees it) and the transport, whose C{value()} is what the

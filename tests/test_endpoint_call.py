@@ -70,6 +70,9 @@ class ReasonCoverageTests(SynchronousTestCase):
         "http-4xx": "test_endpoint_reading.LoopbackReplyTests.test_http_4xx",
         "http-5xx": "test_endpoint_reading.LoopbackReplyTests.test_http_5xx",
         "response-too-large": "test_endpoint_reading.LoopbackReplyTests.test_content_length_over_the_limit_fails_fast",
+        "response-headers-too-large":
+            "test_endpoint_reading.LoopbackHeadTests.test_an_endpoint_streaming_header_lines_is_refused_long_before_its_timeout",
+        "reply-buffer-full": "test_endpoint_reading.ReplyBudgetTests.test_concurrent_bodies_stay_within_the_budget",
         "invalid-json": "test_endpoint_reading.LoopbackReplyTests.test_non_json",
         "invalid-reply": "test_endpoint_reading.LoopbackReplyTests.test_json_of_the_wrong_shape",
         "breaker-open": "test_endpoint_call.BreakerIntegrationTests.test_trip_refuse_trial_close",

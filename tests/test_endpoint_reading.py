@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import Factory, Protocol
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import Site
 
-from amp.breaker import OPEN
+from amp.breaker import CLOSED, OPEN
 from amp.config import BreakerConfig, EndpointSettings
 from amp.urls import parse_endpoint_url
 from tests.endpointhelpers import (
@@ -215,3 +215,273 @@ class MemoryReplyTests(SynchronousTestCase, FailureAssertions):
         proto.dataReceived(b"HTTP/1.1 200 OK\r\nContent-")
         transport.loseConnection()
         self.assertReason(d, "connection-reset")
+
+
+# ---------------------------------------------------------------- reply heads
+
+
+class HeadLimitTests(SynchronousTestCase, FailureAssertions):
+    """
+    A reply's head (status line and headers) is bounded in lines and bytes
+    while it streams in: Twisted's HTTP client bounds neither.
+    """
+
+    def setUp(self) -> None:
+        self.net = MemoryNet()
+
+    def call(self, **settings: Any) -> tuple[Harness, Any, Any, Any]:
+        settings.setdefault("breaker", BreakerConfig(consecutive_failures=1))
+        h = Harness(self.net.reactor, EndpointSettings(**settings))
+        d = h.call(URL)
+        proto, transport = self.net.accept()
+        return h, d, proto, transport
+
+    def assertRefused(self, h: Harness, d: Any, transport: Any, fragment: str) -> None:
+        e = self.assertReason(d, "response-headers-too-large")
+        self.assertIn(fragment, e.message)
+        # Aborted at once, not closed gracefully or left to the timeout.
+        self.assertTrue(transport.aborted)
+        self.assertFalse(transport.connected)
+        self.assertEqual(h.count(URL, "response-headers-too-large"), 1)
+        # The endpoint's fault, like an oversized body: the breaker counts it.
+        self.assertEqual(h.breaker(URL).state, OPEN)
+        self.assertEqual(h.client.budget.held, 0)
+
+    def test_many_short_header_lines_are_refused_as_they_arrive(self) -> None:
+        h, d, proto, transport = self.call(max_response_headers=100)
+        proto.dataReceived(b"HTTP/1.1 200 OK\r\n")
+        for i in range(100):
+            proto.dataReceived(b"X-H%d: v\r\n" % i)
+        self.assertNoResult(d)
+        proto.dataReceived(b"X-H100: v\r\n")
+        self.assertRefused(h, d, transport, "more than 100 header lines (endpoints.max_response_headers)")
+
+    def test_the_default_bounds_a_flood_of_short_lines_in_one_read(self) -> None:
+        h, d, proto, transport = self.call()
+        proto.dataReceived(b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(10_000)))
+        self.assertRefused(h, d, transport, "more than 100 header lines")
+
+    def test_header_bytes_over_the_size_are_refused(self) -> None:
+        h, d, proto, transport = self.call(max_response_header_size=1024)
+        proto.dataReceived(b"HTTP/1.1 200 OK\r\n")
+        line = b"X-Padding: " + b"p" * 87 + b"\r\n"
+        for _ in range(10):
+            proto.dataReceived(line)
+        self.assertNoResult(d)
+        proto.dataReceived(line)
+        self.assertRefused(h, d, transport,
+                           "larger than the 1024 byte limit (endpoints.max_response_header_size)")
+
+    def test_a_huge_single_header_is_refused_before_it_ends(self) -> None:
+        h, d, proto, transport = self.call()
+        proto.dataReceived(b"HTTP/1.1 200 OK\r\nX-Big: ")
+        for _ in range(4):
+            proto.dataReceived(b"b" * 4000)
+        self.assertNoResult(d)
+        proto.dataReceived(b"b" * 4000)
+        self.assertRefused(h, d, transport, "larger than the 16384 byte limit")
+
+    def test_a_line_longer_than_twisted_reads_is_named_too(self) -> None:
+        # With a larger head allowed, Twisted's parser would close the
+        # connection on a line over its 16384 bytes (a connection-reset):
+        # amp refuses it first, with the name.
+        h, d, proto, transport = self.call(max_response_header_size=1024 * 1024)
+        proto.dataReceived(b"HTTP/1.1 200 OK\r\nX-Big: " + b"b" * 20000)
+        self.assertRefused(h, d, transport, "a reply header line is longer than 16384 bytes")
+
+    def test_interim_heads_count_towards_the_limit(self) -> None:
+        # Twisted skips 1xx heads and reads the next: they cannot be a way
+        # around the limit.
+        h, d, proto, transport = self.call(max_response_header_size=1024)
+        for _ in range(40):
+            proto.dataReceived(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.assertNoResult(d)
+        proto.dataReceived(b"HTTP/1.1 100 Continue\r\n\r\n" * 10)
+        self.assertRefused(h, d, transport, "larger than the 1024 byte limit")
+
+    def test_an_interim_head_then_the_reply_is_read(self) -> None:
+        h, d, proto, _ = self.call()
+        proto.dataReceived(b"HTTP/1.1 100 Continue\r\n\r\n" + http_reply(b"[]"))
+        self.assertEqual(self.successResultOf(d).patch, [])
+
+    def test_a_body_after_a_small_head_is_not_a_head(self) -> None:
+        body = b'[{"op": "add", "path": "/metadata/labels", "value": {"a": "' + b"x" * 20_000 + b'"}}]'
+        h, d, proto, _ = self.call(max_response_header_size=256, max_response_headers=3)
+        proto.dataReceived(http_reply(body))
+        self.assertEqual(len(self.successResultOf(d).patch), 1)
+
+    def test_each_reply_on_a_connection_has_its_own_limit(self) -> None:
+        h, d, proto, transport = self.call(max_response_headers=10)
+        head = b"".join(b"X-H%d: v\r\n" % i for i in range(8))
+        proto.dataReceived(http_reply(b"[]", extra=head))
+        self.successResultOf(d)
+        d = h.call(URL)
+        self.assertEqual(self.net.attempts, 1)
+        proto.dataReceived(http_reply(b"[]", extra=head))
+        self.successResultOf(d)
+
+    def test_a_head_is_held_from_the_budget_until_its_reply_is_over(self) -> None:
+        h, d, proto, _ = self.call()
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"
+        proto.dataReceived(head + b"[")
+        # The head, and the body's announced length, are held.
+        self.assertEqual(h.client.budget.held, len(head) + 2)
+        proto.dataReceived(b"]")
+        self.successResultOf(d)
+        self.assertEqual(h.client.budget.held, 0)
+
+
+class LoopbackHeadTests(TestCase, FailureAssertions):
+    timeout = 15
+
+    @inlineCallbacks
+    def test_an_endpoint_streaming_header_lines_is_refused_long_before_its_timeout(self) -> Any:
+        flood = HeaderFlood()
+        server = LoopbackServer.start(self, Factory.forProtocol(lambda: flood))
+        h = RealHarness(self, EndpointSettings(timeout=30.0))
+        url = server.url("/mutate")
+        e = yield self.assertFailsWith(h.call(url, budget=60.0), "response-headers-too-large")
+        self.assertIn("header lines", e.message)
+        # The endpoint sees its connection closed.
+        yield flood.lost
+        self.assertLess(flood.sent, 1000)
+
+
+class HeaderFlood(Protocol):
+    """
+    Answers a request with a status line and then short header lines, one
+    more every reactor turn, until the connection is gone.
+    """
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.lost: Deferred = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.sent == 0:
+            self.transport.write(b"HTTP/1.1 200 OK\r\n")
+            self._more()
+
+    def _more(self) -> None:
+        if self.lost.called:
+            return
+        self.sent += 1
+        self.transport.write(b"X-H%d: v\r\n" % self.sent)
+        reactor.callLater(0, self._more)
+
+    def connectionLost(self, reason: Any) -> None:
+        self.lost.callback(None)
+
+
+# ---------------------------------------------------------------- the reply budget over every call
+
+
+class ReplyBudgetTests(SynchronousTestCase, FailureAssertions):
+    """
+    C{endpoints.max_buffered} bounds the bytes of replies held at once, over
+    every call and origin.
+    """
+
+    def setUp(self) -> None:
+        self.net = MemoryNet()
+
+    def test_concurrent_bodies_stay_within_the_budget(self) -> None:
+        limit = 10_000
+        settings = EndpointSettings(max_buffered=limit, breaker=BreakerConfig(consecutive_failures=1))
+        h = Harness(self.net.reactor, settings)
+        budget = h.client.budget
+        calls = [h.call(URL) for _ in range(4)]
+        connections = [self.net.accept(i)[0] for i in range(4)]
+        for proto in connections:
+            proto.dataReceived(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        chunk = b"bb8\r\n" + b" " * 3000 + b"\r\n"
+        for proto in connections[:3]:
+            proto.dataReceived(chunk)
+        self.assertLessEqual(budget.held, limit)
+        # The fourth reply's 3000 bytes would put amp over the limit.
+        connections[3].dataReceived(chunk)
+        e = self.assertReason(calls[3], "reply-buffer-full")
+        self.assertIn("endpoints.max_buffered: 10000", e.message)
+        self.assertLessEqual(budget.peak, limit)
+        # amp's own limit, reached by all calls together: not this endpoint's fault.
+        self.assertEqual(h.breaker(URL).state, CLOSED)
+        self.assertEqual(h.count(URL, "reply-buffer-full"), 1)
+        for proto in connections[:3]:
+            proto.dataReceived(b"2\r\n[]\r\n0\r\n\r\n")
+        for d in calls[:3]:
+            self.assertEqual(self.successResultOf(d).patch, [])
+        self.assertEqual(budget.held, 0)
+
+    def test_a_known_length_amp_cannot_hold_is_refused_at_once(self) -> None:
+        h = Harness(self.net.reactor, EndpointSettings(max_buffered=5_000))
+        first = h.call(URL)
+        proto, _ = self.net.accept()
+        proto.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 4000\r\n\r\n[")
+        second = h.call(URL)
+        proto2, transport2 = self.net.accept()
+        proto2.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 2000\r\n\r\n")
+        self.assertReason(second, "reply-buffer-full")
+        self.assertFalse(transport2.connected)
+        self.assertNoResult(first)
+
+    def test_heads_are_held_from_the_budget_too(self) -> None:
+        h = Harness(self.net.reactor, EndpointSettings(max_buffered=100))
+        d = h.call(URL)
+        proto, transport = self.net.accept()
+        proto.dataReceived(b"HTTP/1.1 200 OK\r\n" + b"X-Padding: " + b"p" * 100 + b"\r\n")
+        self.assertReason(d, "reply-buffer-full")
+        self.assertFalse(transport.connected)
+        self.assertEqual(h.client.budget.held, 0)
+
+    def test_hostile_calls_on_every_origin_stay_under_the_cap(self) -> None:
+        """
+        C{max_concurrent} calls on each of several origins, every reply a
+        hostile one (header floods, a huge header, bodies that never end):
+        what amp holds never passes C{max_buffered}, and every byte is
+        handed back when the calls end.
+        """
+        limit = 256 * 1024
+        settings = EndpointSettings(max_buffered=limit, max_concurrent=16, max_response=64 * 1024,
+                                    breaker=BreakerConfig(consecutive_failures=1_000))
+        h = Harness(self.net.reactor, settings)
+        budget = h.client.budget
+        origins = [f"http://127.0.0.{i}:8090/mutate" for i in range(1, 9)]
+        calls = [h.call(url) for url in origins for _ in range(16)]
+        self.assertEqual(self.net.attempts, len(calls))
+        connections = [self.net.accept(i) for i in range(len(calls))]
+        kinds = [
+            lambda: b"X-H: v\r\n" * 64,
+            lambda: b"b" * 1024,
+            lambda: b"1000\r\n" + b" " * 4096 + b"\r\n",
+        ]
+        for i, (proto, _) in enumerate(connections):
+            kind = i % 3
+            proto.dataReceived(b"HTTP/1.1 200 OK\r\n" + (b"X-Big: " if kind == 1 else b"")
+                               + (b"Transfer-Encoding: chunked\r\n\r\n" if kind == 2 else b""))
+        for _ in range(40):
+            for i, (proto, transport) in enumerate(connections):
+                if transport.connected:
+                    proto.dataReceived(kinds[i % 3]())
+                    self.assertLessEqual(budget.held, limit)
+        reasons = {self.failureResultOf(d).value.reason for d in calls}
+        self.assertLessEqual(reasons, {"response-headers-too-large", "response-too-large", "reply-buffer-full"})
+        self.assertIn("reply-buffer-full", reasons)
+        self.assertLessEqual(budget.peak, limit)
+        self.assertEqual(budget.held, 0)
+
+
+# ---------------------------------------------------------------- what is not JSON
+
+
+class NotJSONTests(SynchronousTestCase, FailureAssertions):
+    def test_a_deeply_nested_reply_is_invalid_json_without_a_traceback(self) -> None:
+        net = MemoryNet()
+        h = Harness(net.reactor, EndpointSettings(breaker=BreakerConfig(consecutive_failures=1)))
+        d = h.call(URL)
+        proto, _ = net.accept()
+        proto.dataReceived(http_reply(b"[" * 100_000 + b"]" * 100_000))
+        e = self.assertReason(d, "invalid-json")
+        self.assertIn("nested deeper than 100 levels", e.message)
+        self.assertEqual(self.flushLoggedErrors(), [])
+        self.assertEqual(h.count(URL, "invalid-json"), 1)
+        self.assertEqual(h.count(URL, "connection-failed"), 0)

@@ -129,8 +129,8 @@ class ScrapeTests(TestCase):
     def test_review_counters_move_by_result(self) -> Any:
         """
         Each review is counted once, under the result the API server got:
-        patched, ignored (Ignore policy), denied (by the endpoint, or by
-        the Fail policy), skipped (namespace not enabled).
+        patched, ignored (Ignore policy), denied (by the endpoint), failed
+        (the Fail policy), skipped (namespace not enabled).
         """
         patched = yield self.admit("patched")
         self.assertIsNotNone(patched.get("_patch"))
@@ -147,7 +147,8 @@ class ScrapeTests(TestCase):
         total = "amp_admission_requests_total"
         self.assertEqual(scrape.value(total, result="patched", **POD), 1)
         self.assertEqual(scrape.value(total, result="ignored", **POD), 2)
-        self.assertEqual(scrape.value(total, result="denied", **POD), 2)
+        self.assertEqual(scrape.value(total, result="denied", **POD), 1)
+        self.assertEqual(scrape.value(total, result="failed", **POD), 1)
         self.assertEqual(scrape.value(total, result="skipped", **POD), 1)
         self.assertIsNone(scrape.value(total, result="allowed", **POD))
         self.assertEqual(scrape.value("amp_admission_duration_seconds_count"), 6)
@@ -190,7 +191,7 @@ class ScrapeTests(TestCase):
         self.assertEqual(ignored_d["reason"], "http-5xx")
         # The message is the failure's full text, as in the audit annotation.
         self.assertEqual(ignored_d["message"], ignored["auditAnnotations"]["error"])
-        self.assertEqual((failed["result"], failed["message"]), ("denied", denied["status"]["message"]))
+        self.assertEqual((failed["result"], failed["message"]), ("failed", denied["status"]["message"]))
         for leak in (b"s3cr3t", b"nginx", b"team.example/token", b"containers"):
             self.assertNotIn(leak, body)
 

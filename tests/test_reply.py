@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from amp.reply import EndpointDecision, ReplyError, parse_reply
+from amp.reply import MAX_DEPTH, EndpointDecision, ReplyError, nested_deeper_than, parse_reply
 
 OPS = [{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]
 
@@ -90,3 +90,78 @@ def test_invalid_reply(body: bytes, fragment: str) -> None:
         parse_reply(body)
     assert e.value.reason == "invalid-reply"
     assert fragment in str(e.value)
+
+
+# ---------------------------------------------------------------- what Python's json would let through
+
+
+@pytest.mark.parametrize("body", [b"[NaN]", b"[Infinity]", b"[-Infinity]", b'{"patch": [1e999]}', b"[-1e400]"])
+def test_not_a_number_and_out_of_range_numbers_are_not_json(body: bytes) -> None:
+    with pytest.raises(ReplyError) as e:
+        parse_reply(body)
+    assert e.value.reason == "invalid-json"
+
+
+def test_numbers_in_range_are_kept() -> None:
+    assert parse_reply(b'[{"op": "add", "path": "/x", "value": [1.5, 1e300, -2]}]').patch[0]["value"] == [1.5, 1e300, -2]
+
+
+@pytest.mark.parametrize("body", [
+    b"[" * 100_000,
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"a":' * 5000 + b"1" + b"}" * 5000,
+    b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1),
+    b'{"patch": ' + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"}",
+])
+def test_nesting_over_the_bound_is_invalid_json_not_a_crash(body: bytes) -> None:
+    with pytest.raises(ReplyError) as e:
+        parse_reply(body)
+    assert e.value.reason == "invalid-json"
+    assert str(e.value) == f"endpoint reply is nested deeper than {MAX_DEPTH} levels"
+
+
+def test_nesting_at_the_bound_is_parsed() -> None:
+    value: object = "leaf"
+    for _ in range(MAX_DEPTH - 2):
+        value = {"k": value}
+    body = json.dumps([{"op": "add", "path": "/metadata/annotations", "value": value}]).encode()
+    assert body.count(b"{") + body.count(b"[") == MAX_DEPTH
+    assert parse_reply(body).patch[0]["value"] == value
+
+
+DEEP = b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1)
+
+
+@pytest.mark.parametrize("body, deeper", [
+    # Brackets in strings are not structure, whatever escapes come before them.
+    (b'["' + b"[" * 500 + b'"]', False),
+    (b'["\\"' + b"[" * 500 + b'"]', False),
+    (b'["\\\\", ' + b"[" * 500 + b"]" * 500 + b"]", True),
+    (b'["a", "", "b", ' + b'"]", ' * 300 + DEEP + b"]", True),
+    (b'["a", "", "b", ' + b'"]", ' * 300 + DEEP[2:-2] + b"]", False),
+    # Wide is not deep; depth counts arrays and objects alike.
+    (b"[" + b"[[1, {}], [2]], " * 1000 + b"[]]", False),
+    (b'{"a": ' * (MAX_DEPTH // 2) + b"[" * (MAX_DEPTH // 2 + 1) + b"]" * (MAX_DEPTH // 2 + 1)
+     + b"}" * (MAX_DEPTH // 2), True),
+    (b"[" + b"[1, " * MAX_DEPTH + b"]" * MAX_DEPTH + b"]", True),
+])
+def test_depth_is_found_without_parsing(body: bytes, deeper: bool) -> None:
+    assert nested_deeper_than(body) is deeper
+    # The same as parsing it and measuring, for what is JSON.
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return
+    assert (_depth(doc) > MAX_DEPTH) is deeper
+
+
+def _depth(value: object) -> int:
+    """Nesting depth of a parsed JSON value (iterative)."""
+    deepest = 0
+    todo = [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (list, dict)):
+            deepest = max(deepest, d)
+            todo.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest

@@ -23,7 +23,6 @@ from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.interfaces import IHostnameResolver
 from twisted.internet.testing import MemoryReactorClock
-from twisted.protocols.policies import WrappingFactory
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import Site
@@ -40,6 +39,7 @@ from amp.namespaces import StaticNamespaceSource
 from amp.policy import shown_url
 from amp.review import parse_review
 from amp.urls import NAMED_NETWORKS, denied_network, parse_networks
+from tests.endpointhelpers import ConnectionCounter
 from tests.helpers import WebhookClient, decode_answer, make_config, namespace, review_bytes, start_amp
 
 PATCH = [{"op": "add", "path": "/metadata/labels", "value": {"via": "endpoint"}}]
@@ -128,18 +128,6 @@ class Answers:
         self.assertIsNone(response["_patch"])  # type: ignore[attr-defined]
 
 
-class Counting(WrappingFactory):
-    """A server factory that counts accepted connections."""
-
-    def __init__(self, wrapped: Any) -> None:
-        super().__init__(wrapped)
-        self.accepted = 0
-
-    def buildProtocol(self, addr: Any) -> Any:
-        self.accepted += 1
-        return super().buildProtocol(addr)
-
-
 class Patcher(Resource):
     """An endpoint: answers every POST with L{PATCH}; remembers request paths and headers."""
 
@@ -171,19 +159,20 @@ class Redirector(Resource):
 class LoopbackTestCase(TestCase, Answers):
     timeout = 15
 
-    def serve(self, resource: Resource, interface: str = "127.0.0.1", port: int = 0) -> tuple[Counting, int]:
+    def serve(self, resource: Resource, interface: str = "127.0.0.1",
+              port: int = 0) -> tuple[ConnectionCounter, int]:
         site = Site(resource)
         site.log = lambda request: None  # type: ignore[method-assign]
-        factory = Counting(site)
+        factory = ConnectionCounter(site)
         listening = reactor.listenTCP(port, factory, interface=interface)
         self.addCleanup(self._stop, listening, factory)
         return factory, listening.getHost().port
 
     @inlineCallbacks
-    def _stop(self, listening: Any, factory: Counting) -> Any:
+    def _stop(self, listening: Any, factory: ConnectionCounter) -> Any:
         yield listening.stopListening()
-        for p in list(factory.protocols):
-            p.transport.abortConnection()
+        # Until every connection is gone, not only told to go.
+        yield factory.close_all()
 
     def reviewer(self, endpoint: str, **kw: Any) -> Reviewer:
         r = Reviewer(reactor, endpoint, **kw)
@@ -220,7 +209,7 @@ class NeverConnectedTests(SynchronousTestCase, Answers):
     def test_metadata_address_denied_under_fail(self) -> None:
         response, outcome, r = self.review("http://169.254.169.254/", policy="Fail", allow=EVERYWHERE,
                                            deny=["metadata"])
-        self.assertEqual(outcome.result, "denied")
+        self.assertEqual(outcome.result, "failed")
         self.assertDenied(response, "denied-address",
                           "address 169.254.169.254 is in endpoints.deny_networks (169.254.169.254/32)")
 

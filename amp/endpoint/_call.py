@@ -39,7 +39,7 @@ anything was sent, and only within the first half of the call's time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IConsumer, IDelayedCall
@@ -54,7 +54,7 @@ from amp.config import EndpointSettings
 from amp.deadline import Deadline
 from amp.endpoint._failures import EXPECTED, EndpointFailure, LocalFailure, classify, first_line, retriable
 from amp.endpoint._pool import Profile, Target
-from amp.endpoint._reading import Drop, read_limited
+from amp.endpoint._reading import Charge, Drop, read_limited
 from amp.reasons import Reason
 from amp.reply import EndpointDecision, ReplyError, parse_reply
 
@@ -98,15 +98,16 @@ def _parse(body: bytes) -> EndpointDecision:
         raise EndpointFailure(Reason(e.reason), str(e)) from None
 
 
-def _answer(response: IResponse, settings: EndpointSettings) -> Deferred:
+def _answer(response: IResponse, settings: EndpointSettings, charge: Charge) -> Deferred:
     """
     What a response means: a 2xx reply's body read within C{max_response}
-    and parsed; any other status fails with its name, its body unread and
-    its connection closed.  Redirects are never followed.
+    (and amp's reply budget, C{charge}) and parsed; any other status fails
+    with its name, its body unread and its connection closed.  Redirects are
+    never followed.
     """
     code = response.code
     if 200 <= code < 300:
-        return read_limited(response, settings.max_response).addCallback(_parse)
+        return read_limited(response, settings.max_response, charge).addCallback(_parse)
     response.deliverBody(Drop())
     if 300 <= code < 400:
         where = response.headers.getRawHeaders(b"location", [b""])[0].decode("latin-1")
@@ -130,17 +131,22 @@ class Call:
         caller's time left, else None (the caller's deadline rules).
     @param deadline: the review's deadline, which the caller enforces.
     @param allowed: the call's time: C{min(settings.timeout, remaining)}.
+    @param check: given a usable reply, the reason amp refuses it, or None
+        (see L{EndpointClient.call}).
+    @param charge: what the call holds of the client's reply budget.
     """
 
     __slots__ = (
         "_client", "_origin", "_target", "_profile", "_agent", "_settings", "_body", "_headers", "_timeout",
-        "_deadline", "_allowed", "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry", "_done", "_waiters", "result",
+        "_deadline", "_allowed", "_charge", "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry",
+        "_done", "_waiters", "_check", "result",
     )
 
     def __init__(
         self, client: "EndpointClient", origin: "Origin", target: Target, profile: Optional[Profile], agent: Any,
         settings: EndpointSettings, body: bytes, headers: Headers, timeout: Optional[float], deadline: Deadline,
-        allowed: float, breaker: CircuitBreaker, ticket: Ticket,
+        allowed: float, charge: Charge, breaker: CircuitBreaker, ticket: Ticket,
+        check: Optional[Callable[[EndpointDecision], Optional[str]]] = None,
     ) -> None:
         self._client = client
         self._origin = origin
@@ -153,8 +159,10 @@ class Call:
         self._timeout = timeout
         self._deadline = deadline
         self._allowed = allowed
+        self._charge = charge
         self._breaker = breaker
         self._ticket = ticket
+        self._check = check
         self._retry = settings.retry
         self._done = False
         self._waiters: Optional[list[Deferred]] = None
@@ -168,7 +176,7 @@ class Call:
         if self._timeout is not None:
             self._timer = reactor.callLater(self._timeout, self._timed_out)
         d = self._send()
-        d.addCallbacks(_answer, self._not_answered, callbackArgs=(self._settings,))
+        d.addCallbacks(_answer, self._not_answered, callbackArgs=(self._settings, self._charge))
         self._pending = d
         d.addBoth(self._ended)
         return self.result
@@ -187,7 +195,7 @@ class Call:
             if self._client.reactor.seconds() - self._started < self._allowed / 2:
                 log.info("Retrying {endpoint} after {error}", endpoint=self._origin.name,
                          error=first_line(failure.value))
-                return self._send().addCallback(_answer, self._settings)
+                return self._send().addCallback(_answer, self._settings, self._charge)
         return failure
 
     def _ended(self, result: Any) -> None:
@@ -195,7 +203,15 @@ class Call:
             # Settled already (timer or caller); this is the aborted request.
             return None
         if not isinstance(result, Failure):
-            self._settle("ok", "success")
+            # The endpoint answered (a success for the breaker); amp may
+            # still refuse what it said, and then the call is not "ok".
+            outcome = "ok"
+            if self._check is not None:
+                try:
+                    outcome = self._check(result) or "ok"
+                except Exception:
+                    log.failure("Could not check the reply of {endpoint}", endpoint=self._origin.name)
+            self._settle(outcome, "success")
             self.result.callback(result)
             return None
         failure = classify(result, self._settings)
@@ -233,6 +249,8 @@ class Call:
 
     def _settle(self, outcome: str, verdict: str) -> None:
         self._done = True
+        # The reply is parsed (or dropped): its bytes are no longer held.
+        self._charge.close()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -5,7 +5,7 @@ L{EndpointClient}: the one client amp calls endpoints with; it admits calls
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, fail, gatherResults
 from twisted.internet.interfaces import IHostnameResolver
@@ -18,7 +18,7 @@ from amp.deadline import Deadline
 from amp.endpoint._call import Call
 from amp.endpoint._failures import EndpointFailure, LocalFailure
 from amp.endpoint._pool import Profile
-from amp.endpoint._reading import GuardedConnection
+from amp.endpoint._reading import Charge, GuardedConnection, ReplyBudget
 from amp.endpoint._types import IEndpointReactor
 from amp.metrics import Metrics
 from amp.reasons import Reason
@@ -79,6 +79,9 @@ class EndpointClient:
         self._closing = False
         #: Connections opened since the client was made.
         self.connections_opened = 0
+        #: Bytes of endpoint replies held now, over every call, and their
+        #: bound (C{endpoints.max_buffered}, from the settings of each call).
+        self.budget = ReplyBudget(EndpointSettings().max_buffered)
 
     # ------------------------------------------------------------ state
 
@@ -115,7 +118,7 @@ class EndpointClient:
         profile = self._profiles.get(settings)
         if profile is None:
             profile = self._profiles[settings] = Profile(
-                self.reactor, settings, self._resolver, self._connection_opened, self._connection_lost)
+                self.reactor, settings, self._resolver, self.budget, self._connection_opened, self._connection_lost)
             if self._closing:
                 profile.pool.persistent = False
         if len(self._by_id) >= _CACHE_LIMIT:
@@ -151,6 +154,7 @@ class EndpointClient:
     def call(
         self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes],
         deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
+        check: Optional[Callable[[EndpointDecision], Optional[str]]] = None,
     ) -> "Deferred[EndpointDecision]":
         """
         POST C{body} to C{url} and parse the reply, within C{settings.timeout}
@@ -166,6 +170,10 @@ class EndpointClient:
         C{cancelled}, the breaker counts nothing, and the result fails with
         C{CancelledError}.
 
+        @param check: given a usable reply, the reason amp refuses it (its
+            patch is invalid, does not apply, ...) or None; the call is
+            counted under that reason instead of C{ok}, and still resolves to
+            the reply (the endpoint answered: a success for the breaker).
         @param breaker_config: the breaker settings of C{url}'s origin (those
             of its root URL, see L{amp.policy.Route.breaker}); by default
             C{settings.breaker}.  The first call to an origin sets them.
@@ -204,8 +212,11 @@ class EndpointClient:
             breaker.release(ticket)
             log.failure("Could not build the request to {endpoint}", endpoint=origin.name)
             return self._refuse(origin, Reason.CONNECTION_FAILED, "amp could not build the request")
+        # One bound for all calls; a reloaded configuration may change it.
+        self.budget.limit = settings.max_buffered
         c = Call(self, origin, target, profile if self._test_agent is None else None, self._test_agent, settings,
-                 body, raw, timeout, deadline, timeout if timeout is not None else remaining, breaker, ticket)
+                 body, raw, timeout, deadline, timeout if timeout is not None else remaining, Charge(self.budget),
+                 breaker, ticket, check)
         origin.in_flight += 1
         self._live.add(c)
         return c.start()

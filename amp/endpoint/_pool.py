@@ -20,8 +20,10 @@ stopped reading whose last bytes still came in) is passed over, never
 handed out.
 
 Every connection is wrapped in a L{GuardedConnection} on its way up from
-the connect endpoint (L{GuardedEndpoint}), which is how the client counts
-the connections open and waits for them to close.
+the connect endpoint (L{GuardedEndpoint}): it bounds each reply's head
+(the profile's C{max_response_header_size} and C{max_response_headers}),
+and it is how the client counts the connections open and waits for them to
+close.
 
 A call is C{Agent.request} without parsing the URL again: the one private
 Twisted name, C{Agent._requestWithEndpoint}, kept because it measurably
@@ -44,7 +46,7 @@ from amp import __version__
 from amp.config import EndpointSettings
 from amp.endpoint._connect import connect_endpoint, denied_literal
 from amp.endpoint._failures import LocalFailure
-from amp.endpoint._reading import GuardedConnection, GuardedFactory
+from amp.endpoint._reading import GuardedConnection, GuardedFactory, HeadLimits, ReplyBudget
 from amp.endpoint._types import IEndpointReactor
 from amp.reasons import Reason
 from amp.urls import EndpointURL
@@ -94,14 +96,15 @@ class GuardedEndpoint:
     the pool expects.
     """
 
-    def __init__(self, endpoint: IStreamClientEndpoint, opened: Callable[[GuardedConnection], None],
-                 lost: Callable[[GuardedConnection], None]) -> None:
+    def __init__(self, endpoint: IStreamClientEndpoint, limits: HeadLimits,
+                 opened: Callable[[GuardedConnection], None], lost: Callable[[GuardedConnection], None]) -> None:
         self._endpoint = endpoint
+        self._limits = limits
         self._opened = opened
         self._lost = lost
 
     def connect(self, protocolFactory: IProtocolFactory) -> Deferred:
-        factory = GuardedFactory(protocolFactory, self._opened, self._lost)
+        factory = GuardedFactory(protocolFactory, self._limits, self._opened, self._lost)
         return self._endpoint.connect(factory).addCallback(lambda guarded: guarded.http)
 
 
@@ -154,15 +157,17 @@ class Profile:
     Everything built once for one value of L{EndpointSettings}: the pool,
     the agent over it, the connect endpoint per host, and encoded URLs.
 
+    @param budget: the client's reply budget, which heads are taken from.
     @param opened: called with each new connection.
     @param lost: called with each connection that closed.
     """
 
     def __init__(
         self, reactor: IEndpointReactor, settings: EndpointSettings, resolver: Optional[IHostnameResolver],
-        opened: Callable[[GuardedConnection], None], lost: Callable[[GuardedConnection], None],
+        budget: ReplyBudget, opened: Callable[[GuardedConnection], None], lost: Callable[[GuardedConnection], None],
     ) -> None:
         self.settings = settings
+        self._limits = HeadLimits(settings.max_response_header_size, settings.max_response_headers, budget)
         self._reactor = reactor
         self._resolver = resolver
         self._opened = opened
@@ -214,7 +219,7 @@ class Profile:
         if endpoint is None:
             inner = connect_endpoint(self._reactor, self._resolver, self.settings, uri.scheme,
                                      uri.host.decode("ascii"), uri.port)
-            endpoint = GuardedEndpoint(inner, self._opened, self._lost)
+            endpoint = GuardedEndpoint(inner, self._limits, self._opened, self._lost)
             if len(self._endpoints) >= CACHE_LIMIT:
                 self._endpoints.clear()
             self._endpoints[key] = endpoint

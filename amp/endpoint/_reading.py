@@ -1,5 +1,5 @@
 """
-Reading endpoint replies within their limits.
+Reading endpoint replies within their limits, and the memory they take.
 
   - L{read_limited}: a reply body, failed with C{response-too-large} at once
     when its Content-Length is over C{max_response}, else as soon as the
@@ -8,37 +8,157 @@ Reading endpoint replies within their limits.
     closed.
   - L{GuardedConnection}: sits between the transport (TCP, or TLS over it)
     and Twisted's C{HTTP11ClientProtocol} of every connection the client
-    opens; it tells the client when the connection opens and closes, and
-    remembers when amp started closing it, so that the pool never hands that
-    connection out again (L{amp.endpoint._pool}).
+    opens.  It bounds each reply's head (status line and headers) in bytes
+    and in lines while it streams in, tells the client when the connection
+    opens and closes, and remembers when amp started closing it, so that
+    the pool never hands that connection out again (L{amp.endpoint._pool}).
+  - L{ReplyBudget}: the bytes of endpoint replies amp holds at once, over
+    every call (C{endpoints.max_buffered}): heads while they stream in and
+    until their reply is over, bodies until their call has ended.
+
+Why a wrapper bounds the head: Twisted's C{HTTPClientParser} reads header
+lines until the blank line with no bound on their number or their total
+(only on one line's length, C{LineReceiver.MAX_LENGTH}, which it answers by
+closing the connection: a C{connection-reset}); an endpoint streaming short
+header lines is read until the call's timeout.  Nothing in Twisted's client
+can be told a limit without replacing its protocol (C{_newclient}, private),
+which would take the stock pool with it.  A protocol wrapper sees the same
+bytes first, and it only needs to find line ends and the blank line that
+ends a head, not to parse HTTP: it is not in the way of the stock pool, the
+stock agent or the stock parser.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IProtocol
 from twisted.internet.protocol import Protocol
+from twisted.protocols.basic import LineReceiver
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IResponse
 
-from amp.endpoint._failures import EndpointFailure
+from amp.endpoint._failures import EndpointFailure, LocalFailure
 from amp.reasons import Reason
+
+#: The longest header line Twisted's HTTP client reads: its parser is a
+#: C{LineReceiver} with the default C{MAX_LENGTH}, and closes the connection
+#: on a longer one.  amp refuses such a line first, with its name.
+MAX_LINE = LineReceiver.MAX_LENGTH
+
+# Bytes kept of the start of each head line: enough for "HTTP/1.1 100 ".
+_LINE_START = 32
+
+
+class ResponseHeadersTooLarge(EndpointFailure):
+    """
+    The reply's head is over C{max_response_header_size} bytes or
+    C{max_response_headers} lines.  The endpoint's fault: the breaker counts
+    it, as it counts C{response-too-large}.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Reason.RESPONSE_HEADERS_TOO_LARGE, message)
+
+
+class ReplyBufferFull(LocalFailure):
+    """
+    Taking the reply would put amp over C{endpoints.max_buffered} bytes of
+    endpoint replies held at once.  amp's own limit, reached by every call
+    in flight together: the breaker does not count it against this endpoint.
+    """
+
+    def __init__(self, budget: "ReplyBudget") -> None:
+        super().__init__(Reason.REPLY_BUFFER_FULL,
+                         f"amp already holds {budget.held} bytes of endpoint replies "
+                         f"(endpoints.max_buffered: {budget.limit})")
+
+
+class ReplyBudget:
+    """
+    The bytes of endpoint replies amp holds at once, over every call, and
+    the bound on them.
+
+    @ivar limit: the bound (C{endpoints.max_buffered}).
+    @ivar held: bytes held now.
+    @ivar peak: the most ever held at once.
+    """
+
+    __slots__ = ("limit", "held", "peak")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0
+
+    def take(self, n: int) -> bool:
+        """
+        Hold C{n} more bytes, if that stays within the limit.
+        """
+        held = self.held + n
+        if held > self.limit:
+            return False
+        self.held = held
+        if held > self.peak:
+            self.peak = held
+        return True
+
+    def give(self, n: int) -> None:
+        """
+        Hand back C{n} bytes taken before.
+        """
+        self.held -= n
+
+
+class Charge:
+    """
+    What one call holds of the L{ReplyBudget}: taken as its body arrives,
+    handed back at once when the call ends (L{close}); nothing can be taken
+    after that.
+    """
+
+    __slots__ = ("_budget", "_held", "_closed")
+
+    def __init__(self, budget: ReplyBudget) -> None:
+        self._budget = budget
+        self._held = 0
+        self._closed = False
+
+    @property
+    def budget(self) -> ReplyBudget:
+        return self._budget
+
+    def take(self, n: int) -> bool:
+        if self._closed or not self._budget.take(n):
+            return False
+        self._held += n
+        return True
+
+    def close(self) -> None:
+        self._closed = True
+        held, self._held = self._held, 0
+        if held:
+            self._budget.give(held)
 
 
 class _LimitedBody(Protocol):
     """
     Collect a response body, failing and closing the connection as soon as
-    it passes C{limit} bytes.
+    it passes C{limit} bytes, or would put amp over its reply budget.
+
+    @param prepaid: the body's length was taken from C{charge} already.
     """
 
-    def __init__(self, finished: Deferred, limit: int) -> None:
+    def __init__(self, finished: Deferred, limit: int, charge: Charge, prepaid: bool) -> None:
         self._finished = finished
         self._limit = limit
+        self._charge = charge
+        self._prepaid = prepaid
         self._chunks: list[bytes] = []
         self._size = 0
 
@@ -47,13 +167,17 @@ class _LimitedBody(Protocol):
             return
         self._size += len(data)
         if self._size > self._limit:
-            self._chunks = []
-            # Fail first: a transport may report the loss at once.
-            self._finished.errback(Failure(EndpointFailure(
-                Reason.RESPONSE_TOO_LARGE, f"reply is larger than the {self._limit} byte limit")))
-            self.transport.loseConnection()
+            failure = Failure(EndpointFailure(
+                Reason.RESPONSE_TOO_LARGE, f"reply is larger than the {self._limit} byte limit"))
+        elif self._prepaid or self._charge.take(len(data)):
+            self._chunks.append(data)
             return
-        self._chunks.append(data)
+        else:
+            failure = Failure(ReplyBufferFull(self._charge.budget))
+        self._chunks = []
+        # Fail first: a transport may report the loss at once.
+        self._finished.errback(failure)
+        self.transport.loseConnection()
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         if self._finished.called:
@@ -74,16 +198,22 @@ class Drop(Protocol):
         self.transport.loseConnection()
 
 
-def read_limited(response: IResponse, limit: int) -> Deferred:
+def read_limited(response: IResponse, limit: int, charge: Charge) -> Deferred:
     """
-    The body of C{response}, or an L{EndpointFailure} past C{limit} bytes.
-    Cancelling the result closes the connection.
+    The body of C{response}, or an L{EndpointFailure} past C{limit} bytes,
+    or a L{ReplyBufferFull} when amp cannot hold it.  The bytes are taken
+    from C{charge} (a known length at once).  Cancelling the result closes
+    the connection.
     """
     length = response.length
-    if isinstance(length, int) and length > limit:
+    known = isinstance(length, int)
+    if known and length > limit:
         response.deliverBody(Drop())
         return fail(EndpointFailure(
             Reason.RESPONSE_TOO_LARGE, f"reply of {length} bytes is larger than the {limit} byte limit"))
+    if known and not charge.take(length):
+        response.deliverBody(Drop())
+        return fail(ReplyBufferFull(charge.budget))
     collector: _LimitedBody
 
     def cancel(d: Deferred) -> None:
@@ -91,9 +221,23 @@ def read_limited(response: IResponse, limit: int) -> Deferred:
             collector.transport.loseConnection()
 
     finished: Deferred = Deferred(cancel)
-    collector = _LimitedBody(finished, limit)
+    collector = _LimitedBody(finished, limit, charge, known)
     response.deliverBody(collector)
     return finished
+
+
+@dataclass(frozen=True)
+class HeadLimits:
+    """
+    Bounds on one reply's head, for every connection of a settings profile.
+    """
+
+    #: C{max_response_header_size}: status line and header lines together,
+    #: in bytes (1xx interim heads included).
+    size: int
+    #: C{max_response_headers}: header lines.
+    count: int
+    budget: ReplyBudget
 
 
 class GuardedConnection(ProtocolWrapper):
@@ -105,6 +249,14 @@ class GuardedConnection(ProtocolWrapper):
     it drops or stops reading, a cancelled request, the pool's idle timer)
     passes through here and sets C{disconnecting}, which the pool looks at
     before handing the connection out.
+
+    Each request written starts a reply: its head is counted (bytes, header
+    lines, line length) as it arrives, before the HTTP parser sees it, and
+    taken from the reply budget until the reply is over.  A head over a
+    limit is refused at once: nothing more reaches the parser, the
+    connection is aborted, and the request fails with
+    L{ResponseHeadersTooLarge} (or L{ReplyBufferFull}).  The body that
+    follows a head is not looked at here.
     """
 
     factory: "GuardedFactory"
@@ -113,7 +265,43 @@ class GuardedConnection(ProtocolWrapper):
         super().__init__(factory, wrappedProtocol)
         #: The HTTP protocol, kept after the wrapper lets go of it on close.
         self.http = wrappedProtocol
+        self._limits = factory.limits
         self._lost_waiters: Optional[list[Deferred]] = None
+        #: Why amp refused the reply coming in, once it has.
+        self._refused: Optional[Failure] = None
+        #: A reply's head is being read.
+        self._in_head = False
+        #: Bytes of the reply's head(s) so far, held from the budget.
+        self._head = 0
+        self._lines = 0
+        self._line = 0
+        self._line_start = b""
+        #: The next complete line is a status line.
+        self._at_status = False
+        self._interim = False
+
+    # ------------------------------------------------------------ transport side (the HTTP protocol writes)
+
+    def write(self, data: bytes) -> None:
+        self._request_out()
+        self.transport.write(data)
+
+    def writeSequence(self, data: Any) -> None:
+        self._request_out()
+        self.transport.writeSequence(data)
+
+    def _request_out(self) -> None:
+        # The first write of a request: its reply's head starts with the
+        # next byte in.  (A request is written whole before anything of its
+        # reply can be read: amp's bodies are in memory.)
+        if not self._in_head:
+            self._release()
+            self._in_head = True
+            self._lines = 0
+            self._line = 0
+            self._line_start = b""
+            self._at_status = True
+            self._interim = False
 
     def loseConnection(self) -> None:
         # Closing in the middle of a reply only happens to stop reading it
@@ -129,9 +317,82 @@ class GuardedConnection(ProtocolWrapper):
         self.disconnecting = 1
         self.transport.abortConnection()
 
+    # ------------------------------------------------------------ protocol side (the endpoint sends)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._refused is not None:
+            return
+        if self._in_head and not self._scan(data):
+            return
+        self.wrappedProtocol.dataReceived(data)
+        if self._head and not self._in_head and self.http.state == "QUIESCENT":
+            # The reply is over: its head is no longer held.
+            self._release()
+
+    def _scan(self, data: bytes) -> bool:
+        """
+        Count the head bytes in C{data}; False when the reply was refused.
+        """
+        limits = self._limits
+        counted = 0
+        pos = 0
+        size = len(data)
+        while pos < size:
+            nl = data.find(b"\n", pos)
+            end = size if nl < 0 else nl + 1
+            piece = end - pos
+            counted += piece
+            self._line += piece
+            if len(self._line_start) < _LINE_START:
+                self._line_start += data[pos:min(end, pos + _LINE_START - len(self._line_start))]
+            if self._head + counted > limits.size:
+                return self._refuse(ResponseHeadersTooLarge(
+                    f"reply headers are larger than the {limits.size} byte limit "
+                    f"(endpoints.max_response_header_size)"))
+            if self._line > MAX_LINE:
+                return self._refuse(ResponseHeadersTooLarge(
+                    f"a reply header line is longer than {MAX_LINE} bytes"))
+            pos = end
+            if nl < 0:
+                break
+            line, self._line_start, self._line = self._line_start, b"", 0
+            if self._at_status:
+                self._at_status = False
+                self._interim = _interim(line)
+            elif line == b"\r\n" or line == b"\n":
+                if self._interim:
+                    # A 1xx head, which Twisted skips: the real one follows.
+                    self._at_status = True
+                    continue
+                self._in_head = False
+                break
+            else:
+                self._lines += 1
+                if self._lines > limits.count:
+                    return self._refuse(ResponseHeadersTooLarge(
+                        f"reply has more than {limits.count} header lines (endpoints.max_response_headers)"))
+        if not limits.budget.take(counted):
+            return self._refuse(ReplyBufferFull(limits.budget))
+        self._head += counted
+        return True
+
+    def _refuse(self, failure: EndpointFailure) -> bool:
+        self._refused = Failure(failure)
+        self._in_head = False
+        self._release()
+        self.abortConnection()
+        return False
+
+    def _release(self) -> None:
+        if self._head:
+            self._limits.budget.give(self._head)
+            self._head = 0
+
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        self._release()
         try:
-            super().connectionLost(reason)
+            # A refused reply fails its request with the refusal.
+            super().connectionLost(self._refused if self._refused is not None else reason)
         finally:
             waiters, self._lost_waiters = self._lost_waiters, None
             for d in waiters or ():
@@ -148,6 +409,15 @@ class GuardedConnection(ProtocolWrapper):
         return d
 
 
+def _interim(status_line: bytes) -> bool:
+    """
+    Whether a status line (its start) is a 1xx interim reply, which
+    Twisted's parser skips to read the next head.
+    """
+    parts = status_line.split(b" ", 2)
+    return len(parts) > 1 and len(parts[1]) == 3 and parts[1][:1] == b"1" and parts[1].isdigit()
+
+
 class GuardedFactory(WrappingFactory):
     """
     Wraps the pool's HTTP client factory for one new connection; reports the
@@ -156,9 +426,10 @@ class GuardedFactory(WrappingFactory):
 
     protocol = GuardedConnection
 
-    def __init__(self, wrapped: Any, opened: Callable[[GuardedConnection], None],
+    def __init__(self, wrapped: Any, limits: HeadLimits, opened: Callable[[GuardedConnection], None],
                  lost: Callable[[GuardedConnection], None]) -> None:
         super().__init__(wrapped)
+        self.limits = limits
         self._opened = opened
         self._lost = lost
 
