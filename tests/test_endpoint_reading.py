@@ -299,6 +299,19 @@ class HeadLimitTests(SynchronousTestCase, FailureAssertions):
         proto.dataReceived(b"HTTP/1.1 100 Continue\r\n\r\n" * 10)
         self.assertRefused(h, d, transport, "larger than the 1024 byte limit")
 
+    def test_every_status_line_twisted_takes_for_interim_counts_as_one(self) -> None:
+        # However the 1xx code is written, Twisted's parser skips the head
+        # and reads another: the count must go on through it.
+        for status in (b"HTTP/1.1 100", b"HTTP/1.1 +100 Continue", b"HTTP/1.1 " + b"0" * 40 + b"100 Continue",
+                       b"HTTP/1.1 199 Anything"):
+            net = MemoryNet()
+            h = Harness(net.reactor, EndpointSettings(max_response_headers=100))
+            d = h.call(URL)
+            proto, transport = net.accept()
+            proto.dataReceived(status + b"\r\n\r\nHTTP/1.1 200 OK\r\n" + b"X-H: v\r\n" * 101)
+            e = self.assertReason(d, "response-headers-too-large")
+            self.assertIn("more than 100 header lines", e.message, status)
+
     def test_an_interim_head_then_the_reply_is_read(self) -> None:
         h, d, proto, _ = self.call()
         proto.dataReceived(b"HTTP/1.1 100 Continue\r\n\r\n" + http_reply(b"[]"))

@@ -51,8 +51,6 @@ from amp.reasons import Reason
 #: on a longer one.  amp refuses such a line first, with its name.
 MAX_LINE = LineReceiver.MAX_LENGTH
 
-# Bytes kept of the start of each head line: enough for "HTTP/1.1 100 ".
-_LINE_START = 32
 
 
 class ResponseHeadersTooLarge(EndpointFailure):
@@ -275,7 +273,7 @@ class GuardedConnection(ProtocolWrapper):
         self._head = 0
         self._lines = 0
         self._line = 0
-        self._line_start = b""
+        self._line_start = bytearray()
         #: The next complete line is a status line.
         self._at_status = False
         self._interim = False
@@ -299,7 +297,7 @@ class GuardedConnection(ProtocolWrapper):
             self._in_head = True
             self._lines = 0
             self._line = 0
-            self._line_start = b""
+            self._line_start = bytearray()
             self._at_status = True
             self._interim = False
 
@@ -343,8 +341,12 @@ class GuardedConnection(ProtocolWrapper):
             piece = end - pos
             counted += piece
             self._line += piece
-            if len(self._line_start) < _LINE_START:
-                self._line_start += data[pos:min(end, pos + _LINE_START - len(self._line_start))]
+            # Kept of the line: all of a status line (its code decides
+            # whether another head follows), enough of any other to tell
+            # the blank line that ends a head.
+            keep = MAX_LINE + 1 if self._at_status else 2
+            if len(self._line_start) < keep:
+                self._line_start += data[pos:min(end, pos + keep - len(self._line_start))]
             if self._head + counted > limits.size:
                 return self._refuse(ResponseHeadersTooLarge(
                     f"reply headers are larger than the {limits.size} byte limit "
@@ -355,10 +357,10 @@ class GuardedConnection(ProtocolWrapper):
             pos = end
             if nl < 0:
                 break
-            line, self._line_start, self._line = self._line_start, b"", 0
+            line, self._line_start, self._line = self._line_start, bytearray(), 0
             if self._at_status:
                 self._at_status = False
-                self._interim = _interim(line)
+                self._interim = _interim(bytes(line))
             elif line == b"\r\n" or line == b"\n":
                 if self._interim:
                     # A 1xx head, which Twisted skips: the real one follows.
@@ -411,11 +413,23 @@ class GuardedConnection(ProtocolWrapper):
 
 def _interim(status_line: bytes) -> bool:
     """
-    Whether a status line (its start) is a 1xx interim reply, which
-    Twisted's parser skips to read the next head.
+    Whether a status line (with its line end) is a 1xx interim reply, which
+    Twisted's parser skips to read the next head.  Read as that parser
+    reads it (C{HTTPClientParser.statusReceived}: the line end off, split on
+    spaces, C{int()} of the second part), so that no code it takes for 1xx
+    (C{+100}, C{0100}) ends the count here.
     """
-    parts = status_line.split(b" ", 2)
-    return len(parts) > 1 and len(parts[1]) == 3 and parts[1][:1] == b"1" and parts[1].isdigit()
+    line = status_line[:-1] if status_line.endswith(b"\n") else status_line
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    parts = line.split(b" ", 2)
+    if len(parts) < 2:
+        return False
+    try:
+        code = int(parts[1])
+    except ValueError:
+        return False
+    return 100 <= code < 200
 
 
 class GuardedFactory(WrappingFactory):
