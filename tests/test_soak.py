@@ -231,7 +231,9 @@ class HostileKindsTests(SynchronousTestCase):
     def answer(self, kind: str) -> tuple[Any, StringTransport, Clock]:
         clock = Clock()
         chaos = Chaos(clock, 1, {**{k: 0 for k in FAULT_KINDS}, kind: 1}, (5, 5), 80 * 1024, None, self.FLOOD)
-        channel = QuietSite(ChaosResource(chaos, "p")).buildProtocol(None)
+        # The site's reactor is the Clock: the channel's idle timer must not
+        # land on the global reactor (trial then finds it in a later test).
+        channel = QuietSite(ChaosResource(chaos, "p"), reactor=clock).buildProtocol(None)
         transport = StringTransport()
         channel.makeConnection(transport)
         channel.dataReceived(b"POST /x HTTP/1.1\r\nHost: x\r\nX-Amp-Uid: u1\r\nContent-Length: 2\r\n\r\n{}")
