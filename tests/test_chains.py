@@ -14,13 +14,12 @@ from typing import Any
 import jsonpatch
 import pytest
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET
 
 from amp.patch import PatchError, check_patch, compose
 from amp_examples.registry import registry_reply
 from amp_examples.sidecar import sidecar_reply
 from tests.helpers import apply_patch, make_config, namespace, pod, review_bytes
+from tests.endpointhelpers import Hung
 from tests.test_admission import Canned, Harness, answered, stamp
 
 A = "http://127.0.0.1:8091"
@@ -30,26 +29,6 @@ C = "http://127.0.0.1:8093"
 
 def label(key: str, value: str) -> list[dict]:
     return [{"op": "add", "path": f"/metadata/labels/{key}", "value": value}]
-
-
-class Held(Resource):
-    """Holds every POST until the test answers it with L{answer}."""
-
-    isLeaf = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.held: list[Any] = []
-
-    def render_POST(self, request: Any) -> Any:
-        self.held.append(request)
-        return NOT_DONE_YET
-
-    def answer(self, body: Any) -> None:
-        request = self.held.pop(0)
-        request.setHeader(b"content-type", b"application/json")
-        request.write(json.dumps(body).encode())
-        request.finish()
 
 
 def chain_config(*urls: str, **sections: Any) -> Any:
@@ -173,13 +152,13 @@ class ChainTests(SynchronousTestCase):
 class SharedBudgetTests(SynchronousTestCase):
     def test_a_slow_first_endpoint_leaves_the_rest_of_the_budget_to_the_next(self) -> None:
         for policy in ("Ignore", "Fail"):
-            first, second = Held(), Held()
+            first, second = Hung(), Hung()
             h = Harness(chain_config(A + "/test/first", B + "/test/second", failure_policy=policy,
                                      endpoints={"timeout": "5s"}), first=first, second=second)
             the_pod = pod(labels={"app": "web"})
             d = h.review(review_bytes(the_pod), budget=2.0)
             h.clock.advance(1.5)
-            first.answer(label("a", "1"))
+            first.answer(json.dumps(label("a", "1")).encode())
             h.agent.flush()
             self.assertEqual(len(second.held), 1)
             h.clock.advance(0.499)
@@ -198,7 +177,7 @@ class SharedBudgetTests(SynchronousTestCase):
             self.assertEqual(h.clock.getDelayedCalls(), [])
 
     def test_steps_after_the_deadline_are_skipped_without_a_call(self) -> None:
-        first, third = Held(), Canned([])
+        first, third = Hung(), Canned([])
         h = Harness(chain_config(A + "/test/first", B + "/test/first", C + "/test/third",
                                  endpoints={"timeout": "5s"}), first=first, third=third)
         d = h.review(review_bytes(), budget=1.0)
