@@ -60,8 +60,8 @@ class Metrics:
         r = self.registry
         ProcessCollector(registry=r)
         self.admission_requests = Counter(
-            "amp_admission_requests", "Admission reviews answered, by result.",
-            ["kind", "operation", "result"], registry=r)
+            "amp_admission_requests", "Admission reviews answered, by result and reason.",
+            ["kind", "operation", "result", "reason"], registry=r)
         self.admission_duration = Histogram(
             "amp_admission_duration_seconds", "Time from request to answer for a review.",
             buckets=LATENCY_BUCKETS, registry=r)

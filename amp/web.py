@@ -530,7 +530,7 @@ class AdmissionResource(Resource):
                 req.uid, answered, req.namespace, req.pod_name, outcome.endpoint, str(outcome.result),
                 str(outcome.reason), outcome.message, elapsed * 1000))
         self._metrics.admission_duration.observe(elapsed)
-        self._metrics.admission_requests.labels(req.kind, req.operation, outcome.result).inc()
+        self._metrics.admission_requests.labels(req.kind, req.operation, outcome.result, outcome.reason).inc()
         self.log.info(
             _REVIEW_LINE_WITH_REASON if outcome.reason else _REVIEW_LINE,
             uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=outcome.endpoint or "-",

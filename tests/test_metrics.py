@@ -44,7 +44,7 @@ from amp.service import namespace_source
 #: The metrics the operator documentation and alerts rely on, with their
 #: Prometheus type and label names.
 REQUIRED = {
-    "amp_admission_requests": ("counter", {"kind", "operation", "result"}),
+    "amp_admission_requests": ("counter", {"kind", "operation", "result", "reason"}),
     "amp_admission_duration_seconds": ("histogram", set()),
     "amp_endpoint_requests": ("counter", {"endpoint", "outcome"}),
     "amp_endpoint_duration_seconds": ("histogram", {"endpoint"}),
@@ -145,12 +145,15 @@ class ScrapeTests(TestCase):
 
         scrape = yield self.scrape()
         total = "amp_admission_requests_total"
-        self.assertEqual(scrape.value(total, result="patched", **POD), 1)
-        self.assertEqual(scrape.value(total, result="ignored", **POD), 2)
-        self.assertEqual(scrape.value(total, result="denied", **POD), 1)
-        self.assertEqual(scrape.value(total, result="failed", **POD), 1)
-        self.assertEqual(scrape.value(total, result="skipped", **POD), 1)
-        self.assertIsNone(scrape.value(total, result="allowed", **POD))
+        self.assertEqual(scrape.value(total, result="patched", reason="", **POD), 1)
+        self.assertEqual(scrape.total(total, result="ignored", **POD), 2)
+        self.assertEqual(scrape.value(total, result="denied", reason="endpoint-denied", **POD), 1)
+        self.assertEqual(scrape.total(total, result="failed", **POD), 1)
+        self.assertEqual(scrape.value(total, result="skipped", reason="", **POD), 1)
+        self.assertEqual(scrape.total(total, result="allowed", **POD), 0)
+        # The reason tells an operator which failure it was.
+        self.assertNotIn("", scrape.by(total, "reason", result="ignored", **POD))
+        self.assertIn("not-allowed", scrape.by(total, "reason", result="ignored", **POD))
         self.assertEqual(scrape.value("amp_admission_duration_seconds_count"), 6)
         self.assertEqual(scrape.value("amp_admission_duration_seconds_bucket", le="+Inf"), 6)
         self.assertGreater(scrape.value("amp_admission_duration_seconds_sum"), 0)

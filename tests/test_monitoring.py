@@ -25,7 +25,7 @@ import promql_parser
 import yaml
 
 from amp.metrics import CONFIG_RELOAD_RESULTS, TLS_RELOAD_RESULTS, Metrics
-from amp.reasons import ENDPOINT_OUTCOMES, Result
+from amp.reasons import ENDPOINT_OUTCOMES, Reason, Result
 from tests.deploytools import APISERVER_METRICS, CHART, DEPLOY, ROOT, kustomize_build, one, run, tool
 
 ALERT_TESTS = ROOT / "tests" / "monitoring" / "alerts-test.yaml"
@@ -220,6 +220,7 @@ def test_label_names_and_values_the_rules_and_dashboard_use_exist() -> None:
     amp = exported()
     reported = {
         ("amp_admission_requests_total", "result"): {r.value for r in Result},
+        ("amp_admission_requests_total", "reason"): {r.value for r in Reason} | {""},
         ("amp_endpoint_requests_total", "outcome"): set(ENDPOINT_OUTCOMES),
         ("amp_tls_reloads_total", "result"): set(TLS_RELOAD_RESULTS),
         ("amp_config_reloads_total", "result"): set(CONFIG_RELOAD_RESULTS),
@@ -244,7 +245,7 @@ def test_metric_name_check_sees_a_typo() -> None:
 
 def test_amp_exports_process_metrics_and_no_created_series() -> None:
     metrics = Metrics()
-    metrics.admission_requests.labels("Pod", "CREATE", Result.PATCHED).inc()
+    metrics.admission_requests.labels("Pod", "CREATE", Result.PATCHED, "").inc()
     metrics.admission_duration.observe(0.01)
     text = metrics.render().decode()
     names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
