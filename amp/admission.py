@@ -21,7 +21,11 @@ like a creation, but may change only C{/spec/ephemeralContainers}.
 
 Every answer is built by a named constructor of L{amp.answers}; every
 failure ends in L{_Review._failed}, the one place the failure policy is
-applied, with the L{Route} the review was on.
+applied, with the L{Route} the review was on, and is logged at warning with
+its whole message.  Each endpoint's reply is judged (its patch checked and
+dry-applied) before the endpoint client counts the call, so a reply amp
+refuses is counted under its reason, not as C{ok}.  A namespace whose
+failure-policy annotation amp cannot use is reported once per change.
 
 The status stamp: every Pod reviewed on C{/mutate} in an enabled namespace
 (not in shadow mode, unless C{annotate_status} is off) gets the annotation
@@ -54,7 +58,7 @@ from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.patch import CheckedPatch, PatchError, annotate, check_patch, compose, unchanged
 from amp.policy import (
-    FAIL, SHADOW, Route, failure_policy, opted_out, own_pods_warning, protected_namespaces, route)
+    FAIL, IGNORE, SHADOW, Route, failure_policy, opted_out, own_pods_warning, protected_namespaces, route)
 from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
 from amp.review import AUDIT_VALUE_LIMIT, AdmissionRequest, clean_audit_annotations, clip, dumps
@@ -73,6 +77,12 @@ _CANCELLED = "the review was cancelled: the client went away"
 
 #: All a C{pods/ephemeralcontainers} update may change.
 EPHEMERAL_CONTAINERS = "/spec/ephemeralContainers"
+
+#: Namespaces whose last configuration problem is remembered.
+_PROBLEMS_LIMIT = 4096
+#: C{amp_namespace_problems_total{problem}} of an unusable failure-policy
+#: annotation.
+FAILURE_POLICY_PROBLEM = "failure-policy"
 
 
 class Admitter:
@@ -96,6 +106,8 @@ class Admitter:
         self._clock = clock
         self._metrics = metrics
         self._routes: dict[str, tuple] = {}
+        #: The configuration problem last reported for each namespace.
+        self._problems: dict[str, str] = {}
         self._protected = protected_namespaces(config)
         #: Protected namespaces amp has said it leaves alone (said once each).
         self._protected_told: set[str] = set()
@@ -160,6 +172,26 @@ class Admitter:
             self.log.warn("{warning}", warning=warning)
         return warning
 
+    def _note_problem(self, namespace: str, problem: Optional[str]) -> None:
+        """
+        Report a namespace's unusable configuration at warning and count
+        it, once per change: again only when the problem differs from the
+        last one reported for that namespace, or came back after it was
+        fixed.
+        """
+        problems = self._problems
+        if problem is None:
+            if problems:
+                problems.pop(namespace, None)
+            return
+        if problems.get(namespace) == problem:
+            return
+        if len(problems) >= _PROBLEMS_LIMIT:
+            problems.clear()
+        problems[namespace] = problem
+        self.log.warn("Namespace {namespace}: {problem}", namespace=namespace, problem=problem)
+        self._metrics.namespace_problems.labels(FAILURE_POLICY_PROBLEM).inc()
+
     def _has_validation_endpoint(self, ns: Optional[NamespaceInfo]) -> bool:
         return ns is not None and bool(ns.annotations.get(self.config.kubernetes.validation_annotation))
 
@@ -171,7 +203,7 @@ class _Review:
     """
 
     __slots__ = ("_admitter", "_req", "_deadline", "_validation", "_route", "_pending", "_timer", "_ending",
-                 "_done", "result", "_chain", "_trace", "_call_started")
+                 "_done", "result", "_chain", "_trace", "_call_started", "_judged")
 
     log = Logger()
 
@@ -183,6 +215,9 @@ class _Review:
         self._trace = trace
         #: When the endpoint call in progress started (kept for the trace only).
         self._call_started = 0.0
+        #: The current step's reply as judged before the call was counted:
+        #: the reply, and its checked patch or the PatchError.
+        self._judged: Optional[tuple[EndpointDecision, Any]] = None
         self._req = req
         self._deadline = deadline
         self._validation = validation
@@ -244,6 +279,8 @@ class _Review:
         req = self._req
         r = self._route = route(ns, a.config, a._namespaces.cluster_failure_policy(),
                                 validation=self._validation, cache=a._routes)
+        if r.enabled:
+            a._note_problem(req.namespace, r.policy_problem)
         if self._trace is not None:
             record_route(self._trace, ns, a.config, a._namespaces.cluster_failure_policy(), r,
                          validation=self._validation)
@@ -292,9 +329,36 @@ class _Review:
             left = self._deadline.remaining(now)
             self._trace.record(Step.BUDGET, seconds=round(left, 4), timeout=round(min(step.settings.timeout, left), 4),
                                position=chain.index + 1, chain_length=len(chain.route.steps))
+        self._judged = None
         self._wait(self._admitter._endpoints.call(step.url, step.settings, pod_json, headers, self._deadline,
-                                                  step.breaker),
+                                                  step.breaker, check=self._check_reply),
                    self._decided)
+
+    def _check_reply(self, decision: EndpointDecision) -> Optional[str]:
+        """
+        The endpoint client's check of a usable reply, before it counts the
+        call: the reason amp refuses the reply (its patch is invalid, does
+        not apply, ...), or None.  What it found is kept for L{_decided}.
+        """
+        judged = self._judge(decision)
+        self._judged = (decision, judged)
+        return judged.reason if isinstance(judged, PatchError) else None
+
+    def _judge(self, decision: EndpointDecision, trace: Optional[IReviewTrace] = None) -> Any:
+        """
+        The current step's patch checked and dry-applied to the Pod as the
+        steps before left it; the L{PatchError} when amp refuses it; None
+        when there is nothing to check (a deny, a validation, no patch).
+        """
+        chain = self._chain
+        assert chain is not None
+        if not decision.allowed or self._validation or not decision.patch:
+            return None
+        try:
+            return check_patch(chain.pod.pod, decision.patch, **self._admitter._patch_options, trace=trace,
+                               confined=EPHEMERAL_CONTAINERS if self._req.is_ephemeral_update else None)
+        except PatchError as e:
+            return e
 
     def _decided(self, decision: EndpointDecision) -> None:
         a = self._admitter
@@ -315,16 +379,18 @@ class _Review:
                 return self._answer(self._shadow(chain, origin, denied=True))
             return self._answer(answers.denied(req, origin, decision.code, decision.message,
                                                warnings=chain.warnings, audit=chain.audit))
-        if not self._validation and decision.patch:
-            try:
-                checked = check_patch(chain.pod.pod, decision.patch, **a._patch_options, trace=trace,
-                                      confined=EPHEMERAL_CONTAINERS if req.is_ephemeral_update else None)
-            except PatchError as e:
-                if trace is not None:
-                    trace.record(Step.CHECK, reason=e.reason, message=str(e))
-                return self._step_ended(e.reason, str(e))
-            if checked.operations:
-                chain.applied(checked)
+        # Judged already, before the call was counted; again with the trace
+        # (so that it is told each operation in order), or when the client
+        # did not run the check.
+        judged = (self._judged[1] if trace is None and self._judged is not None and self._judged[0] is decision
+                  else self._judge(decision, trace))
+        self._judged = None
+        if isinstance(judged, PatchError):
+            if trace is not None:
+                trace.record(Step.CHECK, reason=judged.reason, message=str(judged))
+            return self._step_ended(judged.reason, str(judged))
+        if judged is not None and judged.operations:
+            chain.applied(judged)
         chain.ok(origin)
         self._call_next()
 
@@ -396,6 +462,9 @@ class _Review:
         req = self._req
         first_origin, first_reason, _ = chain.skipped[0]
         text = "; ".join(f"endpoint {origin} failed ({reason}): {message}" for origin, reason, message in chain.skipped)
+        for origin, reason, message in chain.skipped:
+            self._log_failure(origin, reason, message, f"endpoint {origin} failed ({reason}): {message}", IGNORE,
+                              "admits it without the endpoint's patch")
         skips = [f"{reason} {origin}" for origin, reason, _ in chain.skipped]
         done = " ".join(chain.answered)
         if checked.operations:
@@ -559,7 +628,8 @@ class _Review:
         """
         The failure policy: the one place every failure ends.  C{endpoint}
         names the endpoint of the chain that failed; by default the route's
-        endpoints (or its masked annotation).
+        endpoints (or its masked annotation).  The log says it at warning,
+        with the whole message the C{Fail} policy would show.
 
         Under C{Ignore} a mutation is stamped C{skipped <reason>
         <endpoint>}; a validation is not, because the API server rejects any
@@ -577,7 +647,10 @@ class _Review:
         if r.mode == SHADOW:
             self.log.info("Shadow mode: {text}", text=text)
             return answers.shadow(req, endpoint, reason=reason)
-        if r.failure_policy == FAIL:
+        fail = r.failure_policy == FAIL
+        self._log_failure(where, reason, message, text, r.failure_policy,
+                          "denies the Pod" if fail else "admits it without the endpoint's patch")
+        if fail:
             return answers.errored(req, endpoint, reason, text)
         try:
             patch = _patch_bytes(self._stamp(None, Status.SKIPPED, reason, where))
@@ -586,6 +659,18 @@ class _Review:
             self.log.failure("Internal error stamping {uid}", uid=req.uid)
             patch = None
         return answers.ignored(req, endpoint, where, reason, text, patch=patch)
+
+    def _log_failure(self, where: str, reason: str, message: str, text: str, policy: str, effect: str) -> None:
+        """
+        Say in amp's log, at warning, that the review ended in the failure
+        policy, with the whole (masked) message; a review the client gave
+        up on, at info: nobody reads its answer.
+        """
+        req = self._req
+        emit = self.log.info if reason == Reason.CANCELLED else self.log.warn
+        emit("Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
+             uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=where, reason=reason,
+             message=message, text=text, policy=policy, effect=effect)
 
     def _route_without_namespace(self) -> Route:
         """

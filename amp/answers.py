@@ -11,8 +11,8 @@ that what the API server is told and what amp counts cannot drift apart.
   - L{patched}: the endpoint's checked patch is applied;
   - L{denied}: the endpoint denied the Pod;
   - L{ignored} and L{errored}: a failure under the C{Ignore} or C{Fail}
-    policy (L{amp.admission} decides which: the failure policy is applied
-    in one place);
+    policy, results C{ignored} and C{failed} (L{amp.admission} decides
+    which: the failure policy is applied in one place);
   - L{shadow}: shadow mode, the Pod admitted as it is whatever happened.
 """
 
@@ -43,6 +43,8 @@ class Outcome:
     @ivar patch_size: bytes of the patch sent to the API server.
     @ivar shadow_patch_size: in shadow mode, bytes of the patch that would
         have been sent; else -1.
+    @ivar message: a deny's or a failure's message (masked, as the API
+        server is told it), or C{""}.
     """
 
     result: Result = Result.ALLOWED
@@ -50,6 +52,7 @@ class Outcome:
     endpoint: str = ""
     patch_size: int = 0
     shadow_patch_size: int = -1
+    message: str = ""
 
 
 class Answer(NamedTuple):
@@ -107,13 +110,12 @@ def denied(
     The endpoint denied the Pod (whatever the failure policy): C{code} and
     its message, with the endpoint named.
     """
-    message = message or "denied by the endpoint without a message"
+    message = clip(f"amp: endpoint {endpoint} denied the Pod: "
+                   f"{message or 'denied by the endpoint without a message'}", MESSAGE_LIMIT)
     return Answer(
         encode_response(
-            req.api_version, req.uid, allowed=False, code=code,
-            message=clip(f"amp: endpoint {endpoint} denied the Pod: {message}", MESSAGE_LIMIT),
-            warnings=warnings, audit=audit),
-        Outcome(Result.DENIED, Reason.ENDPOINT_DENIED, endpoint))
+            req.api_version, req.uid, allowed=False, code=code, message=message, warnings=warnings, audit=audit),
+        Outcome(Result.DENIED, Reason.ENDPOINT_DENIED, endpoint, message=message))
 
 
 def ignored(
@@ -132,7 +134,7 @@ def ignored(
             req.api_version, req.uid, patch_bytes=patch,
             warnings=[f"amp: {where} {reason}; admitted without the endpoint's patch", *warnings],
             audit={AUDIT_ERROR_KEY: clip(text, MESSAGE_LIMIT)}),
-        Outcome(Result.IGNORED, reason, endpoint, len(patch) if patch else 0))
+        Outcome(Result.IGNORED, reason, endpoint, len(patch) if patch else 0, message=clip(text, MESSAGE_LIMIT)))
 
 
 def errored(req: AdmissionRequest, endpoint: str, reason: Reason, text: str) -> Answer:
@@ -140,11 +142,10 @@ def errored(req: AdmissionRequest, endpoint: str, reason: Reason, text: str) -> 
     A failure under C{Fail}: the Pod is denied with C{500 InternalError}
     and C{text}.
     """
+    message = clip(f"amp: {text}; failure policy Fail denies the Pod", MESSAGE_LIMIT)
     return Answer(
-        encode_response(
-            req.api_version, req.uid, allowed=False, code=500, reason="InternalError",
-            message=clip(f"amp: {text}; failure policy Fail denies the Pod", MESSAGE_LIMIT)),
-        Outcome(Result.DENIED, reason, endpoint))
+        encode_response(req.api_version, req.uid, allowed=False, code=500, reason="InternalError", message=message),
+        Outcome(Result.FAILED, reason, endpoint, message=message))
 
 
 def shadow(

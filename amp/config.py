@@ -6,7 +6,10 @@ the same defaults (a test keeps the two in step).
 
 The file is reloaded while amp runs (L{amp.reload}); L{for_reload} keeps
 the keys that only a restart can change at their running values and names
-them, and L{config_digest} identifies the configuration in force.  Every error is a
+them, and L{config_digest} identifies the configuration in force.
+L{effective_config} is the configuration in force as the file would say it
+(C{twistd amp --check} prints it) and L{config_summary} its one-line
+summary (logged at start-up).  Every error is a
 L{ConfigError} whose message starts with the dotted key that is wrong, e.g.
 ``endpoints.overrides[0].timeout: expected a duration like 250ms, 2s or 1m``.
 """
@@ -224,6 +227,8 @@ class TLSConfig:
 class MetricsConfig:
     port: int = 9090
     interface: str = "0.0.0.0"
+    #: How many recent decisions C{GET /debug/reviews} serves (0: off).
+    debug_reviews: int = 256
 
 
 @dataclass(frozen=True)
@@ -400,7 +405,7 @@ _FIELDS: dict[type, dict[str, Callable[[Any], Any]]] = {
         "cert": _str, "key": _str, "client_ca": _opt_str, "min_version": _tls_version,
         "reload_interval": _positive(parse_duration),
     },
-    MetricsConfig: {"port": _port, "interface": _str},
+    MetricsConfig: {"port": _port, "interface": _str, "debug_reviews": _nonneg_int},
     KubernetesConfig: {
         "source": _choice("cluster", "kubeconfig", "static"), "kubeconfig": _opt_str, "context": _opt_str,
         "enabled_label": _str, "enabled_value": _str, "endpoint_annotations": _str_list,
@@ -741,3 +746,67 @@ def config_digest(config: Config) -> str:
     """
     text = json.dumps(_canonical(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- showing
+
+#: The credentials and query of a URL in a static namespace's annotation.
+_URL_SECRETS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s,]*@|\?[^#\s,]*")
+
+
+def _mask_url_secrets(value: str) -> str:
+    """
+    C{value} with any URL's credentials and query replaced by C{***}: an
+    annotation naming an endpoint may carry them.
+    """
+    return _URL_SECRETS.sub(lambda m: f"{m.group('scheme')}***@" if m.group("scheme") else "?***", value)
+
+
+def _settings(settings: EndpointSettings) -> dict[str, Any]:
+    out = _canonical(settings)
+    # Not a key of its own: endpoints.deny_networks, carried in every settings.
+    del out["deny_networks"]
+    return out
+
+
+def effective_config(config: Config) -> dict[str, Any]:
+    """
+    C{config} as a configuration file would say it, every default filled
+    in (durations in seconds, sizes in bytes): loading it gives C{config}
+    back, except that credentials and queries in static namespaces'
+    annotation values are masked.  Paths are shown, never what the files
+    hold.
+    """
+    out = _canonical(config)
+    endpoints = config.endpoints
+    out["endpoints"] = {
+        "allow": [p.text for p in endpoints.allow],
+        "deny_networks": [str(n) for n in endpoints.deny_networks],
+        "chain_limit": endpoints.chain_limit,
+        **_settings(endpoints.defaults),
+        # max_buffered is one bound for all calls: set at the top only.
+        "overrides": [{"match": o.match.text, **{k: v for k, v in _settings(o.settings).items() if k != "max_buffered"}}
+                      for o in endpoints.overrides],
+    }
+    for ns in out["kubernetes"]["namespaces"].values():
+        ns["annotations"] = {k: _mask_url_secrets(v) for k, v in ns["annotations"].items()}
+    return out
+
+
+def config_summary(config: Config) -> str:
+    """
+    The configuration in one line: where amp listens, where namespaces come
+    from, the failure policy, how many endpoint patterns are allowed and
+    how many workers run.
+    """
+    kube = config.kubernetes
+    if kube.source == "static":
+        source = f"static ({len(kube.namespaces)} namespaces)"
+    else:
+        how = "a GET per review" if kube.per_review_get else "watched"
+        where = f"kubeconfig {kube.kubeconfig}" if kube.source == "kubeconfig" else "cluster"
+        source = f"{where} (all namespaces, {how})"
+    listen = config.listen
+    return (f"listen {listen.interface}:{listen.port}, namespaces from {source}, "
+            f"failure policy {config.failure_policy}, endpoints.allow {len(config.endpoints.allow)} patterns, "
+            f"workers {config.workers}, config {config_digest(config)}")

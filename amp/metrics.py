@@ -26,6 +26,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from twisted.web.resource import Resource
+
+from amp import __version__
 from twisted.web.server import Request
 
 #: Buckets for admission and endpoint latency: webhook budgets are
@@ -83,6 +85,9 @@ class Metrics:
             "amp_namespace_watch_restarts", "Watch restarts, by reason.", ["reason"], registry=r)
         self.namespace_events = Counter(
             "amp_namespace_events", "Watch events applied, by type.", ["type"], registry=r)
+        self.namespace_problems = Counter(
+            "amp_namespace_problems", "Unusable namespace configuration found, once per change of a namespace, "
+            "by problem.", ["problem"], registry=r)
         self.namespace_misses = Counter(
             "amp_namespace_cache_misses", "Lookups the cache could not answer, by result.", ["result"], registry=r)
         self.bypassed_pods = Counter(
@@ -107,6 +112,8 @@ class Metrics:
             self.config_reloads.labels(result=result)
         self.config_info = Gauge(
             "amp_config_info", "1 for the hash of the configuration in force.", ["hash"], registry=r)
+        self.build_info = Gauge("amp_build_info", "1, labelled with amp's version.", ["version"], registry=r)
+        self.build_info.labels(version=__version__).set(1)
 
     def render(self) -> bytes:
         """

@@ -61,6 +61,8 @@ class Route:
     @ivar bad_url: with a C{bad-url} error, the piece of the annotation that
         is not a URL.
     @ivar error: C{(reason, message)} when the chain cannot be used.
+    @ivar policy_problem: why the namespace's failure-policy annotation was
+        not used (a value that is not C{Ignore} or C{Fail}), or None.
     """
 
     enabled: bool
@@ -71,6 +73,7 @@ class Route:
     steps: tuple[EndpointStep, ...] = ()
     error: Optional[tuple[Reason, str]] = None
     bad_url: str = ""
+    policy_problem: Optional[str] = None
 
     @property
     def settings(self) -> Optional[EndpointSettings]:
@@ -116,6 +119,21 @@ def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: 
     if config.failure_policy == "auto":
         return cluster_policy if cluster_policy in (IGNORE, FAIL) else FAIL
     return config.failure_policy
+
+
+def failure_policy_problem(ns: NamespaceInfo, config: Config, policy: str) -> Optional[str]:
+    """
+    Why the namespace's failure-policy annotation is not used, when it is
+    set to something other than C{Ignore} or C{Fail} (the value shown
+    escaped and cut short), and which C{policy} applies instead; else None.
+    """
+    key = config.kubernetes.failure_policy_annotation
+    value = ns.annotations.get(key)
+    if value is None or value in (IGNORE, FAIL):
+        return None
+    source = "the webhook's failurePolicy" if config.failure_policy == "auto" else "failure_policy"
+    return (f"annotation {key}: {shown_url(repr(value), 40)} is not {IGNORE} or {FAIL}; "
+            f"failure policy {policy} (from {source}) applies")
 
 
 def failure_policy_why(ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str]) -> tuple[str, str]:
@@ -200,13 +218,14 @@ def route(
     assert ns is not None
     kube = config.kubernetes
     policy = failure_policy(ns, config, cluster_policy)
+    problem = failure_policy_problem(ns, config, policy)
     mode = SHADOW if ns.annotations.get(kube.mode_annotation) == SHADOW else NORMAL
     if validation:
         raw = ns.annotations.get(kube.validation_annotation)
     else:
         raw = next((ns.annotations[a] for a in kube.endpoint_annotations if ns.annotations.get(a)), None)
     if not raw:
-        return Route(enabled=True, failure_policy=policy, mode=mode)
+        return Route(enabled=True, failure_policy=policy, mode=mode, policy_problem=problem)
     resolved = cache.get(raw) if cache is not None else None
     if resolved is None:
         resolved = resolve_chain(raw, config)
@@ -215,7 +234,8 @@ def route(
                 cache.clear()
             cache[raw] = resolved
     steps, url, bad, error = resolved
-    return Route(True, policy, mode, url=url, raw_url=raw, steps=steps, error=error, bad_url=bad)
+    return Route(True, policy, mode, url=url, raw_url=raw, steps=steps, error=error, bad_url=bad,
+                 policy_problem=problem)
 
 
 #: What separates the URLs of a chain in the endpoint annotation.

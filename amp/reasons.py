@@ -23,10 +23,13 @@ class Result(StrEnum):
     PATCHED = "patched"
     #: The endpoint answered with no change (or validation allowed the Pod).
     ALLOWED = "allowed"
-    #: A failure under the C{Ignore} policy: the Pod was admitted unchanged.
+    #: A failure under the C{Ignore} policy: the Pod was admitted without the endpoint's patch.
     IGNORED = "ignored"
-    #: A failure under the C{Fail} policy, or the endpoint denied the Pod.
+    #: The endpoint denied the Pod (its decision, whatever the failure policy).
     DENIED = "denied"
+    #: A failure under the C{Fail} policy: amp denied the Pod because the
+    #: review could not be completed.
+    FAILED = "failed"
     #: amp does not act on this review (not a Pod create, namespace not enabled).
     SKIPPED = "skipped"
     #: Shadow mode: the endpoint was called and its answer recorded, not used.
@@ -127,6 +130,12 @@ REVIEW_REASONS = frozenset({Reason.DEADLINE, Reason.CANCELLED, Reason.NAMESPACE_
 #: Every reason that ends in the failure policy (everything but a deliberate deny).
 FAILURE_REASONS = ROUTE_REASONS | ENDPOINT_REASONS | PATCH_REASONS | REVIEW_REASONS
 
+#: Why amp refused the patch of a reply an endpoint gave, known when the
+#: call is counted (the size limit applies to the answer's whole patch, later).
+REFUSED_REPLY_REASONS = PATCH_REASONS - {Reason.PATCH_TOO_LARGE}
+
 #: Values of C{amp_endpoint_requests_total{outcome}}: C{ok}, every endpoint
-#: reason, and C{cancelled} (the caller gave up before the call ended).
-ENDPOINT_OUTCOMES = ("ok",) + tuple(sorted(ENDPOINT_REASONS)) + (Reason.CANCELLED.value,)
+#: reason, the reason amp refused a reply the endpoint gave, and
+#: C{cancelled} (the caller gave up before the call ended).
+ENDPOINT_OUTCOMES = (("ok",) + tuple(sorted(ENDPOINT_REASONS)) + tuple(sorted(REFUSED_REPLY_REASONS))
+                     + (Reason.CANCELLED.value,))

@@ -6,15 +6,25 @@ amp answers in the same C{apiVersion} it was asked in
 C{patchType: JSONPatch} with a base64 patch only when there is a change.
 Warnings are clipped to L{WARNING_LIMIT} characters each and
 L{WARNINGS_TOTAL} in all, so the API server never truncates them itself.
+
+A request body is refused with a 400 that names the problem when it is not
+JSON an API server could have sent: nested deeper than L{MAX_DEPTH} (checked
+without recursion before it is parsed; Python's C{json} would otherwise
+raise C{RecursionError}), or holding C{NaN}, C{Infinity} or a number out of
+range (L{parse_review} accepts integers that fit in 64 bits and finite
+floats, as the API server's own decoder does).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import re
+from array import array
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Iterable, Mapping, Optional
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -30,6 +40,15 @@ _AUDIT_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 AUDIT_VALUE_LIMIT = 1024
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+#: How deeply a review body may nest arrays and objects, the AdmissionReview
+#: itself counting as one.  A Pod in a review is about 12 deep (the
+#: deepest are node affinity terms); the API server's own decoder stops far
+#: above this, and Python's would raise C{RecursionError} near 1000.
+MAX_DEPTH = 100
+
+#: The integers a review may hold: 64 bits, signed or not.
+_INT_RANGE = (-(2 ** 63), 2 ** 64 - 1)
 
 
 class ReviewError(Exception):
@@ -104,7 +123,89 @@ class AdmissionRequest:
         return f"{generate}*" if generate else ""
 
 
-_scan_once = json.JSONDecoder().scan_once
+class _NotJSON(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJSON(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotJSON(f"number {text[:40]} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > 21:
+        raise _NotJSON(f"number {text[:40]}... is out of range")
+    value = int(text)
+    if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+        raise _NotJSON(f"number {text} is out of range")
+    return value
+
+
+#: Decodes what an API server could have sent: no NaN or Infinity, numbers
+#: in range.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
+_scan_once = _DECODER.scan_once
+
+# For the depth check: brackets and quotes kept ({ and } as [ and ]), then
+# each [ as +1 and each ] as -1.
+_STRUCTURE = bytes(range(256)).translate(None, b'[]{}"')
+_UNIFY = bytes.maketrans(b"{}", b"[]")
+_STEPS = bytes.maketrans(b"[]", b"\x01\xff")
+_CHUNK = 1 << 16
+#: Bracket strings up to this long are peeled (cheap for real Pods, whose
+#: depth is small); longer ones are counted.
+_PEEL_MAX = 1 << 16
+
+
+def nesting_exceeds(body: bytes, limit: int = MAX_DEPTH) -> bool:
+    """
+    Whether the JSON text C{body} nests arrays and objects more than
+    C{limit} deep, found without parsing it and without recursion, in a few
+    passes over the bytes that the C library makes: the brackets outside
+    strings are kept, then innermost pairs are peeled off one level per
+    pass.  Bytes that are not JSON get an answer about their brackets;
+    parsing them then says what else is wrong.
+    """
+    if b"\\" in body:
+        # Escaped backslashes, then escaped quotes: every quote left
+        # opens or closes a string.
+        body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    structure = body.translate(_UNIFY, _STRUCTURE)
+    if structure.count(b"[") <= limit:
+        return False
+    structure = structure.replace(b'""', b"")
+    if b'"' in structure:
+        # Strings that hold brackets: keep what lies between them.
+        structure = b"".join(structure.split(b'"')[::2])
+    if len(structure) <= _PEEL_MAX:
+        peeled = structure
+        for _ in range(limit):
+            shorter = peeled.replace(b"[]", b"")
+            if not shorter:
+                return False
+            if len(shorter) == len(peeled):
+                break  # unbalanced: counted below
+            peeled = shorter
+        else:
+            if b"[]" in peeled:
+                return True
+    # Unbalanced or very large: the running depth, chunk by chunk, stopping
+    # as soon as it passes the limit.
+    depth = 0
+    for start in range(0, len(structure), _CHUNK):
+        steps = array("b", structure[start:start + _CHUNK].translate(_STEPS))
+        if max(accumulate(steps, initial=depth)) > limit:
+            return True
+        depth += sum(steps)
+    return False
+
+
 _KEY_COLON = re.compile(r'"object"[ \t\n\r]*:[ \t\n\r]*')
 #: Stands in for request.object while the rest of the review is parsed;
 #: a NUL and a per-process token, so no real review contains it.
@@ -134,7 +235,7 @@ def _split_object(body: bytes) -> Optional[tuple[dict, bytes]]:
         start = m.end()
         try:
             value, end = _scan_once(text, start)
-            doc = json.loads(text[:start] + _SENTINEL_JSON + text[end:])
+            doc = _DECODER.decode(text[:start] + _SENTINEL_JSON + text[end:])
         except (StopIteration, ValueError):
             return None
         request = doc.get("request") if isinstance(doc, dict) else None
@@ -152,15 +253,23 @@ def parse_review(body: bytes) -> AdmissionRequest:
 
     @raise ReviewError: 400 with a message that says what is wrong.
     """
-    split = _split_object(body)
-    if split is not None:
-        doc, object_json = split
-    else:
-        object_json = None
-        try:
-            doc = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ReviewError(400, f"request body is not valid JSON: {e}") from None
+    if nesting_exceeds(body):
+        raise ReviewError(400, f"request body nests arrays and objects more than {MAX_DEPTH} deep; "
+                               "an AdmissionReview never does")
+    try:
+        split = _split_object(body)
+        if split is not None:
+            doc, object_json = split
+        else:
+            object_json = None
+            doc = _DECODER.decode(_text(body))
+    except _NotJSON as e:
+        raise ReviewError(400, f"request body is not JSON an API server sends: {e}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ReviewError(400, f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        # Not reached: nesting_exceeds() stops anything this deep.
+        raise ReviewError(400, f"request body nests arrays and objects more than {MAX_DEPTH} deep") from None
     if not isinstance(doc, dict):
         raise ReviewError(400, "request body is not a JSON object (expected an AdmissionReview)")
     api_version = doc.get("apiVersion")
@@ -200,6 +309,14 @@ def parse_review(body: bytes) -> AdmissionRequest:
         object=request.get("object"),
         object_json=object_json if isinstance(request.get("object"), dict) else None,
     )
+
+
+def _text(body: bytes) -> str:
+    """
+    C{body} as text, in the encodings JSON allows (what C{json.loads} does
+    with bytes).
+    """
+    return body.decode(json.detect_encoding(body), "surrogatepass")
 
 
 def clip(text: str, limit: int = WARNING_LIMIT) -> str:

@@ -40,11 +40,13 @@ from twisted.web.server import Site
 
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
-from amp.config import Config, TLSConfig
+from amp import __version__
+from amp.config import Config, TLSConfig, config_summary
 from amp.endpoint import EndpointClient
 from amp.logs import ConfigurableObserver
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
+from amp.recent import RecentDecisions, RecentDecisionsResource
 from amp.reload import ConfigFile, ConfigReloadService
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.web import WebhookSite, webhook_root
@@ -155,12 +157,17 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def metrics_site(metrics: Metrics, reactor: Any) -> Site:
+def metrics_site(metrics: Metrics, reactor: Any, recent: Optional[RecentDecisions] = None) -> Site:
     """
-    The plain-HTTP site serving C{/metrics}, without an access log.
+    The plain-HTTP site serving C{/metrics} and, given C{recent},
+    C{/debug/reviews} (L{amp.recent}), without an access log.
     """
     root = Resource()
     root.putChild(b"metrics", MetricsResource(metrics))
+    if recent is not None:
+        debug = Resource()
+        debug.putChild(b"reviews", RecentDecisionsResource(recent))
+        root.putChild(b"debug", debug)
     site = Site(root, reactor=reactor)
     site.log = lambda request: None  # type: ignore[method-assign]
     return site
@@ -241,11 +248,13 @@ class AmpService(MultiService):
             certificate, reactor=reactor, interval=config.tls.reload_interval, install_sighup=install_sighup
         ).setServiceParent(self)
         self.admitter = Admitter(config, self.namespaces, self.endpoint_client, reactor, metrics)
+        #: The last decisions, served on the metrics port (C{metrics.debug_reviews}).
+        self.recent = RecentDecisions(config.metrics.debug_reviews)
         root = webhook_root(self.admitter, reactor, metrics, {
             "listener": self._listener_readiness,
             "certificate": certificate.readiness,
             "namespaces": lambda: self.namespaces.readiness(),
-        })
+        }, recent=self.recent)
         self._admission = [root.getStaticEntity(b"mutate"), root.getStaticEntity(b"validate")]
         listen = config.listen
         self.site = WebhookSite(
@@ -256,7 +265,7 @@ class AmpService(MultiService):
         self.webhook.setServiceParent(self)
         self.metrics_listener: Optional[ListenerService] = None
         if metrics_endpoint is not None:
-            self.metrics_listener = ListenerService(metrics_endpoint, metrics_site(metrics, reactor))
+            self.metrics_listener = ListenerService(metrics_endpoint, metrics_site(metrics, reactor, self.recent))
             self.metrics_listener.setServiceParent(self)
         self.config_file: Optional[ConfigFile] = None
         self.config_reload: Optional[ConfigReloadService] = None
@@ -274,7 +283,8 @@ class AmpService(MultiService):
         changes is swapped as whole objects: the admitter (routes, policy,
         endpoints and their overrides, allow and deny lists, timeouts, the
         breaker and pool settings the routes carry, patch rules), the static
-        namespace source, the listener's limits, the log format and level.
+        namespace source, the listener's limits, how many recent decisions
+        are kept (C{metrics.debug_reviews}), the log format and level.
         C{config}'s restart-only keys must be the running ones
         (L{amp.config.for_reload}).
         """
@@ -291,6 +301,7 @@ class AmpService(MultiService):
         for resource in self._admission:
             resource.admitter = admitter
         self.site.apply(config.listen)
+        self.recent.resize(config.metrics.debug_reviews)
         if isinstance(self.log_observer, ConfigurableObserver):
             self.log_observer.configure(config.log.format, config.log.level)
         if self.config_reload is not None:
@@ -350,6 +361,8 @@ class AmpService(MultiService):
                 self.log.failure("A part of amp failed to stop", result)
 
     def startService(self) -> None:
+        self.log.info("amp {version} starting: {summary}", version=__version__,
+                      summary=config_summary(self.config))
         super().startService()
         try:
             ready = self.namespaces.readiness()[0]

@@ -27,7 +27,8 @@ class Options(usage.Options):
          int],
     ]
     optFlags = [
-        ["check", None, "Check the configuration and certificate, then exit."],
+        ["check", None, "Check the configuration and certificate, print the effective configuration "
+                        "(defaults filled in, as YAML), then exit."],
     ]
 
     config: Config
@@ -79,6 +80,22 @@ def with_own_namespace(config: Config, path: str = SERVICE_ACCOUNT_NAMESPACE) ->
     return dataclasses.replace(config, kubernetes=dataclasses.replace(config.kubernetes, own_namespace=own))
 
 
+def print_effective_config(config: Config, out: Any = None) -> None:
+    """
+    Write C{config} as YAML (L{amp.config.effective_config}), after a
+    comment line with amp's version and the configuration's hash.
+    """
+    import yaml
+
+    from amp import __version__
+    from amp.config import config_digest, effective_config
+
+    out = out if out is not None else sys.stdout
+    out.write(f"# amp {__version__}: effective configuration {config_digest(config)}\n")
+    out.write(yaml.safe_dump(effective_config(config), sort_keys=False, default_flow_style=False))
+    out.flush()
+
+
 def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     """
     Build amp's service from parsed options: the one place that reaches for
@@ -128,6 +145,7 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
         namespaces=namespace_source(config, reactor, metrics, on_first_list=first_list),
         metrics=metrics, log_observer=observer, freeze_gc=True, config_path=options["config"])
     if options["check"]:
+        print_effective_config(config)
         raise SystemExit(0)
     if worker == 0 and config.workers > 1:
         service.drain_with(supervise(options["config"], config.workers, reactor, listen.drain_timeout))

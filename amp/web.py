@@ -52,6 +52,7 @@ from twisted.web.resource import Resource
 from amp.admission import Admitter, Outcome
 from amp.logs import RepeatLimiter
 from amp.metrics import Metrics
+from amp.recent import Decision, RecentDecisions
 from amp.deadline import review_deadline
 from amp.review import AdmissionRequest, ReviewError, parse_review
 
@@ -449,8 +450,13 @@ class AdmissionResource(Resource):
     isLeaf = True
     log = Logger()
 
-    def __init__(self, admitter: Admitter, clock: IReactorTime, metrics: Metrics, *, validation: bool) -> None:
+    def __init__(
+        self, admitter: Admitter, clock: IReactorTime, metrics: Metrics, *, validation: bool,
+        recent: Optional[RecentDecisions] = None,
+    ) -> None:
         super().__init__()
+        #: Where each decision is recorded for C{/debug/reviews}, if anywhere.
+        self.recent = recent
         #: Reviews each request; replaced on a config reload (a review keeps
         #: the admitter, and so the config, it started with).
         self.admitter = admitter
@@ -511,13 +517,18 @@ class AdmissionResource(Resource):
             request.setHeader(b"content-length", b"%d" % len(body))
             request.write(body)
             request.finish()
-        elapsed = self._clock.seconds() - started
+        answered = self._clock.seconds()
+        elapsed = answered - started
         # The answer is only in the transport's buffer until the reactor's
         # next I/O pass: do the accounting (log line, metrics) after that, two
         # turns later, so it never delays the answer.
-        self._clock.callLater(0, self._clock.callLater, 0, self._account, req, outcome, elapsed)
+        self._clock.callLater(0, self._clock.callLater, 0, self._account, req, outcome, elapsed, answered)
 
-    def _account(self, req: AdmissionRequest, outcome: Outcome, elapsed: float) -> None:
+    def _account(self, req: AdmissionRequest, outcome: Outcome, elapsed: float, answered: float) -> None:
+        if self.recent is not None:
+            self.recent.record(Decision(
+                req.uid, answered, req.namespace, req.pod_name, outcome.endpoint, str(outcome.result),
+                str(outcome.reason), outcome.message, elapsed * 1000))
         self._metrics.admission_duration.observe(elapsed)
         self._metrics.admission_requests.labels(req.kind, req.operation, outcome.result).inc()
         self.log.info(
@@ -593,11 +604,12 @@ class _Root(Resource):
 
 
 def webhook_root(
-    admitter: Admitter, clock: IReactorTime, metrics: Metrics, ready_checks: dict[str, Callable[[], tuple[bool, str]]]
+    admitter: Admitter, clock: IReactorTime, metrics: Metrics, ready_checks: dict[str, Callable[[], tuple[bool, str]]],
+    recent: Optional[RecentDecisions] = None,
 ) -> Resource:
     root = _Root()
-    root.putChild(b"mutate", AdmissionResource(admitter, clock, metrics, validation=False))
-    root.putChild(b"validate", AdmissionResource(admitter, clock, metrics, validation=True))
+    root.putChild(b"mutate", AdmissionResource(admitter, clock, metrics, validation=False, recent=recent))
+    root.putChild(b"validate", AdmissionResource(admitter, clock, metrics, validation=True, recent=recent))
     root.putChild(b"healthz", HealthResource())
     root.putChild(b"readyz", ReadyResource(ready_checks))
     return root

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.internet.task import Clock
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
@@ -356,7 +357,7 @@ class FailurePolicyTests(SynchronousTestCase):
                 self.assertIn(f"({reason})", message)
                 self.assertIn("failure policy Fail", message)
                 self.assertNotIn("patch", response)
-                self.assertEqual(outcome.result, "denied")
+                self.assertEqual(outcome.result, "failed")
                 self.assertEqual(outcome.reason, reason)
 
     def test_config_default_applies_without_an_annotation(self) -> None:
@@ -498,6 +499,134 @@ class StatusStampTests(SynchronousTestCase):
         h = Harness(make_config({"team-a": namespace(raw, failure_policy="Ignore")}))
         response, _ = answered(self, h.review(review_bytes()))
         self.assertEqual(stamp(pod(), response), "skipped bad-url http://***@10.0.0.1/x")
+
+
+class FailureLogTests(SynchronousTestCase):
+    """
+    A review that ends in the failure policy says so in amp's log, at
+    warning, with everything needed to find out why.
+    """
+
+    def review_logged(self, h: Harness, body: bytes) -> tuple[dict, list[dict]]:
+        with capturedLogs() as events:
+            response, _ = answered(self, h.review(body))
+        return response, [e for e in events if e.get("log_namespace", "").startswith("amp.admission")]
+
+    def test_a_refused_patch_is_logged_with_its_whole_message(self) -> None:
+        canned = Canned([{"op": "add", "path": "/spec/containers/5/env/-", "value": {"name": "A", "value": "1"}}])
+        for policy, effect in (("Ignore", "admits it without the endpoint's patch"), ("Fail", "denies the Pod")):
+            h = Harness(config_for("/test/canned", failure_policy=policy), canned=canned)
+            response, events = self.review_logged(h, review_bytes(pod("web")))
+            [event] = events
+            self.assertEqual(event["log_level"], LogLevel.warn)
+            self.assertEqual((event["uid"], event["namespace"], event["pod"], event["endpoint"], event["reason"]),
+                             (UID, "team-a", "web", ORIGIN, "apply-failed"))
+            line = formatEvent(event)
+            self.assertIn("operation 0 (add /spec/containers/5/env/-): /spec/containers/5 does not exist", line)
+            self.assertTrue(line.endswith(f"failure policy {policy} {effect}"), line)
+            if policy == "Fail":
+                self.assertIn(event["text"], response["status"]["message"])
+
+    def test_an_unusable_annotation_is_logged_masked(self) -> None:
+        h = Harness(make_config({"team-a": namespace("http://admin:hunter2@10.0.0.1/x", failure_policy="Ignore")}))
+        _, events = self.review_logged(h, review_bytes())
+        [event] = events
+        self.assertNotIn("hunter2", formatEvent(event))
+        self.assertEqual(event["endpoint"], "http://***@10.0.0.1/x")
+
+    def test_a_cancelled_review_is_not_a_warning(self) -> None:
+        h = Harness(config_for("/hang"))
+        with capturedLogs() as events:
+            d = h.review(review_bytes())
+            d.cancel()
+        [event] = [e for e in events if e.get("log_namespace", "").startswith("amp.admission")]
+        self.assertEqual((event["log_level"], event["reason"]), (LogLevel.info, "cancelled"))
+
+    def test_success_logs_nothing_here(self) -> None:
+        _, events = self.review_logged(Harness(config_for("/user-env")), review_bytes())
+        self.assertEqual(events, [])
+
+
+class RefusedReplyTests(SynchronousTestCase):
+    """
+    A reply amp refuses is not an ``ok`` call of the endpoint, though the
+    endpoint answered (its breaker sees a success).
+    """
+
+    def test_a_refused_patch_counts_under_its_reason(self) -> None:
+        cases = {
+            "apply-failed": [{"op": "remove", "path": "/spec/nothing"}],
+            "refused-path": [{"op": "replace", "path": "/metadata/name", "value": "evil"}],
+            "invalid-patch": [{"op": "frobnicate", "path": "/x"}],
+        }
+        for reason, reply in cases.items():
+            with self.subTest(reason=reason):
+                h = Harness(config_for("/test/canned", endpoints={"breaker": {"consecutive_failures": 1}}),
+                            canned=Canned(reply))
+                for _ in range(3):
+                    _, outcome = answered(self, h.review(review_bytes()))
+                    self.assertEqual((outcome.result, outcome.reason), ("ignored", reason))
+                self.assertEqual(requests_total(h, reason), 3)
+                self.assertEqual(requests_total(h, "ok"), 0)
+
+    def test_usable_replies_and_denies_are_ok(self) -> None:
+        for path in ("/user-env", "/noop", "/deny"):
+            h = Harness(config_for(path))
+            answered(self, h.review(review_bytes()))
+            self.assertEqual(requests_total(h, "ok"), 1, path)
+
+    def test_shadow_mode_counts_what_amp_would_refuse(self) -> None:
+        h = Harness(make_config({"team-a": namespace(EP + "/bad-patch", mode="shadow")}))
+        _, outcome = answered(self, h.review(review_bytes()))
+        self.assertEqual((outcome.result, outcome.reason), ("shadow", "apply-failed"))
+        self.assertEqual(requests_total(h, "apply-failed"), 1)
+
+
+class NamespaceProblemTests(SynchronousTestCase):
+    """
+    An unknown failure-policy value is not silently defaulted: it is
+    logged at warning and counted, once per change of the namespace.
+    """
+
+    def problems(self, h: Harness) -> float:
+        value = h.metrics.registry.get_sample_value("amp_namespace_problems_total", {"problem": "failure-policy"})
+        return value or 0.0
+
+    def test_a_typo_is_reported_once_per_change(self) -> None:
+        source = FakeSource()
+        h = Harness(make_config(failure_policy="Ignore"), source=source)
+        warnings: list[str] = []
+
+        def review(value: Optional[str]) -> None:
+            extra = {} if value is None else {"amp.txn2.com/failure-policy": value}
+            source.known["team-a"] = team_a("/error", **extra)
+            with capturedLogs() as events:
+                answered(self, h.review(review_bytes()))
+            warnings.extend(formatEvent(e) for e in events
+                            if e.get("log_namespace", "").startswith("amp.admission") and e.get("problem"))
+
+        review("fail")
+        review("fail")
+        self.assertEqual(warnings, ["Namespace team-a: annotation amp.txn2.com/failure-policy: 'fail' is not "
+                                    "Ignore or Fail; failure policy Ignore (from failure_policy) applies"])
+        self.assertEqual(self.problems(h), 1)
+        review("FAIL")
+        review("FAIL")
+        self.assertEqual(len(warnings), 2)
+        review("Fail")
+        review("fail")
+        self.assertEqual(len(warnings), 3)
+        self.assertEqual(self.problems(h), 3)
+
+    def test_the_policy_that_applies_is_named(self) -> None:
+        source = FakeSource(policy="Fail")
+        source.known["team-a"] = team_a("/error", **{"amp.txn2.com/failure-policy": "ignore"})
+        h = Harness(make_config(failure_policy="auto"), source=source)
+        with capturedLogs() as events:
+            response, _ = answered(self, h.review(review_bytes()))
+        self.assertFalse(response["allowed"])
+        [line] = [formatEvent(e) for e in events if e.get("problem")]
+        self.assertTrue(line.endswith("failure policy Fail (from the webhook's failurePolicy) applies"), line)
 
 
 class BreakerTests(SynchronousTestCase):
@@ -755,7 +884,7 @@ class DeadlineTests(SynchronousTestCase):
         h.clock.advance(1.0)
         response, outcome = answered(self, d)
         self.assertFalse(response["allowed"])
-        self.assertEqual((outcome.result, outcome.reason, outcome.endpoint), ("denied", "timeout", ORIGIN))
+        self.assertEqual((outcome.result, outcome.reason, outcome.endpoint), ("failed", "timeout", ORIGIN))
 
     def test_hung_namespace_fetch_is_answered_at_the_budget_by_the_config_policy(self) -> None:
         for policy, allowed in (("Ignore", True), ("Fail", False)):
@@ -837,7 +966,7 @@ class DeadlineTests(SynchronousTestCase):
 class RobustnessTests(SynchronousTestCase):
     def test_endpoint_client_raising_still_answers(self) -> None:
         class Broken:
-            def call(self, *args: Any) -> Any:
+            def call(self, *args: Any, **kwargs: Any) -> Any:
                 raise RuntimeError("bug in the client")
 
         config = config_for("/user-env")
@@ -851,7 +980,7 @@ class RobustnessTests(SynchronousTestCase):
 
     def test_endpoint_client_failing_unexpectedly_still_answers(self) -> None:
         class Broken:
-            def call(self, *args: Any) -> Any:
+            def call(self, *args: Any, **kwargs: Any) -> Any:
                 return fail(ValueError("unexpected"))
 
         config = config_for("/user-env", failure_policy="Fail")

@@ -109,7 +109,7 @@ class ChainTests(SynchronousTestCase):
         response, outcome = answered(self, h.review(review_bytes()))
         self.assertFalse(response["allowed"])
         self.assertIn(f"endpoint {B} failed (http-5xx)", response["status"]["message"])
-        self.assertEqual((outcome.result, outcome.reason, outcome.endpoint), ("denied", "http-5xx", B))
+        self.assertEqual((outcome.result, outcome.reason, outcome.endpoint), ("failed", "http-5xx", B))
         self.assertEqual(c.requests, [])
 
     def test_a_bad_patch_in_the_middle_is_a_failure_of_that_step(self) -> None:

@@ -91,7 +91,7 @@ def test_defaults_of_every_section() -> None:
                                     drain_timeout=30.0)
     assert c.tls == TLSConfig(cert="/etc/amp/tls/tls.crt", key="/etc/amp/tls/tls.key", client_ca=None,
                               min_version="1.2", reload_interval=5.0)
-    assert c.metrics == MetricsConfig(port=9090, interface="0.0.0.0")
+    assert c.metrics == MetricsConfig(port=9090, interface="0.0.0.0", debug_reviews=256)
     k = c.kubernetes
     assert k.source == "cluster"
     assert k.namespaces == {}
@@ -231,6 +231,8 @@ ERRORS = [
     ({"tls": {"reload_interval": "0s"}}, "tls.reload_interval", "greater than zero"),
     ({"tls": {"ca": "x"}}, "tls.ca", "unknown key"),
     ({"metrics": {"port": -1}}, "metrics.port", "port number"),
+    ({"metrics": {"debug_reviews": -1}}, "metrics.debug_reviews", "negative"),
+    ({"metrics": {"debug_reviews": "lots"}}, "metrics.debug_reviews", "whole number"),
     ({"kubernetes": {"source": "etcd"}}, "kubernetes.source", "expected one of cluster, kubeconfig, static"),
     ({"kubernetes": {"source": "kubeconfig"}}, "kubernetes.kubeconfig", "required"),
     ({"kubernetes": {"endpoint_annotations": "amp.txn2.com/ep"}}, "kubernetes.endpoint_annotations",
@@ -350,3 +352,43 @@ def test_breaker_settings_need_an_override_that_covers_the_origin() -> None:
     config = parse_config({"endpoints": {"overrides": [
         {"match": "http://a.svc:80/*", "breaker": {"cooldown": "1s"}}]}})
     assert config.endpoints.overrides[0].settings.breaker.cooldown == 1.0
+
+
+def test_effective_config_loads_back_to_the_same_config() -> None:
+    from amp.config import effective_config
+
+    raw = {
+        "listen": {"port": 9443},
+        "endpoints": {"timeout": "2s", "deny_networks": ["link-local", "10.0.0.0/8"], "chain_limit": 2,
+                      "overrides": [{"match": "https://*.svc:*/*", "max_response": "2MiB",
+                                     "breaker": {"cooldown": "10s"}}]},
+        "kubernetes": {"source": "static", "namespaces": {"a": {"labels": {"x": "y"}, "annotations": {"k": "v"}}}},
+        "patch": {"denied_paths": ["/status"]},
+        "metrics": {"debug_reviews": 0},
+    }
+    for config in (Config(), parse_config(raw)):
+        shown = effective_config(config)
+        assert parse_config(yaml.safe_load(yaml.safe_dump(shown))) == config
+
+
+def test_effective_config_masks_credentials_in_annotation_values() -> None:
+    from amp.config import effective_config
+
+    config = parse_config({"kubernetes": {"source": "static", "namespaces": {"a": {"annotations": {
+        "amp.txn2.com/ep": "https://me:pw@ep.team.svc:8443/m?key=abc,http://ep2.svc:80/x",
+        "plain": "no url here"}}}}})
+    annotations = effective_config(config)["kubernetes"]["namespaces"]["a"]["annotations"]
+    assert annotations == {"amp.txn2.com/ep": "https://***@ep.team.svc:8443/m?***,http://ep2.svc:80/x",
+                           "plain": "no url here"}
+
+
+def test_config_summary_names_what_an_operator_checks_first() -> None:
+    from amp.config import config_summary, config_digest
+
+    static = parse_config({"listen": {"port": 9443, "interface": "127.0.0.1"}, "failure_policy": "Fail",
+                           "workers": 2, "kubernetes": {"source": "static", "namespaces": {"a": {}, "b": {}}},
+                           "endpoints": {"allow": ["http://*.svc:*/*"]}})
+    assert config_summary(static) == (
+        "listen 127.0.0.1:9443, namespaces from static (2 namespaces), failure policy Fail, "
+        f"endpoints.allow 1 patterns, workers 2, config {config_digest(static)}")
+    assert "namespaces from cluster (all namespaces, watched)" in config_summary(Config())

@@ -24,7 +24,7 @@ import amp.endpoint
 from amp.config import Config, EndpointsConfig, parse_config
 from amp_examples.server import build_root
 from amp.metrics import Metrics
-from amp.reasons import ENDPOINT_OUTCOMES, FAILURE_REASONS, SKIP_REASONS, Reason
+from amp.reasons import ENDPOINT_OUTCOMES, FAILURE_REASONS, SKIP_REASONS, Reason, Result
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -174,6 +174,12 @@ def test_metrics_page_lists_exactly_the_registry() -> None:
                 collector.labels("x")
 
 
+def test_metrics_page_names_every_review_result() -> None:
+    row = next(line for line in doc("metrics.md").splitlines() if line.startswith("| `amp_admission_requests_total`"))
+    named = set(re.findall(r"`([a-z0-9-]+)`", row.split("|")[4]))
+    assert {r.value for r in Result} <= named, sorted({r.value for r in Result} - named)
+
+
 def test_metrics_page_names_every_endpoint_outcome() -> None:
     outcomes = ENDPOINT_OUTCOMES
     row = next(line for line in doc("metrics.md").splitlines() if line.startswith("| `amp_endpoint_requests_total`"))
@@ -267,6 +273,17 @@ MESSAGES = [
     ("(listen.request_timeout)", "web.py", None),
     ("connections open (listen.max_connections)", "web.py", None),
     ("Bad\nAdmissionReview: ", "web.py", "Bad AdmissionReview: "),
+    ("Review <uid> of <ns>/<pod>: endpoint <endpoint> failed (<reason>): <message>; failure policy <policy> <effect>",
+     "admission.py", ("Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
+                      'f"endpoint {where} failed ({reason}): {message}"')),
+    ("admits it without the endpoint's patch", "admission.py", None),
+    ("is not Ignore or Fail; failure policy <policy> (from <where>) applies", "policy.py",
+     ("is not {IGNORE} or {FAIL}; ", "failure policy {policy} (from {source}) applies")),
+    ("nests arrays and objects more than 100\ndeep; an AdmissionReview never does", "review.py",
+     ("nests arrays and objects more than {MAX_DEPTH} deep; ", "an AdmissionReview never does", "MAX_DEPTH = 100")),
+    ("is not JSON an API\nserver sends: NaN is not a JSON number", "review.py",
+     ("is not JSON an API server sends: ", "is not a JSON number")),
+    ("is out of range", "review.py", None),
 ]
 
 

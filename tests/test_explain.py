@@ -257,7 +257,7 @@ class LiveTests(TestCase):
         ran = yield run_live(["--config", self.config, "-n", "strict", "-o", "json", self.pod])
         self.assertEqual(ran.status, EXIT_FAILURE_POLICY)
         doc = ran.json
-        self.assertEqual((doc["result"], doc["reason"]), ("denied", "apply-failed"))
+        self.assertEqual((doc["result"], doc["reason"]), ("failed", "apply-failed"))
         self.assertIn("failure policy Fail denies the Pod", doc["message"])
         self.assertIsNone(doc["pod"])
 
@@ -474,7 +474,7 @@ class ReplyTests(SynchronousTestCase):
                               "--set-annotation", "amp.txn2.com/failure-policy=Fail",
                               "--set-annotation", f"{EP_ANNOTATION}=http://elsewhere.test:80/", self.pod])
         doc = ran.json
-        self.assertEqual((doc["result"], doc["reason"]), ("denied", "not-allowed"))
+        self.assertEqual((doc["result"], doc["reason"]), ("failed", "not-allowed"))
         self.assertEqual(ran.status, EXIT_FAILURE_POLICY)
         self.assertEqual(doc["trace"][0]["annotations"][EP_ANNOTATION], "http://elsewhere.test:80/")
 

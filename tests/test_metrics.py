@@ -7,7 +7,9 @@ checked is what Prometheus would see.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,12 +27,15 @@ from tests.helpers import (
     decode_answer,
     make_config,
     namespace,
+    pod,
     raw_config,
     review_bytes,
     start_amp,
     start_example,
 )
 from tests.prometheus import Scrape
+from tests.waiting import wait_until
+from amp import __version__
 from amp.config import parse_config
 from amp_dev.devcert import write_dev_tls
 from amp.metrics import BREAKER_STATE_VALUES, Metrics
@@ -96,8 +101,9 @@ class ScrapeTests(TestCase):
         self.addCleanup(self.client.close)
 
     @inlineCallbacks
-    def admit(self, ns: str, obj: Any = None) -> Any:
-        response, body = yield self.client.post(self.amp.url(query="timeout=10s"), review_bytes(obj, namespace=ns))
+    def admit(self, ns: str, obj: Any = None, **kwargs: Any) -> Any:
+        response, body = yield self.client.post(self.amp.url(query="timeout=10s"),
+                                                review_bytes(obj, namespace=ns, **kwargs))
         self.assertEqual(response.code, 200, body)
         return decode_answer(body)["response"]
 
@@ -123,8 +129,8 @@ class ScrapeTests(TestCase):
     def test_review_counters_move_by_result(self) -> Any:
         """
         Each review is counted once, under the result the API server got:
-        patched, ignored (Ignore policy), denied (by the endpoint, or by
-        the Fail policy), skipped (namespace not enabled).
+        patched, ignored (Ignore policy), denied (by the endpoint), failed
+        (the Fail policy), skipped (namespace not enabled).
         """
         patched = yield self.admit("patched")
         self.assertIsNotNone(patched.get("_patch"))
@@ -141,12 +147,79 @@ class ScrapeTests(TestCase):
         total = "amp_admission_requests_total"
         self.assertEqual(scrape.value(total, result="patched", **POD), 1)
         self.assertEqual(scrape.value(total, result="ignored", **POD), 2)
-        self.assertEqual(scrape.value(total, result="denied", **POD), 2)
+        self.assertEqual(scrape.value(total, result="denied", **POD), 1)
+        self.assertEqual(scrape.value(total, result="failed", **POD), 1)
         self.assertEqual(scrape.value(total, result="skipped", **POD), 1)
         self.assertIsNone(scrape.value(total, result="allowed", **POD))
         self.assertEqual(scrape.value("amp_admission_duration_seconds_count"), 6)
         self.assertEqual(scrape.value("amp_admission_duration_seconds_bucket", le="+Inf"), 6)
         self.assertGreater(scrape.value("amp_admission_duration_seconds_sum"), 0)
+
+    @inlineCallbacks
+    def debug_reviews(self, query: str = "") -> Any:
+        url = f"http://127.0.0.1:{self.amp.metrics_port}/debug/reviews" + (f"?{query}" if query else "")
+        response, body = yield self.client.get(url.encode("ascii"))
+        return response, body
+
+    @inlineCallbacks
+    def test_debug_reviews_lists_recent_decisions(self) -> Any:
+        """
+        ``/debug/reviews`` on the metrics port lists each review's decision
+        (recorded just after its answer is written) with the message the
+        API server was told, filterable; never the Pod, its annotation
+        values or its env.
+        """
+        secret_pod = pod("web-1", annotations={"team.example/token": "s3cr3t-annotation"},
+                         containers=[{"name": "app", "image": "nginx", "env": [{"name": "PW", "value": "s3cr3t-env"}]}])
+        yield self.admit("patched", secret_pod, uid="uid-patched")
+        ignored = yield self.admit("ignored", pod("web-2"), uid="uid-ignored")
+        denied = yield self.admit("fail-closed", pod("web-3"), uid="uid-fail")
+        yield wait_until(lambda: len(self.amp.service.recent) == 3, what="three decisions recorded")
+
+        response, body = yield self.debug_reviews()
+        self.assertEqual(response.code, 200)
+        decisions = json.loads(body)
+        self.assertEqual([d["uid"] for d in decisions], ["uid-patched", "uid-ignored", "uid-fail"])
+        patched, ignored_d, failed = decisions
+        self.assertEqual(set(patched), {"uid", "time", "namespace", "pod", "endpoint", "result", "reason", "message",
+                                        "duration_ms"})
+        self.assertEqual((patched["namespace"], patched["pod"], patched["endpoint"], patched["result"]),
+                         ("patched", "web-1", self.origin, "patched"))
+        self.assertRegex(patched["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+        self.assertGreater(patched["duration_ms"], 0)
+        self.assertEqual(ignored_d["result"], "ignored")
+        self.assertEqual(ignored_d["reason"], "http-5xx")
+        # The message is the failure's full text, as in the audit annotation.
+        self.assertEqual(ignored_d["message"], ignored["auditAnnotations"]["error"])
+        self.assertEqual((failed["result"], failed["message"]), ("failed", denied["status"]["message"]))
+        for leak in (b"s3cr3t", b"nginx", b"team.example/token", b"containers"):
+            self.assertNotIn(leak, body)
+
+        response, body = yield self.debug_reviews("namespace=ignored&format=jsonl")
+        self.assertEqual([json.loads(line)["uid"] for line in body.splitlines()], ["uid-ignored"])
+        response, body = yield self.debug_reviews("pod=web-3")
+        self.assertEqual([d["uid"] for d in json.loads(body)], ["uid-fail"])
+        response, body = yield self.debug_reviews("uid=uid-patched")
+        self.assertEqual([d["uid"] for d in json.loads(body)], ["uid-patched"])
+
+    @inlineCallbacks
+    def test_debug_reviews_off_is_404_and_follows_a_reload(self) -> Any:
+        """
+        ``metrics.debug_reviews: 0`` turns the endpoint off (404); the size
+        is reloadable.
+        """
+        config = self.amp.service.config
+        self.amp.service.apply(dataclasses.replace(
+            config, metrics=dataclasses.replace(config.metrics, debug_reviews=0)))
+        yield self.admit("patched")
+        response, body = yield self.debug_reviews()
+        self.assertEqual(response.code, 404)
+        self.assertIn(b"metrics.debug_reviews: 0", body)
+        self.amp.service.apply(config)
+        yield self.admit("patched", uid="after")
+        yield wait_until(lambda: len(self.amp.service.recent) == 1, what="the decision recorded")
+        response, body = yield self.debug_reviews()
+        self.assertEqual([d["uid"] for d in json.loads(body)], ["after"])
 
     @inlineCallbacks
     def test_endpoint_counters_by_origin_and_outcome(self) -> Any:
@@ -186,6 +259,16 @@ class ScrapeTests(TestCase):
         self.assertEqual(scrape.value(calls, endpoint=origin, outcome="connection-refused"), 1)
         self.assertEqual(scrape.value(calls, endpoint=origin, outcome="breaker-open"), 1)
         self.assertEqual(scrape.value("amp_endpoint_duration_seconds_count", endpoint=origin), 1)
+
+    @inlineCallbacks
+    def test_build_info_names_the_running_version(self) -> Any:
+        """
+        ``amp_build_info{version}`` is 1 for amp's version, and only it.
+        """
+        scrape = yield self.scrape()
+        self.assertEqual(scrape.value("amp_build_info", version=__version__), 1)
+        self.assertEqual([dict(labels) for name, labels in scrape.samples if name == "amp_build_info"],
+                         [{"version": __version__}])
 
     @inlineCallbacks
     def test_tls_expiry_and_reloads(self) -> Any:

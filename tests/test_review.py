@@ -1,6 +1,8 @@
 """
-Tests for amp.review: AdmissionReview parsing (v1 and v1beta1, every 400),
-the answer's envelope and patch encoding, warning clipping and audit keys.
+Tests for amp.review: AdmissionReview parsing (v1 and v1beta1, every 400,
+nesting, NaN and out-of-range numbers, and a fuzzer that finds no other
+outcome), the answer's envelope and patch encoding, warning clipping and
+audit keys.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from hypothesis import strategies as st
 import pytest
 
 from amp.review import (
+    MAX_DEPTH,
     WARNINGS_TOTAL,
+    AdmissionRequest,
     ReviewError,
     clean_audit_annotations,
     clip,
     clip_warnings,
     encode_response,
+    nesting_exceeds,
     parse_review,
 )
 from tests.helpers import UID, V1, V1BETA1, pod, review, review_bytes
@@ -121,6 +126,145 @@ def test_bad_reviews_are_400_with_a_message(body: bytes, fragment: str) -> None:
     assert e.value.code == 400
     assert fragment in e.value.message
     assert str(e.value) == e.value.message
+
+
+# ---------------------------------------------------------------- nesting and numbers
+
+
+def nested(depth: int, leaf: Any = 1) -> Any:
+    """A value C{depth} arrays and objects deep (one level: the leaf in a list)."""
+    value = leaf
+    for i in range(depth):
+        value = [value] if i % 2 == 0 else {"k": value}
+    return value
+
+
+def review_around(value: Any) -> bytes:
+    """A review whose Pod holds C{value}: the review, request, object and metadata add 4 levels."""
+    the_pod = pod()
+    the_pod["metadata"]["x"] = value
+    return json.dumps(review(the_pod)).encode()
+
+
+def test_a_review_at_the_nesting_bound_is_parsed() -> None:
+    req = parse_review(review_around(nested(MAX_DEPTH - 4)))
+    assert req.object["metadata"]["x"] == nested(MAX_DEPTH - 4)
+
+
+def test_a_review_over_the_nesting_bound_is_a_400_naming_it() -> None:
+    with pytest.raises(ReviewError) as e:
+        parse_review(review_around(nested(MAX_DEPTH - 3)))
+    assert e.value.code == 400
+    assert f"more than {MAX_DEPTH} deep" in e.value.message
+
+
+@pytest.mark.parametrize("body", [
+    b"[" * 100_000,
+    b'{"a":' * 100_000,
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"object": ' + b"[" * 100_000,
+], ids=["open-arrays", "open-objects", "closed", "in-the-object"])
+def test_deep_nesting_is_a_400_not_a_recursion_error(body: bytes) -> None:
+    with pytest.raises(ReviewError) as e:
+        parse_review(body)
+    assert e.value.code == 400
+    assert "nests arrays and objects" in e.value.message
+
+
+def test_brackets_in_strings_are_not_nesting() -> None:
+    deep_text = "[" * 500 + '\\"{' * 200
+    req = parse_review(review_around({"command": deep_text, "args": ["]" * 300, '"[[[', "\\"]}))
+    assert req.object["metadata"]["x"]["command"] == deep_text
+
+
+@pytest.mark.parametrize("literal, fragment", [
+    ("NaN", "NaN is not a JSON number"),
+    ("Infinity", "Infinity is not a JSON number"),
+    ("-Infinity", "-Infinity is not a JSON number"),
+    ("1e400", "number 1e400 is out of range"),
+    ("-1e999", "number -1e999 is out of range"),
+    ("18446744073709551616", "number 18446744073709551616 is out of range"),
+    ("-9223372036854775809", "number -9223372036854775809 is out of range"),
+    ("1" * 5000, "is out of range"),
+])
+def test_numbers_json_cannot_carry_are_a_400(literal: str, fragment: str) -> None:
+    body = json.dumps(review(pod())).replace('"name": "web"', f'"name": "web", "n": {literal}').encode()
+    assert literal.encode() in body
+    with pytest.raises(ReviewError) as e:
+        parse_review(body)
+    assert e.value.code == 400
+    assert fragment in e.value.message
+
+
+@pytest.mark.parametrize("literal, value", [
+    ("9223372036854775807", 2 ** 63 - 1), ("-9223372036854775808", -(2 ** 63)),
+    ("18446744073709551615", 2 ** 64 - 1), ("1.5e300", 1.5e300), ("-0.0", -0.0), ("0", 0),
+])
+def test_numbers_in_range_are_kept(literal: str, value: Any) -> None:
+    body = json.dumps(review(pod())).replace('"name": "web"', f'"name": "web", "n": {literal}').encode()
+    assert parse_review(body).object["metadata"]["n"] == value
+
+
+def depth_of(value: Any) -> int:
+    """The nesting depth of a parsed JSON value, without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, dict)):
+            deepest = max(deepest, d)
+            stack.extend((child, d + 1) for child in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+TRICKY_TEXT = st.text(alphabet='[]{}"\\ab\n\u2028', max_size=12)
+NESTED_JSON = st.recursive(
+    st.none() | st.integers(-(2 ** 63), 2 ** 64 - 1) | TRICKY_TEXT,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(TRICKY_TEXT, children, max_size=3),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=NESTED_JSON, depth=st.integers(0, 30), indent=st.sampled_from([None, 0, 2]),
+       ascii=st.booleans())
+def test_nesting_is_measured_exactly(value: Any, depth: int, indent: Any, ascii: bool) -> None:
+    doc = nested(depth, value)
+    body = json.dumps(doc, indent=indent, ensure_ascii=ascii).encode()
+    actual = depth_of(doc)
+    for limit in (actual - 1, actual, max(0, actual - 5), actual + 3):
+        if limit >= 0:
+            assert nesting_exceeds(body, limit) == (actual > limit), (limit, actual)
+
+
+def _fuzz_bodies() -> st.SearchStrategy[bytes]:
+    brackets = st.lists(st.sampled_from([b"[", b"]", b"{", b"}", b'"', b"\\", b",", b":", b"1", b'"a"']),
+                        max_size=400).map(b"".join)
+    deep = st.tuples(st.sampled_from([b"[", b"{\"a\":", b'["', b"[\\"]), st.integers(0, 5000),
+                     st.sampled_from([b"", b"]", b"}", b"1"])).map(lambda t: t[0] * t[1] + t[2] * (t[1] // 2))
+    reviews = st.tuples(NESTED_JSON, st.integers(0, 150)).map(lambda t: review_around(nested(t[1], t[0])))
+    mangled = st.tuples(reviews, st.integers(0, 400), st.binary(max_size=8)).map(
+        lambda t: t[0][:t[1]] + t[2] + t[0][t[1]:])
+    constants = st.sampled_from([b"NaN", b"Infinity", b"-Infinity", b"1e999", b"99999999999999999999999"]).map(
+        lambda c: json.dumps(review(pod())).encode().replace(b'"name": "web"', b'"name": ' + c))
+    return st.one_of(st.binary(max_size=300), brackets, deep, reviews, mangled, constants)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(body=_fuzz_bodies())
+def test_any_bytes_are_a_review_or_a_400(body: bytes) -> None:
+    """
+    Whatever arrives, the parser gives a review or a 400 with a message:
+    never another exception (which the listener would turn into a 500 and
+    a traceback).
+    """
+    try:
+        req = parse_review(body)
+    except ReviewError as e:
+        assert e.code == 400 and e.message
+        return
+    assert isinstance(req, AdmissionRequest)
 
 
 # ---------------------------------------------------------------- answers
@@ -280,7 +424,7 @@ def test_no_object_bytes_without_an_object() -> None:
 
 @settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(extra=st.dictionaries(st.sampled_from(["object", "x", "oldObject", "options"]),
-                             st.recursive(st.none() | st.text(max_size=5) | st.integers(),
+                             st.recursive(st.none() | st.text(max_size=5) | st.integers(-(2 ** 63), 2 ** 64 - 1),
                                           lambda c: st.dictionaries(st.sampled_from(["object", "a"]), c, max_size=3),
                                           max_leaves=6), max_size=3),
        indent=st.sampled_from([None, 0, 2]))

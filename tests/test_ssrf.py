@@ -209,7 +209,7 @@ class NeverConnectedTests(SynchronousTestCase, Answers):
     def test_metadata_address_denied_under_fail(self) -> None:
         response, outcome, r = self.review("http://169.254.169.254/", policy="Fail", allow=EVERYWHERE,
                                            deny=["metadata"])
-        self.assertEqual(outcome.result, "denied")
+        self.assertEqual(outcome.result, "failed")
         self.assertDenied(response, "denied-address",
                           "address 169.254.169.254 is in endpoints.deny_networks (169.254.169.254/32)")
 

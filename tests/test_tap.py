@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import capturedLogs, formatEvent
 from twisted.python.usage import UsageError
 
 from amp.service import AmpService
@@ -37,10 +39,8 @@ def options_for(path: str, *extra: str) -> Options:
     return options
 
 
-def yaml_config(**sections: object) -> str:
-    import yaml
-
-    return yaml.safe_dump(raw_config(**sections))
+def yaml_config(namespaces: object = None, **sections: object) -> str:
+    return yaml.safe_dump(raw_config(namespaces, **sections))  # type: ignore[arg-type]
 
 
 def config_error(path: str, *extra: str) -> str:
@@ -90,11 +90,27 @@ def test_make_service_builds_amp(tmp_path: Path) -> None:
     assert service.certificate.loaded
 
 
-def test_check_flag_exits_zero_after_checking(tmp_path: Path) -> None:
+def test_start_up_logs_the_version_and_a_config_summary(tmp_path: Path) -> None:
+    from amp import __version__
+    from amp.config import config_summary
+
+    path = write_config(tmp_path, yaml_config({"a": {}, "b": {}}, failure_policy="Fail"))
+    service = makeService(options_for(path), reactor=MemoryReactorClock())
+    with capturedLogs() as events:
+        service.startService()
+    service.stopService()
+    lines = [formatEvent(e) for e in events if e.get("log_namespace") == "amp.service.AmpService"]
+    summary = config_summary(service.config)
+    assert f"amp {__version__} starting: {summary}" in lines
+    assert "namespaces from static (2 namespaces), failure policy Fail" in summary
+
+
+def test_check_flag_exits_zero_after_checking(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_config(tmp_path, yaml_config())
     with pytest.raises(SystemExit) as e:
         makeService(options_for(path, "--check"), reactor=MemoryReactorClock())
     assert e.value.code == 0
+    assert "effective configuration" in capsys.readouterr().out
 
 
 def _twistd(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -160,7 +176,42 @@ def test_twistd_amp_with_a_missing_key_file_prints_one_line(tmp_path: Path, chec
     assert str(key) in line
 
 
-def test_twistd_amp_check_of_a_good_config_exits_zero_quietly(tmp_path: Path) -> None:
-    path = write_config(tmp_path, yaml_config())
+def test_twistd_amp_check_prints_the_effective_config(tmp_path: Path) -> None:
+    """
+    C{--check} of a good config exits 0 and prints the effective config as
+    YAML, defaults filled in: loading what it prints gives the same config.
+    TLS file paths are shown, never what the files hold, and an endpoint
+    URL's credentials and query in a namespace's annotation are masked.
+    """
+    from amp import __version__
+    from amp.config import config_digest, load_config, parse_config
+
+    tls = dev_tls()
+    path = write_config(tmp_path, yaml_config(
+        {"team-a": {"labels": {"amp.txn2.com/enabled": "true"},
+                    "annotations": {"amp.txn2.com/ep": "http://user:hunter2@127.0.0.1:8080/mutate?token=t0ps3cret"}}},
+        endpoints={"client_cert": str(tls["cert"]), "client_key": str(tls["key"]),
+                   "overrides": [{"match": "http://127.0.0.1:9/*", "timeout": "750ms"}],
+                   "deny_networks": ["metadata"]}))
     result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, "--check", cwd=tmp_path)
-    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+    assert (result.returncode, result.stderr) == (0, "")
+    config = load_config(path)
+    first, _, rest = result.stdout.partition("\n")
+    assert first == f"# amp {__version__}: effective configuration {config_digest(config)}"
+    shown = yaml.safe_load(rest)
+    # Every default is there.
+    assert shown["listen"]["max_connections"] == 1024
+    assert shown["metrics"]["debug_reviews"] == 256
+    assert shown["endpoints"]["overrides"][0]["timeout"] == 0.75
+    assert shown["tls"]["key"] == str(tls["key"])
+    assert shown["kubernetes"]["namespaces"]["team-a"]["annotations"]["amp.txn2.com/ep"] == (
+        "http://***@127.0.0.1:8080/mutate?***")
+    for secret in ("hunter2", "t0ps3cret"):
+        assert secret not in result.stdout
+    key_body = tls["key"].read_text().splitlines()[1]
+    assert key_body not in result.stdout
+    assert tls["cert"].read_text().splitlines()[1] not in result.stdout
+    # It loads back to the same config (the masked annotation aside).
+    shown["kubernetes"]["namespaces"]["team-a"]["annotations"]["amp.txn2.com/ep"] = (
+        "http://user:hunter2@127.0.0.1:8080/mutate?token=t0ps3cret")
+    assert parse_config(shown) == config

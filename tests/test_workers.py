@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import os
 import signal
+import random
 import socket
 import ssl
 import subprocess
@@ -184,23 +185,32 @@ def test_metrics_ports_must_fit(tmp_path: Path) -> None:
 
 
 def _free_ports() -> tuple[int, int]:
-    """A free port for the webhook and a free pair (base, base+1) for metrics."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        webhook = s.getsockname()[1]
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            base = a.getsockname()[1]
-            if base + 1 > 65535 or base + 1 == webhook or base == webhook:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", base + 1))
-                except OSError:
-                    continue
-                return webhook, base
-    raise AssertionError("no free pair of loopback ports")
+    """
+    A free port for the webhook and a free pair (base, base+1) for metrics,
+    below the kernel's ephemeral range: there no other test's port-0
+    listener or outgoing connection can take one of them between this check
+    and the workers' start (the workers listen on every interface).
+    """
+    low, _ = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    rng = random.Random()
+    for _ in range(200):
+        webhook, base = rng.randrange(10000, low - 1), rng.randrange(10000, low - 1)
+        wanted = {webhook, base, base + 1}
+        if len(wanted) != 3:
+            continue
+        held = []
+        try:
+            for port in wanted:
+                s = socket.socket()
+                held.append(s)
+                s.bind(("", port))
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+        return webhook, base
+    raise AssertionError("no free ports below the ephemeral range")
 
 
 def _reviews_answered(port: int) -> Optional[int]:

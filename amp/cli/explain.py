@@ -526,8 +526,8 @@ no --config they describe the whole namespace, and no cluster is needed.
 EPILOG = """\
 exit status:
   0  admitted as the endpoint intended (patched, allowed, or amp does not act)
-  1  the failure policy decided (ignored, denied because of a failure, or a chain
-     patched without a failed endpoint's patch)
+  1  the failure policy decided (ignored, failed: denied because of a failure, or
+     a chain patched without a failed endpoint's patch)
   2  bad usage or input
   3  the endpoint denied the Pod
   4  with --twice: a second review would change the Pod again (not idempotent)

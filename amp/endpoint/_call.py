@@ -39,7 +39,7 @@ anything was sent, and only within the first half of the call's time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IConsumer, IDelayedCall
@@ -131,18 +131,22 @@ class Call:
         caller's time left, else None (the caller's deadline rules).
     @param deadline: the review's deadline, which the caller enforces.
     @param allowed: the call's time: C{min(settings.timeout, remaining)}.
+    @param check: given a usable reply, the reason amp refuses it, or None
+        (see L{EndpointClient.call}).
     @param charge: what the call holds of the client's reply budget.
     """
 
     __slots__ = (
         "_client", "_origin", "_target", "_profile", "_agent", "_settings", "_body", "_headers", "_timeout",
-        "_deadline", "_allowed", "_charge", "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry", "_done", "_waiters", "result",
+        "_deadline", "_allowed", "_charge", "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry",
+        "_done", "_waiters", "_check", "result",
     )
 
     def __init__(
         self, client: "EndpointClient", origin: "Origin", target: Target, profile: Optional[Profile], agent: Any,
         settings: EndpointSettings, body: bytes, headers: Headers, timeout: Optional[float], deadline: Deadline,
         allowed: float, charge: Charge, breaker: CircuitBreaker, ticket: Ticket,
+        check: Optional[Callable[[EndpointDecision], Optional[str]]] = None,
     ) -> None:
         self._client = client
         self._origin = origin
@@ -158,6 +162,7 @@ class Call:
         self._charge = charge
         self._breaker = breaker
         self._ticket = ticket
+        self._check = check
         self._retry = settings.retry
         self._done = False
         self._waiters: Optional[list[Deferred]] = None
@@ -198,7 +203,15 @@ class Call:
             # Settled already (timer or caller); this is the aborted request.
             return None
         if not isinstance(result, Failure):
-            self._settle("ok", "success")
+            # The endpoint answered (a success for the breaker); amp may
+            # still refuse what it said, and then the call is not "ok".
+            outcome = "ok"
+            if self._check is not None:
+                try:
+                    outcome = self._check(result) or "ok"
+                except Exception:
+                    log.failure("Could not check the reply of {endpoint}", endpoint=self._origin.name)
+            self._settle(outcome, "success")
             self.result.callback(result)
             return None
         failure = classify(result, self._settings)

@@ -5,7 +5,7 @@ L{EndpointClient}: the one client amp calls endpoints with; it admits calls
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, fail, gatherResults
 from twisted.internet.interfaces import IHostnameResolver
@@ -154,6 +154,7 @@ class EndpointClient:
     def call(
         self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes],
         deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
+        check: Optional[Callable[[EndpointDecision], Optional[str]]] = None,
     ) -> "Deferred[EndpointDecision]":
         """
         POST C{body} to C{url} and parse the reply, within C{settings.timeout}
@@ -169,6 +170,10 @@ class EndpointClient:
         C{cancelled}, the breaker counts nothing, and the result fails with
         C{CancelledError}.
 
+        @param check: given a usable reply, the reason amp refuses it (its
+            patch is invalid, does not apply, ...) or None; the call is
+            counted under that reason instead of C{ok}, and still resolves to
+            the reply (the endpoint answered: a success for the breaker).
         @param breaker_config: the breaker settings of C{url}'s origin (those
             of its root URL, see L{amp.policy.Route.breaker}); by default
             C{settings.breaker}.  The first call to an origin sets them.
@@ -211,7 +216,7 @@ class EndpointClient:
         self.budget.limit = settings.max_buffered
         c = Call(self, origin, target, profile if self._test_agent is None else None, self._test_agent, settings,
                  body, raw, timeout, deadline, timeout if timeout is not None else remaining, Charge(self.budget),
-                 breaker, ticket)
+                 breaker, ticket, check)
         origin.in_flight += 1
         self._live.add(c)
         return c.start()

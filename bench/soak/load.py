@@ -51,7 +51,7 @@ def check_answer(ns: dict[str, Any], version: str, uid: str, status: int, header
     C{(outcome, reason, kind)} with outcome C{patched} (the endpoint's
     patch; C{kind} is the label value the chaos endpoint set), C{ignored}
     (failure policy Ignore: the Pod admitted with amp's C{skipped} status;
-    C{reason} is amp's name for the failure), C{denied} (failure policy Fail)
+    C{reason} is amp's name for the failure), C{failed} (failure policy Fail)
     or C{skipped} (a namespace that is not enabled).
 
     @raise Violation: for an answer the API server would reject, or one
@@ -83,7 +83,7 @@ def check_answer(ns: dict[str, Any], version: str, uid: str, status: int, header
         m = _DENIED_MESSAGE.match(message if isinstance(message, str) else "")
         if not m:
             raise Violation(f"denial without amp's reason: {message!r}")
-        return "denied", m.group(2), ""
+        return "failed", m.group(2), ""
     ops: list[Any] = []
     patched = pod
     if "patch" in resp or "patchType" in resp:

@@ -98,7 +98,7 @@ def evaluate(soak: Any, run: dict[str, Any], after: dict[str, Any], log: dict[st
     logged: dict[str, int] = {}
     for _, result, _, _ in amp_reviews.values():
         logged[result] = logged.get(result, 0) + 1
-    results_match = amp_results == logged and set(amp_results) <= {"patched", "ignored", "denied", "skipped"}
+    results_match = amp_results == logged and set(amp_results) <= {"patched", "ignored", "failed", "skipped"}
     totals = {k: sum(p.get(k, 0) for p in injected.values()) for k in soak.kinds}
     breaker_open = rec["origins"].get("flaky", {}).get("breaker_open", 0)
     criterion("outcomes", not rec["problems"] and results_match and duplicates == 0 and all(totals.values())

@@ -18,13 +18,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from amp_dev import demo
+from tests.waiting import poll_until
 
 REPO = Path(__file__).resolve().parents[2]
 REVIEW = REPO / "etc" / "reviews" / "pod-create.json"
@@ -54,14 +53,6 @@ endpoints: {{allow: ["http://127.0.0.1:*/*"], timeout: 2s}}
 failure_policy: Ignore
 """)
     return path
-
-
-def poll_until(what: str, check: Callable[[], bool], details: Callable[[], str] = lambda: "") -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {DEADLINE:.0f}s\n{details()}")
-        time.sleep(0.05)
 
 
 def alive(pid: int) -> bool:
@@ -157,7 +148,7 @@ class RunningDemo:
         return [int(pid) for pid in found.groups()] if found else []
 
     def wait_until_up(self) -> list[int]:
-        poll_until("'Press Ctrl-C'", lambda: "Press Ctrl-C to stop." in self.output(), self.output)
+        poll_until("'Press Ctrl-C'", lambda: "Press Ctrl-C to stop." in self.output(), DEADLINE, self.output)
         return self.children()
 
     def kill(self) -> None:
@@ -217,7 +208,7 @@ def test_no_child_outlives_the_demo_however_it_stops(demos, tmp_path: Path) -> N
         children = one.children()
         assert len(children) == 2, one.output()
         poll_until(f"exit of the children of the demo stopped by {name}",
-                   lambda: not any(alive(pid) for pid in children), one.output)
+                   lambda: not any(alive(pid) for pid in children), DEADLINE, one.output)
         assert not (one.directory / "twistd.pid").exists()
     for name in ("SIGTERM", "SIGHUP", "Ctrl-C"):
         assert "demo: stopped twistd amp-example (pid" in running[name].output()

@@ -102,7 +102,7 @@ def test_explain_predicts_the_failure_policy(
     down = f"http://127.0.0.1:{closed_port()}"
     failing = amp.namespace(unique("explain-fail"), f"{down}/mutate", failure_policy="Fail")
     status, predicted = explain(amp, failing, pod_manifest("web"), tmp_path)
-    assert (status, predicted["result"], predicted["pod"]) == (1, "denied", None)
+    assert (status, predicted["result"], predicted["pod"]) == (1, "failed", None)
     with pytest.raises(ApiException) as caught:
         core.create_namespaced_pod(failing, pod_manifest("web"))
     assert predicted["message"] in json.loads(caught.value.body)["message"]
