@@ -312,6 +312,26 @@ class HeadLimitTests(SynchronousTestCase, FailureAssertions):
             e = self.assertReason(d, "response-headers-too-large")
             self.assertIn("more than 100 header lines", e.message, status)
 
+    def test_a_whole_head_in_one_read_is_held_to_the_same_limits(self) -> None:
+        for head, fragment in (
+            (b"HTTP/1.1 200 OK\r\n" + b"X-H: v\r\n" * 101 + b"Content-Length: 2\r\n\r\n[]", "header lines"),
+            (b"HTTP/1.1 200 OK\r\nX-Big: " + b"b" * 17000 + b"\r\nContent-Length: 2\r\n\r\n[]", "byte limit"),
+            # Bare line feeds end a head too: the CRLFs in the body are not its end.
+            (b"HTTP/1.1 200 OK\n" + b"X-H: v\n" * 101 + b"\n" + b"\r\n\r\n", "header lines"),
+        ):
+            net = MemoryNet()
+            h = Harness(net.reactor)
+            d = h.call(URL)
+            proto, _ = net.accept()
+            proto.dataReceived(head)
+            e = self.assertReason(d, "response-headers-too-large")
+            self.assertIn(fragment, e.message)
+
+    def test_a_head_with_bare_line_feeds_is_read(self) -> None:
+        h, d, proto, _ = self.call()
+        proto.dataReceived(b"HTTP/1.1 200 OK\nContent-Length: 6\n\n[]\r\n\r\n")
+        self.assertEqual(self.successResultOf(d).patch, [])
+
     def test_an_interim_head_then_the_reply_is_read(self) -> None:
         h, d, proto, _ = self.call()
         proto.dataReceived(b"HTTP/1.1 100 Continue\r\n\r\n" + http_reply(b"[]"))

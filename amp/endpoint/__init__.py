@@ -78,7 +78,7 @@ Twisted internals
 =================
 
 One: C{Agent._requestWithEndpoint}, so that a call does not parse its URL
-again (L{amp.endpoint._pool.Profile.request} gives the measurement: -11%
+again (L{amp.endpoint._pool.Profile.request} gives the measurement: -15%
 of the client's CPU per call).  The pool, the agent's endpoint factory, the
 endpoints and the protocol wrapper are used through their public APIs; the
 one override, the pool's public C{getConnection}, passes over idle

@@ -301,6 +301,14 @@ class GuardedConnection(ProtocolWrapper):
             self._at_status = True
             self._interim = False
 
+    # Called on every reply: said here rather than found by ProtocolWrapper's
+    # __getattr__ each time.
+    def pauseProducing(self) -> None:
+        self.transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self.transport.resumeProducing()
+
     def loseConnection(self) -> None:
         # Closing in the middle of a reply only happens to stop reading it
         # (a body amp drops or that passed its limit, a cancelled call):
@@ -320,12 +328,34 @@ class GuardedConnection(ProtocolWrapper):
     def dataReceived(self, data: bytes) -> None:
         if self._refused is not None:
             return
-        if self._in_head and not self._scan(data):
+        if self._in_head and not (self._at_status and not self._line and self._whole_head(data)) \
+                and not self._scan(data):
             return
         self.wrappedProtocol.dataReceived(data)
         if self._head and not self._in_head and self.http.state == "QUIESCENT":
             # The reply is over: its head is no longer held.
             self._release()
+
+    def _whole_head(self, data: bytes) -> bool:
+        """
+        The usual reply, counted in a few C calls: the whole head in the
+        first bytes read, C{HTTP/1.x} and a final status code, within every
+        limit.  True when it was; False leaves C{data} to L{_scan}, which
+        handles everything else (and refuses what is over a limit).
+        """
+        blank = data.find(b"\n\r\n")
+        if (blank < 0 or not data.startswith(b"HTTP/1.") or data[9:10] == b"1" or not data[9:12].isdigit()
+                or data[12:13] not in (b" ", b"\r") or data.find(b"\n\n", 0, blank) >= 0):
+            return False
+        size = blank + 3
+        limits = self._limits
+        if size > limits.size or size > MAX_LINE or data.count(b"\n", 0, size) - 2 > limits.count:
+            return False
+        if not limits.budget.take(size):
+            return False
+        self._head = size
+        self._in_head = False
+        return True
 
     def _scan(self, data: bytes) -> bool:
         """
