@@ -13,11 +13,9 @@ through amp's assembled site in memory (StringTransport).
 
 from __future__ import annotations
 
-import http.client
 import io
 import json
 import os
-import re
 import shutil
 import signal
 import tempfile
@@ -38,6 +36,7 @@ from amp.metrics import Metrics
 from amp.namespaces import NamespaceInfo
 from amp.reload import ConfigFile, ConfigReloadService
 from amp.service import AmpService, serving_certificate
+from tests.prometheus import Scrape
 from tests.helpers import decode_answer, namespace, parse_raw_response, raw_config, review_bytes
 from tests.test_channel import Connection, HeldSource, ListeningAtOnce, Transport, post_head
 from tests.test_shutdown import Amp, HeldEndpoint, free_port
@@ -369,14 +368,10 @@ class ApplyTests(SynchronousTestCase):
 def config_hash(port: int) -> Optional[str]:
     """The hash label of C{amp_config_info} on amp's metrics port, or None."""
     try:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        connection.request("GET", "/metrics")
-        text = connection.getresponse().read().decode()
-        connection.close()
-    except OSError:
+        hashes = Scrape.get(port, timeout=2).by("amp_config_info", "hash")
+    except (OSError, RuntimeError):
         return None
-    found = re.findall(r'^amp_config_info\{hash="([0-9a-f]+)"\} 1\.0$', text, re.M)
-    return found[0] if len(found) == 1 else None
+    return next(iter(hashes)) if len(hashes) == 1 and set(hashes.values()) == {1.0} else None
 
 
 def patched(result: tuple[int, dict[str, str], bytes]) -> bool:

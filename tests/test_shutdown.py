@@ -32,6 +32,7 @@ from typing import Any, Iterator, Optional
 import pytest
 import yaml
 
+from tests.prometheus import Scrape
 from tests.helpers import ca_pem, namespace, raw_config, review_bytes
 from tests.waiting import poll_until
 
@@ -105,16 +106,9 @@ class HeldEndpoint:
 def metric(port: int, name: str) -> Optional[float]:
     """One sample of amp's metrics on C{port}, or None when it does not answer."""
     try:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        connection.request("GET", "/metrics")
-        text = connection.getresponse().read().decode()
-        connection.close()
-    except OSError:
+        return Scrape.get(port, timeout=2).value(name)
+    except (OSError, RuntimeError):
         return None
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return None
 
 
 def gone(pid: int) -> bool:

@@ -29,6 +29,7 @@ from twisted.trial.unittest import TestCase
 from amp.tap import Options, makeService
 from amp.tls import ReloadingCertificate, tls_endpoint
 from amp.workers import ParentWatch, worker_argv
+from tests.prometheus import Scrape
 from tests.helpers import ca_pem, decode_answer, dev_tls, raw_config, review_bytes, tls_exchange
 from tests.waiting import poll_until
 
@@ -215,14 +216,9 @@ def _free_ports() -> tuple[int, int]:
 
 def _reviews_answered(port: int) -> Optional[int]:
     try:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        connection.request("GET", "/metrics")
-        body = connection.getresponse().read().decode()
-        connection.close()
-    except OSError:
+        return int(Scrape.get(port, timeout=2).total("amp_admission_requests_total"))
+    except (OSError, RuntimeError):
         return None
-    return int(sum(float(line.split()[-1]) for line in body.splitlines()
-                   if line.startswith("amp_admission_requests_total")))
 
 
 def _children(pid: int) -> list[int]:
