@@ -14,6 +14,7 @@ open file descriptors), and no C{*_created} series.
 """
 
 from __future__ import annotations
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -46,6 +47,15 @@ CONFIG_RELOAD_RESULTS = ("success", "error")
 CONNECTION_DROP_REASONS = ("max-connections", "no-request", "shutting-down")
 
 
+#: Operations C{amp_admission_requests_total{operation}} names; any other
+#: is counted as C{other}.
+OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+#: How many distinct request kinds C{amp_admission_requests_total{kind}}
+#: names; later ones are counted as C{other}.  The kind comes from the
+#: request, so a client must not be able to grow the registry without bound.
+KIND_LIMIT = 16
+
+
 class Metrics:
     """
     All of amp's metrics, in one registry.
@@ -62,6 +72,8 @@ class Metrics:
         self.admission_requests = Counter(
             "amp_admission_requests", "Admission reviews answered, by result and reason.",
             ["kind", "operation", "result", "reason"], registry=r)
+        self._review_counters: dict[tuple[str, str, str, str], Any] = {}
+        self._review_kinds: set[str] = set()
         self.admission_duration = Histogram(
             "amp_admission_duration_seconds", "Time from request to answer for a review.",
             buckets=LATENCY_BUCKETS, registry=r)
@@ -114,6 +126,30 @@ class Metrics:
             "amp_config_info", "1 for the hash of the configuration in force.", ["hash"], registry=r)
         self.build_info = Gauge("amp_build_info", "1, labelled with amp's version.", ["version"], registry=r)
         self.build_info.labels(version=__version__).set(1)
+
+    def count_review(self, kind: str, operation: str, result: str, reason: str, seconds: float) -> None:
+        """
+        One review answered: C{amp_admission_requests_total} and
+        C{amp_admission_duration_seconds}.  The counter's children are kept
+        for the next review with the same labels (C{labels()} costs as
+        much as the rest of the accounting).
+        """
+        child = self._review_counters.get((kind, operation, result, reason))
+        if child is None:
+            child = self._review_counter(kind, operation, result, reason)
+        child.inc()
+        self.admission_duration.observe(seconds)
+
+    def _review_counter(self, kind: str, operation: str, result: str, reason: str) -> Any:
+        kinds = self._review_kinds
+        if kind not in kinds and len(kinds) < KIND_LIMIT:
+            kinds.add(kind)
+        bounded = (kind if kind in kinds else "other", operation if operation in OPERATIONS else "other")
+        child = self.admission_requests.labels(*bounded, result, reason)
+        if bounded == (kind, operation):
+            # Only bounded keys are kept: results and reasons are amp's own.
+            self._review_counters[(kind, operation, result, reason)] = child
+        return child
 
     def render(self) -> bytes:
         """

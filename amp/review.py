@@ -20,12 +20,13 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 import re
 from array import array
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Iterable, Mapping, Optional
+
+import msgspec
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
@@ -39,7 +40,8 @@ WARNINGS_TOTAL = 4000
 _AUDIT_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 AUDIT_VALUE_LIMIT = 1024
 
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+#: Compact UTF-8 JSON, encoded in C.
+_encode = msgspec.json.encode
 
 #: How deeply a review body may nest arrays and objects, the AdmissionReview
 #: itself counting as one.  A Pod in a review is about 12 deep (the
@@ -150,7 +152,6 @@ def _bounded_int(text: str) -> int:
 #: Decodes what an API server could have sent: no NaN or Infinity, numbers
 #: in range.
 _DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
-_scan_once = _DECODER.scan_once
 
 # For the depth check: brackets and quotes kept ({ and } as [ and ]), then
 # each [ as +1 and each ] as -1.
@@ -206,45 +207,56 @@ def nesting_exceeds(body: bytes, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
-_KEY_COLON = re.compile(r'"object"[ \t\n\r]*:[ \t\n\r]*')
-#: Stands in for request.object while the rest of the review is parsed;
-#: a NUL and a per-process token, so no real review contains it.
-_SENTINEL = f"\x00amp-object-{os.urandom(8).hex()}"
-_SENTINEL_JSON = json.dumps(_SENTINEL)
+class _FastRequest(msgspec.Struct):
+    """
+    C{AdmissionReview.request} as the fast path reads it: the object kept
+    as its raw JSON, every other field as it comes (checked below).
+    """
+
+    uid: Any = None
+    kind: Any = None
+    operation: Any = None
+    namespace: Any = None
+    name: Any = None
+    subResource: Any = None
+    dryRun: Any = None
+    object: msgspec.Raw = msgspec.Raw(b"null")
 
 
-def _split_object(body: bytes) -> Optional[tuple[dict, bytes]]:
+class _FastReview(msgspec.Struct):
+    apiVersion: Any = None
+    kind: Any = None
+    request: Optional[_FastRequest] = None
+
+
+_fast_review = msgspec.json.Decoder(_FastReview).decode
+_fast_any = msgspec.json.Decoder().decode
+#: Nineteen digits in a row may be an integer out of 64-bit range, which
+#: msgspec reads as a Python int: such a body takes the careful path.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+def _decode_fast(body: bytes) -> Optional[tuple[_FastReview, Any, Optional[bytes]]]:
     """
-    Parse the review and cut C{request.object}'s JSON out of C{body}, for
-    forwarding without serialising the Pod again (for large Pods that costs
-    as much as parsing it).  The object is parsed once, the rest of the
-    review once with a sentinel in the object's place; the sentinel landing
-    at C{request.object} proves the cut was the right one.  None when
-    anything is unusual: the caller then parses the whole body the plain
-    way, which also produces the error messages.
+    The review decoded in C (msgspec), with C{request.object} parsed from
+    its raw JSON, which is kept for forwarding; None when msgspec refuses
+    the body, or it may hold what msgspec reads differently from what an
+    API server sends (long integers): then the careful path below decides,
+    and names what is wrong.  msgspec refuses C{NaN}, C{Infinity},
+    numbers out of a double's range and invalid UTF-8 by itself; the depth
+    is checked before either path runs.
     """
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
+    if _LONG_DIGITS.search(body) is not None:
         return None
-    pos = 0
-    for _ in range(3):
-        m = _KEY_COLON.search(text, pos)
-        if m is None:
-            return None
-        start = m.end()
-        try:
-            value, end = _scan_once(text, start)
-            doc = _DECODER.decode(text[:start] + _SENTINEL_JSON + text[end:])
-        except (StopIteration, ValueError):
-            return None
-        request = doc.get("request") if isinstance(doc, dict) else None
-        if isinstance(request, dict) and request.get("object") == _SENTINEL:
-            request["object"] = value
-            raw = body[start:end] if body.isascii() else text[start:end].encode("utf-8")
-            return doc, raw
-        pos = m.start() + 1
-    return None
+    try:
+        review = _fast_review(body)
+        if review.request is None:
+            return review, None, None
+        raw = review.request.object
+        pod = _fast_any(raw)
+        return review, pod, bytes(raw) if isinstance(pod, dict) else None
+    except (msgspec.DecodeError, RecursionError):
+        return None
 
 
 def parse_review(body: bytes) -> AdmissionRequest:
@@ -256,13 +268,18 @@ def parse_review(body: bytes) -> AdmissionRequest:
     if nesting_exceeds(body):
         raise ReviewError(400, f"request body nests arrays and objects more than {MAX_DEPTH} deep; "
                                "an AdmissionReview never does")
+    fast = _decode_fast(body)
+    if fast is not None:
+        review, pod, object_json = fast
+        request = review.request
+        if request is None:
+            return _checked(review.apiVersion, review.kind, None, None, None)
+        fields = {"uid": request.uid, "kind": request.kind, "operation": request.operation,
+                  "namespace": request.namespace, "name": request.name, "subResource": request.subResource,
+                  "dryRun": request.dryRun}
+        return _checked(review.apiVersion, review.kind, fields, pod, object_json)
     try:
-        split = _split_object(body)
-        if split is not None:
-            doc, object_json = split
-        else:
-            object_json = None
-            doc = _DECODER.decode(_text(body))
+        doc = _DECODER.decode(_text(body))
     except _NotJSON as e:
         raise ReviewError(400, f"request body is not JSON an API server sends: {e}") from None
     except (ValueError, UnicodeDecodeError) as e:
@@ -272,13 +289,22 @@ def parse_review(body: bytes) -> AdmissionRequest:
         raise ReviewError(400, f"request body nests arrays and objects more than {MAX_DEPTH} deep") from None
     if not isinstance(doc, dict):
         raise ReviewError(400, "request body is not a JSON object (expected an AdmissionReview)")
-    api_version = doc.get("apiVersion")
+    request = doc.get("request")
+    return _checked(doc.get("apiVersion"), doc.get("kind"), request if isinstance(request, dict) else None,
+                    request.get("object") if isinstance(request, dict) else None, None)
+
+
+def _checked(api_version: Any, kind_of_review: Any, request: Optional[dict], pod: Any,
+             object_json: Optional[bytes]) -> AdmissionRequest:
+    """
+    The fields amp uses, checked; C{object_json} is the object's JSON as
+    it came, when it was kept.
+    """
     if api_version not in API_VERSIONS:
         raise ReviewError(400, f"apiVersion {api_version!r} is not one of {', '.join(API_VERSIONS)}")
-    if doc.get("kind") != "AdmissionReview":
-        raise ReviewError(400, f"kind {doc.get('kind')!r} is not AdmissionReview")
-    request = doc.get("request")
-    if not isinstance(request, dict):
+    if kind_of_review != "AdmissionReview":
+        raise ReviewError(400, f"kind {kind_of_review!r} is not AdmissionReview")
+    if request is None:
         raise ReviewError(400, "AdmissionReview has no request object")
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
@@ -306,8 +332,8 @@ def parse_review(body: bytes) -> AdmissionRequest:
         name=str(request.get("name") or ""),
         sub_resource=str(request.get("subResource") or ""),
         dry_run=dry_run,
-        object=request.get("object"),
-        object_json=object_json if isinstance(request.get("object"), dict) else None,
+        object=pod,
+        object_json=object_json if isinstance(pod, dict) else None,
     )
 
 
@@ -383,7 +409,7 @@ def encode_response(
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if allowed:
         if patch_bytes is None and patch:
-            patch_bytes = _dumps(patch).encode("utf-8")
+            patch_bytes = _encode(patch)
         if patch_bytes and patch_bytes != b"[]":
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(patch_bytes).decode("ascii")
@@ -398,11 +424,11 @@ def encode_response(
     if audit:
         response["auditAnnotations"] = dict(audit)
     review = {"apiVersion": request_api_version, "kind": "AdmissionReview", "response": response}
-    return _dumps(review).encode("utf-8")
+    return _encode(review)
 
 
 def dumps(value: Any) -> bytes:
     """
     Compact JSON, as amp sends it everywhere.
     """
-    return _dumps(value).encode("utf-8")
+    return _encode(value)

@@ -91,6 +91,9 @@ class WebhookRequest(server.Request):
     logger = Logger()
     _received = 0
     _refused = False
+    #: The review answering this request, cancelled if the client goes
+    #: away before the answer (cheaper than a notifyFinish() Deferred).
+    review: Optional[Deferred] = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -120,6 +123,17 @@ class WebhookRequest(server.Request):
         if self._refused:
             return
         super().requestReceived(command, path, version)
+
+    def connectionLost(self, reason: Failure) -> None:
+        """
+        The client went away before the answer was written: stop the review
+        (and its endpoint call).  Cancelling a review that has its answer
+        already does nothing.
+        """
+        super().connectionLost(reason)
+        review, self.review = self.review, None
+        if review is not None:
+            review.cancel()
 
     def processingFailed(self, reason: Failure) -> Failure:
         """
@@ -463,6 +477,8 @@ class AdmissionResource(Resource):
         self._clock = clock
         self._metrics = metrics
         self._validation = validation
+        #: Reviews answered whose log line and metrics are still to come.
+        self._unaccounted: list[tuple[AdmissionRequest, Outcome, float, float]] = []
 
     def render(self, request: server.Request) -> Any:
         if request.method != b"POST":
@@ -496,9 +512,8 @@ class AdmissionResource(Resource):
         # Not "if not d.called": a review can be called already and still be
         # waiting on a chained Deferred (an endpoint call started from a
         # namespace fetch that answered at once); cancel() reaches it.
-        request.notifyFinish().addErrback(_cancel_on_disconnect, d)
-        d.addCallback(self._respond, request, req, started)
-        d.addErrback(self._write_failed, request)
+        request.review = d
+        d.addCallback(self._respond, request, req, started).addErrback(self._write_failed, request)
         return server.NOT_DONE_YET
 
     def _bad(self, request: server.Request, code: int, message: str) -> bytes:
@@ -510,6 +525,7 @@ class AdmissionResource(Resource):
     def _respond(self, result: tuple[bytes, Outcome], request: server.Request, req: AdmissionRequest,
                  started: float) -> None:
         body, outcome = result
+        request.review = None
         if request._disconnected:
             outcome.reason = outcome.reason or "client-disconnected"
         else:
@@ -518,39 +534,36 @@ class AdmissionResource(Resource):
             request.write(body)
             request.finish()
         answered = self._clock.seconds()
-        elapsed = answered - started
         # The answer is only in the transport's buffer until the reactor's
         # next I/O pass: do the accounting (log line, metrics) after that, two
-        # turns later, so it never delays the answer.
-        self._clock.callLater(0, self._clock.callLater, 0, self._account, req, outcome, elapsed, answered)
+        # turns later, so it never delays the answer; the reviews answered in
+        # one turn are accounted together.
+        unaccounted = self._unaccounted
+        unaccounted.append((req, outcome, answered - started, answered))
+        if len(unaccounted) == 1:
+            self._clock.callLater(0, self._clock.callLater, 0, self._account)
 
-    def _account(self, req: AdmissionRequest, outcome: Outcome, elapsed: float, answered: float) -> None:
-        if self.recent is not None:
-            self.recent.record(Decision(
-                req.uid, answered, req.namespace, req.pod_name, outcome.endpoint, str(outcome.result),
-                str(outcome.reason), outcome.message, elapsed * 1000))
-        self._metrics.admission_duration.observe(elapsed)
-        self._metrics.admission_requests.labels(req.kind, req.operation, outcome.result, outcome.reason).inc()
-        self.log.info(
-            _REVIEW_LINE_WITH_REASON if outcome.reason else _REVIEW_LINE,
-            uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=outcome.endpoint or "-",
-            result=outcome.result, reason=outcome.reason, patch_size=outcome.patch_size, duration_ms=elapsed * 1000, dry_run=req.dry_run,
-            kind=req.kind, operation=req.operation)
+    def _account(self) -> None:
+        unaccounted, self._unaccounted = self._unaccounted, []
+        recent = self.recent
+        count = self._metrics.count_review
+        info = self.log.info
+        for req, outcome, elapsed, answered in unaccounted:
+            if recent is not None:
+                recent.record(Decision(
+                    req.uid, answered, req.namespace, req.pod_name, outcome.endpoint, str(outcome.result),
+                    str(outcome.reason), outcome.message, elapsed * 1000))
+            count(req.kind, req.operation, outcome.result, outcome.reason, elapsed)
+            info(_REVIEW_LINE_WITH_REASON if outcome.reason else _REVIEW_LINE,
+                 uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=outcome.endpoint or "-",
+                 result=outcome.result, reason=outcome.reason, patch_size=outcome.patch_size,
+                 duration_ms=elapsed * 1000, dry_run=req.dry_run, kind=req.kind, operation=req.operation)
 
     def _write_failed(self, failure: Failure, request: server.Request) -> None:
         self.log.failure("Could not write an admission answer", failure)
         if not request._disconnected and not request.finished:
             request.setResponseCode(500)
             request.finish()
-
-
-def _cancel_on_disconnect(failure: Failure, d: Deferred) -> None:
-    """
-    The client went away before the answer was written: stop the review
-    (and its endpoint call).  Cancelling a review that has its answer
-    already does nothing.
-    """
-    d.cancel()
 
 
 class HealthResource(Resource):

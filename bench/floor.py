@@ -61,14 +61,10 @@ def _codec() -> tuple[str, Callable[[bytes], tuple[str, str, bytes]], Callable[[
 
         return "json", split, lambda doc: json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
-    class Request(msgspec.Struct):
-        uid: str
-        object: msgspec.Raw
-
-    class Review(msgspec.Struct):
-        apiVersion: str
-        request: Request
-
+    # defstruct, not class statements: this module's annotations are
+    # strings, which msgspec cannot resolve for classes local to a function.
+    request = msgspec.defstruct("Request", [("uid", str), ("object", msgspec.Raw)])
+    Review = msgspec.defstruct("Review", [("apiVersion", str), ("request", request)])
     decoder = msgspec.json.Decoder(Review)
 
     def split_raw(body: bytes) -> tuple[str, str, bytes]:

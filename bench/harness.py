@@ -200,8 +200,10 @@ class Proc:
         ready, _, _ = select.select([out], [], [], timeout)
         line = out.readline() if ready else ""
         if not line:
-            self.stop()
-            err = self.popen.stderr.read() if self.popen.stderr else ""
+            if self.popen.poll() is None:
+                self.popen.kill()
+            _, err = self.popen.communicate(timeout=10)
+            err = err or ""
             raise RuntimeError(f"{self.name} did not start: {err.strip()[-2000:]}")
         return json.loads(line)
 
