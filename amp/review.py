@@ -190,10 +190,16 @@ def nesting_exceeds(body: bytes, limit: int = MAX_DEPTH) -> bool:
     structure = body.translate(_UNIFY, _STRUCTURE)
     if structure.count(b"[") <= limit:
         return False
-    structure = structure.replace(b'""', b"")
-    if b'"' in structure:
+    if structure.count(b'""') * 2 == structure.count(b'"'):
+        # Every run of quotes between two brackets is even: no string holds
+        # a bracket (the first one inside a string would follow an odd run,
+        # the complete strings since the bracket before it and its own
+        # opening quote), so the quotes just go.  Counting is cheaper than
+        # cutting out each pair.
+        structure = structure.translate(None, b'"')
+    else:
         # Strings that hold brackets: keep what lies between them.
-        structure = b"".join(structure.split(b'"')[::2])
+        structure = b"".join(structure.replace(b'""', b"").split(b'"')[::2])
     if len(structure) <= _PEEL_MAX:
         peeled = structure
         for _ in range(limit):
