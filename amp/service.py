@@ -200,6 +200,7 @@ class AmpService(MultiService):
         log_observer: Optional[ILogObserver] = None,
         freeze_gc: bool = False,
         config_path: Optional[str] = None,
+        on_connections: Optional[Callable[[int], None]] = None,
     ) -> None:
         """
         @param certificate: the loaded serving certificate the webhook
@@ -221,6 +222,9 @@ class AmpService(MultiService):
             reload.
         @param log_observer: the observer twistd writes with; a
             L{ConfigurableObserver} follows C{log.*} on a reload.
+        @param on_connections: called with the webhook listener's open
+            connection count whenever it changes (with workers,
+            L{amp.balance.WorkerListener.connections_changed}).
         """
         super().__init__()
         self._drain_with: list[IService] = []
@@ -260,7 +264,7 @@ class AmpService(MultiService):
         self.site = WebhookSite(
             root, reactor=reactor, metrics=metrics, max_body=listen.max_body,
             max_connections=listen.max_connections, request_timeout=listen.request_timeout,
-            idle_timeout=listen.idle_timeout)
+            idle_timeout=listen.idle_timeout, on_connections=on_connections)
         self.webhook = ListenerService(webhook_endpoint, self.site)
         self.webhook.setServiceParent(self)
         self.metrics_listener: Optional[ListenerService] = None

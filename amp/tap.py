@@ -25,6 +25,10 @@ class Options(usage.Options):
         ["config", "c", "etc/amp.yaml", "Path to amp's YAML configuration."],
         ["worker", None, 0, "Which worker this process is (0 to workers-1); set by worker 0 for its children.",
          int],
+        ["listen-fd", None, None, "Workers above 0: the descriptor of the webhook socket worker 0 shares; "
+                                  "set by worker 0.", int],
+        ["load-table-fd", None, None, "Workers above 0: the descriptor of the workers' load table; "
+                                      "set by worker 0.", int],
     ]
     optFlags = [
         ["check", None, "Check the configuration and certificate, print the effective configuration "
@@ -57,6 +61,13 @@ class Options(usage.Options):
                 f"({workers}) goes past 65535")
         if not 0 <= self["worker"] < workers:
             raise usage.UsageError(f"--worker: expected 0 to {workers - 1} (workers: {workers}), got {self['worker']}")
+        inherited = self["listen-fd"] is not None, self["load-table-fd"] is not None
+        if self["worker"] > 0 and not all(inherited):
+            raise usage.UsageError(
+                f"--worker {self['worker']}: needs --listen-fd and --load-table-fd (worker 0 starts the other "
+                f"workers with the webhook socket and load table they share)")
+        if self["worker"] == 0 and any(inherited):
+            raise usage.UsageError("--listen-fd and --load-table-fd: only for workers above 0")
 
 
 #: Where a Pod's service account mount says which namespace it runs in.
@@ -102,9 +113,10 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     the global reactor (when none is given) and builds the real listening
     endpoints, the serving certificate and the namespace source.
 
-    With C{workers} above one, worker 0 (the default C{--worker}) also
-    starts and supervises the other workers (L{amp.workers}); the others
-    stop when worker 0 exits.
+    With C{workers} above one, worker 0 (the default C{--worker}) binds
+    the webhook socket all workers share (L{amp.balance}), and starts and
+    supervises the other workers (L{amp.workers}), which take the socket
+    over from the descriptors they are given and stop when worker 0 exits.
     """
     if reactor is None:
         from twisted.internet import reactor as global_reactor
@@ -112,6 +124,7 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
         reactor = global_reactor
     from twisted.internet.endpoints import serverFromString
 
+    from amp.balance import WorkerListener
     from amp.metrics import Metrics
     from amp.service import AmpService, freeze_startup_objects, namespace_source, serving_certificate
     from amp.tls import CertificateError, tcp_description, tls_endpoint
@@ -126,6 +139,16 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     except CertificateError as e:
         raise SystemExit(f"amp: {e}") from None
     listen = config.listen
+    # With workers, one listening socket shared by all, each accepting while
+    # it has the fewest connections (amp.balance); worker 0 binds it.
+    shared: Optional[WorkerListener] = None
+    if config.workers > 1 and worker == 0:
+        shared = WorkerListener.bind(reactor, listen.interface, listen.port, config.workers)
+    elif worker > 0:
+        try:
+            shared = WorkerListener.inherit(reactor, worker, options["listen-fd"], options["load-table-fd"])
+        except ValueError as e:
+            raise SystemExit(f"amp: worker {worker}: {e}") from None
     # Worker i serves its own metrics on metrics.port + i (amp.workers).
     metrics_endpoint = None
     if config.metrics.port:
@@ -139,16 +162,17 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     service = AmpService(
         config, reactor,
         certificate=certificate,
-        webhook_endpoint=tls_endpoint(reactor, listen.port, listen.interface, certificate,
-                                      reuse_port=config.workers > 1),
+        webhook_endpoint=tls_endpoint(reactor, listen.port, listen.interface, certificate, inner=shared),
         metrics_endpoint=metrics_endpoint,
         namespaces=namespace_source(config, reactor, metrics, on_first_list=first_list),
-        metrics=metrics, log_observer=observer, freeze_gc=True, config_path=options["config"])
+        metrics=metrics, log_observer=observer, freeze_gc=True, config_path=options["config"],
+        on_connections=shared.connections_changed if shared is not None else None)
     if options["check"]:
         print_effective_config(config)
         raise SystemExit(0)
-    if worker == 0 and config.workers > 1:
-        service.drain_with(supervise(options["config"], config.workers, reactor, listen.drain_timeout))
+    if worker == 0 and shared is not None:
+        service.drain_with(supervise(options["config"], config.workers, reactor, listen.drain_timeout,
+                                     inherit=shared.descriptors, on_exit=shared.worker_exited))
     elif worker > 0:
         ParentWatch(reactor).setServiceParent(service)
     return service

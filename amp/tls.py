@@ -26,7 +26,7 @@ L{CertificateReloadService}
 L{TLSServerEndpoint}, L{tls_endpoint}
     TLS through a L{ReloadingCertificate} over any stream server endpoint;
     L{tls_endpoint} builds the webhook's (TCP from a C{serverFromString}
-    description, or L{ReusePortServerEndpoint} for workers).
+    description, or the workers' shared socket, L{amp.balance}).
     (C{serverFromString("ssl:...")} reads its certificate once and never
     again, so it is not used.)
 
@@ -45,7 +45,6 @@ polling; C{SIGHUP} (L{ReloadingCertificate.reload}) always re-reads.
 from __future__ import annotations
 
 import datetime
-import socket
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -53,9 +52,8 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL, crypto
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import (
     IListeningPort,
     IOpenSSLServerConnectionCreator,
@@ -486,47 +484,6 @@ class TLSServerEndpoint:
         return self.inner.listen(TLSMemoryBIOFactory(self.creator, False, protocolFactory, clock=self.clock))
 
 
-@implementer(IStreamServerEndpoint)
-class ReusePortServerEndpoint:
-    """
-    TCP (IPv4, or IPv6 when the interface contains C{:}) bound with
-    C{SO_REUSEADDR} and C{SO_REUSEPORT}, so that several processes (amp's
-    workers) can each listen on the same port with their own accept queue;
-    the kernel spreads new connections among them.  Twisted's TCP endpoints
-    have no such option.
-    """
-
-    def __init__(self, reactor: Any, port: int, interface: str, backlog: int = 128) -> None:
-        self.reactor = reactor
-        self.port = port
-        self.interface = interface
-        self.backlog = backlog
-
-    def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
-        """
-        Bind and listen, then hand the socket to the reactor
-        (C{adoptStreamPort} duplicates the descriptor, so our copy is
-        closed).
-        """
-        family = socket.AF_INET6 if ":" in self.interface else socket.AF_INET
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError as e:
-            return fail(CannotListenError(self.interface, self.port, e))
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((self.interface, self.port))
-            sock.listen(self.backlog)
-            sock.setblocking(False)
-            port = self.reactor.adoptStreamPort(sock.fileno(), family, protocolFactory)
-        except OSError as e:
-            return fail(CannotListenError(self.interface, self.port, e))
-        finally:
-            sock.close()
-        return succeed(port)
-
-
 def tcp_description(port: int, interface: str, backlog: Optional[int] = None) -> str:
     """
     The C{serverFromString} description of a TCP listener on
@@ -544,17 +501,14 @@ def tls_endpoint(
     interface: str,
     creator: ReloadingCertificate,
     backlog: int = 128,
-    reuse_port: bool = False,
+    inner: Optional[IStreamServerEndpoint] = None,
 ) -> IStreamServerEndpoint:
     """
     The webhook listener: TLS on C{interface:port}, each connection using
-    the certificate C{creator} has in service when it is accepted.  With
-    C{reuse_port}, the socket is bound with C{SO_REUSEPORT} so that other
-    processes can listen on the same port (see L{amp.workers}).
+    the certificate C{creator} has in service when it is accepted.  TLS is
+    over C{inner} when given (with workers, the shared socket of
+    L{amp.balance.WorkerListener}), else over an ordinary TCP listener.
     """
-    inner: IStreamServerEndpoint
-    if reuse_port:
-        inner = ReusePortServerEndpoint(reactor, port, interface, backlog)
-    else:
+    if inner is None:
         inner = serverFromString(reactor, tcp_description(port, interface, backlog))
     return TLSServerEndpoint(inner, creator, reactor)

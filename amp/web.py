@@ -201,6 +201,8 @@ class WebhookChannel(http.HTTPChannel):
         self._counted = True
         site.channels.add(self)
         site.metrics.open_connections.set(site.open_connections)
+        if site.on_connections is not None:
+            site.on_connections(site.open_connections)
         super().connectionMade()
         self._start_deadline()
 
@@ -354,6 +356,8 @@ class WebhookChannel(http.HTTPChannel):
             site: WebhookSite = self.site
             site.open_connections -= 1
             site.metrics.open_connections.set(site.open_connections)
+            if site.on_connections is not None:
+                site.on_connections(site.open_connections)
             site.channel_closed(self)
 
 
@@ -371,13 +375,21 @@ class WebhookSite(server.Site):
     def __init__(
         self, resource: Resource, *, reactor: IReactorTime, metrics: Metrics, max_body: int,
         max_connections: int, request_timeout: float, idle_timeout: float,
+        on_connections: Optional[Callable[[int], None]] = None,
     ) -> None:
+        """
+        @param on_connections: called with L{open_connections} every time
+            it changes (with workers, L{amp.balance.WorkerListener} publishes
+            it to the other workers).
+        """
         super().__init__(resource, timeout=idle_timeout, reactor=reactor)
         self.metrics = metrics
         self.max_body = max_body
         self.max_connections = max_connections
         self.request_timeout = request_timeout
+        #: Connections accepted and not refused, still open.
         self.open_connections = 0
+        self.on_connections = on_connections
         #: The listener's repeated warnings, limited.
         self.warnings = RepeatLimiter(self.logger, reactor, WARNING_KINDS, burst=WARNING_BURST,
                                       interval=WARNING_INTERVAL)

@@ -34,12 +34,13 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorProcess, IReactorTime
 from twisted.internet.main import CONNECTION_DONE
+from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -52,15 +53,53 @@ from amp.reload import SighupHandler
 _EXIT_POLL = 0.05
 
 
+#: The descriptors a child worker finds the shared listening socket and the
+#: load table on (L{amp.balance}).
+LISTEN_FD = 3
+LOAD_TABLE_FD = 4
+
+
 def worker_argv(config_path: str, worker: int) -> list[str]:
     """
     The command line of worker C{worker}: this Python running twistd in the
-    foreground, without a pid file, on the same configuration file.
+    foreground, without a pid file, on the same configuration file, told
+    where its shared socket and load table are.
     """
     return [
         sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
         "--nodaemon", "--pidfile=", "amp", "--config", config_path, "--worker", str(worker),
+        "--listen-fd", str(LISTEN_FD), "--load-table-fd", str(LOAD_TABLE_FD),
     ]
+
+
+class _Ending(ProcessProtocol):
+    """
+    Passes everything on to C{inner} (the monitor's own protocol), and
+    calls C{on_end} first when the process has ended.
+    """
+
+    def __init__(self, inner: Any, on_end: Callable[[], None]) -> None:
+        self.inner = inner
+        self.on_end = on_end
+
+    def makeConnection(self, transport: Any) -> None:
+        super().makeConnection(transport)
+        self.inner.makeConnection(transport)
+
+    def childDataReceived(self, childFD: int, data: bytes) -> None:
+        self.inner.childDataReceived(childFD, data)
+
+    def childConnectionLost(self, childFD: int) -> None:
+        self.inner.childConnectionLost(childFD)
+
+    def processExited(self, reason: Failure) -> None:
+        self.inner.processExited(reason)
+
+    def processEnded(self, reason: Failure) -> None:
+        try:
+            self.on_end()
+        finally:
+            self.inner.processEnded(reason)
 
 
 @implementer(IReactorProcess, IReactorTime)
@@ -68,18 +107,27 @@ class _InheritOutput:
     """
     The reactor as L{ProcessMonitor} sees it: processes are spawned with our
     standard output and error (so their log lines reach the same place
-    unchanged) and a pipe as their standard input (L{ParentWatch}).
+    unchanged), a pipe as their standard input (L{ParentWatch}) and the
+    descriptors C{inherit()} names (child's number: ours); C{on_exit} is
+    called with a process's name as soon as it has ended.
     """
 
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: Any, inherit: Callable[[], dict[int, int]] = dict,
+                 on_exit: Optional[Callable[[str], None]] = None) -> None:
         self._reactor = reactor
+        self._inherit = inherit
+        self._on_exit = on_exit
 
     def spawnProcess(self, processProtocol: Any, executable: Any, args: Any = (), env: Any = None,
                      path: Any = None, uid: Any = None, gid: Any = None, usePTY: bool = False,
                      childFDs: Any = None) -> Any:
+        fds: dict[int, Any] = {0: "w", 1: 1, 2: 2}
+        fds.update(self._inherit())
+        if self._on_exit is not None:
+            on_exit, name = self._on_exit, processProtocol.name
+            processProtocol = _Ending(processProtocol, lambda: on_exit(name))
         return self._reactor.spawnProcess(
-            processProtocol, executable, args, env=env, path=path, uid=uid, gid=gid,
-            childFDs={0: "w", 1: 1, 2: 2})
+            processProtocol, executable, args, env=env, path=path, uid=uid, gid=gid, childFDs=fds)
 
     def callLater(self, delay: float, callable: Any, *args: Any, **kw: Any) -> Any:
         return self._reactor.callLater(delay, callable, *args, **kw)
@@ -100,8 +148,15 @@ class WorkerMonitor(ProcessMonitor):
 
     log = Logger()
 
-    def __init__(self, reactor: Any, install_sighup: bool = True) -> None:
-        super().__init__(reactor=_InheritOutput(reactor))
+    def __init__(self, reactor: Any, install_sighup: bool = True, inherit: Callable[[], dict[int, int]] = dict,
+                 on_exit: Optional[Callable[[str], None]] = None) -> None:
+        """
+        @param inherit: the descriptors every child gets besides standard
+            input, output and error, asked for at each start
+            (C{{child's number: ours}}).
+        @param on_exit: called with a child's name as soon as it has ended.
+        """
+        super().__init__(reactor=_InheritOutput(reactor, inherit, on_exit))
         self.clock: IReactorTime = reactor
         self.install_sighup = install_sighup
         self._sighup = SighupHandler(reactor, self.signal_workers, "the workers")
@@ -141,18 +196,32 @@ class WorkerMonitor(ProcessMonitor):
         return done
 
 
-def supervise(config_path: str, workers: int, reactor: Any, drain_timeout: float) -> WorkerMonitor:
+def supervise(config_path: str, workers: int, reactor: Any, drain_timeout: float,
+              inherit: Callable[[], dict[int, int]] = dict,
+              on_exit: Optional[Callable[[int], None]] = None) -> WorkerMonitor:
     """
     A L{WorkerMonitor} that runs workers 1 .. C{workers}-1 on C{config_path}
-    with this process's environment.  When it stops, each worker gets
-    C{SIGTERM} (and drains, as worker 0 does) and C{drain_timeout} plus a
-    second to exit before C{SIGKILL}.
+    with this process's environment and the descriptors C{inherit()} names
+    (the shared socket and load table, at L{LISTEN_FD} and
+    L{LOAD_TABLE_FD}).  C{on_exit} is called with a worker's number as soon
+    as it has exited (its slot of the load table stops counting at once).
+    When the monitor stops, each worker gets C{SIGTERM} (and drains, as
+    worker 0 does) and C{drain_timeout} plus a second to exit before
+    C{SIGKILL}.
     """
-    monitor = WorkerMonitor(reactor)
+    numbers: dict[str, int] = {}
+
+    def exited(name: str) -> None:
+        if on_exit is not None and name in numbers:
+            on_exit(numbers[name])
+
+    monitor = WorkerMonitor(reactor, inherit=inherit, on_exit=exited)
     monitor.killTime = drain_timeout + 1
     config_path = os.path.abspath(config_path)
     for worker in range(1, workers):
-        monitor.addProcess(f"amp-worker-{worker}", worker_argv(config_path, worker), env=dict(os.environ))
+        name = f"amp-worker-{worker}"
+        numbers[name] = worker
+        monitor.addProcess(name, worker_argv(config_path, worker), env=dict(os.environ))
     return monitor
 
 

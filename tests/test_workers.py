@@ -1,6 +1,8 @@
 """
-Tests for C{workers}: several amp processes on one webhook port with
-C{SO_REUSEPORT} (amp.tls, amp.service, amp.tap, amp.workers).
+Tests for C{workers}: several amp processes on one shared webhook socket,
+each new connection accepted by the worker with the fewest (amp.balance,
+amp.service, amp.tap, amp.workers).  The listener itself is tested in
+tests/test_balance.py.
 """
 
 from __future__ import annotations
@@ -19,71 +21,30 @@ from typing import Any, Iterator, Optional
 import pytest
 import yaml
 from twisted.internet import reactor
-from twisted.internet.defer import inlineCallbacks
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.error import ProcessTerminated
 from twisted.internet.testing import MemoryReactorClock
+from twisted.python.failure import Failure
 from twisted.python.usage import UsageError
 from twisted.runner.procmon import ProcessMonitor
-from twisted.trial.unittest import TestCase
 
+from amp.balance import SLOT, LoadTable, WorkerListener
 from amp.tap import Options, makeService
-from amp.tls import ReloadingCertificate, tls_endpoint
-from amp.workers import ParentWatch, worker_argv
+from amp.workers import LISTEN_FD, LOAD_TABLE_FD, ParentWatch, worker_argv
 from tests.prometheus import Scrape
-from tests.helpers import ca_pem, decode_answer, dev_tls, raw_config, review_bytes, tls_exchange
+from tests.helpers import ca_pem, decode_answer, raw_config, review_bytes
 from tests.waiting import poll_until
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _reuse_port(listening: Any) -> int:
-    return int(listening.socket.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT))
-
-
-class _Say(Protocol):
-    def connectionMade(self) -> None:
-        self.transport.write(self.factory.word)  # type: ignore[attr-defined]
-        self.transport.loseConnection()
-
-
-def _saying(word: bytes) -> Factory:
-    factory = Factory.forProtocol(_Say)
-    factory.word = word  # type: ignore[attr-defined]
-    return factory
-
-
-class ListenerTests(TestCase):
-    def certificate(self) -> ReloadingCertificate:
-        tls = dev_tls()
-        cert = ReloadingCertificate(str(tls["cert"]), str(tls["key"]), clock=reactor)
-        cert.load()
-        return cert
-
-    @inlineCallbacks
-    def test_two_reuse_port_listeners_share_a_port_and_both_answer_tls(self) -> Any:
-        cert = self.certificate()
-        a = yield tls_endpoint(reactor, 0, "127.0.0.1", cert, reuse_port=True).listen(_saying(b"a"))
-        port = a.getHost().port
-        b = yield tls_endpoint(reactor, port, "127.0.0.1", cert, reuse_port=True).listen(_saying(b"b"))
-        yield b.stopListening()
-        self.assertEqual((yield tls_exchange(reactor, port)), b"a")
-        c = yield tls_endpoint(reactor, port, "127.0.0.1", cert, reuse_port=True).listen(_saying(b"c"))
-        self.addCleanup(c.stopListening)
-        yield a.stopListening()
-        self.assertEqual((yield tls_exchange(reactor, port)), b"c")
-
-    @inlineCallbacks
-    def test_without_reuse_port_the_port_is_taken(self) -> Any:
-        cert = self.certificate()
-        a = yield tls_endpoint(reactor, 0, "127.0.0.1", cert, reuse_port=True).listen(_saying(b"a"))
-        self.addCleanup(a.stopListening)
-        from twisted.internet.error import CannotListenError
-
-        with self.assertRaises(CannotListenError):
-            yield tls_endpoint(reactor, a.getHost().port, "127.0.0.1", cert).listen(_saying(b"b"))
-
-
 # ---------------------------------------------------------------- supervisor
+
+
+class _Transport:
+    pid = 4242
+
+    def signalProcess(self, name: str) -> None:
+        pass
 
 
 class _SpawningReactor(MemoryReactorClock):
@@ -93,7 +54,9 @@ class _SpawningReactor(MemoryReactorClock):
 
     def spawnProcess(self, protocol: Any, executable: Any, args: Any = (), env: Any = None, path: Any = None,
                      uid: Any = None, gid: Any = None, usePTY: bool = False, childFDs: Any = None) -> Any:
-        self.spawned.append({"executable": executable, "args": list(args), "env": env, "childFDs": childFDs})
+        self.spawned.append({"executable": executable, "args": list(args), "env": env, "childFDs": childFDs,
+                             "protocol": protocol})
+        protocol.makeConnection(_Transport())
         return None
 
 
@@ -113,42 +76,124 @@ def _monitors(service: Any) -> list[ProcessMonitor]:
     return [s for s in service if isinstance(s, ProcessMonitor)]
 
 
-def test_worker_zero_supervises_the_other_workers(tmp_path: Path) -> None:
-    path = _config_file(tmp_path, workers=2, listen={"port": 18443})
+def _is_listening_on(fd: int, port: int) -> bool:
+    with socket.socket(fileno=os.dup(fd)) as s:
+        return bool(s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)) and s.getsockname()[1] == port
+
+
+def test_worker_zero_binds_the_shared_socket_and_supervises_the_other_workers(tmp_path: Path) -> None:
+    webhook, _ = _free_ports()
+    path = _config_file(tmp_path, workers=3, listen={"port": webhook})
     fake = _SpawningReactor()
     service = makeService(_options(path), reactor=fake)
     [monitor] = _monitors(service)
-    monitor.startService()
-    [child] = fake.spawned
-    assert child["args"] == worker_argv(path, 1)
-    assert child["args"][-4:] == ["--config", path, "--worker", "1"]
-    assert child["executable"] == sys.executable
-    assert child["env"] == dict(os.environ)
-    # Log lines go straight to our stdout/stderr; stdin is the parent-alive pipe.
-    assert child["childFDs"] == {0: "w", 1: 1, 2: 2}
     assert not [s for s in service if isinstance(s, ParentWatch)]
+    service.webhook.privilegedStartService()
+    try:
+        # Worker 0 binds the one socket itself (no TCP listen of the reactor's) and reads it.
+        assert fake.tcpServers == [] and fake.adoptedPorts == []
+        port = service.webhook.port
+        assert port.getHost().port == webhook
+        assert fake.readers == {port}
+        monitor.startService()
+        first, second = fake.spawned
+        assert first["args"] == worker_argv(path, 1) and second["args"] == worker_argv(path, 2)
+        assert first["args"][-8:] == [
+            "--config", path, "--worker", "1", "--listen-fd", str(LISTEN_FD), "--load-table-fd", str(LOAD_TABLE_FD)]
+        assert first["executable"] == sys.executable
+        assert first["env"] == dict(os.environ)
+        # Log lines go straight to our stdout/stderr; stdin is the parent-alive pipe;
+        # descriptors 3 and 4 are the shared socket and the load table.
+        fds = first["childFDs"]
+        assert sorted(fds) == [0, 1, 2, 3, 4] and [fds[0], fds[1], fds[2]] == ["w", 1, 2]
+        assert _is_listening_on(fds[LISTEN_FD], webhook)
+        assert os.fstat(fds[LOAD_TABLE_FD]).st_size == 3 * SLOT
+        assert second["childFDs"] == fds
+
+        # Worker 1 serves; when it exits its slot stops counting at once,
+        # and its replacement gets the same descriptors.
+        one = LoadTable.inherit(os.dup(fds[LOAD_TABLE_FD]), 1)
+        one.publish(0)
+        one.beat()
+        protocol = first["protocol"]
+        assert port.table.loads() == [0, 0, None]
+        protocol.processEnded(Failure(ProcessTerminated(signal=signal.SIGKILL)))
+        assert port.table.loads() == [0, None, None]
+        fake.advance(monitor.minRestartDelay)
+        assert len(fake.spawned) == 3
+        assert fake.spawned[2]["args"] == worker_argv(path, 1)
+        assert fake.spawned[2]["childFDs"] == fds
+        monitor.stopService()
+    finally:
+        service.webhook.stopService()
 
 
-def test_a_worker_never_supervises_and_serves_metrics_on_its_own_port(tmp_path: Path) -> None:
-    path = _config_file(tmp_path, workers=2, listen={"port": 18443}, metrics={"port": 19090})
+@pytest.fixture
+def shared(tmp_path: Path) -> Iterator[tuple[int, list[str]]]:
+    """
+    A shared socket and load table for two workers as worker 0 makes them:
+    the webhook port, and the options a worker 1 in this process is given
+    (copies of the descriptors, which it takes over).
+    """
+    webhook, _ = _free_ports()
+    first = WorkerListener.bind(reactor, "127.0.0.1", webhook, workers=2)
+    fds = first.descriptors()
+    try:
+        yield webhook, ["--listen-fd", str(os.dup(fds[LISTEN_FD])), "--load-table-fd", str(os.dup(fds[LOAD_TABLE_FD]))]
+    finally:
+        os.close(fds[LOAD_TABLE_FD])
+        os.close(fds[LISTEN_FD])
+
+
+def test_a_worker_never_supervises_and_serves_metrics_on_its_own_port(
+        tmp_path: Path, shared: tuple[int, list[str]]) -> None:
+    webhook, inherited = shared
+    path = _config_file(tmp_path, workers=2, listen={"port": webhook}, metrics={"port": 19090})
     fake = _SpawningReactor()
-    service = makeService(_options(path, "--worker", "1"), reactor=fake)
+    service = makeService(_options(path, "--worker", "1", *inherited), reactor=fake)
     assert _monitors(service) == []
     assert [s for s in service if isinstance(s, ParentWatch)]
     service.metrics_listener.privilegedStartService()
     assert [(p[0], p[3]) for p in fake.tcpServers] == [(19091, "0.0.0.0")]
 
 
-def test_several_workers_bind_the_webhook_port_with_reuse_port(tmp_path: Path) -> None:
-    webhook, _ = _free_ports()
+def test_a_worker_takes_the_shared_socket_over_and_never_binds(tmp_path: Path, shared: tuple[int, list[str]]) -> None:
+    webhook, inherited = shared
     path = _config_file(tmp_path, workers=2, listen={"port": webhook})
     fake = _SpawningReactor()
-    service = makeService(_options(path, "--worker", "1"), reactor=fake)
+    service = makeService(_options(path, "--worker", "1", *inherited), reactor=fake)
     service.webhook.privilegedStartService()
-    # Bound here with SO_REUSEPORT, then handed to the reactor.
-    [(fileno, family, factory)] = fake.adoptedPorts
-    assert family == socket.AF_INET
-    assert fake.tcpServers == []
+    try:
+        assert fake.tcpServers == [] and fake.adoptedPorts == []
+        port = service.webhook.port
+        assert port.getHost().port == webhook
+        assert port.table.worker == 1 and port.table.loads() == [None, 0]
+        assert fake.readers == {port}
+        # The webhook site reports its connections to the table.
+        service.site.on_connections(3)
+        assert port.table.loads() == [None, 3]
+    finally:
+        service.webhook.stopService()
+
+
+def test_a_worker_above_zero_needs_the_shared_descriptors(tmp_path: Path) -> None:
+    path = _config_file(tmp_path, workers=2, listen={"port": 18443})
+    with pytest.raises(UsageError, match="--worker 1: needs --listen-fd and --load-table-fd"):
+        _options(path, "--worker", "1", "--listen-fd", "3")
+    with pytest.raises(UsageError, match="--listen-fd and --load-table-fd: only for workers above 0"):
+        _options(path, "--listen-fd", "3", "--load-table-fd", "4")
+
+
+def test_a_worker_given_the_wrong_descriptors_stops_with_one_line(tmp_path: Path) -> None:
+    path = _config_file(tmp_path, workers=2, listen={"port": 18443})
+    read, write = os.pipe()
+    try:
+        options = _options(path, "--worker", "1", "--listen-fd", str(read), "--load-table-fd", str(write))
+        with pytest.raises(SystemExit, match=f"amp: worker 1: descriptor {read} is not a socket"):
+            makeService(options, reactor=_SpawningReactor())
+    finally:
+        os.close(read)
+        os.close(write)
 
 
 def test_one_worker_is_todays_amp(tmp_path: Path) -> None:
@@ -159,9 +204,10 @@ def test_one_worker_is_todays_amp(tmp_path: Path) -> None:
     assert not [s for s in service if isinstance(s, ParentWatch)]
     service.webhook.privilegedStartService()
     service.metrics_listener.privilegedStartService()
-    # Without SO_REUSEPORT: an ordinary TCP listen (a reuse-port listen adopts a socket).
+    # An ordinary TCP listen: no shared socket, no load table.
     assert [(p[0], p[3]) for p in fake.tcpServers] == [(18443, "127.0.0.1"), (19090, "0.0.0.0")]
-    assert fake.adoptedPorts == []
+    assert fake.adoptedPorts == [] and fake.readers == set()
+    assert service.site.on_connections is None
 
 
 def test_worker_index_out_of_range_is_a_usage_error(tmp_path: Path) -> None:
@@ -221,6 +267,13 @@ def _reviews_answered(port: int) -> Optional[int]:
         return None
 
 
+def _open_connections(port: int) -> Optional[int]:
+    try:
+        return int(Scrape.get(port, timeout=2).total("amp_open_connections"))
+    except (OSError, RuntimeError):
+        return None
+
+
 def _children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
@@ -259,6 +312,10 @@ class _Pair:
         """Reviews answered by worker 0 and worker 1 (None: not listening)."""
         return _reviews_answered(self.metrics), _reviews_answered(self.metrics + 1)
 
+    def open_connections(self) -> tuple[Optional[int], Optional[int]]:
+        """Webhook connections open on worker 0 and worker 1 (None: not listening)."""
+        return _open_connections(self.metrics), _open_connections(self.metrics + 1)
+
     def wait_serving(self) -> int:
         """Wait until both workers serve metrics; returns worker 1's pid."""
         poll_until("both workers' metrics", lambda: True if None not in self.counts() else None, 60, self.output)
@@ -295,27 +352,49 @@ def pair(tmp_path: Path) -> Iterator[_Pair]:
         started.reap()
 
 
-def test_two_workers_share_the_port_and_stop_together(pair: _Pair) -> None:
+def _connect_all(port: int, n: int) -> list[http.client.HTTPSConnection]:
+    """
+    C{n} keep-alive TLS connections opened at once: every TCP connection is
+    made (and waits in the kernel's accept queue) before the first TLS
+    handshake.
+    """
+    context = ssl.create_default_context(cadata=ca_pem().decode())
+    raw = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(n)]
+    connections = []
+    for s in raw:
+        connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=context)
+        connection.sock = context.wrap_socket(s, server_hostname="127.0.0.1")
+        connections.append(connection)
+    return connections
+
+
+def _review(connection: http.client.HTTPSConnection, uid: str) -> None:
+    connection.request("POST", "/mutate", body=review_bytes(namespace="default", uid=uid),
+                       headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    body = response.read()
+    assert response.status == 200, body
+    answer = decode_answer(body)["response"]
+    assert answer["uid"] == uid and answer["allowed"] is True, answer
+
+
+def _close_all(connections: list[http.client.HTTPSConnection]) -> None:
+    for connection in connections:
+        connection.close()
+
+
+def test_two_workers_share_the_port_evenly_and_stop_together(pair: _Pair) -> None:
+    connections: list[http.client.HTTPSConnection] = []
     try:
         child = pair.wait_serving()
-        context = ssl.create_default_context(cadata=ca_pem().decode())
-        sent = 40
-        for i in range(sent):
-            connection = http.client.HTTPSConnection("127.0.0.1", pair.webhook, timeout=5, context=context)
-            uid = f"uid-{i}"
-            connection.request("POST", "/mutate", body=review_bytes(namespace="default", uid=uid),
-                               headers={"Content-Type": "application/json"})
-            response = connection.getresponse()
-            body = response.read()
-            connection.close()
-            assert response.status == 200, body
-            answer = decode_answer(body)["response"]
-            assert answer["uid"] == uid and answer["allowed"] is True, answer
-
-        counts = pair.counts()
-        assert sum(c or 0 for c in counts) == sent, counts
-        assert all(counts), f"one worker answered everything: {counts}"
+        connections = _connect_all(pair.webhook, 16)
+        for i, connection in enumerate(connections):
+            _review(connection, f"uid-{i}")
+        # Each new connection went to the worker with the fewest.
+        assert pair.open_connections() == (8, 8), pair.output()
+        assert pair.counts() == (8, 8)
     finally:
+        _close_all(connections)
         pair.stop()
     # twistd ends by re-raising the signal it was stopped with.
     assert pair.parent.returncode in (0, -signal.SIGTERM), pair.output()
@@ -323,7 +402,8 @@ def test_two_workers_share_the_port_and_stop_together(pair: _Pair) -> None:
     assert _gone(child), pair.output()
 
 
-def test_a_worker_that_dies_is_restarted(pair: _Pair) -> None:
+def test_a_worker_that_dies_is_restarted_with_the_shared_socket(pair: _Pair) -> None:
+    connections: list[http.client.HTTPSConnection] = []
     try:
         child = pair.wait_serving()
         os.kill(child, signal.SIGKILL)
@@ -332,7 +412,68 @@ def test_a_worker_that_dies_is_restarted(pair: _Pair) -> None:
             "a new worker 1", lambda: [p for p in _children(pair.parent.pid) if p != child] or None, 60, pair.output)
         poll_until("the new worker 1's metrics", lambda: pair.counts()[1], 60, pair.output)
         assert len(replacement) == 1
+        pair.seen.extend(replacement)
+        # The new worker 1 accepts from the same socket.
+        connections = _connect_all(pair.webhook, 2)
+        for i, connection in enumerate(connections):
+            _review(connection, f"uid-{i}")
+        assert pair.open_connections() == (1, 1), pair.output()
     finally:
+        _close_all(connections)
+        pair.stop()
+
+
+def test_a_killed_workers_connections_are_taken_over(pair: _Pair) -> None:
+    connections: list[http.client.HTTPSConnection] = []
+    try:
+        child = pair.wait_serving()
+        connections = _connect_all(pair.webhook, 16)
+        for i, connection in enumerate(connections):
+            _review(connection, f"uid-{i}")
+        assert pair.open_connections() == (8, 8), pair.output()
+        os.kill(child, signal.SIGKILL)
+        poll_until(f"worker process {child} to exit", lambda: True if _gone(child) else None, 60, pair.output)
+        # Worker 1's clients find their connections closed, connect again
+        # (as the API server does) and are answered.
+        reconnected = 0
+        for i, connection in enumerate(connections):
+            try:
+                _review(connection, f"again-{i}")
+            except (http.client.HTTPException, OSError):
+                connection.close()
+                connections[i] = _connect_all(pair.webhook, 1)[0]
+                _review(connections[i], f"again-{i}")
+                reconnected += 1
+        assert reconnected == 8
+        # Every one is open on a live worker: worker 0, or worker 1's replacement.
+        poll_until("16 connections open", lambda: True if sum(c or 0 for c in pair.open_connections()) == 16
+                   else None, 60, pair.output)
+    finally:
+        _close_all(connections)
+        pair.stop()
+
+
+def test_a_hung_worker_is_passed_over(pair: _Pair) -> None:
+    connections: list[http.client.HTTPSConnection] = []
+    more: list[http.client.HTTPSConnection] = []
+    child = 0
+    try:
+        child = pair.wait_serving()
+        connections = _connect_all(pair.webhook, 16)
+        for i, connection in enumerate(connections):
+            _review(connection, f"uid-{i}")
+        assert pair.open_connections() == (8, 8), pair.output()
+        os.kill(child, signal.SIGSTOP)
+        # Worker 1 is alive but answers nothing: once its heartbeat is a
+        # second old, worker 0 takes every new connection.
+        more = _connect_all(pair.webhook, 4)
+        for i, connection in enumerate(more):
+            _review(connection, f"more-{i}")
+        assert _open_connections(pair.metrics) == 12
+    finally:
+        if child:
+            os.kill(child, signal.SIGCONT)
+        _close_all(connections + more)
         pair.stop()
 
 

@@ -1,0 +1,548 @@
+"""
+Least-connections accept for amp's workers (C{workers: N}): one listening
+socket shared by every worker, and a small shared table of each worker's
+load, so that every new connection goes to the worker with the fewest open
+connections.
+
+Why: the API server keeps a few long-lived keep-alive connections, so how
+they are spread at accept time is how the load is spread for their whole
+life.  A socket per worker with C{SO_REUSEPORT} spreads them by a hash of
+the client's address and port (16 connections split 10/6 or worse about
+half the time); one shared socket read by every worker gives the whole
+burst to the first worker the kernel wakes.
+
+L{LoadTable}
+    One slot per worker in a shared memory buffer (C{memfd_create} +
+    C{mmap}): the worker's open webhook connections (int64) and its
+    heartbeat (float64, C{time.monotonic()}, one clock for every process on
+    Linux).  Each worker writes only its own slot; worker 0 also clears the
+    slot of a child that has exited.  A slot whose heartbeat is zero (not
+    started, stopped) or older than L{STALE} seconds (the worker is dead or
+    hung) does not count.  L{LoadTable.least}: whether this worker's count
+    is at most every live worker's (ties accept, so the least-loaded
+    worker always accepts and no connection waits for a worker that never
+    will).  A decision reads every slot once: O(N).
+
+L{BalancedPort}
+    The listener (C{IListeningPort}) of one worker over the shared socket.
+    It reads the socket only while its worker is the least loaded, accepts
+    one connection per read and hands it to the reactor
+    (C{adoptStreamConnection}), then decides again.  While it is not the
+    least loaded it does not read, and decides again every L{RECHECK}
+    seconds and whenever one of its own connections closes.  It heartbeats
+    every L{HEARTBEAT} seconds.  Accept errors never stop it: a connection
+    that failed before it was accepted is skipped; running out of file
+    descriptors or memory is logged (limited, L{amp.logs.RepeatLimiter})
+    and pauses its accepts for L{ERROR_PAUSE} seconds, during which its
+    slot does not count (the other workers take the new connections) and a
+    connection already accepted is held, not dropped, and handed over when
+    the pause ends.  Stopping (the drain's first step) stops reading,
+    clears its slot and closes its copy of the socket: once every worker
+    has, the kernel resets the connections still queued, so none waits.
+
+L{WorkerListener}
+    The C{IStreamServerEndpoint} of the shared socket, wrapped in TLS like
+    any other (L{amp.tls.tls_endpoint}).  Worker 0 binds the socket and
+    creates the table (L{WorkerListener.bind}) and passes both descriptors
+    to every child it starts (L{WorkerListener.descriptors},
+    L{amp.workers}); a child takes them over (L{WorkerListener.inherit})
+    and never binds.  Its L{WorkerListener.connections_changed} is the hook
+    the webhook site calls with its open connection count
+    (L{amp.web.WebhookSite}), so the table always holds it.
+
+How far this goes: one slot per worker, decisions O(N), one wake-up per
+worker per new connection while several are least loaded (one accepts,
+the others find nothing).  For the few workers one replica runs that is
+nothing; the limit is the 10 ms of a worker that waits for its turn.
+
+Each value in the table is one aligned 8-byte store or load; a reader can
+see a value a moment old, never a torn one on x86-64 or ARM64.  A stale
+value misleads one decision, and the next (at most L{RECHECK} seconds
+later) corrects it.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import socket
+import struct
+import time
+from typing import Any, Callable, Optional
+
+from twisted.internet import address
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import (
+    IListeningPort,
+    IProtocolFactory,
+    IReadDescriptor,
+    IStreamServerEndpoint,
+)
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger, LogLevel
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from amp.logs import RepeatLimiter
+
+#: Seconds between a worker's heartbeats.
+HEARTBEAT = 0.25
+#: A slot whose heartbeat is older than this many seconds is a dead (or
+#: hung) worker's and does not count.
+STALE = 1.0
+#: Seconds between decisions while this worker is not the least loaded.
+RECHECK = 0.01
+#: Seconds a worker stops accepting after running out of file descriptors
+#: or memory.
+ERROR_PAUSE = 0.1
+
+#: One slot: open connections, then the heartbeat.
+_COUNT = struct.Struct("=q")
+_BEAT = struct.Struct("=d")
+SLOT = 16
+
+#: accept() errors of one connection that went away before it was
+#: accepted (accept(2): "treat them like EAGAIN"): try the next.
+_SKIP = frozenset({
+    errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, errno.ECONNABORTED, errno.EPROTO, errno.EPERM,
+    errno.ENETDOWN, errno.ENOPROTOOPT, errno.EHOSTDOWN, errno.ENONET, errno.EHOSTUNREACH,
+    errno.EOPNOTSUPP, errno.ENETUNREACH, errno.ETIMEDOUT,
+})
+#: Errors of a process short of descriptors or memory: pause.
+_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+_WARNINGS = {"accept-failed": "failed accepts on the shared webhook socket"}
+
+
+class LoadTable:
+    """
+    The workers' shared load table over C{buffer} (a writable buffer of
+    L{SLOT} bytes per worker), as seen by worker C{worker}.
+
+    @param now: the heartbeat's clock; every process sharing the table must
+        use the same one (C{time.monotonic}).
+    """
+
+    def __init__(self, buffer: Any, worker: int, now: Callable[[], float] = time.monotonic) -> None:
+        self.workers = len(buffer) // SLOT
+        if not 0 <= worker < self.workers:
+            raise ValueError(f"worker {worker}: the load table has {self.workers} slots")
+        self._buffer = buffer
+        self.worker = worker
+        self._now = now
+        self._mine = worker * SLOT
+        self._others = tuple(i * SLOT for i in range(self.workers) if i != worker)
+
+    @classmethod
+    def create(cls, workers: int, now: Callable[[], float] = time.monotonic) -> tuple["LoadTable", int]:
+        """
+        A new zeroed table of C{workers} slots in shared memory, seen by
+        worker 0, and its descriptor (close-on-exec) to pass to the others.
+        """
+        fd = os.memfd_create("amp-worker-load", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, workers * SLOT)
+            buffer = mmap.mmap(fd, workers * SLOT)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(buffer, 0, now), fd
+
+    @classmethod
+    def inherit(cls, fd: int, worker: int, now: Callable[[], float] = time.monotonic) -> "LoadTable":
+        """
+        The table worker 0 created, from the descriptor C{fd} it passed,
+        seen by worker C{worker}.  The descriptor is closed (the mapping
+        stays).
+
+        @raises ValueError: C{fd} is not such a table.
+        """
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0 or size % SLOT:
+                raise ValueError(f"descriptor {fd} is not a load table ({size} bytes)")
+            buffer = mmap.mmap(fd, size)
+        except OSError as e:
+            raise ValueError(f"descriptor {fd} is not a load table ({e.strerror})") from None
+        os.close(fd)
+        return cls(buffer, worker, now)
+
+    # ------------------------------------------------------------ this worker's slot
+
+    def publish(self, connections: int) -> None:
+        """This worker has C{connections} open connections."""
+        _COUNT.pack_into(self._buffer, self._mine, connections)
+
+    def beat(self) -> None:
+        """This worker is alive and accepting."""
+        _BEAT.pack_into(self._buffer, self._mine + 8, self._now())
+
+    def withdraw(self) -> None:
+        """This worker does not accept for now: its slot stops counting."""
+        _BEAT.pack_into(self._buffer, self._mine + 8, 0.0)
+
+    def retire(self, worker: Optional[int] = None) -> None:
+        """
+        Clear the slot of C{worker} (default: this one): stopped, or, from
+        worker 0, a child that has exited.
+        """
+        offset = self._mine if worker is None else worker * SLOT
+        _COUNT.pack_into(self._buffer, offset, 0)
+        _BEAT.pack_into(self._buffer, offset + 8, 0.0)
+
+    # ------------------------------------------------------------ reading
+
+    def least(self) -> bool:
+        """
+        Whether this worker's open connections are at most those of every
+        live worker (a slot with a heartbeat within L{STALE} seconds).
+        """
+        buffer, now = self._buffer, self._now()
+        mine = _COUNT.unpack_from(buffer, self._mine)[0]
+        for offset in self._others:
+            if _COUNT.unpack_from(buffer, offset)[0] < mine:
+                beat = _BEAT.unpack_from(buffer, offset + 8)[0]
+                if beat and now - beat <= STALE:
+                    return False
+        return True
+
+    def loads(self) -> list[Optional[int]]:
+        """Every worker's open connections, None for a slot that does not count."""
+        now = self._now()
+        out: list[Optional[int]] = []
+        for i in range(self.workers):
+            count = _COUNT.unpack_from(self._buffer, i * SLOT)[0]
+            beat = _BEAT.unpack_from(self._buffer, i * SLOT + 8)[0]
+            live = i == self.worker or (beat and now - beat <= STALE)
+            out.append(count if live else None)
+        return out
+
+
+@implementer(IListeningPort, IReadDescriptor)
+class BalancedPort:
+    """
+    One worker's listener over the shared socket C{sock} (listening,
+    non-blocking), deciding with C{table} when to accept (see the module
+    docstring).  Call L{startListening} to start.
+
+    @ivar reading: whether the socket is being read now.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor: Any, sock: socket.socket, factory: IProtocolFactory, table: LoadTable) -> None:
+        self.reactor = reactor
+        self.socket = sock
+        self.factory = factory
+        self.table = table
+        self.family = sock.family
+        self.reading = False
+        self.listening = False
+        self.warnings = RepeatLimiter(self.log, reactor, _WARNINGS, burst=1, interval=60.0)
+        self._heartbeat: Optional[LoopingCall] = None
+        self._recheck: Any = None
+        self._paused: Any = None
+        #: A connection accepted but not yet handed over (out of descriptors).
+        self._held: Optional[socket.socket] = None
+
+    # ------------------------------------------------------------ IListeningPort
+
+    def startListening(self) -> None:
+        if self.listening:
+            return
+        self.listening = True
+        self.factory.doStart()
+        host = self.getHost()
+        self.log.info("Accepting webhook connections on {host}:{port}, shared by {workers} workers (each new "
+                      "connection to the one with the fewest)", host=host.host, port=host.port,
+                      workers=self.table.workers)
+        self.table.beat()
+        self._heartbeat = LoopingCall(self._beat)
+        self._heartbeat.clock = self.reactor
+        self._heartbeat.start(HEARTBEAT, now=False)
+        self.decide()
+
+    def stopListening(self) -> Deferred[None]:
+        """
+        Stop accepting: stop reading, clear this worker's slot, close this
+        copy of the socket.  Connections already accepted are not touched
+        (the drain handles them).
+        """
+        if not self.listening:
+            return succeed(None)
+        self.listening = False
+        self._stop_reading()
+        for call in (self._recheck, self._paused):
+            if call is not None and call.active():
+                call.cancel()
+        self._recheck = self._paused = None
+        if self._heartbeat is not None and self._heartbeat.running:
+            self._heartbeat.stop()
+        self._heartbeat = None
+        self.table.retire()
+        if self._held is not None:
+            # Accepted while out of descriptors; a draining site would
+            # refuse it anyway.
+            self._held.close()
+            self._held = None
+        self.socket.close()
+        self.warnings.flush()
+        self.factory.doStop()
+        return succeed(None)
+
+    def getHost(self) -> Any:
+        host, port = self.socket.getsockname()[:2] if self.socket.fileno() >= 0 else ("", 0)
+        if self.family == socket.AF_INET6:
+            return address.IPv6Address("TCP", host, port)
+        return address.IPv4Address("TCP", host, port)
+
+    # ------------------------------------------------------------ deciding
+
+    def decide(self) -> None:
+        """
+        Read the socket if this worker is the least loaded, else stop
+        reading and decide again in L{RECHECK} seconds.
+        """
+        if not self.listening or self._paused is not None:
+            return
+        if self.table.least():
+            if self._recheck is not None:
+                if self._recheck.active():
+                    self._recheck.cancel()
+                self._recheck = None
+            if not self.reading:
+                self.reading = True
+                self.reactor.addReader(self)
+            return
+        self._stop_reading()
+        if self._recheck is None:
+            self._recheck = self.reactor.callLater(RECHECK, self._rechecked)
+
+    def _rechecked(self) -> None:
+        self._recheck = None
+        self.decide()
+
+    def _stop_reading(self) -> None:
+        if self.reading:
+            self.reading = False
+            self.reactor.removeReader(self)
+
+    def _beat(self) -> None:
+        if self._paused is None:
+            self.table.beat()
+            self.decide()
+
+    # ------------------------------------------------------------ IReadDescriptor
+
+    def fileno(self) -> int:
+        return self.socket.fileno()
+
+    def logPrefix(self) -> str:
+        return "BalancedPort"
+
+    def doRead(self) -> None:
+        """
+        Accept one connection if this worker is still the least loaded,
+        hand it over, decide again.
+        """
+        if not self.table.least():
+            self.decide()
+            return None
+        try:
+            connection, _ = self.socket.accept()
+        except OSError as e:
+            if e.errno not in _SKIP:
+                self._failed(e)
+            return None
+        self._hand_over(connection)
+        self.decide()
+        return None
+
+    def connectionLost(self, reason: Failure) -> None:
+        # The reactor is shutting down (disconnectAll) or gave up on us.
+        self.reading = False
+        self.stopListening()
+
+    # ------------------------------------------------------------ handing over
+
+    def _hand_over(self, connection: socket.socket) -> None:
+        """
+        Give C{connection} to the reactor (which takes a copy of the
+        descriptor); ours is closed.
+        """
+        try:
+            connection.setblocking(False)
+            self.reactor.adoptStreamConnection(connection.fileno(), self.family, self.factory)
+        except OSError as e:
+            if e.errno in _SHORTAGE:
+                # No descriptor for the reactor's copy: keep the connection
+                # and try again after the pause.
+                self._held = connection
+                self._failed(e)
+                return
+            # The client reset it before it could be handed over.
+            connection.close()
+            return
+        except Exception:
+            connection.close()
+            self.log.failure("Could not start serving an accepted connection")
+            return
+        connection.close()
+
+    def _failed(self, error: OSError) -> None:
+        """
+        An accept error that is not one connection's: log it (limited),
+        withdraw from the table and pause for L{ERROR_PAUSE} seconds.
+        """
+        self.warnings.emit(
+            "accept-failed", LogLevel.error,
+            "Could not accept a connection on the webhook port: {error}; not accepting for {pause:g}s "
+            "(the other workers take new connections)", error=os.strerror(error.errno or 0) or str(error),
+            errno=errno.errorcode.get(error.errno or 0, str(error.errno)), pause=ERROR_PAUSE)
+        self._stop_reading()
+        if self._recheck is not None and self._recheck.active():
+            self._recheck.cancel()
+        self._recheck = None
+        self.table.withdraw()
+        if self._paused is None:
+            self._paused = self.reactor.callLater(ERROR_PAUSE, self._resume)
+
+    def _resume(self) -> None:
+        self._paused = None
+        held, self._held = self._held, None
+        if held is not None:
+            self._hand_over(held)
+            if self._paused is not None:
+                return
+        self.table.beat()
+        self.decide()
+
+
+@implementer(IStreamServerEndpoint)
+class WorkerListener:
+    """
+    The webhook endpoint of one worker: the shared socket and load table
+    (see the module docstring).  Build it with L{bind} (worker 0) or
+    L{inherit} (the others).
+
+    @ivar port: the L{BalancedPort}, once listening.
+    @ivar connections: the webhook site's last reported open connections.
+    """
+
+    def __init__(self, reactor: Any, worker: int, opener: Callable[[], tuple[socket.socket, LoadTable]], *,
+                 interface: str = "", port: int = 0) -> None:
+        self.reactor = reactor
+        self.worker = worker
+        self.interface = interface
+        self.port_number = port
+        self._opener = opener
+        self._socket: Optional[socket.socket] = None
+        self.table: Optional[LoadTable] = None
+        #: Worker 0: the table's descriptor, kept open for every child it starts.
+        self.table_fd: Optional[int] = None
+        self.port: Optional[BalancedPort] = None
+        self.connections = 0
+
+    @classmethod
+    def bind(cls, reactor: Any, interface: str, port: int, workers: int, backlog: int = 128,
+             now: Callable[[], float] = time.monotonic) -> "WorkerListener":
+        """
+        Worker 0's: binds C{interface:port} (IPv6 when C{interface} holds a
+        C{:}) and creates the table of C{workers} slots when it first
+        listens (or is asked for its descriptors).
+        """
+
+        def opener() -> tuple[socket.socket, LoadTable]:
+            family = socket.AF_INET6 if ":" in interface else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((interface, port))
+                sock.listen(backlog)
+                sock.setblocking(False)
+                table, listener.table_fd = LoadTable.create(workers, now)
+            except BaseException:
+                sock.close()
+                raise
+            return sock, table
+
+        listener = cls(reactor, 0, opener, interface=interface, port=port)
+        return listener
+
+    @classmethod
+    def inherit(cls, reactor: Any, worker: int, listen_fd: int, table_fd: int,
+                now: Callable[[], float] = time.monotonic) -> "WorkerListener":
+        """
+        A child's: takes over, at once, the listening socket C{listen_fd}
+        and the table C{table_fd} that worker 0 passed it.
+
+        @raises ValueError: naming the descriptor that is not what it should be.
+        """
+        try:
+            sock = socket.socket(fileno=listen_fd)
+        except OSError as e:
+            raise ValueError(f"descriptor {listen_fd} is not a socket ({e.strerror})") from None
+        try:
+            if sock.type != socket.SOCK_STREAM or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                raise ValueError(f"descriptor {listen_fd} is not a listening TCP socket")
+            sock.set_inheritable(False)
+            sock.setblocking(False)
+            table = LoadTable.inherit(table_fd, worker, now)
+        except BaseException:
+            sock.detach()
+            raise
+        listener = cls(reactor, worker, lambda: (sock, table))
+        listener._open()
+        return listener
+
+    def _open(self) -> tuple[socket.socket, LoadTable]:
+        if self._socket is None or self.table is None:
+            self._socket, self.table = self._opener()
+            self.table.publish(self.connections)
+        if self._socket.fileno() < 0:
+            raise OSError(errno.EBADF, "the shared webhook socket is closed (the listener has stopped)")
+        return self._socket, self.table
+
+    def descriptors(self) -> dict[int, int]:
+        """
+        Worker 0: C{{3: listening socket, 4: load table}}, the descriptors
+        a child is started with (L{amp.workers}).
+
+        @raises OSError: the socket cannot be bound, or is closed already.
+        """
+        sock, _ = self._open()
+        if self.table_fd is None:
+            raise OSError(errno.EBADF, "only worker 0 passes the shared socket on")
+        return {3: sock.fileno(), 4: self.table_fd}
+
+    def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
+        if self.port is not None:
+            return fail(CannotListenError(self.interface, self.port_number,
+                                          OSError(errno.EBUSY, "already listening")))
+        try:
+            sock, table = self._open()
+        except OSError as e:
+            return fail(CannotListenError(self.interface, self.port_number, e))
+        self.port = BalancedPort(self.reactor, sock, protocolFactory, table)
+        self.port.startListening()
+        return succeed(self.port)
+
+    def connections_changed(self, count: int) -> None:
+        """
+        The webhook site's hook: it has C{count} open connections now.
+        Published to the table; one fewer may make this worker the least
+        loaded.
+        """
+        previous, self.connections = self.connections, count
+        if self.table is not None:
+            self.table.publish(count)
+        port = self.port
+        if port is not None and count < previous:
+            port.decide()
+
+    def worker_exited(self, worker: int) -> None:
+        """Worker 0: child C{worker} has exited; its slot stops counting now."""
+        if self.table is not None:
+            self.table.retire(worker)
