@@ -7,6 +7,11 @@ C{--share}, this starts N worker processes, each building amp's real
 service with L{amp.service.AmpService} (static namespaces pointing at
 C{bench/endpoint.py}) and serving the webhook from a shared port:
 
+  - C{balanced}: amp's own way with C{workers: N} (L{amp.balance}): this
+    process binds one socket and creates the load table, as worker 0 does,
+    and every worker takes both over with
+    L{amp.balance.WorkerListener.inherit}, the listener C{twistd amp} uses:
+    each new connection is accepted by the worker with the fewest open;
   - C{adopt}: this process binds and listens on one socket and passes it to
     every worker, which hands it to C{reactor.adoptStreamPort}: one accept
     queue, every worker woken for every new connection;
@@ -16,13 +21,16 @@ C{bench/endpoint.py}) and serving the webhook from a shared port:
 
 Then it drives the port with wrk exactly like C{bench/run} mode (b)
 (typical body, C{-t1 -c16}, TLS keep-alive) and prints reviews/s, latency,
-the CPU each worker used and how many reviews each answered.
+the CPU each worker used, how many reviews each answered and how many of
+wrk's connections each held during the run, and the capacity: the reviews
+over the CPU seconds of the busiest worker, i.e. what the N workers would
+answer per second with a CPU each.  Over the N=1 row's, that is the
+scaling independent of wrk and the endpoint sharing the machine's CPUs.
 
-Nothing is pinned here: the point is whether a second process adds
-throughput on this machine, where wrk and the endpoint need CPU as well.
+Nothing is pinned here.
 Usage::
 
-    python bench/workers_experiment.py [--workers 1,2] [--share adopt,reuseport]
+    python bench/workers_experiment.py [--workers 1,2] [--share balanced,adopt,reuseport]
         [--duration 10] [--connections 16] [--out bench/results]
 """
 
@@ -32,10 +40,13 @@ import argparse
 import datetime
 import json
 import os
+import select
+import signal
 import socket
 import sys
 import tempfile
-from typing import Any
+import time
+from typing import Any, Optional
 
 from bench import bodies
 from bench.harness import (
@@ -52,11 +63,15 @@ REPO = os.path.dirname(BENCH)
 def worker(args: argparse.Namespace) -> int:
     """
     One amp worker: amp's service, its webhook listener on the shared port.
+    Each C{SIGUSR1} prints a line with the reviews answered so far, the
+    webhook connections open now and the most open at once since the last
+    such line.
     """
     from twisted.internet import reactor
     from twisted.internet.endpoints import AdoptedStreamServerEndpoint
     from twisted.logger import globalLogBeginner
 
+    from amp.balance import WorkerListener
     from amp.config import load_config
     from amp.logs import make_observer
     from amp.metrics import Metrics
@@ -67,35 +82,81 @@ def worker(args: argparse.Namespace) -> int:
     log = open(args.log, "w")
     globalLogBeginner.beginLoggingTo([make_observer(config.log.format, config.log.level, log)],
                                      redirectStandardIO=False)
-    if args.fd is not None:
-        fd = args.fd
+    inner: Any
+    publish: Any = None
+    if args.share == "balanced":
+        shared = WorkerListener.inherit(reactor, args.index, args.fd, args.table_fd)
+        inner, publish = shared, shared.connections_changed
     else:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        s.bind(("127.0.0.1", args.port))
-        s.listen(1024)
-        s.setblocking(False)
-        fd = s.detach()
+        if args.fd is not None:
+            fd = args.fd
+        else:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            s.bind(("127.0.0.1", args.port))
+            s.listen(1024)
+            s.setblocking(False)
+            fd = s.detach()
+        inner = AdoptedStreamServerEndpoint(reactor, fd, socket.AF_INET)
+
+    connections = {"open": 0, "peak": 0}
+
+    def on_connections(count: int) -> None:
+        connections["open"] = count
+        connections["peak"] = max(connections["peak"], count)
+        if publish is not None:
+            publish(count)
 
     metrics = Metrics()
     certificate = serving_certificate(config.tls, reactor, metrics)
     # amp's TLS listener on the socket that is already listening.
-    webhook = TLSServerEndpoint(AdoptedStreamServerEndpoint(reactor, fd, socket.AF_INET), certificate, reactor)
+    webhook = TLSServerEndpoint(inner, certificate, reactor)
     service = AmpService(config, reactor, certificate=certificate, webhook_endpoint=webhook, metrics_endpoint=None,
                          namespaces=namespace_source(config, reactor, metrics), metrics=metrics,
-                         install_sighup=False)
+                         install_sighup=False, on_connections=on_connections)
     service.startService()
 
     def reviews() -> int:
         return int(sum(s.value for m in metrics.admission_requests.collect() for s in m.samples
                        if s.name.endswith("_total")))
 
+    def report() -> None:
+        print(json.dumps({"reviews": reviews(), "open": connections["open"], "peak": connections["peak"]}),
+              flush=True)
+        connections["peak"] = connections["open"]
+
+    signal.signal(signal.SIGUSR1, lambda *_: reactor.callFromThread(report))
     reactor.addSystemEventTrigger(
         "before", "shutdown", lambda: print(json.dumps({"pid": os.getpid(), "reviews": reviews()}), flush=True))
     reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
     reactor.callWhenRunning(lambda: print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True))
     reactor.run()
     return 0
+
+
+def ask(p: Proc, timeout: float = 10.0) -> dict[str, Any]:
+    """A worker's report (see L{worker}): reviews so far, connections open and their peak."""
+    os.kill(p.pid, signal.SIGUSR1)
+    out = p.popen.stdout
+    assert out is not None
+    ready, _, _ = select.select([out], [], [], timeout)
+    line = out.readline() if ready else ""
+    if not line:
+        raise RuntimeError(f"{p.name} did not report")
+    return json.loads(line)
+
+
+def wait_closed(workers: list[Proc], timeout: float = 10.0) -> list[dict[str, Any]]:
+    """
+    Every worker's report once none has a connection open (wrk's warm-up
+    connections are closed), so that the next peaks are the next run's.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        reports = [ask(p) for p in workers]
+        if not any(r["open"] for r in reports) or time.monotonic() > deadline:
+            return reports
+        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------ the experiment
@@ -119,9 +180,10 @@ def write_config(path: str, tls: dict[str, Any], endpoint_url: str) -> None:
 
 def measure(n: int, share: str, workdir: str, config: str, body: str, endpoint: Proc,
             args: argparse.Namespace) -> dict[str, Any]:
-    argv = [sys.executable, os.path.abspath(__file__), "--worker", "--config", config]
-    listener = None
-    if share == "adopt":
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", "--config", config, "--share", share]
+    listener: Optional[socket.socket] = None
+    table_fd: Optional[int] = None
+    if share in ("adopt", "balanced"):
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", 0))
         listener.listen(1024)
@@ -130,26 +192,32 @@ def measure(n: int, share: str, workdir: str, config: str, body: str, endpoint: 
         listener.setblocking(False)
         port = listener.getsockname()[1]
         argv += ["--fd", str(listener.fileno())]
+        if share == "balanced":
+            from amp.balance import LoadTable
+
+            _, table_fd = LoadTable.create(n)
+            argv += ["--table-fd", str(table_fd)]
     else:
         port = free_port()
         argv += ["--port", str(port)]
+    passed = tuple(fd for fd in (listener.fileno() if listener else None, table_fd) if fd is not None)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    workers = []
+    workers: list[Proc] = []
     try:
         for i in range(n):
             log = os.path.join(workdir, f"worker-{share}-{n}-{i}.log")
-            if listener is not None:
-                os.set_inheritable(listener.fileno(), True)
-            p = Proc(f"worker {i}", argv + ["--log", log], env=env,
-                     pass_fds=(listener.fileno(),) if listener is not None else ())
-            workers.append(p)
+            workers.append(Proc(f"worker {i}", argv + ["--log", log, "--index", str(i)], env=env, pass_fds=passed))
         for p in workers:
             p.first_line()
         if listener is not None:
             listener.close()
             listener = None
+        if table_fd is not None:
+            os.close(table_fd)
+            table_fd = None
         url = f"https://127.0.0.1:{port}/mutate?timeout=10s"
         run_wrk(url, body, connections=args.connections, duration=args.warmup, cpus=None)
+        first = wait_closed(workers)
         before = [cpu_seconds(p.pid) for p in workers]
         ep_before = cpu_seconds(endpoint.pid)
         busy_before = busy_seconds()
@@ -157,9 +225,12 @@ def measure(n: int, share: str, workdir: str, config: str, body: str, endpoint: 
         busy_after = busy_seconds()
         after = [cpu_seconds(p.pid) for p in workers]
         ep_after = cpu_seconds(endpoint.pid)
+        last = [ask(p) for p in workers]
     finally:
         if listener is not None:
             listener.close()
+        if table_fd is not None:
+            os.close(table_fd)
         counts = []
         for p in workers:
             out = p.stop()
@@ -167,7 +238,9 @@ def measure(n: int, share: str, workdir: str, config: str, body: str, endpoint: 
             counts.append(lines[-1].get("reviews", 0) if lines else 0)
     seconds = summary["duration_us"] / 1e6
     amp_cpu = [a - b for a, b in zip(after, before)]
+    window = [b["reviews"] - a["reviews"] for a, b in zip(first, last)]
     ours = sum(amp_cpu) + (ep_after - ep_before) + summary["wrk_cpu_s"]
+    busiest = max(amp_cpu)
     row = {
         "workers": n,
         "share": share,
@@ -175,15 +248,24 @@ def measure(n: int, share: str, workdir: str, config: str, body: str, endpoint: 
         "errors": summary["errors"],
         "reviews_per_s": round(summary["requests"] / seconds, 1),
         "latency_ms": {k: round(summary["latency_us"][k] / 1000, 3) for k in ("p50", "p90", "p99", "max")},
+        "worker_cpu_s": [round(c, 3) for c in amp_cpu],
         "worker_cpu_pct": [round(100 * c / seconds, 1) for c in amp_cpu],
+        # Reviews each worker answered during the run, and the most of
+        # wrk's connections it held at once.
+        "worker_reviews": window,
+        "worker_connections": [r["peak"] for r in last],
         "worker_reviews_total": counts,
-        "amp_cpu_ms_per_review": round(1000 * sum(amp_cpu) / summary["requests"], 4) if summary["requests"] else None,
+        # What the N workers would answer per second with a CPU each: the
+        # reviews over the busiest worker's CPU seconds.
+        "capacity_per_s": round(sum(window) / busiest, 1) if busiest > 0 else None,
+        "amp_cpu_ms_per_review": round(1000 * sum(amp_cpu) / sum(window), 4) if sum(window) else None,
         "endpoint_cpu_pct": round(100 * (ep_after - ep_before) / seconds, 1),
         "wrk_cpu_pct": round(100 * summary["wrk_cpu_s"] / seconds, 1),
         "other_cpu_pct": round(max(0.0, 100 * (busy_after - busy_before - ours) / seconds), 1),
     }
     say(f"{share:9} N={n}: {row['reviews_per_s']:7.0f}/s p50 {row['latency_ms']['p50']:.2f}ms "
-        f"p99 {row['latency_ms']['p99']:.2f}ms workers cpu% {row['worker_cpu_pct']} reviews {counts} "
+        f"p99 {row['latency_ms']['p99']:.2f}ms workers cpu% {row['worker_cpu_pct']} reviews {window} "
+        f"connections {row['worker_connections']} capacity {row['capacity_per_s']}/s "
         f"endpoint {row['endpoint_cpu_pct']}% wrk {row['wrk_cpu_pct']}% other {row['other_cpu_pct']}%")
     return row
 
@@ -197,20 +279,30 @@ def report(result: dict[str, Any]) -> str:
         f"wrk -t1 -c{result['connections']} -d{result['duration_s']}s, typical body, nothing pinned.",
         "",
         "| share | workers | reviews/s | × N=1 | p50 ms | p99 ms | worker CPU % | reviews per worker | "
-        "amp CPU ms/review | endpoint CPU % | wrk CPU % | other CPU % |",
-        "|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|",
+        "connections per worker | capacity/s | capacity × N=1 | amp CPU ms/review | endpoint CPU % | "
+        "wrk CPU % | other CPU % |",
+        "|---|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    base = {r["share"]: r["reviews_per_s"] for r in result["rows"] if r["workers"] == 1}
+    base = {r["share"]: r for r in result["rows"] if r["workers"] == 1}
     for r in result["rows"]:
         one = base.get(r["share"])
-        ratio = f"{r['reviews_per_s'] / one:.2f}" if one else "—"
+        ratio = f"{r['reviews_per_s'] / one['reviews_per_s']:.2f}" if one else "—"
+        scaling = (f"{r['capacity_per_s'] / one['capacity_per_s']:.2f}"
+                   if one and one["capacity_per_s"] and r["capacity_per_s"] else "—")
         lines.append(f"| {r['share']} | {r['workers']} | {r['reviews_per_s']:.0f} | {ratio} | "
                      f"{r['latency_ms']['p50']:.2f} | {r['latency_ms']['p99']:.2f} | "
-                      f"{' + '.join(f'{c:.0f}' for c in r['worker_cpu_pct'])} | "
-                      f"{' + '.join(str(c) for c in r['worker_reviews_total'])} | "
-                      f"{r['amp_cpu_ms_per_review']:.3f} | {r['endpoint_cpu_pct']:.0f} | {r['wrk_cpu_pct']:.0f} | "
-                      f"{r['other_cpu_pct']:.0f} |")
-    lines.append("")
+                     f"{' + '.join(f'{c:.0f}' for c in r['worker_cpu_pct'])} | "
+                     f"{' + '.join(str(c) for c in r['worker_reviews'])} | "
+                     f"{' + '.join(str(c) for c in r['worker_connections'])} | "
+                     f"{r['capacity_per_s'] or 0:.0f} | {scaling} | "
+                     f"{r['amp_cpu_ms_per_review'] or 0:.3f} | {r['endpoint_cpu_pct']:.0f} | "
+                     f"{r['wrk_cpu_pct']:.0f} | {r['other_cpu_pct']:.0f} |")
+    lines += [
+        "",
+        "*capacity/s* = reviews ÷ CPU seconds of the busiest worker: what the N workers would answer per second "
+        "with a CPU each. *capacity × N=1*: over the same share's N=1 row.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -221,8 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", help=argparse.SUPPRESS)
     p.add_argument("--fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--table-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--workers", default="1,2")
-    p.add_argument("--share", default="adopt,reuseport")
+    p.add_argument("--share", default="balanced,adopt,reuseport")
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--connections", type=int, default=16)
