@@ -5,18 +5,25 @@ webhook port.
 One Twisted process uses one core.  With C{workers} above one, the process
 twistd starts is worker 0; it also runs a L{WorkerMonitor} that starts
 workers 1 .. N-1 as child processes (C{twistd amp --config <same file>
---worker i}), restarts a child that exits (with the back-off of
+--worker i --listen-fd 3 --load-table-fd 4}), restarts a child that exits (with the back-off of
 L{twisted.runner.procmon.ProcessMonitor}) and, when worker 0 stops, stops
 the children and waits for them to exit.  A stop is a drain: worker 0 sends
 each child C{SIGTERM} when its own drain begins, every worker drains its own
 connections (L{amp.service.AmpService.stopService}), and a child still
 running C{listen.drain_timeout} plus a second later is killed.
 
-Every worker binds its own socket on C{listen.port} with C{SO_REUSEPORT}
-(L{amp.tls.tls_endpoint}): each has its own accept queue and the kernel
-spreads new connections among them by their address and port.  (One shared
-listening socket does not spread the load: the first worker to wake takes
-the API server's keep-alive connections and keeps them.)
+All workers accept from one listening socket, and each new connection goes
+to the worker with the fewest open connections (L{amp.balance}): worker 0
+binds the socket on C{listen.port} and creates the shared load table, and
+starts every child with both as descriptors L{LISTEN_FD} and
+L{LOAD_TABLE_FD} (told on its command line; a restarted child gets them
+again); a child never binds.  When a child exits, worker 0 clears its slot
+of the table at once, so the others no longer leave new connections to it.
+(The API server keeps a few connections open for a long time: the spread at
+accept time is the spread of the load.  A socket per worker with
+C{SO_REUSEPORT} spreads them by a hash of their addresses, unevenly as often
+as not; one socket read by every worker gives them all to the first one
+woken.)
 
 Children write their log lines straight to the parent's standard output and
 error (the descriptors are inherited).  A child's standard input is a pipe
