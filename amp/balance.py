@@ -12,8 +12,8 @@ half the time); one shared socket read by every worker gives the whole
 burst to the first worker the kernel wakes.
 
 L{LoadTable}
-    One slot per worker in a shared memory buffer (C{memfd_create} +
-    C{mmap}): the worker's open webhook connections (int64) and its
+    One slot per worker in a shared memory buffer (C{memfd_create}, else
+    an unlinked file, and C{mmap}): the worker's open webhook connections (int64) and its
     heartbeat (float64, C{time.monotonic()}, one clock for every process on
     Linux).  Each worker writes only its own slot; worker 0 also clears the
     slot of a child that has exited.  A slot whose heartbeat is zero (not
@@ -68,6 +68,7 @@ import mmap
 import os
 import socket
 import struct
+import tempfile
 import time
 from typing import Any, Callable, Optional
 
@@ -141,7 +142,12 @@ class LoadTable:
         A new zeroed table of C{workers} slots in shared memory, seen by
         worker 0, and its descriptor (close-on-exec) to pass to the others.
         """
-        fd = os.memfd_create("amp-worker-load", os.MFD_CLOEXEC)
+        try:
+            fd = os.memfd_create("amp-worker-load", os.MFD_CLOEXEC)
+        except (AttributeError, OSError):
+            # No memfd (not Linux, or forbidden): an unlinked file does the same.
+            with tempfile.TemporaryFile() as f:
+                fd = os.dup(f.fileno())
         try:
             os.ftruncate(fd, workers * SLOT)
             buffer = mmap.mmap(fd, workers * SLOT)

@@ -121,6 +121,19 @@ def test_a_table_is_shared_through_its_descriptor() -> None:
         os.close(fd)
 
 
+def test_without_memfd_a_table_is_an_unlinked_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(os, "memfd_create")
+    first, fd = LoadTable.create(2)
+    try:
+        assert os.fstat(fd).st_nlink == 0 and os.get_inheritable(fd) is False
+        second = LoadTable.inherit(os.dup(fd), 1)
+        second.publish(4)
+        second.beat()
+        assert first.loads() == [0, 4]
+    finally:
+        os.close(fd)
+
+
 def test_inherit_refuses_what_is_not_a_table() -> None:
     read, write = os.pipe()
     try:
