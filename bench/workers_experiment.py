@@ -26,6 +26,10 @@ wrk's connections each held during the run, and the capacity: the reviews
 over the CPU seconds of the busiest worker, i.e. what the N workers would
 answer per second with a CPU each.  Over the N=1 row's, that is the
 scaling independent of wrk and the endpoint sharing the machine's CPUs.
+wrk is a closed loop (a connection sends its next request when the last
+is answered), so a worker with more connections answers each more slowly
+rather than more reviews; the split capacity is what the connections'
+split would allow if each carried the same rate, as the API server's do.
 
 Nothing is pinned here.
 Usage::
@@ -241,6 +245,12 @@ def measure(n: int, share: str, workdir: str, config: str, body: str, endpoint: 
     window = [b["reviews"] - a["reviews"] for a, b in zip(first, last)]
     ours = sum(amp_cpu) + (ep_after - ep_before) + summary["wrk_cpu_s"]
     busiest = max(amp_cpu)
+    held = [r["peak"] for r in last]
+    # With every connection carrying the same rate of reviews (an open
+    # loop, as the API server's requests are), worker i gets its share of
+    # the connections' reviews at its own CPU cost per review; the first to
+    # fill its CPU caps the whole.
+    loads = [h / sum(held) * c / r for h, c, r in zip(held, amp_cpu, window) if r > 0 and sum(held)]
     row = {
         "workers": n,
         "share": share,
@@ -253,11 +263,13 @@ def measure(n: int, share: str, workdir: str, config: str, body: str, endpoint: 
         # Reviews each worker answered during the run, and the most of
         # wrk's connections it held at once.
         "worker_reviews": window,
-        "worker_connections": [r["peak"] for r in last],
+        "worker_connections": held,
         "worker_reviews_total": counts,
         # What the N workers would answer per second with a CPU each: the
         # reviews over the busiest worker's CPU seconds.
         "capacity_per_s": round(sum(window) / busiest, 1) if busiest > 0 else None,
+        # The same with the reviews spread as the connections are.
+        "split_capacity_per_s": round(1 / max(loads), 1) if loads and max(loads) > 0 else None,
         "amp_cpu_ms_per_review": round(1000 * sum(amp_cpu) / sum(window), 4) if sum(window) else None,
         "endpoint_cpu_pct": round(100 * (ep_after - ep_before) / seconds, 1),
         "wrk_cpu_pct": round(100 * summary["wrk_cpu_s"] / seconds, 1),
@@ -266,6 +278,7 @@ def measure(n: int, share: str, workdir: str, config: str, body: str, endpoint: 
     say(f"{share:9} N={n}: {row['reviews_per_s']:7.0f}/s p50 {row['latency_ms']['p50']:.2f}ms "
         f"p99 {row['latency_ms']['p99']:.2f}ms workers cpu% {row['worker_cpu_pct']} reviews {window} "
         f"connections {row['worker_connections']} capacity {row['capacity_per_s']}/s "
+        f"(at the connections' split {row['split_capacity_per_s']}/s) "
         f"endpoint {row['endpoint_cpu_pct']}% wrk {row['wrk_cpu_pct']}% other {row['other_cpu_pct']}%")
     return row
 
@@ -279,28 +292,32 @@ def report(result: dict[str, Any]) -> str:
         f"wrk -t1 -c{result['connections']} -d{result['duration_s']}s, typical body, nothing pinned.",
         "",
         "| share | workers | reviews/s | × N=1 | p50 ms | p99 ms | worker CPU % | reviews per worker | "
-        "connections per worker | capacity/s | capacity × N=1 | amp CPU ms/review | endpoint CPU % | "
-        "wrk CPU % | other CPU % |",
-        "|---|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "connections per worker | capacity/s | capacity × N=1 | split capacity/s | split × N=1 | "
+        "amp CPU ms/review | endpoint CPU % | wrk CPU % | other CPU % |",
+        "|---|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base = {r["share"]: r for r in result["rows"] if r["workers"] == 1}
     for r in result["rows"]:
         one = base.get(r["share"])
         ratio = f"{r['reviews_per_s'] / one['reviews_per_s']:.2f}" if one else "—"
-        scaling = (f"{r['capacity_per_s'] / one['capacity_per_s']:.2f}"
-                   if one and one["capacity_per_s"] and r["capacity_per_s"] else "—")
+        def over(key: str) -> str:
+            return f"{r[key] / one[key]:.2f}" if one and one.get(key) and r.get(key) else "—"
+
         lines.append(f"| {r['share']} | {r['workers']} | {r['reviews_per_s']:.0f} | {ratio} | "
                      f"{r['latency_ms']['p50']:.2f} | {r['latency_ms']['p99']:.2f} | "
                      f"{' + '.join(f'{c:.0f}' for c in r['worker_cpu_pct'])} | "
                      f"{' + '.join(str(c) for c in r['worker_reviews'])} | "
                      f"{' + '.join(str(c) for c in r['worker_connections'])} | "
-                     f"{r['capacity_per_s'] or 0:.0f} | {scaling} | "
+                     f"{r['capacity_per_s'] or 0:.0f} | {over('capacity_per_s')} | "
+                     f"{r.get('split_capacity_per_s') or 0:.0f} | {over('split_capacity_per_s')} | "
                      f"{r['amp_cpu_ms_per_review'] or 0:.3f} | {r['endpoint_cpu_pct']:.0f} | "
                      f"{r['wrk_cpu_pct']:.0f} | {r['other_cpu_pct']:.0f} |")
     lines += [
         "",
         "*capacity/s* = reviews ÷ CPU seconds of the busiest worker: what the N workers would answer per second "
-        "with a CPU each. *capacity × N=1*: over the same share's N=1 row.",
+        "with a CPU each. *split capacity/s*: the same if every connection carried the same rate of reviews (an "
+        "open loop, like the API server's), so that each worker gets its share of the connections' reviews: "
+        "1 ÷ the largest (share of connections × CPU seconds per review). *× N=1*: over the same share's N=1 row.",
         "",
     ]
     return "\n".join(lines)
