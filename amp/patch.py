@@ -578,18 +578,57 @@ def _repair(doc: _Doc, op: _Op, fail: _Fail, rules: tuple, out: list[dict]) -> i
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 
 
-def _pod_problems(pod: dict) -> list[tuple[str, str]]:
+#: The parts of a Pod L{_pod_problems} checks: C{metadata} (the object
+#: itself, its labels and annotations), C{labels}, C{annotations},
+#: C{volumes} (and every container's mounts of them), C{containers} (every
+#: container list: names are unique across them).
+_ALL_PARTS = frozenset({"metadata", "labels", "annotations", "spec", "volumes", "containers"})
+
+
+def _parts_changed(ops: Sequence[_Op]) -> frozenset[str]:
+    """
+    The parts of the Pod (L{_ALL_PARTS}) that C{ops} may change: a problem
+    anywhere else was in the Pod before the patch, so only these need
+    checking afterwards.
+    """
+    parts: set[str] = set()
+    for op in ops:
+        if op.op == "test":
+            continue
+        for tokens in (op.tokens, op.ftokens if op.op == "move" else None):
+            if tokens is None:
+                continue
+            if len(tokens) < 2:
+                if not tokens or tokens[0] in ("metadata", "spec"):
+                    return _ALL_PARTS
+                continue
+            top, field = tokens[0], tokens[1]
+            if top == "metadata" and field in ("labels", "annotations"):
+                parts.add(field)
+            elif top == "spec" and field == "volumes":
+                parts.add("volumes")
+            elif top == "spec" and field in _CONTAINER_LISTS:
+                parts.add("containers")
+    return frozenset(parts)
+
+
+def _pod_problems(pod: dict, parts: frozenset[str] = _ALL_PARTS) -> list[tuple[str, str]]:
     """
     Structural problems of C{pod} that make the API server refuse it, as
-    (check, message) pairs.
+    (check, message) pairs, in C{parts} of it (L{_ALL_PARTS}).
     """
     out: list[tuple[str, str]] = []
+    if not parts:
+        return out
     q = json.dumps
     md = pod.get("metadata")
     if type(md) is not dict:
-        out.append(("metadata", "metadata must be an object"))
+        if "metadata" in parts:
+            out.append(("metadata", "metadata must be an object"))
     else:
         for field in ("labels", "annotations"):
+            if field not in parts and "metadata" not in parts:
+                continue
             m = md.get(field)
             if m is None:
                 continue
@@ -602,12 +641,20 @@ def _pod_problems(pod: dict) -> list[tuple[str, str]]:
                     break
     spec = pod.get("spec")
     if type(spec) is not dict:
-        out.append(("spec", "spec must be an object"))
+        if "spec" in parts:
+            out.append(("spec", "spec must be an object"))
+        return out
+    volumes_changed = "volumes" in parts or "spec" in parts
+    if not volumes_changed and "containers" not in parts:
         return out
 
     volume_names: set[str] = set()
     volumes = spec.get("volumes")
-    if volumes is not None:
+    if volumes is not None and not volumes_changed:
+        # Only the names, for the mounts below: the volumes did not change.
+        if type(volumes) is list:
+            volume_names = {v.get("name") for v in volumes if type(v) is dict}
+    elif volumes is not None:
         if type(volumes) is not list:
             out.append(("volumes", f"spec.volumes must be a list, not {_json_type(volumes)}"))
         else:
@@ -679,11 +726,11 @@ def _pod_problems(pod: dict) -> list[tuple[str, str]]:
     return out
 
 
-def _check_pod(original: dict, patched: dict) -> None:
-    problems = _pod_problems(patched)
+def _check_pod(original: dict, patched: dict, parts: frozenset[str] = _ALL_PARTS) -> None:
+    problems = _pod_problems(patched, parts)
     if not problems:
         return
-    already = {check for check, _ in _pod_problems(original)}
+    already = {check for check, _ in _pod_problems(original, parts)}
     problems = [message for check, message in problems if check not in already]
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -765,7 +812,7 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
 
     if not modifies:
         return unchanged(pod)
-    _check_pod(pod, doc.root)
+    _check_pod(pod, doc.root, _parts_changed(parsed))
     return CheckedPatch(operations, repaired, tuple(doc.warnings), doc.root)
 
 

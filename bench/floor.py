@@ -217,11 +217,88 @@ class FloorFactory(Factory):
         return FloorProxy(self.pool)
 
 
+class StackProxy:
+    """
+    The stack floor (C{--stack}): the same round trip through the parts amp
+    keeps, twisted.web's C{Site} for the listener and Twisted's C{Agent} over
+    an C{HTTPConnectionPool} for the endpoint call, and nothing else: what
+    amp's own code costs is what amp spends beyond this.
+    """
+
+    def __init__(self, reactor: Any, endpoint: str) -> None:
+        from twisted.web.client import Agent, HTTPConnectionPool
+
+        pool = HTTPConnectionPool(reactor, persistent=True)
+        pool.maxPersistentPerHost = 64
+        pool.retryAutomatically = False
+        self.agent = Agent(reactor, pool=pool)
+        self.endpoint = endpoint.encode("ascii")
+
+    def resource(self) -> Any:
+        from twisted.web import server
+        from twisted.web.client import readBody
+        from twisted.web.http_headers import Headers
+        from twisted.web.resource import Resource
+
+        proxy = self
+
+        class Review(Resource):
+            isLeaf = True
+
+            def render_POST(self, request: Any) -> Any:
+                api_version, uid, pod = split_review(request.content.read())
+                d = proxy.agent.request(b"POST", proxy.endpoint,
+                                        Headers({b"content-type": [b"application/json"]}), _Body(pod))
+                d.addCallback(readBody)
+                d.addCallback(self._answer, request, api_version, uid)
+                d.addErrback(lambda _: request.channel.loseConnection())
+                return server.NOT_DONE_YET
+
+            def _answer(self, patch: bytes, request: Any, api_version: str, uid: str) -> None:
+                body = encode({"apiVersion": api_version, "kind": "AdmissionReview", "response": {
+                    "uid": uid, "allowed": True, "patchType": "JSONPatch",
+                    "patch": base64.b64encode(patch).decode("ascii")}})
+                request.setHeader(b"content-type", b"application/json")
+                request.setHeader(b"content-length", b"%d" % len(body))
+                request.write(body)
+                request.finish()
+
+        root = Resource()
+        root.putChild(b"mutate", Review())
+        return root
+
+
+class _Body:
+    """A request body in memory, written at once (the stack floor's)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.length = len(body)
+
+    def startProducing(self, consumer: Any) -> Deferred:
+        from twisted.internet.defer import succeed
+
+        consumer.write(self.body)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cert", required=True, help="serving certificate (PEM)")
     parser.add_argument("--key", required=True, help="its private key (PEM)")
     parser.add_argument("--endpoint", required=True, help="the endpoint's URL, plain HTTP")
+    parser.add_argument("--stack", action="store_true",
+                        help="the stack floor: twisted.web's Site and Twisted's Agent and pool (StackProxy) "
+                             "instead of raw protocols")
     args = parser.parse_args(argv)
     from twisted.internet import reactor
     from twisted.internet.ssl import PrivateCertificate
@@ -231,7 +308,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     with open(args.key, "rb") as f:
         key = f.read()
     options = PrivateCertificate.loadPEM(cert + b"\n" + key).options()
-    factory = FloorFactory(EndpointPool(reactor, args.endpoint))
+    if args.stack:
+        from twisted.web.server import Site
+
+        site = Site(StackProxy(reactor, args.endpoint).resource())
+        site.log = lambda request: None  # no access log, as amp
+        factory: Any = site
+    else:
+        factory = FloorFactory(EndpointPool(reactor, args.endpoint))
     port = reactor.listenSSL(0, factory, options, backlog=1024, interface="127.0.0.1")
     print(json.dumps({"port": port.getHost().port, "json": JSON_LIBRARY}), flush=True)
     reactor.run()

@@ -442,14 +442,14 @@ def _patch_of(response: dict[str, Any]) -> list[Any]:
 
 def check_answer(mode: str, response: dict[str, Any]) -> None:
     """
-    The answer a mode must give: (b), (c) and the floor (f) the endpoint's
+    The answer a mode must give: (b), (c) and the floors (f), (g) the
     patch, (d) an unchanged Pod.
     """
     label_path = "/metadata/labels/" + bodies.PATCH_LABEL.replace("/", "~1")
     if not response.get("allowed"):
         raise ModeFailed(f"mode ({mode}): amp denied the Pod: {response.get('status')}")
     patch = _patch_of(response)
-    if mode in ("b", "c", "f"):
+    if mode in ("b", "c", "f", "g"):
         if not any(op.get("path") == label_path for op in patch) or response.get("warnings"):
             raise ModeFailed(f"mode ({mode}): expected the endpoint's patch, got {patch} "
                              f"with warnings {response.get('warnings')}")
