@@ -24,7 +24,7 @@ from bench.harness import WrkMissing, ensure_wrk
 
 REPO = Path(__file__).resolve().parent.parent
 WRK_MISSING = 3  # bench/run's exit status when wrk cannot be had
-MODES = {"a", "b", "c", "d", "f"}
+MODES = {"a", "b", "c", "d", "f", "g"}
 BODIES = {"typical", "large"}
 
 
