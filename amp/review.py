@@ -298,6 +298,15 @@ def parse_review(body: bytes) -> AdmissionRequest:
                   "namespace": request.namespace, "name": request.name, "subResource": request.subResource,
                   "dryRun": request.dryRun}
         return _checked(review.apiVersion, review.kind, fields, pod, object_json)
+    return _parse_careful(body)
+
+
+def _parse_careful(body: bytes) -> AdmissionRequest:
+    """
+    L{parse_review} with Python's C{json} and the API server's limits on
+    numbers: for what msgspec refuses or may read differently, and what
+    names the problem in a 400.
+    """
     try:
         doc = _DECODER.decode(_text(body))
     except _NotJSON as e:
