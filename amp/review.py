@@ -13,6 +13,15 @@ without recursion before it is parsed; Python's C{json} would otherwise
 raise C{RecursionError}), or holding C{NaN}, C{Infinity} or a number out of
 range (L{parse_review} accepts integers that fit in 64 bits and finite
 floats, as the API server's own decoder does).
+
+Decoding is done in C (msgspec): the review's fields amp reads, and
+C{request.object} kept as its raw bytes (forwarded to the endpoint as the
+API server sent them) and decoded once.  What msgspec refuses, and a body
+with nineteen digits in a row (an integer that may be out of 64-bit range,
+which msgspec would read as a Python int), goes the careful way: Python's
+C{json} with the API server's limits, which also writes the 400's message.
+Either way the answer is the same (a property test holds them to it).
+Answers are encoded with msgspec too.
 """
 
 from __future__ import annotations
