@@ -558,3 +558,8 @@ class AmpInstance:
                 if exc.status != 404:
                     raise
         return self.process.stop()
+
+
+def unique(prefix: str) -> str:
+    """A name (a namespace's, a Pod's) of one test's own."""
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"

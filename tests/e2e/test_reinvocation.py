@@ -25,7 +25,6 @@ import http.server
 import json
 import ssl
 import threading
-import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
@@ -34,6 +33,7 @@ from kubernetes import client
 
 from ..waiting import poll_until
 from .amp_process import (
+    unique,
     LOOPBACK,
     STATUS_ANNOTATION,
     AmpInstance,
@@ -53,9 +53,6 @@ LATER_ANNOTATION = "e2e.amp.txn2.com/later"
 #: How long a new webhook configuration may take to reach the API server's calls.
 PROPAGATION_DEADLINE = 10.0
 
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 # ---- two small HTTP servers of the test's own
