@@ -35,6 +35,8 @@ setup(
         "pyyaml>=6.0",
         "prometheus-client>=0.20",
         "cryptography>=43",
+        # reviews, replies and answers are decoded and encoded in C (issue: CPU per review)
+        "msgspec>=0.18",
     ],
     entry_points={"console_scripts": ["amp = amp.cli:main"]},
     extras_require={

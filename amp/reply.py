@@ -14,7 +14,9 @@ L{amp.patch}'s business, not this module's.
 What is not JSON is C{invalid-json}: besides what Python's C{json} refuses,
 C{NaN} and C{Infinity} (which it accepts), numbers out of a double's range
 (which it would read as infinity), and arrays and objects nested deeper than
-L{MAX_DEPTH}.  The depth is checked before parsing and without recursion
+L{MAX_DEPTH}.  Replies are decoded in C (msgspec, which refuses all of these
+by itself); what it refuses is tried again with Python's C{json} (other
+encodings JSON allows, lone surrogates), so the verdict is unchanged.  The depth is checked before parsing and without recursion
 (L{nested_deeper_than}): Python's C{json} recurses once per level and fails
 with C{RecursionError} near a thousand, and whatever walks the parsed reply
 afterwards (patch checks, copies, encoding) recurses too.

@@ -13,6 +13,15 @@ without recursion before it is parsed; Python's C{json} would otherwise
 raise C{RecursionError}), or holding C{NaN}, C{Infinity} or a number out of
 range (L{parse_review} accepts integers that fit in 64 bits and finite
 floats, as the API server's own decoder does).
+
+Decoding is done in C (msgspec): the review's fields amp reads, and
+C{request.object} kept as its raw bytes (forwarded to the endpoint as the
+API server sent them) and decoded once.  What msgspec refuses, and a body
+with nineteen digits in a row (an integer that may be out of 64-bit range,
+which msgspec would read as a Python int), goes the careful way: Python's
+C{json} with the API server's limits, which also writes the 400's message.
+Either way the answer is the same (a property test holds them to it).
+Answers are encoded with msgspec too.
 """
 
 from __future__ import annotations
@@ -298,6 +307,15 @@ def parse_review(body: bytes) -> AdmissionRequest:
                   "namespace": request.namespace, "name": request.name, "subResource": request.subResource,
                   "dryRun": request.dryRun}
         return _checked(review.apiVersion, review.kind, fields, pod, object_json)
+    return _parse_careful(body)
+
+
+def _parse_careful(body: bytes) -> AdmissionRequest:
+    """
+    L{parse_review} with Python's C{json} and the API server's limits on
+    numbers: for what msgspec refuses or may read differently, and what
+    names the problem in a 400.
+    """
     try:
         doc = _DECODER.decode(_text(body))
     except _NotJSON as e:

@@ -52,6 +52,7 @@ from twisted.web.resource import Resource
 from amp.admission import Admitter, Outcome
 from amp.logs import RepeatLimiter
 from amp.metrics import Metrics
+from amp.reasons import Reason
 from amp.recent import Decision, RecentDecisions
 from amp.deadline import review_deadline
 from amp.review import AdmissionRequest, ReviewError, parse_review
@@ -539,7 +540,9 @@ class AdmissionResource(Resource):
         body, outcome = result
         request.review = None
         if request._disconnected:
-            outcome.reason = outcome.reason or "client-disconnected"
+            # Answered as the client went away: counted as what it would
+            # have been, with the vocabulary's reason for a client that left.
+            outcome.reason = outcome.reason or Reason.CANCELLED
         else:
             request.setHeader(b"content-type", b"application/json")
             request.setHeader(b"content-length", b"%d" % len(body))

@@ -237,6 +237,10 @@ class StackProxy:
     def resource(self) -> Any:
         from twisted.web import server
         from twisted.web.client import readBody
+
+        # A body in memory, written at once: Twisted's FileBodyProducer
+        # paces through the global cooperator (what amp avoids too).
+        from amp.endpoint import BytesProducer
         from twisted.web.http_headers import Headers
         from twisted.web.resource import Resource
 
@@ -248,7 +252,7 @@ class StackProxy:
             def render_POST(self, request: Any) -> Any:
                 api_version, uid, pod = split_review(request.content.read())
                 d = proxy.agent.request(b"POST", proxy.endpoint,
-                                        Headers({b"content-type": [b"application/json"]}), _Body(pod))
+                                        Headers({b"content-type": [b"application/json"]}), BytesProducer(pod))
                 d.addCallback(readBody)
                 d.addCallback(self._answer, request, api_version, uid)
                 d.addErrback(lambda _: request.channel.loseConnection())
@@ -266,29 +270,6 @@ class StackProxy:
         root = Resource()
         root.putChild(b"mutate", Review())
         return root
-
-
-class _Body:
-    """A request body in memory, written at once (the stack floor's)."""
-
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-        self.length = len(body)
-
-    def startProducing(self, consumer: Any) -> Deferred:
-        from twisted.internet.defer import succeed
-
-        consumer.write(self.body)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -24,7 +24,7 @@ from bench.harness import WrkMissing, ensure_wrk
 
 REPO = Path(__file__).resolve().parent.parent
 WRK_MISSING = 3  # bench/run's exit status when wrk cannot be had
-MODES = {"a", "b", "c", "d", "f"}
+MODES = {"a", "b", "c", "d", "f", "g"}
 BODIES = {"typical", "large"}
 
 
@@ -52,7 +52,7 @@ def test_every_mode_and_body_is_measured(quick_run: tuple[dict, Path]) -> None:
     assert result["namespace_source"] == "kubeconfig"
     measured = {(row["mode"], row["body"]) for row in result["table"]}
     assert measured == {(m, b) for m in MODES for b in BODIES}
-    assert {(p["mode"], p["connections"]) for p in result["curve"]} == {(m, c) for m in "ab" for c in (1, 4)}
+    assert {(p["mode"], p["connections"]) for p in result["curve"]} == {(m, c) for m in "agb" for c in (1, 4)}
 
 
 def test_figures_are_sane(quick_run: tuple[dict, Path]) -> None:
@@ -68,14 +68,14 @@ def test_figures_are_sane(quick_run: tuple[dict, Path]) -> None:
         if row["mode"] == "a":
             assert "amp_cpu_ms_per_review" not in row and row["endpoint_cpu_ms_per_request"] > 0, where
             continue
-        if row["mode"] == "f":
-            # The floor answered every review with the endpoint's patch (bench/run checked one answer and
+        if row["mode"] in ("f", "g"):
+            # The floors answered every review with the endpoint's patch (bench/run checked one answer and
             # wrk saw no error) and its own CPU and memory were measured.
             assert "amp_cpu_ms_per_review" not in row and row["floor_cpu_ms_per_review"] > 0, where
             assert 10 < row["floor_peak_rss_mib"] < 4096, where
             continue
-        # amp's CPU per review is compared with the floor's and the endpoint's of the same run.
-        assert row["amp_cpu_vs_floor"] > 0 and row["amp_cpu_vs_endpoint"] > 0, where
+        # amp's CPU per review is compared with the floors' and the endpoint's of the same run.
+        assert row["amp_cpu_vs_floor"] > 0 and row["amp_cpu_vs_stack"] > 0 and row["amp_cpu_vs_endpoint"] > 0, where
         assert row["amp_cpu_ms_per_review"] > 0, where
         # A Python process running Twisted, pyOpenSSL and the kubernetes
         # client holds tens of MiB; under 10 MiB would mean a wrong pid.
@@ -96,7 +96,9 @@ def test_markdown_table_is_written(quick_run: tuple[dict, Path]) -> None:
     _, out = quick_run
     (md,) = out.glob("*.md")
     text = md.read_text()
-    assert "| mode | body | reviews/s |" in text and "| amp CPU ÷ floor (f) | amp CPU ÷ endpoint (a) |" in text
+    assert "| mode | body | reviews/s |" in text
+    assert "| amp CPU ÷ floor (f) | amp CPU ÷ stack floor (g) | amp CPU ÷ endpoint (a) |" in text
     for label in ("(a) endpoint alone", "(b) amp, warm namespace cache", "(c) amp, one Namespace GET",
-                  "(d) amp, namespace not enabled", "(f) floor: minimal Twisted TLS proxy"):
+                  "(d) amp, namespace not enabled", "(f) floor: minimal Twisted TLS proxy",
+                  "(g) stack floor: twisted.web + Agent proxy"):
         assert label in text

@@ -38,7 +38,7 @@ from tests.waiting import wait_until
 from amp import __version__
 from amp.config import parse_config
 from amp_dev.devcert import write_dev_tls
-from amp.metrics import BREAKER_STATE_VALUES, Metrics
+from amp.metrics import BREAKER_STATE_VALUES, KIND_LIMIT, Metrics
 from amp.service import namespace_source
 
 #: The metrics the operator documentation and alerts rely on, with their
@@ -344,3 +344,27 @@ def test_static_namespace_count_is_exposed() -> None:
     metrics = Metrics()
     namespace_source(config, reactor, metrics)
     assert metrics.registry.get_sample_value("amp_namespace_cache_namespaces") == 3
+
+
+def test_review_kinds_and_operations_from_clients_cannot_grow_the_registry() -> None:
+    """
+    The request's kind and operation label amp_admission_requests_total; a
+    client that sends a new kind with every review gets the first
+    KIND_LIMIT kinds named and the rest counted as "other", and an
+    operation outside the four Kubernetes has as "other": every review is
+    still counted.
+    """
+    metrics = Metrics()
+    for i in range(KIND_LIMIT + 50):
+        metrics.count_review(f"Kind{i}", f"VERB{i % 3}" if i % 2 else "CREATE", "skipped", "", 0.001)
+    metrics.count_review("Pod", "CREATE", "patched", "", 0.001)
+    samples = [s for family in metrics.registry.collect() if family.name == "amp_admission_requests"
+               for s in family.samples if s.name == "amp_admission_requests_total"]
+    kinds = {s.labels["kind"] for s in samples}
+    assert len(kinds) <= KIND_LIMIT + 1 and "other" in kinds
+    assert {s.labels["operation"] for s in samples} <= {"CREATE", "other"}
+    assert sum(s.value for s in samples) == KIND_LIMIT + 51
+    # Reviews of a kind named before the limit keep their own series.
+    assert metrics.registry.get_sample_value(
+        "amp_admission_requests_total",
+        {"kind": "Kind0", "operation": "CREATE", "result": "skipped", "reason": ""}) == 1

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import pytest
 
+import amp.review as review_module
 from amp.review import (
     MAX_DEPTH,
     WARNINGS_TOTAL,
@@ -436,3 +437,51 @@ def test_object_bytes_always_decode_to_the_parsed_object(extra: dict, indent: An
     assert req.object == json.loads(body)["request"]["object"]
     if req.object_json is not None:
         assert json.loads(req.object_json) == req.object
+
+
+# ---------------------------------------------------------------- the fast path and the careful one
+
+ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(extra=ANY_JSON, where=st.sampled_from(["object", "request", "review"]), indent=st.sampled_from([None, 2]),
+       ascii=st.booleans())
+def test_the_fast_path_decides_as_the_careful_one(extra: Any, where: str, indent: Any, ascii: bool) -> None:
+    """
+    Reviews are decoded in C (msgspec) unless that decoder refuses them or
+    they may hold an integer out of 64-bit range; the careful decoder
+    (Python's json, with the API server's limits) decides then.  For any
+    review, the answer is the careful decoder's: the same fields and Pod,
+    or the same 400; and a Pod kept as raw bytes decodes to the Pod.
+    """
+    doc = review(pod())
+    if where == "object":
+        doc["request"]["object"]["metadata"]["extra"] = extra
+    elif where == "request":
+        doc["request"]["userInfo"] = {"extra": extra}
+    else:
+        doc["extra"] = extra
+    body = json.dumps(doc, indent=indent, ensure_ascii=ascii).encode()
+    try:
+        careful: Any = review_module._parse_careful(body)
+    except ReviewError as e:
+        careful = (e.code, e.message)
+    try:
+        got: Any = parse_review(body)
+    except ReviewError as e:
+        got = (e.code, e.message)
+    if isinstance(careful, tuple):
+        assert got == careful
+        return
+    assert isinstance(got, AdmissionRequest)
+    assert (got.uid, got.kind, got.operation, got.namespace, got.dry_run) == (
+        careful.uid, careful.kind, careful.operation, careful.namespace, careful.dry_run)
+    assert got.object == careful.object
+    if got.object_json is not None:
+        assert json.loads(got.object_json) == got.object

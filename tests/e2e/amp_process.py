@@ -340,13 +340,15 @@ def webhook_configuration(
     webhook_name: str = "pods.amp.txn2.com",
     timeout_seconds: int = 5,
     review_versions: tuple[str, ...] = ("v1", "v1beta1"),
+    reinvocation_policy: Optional[str] = None,
 ) -> dict[str, Any]:
     """A MutatingWebhookConfiguration registering amp by URL for Pod CREATE
     in namespaces labelled ``amp.txn2.com/enabled: "true"`` (and this
-    instance's label)."""
+    instance's label).  ``reinvocation_policy`` (``Never`` or ``IfNeeded``)
+    is left to the API server's default, ``Never``, unless given."""
     import base64
 
-    return {
+    configuration: dict[str, Any] = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name},
@@ -370,6 +372,9 @@ def webhook_configuration(
             }
         ],
     }
+    if reinvocation_policy is not None:
+        configuration["webhooks"][0]["reinvocationPolicy"] = reinvocation_policy
+    return configuration
 
 
 def parse_warning(header: str) -> str:
@@ -429,6 +434,7 @@ class AmpInstance:
         webhook_name: str = "pods.amp.txn2.com",
         watch_webhook_configuration: bool = False,
         webhook_timeout_seconds: int = 5,
+        webhook_reinvocation_policy: Optional[str] = None,
         overrides: Optional[dict[str, Any]] = None,
     ) -> None:
         self.control_plane = control_plane
@@ -443,6 +449,7 @@ class AmpInstance:
         self.webhook_name = webhook_name
         self.webhook_failure_policy = webhook_failure_policy
         self.webhook_timeout_seconds = webhook_timeout_seconds
+        self.webhook_reinvocation_policy = webhook_reinvocation_policy
         issued_cert, issued_key = control_plane.issue_serving_certificate(f"amp-{self.instance}")
         self.cert_path = self.workdir / "tls.crt"
         self.key_path = self.workdir / "tls.key"
@@ -479,6 +486,7 @@ class AmpInstance:
                 self.webhook_failure_policy,
                 webhook_name=self.webhook_name,
                 timeout_seconds=self.webhook_timeout_seconds,
+                reinvocation_policy=self.webhook_reinvocation_policy,
             )
         )
         self._registered = True
@@ -550,3 +558,8 @@ class AmpInstance:
                 if exc.status != 404:
                     raise
         return self.process.stop()
+
+
+def unique(prefix: str) -> str:
+    """A name (a namespace's, a Pod's) of one test's own."""
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,6 +24,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from .amp_process import (
+    unique,
     ENABLED_LABEL,
     ENDPOINT_ANNOTATION,
     FAILURE_POLICY_ANNOTATION,
@@ -48,10 +48,6 @@ pytestmark = pytest.mark.e2e
 #: How long a change in the cluster may take to reach amp's behaviour.
 PROPAGATION_DEADLINE = 10.0
 
-
-def unique(prefix: str) -> str:
-    """A namespace name of this test's own."""
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 def create_pod(

@@ -15,7 +15,6 @@ The scenario prints the time from amp's restart to the first Event.
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -26,6 +25,7 @@ from kubernetes.client.rest import ApiException
 
 from ..waiting import poll_until
 from .amp_process import (
+    unique,
     ENABLED_LABEL,
     LOOPBACK,
     AmpInstance,
@@ -42,9 +42,6 @@ LEASE_NAME = "amp-bypass-reporter"
 REASON = "AmpBypassed"
 WAIT = 30.0
 
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ labelled ``amp.txn2.com/enabled: "false"`` never reach amp) and the
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any, Optional
 
 import pytest
@@ -19,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from .amp_process import (
+    unique,
     ENABLED_LABEL,
     STATUS_ANNOTATION,
     AmpInstance,
@@ -39,9 +39,6 @@ OBJECT_SELECTOR = {"matchExpressions": [{"key": ENABLED_LABEL, "operator": "NotI
 EPHEMERAL_RULE = {"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
                   "resources": ["pods/ephemeralcontainers"]}
 
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from kubernetes.client.rest import ApiException
 from ..deploytools import APISERVER_METRICS, DEPLOY, helm_template, kustomize_build
 from ..prometheus import Scrape
 from ..waiting import poll_until
-from .amp_process import INSTANCE_LABEL, closed_port, pod_manifest
+from .amp_process import INSTANCE_LABEL, closed_port, pod_manifest, unique
 from .cluster import ControlPlane
 
 pytestmark = pytest.mark.e2e
@@ -43,9 +43,6 @@ NOT_APPLIED = {
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
 
 
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 def apply(dyn: dynamic.DynamicClient, doc: dict[str, Any], dry_run: Optional[str]) -> Any:

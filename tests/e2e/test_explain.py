@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +19,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from .amp_process import STATUS_ANNOTATION, AmpInstance, ExampleEndpoints, closed_port, pod_manifest
+from .amp_process import STATUS_ANNOTATION, AmpInstance, ExampleEndpoints, closed_port, pod_manifest, unique
 from .cluster import ControlPlane
 from .conftest import AmpFactory
 
 pytestmark = pytest.mark.e2e
 
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 @pytest.fixture(scope="module")
