@@ -511,17 +511,17 @@ class WorkerListener:
             raise OSError(errno.EBADF, "the shared webhook socket is closed (the listener has stopped)")
         return self._socket, self.table
 
-    def descriptors(self) -> dict[int, int]:
+    def descriptors(self) -> tuple[int, int]:
         """
-        Worker 0: C{{3: listening socket, 4: load table}}, the descriptors
-        a child is started with (L{amp.workers}).
+        Worker 0: the descriptors of the listening socket and of the load
+        table, which every child is started with (L{amp.workers}).
 
         @raises OSError: the socket cannot be bound, or is closed already.
         """
         sock, _ = self._open()
         if self.table_fd is None:
             raise OSError(errno.EBADF, "only worker 0 passes the shared socket on")
-        return {3: sock.fileno(), 4: self.table_fd}
+        return sock.fileno(), self.table_fd
 
     def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
         if self.port is not None:

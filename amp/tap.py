@@ -172,7 +172,7 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
         raise SystemExit(0)
     if worker == 0 and shared is not None:
         service.drain_with(supervise(options["config"], config.workers, reactor, listen.drain_timeout,
-                                     inherit=shared.descriptors, on_exit=shared.worker_exited))
+                                     shared=shared.descriptors, on_exit=shared.worker_exited))
     elif worker > 0:
         ParentWatch(reactor).setServiceParent(service)
     return service

@@ -5,9 +5,9 @@ webhook port.
 One Twisted process uses one core.  With C{workers} above one, the process
 twistd starts is worker 0; it also runs a L{WorkerMonitor} that starts
 workers 1 .. N-1 as child processes (C{twistd amp --config <same file>
---worker i --listen-fd 3 --load-table-fd 4}), restarts a child that exits (with the back-off of
-L{twisted.runner.procmon.ProcessMonitor}) and, when worker 0 stops, stops
-the children and waits for them to exit.  A stop is a drain: worker 0 sends
+--worker i --listen-fd 3 --load-table-fd 4}), restarts a child that exits
+(with the back-off of L{twisted.runner.procmon.ProcessMonitor}) and, when
+worker 0 stops, stops the children and waits for them to exit.  A stop is a drain: worker 0 sends
 each child C{SIGTERM} when its own drain begins, every worker drains its own
 connections (L{amp.service.AmpService.stopService}), and a child still
 running C{listen.drain_timeout} plus a second later is killed.
@@ -204,19 +204,25 @@ class WorkerMonitor(ProcessMonitor):
 
 
 def supervise(config_path: str, workers: int, reactor: Any, drain_timeout: float,
-              inherit: Callable[[], dict[int, int]] = dict,
+              shared: Optional[Callable[[], tuple[int, int]]] = None,
               on_exit: Optional[Callable[[int], None]] = None) -> WorkerMonitor:
     """
     A L{WorkerMonitor} that runs workers 1 .. C{workers}-1 on C{config_path}
-    with this process's environment and the descriptors C{inherit()} names
-    (the shared socket and load table, at L{LISTEN_FD} and
-    L{LOAD_TABLE_FD}).  C{on_exit} is called with a worker's number as soon
-    as it has exited (its slot of the load table stops counting at once).
-    When the monitor stops, each worker gets C{SIGTERM} (and drains, as
-    worker 0 does) and C{drain_timeout} plus a second to exit before
-    C{SIGKILL}.
+    with this process's environment.  C{shared()} names the descriptors of
+    the listening socket and the load table (L{amp.balance}) every worker
+    is started with, as L{LISTEN_FD} and L{LOAD_TABLE_FD}; C{on_exit} is
+    called with a worker's number as soon as it has exited (its slot of the
+    load table stops counting at once).  When the monitor stops, each worker
+    gets C{SIGTERM} (and drains, as worker 0 does) and C{drain_timeout} plus
+    a second to exit before C{SIGKILL}.
     """
     numbers: dict[str, int] = {}
+
+    def inherit() -> dict[int, int]:
+        if shared is None:
+            return {}
+        listen_fd, table_fd = shared()
+        return {LISTEN_FD: listen_fd, LOAD_TABLE_FD: table_fd}
 
     def exited(name: str) -> None:
         if on_exit is not None and name in numbers:

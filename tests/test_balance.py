@@ -336,8 +336,7 @@ class ListenerTests(TestCase):
         one._adopted()
         one.port.startListening()
         assert one.reactor.getDelayedCalls()
-        yield_ = one.port.stopListening()
-        assert self.successResultOf(yield_) is None
+        assert self.successResultOf(one.port.stopListening()) is None
         assert not one.reading()
         assert one.reactor.getDelayedCalls() == []
         assert one.sock.fileno() == -1
@@ -488,9 +487,9 @@ class SharedSocketTests(TestCase):
     def pair(self) -> tuple[WorkerListener, WorkerListener]:
         """Worker 0 and, in this same process, a worker 1 from copies of its descriptors."""
         first = WorkerListener.bind(reactor, "127.0.0.1", 0, workers=2)
-        fds = first.descriptors()
-        second = WorkerListener.inherit(reactor, 1, os.dup(fds[3]), os.dup(fds[4]))
-        self.addCleanup(os.close, fds[4])
+        listen_fd, table_fd = first.descriptors()
+        second = WorkerListener.inherit(reactor, 1, os.dup(listen_fd), os.dup(table_fd))
+        self.addCleanup(os.close, table_fd)
         for listener in (first, second):
             # A port closes its own socket; this one, if there was none.
             self.addCleanup(lambda sock=listener._socket: sock.close())  # type: ignore[misc]

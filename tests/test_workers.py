@@ -137,12 +137,12 @@ def shared(tmp_path: Path) -> Iterator[tuple[int, list[str]]]:
     """
     webhook, _ = _free_ports()
     first = WorkerListener.bind(reactor, "127.0.0.1", webhook, workers=2)
-    fds = first.descriptors()
+    listen_fd, table_fd = first.descriptors()
     try:
-        yield webhook, ["--listen-fd", str(os.dup(fds[LISTEN_FD])), "--load-table-fd", str(os.dup(fds[LOAD_TABLE_FD]))]
+        yield webhook, ["--listen-fd", str(os.dup(listen_fd)), "--load-table-fd", str(os.dup(table_fd))]
     finally:
-        os.close(fds[LOAD_TABLE_FD])
-        os.close(fds[LISTEN_FD])
+        os.close(table_fd)
+        os.close(listen_fd)
 
 
 def test_a_worker_never_supervises_and_serves_metrics_on_its_own_port(
