@@ -142,7 +142,11 @@ def shared(tmp_path: Path) -> Iterator[tuple[int, list[str]]]:
         yield webhook, ["--listen-fd", str(os.dup(listen_fd)), "--load-table-fd", str(os.dup(table_fd))]
     finally:
         os.close(table_fd)
-        os.close(listen_fd)
+        # The listener's socket object owns listen_fd: closed behind its
+        # back, its finalizer would close the number again whenever the
+        # garbage collector gets to it (the listener is in a reference
+        # cycle), by then another test's descriptor.
+        first._socket.close()
 
 
 def test_a_worker_never_supervises_and_serves_metrics_on_its_own_port(
