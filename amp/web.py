@@ -33,8 +33,11 @@ to temporary files.  L{WebhookSite} builds L{WebhookChannel}s that:
 L{WebhookSite.drain} is the listener's part of a graceful shutdown (the
 listening port is already closed): idle kept-alive connections are closed at
 once, a connection with a request in progress gets its answer with
-C{Connection: close} and is closed after it, and whatever is still open when
-the drain's time is up is aborted.
+C{Connection: close} and is closed after it, a connection that has not sent
+its first request yet (one accepted as the port closed, or just before) may
+still send it within C{listen.request_timeout} of being accepted and is
+answered the same way, and whatever is still open when the drain's time is
+up is aborted.
 """
 
 from __future__ import annotations
@@ -183,6 +186,8 @@ class WebhookChannel(http.HTTPChannel):
     _in_request = False
     #: The current request's first line has arrived.
     _request_line_seen = False
+    #: No request has been received in full on this connection yet.
+    _fresh = True
 
     def connectionMade(self) -> None:
         site: WebhookSite = self.site
@@ -220,16 +225,25 @@ class WebhookChannel(http.HTTPChannel):
         """
         The shutdown's part for this connection: a request in progress
         (received in part or whole, being answered) is answered with
-        C{Connection: close} and the connection closed after it; an idle
-        connection is closed now, with the usual L{CLOSE_GRACE} to take it.
+        C{Connection: close} and the connection closed after it, and so is
+        the first request of a connection that has not sent one yet (it
+        was accepted to send one: closing it now would fail that review;
+        the read deadline that started when it was accepted still bounds
+        the wait).  An idle kept-alive connection is closed now, with the
+        usual L{CLOSE_GRACE} to take it.
         """
         if self._closing or self.transport.disconnecting:
             return
-        if self.requests or self._in_request:
+        if self.requests:
             self.persistent = False
             for request in self.requests:
                 if not request.startedWriting:
                     request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            return
+        if self._in_request or self._fresh:
+            # Its request line has yet to arrive in full (HTTPChannel drops
+            # a request line that arrives when it is not persistent); the
+            # answer closes the connection (checkPersistence).
             return
         self._closing = True
         self._cancel_deadline()
@@ -287,6 +301,7 @@ class WebhookChannel(http.HTTPChannel):
 
     def allContentReceived(self) -> None:
         self._cancel_deadline()
+        self._fresh = False
         self._in_request = False
         self._request_line_seen = False
         super().allContentReceived()
