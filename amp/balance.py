@@ -37,8 +37,15 @@ L{BalancedPort}
     slot does not count (the other workers take the new connections) and a
     connection already accepted is held, not dropped, and handed over when
     the pause ends.  Stopping (the drain's first step) stops reading,
-    clears its slot and closes its copy of the socket: once every worker
-    has, the kernel resets the connections still queued, so none waits.
+    clears its slot, accepts every connection already waiting in the
+    socket's queue and hands it over, then closes its copy of the socket.
+    The kernel completed those connections' handshakes while amp was
+    serving, and resets whatever is still queued when the last copy of the
+    socket closes; taken over, each gets its first request answered by the
+    drain (L{amp.web.WebhookSite.drain}).  Once every worker has stopped, a
+    new connection is refused.  Only a connection whose handshake completes
+    between the last worker's last accept and its close is reset, as with
+    any listening socket that closes.
 
 L{WorkerListener}
     The C{IStreamServerEndpoint} of the shared socket, wrapped in TLS like
@@ -98,6 +105,11 @@ RECHECK = 0.01
 #: Seconds a worker stops accepting after running out of file descriptors
 #: or memory.
 ERROR_PAUSE = 0.1
+#: Most connections a stopping worker accepts from the queue: more than
+#: the queue holds (the listen backlog, which the kernel caps at
+#: net.core.somaxconn, 4096 by default), so a flood still arriving cannot
+#: keep it accepting.
+STOP_ACCEPTS = 4096
 
 #: One slot: open connections, then the heartbeat.
 _COUNT = struct.Struct("=q")
@@ -272,14 +284,49 @@ class BalancedPort:
 
     def stopListening(self) -> Deferred[None]:
         """
-        Stop accepting: stop reading, clear this worker's slot, close this
-        copy of the socket.  Connections already accepted are not touched
-        (the drain handles them).
+        Stop accepting: stop reading, accept and hand over every connection
+        already waiting in the queue (L{take_queue}), clear this worker's
+        slot, close this copy of the socket.  Connections accepted are not
+        touched (the drain handles them).
         """
+        return self._stop(take_queue=True)
+
+    def take_queue(self) -> int:
+        """
+        Accept every connection waiting in the socket's queue now (at most
+        L{STOP_ACCEPTS}), whether or not this worker is the least loaded,
+        and hand each over; first the one held over from a shortage, if
+        any.  At the first shortage of descriptors or memory it stops: the
+        connection that found none is closed, the rest stay queued.
+        Returns how many were handed over.
+        """
+        taken = 0
+        held, self._held = self._held, None
+        if held is not None:
+            if not self._adopt(held):
+                return taken
+            taken += 1
+        for _ in range(STOP_ACCEPTS):
+            try:
+                connection, _ = self.socket.accept()
+            except BlockingIOError:
+                break
+            except OSError as e:
+                if e.errno in _SKIP:
+                    continue
+                break
+            if not self._adopt(connection):
+                break
+            taken += 1
+        return taken
+
+    def _stop(self, take_queue: bool) -> Deferred[None]:
         if not self.listening:
             return succeed(None)
         self.listening = False
         self._stop_reading()
+        if take_queue:
+            self.take_queue()
         for call in (self._recheck, self._paused):
             if call is not None and call.active():
                 call.cancel()
@@ -289,8 +336,8 @@ class BalancedPort:
         self._heartbeat = None
         self.table.retire()
         if self._held is not None:
-            # Accepted while out of descriptors; a draining site would
-            # refuse it anyway.
+            # Held over from a shortage and not taken over (the reactor
+            # is shutting down): nothing would serve it.
             self._held.close()
             self._held = None
         self.socket.close()
@@ -367,35 +414,51 @@ class BalancedPort:
         return None
 
     def connectionLost(self, reason: Failure) -> None:
-        # The reactor is shutting down (disconnectAll) or gave up on us.
+        # The reactor is shutting down (disconnectAll) or gave up on us:
+        # nothing accepted now would be served.
         self.reading = False
-        self.stopListening()
+        self._stop(take_queue=False)
 
     # ------------------------------------------------------------ handing over
 
     def _hand_over(self, connection: socket.socket) -> None:
         """
         Give C{connection} to the reactor (which takes a copy of the
-        descriptor); ours is closed.
+        descriptor); ours is closed.  Out of descriptors or memory, it is
+        held and handed over after the pause.
+        """
+        try:
+            self._adopt(connection, hold=True)
+        except OSError as e:
+            self._failed(e)
+
+    def _adopt(self, connection: socket.socket, hold: bool = False) -> bool:
+        """
+        Give C{connection} to the reactor and close ours; whether there
+        was no shortage of descriptors or memory.  On a shortage it is
+        closed, or with C{hold} kept as L{_held} and the error raised.
         """
         try:
             connection.setblocking(False)
             self.reactor.adoptStreamConnection(connection.fileno(), self.family, self.factory)
         except OSError as e:
             if e.errno in _SHORTAGE:
-                # No descriptor for the reactor's copy: keep the connection
-                # and try again after the pause.
-                self._held = connection
-                self._failed(e)
-                return
+                if hold:
+                    # No descriptor for the reactor's copy: keep the
+                    # connection and try again after the pause.
+                    self._held = connection
+                    raise
+                connection.close()
+                return False
             # The client reset it before it could be handed over.
             connection.close()
-            return
+            return True
         except Exception:
             connection.close()
             self.log.failure("Could not start serving an accepted connection")
-            return
+            return True
         connection.close()
+        return True
 
     def _failed(self, error: OSError) -> None:
         """

@@ -348,12 +348,47 @@ class ListenerTests(TestCase):
         self.successResultOf(one.port.stopListening())
         assert one.factory.stopped == 1
 
+    def test_stopping_first_takes_every_connection_waiting_in_the_queue(self) -> None:
+        one = _Listener(self)
+        one.set_other(0)
+        one._adopted()
+        one.port.startListening()
+        one.connect(3)
+        assert not one.reading(), "worker 1 has fewer: the three wait in the queue"
+        self.successResultOf(one.port.stopListening())
+        # Handed over for the drain to answer, not left for the kernel to
+        # reset when the last copy of the socket closes.
+        assert one.accepted() == 3
+        assert one.sock.fileno() == -1 and one.other.loads() == [None, 0]
+
+    def test_out_of_descriptors_while_taking_the_queue_it_stops_taking(self) -> None:
+        one = _Listener(self)
+        one.port.startListening()
+        one.connect(3)
+        one.reactor.adopt_error = [OSError(errno.EMFILE, "Too many open files")]
+        self.successResultOf(one.port.stopListening())
+        assert one.accepted() == 0 and one.port._held is None
+        assert one.sock.fileno() == -1 and one.reactor.getDelayedCalls() == []
+
+    def test_a_connection_held_over_from_a_shortage_is_handed_over_when_it_stops(self) -> None:
+        one = _Listener(self)
+        one.port.startListening()
+        one.connect()
+        one.reactor.adopt_error = [OSError(errno.EMFILE, "Too many open files")]
+        one.port.doRead()
+        held = one.port._held
+        assert held is not None and one.accepted() == 0
+        self.successResultOf(one.port.stopListening())
+        assert one.accepted() == 1 and held.fileno() == -1 and one.port._held is None
+
     def test_the_reactor_shutting_down_stops_it(self) -> None:
         one = _Listener(self)
         one.port.startListening()
+        one.connect()
         one.reactor.removeReader(one.port)
         one.port.connectionLost(None)  # type: ignore[arg-type]
         assert not one.port.listening and one.sock.fileno() == -1
+        assert one.accepted() == 0, "nothing would serve a connection taken now"
 
     def test_get_host(self) -> None:
         one = _Listener(self)
@@ -522,6 +557,28 @@ class SharedSocketTests(TestCase):
         self.addCleanup(lambda: [c.close() for c in more])
         yield wait_until(lambda: len(sites[0].open) == 12, 10, "worker 0 to take 4 more")
         assert len(sites[1].open) == 8
+
+    @inlineCallbacks
+    def test_what_waits_in_the_queue_as_the_last_worker_stops_is_served_not_reset(self) -> Any:
+        first, second = self.pair()
+        sites = [_Site(first.connections_changed), _Site(second.connections_changed)]
+        ports = [(yield first.listen(sites[0])), (yield second.listen(sites[1]))]
+        address = ports[0].getHost()
+        yield ports[0].stopListening()
+        # The kernel completes these handshakes and queues them; no reactor
+        # turn passes before worker 1 stops, so it has read none of them.
+        clients = [socket.create_connection((address.host, address.port)) for _ in range(3)]
+        self.addCleanup(lambda: [c.close() for c in clients])
+        self.addCleanup(lambda: [p.transport.abortConnection() for p in list(sites[1].open)])
+        assert sites[1].open == []
+        yield ports[1].stopListening()
+        assert len(sites[1].open) == 3 and sites[0].open == []
+        for c in clients:
+            c.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                c.recv(1)  # open, neither reset nor closed
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((address.host, address.port))
 
     @inlineCallbacks
     def test_both_answer_tls(self) -> Any:
