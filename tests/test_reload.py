@@ -39,7 +39,8 @@ from amp.service import AmpService, serving_certificate
 from tests.prometheus import Scrape
 from tests.helpers import decode_answer, namespace, parse_raw_response, raw_config, review_bytes
 from tests.test_channel import Connection, HeldSource, ListeningAtOnce, Transport, post_head
-from tests.test_shutdown import Amp, HeldEndpoint, free_port
+from tests.ports import free_port
+from tests.test_shutdown import Amp, HeldEndpoint
 from tests.waiting import poll_until
 
 INTERVAL = 5.0

@@ -1,14 +1,18 @@
 """
 Graceful shutdown of a real amp process (C{twistd amp} on loopback with the
 development certificate): a review in flight on a slow endpoint when
-C{SIGTERM} arrives gets its patched answer, a connection attempted after
-the signal is refused, and the process exits within
+C{SIGTERM} arrives gets its patched answer, and so does one sent after it on
+a connection amp accepted before it; the listener closes, a connection
+attempted then is refused, and the process exits within
 C{listen.drain_timeout}; the same with C{workers: 2}, where worker 0 drains
 its workers.
 
 The endpoint is a small HTTP server in this process that holds each call
 until the test releases it, so "in flight" is a fact the test knows, not a
-timing guess.  Waiting on the other processes is by polling with a deadline.
+timing guess (and amp's endpoint timeout is longer than any hold).  That the
+listener has closed is the kernel's word (L{tests.ports.listening}), not a
+connection attempt that could race the close.  Waiting on the other
+processes is by polling with a deadline.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import yaml
 
 from tests.prometheus import Scrape
 from tests.helpers import ca_pem, namespace, raw_config, review_bytes
+from tests.ports import free_port, free_ports, listening
 from tests.waiting import poll_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,11 +46,10 @@ REPO = Path(__file__).resolve().parent.parent
 #: The patch the held endpoint answers with.
 PATCH = [{"op": "add", "path": "/metadata/labels", "value": {"drained": "answered"}}]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+#: amp's endpoint timeout while the endpoint holds calls: longer than any
+#: hold, so a held review is answered with the endpoint's patch, not cut
+#: off by a slow run into the failure policy.
+HOLD = {"timeout": "30s"}
 
 
 class HeldEndpoint:
@@ -129,9 +133,9 @@ def children(pid: int) -> list[int]:
 class Amp:
     """C{twistd amp} as a subprocess, with its log in C{tmp_path}."""
 
-    def __init__(self, tmp_path: Path, endpoint: str, **sections: Any) -> None:
+    def __init__(self, tmp_path: Path, endpoint: str, port: Optional[int] = None, **sections: Any) -> None:
         self.tmp_path = tmp_path
-        self.port = free_port()
+        self.port = port if port is not None else free_port()
         self.endpoint = endpoint
         path = self.config_path = tmp_path / "amp.yaml"
         self.write_config(**sections)
@@ -169,9 +173,14 @@ class Amp:
             return None
         return True if ok else None
 
-    def review(self, uid: str) -> tuple[int, dict[str, str], bytes]:
-        """One review on its own connection; blocks until answered."""
-        connection = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=60, context=self.context)
+    def connection(self) -> http.client.HTTPSConnection:
+        """A connection to the webhook port, not yet made."""
+        return http.client.HTTPSConnection("127.0.0.1", self.port, timeout=60, context=self.context)
+
+    def review(self, uid: str, connection: Optional[http.client.HTTPSConnection] = None) -> tuple[
+            int, dict[str, str], bytes]:
+        """One review on its own connection (or C{connection}); blocks until answered."""
+        connection = connection if connection is not None else self.connection()
         try:
             connection.request("POST", "/mutate?timeout=30s", body=review_bytes(uid=uid),
                                headers={"Content-Type": "application/json"})
@@ -180,11 +189,15 @@ class Amp:
         finally:
             connection.close()
 
-    def refused(self) -> Optional[bool]:
-        """True once a new TCP connection to the webhook port is refused."""
+    def closed(self) -> Optional[bool]:
+        """True once no socket listens on the webhook port."""
+        return True if not listening(self.port) else None
+
+    def refused(self) -> bool:
+        """Whether a new TCP connection to the webhook port is refused."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=2):
-                return None
+                return False
         except ConnectionRefusedError:
             return True
 
@@ -225,19 +238,28 @@ def assert_patched(result: tuple[int, dict[str, str], bytes], uid: str) -> None:
 
 def test_sigterm_answers_the_review_in_flight_refuses_new_connections_and_exits(
         tmp_path: Path, endpoint: HeldEndpoint, pool: ThreadPoolExecutor) -> None:
-    amp = Amp(tmp_path, endpoint.url, listen={"drain_timeout": "20s"})
+    # request_timeout: the connection accepted before the signal has that
+    # long from its accept to send its review.
+    amp = Amp(tmp_path, endpoint.url, listen={"drain_timeout": "20s", "request_timeout": "30s"}, endpoints=HOLD)
     try:
         poll_until("amp to serve", amp.healthy, 60, amp.output)
         in_flight: Future = pool.submit(amp.review, "in-flight")
         poll_until("the review to reach the endpoint", lambda: endpoint.held() or None, 10, amp.output)
+        # Accepted (the TLS handshake is done), its review not sent yet.
+        accepted = amp.connection()
+        accepted.connect()
 
         amp.process.send_signal(signal.SIGTERM)
-        poll_until("new connections to be refused", amp.refused, 10, amp.output)
+        poll_until("the webhook listener to close", amp.closed, 10, amp.output)
+        assert amp.refused()
         assert not in_flight.done()
         assert amp.process.poll() is None, "amp exited with a review in flight"
+        late: Future = pool.submit(amp.review, "sent-after-sigterm", accepted)
+        poll_until("the late review to reach the endpoint", lambda: endpoint.held() >= 2 or None, 10, amp.output)
 
         endpoint.release()
         assert_patched(in_flight.result(timeout=20), "in-flight")
+        assert_patched(late.result(timeout=20), "sent-after-sigterm")
         amp.process.wait(timeout=30)
     finally:
         amp.stop()
@@ -271,19 +293,17 @@ def test_the_drain_is_bounded_by_drain_timeout(tmp_path: Path, endpoint: HeldEnd
 
 
 def test_worker_zero_drains_its_workers(tmp_path: Path, endpoint: HeldEndpoint, pool: ThreadPoolExecutor) -> None:
-    metrics = free_port()
-    while metrics + 1 > 65535:
-        metrics = free_port()
-    amp = Amp(tmp_path, endpoint.url, workers=2, listen={"drain_timeout": "20s"},
-              metrics={"port": metrics, "interface": "127.0.0.1"})
+    webhook, metrics = free_ports()
+    amp = Amp(tmp_path, endpoint.url, port=webhook, workers=2, listen={"drain_timeout": "20s"},
+              metrics={"port": metrics, "interface": "127.0.0.1"}, endpoints=HOLD)
     try:
         poll_until("both workers to serve", lambda: True if None not in (
             metric(metrics, "amp_open_connections"), metric(metrics + 1, "amp_open_connections")) else None,
             60, amp.output)
         [child] = poll_until("worker 1", lambda: children(amp.process.pid) or None, 10, amp.output)
         amp.seen.append(child)
-        # New connections until each worker holds a review in flight (the
-        # kernel spreads connections over the workers by their ports).
+        # New connections until each worker holds a review in flight (each
+        # goes to the worker with the fewest).
         reviews: list[tuple[str, Future]] = []
         while not all(metric(port, "amp_open_connections") for port in (metrics, metrics + 1)):
             if len(reviews) == 16:
@@ -294,7 +314,9 @@ def test_worker_zero_drains_its_workers(tmp_path: Path, endpoint: HeldEndpoint, 
                        10, amp.output)
 
         amp.process.send_signal(signal.SIGTERM)
-        poll_until("new connections to be refused", amp.refused, 10, amp.output)
+        # Closed once both workers have closed their copies of the socket.
+        poll_until("the webhook listener to close", amp.closed, 10, amp.output)
+        assert amp.refused()
         assert amp.process.poll() is None and not gone(child)
 
         endpoint.release()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import random
 import socket
 import ssl
 import subprocess
@@ -32,6 +31,7 @@ from amp.tap import Options, makeService
 from amp.workers import LISTEN_FD, LOAD_TABLE_FD, ParentWatch, worker_argv
 from tests.prometheus import Scrape
 from tests.helpers import ca_pem, decode_answer, raw_config, review_bytes
+from tests.ports import free_ports
 from tests.waiting import poll_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -82,7 +82,7 @@ def _is_listening_on(fd: int, port: int) -> bool:
 
 
 def test_worker_zero_binds_the_shared_socket_and_supervises_the_other_workers(tmp_path: Path) -> None:
-    webhook, _ = _free_ports()
+    webhook, _ = free_ports()
     path = _config_file(tmp_path, workers=3, listen={"port": webhook})
     fake = _SpawningReactor()
     service = makeService(_options(path), reactor=fake)
@@ -135,7 +135,7 @@ def shared(tmp_path: Path) -> Iterator[tuple[int, list[str]]]:
     the webhook port, and the options a worker 1 in this process is given
     (copies of the descriptors, which it takes over).
     """
-    webhook, _ = _free_ports()
+    webhook, _ = free_ports()
     first = WorkerListener.bind(reactor, "127.0.0.1", webhook, workers=2)
     listen_fd, table_fd = first.descriptors()
     try:
@@ -235,35 +235,6 @@ def test_metrics_ports_must_fit(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- two real processes
 
 
-def _free_ports() -> tuple[int, int]:
-    """
-    A free port for the webhook and a free pair (base, base+1) for metrics,
-    below the kernel's ephemeral range: there no other test's port-0
-    listener or outgoing connection can take one of them between this check
-    and the workers' start (the workers listen on every interface).
-    """
-    low, _ = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    rng = random.Random()
-    for _ in range(200):
-        webhook, base = rng.randrange(10000, low - 1), rng.randrange(10000, low - 1)
-        wanted = {webhook, base, base + 1}
-        if len(wanted) != 3:
-            continue
-        held = []
-        try:
-            for port in wanted:
-                s = socket.socket()
-                held.append(s)
-                s.bind(("", port))
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-        return webhook, base
-    raise AssertionError("no free ports below the ephemeral range")
-
-
 def _reviews_answered(port: int) -> Optional[int]:
     try:
         return int(Scrape.get(port, timeout=2).total("amp_admission_requests_total"))
@@ -299,7 +270,7 @@ class _Pair:
 
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
-        self.webhook, self.metrics = _free_ports()
+        self.webhook, self.metrics = free_ports()
         path = _config_file(tmp_path, workers=2, listen={"port": self.webhook}, metrics={"port": self.metrics})
         self.log = open(tmp_path / "amp.log", "wb")
         self.seen: list[int] = []
