@@ -44,8 +44,8 @@ L{BalancedPort}
     socket closes; taken over, each gets its first request answered by the
     drain (L{amp.web.WebhookSite.drain}).  Once every worker has stopped, a
     new connection is refused.  Only a connection whose handshake completes
-    between the last worker's last accept and its close is reset, as with
-    any listening socket that closes.
+    after the last worker's last accept, or is still under way when it
+    closes, is reset, as by any listening socket that closes.
 
 L{WorkerListener}
     The C{IStreamServerEndpoint} of the shared socket, wrapped in TLS like
