@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Optional
 
@@ -265,50 +266,47 @@ class AmpProcess(TwistdProcess):
         return der
 
 
-class RecordingEndpoint:
-    """An endpoint in the test process that records every request's
-    headers and answers with a fixed JSON patch (a threaded loopback
-    ``http.server``)."""
+class LoopbackServer(ABC):
+    """A threaded HTTP/1.1 server on 127.0.0.1 (TLS when given a context)
+    whose ``answer(path, headers, body)`` returns ``(status, body)``."""
 
-    def __init__(self, reply: Any) -> None:
-        self.reply = json.dumps(reply).encode()
-        self.requests: list[dict[str, str]] = []
-        self._lock = threading.Lock()
-        endpoint = self
+    def __init__(self, name: str, context: Optional[ssl.SSLContext] = None) -> None:
+        owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:  # noqa: N802 (http.server naming)
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length)
-                record = {k.lower(): v for k, v in self.headers.items()}
-                record["(path)"] = self.path
-                record["(body)"] = body.decode("utf-8", "replace")
-                with endpoint._lock:
-                    endpoint.requests.append(record)
-                self.send_response(200)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                status, reply = owner.answer(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(endpoint.reply)))
+                self.send_header("Content-Length", str(len(reply)))
                 self.end_headers()
-                self.wfile.write(endpoint.reply)
+                self.wfile.write(reply)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self._server = http.server.ThreadingHTTPServer((LOOPBACK, 0), Handler)
         self._server.daemon_threads = True
+        if context is not None:
+            # The handshake happens in the request's thread, not the accepting one.
+            self._server.socket = context.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False)
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="recording-endpoint", daemon=True)
+        self._scheme = "https" if context is not None else "http"
+        self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
+        self._lock = threading.Lock()
 
-    def url(self, path: str = "record") -> str:
-        return f"http://{LOOPBACK}:{self.port}/{path}"
+    def url(self, path: str) -> str:
+        return f"{self._scheme}://{LOOPBACK}:{self.port}/{path}"
 
-    def recorded(self) -> list[dict[str, str]]:
-        with self._lock:
-            return list(self.requests)
+    @abstractmethod
+    def answer(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
+        """The status and body to answer a POST to C{path} with."""
 
-    def __enter__(self) -> "RecordingEndpoint":
+    def __enter__(self) -> "LoopbackServer":
         self._thread.start()
         return self
 
@@ -316,6 +314,32 @@ class RecordingEndpoint:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+
+class RecordingEndpoint(LoopbackServer):
+    """An endpoint in the test process that records every request's
+    headers (and its path and body) and answers with a fixed JSON patch."""
+
+    def __init__(self, reply: Any) -> None:
+        super().__init__("recording-endpoint")
+        self.reply = json.dumps(reply).encode()
+        self.requests: list[dict[str, str]] = []
+
+    def answer(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
+        record = dict(headers)
+        record["(path)"] = path
+        record["(body)"] = body.decode("utf-8", "replace")
+        with self._lock:
+            self.requests.append(record)
+        return 200, self.reply
+
+    def url(self, path: str = "record") -> str:
+        return super().url(path)
+
+    def recorded(self) -> list[dict[str, str]]:
+        with self._lock:
+            return list(self.requests)
 
 
 # ---- in the cluster

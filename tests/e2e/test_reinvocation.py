@@ -24,7 +24,6 @@ import http.client
 import http.server
 import json
 import ssl
-import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
@@ -35,6 +34,7 @@ from ..waiting import poll_until
 from .amp_process import (
     unique,
     LOOPBACK,
+    LoopbackServer,
     STATUS_ANNOTATION,
     AmpInstance,
     ExampleEndpoints,
@@ -56,55 +56,6 @@ PROPAGATION_DEADLINE = 10.0
 
 
 # ---- two small HTTP servers of the test's own
-
-
-class LoopbackServer:
-    """A threaded HTTP/1.1 server on 127.0.0.1 (TLS when given a context)
-    whose ``answer(path, headers, body)`` returns ``(status, body)``."""
-
-    def __init__(self, name: str, context: Optional[ssl.SSLContext] = None) -> None:
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:  # noqa: N802 (http.server naming)
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                status, reply = owner.answer(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = http.server.ThreadingHTTPServer((LOOPBACK, 0), Handler)
-        self._server.daemon_threads = True
-        if context is not None:
-            # The handshake happens in the request's thread, not the accepting one.
-            self._server.socket = context.wrap_socket(
-                self._server.socket, server_side=True, do_handshake_on_connect=False)
-        self.port = self._server.server_address[1]
-        self._scheme = "https" if context is not None else "http"
-        self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
-        self._lock = threading.Lock()
-
-    def url(self, path: str) -> str:
-        return f"{self._scheme}://{LOOPBACK}:{self.port}/{path}"
-
-    def answer(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
-        raise NotImplementedError
-
-    def __enter__(self) -> "LoopbackServer":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
 
 
 @dataclass(frozen=True)
