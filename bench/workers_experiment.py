@@ -49,10 +49,10 @@ import signal
 import socket
 import sys
 import tempfile
-import time
 from typing import Any, Optional
 
 from bench import bodies
+from tests.waiting import WaitTimeout, poll_until
 from bench.harness import (
     ON, WRK_MISSING, Proc, WrkMissing, busy_seconds, cpu_seconds, ensure_wrk, free_port, machine, run_wrk, say,
 )
@@ -155,12 +155,17 @@ def wait_closed(workers: list[Proc], timeout: float = 10.0) -> list[dict[str, An
     Every worker's report once none has a connection open (wrk's warm-up
     connections are closed), so that the next peaks are the next run's.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        reports = [ask(p) for p in workers]
-        if not any(r["open"] for r in reports) or time.monotonic() > deadline:
-            return reports
-        time.sleep(0.05)
+    reports: list[dict[str, Any]] = []
+
+    def closed() -> bool:
+        reports[:] = [ask(p) for p in workers]
+        return not any(r["open"] for r in reports)
+
+    try:
+        poll_until("the workers' connections to close", closed, timeout)
+    except WaitTimeout:
+        pass  # the reports as they are: the run's peaks then include what stayed open
+    return reports
 
 
 # ------------------------------------------------------------------ the experiment
