@@ -17,7 +17,7 @@ C{NaN} and C{Infinity} (which it accepts), numbers out of a double's range
 L{MAX_DEPTH}.  Replies are decoded in C (msgspec, which refuses all of these
 by itself); what it refuses is tried again with Python's C{json} (other
 encodings JSON allows, lone surrogates), so the verdict is unchanged.  The depth is checked before parsing and without recursion
-(L{nested_deeper_than}): Python's C{json} recurses once per level and fails
+(L{amp.review.nesting_exceeds}, the review's own check): Python's C{json} recurses once per level and fails
 with C{RecursionError} near a thousand, and whatever walks the parsed reply
 afterwards (patch checks, copies, encoding) recurses too.
 """
@@ -27,10 +27,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Any, Mapping
 
 import msgspec
+
+from amp.review import nesting_exceeds
 
 _OBJECT_KEYS = frozenset({"patch", "allowed", "status", "warnings", "auditAnnotations"})
 
@@ -40,42 +41,6 @@ _OBJECT_KEYS = frozenset({"patch", "allowed", "status", "warnings", "auditAnnota
 #: object form, the patch, an operation): 100 leaves room for any real
 #: reply, and is far below where Python's own recursion gives out.
 MAX_DEPTH = 100
-
-# Everything but quotes and brackets, deleted; braces read as brackets.
-_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}"')
-_BRACES_AS_BRACKETS = bytes.maketrans(b"{}", b"[]")
-# An opening bracket as +1, a closing one as -1 (read as signed bytes).
-_STEPS = bytes.maketrans(b"[]", b"\x01\xff")
-
-
-def nested_deeper_than(body: bytes, limit: int = MAX_DEPTH) -> bool:
-    """
-    Whether the arrays and objects of the JSON text C{body} nest deeper
-    than C{limit} levels, found without recursion and without a Python loop
-    over the text (each step below runs in C):
-
-      1. At most C{limit} brackets in all: not deeper (the usual case).
-      2. Escaped backslashes, then escaped quotes, are deleted (what is left
-         of a backslash cannot end a string), then everything but quotes
-         and brackets.  A string is now its quotes around the brackets it
-         held: C{""} pairs are deleted (merging two strings or dropping an
-         empty one never swallows a bracket between strings: there is
-         none), and the few strings left that held brackets are cut out.
-      3. A run of C{limit + 1} opening brackets is deeper; otherwise the
-         depth is the largest running sum of +1 per opening and -1 per
-         closing bracket.
-
-    Text that is not JSON may be called deep; it is refused either way.
-    """
-    if body.count(b"[") + body.count(b"{") <= limit:
-        return False
-    s = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(_BRACES_AS_BRACKETS, _NOT_STRUCTURE)
-    s = s.replace(b'""', b"")
-    if b'"' in s:
-        s = b"".join(s.split(b'"')[::2])
-    if b"[" * (limit + 1) in s:
-        return True
-    return max(accumulate(memoryview(s.translate(_STEPS)).cast("b")), default=0) > limit
 
 
 def _finite(text: str) -> float:
@@ -144,7 +109,7 @@ def parse_reply(body: bytes) -> EndpointDecision:
     """
     if not body.strip():
         raise ReplyError("invalid-json", "endpoint replied with an empty body (send [] for no change)")
-    if nested_deeper_than(body):
+    if nesting_exceeds(body, MAX_DEPTH):
         raise ReplyError("invalid-json", f"endpoint reply is nested deeper than {MAX_DEPTH} levels")
     try:
         doc = _decode(body)

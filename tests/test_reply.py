@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from amp.reply import MAX_DEPTH, EndpointDecision, ReplyError, nested_deeper_than, parse_reply
+from amp.reply import MAX_DEPTH, EndpointDecision, ReplyError, parse_reply
+from amp.review import nesting_exceeds
 
 OPS = [{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]
 
@@ -146,7 +147,7 @@ DEEP = b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1)
     (b"[" + b"[1, " * MAX_DEPTH + b"]" * MAX_DEPTH + b"]", True),
 ])
 def test_depth_is_found_without_parsing(body: bytes, deeper: bool) -> None:
-    assert nested_deeper_than(body) is deeper
+    assert nesting_exceeds(body, MAX_DEPTH) is deeper
     # The same as parsing it and measuring, for what is JSON.
     try:
         doc = json.loads(body)
