@@ -15,6 +15,8 @@ import random
 import socket
 from pathlib import Path
 
+from amp_dev.demo import listening_inodes
+
 
 def _ephemeral_low() -> int:
     low, _ = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
@@ -64,14 +66,4 @@ def listening(port: int) -> bool:
     reports it (C{/proc/net/tcp}, C{/proc/net/tcp6}): a listening socket
     shared by several processes is listed until its last copy is closed.
     """
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            # local_address is ADDRESS:PORT in hex; state 0A is LISTEN.
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                return True
-    return False
+    return bool(listening_inodes(port))

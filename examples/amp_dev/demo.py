@@ -149,7 +149,7 @@ def _examples_port(namespaces: dict[str, Any], path: Path) -> int:
 # ---------------------------------------------------------------- ports
 
 
-def _listening_inodes(port: int) -> set[str]:
+def listening_inodes(port: int) -> set[str]:
     """Socket inodes of TCP listeners on ``port`` (any address), from /proc/net/tcp and tcp6."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -187,7 +187,7 @@ def _processes_holding(inodes: set[str]) -> Iterator[tuple[int, str]]:
 
 def port_holder(port: int) -> str:
     """Who listens on TCP ``port``: ``pid N (command)``, or why that cannot be said."""
-    inodes = _listening_inodes(port)
+    inodes = listening_inodes(port)
     if not inodes:
         return f"a process the demo cannot name (no listener in /proc/net/tcp; try: lsof -iTCP:{port})"
     holders = sorted(_processes_holding(inodes))
