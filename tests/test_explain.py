@@ -4,7 +4,7 @@ review pipeline, live against loopback endpoints or with a recorded reply, and
 what the command prints and exits with.
 
 Most tests call L{amp.cli.explain.run} in-process.  With C{--reply} (or an
-in-memory agent) nothing touches the network and a L{Clock} is the whole
+in-memory connector) nothing touches the network and a L{Clock} is the whole
 reactor: the review completes synchronously.  Live endpoints are the example
 endpoints (L{tests.helpers.start_example}) or a small twisted.web endpoint on
 127.0.0.1.  One test runs the installed C{amp} console script.
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from treq.testing import RequestTraversalAgent
 from twisted.internet import reactor, utils
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.endpoints import TCP4ServerEndpoint
@@ -36,9 +35,10 @@ from amp.cli import dispatch
 from amp.cli.explain import (
     EXIT_ADMITTED, EXIT_DENIED, EXIT_FAILURE_POLICY, EXIT_NOT_IDEMPOTENT, EXIT_USAGE, run,
 )
-from amp.cli.replay import recorded_reply_agent
+from amp.cli.replay import recorded_reply
 from amp.cli.workloads import InputError, load_documents, pod_for, select_object
 from amp.trace import Step
+from tests.endpointhelpers import ResourceConnector
 from tests.fakekube import FakeKube
 from tests.helpers import EP_ANNOTATION, ENABLED_LABEL, pod, start_example
 
@@ -111,14 +111,14 @@ class Ran:
         return json.loads(self.out)
 
 
-def run_sync(case: SynchronousTestCase, argv: list[str], stdin: str | bytes = "", agent: Any = None) -> Ran:
+def run_sync(case: SynchronousTestCase, argv: list[str], stdin: str | bytes = "", connector: Any = None) -> Ran:
     """
     Run C{amp explain ARGV} on a L{Clock}: everything must complete
     without a real reactor.
     """
     out, err = io.StringIO(), io.StringIO()
     data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-    d = run(argv, Clock(), stdin=io.BytesIO(data), stdout=out, stderr=err, agent=agent)
+    d = run(argv, Clock(), stdin=io.BytesIO(data), stdout=out, stderr=err, connector=connector)
     return Ran(case.successResultOf(d), out.getvalue(), err.getvalue())
 
 
@@ -439,9 +439,9 @@ class ReplyTests(SynchronousTestCase):
         self.assertEqual(len(doc["second"]["pod"]["spec"]["containers"][0]["env"]), 2)
 
     def test_twice_with_an_endpoint_that_checks_first_is_idempotent(self) -> None:
-        agent = RequestTraversalAgent(_AddOnce())
+        connector = ResourceConnector(_AddOnce())
         ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--twice", "-o", "json", self.pod],
-                       agent=agent)
+                       connector=connector)
         self.assertEqual(ran.status, EXIT_ADMITTED, ran.out)
         doc = ran.json
         self.assertIs(doc["idempotent"], True)
@@ -878,7 +878,7 @@ class TraceInPipelineTests(SynchronousTestCase):
     changes the answer.
     """
 
-    def admitter(self, config: Any, agent: Any) -> Any:
+    def admitter(self, config: Any, connector: Any) -> Any:
         from amp.admission import Admitter
         from amp.breaker import BreakerRegistry
         from amp.endpoint import EndpointClient
@@ -887,7 +887,7 @@ class TraceInPipelineTests(SynchronousTestCase):
 
         clock = Clock()
         metrics = Metrics()
-        client = EndpointClient(clock, metrics, BreakerRegistry(clock), agent=agent)
+        client = EndpointClient(clock, metrics, BreakerRegistry(clock), connector=connector)
         return Admitter(config, StaticNamespaceSource(config.kubernetes), client, clock, metrics), clock
 
     def test_trace_observes_without_changing_the_answer(self) -> None:
@@ -904,7 +904,7 @@ class TraceInPipelineTests(SynchronousTestCase):
                 {"team-a": ns("http://127.0.0.1:9/x")}, failure_policy=policy)))
             answers = []
             for trace in (None, RecordedTrace()):
-                admitter, clock = self.admitter(config, recorded_reply_agent(
+                admitter, clock = self.admitter(config, recorded_reply(
                     reply.encode() if isinstance(reply, str) else json.dumps(reply).encode()))
                 req = parse_review(review_bytes())
                 answers.append(self.successResultOf(admitter.review(req, Deadline.after(clock.seconds(), 5.0),

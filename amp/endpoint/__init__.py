@@ -93,11 +93,10 @@ was open has closed.  Calls made after that still work, on connections that
 are closed when they end.
 """
 
-from amp.endpoint._call import BytesProducer
 from amp.endpoint._client import EndpointClient
 from amp.endpoint._connect import DeniedAddress
 from amp.endpoint._failures import EndpointFailure
-from amp.endpoint._pool import USER_AGENT
+from amp.endpoint._pool import USER_AGENT, Connector
 from amp.endpoint._types import IEndpointReactor
 
-__all__ = ["BytesProducer", "EndpointClient", "EndpointFailure", "DeniedAddress", "IEndpointReactor", "USER_AGENT"]
+__all__ = ["Connector", "EndpointClient", "EndpointFailure", "DeniedAddress", "IEndpointReactor", "USER_AGENT"]

@@ -1,53 +1,33 @@
 """
-Connections: one stock C{HTTPConnectionPool} and one C{Agent} per settings
-profile, and the L{Profile} that is the agent's C{IAgentEndpointFactory}.
+Connections per settings profile: the L{Profile}, and the L{Target}, one
+endpoint URL under it with its request head built once.
 
-Everything amp needs for one value of L{EndpointSettings} (the pool with its
-C{pool_size} and C{idle_timeout}, the connect endpoints with their connect
-timeout, deny list and TLS options, the encoded URLs and fixed headers) is
-built once, on the first call that uses those settings, and kept.  A
-connection opened under one override's settings (its TLS client
-certificate, say) is therefore never reused for a call made under another.
+Everything amp needs for one value of L{EndpointSettings} (the reply
+limits, one L{amp.http.OriginPool} per origin with its C{pool_size} and
+C{idle_timeout}, the connect endpoints with their connect timeout, deny
+list and TLS options, the encoded URLs and fixed headers) is built once, on
+the first call that uses those settings, and kept.  A connection opened
+under one override's settings (its TLS client certificate, say) is
+therefore never reused for a call made under another.
 
-The pool is Twisted's own, configured through its public attributes:
-C{maxPersistentPerHost = pool_size} idle connections per origin, each kept
-C{cachedConnectionTimeout = idle_timeout} seconds, and
-C{retryAutomatically = False} (amp's retry rules are its own, in
-L{amp.endpoint._call}).  C{pool_size} bounds idle connections, not
-concurrent ones: the bulkhead does that.  The one change is in the public
-C{getConnection}: an idle connection amp has started closing (a reply it
-stopped reading whose last bytes still came in) is passed over, never
-handed out.
-
-Every connection is wrapped in a L{GuardedConnection} on its way up from
-the connect endpoint (L{GuardedEndpoint}): it bounds each reply's head
-(the profile's C{max_response_header_size} and C{max_response_headers}),
-and it is how the client counts the connections open and waits for them to
-close.
-
-A call is C{Agent.request} without parsing the URL again: the one private
-Twisted name, C{Agent._requestWithEndpoint}, kept because it measurably
-pays (L{Profile.request}).
+C{pool_size} bounds idle connections, not concurrent ones: the bulkhead
+does that.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 from urllib.parse import quote
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IHostnameResolver, IProtocolFactory, IStreamClientEndpoint
-from twisted.web.client import URI, Agent, HTTPConnectionPool
-from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
-from zope.interface import implementer
+from twisted.internet.interfaces import IHostnameResolver, IStreamClientEndpoint
 
 from amp import __version__
 from amp.config import EndpointSettings
 from amp.endpoint._connect import connect_endpoint, denied_literal
 from amp.endpoint._failures import LocalFailure
-from amp.endpoint._reading import GuardedConnection, GuardedFactory, HeadLimits, ReplyBudget
 from amp.endpoint._types import IEndpointReactor
+from amp.http import Charge, ClientConnection, OriginPool, Reply, ReplyBudget, ReplyLimits
 from amp.reasons import Reason
 from amp.urls import EndpointURL
 
@@ -58,54 +38,13 @@ _URL_SAFE = "".join(chr(c) for c in range(0x21, 0x7F))
 
 _DEFAULT_PORTS = {b"http": 80, b"https": 443}
 
-# Bound on the per-profile caches (encoded URLs, connect endpoints).
+# Bound on the per-profile cache of encoded URLs.
 CACHE_LIMIT = 4096
 
-
-class ConnectionPool(HTTPConnectionPool):
-    """
-    Twisted's connection pool under one settings profile.
-    """
-
-    retryAutomatically = False
-
-    def __init__(self, reactor: IEndpointReactor, settings: EndpointSettings) -> None:
-        super().__init__(reactor, persistent=True)
-        self.maxPersistentPerHost = settings.pool_size
-        self.cachedConnectionTimeout = settings.idle_timeout
-
-    def getConnection(self, key: Any, endpoint: IStreamClientEndpoint) -> Deferred:
-        """
-        As Twisted's, except that a connection amp has started closing is
-        not handed out: its response may have finished arriving after amp
-        stopped reading it, which put it back in the pool.
-        """
-        return super().getConnection(key, endpoint).addCallback(self._usable, key, endpoint)
-
-    def _usable(self, connection: Any, key: Any, endpoint: IStreamClientEndpoint) -> Any:
-        if getattr(connection.transport, "disconnecting", False):
-            return self.getConnection(key, endpoint)
-        return connection
-
-
-@implementer(IStreamClientEndpoint)
-class GuardedEndpoint:
-    """
-    A connect endpoint whose connections are wrapped in a
-    L{GuardedConnection}; C{connect} fires with the HTTP protocol itself, as
-    the pool expects.
-    """
-
-    def __init__(self, endpoint: IStreamClientEndpoint, limits: HeadLimits,
-                 opened: Callable[[GuardedConnection], None], lost: Callable[[GuardedConnection], None]) -> None:
-        self._endpoint = endpoint
-        self._limits = limits
-        self._opened = opened
-        self._lost = lost
-
-    def connect(self, protocolFactory: IProtocolFactory) -> Deferred:
-        factory = GuardedFactory(protocolFactory, self._limits, self._opened, self._lost)
-        return self._endpoint.connect(factory).addCallback(lambda guarded: guarded.http)
+#: Gives the connect endpoint for a scheme, host and port instead of amp's
+#: own SSRF-checked TCP and TLS ones (in-memory replies: C{amp explain
+#: --reply}, tests).
+Connector = Callable[[bytes, str, int], IStreamClientEndpoint]
 
 
 def host_header(scheme: bytes, host: bytes, port: int) -> bytes:
@@ -119,13 +58,14 @@ def host_header(scheme: bytes, host: bytes, port: int) -> bytes:
 
 class Target:
     """
-    One endpoint URL under one profile, ready to send to: the encoded URL,
-    the fixed request headers, and whether its host is a denied IP literal.
+    One endpoint URL under one profile, ready to send to: its origin's key,
+    the request head's fixed part, and whether its host is a denied IP
+    literal.
 
     @raise LocalFailure: C{connection-failed} when the host is not ASCII.
     """
 
-    __slots__ = ("url", "uri", "key", "path", "headers", "denied")
+    __slots__ = ("url", "scheme", "host", "port", "key", "head", "denied", "pool")
 
     def __init__(self, url: EndpointURL, settings: EndpointSettings) -> None:
         try:
@@ -137,48 +77,69 @@ class Target:
         path = quote(url.path, safe=_URL_SAFE).encode("ascii")
         netloc = b"[" + host + b"]" if b":" in host else host
         self.url = b"%s://%s:%d%s" % (scheme, netloc, url.port, path)
-        self.uri = URI.fromBytes(self.url)
-        #: The pool key, as Agent.request computes it.
-        self.key = (self.uri.scheme, self.uri.host, self.uri.port)
-        #: The request line's target (C{URI.originForm} computes it anew on
-        #: every read).
-        self.path = self.uri.originForm
-        self.headers = Headers({
-            b"host": [host_header(scheme, host, url.port)],
-            b"content-type": [b"application/json"],
-            b"accept": [b"application/json"],
-            b"user-agent": [USER_AGENT],
-        })
+        self.scheme = scheme
+        self.host = url.host
+        self.port = url.port
+        self.key = (scheme, host, url.port)
+        #: The request line and the headers every call sends.
+        self.head = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                     b"Accept: application/json\r\nUser-Agent: %s\r\n"
+                     % (path or b"/", host_header(scheme, host, url.port), USER_AGENT))
         #: Why this target may not be called (an IP literal in a denied
         #: network), or None.  Host names are checked when they resolve.
         self.denied: Optional[str] = denied_literal(url.host, settings)
+        #: Its origin's pool, once a call has asked for it.
+        self.pool: Optional[OriginPool] = None
 
 
-@implementer(IAgentEndpointFactory)
+def request_bytes(target: Target, headers: dict[bytes, bytes], body: bytes, close: bool) -> bytes:
+    """
+    The whole request: C{target}'s head, the call's C{headers}, and
+    C{body}; with C{close}, asking the endpoint to close the connection.
+
+    @raise LocalFailure: a header that would break the request's framing.
+    """
+    lines = [target.head]
+    for name, value in headers.items():
+        if b"\n" in value or b"\r" in value or b"\n" in name or b"\r" in name or b":" in name:
+            raise LocalFailure(Reason.CONNECTION_FAILED, f"request header {name!r} holds a line break or colon")
+        lines.append(b"%s: %s\r\n" % (name, value))
+    if close:
+        lines.append(b"Connection: close\r\n")
+    lines.append(b"Content-Length: %d\r\n\r\n" % len(body))
+    lines.append(body)
+    return b"".join(lines)
+
+
 class Profile:
     """
-    Everything built once for one value of L{EndpointSettings}: the pool,
-    the agent over it, the connect endpoint per host, and encoded URLs.
+    Everything built once for one value of L{EndpointSettings}: the reply
+    limits, the pool per origin, and encoded URLs.
 
-    @param budget: the client's reply budget, which heads are taken from.
+    @param budget: the client's reply budget, which replies are taken from.
+    @param connector: the connect endpoints' source instead of amp's own,
+        or None.
     @param opened: called with each new connection.
     @param lost: called with each connection that closed.
     """
 
     def __init__(
         self, reactor: IEndpointReactor, settings: EndpointSettings, resolver: Optional[IHostnameResolver],
-        budget: ReplyBudget, opened: Callable[[GuardedConnection], None], lost: Callable[[GuardedConnection], None],
+        budget: ReplyBudget, connector: Optional[Connector], opened: Callable[[ClientConnection], None],
+        lost: Callable[[ClientConnection], None],
     ) -> None:
         self.settings = settings
-        self._limits = HeadLimits(settings.max_response_header_size, settings.max_response_headers, budget)
+        self.limits = ReplyLimits(settings.max_response_header_size, settings.max_response_headers,
+                                  settings.max_response, budget)
         self._reactor = reactor
         self._resolver = resolver
+        self._connector = connector
         self._opened = opened
         self._lost = lost
-        self.pool = ConnectionPool(reactor, settings)
-        self.agent = Agent.usingEndpointFactory(reactor, self, self.pool)
         self._targets: dict[str, Target] = {}
-        self._endpoints: dict[tuple[bytes, bytes, int], IStreamClientEndpoint] = {}
+        self.pools: dict[tuple[bytes, bytes, int], OriginPool] = {}
+        #: New pools keep idle connections (False once the client closes).
+        self.keep = True
 
     def target(self, url: EndpointURL) -> Target:
         """
@@ -194,37 +155,33 @@ class Profile:
             self._targets[url.url] = t
         return t
 
-    def request(self, target: Target, headers: Headers, body: IBodyProducer) -> Deferred:
+    def request(self, target: Target, data: bytes, charge: Charge) -> "Deferred[Reply]":
         """
-        POST C{body} to C{target} through the agent and the pool.
-
-        This is C{Agent.request} with the URL parsed once per target instead
-        of on every call: C{Agent._requestWithEndpoint}, the one private
-        Twisted name amp uses.  It pays: C{python bench/endpoints.py
-        --only-memory} (the client's own CPU per call, one pooled
-        connection, no sockets) measured a median of 196 us per call through
-        C{Agent.request} and 168 us through this (-15%), six interleaved
-        runs each on the 2-CPU development machine.  C{Agent.request} does
-        nothing else for amp: it checks the URL (built and checked here),
-        parses it, asks C{endpointForURI}, computes the same pool key, and
-        the request line's target (C{URI.originForm}, a C{urlunparse}).
-        """
-        return self.agent._requestWithEndpoint(target.key, self.endpointForURI(target.uri), b"POST", target.uri,
-                                               headers, body, target.path)
-
-    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
-        """
-        The connect endpoint for one host and port (built once, reused).
+        Send C{data} to C{target}'s origin through its pool.
 
         @raise LocalFailure: when the TLS files do not load.
         """
-        key = (uri.scheme, uri.host, uri.port)
-        endpoint = self._endpoints.get(key)
-        if endpoint is None:
-            inner = connect_endpoint(self._reactor, self._resolver, self.settings, uri.scheme,
-                                     uri.host.decode("ascii"), uri.port)
-            endpoint = GuardedEndpoint(inner, self._limits, self._opened, self._lost)
-            if len(self._endpoints) >= CACHE_LIMIT:
-                self._endpoints.clear()
-            self._endpoints[key] = endpoint
-        return endpoint
+        pool = target.pool
+        if pool is None:
+            pool = target.pool = self._pool(target)
+        return pool.request(data, charge)
+
+    def _pool(self, target: Target) -> OriginPool:
+        """
+        The pool of C{target}'s origin (built once, reused).
+        """
+        pool = self.pools.get(target.key)
+        if pool is None:
+            endpoint: IStreamClientEndpoint
+            if self._connector is not None:
+                endpoint = self._connector(target.scheme, target.host, target.port)
+            else:
+                endpoint = connect_endpoint(self._reactor, self._resolver, self.settings, target.scheme,
+                                            target.host, target.port)
+            settings = self.settings
+            pool = OriginPool(self._reactor, endpoint, self.limits, settings.pool_size, settings.idle_timeout,
+                              self._opened, self._lost)
+            pool.keep = self.keep
+            # Not bounded: the origins are those of the configuration.
+            self.pools[target.key] = pool
+        return pool
