@@ -97,18 +97,17 @@ def request_bytes(target: Target, headers: dict[bytes, bytes], body: bytes, clos
     The whole request: C{target}'s head, the call's C{headers}, and
     C{body}; with C{close}, asking the endpoint to close the connection.
 
-    @raise LocalFailure: a header that would break the request's framing.
+    @raise LocalFailure: a header that holds a line break (it would end
+        the header early: what follows would be a header amp never meant).
     """
-    lines = [target.head]
+    parts: list[bytes] = []
     for name, value in headers.items():
-        if b"\n" in value or b"\r" in value or b"\n" in name or b"\r" in name or b":" in name:
-            raise LocalFailure(Reason.CONNECTION_FAILED, f"request header {name!r} holds a line break or colon")
-        lines.append(b"%s: %s\r\n" % (name, value))
-    if close:
-        lines.append(b"Connection: close\r\n")
-    lines.append(b"Content-Length: %d\r\n\r\n" % len(body))
-    lines.append(body)
-    return b"".join(lines)
+        parts += (name, b": ", value, b"\r\n")
+    fields = b"".join(parts)
+    if fields.count(b"\n") != len(headers) or fields.count(b"\r") != len(headers):
+        raise LocalFailure(Reason.CONNECTION_FAILED, "a request header holds a line break")
+    return b"".join((target.head, fields, b"Connection: close\r\n" if close else b"",
+                     b"Content-Length: %d\r\n\r\n" % len(body), body))
 
 
 class Profile:
