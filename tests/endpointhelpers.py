@@ -4,7 +4,7 @@ C{test_ssrf.py}).
 
 Three kinds:
 
-  - L{MemoryNet}: Twisted's real HTTP client on a L{MemoryReactorClock}, so
+  - L{MemoryNet}: amp's real HTTP client on a L{MemoryReactorClock}, so
     connects, bytes on the wire and time are all in the test's hands
     (connect timeouts, retries, pooling, a hung endpoint measured on the
     clock).
@@ -174,7 +174,7 @@ class SlowCloseTransport(StringTransportWithDisconnection):
 
 class MemoryNet:
     """
-    Twisted's HTTP client on a L{MemoryReactorClock}: every connect attempt
+    amp's HTTP client on a L{MemoryReactorClock}: every connect attempt
     lands in C{reactor.tcpClients}; the test refuses it, times it out, or
     accepts it and writes the server's bytes.
     """

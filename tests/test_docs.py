@@ -251,7 +251,7 @@ MESSAGES = [
     ("is not an unencrypted PEM private key", "endpoint/_tls.py", None),
     ("does not belong to client_cert", "endpoint/_tls.py", None),
     ("redirect to <location> not followed", "endpoint/_call.py", ("redirect{to} not followed", 'f" to {first_line(where)}"')),
-    ("is larger than the <limit> byte limit", "endpoint/_reading.py", "is larger than the {limit} byte limit"),
+    ("is larger than the <limit> byte limit", "http/_client.py", "is larger than the {limit} byte limit"),
     ("is not a reply", "endpoint/_call.py", None),
     ("send\n[] for no change", "reply.py", "send [] for no change"),
     ("endpoint\nreply has unknown key", "reply.py", "endpoint reply has unknown key"),

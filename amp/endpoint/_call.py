@@ -35,6 +35,10 @@ Off by default.  With C{retry: true} a call is retried once, and only when
 the connection could not be made (refused or another connect error: the
 endpoint cannot have seen the request), never after a timeout or after
 anything was sent, and only within the first half of the call's time.
+Apart from that, and whatever C{retry} says, the pool sends a request again
+once when the reused idle connection it went out on closed before any
+byte of a reply (L{amp.http._pool}): that is within the call, not a retry
+of it.
 """
 
 from __future__ import annotations

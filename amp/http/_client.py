@@ -295,8 +295,9 @@ class ClientConnection(Protocol):
 
     def on_body(self, data: bytes) -> None:
         size = self._size = self._size + len(data)
-        if size > self._limits.body:
-            self._refusal = BodyTooLarge(f"reply is larger than the {self._limits.body} byte limit")
+        limit = self._limits.body
+        if size > limit:
+            self._refusal = BodyTooLarge(f"reply is larger than the {limit} byte limit")
             raise _STOP
         if not self._prepaid and not self._exchange.charge.take(len(data)):  # type: ignore[union-attr]
             self._refusal = BufferFull(self._limits.budget.full())
