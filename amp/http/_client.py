@@ -20,8 +20,11 @@ an invalid chunk size, obsolete line folding), 1xx interim heads, and
 whether the connection may carry another request
 (C{llhttp_should_keep_alive}: never after HTTP/1.0 without keep-alive,
 C{Connection: close}, or a body delimited by the connection's end, RFC 9112
-section 9.3).  Bare line feeds are accepted as line ends (section 2.2
-allows a recipient to), nothing else is lenient.  No content coding is
+section 9.3; C{close} among the Connection options also after HTTP/1.0's
+keep-alive, which llhttp lets win).  Bare line feeds are accepted as line
+ends (section 2.2 allows a recipient to); and the parser reads on after a
+head that ends the connection (a 1xx head's C{Connection: close} is not the
+reply's; bytes after a final reply close the connection).  No content coding is
 decoded: a gzipped body is bytes that are not JSON.
 
 The connection hands every outcome to its L{IExchange}: the reply, or a
@@ -153,7 +156,11 @@ class ClientConnection(Protocol):
         self._head = HeadCounter(limits)
         self._parser = HttpResponseParser(self)
         # A client may take bare line feeds as line ends (RFC 9112 2.2).
-        self._parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
+        # And the parser goes on after a head that ends the connection: a
+        # 1xx head's Connection: close does not decide for the final reply,
+        # and what follows a final reply closes the connection (see
+        # on_message_begin) instead of being a parse error.
+        self._parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True, lenient_keep_alive=True)
         self._exchange: Optional[IExchange] = None
         self._lost_waiters: Optional[list[Any]] = None
         self.connected = False
@@ -170,6 +177,7 @@ class ClientConnection(Protocol):
         self._length: Optional[int] = None
         self._te: Optional[bytes] = None
         self._location: Optional[bytes] = None
+        self._close = False
         self._chunks: list[bytes] = []
         self._size = 0
         self._prepaid = False
@@ -272,12 +280,16 @@ class ClientConnection(Protocol):
             self._te = value
         elif n == b"location":
             self._location = value
+        elif n == b"connection" and b"close" in [t.strip() for t in value.lower().split(b",")]:
+            # llhttp lets HTTP/1.0's keep-alive outweigh it (RFC 9112 9.3: close wins).
+            self._close = True
 
     def on_headers_complete(self) -> None:
         code = self._code = self._parser.get_status_code()
         if 100 <= code < 200 and code != 101:
             self._interim = True
             self._length = self._te = self._location = None
+            self._close = False
             return
         if not 200 <= code < 300:
             self._early = Reply(code, self._location, None)
@@ -309,7 +321,7 @@ class ClientConnection(Protocol):
             self._interim = False
             return
         self._complete = True
-        self.reusable = self._parser.should_keep_alive()
+        self.reusable = not self._close and self._parser.should_keep_alive()
 
     # ------------------------------------------------------------ outcomes
 
