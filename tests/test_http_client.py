@@ -209,3 +209,29 @@ class NotHTTPTests(_Base):
         e = self.assertReason(d, "connection-failed")
         self.assertIn("line break", e.message)
         self.assertEqual(self.net.attempts, 0)
+
+
+class MemoryTests(_Base):
+    def test_a_refused_reply_leaves_nothing_behind(self) -> None:
+        """
+        Once a refused reply's connection has closed, nothing holds its
+        connection or its bytes: a hostile endpoint refused again and again
+        cannot grow amp's memory.
+        """
+        import gc
+        import weakref
+
+        for reply in (b"HTTP/1.1 200 OK\r\nContent-Length: 2000000\r\n\r\n[",
+                      b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1000\r\n" + b" " * 4096,
+                      b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]"):
+            net = MemoryNet()
+            h = Harness(net.reactor, EndpointSettings(max_response=1000))
+            d = h.call(URL)
+            proto, transport = net.accept()
+            proto.dataReceived(reply)
+            self.failureResultOf(d)
+            self.assertFalse(transport.connected)
+            gone = weakref.ref(proto)
+            del proto, transport, d, h, net
+            gc.collect()
+            self.assertIsNone(gone(), reply[:60])

@@ -133,10 +133,9 @@ class IExchange(TypingProtocol):
 class _Stop(Exception):
     """
     Raised from a parser callback to stop parsing: the reply is settled.
+    A new one each time: a raised instance keeps its traceback, and raising
+    the same one again would grow it (and the frames it holds) for good.
     """
-
-
-_STOP = _Stop()
 
 
 class ClientConnection(Protocol):
@@ -270,7 +269,7 @@ class ClientConnection(Protocol):
         if self._complete:
             # Bytes after the reply: the peer is out of step.
             self.reusable = False
-            raise _STOP
+            raise _Stop()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         n = name.lower()
@@ -293,16 +292,16 @@ class ClientConnection(Protocol):
             return
         if not 200 <= code < 300:
             self._early = Reply(code, self._location, None)
-            raise _STOP
+            raise _Stop()
         length = self._length
         if length is not None:
             limit = self._limits.body
             if length > limit:
                 self._refusal = BodyTooLarge(f"reply of {length} bytes is larger than the {limit} byte limit")
-                raise _STOP
+                raise _Stop()
             if not self._exchange.charge.take(length):  # type: ignore[union-attr]
                 self._refusal = BufferFull(self._limits.budget.full())
-                raise _STOP
+                raise _Stop()
             self._prepaid = True
 
     def on_body(self, data: bytes) -> None:
@@ -310,10 +309,10 @@ class ClientConnection(Protocol):
         limit = self._limits.body
         if size > limit:
             self._refusal = BodyTooLarge(f"reply is larger than the {limit} byte limit")
-            raise _STOP
+            raise _Stop()
         if not self._prepaid and not self._exchange.charge.take(len(data)):  # type: ignore[union-attr]
             self._refusal = BufferFull(self._limits.budget.full())
-            raise _STOP
+            raise _Stop()
         self._chunks.append(data)
 
     def on_message_complete(self) -> None:

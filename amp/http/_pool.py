@@ -87,7 +87,7 @@ class OriginPool:
         idle = self._idle
         while idle:
             conn = idle.pop()
-            if conn.reusable and not conn.transport.disconnecting:
+            if conn.reusable:
                 exchange.send(conn, reused=True)
                 return exchange.result
         exchange.connect()
