@@ -208,6 +208,21 @@ class MemoryNet:
         return proto, transport
 
 
+def answered_once(reply: bytes, settings: Optional[EndpointSettings] = None,
+                  url: str = "http://127.0.0.1:8090/mutate") -> tuple[Harness, Deferred, Any, Any]:
+    """
+    One call through a new client on a new L{MemoryNet}, its connection
+    accepted and C{reply} written into it; returns the harness, the call,
+    and the connection's protocol and transport.
+    """
+    net = MemoryNet()
+    h = Harness(net.reactor, settings)
+    d = h.call(url)
+    proto, transport = net.accept()
+    proto.dataReceived(reply)
+    return h, d, proto, transport
+
+
 def http_reply(body: bytes, code: int = 200, extra: bytes = b"") -> bytes:
     return (b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
             % (code, len(body), extra, body))

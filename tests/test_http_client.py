@@ -16,7 +16,15 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from amp.config import BreakerConfig, EndpointSettings
-from tests.endpointhelpers import PATCH, PATCH_BYTES, FailureAssertions, Harness, MemoryNet, http_reply
+from tests.endpointhelpers import (
+    PATCH,
+    PATCH_BYTES,
+    FailureAssertions,
+    Harness,
+    MemoryNet,
+    answered_once,
+    http_reply,
+)
 
 URL = "http://127.0.0.1:8090/mutate"
 
@@ -191,11 +199,7 @@ class NotHTTPTests(_Base):
             (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n[]\r\n0\r\n\r\n", "chunk size"),
             (b"SMTP ready\r\n", "HTTP/1.1"),
         ):
-            net = MemoryNet()
-            h = Harness(net.reactor)
-            d = h.call(URL)
-            proto, transport = net.accept()
-            proto.dataReceived(reply)
+            _, d, _, transport = answered_once(reply)
             e = self.assertReason(d, "invalid-reply")
             self.assertIn(fragment, e.message, reply)
             self.assertFalse(transport.connected)
@@ -224,14 +228,10 @@ class MemoryTests(_Base):
         for reply in (b"HTTP/1.1 200 OK\r\nContent-Length: 2000000\r\n\r\n[",
                       b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1000\r\n" + b" " * 4096,
                       b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]"):
-            net = MemoryNet()
-            h = Harness(net.reactor, EndpointSettings(max_response=1000))
-            d = h.call(URL)
-            proto, transport = net.accept()
-            proto.dataReceived(reply)
+            h, d, proto, transport = answered_once(reply, EndpointSettings(max_response=1000))
             self.failureResultOf(d)
             self.assertFalse(transport.connected)
             gone = weakref.ref(proto)
-            del proto, transport, d, h, net
+            del proto, transport, d, h
             gc.collect()
             self.assertIsNone(gone(), reply[:60])
