@@ -99,8 +99,11 @@ class Admitter:
         endpoints: EndpointClient,
         clock: IReactorTime,
         metrics: Metrics,
+        recorder: Optional[Any] = None,
     ) -> None:
         self.config = config
+        #: Where reviews are offered for recording (L{amp.record.Recorder}), or None.
+        self.recorder = recorder
         self._namespaces = namespaces
         self._endpoints = endpoints
         self._clock = clock
@@ -203,7 +206,7 @@ class _Review:
     """
 
     __slots__ = ("_admitter", "_req", "_deadline", "_validation", "_route", "_pending", "_timer", "_ending",
-                 "_done", "result", "_chain", "_trace", "_call_started", "_judged")
+                 "_done", "result", "_chain", "_trace", "_call_started", "_judged", "_namespace")
 
     log = Logger()
 
@@ -222,6 +225,8 @@ class _Review:
         self._deadline = deadline
         self._validation = validation
         self._route: Optional[Route] = None
+        #: The namespace as the review found it, once routed.
+        self._namespace: Optional[NamespaceInfo] = None
         #: The step waited on: a namespace lookup or an endpoint call.
         self._pending: Optional[Deferred] = None
         self._timer: Optional[IDelayedCall] = None
@@ -277,6 +282,7 @@ class _Review:
     def _routed(self, ns: Optional[NamespaceInfo]) -> None:
         a = self._admitter
         req = self._req
+        self._namespace = ns
         r = self._route = route(ns, a.config, a._namespaces.cluster_failure_policy(),
                                 validation=self._validation, cache=a._routes)
         if r.enabled:
@@ -544,7 +550,23 @@ class _Review:
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
             timer.cancel()
+        recorder = self._admitter.recorder
+        if recorder is not None and self._route is not None and not self._validation:
+            self._offer(recorder, answer)
         self.result.callback(answer)
+
+    def _offer(self, recorder: Any, answer: Answer) -> None:
+        """Offer the answered review for recording (never blocks or raises)."""
+        try:
+            ns, r, req, outcome = self._namespace, self._route, self._req, answer.outcome
+            assert r is not None
+            recorder.offer(
+                self._admitter._clock.seconds(), req.uid, req.namespace,
+                ns.annotations if ns is not None else {}, ns.labels if ns is not None else {},
+                [step.name for step in r.steps], r.failure_policy, r.mode, req.body, answer.body,
+                str(outcome.result), str(outcome.reason))
+        except Exception:
+            self.log.failure("Could not offer a review for recording")
 
     def _expired(self) -> None:
         self._timer = None

@@ -47,6 +47,7 @@ from amp.logs import ConfigurableObserver
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
 from amp.recent import RecentDecisions, RecentDecisionsResource
+from amp.record import Recorder
 from amp.reload import ConfigFile, ConfigReloadService
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.web import WebhookSite, webhook_root
@@ -143,6 +144,14 @@ def namespace_source(
 
     return KubernetesNamespaceSource(config.kubernetes, reactor=reactor, metrics=metrics,
                                      on_first_list=on_first_list)
+
+
+def _amp_annotation(config: Config) -> Callable[[str], bool]:
+    """Annotation keys that are amp's own (recording's redaction keeps their values)."""
+    kube = config.kubernetes
+    own = {*kube.endpoint_annotations, kube.validation_annotation, kube.failure_policy_annotation,
+           kube.mode_annotation}
+    return lambda key: key.startswith("amp.txn2.com/") or key in own
 
 
 def freeze_startup_objects() -> None:
@@ -251,7 +260,11 @@ class AmpService(MultiService):
         CertificateReloadService(
             certificate, reactor=reactor, interval=config.tls.reload_interval, install_sighup=install_sighup
         ).setServiceParent(self)
-        self.admitter = Admitter(config, self.namespaces, self.endpoint_client, reactor, metrics)
+        #: Records chosen reviews when C{record.enabled} (L{amp.record}).
+        self.recorder = Recorder(config.record, reactor, metrics,
+                                 keep_annotation=_amp_annotation(config))
+        self.recorder.setServiceParent(self)
+        self.admitter = Admitter(config, self.namespaces, self.endpoint_client, reactor, metrics, self.recorder)
         #: The last decisions, served on the metrics port (C{metrics.debug_reviews}).
         self.recent = RecentDecisions(config.metrics.debug_reviews)
         root = webhook_root(self.admitter, reactor, metrics, {
@@ -295,7 +308,7 @@ class AmpService(MultiService):
         namespaces = self.namespaces
         if config.kubernetes != self.config.kubernetes and config.kubernetes.source == "static":
             namespaces = namespace_source(config, self.reactor, self.metrics)
-        admitter = Admitter(config, namespaces, self.endpoint_client, self.reactor, self.metrics)
+        admitter = Admitter(config, namespaces, self.endpoint_client, self.reactor, self.metrics, self.recorder)
         # Everything is built: swap.
         if namespaces is not self.namespaces:
             old, self.namespaces = self.namespaces, namespaces
@@ -306,6 +319,7 @@ class AmpService(MultiService):
             resource.admitter = admitter
         self.site.apply(config.listen)
         self.recent.resize(config.metrics.debug_reviews)
+        self.recorder.apply(config.record)
         if isinstance(self.log_observer, ConfigurableObserver):
             self.log_observer.configure(config.log.format, config.log.level)
         if self.config_reload is not None:
