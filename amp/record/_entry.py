@@ -228,13 +228,13 @@ def decode_line(line: bytes, where: str) -> RecordedReview:
         raise RecordingError(f"{where}: not JSON: {e}") from None
     if not isinstance(data, dict) or data.get("amp_recording") != FORMAT:
         raise RecordingError(f"{where}: not a line of an amp recording (format {FORMAT})")
+    review = data.get("review")
+    if not isinstance(review, dict) or not isinstance(review.get("request"), dict):
+        raise RecordingError(f"{where}: review.request is missing")
     try:
-        review = data["review"]
         namespace = data["namespace"]
         route = data.get("route") or {}
         answer = data["answer"]
-        if not isinstance(review, dict) or not isinstance(review.get("request"), dict):
-            raise RecordingError(f"{where}: review.request is missing")
         patch = answer.get("patch")
         if patch is not None and not isinstance(patch, list):
             raise RecordingError(f"{where}: answer.patch is not a list")

@@ -70,7 +70,11 @@ class _Writer:
 
     def __init__(self, settings: RecordSettings, report: Callable[..., None],
                  call_from_thread: Callable[..., Any], keep_annotation: Callable[[str], bool]) -> None:
-        self.queue: "queue.Queue[Optional[Capture]]" = queue.Queue(maxsize=settings.queue)
+        #: Captures waiting for the thread.  Bounded by L{Recorder.offer}
+        #: (the only producer, on the reactor thread), not by the queue, so
+        #: that the end-of-work sentinel always fits.
+        self.queue: "queue.SimpleQueue[Optional[Capture]]" = queue.SimpleQueue()
+        self.limit = settings.queue
         self._files = RecordFiles(settings.directory, settings.file_size, settings.max_size)
         self._redactor = Redactor(keep_annotation) if settings.redact else None
         self._report = report
@@ -83,18 +87,7 @@ class _Writer:
 
     def stop(self) -> "Deferred[None]":
         """Finish what is queued, then end the thread; fires when it has."""
-        while True:
-            try:
-                self.queue.put_nowait(None)
-                break
-            except queue.Full:
-                # Make room for the sentinel: a capture dropped at shutdown
-                # is counted like any other.
-                try:
-                    self.queue.get_nowait()
-                    self._report(0, 0, None, dropped=1)
-                except queue.Empty:
-                    pass
+        self.queue.put(None)
         return self.stopped
 
     def _run(self) -> None:
@@ -171,10 +164,10 @@ class Recorder(Service):
             return
         capture = Capture(time, uid, namespace, labels, annotations, tuple(endpoints), failure_policy, mode,
                           request_body, answer_body, result, reason)
-        try:
-            writer.queue.put_nowait(capture)
-        except queue.Full:
+        if writer.queue.qsize() >= writer.limit:
             self._counter.labels("dropped").inc()
+            return
+        writer.queue.put(capture)
 
     def startService(self) -> None:
         super().startService()
@@ -207,15 +200,13 @@ class Recorder(Service):
         writer, self._writer = self._writer, None
         return writer.stop() if writer is not None else succeed(None)
 
-    def _report(self, written: int, failed: int, state: Optional[str], dropped: int = 0) -> None:
-        """Count a burst of the writer's work; C{state} None: no news of the disk."""
+    def _report(self, written: int, failed: int, state: str) -> None:
+        """Count a burst of the writer's work; log a change of the disk's state."""
         if written:
             self._counter.labels("written").inc(written)
         if failed:
             self._counter.labels("failed").inc(failed)
-        if dropped:
-            self._counter.labels("dropped").inc(dropped)
-        if state is not None and state != self._state:
+        if state != self._state:
             if state:
                 self.log.error("Recording reviews into {directory} fails: {problem}; reviews are "
                                "answered as ever, their recording is counted as failed",
