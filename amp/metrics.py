@@ -133,6 +133,10 @@ class Metrics:
             ["result"], registry=r)
         for result in RECORD_RESULTS:
             self.recorded_reviews.labels(result=result)
+        self.canary_reviews = Counter(
+            "amp_canary_reviews", "Reviews whose candidate endpoint (amp.txn2.com/canary) was compared with the "
+            "live one, by namespace and result: same, differs, failed, skipped.", ["namespace", "result"],
+            registry=r)
         self.build_info = Gauge("amp_build_info", "1, labelled with amp's version.", ["version"], registry=r)
         self.build_info.labels(version=__version__).set(1)
 

@@ -40,6 +40,7 @@ from twisted.web.server import Site
 
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
+from amp.canary import Canary
 from amp import __version__
 from amp.config import Config, TLSConfig, config_summary
 from amp.endpoint import EndpointClient
@@ -264,9 +265,16 @@ class AmpService(MultiService):
         self.recorder = Recorder(config.record, reactor, metrics,
                                  keep_annotation=_amp_annotation(config))
         self.recorder.setServiceParent(self)
-        self.admitter = Admitter(config, self.namespaces, self.endpoint_client, reactor, metrics, self.recorder)
         #: The last decisions, served on the metrics port (C{metrics.debug_reviews}).
         self.recent = RecentDecisions(config.metrics.debug_reviews)
+        # Candidates have an endpoint client of their own: their own pools,
+        # bulkheads and breakers, and metrics apart from the live endpoints'.
+        self.canary_client = EndpointClient(reactor, Metrics(), BreakerRegistry(reactor, random=random.random),
+                                            agent=agent)
+        EndpointClientService(self.canary_client).setServiceParent(self)
+        self.canary = Canary(self.canary_client, reactor, metrics,
+                             annotate=lambda uid, result, paths: self.recent.annotate(uid, result, paths))
+        self.admitter = self._admitter(config, self.namespaces)
         root = webhook_root(self.admitter, reactor, metrics, {
             "listener": self._listener_readiness,
             "certificate": certificate.readiness,
@@ -308,7 +316,7 @@ class AmpService(MultiService):
         namespaces = self.namespaces
         if config.kubernetes != self.config.kubernetes and config.kubernetes.source == "static":
             namespaces = namespace_source(config, self.reactor, self.metrics)
-        admitter = Admitter(config, namespaces, self.endpoint_client, self.reactor, self.metrics, self.recorder)
+        admitter = self._admitter(config, namespaces)
         # Everything is built: swap.
         if namespaces is not self.namespaces:
             old, self.namespaces = self.namespaces, namespaces
@@ -325,6 +333,10 @@ class AmpService(MultiService):
         if self.config_reload is not None:
             self.config_reload.set_interval(config.reload_interval)
         self.config = config
+
+    def _admitter(self, config: Config, namespaces: INamespaceSource) -> Admitter:
+        return Admitter(config, namespaces, self.endpoint_client, self.reactor, self.metrics, self.recorder,
+                        self.canary)
 
     def _listener_readiness(self) -> tuple[bool, str]:
         if self.draining:
