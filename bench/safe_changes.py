@@ -55,7 +55,7 @@ def measure(amp: Amp, body: str, connections: int, duration: float) -> dict[str,
     cpu = cpu_seconds(amp.pid) - before
     requests = max(summary["requests"], 1)
     return {"rps": summary["requests"] / duration, "cpu_ms": 1000 * cpu / requests,
-            "p99_ms": summary["latency_us"]["p99"] / 1000, "errors": summary.get("errors", 0)}
+            "p99_ms": summary["latency_us"]["p99"] / 1000, "errors": sum(summary["errors"].values())}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
