@@ -269,7 +269,7 @@ class AmpService(MultiService):
         # Candidates have an endpoint client of their own: their own pools,
         # bulkheads and breakers, and metrics apart from the live endpoints'.
         self.canary_client = EndpointClient(reactor, Metrics(), BreakerRegistry(reactor, random=random.random),
-                                            agent=agent)
+                                            connector=connector)
         EndpointClientService(self.canary_client).setServiceParent(self)
         self.canary = Canary(self.canary_client, reactor, metrics,
                              annotate=lambda uid, result, paths: self.recent.annotate(uid, result, paths))
