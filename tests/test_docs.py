@@ -253,6 +253,8 @@ MESSAGES = [
     ("redirect to <location> not followed", "endpoint/_call.py", ("redirect{to} not followed", 'f" to {first_line(where)}"')),
     ("is larger than the <limit> byte limit", "http/_client.py", "is larger than the {limit} byte limit"),
     ("is not a reply", "endpoint/_call.py", None),
+    ("reply is not valid HTTP/1.1: <reason>", "http/_client.py", "reply is not valid HTTP/1.1: {e}"),
+    ("a request header holds a line break", "endpoint/_pool.py", None),
     ("send\n[] for no change", "reply.py", "send [] for no change"),
     ("endpoint\nreply has unknown key", "reply.py", "endpoint reply has unknown key"),
     ("the patched Pod would be invalid: ", "patch.py", None),
