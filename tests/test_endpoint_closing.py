@@ -27,9 +27,11 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from amp.cli.explain import EXIT_ADMITTED, run
 from amp.config import BreakerConfig, EndpointSettings
 from tests.endpointhelpers import PATCH, PATCH_BYTES, FailureAssertions, Harness, MemoryNet, RealHarness
+from tests.helpers import (
+    EP_ANNOTATION, ENABLED_LABEL, WebhookClient, apply_patch, decode_answer, make_config, namespace, pod, review_bytes,
+    start_amp,
+)
 from tests.stdlib_endpoints import IdleClose, StdlibEndpoint, Style
-from tests.helpers import EP_ANNOTATION, ENABLED_LABEL, WebhookClient, apply_patch, decode_answer, make_config
-from tests.helpers import namespace, pod, review_bytes, start_amp
 
 URL = "http://127.0.0.1:8090/mutate"
 
