@@ -157,30 +157,28 @@ class ClosedWhileIdleTests(SynchronousTestCase, FailureAssertions):
         return proto, transport
 
     def test_sent_again_on_a_new_connection(self) -> None:
-        h = Harness(self.net.reactor, EndpointSettings(breaker=BreakerConfig(consecutive_failures=1)))
-        _, old = self.kept(h)
-        d = h.call(URL)
-        self.assertIn(b"POST /mutate", old.value())
-        old.loseConnection()
-        self.assertEqual(self.net.attempts, 2)
-        proto, transport = self.net.accept()
-        self.assertIn(b"POST /mutate", transport.value())
-        proto.dataReceived(reply(b"HTTP/1.1 200 OK"))
-        self.assertEqual(self.successResultOf(d).patch, PATCH)
-        # Counted once, as a success: no failure reached the metric or the
-        # breaker (which opens on one failure here).
-        self.assertEqual(h.count(URL, "ok"), 2)
-        self.assertEqual(h.count(URL, "connection-reset"), 0)
-        self.assertEqual(h.transitions, [])
-
-    def test_sent_again_when_reset(self) -> None:
-        h = Harness(self.net.reactor)
-        proto, _ = self.kept(h)
-        d = h.call(URL)
-        proto.connectionLost(Failure(error.ConnectionLost("Connection reset by peer")))
-        new, _ = self.net.accept()
-        new.dataReceived(reply(b"HTTP/1.1 200 OK"))
-        self.assertEqual(self.successResultOf(d).patch, PATCH)
+        # Closed (FIN) or reset (RST).
+        for reset in (False, True):
+            with self.subTest(reset=reset):
+                self.setUp()
+                h = Harness(self.net.reactor, EndpointSettings(breaker=BreakerConfig(consecutive_failures=1)))
+                old_proto, old = self.kept(h)
+                d = h.call(URL)
+                self.assertIn(b"POST /mutate", old.value())
+                if reset:
+                    old_proto.connectionLost(Failure(error.ConnectionLost("Connection reset by peer")))
+                else:
+                    old.loseConnection()
+                self.assertEqual(self.net.attempts, 2)
+                proto, transport = self.net.accept()
+                self.assertIn(b"POST /mutate", transport.value())
+                proto.dataReceived(reply(b"HTTP/1.1 200 OK"))
+                self.assertEqual(self.successResultOf(d).patch, PATCH)
+                # Counted once, as a success: no failure reached the metric
+                # or the breaker (which opens on one failure here).
+                self.assertEqual(h.count(URL, "ok"), 2)
+                self.assertEqual(h.count(URL, "connection-reset"), 0)
+                self.assertEqual(h.transitions, [])
 
     def test_a_new_connection_even_with_others_idle(self) -> None:
         # Two kept connections; the one the call takes turns out closed: the
@@ -215,16 +213,6 @@ class ClosedWhileIdleTests(SynchronousTestCase, FailureAssertions):
         # One call, one failure.
         self.assertEqual(h.count(URL, "connection-reset"), 1)
         self.assertEqual(h.transitions, [])
-
-    def test_never_on_a_new_connection(self) -> None:
-        h = Harness(self.net.reactor)
-        d = h.call(URL)
-        _, transport = self.net.accept()
-        self.assertIn(b"POST /mutate", transport.value())
-        transport.loseConnection()
-        self.assertReason(d, "connection-reset")
-        self.assertEqual(self.net.attempts, 1)
-        self.assertEqual(h.count(URL, "connection-reset"), 1)
 
     def test_never_once_the_reply_started(self) -> None:
         h = Harness(self.net.reactor)
@@ -287,22 +275,13 @@ class StdlibEndpointTests(TestCase):
         return h
 
     @inlineCallbacks
-    def test_http10(self) -> Any:
-        server = self.endpoint(Style.HTTP10)
-        yield self.calls_in_a_row(server)
-        self.assertEqual(server.connections, 100)
-
-    @inlineCallbacks
-    def test_http10_body_until_the_close(self) -> Any:
-        server = self.endpoint(Style.HTTP10_UNTIL_CLOSE)
-        yield self.calls_in_a_row(server)
-        self.assertEqual(server.connections, 100)
-
-    @inlineCallbacks
-    def test_http11_connection_close(self) -> Any:
-        server = self.endpoint(Style.CLOSE)
-        yield self.calls_in_a_row(server)
-        self.assertEqual(server.connections, 100)
+    def test_endpoints_that_close_every_connection(self) -> Any:
+        # HTTP/1.0 with a Content-Length, HTTP/1.0 with the body ending at
+        # the close, HTTP/1.1 with Connection: close.
+        for style in (Style.HTTP10, Style.HTTP10_UNTIL_CLOSE, Style.CLOSE):
+            server = self.endpoint(style)
+            yield self.calls_in_a_row(server)
+            self.assertEqual(server.connections, 100, style)
 
     @inlineCallbacks
     def test_keep_alive(self) -> Any:
@@ -344,6 +323,7 @@ class StdlibEndpointTests(TestCase):
         else:
             self.fail("the call succeeded")
         self.assertEqual((server.requests, server.connections), (1, 1))
+        self.assertEqual(h.count(url, "connection-reset"), 1)
 
 
 class RunningAmpTests(TestCase):
