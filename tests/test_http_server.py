@@ -130,6 +130,41 @@ class KeepAliveTests(ServerTestCase):
             self.assertRefused(c, 400, b"is not supported")
 
 
+class StretchTests(ServerTestCase):
+    """
+    Bytes that begin no request (llhttp skips blank lines between
+    requests) move neither deadline.
+    """
+
+    def test_blank_lines_do_not_stretch_the_first_requests_read_deadline(self) -> None:
+        c = self.connect(self.site(request_timeout="2s", idle_timeout="60s"))
+        for _ in range(3):
+            c.send(b"\r\n")
+            self.clock.advance(0.5)
+        self.assertEqual(c.transport.aborted_times, 0)
+        self.clock.advance(0.5)
+        self.assertEqual(c.transport.aborted_times, 1)
+
+    def test_blank_lines_do_not_stretch_the_idle_timeout(self) -> None:
+        c = self.connect(self.site(request_timeout="2s", idle_timeout="10s"))
+        c.send(HEALTHZ)
+        for _ in range(9):
+            self.clock.advance(1)
+            c.send(b"\r\n")
+        self.assertFalse(c.transport.disconnecting)
+        self.clock.advance(1)
+        self.assertTrue(c.transport.disconnecting)
+
+    def test_the_idle_timeout_runs_from_the_last_answer(self) -> None:
+        c = self.connect(self.site(request_timeout="2s", idle_timeout="10s"))
+        for _ in range(5):
+            c.send(HEALTHZ)
+            self.clock.advance(9)
+        self.assertFalse(c.transport.disconnecting)
+        self.clock.advance(1)
+        self.assertTrue(c.transport.disconnecting)
+
+
 class PipelineTests(ServerTestCase):
     def test_pipelined_reviews_are_answered_in_order_and_reading_waits(self) -> None:
         service = self.held()

@@ -215,7 +215,7 @@ class HTTPServerProtocol(Protocol):
             self._arm(_READ, self.factory.request_timeout)
 
     def on_url(self, url: bytes) -> None:
-        self._url += url
+        self._url = self._url + url if self._url else url
         if len(self._url) > MAX_LINE:
             self.refuse(414, f"request line is over {MAX_LINE} bytes")
             raise _Refused()
@@ -233,13 +233,16 @@ class HTTPServerProtocol(Protocol):
         if self._head + len(self._url) > MAX_HEAD_BYTES:
             self.refuse(431, f"request headers are over {MAX_HEAD_BYTES} bytes")
             raise _Refused()
-        name = name.lower()
-        if name == b"content-type":
-            self._incoming.content_type = value  # type: ignore[union-attr]
-        elif name == b"content-length":
-            # llhttp has checked it is all digits (and the only one).
-            self._length = int(value)
-        elif name == b"expect" and value.lower() == b"100-continue":
+        # Only three names matter here: compare lengths before case.
+        length = len(name)
+        if length == 12:
+            if name.lower() == b"content-type":
+                self._incoming.content_type = value  # type: ignore[union-attr]
+        elif length == 14:
+            if name.lower() == b"content-length":
+                # llhttp has checked it is all digits (and the only one).
+                self._length = int(value)
+        elif length == 6 and name.lower() == b"expect" and value.lower() == b"100-continue":
             self._incoming.expect_continue = True  # type: ignore[union-attr]
 
     def on_headers_complete(self) -> None:
@@ -320,7 +323,11 @@ class HTTPServerProtocol(Protocol):
                     # Upgraded, and every request answered.
                     self._close(abort_after=CLOSE_GRACE)
                     return
-                self._arm(_IDLE, self.factory.idle_timeout)
+                if self._kind == _NONE:
+                    # Idle from the last answer on (or the first request's
+                    # read deadline still runs): bytes that begin no
+                    # request do not move it.
+                    self._arm(_IDLE, self.factory.idle_timeout)
             elif incoming.expect_continue and self._head_done and not self._queue:
                 incoming.expect_continue = False
                 self.transport.write(_CONTINUE)
@@ -362,6 +369,9 @@ class HTTPServerProtocol(Protocol):
         head = b"%sContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
             status_line(code), content_type, len(body), headers, connection)
         self.transport.write(head if request.method == b"HEAD" else head + body)
+        if self._incoming is None:
+            # Idle again from this answer on (see _run_queue).
+            self._kind = _NONE
         if close:
             self._close()
         elif not self._running:
