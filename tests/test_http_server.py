@@ -218,6 +218,24 @@ class PipelineTests(ServerTestCase):
         self.assertEqual(c.transport.producerState, "producing")
 
 
+class DrainTests(ServerTestCase):
+    def test_every_pipelined_request_received_is_answered_the_last_with_close(self) -> None:
+        service = self.held()
+        c = self.connect(service.webhook_server)
+        batch = b"".join(post_head(len(b)) + b for b in (review_bytes(uid=u) for u in ("a", "b")))
+        c.send(batch + HEALTHZ)
+        stopped = service.stopService()
+        self.assertFalse(c.transport.disconnecting)
+        while self.source.lookups:
+            self.source.answer()
+        answers = responses(c.received())
+        self.assertEqual(self.uids(c), ["a", "b"])
+        self.assertEqual([h.get(b"connection") for _, h, _ in answers], [None, None, b"close"])
+        self.assertTrue(c.transport.disconnecting)
+        c.lose()
+        self.successResultOf(stopped)
+
+
 class ContinueTests(ServerTestCase):
     def test_expect_continue_gets_100_then_the_answer(self) -> None:
         c = self.connect(self.site())
