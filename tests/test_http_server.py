@@ -308,6 +308,46 @@ class SmugglingTests(ServerTestCase):
         self.assertRefused(c, 400, b"Duplicate Content-Length")
 
 
+class ChunkedTests(ServerTestCase):
+    CHUNKED = b"POST /mutate HTTP/1.1\r\nHost: amp\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+    def test_a_chunked_review_with_trailers_is_answered(self) -> None:
+        c = self.connect(self.site())
+        body = review_bytes()
+        c.send(self.CHUNKED + b"%x\r\n%s\r\n0\r\nX-Trailer: 1\r\n\r\n" % (len(body), body))
+        self.assertEqual(self.uids(c), [UID])
+
+    def test_a_trailer_is_not_read_as_a_header(self) -> None:
+        c = self.connect(self.site())
+        body = review_bytes()
+        head = self.CHUNKED.replace(b"application/json", b"text/plain")
+        c.send(head + b"%x\r\n%s\r\n0\r\nContent-Type: application/json\r\n\r\n" % (len(body), body))
+        self.assertEqual(responses(c.received())[0][0], 415)
+
+    def test_a_trailer_that_never_ends_is_431_as_it_arrives(self) -> None:
+        c = self.connect(self.site())
+        c.send(self.CHUNKED + b"5\r\nhello\r\n0\r\nX-Trailer: ")
+        for _ in range(4):
+            c.send(b"t" * 8192)
+        self.assertRefused(c, 431, b"chunk extensions and trailers are over 16384 bytes")
+
+    def test_chunk_extensions_without_end_are_431(self) -> None:
+        c = self.connect(self.site())
+        c.send(self.CHUNKED + b"5;")
+        for _ in range(4):
+            c.send(b"e" * 8192)
+        self.assertRefused(c, 431, b"chunk extensions and trailers are over")
+
+    def test_small_chunks_are_not_framing_abuse(self) -> None:
+        c = self.connect(self.site())
+        body = review_bytes()
+        c.send(self.CHUNKED)
+        for i in range(0, len(body), 7):
+            c.send(b"%x\r\n%s\r\n" % (len(body[i:i + 7]), body[i:i + 7]))
+        c.send(b"0\r\n\r\n")
+        self.assertEqual(self.uids(c), [UID])
+
+
 class UpgradeTests(ServerTestCase):
     def test_an_upgrade_is_answered_and_closed_and_what_follows_is_not_parsed(self) -> None:
         c = self.connect(self.site())

@@ -115,6 +115,11 @@ class HTTPServerProtocol(Protocol):
         self._length = 0
         self._body: list[bytes] = []
         self._body_size = 0
+        # After the head: chunks begun, and bytes that were not body
+        # (chunk sizes and extensions, trailers), and body bytes this read.
+        self._chunks = 0
+        self._framing = 0
+        self._read_body = 0
         self._completed = False
 
     # ------------------------------------------------------------ connection
@@ -154,6 +159,8 @@ class HTTPServerProtocol(Protocol):
                 self._abort()
             return
         self._completed = False
+        in_body = self._incoming is not None and self._head_done
+        self._read_body = 0
         try:
             self._parser.feed_data(data)
         except HttpParserUpgrade:
@@ -162,21 +169,21 @@ class HTTPServerProtocol(Protocol):
             if not self._closing:
                 reason = str(e) or type(e).__name__
                 self.refuse(400, f"request is not valid HTTP/1.1: {reason}")
-        if self._incoming is not None and not self._head_done and not self._closing:
-            self._check_partial_head(data)
+        if self._incoming is not None and not self._closing and not self._completed:
+            if not self._head_done:
+                self._check_partial_head(data)
+            elif in_body:
+                self._check_framing(len(data) - self._read_body)
         self._run_queue()
 
     def _check_partial_head(self, data: bytes) -> None:
         """
         A head still arriving: refuse it as soon as its current line or the
         whole of it is over the limits, without waiting for the line's end.
-        A head that began after another request in the same read is counted
-        from the next read on (what came before it in this read is not
-        known).
+        A head that began after another request in the same read (not
+        called then) is counted from the next read on: where in the read it
+        began is not known.
         """
-        if self._completed:
-            self._head_fed = self._line = 0
-            return
         self._head_fed += len(data)
         end = data.rfind(b"\n")
         if end < 0:
@@ -191,6 +198,16 @@ class HTTPServerProtocol(Protocol):
                 self.refuse(414, f"request line is over {MAX_LINE} bytes")
         elif self._head_fed > MAX_HEAD_BYTES:
             self.refuse(431, f"request headers are over {MAX_HEAD_BYTES} bytes")
+
+    def _check_framing(self, size: int) -> None:
+        """
+        C{size} bytes of this read were chunk framing or trailers, which
+        llhttp skips (chunk extensions) or httptools holds (trailers) without
+        a limit: at most L{MAX_HEAD_BYTES} and 32 bytes per chunk.
+        """
+        self._framing += size
+        if self._framing > MAX_HEAD_BYTES + 32 * self._chunks:
+            self.refuse(431, f"chunk extensions and trailers are over {MAX_HEAD_BYTES} bytes")
 
     def _upgraded(self) -> None:
         """
@@ -209,6 +226,7 @@ class HTTPServerProtocol(Protocol):
         self._head_done = False
         self._url = b""
         self._fields = self._head = self._head_fed = self._line = self._length = self._body_size = 0
+        self._chunks = self._framing = 0
         self._line_done = False
         self._body = []
         if not self._fresh:
@@ -233,6 +251,9 @@ class HTTPServerProtocol(Protocol):
         if self._head + len(self._url) > MAX_HEAD_BYTES:
             self.refuse(431, f"request headers are over {MAX_HEAD_BYTES} bytes")
             raise _Refused()
+        if self._head_done:
+            # A trailer: counted, never read as one of the head's fields.
+            return
         # Only three names matter here: compare lengths before case.
         length = len(name)
         if length == 12:
@@ -272,7 +293,11 @@ class HTTPServerProtocol(Protocol):
             request.expect_continue = False
             self.transport.write(_CONTINUE)
 
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
+
     def on_body(self, data: bytes) -> None:
+        self._read_body += len(data)
         self._body_size += len(data)
         if self._body_size > self.factory.max_body:
             self.refuse(413, f"request body is over the {self.factory.max_body} byte limit (listen.max_body)")
