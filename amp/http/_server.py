@@ -413,6 +413,9 @@ class HTTPServerProtocol(Protocol):
             return
         self._closing = True
         self._incoming = None
+        # Its deadline is over; waiting to write the refusal (behind an
+        # answer, or for a client that does not read) is idle time.
+        self._kind = _NONE
         factory = self.factory
         factory.metrics.bad_requests.labels(str(code)).inc()
         factory.warnings.emit("timed-out" if code == 408 else "refused", LogLevel.warn,
