@@ -45,7 +45,7 @@ import math
 from collections import deque
 from typing import TYPE_CHECKING, Any, Optional
 
-from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
+from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger, LogLevel
@@ -167,6 +167,10 @@ class HTTPServerProtocol(Protocol):
             self._upgraded()
         except HttpParserError as e:
             if not self._closing:
+                cause = e.__context__
+                if isinstance(e, HttpParserCallbackError) and cause is not None:
+                    # Not the client's doing: one of the callbacks below.
+                    self.log.failure("amp internal error parsing a request", Failure(cause))
                 reason = str(e) or type(e).__name__
                 self.refuse(400, f"request is not valid HTTP/1.1: {reason}")
         if self._incoming is not None and not self._closing and not self._completed:
