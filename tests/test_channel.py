@@ -92,6 +92,24 @@ class ChannelTestCase(SynchronousTestCase):
         self.metrics = metrics
         return service.webhook_server
 
+    def held(self, drain_timeout: str = "5s") -> AmpService:
+        """
+        amp, started, whose every review waits on a namespace lookup the
+        test answers (C{self.source}, a L{HeldSource}); C{self.events}
+        records when it listens, stops listening and stops the source.
+        """
+        self.clock = MemoryReactorClock()
+        self.events: list[str] = []
+        config = make_config(listen={"drain_timeout": drain_timeout})
+        self.metrics = Metrics()
+        self.source = HeldSource(self.events)
+        service = AmpService(
+            config, self.clock, certificate=serving_certificate(config.tls, self.clock, self.metrics),
+            webhook_endpoint=ListeningAtOnce(self.events), metrics_endpoint=None, namespaces=self.source,
+            metrics=self.metrics, install_sighup=False)
+        service.startService()
+        return service
+
     def connect(self, site: http.HTTPServerFactory) -> Connection:
         transport = Transport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
         channel = site.buildProtocol(transport.getPeer())
@@ -452,17 +470,7 @@ class DrainTests(ChannelTestCase):
     """
 
     def start(self, drain_timeout: str = "5s") -> AmpService:
-        self.clock = MemoryReactorClock()
-        self.events: list[str] = []
-        config = make_config(listen={"drain_timeout": drain_timeout})
-        self.metrics = Metrics()
-        self.source = HeldSource(self.events)
-        service = AmpService(
-            config, self.clock, certificate=serving_certificate(config.tls, self.clock, self.metrics),
-            webhook_endpoint=ListeningAtOnce(self.events), metrics_endpoint=None, namespaces=self.source,
-            metrics=self.metrics, install_sighup=False)
-        service.startService()
-        return service
+        return self.held(drain_timeout)
 
     def review(self, site: http.HTTPServerFactory, uid: str) -> Connection:
         c = self.connect(site)

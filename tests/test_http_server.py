@@ -15,14 +15,12 @@ from typing import Any
 import httptools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 
 from amp import http
 from amp.metrics import Metrics
-from amp.service import AmpService, serving_certificate
-from tests.helpers import UID, decode_answer, make_config, parse_raw_response, review_bytes
-from tests.test_channel import HEALTHZ, ChannelTestCase, Connection, HeldSource, ListeningAtOnce, post_head
+from tests.helpers import UID, decode_answer, parse_raw_response, review_bytes
+from tests.test_channel import HEALTHZ, ChannelTestCase, Connection, post_head
 
 
 def responses(data: bytes) -> list[tuple[int, dict[bytes, bytes], bytes]]:
@@ -58,20 +56,6 @@ def responses(data: bytes) -> list[tuple[int, dict[bytes, bytes], bytes]]:
 
 
 class ServerTestCase(ChannelTestCase):
-    def held(self) -> AmpService:
-        """amp whose every review waits on a namespace lookup the test answers (C{self.source})."""
-        self.clock = MemoryReactorClock()
-        self.events: list[str] = []
-        config = make_config()
-        self.metrics = Metrics()
-        self.source = HeldSource(self.events)
-        service = AmpService(
-            config, self.clock, certificate=serving_certificate(config.tls, self.clock, self.metrics),
-            webhook_endpoint=ListeningAtOnce(self.events), metrics_endpoint=None, namespaces=self.source,
-            metrics=self.metrics, install_sighup=False)
-        service.startService()
-        return service
-
     def uids(self, c: Connection) -> list[str]:
         return [decode_answer(body)["response"]["uid"] for status, headers, body in responses(c.received())
                 if headers.get(b"content-type") == b"application/json"]
