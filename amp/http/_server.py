@@ -232,7 +232,6 @@ class HTTPServerProtocol(Protocol):
         self._fields = self._head = self._head_fed = self._line = self._length = self._body_size = 0
         self._chunks = self._framing = 0
         self._line_done = False
-        self._body = []
         if not self._fresh:
             self._arm(_READ, self.factory.request_timeout)
 
