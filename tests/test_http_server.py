@@ -378,13 +378,17 @@ PIECES = [
     b"\t", b"\n", review_bytes(),
 ]
 
+#: Whole requests, for the streams that pipeline them.
+WHOLE = [post_head(len(review_bytes())) + review_bytes(), HEALTHZ,
+         post_head(len(review_bytes()), extra=b"Expect: 100-continue\r\n"), review_bytes()]
+
 streams = st.one_of(
     st.binary(max_size=4096),
     st.lists(st.one_of(st.sampled_from(PIECES), st.binary(max_size=16)), max_size=24).map(b"".join),
 )
 
 
-class AnyBytesTests(ChannelTestCase):
+class AnyBytesTests(ServerTestCase):
     """
     Whatever bytes arrive, however split: every answer amp writes is a
     well-formed HTTP/1.1 response, in the end the connection is closed or
@@ -392,9 +396,9 @@ class AnyBytesTests(ChannelTestCase):
     """
 
     def setUp(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        globalLogPublisher.addObserver(self.events.append)
-        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+        self.logged: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.logged.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.logged.append)
         self.server = self.site(max_body="4KiB", request_timeout="2s", idle_timeout="5s")
 
     @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -416,7 +420,42 @@ class AnyBytesTests(ChannelTestCase):
         responses(c.received())
         c.lose()
         self.assertEqual(self.server.open_connections, 0)
-        failures = [e for e in self.events if "log_failure" in e or e.get("log_level") in (LogLevel.error,
+        failures = [e for e in self.logged if "log_failure" in e or e.get("log_level") in (LogLevel.error,
                                                                                           LogLevel.critical)]
         self.assertEqual(failures, [], [formatEvent(e) for e in failures])
-        self.events.clear()
+        self.logged.clear()
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(st.tuples(st.sampled_from(["send", "answer", "tick", "pause", "resume"]),
+                              st.one_of(st.lists(st.sampled_from(WHOLE), min_size=1, max_size=4).map(b"".join),
+                                        streams)), min_size=1, max_size=12))
+    def test_any_stream_while_reviews_wait_and_the_client_stops_reading(self, steps: list[tuple[str, bytes]]) -> None:
+        """The same with reviews in flight (answered at any point) and the
+        transport's buffer filling and emptying at any point."""
+        service = self.held()
+        c = self.connect(service.webhook_server)
+        for action, data in steps:
+            if action == "send":
+                c.send(data)
+            elif action == "answer":
+                self.source.answer()
+            elif action == "tick":
+                self.clock.advance(1)
+            elif action == "pause":
+                c.channel.pauseProducing()
+            else:
+                c.channel.resumeProducing()
+        c.channel.resumeProducing()
+        while self.source.lookups:
+            self.source.answer()
+        for status, headers, _ in responses(c.received()):
+            self.assertIn(status, {100, 200, 400, 404, 405, 408, 413, 414, 415, 431, 503})
+        self.clock.advance(service.config.listen.request_timeout + service.config.listen.idle_timeout
+                           + http.CLOSE_GRACE)
+        self.assertTrue(c.transport.disconnecting or c.transport.aborted_times, c.received()[-200:])
+        c.lose()
+        self.assertEqual(service.webhook_server.open_connections, 0)
+        failures = [e for e in self.logged if "log_failure" in e or e.get("log_level") in (LogLevel.error,
+                                                                                          LogLevel.critical)]
+        self.assertEqual(failures, [], [formatEvent(e) for e in failures])
+        self.logged.clear()
