@@ -124,3 +124,16 @@ def test_the_safe_changes_bench_runs_the_canary_and_the_recorder(tmp_path: Path)
     # review may time out, which the canary counts as skipped or failed).
     assert result["canary"].get("same", 0) > 0 and not result["canary"].get("differs")
     assert result["recorded"]["written"] > 0 and result["recording_files"] >= 1
+
+
+def test_the_listener_bench_measures_both_listeners_on_both_bodies() -> None:
+    """C{bench.listener}: amp's listener and twisted.web's, each answering
+    every request with its body (the script stops otherwise), figures only
+    reported."""
+    done = subprocess.run([sys.executable, "-m", "bench.listener", "--requests", "20"],
+                          cwd=str(REPO), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert set(result) == BODIES
+    for figures in result.values():
+        assert figures["amp.http us/request"] > 0 and figures["twisted.web us/request"] > 0
