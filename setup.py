@@ -37,7 +37,7 @@ setup(
         "cryptography>=43",
         # reviews, replies and answers are decoded and encoded in C (issue: CPU per review)
         "msgspec>=0.18",
-        # HTTP/1.1 on the hot path is parsed by llhttp (issue: own the hot path)
+        # llhttp: amp's own HTTP/1.1 on the hot path (amp.http)
         "httptools>=0.6.3",
     ],
     entry_points={"console_scripts": ["amp = amp.cli:main"]},

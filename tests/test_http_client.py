@@ -1,7 +1,9 @@
 """
 amp's HTTP/1.1 client (amp.http._client, _pool) under the endpoint client:
-when a connection may carry another request, the one retry on a reused
-connection, how reply bodies are framed, and what is not HTTP.
+what else ends a connection (bytes out of turn), how reply bodies are
+framed, what is not HTTP, and what a refused reply leaves behind.  Which
+replies keep their connection and the one resend are in
+C{test_endpoint_closing.py}.
 
 Byte-exact, on a MemoryReactorClock (L{MemoryNet}): the test writes the
 endpoint's bytes and closes its connections.
@@ -11,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet import error as ierror
-from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from amp.config import BreakerConfig, EndpointSettings
@@ -64,39 +64,12 @@ class _Base(SynchronousTestCase, FailureAssertions):
 class KeepAliveTests(_Base):
     """
     A connection goes back to the pool only after a whole reply that allows
-    it (RFC 9112 section 9.3).
+    it, and never after bytes out of turn.
     """
-
-    def test_http_11_with_a_length_is_reused(self) -> None:
-        self.assertReusedAfter(http_reply(PATCH_BYTES))
 
     def test_a_chunked_reply_is_reused(self) -> None:
         self.assertReusedAfter(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
                                % (len(PATCH_BYTES), PATCH_BYTES))
-
-    def test_http_10_without_keep_alive_is_not_reused(self) -> None:
-        self.assertNotReusedAfter(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(PATCH_BYTES), PATCH_BYTES))
-
-    def test_http_10_with_keep_alive_is_reused(self) -> None:
-        self.assertReusedAfter(b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: %d\r\n\r\n%s"
-                               % (len(PATCH_BYTES), PATCH_BYTES))
-
-    def test_connection_close_is_not_reused(self) -> None:
-        self.assertNotReusedAfter(http_reply(PATCH_BYTES, extra=b"Connection: close\r\n"))
-
-    def test_a_body_delimited_by_the_close_is_read_and_not_reused(self) -> None:
-        d = self.h.call(URL)
-        proto, transport = self.net.accept()
-        proto.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + PATCH_BYTES[:10])
-        self.assertNoResult(d)
-        proto.dataReceived(PATCH_BYTES[10:])
-        self.assertNoResult(d)
-        transport.loseConnection()
-        self.assertEqual(self.successResultOf(d).patch, PATCH)
-        self.assertEqual(self.h.client.idle_connections(), 0)
-
-    def test_an_interim_head_then_the_reply(self) -> None:
-        self.assertReusedAfter(b"HTTP/1.1 100 Continue\r\n\r\n" + http_reply(PATCH_BYTES))
 
     def test_bytes_after_the_reply_close_the_connection(self) -> None:
         # Two replies to one request: the peer is out of step.
@@ -115,73 +88,6 @@ class KeepAliveTests(_Base):
         gzipped = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\x8b\x8e\x05\x00)\xbb L\x02\x00\x00\x00"
         proto.dataReceived(http_reply(gzipped, extra=b"Content-Encoding: gzip\r\n"))
         self.assertReason(d, "invalid-json")
-
-
-class RetryTests(_Base):
-    """
-    The one retry: a reused idle connection the peer closed before any byte
-    of a reply.
-    """
-
-    def test_a_reused_connection_closed_before_the_reply_is_retried_once_on_a_new_one(self) -> None:
-        _, transport = self.first(http_reply(PATCH_BYTES))
-        d = self.h.call(URL)
-        self.assertIn(b"POST /mutate", transport.value())
-        transport.loseConnection()
-        self.assertEqual(self.net.attempts, 2)
-        proto, transport2 = self.net.accept()
-        self.assertTrue(transport2.value().startswith(b"POST /mutate HTTP/1.1\r\n"))
-        proto.dataReceived(http_reply(PATCH_BYTES))
-        self.assertEqual(self.successResultOf(d).patch, PATCH)
-        # One call, one outcome.
-        self.assertEqual(self.h.count(URL, "ok"), 2)
-        self.assertEqual(self.h.count(URL, "connection-reset"), 0)
-
-    def test_the_retry_is_not_retried(self) -> None:
-        _, transport = self.first(http_reply(PATCH_BYTES))
-        d = self.h.call(URL)
-        transport.loseConnection()
-        _, transport2 = self.net.accept()
-        transport2.loseConnection()
-        self.assertReason(d, "connection-reset")
-        self.assertEqual(self.net.attempts, 2)
-        self.assertEqual(self.h.count(URL, "connection-reset"), 1)
-
-    def test_a_new_connection_closed_before_the_reply_is_not_retried(self) -> None:
-        d = self.h.call(URL)
-        _, transport = self.net.accept()
-        transport.loseConnection()
-        self.assertReason(d, "connection-reset")
-        self.assertEqual(self.net.attempts, 1)
-
-    def test_a_reused_connection_closed_during_the_reply_is_not_retried(self) -> None:
-        proto, transport = self.first(http_reply(PATCH_BYTES))
-        d = self.h.call(URL)
-        proto.dataReceived(b"HTTP/1.1 200 OK\r\n")
-        transport.loseConnection()
-        self.assertReason(d, "connection-reset")
-        self.assertEqual(self.net.attempts, 1)
-
-    def test_a_reused_connection_reset_before_the_reply_is_retried_too(self) -> None:
-        proto, transport = self.first(http_reply(PATCH_BYTES))
-        d = self.h.call(URL)
-        proto.connectionLost(Failure(ierror.ConnectionLost()))
-        proto2, _ = self.net.accept()
-        proto2.dataReceived(http_reply(PATCH_BYTES))
-        self.assertEqual(self.successResultOf(d).patch, PATCH)
-
-    def test_the_retry_runs_within_the_calls_time(self) -> None:
-        h = Harness(self.net.reactor, EndpointSettings(timeout=1.0))
-        d = h.call(URL)
-        proto, transport = self.net.accept()
-        proto.dataReceived(http_reply(PATCH_BYTES))
-        self.successResultOf(d)
-        d = h.call(URL)
-        self.net.reactor.advance(0.6)
-        transport.loseConnection()
-        self.net.accept()
-        self.net.reactor.advance(0.4)
-        self.assertReason(d, "timeout")
 
 
 class NotHTTPTests(_Base):

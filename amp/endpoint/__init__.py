@@ -62,6 +62,17 @@ that amp ends early (the review's deadline, the caller cancels it) or that
 fails on amp's side (TLS files that do not load, a denied address) counts
 nothing and hands its ticket back.
 
+Connections an endpoint ends
+============================
+
+A connection carries another call only when its reply allows it (RFC 9112
+section 9.3, L{amp.http.ClientConnection}): never after an HTTP/1.0 reply
+without C{Connection: keep-alive}, after C{Connection: close}, or after a
+body that ended with the close.  A call that went out on a kept-alive
+connection the endpoint had closed while it was idle, and that failed
+before any byte of its reply, is sent once more on a new connection
+(L{amp.http.OriginPool}).
+
 Denied addresses and pooled connections
 =======================================
 
