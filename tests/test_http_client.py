@@ -16,6 +16,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from amp.config import BreakerConfig, EndpointSettings
+from amp.endpoint import USER_AGENT
 from tests.endpointhelpers import (
     PATCH,
     PATCH_BYTES,
@@ -109,6 +110,19 @@ class NotHTTPTests(_Base):
             e = self.assertReason(d, "invalid-reply")
             self.assertIn(fragment, e.message, reply)
             self.assertFalse(transport.connected)
+
+    def test_the_request_is_written_as_docs_endpoints_shows_it(self) -> None:
+        self.h.call(URL, body=b'{"kind":"Pod"}')
+        _, transport = self.net.accept()
+        head, _, body = transport.value().partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        self.assertEqual(lines[:5], [b"POST /mutate HTTP/1.1", b"Host: 127.0.0.1:8090",
+                                     b"Content-Type: application/json", b"Accept: application/json",
+                                     b"User-Agent: " + USER_AGENT])
+        self.assertIn(b"X-Amp-Namespace: team", lines)
+        self.assertIn(b"X-Amp-Uid: u-1", lines)
+        self.assertIn(b"Content-Length: 14", lines)
+        self.assertEqual(body, b'{"kind":"Pod"}')
 
     def test_a_header_value_with_a_line_break_is_never_sent(self) -> None:
         from amp.deadline import Deadline

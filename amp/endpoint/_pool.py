@@ -92,6 +92,23 @@ class Target:
         self.pool: Optional[OriginPool] = None
 
 
+#: Header names as they are sent (C{x-amp-uid} -> C{X-Amp-Uid}), by the name
+#: the caller gave; amp's own few, bounded all the same.
+_NAMES: dict[bytes, bytes] = {}
+
+
+def _canonical(name: bytes) -> bytes:
+    """
+    C{name} capitalized after each dash, as Twisted's client sent it (and
+    as docs/endpoints.md shows): endpoints that compare names as they
+    arrive see what they always saw.
+    """
+    canonical = b"-".join(part.capitalize() for part in name.split(b"-"))
+    if len(_NAMES) < 64:
+        _NAMES[name] = canonical
+    return canonical
+
+
 def request_bytes(target: Target, headers: dict[bytes, bytes], body: bytes, close: bool) -> bytes:
     """
     The whole request: C{target}'s head, the call's C{headers}, and
@@ -102,7 +119,7 @@ def request_bytes(target: Target, headers: dict[bytes, bytes], body: bytes, clos
     """
     parts: list[bytes] = []
     for name, value in headers.items():
-        parts += (name, b": ", value, b"\r\n")
+        parts += (_NAMES.get(name) or _canonical(name), b": ", value, b"\r\n")
     fields = b"".join(parts)
     if fields.count(b"\n") != len(headers) or fields.count(b"\r") != len(headers):
         raise LocalFailure(Reason.CONNECTION_FAILED, "a request header holds a line break")
