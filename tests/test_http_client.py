@@ -73,8 +73,11 @@ class KeepAliveTests(_Base):
                                % (len(PATCH_BYTES), PATCH_BYTES))
 
     def test_bytes_after_the_reply_close_the_connection(self) -> None:
-        # Two replies to one request: the peer is out of step.
+        # Two replies to one request, or bytes that are not HTTP: the peer
+        # is out of step.
         self.assertNotReusedAfter(http_reply(PATCH_BYTES) + http_reply(b"[]"))
+        self.setUp()
+        self.assertNotReusedAfter(http_reply(PATCH_BYTES) + b"\x00garbage\r\n")
 
     def test_bytes_on_an_idle_connection_close_it(self) -> None:
         proto, transport = self.first(http_reply(PATCH_BYTES))

@@ -251,7 +251,11 @@ class ClientConnection(Protocol):
             if self._refusal is None and self._early is None and not self._complete:
                 raise
         except (HttpParserError, HttpParserUpgrade) as e:
-            if not self._complete:
+            if self._complete:
+                # Bytes after the reply that are not HTTP: the peer is out
+                # of step (and the parser stays in error).
+                self.reusable = False
+            else:
                 self._refusal = MalformedReply(f"reply is not valid HTTP/1.1: {e}")
         if self._refusal is not None:
             self._fail(self._refusal)
