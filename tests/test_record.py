@@ -337,3 +337,79 @@ def test_the_record_section_is_checked() -> None:
         make_config(record={"sample": 0})
     with pytest.raises(ConfigError, match="record.namespaces"):
         make_config(record={"namespaces": []})
+
+
+# ---------------------------------------------------------------- files shared and failing
+
+
+def test_a_write_cut_short_by_a_full_disk_leaves_no_partial_line(tmp_path: Any, monkeypatch: Any) -> None:
+    import amp.record._files as files_module
+
+    files = RecordFiles(str(tmp_path / "rec"), file_bytes=1000, total_bytes=10000)
+    files.write(b'{"n":1}\n')
+    real_write = os.write
+    calls = []
+
+    def full_disk(fd: int, data: Any) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[:3]))  # part of the line fits
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files_module.os, "write", full_disk)
+    with pytest.raises(OSError):
+        files.write(b'{"n":2}\n')
+    monkeypatch.undo()
+    files.write(b'{"n":3}\n')
+    files.close()
+    assert [json.loads(line) for line in lines(tmp_path)] == [{"n": 1}, {"n": 3}]
+
+
+def test_two_writers_sharing_a_directory_lose_no_line_to_the_budget(tmp_path: Any) -> None:
+    # Two workers of one pod record into one directory; one's rotation
+    # removes the other's current file (the oldest) to keep the budget.
+    a = RecordFiles(str(tmp_path / "rec"), file_bytes=40, total_bytes=80, now=lambda: 0.0, pid=1)
+    b = RecordFiles(str(tmp_path / "rec"), file_bytes=40, total_bytes=80, now=lambda: 1.0, pid=2)
+    a.write(b'{"a":1}\n')
+    for i in range(1, 12):
+        b.write(b'{"b":%d}\n' % i)
+    a.write(b'{"a":2}\n')
+    a.close()
+    b.close()
+    found = [json.loads(line) for line in lines(tmp_path)]
+    assert {"a": 2} in found
+    assert sum(os.path.getsize(n) for n in recording_files(str(tmp_path / "rec"))) <= 80
+
+
+def test_a_writer_started_again_in_the_same_second_never_shares_a_file(tmp_path: Any) -> None:
+    # A reload starts a new writer while the old one finishes its queue.
+    old = RecordFiles(str(tmp_path / "rec"), file_bytes=1000, total_bytes=10000, now=lambda: 0.0, pid=7)
+    new = RecordFiles(str(tmp_path / "rec"), file_bytes=1000, total_bytes=10000, now=lambda: 0.0, pid=7)
+    old.write(b'{"old":1}\n')
+    new.write(b'{"new":1}\n')
+    old.close()
+    new.close()
+    assert len(recording_files(str(tmp_path / "rec"))) == 2
+
+
+def test_a_name_taken_by_a_planted_link_is_not_written_through(tmp_path: Any) -> None:
+    directory = tmp_path / "rec"
+    directory.mkdir()
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")
+    files = RecordFiles(str(directory), file_bytes=1000, total_bytes=10000, now=lambda: 0.0, pid=7)
+    for n in range(1, 100):
+        os.symlink(target, directory / f"amp-reviews-19700101T000000-7-{n:06d}.jsonl")
+    files.write(b'{"n":1}\n')
+    files.close()
+    assert target.read_bytes() == b""
+
+
+def test_an_existing_directory_of_amps_own_is_made_private(tmp_path: Any) -> None:
+    directory = tmp_path / "rec"
+    directory.mkdir()
+    os.chmod(directory, 0o777)
+    files = RecordFiles(str(directory), file_bytes=1000, total_bytes=10000)
+    files.write(b'{"n":1}\n')
+    files.close()
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
