@@ -11,7 +11,7 @@ import json
 import sys
 from typing import IO, Any, Iterator, Optional, Sequence
 
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import FirstError, inlineCallbacks
 
 from amp.record._compare import MISSING, Difference
 from amp.record._entry import RecordedReview, RecordingError
@@ -110,14 +110,15 @@ def _recordings(paths: Sequence[str], stdin: Any) -> Iterator[RecordedReview | R
 
 
 def _count_lines(paths: Sequence[str]) -> Optional[int]:
-    if "-" in paths:
-        return None
+    """The lines of every file (each is read: one that cannot be is found now); None with stdin."""
     total = 0
     for path in paths:
+        if path == "-":
+            continue
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 total += chunk.count(b"\n")
-    return total
+    return None if "-" in paths else total
 
 
 class _Progress:
@@ -218,8 +219,12 @@ def run(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optiona
     progress = _Progress(stderr, total) if getattr(stderr, "isatty", lambda: False)() else None
     try:
         report = yield replay(reactor, options, _recordings(args.files, stdin), client, metrics, progress)
-    except OSError as e:
-        stderr.write(f"amp replay: cannot read {e.filename}: {e.strerror}\n")
+    except FirstError as e:
+        # A file that could not be read after all (a worker reading it failed).
+        error = e.subFailure.value
+        if not isinstance(error, OSError):
+            raise
+        stderr.write(f"amp replay: cannot read {error.filename}: {error.strerror}\n")
         return EXIT_USAGE
     finally:
         if progress is not None:

@@ -85,12 +85,20 @@ class ReplayedReview:
 
 @dataclass
 class ReplayReport:
+    """
+    What a replay found: the reviews that are not the same (each with what
+    names it and its differences, not its Pods), how many are, and the
+    lines that could not be read.
+    """
+
     reviews: list[ReplayedReview] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
+    #: How many reviews were the same (not kept in L{reviews}).
+    same: int = 0
 
     def counts(self) -> dict[str, int]:
         c = Counter(r.verdict for r in self.reviews)
-        return {"reviews": len(self.reviews) + len(self.unreadable), "same": c[Verdict.SAME],
+        return {"reviews": self.same + len(self.reviews) + len(self.unreadable), "same": self.same + c[Verdict.SAME],
                 "different": c[Verdict.DIFFERENT], "failed": c[Verdict.FAILED],
                 "unreadable": len(self.unreadable)}
 
@@ -248,14 +256,21 @@ def _admitted(pod: Any, patch: Optional[list[Any]]) -> Optional[dict[str, Any]]:
         return None
 
 
+def _named_only(recorded: RecordedReview) -> RecordedReview:
+    """C{recorded} with what names it (its line, uid, namespace, Pod name), not its Pod."""
+    return dataclasses.replace(
+        recorded, review={"request": {"object": {"metadata": {"name": recorded.pod_name}}}}, labels={},
+        annotations={}, patch=None)
+
+
 def replay(reactor: Any, options: ReplayOptions, recordings: Iterable[RecordedReview | RecordingError],
            endpoint_client: Any, metrics: Any, progress: Any = None) -> "Deferred[ReplayReport]":
     """
     Replay C{recordings}, at most C{options.concurrency} reviews at a time,
     reading the next line only when a review finishes (a long recording is
     never held whole); fires with the L{ReplayReport}, in the recordings'
-    order.  The report keeps each review's verdict and differences, not its
-    Pods.
+    order.  The report counts the reviews that are the same and keeps of
+    the others what names them and their differences, not their Pods.
     """
     replayer = Replayer(reactor, options, endpoint_client, metrics)
     report = ReplayReport()
@@ -269,9 +284,13 @@ def replay(reactor: Any, options: ReplayOptions, recordings: Iterable[RecordedRe
                 report.unreadable.append(str(item))
             else:
                 done = yield replayer.replay_one(item)
-                results[index] = dataclasses.replace(
-                    done, before=dataclasses.replace(done.before, pod=None),
-                    after=dataclasses.replace(done.after, pod=None))
+                if done.verdict == Verdict.SAME:
+                    report.same += 1
+                else:
+                    results[index] = dataclasses.replace(
+                        done, recorded=_named_only(done.recorded),
+                        before=dataclasses.replace(done.before, pod=None),
+                        after=dataclasses.replace(done.after, pod=None))
             if progress is not None:
                 progress()
 
