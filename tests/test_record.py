@@ -413,3 +413,17 @@ def test_an_existing_directory_of_amps_own_is_made_private(tmp_path: Any) -> Non
     files.write(b'{"n":1}\n')
     files.close()
     assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+
+
+def test_a_review_the_writer_cannot_encode_is_counted_and_the_writer_goes_on(tmp_path: Any) -> None:
+    reactor, metrics = ThreadReactor(), Metrics()
+    recorder = Recorder(settings(tmp_path, redact=True), reactor, metrics)
+    recorder.startService()
+    c = _capture()
+    recorder.offer(c.time, "odd", "team-a", {}, {}, c.endpoints, c.failure_policy, c.mode, b"[]", c.answer_body,
+                   c.result, c.reason)
+    offer(recorder)
+    finish(recorder, reactor)
+    text = metrics.render()
+    assert sample(text, "amp_recorded_reviews_total", result="failed") == 1
+    assert sample(text, "amp_recorded_reviews_total", result="written") == 1 == len(lines(tmp_path))

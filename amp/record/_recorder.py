@@ -104,10 +104,15 @@ class _Writer:
             except LineTooLarge as e:
                 failed += 1
                 now = state  # one line too large is not a change of the disk's state
-                self._call(self._too_large, str(e))
+                self._call(self._not_recorded, str(e))
             except (OSError, ValueError) as e:
                 failed += 1
                 now = f"{type(e).__name__}: {e}"
+            except Exception as e:
+                # A bug must not end the thread: its stop would never fire.
+                failed += 1
+                now = state
+                self._call(self._not_recorded, f"{type(e).__name__}: {e}")
             if now != state or self.queue.empty() or written + failed >= 256:
                 state = now
                 self._call(self._report, written, failed, state)
@@ -119,7 +124,7 @@ class _Writer:
         self._call(self._report, written, failed, state)
         self._call(self.stopped.callback, None)
 
-    def _too_large(self, message: str) -> None:
+    def _not_recorded(self, message: str) -> None:
         Recorder.log.warn("Not recorded: {problem}", problem=message)
 
 
