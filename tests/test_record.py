@@ -119,6 +119,19 @@ def test_a_patch_is_redacted_as_its_pod_is() -> None:
     assert Redactor(key=b"j" * 32).marker("hunter2") != marker, "markers depend on the key"
 
 
+def test_a_patch_replacing_containers_the_spec_or_the_whole_pod_holds_no_secret() -> None:
+    redactor = Redactor(key=b"k" * 32)
+    secret_pod = _env_pod()
+    for op in (
+        {"op": "replace", "path": "/spec/initContainers", "value": secret_pod["spec"]["containers"]},
+        {"op": "replace", "path": "/spec/containers/0", "value": secret_pod["spec"]["containers"][0]},
+        {"op": "replace", "path": "/spec", "value": secret_pod["spec"]},
+        {"op": "replace", "path": "/metadata", "value": {"name": "web", "annotations": {"note": "hunter2"}}},
+        {"op": "replace", "path": "", "value": dict(secret_pod, metadata={"annotations": {"note": "hunter2"}})},
+    ):
+        assert "hunter2" not in json.dumps(redactor.patch([op])), op["path"]
+
+
 # ---------------------------------------------------------------- lines
 
 
