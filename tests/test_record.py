@@ -440,3 +440,24 @@ def test_a_review_the_writer_cannot_encode_is_counted_and_the_writer_goes_on(tmp
     text = metrics.render()
     assert sample(text, "amp_recorded_reviews_total", result="failed") == 1
     assert sample(text, "amp_recorded_reviews_total", result="written") == 1 == len(lines(tmp_path))
+
+
+def test_the_queue_holds_a_bounded_number_of_bytes(tmp_path: Any, monkeypatch: Any) -> None:
+    reactor, metrics = ThreadReactor(), Metrics()
+    file_size = 2 * 1024 * 1024
+    recorder = Recorder(settings(tmp_path, queue=1000, file_size=file_size), reactor, metrics)
+    monkeypatch.setattr(_Writer, "start", lambda self: None)  # a stalled disk
+    recorder.startService()
+    big = review_bytes(pod("big", annotations={"note": "x" * (512 * 1024)}))
+    c = _capture()
+    for i in range(40):
+        recorder.offer(c.time, f"u{i}", "team-a", {}, {}, c.endpoints, c.failure_policy, c.mode, big,
+                       c.answer_body, c.result, c.reason)
+    held = 4 * file_size // (len(big) + len(c.answer_body))
+    assert recorder._writer is not None and recorder._writer.queue.qsize() == held
+    monkeypatch.undo()
+    recorder._writer.start()
+    finish(recorder, reactor)
+    text = metrics.render()
+    assert sample(text, "amp_recorded_reviews_total", result="written") == held == len(lines(tmp_path))
+    assert sample(text, "amp_recorded_reviews_total", result="dropped") == 40 - held
