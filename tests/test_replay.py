@@ -13,6 +13,8 @@ import os
 import stat
 from typing import Any
 
+import pytest
+
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import TestCase
@@ -183,3 +185,64 @@ def test_stdin_and_a_missing_file_is_bad_usage_in_one_line() -> None:
                     stderr=err)
     assert done.result == 2
     assert err.getvalue() == "amp replay: cannot read no-such-file.jsonl: No such file or directory\n"
+
+
+class _Answers:
+    """An endpoint client that answers at once, with the patch of the URL's path."""
+
+    def __init__(self, patches: dict[str, list]) -> None:
+        self.patches = patches
+        self.called: list[str] = []
+
+    def call(self, url: Any, settings: Any, body: bytes, headers: Any, deadline: Any, breaker: Any = None,
+             check: Any = None) -> Any:
+        from twisted.internet.defer import succeed
+
+        from amp.reply import EndpointDecision
+
+        self.called.append(url.path)
+        return succeed(EndpointDecision(patch=self.patches[url.path]))
+
+
+def _note(path: str, value: str) -> list:
+    return [{"op": "add", "path": f"/metadata/annotations/{path}", "value": value}]
+
+
+CHAIN = {"/a": _note("a", "1"), "/b": _note("b", "1"), "/c": _note("a", "2"), "/d": _note("b", "2")}
+
+
+def _chain_recording(**annotations: str) -> list[bytes]:
+    return _recording(1, labels={"amp.txn2.com/enabled": "true"}, annotations={
+        "amp.txn2.com/ep": "http://127.0.0.1:1/a http://127.0.0.1:1/b", **annotations})
+
+
+@pytest.mark.parametrize("annotations, against, expected", [
+    ({}, "/c", ["/metadata/annotations/a"]),
+    ({"amp.txn2.com/canary-step": "2"}, "/d", ["/metadata/annotations/b"]),
+])
+def test_against_replaces_the_chain_step_a_canary_stands_in_for(annotations: dict, against: str,
+                                                                 expected: list) -> None:
+    client = _Answers(CHAIN)
+    recorded = [decode_line(_chain_recording(**annotations)[0].rstrip(b"\n"), "rec:1")]
+    options = ReplayOptions(config=make_config(), against=f"http://127.0.0.1:1{against}")
+    report = replay(MemoryReactorClock(), options, recorded, client, Metrics()).result
+    [review] = report.reviews
+    assert [d.path for d in review.differences] == expected
+    chain = ["/a", "/b"]
+    chain[int(annotations.get("amp.txn2.com/canary-step", "1")) - 1] = against
+    assert client.called == ["/a", "/b", *chain]
+
+
+def test_endpoint_takes_a_chain_in_the_annotations_form(tmp_path: Any) -> None:
+    from amp.record._command import run
+
+    config = tmp_path / "amp.yaml"
+    config.write_text('endpoints:\n  allow: ["http://127.0.0.1:*/*"]\n')
+    client = _Answers(CHAIN)
+    out, err = io.StringIO(), io.StringIO()
+    stdin = io.BytesIO(_chain_recording()[0])
+    done = run(["-", "--endpoint", "http://127.0.0.1:1/c http://127.0.0.1:1/d", "--config", str(config)],
+               MemoryReactorClock(), stdin=stdin, stdout=out, stderr=err, endpoint_client=client)
+    assert err.getvalue() == ""
+    assert done.result == 1
+    assert client.called == ["/c", "/d"]

@@ -69,8 +69,10 @@ def _parser(out: IO[str]) -> _Parser:
     p = _Parser(prog="amp replay", description=DESCRIPTION, epilog=EPILOG, out=out,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", metavar="FILE", nargs="+", help="recording files (JSON lines); - reads stdin")
-    p.add_argument("--endpoint", metavar="URL", help="call URL instead of the recorded endpoint")
-    p.add_argument("--against", metavar="URL", help="compare with the endpoint at URL instead of the recording")
+    p.add_argument("--endpoint", metavar="URL", help="call URL (or a chain, 'URL URL...') instead of the recorded "
+                   "endpoint")
+    p.add_argument("--against", metavar="URL", help="compare with the endpoint at URL instead of the recording "
+                   "(in a chain, in place of the step amp.txn2.com/canary-step names, default 1)")
     p.add_argument("--config", metavar="FILE", help="amp's configuration (allow-list, patch rules; default: amp's defaults)")
     p.add_argument("--concurrency", type=int, default=8, help="reviews at a time (default 8)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
@@ -79,6 +81,7 @@ def _parser(out: IO[str]) -> _Parser:
 
 def _options(args: argparse.Namespace) -> ReplayOptions:
     from amp.config import Config, ConfigError, load_config
+    from amp.policy import chain_pieces
     from amp.urls import BadURL, parse_endpoint_url
 
     config = Config()
@@ -89,9 +92,13 @@ def _options(args: argparse.Namespace) -> ReplayOptions:
             raise UsageError(f"config {args.config}: {e}") from None
     for flag in ("endpoint", "against"):
         value = getattr(args, flag)
-        if value is not None:
+        if value is None:
+            continue
+        # --endpoint may be a chain, in the endpoint annotation's form.
+        pieces = chain_pieces(value) if flag == "endpoint" else [value]
+        for piece in pieces or [value]:
             try:
-                parse_endpoint_url(value)
+                parse_endpoint_url(piece)
             except BadURL as e:
                 raise UsageError(f"--{flag}: {e}") from None
     if args.concurrency < 1:
