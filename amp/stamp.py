@@ -89,8 +89,8 @@ def stamp_of(pod: Any) -> Optional[str]:
 def parse_stamp(value: Optional[str]) -> dict[str, Mark]:
     """
     The marks of C{value}, in the order it names the endpoints; clauses
-    that are not a status (a C{skipped} with its reason) and endpoints are
-    dropped.  Never raises.
+    that are not a status (a C{skipped} with its reason) and endpoints, and
+    names with control characters, are dropped.  Never raises.
     """
     marks: dict[str, Mark] = {}
     if not value:
@@ -106,6 +106,10 @@ def parse_stamp(value: Optional[str]) -> dict[str, Mark]:
                 continue
             reason, names = names[0], names[1:]
         for name in names:
+            if not name.isprintable():
+                # Not a name amp gives (L{amp.policy.shown_url} escapes
+                # these); it would reach terminals through amp explain.
+                continue
             mark = marks.get(name, Mark())
             if words[0] == Status.MUTATED:
                 marks[name] = Mark(True, mark.skipped)

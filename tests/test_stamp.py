@@ -131,6 +131,8 @@ class HandWrittenStampTests(SynchronousTestCase):
                 self.assertEqual(next_stamp(value, [outcome(X, "U")]), f"unchanged {X}")
         self.assertEqual(next_stamp("garbage; mutated http://a", [outcome(X, "U")]),
                          f"mutated http://a; unchanged {X}")
+        self.assertEqual(next_stamp("mutated http://a\x1b[2J http://b", [outcome(X, "U")]),
+                         f"mutated http://b; unchanged {X}")
 
     def test_a_long_value_leaves_out_other_endpoints_before_this_rounds(self) -> None:
         others = "; ".join(f"mutated http://other-{i}.example" for i in range(40))
