@@ -63,8 +63,8 @@ from amp.policy import (
     FAIL, IGNORE, SHADOW, Route, failure_policy, opted_out, own_pods_warning, protected_namespaces, route)
 from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
-from amp.stamp import STATUS_ANNOTATION, STATUS_LIMIT, next_stamp, stamp_of
 from amp.review import AUDIT_VALUE_LIMIT, AdmissionRequest, clean_audit_annotations, clip, dumps
+from amp.stamp import STATUS_ANNOTATION, next_stamp, stamp_of
 from amp.trace import IReviewTrace, Step, answer_message, record_route
 
 __all__ = ["AUDIT_ERROR_KEY", "LEGACY_SKIPPED_ANNOTATION", "STATUS_ANNOTATION", "Admitter", "Answer", "Outcome"]
@@ -505,7 +505,7 @@ class _Review:
             return checked
         # Only a CREATE is stamped: the stamp it came with is an earlier
         # round's of this admission, or its author's (amp.stamp).
-        value = next_stamp(stamp_of(req.object), outcomes, STATUS_LIMIT)
+        value = next_stamp(stamp_of(req.object), outcomes)
         written = stamp_of(checked.pod) != value
         if self._trace is not None:
             self._trace.record(Step.STAMP, key=STATUS_ANNOTATION, value=value, written=written)
