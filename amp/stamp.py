@@ -40,7 +40,7 @@ from typing import Any, Iterable, Optional
 from amp.reasons import Status
 from amp.review import clip
 
-__all__ = ["STATUS_ANNOTATION", "STATUS_LIMIT", "Mark", "next_stamp", "parse_stamp", "render_stamp", "stamp_of"]
+__all__ = ["STATUS_ANNOTATION", "STATUS_LIMIT", "Mark", "next_stamp", "parse_stamp", "pod_stamp", "render_stamp"]
 
 #: What amp did with the Pod in the rounds of its admission.
 STATUS_ANNOTATION = "amp.txn2.com/status"
@@ -78,7 +78,7 @@ class Mark:
         return Mark(self.mutated)
 
 
-def stamp_of(pod: Any) -> Optional[str]:
+def pod_stamp(pod: Any) -> Optional[str]:
     """The stamp C{pod} carries, or None."""
     metadata = pod.get("metadata") if type(pod) is dict else None
     annotations = metadata.get("annotations") if type(metadata) is dict else None
