@@ -753,6 +753,29 @@ class SourceBypassTests(SynchronousTestCase):
         source.stopService()
         self.threads.run_all()
 
+    def test_a_namespace_seen_created_enabled_orders_its_pods_to_the_write(self) -> None:
+        source = self.start()
+        keep = Keep(kube_config())
+        enabled_now = [{"manager": "gitops", "operation": "Update", "time": at(0),
+                        "fieldsV1": {"f:metadata": {"f:labels": {"f:amp.txn2.com/enabled": {}}}}}]
+        listed = namespace("listed", rv="9", labels=ENABLED, managedFields=enabled_now)
+        source.watches["namespaces"].emit(Replaced({"listed": keep.namespace(listed)}, "10"))
+        self.reactor.pool.run()
+        created = namespace("created", rv="30", labels=ENABLED, managedFields=enabled_now)
+        source.watches["namespaces"].emit(Changed("ADDED", keep.namespace(created), "30"))
+        # both Pods in the second their namespace was enabled
+        pods = source.watches["pods"]
+        pods.emit(Changed("ADDED", PodSeen("created", "web", "u1", T0, "ReplicaSet", 31), "31"))
+        pods.emit(Changed("ADDED", PodSeen("listed", "web", "u2", T0, "ReplicaSet", 32), "32"))
+        self.reactor.advance(SETTLE)
+        self.reactor.pool.run()
+        messages = {body["involvedObject"]["namespace"]: body["message"] for _, body in self.kube.events}
+        self.assertTrue(messages["created"].startswith("Pod was admitted without amp"), messages["created"])
+        self.assertTrue(messages["listed"].startswith("Pod was possibly admitted without amp"), messages["listed"])
+        source.stopService()
+        self.reactor.pool.run()
+        self.threads.run_all()
+
     def test_a_lookup_cancelled_by_the_caller_is_cancelled_not_a_failure(self) -> None:
         logs = LogCapture(self)
         for per_review_get in (False, True):
