@@ -26,7 +26,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 import yaml
@@ -89,6 +89,26 @@ def core(control_plane: ControlPlane) -> client.CoreV1Api:
     return client.CoreV1Api(control_plane.admin_client())
 
 
+@pytest.fixture
+def reporting_amp(
+    control_plane: ControlPlane,
+    amp_kubeconfig: Path,
+    example_endpoints: ExampleEndpoints,
+    lease_rbac: str,
+    tmp_path: Path,
+) -> Callable[..., AmpInstance]:
+    """Makes an amp instance with the report on (its Lease in ``lease_rbac``'s
+    namespace, lasting ``lease_duration``), registered with ``failurePolicy:
+    Ignore``; ``overrides`` as for ``AmpInstance``."""
+
+    def make(instance: str, lease_duration: str, **overrides: Any) -> AmpInstance:
+        bypass = {"enabled": True, "lease_namespace": lease_rbac, "lease_duration": lease_duration}
+        return AmpInstance(control_plane, amp_kubeconfig, example_endpoints, tmp_path, instance,
+                           webhook_failure_policy="Ignore", overrides={**overrides, "kubernetes": {"bypass": bypass}})
+
+    return make
+
+
 def bypass_events(core: client.CoreV1Api, namespace: str) -> dict[str, list[Any]]:
     """The AmpBypassed Events in ``namespace``, by Pod name."""
     found: dict[str, list[Any]] = {}
@@ -113,24 +133,11 @@ def lease_holder(admin: Any, namespace: str) -> Optional[str]:
 
 
 def test_pods_created_while_amp_was_down_are_reported_once_after_it_restarts(
-    control_plane: ControlPlane,
-    amp_kubeconfig: Path,
-    example_endpoints: ExampleEndpoints,
-    lease_rbac: str,
-    tmp_path: Path,
-    core: client.CoreV1Api,
+    reporting_amp: Callable[..., AmpInstance], lease_rbac: str, core: client.CoreV1Api
 ) -> None:
-    metrics_port = free_port()
-    amp = AmpInstance(
-        control_plane, amp_kubeconfig, example_endpoints, tmp_path, "bypass",
-        webhook_failure_policy="Ignore",
-        overrides={
-            "metrics": {"port": metrics_port, "interface": LOOPBACK},
-            "kubernetes": {"bypass": {"enabled": True, "lease_namespace": lease_rbac, "lease_duration": "6s"}},
-        },
-    )
+    amp = reporting_amp("bypass", "6s", metrics={"port": free_port(), "interface": LOOPBACK})
     process = amp.process
-    endpoint = example_endpoints.url("user-env")
+    endpoint = amp.examples.url("user-env")
     # Enabled well before any Pod is created in it (amp's start takes
     # seconds): the report compares whole seconds.
     team = amp.namespace(unique("bypass"), endpoint)
@@ -231,19 +238,12 @@ def same_second_pods(core: client.CoreV1Api, make_namespace: Any, prefix: str, c
 
 
 def test_two_replicas_a_kill_and_a_rolling_restart_report_each_bypassed_pod_once(
-    control_plane: ControlPlane,
-    amp_kubeconfig: Path,
-    example_endpoints: ExampleEndpoints,
-    lease_rbac: str,
-    tmp_path: Path,
-    core: client.CoreV1Api,
+    reporting_amp: Callable[..., AmpInstance], lease_rbac: str, core: client.CoreV1Api
 ) -> None:
-    bypass = {"enabled": True, "lease_namespace": lease_rbac, "lease_duration": "4s"}
-    amp = AmpInstance(control_plane, amp_kubeconfig, example_endpoints, tmp_path, "handover",
-                      webhook_failure_policy="Ignore", overrides={"kubernetes": {"bypass": bypass}})
+    amp = reporting_amp("handover", "4s")
     config = dict(amp.process.config, listen={"port": free_port(), "interface": LOOPBACK})
-    replicas = [amp.process, AmpProcess(f"{amp.process.name}-b", amp.workdir, config, control_plane.ca_pem)]
-    endpoint = example_endpoints.url("user-env")
+    replicas = [amp.process, AmpProcess(f"{amp.process.name}-b", amp.workdir, config, amp.control_plane.ca_pem)]
+    endpoint = amp.examples.url("user-env")
     team = amp.namespace(unique("handover"), endpoint)
     admin = amp.admin
     hooks = client.AdmissionregistrationV1Api(admin)
