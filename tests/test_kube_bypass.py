@@ -401,20 +401,21 @@ class ReportTests(ReporterTestCase):
         reporter = self.reporter(post_event=pool)
         reporter.news(Replaced((seen("team-a", "p1", -5), seen("team-a", "p2", -5)), "10"))
         self.settle()
-        pool.posted[0][2].errback(api_error(503))
+        pool.posted[0][2].errback(TimeoutError("timed out"))
         self.assertEqual((len(pool.posted), self.counted("team-a")), (1, 0))
         self.clock.advance(RETRY_FIRST)
         self.assertEqual(len(pool.posted), 2)
         # the first attempt did reach the API server after all: 409 now
         pool.posted[1][2].callback(False)
         self.assertEqual(self.counted("team-a"), 1, "its Event is this replica's")
+        # an answer (503) says it was not created: a 409 later is another replica's Event
         for attempt in (2, 3):
-            pool.posted[attempt][2].errback(TimeoutError("timed out"))
+            pool.posted[attempt][2].errback(api_error(503))
             self.clock.advance(RETRY_FIRST)
         self.assertEqual(len(pool.posted), 4, "the delay doubles after each failure")
         self.clock.advance(RETRY_FIRST)
-        pool.posted[4][2].callback(True)
-        self.assertEqual(self.counted("team-a"), 2)
+        pool.posted[4][2].callback(False)
+        self.assertEqual(self.counted("team-a"), 1)
         self.assertEqual([body["involvedObject"]["name"] for _, body, _ in pool.posted],
                          ["p1", "p1", "p2", "p2", "p2"])
 

@@ -26,9 +26,11 @@ already reported.  (Memory only saves requests: the uids this process has
 claimed, bounded.)
 
 The counter and the log line follow the Event: the replica whose create
-succeeded counts and logs (a create whose answer was lost and whose retry
-meets 409 counts too).  A reporter killed between its Event's creation and
-its answer leaves the Event without the log line.
+succeeded counts and logs.  A create whose answer was lost (a timeout) and
+whose retry meets 409 is counted as this replica's, as it most likely is
+(if another replica created the Event meanwhile, both count it).  A
+reporter killed between its Event's creation and its answer leaves the
+Event without the log line.
 
 The record lasts as long as the Event: the API server deletes Events after
 its C{--event-ttl} (1 h by default), so the horizon (50 min by default)
@@ -81,6 +83,12 @@ def _permanent(error: BaseException) -> bool:
     """An answer that another attempt would get again (400, 403, 404, 422...)."""
     status = getattr(error, "status", None)
     return isinstance(status, int) and 400 <= status < 500 and status not in (408, 409, 429)
+
+
+def _may_have_landed(error: BaseException) -> bool:
+    """No answer (a timeout, a broken connection) or the server's own timeout: the Event may exist."""
+    status = getattr(error, "status", None)
+    return not isinstance(status, int) or status == 504
 
 
 class BypassReporter:
@@ -273,9 +281,10 @@ class BypassReporter:
         if isinstance(result, Failure):
             error = result.value
             if not _permanent(error):
-                if len(self._uncertain) >= MAX_QUEUED_EVENTS:
-                    self._uncertain.clear()
-                self._uncertain.add(uid)
+                if _may_have_landed(error):
+                    if len(self._uncertain) >= MAX_QUEUED_EVENTS:
+                        self._uncertain.clear()
+                    self._uncertain.add(uid)
                 if self.active:
                     self._claims.appendleft(claim)
                     delay = min(RETRY_MAX, RETRY_FIRST * 2 ** self._failures)
