@@ -242,7 +242,7 @@ class BypassConfig:
     """C{kubernetes.bypass}: the report of Pods admitted without amp's review."""
 
     enabled: bool = False
-    horizon: float = 3600.0
+    horizon: float = 3000.0
     lease_name: str = "amp-bypass-reporter"
     lease_namespace: Optional[str] = None
     lease_duration: float = 15.0

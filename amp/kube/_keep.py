@@ -6,7 +6,7 @@ Every object the API server sends is cut down here, in the thread that read
 it, to the few fields amp uses: the enable label, amp's annotations and the
 time the label was set of a Namespace; the failurePolicy of amp's own
 webhook; name, uid, creation time and controller of a Pod that carries no
-status stamp.  Nothing else is kept.
+status stamp, and its resourceVersion.  Nothing else is kept.
 """
 
 from __future__ import annotations
@@ -154,6 +154,9 @@ class PodSeen:
     @ivar created: its creationTimestamp, in seconds since the epoch.
     @ivar controller: the kind of its controlling owner (C{ReplicaSet},
         C{Job}, ...), or empty.
+    @ivar revision: its resourceVersion as a number (None if it is not
+        one): the revision of its creation in an C{ADDED} event, of a later
+        change in a list.
     """
 
     namespace: str
@@ -161,6 +164,7 @@ class PodSeen:
     uid: str
     created: float
     controller: str = ""
+    revision: Optional[int] = None
 
 
 class PodKeep:
@@ -190,5 +194,6 @@ class PodKeep:
             return None
         controller = next((str(o.get("kind") or "") for o in meta.get("ownerReferences") or ()
                            if o.get("controller")), "")
+        rv = meta.get("resourceVersion")
         return PodSeen(str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")),
-                       created, controller)
+                       created, controller, int(rv) if isinstance(rv, str) and rv.isdigit() else None)
