@@ -126,7 +126,7 @@ class RecentDecisions:
             return
         d = decision
         if self._early:
-            canary = self._early.pop(d.uid, None)
+            canary = self._early.pop(_clip(d.uid, FIELD_LIMIT), None)
             if canary is not None:
                 d = replace(d, canary=canary[0], canary_paths=canary[1])
         if max(len(d.uid), len(d.namespace), len(d.pod), len(d.endpoint), len(d.reason)) > FIELD_LIMIT or (
