@@ -1,9 +1,11 @@
 """
 twistd glue: C{twistd amp --config etc/amp.yaml}.
 
-Options are checked before the reactor starts: a broken config or an
-unusable certificate stops start-up with one line that names the key or file
-and the problem (no traceback, no usage text) and exit status 1.
+Options are checked before the reactor starts: a broken config, an
+unusable certificate, a taken port (and the process holding it) or a
+kubeconfig that cannot be loaded stops start-up with one line that names
+the key and the problem (no traceback, no usage text) and exit status 1
+(L{amp.startup}).
 """
 
 from __future__ import annotations
@@ -127,17 +129,25 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     from amp.balance import WorkerListener
     from amp.metrics import Metrics
     from amp.service import AmpService, freeze_startup_objects, namespace_source, serving_certificate
+    from amp.startup import certificate_key, kubernetes_problem, port_problem
     from amp.tls import CertificateError, tcp_description, tls_endpoint
     from amp.workers import ParentWatch, supervise
 
     config = with_own_namespace(options.config)
     worker = options["worker"]
+    stop = f"amp: config {options['config']}: "
+    problem = kubernetes_problem(config.kubernetes)
+    if problem is None and not options["check"]:
+        # --check checks a configuration, not whether this host could run it now.
+        problem = port_problem(config, worker)
+    if problem is not None:
+        raise SystemExit(stop + problem)
     observer = ConfigurableObserver(config.log.format, config.log.level, sys.stdout)
     metrics = Metrics()
     try:
         certificate = serving_certificate(config.tls, reactor, metrics)
     except CertificateError as e:
-        raise SystemExit(f"amp: {e}") from None
+        raise SystemExit(f"{stop}{certificate_key(str(e))}: {e}") from None
     listen = config.listen
     # With workers, one listening socket shared by all, each accepting while
     # it has the fewest connections (amp.balance); worker 0 binds it.
