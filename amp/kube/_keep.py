@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from amp.config import KubernetesConfig
+from amp.hints import AmpKeys
 from amp.namespaces import NamespaceInfo
 
 _EMPTY: Mapping[str, str] = types.MappingProxyType({})
@@ -78,6 +79,7 @@ class Keep:
         self.annotations = tuple(dict.fromkeys((
             *config.endpoint_annotations, config.validation_annotation,
             config.failure_policy_annotation, config.mode_annotation)))
+        self.keys = AmpKeys(config)
 
     def namespace(self, obj: Mapping[str, Any]) -> NamespaceInfo:
         meta = obj.get("metadata") or {}
@@ -92,8 +94,10 @@ class Keep:
                 if isinstance(v, str):
                     kept[key] = v
         since = label_set_at(meta, self.label) if value == self.enabled_value else None
+        hints = self.keys.near_misses(labels, annotations) if isinstance(labels, dict) and isinstance(
+            annotations, dict) else ()
         return NamespaceInfo(str(meta.get("name", "")), kept_labels, kept or _EMPTY,
-                             str(meta.get("resourceVersion", "")), since)
+                             str(meta.get("resourceVersion", "")), since, hints)
 
     def namespaces(self, items: Iterable[NamespaceInfo]) -> dict[str, NamespaceInfo]:
         """A list's namespaces by name (the collector of the namespace watch)."""
