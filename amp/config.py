@@ -443,6 +443,16 @@ _FIELDS: dict[type, dict[str, Callable[[Any], Any]]] = {
 }
 
 
+#: The top level's keys that are values, not sections.
+_SCALARS: dict[str, Callable[[Any], Any]] = {
+    "failure_policy": _choice("auto", "Ignore", "Fail"),
+    "annotate_status": _bool,
+    "ephemeral_containers": _bool,
+    "workers": _positive(_int),
+    "reload_interval": _positive(parse_duration),
+}
+
+
 def _keyname(name: Any) -> str:
     """
     A key as it appears in an error message: as written, or quoted when it
@@ -607,13 +617,7 @@ def parse_config(raw: Any) -> Config:
         "patch": lambda v: _section(PatchConfig, v, "patch"),
         "log": lambda v: _section(LogConfig, v, "log"),
     }
-    scalars: dict[str, Callable[[Any], Any]] = {
-        "failure_policy": _choice("auto", "Ignore", "Fail"),
-        "annotate_status": _bool,
-        "ephemeral_containers": _bool,
-        "workers": _positive(_int),
-        "reload_interval": _positive(parse_duration),
-    }
+    scalars = _SCALARS
     values: dict[str, Any] = {}
     for key, value in raw.items():
         name = key
