@@ -11,6 +11,7 @@ the key and the problem (no traceback, no usage text) and exit status 1
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from typing import Any, Optional
 
@@ -38,6 +39,17 @@ class Options(usage.Options):
     ]
 
     config: Config
+
+    def opt_version(self) -> None:
+        """
+        Print amp's version (and Twisted's) and exit.
+        """
+        import twisted
+
+        from amp import __version__
+
+        print(f"amp {__version__} (Twisted {twisted.__version__})")
+        raise SystemExit(0)
 
     def postOptions(self) -> None:
         """
@@ -104,9 +116,16 @@ def print_effective_config(config: Config, out: Any = None) -> None:
     from amp.config import config_digest, effective_config
 
     out = out if out is not None else sys.stdout
-    out.write(f"# amp {__version__}: effective configuration {config_digest(config)}\n")
-    out.write(yaml.safe_dump(effective_config(config), sort_keys=False, default_flow_style=False))
-    out.flush()
+    try:
+        out.write(f"# amp {__version__}: effective configuration {config_digest(config)}\n")
+        out.write(yaml.safe_dump(effective_config(config), sort_keys=False, default_flow_style=False))
+        out.flush()
+    except BrokenPipeError:
+        # The reader stopped reading (`--check | head -1`): what it read is
+        # all it wanted.  Standard output goes to /dev/null, so that the
+        # interpreter's own flush at exit does not fail on the pipe again.
+        if out is sys.stdout:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
