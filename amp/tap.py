@@ -155,10 +155,9 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     config = with_own_namespace(options.config)
     worker = options["worker"]
     stop = f"amp: config {options['config']}: "
-    problem = kubernetes_problem(config.kubernetes)
-    if problem is None and not options["check"]:
-        # --check checks a configuration, not whether this host could run it now.
-        problem = port_problem(config, worker)
+    # --check checks a configuration (and its certificate), not whether this
+    # host could run it now: a config for a cluster is checked on a laptop.
+    problem = None if options["check"] else kubernetes_problem(config.kubernetes) or port_problem(config, worker)
     if problem is not None:
         raise SystemExit(stop + problem)
     observer = ConfigurableObserver(config.log.format, config.log.level, sys.stdout)
