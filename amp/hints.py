@@ -18,10 +18,11 @@ Two uses:
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
-if TYPE_CHECKING:  # amp.config uses did_you_mean: no import at run time
+if TYPE_CHECKING:  # amp.config and amp.namespaces use this module: no import at run time
     from amp.config import KubernetesConfig
+    from amp.namespaces import NamespaceInfo
 
 __all__ = ["AmpKeys", "NEAR_MISS_PROBLEM", "closest", "closest_label_key", "did_you_mean", "near_miss_news"]
 
@@ -121,6 +122,20 @@ class AmpKeys:
                     match = closest_label_key(key, known)
                     hints.append(f"{kind} {key} is not read by amp" + (f" (did you mean {match}?)" if match else ""))
         return tuple(sorted(hints))
+
+
+    def namespace_hints(self, info: "NamespaceInfo") -> list[str]:
+        """
+        A namespace's hints: those its source kept (the keys themselves may
+        be gone) and those of the labels and annotations it has now.
+        """
+        return sorted({*info.near_misses, *self.near_misses(info.labels, info.annotations)})
+
+    def pod_hints(self, pod: Mapping[str, Any]) -> list[str]:
+        """A Pod's hints, each starting C{Pod: }."""
+        meta = pod.get("metadata") or {}
+        return [f"Pod: {hint}" for hint in self.near_misses(meta.get("labels") or {}, meta.get("annotations") or {},
+                                                           pod=True)]
 
 
 def near_miss_news(before: Optional[tuple[str, ...]], after: tuple[str, ...]) -> Optional[str]:

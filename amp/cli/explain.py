@@ -49,8 +49,8 @@ from amp.cli.workloads import (
     InputError, PodInput, load_documents, names_namespace, pod_for, select_object, without_stamps)
 from amp.config import Config, ConfigError, KubernetesConfig, load_config
 from amp.deadline import Deadline, review_budget
-from amp.hints import AmpKeys
 from amp.endpoint import EndpointClient
+from amp.hints import AmpKeys
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.patch import PatchError, check_patch
@@ -256,15 +256,9 @@ class ExplainedNamespace(Service):
                 Step.NAMESPACE, name=self._name, found=answer is not None, source=where,
                 labels=dict(answer.labels) if answer is not None else {},
                 annotations=dict(answer.annotations) if answer is not None else {},
-                set_by_command_line=set_by, near_misses=self._near_misses(answer))
+                set_by_command_line=set_by,
+                near_misses=self._keys.namespace_hints(answer) if answer is not None and self._keys else [])
         return answer
-
-
-    def _near_misses(self, answer: Optional[NamespaceInfo]) -> list[str]:
-        """The namespace's hints (L{amp.hints}): the source's, and those of what it and the command line set."""
-        if answer is None or self._keys is None:
-            return []
-        return sorted({*answer.near_misses, *self._keys.near_misses(answer.labels, answer.annotations)})
 
 
 def _cluster_kube(options: ExplainOptions) -> KubernetesConfig:
@@ -462,11 +456,9 @@ def explain(
         where = "the command line"
     keys = AmpKeys(config.kubernetes)
     source = ExplainedNamespace(inner, namespace, options.labels, options.annotations, where, cluster_policy, keys)
-    meta = pod_input.pod.get("metadata") or {}
-    notes = [f"no --namespace and {pod_input.source} names none: explained in namespace default"
-             ] if pod_input.defaulted_namespace else []
-    notes += [f"Pod: {hint}" for hint in keys.near_misses(meta.get("labels") or {}, meta.get("annotations") or {},
-                                                            pod=True)]
+    notes = keys.pod_hints(pod_input.pod)
+    if pod_input.defaulted_namespace:
+        notes.insert(0, f"no --namespace and {pod_input.source} names none: explained in namespace default")
     endpoint_client = EndpointClient(reactor, metrics, BreakerRegistry(reactor), agent=agent)
     admitter = Admitter(config, source, endpoint_client, reactor, metrics)
     deadline = config.deadline
