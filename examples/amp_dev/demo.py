@@ -14,7 +14,9 @@ A demo that cannot lie:
   metrics ports (``listen`` and ``metrics`` in the config) and the example
   endpoints' port (the one the config's endpoint URLs name). A port in use
   is one line naming it and the process holding it, and nothing starts, so
-  an old demo can never answer for a new one.
+  an old demo can never answer for a new one.  The check is amp's own
+  (``amp.ports``, what ``twistd amp`` checks at start-up): the demo runs
+  amp, so amp is installed beside it.
 - It says which config file amp runs with, and each child's pid.
 - Its children run in their own process group (a Ctrl-C reaches only the
   demo, which stops them in order), die with the demo even when it is
