@@ -77,3 +77,20 @@ def test_config_keys() -> None:
     assert closest("prot", ["port", "interface"]) == "port"
     assert did_you_mean("timout", ["timeout", "retry"]) == " (did you mean timeout?)"
     assert did_you_mean("zzz", ["timeout", "retry"]) == ""
+
+
+def test_static_namespaces_hints_are_logged_and_counted_at_start() -> None:
+    from twisted.internet.task import Clock
+    from twisted.logger import LogLevel, capturedLogs, formatEvent
+
+    from amp.metrics import Metrics
+    from amp.service import namespace_source
+    from tests.helpers import make_config
+
+    metrics = Metrics()
+    config = make_config({"a": {"labels": {"amp.txn2.com/enable": "true"}}, "b": {}})
+    with capturedLogs() as events:
+        namespace_source(config, Clock(), metrics)
+    warnings = [formatEvent(e) for e in events if e["log_level"] == LogLevel.warn]
+    assert warnings == ["Namespace a: label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)"]
+    assert metrics.registry.get_sample_value("amp_namespace_problems_total", {"problem": "unknown-key"}) == 1
