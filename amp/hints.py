@@ -24,11 +24,17 @@ if TYPE_CHECKING:  # amp.config and amp.namespaces use this module: no import at
     from amp.config import KubernetesConfig
     from amp.namespaces import NamespaceInfo
 
-__all__ = ["AmpKeys", "NEAR_MISS_PROBLEM", "closest", "closest_label_key", "did_you_mean", "near_miss_news"]
+__all__ = ["AmpKeys", "NAMESPACE_FEATURE_ANNOTATIONS", "NEAR_MISS_PROBLEM", "closest", "closest_label_key",
+           "did_you_mean", "near_miss_news"]
 
 #: C{amp_namespace_problems_total{problem}} of a namespace carrying a label
 #: or annotation in amp's domain that amp does not read.
 NEAR_MISS_PROBLEM = "unknown-key"
+
+#: Namespace annotations of amp's features beyond routing: the canary
+#: (L{amp.canary}) and recording (L{amp.record}).
+NAMESPACE_FEATURE_ANNOTATIONS = ("amp.txn2.com/canary", "amp.txn2.com/canary-percent", "amp.txn2.com/canary-step",
+                                 "amp.txn2.com/record")
 
 #: Annotations amp writes on Pods (its status stamp, the older one it
 #: replaces) and on its Lease (how far the bypass report got).
@@ -78,14 +84,15 @@ def closest_label_key(key: str, known: Iterable[str]) -> Optional[str]:
 class AmpKeys:
     """
     The labels and annotations amp reads on Namespaces and Pods for one
-    C{kubernetes} config, and the domains they are in.
+    C{kubernetes} config, and the domains they are in: the namespace watch
+    keeps exactly C{namespace_labels} and C{namespace_annotations}.
     """
 
     def __init__(self, config: "KubernetesConfig") -> None:
         self.namespace_labels = (config.enabled_label,)
         self.namespace_annotations = tuple(dict.fromkeys((
             *config.endpoint_annotations, config.validation_annotation,
-            config.failure_policy_annotation, config.mode_annotation)))
+            config.failure_policy_annotation, config.mode_annotation, *NAMESPACE_FEATURE_ANNOTATIONS)))
         self.pod_labels = (config.enabled_label,)
         self.pod_annotations = _POD_ANNOTATIONS
         every = (*self.namespace_labels, *self.namespace_annotations, *self.pod_annotations)

@@ -24,6 +24,7 @@ from amp.namespaces import NamespaceInfo
 
 _EMPTY: Mapping[str, str] = types.MappingProxyType({})
 
+
 #: The annotation amp's review stamps on every Pod it reviews in an enabled
 #: namespace, and the older one it replaces: a Pod with either was reviewed.
 STATUS_ANNOTATION = "amp.txn2.com/status"
@@ -76,10 +77,8 @@ class Keep:
     def __init__(self, config: KubernetesConfig) -> None:
         self.label = config.enabled_label
         self.enabled_value = config.enabled_value
-        self.annotations = tuple(dict.fromkeys((
-            *config.endpoint_annotations, config.validation_annotation,
-            config.failure_policy_annotation, config.mode_annotation)))
         self.keys = AmpKeys(config)
+        self.annotations = self.keys.namespace_annotations
 
     def namespace(self, obj: Mapping[str, Any]) -> NamespaceInfo:
         meta = obj.get("metadata") or {}
