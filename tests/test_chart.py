@@ -77,15 +77,20 @@ def test_helm_lint_refuses_a_broken_chart(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("value, message", [
-    ("webhook.failurePolicy=ignore", "value must be one of 'Ignore', 'Fail'"),
-    ("webhook.timeoutSeconds=60", "maximum: got 60, want 30"),
-    ("webhook.reinvocationPolicy=Always", "value must be one of 'Never', 'IfNeeded'"),
-    ("replicas=0", "minimum: got 0, want 1"),
+    ("webhook.failurePolicy=ignore", "at '/webhook/failurePolicy': value must be one of 'Ignore', 'Fail'"),
+    ("webhook.timeoutSeconds=60", "at '/webhook/timeoutSeconds': maximum: got 60, want 30"),
+    ("webhook.reinvocationPolicy=Always", "at '/webhook/reinvocationPolicy': value must be one of 'Never', 'IfNeeded'"),
+    ("replicas=0", "at '/replicas': minimum: got 0, want 1"),
+    # Every level is closed, amp's config too: a misspelt key would
+    # otherwise be ignored, or stop amp at start-up.
+    ("replica=3", "at '': additional properties 'replica' not allowed"),
+    ("config.endpoint.timeout=3s", "at '/config': additional properties 'endpoint' not allowed"),
+    ("image.tga=1", "at '/image': additional properties 'tga' not allowed"),
+    ("config.endpoints.timout=3s", "at '/config/endpoints': additional properties 'timout' not allowed"),
 ])
 def test_wrong_values_are_refused_naming_the_value(value: str, message: str) -> None:
-    """The chart's schema refuses a value the API server would refuse later, and says which."""
-    key = "/" + value.split("=")[0].replace(".", "/")
-    assert f"at '{key}': {message}" in refused("--set", value)
+    """The chart's schema refuses a value amp or the API server would refuse later, and says which."""
+    assert message in refused("--set", value)
 
 
 def test_default_config_is_amp_yaml_amp_loads() -> None:
@@ -282,20 +287,6 @@ def test_a_given_ca_bundle_is_used_as_is() -> None:
     assert not [d for d in docs if d["kind"] == "Secret"]
     assert hook(docs)["clientConfig"]["caBundle"] == "Q0E="
     assert "annotations" not in one(docs, "MutatingWebhookConfiguration")["metadata"]
-
-
-@pytest.mark.parametrize("value, key", [
-    ("replica=3", "replica"),
-    ("config.endpoint.timeout=3s", "endpoint"),
-    ("image.tga=1", "tga"),
-    ("config.endpoints.timout=3s", "timout"),
-])
-def test_misspelt_values_are_refused(value: str, key: str) -> None:
-    """
-    Every level of the values is closed, amp's config too (a misspelt key
-    would otherwise be ignored, or stop amp at start-up).
-    """
-    assert f"additional properties '{key}' not allowed" in refused("--set", value)
 
 
 @pytest.mark.parametrize("value", ["config.endpoints.timeout=soon", "config.listen.port=http", "config.workers=0"])
