@@ -36,8 +36,8 @@ NEAR_MISS_PROBLEM = "unknown-key"
 NAMESPACE_FEATURE_ANNOTATIONS = ("amp.txn2.com/canary", "amp.txn2.com/canary-percent", "amp.txn2.com/canary-step",
                                  "amp.txn2.com/record")
 
-#: Annotations amp writes on Pods (its status stamp, the older one it
-#: replaces) and on its Lease (how far the bypass report got).
+#: Annotations amp writes on Pods: its status stamp and the older one it
+#: replaces.
 _POD_ANNOTATIONS = ("amp.txn2.com/status", "amp.txn2.com/skipped")
 
 
