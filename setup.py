@@ -61,6 +61,8 @@ setup(
         "cryptography>=43",
         # reviews, replies and answers are decoded and encoded in C (issue: CPU per review)
         "msgspec>=0.18",
+        # llhttp: amp's own HTTP/1.1 on the hot path (amp.http)
+        "httptools>=0.6.3",
     ],
     # kubectl-amp: the same command as a kubectl plugin (`kubectl amp explain ...`).
     entry_points={"console_scripts": ["amp = amp.cli:main", "kubectl-amp = amp.cli:main"]},
