@@ -346,11 +346,13 @@ class LiveTests(TestCase):
         self.assertIs(doc["idempotent"], True)
         self.assertEqual(doc["result"], "patched")
         self.assertEqual(doc["second"]["result"], "allowed")
-        # Equal but for amp's status stamp, which says what each review did.
+        # The second review changes nothing, not even the stamp: it still
+        # says the endpoint mutated the Pod (in the first review), and the
+        # second answer has no patch.
         first, second = doc["pod"], doc["second"]["pod"]
-        self.assertTrue(first["metadata"]["annotations"].pop(STATUS).startswith("mutated "))
-        self.assertTrue(second["metadata"]["annotations"].pop(STATUS).startswith("unchanged "))
+        self.assertTrue(first["metadata"]["annotations"][STATUS].startswith("mutated "))
         self.assertEqual(second, first)
+        self.assertFalse(doc["second"]["patch"])
 
     @inlineCallbacks
     def test_twice_appending_endpoint_is_not_idempotent(self) -> Any:
@@ -467,6 +469,16 @@ class ReplyTests(SynchronousTestCase):
         doc = ran.json
         self.assertIs(doc["idempotent"], True)
         self.assertEqual((doc["result"], doc["second"]["result"]), ("patched", "allowed"))
+
+    def test_twice_tells_the_second_review_keeps_the_first_reviews_stamp(self) -> None:
+        """As after the API server reinvokes amp: the stamp still says mutated, and is not written again."""
+        agent = RequestTraversalAgent(_AddOnce())
+        ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--twice", self.pod], agent=agent)
+        first, second = ran.out.split("Second review")
+        stamp = next(line for line in first.splitlines() if line.startswith("stamp "))
+        self.assertIn("amp.txn2.com/status: mutated ", stamp)
+        self.assertIn(f"{stamp} (the Pod has it already: not written again)\n", second)
+        self.assertIn("The Pod is admitted unchanged.", second)
 
     def test_twice_with_a_failed_second_review_says_so(self) -> None:
         # Not a verdict on idempotency: the failure, with its reason and status.

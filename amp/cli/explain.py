@@ -74,7 +74,7 @@ EXIT_NOT_IDEMPOTENT = 4
 MAX_INPUT = 16 * 1024 * 1024
 
 #: Annotations amp stamps on the Pods it reviews (left out when --twice
-#: compares two rounds: amp rewrites them on every review).
+#: compares two rounds: they are amp's, not the endpoint's).
 STAMP_ANNOTATIONS = frozenset((STATUS_ANNOTATION, LEGACY_SKIPPED_ANNOTATION))
 
 
@@ -565,7 +565,8 @@ def _parser(out: IO[str]) -> _Parser:
                    help="use this recorded endpoint reply (a JSON array of operations or the reply object) "
                         "instead of calling the endpoint")
     p.add_argument("--twice", action="store_true",
-                   help="review the admitted Pod again and report whether that changes it (idempotency)")
+                   help="review the admitted Pod again, as the API server does when it reinvokes amp, and "
+                        "report whether that changes it (idempotency); the status stamp tells both reviews")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
     return p
 

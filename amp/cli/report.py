@@ -179,7 +179,8 @@ def _event_lines(e: TraceEvent, recorded: Optional[str]) -> list[tuple[str, str]
             out.append(("", str(f["message"])))
         return out
     if step == Step.STAMP:
-        return [("stamp", f"{f.get('key')}: {f.get('value')}")]
+        kept = "" if f.get("written", True) else " (the Pod has it already: not written again)"
+        return [("stamp", f"{f.get('key')}: {f.get('value')}{kept}")]
     return [(str(step), json.dumps(f, ensure_ascii=False))]
 
 
