@@ -554,6 +554,33 @@ class ReplyTests(SynchronousTestCase):
         self.assertEqual((route["step"], route["enabled"], route["got"]), ("route", False, "yes"))
         self.assertNotIn("secret", json.dumps(doc["trace"][1:]))
 
+    def test_typos_in_amps_keys_are_named_with_the_key_meant(self) -> None:
+        """
+        The issue's typos: label amp.txn2.com/enable and annotation
+        amp.txn2.com/endpoint on the namespace, a misspelt stamp on the Pod;
+        and without -n, that the namespace default was assumed.
+        """
+        typo_pod = self.files.write("typo.json", pod("web", annotations={"amp.txn2.com/stauts": "x"}))
+        ran = run_sync(self, ["--set-label", "amp.txn2.com/enable=true",
+                              "--set-annotation", "amp.txn2.com/endpoint=http://injector.tools.svc:8080/", typo_pod])
+        self.assertIn("note: no --namespace and Pod web names none: explained in namespace default\n", ran.out)
+        self.assertIn("note: Pod: annotation amp.txn2.com/stauts is not read by amp "
+                      "(did you mean amp.txn2.com/status?)\n", ran.out)
+        self.assertIn("           annotation amp.txn2.com/endpoint is not read by amp (did you mean amp.txn2.com/ep?)\n"
+                      "           label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)\n",
+                      ran.out)
+        doc = run_sync(self, ["-o", "json", "-n", "team-a", "--set-label", "amp.txn2.com/enable=true", self.pod]).json
+        self.assertNotIn("notes", doc, "the namespace was given and the Pod has no unknown key")
+        self.assertEqual(doc["trace"][0]["near_misses"],
+                         ["label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)"])
+
+    def test_hints_of_a_static_namespace_in_the_config(self) -> None:
+        config = self.files.write("typo.yaml", config_text({"team-t": {
+            "labels": {ENABLED_LABEL: "true"}, "annotations": {"amp.txn2.com/endpiont": "http://x.example:8080/"}}}))
+        ran = run_sync(self, ["--config", config, "-n", "team-t", self.pod])
+        self.assertIn("annotation amp.txn2.com/endpiont is not read by amp (did you mean amp.txn2.com/ep?)", ran.out)
+        self.assertNotIn("explained in namespace default", ran.out)
+
     def test_opted_out_pod_is_left_alone(self) -> None:
         opted = self.files.write("opted.json", pod("web", labels={ENABLED_LABEL: "false"}))
         ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--reply", self.files.write("r.json", [ENV_OP]),
@@ -889,6 +916,12 @@ status: {phase: Running}
         with self.assertRaises(InputError) as e:
             self.one(json.dumps(review), "elsewhere")
         self.assertIn("does not match --namespace elsewhere", str(e.exception))
+
+    def test_a_document_without_kind_is_named_so(self) -> None:
+        with self.assertRaises(InputError) as e:
+            self.one("metadata: {name: web}\nspec: {containers: []}\n")
+        self.assertIn("found a mapping without kind", str(e.exception))
+        self.assertNotIn("None", str(e.exception))
 
     def test_errors_name_the_problem(self) -> None:
         with self.assertRaises(InputError) as e:

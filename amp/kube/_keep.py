@@ -19,14 +19,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from amp.config import KubernetesConfig
+from amp.hints import AmpKeys
 from amp.namespaces import NamespaceInfo
 
 _EMPTY: Mapping[str, str] = types.MappingProxyType({})
 
-#: Namespace annotations of amp's features beyond routing: the canary
-#: (L{amp.canary}) and recording (L{amp.record}).
-NAMESPACE_FEATURE_ANNOTATIONS = ("amp.txn2.com/canary", "amp.txn2.com/canary-percent", "amp.txn2.com/canary-step",
-                                 "amp.txn2.com/record")
 
 #: The annotation amp's review stamps on every Pod it reviews in an enabled
 #: namespace, and the older one it replaces: a Pod with either was reviewed.
@@ -80,9 +77,8 @@ class Keep:
     def __init__(self, config: KubernetesConfig) -> None:
         self.label = config.enabled_label
         self.enabled_value = config.enabled_value
-        self.annotations = tuple(dict.fromkeys((
-            *config.endpoint_annotations, config.validation_annotation,
-            config.failure_policy_annotation, config.mode_annotation, *NAMESPACE_FEATURE_ANNOTATIONS)))
+        self.keys = AmpKeys(config)
+        self.annotations = self.keys.namespace_annotations
 
     def namespace(self, obj: Mapping[str, Any]) -> NamespaceInfo:
         meta = obj.get("metadata") or {}
@@ -97,8 +93,10 @@ class Keep:
                 if isinstance(v, str):
                     kept[key] = v
         since = label_set_at(meta, self.label) if value == self.enabled_value else None
+        hints = self.keys.near_misses(labels, annotations) if isinstance(labels, dict) and isinstance(
+            annotations, dict) else ()
         return NamespaceInfo(str(meta.get("name", "")), kept_labels, kept or _EMPTY,
-                             str(meta.get("resourceVersion", "")), since)
+                             str(meta.get("resourceVersion", "")), since, hints)
 
     def namespaces(self, items: Iterable[NamespaceInfo]) -> dict[str, NamespaceInfo]:
         """A list's namespaces by name (the collector of the namespace watch)."""

@@ -50,6 +50,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from amp.config import KubernetesConfig
+from amp.hints import NEAR_MISS_PROBLEM, near_miss_news
 from amp.kube._bridge import Bridge
 from amp.kube._bypass import BypassReporter
 from amp.kube._client import KubeClient, Lister, describe, get_namespace, service_account_namespace
@@ -347,6 +348,7 @@ class KubernetesNamespaceSource(Service):
             if kind == "DELETED":
                 self._cache.pop(name, None)
             else:
+                self._near_misses(self._cache.get(name), info)
                 self._cache[name] = info
                 self._negative.pop(name, None)
             self._metrics.namespace_cache_size.set(len(self._cache))
@@ -358,6 +360,8 @@ class KubernetesNamespaceSource(Service):
             items, rv = event.items, event.resource_version
             first = not self._listed
             self._enables.replaced(self._cache, items)
+            for info in items.values():
+                self._near_misses(self._cache.get(info.name), info)
             self._cache = items
             for pending in self._pending.values():
                 pending.superseded = True
@@ -377,6 +381,13 @@ class KubernetesNamespaceSource(Service):
         elif isinstance(event, Crashed):
             self._last_error = f"watch thread failed: {event.error}"
             self.log.critical("Namespace watch thread failed: {error}", error=event.error)
+
+    def _near_misses(self, before: Optional[NamespaceInfo], info: NamespaceInfo) -> None:
+        """Report a namespace's unknown amp keys (L{amp.hints}) once per change of them."""
+        news = near_miss_news(before.near_misses if before is not None else None, info.near_misses)
+        if news is not None:
+            self.log.warn("Namespace {namespace}: {hints}", namespace=info.name, hints=news)
+            self._metrics.namespace_problems.labels(NEAR_MISS_PROBLEM).inc()
 
     def _webhook_news(self, event: WatchEvent) -> None:
         if isinstance(event, (Changed, Replaced)):
