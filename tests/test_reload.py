@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 import yaml
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import Logger, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
@@ -44,6 +45,11 @@ from tests.test_shutdown import Amp, HeldEndpoint
 from tests.waiting import poll_until
 
 INTERVAL = 5.0
+
+
+def at_once(f: Callable[[], Any]) -> Deferred[Any]:
+    """Run a reload's load here and now (what the daemon runs in a thread)."""
+    return maybeDeferred(f)
 
 
 class _FromThread:
@@ -144,7 +150,7 @@ class ConfigFileTests(SynchronousTestCase):
         self.applied: list[Config] = []
         self.events: list[dict[str, Any]] = []
         running = load_config(self.volume.path)
-        self.file = ConfigFile(self.volume.path, running, self.applied.append, self.metrics)
+        self.file = ConfigFile(self.volume.path, running, self.applied.append, self.metrics, in_thread=at_once)
         self.file.log = Logger(observer=self.events.append)  # type: ignore[misc]
         self.service = ConfigReloadService(self.file, reactor=self.clock, interval=INTERVAL, install_sighup=False)
         self.service.startService()
@@ -205,7 +211,7 @@ class ConfigFileTests(SynchronousTestCase):
         self.assertIn("is not valid YAML: line 2, column 1", self.lines()[-1])
         os.unlink(self.volume.path)
         self.clock.advance(INTERVAL)
-        self.assertIn("cannot read config file", self.lines()[-1])
+        self.assertIn(f"(file): {self.volume.path}: file not found", self.lines()[-1])
         self.assertEqual((self.applied, self.reloads("error")), ([], 2))
 
     def test_a_restart_only_key_is_named_in_one_warning_and_keeps_its_value(self) -> None:
@@ -280,7 +286,7 @@ class ApplyTests(SynchronousTestCase):
             webhook_endpoint=ListeningAtOnce(self.events), metrics_endpoint=None,
             namespaces=namespaces if namespaces is not None else self.static(config),
             metrics=self.metrics, install_sighup=False, log_observer=self.observer,
-            config_path=self.volume.path)
+            config_path=self.volume.path, in_thread=at_once)
         service.startService()
         self.addCleanup(service.stopService)
         return service
