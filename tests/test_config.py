@@ -379,7 +379,7 @@ def test_effective_config_masks_credentials_in_annotation_values() -> None:
         "amp.txn2.com/ep": "https://me:pw@ep.team.svc:8443/m?key=abc,http://ep2.svc:80/x",
         "plain": "no url here"}}}}})
     annotations = effective_config(config)["kubernetes"]["namespaces"]["a"]["annotations"]
-    assert annotations == {"amp.txn2.com/ep": "https://***@ep.team.svc:8443/m?***,http://ep2.svc:80/x",
+    assert annotations == {"amp.txn2.com/ep": "https://***@ep.team.svc:8443/m,http://ep2.svc:80/x",
                            "plain": "no url here"}
 
 

@@ -205,7 +205,7 @@ def test_twistd_amp_check_prints_the_effective_config(tmp_path: Path) -> None:
     assert shown["endpoints"]["overrides"][0]["timeout"] == 0.75
     assert shown["tls"]["key"] == str(tls["key"])
     assert shown["kubernetes"]["namespaces"]["team-a"]["annotations"]["amp.txn2.com/ep"] == (
-        "http://***@127.0.0.1:8080/mutate?***")
+        "http://***@127.0.0.1:8080/mutate")
     for secret in ("hunter2", "t0ps3cret"):
         assert secret not in result.stdout
     key_body = tls["key"].read_text().splitlines()[1]
