@@ -335,6 +335,12 @@ def _load_yaml(data: bytes, label: str, *, aliases: bool, many: bool) -> Any:
             return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
         return yaml.load(text, Loader=_Loader)  # noqa: S506 (a safe loader: JSON types only)
     except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None and "maximum nesting depth" in str(getattr(e, "problem", "")):
+            # libyaml's own bound (1000 flow levels), met before the events
+            # reach the count above: the same refusal, with amp's limit.
+            raise FileError(f"{label}, line {mark.line + 1}: nests more than {MAX_DEPTH} levels deep, "
+                            f"the limit") from None
         raise FileError(f"{label} is not valid YAML: {_yaml_problem(e)}") from None
 
 
