@@ -5,8 +5,8 @@ empty file) is refused with one line naming the file and the limit, through
 every path that reads a file: amp's config at start (L{load_config},
 C{twistd amp --check}) and on reload (L{amp.reload.ConfigFile}, in memory
 and in a running C{twistd amp} while reviews keep flowing), the serving
-certificate and an endpoint's client TLS files, and C{amp explain}'s input
-(a file and stdin), C{--config} and C{--reply}.
+certificate and an endpoint's client TLS files, the kubeconfig, and C{amp
+explain}'s input (a file and stdin), C{--config} and C{--reply}.
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ from twisted.logger import Logger, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
 from amp.cli.explain import EXIT_FAILURE_POLICY, EXIT_USAGE, run
-from amp.config import Config, ConfigError, EndpointSettings, load_config
+from amp.config import Config, ConfigError, EndpointSettings, KubernetesConfig, load_config
 from amp.endpoint._failures import LocalFailure
 from amp.endpoint._tls import client_tls
 from amp.files import (
     CONFIG_LIMIT, INPUT_LIMIT, MAX_DEPTH, MAX_NODES, FileError, config_document, parse_documents, parse_json,
     read_stream,
 )
+from amp.kube import load_client_configuration
 from amp.metrics import Metrics
 from amp.reload import ConfigFile, ConfigReloadService, Loaded, load_config_file
 from amp.tls import CertificateError, ReloadingCertificate
@@ -211,6 +212,14 @@ def test_endpoint_client_tls(tmp_path: Path, kind: str) -> None:
     with pytest.raises(LocalFailure) as e:
         client_tls(EndpointSettings(ca_bundle=bundle), "ep.tools.svc")
     assert "\n" not in e.value.message and bundle in e.value.message, e.value.message
+
+
+@pytest.mark.parametrize("kind", CONFIG_KINDS)
+def test_kubeconfig(tmp_path: Path, kind: str) -> None:
+    path = write_hostile(tmp_path, kind, "kubeconfig")
+    with pytest.raises(FileError) as e:
+        load_client_configuration(KubernetesConfig(source="kubeconfig", kubeconfig=path))
+    assert_one_line(str(e.value), kind, path)
 
 
 class ExplainTests(SynchronousTestCase):
