@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 import yaml
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import Logger, formatEvent
@@ -36,14 +36,14 @@ from amp.config import Config, ConfigError, EndpointSettings, KubernetesConfig, 
 from amp.endpoint._failures import LocalFailure
 from amp.endpoint._tls import client_tls
 from amp.files import (
-    CONFIG_LIMIT, INPUT_LIMIT, MAX_DEPTH, MAX_NODES, FileError, config_document, parse_documents, parse_json,
+    INPUT_LIMIT, MAX_DEPTH, MAX_NODES, FileError, config_document, parse_documents, parse_json,
     read_stream,
 )
 from amp.kube import load_client_configuration
 from amp.metrics import Metrics
 from amp.reload import ConfigFile, ConfigReloadService, Loaded, load_config_file
 from amp.tls import CertificateError, ReloadingCertificate
-from tests.helpers import dev_tls, namespace, pod, raw_config
+from tests.helpers import dev_tls, pod
 from tests.prometheus import Scrape
 from tests.ports import free_port
 from tests.test_explain import Files, run_sync
@@ -145,7 +145,8 @@ class ReaderTests(SynchronousTestCase):
         lines += [b"l%d: &l%d " % (i, i) + b"[" * 60 + b"*l%d" % (i - 1) + b"]" * 60 for i in range(1, 4)]
         with self.assertRaises(FileError) as e:
             parse_documents(b"\n".join(lines) + b"\n", "f")
-        self.assertEqual(str(e.exception), f"f, line 2: alias *l0 nests it more than {MAX_DEPTH} levels deep, the limit")
+        self.assertEqual(str(e.exception),
+                         f"f, line 2: alias *l0 nests it more than {MAX_DEPTH} levels deep, the limit")
 
     def test_a_recursive_alias_is_refused(self) -> None:
         with self.assertRaises(FileError) as e:

@@ -343,11 +343,16 @@ class Soak:
                     self.fault("touch")
                 next_touch += a.fault_every
             if now >= next_swap and self.configs is not None:
-                if late:
-                    self.configs.restore()
+                # The next swap waits until amp has loaded the last one (a
+                # file replaced before amp polled it was never read).
+                if self.config_reloads_seen() < self.configs.hostile + self.configs.restored:
+                    next_swap = now + 0.25
                 else:
-                    self.configs.swap()
-                next_swap += a.config_every
+                    if late:
+                        self.configs.restore()
+                    else:
+                        self.configs.swap()
+                    next_swap = now + a.config_every
             if now - last_report >= 30:
                 last_report = now
                 s = self.samples[-1] if self.samples else {}
@@ -400,10 +405,18 @@ class Soak:
             say(str(e))
         configs = self.config_reloads(settle)
         metrics = Scrape.get(self.amp.metrics_port)
-        return {"configs": configs, "metrics": metrics, "api": http_json(self.control, "/stats"), "api_namespaces": len(listed["items"]),
+        return {"configs": configs,
+                "metrics": metrics, "api": http_json(self.control, "/stats"), "api_namespaces": len(listed["items"]),
                 "chaos": http_json(self.ports["steady"], "/stats"), "final_serial": serial, "last_serial": last,
                 "fds_idle": fd_count(self.amp.pid), "open_connections": metrics.value("amp_open_connections")}
 
+
+    def config_reloads_seen(self) -> int:
+        """How many config loads amp has counted, valid or not."""
+        try:
+            return int(sum(Scrape.get(self.amp.metrics_port).by("amp_config_reloads_total", "result").values()))
+        except (OSError, RuntimeError):
+            return -1
 
     def config_reloads(self, settle: float) -> Optional[dict[str, Any]]:
         """
@@ -413,14 +426,20 @@ class Soak:
         """
         if self.configs is None:
             return None
-        self.configs.restore()
         port = self.amp.metrics_port
+        configs = self.configs
+        try:
+            poll_until("amp to load the last config swapped in",
+                       lambda: self.config_reloads_seen() >= configs.hostile + configs.restored, settle, interval=0.2)
+        except WaitTimeout as e:
+            say(str(e))
+        self.configs.restore()
 
         def reloads() -> dict[str, int]:
             return {k: int(v) for k, v in Scrape.get(port).by("amp_config_reloads_total", "result").items()}
         try:
-            poll_until("amp to see every config swap", lambda: reloads().get("error", 0) >= self.configs.hostile
-                       and reloads().get("success", 0) >= self.configs.restored, settle, interval=0.2)
+            poll_until("amp to see every config swap", lambda: reloads().get("error", 0) >= configs.hostile
+                       and reloads().get("success", 0) >= configs.restored, settle, interval=0.2)
         except WaitTimeout as e:
             say(str(e))
         with open(self.amp.log_path, "rb") as f:
