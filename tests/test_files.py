@@ -14,10 +14,8 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,8 +25,7 @@ import pytest
 import yaml
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
-from twisted.internet.testing import MemoryReactorClock
-from twisted.logger import Logger, formatEvent
+from twisted.logger import formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
 from amp.cli.explain import EXIT_FAILURE_POLICY, EXIT_USAGE, run
@@ -41,13 +38,13 @@ from amp.files import (
 )
 from amp.kube import load_client_configuration
 from amp.metrics import Metrics
-from amp.reload import ConfigFile, ConfigReloadService, Loaded, load_config_file
+from amp.reload import Loaded, load_config_file
 from amp.tls import CertificateError, ReloadingCertificate
 from tests.helpers import dev_tls, pod
 from tests.prometheus import Scrape
 from tests.ports import free_port
 from tests.test_explain import Files, run_sync
-from tests.test_reload import ConfigMapVolume, at_once, yaml_of
+from tests.test_reload import INTERVAL, ConfigFileCase, at_once, yaml_of
 from tests.test_shutdown import Amp, HeldEndpoint
 from tests.waiting import poll_until
 
@@ -278,57 +275,39 @@ class ExplainTests(SynchronousTestCase):
 # ---------------------------------------------------------------- reload
 
 
-class ReloadTests(SynchronousTestCase):
+class ReloadTests(ConfigFileCase):
     """A hostile file swapped in keeps the running config, counted, logged once per content."""
 
     def setUp(self) -> None:
-        self.clock = MemoryReactorClock()
-        self.dir = Path(tempfile.mkdtemp(prefix="amp-files-"))
-        self.addCleanup(shutil.rmtree, self.dir, True)
-        self.volume = ConfigMapVolume(self.dir)
-        self.volume.update(yaml_of())
-        self.metrics = Metrics()
-        self.applied: list[Config] = []
-        self.events: list[dict[str, Any]] = []
+        super().setUp()
         self.loads: list[tuple[Callable[[], Any], Deferred[Any]]] = []
-        self.running = load_config(self.volume.path)
-
-    def start(self, in_thread: Callable[[Callable[[], Any]], Deferred[Any]]) -> ConfigFile:
-        file = ConfigFile(self.volume.path, self.running, self.applied.append, self.metrics, in_thread=in_thread)
-        file.log = Logger(observer=self.events.append)  # type: ignore[misc]
-        service = ConfigReloadService(file, reactor=self.clock, interval=5.0, install_sighup=False)
-        service.startService()
-        self.addCleanup(service.stopService)
-        return file
 
     def held(self, f: Callable[[], Any]) -> Deferred[Any]:
         d: Deferred[Any] = Deferred()
         self.loads.append((f, d))
         return d
 
-    def errors(self) -> float:
-        return self.metrics.registry.get_sample_value("amp_config_reloads_total", {"result": "error"}) or 0.0
 
     def swap(self, kind: str) -> None:
         """A new version of the ConfigMap volume holding the hostile file of C{kind}; then a poll."""
         self.volume.update("")
         write_hostile(self.dir / f"..2026_{self.volume.version:04d}", kind, "amp.yaml")
-        self.clock.advance(5.0)
+        self.clock.advance(INTERVAL)
 
     def test_each_hostile_kind_is_refused_counted_and_logged_once_per_content(self) -> None:
-        file = self.start(at_once)
+        self.start(at_once)
         for i, kind in enumerate(CONFIG_KINDS):
             self.swap(kind)
-            self.assertEqual(self.errors(), i + 1, kind)
+            self.assertEqual(self.reloads("error"), i + 1, kind)
             [event] = self.events[i:]
             assert_one_line(formatEvent(event), kind, self.volume.path)
         # The same contents again: counted, not logged again.
         for kind in CONFIG_KINDS:
             self.swap(kind)
-        self.assertEqual((self.errors(), len(self.events)), (2 * len(CONFIG_KINDS), len(CONFIG_KINDS)))
-        self.assertEqual((self.applied, file.running), ([], self.running))
+        self.assertEqual((self.reloads("error"), len(self.events)), (2 * len(CONFIG_KINDS), len(CONFIG_KINDS)))
+        self.assertEqual((self.applied, self.file.running), ([], self.running))
         self.volume.update(yaml_of(failure_policy="Fail"))
-        self.clock.advance(5.0)
+        self.clock.advance(INTERVAL)
         self.assertEqual([c.failure_policy for c in self.applied], ["Fail"])
 
     def test_the_file_is_read_and_parsed_off_the_reactor_thread(self) -> None:
@@ -337,12 +316,12 @@ class ReloadTests(SynchronousTestCase):
         until the thread's result comes back, and polls meanwhile start no
         second load; a SIGHUP during the load loads again after it.
         """
-        file = self.start(self.held)
+        self.start(self.held)
         self.volume.update(yaml_of(failure_policy="Fail"))
-        self.clock.advance(5.0)
+        self.clock.advance(INTERVAL)
         [(load, done)] = self.loads
-        self.clock.advance(50.0)
-        file.reload()
+        self.clock.advance(INTERVAL * 10)
+        self.file.reload()
         self.assertEqual((len(self.loads), self.applied), (1, []))
         done.callback(load())  # what the thread pool does
         self.assertEqual([c.failure_policy for c in self.applied], ["Fail"])

@@ -138,7 +138,12 @@ class DigestTests(SynchronousTestCase):
 # ---------------------------------------------------------------- the file
 
 
-class ConfigFileTests(SynchronousTestCase):
+class ConfigFileCase(SynchronousTestCase):
+    """
+    amp's config file in a ConfigMap volume, its L{ConfigFile} polled on a
+    clock once L{start}ed, what it applied and logged.
+    """
+
     def setUp(self) -> None:
         self.clock = MemoryReactorClock()
         # Not self.mktemp(): under pytest that is a directory in the checkout.
@@ -149,8 +154,11 @@ class ConfigFileTests(SynchronousTestCase):
         self.metrics = Metrics()
         self.applied: list[Config] = []
         self.events: list[dict[str, Any]] = []
-        running = load_config(self.volume.path)
-        self.file = ConfigFile(self.volume.path, running, self.applied.append, self.metrics, in_thread=at_once)
+        self.running = load_config(self.volume.path)
+
+    def start(self, in_thread: Callable[[Callable[[], Any]], Deferred[Any]]) -> None:
+        """Watch the file, loading it with C{in_thread}."""
+        self.file = ConfigFile(self.volume.path, self.running, self.applied.append, self.metrics, in_thread=in_thread)
         self.file.log = Logger(observer=self.events.append)  # type: ignore[misc]
         self.service = ConfigReloadService(self.file, reactor=self.clock, interval=INTERVAL, install_sighup=False)
         self.service.startService()
@@ -158,6 +166,12 @@ class ConfigFileTests(SynchronousTestCase):
 
     def reloads(self, result: str) -> float:
         return self.metrics.registry.get_sample_value("amp_config_reloads_total", {"result": result}) or 0.0
+
+
+class ConfigFileTests(ConfigFileCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self.start(at_once)
 
     def hashes(self) -> dict[str, float]:
         return {s.labels["hash"]: s.value for m in self.metrics.config_info.collect() for s in m.samples}
