@@ -375,6 +375,24 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class RecordConfig:
+    """
+    Recording reviews for C{amp replay} (L{amp.record}); off by default.
+    C{namespaces}: C{["*"]} every namespace, C{["annotated"]} those
+    annotated C{amp.txn2.com/record: "true"}, else the names listed.
+    """
+
+    enabled: bool = False
+    directory: str = "/var/lib/amp/recordings"
+    namespaces: tuple[str, ...] = ("*",)
+    sample: float = 1.0
+    max_size: int = 256 * 1024 * 1024
+    file_size: int = 16 * 1024 * 1024
+    queue: int = 1024
+    redact: bool = False
+
+
+@dataclass(frozen=True)
 class Config:
     listen: ListenConfig = field(default_factory=ListenConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
@@ -388,6 +406,7 @@ class Config:
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
     patch: PatchConfig = field(default_factory=PatchConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    record: RecordConfig = field(default_factory=RecordConfig)
     workers: int = 1
     reload_interval: float = 5.0
 
@@ -438,6 +457,11 @@ _FIELDS: dict[type, dict[str, Callable[[Any], Any]]] = {
         "max_size": _positive(parse_size), "max_operations": _positive(_int),
     },
     LogConfig: {"format": _choice("text", "json"), "level": _choice("debug", "info", "warn", "error")},
+    RecordConfig: {
+        "enabled": _bool, "directory": _str, "namespaces": _str_list, "sample": _ratio,
+        "max_size": _positive(parse_size), "file_size": _positive(parse_size), "queue": _positive(_int),
+        "redact": _bool,
+    },
 }
 
 
@@ -582,6 +606,16 @@ def _kubernetes(raw: Any) -> KubernetesConfig:
     return kube
 
 
+def _record(raw: Any) -> RecordConfig:
+    record = _section(RecordConfig, raw, "record")
+    if record.file_size > record.max_size:
+        raise ConfigError(f"record.file_size: {record.file_size} bytes is more than record.max_size "
+                          f"({record.max_size} bytes), the budget of every recording file together")
+    if not record.namespaces:
+        raise ConfigError('record.namespaces: name at least one namespace, or "*" (all) or "annotated"')
+    return record
+
+
 def parse_config(raw: Any) -> Config:
     """
     Turn the parsed YAML document into a L{Config}.
@@ -601,6 +635,7 @@ def parse_config(raw: Any) -> Config:
         "deadline": lambda v: _section(DeadlineConfig, v, "deadline"),
         "patch": lambda v: _section(PatchConfig, v, "patch"),
         "log": lambda v: _section(LogConfig, v, "log"),
+        "record": _record,
     }
     scalars: dict[str, Callable[[Any], Any]] = {
         "failure_policy": _choice("auto", "Ignore", "Fail"),

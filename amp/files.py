@@ -187,22 +187,24 @@ def text_of(data: bytes, label: str) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise FileError(f"{label}, line {line}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        where = f", line {line}" if b"\n" in data else ""
+        raise FileError(f"{label}{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 # ---------------------------------------------------------------- JSON
 
 
-def parse_json(data: bytes, label: str) -> Any:
+def parse_json(data: bytes, label: str, depth: int = MAX_DEPTH) -> Any:
     """
-    One JSON document, bounded as reviews are.
+    One JSON document, bounded as reviews are (C{depth}: what wraps a
+    review, such as a recording's line, may nest a few levels more).
 
-    @raise FileError: not UTF-8, nested deeper than L{MAX_DEPTH}, not JSON,
-        or holding C{NaN}, C{Infinity} or a number out of range.
+    @raise FileError: not UTF-8, nested deeper than C{depth}, not JSON, or
+        holding C{NaN}, C{Infinity} or a number out of range.
     """
     text = text_of(data, label)
-    if nesting_exceeds(data, MAX_DEPTH):
-        raise FileError(f"{label} nests arrays and objects more than {MAX_DEPTH} deep, the limit")
+    if nesting_exceeds(data, depth):
+        raise FileError(f"{label} nests arrays and objects more than {depth} deep, the limit")
     try:
         return decode_bounded(text)
     except ValueError as e:

@@ -23,6 +23,11 @@ from amp.namespaces import NamespaceInfo
 
 _EMPTY: Mapping[str, str] = types.MappingProxyType({})
 
+#: Namespace annotations of amp's features beyond routing: the canary
+#: (L{amp.canary}) and recording (L{amp.record}).
+NAMESPACE_FEATURE_ANNOTATIONS = ("amp.txn2.com/canary", "amp.txn2.com/canary-percent", "amp.txn2.com/canary-step",
+                                 "amp.txn2.com/record")
+
 #: The annotation amp's review stamps on every Pod it reviews in an enabled
 #: namespace, and the older one it replaces: a Pod with either was reviewed.
 STATUS_ANNOTATION = "amp.txn2.com/status"
@@ -77,7 +82,7 @@ class Keep:
         self.enabled_value = config.enabled_value
         self.annotations = tuple(dict.fromkeys((
             *config.endpoint_annotations, config.validation_annotation,
-            config.failure_policy_annotation, config.mode_annotation)))
+            config.failure_policy_annotation, config.mode_annotation, *NAMESPACE_FEATURE_ANNOTATIONS)))
 
     def namespace(self, obj: Mapping[str, Any]) -> NamespaceInfo:
         meta = obj.get("metadata") or {}
