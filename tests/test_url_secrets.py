@@ -3,8 +3,9 @@ No output of a review ever holds the query, password or fragment of an
 endpoint URL (L{amp.urls.shown_url}, L{amp.urls.step_names}).
 
 A property test: for chains of one to three endpoint URLs carrying secrets
-in their query, their user information or their fragment, under either
-failure policy and in shadow mode, with endpoints that patch, allow, deny,
+in their query, their user information or their fragment (and a canary
+URL that may carry them too), under either failure policy and in shadow
+mode, with endpoints that patch, allow, deny,
 fail or answer garbage, one review goes through amp's assembled site in
 memory, and nothing amp says afterwards holds a secret: the answer (the
 AdmissionReview, its decoded patch with the status stamp, its warnings,
@@ -29,6 +30,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
+from amp.canary import CANARY_ANNOTATION
 from amp.cli.replay import recorded_reply_agent
 from amp.logs import ConfigurableObserver
 from amp.metrics import Metrics
@@ -73,19 +75,22 @@ class NoSecretInAnyOutputTests(SynchronousTestCase):
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
     @given(chain=st.lists(endpoint_url(), min_size=1, max_size=3).filter(lambda c: MARK in " ".join(c)),
            policy=st.sampled_from(["Ignore", "Fail"]), shadow=st.booleans(),
-           reply=st.sampled_from(REPLIES), code=st.sampled_from([200, 200, 500]))
+           reply=st.sampled_from(REPLIES), code=st.sampled_from([200, 200, 500]),
+           canary=st.one_of(st.none(), endpoint_url()))
     def test_no_output_of_a_review_holds_a_query_password_or_fragment(
-            self, chain: list[str], policy: str, shadow: bool, reply: bytes, code: int) -> None:
+            self, chain: list[str], policy: str, shadow: bool, reply: bytes, code: int, canary: str | None) -> None:
         annotation = " ".join(chain)
-        outputs = self.review(annotation, policy, shadow, reply, code)
+        outputs = self.review(annotation, policy, shadow, reply, code, canary)
         for name, text in outputs.items():
             self.assertNotIn(MARK, text, f"{name} shows a secret of {annotation!r}:\n{text}")
 
-    def review(self, annotation: str, policy: str, shadow: bool, reply: bytes, code: int) -> dict[str, str]:
+    def review(self, annotation: str, policy: str, shadow: bool, reply: bytes, code: int,
+               canary: str | None) -> dict[str, str]:
         directory = Path(tempfile.mkdtemp(prefix="amp-secrets-"))
         self.addCleanup(shutil.rmtree, directory, True)
         config = make_config(
-            {"team-a": namespace(annotation, failure_policy=policy, mode="shadow" if shadow else None)},
+            {"team-a": namespace(annotation, failure_policy=policy, mode="shadow" if shadow else None,
+                                 annotations={CANARY_ANNOTATION: canary} if canary else None)},
             endpoints={"allow": ["http://*.tools.svc:*/*"], "chain_limit": 3}, log={"format": "json"},
             metrics={"debug_reviews": 16})
         clock = MemoryReactorClock()
