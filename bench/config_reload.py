@@ -13,7 +13,7 @@ that gap as a ratio to the longest gap of the same loop with nothing loading,
 measured in the same run just before.  The process's peak RSS (C{VmHWM})
 after every load shows whether any file made amp's memory grow.
 
-Usage: python -m bench.config_reload [--repeat 5]
+Usage: python -m bench.config_reload [--repeat 5] [--out DIR]
 Prints a table and writes bench/results/config-reload-<UTC timestamp>.json.
 """
 
@@ -141,7 +141,7 @@ def run(reactor: Any, args: argparse.Namespace) -> Any:
               f"{o['stall_ms']:>23} ({o['stall_vs_idle']:>6}x)  {r['peak_rss_mib']:>12}  {r['result'][:60]}")
     print(f"(median of {args.repeat}; the machine's CPUs were busy {other:.0f}% of one CPU over the run, this "
           f"process included)")
-    out = os.path.join(BENCH, "results")
+    out = args.out
     os.makedirs(out, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = os.path.join(out, f"config-reload-{stamp}.json")
@@ -154,6 +154,7 @@ def run(reactor: Any, args: argparse.Namespace) -> Any:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.config_reload", description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=5, help="loads of each file each way (the median is shown)")
+    p.add_argument("--out", default=os.path.join(BENCH, "results"), help="results directory")
     args = p.parse_args()
     react(run, [args])
 
