@@ -81,6 +81,8 @@ class NoSecretInAnyOutputTests(SynchronousTestCase):
             self, chain: list[str], policy: str, shadow: bool, reply: bytes, code: int, canary: str | None) -> None:
         annotation = " ".join(chain)
         outputs = self.review(annotation, policy, shadow, reply, code, canary)
+        for name in ("json log", "text log", "/debug/reviews"):
+            self.assertIn("u-1", outputs[name], f"the review is not in the {name}")
         for name, text in outputs.items():
             self.assertNotIn(MARK, text, f"{name} shows a secret of {annotation!r}:\n{text}")
 
@@ -107,11 +109,14 @@ class NoSecretInAnyOutputTests(SynchronousTestCase):
                 agent=recorded_reply_agent(reply, code), install_sighup=False)
             service.startService()
             transport = Transport()
-            channel = service.site.buildProtocol(None)
+            channel = service.webhook_server.buildProtocol(None)
             channel.makeConnection(transport)
             body = review_bytes(uid="u-1", namespace="team-a")
             Connection(channel, transport).send(post_head(len(body)) + body)
             status, _, answer = parse_raw_response(transport.value())
+            # The log line, metrics and /debug/reviews come two turns after the answer.
+            clock.advance(0)
+            clock.advance(0)
             service.stopService()
         finally:
             for observer in observers:

@@ -17,7 +17,8 @@ intended (patched, allowed, or amp does not act on it),
 L{EXIT_FAILURE_POLICY} when a failure was decided by the failure policy,
 L{EXIT_DENIED} when the endpoint denied the Pod, L{EXIT_USAGE} for bad
 usage or input (one line on stderr), L{EXIT_NOT_IDEMPOTENT} when
-C{--twice} finds that a second review would change the Pod again.
+C{--twice} finds that a second review would change the Pod again (a second
+review that fails or is denied exits as the failure or the deny).
 
 L{explain} is the library entry (the reactor passed in); L{run} parses a
 command line and prints; only L{main} reaches for the global reactor.
@@ -139,7 +140,8 @@ class Explanation:
     """
     What amp explain found: the input, the first round and, with
     C{--twice}, the second and whether the endpoint is idempotent (None
-    when the first round admitted nothing to review again).
+    when the first round admitted nothing to review again, or the second
+    did not admit the Pod: then its status is the exit status).
     """
 
     input: PodInput
@@ -158,9 +160,9 @@ class Explanation:
     @property
     def exit_status(self) -> int:
         status = exit_status(self.first.result, self.first.reason)
-        if status == EXIT_ADMITTED and self.idempotent is False:
-            return EXIT_NOT_IDEMPOTENT
-        return status
+        if status == EXIT_ADMITTED and self.second is not None:
+            status = exit_status(self.second.result, self.second.reason)
+        return EXIT_NOT_IDEMPOTENT if status == EXIT_ADMITTED and self.idempotent is False else status
 
 
 def exit_status(result: str, reason: str) -> int:
@@ -460,11 +462,9 @@ def explain(
         if options.twice and first.pod is not None and first.result in (Result.PATCHED, Result.ALLOWED):
             second = yield _review(admitter, reactor, source, log, first.pod, namespace, budget)
             result.second = second
-            stamps = STAMP_ANNOTATIONS | {
-                str(e["key"]) for r in (first, second) for e in r.trace.steps(Step.STAMP)}
-            result.idempotent = (
-                second.result in (Result.PATCHED, Result.ALLOWED, Result.SKIPPED)
-                and without_stamps(second.pod, stamps) == without_stamps(first.pod, stamps))
+            if exit_status(second.result, second.reason) == EXIT_ADMITTED:
+                stamps = STAMP_ANNOTATIONS | {str(e["key"]) for r in (first, second) for e in r.trace.steps(Step.STAMP)}
+                result.idempotent = without_stamps(second.pod, stamps) == without_stamps(first.pod, stamps)
         return result
     finally:
         if log_publisher is not None:
@@ -472,7 +472,6 @@ def explain(
         yield endpoint_client.close()
         if options.cluster:
             yield inner.stopService()  # type: ignore[attr-defined]
-
 
 
 # ---------------------------------------------------------------- the command line
@@ -528,7 +527,8 @@ exit status:
      a chain patched without a failed endpoint's patch)
   2  bad usage or input
   3  the endpoint denied the Pod
-  4  with --twice: a second review would change the Pod again (not idempotent)
+  4  with --twice: a second review would change the Pod again (not idempotent);
+     a second review that fails or is denied exits 1 or 3
 
 example:
   amp explain deploy.yaml -n team-a --config etc/amp.yaml

@@ -31,10 +31,19 @@ C{cancelled}, also without a verdict.
 Retries
 =======
 
-Off by default.  With C{retry: true} a call is retried once, and only when
-the connection could not be made (refused or another connect error: the
-endpoint cannot have seen the request), never after a timeout or after
-anything was sent, and only within the first half of the call's time.
+A call that went out on a kept-alive connection the endpoint had closed
+while it sat in the pool (the request and the endpoint's close crossed) fails
+before any byte of its reply arrived (L{closed_while_idle}).  It is sent
+once more, on a new connection, within the call's time that is left: the
+same timer, one outcome for the metric and the breaker.  A call on a new
+connection is never sent again this way, nor one whose reply had started.
+Endpoints must be idempotent already: the API server itself sends a Pod
+again.
+
+Otherwise off by default.  With C{retry: true} a call is retried once, and
+only when the connection could not be made (refused or another connect
+error: the endpoint cannot have seen the request), never after a timeout or
+after anything was sent, and only within the first half of the call's time.
 """
 
 from __future__ import annotations
@@ -52,7 +61,9 @@ from zope.interface import implementer
 from amp.breaker import CircuitBreaker, Ticket
 from amp.config import EndpointSettings
 from amp.deadline import Deadline
-from amp.endpoint._failures import EXPECTED, EndpointFailure, LocalFailure, classify, first_line, retriable
+from amp.endpoint._failures import (
+    EXPECTED, EndpointFailure, LocalFailure, classify, closed_while_idle, first_line, retriable,
+)
 from amp.endpoint._pool import Profile, Target
 from amp.endpoint._reading import Charge, Drop, read_limited
 from amp.reasons import Reason
@@ -139,7 +150,7 @@ class Call:
     __slots__ = (
         "_client", "_origin", "_target", "_profile", "_agent", "_settings", "_body", "_headers", "_timeout",
         "_deadline", "_allowed", "_charge", "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry",
-        "_done", "_waiters", "_check", "result",
+        "_resent", "_done", "_waiters", "_check", "result",
     )
 
     def __init__(
@@ -164,6 +175,7 @@ class Call:
         self._ticket = ticket
         self._check = check
         self._retry = settings.retry
+        self._resent = False
         self._done = False
         self._waiters: Optional[list[Deferred]] = None
         self._pending: Optional[Deferred] = None
@@ -181,16 +193,24 @@ class Call:
         d.addBoth(self._ended)
         return self.result
 
-    def _send(self) -> Deferred:
+    def _send(self, new: bool = False) -> Deferred:
         try:
             if self._profile is not None:
-                return self._profile.request(self._target, self._headers, BytesProducer(self._body))
+                return self._profile.request(self._target, self._headers, BytesProducer(self._body), new)
             return self._agent.request(b"POST", self._target.url, self._headers, BytesProducer(self._body))
         except Exception:
             return fail()
 
     def _not_answered(self, failure: Failure) -> Any:
-        if self._retry and not self._done and retriable(failure):
+        if self._done:
+            return failure
+        if not self._resent and closed_while_idle(failure):
+            self._resent = True
+            log.debug("Sending to {endpoint} again on a new connection: it closed the kept-alive one before "
+                      "answering", endpoint=self._origin.name)
+            return self._send(new=True).addCallbacks(_answer, self._not_answered, callbackArgs=(
+                self._settings, self._charge))
+        if self._retry and retriable(failure):
             self._retry = False
             if self._client.reactor.seconds() - self._started < self._allowed / 2:
                 log.info("Retrying {endpoint} after {error}", endpoint=self._origin.name,
