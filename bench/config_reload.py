@@ -98,12 +98,12 @@ def measure(reactor: Any, gaps: Gaps, load: Callable[[], Deferred[Any]]) -> Any:
 @inlineCallbacks
 def run(reactor: Any, args: argparse.Namespace) -> Any:
     directory = tempfile.mkdtemp(prefix="amp-config-reload-")
-    files = {"good": GOOD, **{kind: make() for kind, make in HOSTILE_CONFIGS.items()}}
+    writers = {"good": lambda f: f.write(GOOD), **HOSTILE_CONFIGS}
     paths = {}
-    for kind, data in files.items():
+    for kind, write in writers.items():
         paths[kind] = os.path.join(directory, f"{kind}.yaml")
         with open(paths[kind], "wb") as f:
-            f.write(data)
+            write(f)
     gaps = Gaps(reactor)
     gaps.loop.start(TICK)
     pool = reactor.getThreadPool()

@@ -10,7 +10,8 @@ answers, the deadlines and amp's RSS.
 
 The kinds (L{HOSTILE_CONFIGS}): an alias bomb (a few hundred bytes that
 would expand to 10**9 nodes), a 50 MiB file (an unknown key holding a long
-string), a file just under the 1 MiB cap that parses in full before it is
+string; sparse past its first 2 MiB, since amp reads no further than its
+cap), a file just under the 1 MiB cap that parses in full before it is
 refused (the most a reload can make amp parse), JSON nested 100,000 deep,
 NaN, invalid UTF-8 and an empty file.
 """
@@ -18,7 +19,7 @@ NaN, invalid UTF-8 and an empty file.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 MIB = 1024 * 1024
 
@@ -32,23 +33,32 @@ def _alias_bomb() -> bytes:
     return b"\n".join(lines) + b"\n"
 
 
-def _fifty_mib() -> bytes:
-    return b"failure_policy: Fail\nunknown: " + b"x" * (50 * MIB) + b"\n"
+def _fifty_mib(f: BinaryIO) -> None:
+    # Sparse: amp reads at most its 1 MiB cap and a byte, so the rest need
+    # not cost the machine 50 MiB of writing at every swap.
+    f.write(b"failure_policy: Fail\nunknown: " + b"x" * (2 * MIB))
+    f.truncate(50 * MIB)
 
 
 def _just_under_the_cap() -> bytes:
     return b"failure_policy: Fail\nunknown: " + b"x" * (MIB - 64) + b"\n"
 
 
-#: Each hostile kind: a function making its bytes.
-HOSTILE_CONFIGS: dict[str, Callable[[], bytes]] = {
-    "alias-bomb": _alias_bomb,
+def _bytes(data: bytes) -> Callable[[BinaryIO], None]:
+    def write(f: BinaryIO) -> None:
+        f.write(data)
+    return write
+
+
+#: Each hostile kind: a function writing it to an open file.
+HOSTILE_CONFIGS: dict[str, Callable[[BinaryIO], None]] = {
+    "alias-bomb": _bytes(_alias_bomb()),
     "50MiB": _fifty_mib,
-    "1MiB-parsed": _just_under_the_cap,
-    "deep-json": lambda: b'{"failure_policy": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-    "nan": lambda: b"endpoints: {timeout: .nan}\n",
-    "invalid-utf8": lambda: b"failure_policy: \xff\xfe\n",
-    "empty": lambda: b"",
+    "1MiB-parsed": _bytes(_just_under_the_cap()),
+    "deep-json": _bytes(b'{"failure_policy": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+    "nan": _bytes(b"endpoints: {timeout: .nan}\n"),
+    "invalid-utf8": _bytes(b"failure_policy: \xff\xfe\n"),
+    "empty": _bytes(b""),
 }
 
 
@@ -69,23 +79,23 @@ class ConfigSwapper:
         self._next = 0
         self._out = False
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, write: Callable[[BinaryIO], None]) -> None:
         new = self.path + ".new"
         with open(new, "wb") as f:
-            f.write(data)
+            write(f)
         os.replace(new, self.path)
 
     def swap(self) -> str:
         """Put the next file in place; returns its kind (C{good} for the good file)."""
         if self._out:
-            self._write(self.good)
+            self._write(_bytes(self.good))
             self._out = False
             self.restored += 1
             return "good"
         kinds = list(HOSTILE_CONFIGS)
         kind = kinds[self._next % len(kinds)]
         self._next += 1
-        self._write(HOSTILE_CONFIGS[kind]())
+        self._write(HOSTILE_CONFIGS[kind])
         self._out = True
         self.hostile += 1
         self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
