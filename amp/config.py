@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from amp.files import CONFIG_LIMIT, FileError, config_document, read_file
+from amp.hints import did_you_mean
 from amp.patch import parse_pointer
 from amp.urls import URLPattern, EndpointURL, parse_networks, shown_url
 
@@ -241,7 +242,7 @@ class BypassConfig:
     """C{kubernetes.bypass}: the report of Pods admitted without amp's review."""
 
     enabled: bool = False
-    horizon: float = 3600.0
+    horizon: float = 3000.0
     lease_name: str = "amp-bypass-reporter"
     lease_namespace: Optional[str] = None
     lease_duration: float = 15.0
@@ -465,6 +466,16 @@ _FIELDS: dict[type, dict[str, Callable[[Any], Any]]] = {
 }
 
 
+#: The top level's keys that are values, not sections.
+_SCALARS: dict[str, Callable[[Any], Any]] = {
+    "failure_policy": _choice("auto", "Ignore", "Fail"),
+    "annotate_status": _bool,
+    "ephemeral_containers": _bool,
+    "workers": _positive(_int),
+    "reload_interval": _positive(parse_duration),
+}
+
+
 def _keyname(name: Any) -> str:
     """
     A key as it appears in an error message: as written, or quoted when it
@@ -490,8 +501,9 @@ def _section(cls: type, raw: Any, key: str, base: Any = None, extra: tuple[str, 
         if name in extra:
             continue
         if name not in parsers:
-            known = ", ".join(sorted(list(parsers) + list(extra)))
-            raise ConfigError(f"{key}.{_keyname(name)}: unknown key (known keys: {known})")
+            known = sorted(list(parsers) + list(extra))
+            raise ConfigError(f"{key}.{_keyname(name)}: unknown key{did_you_mean(str(name), known)} "
+                              f"(known keys: {', '.join(known)})")
         try:
             values[name] = parsers[name](value)
         except ValueError as e:
@@ -579,7 +591,9 @@ def _kubernetes(raw: Any) -> KubernetesConfig:
             raise ConfigError(f"{nkey}: expected a mapping with labels and annotations")
         unknown = set(spec) - {"labels", "annotations"}
         if unknown:
-            raise ConfigError(f"{nkey}.{sorted(unknown)[0]}: unknown key (known keys: annotations, labels)")
+            first = str(sorted(unknown, key=str)[0])
+            raise ConfigError(f"{nkey}.{first}: unknown key{did_you_mean(first, ('annotations', 'labels'))} "
+                              "(known keys: annotations, labels)")
         try:
             labels = _str_map(spec.get("labels"))
         except ValueError as e:
@@ -637,13 +651,7 @@ def parse_config(raw: Any) -> Config:
         "log": lambda v: _section(LogConfig, v, "log"),
         "record": _record,
     }
-    scalars: dict[str, Callable[[Any], Any]] = {
-        "failure_policy": _choice("auto", "Ignore", "Fail"),
-        "annotate_status": _bool,
-        "ephemeral_containers": _bool,
-        "workers": _positive(_int),
-        "reload_interval": _positive(parse_duration),
-    }
+    scalars = _SCALARS
     values: dict[str, Any] = {}
     for key, value in raw.items():
         name = key
@@ -662,8 +670,9 @@ def parse_config(raw: Any) -> Config:
             except ValueError as e:
                 raise ConfigError(f"{key}: {e}") from None
         else:
-            known = ", ".join(sorted(list(sections) + list(scalars)))
-            raise ConfigError(f"{_keyname(name)}: unknown key (known keys: {known})")
+            known = sorted(list(sections) + list(scalars))
+            raise ConfigError(f"{_keyname(name)}: unknown key{did_you_mean(str(name), known)} "
+                              f"(known keys: {', '.join(known)})")
     config = Config(**values)
     if config.kubernetes.source != "static" and config.kubernetes.namespaces:
         raise ConfigError("kubernetes.namespaces: only used with kubernetes.source: static")

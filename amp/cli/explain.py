@@ -46,11 +46,13 @@ from zope.interface import implementer
 from amp.admission import LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION, Admitter
 from amp.breaker import BreakerRegistry
 from amp.cli.replay import recorded_reply_agent
-from amp.cli.workloads import InputError, PodInput, load_documents, pod_for, select_object, without_stamps
+from amp.cli.workloads import (
+    InputError, PodInput, load_documents, names_namespace, pod_for, select_object, without_stamps)
 from amp.config import Config, ConfigError, KubernetesConfig, load_config
 from amp.deadline import Deadline, review_budget
 from amp.endpoint import EndpointClient
 from amp.files import INPUT_LIMIT, FileError, read_file, read_stream
+from amp.hints import AmpKeys
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.patch import PatchError, check_patch
@@ -70,7 +72,7 @@ EXIT_DENIED = 3
 EXIT_NOT_IDEMPOTENT = 4
 
 #: Annotations amp stamps on the Pods it reviews (left out when --twice
-#: compares two rounds: amp rewrites them on every review).
+#: compares two rounds: they are amp's, not the endpoint's).
 STAMP_ANNOTATIONS = frozenset((STATUS_ANNOTATION, LEGACY_SKIPPED_ANNOTATION))
 
 
@@ -156,6 +158,9 @@ class Explanation:
     #: The file of the recorded reply the endpoint calls were answered
     #: with, if they were.
     recorded: Optional[str] = None
+    #: What the reader should know about the input: the namespace amp
+    #: fell back to, the Pod's labels and annotations amp does not read.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def exit_status(self) -> int:
@@ -194,9 +199,10 @@ class ExplainedNamespace(Service):
 
     def __init__(
         self, inner: INamespaceSource, name: str, labels: Mapping[str, str], annotations: Mapping[str, str],
-        where: str, cluster_policy: Optional[str] = None,
+        where: str, cluster_policy: Optional[str] = None, keys: Optional[AmpKeys] = None,
     ) -> None:
         self._inner = inner
+        self._keys = keys
         self._name = name
         self._labels = dict(labels)
         self._annotations = dict(annotations)
@@ -250,7 +256,8 @@ class ExplainedNamespace(Service):
                 Step.NAMESPACE, name=self._name, found=answer is not None, source=where,
                 labels=dict(answer.labels) if answer is not None else {},
                 annotations=dict(answer.annotations) if answer is not None else {},
-                set_by_command_line=set_by)
+                set_by_command_line=set_by,
+                near_misses=self._keys.namespace_hints(answer) if answer is not None and self._keys else [])
         return answer
 
 
@@ -447,7 +454,11 @@ def explain(
     else:
         inner = StaticNamespaceSource(KubernetesConfig())
         where = "the command line"
-    source = ExplainedNamespace(inner, namespace, options.labels, options.annotations, where, cluster_policy)
+    keys = AmpKeys(config.kubernetes)
+    source = ExplainedNamespace(inner, namespace, options.labels, options.annotations, where, cluster_policy, keys)
+    notes = keys.pod_hints(pod_input.pod)
+    if pod_input.defaulted_namespace:
+        notes.insert(0, f"no --namespace and {pod_input.source} names none: explained in namespace default")
     endpoint_client = EndpointClient(reactor, metrics, BreakerRegistry(reactor), agent=agent)
     admitter = Admitter(config, source, endpoint_client, reactor, metrics)
     deadline = config.deadline
@@ -458,7 +469,7 @@ def explain(
     try:
         first = yield _review(admitter, reactor, source, log, pod_input.pod, namespace, budget)
         result = Explanation(pod_input, first, namespace_source=where, cluster_policy=policy_note,
-                             twice=options.twice, recorded=recorded)
+                             twice=options.twice, recorded=recorded, notes=notes)
         if options.twice and first.pod is not None and first.result in (Result.PATCHED, Result.ALLOWED):
             second = yield _review(admitter, reactor, source, log, first.pod, namespace, budget)
             result.second = second
@@ -552,7 +563,8 @@ def _parser(out: IO[str]) -> _Parser:
                    help="use this recorded endpoint reply (a JSON array of operations or the reply object) "
                         "instead of calling the endpoint")
     p.add_argument("--twice", action="store_true",
-                   help="review the admitted Pod again and report whether that changes it (idempotency)")
+                   help="review the admitted Pod again, as the API server does when it reinvokes amp, and "
+                        "report whether that changes it (idempotency); the status stamp tells both reviews")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
     return p
 
@@ -604,6 +616,8 @@ def parse_command_line(argv: Sequence[str], stdin: Any, stdout: IO[str]) -> tupl
     try:
         obj = select_object(load_documents(data, name), name)
         pod_input = pod_for(obj, args.namespace)
+        if args.namespace is None and not names_namespace(obj):
+            pod_input = dataclasses.replace(pod_input, defaulted_namespace=True)
     except InputError as e:
         raise UsageError(str(e)) from None
     if args.config is not None:

@@ -64,6 +64,8 @@ def render_json(x: "Explanation") -> str:
     }
     if x.cluster_policy:
         doc["cluster_failure_policy_source"] = x.cluster_policy
+    if x.notes:
+        doc["notes"] = x.notes
     if x.twice:
         doc["idempotent"] = x.idempotent
     if x.second is not None:
@@ -108,6 +110,7 @@ def _event_lines(e: TraceEvent, recorded: Optional[str]) -> list[tuple[str, str]
                ("", f"annotations: {_pairs(f.get('annotations') or {})}")]
         if f.get("set_by_command_line"):
             out.append(("", "set by the command line: " + ", ".join(f["set_by_command_line"])))
+        out += [("", hint) for hint in f.get("near_misses") or ()]
         return out
     if step == Step.ROUTE:
         label = f"{f.get('label')}={f.get('value')}"
@@ -176,7 +179,8 @@ def _event_lines(e: TraceEvent, recorded: Optional[str]) -> list[tuple[str, str]
             out.append(("", str(f["message"])))
         return out
     if step == Step.STAMP:
-        return [("stamp", f"{f.get('key')}: {f.get('value')}")]
+        kept = "" if f.get("written", True) else " (the Pod has it already: not written again)"
+        return [("stamp", f"{f.get('key')}: {f.get('value')}{kept}")]
     return [(str(step), json.dumps(f, ensure_ascii=False))]
 
 
@@ -228,6 +232,7 @@ def render_text(x: "Explanation") -> str:
     lines = [f"Pod {name}{origin} in namespace {x.input.namespace}"]
     if x.cluster_policy:
         lines.append(f"failure_policy auto follows {x.cluster_policy}")
+    lines += [f"note: {note}" for note in x.notes]
     lines.append("")
     lines.extend(_round_text(first, x.recorded))
     lines.append("")
