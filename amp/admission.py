@@ -67,6 +67,7 @@ from amp.reply import EndpointDecision
 from amp.review import AUDIT_VALUE_LIMIT, AdmissionRequest, clean_audit_annotations, clip, dumps
 from amp.stamp import STATUS_ANNOTATION, next_stamp, pod_stamp
 from amp.trace import IReviewTrace, Step, answer_message, record_route
+from amp.urls import shown_url
 
 __all__ = ["AUDIT_ERROR_KEY", "LEGACY_SKIPPED_ANNOTATION", "STATUS_ANNOTATION", "Admitter", "Answer", "Outcome"]
 
@@ -685,7 +686,7 @@ class _Review:
         assert self._trace is not None and chain is not None
         step = chain.route.steps[chain.index]
         seconds = self._admitter._clock.seconds() - self._call_started
-        self._trace.record(Step.CALL, endpoint=step.name, url=step.url.url, outcome=outcome,
+        self._trace.record(Step.CALL, endpoint=step.name, url=shown_url(step.url), outcome=outcome,
                            seconds=round(seconds, 6), message=message)
 
     def _failed(self, reason: str, message: str, endpoint: Optional[str] = None) -> Answer:

@@ -26,11 +26,10 @@ from fnmatch import fnmatchcase
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-import yaml
-
+from amp.files import CONFIG_LIMIT, FileError, config_document, read_file
 from amp.hints import did_you_mean
 from amp.patch import parse_pointer
-from amp.urls import URLPattern, EndpointURL, parse_networks
+from amp.urls import URLPattern, EndpointURL, parse_networks, shown_url
 
 
 class ConfigError(ValueError):
@@ -685,34 +684,17 @@ def parse_config(raw: Any) -> Config:
 
 def load_config(path: str) -> Config:
     """
-    Read and parse the YAML file at C{path}.
+    Read and parse the YAML file at C{path} (L{amp.files.config_document}:
+    at most L{amp.files.CONFIG_LIMIT} bytes, no anchors or aliases).
 
     @raise ConfigError: if the file cannot be read, is not YAML, or is wrong.
     """
     try:
-        with open(path, "rb") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(f"(file): cannot read config file {path}: {e.strerror}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"(file): {path} is not valid YAML: {_yaml_problem(e)}") from None
+        data, _ = read_file(path, path, CONFIG_LIMIT)
+        raw = config_document(data, path)
+    except FileError as e:
+        raise ConfigError(f"(file): {e}") from None
     return parse_config(raw)
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """
-    A YAML error on one line: where, what, and in what (PyYAML's own text
-    spans several lines with a copy of the offending line).
-    """
-    mark = getattr(error, "problem_mark", None)
-    problem = getattr(error, "problem", None) or str(error)
-    context = getattr(error, "context", None)
-    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
-    if context:
-        text += f" ({context})"
-    return " ".join(text.split())
 
 
 # ---------------------------------------------------------------- reloading
@@ -794,16 +776,17 @@ def config_digest(config: Config) -> str:
 
 # ---------------------------------------------------------------- showing
 
-#: The credentials and query of a URL in a static namespace's annotation.
-_URL_SECRETS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s,]*@|\?[^#\s,]*")
+#: A URL in a static namespace's annotation value.
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s,]*")
 
 
 def _mask_url_secrets(value: str) -> str:
     """
-    C{value} with any URL's credentials and query replaced by C{***}: an
+    C{value} with every URL in it shown as amp shows endpoint URLs
+    (L{amp.urls.shown_url}: no query, user information or fragment): an
     annotation naming an endpoint may carry them.
     """
-    return _URL_SECRETS.sub(lambda m: f"{m.group('scheme')}***@" if m.group("scheme") else "?***", value)
+    return _URL_IN_TEXT.sub(lambda m: shown_url(m.group()), value)
 
 
 def _settings(settings: EndpointSettings) -> dict[str, Any]:
@@ -817,8 +800,8 @@ def effective_config(config: Config) -> dict[str, Any]:
     """
     C{config} as a configuration file would say it, every default filled
     in (durations in seconds, sizes in bytes): loading it gives C{config}
-    back, except that credentials and queries in static namespaces'
-    annotation values are masked.  Paths are shown, never what the files
+    back, except that URLs in static namespaces' annotation values are
+    shown without their credentials and queries (L{amp.urls.shown_url}).  Paths are shown, never what the files
     hold.
     """
     out = _canonical(config)

@@ -50,7 +50,7 @@ from amp.hints import NEAR_MISS_PROBLEM
 from amp.namespaces import INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.recent import RecentDecisions, RecentDecisionsResource
 from amp.record import Recorder
-from amp.reload import ConfigFile, ConfigReloadService
+from amp.reload import ConfigFile, ConfigReloadService, InThread, in_thread_pool
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.web import AdmissionResource, not_found, webhook_routes
 
@@ -220,6 +220,7 @@ class AmpService(MultiService):
         freeze_gc: bool = False,
         config_path: Optional[str] = None,
         on_connections: Optional[Callable[[int], None]] = None,
+        in_thread: Optional[InThread] = None,
     ) -> None:
         """
         @param certificate: the loaded serving certificate the webhook
@@ -244,6 +245,8 @@ class AmpService(MultiService):
         @param on_connections: called with the webhook listener's open
             connection count whenever it changes (with workers,
             L{amp.balance.WorkerListener.connections_changed}).
+        @param in_thread: where the config file is read and parsed on a
+            reload (L{amp.reload.ConfigFile}); None: C{reactor}'s thread pool.
         """
         super().__init__()
         self._drain_with: list[IService] = []
@@ -305,7 +308,8 @@ class AmpService(MultiService):
         self.config_file: Optional[ConfigFile] = None
         self.config_reload: Optional[ConfigReloadService] = None
         if config_path is not None:
-            self.config_file = ConfigFile(config_path, config, self.apply, metrics)
+            self.config_file = ConfigFile(config_path, config, self.apply, metrics,
+                                          in_thread=in_thread if in_thread is not None else in_thread_pool(reactor))
             self.config_reload = ConfigReloadService(
                 self.config_file, reactor=reactor, interval=config.reload_interval, install_sighup=install_sighup)
             self.config_reload.setServiceParent(self)

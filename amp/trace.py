@@ -164,7 +164,8 @@ def record_route(
     reason from L{amp.policy.failure_policy_why}, the function the route
     takes the policy from.
     """
-    from amp.policy import failure_policy_why, shown_url
+    from amp.policy import failure_policy_why
+    from amp.urls import shown_url
 
     kube = config.kubernetes
     labels = ns.labels if ns is not None else {}
@@ -187,11 +188,11 @@ def record_route(
                          reason=reason, error=message, patterns=patterns)
         else:
             pattern = next((p.text for p in allow if p.matches(r.url)), None)
-            trace.record(Step.ALLOW, url=r.url.url, allowed=pattern is not None, pattern=pattern, reason=reason,
+            trace.record(Step.ALLOW, url=shown_url(r.url), allowed=pattern is not None, pattern=pattern, reason=reason,
                          error=message, patterns=patterns)
     for step in r.steps:
         pattern = next((p.text for p in allow if p.matches(step.url)), None)
-        trace.record(Step.ALLOW, url=step.url.url, allowed=pattern is not None, pattern=pattern, reason="",
+        trace.record(Step.ALLOW, url=shown_url(step.url), allowed=pattern is not None, pattern=pattern, reason="",
                      error="", patterns=patterns)
     policy, why = failure_policy_why(ns, config, cluster_policy)
     trace.record(Step.POLICY, policy=r.failure_policy, why=why if policy == r.failure_policy else "")

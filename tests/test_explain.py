@@ -631,7 +631,7 @@ class UsageTests(SynchronousTestCase):
         self.bad(["-o", "xml", self.pod], "xml")
 
     def test_missing_file(self) -> None:
-        self.bad([os.path.join(self.files.dir, "nope.yaml")], "cannot read input", "nope.yaml")
+        self.bad([os.path.join(self.files.dir, "nope.yaml")], "input ", "nope.yaml: file not found")
 
     def test_not_yaml(self) -> None:
         self.bad([self.files.write("bad.yaml", "kind: Pod\n  spec: [\n")], "is not valid YAML", "line")
@@ -662,7 +662,7 @@ class UsageTests(SynchronousTestCase):
                  "spec.template is missing")
 
     def test_stdin_not_text(self) -> None:
-        self.bad(["-"], "stdin is not UTF-8 text", stdin=b"kind: Pod\nmetadata: {name: \xff}\n")
+        self.bad(["-"], "stdin, line 2: not UTF-8 text", stdin=b"kind: Pod\nmetadata: {name: \xff}\n")
 
     def test_help_exits_0(self) -> None:
         ran = run_sync(self, ["--help"])

@@ -50,6 +50,7 @@ from amp.cli.workloads import (
 from amp.config import Config, ConfigError, KubernetesConfig, load_config
 from amp.deadline import Deadline, review_budget
 from amp.endpoint import Connector, EndpointClient
+from amp.files import INPUT_LIMIT, FileError, read_file, read_stream
 from amp.hints import AmpKeys
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
@@ -68,9 +69,6 @@ EXIT_FAILURE_POLICY = 1
 EXIT_USAGE = 2
 EXIT_DENIED = 3
 EXIT_NOT_IDEMPOTENT = 4
-
-#: The most bytes amp explain reads from an input or reply file.
-MAX_INPUT = 16 * 1024 * 1024
 
 #: Annotations amp stamps on the Pods it reviews (left out when --twice
 #: compares two rounds: they are amp's, not the endpoint's).
@@ -581,20 +579,16 @@ def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
 
 
 def _read(path: str, what: str, stdin: Any) -> bytes:
-    if path == "-":
-        stream = getattr(stdin, "buffer", stdin)
-        data = stream.read(MAX_INPUT + 1)
-        if isinstance(data, str):
-            data = data.encode("utf-8")
-    else:
-        try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_INPUT + 1)
-        except OSError as e:
-            raise UsageError(f"cannot read {what} {path}: {e.strerror}") from None
-    if len(data) > MAX_INPUT:
-        raise UsageError(f"{what} {path} is larger than {MAX_INPUT // (1024 * 1024)} MiB")
-    return data
+    """
+    The file at C{path} (C{-}: standard input), within
+    L{amp.files.INPUT_LIMIT}.
+    """
+    try:
+        if path == "-":
+            return read_stream(stdin, f"{what} stdin", INPUT_LIMIT)
+        return read_file(path, f"{what} {path}", INPUT_LIMIT)[0]
+    except FileError as e:
+        raise UsageError(str(e)) from None
 
 
 def parse_command_line(argv: Sequence[str], stdin: Any, stdout: IO[str]) -> tuple[ExplainOptions, PodInput, str]:
