@@ -4,7 +4,7 @@ it is given.
 
 L{AmpService} receives its listening endpoints (the webhook's TLS endpoint
 and the metrics listener's, or None when metrics are off), its namespace
-source and, for tests, the HTTP agent its endpoint calls go through; it never
+source and, for tests, the connector its endpoint calls go through; it never
 builds a listener or reaches for the global reactor.  L{amp.tap.makeService}
 is the one place that builds the real ones from the config.
 
@@ -34,7 +34,6 @@ from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
 from twisted.logger import ILogObserver, Logger
 from twisted.python.failure import Failure
-from twisted.web.iweb import IAgent
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
@@ -43,7 +42,7 @@ from amp.breaker import BreakerRegistry
 from amp.canary import Canary
 from amp import __version__
 from amp.config import Config, TLSConfig, config_summary
-from amp.endpoint import EndpointClient
+from amp.endpoint import Connector, EndpointClient
 from amp.http import HTTPServerFactory
 from amp.logs import ConfigurableObserver
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
@@ -215,7 +214,7 @@ class AmpService(MultiService):
         metrics_endpoint: Optional[IStreamServerEndpoint],
         namespaces: INamespaceSource,
         metrics: Metrics,
-        agent: Optional[IAgent] = None,
+        connector: Optional[Connector] = None,
         install_sighup: bool = True,
         log_observer: Optional[ILogObserver] = None,
         freeze_gc: bool = False,
@@ -234,8 +233,8 @@ class AmpService(MultiService):
             metrics listener.
         @param namespaces: the namespace source (L{namespace_source}); a
             child service of this one.
-        @param agent: an C{IAgent} every endpoint call goes through instead
-            of amp's own pooled connections (tests).
+        @param connector: the connect endpoints every endpoint call goes
+            through instead of amp's own (L{amp.endpoint.Connector}; tests).
         @param freeze_gc: once the reactor runs, move the objects alive
             then out of the garbage collector's view (L{freeze_startup_objects}).
         @param config_path: the file C{config} was loaded from: watched, and
@@ -269,7 +268,7 @@ class AmpService(MultiService):
             emit("Circuit breaker for {endpoint} is now {state}", endpoint=origin, state=state)
 
         self.breakers = BreakerRegistry(reactor, breaker_changed, random=random.random)
-        self.endpoint_client = EndpointClient(reactor, metrics, self.breakers, agent=agent)
+        self.endpoint_client = EndpointClient(reactor, metrics, self.breakers, connector=connector)
         EndpointClientService(self.endpoint_client).setServiceParent(self)
         CertificateReloadService(
             certificate, reactor=reactor, interval=config.tls.reload_interval, install_sighup=install_sighup
@@ -283,7 +282,7 @@ class AmpService(MultiService):
         # Candidates have an endpoint client of their own: their own pools,
         # bulkheads and breakers, and metrics apart from the live endpoints'.
         self.canary_client = EndpointClient(reactor, Metrics(), BreakerRegistry(reactor, random=random.random),
-                                            agent=agent)
+                                            connector=connector)
         EndpointClientService(self.canary_client).setServiceParent(self)
         self.canary = Canary(self.canary_client, reactor, metrics,
                              annotate=lambda uid, result, paths: self.recent.annotate(uid, result, paths))

@@ -31,7 +31,7 @@ from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from amp.canary import CANARY_ANNOTATION
-from amp.cli.replay import recorded_reply_agent
+from amp.cli.replay import recorded_reply
 from amp.logs import ConfigurableObserver
 from amp.metrics import Metrics
 from amp.service import AmpService, namespace_source, serving_certificate
@@ -106,7 +106,7 @@ class NoSecretInAnyOutputTests(SynchronousTestCase):
                 config, clock, certificate=serving_certificate(config.tls, clock, metrics),
                 webhook_endpoint=ListeningAtOnce([]), metrics_endpoint=None,
                 namespaces=namespace_source(config, clock, metrics), metrics=metrics,
-                agent=recorded_reply_agent(reply, code), install_sighup=False)
+                connector=recorded_reply(reply, code), install_sighup=False)
             service.startService()
             transport = Transport()
             channel = service.webhook_server.buildProtocol(None)

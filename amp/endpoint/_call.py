@@ -31,19 +31,14 @@ C{cancelled}, also without a verdict.
 Retries
 =======
 
-A call that went out on a kept-alive connection the endpoint had closed
-while it sat in the pool (the request and the endpoint's close crossed) fails
-before any byte of its reply arrived (L{closed_while_idle}).  It is sent
-once more, on a new connection, within the call's time that is left: the
-same timer, one outcome for the metric and the breaker.  A call on a new
-connection is never sent again this way, nor one whose reply had started.
-Endpoints must be idempotent already: the API server itself sends a Pod
-again.
-
-Otherwise off by default.  With C{retry: true} a call is retried once, and
-only when the connection could not be made (refused or another connect
-error: the endpoint cannot have seen the request), never after a timeout or
-after anything was sent, and only within the first half of the call's time.
+Off by default.  With C{retry: true} a call is retried once, and only when
+the connection could not be made (refused or another connect error: the
+endpoint cannot have seen the request), never after a timeout or after
+anything was sent, and only within the first half of the call's time.
+Apart from that, and whatever C{retry} says, the pool sends a request again
+once when the reused idle connection it went out on closed before any
+byte of a reply (L{amp.http._pool}): that is within the call, not a retry
+of it.
 """
 
 from __future__ import annotations
@@ -51,21 +46,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.interfaces import IConsumer, IDelayedCall
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IResponse
-from zope.interface import implementer
 
 from amp.breaker import CircuitBreaker, Ticket
 from amp.config import EndpointSettings
 from amp.deadline import Deadline
-from amp.endpoint._failures import (
-    EXPECTED, EndpointFailure, LocalFailure, classify, closed_while_idle, first_line, retriable,
-)
+from amp.endpoint._failures import EXPECTED, EndpointFailure, LocalFailure, classify, first_line, retriable
 from amp.endpoint._pool import Profile, Target
-from amp.endpoint._reading import Charge, Drop, read_limited
+from amp.http import Charge, Reply
 from amp.reasons import Reason
 from amp.reply import EndpointDecision, ReplyError, parse_reply
 
@@ -75,60 +65,28 @@ if TYPE_CHECKING:
 log = Logger()
 
 
-@implementer(IBodyProducer)
-class BytesProducer:
+def _answer(reply: Reply) -> EndpointDecision:
     """
-    A request body already in memory, written in one go (Twisted's
-    C{FileBodyProducer} would pace it through the global cooperator).
+    What a reply means: a 2xx reply's body (read within C{max_response}
+    and amp's reply budget) parsed; any other status fails with its name,
+    its body unread and its connection closed.  Redirects are never
+    followed.
     """
-
-    __slots__ = ("_body", "length")
-
-    def __init__(self, body: bytes) -> None:
-        self._body = body
-        self.length = len(body)
-
-    def startProducing(self, consumer: IConsumer) -> Deferred:
-        consumer.write(self._body)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
-
-
-def _parse(body: bytes) -> EndpointDecision:
-    try:
-        return parse_reply(body)
-    except ReplyError as e:
-        raise EndpointFailure(Reason(e.reason), str(e)) from None
-
-
-def _answer(response: IResponse, settings: EndpointSettings, charge: Charge) -> Deferred:
-    """
-    What a response means: a 2xx reply's body read within C{max_response}
-    (and amp's reply budget, C{charge}) and parsed; any other status fails
-    with its name, its body unread and its connection closed.  Redirects are
-    never followed.
-    """
-    code = response.code
-    if 200 <= code < 300:
-        return read_limited(response, settings.max_response, charge).addCallback(_parse)
-    response.deliverBody(Drop())
+    code = reply.code
+    if reply.body is not None:
+        try:
+            return parse_reply(reply.body)
+        except ReplyError as e:
+            raise EndpointFailure(Reason(e.reason), str(e)) from None
     if 300 <= code < 400:
-        where = response.headers.getRawHeaders(b"location", [b""])[0].decode("latin-1")
+        where = (reply.location or b"").decode("latin-1")
         to = f" to {first_line(where)}" if where else ""
-        return fail(EndpointFailure(Reason.REDIRECT, f"HTTP {code} redirect{to} not followed"))
+        raise EndpointFailure(Reason.REDIRECT, f"HTTP {code} redirect{to} not followed")
     if 400 <= code < 500:
-        return fail(EndpointFailure(Reason.HTTP_4XX, f"HTTP {code}"))
+        raise EndpointFailure(Reason.HTTP_4XX, f"HTTP {code}")
     if 500 <= code < 600:
-        return fail(EndpointFailure(Reason.HTTP_5XX, f"HTTP {code}"))
-    return fail(EndpointFailure(Reason.INVALID_REPLY, f"HTTP status {code} is not a reply"))
+        raise EndpointFailure(Reason.HTTP_5XX, f"HTTP {code}")
+    raise EndpointFailure(Reason.INVALID_REPLY, f"HTTP status {code} is not a reply")
 
 
 class Call:
@@ -136,8 +94,8 @@ class Call:
     One call: its timer (if it has one), its ticket, its place in the
     bulkhead.
 
-    @param profile: the settings profile whose pool the call goes through,
-        or None to use C{agent} (tests).
+    @param profile: the settings profile whose pools the call goes through.
+    @param data: the whole request.
     @param timeout: the endpoint's own timeout when it is shorter than the
         caller's time left, else None (the caller's deadline rules).
     @param deadline: the review's deadline, which the caller enforces.
@@ -148,14 +106,14 @@ class Call:
     """
 
     __slots__ = (
-        "_client", "_origin", "_target", "_profile", "_agent", "_settings", "_body", "_headers", "_timeout",
+        "_client", "_origin", "_target", "_profile", "_settings", "_data", "_timeout",
         "_deadline", "_allowed", "_charge", "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry",
-        "_resent", "_done", "_waiters", "_check", "result",
+        "_done", "_waiters", "_check", "result",
     )
 
     def __init__(
-        self, client: "EndpointClient", origin: "Origin", target: Target, profile: Optional[Profile], agent: Any,
-        settings: EndpointSettings, body: bytes, headers: Headers, timeout: Optional[float], deadline: Deadline,
+        self, client: "EndpointClient", origin: "Origin", target: Target, profile: Profile,
+        settings: EndpointSettings, data: bytes, timeout: Optional[float], deadline: Deadline,
         allowed: float, charge: Charge, breaker: CircuitBreaker, ticket: Ticket,
         check: Optional[Callable[[EndpointDecision], Optional[str]]] = None,
     ) -> None:
@@ -163,10 +121,8 @@ class Call:
         self._origin = origin
         self._target = target
         self._profile = profile
-        self._agent = agent
         self._settings = settings
-        self._body = body
-        self._headers = headers
+        self._data = data
         self._timeout = timeout
         self._deadline = deadline
         self._allowed = allowed
@@ -175,7 +131,6 @@ class Call:
         self._ticket = ticket
         self._check = check
         self._retry = settings.retry
-        self._resent = False
         self._done = False
         self._waiters: Optional[list[Deferred]] = None
         self._pending: Optional[Deferred] = None
@@ -188,34 +143,24 @@ class Call:
         if self._timeout is not None:
             self._timer = reactor.callLater(self._timeout, self._timed_out)
         d = self._send()
-        d.addCallbacks(_answer, self._not_answered, callbackArgs=(self._settings, self._charge))
+        d.addCallbacks(_answer, self._not_answered)
         self._pending = d
         d.addBoth(self._ended)
         return self.result
 
-    def _send(self, new: bool = False) -> Deferred:
+    def _send(self) -> Deferred:
         try:
-            if self._profile is not None:
-                return self._profile.request(self._target, self._headers, BytesProducer(self._body), new)
-            return self._agent.request(b"POST", self._target.url, self._headers, BytesProducer(self._body))
+            return self._profile.request(self._target, self._data, self._charge)
         except Exception:
             return fail()
 
     def _not_answered(self, failure: Failure) -> Any:
-        if self._done:
-            return failure
-        if not self._resent and closed_while_idle(failure):
-            self._resent = True
-            log.debug("Sending to {endpoint} again on a new connection: it closed the kept-alive one before "
-                      "answering", endpoint=self._origin.name)
-            return self._send(new=True).addCallbacks(_answer, self._not_answered, callbackArgs=(
-                self._settings, self._charge))
-        if self._retry and retriable(failure):
+        if self._retry and not self._done and retriable(failure):
             self._retry = False
             if self._client.reactor.seconds() - self._started < self._allowed / 2:
                 log.info("Retrying {endpoint} after {error}", endpoint=self._origin.name,
                          error=first_line(failure.value))
-                return self._send().addCallback(_answer, self._settings, self._charge)
+                return self._send().addCallback(_answer)
         return failure
 
     def _ended(self, result: Any) -> None:
