@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""
+A review's whole path through amp, in memory: CPU time per review of the
+webhook listener (L{amp.http}), the review (L{amp.web}, L{amp.admission})
+and the endpoint client (L{amp.endpoint}) on a memory reactor, with no
+sockets, no TLS and no other process.
+
+Each review is the benchmark's AdmissionReview (typical and large,
+L{bench.bodies}) with the API server's headers, fed in 16 KiB pieces (TLS
+records) on one kept-alive connection; the endpoint's one pooled
+connection is answered at once with the benchmark endpoint's patch, and the
+answer is checked.  The review's accounting (log line, metrics), which amp
+does two reactor turns after answering, is run after every review and
+counted.  The steadiest figure for comparing versions of amp's own code;
+what TLS and the kernel add is in C{bench/run}.
+
+Run: C{python -m bench.review_path [--reviews N] [--profile typical|large]};
+prints one JSON object, or with C{--profile} the functions that cost most
+(cProfile, own time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import cProfile
+import json
+import pstats
+import time
+from typing import Any, Callable
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import globalLogPublisher
+
+from amp.admission import Admitter
+from amp.breaker import BreakerRegistry
+from amp.config import parse_config
+from amp.endpoint import EndpointClient
+from amp.http import HTTPServerFactory
+from amp.metrics import Metrics
+from amp.namespaces import StaticNamespaceSource
+from amp.web import webhook_routes
+from bench import bodies
+from bench.endpoint import PATCH
+
+_HEAD = (b"POST /mutate?timeout=10s HTTP/1.1\r\nHost: amp.amp.svc:443\r\nUser-Agent: kube-apiserver-admission\r\n"
+         b"Content-Type: application/json\r\nAccept: application/json, */*\r\nAccept-Encoding: gzip\r\n"
+         b"Content-Length: %d\r\n\r\n")
+_REPLY = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+          % (len(PATCH), PATCH))
+
+
+class ReviewPath:
+    """
+    amp's listener, admitter and endpoint client on one memory reactor,
+    with the client's pooled connection answered by hand.
+    """
+
+    def __init__(self) -> None:
+        self.clock = MemoryReactorClock()
+        config = parse_config({
+            "kubernetes": {"source": "static", "namespaces": {"bench": {
+                "labels": {"amp.txn2.com/enabled": "true"},
+                "annotations": {"amp.txn2.com/ep": "http://127.0.0.1:8090/mutate"}}}},
+            "endpoints": {"allow": ["http://127.0.0.1:*/*"], "timeout": "2s"},
+        })
+        metrics = Metrics()
+        self.client = EndpointClient(self.clock, metrics, BreakerRegistry(self.clock))
+        admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), self.client, self.clock, metrics)
+        routes = webhook_routes(admitter, self.clock, metrics, {})
+        factory = HTTPServerFactory(routes, reactor=self.clock, metrics=metrics, max_body=config.listen.max_body,
+                                    max_connections=100, request_timeout=10.0, idle_timeout=60.0)
+        self.server = StringTransport()
+        self.protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+        self.protocol.makeConnection(self.server)
+        self.endpoint: Any = None
+
+    def review(self, pieces: list[bytes]) -> bytes:
+        feed: Callable[[bytes], None] = self.protocol.dataReceived
+        for piece in pieces:
+            feed(piece)
+        if self.endpoint is None:
+            host, port, factory = self.clock.tcpClients[0][:3]
+            self.endpoint = factory.buildProtocol(IPv4Address("TCP", host, port))
+            self.endpoint_transport = StringTransport()
+            self.endpoint.makeConnection(self.endpoint_transport)
+        self.endpoint_transport.clear()
+        self.endpoint.dataReceived(_REPLY)
+        self.clock.advance(0)
+        self.clock.advance(0)
+        answer = self.server.value()
+        self.server.clear()
+        return answer
+
+
+def _pieces(body: bytes) -> list[bytes]:
+    request = _HEAD % len(body) + body
+    return [request[i:i + 16384] for i in range(0, len(request), 16384)]
+
+
+def _check(answer: bytes) -> None:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200 "):
+        raise SystemExit(f"not answered 200: {answer[:300]!r}")
+    response = json.loads(body)["response"]
+    ops = json.loads(base64.b64decode(response.get("patch", "")) or b"[]")
+    if json.loads(PATCH)[0] not in ops or response.get("warnings"):
+        raise SystemExit(f"not answered with the endpoint's patch: {body[:300]!r}")
+
+
+def cpu_per_review(path: ReviewPath, body: bytes, reviews: int, rounds: int = 5) -> float:
+    """Microseconds of CPU per review (median of C{rounds} rounds)."""
+    pieces = _pieces(body)
+    _check(path.review(pieces))
+    figures = []
+    for _ in range(rounds):
+        started = time.process_time()
+        for _ in range(reviews):
+            path.review(pieces)
+        figures.append((time.process_time() - started) / reviews * 1e6)
+    _check(path.review(pieces))
+    figures.sort()
+    return figures[len(figures) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reviews", type=int, default=2000, help="reviews per round (median of five rounds)")
+    parser.add_argument("--profile", choices=("typical", "large"), help="profile this body instead")
+    parser.add_argument("--top", type=int, default=30, help="functions shown by --profile")
+    args = parser.parse_args()
+    # The review log lines go nowhere, as in a daemon whose log is a file.
+    for observer in list(globalLogPublisher._observers):  # private: no public way to list the observers
+        globalLogPublisher.removeObserver(observer)
+    path = ReviewPath()
+    if args.profile:
+        pieces = _pieces(bodies.review_body(args.profile, "bench"))
+        _check(path.review(pieces))
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(args.reviews):
+            path.review(pieces)
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
+        return
+    results: dict[str, Any] = {}
+    for name in ("typical", "large"):
+        body = bodies.review_body(name, "bench")
+        results[name] = {"body_bytes": len(body), "us/review": round(cpu_per_review(path, body, args.reviews), 1)}
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
