@@ -14,9 +14,14 @@ does two reactor turns after answering, is run after every review and
 counted.  The steadiest figure for comparing versions of amp's own code;
 what TLS and the kernel add is in C{bench/run}.
 
-Run: C{python -m bench.review_path [--reviews N] [--profile typical|large]};
-prints one JSON object, or with C{--profile} the functions that cost most
-(cProfile, own time).
+With C{--in-flight N}, N reviews are received together on N connections
+before their N endpoint connections answer, as under the benchmark's
+sixteen connections: what many decoded Pods alive at once cost (cache
+misses, the allocator's fresh pages) shows there and not one at a time.
+
+Run: C{python -m bench.review_path [--reviews N] [--in-flight N]
+[--profile typical|large]}; prints one JSON object, or with C{--profile}
+the functions that cost most (cProfile, own time).
 """
 
 from __future__ import annotations
@@ -71,24 +76,59 @@ class ReviewPath:
         routes = webhook_routes(admitter, self.clock, metrics, {})
         factory = HTTPServerFactory(routes, reactor=self.clock, metrics=metrics, max_body=config.listen.max_body,
                                     max_connections=100, request_timeout=10.0, idle_timeout=60.0)
+        self.factory = factory
+        #: Connections and endpoint connections for L{reviews}.
+        self.more: list[tuple[Any, StringTransport]] = []
+        self.endpoints: list[tuple[Any, StringTransport]] = []
         self.server = StringTransport()
         self.protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
         self.protocol.makeConnection(self.server)
-        self.endpoint: Any = None
+
+    def reviews(self, pieces: list[bytes], count: int) -> None:
+        """
+        C{count} reviews in flight together, each on its own connection and
+        its own pooled endpoint connection, as under the benchmark's
+        sixteen connections: all received, then all answered.
+        """
+        while len(self.more) < count:
+            transport = StringTransport()
+            protocol = self.factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40001 + len(self.more)))
+            protocol.makeConnection(transport)
+            self.more.append((protocol, transport))
+        for protocol, _ in self.more[:count]:
+            for piece in pieces:
+                protocol.dataReceived(piece)
+        self._answer_endpoints()
+        for _, transport in self.more[:count]:
+            answer = transport.value()
+            transport.clear()
+            if not answer.startswith(b"HTTP/1.1 200 "):
+                raise SystemExit(f"not answered 200: {answer[:300]!r}")
+
+    def _answer_endpoints(self) -> None:
+        """
+        Connect the endpoint connections the client opened since, answer
+        every request they were sent, and run the reactor's next two turns
+        (the reviews' accounting).
+        """
+        while len(self.endpoints) < len(self.clock.tcpClients):
+            host, port, factory = self.clock.tcpClients[len(self.endpoints)][:3]
+            endpoint = factory.buildProtocol(IPv4Address("TCP", host, port))
+            transport = StringTransport()
+            endpoint.makeConnection(transport)
+            self.endpoints.append((endpoint, transport))
+        for endpoint, transport in self.endpoints:
+            if transport.value():
+                transport.clear()
+                endpoint.dataReceived(_REPLY)
+        self.clock.advance(0)
+        self.clock.advance(0)
 
     def review(self, pieces: list[bytes]) -> bytes:
         feed: Callable[[bytes], None] = self.protocol.dataReceived
         for piece in pieces:
             feed(piece)
-        if self.endpoint is None:
-            host, port, factory = self.clock.tcpClients[0][:3]
-            self.endpoint = factory.buildProtocol(IPv4Address("TCP", host, port))
-            self.endpoint_transport = StringTransport()
-            self.endpoint.makeConnection(self.endpoint_transport)
-        self.endpoint_transport.clear()
-        self.endpoint.dataReceived(_REPLY)
-        self.clock.advance(0)
-        self.clock.advance(0)
+        self._answer_endpoints()
         answer = self.server.value()
         self.server.clear()
         return answer
@@ -109,16 +149,20 @@ def _check(answer: bytes) -> None:
         raise SystemExit(f"not answered with the endpoint's patch: {body[:300]!r}")
 
 
-def cpu_per_review(path: ReviewPath, body: bytes, reviews: int, rounds: int = 5) -> float:
+def cpu_per_review(path: ReviewPath, body: bytes, reviews: int, in_flight: int = 1, rounds: int = 5) -> float:
     """Microseconds of CPU per review (median of C{rounds} rounds)."""
     pieces = _pieces(body)
     _check(path.review(pieces))
     figures = []
+    batches = max(1, reviews // in_flight)
     for _ in range(rounds):
         started = time.process_time()
-        for _ in range(reviews):
-            path.review(pieces)
-        figures.append((time.process_time() - started) / reviews * 1e6)
+        for _ in range(batches):
+            if in_flight == 1:
+                path.review(pieces)
+            else:
+                path.reviews(pieces, in_flight)
+        figures.append((time.process_time() - started) / (batches * in_flight) * 1e6)
     _check(path.review(pieces))
     figures.sort()
     return figures[len(figures) // 2]
@@ -129,6 +173,8 @@ def main() -> None:
     parser.add_argument("--reviews", type=int, default=2000, help="reviews per round (median of five rounds)")
     parser.add_argument("--profile", choices=("typical", "large"), help="profile this body instead")
     parser.add_argument("--top", type=int, default=30, help="functions shown by --profile")
+    parser.add_argument("--in-flight", type=int, default=1,
+                        help="reviews in flight together, each on its own connections (default 1)")
     args = parser.parse_args()
     # The review log lines go nowhere, as in a daemon whose log is a file.
     for observer in list(globalLogPublisher._observers):  # private: no public way to list the observers
@@ -147,7 +193,8 @@ def main() -> None:
     results: dict[str, Any] = {}
     for name in ("typical", "large"):
         body = bodies.review_body(name, "bench")
-        results[name] = {"body_bytes": len(body), "us/review": round(cpu_per_review(path, body, args.reviews), 1)}
+        us = cpu_per_review(path, body, args.reviews, max(1, args.in_flight))
+        results[name] = {"body_bytes": len(body), "in_flight": max(1, args.in_flight), "us/review": round(us, 1)}
     print(json.dumps(results, indent=2))
 
 
