@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import yaml
 
-from amp.patch import parse_pointer
+from amp.pointer import parse_pointer
 from amp.urls import URLPattern, EndpointURL, parse_networks
 
 
