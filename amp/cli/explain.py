@@ -25,14 +25,12 @@ command line and prints; only L{main} reaches for the global reactor.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import dataclasses
 import json
 import os
 import sys
 import uuid
-from dataclasses import dataclass, field
 from typing import IO, Any, Mapping, Optional, Sequence
 
 from twisted.application.service import Service
@@ -44,139 +42,33 @@ from zope.interface import implementer
 
 from amp.admission import LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION, Admitter
 from amp.breaker import BreakerRegistry
+from amp.cli._command_line import (
+    MAX_INPUT, Exit, ExplainOptions, UsageError, command_line_parser, parse_command_line)
+from amp.cli._explanation import (
+    EXIT_ADMITTED, EXIT_DENIED, EXIT_FAILURE_POLICY, EXIT_NOT_IDEMPOTENT, EXIT_USAGE, Explanation, Round,
+    exit_status)
 from amp.cli.replay import recorded_reply_agent
-from amp.cli.workloads import InputError, PodInput, load_documents, pod_for, select_object, without_stamps
-from amp.config import Config, ConfigError, KubernetesConfig, load_config
+from amp.cli.report import render_json, render_text
+from amp.cli.workloads import PodInput, without_stamps
+from amp.config import KubernetesConfig
 from amp.deadline import Deadline, review_budget
 from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.patch import PatchError, check_patch
-from amp.reasons import FAILURE_REASONS, Reason, Result
+from amp.reasons import Result
 from amp.review import parse_review
 from amp.trace import RecordedTrace, Step
 
 __all__ = [
     "EXIT_ADMITTED", "EXIT_FAILURE_POLICY", "EXIT_USAGE", "EXIT_DENIED", "EXIT_NOT_IDEMPOTENT",
-    "ExplainOptions", "Explanation", "Round", "UsageError", "exit_status", "explain", "run",
+    "MAX_INPUT", "ExplainOptions", "Explanation", "Round", "UsageError", "command_line_parser", "exit_status",
+    "explain", "parse_command_line", "run",
 ]
-
-EXIT_ADMITTED = 0
-EXIT_FAILURE_POLICY = 1
-EXIT_USAGE = 2
-EXIT_DENIED = 3
-EXIT_NOT_IDEMPOTENT = 4
-
-#: The most bytes amp explain reads from an input or reply file.
-MAX_INPUT = 16 * 1024 * 1024
 
 #: Annotations amp stamps on the Pods it reviews (left out when --twice
 #: compares two rounds: amp rewrites them on every review).
 STAMP_ANNOTATIONS = frozenset((STATUS_ANNOTATION, LEGACY_SKIPPED_ANNOTATION))
-
-
-class UsageError(Exception):
-    """
-    Bad usage or input: exit L{EXIT_USAGE} with this one-line message.
-    """
-
-
-# ---------------------------------------------------------------- options
-
-
-@dataclass(frozen=True)
-class ExplainOptions:
-    """
-    What to explain and how.
-
-    @ivar config: amp's configuration (the defaults when no C{--config}).
-    @ivar config_path: where it came from, for messages; None: defaults.
-    @ivar labels: namespace labels to set (C{--set-label}), over the source's.
-    @ivar annotations: namespace annotations to set (C{--set-annotation}).
-    @ivar reply: the recorded endpoint reply (C{--reply}); None: call live.
-    @ivar twice: review the admitted Pod again (C{--twice}).
-    @ivar cluster: look the namespace up in the cluster (the config's
-        source is not static, or there is no config and no C{--set-*}).
-    """
-
-    config: Config = field(default_factory=Config)
-    config_path: Optional[str] = None
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    reply: Optional[bytes] = None
-    reply_path: Optional[str] = None
-    twice: bool = False
-    cluster: bool = False
-
-
-@dataclass
-class Round:
-    """
-    One review of the Pod: the decision and what it did to the Pod.
-
-    @ivar request_pod: the Pod sent for review.
-    @ivar pod: the Pod as admitted (C{request_pod} with C{patch} applied),
-        or None when it was denied.
-    @ivar patch: the JSON Patch amp sends the API server (C{[]} for none).
-    @ivar log: amp's log lines written during the review.
-    """
-
-    request_pod: dict[str, Any]
-    result: str
-    reason: str
-    message: str
-    allowed: bool
-    code: Optional[int]
-    patch: list[dict[str, Any]]
-    warnings: list[str]
-    audit: dict[str, str]
-    pod: Optional[dict[str, Any]]
-    endpoint: str
-    trace: RecordedTrace
-    log: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Explanation:
-    """
-    What amp explain found: the input, the first round and, with
-    C{--twice}, the second and whether the endpoint is idempotent (None
-    when the first round admitted nothing to review again).
-    """
-
-    input: PodInput
-    first: Round
-    second: Optional[Round] = None
-    idempotent: Optional[bool] = None
-    namespace_source: str = ""
-    #: Where C{failure_policy: auto} read the cluster's policy, if it did.
-    cluster_policy: str = ""
-    #: C{--twice} was asked for.
-    twice: bool = False
-    #: The file of the recorded reply the endpoint calls were answered
-    #: with, if they were.
-    recorded: Optional[str] = None
-
-    @property
-    def exit_status(self) -> int:
-        status = exit_status(self.first.result, self.first.reason)
-        if status == EXIT_ADMITTED and self.idempotent is False:
-            return EXIT_NOT_IDEMPOTENT
-        return status
-
-
-def exit_status(result: str, reason: str) -> int:
-    """
-    The exit status for a review that ended in C{result} for C{reason}.
-    """
-    if reason == Reason.ENDPOINT_DENIED:
-        return EXIT_DENIED
-    if reason in FAILURE_REASONS:
-        # Including a chain patched without a failed endpoint's patch.
-        return EXIT_FAILURE_POLICY
-    if result in (Result.PATCHED, Result.ALLOWED, Result.SKIPPED, Result.SHADOW):
-        return EXIT_ADMITTED
-    return EXIT_FAILURE_POLICY
 
 
 # ---------------------------------------------------------------- the namespace
@@ -477,150 +369,6 @@ def explain(
 
 
 
-# ---------------------------------------------------------------- the command line
-
-
-class _Exit(Exception):
-    def __init__(self, status: int) -> None:
-        self.status = status
-
-
-class _Parser(argparse.ArgumentParser):
-    """
-    argparse that reports a usage error as one line (L{UsageError}) and
-    writes help to the given stream instead of exiting the process.
-    """
-
-    def __init__(self, *args: Any, out: IO[str], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.out = out
-
-    def error(self, message: str) -> Any:  # type: ignore[override]
-        raise UsageError(f"{message} (see amp explain --help)")
-
-    def print_help(self, file: Optional[IO[str]] = None) -> None:
-        (file or self.out).write(self.format_help())
-
-    def exit(self, status: int = 0, message: Optional[str] = None) -> Any:  # type: ignore[override]
-        if message:
-            raise UsageError(message.strip())
-        raise _Exit(status)
-
-
-DESCRIPTION = """\
-Review one Pod with amp's own pipeline and say what amp would do and why:
-the namespace, the endpoint and the allow-list, the failure policy, the
-call, every patch operation, repair and check, the answer and the status
-stamp, then the Pod before and after as a YAML diff.
-
-FILE (or - for stdin) holds a Pod, or a Deployment, StatefulSet, DaemonSet,
-ReplicaSet, Job or CronJob whose Pod template is reviewed as the Pod its
-controller would create (YAML or JSON).
-
-The namespace comes from amp's config (--config): its static namespaces, or
-the cluster through the kubeconfig (one GET).  --set-label and
---set-annotation set the namespace's labels and annotations over that; with
-no --config they describe the whole namespace, and no cluster is needed.
-"""
-
-EPILOG = """\
-exit status:
-  0  admitted as the endpoint intended (patched, allowed, or amp does not act)
-  1  the failure policy decided (ignored, failed: denied because of a failure, or
-     a chain patched without a failed endpoint's patch)
-  2  bad usage or input
-  3  the endpoint denied the Pod
-  4  with --twice: a second review would change the Pod again (not idempotent)
-
-example:
-  amp explain deploy.yaml -n team-a --config etc/amp.yaml
-  amp explain pod.yaml -n team-a --reply reply.json -o json \\
-      --set-label amp.txn2.com/enabled=true \\
-      --set-annotation amp.txn2.com/ep=http://injector.tools.svc:8080/mutate
-"""
-
-
-def _parser(out: IO[str]) -> _Parser:
-    p = _Parser(prog="amp explain", description=DESCRIPTION, epilog=EPILOG, out=out,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("file", metavar="FILE", help="the Pod or workload, YAML or JSON; - reads stdin")
-    p.add_argument("-n", "--namespace", help="the namespace (default: the object's own, else default)")
-    p.add_argument("--config", metavar="FILE", help="amp's configuration (default: amp's defaults)")
-    p.add_argument("--set-label", metavar="KEY=VALUE", action="append", default=[],
-                   help="set a label of the namespace (repeatable)")
-    p.add_argument("--set-annotation", metavar="KEY=VALUE", action="append", default=[],
-                   help="set an annotation of the namespace (repeatable)")
-    p.add_argument("--reply", metavar="FILE",
-                   help="use this recorded endpoint reply (a JSON array of operations or the reply object) "
-                        "instead of calling the endpoint")
-    p.add_argument("--twice", action="store_true",
-                   help="review the admitted Pod again and report whether that changes it (idempotency)")
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
-    return p
-
-
-def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for value in values:
-        key, sep, v = value.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"{flag}: expected KEY=VALUE, got {value!r}")
-        out[key.strip()] = v
-    return out
-
-
-def _read(path: str, what: str, stdin: Any) -> bytes:
-    if path == "-":
-        stream = getattr(stdin, "buffer", stdin)
-        data = stream.read(MAX_INPUT + 1)
-        if isinstance(data, str):
-            data = data.encode("utf-8")
-    else:
-        try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_INPUT + 1)
-        except OSError as e:
-            raise UsageError(f"cannot read {what} {path}: {e.strerror}") from None
-    if len(data) > MAX_INPUT:
-        raise UsageError(f"{what} {path} is larger than {MAX_INPUT // (1024 * 1024)} MiB")
-    return data
-
-
-def parse_command_line(argv: Sequence[str], stdin: Any, stdout: IO[str]) -> tuple[ExplainOptions, PodInput, str]:
-    """
-    Parse C{argv} (after C{explain}) and read the files it names: the
-    options, the Pod to review and the output format.
-
-    @raise UsageError: bad usage or input.
-    """
-    args = _parser(stdout).parse_args(list(argv))
-    labels = _pairs(args.set_label, "--set-label")
-    annotations = _pairs(args.set_annotation, "--set-annotation")
-    config = Config()
-    if args.config is not None:
-        try:
-            config = load_config(args.config)
-        except ConfigError as e:
-            raise UsageError(f"config {args.config}: {e}") from None
-    reply = _read(args.reply, "reply", stdin) if args.reply is not None else None
-    if args.reply == "-" and args.file == "-":
-        raise UsageError("FILE and --reply cannot both be stdin")
-    name = "stdin" if args.file == "-" else args.file
-    data = _read(args.file, "input", stdin)
-    try:
-        obj = select_object(load_documents(data, name), name)
-        pod_input = pod_for(obj, args.namespace)
-    except InputError as e:
-        raise UsageError(str(e)) from None
-    if args.config is not None:
-        cluster = config.kubernetes.source != "static"
-    else:
-        cluster = not (labels or annotations)
-    options = ExplainOptions(config=config, config_path=args.config, labels=labels, annotations=annotations,
-                             reply=reply, reply_path=args.reply, twice=args.twice, cluster=cluster)
-    return options, pod_input, args.output
-
-
 @inlineCallbacks
 def run(
     argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
@@ -634,8 +382,6 @@ def run(
     @param agent: an C{IAgent} for the endpoint calls instead of amp's own
         connections (tests; C{--reply} brings its own).
     """
-    from amp.cli.report import render_json, render_text
-
     stdin = stdin if stdin is not None else sys.stdin
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
@@ -645,7 +391,7 @@ def run(
             agent = recorded_reply_agent(options.reply)
         explanation = yield explain(reactor, options, pod_input, agent=agent, log_publisher=log_publisher,
                                     recorded=options.reply_path)
-    except _Exit as e:
+    except Exit as e:
         return e.status
     except UsageError as e:
         stderr.write(f"amp explain: {e}\n")

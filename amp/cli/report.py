@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import yaml
 
+from amp.cli._explanation import Explanation, Round
 from amp.cli.workloads import without_stamps
 from amp.trace import Step, TraceEvent
-
-if TYPE_CHECKING:
-    from amp.cli.explain import Explanation, Round
 
 __all__ = ["render_json", "render_text", "pod_yaml"]
 
