@@ -58,11 +58,12 @@ from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.patch import CheckedPatch, PatchError, annotate, check_patch, compose, unchanged
 from amp.policy import (
-    FAIL, IGNORE, SHADOW, Route, failure_policy, opted_out, own_pods_warning, protected_namespaces, route)
+    FAIL, IGNORE, SHADOW, Route, failure_policy, opted_out, own_pods_warning, protected_namespaces, record_route,
+    route)
 from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
 from amp.review import AUDIT_VALUE_LIMIT, AdmissionRequest, clean_audit_annotations, clip, dumps
-from amp.trace import IReviewTrace, Step, answer_message, record_route
+from amp.trace import IReviewTrace, Step, answer_message
 
 __all__ = ["AUDIT_ERROR_KEY", "LEGACY_SKIPPED_ANNOTATION", "STATUS_ANNOTATION", "Admitter", "Answer", "Outcome"]
 

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from amp.config import BreakerConfig, Config, EndpointSettings
 from amp.namespaces import NamespaceInfo
 from amp.reasons import Reason
+from amp.trace import IReviewTrace, Step
 from amp.urls import BadURL, EndpointURL, parse_endpoint_url
 
 IGNORE, FAIL = "Ignore", "Fail"
@@ -306,3 +307,45 @@ def shown_url(raw: str, limit: int = 200) -> str:
     out = "".join(c if 0x20 < ord(c) < 0x7F else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
                   for c in text)
     return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
+def record_route(
+    trace: IReviewTrace, ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str],
+    r: Route, *, validation: bool = False,
+) -> None:
+    """
+    Tell C{trace} what L{amp.policy.route} decided for C{ns} and why: the
+    C{route}, C{allow} and C{policy} steps.  The facts come from the route
+    itself and from the config it was made with; the failure policy's
+    reason from L{failure_policy_why}, the function the route takes the
+    policy from.
+    """
+    kube = config.kubernetes
+    labels = ns.labels if ns is not None else {}
+    annotations = ns.annotations if ns is not None else {}
+    keys = (kube.validation_annotation,) if validation else tuple(kube.endpoint_annotations)
+    annotation = next((k for k in keys if r.raw_url and annotations.get(k) == r.raw_url), None)
+    trace.record(
+        Step.ROUTE, enabled=r.enabled, label=kube.enabled_label, value=kube.enabled_value,
+        got=labels.get(kube.enabled_label), exists=ns is not None, annotation=annotation,
+        annotations=list(keys), url=shown_url(r.raw_url) if r.raw_url else "", mode=r.mode,
+        steps=[step.name for step in r.steps])
+    if not r.enabled:
+        return
+    allow = config.endpoints.allow
+    patterns = [p.text for p in allow]
+    if r.error is not None and r.raw_url:
+        reason, message = r.error
+        if r.url is None:
+            trace.record(Step.ALLOW, url=shown_url(r.bad_url or r.raw_url), allowed=False, pattern=None,
+                         reason=reason, error=message, patterns=patterns)
+        else:
+            pattern = next((p.text for p in allow if p.matches(r.url)), None)
+            trace.record(Step.ALLOW, url=r.url.url, allowed=pattern is not None, pattern=pattern, reason=reason,
+                         error=message, patterns=patterns)
+    for step in r.steps:
+        pattern = next((p.text for p in allow if p.matches(step.url)), None)
+        trace.record(Step.ALLOW, url=step.url.url, allowed=pattern is not None, pattern=pattern, reason="",
+                     error="", patterns=patterns)
+    policy, why = failure_policy_why(ns, config, cluster_policy)
+    trace.record(Step.POLICY, policy=r.failure_policy, why=why if policy == r.failure_policy else "")

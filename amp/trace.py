@@ -47,14 +47,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 from zope.interface import Interface, implementer
-
-if TYPE_CHECKING:
-    from amp.config import Config
-    from amp.namespaces import NamespaceInfo
-    from amp.policy import Route
 
 
 class Step(StrEnum):
@@ -151,47 +146,3 @@ def answer_message(body: bytes) -> str:
     status = response.get("status") or {}
     audit = response.get("auditAnnotations") or {}
     return str(status.get("message") or audit.get("error") or "")
-
-
-def record_route(
-    trace: IReviewTrace, ns: "Optional[NamespaceInfo]", config: "Config", cluster_policy: Optional[str],
-    r: "Route", *, validation: bool = False,
-) -> None:
-    """
-    Tell C{trace} what L{amp.policy.route} decided for C{ns} and why: the
-    C{route}, C{allow} and C{policy} steps.  The facts come from the route
-    itself and from the config it was made with; the failure policy's
-    reason from L{amp.policy.failure_policy_why}, the function the route
-    takes the policy from.
-    """
-    from amp.policy import failure_policy_why, shown_url
-
-    kube = config.kubernetes
-    labels = ns.labels if ns is not None else {}
-    annotations = ns.annotations if ns is not None else {}
-    keys = (kube.validation_annotation,) if validation else tuple(kube.endpoint_annotations)
-    annotation = next((k for k in keys if r.raw_url and annotations.get(k) == r.raw_url), None)
-    trace.record(
-        Step.ROUTE, enabled=r.enabled, label=kube.enabled_label, value=kube.enabled_value,
-        got=labels.get(kube.enabled_label), exists=ns is not None, annotation=annotation,
-        annotations=list(keys), url=shown_url(r.raw_url) if r.raw_url else "", mode=r.mode,
-        steps=[step.name for step in r.steps])
-    if not r.enabled:
-        return
-    allow = config.endpoints.allow
-    patterns = [p.text for p in allow]
-    if r.error is not None and r.raw_url:
-        reason, message = r.error
-        if r.url is None:
-            trace.record(Step.ALLOW, url=shown_url(r.bad_url or r.raw_url), allowed=False, pattern=None,
-                         reason=reason, error=message, patterns=patterns)
-        else:
-            pattern = next((p.text for p in allow if p.matches(r.url)), None)
-            trace.record(Step.ALLOW, url=r.url.url, allowed=pattern is not None, pattern=pattern, reason=reason,
-                         error=message, patterns=patterns)
-    for step in r.steps:
-        pattern = next((p.text for p in allow if p.matches(step.url)), None)
-        trace.record(Step.ALLOW, url=step.url.url, allowed=pattern is not None, pattern=pattern, reason="",
-                     error="", patterns=patterns)
-    policy, why = failure_policy_why(ns, config, cluster_policy)
-    trace.record(Step.POLICY, policy=r.failure_policy, why=why if policy == r.failure_policy else "")
