@@ -16,12 +16,12 @@ from typing import Any, Optional
 
 from amp.config import BreakerConfig, Config, EndpointSettings
 from amp.namespaces import NamespaceInfo
-from amp.reasons import Reason
+from amp.reasons import FailurePolicy, Mode, Reason
 from amp.trace import IReviewTrace, Step
 from amp.urls import BadURL, EndpointURL, parse_endpoint_url
 
-IGNORE, FAIL = "Ignore", "Fail"
-NORMAL, SHADOW = "normal", "shadow"
+IGNORE, FAIL = FailurePolicy.IGNORE, FailurePolicy.FAIL
+NORMAL, SHADOW = Mode.NORMAL, Mode.SHADOW
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +67,8 @@ class Route:
     """
 
     enabled: bool
-    failure_policy: str = FAIL
-    mode: str = NORMAL
+    failure_policy: FailurePolicy = FAIL
+    mode: Mode = NORMAL
     url: Optional[EndpointURL] = None
     raw_url: str = ""
     steps: tuple[EndpointStep, ...] = ()
@@ -106,7 +106,7 @@ class Route:
 _NOT_ENABLED = Route(enabled=False)
 
 
-def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str]) -> str:
+def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str]) -> FailurePolicy:
     """
     The namespace's C{amp.txn2.com/failure-policy} annotation if valid, else
     the config's C{failure_policy}; C{auto} follows the cluster's
@@ -116,10 +116,10 @@ def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: 
     if ns is not None:
         value = ns.annotations.get(config.kubernetes.failure_policy_annotation)
         if value in (IGNORE, FAIL):
-            return value
-    if config.failure_policy == "auto":
-        return cluster_policy if cluster_policy in (IGNORE, FAIL) else FAIL
-    return config.failure_policy
+            return FailurePolicy(value)
+    if config.failure_policy == FailurePolicy.AUTO:
+        return FailurePolicy(cluster_policy) if cluster_policy in (IGNORE, FAIL) else FAIL
+    return FailurePolicy(config.failure_policy)
 
 
 def failure_policy_problem(ns: NamespaceInfo, config: Config, policy: str) -> Optional[str]:
@@ -132,7 +132,7 @@ def failure_policy_problem(ns: NamespaceInfo, config: Config, policy: str) -> Op
     value = ns.annotations.get(key)
     if value is None or value in (IGNORE, FAIL):
         return None
-    source = "the webhook's failurePolicy" if config.failure_policy == "auto" else "failure_policy"
+    source = "the webhook's failurePolicy" if config.failure_policy == FailurePolicy.AUTO else "failure_policy"
     return (f"annotation {key}: {shown_url(repr(value), 40)} is not {IGNORE} or {FAIL}; "
             f"failure policy {policy} (from {source}) applies")
 
@@ -148,7 +148,7 @@ def failure_policy_why(ns: Optional[NamespaceInfo], config: Config, cluster_poli
     if value in (IGNORE, FAIL):
         return policy, f"the namespace's annotation {key}"
     why = f"the annotation {key}={value!r} is not Ignore or Fail, so " if value is not None else f"no annotation {key}, so "
-    if config.failure_policy != "auto":
+    if config.failure_policy != FailurePolicy.AUTO:
         return policy, why + f"the config's failure_policy {config.failure_policy}"
     if cluster_policy in (IGNORE, FAIL):
         return policy, why + "failure_policy auto: the failurePolicy of amp's MutatingWebhookConfiguration"

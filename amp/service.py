@@ -46,6 +46,7 @@ from amp.endpoint import EndpointClient
 from amp.logs import ConfigurableObserver
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
+from amp.reasons import NamespaceSource
 from amp.recent import RecentDecisions, RecentDecisionsResource
 from amp.reload import ConfigFile, ConfigReloadService
 from amp.tls import CertificateReloadService, ReloadingCertificate
@@ -135,7 +136,7 @@ def namespace_source(
     """
     The namespace source named by C{kubernetes.source}.
     """
-    if config.kubernetes.source == "static":
+    if config.kubernetes.source == NamespaceSource.STATIC:
         static = StaticNamespaceSource(config.kubernetes)
         metrics.namespace_cache_size.set(static.count)
         return static
@@ -293,7 +294,7 @@ class AmpService(MultiService):
         (L{amp.config.for_reload}).
         """
         namespaces = self.namespaces
-        if config.kubernetes != self.config.kubernetes and config.kubernetes.source == "static":
+        if config.kubernetes != self.config.kubernetes and config.kubernetes.source == NamespaceSource.STATIC:
             namespaces = namespace_source(config, self.reactor, self.metrics)
         admitter = Admitter(config, namespaces, self.endpoint_client, self.reactor, self.metrics)
         # Everything is built: swap.

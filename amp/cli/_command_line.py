@@ -12,6 +12,7 @@ from typing import IO, Any, Mapping, Optional, Sequence
 
 from amp.cli.workloads import InputError, PodInput, load_documents, pod_for, select_object
 from amp.config import Config, ConfigError, load_config
+from amp.reasons import NamespaceSource
 
 #: The most bytes amp explain reads from an input or reply file.
 MAX_INPUT = 16 * 1024 * 1024
@@ -182,7 +183,7 @@ def parse_command_line(argv: Sequence[str], stdin: Any, stdout: IO[str]) -> tupl
     except InputError as e:
         raise UsageError(str(e)) from None
     if args.config is not None:
-        cluster = config.kubernetes.source != "static"
+        cluster = config.kubernetes.source != NamespaceSource.STATIC
     else:
         cluster = not (labels or annotations)
     options = ExplainOptions(config=config, config_path=args.config, labels=labels, annotations=annotations,

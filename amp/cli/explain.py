@@ -56,7 +56,7 @@ from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.patch import PatchError, check_patch
-from amp.reasons import Result
+from amp.reasons import FailurePolicy, NamespaceSource, Result
 from amp.review import parse_review
 from amp.trace import RecordedTrace, Step
 
@@ -155,13 +155,13 @@ def _cluster_kube(options: ExplainOptions) -> KubernetesConfig:
     """
     kube = options.config.kubernetes
     source = kube.source
-    if source == "cluster" and not os.environ.get("KUBERNETES_SERVICE_HOST"):
-        source = "kubeconfig"
+    if source == NamespaceSource.CLUSTER and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        source = NamespaceSource.KUBECONFIG
     return dataclasses.replace(kube, source=source, per_review_get=True, webhook_configuration=None)
 
 
 def _describe_cluster(kube: KubernetesConfig) -> str:
-    if kube.source == "cluster":
+    if kube.source == NamespaceSource.CLUSTER:
         return "the cluster (in-cluster service account)"
     where = kube.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
     return f"the cluster (kubeconfig {where}" + (f", context {kube.context})" if kube.context else ")")
@@ -330,10 +330,10 @@ def explain(
             yield inner.stopService()  # type: ignore[attr-defined]
             raise UsageError(detail)
         full = config.kubernetes
-        if config.failure_policy == "auto" and full.webhook_configuration:
+        if config.failure_policy == FailurePolicy.AUTO and full.webhook_configuration:
             cluster_policy, policy_note = yield _webhook_policy(
                 reactor, kube, full.webhook_configuration, full.webhook_name)
-    elif options.config_path is not None and config.kubernetes.source == "static":
+    elif options.config_path is not None and config.kubernetes.source == NamespaceSource.STATIC:
         inner = StaticNamespaceSource(config.kubernetes)
         where = f"kubernetes.namespaces of {options.config_path}"
     else:

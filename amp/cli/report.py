@@ -14,6 +14,7 @@ import yaml
 
 from amp.cli._explanation import Explanation, Round
 from amp.cli.workloads import without_stamps
+from amp.reasons import Result
 from amp.trace import Step, TraceEvent
 
 __all__ = ["render_json", "render_text", "pod_yaml"]
@@ -244,7 +245,7 @@ def render_text(x: "Explanation") -> str:
     elif x.twice:
         summary += "; idempotency not checked: the first review admitted no patch to review again"
     meaning = _EXIT_MEANING.get(status, "")
-    if first.result == "shadow" and status == 1:
+    if first.result == Result.SHADOW and status == 1:
         meaning = "shadow mode admits the Pod unchanged; in normal mode the failure policy would decide"
     elif first.result == "patched" and status == 1:
         meaning = "the failure policy decided: patched without a failed endpoint's patch"

@@ -45,6 +45,7 @@ from amp.kube._events import Changed, Crashed, Replaced, Restarting, WatchEvent
 from amp.kube._keep import STATUS_ANNOTATION, PodSeen, format_time, parse_time
 from amp.metrics import Metrics
 from amp.namespaces import NamespaceInfo
+from amp.reasons import Mode
 
 #: Seconds between seeing a Pod and judging it.
 SETTLE = 1.0
@@ -251,7 +252,7 @@ class BypassReporter:
         kube = self._config
         if ns.labels.get(kube.enabled_label) != kube.enabled_value:
             return False
-        if ns.annotations.get(kube.mode_annotation) == "shadow":
+        if ns.annotations.get(kube.mode_annotation) == Mode.SHADOW:
             return False
         # Whole seconds on both sides: a Pod created in the second the
         # namespace was enabled is not reported.

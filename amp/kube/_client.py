@@ -30,6 +30,7 @@ from urllib3.exceptions import MaxRetryError
 
 from amp.config import KubernetesConfig
 from amp.namespaces import NamespaceInfo, NamespaceLookupError
+from amp.reasons import NamespaceSource
 
 
 def load_client_configuration(config: KubernetesConfig) -> kubernetes.client.Configuration:
@@ -42,7 +43,7 @@ def load_client_configuration(config: KubernetesConfig) -> kubernetes.client.Con
     @raise Exception: whatever the loader raises when it cannot be used.
     """
     cfg = kubernetes.client.Configuration()
-    if config.source == "cluster":
+    if config.source == NamespaceSource.CLUSTER:
         kubernetes.config.load_incluster_config(client_configuration=cfg)
     else:
         kubernetes.config.load_kube_config(

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from amp.config import KubernetesConfig
 from amp.namespaces import NamespaceInfo
+from amp.reasons import FailurePolicy
 
 _EMPTY: Mapping[str, str] = types.MappingProxyType({})
 
@@ -115,7 +116,7 @@ def webhook_failure_policy(obj: Optional[Mapping[str, Any]], webhook_name: Optio
     for hook in obj.get("webhooks") or ():
         if webhook_name is None or hook.get("name") == webhook_name:
             policy = hook.get("failurePolicy")
-            return policy if isinstance(policy, str) and policy else "Fail"
+            return policy if isinstance(policy, str) and policy else FailurePolicy.FAIL
     return None
 
 

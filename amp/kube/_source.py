@@ -58,6 +58,7 @@ from amp.kube._lease import LeaseElector
 from amp.kube._watch import ListWatch
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, NamespaceLookupError
+from amp.reasons import NamespaceSource
 
 #: How long C{stopService} waits for the threads before giving up on them
 #: (they are daemon threads; after a socket shutdown they end at once).
@@ -191,7 +192,7 @@ class KubernetesNamespaceSource(Service):
         try:
             client = self._client_factory(config)
         except Exception as e:
-            where = "in-cluster service account" if config.source == "cluster" else (
+            where = "in-cluster service account" if config.source == NamespaceSource.CLUSTER else (
                 f"kubeconfig {config.kubeconfig or '(default)'}"
                 + (f" context {config.context}" if config.context else ""))
             self._config_error = f"cannot load the Kubernetes client configuration from {where}: {describe(e)}"
