@@ -39,7 +39,8 @@ anything was sent, and only within the first half of the call's time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IConsumer, IDelayedCall
@@ -55,11 +56,8 @@ from amp.deadline import Deadline
 from amp.endpoint._failures import EXPECTED, EndpointFailure, LocalFailure, classify, first_line, retriable
 from amp.endpoint._pool import Profile, Target
 from amp.endpoint._reading import Charge, Drop, read_limited
-from amp.reasons import Reason
+from amp.reasons import Reason, Verdict
 from amp.reply import EndpointDecision, ReplyError, parse_reply
-
-if TYPE_CHECKING:
-    from amp.endpoint._client import EndpointClient, Origin
 
 log = Logger()
 
@@ -120,50 +118,72 @@ def _answer(response: IResponse, settings: EndpointSettings, charge: Charge) -> 
     return fail(EndpointFailure(Reason.INVALID_REPLY, f"HTTP status {code} is not a reply"))
 
 
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    """
+    What one call sends, where, and in how much time.
+
+    @ivar name: the endpoint as amp names it (its origin), for the log.
+    @ivar profile: the settings profile whose pool the call goes through,
+        or None to use C{agent} (tests).
+    @ivar timeout: the endpoint's own timeout when it is shorter than the
+        caller's time left, else None (the caller's deadline rules).
+    @ivar deadline: the review's deadline, which the caller enforces.
+    @ivar allowed: the call's time: C{min(settings.timeout, remaining)}.
+    """
+
+    name: str
+    target: Target
+    profile: Optional[Profile]
+    agent: Any
+    settings: EndpointSettings
+    body: bytes
+    headers: Headers
+    timeout: Optional[float]
+    deadline: Deadline
+    allowed: float
+
+
+@dataclass(frozen=True, slots=True)
+class CallGuard:
+    """
+    What a call holds until it is settled: its share of the client's reply
+    budget (C{charge}) and its origin breaker's C{ticket}.
+    """
+
+    charge: Charge
+    breaker: CircuitBreaker
+    ticket: Ticket
+
+
 class Call:
     """
     One call: its timer (if it has one), its ticket, its place in the
     bulkhead.
 
-    @param profile: the settings profile whose pool the call goes through,
-        or None to use C{agent} (tests).
-    @param timeout: the endpoint's own timeout when it is shorter than the
-        caller's time left, else None (the caller's deadline rules).
-    @param deadline: the review's deadline, which the caller enforces.
-    @param allowed: the call's time: C{min(settings.timeout, remaining)}.
+    @param reactor: for the call's timer and its clock.
+    @param settled: told C{(call, outcome, seconds)} once, when the call is
+        settled (the client's count of calls in flight and its metrics).
     @param check: given a usable reply, the reason amp refuses it, or None
-        (see L{EndpointClient.call}).
-    @param charge: what the call holds of the client's reply budget.
+        (see L{amp.endpoint.EndpointClient.call}).
     """
 
     __slots__ = (
-        "_client", "_origin", "_target", "_profile", "_agent", "_settings", "_body", "_headers", "_timeout",
-        "_deadline", "_allowed", "_charge", "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry",
+        "_reactor", "_request", "_guard", "_on_settled", "_started", "_timer", "_pending", "_retry",
         "_done", "_waiters", "_check", "result",
     )
 
     def __init__(
-        self, client: "EndpointClient", origin: "Origin", target: Target, profile: Optional[Profile], agent: Any,
-        settings: EndpointSettings, body: bytes, headers: Headers, timeout: Optional[float], deadline: Deadline,
-        allowed: float, charge: Charge, breaker: CircuitBreaker, ticket: Ticket,
+        self, reactor: Any, request: CallRequest, guard: CallGuard,
+        settled: Callable[["Call", str, float], None],
         check: Optional[Callable[[EndpointDecision], Optional[str]]] = None,
     ) -> None:
-        self._client = client
-        self._origin = origin
-        self._target = target
-        self._profile = profile
-        self._agent = agent
-        self._settings = settings
-        self._body = body
-        self._headers = headers
-        self._timeout = timeout
-        self._deadline = deadline
-        self._allowed = allowed
-        self._charge = charge
-        self._breaker = breaker
-        self._ticket = ticket
+        self._reactor = reactor
+        self._request = request
+        self._guard = guard
+        self._on_settled = settled
         self._check = check
-        self._retry = settings.retry
+        self._retry = request.settings.retry
         self._done = False
         self._waiters: Optional[list[Deferred]] = None
         self._pending: Optional[Deferred] = None
@@ -171,31 +191,33 @@ class Call:
         self.result: Deferred = Deferred(self._cancelled)
 
     def start(self) -> Deferred:
-        reactor = self._client.reactor
+        reactor = self._reactor
         self._started = reactor.seconds()
-        if self._timeout is not None:
-            self._timer = reactor.callLater(self._timeout, self._timed_out)
+        request = self._request
+        if request.timeout is not None:
+            self._timer = reactor.callLater(request.timeout, self._timed_out)
         d = self._send()
-        d.addCallbacks(_answer, self._not_answered, callbackArgs=(self._settings, self._charge))
+        d.addCallbacks(_answer, self._not_answered, callbackArgs=(request.settings, self._guard.charge))
         self._pending = d
         d.addBoth(self._ended)
         return self.result
 
     def _send(self) -> Deferred:
+        request = self._request
         try:
-            if self._profile is not None:
-                return self._profile.request(self._target, self._headers, BytesProducer(self._body))
-            return self._agent.request(b"POST", self._target.url, self._headers, BytesProducer(self._body))
+            if request.profile is not None:
+                return request.profile.request(request.target, request.headers, BytesProducer(request.body))
+            return request.agent.request(b"POST", request.target.url, request.headers, BytesProducer(request.body))
         except Exception:
             return fail()
 
     def _not_answered(self, failure: Failure) -> Any:
         if self._retry and not self._done and retriable(failure):
             self._retry = False
-            if self._client.reactor.seconds() - self._started < self._allowed / 2:
-                log.info("Retrying {endpoint} after {error}", endpoint=self._origin.name,
+            if self._reactor.seconds() - self._started < self._request.allowed / 2:
+                log.info("Retrying {endpoint} after {error}", endpoint=self._request.name,
                          error=first_line(failure.value))
-                return self._send().addCallback(_answer, self._settings, self._charge)
+                return self._send().addCallback(_answer, self._request.settings, self._guard.charge)
         return failure
 
     def _ended(self, result: Any) -> None:
@@ -210,14 +232,14 @@ class Call:
                 try:
                     outcome = self._check(result) or "ok"
                 except Exception:
-                    log.failure("Could not check the reply of {endpoint}", endpoint=self._origin.name)
-            self._settle(outcome, "success")
+                    log.failure("Could not check the reply of {endpoint}", endpoint=self._request.name)
+            self._settle(outcome, Verdict.SUCCESS)
             self.result.callback(result)
             return None
-        failure = classify(result, self._settings)
+        failure = classify(result, self._request.settings)
         if not result.check(*EXPECTED):
-            log.failure("Unexpected error calling {endpoint}", result, endpoint=self._origin.name)
-        self._settle(failure.reason, "release" if isinstance(failure, LocalFailure) else "failure")
+            log.failure("Unexpected error calling {endpoint}", result, endpoint=self._request.name)
+        self._settle(failure.reason, Verdict.RELEASE if isinstance(failure, LocalFailure) else Verdict.FAILURE)
         self.result.errback(Failure(failure))
         return None
 
@@ -229,38 +251,39 @@ class Call:
         self._timer = None
         if self._done:
             return
-        self._settle(Reason.TIMEOUT, "failure" if own else "release")
-        self.result.errback(Failure(EndpointFailure(Reason.TIMEOUT, f"no reply within {self._allowed:.3g}s")))
+        self._settle(Reason.TIMEOUT, Verdict.FAILURE if own else Verdict.RELEASE)
+        self.result.errback(Failure(EndpointFailure(Reason.TIMEOUT, f"no reply within {self._request.allowed:.3g}s")))
         if self._pending is not None:
             self._pending.cancel()
 
     def _cancelled(self, result: Deferred) -> None:
         if self._done:
             return
-        if self._deadline.passed(self._client.reactor.seconds()):
+        if self._request.deadline.passed(self._reactor.seconds()):
             # The review's deadline passed: the call had all its time.
             self._timed_out(own=False)
             return
         # The caller went away: not a verdict on the endpoint.
         # Deferred.cancel then fails the result with CancelledError.
-        self._settle(Reason.CANCELLED, "release")
+        self._settle(Reason.CANCELLED, Verdict.RELEASE)
         if self._pending is not None:
             self._pending.cancel()
 
-    def _settle(self, outcome: str, verdict: str) -> None:
+    def _settle(self, outcome: str, verdict: Verdict) -> None:
         self._done = True
+        guard = self._guard
         # The reply is parsed (or dropped): its bytes are no longer held.
-        self._charge.close()
+        guard.charge.close()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._client._settled(self, self._origin, outcome, self._client.reactor.seconds() - self._started)
-        if verdict == "success":
-            self._breaker.record_success(self._ticket)
-        elif verdict == "failure":
-            self._breaker.record_failure(self._ticket)
+        self._on_settled(self, outcome, self._reactor.seconds() - self._started)
+        if verdict is Verdict.SUCCESS:
+            guard.breaker.record_success(guard.ticket)
+        elif verdict is Verdict.FAILURE:
+            guard.breaker.record_failure(guard.ticket)
         else:
-            self._breaker.release(self._ticket)
+            guard.breaker.release(guard.ticket)
         waiters, self._waiters = self._waiters, None
         for d in waiters or ():
             d.callback(None)

@@ -5,6 +5,7 @@ L{EndpointClient}: the one client amp calls endpoints with; it admits calls
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, fail, gatherResults
@@ -15,7 +16,7 @@ from twisted.web.iweb import IAgent
 from amp.breaker import BreakerRegistry, CircuitBreaker
 from amp.config import BreakerConfig, EndpointSettings
 from amp.deadline import Deadline
-from amp.endpoint._call import Call
+from amp.endpoint._call import Call, CallGuard, CallRequest
 from amp.endpoint._failures import EndpointFailure, LocalFailure
 from amp.endpoint._pool import Profile
 from amp.endpoint._reading import Charge, GuardedConnection, ReplyBudget
@@ -143,7 +144,7 @@ class EndpointClient:
             child = origin.outcomes[outcome] = self._metrics.endpoint_requests.labels(origin.name, outcome)
         child.inc()
 
-    def _settled(self, call: Call, origin: Origin, outcome: str, duration: float) -> None:
+    def _settled(self, origin: Origin, call: Call, outcome: str, duration: float) -> None:
         origin.in_flight -= 1
         self._live.discard(call)
         origin.duration.observe(duration)
@@ -214,9 +215,10 @@ class EndpointClient:
             return self._refuse(origin, Reason.CONNECTION_FAILED, "amp could not build the request")
         # One bound for all calls; a reloaded configuration may change it.
         self.budget.limit = settings.max_buffered
-        c = Call(self, origin, target, profile if self._test_agent is None else None, self._test_agent, settings,
-                 body, raw, timeout, deadline, timeout if timeout is not None else remaining, Charge(self.budget),
-                 breaker, ticket, check)
+        request = CallRequest(origin.name, target, profile if self._test_agent is None else None, self._test_agent,
+                              settings, body, raw, timeout, deadline, timeout if timeout is not None else remaining)
+        c = Call(self.reactor, request, CallGuard(Charge(self.budget), breaker, ticket),
+                 partial(self._settled, origin), check)
         origin.in_flight += 1
         self._live.add(c)
         return c.start()
