@@ -96,14 +96,6 @@ def parse_endpoint_url(url: str) -> EndpointURL:
     return EndpointURL(url=url, scheme=scheme, host=host, port=port, path=path)
 
 
-def host_is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 @dataclass(frozen=True)
 class URLPattern:
     """
