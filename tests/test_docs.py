@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 import amp.endpoint
-from amp.config import Config, EndpointsConfig, parse_config
+from amp.config import KEYS, Config, EndpointsConfig, parse_config, reference_row, rewrite_reference
 from amp_examples.server import build_root
 from amp.metrics import Metrics
 from amp.reasons import ENDPOINT_OUTCOMES, FAILURE_REASONS, SKIP_REASONS, Reason, Result
@@ -125,6 +125,26 @@ def test_reference_table_default_is_the_loader_default(key: str, default: str, m
     assert len(meaning) > 20, f"{key}: say what it means"
     value = yaml.safe_load(default)
     assert parse_config(nested(key, value)) == Config(), f"{key}: documented default {default!r} differs"
+
+
+def test_reference_rows_are_the_declarations() -> None:
+    """
+    Every row of the key tables is derived from its key's one declaration
+    (default as written, meaning): C{python -m amp.config docs/config.md}
+    changes nothing, and the declarations are exactly the loader's keys.
+    """
+    text = doc("config.md")
+    assert rewrite_reference(text) == text, "run: python -m amp.config docs/config.md"
+    assert [key.path for key in KEYS] == list(dict.fromkeys(key.path for key in KEYS))
+    assert {key.path for key in KEYS} == expected_keys()
+
+
+def test_a_changed_declaration_changes_its_row() -> None:
+    """The derivation above is sensitive to a key's doc and default (guards it)."""
+    key = next(key for key in KEYS if key.path == "endpoints.breaker.cooldown")
+    row = reference_row(key)
+    assert row == f"| `endpoints.breaker.cooldown` | `5s` | {key.doc} |"
+    assert reference_row(dataclasses.replace(key, default=6.0)) != row
 
 
 def test_a_wrong_documented_default_is_noticed() -> None:
