@@ -151,13 +151,13 @@ class FailurePolicy(StrEnum):
     C{failurePolicy}).
     """
 
+    #: Config only: follow the C{failurePolicy} of amp's own
+    #: MutatingWebhookConfiguration (C{Fail} while it is unknown).
+    AUTO = "auto"
     #: Admit the Pod unchanged, with a warning and an audit annotation.
     IGNORE = "Ignore"
     #: Deny the Pod with a clear message.
     FAIL = "Fail"
-    #: Config only: follow the C{failurePolicy} of amp's own
-    #: MutatingWebhookConfiguration (C{Fail} while it is unknown).
-    AUTO = "auto"
 
 
 class Mode(StrEnum):
