@@ -57,20 +57,15 @@ from amp.endpoint import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.patch import CheckedPatch, PatchError, annotate, check_patch, compose, unchanged
-from amp.policy import (
-    FAIL, IGNORE, SHADOW, Route, failure_policy, opted_out, own_pods_warning, protected_namespaces, record_route,
-    route)
+from amp.policy import FAIL, IGNORE, SHADOW, Route, failure_policy, record_route, route
 from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
+from amp.rules import LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION, opted_out, own_pods_warning, protected_namespaces
 from amp.review import AUDIT_VALUE_LIMIT, AdmissionRequest, clean_audit_annotations, clip, dumps
 from amp.trace import IReviewTrace, Step, answer_message
 
 __all__ = ["AUDIT_ERROR_KEY", "LEGACY_SKIPPED_ANNOTATION", "STATUS_ANNOTATION", "Admitter", "Answer", "Outcome"]
 
-#: What amp did with the Pod in its last review (see the module docstring).
-STATUS_ANNOTATION = "amp.txn2.com/status"
-#: Earlier versions' mark of a Pod admitted after a failure; amp removes it.
-LEGACY_SKIPPED_ANNOTATION = "amp.txn2.com/skipped"
 #: The longest status annotation value.
 STATUS_LIMIT = 250
 
@@ -109,7 +104,7 @@ class Admitter:
         self._routes: dict[str, tuple] = {}
         #: The configuration problem last reported for each namespace.
         self._problems: dict[str, str] = {}
-        self._protected = protected_namespaces(config)
+        self._protected = protected_namespaces(config.kubernetes)
         #: Protected namespaces amp has said it leaves alone (said once each).
         self._protected_told: set[str] = set()
         patch = config.patch
@@ -154,7 +149,7 @@ class Admitter:
                     "there unchanged (kubernetes.protected_namespaces, allow_protected_namespaces); the "
                     "webhook configuration's namespaceSelector should exclude it", namespace=name)
             return Reason.PROTECTED_NAMESPACE
-        if opted_out(req.object, self.config):
+        if opted_out(req.object, self.config.kubernetes):
             return Reason.OPTED_OUT
         return None
 
@@ -168,7 +163,7 @@ class Admitter:
         if not own:
             return None
         ns = self._namespaces.cached(own)
-        warning = own_pods_warning(ns if isinstance(ns, NamespaceInfo) else None, self.config)
+        warning = own_pods_warning(ns if isinstance(ns, NamespaceInfo) else None, self.config.kubernetes)
         if warning is not None:
             self.log.warn("{warning}", warning=warning)
         return warning

@@ -1,22 +1,22 @@
 """
 Namespace + config -> what to do with a review (pure).
 
-L{route} answers, for one namespace: is amp enabled there, which endpoints
-in which order (the chain, each checked against the allow-list), with which
-settings, in which mode, and under which failure policy.  L{opted_out} and
-L{protected_namespaces} say which Pods amp leaves alone whatever their
-namespace says.  Nothing here does I/O.
+L{route} answers, for one namespace: is amp enabled there (L{amp.rules}),
+which endpoints in which order (the chain, each checked against the
+allow-list), with which settings, in which mode, and under which failure
+policy.  Nothing here does I/O.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Optional
 
 from amp.config import BreakerConfig, Config, EndpointSettings
 from amp.namespaces import NamespaceInfo
 from amp.reasons import FailurePolicy, Mode, Reason
+from amp.rules import is_enabled, mode as namespace_mode
 from amp.trace import IReviewTrace, Step
 from amp.urls import BadURL, EndpointURL, parse_endpoint_url
 
@@ -155,54 +155,6 @@ def failure_policy_why(ns: Optional[NamespaceInfo], config: Config, cluster_poli
     return policy, why + "failure_policy auto, and amp's MutatingWebhookConfiguration is not known: Fail"
 
 
-def protected_namespaces(config: Config) -> frozenset[str]:
-    """
-    The namespaces whose Pods amp never changes: its own
-    (C{kubernetes.own_namespace}) and C{kubernetes.protected_namespaces};
-    none when C{kubernetes.allow_protected_namespaces} is set.  A webhook
-    that must answer before its own Pods (or kube-system's) can start would
-    lock the cluster out of recovering.
-    """
-    kube = config.kubernetes
-    if kube.allow_protected_namespaces:
-        return frozenset()
-    own = (kube.own_namespace,) if kube.own_namespace else ()
-    return frozenset((*own, *kube.protected_namespaces))
-
-
-def opted_out(pod: Any, config: Config) -> bool:
-    """
-    Whether C{pod} opts out of amp: its enable label
-    (C{kubernetes.enabled_label}) says C{kubernetes.opt_out_value}
-    (C{amp.txn2.com/enabled: "false"}).
-    """
-    metadata = pod.get("metadata") if type(pod) is dict else None
-    labels = metadata.get("labels") if type(metadata) is dict else None
-    kube = config.kubernetes
-    return type(labels) is dict and labels.get(kube.enabled_label) == kube.opt_out_value
-
-
-def own_pods_warning(ns: Optional[NamespaceInfo], config: Config) -> Optional[str]:
-    """
-    What to warn about at start-up when amp's own namespace C{ns} is
-    enabled (its own Pods would be sent to it), or None.
-    """
-    if not is_enabled(ns, config):
-        return None
-    assert ns is not None
-    if ns.name in protected_namespaces(config):
-        return (f"amp's own namespace {ns.name} is enabled ({config.kubernetes.enabled_label}); amp will not "
-                "change its Pods (kubernetes.allow_protected_namespaces is off)")
-    return (f"amp's own namespace {ns.name} is enabled ({config.kubernetes.enabled_label}) and "
-            "kubernetes.allow_protected_namespaces is on: amp reviews its own Pods, so while no replica is ready "
-            "new ones may not start")
-
-
-def is_enabled(ns: Optional[NamespaceInfo], config: Config) -> bool:
-    kube = config.kubernetes
-    return ns is not None and ns.labels.get(kube.enabled_label) == kube.enabled_value
-
-
 def route(
     ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str], *, validation: bool = False,
     cache: Optional[dict[str, tuple]] = None,
@@ -214,13 +166,13 @@ def route(
     value resolved to (parsed URL, allow-list verdict, settings), so the hot
     path does not parse the same URL for every review.
     """
-    if not is_enabled(ns, config):
+    if not is_enabled(ns, config.kubernetes):
         return _NOT_ENABLED
     assert ns is not None
     kube = config.kubernetes
     policy = failure_policy(ns, config, cluster_policy)
     problem = failure_policy_problem(ns, config, policy)
-    mode = SHADOW if ns.annotations.get(kube.mode_annotation) == SHADOW else NORMAL
+    mode = namespace_mode(ns, kube)
     if validation:
         raw = ns.annotations.get(kube.validation_annotation)
     else:

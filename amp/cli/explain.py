@@ -40,7 +40,7 @@ from twisted.logger import ILogObserver, LogLevel, formatEvent
 from twisted.web.iweb import IAgent
 from zope.interface import implementer
 
-from amp.admission import LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION, Admitter
+from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
 from amp.cli._command_line import (
     MAX_INPUT, Exit, ExplainOptions, UsageError, command_line_parser, parse_command_line)
@@ -57,6 +57,7 @@ from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.patch import PatchError, check_patch
 from amp.reasons import FailurePolicy, NamespaceSource, Result
+from amp import rules
 from amp.review import parse_review
 from amp.trace import RecordedTrace, Step
 
@@ -68,7 +69,7 @@ __all__ = [
 
 #: Annotations amp stamps on the Pods it reviews (left out when --twice
 #: compares two rounds: amp rewrites them on every review).
-STAMP_ANNOTATIONS = frozenset((STATUS_ANNOTATION, LEGACY_SKIPPED_ANNOTATION))
+STAMP_ANNOTATIONS = frozenset(rules.STAMP_ANNOTATIONS)
 
 
 # ---------------------------------------------------------------- the namespace

@@ -42,10 +42,11 @@ from twisted.python.failure import Failure
 from amp.config import KubernetesConfig
 from amp.kube._client import describe
 from amp.kube._events import Changed, Crashed, Replaced, Restarting, WatchEvent
-from amp.kube._keep import STATUS_ANNOTATION, PodSeen, format_time, parse_time
+from amp.kube._keep import PodSeen, format_time, parse_time
 from amp.metrics import Metrics
 from amp.namespaces import NamespaceInfo
 from amp.reasons import Mode
+from amp.rules import STATUS_ANNOTATION, is_enabled, mode, protected_namespaces
 
 #: Seconds between seeing a Pod and judging it.
 SETTLE = 1.0
@@ -101,10 +102,8 @@ class BypassReporter:
         self._config = config
         self._horizon = config.bypass.horizon
         # The namespaces amp does not act on are not reported either (the
-        # webhook's namespaceSelector leaves them out): see
-        # amp.policy.protected_namespaces.
-        self._ignored = frozenset() if config.allow_protected_namespaces else frozenset(
-            (own_namespace, *config.protected_namespaces))
+        # webhook's namespaceSelector leaves them out).
+        self._ignored = protected_namespaces(config, own_namespace)
         self._namespaces = namespaces
         self._clock = clock
         self._metrics = metrics
@@ -249,10 +248,7 @@ class BypassReporter:
         ns = self._namespaces.cached(pod.namespace)
         if not isinstance(ns, NamespaceInfo):
             return False
-        kube = self._config
-        if ns.labels.get(kube.enabled_label) != kube.enabled_value:
-            return False
-        if ns.annotations.get(kube.mode_annotation) == Mode.SHADOW:
+        if not is_enabled(ns, self._config) or mode(ns, self._config) is Mode.SHADOW:
             return False
         # Whole seconds on both sides: a Pod created in the second the
         # namespace was enabled is not reported.
