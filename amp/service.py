@@ -48,7 +48,7 @@ from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
 from amp.reasons import NamespaceSource
 from amp.recent import RecentDecisions, RecentDecisionsResource
-from amp.reload import ConfigFile, ConfigReloadService
+from amp.reload import ConfigFile, ConfigReloadService, SighupService
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.web import WebhookSite, webhook_root
 
@@ -216,6 +216,8 @@ class AmpService(MultiService):
             child service of this one.
         @param agent: an C{IAgent} every endpoint call goes through instead
             of amp's own pooled connections (tests).
+        @param install_sighup: install the one C{SIGHUP} handler
+            (L{SighupService}, C{self.sighup}) while running.
         @param freeze_gc: once the reactor runs, move the objects alive
             then out of the garbage collector's view (L{freeze_startup_objects}).
         @param config_path: the file C{config} was loaded from: watched, and
@@ -249,9 +251,14 @@ class AmpService(MultiService):
         self.breakers = BreakerRegistry(reactor, breaker_changed, random=random.random)
         self.endpoint_client = EndpointClient(reactor, metrics, self.breakers, agent=agent)
         EndpointClientService(self.endpoint_client).setServiceParent(self)
-        CertificateReloadService(
-            certificate, reactor=reactor, interval=config.tls.reload_interval, install_sighup=install_sighup
-        ).setServiceParent(self)
+        #: The one SIGHUP handler: it asks the certificate, the config and
+        #: (with workers) the workers to reload, in that order.
+        self.sighup = SighupService(reactor)
+        if install_sighup:
+            self.sighup.setServiceParent(self)
+        certificate_reload = CertificateReloadService(certificate, reactor=reactor, interval=config.tls.reload_interval)
+        certificate_reload.setServiceParent(self)
+        self.sighup.add(certificate_reload.what, certificate_reload.reload_now)
         self.admitter = Admitter(config, self.namespaces, self.endpoint_client, reactor, metrics)
         #: The last decisions, served on the metrics port (C{metrics.debug_reviews}).
         self.recent = RecentDecisions(config.metrics.debug_reviews)
@@ -276,9 +283,9 @@ class AmpService(MultiService):
         self.config_reload: Optional[ConfigReloadService] = None
         if config_path is not None:
             self.config_file = ConfigFile(config_path, config, self.apply, metrics)
-            self.config_reload = ConfigReloadService(
-                self.config_file, reactor=reactor, interval=config.reload_interval, install_sighup=install_sighup)
+            self.config_reload = ConfigReloadService(self.config_file, reactor=reactor, interval=config.reload_interval)
             self.config_reload.setServiceParent(self)
+            self.sighup.add(self.config_reload.what, self.config_reload.reload_now)
 
     def apply(self, config: Config) -> None:
         """
