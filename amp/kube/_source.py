@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from twisted.application.service import Service
-from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
+from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -49,7 +49,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from amp.config import KubernetesConfig
-from amp.kube._bridge import Bridge
+from amp.kube._bridge import Bridge, start_thread
 from amp.kube._bypass import BypassReporter
 from amp.kube._client import KubeClient, Lister, describe, get_namespace, service_account_namespace
 from amp.kube._events import Bookmark, Changed, Crashed, Replaced, Restarting, WatchEvent
@@ -67,13 +67,6 @@ STOP_WAIT = 2.0
 _NEGATIVE_PRUNE_AT = 1024
 #: Pods per page of the Pod list.
 POD_PAGE = 500
-
-
-def start_thread(name: str, target: Callable[[], None]) -> threading.Thread:
-    """Run C{target} in a new daemon thread named C{name}."""
-    thread = threading.Thread(target=target, name=name, daemon=True)
-    thread.start()
-    return thread
 
 
 @dataclass(eq=False)
@@ -133,7 +126,7 @@ class KubernetesNamespaceSource(Service):
     @param client_factory: makes the client from C{config} at start
         (L{KubeClient.from_config}); raising means the configuration cannot
         be used.
-    @param spawn: starts a watch thread (L{start_thread}).
+    @param spawn: starts a watch thread (L{amp.kube._bridge.start_thread}).
     @param identity: this replica's name in the bypass report's Lease and
         Events (host name and a random suffix).
     @param wall: the wall clock the Pod watch thread checks the horizon
@@ -542,7 +535,7 @@ class KubernetesNamespaceSource(Service):
         client = self.client
         if client is None:
             detail = self._config_error or "the Kubernetes namespace source is not running"
-            return _failed(NamespaceLookupError(detail))
+            return fail(NamespaceLookupError(detail))
         if not name:
             return succeed(None)
         return deferToThreadPool(self._reactor, self._reactor.getThreadPool(), get_namespace,
@@ -599,9 +592,3 @@ class KubernetesNamespaceSource(Service):
             for stale in [n for n, until in self._negative.items() if until <= now]:
                 del self._negative[stale]
         self._negative[name] = now + self._config.miss_negative_ttl
-
-
-def _failed(error: Exception) -> Deferred:
-    d: Deferred = Deferred()
-    d.errback(Failure(error))
-    return d
