@@ -35,9 +35,9 @@ L{LEGACY_SKIPPED_ANNOTATION} of earlier versions.  Every review overwrites
 it, so after the API server reinvokes amp it tells what the last round did;
 no value set by the Pod's author or the endpoint survives.
 
-A review may be given an L{amp.trace.IReviewTrace} (C{amp explain} does;
-the daemon does not): each decision is then told to it as it is taken.
-Without one, the review only tests for C{None} at each decision.
+Each decision is told to the review's trace (L{amp.trace}) as it is
+taken: C{amp explain} gives a L{amp.trace.RecordedTrace}; the daemon's is
+L{amp.trace.NO_TRACE}, which keeps nothing.
 """
 
 from __future__ import annotations
@@ -57,12 +57,13 @@ from amp.endpoint import EndpointClient, EndpointFailure
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.patch import CheckedPatch, PatchError, annotate, check_patch, compose, unchanged
-from amp.policy import FAIL, IGNORE, SHADOW, Route, failure_policy, record_route, route
+from amp.policy import FAIL, IGNORE, SHADOW, Route, failure_policy, route
 from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
 from amp.rules import LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION, opted_out, own_pods_warning, protected_namespaces
 from amp.review import AUDIT_VALUE_LIMIT, AdmissionRequest, clean_audit_annotations, clip, dumps
-from amp.trace import IReviewTrace, Step, answer_message
+from amp.trace import (
+    NO_TRACE, Answered, BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped, Stamped)
 
 __all__ = ["AUDIT_ERROR_KEY", "LEGACY_SKIPPED_ANNOTATION", "STATUS_ANNOTATION", "Admitter", "Answer", "Outcome"]
 
@@ -121,6 +122,8 @@ class Admitter:
         fails.  Cancelling the result (the client went away) answers at
         once, as C{cancelled}.  C{trace}, if given, is told each decision.
         """
+        if trace is None:
+            trace = NO_TRACE
         if not (req.is_pod_create or (self.config.ephemeral_containers and req.is_ephemeral_update)):
             return succeed(_told(trace, answers.skipped(req)))
         alone = self._left_alone(req)
@@ -205,7 +208,7 @@ class _Review:
 
     def __init__(
         self, admitter: Admitter, req: AdmissionRequest, deadline: Deadline, validation: bool,
-        trace: Optional[IReviewTrace] = None,
+        trace: IReviewTrace = NO_TRACE,
     ) -> None:
         self._admitter = admitter
         self._trace = trace
@@ -273,13 +276,13 @@ class _Review:
     def _routed(self, ns: Optional[NamespaceInfo]) -> None:
         a = self._admitter
         req = self._req
+        trace = self._trace
         r = self._route = route(ns, a.config, a._namespaces.cluster_failure_policy(),
-                                validation=self._validation, cache=a._routes)
+                                validation=self._validation, cache=a._routes, explain=trace.recording)
         if r.enabled:
             a._note_problem(req.namespace, r.policy_problem)
-        if self._trace is not None:
-            record_route(self._trace, ns, a.config, a._namespaces.cluster_failure_policy(), r,
-                         validation=self._validation)
+        for event in r.explanation:
+            trace.record(event)
         if not r.enabled:
             return self._answer(answers.skipped(req))
         if r.error is not None:
@@ -320,11 +323,10 @@ class _Review:
             pod_json = req.object_json if req.object_json is not None else dumps(req.object)
         else:
             pod_json = dumps(chain.pod.pod)
-        if self._trace is not None:
-            now = self._call_started = self._admitter._clock.seconds()
-            left = self._deadline.remaining(now)
-            self._trace.record(Step.BUDGET, seconds=round(left, 4), timeout=round(min(step.settings.timeout, left), 4),
-                               position=chain.index + 1, chain_length=len(chain.route.steps))
+        now = self._call_started = self._admitter._clock.seconds()
+        left = self._deadline.remaining(now)
+        self._trace.record(BudgetGiven(seconds=round(left, 4), timeout=round(min(step.settings.timeout, left), 4),
+                                       position=chain.index + 1, chain_length=len(chain.route.steps)))
         self._judged = None
         self._wait(self._admitter._endpoints.call(step.url, step.settings, pod_json, headers, self._deadline,
                                                   step.breaker, check=self._check_reply),
@@ -340,7 +342,7 @@ class _Review:
         self._judged = (decision, judged)
         return judged.reason if isinstance(judged, PatchError) else None
 
-    def _judge(self, decision: EndpointDecision, trace: Optional[IReviewTrace] = None) -> Any:
+    def _judge(self, decision: EndpointDecision, trace: IReviewTrace = NO_TRACE) -> Any:
         """
         The current step's patch checked and dry-applied to the Pod as the
         steps before left it; the L{PatchError} when amp refuses it; None
@@ -363,11 +365,10 @@ class _Review:
         assert chain is not None
         origin = chain.route.steps[chain.index].name
         trace = self._trace
-        if trace is not None:
-            self._record_call("ok", "")
-            trace.record(Step.REPLY, allowed=decision.allowed, operations=len(decision.patch),
-                         warnings=list(decision.warnings), code=None if decision.allowed else decision.code,
-                         message=decision.message)
+        self._record_call("ok", "")
+        trace.record(Replied(allowed=decision.allowed, operations=len(decision.patch),
+                             warnings=list(decision.warnings), code=None if decision.allowed else decision.code,
+                             message=decision.message))
         audit, problems = clean_audit_annotations(decision.audit)
         chain.told(origin, decision.warnings, problems, audit)
         if not decision.allowed:
@@ -378,12 +379,11 @@ class _Review:
         # Judged already, before the call was counted; again with the trace
         # (so that it is told each operation in order), or when the client
         # did not run the check.
-        judged = (self._judged[1] if trace is None and self._judged is not None and self._judged[0] is decision
+        judged = (self._judged[1] if not trace.recording and self._judged is not None and self._judged[0] is decision
                   else self._judge(decision, trace))
         self._judged = None
         if isinstance(judged, PatchError):
-            if trace is not None:
-                trace.record(Step.CHECK, reason=judged.reason, message=str(judged))
+            trace.record(Refused(reason=judged.reason, message=str(judged)))
             return self._step_ended(judged.reason, str(judged))
         if judged is not None and judged.operations:
             chain.applied(judged)
@@ -402,8 +402,7 @@ class _Review:
         step = r.steps[chain.index]
         if r.failure_policy == FAIL or r.mode == SHADOW:
             return self._answer(self._failed(reason, message, step.name))
-        if self._trace is not None:
-            self._trace.record(Step.SKIP, endpoint=step.name, reason=reason, message=message)
+        self._trace.record(Skipped(endpoint=step.name, reason=reason, message=message))
         chain.skip(step.name, reason, message)
         self._call_next()
 
@@ -425,8 +424,7 @@ class _Review:
         try:
             checked = compose(req.object, chain.patches, **a._compose_options(len(r.steps)))
         except PatchError as e:
-            if self._trace is not None:
-                self._trace.record(Step.CHECK, reason=e.reason, message=f"the chain's patches together: {e}")
+            self._trace.record(Refused(reason=e.reason, message=f"the chain's patches together: {e}"))
             return self._failed(e.reason, f"the chain's patches together: {e}", endpoint)
         warnings = chain.warnings + [f"amp: {w}" for w in checked.warnings]
         if chain.skipped:
@@ -439,8 +437,7 @@ class _Review:
         patch = dumps(self._stamp(checked, Status.MUTATED, where).operations)
         if len(patch) > a.config.patch.max_size:
             message = f"patch of {len(patch)} bytes is over patch.max_size"
-            if self._trace is not None:
-                self._trace.record(Step.CHECK, reason=Reason.PATCH_TOO_LARGE, message=message)
+            self._trace.record(Refused(reason=Reason.PATCH_TOO_LARGE, message=message))
             return self._failed(Reason.PATCH_TOO_LARGE, message, endpoint)
         if checked.repaired:
             a._metrics.patch_repairs.inc(checked.repaired)
@@ -504,8 +501,7 @@ class _Review:
             # creation.
             return checked
         value = clip(" ".join((status, *words)), STATUS_LIMIT)
-        if self._trace is not None:
-            self._trace.record(Step.STAMP, key=STATUS_ANNOTATION, value=value)
+        self._trace.record(Stamped(key=STATUS_ANNOTATION, value=value))
         return annotate(checked, {LEGACY_SKIPPED_ANNOTATION: None, STATUS_ANNOTATION: value})
 
     def _shadow(self, chain: "_Chain", where: str, *, denied: bool = False) -> Answer:
@@ -582,7 +578,7 @@ class _Review:
             # Including the call cut off by the review's deadline: C{timeout}.
             e = failure.value
             reason, message = e.reason, e.message
-            if calling and self._trace is not None:
+            if calling:
                 self._record_call(reason, message)
             if calling and self._ending is None:
                 return self._step_ended(reason, message)
@@ -614,11 +610,11 @@ class _Review:
 
     def _record_call(self, outcome: str, message: str) -> None:
         chain = self._chain
-        assert self._trace is not None and chain is not None
+        assert chain is not None
         step = chain.route.steps[chain.index]
         seconds = self._admitter._clock.seconds() - self._call_started
-        self._trace.record(Step.CALL, endpoint=step.name, url=step.url.url, outcome=outcome,
-                           seconds=round(seconds, 6), message=message)
+        self._trace.record(Called(endpoint=step.name, url=step.url.url, outcome=outcome, seconds=round(seconds, 6),
+                                  message=message))
 
     def _failed(self, reason: str, message: str, endpoint: Optional[str] = None) -> Answer:
         """
@@ -743,13 +739,11 @@ class _Chain:
         self.index += 1
 
 
-def _told(trace: Optional[IReviewTrace], answer: Answer) -> Answer:
+def _told(trace: IReviewTrace, answer: Answer) -> Answer:
     """
-    Tell C{trace} (if any) the answer: its result, reason and message.
+    Tell C{trace} the answer.
     """
-    if trace is not None:
-        outcome = answer.outcome
-        trace.record(Step.ANSWER, result=outcome.result, reason=outcome.reason, message=answer_message(answer.body))
+    trace.record(Answered(answer.outcome.result, answer.outcome.reason, answer.body))
     return answer
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Optional, Sequence
 
 from amp.config import BreakerConfig, Config, EndpointSettings
 from amp.namespaces import NamespaceInfo
 from amp.reasons import FailurePolicy, Mode, Reason
 from amp.rules import is_enabled, mode as namespace_mode
-from amp.trace import IReviewTrace, Step
+from amp.trace import AllowChecked, Event, PolicyChosen, RouteDecided
 from amp.urls import BadURL, EndpointURL, parse_endpoint_url
 
 IGNORE, FAIL = FailurePolicy.IGNORE, FailurePolicy.FAIL
@@ -64,6 +64,7 @@ class Route:
     @ivar error: C{(reason, message)} when the chain cannot be used.
     @ivar policy_problem: why the namespace's failure-policy annotation was
         not used (a value that is not C{Ignore} or C{Fail}), or None.
+    @ivar explanation: see L{route}'s C{explain}.
     """
 
     enabled: bool
@@ -75,6 +76,9 @@ class Route:
     error: Optional[tuple[Reason, str]] = None
     bad_url: str = ""
     policy_problem: Optional[str] = None
+    #: With L{route}'s C{explain}: the decision and why, as the events
+    #: C{amp explain} prints (route, allow-list, failure policy).
+    explanation: tuple[Event, ...] = ()
 
     @property
     def settings(self) -> Optional[EndpointSettings]:
@@ -157,38 +161,40 @@ def failure_policy_why(ns: Optional[NamespaceInfo], config: Config, cluster_poli
 
 def route(
     ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str], *, validation: bool = False,
-    cache: Optional[dict[str, tuple]] = None,
+    cache: Optional[dict[str, tuple]] = None, explain: bool = False,
 ) -> Route:
     """
     Decide what to do for a review in namespace C{ns} (None: no such
     namespace).  C{validation} picks the validation endpoint annotation.
     C{cache}, a dict kept for one C{config}, remembers what each annotation
     value resolved to (parsed URL, allow-list verdict, settings), so the hot
-    path does not parse the same URL for every review.
+    path does not parse the same URL for every review.  With C{explain},
+    the route carries its own explanation (L{Route.explanation}).
     """
-    if not is_enabled(ns, config.kubernetes):
-        return _NOT_ENABLED
-    assert ns is not None
     kube = config.kubernetes
+    keys = (kube.validation_annotation,) if validation else kube.endpoint_annotations
+    if not is_enabled(ns, kube):
+        return _explained(_NOT_ENABLED, ns, config, cluster_policy, keys, None) if explain else _NOT_ENABLED
+    assert ns is not None
     policy = failure_policy(ns, config, cluster_policy)
     problem = failure_policy_problem(ns, config, policy)
     mode = namespace_mode(ns, kube)
-    if validation:
-        raw = ns.annotations.get(kube.validation_annotation)
+    key = next((a for a in keys if ns.annotations.get(a)), None)
+    if key is None:
+        r = Route(enabled=True, failure_policy=policy, mode=mode, policy_problem=problem)
     else:
-        raw = next((ns.annotations[a] for a in kube.endpoint_annotations if ns.annotations.get(a)), None)
-    if not raw:
-        return Route(enabled=True, failure_policy=policy, mode=mode, policy_problem=problem)
-    resolved = cache.get(raw) if cache is not None else None
-    if resolved is None:
-        resolved = resolve_chain(raw, config)
-        if cache is not None:
-            if len(cache) >= _CACHE_LIMIT:
-                cache.clear()
-            cache[raw] = resolved
-    steps, url, bad, error = resolved
-    return Route(True, policy, mode, url=url, raw_url=raw, steps=steps, error=error, bad_url=bad,
-                 policy_problem=problem)
+        raw = ns.annotations[key]
+        resolved = cache.get(raw) if cache is not None else None
+        if resolved is None:
+            resolved = resolve_chain(raw, config)
+            if cache is not None:
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()
+                cache[raw] = resolved
+        steps, url, bad, error = resolved
+        r = Route(True, policy, mode, url=url, raw_url=raw, steps=steps, error=error, bad_url=bad,
+                  policy_problem=problem)
+    return _explained(r, ns, config, cluster_policy, keys, key) if explain else r
 
 
 #: What separates the URLs of a chain in the endpoint annotation.
@@ -261,43 +267,35 @@ def shown_url(raw: str, limit: int = 200) -> str:
     return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
-def record_route(
-    trace: IReviewTrace, ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str],
-    r: Route, *, validation: bool = False,
-) -> None:
+def _explained(r: Route, ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str],
+               keys: Sequence[str], key: Optional[str]) -> Route:
     """
-    Tell C{trace} what L{amp.policy.route} decided for C{ns} and why: the
-    C{route}, C{allow} and C{policy} steps.  The facts come from the route
-    itself and from the config it was made with; the failure policy's
-    reason from L{failure_policy_why}, the function the route takes the
-    policy from.
+    C{r} with its explanation: what L{route} decided for C{ns} and why, from
+    what it decided with (the annotation C{key} it read of C{keys}, the
+    allow-list, the failure policy and where it came from).
     """
     kube = config.kubernetes
     labels = ns.labels if ns is not None else {}
-    annotations = ns.annotations if ns is not None else {}
-    keys = (kube.validation_annotation,) if validation else tuple(kube.endpoint_annotations)
-    annotation = next((k for k in keys if r.raw_url and annotations.get(k) == r.raw_url), None)
-    trace.record(
-        Step.ROUTE, enabled=r.enabled, label=kube.enabled_label, value=kube.enabled_value,
-        got=labels.get(kube.enabled_label), exists=ns is not None, annotation=annotation,
-        annotations=list(keys), url=shown_url(r.raw_url) if r.raw_url else "", mode=r.mode,
-        steps=[step.name for step in r.steps])
-    if not r.enabled:
-        return
-    allow = config.endpoints.allow
-    patterns = [p.text for p in allow]
-    if r.error is not None and r.raw_url:
-        reason, message = r.error
-        if r.url is None:
-            trace.record(Step.ALLOW, url=shown_url(r.bad_url or r.raw_url), allowed=False, pattern=None,
-                         reason=reason, error=message, patterns=patterns)
-        else:
-            pattern = next((p.text for p in allow if p.matches(r.url)), None)
-            trace.record(Step.ALLOW, url=r.url.url, allowed=pattern is not None, pattern=pattern, reason=reason,
-                         error=message, patterns=patterns)
-    for step in r.steps:
-        pattern = next((p.text for p in allow if p.matches(step.url)), None)
-        trace.record(Step.ALLOW, url=step.url.url, allowed=pattern is not None, pattern=pattern, reason="",
-                     error="", patterns=patterns)
-    policy, why = failure_policy_why(ns, config, cluster_policy)
-    trace.record(Step.POLICY, policy=r.failure_policy, why=why if policy == r.failure_policy else "")
+    events: list[Event] = [RouteDecided(
+        enabled=r.enabled, label=kube.enabled_label, value=kube.enabled_value, got=labels.get(kube.enabled_label),
+        exists=ns is not None, annotation=key, annotations=list(keys),
+        url=shown_url(r.raw_url) if r.raw_url else "", mode=r.mode, steps=[step.name for step in r.steps])]
+    if r.enabled:
+        allow = config.endpoints.allow
+        patterns = [p.text for p in allow]
+        if r.error is not None and r.raw_url:
+            reason, message = r.error
+            if r.url is None:
+                events.append(AllowChecked(url=shown_url(r.bad_url or r.raw_url), allowed=False, pattern=None,
+                                           reason=reason, error=message, patterns=patterns))
+            else:
+                pattern = next((p.text for p in allow if p.matches(r.url)), None)
+                events.append(AllowChecked(url=r.url.url, allowed=pattern is not None, pattern=pattern,
+                                           reason=reason, error=message, patterns=patterns))
+        for step in r.steps:
+            pattern = next((p.text for p in allow if p.matches(step.url)), None)
+            events.append(AllowChecked(url=step.url.url, allowed=pattern is not None, pattern=pattern, reason="",
+                                       error="", patterns=patterns))
+        _, why = failure_policy_why(ns, config, cluster_policy)
+        events.append(PolicyChosen(policy=r.failure_policy, why=why))
+    return replace(r, explanation=tuple(events))

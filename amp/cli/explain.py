@@ -59,7 +59,7 @@ from amp.patch import PatchError, check_patch
 from amp.reasons import FailurePolicy, NamespaceSource, Result
 from amp import rules
 from amp.review import parse_review
-from amp.trace import RecordedTrace, Step
+from amp.trace import NO_TRACE, IReviewTrace, NamespaceFound, RecordedTrace, Stamped
 
 __all__ = [
     "EXIT_ADMITTED", "EXIT_FAILURE_POLICY", "EXIT_USAGE", "EXIT_DENIED", "EXIT_NOT_IDEMPOTENT",
@@ -96,7 +96,7 @@ class ExplainedNamespace(Service):
         self._where = where
         self._cluster_policy = cluster_policy
         self._known: CachedAnswer = UNKNOWN
-        self.trace: Optional[RecordedTrace] = None
+        self.trace: IReviewTrace = NO_TRACE
 
     @property
     def count(self) -> int:
@@ -137,13 +137,12 @@ class ExplainedNamespace(Service):
         return NamespaceInfo(self._name, dict(self._labels), dict(self._annotations))
 
     def _record(self, answer: Optional[NamespaceInfo], where: str) -> Optional[NamespaceInfo]:
-        if self.trace is not None:
-            set_by = sorted([*(f"label {k}" for k in self._labels), *(f"annotation {k}" for k in self._annotations)])
-            self.trace.record(
-                Step.NAMESPACE, name=self._name, found=answer is not None, source=where,
-                labels=dict(answer.labels) if answer is not None else {},
-                annotations=dict(answer.annotations) if answer is not None else {},
-                set_by_command_line=set_by)
+        set_by = sorted([*(f"label {k}" for k in self._labels), *(f"annotation {k}" for k in self._annotations)])
+        self.trace.record(NamespaceFound(
+            name=self._name, found=answer is not None, source=where,
+            labels=dict(answer.labels) if answer is not None else {},
+            annotations=dict(answer.annotations) if answer is not None else {},
+            set_by_command_line=set_by))
         return answer
 
 
@@ -356,7 +355,7 @@ def explain(
             second = yield _review(admitter, reactor, source, log, first.pod, namespace, budget)
             result.second = second
             stamps = STAMP_ANNOTATIONS | {
-                str(e["key"]) for r in (first, second) for e in r.trace.steps(Step.STAMP)}
+                e.key for r in (first, second) for e in r.trace.of(Stamped)}
             result.idempotent = (
                 second.result in (Result.PATCHED, Result.ALLOWED, Result.SKIPPED)
                 and without_stamps(second.pod, stamps) == without_stamps(first.pod, stamps))

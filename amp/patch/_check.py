@@ -15,7 +15,7 @@ from amp.patch._paths import path_rules, refusal
 from amp.patch._pod import ALL_PARTS, check_pod, parts_changed
 from amp.pointer import json_type, parse_pointer
 from amp.reasons import Reason
-from amp.trace import Step
+from amp.trace import NO_TRACE, IReviewTrace, OperationApplied, Repaired
 
 DEFAULT_DENIED: tuple[str, ...] = ("/metadata/name", "/metadata/namespace", "/metadata/uid", "/status")
 
@@ -44,7 +44,7 @@ class CheckedPatch:
 
 
 def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, allowed: Sequence[str] = (),
-                repair: bool = True, max_operations: int = 1000, trace: Any = None,
+                repair: bool = True, max_operations: int = 1000, trace: IReviewTrace = NO_TRACE,
                 confined: Optional[str] = None) -> CheckedPatch:
     """
     Check an endpoint's patch against C{pod}, dry-apply it and repair it.
@@ -57,8 +57,7 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
         C{denied} would refuse them.
     @param repair: insert C{add} operations for missing parents of an C{add}.
     @param max_operations: the most operations a patch may have.
-    @param trace: an L{amp.trace.IReviewTrace} told each operation that
-        applies and each repair, or None.
+    @param trace: told each operation that applies and each repair.
     @param confined: a JSON pointer every operation (its C{path}, and the
         C{from} of a C{move} or C{copy}) must be under, or None (the
         C{pods/ephemeralcontainers} subresource changes nothing else).
@@ -107,11 +106,9 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
                 repaired += repair_parents(doc, op, fail, rules, operations)
             except Fail as again:
                 raise PatchError(Reason.APPLY_FAILED, f"{op.label}: {again.message}") from None
-            if trace is not None:
-                _trace_repair(trace, op, fail, operations[before:])
+            _trace_repair(trace, op, fail, operations[before:])
         operations.append(op.out)
-        if trace is not None:
-            trace.record(Step.OPERATION, index=op.index, op=op.op, path=op.path, from_=op.frm, repair=False)
+        trace.record(OperationApplied(index=op.index, op=op.op, path=op.path, from_=op.frm, repair=False))
 
     if not modifies:
         return unchanged(pod)
@@ -119,11 +116,11 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
     return CheckedPatch(operations, repaired, tuple(doc.warnings), doc.root)
 
 
-def _trace_repair(trace: Any, op: Op, fail: Fail, inserted: list[dict]) -> None:
+def _trace_repair(trace: IReviewTrace, op: Op, fail: Fail, inserted: list[dict]) -> None:
     paths = ", ".join(i["path"] for i in inserted)
-    trace.record(Step.REPAIR, index=op.index, message=f"{op.label}: {fail.message}; amp inserted add {paths}")
+    trace.record(Repaired(index=op.index, message=f"{op.label}: {fail.message}; amp inserted add {paths}"))
     for i in inserted:
-        trace.record(Step.OPERATION, index=None, op=i["op"], path=i["path"], from_=None, repair=True)
+        trace.record(OperationApplied(index=None, op=i["op"], path=i["path"], from_=None, repair=True))
 
 
 def unchanged(pod: dict) -> CheckedPatch:
