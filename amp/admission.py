@@ -22,8 +22,9 @@ like a creation, but may change only C{/spec/ephemeralContainers}.
 Every answer is built by a named constructor of L{amp.answers}; every
 failure ends in L{_Review._failed}, the one place the failure policy is
 applied, with the L{Route} the review was on, and is logged at warning with
-its whole message.  Each endpoint's reply is judged (its patch checked and
-dry-applied) before the endpoint client counts the call, so a reply amp
+its whole message.  An endpoint call resolves to the reply and a handle
+(L{amp.endpoint.Reply}); the review judges the reply (its patch checked and
+dry-applied) and then settles the call with the verdict, so a reply amp
 refuses is counted under its reason, not as C{ok}.  A namespace whose
 failure-policy annotation amp cannot use is reported once per change.
 
@@ -53,7 +54,7 @@ from amp import answers
 from amp.answers import AUDIT_ERROR_KEY, Answer, Outcome
 from amp.config import Config
 from amp.deadline import Deadline
-from amp.endpoint import EndpointClient, EndpointFailure
+from amp.endpoint import OK, EndpointClient, EndpointFailure, Reply
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.patch import CheckedPatch, PatchError, annotate, check_patch, compose, unchanged
@@ -202,7 +203,7 @@ class _Review:
     """
 
     __slots__ = ("_admitter", "_req", "_deadline", "_validation", "_route", "_pending", "_timer", "_ending",
-                 "_done", "result", "_chain", "_trace", "_call_started", "_judged")
+                 "_done", "result", "_chain", "_trace", "_call_started")
 
     log = Logger()
 
@@ -212,11 +213,8 @@ class _Review:
     ) -> None:
         self._admitter = admitter
         self._trace = trace
-        #: When the endpoint call in progress started (kept for the trace only).
+        #: When the endpoint call in progress started (for the trace).
         self._call_started = 0.0
-        #: The current step's reply as judged before the call was counted:
-        #: the reply, and its checked patch or the PatchError.
-        self._judged: Optional[tuple[EndpointDecision, Any]] = None
         self._req = req
         self._deadline = deadline
         self._validation = validation
@@ -261,7 +259,10 @@ class _Review:
 
     def _resume(self, result: Any, d: Deferred, then: Callable[[Any], None]) -> None:
         if self._pending is not d:
-            # The review was answered without this step; its result is dropped.
+            # The review was answered without this step; its result is
+            # dropped (a reply is settled as it is: nobody judges it).
+            if isinstance(result, Reply):
+                result.settle(OK)
             return None
         self._pending = None
         try:
@@ -327,22 +328,11 @@ class _Review:
         left = self._deadline.remaining(now)
         self._trace.record(BudgetGiven(seconds=round(left, 4), timeout=round(min(step.settings.timeout, left), 4),
                                        position=chain.index + 1, chain_length=len(chain.route.steps)))
-        self._judged = None
-        self._wait(self._admitter._endpoints.call(step.url, step.settings, pod_json, headers, self._deadline,
-                                                  step.breaker, check=self._check_reply),
-                   self._decided)
+        self._wait(self._admitter._endpoints.ask(step.url, step.settings, pod_json, headers, self._deadline,
+                                                 step.breaker),
+                   self._replied)
 
-    def _check_reply(self, decision: EndpointDecision) -> Optional[str]:
-        """
-        The endpoint client's check of a usable reply, before it counts the
-        call: the reason amp refuses the reply (its patch is invalid, does
-        not apply, ...), or None.  What it found is kept for L{_decided}.
-        """
-        judged = self._judge(decision)
-        self._judged = (decision, judged)
-        return judged.reason if isinstance(judged, PatchError) else None
-
-    def _judge(self, decision: EndpointDecision, trace: IReviewTrace = NO_TRACE) -> Any:
+    def _judge(self, decision: EndpointDecision) -> Any:
         """
         The current step's patch checked and dry-applied to the Pod as the
         steps before left it; the L{PatchError} when amp refuses it; None
@@ -353,22 +343,37 @@ class _Review:
         if not decision.allowed or self._validation or not decision.patch:
             return None
         try:
-            return check_patch(chain.pod.pod, decision.patch, **self._admitter._patch_options, trace=trace,
+            return check_patch(chain.pod.pod, decision.patch, **self._admitter._patch_options, trace=self._trace,
                                confined=EPHEMERAL_CONTAINERS if self._req.is_ephemeral_update else None)
         except PatchError as e:
             return e
 
-    def _decided(self, decision: EndpointDecision) -> None:
-        a = self._admitter
+    def _replied(self, reply: Reply) -> None:
+        """
+        The endpoint answered: judge its reply, settle the call with the
+        verdict (L{OK} or the reason amp refuses the reply), then go on.
+        """
+        decision = reply.decision
+        judged = None
+        try:
+            self._record_call(OK, "")
+            self._trace.record(Replied(
+                allowed=decision.allowed, operations=len(decision.patch), warnings=list(decision.warnings),
+                code=None if decision.allowed else decision.code, message=decision.message))
+            judged = self._judge(decision)
+        finally:
+            reply.settle(judged.reason if isinstance(judged, PatchError) else OK)
+        self._decided(decision, judged)
+
+    def _decided(self, decision: EndpointDecision, judged: Any) -> None:
+        """
+        Go on from the endpoint's C{decision} and amp's C{judged} verdict on
+        its patch (see L{_judge}).
+        """
         req = self._req
         chain = self._chain
         assert chain is not None
         origin = chain.route.steps[chain.index].name
-        trace = self._trace
-        self._record_call("ok", "")
-        trace.record(Replied(allowed=decision.allowed, operations=len(decision.patch),
-                             warnings=list(decision.warnings), code=None if decision.allowed else decision.code,
-                             message=decision.message))
         audit, problems = clean_audit_annotations(decision.audit)
         chain.told(origin, decision.warnings, problems, audit)
         if not decision.allowed:
@@ -376,14 +381,8 @@ class _Review:
                 return self._answer(self._shadow(chain, origin, denied=True))
             return self._answer(answers.denied(req, origin, decision.code, decision.message,
                                                warnings=chain.warnings, audit=chain.audit))
-        # Judged already, before the call was counted; again with the trace
-        # (so that it is told each operation in order), or when the client
-        # did not run the check.
-        judged = (self._judged[1] if not trace.recording and self._judged is not None and self._judged[0] is decision
-                  else self._judge(decision, trace))
-        self._judged = None
         if isinstance(judged, PatchError):
-            trace.record(Refused(reason=judged.reason, message=str(judged)))
+            self._trace.record(Refused(reason=judged.reason, message=str(judged)))
             return self._step_ended(judged.reason, str(judged))
         if judged is not None and judged.operations:
             chain.applied(judged)

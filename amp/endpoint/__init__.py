@@ -3,8 +3,11 @@ Calling endpoints: pooled HTTP/1.1 calls with per-endpoint timeouts, reply
 limits, a concurrency cap and a circuit breaker per endpoint origin, to
 addresses checked against C{endpoints.deny_networks}.
 
-L{EndpointClient.call} POSTs the Pod and resolves to an
-L{amp.reply.EndpointDecision}, or fails with L{EndpointFailure} whose
+L{EndpointClient.ask} POSTs the Pod and resolves to a L{Reply}: the
+endpoint's L{amp.reply.EndpointDecision} and the handle with which the
+caller settles the call's outcome once it has judged the reply (C{ok}, or
+the reason amp refuses it); L{EndpointClient.call} uses the reply as it is.
+Either fails with L{EndpointFailure} whose
 C{reason} is one of L{amp.reasons.ENDPOINT_REASONS}: every way a call can go
 wrong has a name that reaches the warning, the audit annotation, the deny
 message and the C{amp_endpoint_requests_total{endpoint,outcome}} label
@@ -17,7 +20,8 @@ concern each:
   - L{amp.endpoint._client}: L{EndpointClient}: admitting a call (breaker,
     bulkhead, time left), building its request, shutting down.
   - L{amp.endpoint._call}: one call's state machine: its one timer, retries,
-    settling the outcome, the metric and the breaker ticket exactly once.
+    the reply's settle handle (L{Reply}), settling the outcome, the metric
+    and the breaker ticket exactly once.
   - L{amp.endpoint._failures}: naming failures (L{classify}).
   - L{amp.endpoint._reading}: reading replies within their limits.
   - L{amp.endpoint._pool}: Twisted's own C{HTTPConnectionPool} and C{Agent}
@@ -93,11 +97,14 @@ was open has closed.  Calls made after that still work, on connections that
 are closed when they end.
 """
 
-from amp.endpoint._call import BytesProducer
+from amp.endpoint._call import OK, BytesProducer, Reply
 from amp.endpoint._client import EndpointClient
 from amp.endpoint._connect import DeniedAddress
 from amp.endpoint._failures import EndpointFailure
 from amp.endpoint._pool import USER_AGENT
 from amp.endpoint._types import IEndpointReactor
 
-__all__ = ["BytesProducer", "EndpointClient", "EndpointFailure", "DeniedAddress", "IEndpointReactor", "USER_AGENT"]
+__all__ = [
+    "OK", "BytesProducer", "EndpointClient", "EndpointFailure", "DeniedAddress", "IEndpointReactor", "Reply",
+    "USER_AGENT",
+]

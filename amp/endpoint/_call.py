@@ -1,10 +1,12 @@
 """
 One endpoint call, from the request to a settled outcome: L{Call}.
 
-A call is settled exactly once, by the first of: the reply (parsed, or a
-named failure), the endpoint's own timer, or the caller cancelling it.
-Settling records the outcome metric and the duration, frees the call's
-bulkhead slot and hands its breaker ticket back:
+A call is settled exactly once, by the first of: a failure (a named one,
+or the endpoint's own timer), the caller cancelling it, or, once the call
+has resolved to a usable reply (L{Reply}), the caller settling it with
+the reply's outcome (C{ok}, or the reason amp refused the reply) after it
+judged the reply.  Settling records the outcome metric and the duration,
+frees the call's bulkhead slot and hands its breaker ticket back:
 
   - C{record_success}: the endpoint answered with a usable reply;
   - C{record_failure}: the endpoint failed (L{classify} names how), its own
@@ -118,6 +120,26 @@ def _answer(response: IResponse, settings: EndpointSettings, charge: Charge) -> 
     return fail(EndpointFailure(Reason.INVALID_REPLY, f"HTTP status {code} is not a reply"))
 
 
+#: The outcome of a call whose reply amp used.
+OK = "ok"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Reply:
+    """
+    What a call resolves to when the endpoint answered with a usable reply:
+    the C{decision}, and C{settle}, which the caller calls exactly once,
+    with the call's outcome once it has judged the decision: L{OK}, or the
+    reason amp refused the reply (its patch does not check, see
+    L{amp.reasons.REFUSED_REPLY_REASONS}).  Until then the call holds its
+    place in flight.  Either way the endpoint answered: a success for its
+    breaker.
+    """
+
+    decision: EndpointDecision
+    settle: Callable[[str], None]
+
+
 @dataclass(frozen=True, slots=True)
 class CallRequest:
     """
@@ -164,26 +186,25 @@ class Call:
     @param reactor: for the call's timer and its clock.
     @param settled: told C{(call, outcome, seconds)} once, when the call is
         settled (the client's count of calls in flight and its metrics).
-    @param check: given a usable reply, the reason amp refuses it, or None
-        (see L{amp.endpoint.EndpointClient.call}).
+    @ivar result: fires with a L{Reply}, or fails with L{EndpointFailure}.
     """
 
     __slots__ = (
         "_reactor", "_request", "_guard", "_on_settled", "_started", "_timer", "_pending", "_retry",
-        "_done", "_waiters", "_check", "result",
+        "_replied", "_done", "_waiters", "result",
     )
 
     def __init__(
         self, reactor: Any, request: CallRequest, guard: CallGuard,
         settled: Callable[["Call", str, float], None],
-        check: Optional[Callable[[EndpointDecision], Optional[str]]] = None,
     ) -> None:
         self._reactor = reactor
         self._request = request
         self._guard = guard
         self._on_settled = settled
-        self._check = check
         self._retry = request.settings.retry
+        #: The call resolved to a reply: only its caller settles it now.
+        self._replied = False
         self._done = False
         self._waiters: Optional[list[Deferred]] = None
         self._pending: Optional[Deferred] = None
@@ -226,15 +247,12 @@ class Call:
             return None
         if not isinstance(result, Failure):
             # The endpoint answered (a success for the breaker); amp may
-            # still refuse what it said, and then the call is not "ok".
-            outcome = "ok"
-            if self._check is not None:
-                try:
-                    outcome = self._check(result) or "ok"
-                except Exception:
-                    log.failure("Could not check the reply of {endpoint}", endpoint=self._request.name)
-            self._settle(outcome, Verdict.SUCCESS)
-            self.result.callback(result)
+            # still refuse what it said, which its caller tells by settling.
+            self._replied = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self.result.callback(Reply(result, self.settle))
             return None
         failure = classify(result, self._request.settings)
         if not result.check(*EXPECTED):
@@ -243,13 +261,21 @@ class Call:
         self.result.errback(Failure(failure))
         return None
 
+    def settle(self, outcome: str) -> None:
+        """
+        The caller's verdict on the reply the call resolved to: L{OK} or the
+        reason amp refused it.  Only the first settling counts.
+        """
+        if self._replied and not self._done:
+            self._settle(outcome, Verdict.SUCCESS)
+
     def _timed_out(self, own: bool = True) -> None:
         """
         No reply in the call's time: its own timeout (C{own}, a verdict on
         the endpoint) or the review's deadline (not one).
         """
         self._timer = None
-        if self._done:
+        if self._done or self._replied:
             return
         self._settle(Reason.TIMEOUT, Verdict.FAILURE if own else Verdict.RELEASE)
         self.result.errback(Failure(EndpointFailure(Reason.TIMEOUT, f"no reply within {self._request.allowed:.3g}s")))
@@ -257,7 +283,7 @@ class Call:
             self._pending.cancel()
 
     def _cancelled(self, result: Deferred) -> None:
-        if self._done:
+        if self._done or self._replied:
             return
         if self._request.deadline.passed(self._reactor.seconds()):
             # The review's deadline passed: the call had all its time.

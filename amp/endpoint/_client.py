@@ -6,7 +6,7 @@ L{EndpointClient}: the one client amp calls endpoints with; it admits calls
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from twisted.internet.defer import Deferred, fail, gatherResults
 from twisted.internet.interfaces import IHostnameResolver
@@ -16,7 +16,7 @@ from twisted.web.iweb import IAgent
 from amp.breaker import BreakerRegistry, CircuitBreaker
 from amp.config import BreakerConfig, EndpointSettings
 from amp.deadline import Deadline
-from amp.endpoint._call import Call, CallGuard, CallRequest
+from amp.endpoint._call import OK, Call, CallGuard, CallRequest, Reply
 from amp.endpoint._failures import EndpointFailure, LocalFailure
 from amp.endpoint._pool import Profile
 from amp.endpoint._reading import Charge, GuardedConnection, ReplyBudget
@@ -155,11 +155,21 @@ class EndpointClient:
     def call(
         self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes],
         deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
-        check: Optional[Callable[[EndpointDecision], Optional[str]]] = None,
     ) -> "Deferred[EndpointDecision]":
         """
+        L{ask}, the reply used as it is: resolves to the endpoint's
+        L{EndpointDecision}, the call counted C{ok}.
+        """
+        return self.ask(url, settings, body, headers, deadline, breaker_config).addCallback(_used)
+
+    def ask(
+        self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes],
+        deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
+    ) -> "Deferred[Reply]":
+        """
         POST C{body} to C{url} and parse the reply, within C{settings.timeout}
-        and before C{deadline}.  Fails with L{EndpointFailure}.
+        and before C{deadline}: resolves to a L{Reply}, which the caller
+        settles once it has judged it, or fails with L{EndpointFailure}.
 
         The caller owns C{deadline}: when C{settings.timeout} ends first, the
         call's own timer fails it with C{timeout} (which counts against the
@@ -171,10 +181,11 @@ class EndpointClient:
         C{cancelled}, the breaker counts nothing, and the result fails with
         C{CancelledError}.
 
-        @param check: given a usable reply, the reason amp refuses it (its
-            patch is invalid, does not apply, ...) or None; the call is
-            counted under that reason instead of C{ok}, and still resolves to
-            the reply (the endpoint answered: a success for the breaker).
+        The caller settles the L{Reply} with C{ok} or the reason amp
+        refuses it (its patch is invalid, does not apply, ...): the call is
+        counted under that outcome, and the endpoint answered either way (a
+        success for its breaker).
+
         @param breaker_config: the breaker settings of C{url}'s origin (those
             of its root URL, see L{amp.policy.Route.breaker}); by default
             C{settings.breaker}.  The first call to an origin sets them.
@@ -217,8 +228,7 @@ class EndpointClient:
         self.budget.limit = settings.max_buffered
         request = CallRequest(origin.name, target, profile if self._test_agent is None else None, self._test_agent,
                               settings, body, raw, timeout, deadline, timeout if timeout is not None else remaining)
-        c = Call(self.reactor, request, CallGuard(Charge(self.budget), breaker, ticket),
-                 partial(self._settled, origin), check)
+        c = Call(self.reactor, request, CallGuard(Charge(self.budget), breaker, ticket), partial(self._settled, origin))
         origin.in_flight += 1
         self._live.add(c)
         return c.start()
@@ -260,3 +270,8 @@ class EndpointClient:
             c.abortConnection()
         self.close_idle_connections()
         return gatherResults(waits).addCallback(lambda _: self.close_idle_connections())
+
+
+def _used(reply: Reply) -> EndpointDecision:
+    reply.settle(OK)
+    return reply.decision
