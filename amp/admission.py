@@ -51,9 +51,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from amp import answers
-from amp.answers import AUDIT_ERROR_KEY, Answer, Outcome
+from amp.answers import AUDIT_ERROR_KEY, Answer, Outcome, unheard
 from amp.config import Config
-from amp.deadline import Deadline
+from amp.deadline import Deadline, review_deadline
 from amp.endpoint import OK, EndpointClient, EndpointFailure, Reply
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
@@ -66,7 +66,9 @@ from amp.review import AUDIT_VALUE_LIMIT, AdmissionRequest, clean_audit_annotati
 from amp.trace import (
     NO_TRACE, Answered, BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped, Stamped)
 
-__all__ = ["AUDIT_ERROR_KEY", "LEGACY_SKIPPED_ANNOTATION", "STATUS_ANNOTATION", "Admitter", "Answer", "Outcome"]
+__all__ = [
+    "AUDIT_ERROR_KEY", "LEGACY_SKIPPED_ANNOTATION", "STATUS_ANNOTATION", "Admitter", "Answer", "Outcome", "unheard",
+]
 
 #: The longest status annotation value.
 STATUS_LIMIT = 250
@@ -113,6 +115,14 @@ class Admitter:
         self._patch_options = dict(
             denied=patch.denied_paths, allowed=patch.allowed_paths, repair=patch.repair,
             max_operations=patch.max_operations)
+
+    def deadline(self, timeout: Optional[str], started: float) -> Deadline:
+        """
+        The one deadline of a review that arrived at C{started} asking for
+        C{?timeout=timeout} (None: the request has none): the timeout, or
+        C{deadline.default_timeout}, less C{deadline.margin}.
+        """
+        return review_deadline(timeout, started, self.config.deadline)
 
     def review(
         self, req: AdmissionRequest, deadline: Deadline, *, validation: bool = False,

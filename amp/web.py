@@ -52,12 +52,10 @@ from twisted.python.failure import Failure
 from twisted.web import http, pages, server
 from twisted.web.resource import Resource
 
-from amp.admission import Admitter, Outcome
+from amp.admission import Admitter, Answer, Outcome, unheard
 from amp.logs import RepeatLimiter
 from amp.metrics import Metrics
-from amp.reasons import Reason
 from amp.recent import Decision, RecentDecisions
-from amp.deadline import review_deadline
 from amp.review import AdmissionRequest, ReviewError, parse_review
 
 _REASONS = {
@@ -534,8 +532,7 @@ class AdmissionResource(Resource):
         # The review's one deadline, computed here once and carried down.
         admitter = self.admitter
         timeout = request.args.get(b"timeout")
-        deadline = review_deadline(timeout[0].decode("ascii", "replace") if timeout else None, started,
-                                   admitter.config.deadline)
+        deadline = admitter.deadline(timeout[0].decode("ascii", "replace") if timeout else None, started)
         d = admitter.review(req, deadline, validation=self._validation)
         # Not "if not d.called": a review can be called already and still be
         # waiting on a chained Deferred (an endpoint call started from a
@@ -550,19 +547,17 @@ class AdmissionResource(Resource):
         site.warnings.emit("bad-reviews", LogLevel.info, "Bad AdmissionReview: {error}", error=message)
         return _plain(request, code, message)
 
-    def _respond(self, result: tuple[bytes, Outcome], request: server.Request, req: AdmissionRequest,
-                 started: float) -> None:
-        body, outcome = result
+    def _respond(self, answer: Answer, request: server.Request, req: AdmissionRequest, started: float) -> None:
         request.review = None
         if request._disconnected:
-            # Answered as the client went away: counted as what it would
-            # have been, with the vocabulary's reason for a client that left.
-            outcome.reason = outcome.reason or Reason.CANCELLED
+            # Answered as the client went away.
+            answer = unheard(answer)
         else:
             request.setHeader(b"content-type", b"application/json")
-            request.setHeader(b"content-length", b"%d" % len(body))
-            request.write(body)
+            request.setHeader(b"content-length", b"%d" % len(answer.body))
+            request.write(answer.body)
             request.finish()
+        outcome = answer.outcome
         answered = self._clock.seconds()
         # The answer is only in the transport's buffer until the reactor's
         # next I/O pass: do the accounting (log line, metrics) after that, two
