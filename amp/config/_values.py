@@ -128,6 +128,9 @@ class Kind:
         unset).
     @ivar minimum: the least value a number accepts, if bounded; with
         C{exclusive}, values must be greater than it.
+    @ivar maximum: the greatest value a number accepts, if bounded.
+    @ivar pattern: the regular expression a value written as text must
+        match (durations and sizes), if any.
     """
 
     name: str
@@ -138,6 +141,7 @@ class Kind:
     minimum: Optional[float] = None
     exclusive: bool = False
     maximum: Optional[float] = None
+    pattern: Optional[str] = None
 
     def positive(self) -> "Kind":
         """This kind, greater than zero."""
@@ -150,7 +154,7 @@ class Kind:
                 raise ValueError(f"must be greater than zero, got {value!r}")
             return v
 
-        return Kind(self.name, check, self.show, minimum=0, exclusive=True)
+        return Kind(self.name, check, self.show, minimum=0, exclusive=True, pattern=self.pattern)
 
 
 def _int(value: Any) -> int:
@@ -270,9 +274,9 @@ def choice(choices: type[StrEnum] | tuple[str, ...]) -> Kind:
     return Kind("choice", check, choices=values)
 
 
-DURATION = Kind("duration", parse_duration, show_duration, minimum=0)
+DURATION = Kind("duration", parse_duration, show_duration, minimum=0, pattern=_DURATION.pattern)
 POSITIVE_DURATION = DURATION.positive()
-SIZE = Kind("size", parse_size, show_size, minimum=0)
+SIZE = Kind("size", parse_size, show_size, minimum=0, pattern=_SIZE.pattern)
 POSITIVE_SIZE = SIZE.positive()
 INT = Kind("integer", _int)
 POSITIVE_INT = INT.positive()
