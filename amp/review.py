@@ -284,7 +284,9 @@ def _decode_fast(body: bytes) -> Optional[tuple[_FastReview, Any, Optional[bytes
         raw = review.request.object
         pod = _fast_any(raw)
         return review, pod, bytes(raw) if isinstance(pod, dict) else None
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        # msgspec raises UnicodeDecodeError for invalid UTF-8 inside a
+        # string it decodes to a fixed set of values (apiVersion, kind).
         return None
 
 
