@@ -58,10 +58,14 @@ from amp.endpoint import OK, EndpointClient, EndpointFailure, Reply
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.patch import CheckedPatch, PatchError, annotate, check_patch, compose, unchanged
+from amp.canary import canary_plan
 from amp.policy import FAIL, IGNORE, SHADOW, Route, failure_policy, route
 from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
-from amp.rules import LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION, opted_out, own_pods_warning, protected_namespaces
+from amp.rules import (
+    CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION, LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION,
+    opted_out, own_pods_warning, protected_namespaces,
+)
 from amp.review import AUDIT_VALUE_LIMIT, AdmissionRequest, clean_audit_annotations, clip, dumps
 from amp.trace import (
     NO_TRACE, Answered, BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped, Stamped)
@@ -99,8 +103,16 @@ class Admitter:
         endpoints: EndpointClient,
         clock: IReactorTime,
         metrics: Metrics,
+        recorder: Optional[Any] = None,
+        canary: Optional[Any] = None,
     ) -> None:
         self.config = config
+        #: Where reviews are offered for recording (L{amp.record.Recorder}), or None.
+        self.recorder = recorder
+        #: Runs candidates of namespaces with a canary (L{amp.canary.Canary}), or None.
+        self.canary = canary
+        #: Each canary's plan, by the annotations it comes from.
+        self._canary_plans: dict[tuple, Any] = {}
         self._namespaces = namespaces
         self._endpoints = endpoints
         self._clock = clock
@@ -202,6 +214,19 @@ class Admitter:
         self.log.warn("Namespace {namespace}: {problem}", namespace=namespace, problem=problem)
         self._metrics.namespace_problems.labels(FAILURE_POLICY_PROBLEM).inc()
 
+    def _plan_canary(self, ns: Optional[NamespaceInfo], r: Route) -> Any:
+        """The namespace's canary plan (L{amp.canary.canary_plan}), kept per annotation values."""
+        if ns is None or CANARY_ANNOTATION not in ns.annotations:
+            return None
+        key = (ns.annotations.get(CANARY_ANNOTATION), ns.annotations.get(CANARY_PERCENT_ANNOTATION),
+               ns.annotations.get(CANARY_STEP_ANNOTATION), len(r.steps))
+        plan = self._canary_plans.get(key)
+        if plan is None:
+            if len(self._canary_plans) >= _PROBLEMS_LIMIT:
+                self._canary_plans.clear()
+            plan = self._canary_plans[key] = canary_plan(ns, r, self.config)
+        return plan
+
     def _has_validation_endpoint(self, ns: Optional[NamespaceInfo]) -> bool:
         return ns is not None and bool(ns.annotations.get(self.config.kubernetes.validation_annotation))
 
@@ -213,7 +238,7 @@ class _Review:
     """
 
     __slots__ = ("_admitter", "_req", "_deadline", "_validation", "_route", "_pending", "_timer", "_ending",
-                 "_done", "result", "_chain", "_trace", "_call_started")
+                 "_done", "result", "_chain", "_trace", "_call_started", "_namespace", "_canary_plan", "_canary_run")
 
     log = Logger()
 
@@ -229,6 +254,11 @@ class _Review:
         self._deadline = deadline
         self._validation = validation
         self._route: Optional[Route] = None
+        #: The namespace as the review found it, once routed.
+        self._namespace: Optional[NamespaceInfo] = None
+        #: The namespace's canary (L{amp.canary.CanaryPlan}) and its run in progress.
+        self._canary_plan: Any = None
+        self._canary_run: Any = None
         #: The step waited on: a namespace lookup or an endpoint call.
         self._pending: Optional[Deferred] = None
         self._timer: Optional[IDelayedCall] = None
@@ -288,6 +318,7 @@ class _Review:
         a = self._admitter
         req = self._req
         trace = self._trace
+        self._namespace = ns
         r = self._route = route(ns, a.config, a._namespaces.cluster_failure_policy(),
                                 validation=self._validation, cache=a._routes, explain=trace.recording)
         if r.enabled:
@@ -307,6 +338,8 @@ class _Review:
                 stamped = self._stamp(None, Status.UNCHANGED, r.where)
                 return self._answer(answers.skipped(req, patch=_patch_bytes(stamped)))
             return self._answer(self._failed(Reason.NO_ENDPOINT, "namespace is enabled but has no endpoint annotation"))
+        if a.canary is not None and r.mode != SHADOW and not self._validation and not req.is_ephemeral_update:
+            self._canary_plan = a._plan_canary(ns, r)
         self._chain = _Chain(r, unchanged(req.object))
         self._call_next()
 
@@ -338,9 +371,20 @@ class _Review:
         left = self._deadline.remaining(now)
         self._trace.record(BudgetGiven(seconds=round(left, 4), timeout=round(min(step.settings.timeout, left), 4),
                                        position=chain.index + 1, chain_length=len(chain.route.steps)))
+        plan = self._canary_plan
+        if plan is not None and plan.index == chain.index:
+            a = self._admitter
+            self._canary_run = a.canary.start(plan, req.namespace, req.uid, req.pod_name, step, chain.pod.pod,
+                                              pod_json, headers, self._deadline, a._patch_options)
         self._wait(self._admitter._endpoints.ask(step.url, step.settings, pod_json, headers, self._deadline,
                                                  step.breaker),
                    self._replied)
+
+    def _tell_canary(self, pod_after: Optional[dict] = None, skipped: bool = False) -> None:
+        """Tell the canary in progress how the live step it stands beside ended."""
+        run, self._canary_run = self._canary_run, None
+        if run is not None:
+            run.live_done(pod_after, skipped)
 
     def _judge(self, decision: EndpointDecision) -> Any:
         """
@@ -387,6 +431,7 @@ class _Review:
         audit, problems = clean_audit_annotations(decision.audit)
         chain.told(origin, decision.warnings, problems, audit)
         if not decision.allowed:
+            self._tell_canary(None)
             if chain.route.mode == SHADOW:
                 return self._answer(self._shadow(chain, origin, denied=True))
             return self._answer(answers.denied(req, origin, decision.code, decision.message,
@@ -394,6 +439,7 @@ class _Review:
         if isinstance(judged, PatchError):
             self._trace.record(Refused(reason=judged.reason, message=str(judged)))
             return self._step_ended(judged.reason, str(judged))
+        self._tell_canary(judged.pod if judged is not None else chain.pod.pod)
         if judged is not None and judged.operations:
             chain.applied(judged)
         chain.ok(origin)
@@ -405,6 +451,7 @@ class _Review:
         (not in shadow mode) its step is skipped and the chain goes on with
         the Pod as it was; else the failure policy answers, naming it.
         """
+        self._tell_canary(skipped=True)
         chain = self._chain
         assert chain is not None
         r = chain.route
@@ -545,7 +592,24 @@ class _Review:
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
             timer.cancel()
+        self._tell_canary(skipped=True)
+        recorder = self._admitter.recorder
+        if recorder is not None and self._route is not None and not self._validation:
+            self._offer(recorder, answer)
         self.result.callback(answer)
+
+    def _offer(self, recorder: Any, answer: Answer) -> None:
+        """Offer the answered review for recording (never blocks or raises)."""
+        try:
+            ns, r, req, outcome = self._namespace, self._route, self._req, answer.outcome
+            assert r is not None
+            recorder.offer(
+                self._admitter._clock.seconds(), req.uid, req.namespace,
+                ns.annotations if ns is not None else {}, ns.labels if ns is not None else {},
+                [step.name for step in r.steps], r.failure_policy, r.mode, req.body, answer.body,
+                str(outcome.result), str(outcome.reason))
+        except Exception:
+            self.log.failure("Could not offer a review for recording")
 
     def _expired(self) -> None:
         self._timer = None

@@ -44,6 +44,9 @@ TLS_RELOAD_RESULTS = ("success", "error")
 #: Values of C{amp_config_reloads_total{result}}.
 CONFIG_RELOAD_RESULTS = ("success", "error")
 
+#: Values of C{amp_recorded_reviews_total{result}}.
+RECORD_RESULTS = ("written", "dropped", "failed")
+
 #: Values of C{amp_connections_dropped_total{reason}}.
 CONNECTION_DROP_REASONS = ("max-connections", "no-request", "shutting-down")
 
@@ -125,6 +128,16 @@ class Metrics:
             self.config_reloads.labels(result=result)
         self.config_info = Gauge(
             "amp_config_info", "1 for the hash of the configuration in force.", ["hash"], registry=r)
+        self.recorded_reviews = Counter(
+            "amp_recorded_reviews", "Reviews offered for recording (record section), by result: written, "
+            "dropped (the writer's queue was full) or failed (the disk refused, or too large).",
+            ["result"], registry=r)
+        for result in RECORD_RESULTS:
+            self.recorded_reviews.labels(result=result)
+        self.canary_reviews = Counter(
+            "amp_canary_reviews", "Reviews whose candidate endpoint (amp.txn2.com/canary) was compared with the "
+            "live one, by namespace and result: same, differs, failed, skipped.", ["namespace", "result"],
+            registry=r)
         self.build_info = Gauge("amp_build_info", "1, labelled with amp's version.", ["version"], registry=r)
         self.build_info.labels(version=__version__).set(1)
 

@@ -48,15 +48,25 @@ class Decision:
     reason: str
     message: str
     duration_ms: float
+    #: The canary's comparison (L{amp.canary}): same, differs, failed,
+    #: skipped; C{""} when the review had none.
+    canary: str = ""
+    #: With C{canary: differs}, the JSON paths where the candidate's Pod differs.
+    canary_paths: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         """
         The decision as a JSON object: C{time} in RFC 3339 (UTC, to the
-        millisecond), C{duration_ms} rounded to 0.1 ms.
+        millisecond), C{duration_ms} rounded to 0.1 ms; C{canary} and
+        C{canary_paths} only for a review that had a canary.
         """
         out = asdict(self)
         out["time"] = rfc3339(self.time)
         out["duration_ms"] = round(self.duration_ms, 1)
+        if not self.canary:
+            del out["canary"], out["canary_paths"]
+        else:
+            out["canary_paths"] = list(self.canary_paths)
         return out
 
 
@@ -75,6 +85,10 @@ def rfc3339(seconds: float) -> str:
 #: any string, and the buffer's memory must stay bounded.
 FIELD_LIMIT = 256
 MESSAGE_LIMIT = 1024
+#: The most canary paths kept per decision, and canary results kept for
+#: decisions not recorded yet.
+PATHS_LIMIT = 32
+EARLY_LIMIT = 1024
 
 
 def _clip(text: str, limit: int) -> str:
@@ -90,6 +104,8 @@ class RecentDecisions:
 
     def __init__(self, size: int) -> None:
         self._decisions: deque[Decision] = deque(maxlen=max(size, 0))
+        #: Canary results that came before their review's decision, by uid.
+        self._early: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     @property
     def size(self) -> int:
@@ -109,6 +125,10 @@ class RecentDecisions:
         if not self._decisions.maxlen:
             return
         d = decision
+        if self._early:
+            canary = self._early.pop(d.uid, None)
+            if canary is not None:
+                d = replace(d, canary=canary[0], canary_paths=canary[1])
         if max(len(d.uid), len(d.namespace), len(d.pod), len(d.endpoint), len(d.reason)) > FIELD_LIMIT or (
                 len(d.message) > MESSAGE_LIMIT):
             d = replace(
@@ -116,6 +136,24 @@ class RecentDecisions:
                 pod=_clip(d.pod, FIELD_LIMIT), endpoint=_clip(d.endpoint, FIELD_LIMIT),
                 reason=_clip(d.reason, FIELD_LIMIT), message=_clip(d.message, MESSAGE_LIMIT))
         self._decisions.append(d)
+
+    def annotate(self, uid: str, canary: str, paths: tuple[str, ...]) -> None:
+        """
+        Set a review's canary result, on its decision if it is held, else
+        on the decision when it comes (the comparison can end before the
+        answer is written).
+        """
+        if not self._decisions.maxlen:
+            return
+        paths = tuple(_clip(p, FIELD_LIMIT) for p in paths[:PATHS_LIMIT])
+        for i in range(len(self._decisions) - 1, -1, -1):
+            d = self._decisions[i]
+            if d.uid == uid:
+                self._decisions[i] = replace(d, canary=canary, canary_paths=paths)
+                return
+        if len(self._early) >= EARLY_LIMIT:
+            self._early.pop(next(iter(self._early)))
+        self._early[_clip(uid, FIELD_LIMIT)] = (canary, paths)
 
     def select(
         self, *, namespace: Optional[str] = None, pod: Optional[str] = None, uid: Optional[str] = None,

@@ -93,6 +93,9 @@ class AdmissionRequest:
     #: The object's JSON exactly as the API server sent it, when it could be
     #: cut out of the body; forwarded to the endpoint as is.
     object_json: Optional[bytes] = None
+    #: The whole AdmissionReview's bytes as the API server sent them (a
+    #: reference, not a copy), for recording (L{amp.record}).
+    body: Optional[bytes] = None
 
     @property
     def is_pod_create(self) -> bool:
@@ -308,8 +311,11 @@ def parse_review(body: bytes) -> AdmissionRequest:
         fields = {"uid": request.uid, "kind": request.kind, "operation": request.operation,
                   "namespace": request.namespace, "name": request.name, "subResource": request.subResource,
                   "dryRun": request.dryRun}
-        return _checked(review.apiVersion, review.kind, fields, pod, object_json)
-    return _parse_careful(body)
+        req = _checked(review.apiVersion, review.kind, fields, pod, object_json)
+    else:
+        req = _parse_careful(body)
+    req.body = body
+    return req
 
 
 def _parse_careful(body: bytes) -> AdmissionRequest:

@@ -21,7 +21,8 @@ from amp.namespaces import NamespaceInfo
 from amp.reasons import Mode
 
 __all__ = [
-    "LEGACY_SKIPPED_ANNOTATION", "STAMP_ANNOTATIONS", "STATUS_ANNOTATION", "is_enabled", "labels_opt_out", "mode",
+    "CANARY_ANNOTATION", "CANARY_PERCENT_ANNOTATION", "CANARY_STEP_ANNOTATION", "NAMESPACE_FEATURE_ANNOTATIONS",
+    "RECORD_ANNOTATION", "LEGACY_SKIPPED_ANNOTATION", "STAMP_ANNOTATIONS", "STATUS_ANNOTATION", "is_enabled", "labels_opt_out", "mode",
     "opted_out", "own_pods_warning", "protected_namespaces",
 ]
 
@@ -31,6 +32,20 @@ STATUS_ANNOTATION = "amp.txn2.com/status"
 LEGACY_SKIPPED_ANNOTATION = "amp.txn2.com/skipped"
 #: amp's stamps: a Pod with either was reviewed.
 STAMP_ANNOTATIONS = (STATUS_ANNOTATION, LEGACY_SKIPPED_ANNOTATION)
+
+#: The namespace annotations of a canary (L{amp.canary}): the candidate
+#: endpoint, the share of reviews it sees, the step of the chain it stands
+#: beside.
+CANARY_ANNOTATION = "amp.txn2.com/canary"
+CANARY_PERCENT_ANNOTATION = "amp.txn2.com/canary-percent"
+CANARY_STEP_ANNOTATION = "amp.txn2.com/canary-step"
+#: The namespace annotation that chooses a namespace for recording with
+#: C{record.namespaces: annotated} (L{amp.record}).
+RECORD_ANNOTATION = "amp.txn2.com/record"
+#: Namespace annotations of amp's features beyond routing, which the
+#: namespace source keeps.
+NAMESPACE_FEATURE_ANNOTATIONS = (CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION,
+                                 RECORD_ANNOTATION)
 
 
 def is_enabled(ns: Optional[NamespaceInfo], kube: KubernetesConfig) -> bool:

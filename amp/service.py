@@ -40,6 +40,7 @@ from twisted.web.server import Site
 
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
+from amp.canary import Canary
 from amp import __version__
 from amp.config import Config, TLSConfig, config_summary
 from amp.endpoint import EndpointClient
@@ -48,6 +49,7 @@ from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
 from amp.reasons import NamespaceSource
 from amp.recent import RecentDecisions, RecentDecisionsResource
+from amp.record import Recorder
 from amp.reload import ConfigFile, ConfigReloadService, SighupService
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.web import WebhookSite, webhook_root
@@ -144,6 +146,14 @@ def namespace_source(
 
     return KubernetesNamespaceSource(config.kubernetes, reactor=reactor, metrics=metrics,
                                      on_first_list=on_first_list)
+
+
+def _amp_annotation(config: Config) -> Callable[[str], bool]:
+    """Annotation keys that are amp's own (recording's redaction keeps their values)."""
+    kube = config.kubernetes
+    own = {*kube.endpoint_annotations, kube.validation_annotation, kube.failure_policy_annotation,
+           kube.mode_annotation}
+    return lambda key: key.startswith("amp.txn2.com/") or key in own
 
 
 def freeze_startup_objects() -> None:
@@ -259,9 +269,20 @@ class AmpService(MultiService):
         certificate_reload = CertificateReloadService(certificate, reactor=reactor, interval=config.tls.reload_interval)
         certificate_reload.setServiceParent(self)
         self.sighup.add(certificate_reload.what, certificate_reload.reload_now)
-        self.admitter = Admitter(config, self.namespaces, self.endpoint_client, reactor, metrics)
+        #: Records chosen reviews when C{record.enabled} (L{amp.record}).
+        self.recorder = Recorder(config.record, reactor, metrics,
+                                 keep_annotation=_amp_annotation(config))
+        self.recorder.setServiceParent(self)
         #: The last decisions, served on the metrics port (C{metrics.debug_reviews}).
         self.recent = RecentDecisions(config.metrics.debug_reviews)
+        # Candidates have an endpoint client of their own: their own pools,
+        # bulkheads and breakers, and metrics apart from the live endpoints'.
+        self.canary_client = EndpointClient(reactor, Metrics(), BreakerRegistry(reactor, random=random.random),
+                                            agent=agent)
+        EndpointClientService(self.canary_client).setServiceParent(self)
+        self.canary = Canary(self.canary_client, reactor, metrics,
+                             annotate=lambda uid, result, paths: self.recent.annotate(uid, result, paths))
+        self.admitter = self._admitter(config, self.namespaces)
         root = webhook_root(self.admitter, reactor, metrics, {
             "listener": self._listener_readiness,
             "certificate": certificate.readiness,
@@ -303,7 +324,7 @@ class AmpService(MultiService):
         namespaces = self.namespaces
         if config.kubernetes != self.config.kubernetes and config.kubernetes.source == NamespaceSource.STATIC:
             namespaces = namespace_source(config, self.reactor, self.metrics)
-        admitter = Admitter(config, namespaces, self.endpoint_client, self.reactor, self.metrics)
+        admitter = self._admitter(config, namespaces)
         # Everything is built: swap.
         if namespaces is not self.namespaces:
             old, self.namespaces = self.namespaces, namespaces
@@ -314,11 +335,16 @@ class AmpService(MultiService):
             resource.admitter = admitter
         self.site.apply(config.listen)
         self.recent.resize(config.metrics.debug_reviews)
+        self.recorder.apply(config.record)
         if isinstance(self.log_observer, ConfigurableObserver):
             self.log_observer.configure(config.log.format, config.log.level)
         if self.config_reload is not None:
             self.config_reload.set_interval(config.reload_interval)
         self.config = config
+
+    def _admitter(self, config: Config, namespaces: INamespaceSource) -> Admitter:
+        return Admitter(config, namespaces, self.endpoint_client, self.reactor, self.metrics, self.recorder,
+                        self.canary)
 
     def _listener_readiness(self) -> tuple[bool, str]:
         if self.draining:

@@ -102,3 +102,23 @@ def test_markdown_table_is_written(quick_run: tuple[dict, Path]) -> None:
                   "(d) amp, namespace not enabled", "(f) floor: minimal Twisted TLS proxy",
                   "(g) stack floor: twisted.web + Agent proxy"):
         assert label in text
+
+
+def test_the_safe_changes_bench_runs_the_canary_and_the_recorder(tmp_path: Path) -> None:
+    """C{bench.safe_changes --quick}: three amps measured; the canary compared
+    reviews and the recorder wrote them (figures are only reported)."""
+    try:
+        ensure_wrk()
+    except WrkMissing as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"bench.safe_changes cannot run in CI: {e}")
+        pytest.skip(str(e))
+    done = subprocess.run([sys.executable, "-m", "bench.safe_changes", "--quick", "--out", str(tmp_path)],
+                          cwd=str(REPO), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "safe-changes.json").read_text())
+    assert {(r["variant"], r["connections"]) for r in result["rows"]} == {
+        (v, c) for v in ("plain", "canary", "record") for c in (1, 16)}
+    assert all(r["errors"] == 0 and r["cpu_ms"] > 0 for r in result["rows"])
+    assert result["canary"].get("same", 0) > 0 and set(result["canary"]) <= {"same"}
+    assert result["recorded"]["written"] > 0 and result["recording_files"] >= 1

@@ -24,7 +24,8 @@ from typing import Any, Iterator
 import promql_parser
 import yaml
 
-from amp.metrics import CONFIG_RELOAD_RESULTS, TLS_RELOAD_RESULTS, Metrics
+from amp.canary import CanaryResult
+from amp.metrics import CONFIG_RELOAD_RESULTS, RECORD_RESULTS, TLS_RELOAD_RESULTS, Metrics
 from amp.reasons import ENDPOINT_OUTCOMES, Reason, Result
 from tests.deploytools import APISERVER_METRICS, CHART, DEPLOY, ROOT, kustomize_build, one, run, tool
 
@@ -224,6 +225,8 @@ def test_label_names_and_values_the_rules_and_dashboard_use_exist() -> None:
         ("amp_endpoint_requests_total", "outcome"): set(ENDPOINT_OUTCOMES),
         ("amp_tls_reloads_total", "result"): set(TLS_RELOAD_RESULTS),
         ("amp_config_reloads_total", "result"): set(CONFIG_RELOAD_RESULTS),
+        ("amp_canary_reviews_total", "result"): {str(r) for r in CanaryResult},
+        ("amp_recorded_reviews_total", "result"): set(RECORD_RESULTS),
     }
     for where, selector in used_selectors():
         if selector.name not in amp:

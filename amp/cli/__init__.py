@@ -1,6 +1,7 @@
 """
 The C{amp} console script: C{amp explain} (L{amp.cli.explain}) runs amp's own
-review pipeline on one Pod and prints the decision.
+review pipeline on one Pod and prints the decision; C{amp replay}
+(L{amp.record.replay}) runs recorded reviews through it again and compares.
 
 L{main} is the only place here that uses the global reactor: it runs the
 command under C{twisted.internet.task.react}.
@@ -17,9 +18,10 @@ __all__ = ["main", "dispatch"]
 
 USAGE = """\
 usage: amp explain [options] FILE     review one Pod (or a workload's Pod template) as amp would
+       amp replay [options] FILE...   recorded reviews through amp again, compared
        amp --version
 
-Run 'amp explain --help' for the options.
+Run 'amp explain --help' or 'amp replay --help' for the options.
 """
 
 
@@ -36,6 +38,10 @@ def dispatch(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Op
         from amp.cli.explain import run
 
         return run(argv[1:], reactor, stdin=stdin, stdout=out, stderr=err, log_publisher=log_publisher)
+    if argv and argv[0] == "replay":
+        from amp.record._command import run as replay
+
+        return replay(argv[1:], reactor, stdin=stdin, stdout=out, stderr=err)
     if argv and argv[0] == "--version":
         out.write(f"amp {__version__}\n")
         return succeed(0)

@@ -25,14 +25,14 @@ from amp.config._reference import reference_row, rewrite_reference
 from amp.config._running import RESTART_ONLY, config_digest, config_summary, effective_config, for_reload
 from amp.config._sections import (
     KEYS, BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings, EndpointsConfig,
-    KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, StaticNamespace, TLSConfig,
+    KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig, StaticNamespace, TLSConfig,
 )
 from amp.config._values import Kind, parse_duration, parse_size
 
 __all__ = [
     "KEYS", "RESTART_ONLY", "BreakerConfig", "BypassConfig", "Config", "ConfigError", "DeadlineConfig",
     "EndpointOverride", "EndpointSettings", "EndpointsConfig", "Key", "Kind", "KubernetesConfig", "ListenConfig",
-    "LogConfig", "MetricsConfig", "PatchConfig", "Restart", "StaticNamespace", "TLSConfig", "config_digest",
-    "config_summary", "effective_config", "for_reload", "load_config", "parse_config", "parse_duration", "parse_size",
-    "reference_row", "rewrite_reference",
+    "LogConfig", "MetricsConfig", "PatchConfig", "RecordConfig", "Restart", "StaticNamespace", "TLSConfig",
+    "config_digest", "config_summary", "effective_config", "for_reload", "load_config", "parse_config",
+    "parse_duration", "parse_size", "reference_row", "rewrite_reference",
 ]

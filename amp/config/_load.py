@@ -19,7 +19,7 @@ import yaml
 from amp.config._declare import parsers
 from amp.config._sections import (
     BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings, EndpointsConfig,
-    KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, StaticNamespace, TLSConfig,
+    KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig, StaticNamespace, TLSConfig,
 )
 from amp.config._values import MAPPING
 from amp.reasons import NamespaceSource
@@ -172,6 +172,16 @@ def _kubernetes(raw: Any) -> KubernetesConfig:
     return kube
 
 
+def _record(raw: Any) -> RecordConfig:
+    record = _section(RecordConfig, raw, "record")
+    if record.file_size > record.max_size:
+        raise ConfigError(f"record.file_size: {record.file_size} bytes is more than record.max_size "
+                          f"({record.max_size} bytes), the budget of every recording file together")
+    if not record.namespaces:
+        raise ConfigError('record.namespaces: name at least one namespace, or "*" (all) or "annotated"')
+    return record
+
+
 def parse_config(raw: Any) -> Config:
     """
     Turn the parsed YAML document into a L{Config}.
@@ -191,6 +201,7 @@ def parse_config(raw: Any) -> Config:
         "deadline": lambda v: _section(DeadlineConfig, v, "deadline"),
         "patch": lambda v: _section(PatchConfig, v, "patch"),
         "log": lambda v: _section(LogConfig, v, "log"),
+        "record": _record,
     }
     scalars = parsers(Config)
     values: dict[str, Any] = {}

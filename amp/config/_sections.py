@@ -332,6 +332,38 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class RecordConfig:
+    """
+    Recording reviews for C{amp replay} (L{amp.record}); off by default.
+    C{namespaces}: C{["*"]} every namespace, C{["annotated"]} those
+    annotated C{amp.txn2.com/record: "true"}, else the names listed.
+    """
+
+    enabled: bool = declare(BOOL, False, doc=(
+        "Write the reviews of the chosen namespaces to `record.directory`, one JSON line per review."))
+    directory: str = declare(STR, "/var/lib/amp/recordings", doc=(
+        "Where the files go (`amp-reviews-<time>-<pid>-<n>.jsonl`); created `0700` if missing. Replicas and workers"
+        " may share it."))
+    namespaces: tuple[str, ...] = declare(STR_LIST, ("*",), doc=(
+        "`[\"*\"]`: every namespace amp reviews; `[\"annotated\"]`: those annotated "
+        "`amp.txn2.com/record: \"true\"`; else"
+        " the namespaces named."))
+    sample: float = declare(RATIO, 1.0, doc=(
+        "The share of chosen reviews recorded, in (0, 1]."))
+    max_size: int = declare(POSITIVE_SIZE, 256 * 1024 * 1024, doc=(
+        "The budget of every recording file in the directory together: at each rotation the oldest files are "
+        "removed until the rest fit."))
+    file_size: int = declare(POSITIVE_SIZE, 16 * 1024 * 1024, doc=(
+        "A file is rotated before it grows past this; at most `record.max_size`. A review larger than this is not "
+        "recorded (counted as `failed`)."))
+    queue: int = declare(POSITIVE_INT, 1024, doc=(
+        "Reviews waiting for the writer thread at most; more are counted as `dropped`, never waited for."))
+    redact: bool = declare(BOOL, False, doc=(
+        "Replace env var values and annotation values (but amp's own) by stable markers `amp-redacted:<hmac>`: the "
+        "same value gives the same marker in the review and in the patch."))
+
+
+@dataclass(frozen=True)
 class Config:
     listen: ListenConfig = section(ListenConfig)
     tls: TLSConfig = section(TLSConfig)
@@ -358,6 +390,7 @@ class Config:
     deadline: DeadlineConfig = section(DeadlineConfig)
     patch: PatchConfig = section(PatchConfig)
     log: LogConfig = section(LogConfig)
+    record: RecordConfig = section(RecordConfig)
     workers: int = declare(POSITIVE_INT, 1, restart=Restart.ALWAYS, doc=(
         "Number of amp processes per replica, all serving the webhook port (one listening socket, bound by worker "
         "0; each new connection goes to the worker with the fewest open). `1`: one process, as before. Above `1`: "

@@ -103,7 +103,13 @@ def _scalar(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         text = str(value)
-        return text if text and yaml.safe_load(text) == text else f'"{text}"'
+        try:
+            plain = bool(text) and yaml.safe_load(text) == text
+        except yaml.YAMLError:
+            plain = False
+        return text if plain else f'"{text}"'
+    if isinstance(value, float):
+        return f"{value:g}"
     return str(value)
 
 

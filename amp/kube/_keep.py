@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from amp.config import KubernetesConfig
 from amp.namespaces import NamespaceInfo
 from amp.reasons import FailurePolicy
-from amp.rules import labels_opt_out, stamps
+from amp.rules import NAMESPACE_FEATURE_ANNOTATIONS, labels_opt_out, stamps
 
 _EMPTY: Mapping[str, str] = types.MappingProxyType({})
 
@@ -74,7 +74,7 @@ class Keep:
         self.enabled_value = config.enabled_value
         self.annotations = tuple(dict.fromkeys((
             *config.endpoint_annotations, config.validation_annotation,
-            config.failure_policy_annotation, config.mode_annotation)))
+            config.failure_policy_annotation, config.mode_annotation, *NAMESPACE_FEATURE_ANNOTATIONS)))
 
     def namespace(self, obj: Mapping[str, Any]) -> NamespaceInfo:
         meta = obj.get("metadata") or {}

@@ -525,13 +525,15 @@ class AmpInstance:
         *,
         enabled: bool = True,
         failure_policy: Optional[str] = None,
+        annotations: Optional[dict[str, str]] = None,
     ) -> str:
         """Create a namespace served by this instance (unless ``enabled`` is
-        false) with ``endpoint`` as its ``amp.txn2.com/ep``."""
+        false) with ``endpoint`` as its ``amp.txn2.com/ep`` and any other
+        ``annotations``."""
         labels = {INSTANCE_LABEL: self.instance}
         if enabled:
             labels[ENABLED_LABEL] = "true"
-        annotations: dict[str, str] = {}
+        annotations = dict(annotations or {})
         if endpoint is not None:
             annotations[ENDPOINT_ANNOTATION] = endpoint
         if failure_policy is not None:

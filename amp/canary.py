@@ -1,0 +1,248 @@
+"""
+The canary: a candidate endpoint version compared with the live one on live
+traffic, without ever delaying or changing the live answer.
+
+A namespace annotated C{amp.txn2.com/canary: URL} (optionally
+C{amp.txn2.com/canary-percent: N}, default 100, and, for a chain,
+C{amp.txn2.com/canary-step: K}, the 1-based step the candidate stands in
+for, default 1) has a share of its reviews also sent to the candidate.  The
+candidate is called at the same moment as the live step it stands in for,
+with the same Pod (as the chain's earlier steps left it) and the same
+headers; its reply is checked and dry-applied as the live one is; and when
+both are known, the Pod after the live step is compared by JSON path with
+the Pod after the candidate (later steps of a chain are not run again: that
+would call live endpoints twice).
+
+The live review never waits for the candidate: the comparison happens
+whenever the later of the two arrives, and the candidate's call is bounded
+by the review's deadline all the same.  The candidate is called through an
+endpoint client of its own (its own pools, bulkhead and breakers, metrics
+apart from the live endpoints'), after the same allow-list and address
+checks, so a failing candidate never opens a live endpoint's breaker or
+takes its connections.
+
+Outcomes, in C{amp_canary_reviews_total{namespace,result}}: C{same},
+C{differs} (a log line names the differing paths), C{failed} (the
+candidate failed or its patch was refused), C{skipped} (no comparison: the
+live step failed or was not reached, or the canary annotations are
+unusable).  Each outcome is also set on the review's entry in
+C{/debug/reviews}.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Callable, Mapping, Optional
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from amp.config import Config
+from amp.deadline import Deadline
+from amp.namespaces import NamespaceInfo
+from amp.patch import PatchError, check_patch
+from amp.policy import EndpointStep, Route, resolve_chain
+from amp.record import pod_differences
+from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION
+
+__all__ = ["CANARY_ANNOTATION", "CANARY_PERCENT_ANNOTATION", "CANARY_STEP_ANNOTATION", "Canary", "CanaryPlan",
+           "CanaryResult", "canary_plan"]
+
+
+
+class CanaryResult(StrEnum):
+    """Values of C{amp_canary_reviews_total{result}}."""
+
+    SAME = "same"
+    DIFFERS = "differs"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryPlan:
+    """
+    A namespace's canary: the candidate step, which live step it stands in
+    for (0-based), the share of reviews, or why it cannot be used.
+    """
+
+    candidate: Optional[EndpointStep]
+    index: int = 0
+    percent: float = 100.0
+    problem: str = ""
+
+
+def canary_plan(ns: Optional[NamespaceInfo], route: Route, config: Config) -> Optional[CanaryPlan]:
+    """
+    The canary of a review routed by C{route} in C{ns} (pure); None when
+    the namespace has none or the route calls no endpoint.
+    """
+    if ns is None or not route.steps:
+        return None
+    raw = ns.annotations.get(CANARY_ANNOTATION)
+    if not raw:
+        return None
+    percent_text = ns.annotations.get(CANARY_PERCENT_ANNOTATION, "100")
+    try:
+        percent = float(percent_text)
+        if not 0 <= percent <= 100:
+            raise ValueError
+    except ValueError:
+        return CanaryPlan(None, problem=f"{CANARY_PERCENT_ANNOTATION} {percent_text!r} is not a number from 0 to 100")
+    step_text = ns.annotations.get(CANARY_STEP_ANNOTATION, "1")
+    if not step_text.isdigit() or not 1 <= int(step_text) <= len(route.steps):
+        return CanaryPlan(None, problem=f"{CANARY_STEP_ANNOTATION} {step_text!r} is not a step of the chain "
+                                        f"(1 to {len(route.steps)})")
+    steps, _, _, error = resolve_chain(raw, config)
+    if error is not None or len(steps) != 1:
+        why = error[1] if error is not None else "name one URL"
+        return CanaryPlan(None, problem=f"{CANARY_ANNOTATION}: {why}")
+    return CanaryPlan(steps[0], int(step_text) - 1, percent)
+
+
+class Canary:
+    """
+    Runs candidates beside live steps and reports the comparison.
+
+    @param client: the candidates' own L{amp.endpoint.EndpointClient}.
+    @param clock: for the deadline's timer.
+    @param metrics: L{amp.metrics.Metrics} (C{canary_reviews}).
+    @param annotate: told C{(uid, result, paths)} when a comparison ends
+        (L{amp.recent.RecentDecisions.annotate}), or None.
+    """
+
+    log = Logger()
+
+    def __init__(self, client: Any, clock: Any, metrics: Any, *,
+                 annotate: Optional[Callable[[str, str, tuple[str, ...]], None]] = None,
+                 draw: Callable[[], float] = random.random) -> None:
+        self._client = client
+        self._clock = clock
+        self._counter = metrics.canary_reviews
+        self._annotate = annotate
+        self._draw = draw
+        self._problems: dict[str, str] = {}
+
+    def start(self, plan: CanaryPlan, namespace: str, uid: str, pod_name: str, live: EndpointStep,
+              pod: dict[str, Any], body: bytes, headers: Mapping[bytes, bytes], deadline: Deadline,
+              patch_options: Mapping[str, Any]) -> Optional["CanaryRun"]:
+        """
+        Start the candidate for the live step C{live} about to be called
+        with C{pod} (C{body} its JSON), if this review is sampled; the
+        L{CanaryRun} to tell the live step's outcome, or None.
+        """
+        if plan.candidate is None:
+            self._note_problem(namespace, plan.problem)
+            self._count(namespace, CanaryResult.SKIPPED)
+            return None
+        self._problems.pop(namespace, None)
+        if plan.percent < 100 and self._draw() * 100 >= plan.percent:
+            return None
+        return CanaryRun(self, plan.candidate, namespace, uid, pod_name, live, pod, body, dict(headers), deadline,
+                         patch_options)
+
+    def _count(self, namespace: str, result: CanaryResult) -> None:
+        self._counter.labels(namespace, str(result)).inc()
+
+    def _note_problem(self, namespace: str, problem: str) -> None:
+        if self._problems.get(namespace) != problem:
+            if len(self._problems) >= 4096:
+                self._problems.clear()
+            self._problems[namespace] = problem
+            self.log.warn("Namespace {namespace}: canary not used: {problem}", namespace=namespace, problem=problem)
+
+    def _finished(self, run: "CanaryRun", result: CanaryResult, paths: tuple[str, ...], detail: str) -> None:
+        self._count(run.namespace, result)
+        if result is CanaryResult.DIFFERS:
+            self.log.info(
+                "Canary {candidate} differs from {endpoint} for Pod {namespace}/{pod} ({uid}): {paths}",
+                candidate=run.candidate.name, endpoint=run.live.name, namespace=run.namespace, pod=run.pod_name,
+                uid=run.uid, paths=" ".join(paths), result=str(result))
+        elif result is CanaryResult.FAILED:
+            self.log.info("Canary {candidate} failed for Pod {namespace}/{pod} ({uid}): {problem}",
+                          candidate=run.candidate.name, namespace=run.namespace, pod=run.pod_name, uid=run.uid,
+                          problem=detail, result=str(result))
+        if self._annotate is not None:
+            self._annotate(run.uid, str(result), paths)
+
+
+_PENDING: Any = object()
+
+
+class CanaryRun:
+    """
+    One review's candidate call and its comparison with the live step.
+    Both sides arrive in any order; the first to find the other there
+    compares.  Always ends (the deadline's timer cancels the call).
+    """
+
+    def __init__(self, canary: Canary, candidate: EndpointStep, namespace: str, uid: str, pod_name: str,
+                 live: EndpointStep, pod: dict[str, Any], body: bytes, headers: dict[bytes, bytes],
+                 deadline: Deadline, patch_options: Mapping[str, Any]) -> None:
+        self._canary = canary
+        self.candidate = candidate
+        self.namespace = namespace
+        self.uid = uid
+        self.pod_name = pod_name
+        self.live = live
+        self._pod = pod
+        self._options = patch_options
+        self._live: Any = _PENDING
+        self._candidate: Any = _PENDING
+        self._done = False
+        clock = canary._clock
+        self._call: Deferred = canary._client.call(candidate.url, candidate.settings, body, headers, deadline,
+                                                  candidate.breaker)
+        self._timer = clock.callLater(max(0.0, deadline.remaining(clock.seconds())), self._call.cancel)
+        self._call.addCallbacks(self._answered, self._failed)
+
+    def live_done(self, pod_after: Optional[dict[str, Any]], skipped: bool = False) -> None:
+        """
+        The live step's outcome: the Pod after it (its checked patch applied;
+        None when it denied), or C{skipped} when it failed or was not run.
+        """
+        if self._live is not _PENDING:
+            return
+        self._live = ("skipped", None) if skipped else ("pod", pod_after)
+        self._compare()
+
+    def _answered(self, decision: Any) -> None:
+        if not decision.allowed:
+            self._candidate = ("pod", None)
+        elif not decision.patch:
+            self._candidate = ("pod", self._pod)
+        else:
+            try:
+                self._candidate = ("pod", check_patch(self._pod, decision.patch, **self._options).pod)
+            except PatchError as e:
+                self._candidate = ("failed", f"{e.reason}: {e}")
+        self._compare()
+
+    def _failed(self, failure: Failure) -> None:
+        if failure.check(CancelledError):
+            self._candidate = ("failed", "timeout: the review's deadline passed")
+        else:
+            error = failure.value
+            self._candidate = ("failed", f"{getattr(error, 'reason', type(error).__name__)}: "
+                                         f"{getattr(error, 'message', error)}")
+        self._compare()
+
+    def _compare(self) -> None:
+        if self._done or self._live is _PENDING or self._candidate is _PENDING:
+            return
+        self._done = True
+        if self._timer.active():
+            self._timer.cancel()
+        live_kind, live_pod = self._live
+        kind, value = self._candidate
+        canary = self._canary
+        if live_kind == "skipped":
+            canary._finished(self, CanaryResult.SKIPPED, (), "")
+        elif kind == "failed":
+            canary._finished(self, CanaryResult.FAILED, (), value)
+        else:
+            paths = tuple(d.path or "/" for d in pod_differences(live_pod, value))
+            canary._finished(self, CanaryResult.DIFFERS if paths else CanaryResult.SAME, paths, "")

@@ -1,0 +1,233 @@
+"""
+The C{amp replay} command line: arguments, reading the recordings, the
+progress bar, and the report (text or JSON).  L{amp.record.replay} does the
+replaying.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import IO, Any, Iterator, Optional, Sequence
+
+from twisted.internet.defer import inlineCallbacks
+
+from amp.record._compare import MISSING, Difference
+from amp.record._entry import RecordedReview, RecordingError
+from amp.record.replay import ReplayOptions, ReplayReport, Verdict, read_recording, replay
+
+__all__ = ["run", "EXIT_USAGE"]
+
+EXIT_USAGE = 2
+
+DESCRIPTION = """\
+Replay recorded reviews (amp's record section writes them) through amp's own
+review pipeline and compare the Pods they admit: by default the answer now
+with the recorded answer; with --against URL, the endpoint (recorded, or
+--endpoint) with the candidate at URL.  amp's status stamp is not compared.
+"""
+
+EPILOG = """\
+exit status:
+  0  every review admits the same Pod with the same result
+  1  a review differs, or failed (timeout, refused patch, ...)
+  2  bad usage or input (an unreadable file; a malformed line is named,
+     counted and skipped, and makes the exit status 2 at the end)
+
+examples:
+  amp replay recorded.jsonl --endpoint http://127.0.0.1:8080/inject --config ci/amp.yaml
+  amp replay recorded.jsonl --against http://injector-canary.tools.svc:8080/inject -o json
+"""
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, out: IO[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._out = out
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise UsageError(message)
+
+    def print_help(self, file: Optional[IO[str]] = None) -> None:
+        super().print_help(self._out)
+
+    def exit(self, status: int = 0, message: Optional[str] = None) -> Any:  # type: ignore[override]
+        raise _Exit(status)
+
+
+class _Exit(Exception):
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+
+def _parser(out: IO[str]) -> _Parser:
+    p = _Parser(prog="amp replay", description=DESCRIPTION, epilog=EPILOG, out=out,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", metavar="FILE", nargs="+", help="recording files (JSON lines); - reads stdin")
+    p.add_argument("--endpoint", metavar="URL", help="call URL instead of the recorded endpoint")
+    p.add_argument("--against", metavar="URL", help="compare with the endpoint at URL instead of the recording")
+    p.add_argument("--config", metavar="FILE", help="amp's configuration (allow-list, patch rules; default: amp's defaults)")
+    p.add_argument("--concurrency", type=int, default=8, help="reviews at a time (default 8)")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
+    return p
+
+
+def _options(args: argparse.Namespace) -> ReplayOptions:
+    from amp.config import Config, ConfigError, load_config
+    from amp.urls import BadURL, parse_endpoint_url
+
+    config = Config()
+    if args.config is not None:
+        try:
+            config = load_config(args.config)
+        except ConfigError as e:
+            raise UsageError(f"config {args.config}: {e}") from None
+    for flag in ("endpoint", "against"):
+        value = getattr(args, flag)
+        if value is not None:
+            try:
+                parse_endpoint_url(value)
+            except BadURL as e:
+                raise UsageError(f"--{flag}: {e}") from None
+    if args.concurrency < 1:
+        raise UsageError("--concurrency must be at least 1")
+    return ReplayOptions(config=config, endpoint=args.endpoint, against=args.against,
+                         concurrency=args.concurrency, timeout=config.deadline.default_timeout)
+
+
+def _recordings(paths: Sequence[str], stdin: Any) -> Iterator[RecordedReview | RecordingError]:
+    for path in paths:
+        if path == "-":
+            yield from read_recording("stdin", getattr(stdin, "buffer", stdin))
+            continue
+        with open(path, "rb") as stream:
+            yield from read_recording(path, stream)
+
+
+def _count_lines(paths: Sequence[str]) -> Optional[int]:
+    if "-" in paths:
+        return None
+    total = 0
+    for path in paths:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                total += chunk.count(b"\n")
+    return total
+
+
+class _Progress:
+    """A one-line progress bar on a terminal; nothing elsewhere."""
+
+    def __init__(self, stream: IO[str], total: Optional[int]) -> None:
+        self._stream = stream
+        self._total = total
+        self._done = 0
+
+    def __call__(self) -> None:
+        self._done += 1
+        if self._total:
+            width = 30
+            filled = width * self._done // max(self._total, 1)
+            self._stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self._done}/{self._total}")
+        else:
+            self._stream.write(f"\rreplayed {self._done}")
+        self._stream.flush()
+
+    def close(self) -> None:
+        if self._done:
+            self._stream.write("\r\033[K")
+            self._stream.flush()
+
+
+def _show(value: Any) -> str:
+    if value is MISSING:
+        return "(absent)"
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _difference(d: Difference) -> str:
+    return f"    {d.path or '/'}: {_show(d.before)} -> {_show(d.after)}"
+
+
+def render_text(report: ReplayReport, against: Optional[str]) -> str:
+    from amp.policy import shown_url as show_url
+
+    counts = report.counts()
+    compared = f"against {show_url(against)}" if against else "against the recorded answers"
+    failed = report.failed_by_reason()
+    failed_text = f" ({', '.join(f'{k}: {v}' for k, v in failed.items())})" if failed else ""
+    lines = [f"replayed {counts['reviews']} reviews {compared}: {counts['same']} same, "
+             f"{counts['different']} different, {counts['failed']} failed{failed_text}, "
+             f"{counts['unreadable']} unreadable"]
+    for r in report.reviews:
+        rec = r.recorded
+        who = f"{rec.namespace}/{rec.pod_name or '?'} ({rec.where})"
+        if r.verdict == Verdict.DIFFERENT:
+            lines.append(f"different  {who}")
+            if (r.before.result, r.before.reason) != (r.after.result, r.after.reason):
+                lines.append(f"    result: {r.before.result} {r.before.reason}".rstrip()
+                             + f" -> {r.after.result} {r.after.reason}".rstrip())
+            lines.extend(_difference(d) for d in r.differences)
+        elif r.verdict == Verdict.FAILED:
+            lines.append(f"failed     {who}: {r.after.reason or r.after.result}"
+                         + (f": {r.after.message}" if r.after.message else ""))
+    lines.extend(f"unreadable {problem}" for problem in report.unreadable)
+    return "\n".join(lines) + "\n"
+
+
+def render_json(report: ReplayReport) -> str:
+    return json.dumps({"summary": report.counts(), "failed_by_reason": report.failed_by_reason(),
+                       "reviews": [r.as_json() for r in report.reviews if r.verdict != Verdict.SAME],
+                       "unreadable": report.unreadable}, indent=2) + "\n"
+
+
+@inlineCallbacks
+def run(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
+        stderr: Optional[IO[str]] = None, endpoint_client: Any = None) -> Any:
+    """
+    C{amp replay ARGV}: replay, print, and fire with the exit status.
+    """
+    from amp.breaker import BreakerRegistry
+    from amp.endpoint import EndpointClient
+    from amp.metrics import Metrics
+
+    stdin = stdin if stdin is not None else sys.stdin
+    stdout = stdout if stdout is not None else sys.stdout
+    stderr = stderr if stderr is not None else sys.stderr
+    try:
+        args = _parser(stdout).parse_args(list(argv))
+        options = _options(args)
+        try:
+            total = _count_lines(args.files)
+        except OSError as e:
+            raise UsageError(f"cannot read {e.filename}: {e.strerror}") from None
+    except _Exit as e:
+        return e.status
+    except UsageError as e:
+        stderr.write(f"amp replay: {e}\n")
+        return EXIT_USAGE
+    metrics = Metrics()
+    client = endpoint_client if endpoint_client is not None else EndpointClient(
+        reactor, metrics, BreakerRegistry(reactor))
+    progress = _Progress(stderr, total) if getattr(stderr, "isatty", lambda: False)() else None
+    try:
+        report = yield replay(reactor, options, _recordings(args.files, stdin), client, metrics, progress)
+    except OSError as e:
+        stderr.write(f"amp replay: cannot read {e.filename}: {e.strerror}\n")
+        return EXIT_USAGE
+    finally:
+        if progress is not None:
+            progress.close()
+        if endpoint_client is None:
+            yield client.close()
+    stdout.write(render_json(report) if args.output == "json" else render_text(report, args.against))
+    stdout.flush()
+    if report.unreadable:
+        return EXIT_USAGE
+    return report.exit_status

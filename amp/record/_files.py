@@ -1,0 +1,108 @@
+"""
+The recording's files on disk: appending lines, rotating, keeping the
+directory within its byte budget.  Used only in the recorder's writer
+thread (every call here may block on the disk).
+
+Files are named C{amp-reviews-<UTC time>-<pid>-<n>.jsonl}, so that their
+names sort by age and replicas or workers sharing a directory never write
+the same file; each is created C{0600} in a directory created C{0700}.  The
+budget covers every recording file in the directory: when a file is
+rotated, the oldest files are removed until the rest fit.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Optional
+
+__all__ = ["RecordFiles", "RECORDING_GLOB", "recording_files"]
+
+PREFIX = "amp-reviews-"
+SUFFIX = ".jsonl"
+RECORDING_GLOB = PREFIX + "*" + SUFFIX
+
+
+def recording_files(directory: str) -> list[str]:
+    """The recording files in C{directory}, oldest first."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(os.path.join(directory, n) for n in names if n.startswith(PREFIX) and n.endswith(SUFFIX))
+
+
+class LineTooLarge(ValueError):
+    """A line larger than one file may be."""
+
+
+class RecordFiles:
+    """
+    Appends lines to the current file of C{directory}, rotating at
+    C{file_bytes} and keeping every recording file together within
+    C{total_bytes}.
+    """
+
+    def __init__(self, directory: str, file_bytes: int, total_bytes: int,
+                 now: Callable[[], float] = time.time, pid: Optional[int] = None) -> None:
+        self.directory = directory
+        self.file_bytes = file_bytes
+        self.total_bytes = total_bytes
+        self._now = now
+        self._pid = os.getpid() if pid is None else pid
+        self._fd: Optional[int] = None
+        self._size = 0
+        self._sequence = 0
+
+    def write(self, line: bytes) -> None:
+        """Append C{line}; C{OSError} when the disk refuses, L{LineTooLarge}."""
+        if len(line) > self.file_bytes:
+            raise LineTooLarge(f"a recorded review of {len(line)} bytes is larger than "
+                               f"record.file_size ({self.file_bytes} bytes)")
+        if self._fd is None or self._size + len(line) > self.file_bytes:
+            self._rotate()
+        assert self._fd is not None
+        view = memoryview(line)
+        written = 0
+        try:
+            while written < len(line):
+                written += os.write(self._fd, view[written:])
+        finally:
+            self._size += written
+
+    def _rotate(self) -> None:
+        self.close()
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        self._sequence += 1
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self._now()))
+        path = os.path.join(self.directory, f"{PREFIX}{stamp}-{self._pid}-{self._sequence:06d}{SUFFIX}")
+        self._trim(keep_free=self.file_bytes)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        os.fchmod(fd, 0o600)
+        self._fd, self._size = fd, 0
+
+    def _trim(self, keep_free: int) -> None:
+        """
+        Remove the oldest files until the rest and C{keep_free} bytes (the
+        file about to be written, at its largest) fit the budget.
+        """
+        files = []
+        for path in recording_files(self.directory):
+            try:
+                files.append((path, os.stat(path).st_size))
+            except FileNotFoundError:
+                continue
+        total = sum(size for _, size in files) + keep_free
+        for path, size in files:
+            if total <= self.total_bytes:
+                break
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            total -= size
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)

@@ -1,0 +1,283 @@
+"""
+C{amp replay}: recorded reviews through amp's own pipeline again, compared.
+
+Each line of a recording (L{amp.record}) is reviewed by an L{Admitter}, the
+daemon's own review core (the one C{amp explain} uses), against the
+namespace as it was recorded, and the Pod it would admit is compared by
+JSON path with:
+
+ - by default, the Pod the recorded answer admitted (did the endpoint, or
+   amp, change since the recording?);
+ - with C{--against URL}, the Pod the review admits with the endpoint
+   replaced by C{URL} (what will the candidate version change?).
+
+C{--endpoint URL} replaces the recorded endpoint (the namespace's endpoint
+annotation, a whole chain in annotation form) for the first side, e.g. the
+endpoint under test on a loopback port in its CI.  Reviews run a few at a
+time (C{--concurrency}); a line that cannot be read is counted and named,
+never fatal.  amp's own status stamp is not compared (it names the
+endpoint), the results are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import IO, Any, Iterable, Iterator, Optional, Sequence
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks, succeed
+from zope.interface import implementer
+
+from amp.config import Config
+from amp.namespaces import INamespaceSource, NamespaceInfo
+from amp.record._compare import Difference, pod_differences
+from amp.record._entry import RecordedReview, RecordingError, decode_line, LINE_LIMIT
+from amp.rules import STAMP_ANNOTATIONS
+
+__all__ = ["ReplayOptions", "ReplayedReview", "ReplayReport", "read_recording", "replay", "Verdict"]
+
+#: Results that admit the Pod as the endpoint intended.
+_ADMITTED_AS_INTENDED = frozenset({"patched", "allowed", "skipped"})
+
+
+class Verdict:
+    SAME = "same"
+    DIFFERENT = "different"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One side of a comparison: a result and the Pod it admits (None: denied)."""
+
+    result: str
+    reason: str
+    pod: Optional[dict[str, Any]]
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedReview:
+    recorded: RecordedReview
+    verdict: str
+    before: Side
+    after: Side
+    differences: tuple[Difference, ...] = ()
+
+    @property
+    def failed_reason(self) -> str:
+        return self.after.reason or self.after.result
+
+    def as_json(self) -> dict[str, Any]:
+        r = self.recorded
+        return {
+            "where": r.where, "uid": r.uid, "namespace": r.namespace, "pod": r.pod_name,
+            "verdict": self.verdict,
+            "before": {"result": self.before.result, "reason": self.before.reason},
+            "after": {"result": self.after.result, "reason": self.after.reason, "message": self.after.message},
+            "differences": [d.as_json() for d in self.differences],
+        }
+
+
+@dataclass
+class ReplayReport:
+    reviews: list[ReplayedReview] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        c = Counter(r.verdict for r in self.reviews)
+        return {"reviews": len(self.reviews) + len(self.unreadable), "same": c[Verdict.SAME],
+                "different": c[Verdict.DIFFERENT], "failed": c[Verdict.FAILED],
+                "unreadable": len(self.unreadable)}
+
+    def failed_by_reason(self) -> dict[str, int]:
+        return dict(sorted(Counter(r.failed_reason for r in self.reviews if r.verdict == Verdict.FAILED).items()))
+
+    @property
+    def exit_status(self) -> int:
+        counts = self.counts()
+        return 0 if counts["different"] == counts["failed"] == counts["unreadable"] == 0 else 1
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    config: Config = field(default_factory=Config)
+    endpoint: Optional[str] = None
+    against: Optional[str] = None
+    concurrency: int = 8
+    timeout: float = 10.0
+
+
+def read_recording(path: str, stream: Any) -> Iterator[RecordedReview | RecordingError]:
+    """
+    The reviews of one recording file, line by line (bounded: a line over
+    the limit is named and skipped, never read whole); a L{RecordingError}
+    in place of each line that cannot be used.
+    """
+    number = 0
+    while True:
+        line = stream.readline(LINE_LIMIT + 1)
+        if not line:
+            return
+        number += 1
+        where = f"{path}:{number}"
+        if len(line) > LINE_LIMIT and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):  # skip the rest of the line
+                line = stream.readline(LINE_LIMIT + 1)
+            yield RecordingError(f"{where}: line is longer than {LINE_LIMIT} bytes")
+            continue
+        if not line.strip():
+            continue
+        try:
+            yield decode_line(line.rstrip(b"\r\n"), where)
+        except RecordingError as e:
+            yield e
+
+
+@implementer(INamespaceSource)
+class _RecordedNamespace(Service):
+    """The one namespace a recorded review was reviewed in, as recorded."""
+
+    count = 1
+
+    def __init__(self, info: NamespaceInfo, failure_policy: Optional[str]) -> None:
+        self._info = info
+        self._policy = failure_policy
+
+    def cached(self, name: str) -> Any:
+        return self._info if name == self._info.name else None
+
+    def fetch(self, name: str, timeout: float) -> "Deferred[Optional[NamespaceInfo]]":
+        return succeed(self.cached(name))
+
+    def readiness(self) -> tuple[bool, str]:
+        return True, "recorded namespace"
+
+    def cluster_failure_policy(self) -> Optional[str]:
+        return self._policy
+
+
+def _namespace(recorded: RecordedReview, config: Config, endpoint: Optional[str]) -> NamespaceInfo:
+    annotations = dict(recorded.annotations)
+    if endpoint is not None:
+        keys = config.kubernetes.endpoint_annotations
+        present = [k for k in keys if k in annotations]
+        for k in present[1:]:
+            del annotations[k]
+        annotations[present[0] if present else keys[0]] = endpoint
+    return NamespaceInfo(recorded.namespace, dict(recorded.labels), annotations)
+
+
+class Replayer:
+    """
+    Reviews recorded reviews again with one endpoint client (its pools
+    shared by every review) and compares.
+    """
+
+    def __init__(self, reactor: Any, options: ReplayOptions, endpoint_client: Any, metrics: Any) -> None:
+        self._reactor = reactor
+        self._options = options
+        self._client = endpoint_client
+        self._metrics = metrics
+
+    @inlineCallbacks
+    def _review(self, recorded: RecordedReview, endpoint: Optional[str]) -> Any:
+        from amp.admission import Admitter
+        from amp.deadline import Deadline
+        from amp.review import ReviewError, parse_review
+
+        config = self._options.config
+        info = _namespace(recorded, config, endpoint)
+        source = _RecordedNamespace(info, _recorded_policy(recorded))
+        admitter = Admitter(config, source, self._client, self._reactor, self._metrics)
+        try:
+            req = parse_review(recorded.review_bytes())
+        except ReviewError as e:
+            return Side("failed", "bad-review", None, str(e))
+        body, outcome = yield admitter.review(req, Deadline.after(self._reactor.seconds(), self._options.timeout))
+        response = json.loads(body)["response"]
+        patch = json.loads(_b64(response["patch"])) if response.get("patch") else None
+        pod = _admitted(recorded.pod, patch) if response.get("allowed") else None
+        return Side(str(outcome.result), str(outcome.reason), pod, str(outcome.message))
+
+    @inlineCallbacks
+    def replay_one(self, recorded: RecordedReview) -> Any:
+        options = self._options
+        if options.against is None:
+            before = Side(recorded.result, recorded.reason,
+                          _admitted(recorded.pod, recorded.patch) if recorded.allowed else None, recorded.message)
+        else:
+            before = yield self._review(recorded, options.endpoint)
+        after = yield self._review(recorded, options.against if options.against is not None else options.endpoint)
+        differences = pod_differences(before.pod, after.pod, ignore_annotations=STAMP_ANNOTATIONS)
+        if after.result not in _ADMITTED_AS_INTENDED and after.result != "denied" and (
+                before.result != after.result or before.reason != after.reason):
+            verdict = Verdict.FAILED
+        elif differences or before.result != after.result:
+            verdict = Verdict.DIFFERENT
+        else:
+            verdict = Verdict.SAME
+        return ReplayedReview(recorded, verdict, before, after, differences)
+
+
+def _recorded_policy(recorded: RecordedReview) -> Optional[str]:
+    """The policy the review was answered under, for C{failure_policy: auto}."""
+    return recorded.failure_policy if recorded.failure_policy in ("Ignore", "Fail") else None
+
+
+def _b64(text: str) -> bytes:
+    import base64
+
+    return base64.b64decode(text)
+
+
+def _admitted(pod: Any, patch: Optional[list[Any]]) -> Optional[dict[str, Any]]:
+    from amp.patch import PatchError, check_patch
+
+    if not isinstance(pod, dict):
+        return None
+    if not patch:
+        return pod
+    try:
+        return check_patch(pod, patch, denied=(), repair=False, max_operations=len(patch)).pod
+    except PatchError:
+        return None
+
+
+def replay(reactor: Any, options: ReplayOptions, recordings: Iterable[RecordedReview | RecordingError],
+           endpoint_client: Any, metrics: Any, progress: Any = None) -> "Deferred[ReplayReport]":
+    """
+    Replay C{recordings}, at most C{options.concurrency} reviews at a time,
+    reading the next line only when a review finishes (a long recording is
+    never held whole); fires with the L{ReplayReport}, in the recordings'
+    order.  The report keeps each review's verdict and differences, not its
+    Pods.
+    """
+    replayer = Replayer(reactor, options, endpoint_client, metrics)
+    report = ReplayReport()
+    results: dict[int, ReplayedReview] = {}
+    source = enumerate(recordings)
+
+    @inlineCallbacks
+    def worker() -> Any:
+        for index, item in source:
+            if isinstance(item, RecordingError):
+                report.unreadable.append(str(item))
+            else:
+                done = yield replayer.replay_one(item)
+                results[index] = dataclasses.replace(
+                    done, before=dataclasses.replace(done.before, pod=None),
+                    after=dataclasses.replace(done.after, pod=None))
+            if progress is not None:
+                progress()
+
+    def finished(_: Any) -> ReplayReport:
+        report.reviews = [results[i] for i in sorted(results)]
+        return report
+
+    workers = [worker() for _ in range(max(1, options.concurrency))]
+    return gatherResults(workers, consumeErrors=True).addCallback(finished)

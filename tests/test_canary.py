@@ -1,0 +1,146 @@
+"""
+The canary (amp.canary): a candidate endpoint compared with the live one on
+live traffic.  The plan is pure; the rest runs a real amp, the example
+sidecar injector as the live endpoint and a candidate version on loopback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import TestCase
+
+from amp.canary import CanaryResult, canary_plan
+from amp.namespaces import NamespaceInfo
+from amp.policy import route
+from tests.candidates import CANDIDATE_IMAGE, start_candidate
+from tests.helpers import (
+    WAIT, WebhookClient, closed_port, decode_answer, make_config, namespace, pod, review_bytes, start_amp, start_example)
+from tests.prometheus import Scrape
+from tests.waiting import wait_until
+
+
+def _ns(**annotations: str) -> NamespaceInfo:
+    base = {"amp.txn2.com/ep": "http://127.0.0.1:1/a http://127.0.0.1:1/b"}
+    return NamespaceInfo("mesh", {"amp.txn2.com/enabled": "true"}, {**base, **annotations})
+
+
+@pytest.mark.parametrize("annotations, expected", [
+    ({}, None),
+    ({"amp.txn2.com/canary": "http://127.0.0.1:2/c"}, (0, 100.0, "")),
+    ({"amp.txn2.com/canary": "http://127.0.0.1:2/c", "amp.txn2.com/canary-percent": "12.5",
+      "amp.txn2.com/canary-step": "2"}, (1, 12.5, "")),
+    ({"amp.txn2.com/canary": "http://127.0.0.1:2/c", "amp.txn2.com/canary-step": "3"},
+     (None, None, "canary-step '3' is not a step of the chain (1 to 2)")),
+    ({"amp.txn2.com/canary": "http://127.0.0.1:2/c", "amp.txn2.com/canary-percent": "150"},
+     (None, None, "canary-percent '150' is not a number from 0 to 100")),
+    ({"amp.txn2.com/canary": "http://10.0.0.1/c"}, (None, None, "is not in endpoints.allow")),
+    ({"amp.txn2.com/canary": "http://127.0.0.1:2/c http://127.0.0.1:2/d"}, (None, None, "name one URL")),
+])
+def test_the_plan_names_the_step_the_share_or_the_problem(annotations: dict, expected: Any) -> None:
+    config = make_config()
+    ns = _ns(**annotations)
+    plan = canary_plan(ns, route(ns, config, None), config)
+    if expected is None:
+        assert plan is None
+        return
+    index, percent, problem = expected
+    assert plan is not None
+    if problem:
+        assert plan.candidate is None and problem in plan.problem
+    else:
+        assert plan.candidate is not None and plan.candidate.url.url == "http://127.0.0.1:2/c"
+        assert (plan.index, plan.percent) == (index, percent)
+
+
+class CanaryTests(TestCase):
+    timeout = 30
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        self.example = yield start_example(reactor)
+        self.addCleanup(self.example.stop)
+        self.candidate = yield start_candidate(reactor)
+        self.addCleanup(self.candidate.stop)
+        refused = yield closed_port(reactor)
+        live = self.example.url("/sidecar")
+        self.amp = yield start_amp(make_config({
+            "control": namespace(live),
+            "mesh": namespace(live, annotations={"amp.txn2.com/canary": self.candidate.url("/sidecar")}),
+            "down": namespace(live, annotations={"amp.txn2.com/canary": f"http://127.0.0.1:{refused}/sidecar"}),
+            "slow": namespace(live, annotations={"amp.txn2.com/canary": self.example.url("/hang")}),
+        }), reactor, metrics_listener=True)
+        self.addCleanup(self.amp.stop)
+        self.client = WebhookClient(reactor)
+        self.addCleanup(self.client.close)
+
+    @inlineCallbacks
+    def review(self, ns: str, the_pod: dict, uid: str) -> Any:
+        _, body = yield self.client.post(self.amp.url("/mutate", "timeout=10s"),
+                                         review_bytes(the_pod, namespace=ns, uid=uid))
+        return decode_answer(body)["response"]
+
+    @inlineCallbacks
+    def scrape(self) -> Any:
+        _, body = yield self.client.get(self.amp.metrics_url())
+        return Scrape(body.decode())
+
+    @inlineCallbacks
+    def settled(self, namespace: str, count: int) -> Any:
+        """The canary counts of C{namespace} once C{count} comparisons ended."""
+        metrics = self.amp.service.metrics
+
+        def counted() -> float:
+            return Scrape(metrics.render().decode()).total("amp_canary_reviews_total", namespace=namespace)
+
+        yield wait_until(lambda: counted() >= count, WAIT, f"{count} canary comparisons in {namespace}")
+        scrape = yield self.scrape()
+        return {k: v for k, v in scrape.by("amp_canary_reviews_total", "result", namespace=namespace).items() if v}
+
+    @inlineCallbacks
+    def test_the_live_answer_is_unchanged_and_differences_are_counted_by_path(self) -> Any:
+        pods = [pod(f"web-{i}", labels={"track": "canary" if i % 3 == 0 else "stable"}) for i in range(9)]
+        for i, p in enumerate(pods):
+            live = yield self.review("mesh", p, f"m{i}")
+            control = yield self.review("control", p, f"c{i}")
+            self.assertEqual(live["_patch"], control["_patch"])
+            self.assertNotIn(CANDIDATE_IMAGE, str(live["_patch"]))
+        counts = yield self.settled("mesh", 9)
+        self.assertEqual(counts, {"same": 6, "differs": 3})
+        _, body = yield self.client.get(
+            f"http://127.0.0.1:{self.amp.metrics_port}/debug/reviews?namespace=mesh".encode())
+        import json
+
+        decisions = {d["pod"]: d for d in json.loads(body)}
+        self.assertEqual(decisions["web-0"]["canary"], "differs")
+        self.assertEqual(decisions["web-0"]["canary_paths"], ["/spec/containers/1/image"])
+        self.assertEqual(decisions["web-1"]["canary"], "same")
+        self.assertEqual(decisions["web-1"]["canary_paths"], [])
+
+    @inlineCallbacks
+    def test_a_failing_candidate_never_opens_the_live_breaker(self) -> Any:
+        for i in range(12):
+            response = yield self.review("down", pod(f"p{i}"), f"d{i}")
+            self.assertTrue(response["allowed"])
+            self.assertIn("amp-proxy", str(response["_patch"]))
+        counts = yield self.settled("down", 12)
+        self.assertEqual(counts, {"failed": 12})
+        scrape = yield self.scrape()
+        # Every live call succeeded although the candidate failed 12 times
+        # in a row (its own breaker opened after 5).
+        self.assertEqual(scrape.total("amp_endpoint_requests_total", outcome="ok"), 12)
+        self.assertEqual(scrape.total("amp_endpoint_requests_total"), 12, "candidate calls are not live calls")
+
+    @inlineCallbacks
+    def test_the_live_answer_never_waits_for_the_candidate(self) -> Any:
+        hang = self.example.root.children[b"hang"].handler
+        response = yield self.review("slow", pod("p"), "s1")
+        self.assertIn("amp-proxy", str(response["_patch"]))
+        self.assertEqual(len(hang.pending), 1, "the candidate is still waited on")
+
+
+def test_canary_results_are_the_documented_vocabulary() -> None:
+    assert [str(r) for r in CanaryResult] == ["same", "differs", "failed", "skipped"]

@@ -1,0 +1,339 @@
+"""
+Recording reviews (amp.record): what a line holds, redaction, the files on
+disk within their budget, and the recorder that never delays an answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import stat
+from dataclasses import replace
+from typing import Any, Callable
+
+import pytest
+from twisted.logger import LogLevel, globalLogPublisher
+
+from amp.config import ConfigError, RecordConfig
+from amp.metrics import Metrics
+from amp.record import (
+    MARKER_PREFIX, MISSING, Capture, RecordFiles, Recorder, RecordingError, Redactor, decode_line, encode_line,
+    pod_differences, recording_files)
+from amp.record._recorder import _Writer
+from tests.helpers import make_config, pod, review_bytes
+
+
+def sample(text: bytes, name: str, **labels: str) -> float:
+    return Scrape(text.decode()).total(name, **labels)
+from tests.prometheus import Scrape
+
+
+# ---------------------------------------------------------------- comparing Pods
+
+
+def test_differences_are_named_by_json_pointer_in_document_order() -> None:
+    before = pod(containers=[{"name": "app", "image": "app:1"}, {"name": "proxy", "image": "proxy:1.4"}])
+    after = json.loads(json.dumps(before))
+    after["spec"]["containers"][1]["image"] = "proxy:1.5"
+    after["spec"]["containers"].append({"name": "log", "image": "log:1"})
+    after["metadata"]["labels"] = {"a/b": "x"}
+    found = pod_differences(before, after)
+    assert [(d.path, d.before, d.after) for d in found] == [
+        ("/metadata/labels", MISSING, {"a/b": "x"}),
+        ("/spec/containers/1/image", "proxy:1.4", "proxy:1.5"),
+        ("/spec/containers/2", MISSING, {"name": "log", "image": "log:1"}),
+    ]
+
+
+def test_keys_are_escaped_and_the_stamp_is_not_compared() -> None:
+    before = pod(annotations={"amp.txn2.com/status": "mutated http://a/x", "x~y/z": "1"})
+    after = pod(annotations={"amp.txn2.com/status": "mutated http://b/x", "x~y/z": "2"})
+    found = pod_differences(before, after, ignore_annotations=("amp.txn2.com/status",))
+    assert [d.path for d in found] == ["/metadata/annotations/x~0y~1z"]
+    assert pod_differences(pod(annotations={"amp.txn2.com/status": "a"}), pod(),
+                           ignore_annotations=("amp.txn2.com/status",)) == ()
+
+
+def test_a_denied_side_differs_at_the_root_and_types_matter() -> None:
+    assert pod_differences(None, None) == ()
+    assert [d.path for d in pod_differences(pod(), None)] == [""]
+    a, b = pod(), pod()
+    b["spec"]["priority"], a["spec"]["priority"] = 1, 1.0
+    assert [d.path for d in pod_differences(a, b)] == ["/spec/priority"]
+
+
+def test_deep_documents_compare_without_recursion() -> None:
+    deep: Any = "x"
+    other: Any = "y"
+    for _ in range(5000):
+        deep, other = [deep], [other]
+    found = pod_differences({"a": deep}, {"a": other})
+    assert len(found) == 1 and found[0].path.count("/0") == 5000
+
+
+# ---------------------------------------------------------------- redaction
+
+
+def _env_pod() -> dict[str, Any]:
+    return pod(annotations={"secret-ish": "s3cr3t", "amp.txn2.com/record": "true"},
+               containers=[{"name": "app", "image": "app", "env": [
+                   {"name": "TOKEN", "value": "hunter2"},
+                   {"name": "REF", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}],
+               initContainers=[{"name": "init", "image": "i", "env": [{"name": "T", "value": "hunter2"}]}])
+
+
+def test_redaction_replaces_env_and_annotation_values_with_stable_markers() -> None:
+    redactor = Redactor(key=b"k" * 32)
+    out = redactor.pod(_env_pod())
+    env = out["spec"]["containers"][0]["env"]
+    assert env[0]["value"].startswith(MARKER_PREFIX) and "hunter2" not in json.dumps(out)
+    assert env[1] == {"name": "REF", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+    assert out["spec"]["initContainers"][0]["env"][0]["value"] == env[0]["value"]
+    assert out["metadata"]["annotations"]["amp.txn2.com/record"] == "true"
+    assert out["metadata"]["annotations"]["secret-ish"].startswith(MARKER_PREFIX)
+    assert redactor.marker(env[0]["value"]) == env[0]["value"], "a marker is kept as it is"
+    assert _env_pod()["spec"]["containers"][0]["env"][0]["value"] == "hunter2", "the input is not changed"
+
+
+def test_a_patch_is_redacted_as_its_pod_is() -> None:
+    redactor = Redactor(key=b"k" * 32)
+    marker = redactor.marker("hunter2")
+    patch = [
+        {"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "COPY", "value": "hunter2"}},
+        {"op": "add", "path": "/spec/containers/0/env", "value": [{"name": "A", "value": "hunter2"}]},
+        {"op": "replace", "path": "/spec/containers/0/env/0/value", "value": "hunter2"},
+        {"op": "add", "path": "/metadata/annotations/note", "value": "hunter2"},
+        {"op": "add", "path": "/metadata/annotations/amp.txn2.com~1status", "value": "mutated x"},
+        {"op": "add", "path": "/metadata/annotations", "value": {"note": "hunter2", "amp.txn2.com/status": "m"}},
+        {"op": "add", "path": "/spec/containers/-", "value": {"name": "s", "env": [{"name": "B", "value": "hunter2"}]}},
+        {"op": "add", "path": "/spec/volumes/-", "value": {"name": "hunter2"}},
+    ]
+    out = redactor.patch(patch)
+    assert out[0]["value"]["value"] == marker and out[1]["value"][0]["value"] == marker
+    assert out[2]["value"] == marker and out[3]["value"] == marker
+    assert out[4]["value"] == "mutated x"
+    assert out[5]["value"] == {"note": marker, "amp.txn2.com/status": "m"}
+    assert out[6]["value"]["env"][0]["value"] == marker
+    assert out[7] == patch[7], "values outside env and annotations are kept"
+    assert Redactor(key=b"j" * 32).marker("hunter2") != marker, "markers depend on the key"
+
+
+# ---------------------------------------------------------------- lines
+
+
+def _capture(**kw: Any) -> Capture:
+    answer = kw.pop("answer", None) or json.dumps({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "response": {"uid": "u1", "allowed": True, "patchType": "JSONPatch",
+                     "patch": __import__("base64").b64encode(json.dumps([
+                         {"op": "add", "path": "/metadata/annotations", "value": {
+                             "amp.txn2.com/status": "mutated http://127.0.0.1:1/x"}}]).encode()).decode(),
+                     "warnings": ["w"]}}).encode()
+    values = dict(time=1764169445.5, uid="u1", namespace="team-a", labels={"amp.txn2.com/enabled": "true"},
+                  annotations={"amp.txn2.com/ep": "http://127.0.0.1:1/x?token=t"},
+                  endpoints=("http://127.0.0.1:1/x",), failure_policy="Ignore", mode="normal",
+                  request_body=review_bytes(_env_pod()), answer_body=answer, result="patched", reason="")
+    values.update(kw)
+    return Capture(**values)
+
+
+def test_a_line_round_trips_what_replay_needs() -> None:
+    line = encode_line(_capture())
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    recorded = decode_line(line.rstrip(b"\n"), "rec.jsonl:1")
+    assert recorded.namespace == "team-a" and recorded.uid == "u1" and recorded.pod_name == "web"
+    assert recorded.annotations["amp.txn2.com/ep"].endswith("?token=t")
+    assert recorded.endpoints == ("http://127.0.0.1:1/x",)
+    assert recorded.result == "patched" and recorded.allowed and recorded.warnings == ("w",)
+    assert recorded.stamp == "mutated http://127.0.0.1:1/x"
+    assert recorded.failure_policy == "Ignore" and recorded.time == "2025-11-26T15:04:05.500Z"
+    assert json.loads(recorded.review_bytes()) == json.loads(review_bytes(_env_pod()))
+
+
+def test_a_redacted_line_holds_no_secret_value() -> None:
+    line = encode_line(_capture(annotations={"amp.txn2.com/ep": "http://e/x", "team-secret": "hunter2"}),
+                       Redactor())
+    assert b"hunter2" not in line and b"s3cr3t" not in line
+    assert decode_line(line, "x:1").redacted
+
+
+@pytest.mark.parametrize("line, problem", [
+    (b"not json", "not JSON"),
+    (b'{"amp_recording": 1, "x": NaN}', "not JSON"),
+    (b"[" * 200 + b"]" * 200, "nested deeper"),
+    (b'{"amp_recording": 2}', "not a line of an amp recording"),
+    (b'{"amp_recording": 1, "review": {}}', "review.request is missing"),
+    (b'{"amp_recording": 1, "review": {"request": {}}}', "missing or malformed field"),
+    (b"\xff\xfe", "not UTF-8"),
+])
+def test_a_bad_line_is_named_by_file_and_line(line: bytes, problem: str) -> None:
+    with pytest.raises(RecordingError) as e:
+        decode_line(line, "rec.jsonl:7")
+    assert str(e.value).startswith("rec.jsonl:7: ") and problem in str(e.value)
+
+
+# ---------------------------------------------------------------- files
+
+
+def test_files_are_private_rotate_and_keep_within_the_budget(tmp_path: Any) -> None:
+    directory = tmp_path / "rec"
+    files = RecordFiles(str(directory), file_bytes=100, total_bytes=300, now=lambda: 0.0, pid=7)
+    for i in range(20):
+        files.write(b"x" * 39 + b"\n")
+    files.close()
+    names = recording_files(str(directory))
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert all(stat.S_IMODE(os.stat(n).st_mode) == 0o600 for n in names)
+    sizes = [os.path.getsize(n) for n in names]
+    assert all(s <= 100 for s in sizes) and sum(sizes) <= 300
+    assert len(names) >= 2 and names == sorted(names)
+    assert all(os.path.basename(n).startswith("amp-reviews-19700101T000000-7-") for n in names)
+
+
+def test_a_line_larger_than_a_file_is_refused(tmp_path: Any) -> None:
+    files = RecordFiles(str(tmp_path), file_bytes=10, total_bytes=100)
+    with pytest.raises(ValueError, match="larger than record.file_size"):
+        files.write(b"x" * 11)
+
+
+# ---------------------------------------------------------------- the recorder
+
+
+class ThreadReactor:
+    """C{callFromThread} into a queue the test runs on its own thread."""
+
+    def __init__(self) -> None:
+        self.calls: "queue.Queue[tuple[Callable, tuple]]" = queue.Queue()
+
+    def callFromThread(self, f: Callable, *args: Any) -> None:
+        self.calls.put((f, args))
+
+    def run_calls(self) -> None:
+        while True:
+            try:
+                f, args = self.calls.get_nowait()
+            except queue.Empty:
+                return
+            f(*args)
+
+
+def finish(recorder: Recorder, reactor: ThreadReactor) -> None:
+    """Stop the recorder's writer, wait for its thread, run what it reported."""
+    writer = recorder._writer
+    stopped = recorder.stopService()
+    if writer is not None:
+        writer._thread.join(30)
+        assert not writer._thread.is_alive()
+    reactor.run_calls()
+    assert stopped.called
+
+
+def offer(recorder: Recorder, namespace: str = "team-a", annotations: Any = None) -> None:
+    c = _capture()
+    recorder.offer(c.time, c.uid, namespace, annotations if annotations is not None else {}, c.labels,
+                   c.endpoints, c.failure_policy, c.mode, c.request_body, c.answer_body, c.result, c.reason)
+
+
+def settings(tmp_path: Any, **kw: Any) -> RecordConfig:
+    return replace(make_config(record={"enabled": True, "directory": str(tmp_path / "rec")}).record, **kw)
+
+
+def lines(tmp_path: Any) -> list[bytes]:
+    out = []
+    for name in recording_files(str(tmp_path / "rec")):
+        with open(name, "rb") as f:
+            out.extend(f.read().splitlines())
+    return out
+
+
+def test_chosen_namespaces_are_recorded(tmp_path: Any) -> None:
+    for chosen, expected in [(("*",), {"a", "b", "c"}), (("b",), {"b"}), (("annotated",), {"c"})]:
+        reactor, metrics = ThreadReactor(), Metrics()
+        recorder = Recorder(settings(tmp_path / "-".join(chosen).replace("*", "all"), namespaces=chosen),
+                            reactor, metrics)
+        recorder.startService()
+        offer(recorder, "a")
+        offer(recorder, "b", {"amp.txn2.com/record": "false"})
+        offer(recorder, "c", {"amp.txn2.com/record": "true"})
+        finish(recorder, reactor)
+        found = {json.loads(line)["namespace"]["name"]
+                 for line in lines(tmp_path / "-".join(chosen).replace("*", "all"))}
+        assert found == expected
+        assert sample(metrics.render(), "amp_recorded_reviews_total", result="written") == len(expected)
+
+
+def test_sampling_records_a_share(tmp_path: Any) -> None:
+    draws = iter([0.1, 0.6, 0.3, 0.9])
+    reactor, metrics = ThreadReactor(), Metrics()
+    recorder = Recorder(settings(tmp_path, sample=0.5), reactor, metrics, draw=lambda: next(draws))
+    recorder.startService()
+    for _ in range(4):
+        offer(recorder)
+    finish(recorder, reactor)
+    assert len(lines(tmp_path)) == 2
+
+
+def test_a_full_queue_drops_and_counts_without_waiting(tmp_path: Any, monkeypatch: Any) -> None:
+    reactor, metrics = ThreadReactor(), Metrics()
+    recorder = Recorder(settings(tmp_path, queue=2), reactor, metrics)
+    # The writer thread is held back (a stalled disk) while 50 reviews come.
+    monkeypatch.setattr(_Writer, "start", lambda self: None)
+    recorder.startService()
+    for _ in range(50):
+        offer(recorder)
+    assert recorder._writer is not None
+    monkeypatch.undo()
+    recorder._writer.start()
+    finish(recorder, reactor)
+    text = metrics.render()
+    assert sample(text, "amp_recorded_reviews_total", result="written") == 2 == len(lines(tmp_path))
+    assert sample(text, "amp_recorded_reviews_total", result="dropped") == 48
+
+
+def test_an_unwritable_directory_is_counted_and_logged_once(tmp_path: Any) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        reactor, metrics = ThreadReactor(), Metrics()
+        recorder = Recorder(replace(settings(tmp_path), directory=str(blocker / "rec")), reactor, metrics)
+        recorder.startService()
+        for _ in range(5):
+            offer(recorder)
+        finish(recorder, reactor)
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    assert sample(metrics.render(), "amp_recorded_reviews_total", result="failed") == 5
+    errors = [e for e in events if e.get("log_level") == LogLevel.error and "Recording reviews" in e["log_format"]]
+    assert len(errors) == 1 and str(blocker / "rec") in errors[0]["directory"]
+
+
+def test_reload_turns_recording_on_and_off(tmp_path: Any) -> None:
+    reactor, metrics = ThreadReactor(), Metrics()
+    recorder = Recorder(replace(settings(tmp_path), enabled=False), reactor, metrics)
+    recorder.startService()
+    offer(recorder)
+    assert recorder._writer is None
+    recorder.apply(settings(tmp_path))
+    offer(recorder)
+    writer = recorder._writer
+    assert writer is not None
+    stopped = recorder.apply(replace(settings(tmp_path), enabled=False))
+    writer._thread.join(30)
+    reactor.run_calls()
+    assert stopped.called and recorder._writer is None
+    offer(recorder)
+    finish(recorder, reactor)
+    assert len(lines(tmp_path)) == 1
+
+
+def test_the_record_section_is_checked() -> None:
+    assert make_config().record.enabled is False
+    with pytest.raises(ConfigError, match="record.file_size"):
+        make_config(record={"file_size": "2MiB", "max_size": "1MiB"})
+    with pytest.raises(ConfigError, match="record.sample"):
+        make_config(record={"sample": 0})
+    with pytest.raises(ConfigError, match="record.namespaces"):
+        make_config(record={"namespaces": []})
