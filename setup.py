@@ -37,6 +37,8 @@ setup(
         "cryptography>=43",
         # reviews, replies and answers are decoded and encoded in C (issue: CPU per review)
         "msgspec>=0.18",
+        # llhttp: amp's own HTTP/1.1 on the hot path (amp.http)
+        "httptools>=0.6.3",
     ],
     entry_points={"console_scripts": ["amp = amp.cli:main"]},
     extras_require={

@@ -42,7 +42,7 @@ L{BalancedPort}
     The kernel completed those connections' handshakes while amp was
     serving, and resets whatever is still queued when the last copy of the
     socket closes; taken over, each gets its first request answered by the
-    drain (L{amp.web.WebhookSite.drain}).  Once every worker has stopped, a
+    drain (L{amp.http.HTTPServerFactory.drain}).  Once every worker has stopped, a
     new connection is refused.  Only a connection whose handshake completes
     after the last worker's last accept, or is still under way when it
     closes, is reset, as by any listening socket that closes.
@@ -54,8 +54,8 @@ L{WorkerListener}
     to every child it starts (L{WorkerListener.descriptors},
     L{amp.workers}); a child takes them over (L{WorkerListener.inherit})
     and never binds.  Its L{WorkerListener.connections_changed} is the hook
-    the webhook site calls with its open connection count
-    (L{amp.web.WebhookSite}), so the table always holds it.
+    the webhook listener calls with its open connection count
+    (L{amp.http.HTTPServerFactory}), so the table always holds it.
 
 How far this goes: one slot per worker, decisions O(N), one wake-up per
 worker per new connection while several are least loaded (one accepts,
@@ -380,7 +380,7 @@ class WorkerListener:
     L{inherit} (the others).
 
     @ivar port: the L{BalancedPort}, once listening.
-    @ivar connections: the webhook site's last reported open connections.
+    @ivar connections: the webhook listener's last reported open connections.
     """
 
     def __init__(self, reactor: Any, worker: int, opener: Callable[[], tuple[socket.socket, LoadTable]], *,
@@ -483,7 +483,7 @@ class WorkerListener:
 
     def connections_changed(self, count: int) -> None:
         """
-        The webhook site's hook: it has C{count} open connections now.
+        The webhook listener's hook: it has C{count} open connections now.
         Published to the table; one fewer may make this worker the least
         loaded.
         """

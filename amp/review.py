@@ -288,8 +288,8 @@ def _decode_fast(body: bytes) -> Optional[tuple[_FastReview, Any, Optional[bytes
         pod = _fast_any(raw)
         return review, pod, bytes(raw) if isinstance(pod, dict) else None
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
-        # msgspec raises UnicodeDecodeError for invalid UTF-8 inside a
-        # string it decodes to a fixed set of values (apiVersion, kind).
+        # msgspec raises UnicodeDecodeError itself for invalid UTF-8 inside
+        # a string; the careful path names it in the 400.
         return None
 
 

@@ -16,7 +16,7 @@ reload loop (L{AmpService.apply} swaps a reloaded config in).
 Stopping (C{SIGTERM} under twistd) is a graceful drain, bounded by
 C{listen.drain_timeout}: C{/readyz} fails at once, the webhook listener
 closes, every review already received is answered and every connection
-closed (L{amp.web.WebhookSite.drain}), and only then do the other parts stop
+closed (L{amp.http.HTTPServerFactory.drain}), and only then do the other parts stop
 (the endpoint client's connections, the namespace source, the metrics
 listener), so that the reviews in flight still have what they need.
 Services added with L{AmpService.drain_with} (worker 0's monitor of the
@@ -44,6 +44,7 @@ from amp.canary import Canary
 from amp import __version__
 from amp.config import Config, TLSConfig, config_summary
 from amp.endpoint import EndpointClient
+from amp.http import HTTPServerFactory
 from amp.logs import ConfigurableObserver
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
@@ -52,7 +53,7 @@ from amp.recent import RecentDecisions, RecentDecisionsResource
 from amp.record import Recorder
 from amp.reload import ConfigFile, ConfigReloadService, SighupService
 from amp.tls import CertificateReloadService, ReloadingCertificate
-from amp.web import WebhookSite, webhook_root
+from amp.web import AdmissionResource, not_found, webhook_routes
 
 
 class EndpointClientService(Service):
@@ -283,18 +284,19 @@ class AmpService(MultiService):
         self.canary = Canary(self.canary_client, reactor, metrics,
                              annotate=lambda uid, result, paths: self.recent.annotate(uid, result, paths))
         self.admitter = self._admitter(config, self.namespaces)
-        root = webhook_root(self.admitter, reactor, metrics, {
+        routes = webhook_routes(self.admitter, reactor, metrics, {
             "listener": self._listener_readiness,
             "certificate": certificate.readiness,
             "namespaces": lambda: self.namespaces.readiness(),
         }, recent=self.recent)
-        self._admission = [root.getStaticEntity(b"mutate"), root.getStaticEntity(b"validate")]
+        self._admission = [h for h in routes.values() if isinstance(h, AdmissionResource)]
         listen = config.listen
-        self.site = WebhookSite(
-            root, reactor=reactor, metrics=metrics, max_body=listen.max_body,
+        #: The webhook listener's factory: its connections, limits and drain.
+        self.webhook_server = HTTPServerFactory(
+            routes, reactor=reactor, metrics=metrics, max_body=listen.max_body,
             max_connections=listen.max_connections, request_timeout=listen.request_timeout,
-            idle_timeout=listen.idle_timeout, on_connections=on_connections)
-        self.webhook = ListenerService(webhook_endpoint, self.site)
+            idle_timeout=listen.idle_timeout, not_found=not_found, on_connections=on_connections)
+        self.webhook = ListenerService(webhook_endpoint, self.webhook_server)
         self.webhook.setServiceParent(self)
         self.metrics_listener: Optional[ListenerService] = None
         if metrics_endpoint is not None:
@@ -331,9 +333,9 @@ class AmpService(MultiService):
             namespaces.setServiceParent(self)  # type: ignore[attr-defined]
             old.disownServiceParent()  # type: ignore[attr-defined]
         self.admitter = admitter
-        for resource in self._admission:
-            resource.admitter = admitter
-        self.site.apply(config.listen)
+        for handler in self._admission:
+            handler.admitter = admitter
+        self.webhook_server.apply(config.listen)
         self.recent.resize(config.metrics.debug_reviews)
         self.recorder.apply(config.record)
         if isinstance(self.log_observer, ConfigurableObserver):
@@ -372,9 +374,9 @@ class AmpService(MultiService):
         self.log.info(
             "Shutting down: not ready, not accepting connections; answering the reviews in flight on "
             "{count} open connections within {timeout:g}s (listen.drain_timeout)",
-            count=self.site.open_connections, timeout=timeout)
+            count=self.webhook_server.open_connections, timeout=timeout)
         drained = maybeDeferred(self.webhook.stopService)
-        drained.addCallback(lambda _: self.site.drain(timeout))
+        drained.addCallback(lambda _: self.webhook_server.drain(timeout))
 
         def report(aborted: int) -> None:
             if not aborted:

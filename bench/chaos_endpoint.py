@@ -242,7 +242,14 @@ class ChaosResource(Resource):
         request.setHeader(b"content-length", b"4096")
         request.write(b'[{"op":"add","path":"/metadata/labels/amp.soak~1patched","val')
         transport = request.channel.transport
-        # A moment later, so the partial answer is on the wire first.
+        # The partial answer goes to the socket now (IWriteDescriptor's
+        # doWrite) rather than on the reactor's next write pass, which on a
+        # busy machine can come after the abort below and lose it: amp would
+        # see a kept-alive connection closed before any byte of the reply
+        # and send the call once more on a new connection (by design), and
+        # the call would not end in connection-reset.  The abort comes a
+        # moment later, so that the partial answer is on the wire first.
+        transport.doWrite()
         self.chaos.reactor.callLater(0.002, transport.abortConnection)
         return server.NOT_DONE_YET
 

@@ -483,8 +483,6 @@ def _frame_key(frame: str) -> str:
 #: its frames matches (so rows overlap, and are inclusive of callees).
 BREAKDOWN = (
     ("TLS record layer (pyOpenSSL)", re.compile(r"\(OpenSSL/")),
-    ("twisted.web form parsing of POST bodies (Request._parseContentType -> email)",
-     re.compile(r"^_parseContentType ")),
     ("per-review log line (Logger.info in AdmissionResource._account)", re.compile(r"^Logger\.(info|emit) ")),
     ("JSON decoding (msgspec, or json.loads on the careful path)",
      re.compile(r"\(json/decoder\.py|^_decode_fast \(amp/|^_decode \(amp/reply")),
@@ -494,8 +492,8 @@ BREAKDOWN = (
     ("endpoint call set-up (amp.endpoint.EndpointClient.call)", re.compile(r"^EndpointClient\.call \(amp/")),
     ("the endpoint's reply (HTTP11ClientProtocol and amp's reading)",
      re.compile(r"^HTTP11ClientProtocol\.dataReceived ")),
-    ("the webhook's HTTP parsing (HTTPChannel lines and headers)",
-     re.compile(r"^HTTPChannel\.(lineReceived|headerReceived) ")),
+    ("the webhook's HTTP parsing (amp.http's llhttp callbacks; amp/http/ in the own time per file has the rest)",
+     re.compile(r"^HTTPServerProtocol\.(on_\w+|_check_partial_head) ")),
     ("Prometheus metrics (prometheus_client)", re.compile(r"\(prometheus_client/")),
     ("timers (reactor.callLater / DelayedCall.cancel)", re.compile(r"^(ReactorBase\.callLater|DelayedCall\.cancel) ")),
     ("socket send (Connection.writeSomeData)", re.compile(r"^Connection\.writeSomeData ")),

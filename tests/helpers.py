@@ -408,7 +408,7 @@ class RunningAmp:
     An amp listening on 127.0.0.1.
 
     @ivar service: the L{AmpService} (C{service.admitter},
-        C{service.metrics}, C{service.site}, ...).
+        C{service.metrics}, C{service.webhook_server}, ...).
     @ivar port: the TCP port of the TLS webhook listener.
     @ivar connections: the L{ConnectionTracker} of the listener.
     @ivar metrics_port: the port of the plain-HTTP metrics listener, or

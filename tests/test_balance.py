@@ -215,7 +215,7 @@ class _Listener:
         test.addCleanup(self.close)
 
     def _adopted(self) -> None:
-        # What WebhookSite does through the hook when a connection is made.
+        # What the webhook listener (amp.http.HTTPServerFactory) does through the hook when a connection is made.
         self.open += 1
         self.table.publish(self.open)
 
@@ -495,7 +495,7 @@ class _Count(Protocol):
 
 
 class _Site(Factory):
-    """Counts its open connections and reports them as WebhookSite does."""
+    """Counts its open connections and reports them as the webhook listener does."""
 
     protocol = _Count
 

@@ -1,6 +1,6 @@
 """
-Tests for amp.web's channel in memory, the way Twisted tests its own
-(C{twisted/web/test/test_http.py}): amp's assembled webhook site on a
+Tests for amp's webhook listener (amp.http) in memory, the way Twisted tests
+its own (C{twisted/web/test/test_http.py}): amp's assembled listener on a
 L{Clock}, each connection over a L{StringTransport}.  The read deadline
 (408), the idle timeout, the request-line and header limits (414, 431), the
 body cap (413), the connection cap, the bounded close after a refusal and the
@@ -30,10 +30,9 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.resource import Resource
 from zope.interface import implementer
 
-from amp import web
+from amp import http
 from amp.logs import RepeatLimiter
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, StaticNamespaceSource
@@ -61,7 +60,7 @@ class Transport(StringTransport):
 class Connection:
     """One client connection to the site: what it sent, what it got."""
 
-    def __init__(self, channel: web.WebhookChannel, transport: Transport) -> None:
+    def __init__(self, channel: http.HTTPServerProtocol, transport: Transport) -> None:
         self.channel = channel
         self.transport = transport
 
@@ -77,7 +76,7 @@ class Connection:
 
 
 class ChannelTestCase(SynchronousTestCase):
-    def site(self, **listen: Any) -> web.WebhookSite:
+    def site(self, **listen: Any) -> http.HTTPServerFactory:
         """
         amp's webhook site as L{AmpService} assembles it, on
         C{self.clock}; C{team-a} is not enabled, so a review is answered
@@ -91,9 +90,27 @@ class ChannelTestCase(SynchronousTestCase):
             webhook_endpoint=serverFromString(self.clock, "tcp:0"), metrics_endpoint=None,
             namespaces=StaticNamespaceSource(config.kubernetes), metrics=metrics, install_sighup=False)
         self.metrics = metrics
-        return service.site
+        return service.webhook_server
 
-    def connect(self, site: web.WebhookSite) -> Connection:
+    def held(self, drain_timeout: str = "5s") -> AmpService:
+        """
+        amp, started, whose every review waits on a namespace lookup the
+        test answers (C{self.source}, a L{HeldSource}); C{self.events}
+        records when it listens, stops listening and stops the source.
+        """
+        self.clock = MemoryReactorClock()
+        self.events: list[str] = []
+        config = make_config(listen={"drain_timeout": drain_timeout})
+        self.metrics = Metrics()
+        self.source = HeldSource(self.events)
+        service = AmpService(
+            config, self.clock, certificate=serving_certificate(config.tls, self.clock, self.metrics),
+            webhook_endpoint=ListeningAtOnce(self.events), metrics_endpoint=None, namespaces=self.source,
+            metrics=self.metrics, install_sighup=False)
+        service.startService()
+        return service
+
+    def connect(self, site: http.HTTPServerFactory) -> Connection:
         transport = Transport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
         channel = site.buildProtocol(transport.getPeer())
         channel.makeConnection(transport)
@@ -225,7 +242,7 @@ class IdleTimeoutTests(ChannelTestCase):
         self.assertTrue(c.transport.disconnecting)
         self.assertEqual(c.transport.aborted_times, 0)
         # A client that does not take the close is aborted after the grace.
-        self.clock.advance(web.CLOSE_GRACE)
+        self.clock.advance(http.CLOSE_GRACE)
         self.assertEqual(c.transport.aborted_times, 1)
 
 
@@ -238,7 +255,7 @@ class HeaderLimitTests(ChannelTestCase):
     def test_a_request_line_over_the_limit_is_414(self) -> None:
         site = self.site()
         c = self.connect(site)
-        c.send(b"POST /" + b"a" * (web.WebhookChannel.MAX_LENGTH + 100))
+        c.send(b"POST /" + b"a" * (http.MAX_LINE + 100))
         self.assertRefused(c, 414, b"request line is over 8192 bytes")
 
     def test_the_next_request_line_on_a_kept_alive_connection_is_a_request_line_again(self) -> None:
@@ -259,17 +276,17 @@ class HeaderLimitTests(ChannelTestCase):
     def test_too_many_header_fields_is_431(self) -> None:
         site = self.site()
         c = self.connect(site)
-        c.send(HEAD + b"".join(b"X-H%d: v\r\n" % i for i in range(web.WebhookChannel.maxHeaders + 1)))
-        self.assertRefused(c, 431, b"more than %d header fields" % web.WebhookChannel.maxHeaders)
+        c.send(HEAD + b"".join(b"X-H%d: v\r\n" % i for i in range(http.MAX_HEADERS + 1)))
+        self.assertRefused(c, 431, b"more than %d header fields" % http.MAX_HEADERS)
 
     def test_headers_over_the_total_size_is_431(self) -> None:
         site = self.site()
         c = self.connect(site)
         line = b"X-Pad: " + b"p" * 1000 + b"\r\n"
-        count = web.WebhookChannel.totalHeadersSize // len(line) + 1
-        self.assertLess(count, web.WebhookChannel.maxHeaders)
+        count = http.MAX_HEAD_BYTES // len(line) + 1
+        self.assertLess(count, http.MAX_HEADERS)
         c.send(HEAD + line * count)
-        self.assertRefused(c, 431, b"request headers are over %d bytes" % web.WebhookChannel.totalHeadersSize)
+        self.assertRefused(c, 431, b"request headers are over %d bytes" % http.MAX_HEAD_BYTES)
 
     def test_malformed_request_is_400_with_a_reason(self) -> None:
         site = self.site()
@@ -358,7 +375,7 @@ class LingerTests(ChannelTestCase):
         self.assertTrue(c.transport.disconnecting)
         self.assertEqual(c.transport.aborted_times, 0)
         c.send(b"z" * 1000)
-        self.clock.advance(web.CLOSE_GRACE - 0.01)
+        self.clock.advance(http.CLOSE_GRACE - 0.01)
         self.assertEqual(c.transport.aborted_times, 0)
         self.clock.advance(0.01)
         self.assertEqual(c.transport.aborted_times, 1)
@@ -367,7 +384,7 @@ class LingerTests(ChannelTestCase):
         site = self.site(max_body=1024)
         c = self.connect(site)
         c.send(post_head(10 * 1024 * 1024))
-        c.send(b"z" * web.LINGER_BYTES)
+        c.send(b"z" * http.LINGER_BYTES)
         self.assertEqual(c.transport.aborted_times, 0)
         c.send(b"z")
         self.assertEqual(c.transport.aborted_times, 1)
@@ -453,19 +470,9 @@ class DrainTests(ChannelTestCase):
     """
 
     def start(self, drain_timeout: str = "5s") -> AmpService:
-        self.clock = MemoryReactorClock()
-        self.events: list[str] = []
-        config = make_config(listen={"drain_timeout": drain_timeout})
-        self.metrics = Metrics()
-        self.source = HeldSource(self.events)
-        service = AmpService(
-            config, self.clock, certificate=serving_certificate(config.tls, self.clock, self.metrics),
-            webhook_endpoint=ListeningAtOnce(self.events), metrics_endpoint=None, namespaces=self.source,
-            metrics=self.metrics, install_sighup=False)
-        service.startService()
-        return service
+        return self.held(drain_timeout)
 
-    def review(self, site: web.WebhookSite, uid: str) -> Connection:
+    def review(self, site: http.HTTPServerFactory, uid: str) -> Connection:
         c = self.connect(site)
         body = review_bytes(uid=uid)
         c.send(post_head(len(body)) + body)
@@ -476,7 +483,7 @@ class DrainTests(ChannelTestCase):
 
     def test_reviews_in_flight_are_answered_then_every_connection_closes_then_amp_stops(self) -> None:
         service = self.start()
-        site = service.site
+        site = service.webhook_server
         idle = self.connect(site)
         idle.send(HEALTHZ)
         busy = self.review(site, "in-flight")
@@ -526,7 +533,7 @@ class DrainTests(ChannelTestCase):
 
     def test_what_is_still_open_at_the_drain_timeout_is_aborted(self) -> None:
         service = self.start(drain_timeout="5s")
-        busy = self.review(service.site, "hung")
+        busy = self.review(service.webhook_server, "hung")
         [lookup] = self.source.lookups
         stopped = service.stopService()
         self.clock.advance(4.99)
@@ -545,7 +552,7 @@ class DrainTests(ChannelTestCase):
 
     def test_a_connection_yet_to_send_its_first_request_is_answered_then_closed(self) -> None:
         service = self.start()
-        fresh = self.connect(service.site)
+        fresh = self.connect(service.webhook_server)
         stopped = service.stopService()
         self.assertFalse(fresh.transport.disconnecting)
         body = review_bytes(uid="first")
@@ -562,7 +569,7 @@ class DrainTests(ChannelTestCase):
 
     def test_a_request_line_half_received_is_answered(self) -> None:
         service = self.start()
-        half = self.connect(service.site)
+        half = self.connect(service.webhook_server)
         body = review_bytes(uid="half-line")
         head = post_head(len(body))
         half.send(head[:8])
@@ -578,7 +585,7 @@ class DrainTests(ChannelTestCase):
 
     def test_a_connection_that_never_sends_a_request_is_aborted_at_its_read_deadline(self) -> None:
         service = self.start(drain_timeout="30s")
-        silent = self.connect(service.site)
+        silent = self.connect(service.webhook_server)
         stopped = service.stopService()
         self.clock.advance(service.config.listen.request_timeout - 0.01)
         self.assertEqual(silent.transport.aborted_times, 0)
@@ -617,11 +624,11 @@ class FloodTests(ChannelTestCase):
         for _ in range(1500):
             self.connect(site).lose()
         self.assertEqual(self.dropped("max-connections"), 1500)
-        self.assertEqual(len(self.lines("Connection refused")), web.WARNING_BURST)
-        self.clock.advance(web.WARNING_INTERVAL)
+        self.assertEqual(len(self.lines("Connection refused")), http.WARNING_BURST)
+        self.clock.advance(http.WARNING_INTERVAL)
         self.assertEqual(self.lines("more connections refused"), [
-            f"{1500 - web.WARNING_BURST} more connections refused over listen.max_connections in the last "
-            f"{web.WARNING_INTERVAL:g}s (only the first {web.WARNING_BURST} of a burst are logged)"])
+            f"{1500 - http.WARNING_BURST} more connections refused over listen.max_connections in the last "
+            f"{http.WARNING_INTERVAL:g}s (only the first {http.WARNING_BURST} of a burst are logged)"])
         self.assertEqual(site.open_connections, len(held))
 
     def test_oversized_requests(self) -> None:
@@ -631,10 +638,10 @@ class FloodTests(ChannelTestCase):
             c.send(post_head(10 * 1024 * 1024))
             c.lose()
         self.assertEqual(self.bad_requests(413), 300)
-        self.assertEqual(len(self.lines("Refused a request: 413")), web.WARNING_BURST)
-        self.clock.advance(web.WARNING_INTERVAL)
+        self.assertEqual(len(self.lines("Refused a request: 413")), http.WARNING_BURST)
+        self.clock.advance(http.WARNING_INTERVAL)
         [summary] = self.lines("more requests refused before review")
-        self.assertTrue(summary.startswith(f"{300 - web.WARNING_BURST} more"), summary)
+        self.assertTrue(summary.startswith(f"{300 - http.WARNING_BURST} more"), summary)
 
     def test_timed_out_clients(self) -> None:
         site = self.site(request_timeout="1s")
@@ -648,12 +655,12 @@ class FloodTests(ChannelTestCase):
         self.assertEqual(self.dropped("no-request"), 200)
         self.assertEqual(self.bad_requests(408), 100)
         self.assertEqual(len(self.lines("sent no request")) + len(self.lines("Refused a request: 408")),
-                         web.WARNING_BURST)
+                         http.WARNING_BURST)
         for c in silent + slow:
             c.lose()
-        self.clock.advance(web.WARNING_INTERVAL)
+        self.clock.advance(http.WARNING_INTERVAL)
         [summary] = self.lines("more clients timed out")
-        self.assertTrue(summary.startswith(f"{300 - web.WARNING_BURST} more"), summary)
+        self.assertTrue(summary.startswith(f"{300 - http.WARNING_BURST} more"), summary)
 
     def test_a_stopping_listener_writes_what_it_counted(self) -> None:
         site = self.site(max_connections=1)
@@ -663,7 +670,7 @@ class FloodTests(ChannelTestCase):
         site.doStart()
         site.doStop()
         [summary] = self.lines("more connections refused")
-        self.assertTrue(summary.startswith(f"{20 - web.WARNING_BURST} more"), summary)
+        self.assertTrue(summary.startswith(f"{20 - http.WARNING_BURST} more"), summary)
         # The limiter's own timer is gone with the listener.
         self.assertEqual(len(self.timers()), len(self.clock.getDelayedCalls()))
 
@@ -727,7 +734,7 @@ class NoServerErrorTests(ChannelTestCase):
                 break
             c.send(chunk)
         self.clock.advance(2)
-        self.clock.advance(web.CLOSE_GRACE)
+        self.clock.advance(http.CLOSE_GRACE)
         self.clock.advance(0)
         self.clock.advance(0)
         c.lose()
@@ -814,13 +821,10 @@ class NoServerErrorTests(ChannelTestCase):
     def test_a_bug_while_rendering_is_amps_own_plain_500(self) -> None:
         """No input leads here; a bug of amp's still gets no HTML page."""
 
-        class Broken(Resource):
-            isLeaf = True
+        def broken(request: Any) -> None:
+            raise RuntimeError("a bug")
 
-            def render(self, request: Any) -> bytes:
-                raise RuntimeError("a bug")
-
-        self.fuzzed.resource.putChild(b"broken", Broken())
+        self.fuzzed.routes[b"/broken"] = broken
         c = self.connect(self.fuzzed)
         c.send(b"GET /broken HTTP/1.1\r\nHost: amp\r\n\r\n")
         status, headers, body = parse_raw_response(c.received())

@@ -162,6 +162,27 @@ class _AddOnce(Resource):
         return json.dumps([ENV_OP]).encode()
 
 
+class _SecondAnswer(Resource):
+    """
+    Patches on the first call; answers the second with C{status} and C{body}.
+    """
+
+    isLeaf = True
+
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__()
+        self.second = (status, json.dumps(body).encode())
+        self.calls = 0
+
+    def render_POST(self, request: Any) -> bytes:
+        self.calls += 1
+        request.setHeader(b"content-type", b"application/json")
+        if self.calls == 1:
+            return json.dumps([ENV_OP]).encode()
+        request.setResponseCode(self.second[0])
+        return self.second[1]
+
+
 # ---------------------------------------------------------------- live endpoints
 
 
@@ -446,6 +467,28 @@ class ReplyTests(SynchronousTestCase):
         doc = ran.json
         self.assertIs(doc["idempotent"], True)
         self.assertEqual((doc["result"], doc["second"]["result"]), ("patched", "allowed"))
+
+    def test_twice_with_a_failed_second_review_says_so(self) -> None:
+        # Not a verdict on idempotency: the failure, with its reason and status.
+        argv = ["--config", self.config, "-n", "team-a", "--twice", self.pod]
+        ran = run_sync(self, argv, agent=RequestTraversalAgent(_SecondAnswer(503, "overloaded")))
+        self.assertEqual(ran.status, EXIT_FAILURE_POLICY, ran.out)
+        self.assertNotIn("idempotent ->", ran.out)
+        self.assertTrue(ran.out.endswith(
+            "result: patched; the second review failed (http-5xx), so idempotency is not known"
+            " -> exit 1: the failure policy decided in the second review\n"), ran.out)
+        doc = run_sync(self, [*argv, "-o", "json"], agent=RequestTraversalAgent(_SecondAnswer(503, "x"))).json
+        self.assertIsNone(doc["idempotent"])
+        self.assertEqual((doc["exit_status"], doc["second"]["result"], doc["second"]["reason"]),
+                         (EXIT_FAILURE_POLICY, "ignored", "http-5xx"))
+
+    def test_twice_with_a_denied_second_review_says_so(self) -> None:
+        deny = {"allowed": False, "status": {"code": 403, "message": "once is enough"}}
+        ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--twice", self.pod],
+                       agent=RequestTraversalAgent(_SecondAnswer(200, deny)))
+        self.assertEqual(ran.status, EXIT_DENIED, ran.out)
+        self.assertIn("result: patched; the second review was denied by the endpoint, so idempotency is not known"
+                      " -> exit 3: the endpoint denied the Pod in the second review\n", ran.out)
 
     def test_twice_after_a_deny_is_not_checked(self) -> None:
         ran = self.explain({"allowed": False}, "--twice", "-o", "json")

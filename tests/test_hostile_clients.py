@@ -24,7 +24,7 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import Certificate, optionsForClientTLS
 from twisted.trial.unittest import TestCase
 
-from amp import web
+from amp import http
 from tests.helpers import (
     UID,
     ca_pem,
@@ -176,7 +176,7 @@ class SlowClientTests(HostileTestCase):
         self.assertLess(c.sent, len(hello))
         self.assertGreaterEqual(c.elapsed(), 0.28)
         yield amp.connections.wait_idle()
-        self.assertEqual(amp.service.site.open_connections, 0)
+        self.assertEqual(amp.service.webhook_server.open_connections, 0)
 
 
 def client_hello() -> bytes:
@@ -204,7 +204,7 @@ class ConnectionCapTests(HostileTestCase):
             c.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             yield c.until(b"ok\n")
             held.append(c)
-        self.assertEqual(amp.service.site.open_connections, 2)
+        self.assertEqual(amp.service.webhook_server.open_connections, 2)
 
         # Several more at once: each is closed without waiting for any
         # timeout (the request timeout is a minute).
@@ -216,7 +216,7 @@ class ConnectionCapTests(HostileTestCase):
         for c in extra:
             yield self.closed(c, within=10.0)
             self.assertEqual(c.received, b"")
-        self.assertEqual(amp.service.site.open_connections, 2)
+        self.assertEqual(amp.service.webhook_server.open_connections, 2)
 
         # The held connections still serve reviews.
         body = review_bytes()
@@ -231,11 +231,11 @@ class ConnectionCapTests(HostileTestCase):
         # A freed slot takes a new connection.
         held[0].transport.loseConnection()
         yield held[0].lost
-        yield wait_until(lambda: amp.service.site.open_connections == 1)
+        yield wait_until(lambda: amp.service.webhook_server.open_connections == 1)
         c = yield self.client(amp)
         c.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         yield c.until(b"ok\n")
-        self.assertEqual(amp.service.site.open_connections, 2)
+        self.assertEqual(amp.service.webhook_server.open_connections, 2)
 
 
 # ---------------------------------------------------------------- oversized requests
@@ -318,7 +318,7 @@ class NonReaderTests(HostileTestCase):
         self.assertEqual(other.received.count(b'"uid"'), 3)
         # amp closes the greedy one within idle_timeout plus the close grace
         # (a client that does not read does not see that until it reads).
-        yield wait_until(lambda: amp.service.site.open_connections == 1, timeout=0.3 + web.CLOSE_GRACE + 10.0)
+        yield wait_until(lambda: amp.service.webhook_server.open_connections == 1, timeout=0.3 + http.CLOSE_GRACE + 10.0)
         self.assertIsNone(greedy.closed_at)
         greedy.transport.resumeProducing()
         yield self.closed(greedy)

@@ -1,9 +1,9 @@
 """
 The shape of the C{amp} package, read from its source: no import cycle
-between its modules (every import counted, those inside functions and under
-C{TYPE_CHECKING} too: a cycle hidden behind a late import is still a
-cycle), and no module over 600 lines (a module that grows past that is split
-by concern).
+between its modules (every import that runs counted, those inside functions
+too: a cycle hidden behind a late import is still a cycle; an import under
+C{if TYPE_CHECKING:} never runs, and names a type only), and no module over
+600 lines (a module that grows past that is split by concern).
 """
 
 from __future__ import annotations
@@ -35,8 +35,12 @@ def imported(tree: ast.AST, name: str, is_package: bool, known: set[str]) -> set
     own packages, already being imported, do not).
     """
     package = name if is_package else name.rpartition(".")[0]
+    typing_only = {id(n) for block in ast.walk(tree) if _is_type_checking(block)
+                   for stmt in block.body for n in ast.walk(stmt)}
     targets: set[str] = set()
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -57,6 +61,15 @@ def imported(tree: ast.AST, name: str, is_package: bool, known: set[str]) -> set
             if prefix in known and prefix != name and not name.startswith(prefix + "."):
                 out.add(prefix)
     return out
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    """C{if TYPE_CHECKING:} (or C{typing.TYPE_CHECKING}), whose body never runs."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -106,6 +119,12 @@ def test_the_cycle_check_sees_a_cycle_behind_a_late_import() -> None:
     b = ast.parse("def f():\n    from amp import a\n")
     graph = {"amp.a": imported(a, "amp.a", False, known), "amp.b": imported(b, "amp.b", False, known)}
     assert find_cycle(graph) == ["amp.a", "amp.b", "amp.a"]
+
+
+def test_an_import_for_type_checking_only_is_not_an_edge() -> None:
+    known = {"amp.a", "amp.b"}
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from amp.b import B\n")
+    assert imported(tree, "amp.a", False, known) == set()
 
 
 def test_the_graph_sees_the_known_layers() -> None:

@@ -357,7 +357,7 @@ class ApplyTests(SynchronousTestCase):
 
     def review(self, service: AmpService, uid: str, namespace: str = "team-a", **kwargs: Any) -> Connection:
         transport = Transport()
-        channel = service.site.buildProtocol(None)
+        channel = service.webhook_server.buildProtocol(None)
         channel.makeConnection(transport)
         c = Connection(channel, transport)
         body = review_bytes(uid=uid, namespace=namespace, **kwargs)

@@ -268,6 +268,14 @@ def test_any_bytes_are_a_review_or_a_400(body: bytes) -> None:
     assert isinstance(req, AdmissionRequest)
 
 
+def test_invalid_utf8_inside_a_string_is_a_400() -> None:
+    """msgspec raises UnicodeDecodeError (not its DecodeError) for it."""
+    body = b'{"apiVersion":"admission.k8s.io/v1\x80","kind":"AdmissionReview","request":{"uid":"u"}}'
+    with pytest.raises(ReviewError) as e:
+        parse_review(body)
+    assert e.value.code == 400 and "utf-8" in e.value.message.lower()
+
+
 # ---------------------------------------------------------------- answers
 
 

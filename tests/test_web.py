@@ -239,7 +239,7 @@ class SlowClientTests(WebTestCase):
         yield lost.addTimeout(5, reactor)
         self.assertGreaterEqual(reactor.seconds() - started, 0.2)
         yield amp.connections.wait_idle()
-        self.assertEqual(amp.service.site.open_connections, 0)
+        self.assertEqual(amp.service.webhook_server.open_connections, 0)
 
     @inlineCallbacks
     def test_handshake_then_nothing_is_closed(self) -> Any:

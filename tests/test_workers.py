@@ -174,7 +174,7 @@ def test_a_worker_takes_the_shared_socket_over_and_never_binds(tmp_path: Path, s
         assert port.table.worker == 1 and port.table.loads() == [None, 0]
         assert fake.readers == {port}
         # The webhook site reports its connections to the table.
-        service.site.on_connections(3)
+        service.webhook_server.on_connections(3)
         assert port.table.loads() == [None, 3]
     finally:
         service.webhook.stopService()
@@ -211,7 +211,7 @@ def test_one_worker_is_todays_amp(tmp_path: Path) -> None:
     # An ordinary TCP listen: no shared socket, no load table.
     assert [(p[0], p[3]) for p in fake.tcpServers] == [(18443, "127.0.0.1"), (19090, "0.0.0.0")]
     assert fake.adoptedPorts == [] and fake.readers == set()
-    assert service.site.on_connections is None
+    assert service.webhook_server.on_connections is None
 
 
 def test_worker_index_out_of_range_is_a_usage_error(tmp_path: Path) -> None:

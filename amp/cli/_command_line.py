@@ -100,7 +100,8 @@ exit status:
      a chain patched without a failed endpoint's patch)
   2  bad usage or input
   3  the endpoint denied the Pod
-  4  with --twice: a second review would change the Pod again (not idempotent)
+  4  with --twice: a second review would change the Pod again (not idempotent);
+     a second review that fails or is denied exits 1 or 3
 
 example:
   amp explain deploy.yaml -n team-a --config etc/amp.yaml

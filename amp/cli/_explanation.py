@@ -52,7 +52,8 @@ class Explanation:
     """
     What amp explain found: the input, the first round and, with
     C{--twice}, the second and whether the endpoint is idempotent (None
-    when the first round admitted nothing to review again).
+    when the first round admitted nothing to review again, or the second
+    did not admit the Pod: then its status is the exit status).
     """
 
     input: PodInput
@@ -71,9 +72,9 @@ class Explanation:
     @property
     def exit_status(self) -> int:
         status = exit_status(self.first.result, self.first.reason)
-        if status == EXIT_ADMITTED and self.idempotent is False:
-            return EXIT_NOT_IDEMPOTENT
-        return status
+        if status == EXIT_ADMITTED and self.second is not None:
+            status = exit_status(self.second.result, self.second.reason)
+        return EXIT_NOT_IDEMPOTENT if status == EXIT_ADMITTED and self.idempotent is False else status
 
 
 def exit_status(result: str, reason: str) -> int:

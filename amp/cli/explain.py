@@ -17,7 +17,8 @@ intended (patched, allowed, or amp does not act on it),
 L{EXIT_FAILURE_POLICY} when a failure was decided by the failure policy,
 L{EXIT_DENIED} when the endpoint denied the Pod, L{EXIT_USAGE} for bad
 usage or input (one line on stderr), L{EXIT_NOT_IDEMPOTENT} when
-C{--twice} finds that a second review would change the Pod again.
+C{--twice} finds that a second review would change the Pod again (a second
+review that fails or is denied exits as the failure or the deny).
 
 L{explain} is the library entry (the reactor passed in); L{run} parses a
 command line and prints; only L{main} reaches for the global reactor.
@@ -354,11 +355,9 @@ def explain(
         if options.twice and first.pod is not None and first.result in (Result.PATCHED, Result.ALLOWED):
             second = yield _review(admitter, reactor, source, log, first.pod, namespace, budget)
             result.second = second
-            stamps = STAMP_ANNOTATIONS | {
-                e.key for r in (first, second) for e in r.trace.of(Stamped)}
-            result.idempotent = (
-                second.result in (Result.PATCHED, Result.ALLOWED, Result.SKIPPED)
-                and without_stamps(second.pod, stamps) == without_stamps(first.pod, stamps))
+            if exit_status(second.result, second.reason) == EXIT_ADMITTED:
+                stamps = STAMP_ANNOTATIONS | {e.key for r in (first, second) for e in r.trace.of(Stamped)}
+                result.idempotent = without_stamps(second.pod, stamps) == without_stamps(first.pod, stamps)
         return result
     finally:
         if log_publisher is not None:
@@ -366,7 +365,6 @@ def explain(
         yield endpoint_client.close()
         if options.cluster:
             yield inner.stopService()  # type: ignore[attr-defined]
-
 
 
 @inlineCallbacks

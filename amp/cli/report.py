@@ -243,10 +243,15 @@ def render_text(x: "Explanation") -> str:
     summary = f"result: {first.result}" + (f" ({first.reason})" if first.reason else "")
     if x.idempotent is not None:
         summary += "; idempotent" if x.idempotent else "; NOT idempotent"
+    elif x.second is not None:
+        how = "was denied by the endpoint" if status == 3 else f"failed ({x.second.reason})"
+        summary += f"; the second review {how}, so idempotency is not known"
     elif x.twice:
         summary += "; idempotency not checked: the first review admitted no patch to review again"
     meaning = _EXIT_MEANING.get(status, "")
-    if first.result == Result.SHADOW and status == 1:
+    if x.second is not None and x.idempotent is None:
+        meaning = f"{meaning} in the second review"
+    elif first.result == Result.SHADOW and status == 1:
         meaning = "shadow mode admits the Pod unchanged; in normal mode the failure policy would decide"
     elif first.result == "patched" and status == 1:
         meaning = "the failure policy decided: patched without a failed endpoint's patch"

@@ -37,8 +37,9 @@ class ListenConfig:
         "Time from a request's first byte to its last (for a connection's first request, from when the connection "
         "is accepted). It is not reset by each byte: a client that is slower gets 408 and the connection is closed."))
     idle_timeout: float = declare(POSITIVE_DURATION, 60.0, doc=(
-        "An idle keep-alive connection is closed after this long (and aborted 1 s later if the client does not take"
-        " the close)."))
+        "An idle keep-alive connection is closed after this long from its last answer (and aborted 1 s later if the"
+        " client does not take the close); bytes that begin no request (blank lines) do not restart it, and a "
+        "client that has stopped reading its answers counts as idle."))
     drain_timeout: float = declare(POSITIVE_DURATION, 30.0, doc=(
         "Bound of a graceful shutdown (`SIGTERM`): `/readyz` fails and the listener closes at once, every review "
         "already received is answered (each within its own deadline), idle keep-alive connections are closed at "
@@ -225,7 +226,9 @@ class EndpointSettings:
         "Calls in flight to one origin; the next one fails at once with `concurrency-limit` rather than queueing."))
     retry: bool = declare(BOOL, False, doc=(
         "`true`: retry a call once when the connection could not be made (the endpoint cannot have seen the "
-        "request), within the first half of the call's time. Never after a timeout or once anything was sent."))
+        "request), within the first half of the call's time. Never after a timeout or once anything was sent. "
+        "(Whatever this says, a call that meets a kept-alive connection the endpoint closed, before any byte of the"
+        " reply, is sent once more on a new connection: [endpoints.md](endpoints.md#connections).)"))
     ca_bundle: Optional[str] = declare(OPT_STR, None, doc=(
         "PEM file of the CA(s) trusted for `https` endpoints; `null` uses the system's trust store."))
     client_cert: Optional[str] = declare(OPT_STR, None, doc=(

@@ -66,6 +66,17 @@ that amp ends early (the review's deadline, the caller cancels it) or that
 fails on amp's side (TLS files that do not load, a denied address) counts
 nothing and hands its ticket back.
 
+Connections an endpoint ends
+============================
+
+A connection carries another call only when its reply allows it (RFC 9112
+section 9.3, L{amp.endpoint._reading.keeps_connection}): never after an
+HTTP/1.0 reply without C{Connection: keep-alive}, after C{Connection:
+close}, or after a body that ended with the close.  A call that went out on
+a kept-alive connection the endpoint had closed while it was idle, and that
+failed before any byte of its reply, is sent once more on a new connection
+(L{amp.endpoint._call}).
+
 Denied addresses and pooled connections
 =======================================
 
@@ -81,12 +92,17 @@ trip (several, with a cluster's search domains) on every review.
 Twisted internals
 =================
 
-One: C{Agent._requestWithEndpoint}, so that a call does not parse its URL
+Two: C{Agent._requestWithEndpoint}, so that a call does not parse its URL
 again (L{amp.endpoint._pool.Profile.request} gives the measurement: -15%
-of the client's CPU per call).  The pool, the agent's endpoint factory, the
-endpoints and the protocol wrapper are used through their public APIs; the
-one override, the pool's public C{getConnection}, passes over idle
-connections amp has started closing.
+of the client's CPU per call); and C{HTTPConnectionPool._newConnection},
+for a call sent again after the endpoint closed its kept-alive connection
+(the pool has no public way to open a connection to an origin it holds idle
+ones for).  The pool, the agent's endpoint factory, the endpoints and the
+protocol wrapper are used through their public APIs; the one override, the
+pool's public C{getConnection}, passes over idle connections amp has
+started closing or whose last reply ends them (HTTP/1.0 without
+C{keep-alive}, C{Connection: close}), and opens a new one for a
+L{amp.endpoint._pool.NewConnectionKey}.
 
 Shutdown
 ========

@@ -33,10 +33,19 @@ C{cancelled}, also without a verdict.
 Retries
 =======
 
-Off by default.  With C{retry: true} a call is retried once, and only when
-the connection could not be made (refused or another connect error: the
-endpoint cannot have seen the request), never after a timeout or after
-anything was sent, and only within the first half of the call's time.
+A call that went out on a kept-alive connection the endpoint had closed
+while it sat in the pool (the request and the endpoint's close crossed) fails
+before any byte of its reply arrived (L{closed_while_idle}).  It is sent
+once more, on a new connection, within the call's time that is left: the
+same timer, one outcome for the metric and the breaker.  A call on a new
+connection is never sent again this way, nor one whose reply had started.
+Endpoints must be idempotent already: the API server itself sends a Pod
+again.
+
+Otherwise off by default.  With C{retry: true} a call is retried once, and
+only when the connection could not be made (refused or another connect
+error: the endpoint cannot have seen the request), never after a timeout or
+after anything was sent, and only within the first half of the call's time.
 """
 
 from __future__ import annotations
@@ -55,7 +64,9 @@ from zope.interface import implementer
 from amp.breaker import CircuitBreaker, Ticket
 from amp.config import EndpointSettings
 from amp.deadline import Deadline
-from amp.endpoint._failures import EXPECTED, EndpointFailure, LocalFailure, classify, first_line, retriable
+from amp.endpoint._failures import (
+    EXPECTED, EndpointFailure, LocalFailure, classify, closed_while_idle, first_line, retriable,
+)
 from amp.endpoint._pool import Profile, Target
 from amp.endpoint._reading import Charge, Drop, read_limited
 from amp.reasons import Reason, Verdict
@@ -191,7 +202,7 @@ class Call:
 
     __slots__ = (
         "_reactor", "_request", "_guard", "_on_settled", "_started", "_timer", "_pending", "_retry",
-        "_replied", "_done", "_waiters", "result",
+        "_resent", "_replied", "_done", "_waiters", "result",
     )
 
     def __init__(
@@ -203,6 +214,7 @@ class Call:
         self._guard = guard
         self._on_settled = settled
         self._retry = request.settings.retry
+        self._resent = False
         #: The call resolved to a reply: only its caller settles it now.
         self._replied = False
         self._done = False
@@ -223,17 +235,25 @@ class Call:
         d.addBoth(self._ended)
         return self.result
 
-    def _send(self) -> Deferred:
+    def _send(self, new: bool = False) -> Deferred:
         request = self._request
         try:
             if request.profile is not None:
-                return request.profile.request(request.target, request.headers, BytesProducer(request.body))
+                return request.profile.request(request.target, request.headers, BytesProducer(request.body), new)
             return request.agent.request(b"POST", request.target.url, request.headers, BytesProducer(request.body))
         except Exception:
             return fail()
 
     def _not_answered(self, failure: Failure) -> Any:
-        if self._retry and not self._done and retriable(failure):
+        if self._done:
+            return failure
+        if not self._resent and closed_while_idle(failure):
+            self._resent = True
+            log.debug("Sending to {endpoint} again on a new connection: it closed the kept-alive one before "
+                      "answering", endpoint=self._request.name)
+            return self._send(new=True).addCallbacks(_answer, self._not_answered, callbackArgs=(
+                self._request.settings, self._guard.charge))
+        if self._retry and retriable(failure):
             self._retry = False
             if self._reactor.seconds() - self._started < self._request.allowed / 2:
                 log.info("Retrying {endpoint} after {error}", endpoint=self._request.name,

@@ -1,7 +1,8 @@
 """
 Naming what went wrong with an endpoint call: L{EndpointFailure} and its
 amp-side kind L{LocalFailure}, and L{classify}, which turns whatever Twisted
-failed a request with into one of L{amp.reasons.ENDPOINT_REASONS}.
+failed a request with into one of L{amp.reasons.ENDPOINT_REASONS}; which
+failures a call may be sent again after (L{retriable}, L{closed_while_idle}).
 """
 
 from __future__ import annotations
@@ -109,6 +110,33 @@ def _ssl_text(value: Any) -> str:
     except (IndexError, TypeError):
         parts = []
     return "; ".join(parts)[:100] if parts else first_line(value)
+
+
+class ClosedWhileIdle(ierror.ConnectionClosed):
+    """
+    The endpoint closed a kept-alive connection amp had just sent a request
+    on, before any byte of the reply: it closed the connection while it sat
+    idle in the pool (its keep-alive timeout, a restart), and the request
+    crossed the close.  The reason the connection was lost with, which
+    Twisted's client wraps in C{ResponseNeverReceived} or
+    C{RequestTransmissionFailed}.
+    """
+
+    def __init__(self, reason: Failure) -> None:
+        super().__init__(f"kept-alive connection closed before a reply: {first_line(reason.value)}")
+        self.reason = reason
+
+
+def closed_while_idle(failure: Failure) -> bool:
+    """
+    Whether a call failed because the kept-alive connection it went out on
+    had been closed by the endpoint (L{ClosedWhileIdle}): the call may be
+    sent once more, on a new connection.
+    """
+    if failure.check(ClosedWhileIdle):
+        return True
+    return bool(failure.check(ResponseFailed, RequestTransmissionFailed)) and any(
+        r.check(ClosedWhileIdle) for r in failure.value.reasons)
 
 
 def retriable(failure: Failure) -> bool:

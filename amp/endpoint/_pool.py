@@ -15,9 +15,13 @@ C{cachedConnectionTimeout = idle_timeout} seconds, and
 C{retryAutomatically = False} (amp's retry rules are its own, in
 L{amp.endpoint._call}).  C{pool_size} bounds idle connections, not
 concurrent ones: the bulkhead does that.  The one change is in the public
-C{getConnection}: an idle connection amp has started closing (a reply it
-stopped reading whose last bytes still came in) is passed over, never
-handed out.
+C{getConnection}: an idle connection that must not carry another request is
+passed over, never handed out: one amp has started closing (a reply it
+stopped reading whose last bytes still came in), or one whose last reply
+ends it (HTTP/1.0, C{Connection: close}; the wrapper closes it as the reply
+ends, but a call started from that reply's own callbacks comes first).  And
+a call sent again because the endpoint closed its kept connection asks for
+a new connection (L{NewConnectionKey}).
 
 Every connection is wrapped in a L{GuardedConnection} on its way up from
 the connect endpoint (L{GuardedEndpoint}): it bounds each reply's head
@@ -25,8 +29,8 @@ the connect endpoint (L{GuardedEndpoint}): it bounds each reply's head
 and it is how the client counts the connections open and waits for them to
 close.
 
-A call is C{Agent.request} without parsing the URL again: the one private
-Twisted name, C{Agent._requestWithEndpoint}, kept because it measurably
+A call is C{Agent.request} without parsing the URL again: the private
+Twisted name C{Agent._requestWithEndpoint}, kept because it measurably
 pays (L{Profile.request}).
 """
 
@@ -62,6 +66,17 @@ _DEFAULT_PORTS = {b"http": 80, b"https": 443}
 CACHE_LIMIT = 4096
 
 
+class NewConnectionKey(tuple):
+    """
+    A pool key that asks L{ConnectionPool} for a new connection for the key
+    it wraps (C{key[0]}), whatever idle connections the pool holds under
+    that key; the pool keeps the connection under that key afterwards.
+    """
+
+    def __new__(cls, key: Any) -> "NewConnectionKey":
+        return super().__new__(cls, (key,))
+
+
 class ConnectionPool(HTTPConnectionPool):
     """
     Twisted's connection pool under one settings profile.
@@ -76,14 +91,25 @@ class ConnectionPool(HTTPConnectionPool):
 
     def getConnection(self, key: Any, endpoint: IStreamClientEndpoint) -> Deferred:
         """
-        As Twisted's, except that a connection amp has started closing is
-        not handed out: its response may have finished arriving after amp
-        stopped reading it, which put it back in the pool.
+        As Twisted's, except that a connection that may not carry another
+        request is not handed out (amp has started closing it: its response
+        may have finished arriving after amp stopped reading it, which put
+        it back in the pool; or its last reply ends it); and that a
+        L{NewConnectionKey} key gets a new connection.
         """
+        if isinstance(key, NewConnectionKey):
+            # private: HTTPConnectionPool._newConnection, because the pool
+            # has no public way to open a connection to an origin it holds
+            # idle connections for; the call sent again after the endpoint
+            # closed one must not take another that it may have closed too.
+            return self._newConnection(key[0], endpoint)
         return super().getConnection(key, endpoint).addCallback(self._usable, key, endpoint)
 
     def _usable(self, connection: Any, key: Any, endpoint: IStreamClientEndpoint) -> Any:
-        if getattr(connection.transport, "disconnecting", False):
+        guard = connection.transport
+        if not getattr(guard, "reusable", True):
+            if not guard.disconnecting:
+                guard.loseConnection()
             return self.getConnection(key, endpoint)
         return connection
 
@@ -194,9 +220,10 @@ class Profile:
             self._targets[url.url] = t
         return t
 
-    def request(self, target: Target, headers: Headers, body: IBodyProducer) -> Deferred:
+    def request(self, target: Target, headers: Headers, body: IBodyProducer, new: bool = False) -> Deferred:
         """
-        POST C{body} to C{target} through the agent and the pool.
+        POST C{body} to C{target} through the agent and the pool; with
+        C{new}, on a new connection.
 
         This is C{Agent.request} with the URL parsed once per target instead
         of on every call: C{Agent._requestWithEndpoint}, the one private
@@ -209,7 +236,8 @@ class Profile:
         parses it, asks C{endpointForURI}, computes the same pool key, and
         the request line's target (C{URI.originForm}, a C{urlunparse}).
         """
-        return self.agent._requestWithEndpoint(target.key, self.endpointForURI(target.uri), b"POST", target.uri,
+        key = NewConnectionKey(target.key) if new else target.key
+        return self.agent._requestWithEndpoint(key, self.endpointForURI(target.uri), b"POST", target.uri,
                                                headers, body, target.path)
 
     def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:

@@ -10,11 +10,21 @@ Reading endpoint replies within their limits, and the memory they take.
     and Twisted's C{HTTP11ClientProtocol} of every connection the client
     opens.  It bounds each reply's head (status line and headers) in bytes
     and in lines while it streams in, tells the client when the connection
-    opens and closes, and remembers when amp started closing it, so that
-    the pool never hands that connection out again (L{amp.endpoint._pool}).
+    opens and closes, closes it after a reply that does not let it carry
+    another request (L{keeps_connection}), and says when it must not be
+    handed out again (C{reusable}, which the pool asks,
+    L{amp.endpoint._pool}) and when the endpoint closed it under a request
+    it had kept it open for (L{ClosedWhileIdle}).
   - L{ReplyBudget}: the bytes of endpoint replies amp holds at once, over
     every call (C{endpoints.max_buffered}): heads while they stream in and
     until their reply is over, bodies until their call has ended.
+
+Why the wrapper reads the Connection header: Twisted's client keeps a
+connection after any reply whose Connection header is not exactly C{close}:
+after an HTTP/1.0 reply (which ends its connection unless it says
+C{keep-alive}, and does with C{http.server}'s default handler), after
+C{Close} or C{keep-alive, close}.  The endpoint closes it, but the next call
+may already have been sent on it: a C{connection-reset}.
 
 Why a wrapper bounds the head: Twisted's C{HTTPClientParser} reads header
 lines until the blank line with no bound on their number or their total
@@ -43,7 +53,7 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IResponse
 
-from amp.endpoint._failures import EndpointFailure, LocalFailure
+from amp.endpoint._failures import ClosedWhileIdle, EndpointFailure, LocalFailure
 from amp.reasons import Reason
 
 #: The longest header line Twisted's HTTP client reads: its parser is a
@@ -51,6 +61,7 @@ from amp.reasons import Reason
 #: on a longer one.  amp refuses such a line first, with its name.
 MAX_LINE = LineReceiver.MAX_LENGTH
 
+_CONNECTION = b"\nconnection:"
 
 
 class ResponseHeadersTooLarge(EndpointFailure):
@@ -263,6 +274,16 @@ class GuardedConnection(ProtocolWrapper):
         super().__init__(factory, wrappedProtocol)
         #: The HTTP protocol, kept after the wrapper lets go of it on close.
         self.http = wrappedProtocol
+        #: Requests sent on this connection; more than one: it was reused.
+        self.requests = 0
+        #: The last reply lets the connection carry another request.
+        self.keep_alive = True
+        #: A byte of the current request's reply has arrived.
+        self._answered = False
+        #: The status line of the head being read, and its Connection
+        #: header lines (read by L{_scan}).
+        self._status = b""
+        self._connection: list[bytes] = []
         self._limits = factory.limits
         self._lost_waiters: Optional[list[Deferred]] = None
         #: Why amp refused the reply coming in, once it has.
@@ -294,6 +315,8 @@ class GuardedConnection(ProtocolWrapper):
         # reply can be read: amp's bodies are in memory.)
         if not self._in_head:
             self._release()
+            self.requests += 1
+            self._answered = False
             self._in_head = True
             self._lines = 0
             self._line = 0
@@ -323,18 +346,31 @@ class GuardedConnection(ProtocolWrapper):
         self.disconnecting = 1
         self.transport.abortConnection()
 
+    @property
+    def reusable(self) -> bool:
+        """
+        Whether the connection may carry another request: its last reply
+        allows it and amp has not started closing it.
+        """
+        return self.keep_alive and not self.disconnecting
+
     # ------------------------------------------------------------ protocol side (the endpoint sends)
 
     def dataReceived(self, data: bytes) -> None:
+        self._answered = True
         if self._refused is not None:
             return
         if self._in_head and not (self._at_status and not self._line and self._whole_head(data)) \
                 and not self._scan(data):
             return
         self.wrappedProtocol.dataReceived(data)
-        if self._head and not self._in_head and self.http.state == "QUIESCENT":
-            # The reply is over: its head is no longer held.
-            self._release()
+        if not self._in_head and self.http.state == "QUIESCENT":
+            # The reply is over: its head is no longer held, and the
+            # connection ends with it if the reply said so.
+            if self._head:
+                self._release()
+            if not self.keep_alive and not self.disconnecting:
+                self.loseConnection()
 
     def _whole_head(self, data: bytes) -> bool:
         """
@@ -355,6 +391,7 @@ class GuardedConnection(ProtocolWrapper):
             return False
         self._head = size
         self._in_head = False
+        self.keep_alive = keeps_connection(data[:size])
         return True
 
     def _scan(self, data: bytes) -> bool:
@@ -371,12 +408,11 @@ class GuardedConnection(ProtocolWrapper):
             piece = end - pos
             counted += piece
             self._line += piece
-            # Kept of the line: all of a status line (its code decides
-            # whether another head follows), enough of any other to tell
-            # the blank line that ends a head.
-            keep = MAX_LINE + 1 if self._at_status else 2
-            if len(self._line_start) < keep:
-                self._line_start += data[pos:min(end, pos + keep - len(self._line_start))]
+            # Kept of the line: all of it (a status line's code decides
+            # whether another head follows, its version and the Connection
+            # header whether the connection is kept), up to the longest line.
+            if len(self._line_start) <= MAX_LINE:
+                self._line_start += data[pos:min(end, pos + MAX_LINE + 1 - len(self._line_start))]
             if self._head + counted > limits.size:
                 return self._refuse(ResponseHeadersTooLarge(
                     f"reply headers are larger than the {limits.size} byte limit "
@@ -390,15 +426,21 @@ class GuardedConnection(ProtocolWrapper):
             line, self._line_start, self._line = self._line_start, bytearray(), 0
             if self._at_status:
                 self._at_status = False
-                self._interim = _interim(bytes(line))
+                self._status = bytes(line)
+                self._connection = []
+                self._interim = _interim(self._status)
             elif line == b"\r\n" or line == b"\n":
                 if self._interim:
                     # A 1xx head, which Twisted skips: the real one follows.
                     self._at_status = True
                     continue
                 self._in_head = False
+                self.keep_alive = keeps_connection(self._status + b"".join(self._connection))
+                self._status, self._connection = b"", []
                 break
             else:
+                if line[:len(_CONNECTION) - 1].lower() == _CONNECTION[1:]:
+                    self._connection.append(bytes(line))
                 self._lines += 1
                 if self._lines > limits.count:
                     return self._refuse(ResponseHeadersTooLarge(
@@ -422,9 +464,15 @@ class GuardedConnection(ProtocolWrapper):
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         self._release()
-        try:
+        if self._refused is not None:
             # A refused reply fails its request with the refusal.
-            super().connectionLost(self._refused if self._refused is not None else reason)
+            reason = self._refused
+        elif self.requests > 1 and self._in_head and not self._answered and not self.disconnecting:
+            # The endpoint closed the kept connection the request went out
+            # on, before answering it: it had closed it while it was idle.
+            reason = Failure(ClosedWhileIdle(reason))
+        try:
+            super().connectionLost(reason)
         finally:
             waiters, self._lost_waiters = self._lost_waiters, None
             for d in waiters or ():
@@ -439,6 +487,30 @@ class GuardedConnection(ProtocolWrapper):
             self._lost_waiters = []
         self._lost_waiters.append(d)
         return d
+
+
+def keeps_connection(head: bytes) -> bool:
+    """
+    Whether a reply lets its connection carry another request (RFC 9112
+    section 9.3), from its head (the status line and header lines; only the
+    Connection header lines are looked at): never when a Connection header
+    lists C{close}; an HTTP/1.1 reply otherwise does; an HTTP/1.0 reply only
+    when a Connection header lists C{keep-alive}; any other version never.
+    """
+    lowered = head.lower()
+    tokens: set[bytes] = set()
+    at = lowered.find(_CONNECTION)
+    while at >= 0:
+        end = lowered.find(b"\n", at + 1)
+        if end < 0:
+            end = len(lowered)
+        tokens.update(t.strip(b" \t\r") for t in lowered[at + len(_CONNECTION):end].split(b","))
+        at = lowered.find(_CONNECTION, end)
+    if b"close" in tokens:
+        return False
+    if lowered.startswith(b"http/1.1 "):
+        return True
+    return lowered.startswith(b"http/1.0 ") and b"keep-alive" in tokens
 
 
 def _interim(status_line: bytes) -> bool:

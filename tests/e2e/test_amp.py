@@ -39,6 +39,7 @@ from .amp_process import (
     pod_manifest,
     webhook_configuration,
 )
+from ..stdlib_endpoints import StdlibEndpoint, Style
 from ..waiting import poll_until
 from .cluster import ControlPlane
 from .conftest import AmpFactory, deploy_amp_config
@@ -546,6 +547,25 @@ def test_amp_answers_a_hung_endpoint_before_the_api_servers_timeout(
     assert pod["metadata"]["annotations"] == {STATUS_ANNOTATION: f"skipped timeout {origin}"}
     assert f"amp: {origin} timeout; admitted without the endpoint's patch" in warnings
     assert 1.0 < elapsed < 2.0
+
+
+def test_an_http_server_endpoint_that_closes_every_connection_mutates_every_pod(
+    amp: AmpInstance, core: client.CoreV1Api
+) -> None:
+    """The smallest endpoint Python offers (``http.server``'s default
+    handler: HTTP/1.0, the connection closed after each reply), as a chain
+    of two steps on its one origin, under Fail: every Pod in a row is
+    stored with both patches (a call sent on a connection the endpoint had
+    closed would have refused it)."""
+    with StdlibEndpoint(Style.HTTP10) as endpoint:
+        chain = f"{endpoint.url('/label/team/payments')} {endpoint.url('/label/tier/web')}"
+        ns = amp.namespace(unique("x-closing"), chain, failure_policy="Fail")
+        for i in range(5):
+            create_pod(core, ns, pod_manifest(f"web-{i}"))
+        for i in range(5):
+            labels = read_pod(core, ns, f"web-{i}")["metadata"]["labels"]
+            assert (labels["team"], labels["tier"]) == ("payments", "web"), labels
+        assert (endpoint.requests, endpoint.connections) == (10, 10)
 
 
 def test_v1beta1_admission_reviews_are_answered_in_kind(

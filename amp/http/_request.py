@@ -1,0 +1,91 @@
+"""
+One request as the webhook listener hands it to a handler: what a handler
+reads (method, path, query, Content-Type, body) and how it answers
+(L{Request.respond}), once, now or later.
+
+A request is received whole before its handler runs: the body is in memory,
+capped by C{listen.max_body} while it arrived.  A handler that answers later
+(a review waiting on its endpoint) keeps the request; if the client goes
+away first, L{Request.disconnected} is set and the Deferred in
+L{Request.review} is cancelled, and a later L{Request.respond} does nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+from urllib.parse import unquote_to_bytes
+
+from twisted.internet.defer import Deferred
+
+if TYPE_CHECKING:
+    from amp.http._server import HTTPServerProtocol
+
+#: The Content-Type of amp's plain-text answers.
+TEXT = b"text/plain; charset=utf-8"
+
+
+class Request:
+    """
+    A request received in full.
+
+    @ivar method: the method, as sent (C{b"POST"}).
+    @ivar path: the request target up to its C{?}.
+    @ivar query: the request target after its C{?} (C{b""} if none).
+    @ivar content_type: the Content-Type header's value, C{b""} if none.
+    @ivar body: the body.
+    @ivar review: a Deferred answering this request, cancelled if the
+        client goes away before the answer; set by the handler.
+    @ivar disconnected: the client went away before the answer.
+    """
+
+    __slots__ = ("method", "path", "query", "content_type", "body", "keep_alive", "http10",
+                 "expect_continue", "refusal", "review", "disconnected", "channel")
+
+    def __init__(self, channel: "HTTPServerProtocol") -> None:
+        self.channel = channel
+        self.method = b""
+        self.path = b""
+        self.query = b""
+        self.content_type = b""
+        self.body = b""
+        self.keep_alive = True
+        self.http10 = False
+        self.expect_continue = False
+        #: (code, message) of a refusal in this request's place in line.
+        self.refusal: Optional[tuple[int, str]] = None
+        self.review: Optional[Deferred[Any]] = None
+        self.disconnected = False
+
+    def respond(self, code: int, body: bytes, content_type: bytes = TEXT, headers: bytes = b"") -> None:
+        """
+        Answer with status C{code} and C{body}; C{headers} are extra header
+        lines, each ending in CRLF.  Only the first answer counts, and none
+        after the client went away.
+        """
+        self.channel.respond(self, code, body, content_type, headers)
+
+    def plain(self, code: int, message: str, headers: bytes = b"") -> None:
+        """
+        Answer C{code} with C{message} and a newline as plain text.
+        """
+        self.channel.respond(self, code, message.encode("utf-8") + b"\n", TEXT, headers)
+
+    @property
+    def server(self) -> Any:
+        """The L{amp.http.HTTPServerFactory} this request arrived on."""
+        return self.channel.factory
+
+
+def query_parameter(query: bytes, name: bytes) -> Optional[bytes]:
+    """
+    The value of the first C{name=value} in C{query}, percent-decoded
+    (C{+} is a space), or None if C{query} has none.
+    """
+    prefix = name + b"="
+    for part in query.split(b"&"):
+        if part.startswith(prefix):
+            value = part[len(prefix):]
+            if b"%" in value or b"+" in value:
+                value = unquote_to_bytes(value.replace(b"+", b" "))
+            return value
+    return None
