@@ -13,15 +13,39 @@ dependency, because amp calls endpoints through Twisted's Agent and only
 the tests use treq.testing (docs/architecture.md says why), and so is
 jsonpatch, the tests' oracle for amp's own patch code.  install_requires
 is exactly what amp imports (tests/test_packaging.py checks it).
+
+The ranges here are what amp works with; what is installed is pinned, with
+hashes, in requirements/*.lock (`make lock` refreshes them after a change
+here; tests/test_lock.py checks they agree).
 """
+
+import re
+from pathlib import Path
 
 from setuptools import find_packages, setup
 
+# The version is defined once, in amp/__init__.py (tests/test_version.py
+# finds every other place that names it).
+VERSION = re.search(r'^__version__ = "([^"]+)"$', (Path(__file__).parent / "amp" / "__init__.py").read_text(),
+                    re.M).group(1)
+
 setup(
     name="amp",
-    version="0.1.0",
+    version=VERSION,
     description="Admission mutation proxy for Kubernetes, on Twisted",
+    license="Apache-2.0",
+    # The Pythons `make test-pythons` runs the unit suite on (tests/test_packaging.py keeps them equal).
     python_requires=">=3.11",
+    classifiers=[
+        "License :: OSI Approved :: Apache Software License",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+        "Framework :: Twisted",
+        "Operating System :: POSIX :: Linux",
+    ],
     # amp and its subpackages (amp.kube, ...); the wheel test checks every module of amp/ ships
     packages=find_packages(include=["amp", "amp.*"]) + ["twisted.plugins"],
     package_data={"twisted": ["plugins/amp_plugin.py"]},
@@ -40,7 +64,8 @@ setup(
         # llhttp: amp's own HTTP/1.1 on the hot path (amp.http)
         "httptools>=0.6.3",
     ],
-    entry_points={"console_scripts": ["amp = amp.cli:main"]},
+    # kubectl-amp: the same command as a kubectl plugin (`kubectl amp explain ...`).
+    entry_points={"console_scripts": ["amp = amp.cli:main", "kubectl-amp = amp.cli:main"]},
     extras_require={
         "test": [
             # < 9.2: on 9.2 pytest-xdist's --dist loadgroup no longer groups (pytest-xdist

@@ -30,11 +30,13 @@ failure-policy annotation amp cannot use is reported once per change.
 
 The status stamp: every Pod reviewed on C{/mutate} in an enabled namespace
 (not in shadow mode, unless C{annotate_status} is off) gets the annotation
-L{STATUS_ANNOTATION}, C{<status> [<reason>] <endpoint>} (L{Status}), in the
-same checked, dry-applied patch as the endpoint's change, and loses the
-L{LEGACY_SKIPPED_ANNOTATION} of earlier versions.  Every review overwrites
-it, so after the API server reinvokes amp it tells what the last round did;
-no value set by the Pod's author or the endpoint survives.
+L{STATUS_ANNOTATION} (L{amp.stamp}), in the same checked, dry-applied patch
+as the endpoint's change, and loses the L{LEGACY_SKIPPED_ANNOTATION} of
+earlier versions.  Each review tells L{amp.stamp.next_stamp} the outcome of
+each endpoint it called (L{_Chain.outcomes}), merged with the stamp the
+Pod came with, so after the API server reinvokes amp the stamp tells what
+all rounds did; a value the endpoint's patch sets never survives.  A round
+that changes nothing, the stamp included, answers with no patch at all.
 
 Each decision is told to the review's trace (L{amp.trace}) as it is
 taken: C{amp explain} gives a L{amp.trace.RecordedTrace}; the daemon's is
@@ -67,15 +69,13 @@ from amp.rules import (
     opted_out, own_pods_warning, protected_namespaces,
 )
 from amp.review import AUDIT_VALUE_LIMIT, AdmissionRequest, clean_audit_annotations, clip, dumps
+from amp.stamp import next_stamp, pod_stamp
 from amp.trace import (
     NO_TRACE, Answered, BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped, Stamped)
 
 __all__ = [
     "AUDIT_ERROR_KEY", "LEGACY_SKIPPED_ANNOTATION", "STATUS_ANNOTATION", "Admitter", "Answer", "Outcome", "unheard",
 ]
-
-#: The longest status annotation value.
-STATUS_LIMIT = 250
 
 _CANCELLED = "the review was cancelled: the client went away"
 
@@ -335,7 +335,7 @@ class _Review:
             if a._has_validation_endpoint(ns):
                 # Nothing to mutate, but the Pod was reviewed: stamped, so
                 # it is not taken for one that bypassed amp.
-                stamped = self._stamp(None, Status.UNCHANGED, r.where)
+                stamped = self._stamp(None, [(r.where, Status.UNCHANGED, "")])
                 return self._answer(answers.skipped(req, patch=_patch_bytes(stamped)))
             return self._answer(self._failed(Reason.NO_ENDPOINT, "namespace is enabled but has no endpoint annotation"))
         if a.canary is not None and r.mode != SHADOW and not self._validation and not req.is_ephemeral_update:
@@ -440,9 +440,10 @@ class _Review:
             self._trace.record(Refused(reason=judged.reason, message=str(judged)))
             return self._step_ended(judged.reason, str(judged))
         self._tell_canary(judged.pod if judged is not None else chain.pod.pod)
-        if judged is not None and judged.operations:
+        changed = judged is not None and bool(judged.operations)
+        if changed:
             chain.applied(judged)
-        chain.ok(origin)
+        chain.ok(origin, changed)
         self._call_next()
 
     def _step_ended(self, reason: str, message: str) -> None:
@@ -473,7 +474,6 @@ class _Review:
         chain = self._chain
         assert chain is not None
         r = chain.route
-        where = " ".join(chain.called)
         endpoint = ",".join(chain.called)
         if r.mode == SHADOW:
             return self._shadow(chain, endpoint)
@@ -488,9 +488,9 @@ class _Review:
         if self._validation:
             return answers.allowed(req, endpoint, warnings=chain.warnings, audit=chain.audit)
         if not checked.operations:
-            stamped = self._stamp(checked, Status.UNCHANGED, where)
+            stamped = self._stamp(checked, chain.outcomes)
             return answers.allowed(req, endpoint, warnings=warnings, audit=chain.audit, patch=_patch_bytes(stamped))
-        patch = dumps(self._stamp(checked, Status.MUTATED, where).operations)
+        patch = dumps(self._stamp(checked, chain.outcomes).operations)
         if len(patch) > a.config.patch.max_size:
             message = f"patch of {len(patch)} bytes is over patch.max_size"
             self._trace.record(Refused(reason=Reason.PATCH_TOO_LARGE, message=message))
@@ -503,9 +503,8 @@ class _Review:
         """
         The answer of a chain with skipped steps (under C{Ignore}): the
         patches of the steps that succeeded, if any, and a stamp that lists
-        what was skipped and why: C{mutated <endpoints>; skipped <reason>
-        <endpoint>} or C{skipped <reason> <endpoint>[; unchanged
-        <endpoints>]}.
+        what was skipped and why (C{skipped <reason> <endpoint>; mutated
+        <endpoints>}, L{amp.stamp}).
         """
         a = self._admitter
         req = self._req
@@ -514,11 +513,9 @@ class _Review:
         for origin, reason, message in chain.skipped:
             self._log_failure(origin, reason, message, f"endpoint {origin} failed ({reason}): {message}", IGNORE,
                               "admits it without the endpoint's patch")
-        skips = [f"{reason} {origin}" for origin, reason, _ in chain.skipped]
         done = " ".join(chain.answered)
         if checked.operations:
-            value = "; ".join([done] + [f"{Status.SKIPPED} {skip}" for skip in skips])
-            patch = dumps(self._stamp(checked, Status.MUTATED, value).operations)
+            patch = dumps(self._stamp(checked, chain.outcomes).operations)
             if len(patch) > a.config.patch.max_size:
                 return self._failed(Reason.PATCH_TOO_LARGE, f"patch of {len(patch)} bytes is over patch.max_size",
                                     done)
@@ -528,10 +525,8 @@ class _Review:
                      for origin, reason, _ in chain.skipped]
             return answers.patched(req, ",".join(chain.called), patch, warnings=notes + warnings, audit=audit,
                                    reason=first_reason)
-        value = "; ".join([skips[0]] + [f"{Status.SKIPPED} {skip}" for skip in skips[1:]]
-                          + ([f"{Status.UNCHANGED} {done}"] if done else []))
         try:
-            patch = _patch_bytes(self._stamp(checked, Status.SKIPPED, value))
+            patch = _patch_bytes(self._stamp(checked, chain.outcomes))
         except Exception:
             # A bug in stamping must not cost the answer.
             self.log.failure("Internal error stamping {uid}", uid=req.uid)
@@ -542,11 +537,13 @@ class _Review:
         return answers.ignored(req, first_origin, where, first_reason, text, patch=patch,
                                warnings=more + warnings)
 
-    def _stamp(self, checked: Optional[CheckedPatch], status: Status, *words: str) -> CheckedPatch:
+    def _stamp(self, checked: Optional[CheckedPatch], outcomes: Sequence[tuple[str, Status, str]]) -> CheckedPatch:
         """
         C{checked} (by default: the Pod as it came) with amp's status
-        annotation, C{status} then C{words}, unless the review is a
-        validation or C{annotate_status} is off.
+        annotation: the stamp the Pod came with merged with this round's
+        C{outcomes} (L{next_stamp}), unless the review is a validation or
+        C{annotate_status} is off.  The stamp is not written again when
+        the Pod, as C{checked} leaves it, already has that value.
         """
         req = self._req
         if checked is None:
@@ -556,9 +553,15 @@ class _Review:
             # spec.ephemeralContainers: the Pod keeps its stamp from its
             # creation.
             return checked
-        value = clip(" ".join((status, *words)), STATUS_LIMIT)
-        self._trace.record(Stamped(key=STATUS_ANNOTATION, value=value))
-        return annotate(checked, {LEGACY_SKIPPED_ANNOTATION: None, STATUS_ANNOTATION: value})
+        # Only a CREATE is stamped: the stamp it came with is an earlier
+        # round's of this admission, or its author's (amp.stamp).
+        value = next_stamp(pod_stamp(req.object), outcomes)
+        written = pod_stamp(checked.pod) != value
+        self._trace.record(Stamped(key=STATUS_ANNOTATION, value=value, written=written))
+        changes: dict[str, Optional[str]] = {LEGACY_SKIPPED_ANNOTATION: None}
+        if written:
+            changes[STATUS_ANNOTATION] = value
+        return annotate(checked, changes)
 
     def _shadow(self, chain: "_Chain", where: str, *, denied: bool = False) -> Answer:
         """
@@ -718,12 +721,25 @@ class _Review:
         if fail:
             return answers.errored(req, endpoint, reason, text)
         try:
-            patch = _patch_bytes(self._stamp(None, Status.SKIPPED, reason, where))
+            patch = _patch_bytes(self._stamp(None, self._failed_outcomes(reason, r)))
         except Exception:
             # A bug in stamping must not cost the answer.
             self.log.failure("Internal error stamping {uid}", uid=req.uid)
             patch = None
         return answers.ignored(req, endpoint, where, reason, text, patch=patch)
+
+    def _failed_outcomes(self, reason: str, r: Route) -> list[tuple[str, Status, str]]:
+        """
+        The stamp's outcomes of a review that failed as a whole with
+        C{reason} under C{Ignore}: each endpoint of the chain is skipped
+        for C{reason}, or for its own when its step was skipped already;
+        without a chain, the route's endpoints (L{Route.where}).
+        """
+        chain = self._chain
+        if chain is None:
+            return [(name, Status.SKIPPED, reason) for name in r.where.split(" ")]
+        own = {origin: why for origin, why, _ in chain.skipped}
+        return [(step.name, Status.SKIPPED, own.get(step.name, reason)) for step in chain.route.steps]
 
     def _log_failure(self, where: str, reason: str, message: str, text: str, policy: str, effect: str) -> None:
         """
@@ -761,10 +777,12 @@ class _Chain:
     The endpoint chain of one review in progress: which step is next, the
     Pod as the steps so far left it, their checked patches, what they said
     (warnings, audit annotations, each naming its endpoint when the chain
-    has more than one), and which were skipped and why.
+    has more than one), which were skipped and why, and what each did for
+    the status stamp.
     """
 
-    __slots__ = ("route", "index", "pod", "patches", "warnings", "audit", "called", "answered", "skipped")
+    __slots__ = ("route", "index", "pod", "patches", "warnings", "audit", "called", "answered", "skipped",
+                 "outcomes")
 
     def __init__(self, route: Route, pod: CheckedPatch) -> None:
         self.route = route
@@ -780,6 +798,9 @@ class _Chain:
         self.answered: list[str] = []
         #: C{(origin, reason, message)} of each skipped step.
         self.skipped: list[tuple[str, str, str]] = []
+        #: C{(origin, status, reason)} of each step called (or skipped), for
+        #: the status stamp (L{amp.stamp.next_stamp}).
+        self.outcomes: list[tuple[str, Status, str]] = []
 
     def told(self, origin: str, warnings: Sequence[str], problems: Sequence[str], audit: Mapping[str, str]) -> None:
         """
@@ -801,14 +822,16 @@ class _Chain:
         self.patches.append(checked)
         self.pod = checked
 
-    def ok(self, origin: str) -> None:
+    def ok(self, origin: str, changed: bool) -> None:
         self.called.append(origin)
         self.answered.append(origin)
+        self.outcomes.append((origin, Status.MUTATED if changed else Status.UNCHANGED, ""))
         self.index += 1
 
     def skip(self, origin: str, reason: str, message: str) -> None:
         self.called.append(origin)
         self.skipped.append((origin, reason, message))
+        self.outcomes.append((origin, Status.SKIPPED, reason))
         self.index += 1
 
 

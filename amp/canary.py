@@ -239,10 +239,16 @@ class CanaryRun:
         live_kind, live_pod = self._live
         kind, value = self._candidate
         canary = self._canary
-        if live_kind == "skipped":
-            canary._finished(self, CanaryResult.SKIPPED, (), "")
-        elif kind == "failed":
-            canary._finished(self, CanaryResult.FAILED, (), value)
-        else:
-            paths = tuple(d.path or "/" for d in pod_differences(live_pod, value))
-            canary._finished(self, CanaryResult.DIFFERS if paths else CanaryResult.SAME, paths, "")
+        try:
+            if live_kind == "skipped":
+                canary._finished(self, CanaryResult.SKIPPED, (), "")
+            elif kind == "failed":
+                canary._finished(self, CanaryResult.FAILED, (), value)
+            else:
+                paths = tuple(d.path or "/" for d in pod_differences(live_pod, value))
+                canary._finished(self, CanaryResult.DIFFERS if paths else CanaryResult.SAME, paths, "")
+        except Exception:
+            # Called from the live review's own steps: nothing of the
+            # canary's may fail or delay the live answer.
+            canary.log.failure("Canary comparison for Pod {namespace}/{pod} ({uid}) failed",
+                               namespace=self.namespace, pod=self.pod_name, uid=self.uid)

@@ -19,6 +19,7 @@ from twisted.internet.defer import Deferred, succeed
 from zope.interface import Attribute, Interface, implementer
 
 from amp.config import KubernetesConfig
+from amp.hints import AmpKeys
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,10 @@ class NamespaceInfo:
     annotations: Mapping[str, str]
     resource_version: str = ""
     enabled_since: Optional[float] = None
+    #: Labels and annotations in amp's domain that amp does not read, each
+    #: named with the closest key it does (L{amp.hints}); kept although
+    #: the keys themselves are dropped.
+    near_misses: tuple[str, ...] = ()
 
 
 class _Unknown:
@@ -101,8 +106,10 @@ class StaticNamespaceSource(Service):
     """
 
     def __init__(self, config: KubernetesConfig) -> None:
+        keys = AmpKeys(config)
         self._namespaces = {
-            name: NamespaceInfo(name, dict(spec.labels), dict(spec.annotations))
+            name: NamespaceInfo(name, dict(spec.labels), dict(spec.annotations),
+                                near_misses=keys.near_misses(spec.labels, spec.annotations))
             for name, spec in config.namespaces.items()
         }
 

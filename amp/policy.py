@@ -204,6 +204,11 @@ _SEPARATORS = re.compile(r"[ \n]+")
 _CACHE_LIMIT = 4096
 
 
+def chain_pieces(raw: str) -> list[str]:
+    """The URLs of the endpoint annotation C{raw}, as written (unchecked)."""
+    return [piece for piece in _SEPARATORS.split(raw) if piece]
+
+
 def resolve_chain(raw: str, config: Config) -> tuple[
     tuple[EndpointStep, ...], Optional[EndpointURL], str, Optional[tuple[Reason, str]]
 ]:
@@ -217,7 +222,7 @@ def resolve_chain(raw: str, config: Config) -> tuple[
     """
     # Spaces and newlines only: any other whitespace or control character
     # stays in its piece, where the URL check refuses it by name.
-    pieces = [piece for piece in _SEPARATORS.split(raw) if piece] or [raw]
+    pieces = chain_pieces(raw) or [raw]
     limit = config.endpoints.chain_limit
     if len(pieces) > limit:
         return (), None, "", (Reason.CHAIN_TOO_LONG, f"the endpoint annotation names {len(pieces)} endpoints, "

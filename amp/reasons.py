@@ -41,17 +41,19 @@ class Result(StrEnum):
 
 class Status(StrEnum):
     """
-    The first word of the C{amp.txn2.com/status} annotation amp stamps on
-    every Pod it reviews on C{/mutate} in an enabled namespace.
+    What amp did with an endpoint, in the C{amp.txn2.com/status}
+    annotation it stamps on every Pod it reviews on C{/mutate} in an
+    enabled namespace (L{amp.stamp}: across the rounds of one admission).
     """
 
-    #: The endpoint's patch was applied.
+    #: A round applied the endpoint's patch.
     MUTATED = "mutated"
-    #: The endpoint answered with no change (or the namespace has no
-    #: mutation endpoint, only a validation one).
+    #: No round changed the Pod for the endpoint: it answered with no
+    #: change (or the namespace has no mutation endpoint, only a
+    #: validation one).
     UNCHANGED = "unchanged"
-    #: A failure under the C{Ignore} policy: the endpoint's patch was not
-    #: applied; the reason follows.
+    #: A failure under the C{Ignore} policy: the endpoint's last call
+    #: failed, its patch was not applied; the reason follows.
     SKIPPED = "skipped"
 
 

@@ -26,6 +26,8 @@ from typing import Any, Iterable, Optional
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
+from amp.hints import did_you_mean
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -126,7 +128,7 @@ class RecentDecisions:
             return
         d = decision
         if self._early:
-            canary = self._early.pop(d.uid, None)
+            canary = self._early.pop(_clip(d.uid, FIELD_LIMIT), None)
             if canary is not None:
                 d = replace(d, canary=canary[0], canary_paths=canary[1])
         if max(len(d.uid), len(d.namespace), len(d.pod), len(d.endpoint), len(d.reason)) > FIELD_LIMIT or (
@@ -181,6 +183,11 @@ def _encode(decisions: Iterable[Decision], jsonl: bool) -> bytes:
     return json.dumps([d.as_json() for d in decisions], separators=(",", ":")).encode("utf-8") + b"\n"
 
 
+#: The query parameters of C{/debug/reviews}; any other is refused (400),
+#: so that a misspelt filter cannot return every review.
+_PARAMETERS = (b"format", b"namespace", b"pod", b"uid")
+
+
 class RecentDecisionsResource(Resource):
     """
     C{GET /debug/reviews[?format=jsonl][&namespace=..][&pod=..][&uid=..]}.
@@ -197,6 +204,13 @@ class RecentDecisionsResource(Resource):
             request.setResponseCode(404)
             request.setHeader(b"content-type", b"text/plain; charset=utf-8")
             return b"/debug/reviews is off (metrics.debug_reviews: 0)\n"
+        unknown = sorted(name.decode("utf-8", "replace") for name in request.args if name not in _PARAMETERS)
+        if unknown:
+            request.setResponseCode(400)
+            request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+            known = ", ".join(p.decode() for p in _PARAMETERS)
+            hint = did_you_mean(unknown[0], (p.decode() for p in _PARAMETERS))
+            return f"{unknown[0]!r}: unknown parameter{hint} (known: {known})\n".encode("utf-8")
         fmt = _arg(request, b"format") or "json"
         if fmt not in ("json", "jsonl"):
             request.setResponseCode(400)

@@ -14,11 +14,15 @@ earlier versions (L{LEGACY_SKIPPED_ANNOTATION}) is removed.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from amp.config import KubernetesConfig
-from amp.namespaces import NamespaceInfo
 from amp.reasons import Mode
+
+if TYPE_CHECKING:
+    # Types only: the configuration and the namespaces read these names
+    # (through amp.hints), so the rules import neither at run time.
+    from amp.config import KubernetesConfig
+    from amp.namespaces import NamespaceInfo
 
 __all__ = [
     "CANARY_ANNOTATION", "CANARY_PERCENT_ANNOTATION", "CANARY_STEP_ANNOTATION", "NAMESPACE_FEATURE_ANNOTATIONS",

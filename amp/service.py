@@ -47,13 +47,17 @@ from amp.endpoint import EndpointClient
 from amp.http import HTTPServerFactory
 from amp.logs import ConfigurableObserver
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
-from amp.namespaces import INamespaceSource, StaticNamespaceSource
+from amp.hints import NEAR_MISS_PROBLEM
+from amp.namespaces import INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.reasons import NamespaceSource
 from amp.recent import RecentDecisions, RecentDecisionsResource
 from amp.record import Recorder
 from amp.reload import ConfigFile, ConfigReloadService, SighupService
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.web import AdmissionResource, not_found, webhook_routes
+
+#: The log of what this module reports itself (the services have their own).
+_log = Logger()
 
 
 class EndpointClientService(Service):
@@ -142,6 +146,11 @@ def namespace_source(
     if config.kubernetes.source == NamespaceSource.STATIC:
         static = StaticNamespaceSource(config.kubernetes)
         metrics.namespace_cache_size.set(static.count)
+        for name in config.kubernetes.namespaces:
+            info = static.cached(name)
+            if isinstance(info, NamespaceInfo) and info.near_misses:
+                _log.warn("Namespace {namespace}: {hints}", namespace=name, hints="; ".join(info.near_misses))
+                metrics.namespace_problems.labels(NEAR_MISS_PROBLEM).inc()
         return static
     from amp.kube import KubernetesNamespaceSource
 

@@ -1,14 +1,17 @@
 """
 twistd glue: C{twistd amp --config etc/amp.yaml}.
 
-Options are checked before the reactor starts: a broken config or an
-unusable certificate stops start-up with one line that names the key or file
-and the problem (no traceback, no usage text) and exit status 1.
+Options are checked before the reactor starts: a broken config, an
+unusable certificate, a taken port (and the process holding it) or a
+kubeconfig that cannot be loaded stops start-up with one line that names
+the key and the problem (no traceback, no usage text) and exit status 1
+(L{amp.startup}).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from typing import Any, Optional
 
@@ -36,6 +39,17 @@ class Options(usage.Options):
     ]
 
     config: Config
+
+    def opt_version(self) -> None:
+        """
+        Print amp's version (and Twisted's) and exit.
+        """
+        import twisted
+
+        from amp import __version__
+
+        print(f"amp {__version__} (Twisted {twisted.__version__})")
+        raise SystemExit(0)
 
     def postOptions(self) -> None:
         """
@@ -102,9 +116,16 @@ def print_effective_config(config: Config, out: Any = None) -> None:
     from amp.config import config_digest, effective_config
 
     out = out if out is not None else sys.stdout
-    out.write(f"# amp {__version__}: effective configuration {config_digest(config)}\n")
-    out.write(yaml.safe_dump(effective_config(config), sort_keys=False, default_flow_style=False))
-    out.flush()
+    try:
+        out.write(f"# amp {__version__}: effective configuration {config_digest(config)}\n")
+        out.write(yaml.safe_dump(effective_config(config), sort_keys=False, default_flow_style=False))
+        out.flush()
+    except BrokenPipeError:
+        # The reader stopped reading (`--check | head -1`): what it read is
+        # all it wanted.  Standard output goes to /dev/null, so that the
+        # interpreter's own flush at exit does not fail on the pipe again.
+        if out is sys.stdout:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
@@ -127,17 +148,24 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     from amp.balance import WorkerListener
     from amp.metrics import Metrics
     from amp.service import AmpService, freeze_startup_objects, namespace_source, serving_certificate
+    from amp.startup import certificate_key, kubernetes_problem, port_problem
     from amp.tls import CertificateError, tcp_description, tls_endpoint
     from amp.workers import ParentWatch, supervise
 
     config = with_own_namespace(options.config)
     worker = options["worker"]
+    stop = f"amp: config {options['config']}: "
+    # --check checks a configuration (and its certificate), not whether this
+    # host could run it now: a config for a cluster is checked on a laptop.
+    problem = None if options["check"] else kubernetes_problem(config.kubernetes) or port_problem(config, worker)
+    if problem is not None:
+        raise SystemExit(stop + problem)
     observer = ConfigurableObserver(config.log.format, config.log.level, sys.stdout)
     metrics = Metrics()
     try:
         certificate = serving_certificate(config.tls, reactor, metrics)
     except CertificateError as e:
-        raise SystemExit(f"amp: {e}") from None
+        raise SystemExit(f"{stop}{certificate_key(str(e))}: {e}") from None
     listen = config.listen
     # With workers, one listening socket shared by all, each accepting while
     # it has the fewest connections (amp.balance); worker 0 binds it.

@@ -77,7 +77,8 @@ class NamespaceFound(Event):
     """
     The review's namespace: C{found} or not in C{source} (where it came
     from), with the C{labels} and C{annotations} amp keeps of it and what
-    the command line set over them (C{amp explain}).
+    the command line set over them (C{amp explain}) and the hints of its
+    labels and annotations in amp's domain that amp does not read.
     """
 
     step = Step.NAMESPACE
@@ -87,6 +88,7 @@ class NamespaceFound(Event):
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     set_by_command_line: Sequence[str] = ()
+    near_misses: Sequence[str] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,11 +231,15 @@ class Skipped(Event):
 
 @dataclass(frozen=True, slots=True)
 class Stamped(Event):
-    """The annotation C{key} amp puts on the Pod, and its C{value}."""
+    """
+    The annotation C{key} amp puts on the Pod, and its C{value}; not
+    C{written} when the Pod has that value already.
+    """
 
     step = Step.STAMP
     key: str
     value: str
+    written: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ no time.
   L{amp.kube._watch.ListWatch} runs synchronously in the test.
 - L{MemoryKube}: the client facade the reactor side uses
   (L{amp.kube._client.KubeClient}'s methods) over dictionaries: namespaces
-  for GETs, Leases with resourceVersion conflicts, Events.
+  for GETs, Leases with resourceVersion conflicts, Events unique by name.
 - L{ThreadReactor}: a C{MemoryReactorClock} with C{callFromThread} (run at
   once, or queued until L{ThreadReactor.deliver}) and a thread pool whose
   calls run only when the test says (L{ManualThreadPool.run}).
@@ -174,6 +174,7 @@ class MemoryKube:
         self.lease_error: Optional[BaseException] = None
         self.lease_calls: list[tuple[str, str]] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
+        self.event_names: set[tuple[str, str]] = set()
         self.event_error: Optional[BaseException] = None
         self.forks: list[MemoryKube] = []
 
@@ -204,11 +205,17 @@ class MemoryKube:
         if self.cut_calls or self.closed:
             raise OSError("the client's sockets were shut down")
 
-    def create_event(self, namespace: str, body: dict[str, Any], timeout: float) -> None:
+    def create_event(self, namespace: str, body: dict[str, Any], timeout: float) -> bool:
+        """Events are unique by name in their namespace, as the API server keeps them: False for a second one."""
         self._check_open()
         if self.event_error is not None:
             raise self.event_error
+        key = (namespace, body["metadata"]["name"])
+        if key in self.event_names:
+            return False
+        self.event_names.add(key)
         self.events.append((namespace, body))
+        return True
 
     def _lease_call(self, what: str, identity: str) -> None:
         self._check_open()

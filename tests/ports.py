@@ -15,7 +15,7 @@ import random
 import socket
 from pathlib import Path
 
-from amp_dev.demo import listening_inodes
+from amp.ports import listening_inodes
 
 
 def _ephemeral_low() -> int:

@@ -423,16 +423,24 @@ class FailurePolicyTests(SynchronousTestCase):
 
 class StatusStampTests(SynchronousTestCase):
     """
-    The stamp tells what the last review did, whatever the Pod carried and
-    whatever the endpoint's patch did to the annotations.
+    The stamp tells what the rounds of the admission did (tests/test_stamp.py
+    has every sequence of two): the stamp the Pod came with is read as an
+    earlier round's; whatever the endpoint's patch did to the annotations,
+    amp's own value is set.
     """
 
     FORGED = {STATUS_ANNOTATION: "mutated http://forged", LEGACY_SKIPPED_ANNOTATION: "http-5xx: http://old",
               "keep": "me"}
 
-    def test_a_stamp_the_pod_came_with_never_survives(self) -> None:
-        for path, value in (("/user-env", f"mutated {ORIGIN}"), ("/noop", f"unchanged {ORIGIN}"),
-                            ("/error", f"skipped http-5xx {ORIGIN}")):
+    def test_a_stamp_the_pod_came_with_is_read_as_an_earlier_rounds(self) -> None:
+        """
+        amp cannot tell a stamp in the manifest from an earlier round's:
+        what it says of other endpoints is kept; this round's outcome is
+        always told.
+        """
+        for path, value in (("/user-env", f"mutated {ORIGIN} http://forged"),
+                            ("/noop", f"mutated http://forged; unchanged {ORIGIN}"),
+                            ("/error", f"skipped http-5xx {ORIGIN}; mutated http://forged")):
             with self.subTest(path=path):
                 the_pod = pod(annotations=dict(self.FORGED, **{"hub.jupyter.org/username": "alice"}))
                 response, _ = answered(self, Harness(config_for(path)).review(review_bytes(the_pod)))
@@ -455,7 +463,7 @@ class StatusStampTests(SynchronousTestCase):
                 response, outcome = answered(self, h.review(review_bytes(the_pod)))
                 self.assertEqual(outcome.result, "patched")
                 annotations = apply_patch(the_pod, response["_patch"])["metadata"]["annotations"]
-                self.assertEqual(annotations[STATUS_ANNOTATION], f"mutated {ORIGIN}")
+                self.assertEqual(annotations[STATUS_ANNOTATION], f"mutated {ORIGIN} http://forged")
                 self.assertNotIn(LEGACY_SKIPPED_ANNOTATION, annotations)
 
     def test_denied_paths_do_not_stop_amps_own_stamp(self) -> None:
@@ -463,7 +471,7 @@ class StatusStampTests(SynchronousTestCase):
         response, _ = answered(self, h.review(review_bytes()))
         self.assertEqual(stamp(pod(), response), f"unchanged {ORIGIN}")
 
-    def test_reinvocation_after_a_failed_round_tells_the_last_round(self) -> None:
+    def test_reinvocation_after_a_failed_round_is_stamped_mutated(self) -> None:
         """
         The API server reinvokes amp with the Pod as the first round left
         it: a failure stamped C{skipped}; the second round's success

@@ -10,12 +10,16 @@ from typing import Any
 
 import pytest
 from twisted.internet import reactor
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 
-from amp.canary import CanaryResult, canary_plan
+from amp.canary import Canary, CanaryResult, canary_plan
+from amp.deadline import Deadline
+from amp.metrics import Metrics
 from amp.namespaces import NamespaceInfo
 from amp.policy import route
+from amp.reply import EndpointDecision
 from tests.candidates import CANDIDATE_IMAGE, start_candidate
 from tests.helpers import (
     WAIT, WebhookClient, closed_port, decode_answer, make_config, namespace, pod, review_bytes, start_amp, start_example)
@@ -144,3 +148,63 @@ class CanaryTests(TestCase):
 
 def test_canary_results_are_the_documented_vocabulary() -> None:
     assert [str(r) for r in CanaryResult] == ["same", "differs", "failed", "skipped"]
+
+
+# ---------------------------------------------------------------- one run, on a Clock
+
+
+class _HeldCalls:
+    """An endpoint client whose calls wait until the test fires them."""
+
+    def __init__(self) -> None:
+        self.calls: list[Deferred] = []
+
+    def call(self, url: Any, settings: Any, body: bytes, headers: Any, deadline: Any, breaker: Any = None) -> Deferred:
+        d: Deferred = Deferred()
+        self.calls.append(d)
+        return d
+
+
+def _run(annotate: Any = None) -> tuple[Any, Clock, Metrics, _HeldCalls, dict]:
+    clock, metrics, client = Clock(), Metrics(), _HeldCalls()
+    config = make_config()
+    ns = _ns(**{"amp.txn2.com/canary": "http://127.0.0.1:2/c"})
+    r = route(ns, config, None)
+    plan = canary_plan(ns, r, config)
+    canary = Canary(client, clock, metrics, annotate=annotate)
+    the_pod = pod("web")
+    options = dict(denied=config.patch.denied_paths, allowed=config.patch.allowed_paths,
+                   repair=config.patch.repair, max_operations=config.patch.max_operations)
+    run = canary.start(plan, "mesh", "u1", "web", r.steps[0], the_pod, b"{}", {}, Deadline.after(0, 10), options)
+    return run, clock, metrics, client, the_pod
+
+
+def _counted(metrics: Metrics, result: str) -> float:
+    return Scrape(metrics.render().decode()).total("amp_canary_reviews_total", namespace="mesh", result=result)
+
+
+def test_a_candidate_past_the_deadline_is_counted_failed_and_leaves_no_timer() -> None:
+    run, clock, metrics, client, the_pod = _run()
+    run.live_done(the_pod)
+    clock.advance(10)
+    assert _counted(metrics, "failed") == 1
+    assert clock.getDelayedCalls() == []
+
+
+def test_a_candidate_answering_after_the_live_answer_is_compared() -> None:
+    run, clock, metrics, client, the_pod = _run()
+    run.live_done(the_pod)
+    client.calls[0].callback(EndpointDecision(patch=[{"op": "add", "path": "/metadata/labels/x", "value": "y"}]))
+    assert _counted(metrics, "differs") == 1
+    assert clock.getDelayedCalls() == []
+
+
+def test_a_comparison_that_fails_never_reaches_the_live_review() -> None:
+    def broken(uid: str, result: str, paths: tuple[str, ...]) -> None:
+        raise RuntimeError("broken")
+
+    run, clock, metrics, client, the_pod = _run(annotate=broken)
+    client.calls[0].callback(EndpointDecision())
+    run.live_done(the_pod)  # the live review's path: must not raise
+    assert _counted(metrics, "same") == 1
+    assert clock.getDelayedCalls() == []

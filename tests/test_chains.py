@@ -70,7 +70,7 @@ class ChainTests(SynchronousTestCase):
         self.assertEqual(json.loads(c.requests[0][1])["metadata"]["labels"], {"app": "web", "a": "1"})
         patched = apply_patch(the_pod, response["_patch"])
         self.assertEqual(patched["metadata"]["labels"], {"app": "web", "a": "1", "c": "3"})
-        self.assertEqual(stamp(the_pod, response), f"mutated {A} {C}; skipped http-5xx {B}")
+        self.assertEqual(stamp(the_pod, response), f"skipped http-5xx {B}; mutated {A} {C}")
         self.assertEqual((outcome.result, outcome.reason), ("patched", "http-5xx"))
         self.assertIn(f"amp: {B} http-5xx; the chain went on without its patch", response["warnings"])
         self.assertIn(B, response["auditAnnotations"]["error"])
@@ -98,7 +98,7 @@ class ChainTests(SynchronousTestCase):
         the_pod = pod(labels={"app": "web"})
         response, outcome = answered(self, h.review(review_bytes(the_pod)))
         self.assertEqual(outcome.reason, "apply-failed")
-        self.assertEqual(stamp(the_pod, response), f"mutated {A}; skipped apply-failed {B}")
+        self.assertEqual(stamp(the_pod, response), f"skipped apply-failed {B}; mutated {A}")
 
     def test_a_deny_from_any_endpoint_denies_the_pod(self) -> None:
         for policy in ("Ignore", "Fail"):
@@ -170,7 +170,7 @@ class SharedBudgetTests(SynchronousTestCase):
                 self.assertEqual(outcome.result, "patched")
                 self.assertEqual(apply_patch(the_pod, response["_patch"])["metadata"]["labels"],
                                  {"app": "web", "a": "1"})
-                self.assertEqual(stamp(the_pod, response), f"mutated {A}; skipped timeout {B}")
+                self.assertEqual(stamp(the_pod, response), f"skipped timeout {B}; mutated {A}")
             else:
                 self.assertFalse(response["allowed"])
                 self.assertIn(B, response["status"]["message"])
@@ -185,7 +185,7 @@ class SharedBudgetTests(SynchronousTestCase):
         response, outcome = answered(self, d)
         self.assertEqual((outcome.result, outcome.reason), ("ignored", "timeout"))
         self.assertEqual(stamp(pod(), response),
-                         f"skipped timeout {A}; skipped deadline {B}; skipped deadline {C}")
+                         f"skipped timeout {A}; skipped deadline {B} {C}")
         self.assertEqual(third.requests, [])
 
 

@@ -47,6 +47,14 @@ def checksum(docs: list[dict[str, Any]]) -> str:
     return deployment(docs)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
 
 
+def refused(*args: str) -> str:
+    """C{helm template} with C{args} fails: its standard error."""
+    result = subprocess.run([tool("helm"), "template", "amp", str(CHART), *args], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode != 0, result.stdout
+    return result.stderr
+
+
 @pytest.mark.parametrize("args", [
     [],
     ["--set", "certManager.enabled=false"],
@@ -69,18 +77,20 @@ def test_helm_lint_refuses_a_broken_chart(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("value, message", [
-    ("webhook.failurePolicy=ignore", "value must be one of 'Ignore', 'Fail'"),
-    ("webhook.timeoutSeconds=60", "maximum: got 60, want 30"),
-    ("webhook.reinvocationPolicy=Always", "value must be one of 'Never', 'IfNeeded'"),
-    ("replicas=0", "minimum: got 0, want 1"),
+    ("webhook.failurePolicy=ignore", "at '/webhook/failurePolicy': value must be one of 'Ignore', 'Fail'"),
+    ("webhook.timeoutSeconds=60", "at '/webhook/timeoutSeconds': maximum: got 60, want 30"),
+    ("webhook.reinvocationPolicy=Always", "at '/webhook/reinvocationPolicy': value must be one of 'Never', 'IfNeeded'"),
+    ("replicas=0", "at '/replicas': minimum: got 0, want 1"),
+    # Every level is closed, amp's config too: a misspelt key would
+    # otherwise be ignored, or stop amp at start-up.
+    ("replica=3", "at '': additional properties 'replica' not allowed"),
+    ("config.endpoint.timeout=3s", "at '/config': additional properties 'endpoint' not allowed"),
+    ("image.tga=1", "at '/image': additional properties 'tga' not allowed"),
+    ("config.endpoints.timout=3s", "at '/config/endpoints': additional properties 'timout' not allowed"),
 ])
 def test_wrong_values_are_refused_naming_the_value(value: str, message: str) -> None:
-    """The chart's schema refuses a value the API server would refuse later, and says which."""
-    result = subprocess.run([tool("helm"), "template", "amp", str(CHART), "--set", value], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode != 0
-    key = "/" + value.split("=")[0].replace(".", "/")
-    assert f"at '{key}': {message}" in result.stderr
+    """The chart's schema refuses a value amp or the API server would refuse later, and says which."""
+    assert message in refused("--set", value)
 
 
 def test_default_config_is_amp_yaml_amp_loads() -> None:
@@ -192,10 +202,7 @@ def test_grace_period_leaves_room_for_prestop_and_amps_drain() -> None:
     assert grace("--set", "config.listen.drain_timeout=1m", "--set", "preStopSleepSeconds=10") == 10 + 60 + 5
     assert grace("--set", "config.listen.drain_timeout=1500ms") == 5 + 2 + 5
     assert grace("--set", "terminationGracePeriodSeconds=120") == 120
-    result = subprocess.run([tool("helm"), "template", "amp", str(CHART), "--set", "terminationGracePeriodSeconds=30"],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0
-    assert "terminationGracePeriodSeconds 30 is too short" in result.stderr
+    assert "terminationGracePeriodSeconds 30 is too short" in refused("--set", "terminationGracePeriodSeconds=30")
 
 
 def test_webhook_values() -> None:
@@ -280,3 +287,65 @@ def test_a_given_ca_bundle_is_used_as_is() -> None:
     assert not [d for d in docs if d["kind"] == "Secret"]
     assert hook(docs)["clientConfig"]["caBundle"] == "Q0E="
     assert "annotations" not in one(docs, "MutatingWebhookConfiguration")["metadata"]
+
+
+@pytest.mark.parametrize("value", ["config.endpoints.timeout=soon", "config.listen.port=http", "config.workers=0"])
+def test_config_values_amp_would_refuse_are_refused(value: str) -> None:
+    assert "values don't meet the specifications of the schema" in refused("--set", value)
+
+
+def test_standard_labels_on_every_object() -> None:
+    from amp import __version__
+
+    for d in helm_template():
+        labels = d["metadata"]["labels"]
+        assert labels["helm.sh/chart"] == f"amp-{__version__}", d["kind"]
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["app.kubernetes.io/version"] == __version__
+        assert labels["app.kubernetes.io/name"] == "amp"
+
+
+def test_name_overrides() -> None:
+    docs = helm_template("--set", "fullnameOverride=foo")
+    assert deployment(docs)["metadata"]["name"] == "foo"
+    assert one(docs, "Service")["metadata"]["name"] == "foo"
+    renamed = helm_template("--set", "nameOverride=mutator", release="team")
+    dep = deployment(renamed)
+    assert dep["metadata"]["name"] == "team-mutator"
+    assert dep["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "mutator"
+    assert dep["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "mutator"
+    assert one(renamed, "Service")["spec"]["selector"]["app.kubernetes.io/name"] == "mutator"
+
+
+def test_no_autoscaler_by_default() -> None:
+    docs = helm_template()
+    assert not [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+    assert deployment(docs)["spec"]["replicas"] == 2
+
+
+def test_the_autoscaler_replaces_the_fixed_replicas() -> None:
+    docs = helm_template("--set", "autoscaling.enabled=true", "--set", "config.workers=2",
+                         "--set", "resources.requests.cpu=1", "--set", "resources.limits.cpu=2")
+    hpa = one(docs, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "amp"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+    assert hpa["spec"]["metrics"][0]["resource"]["target"] == {"type": "Utilization", "averageUtilization": 70}
+    assert "replicas" not in deployment(docs)["spec"]
+
+
+@pytest.mark.parametrize("args, message", [
+    # 70% of 2 cores is 1.4 cores: one worker uses at most one.
+    (["--set", "resources.requests.cpu=2"], "which one Pod never reaches: it uses at most 1000m (config.workers 1"),
+    (["--set", "resources.requests.cpu=1", "--set", "config.workers=4", "--set", "resources.limits.cpu=500m"],
+     "it uses at most 500m"),
+    (["--set", "autoscaling.minReplicas=1"], "podDisruptionBudget.minAvailable 1 would let no replica be evicted"),
+    (["--set", "autoscaling.minReplicas=7"], "autoscaling.minReplicas 7 is above autoscaling.maxReplicas 6"),
+], ids=["above-one-worker", "above-the-limit", "pdb", "min-above-max"])
+def test_an_autoscaler_that_cannot_work_is_refused(args: list[str], message: str) -> None:
+    assert message in refused("--set", "autoscaling.enabled=true", *args)
+
+
+def test_an_autoscaler_lints_strictly() -> None:
+    result = run([tool("helm"), "lint", str(CHART), "--strict", "--namespace", "amp-system",
+                  "--set", "autoscaling.enabled=true"])
+    assert "0 chart(s) failed" in result.stdout

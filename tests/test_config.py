@@ -214,7 +214,8 @@ ERRORS = [
     ({"listen": {"port": 70000}}, "listen.port", "expected a port number 0-65535"),
     ({"listen": {"port": True}}, "listen.port", "expected a whole number"),
     ({"listen": {"port": 8443.5}}, "listen.port", "expected a whole number"),
-    ({"listen": {"prot": 8443}}, "listen.prot", "unknown key (known keys: drain_timeout, idle_timeout, interface"),
+    ({"listen": {"prot": 8443}}, "listen.prot",
+     "unknown key (did you mean port?) (known keys: drain_timeout, idle_timeout, interface"),
     ({"listen": {"interface": ""}}, "listen.interface", "non-empty string"),
     ({"listen": {"max_body": "3 megabytes"}}, "listen.max_body", "expected a size"),
     ({"listen": {"max_body": 0}}, "listen.max_body", "greater than zero"),
@@ -244,7 +245,7 @@ ERRORS = [
     ({"kubernetes": {"namespaces": {"team-a": {}}}}, "kubernetes.namespaces", "only used with"),
     ({"kubernetes": {"source": "static", "namespaces": ["team-a"]}}, "kubernetes.namespaces", "expected a mapping"),
     (static(["x"]), NS, "expected a mapping with labels and annotations"),
-    (static({"lables": {}}), f"{NS}.lables", "unknown key"),
+    (static({"lables": {}}), f"{NS}.lables", "unknown key (did you mean labels?)"),
     (static({"labels": {"amp.txn2.com/enabled": True}}), f"{NS}.labels", 'quote "true"'),
     (static({"labels": {"amp.txn2.com/enabled": 1}}), f"{NS}.labels", "keys and values must be strings"),
     (static({"annotations": {"amp.txn2.com/ep": None}}), f"{NS}.annotations", "keys and values must be strings"),
@@ -253,7 +254,7 @@ ERRORS = [
     ({"endpoints": {"max_response": -1}}, "endpoints.max_response", "must not be negative"),
     ({"endpoints": {"pool_size": 0}}, "endpoints.pool_size", "greater than zero"),
     ({"endpoints": {"retry": 1}}, "endpoints.retry", "expected true or false"),
-    ({"endpoints": {"timeot": "1s"}}, "endpoints.timeot", "unknown key (known keys: allow, breaker"),
+    ({"endpoints": {"timeot": "1s"}}, "endpoints.timeot", "unknown key (did you mean timeout?) (known keys: allow, breaker"),
     ({"endpoints": {"allow": "http://127.0.0.1:*/*"}}, "endpoints.allow", "expected a list of strings"),
     ({"endpoints": {"allow": ["http://127.0.0.1:*/*", ""]}}, "endpoints.allow", "item 1"),
     ({"endpoints": {"allow": ["ftp://127.0.0.1/*"]}}, "endpoints.allow", "item 0: URL pattern 'ftp://127.0.0.1/*'"),
@@ -289,7 +290,8 @@ ERRORS = [
     ({"annotate_status": "no"}, "annotate_status", "expected true or false"),
     ({"annotate_status": False, "annotate_skipped": False}, "annotate_skipped", "renamed to annotate_status"),
     ({"workers": 0}, "workers", "greater than zero"),
-    ({"listne": {}}, "listne", "unknown key (known keys: annotate_status, deadline, endpoints"),
+    ({"listne": {}}, "listne", "unknown key (did you mean listen?) (known keys: annotate_status, deadline, endpoints"),
+    ({"zzz": {}}, "zzz", "unknown key (known keys: annotate_status,"),
 ]
 
 

@@ -357,6 +357,46 @@ def test_rbac_is_exactly_least_privilege() -> None:
     assert pod_spec()["serviceAccountName"] == account["metadata"]["name"]
 
 
+def _granted(roles: Iterator[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
+    """(ClusterRole or Role, resource, verb, resource name or "") for every grant of C{roles}."""
+    return {(role["kind"], resource, verb, name)
+            for role in roles for rule in role["rules"]
+            for resource in rule["resources"] for verb in rule["verbs"]
+            for name in rule.get("resourceNames") or ("",)}
+
+
+def test_the_security_notes_name_every_grant() -> None:
+    """
+    docs/operations.md's RBAC table names every resource and verb that
+    deploy/ (kustomize) and the chart (helm, bypass report on and off)
+    grant, by name where a grant is by name, and nothing they do not.
+    """
+    text = (ROOT / "docs" / "operations.md").read_text()
+    notes = text[text.index("## Security notes"):]
+    documented: set[tuple[str, str, str, str]] = set()
+    with_report: set[tuple[str, str, str, str]] = set()
+    for line in notes.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.strip().startswith("| `") else []
+        if len(cells) != 4:
+            continue
+        resource, *names = re.findall(r"`([^`]+)`", cells[0])
+        kind = "ClusterRole" if cells[2].startswith("cluster") else "Role"
+        assert cells[2].startswith(("cluster", "amp's namespace")), cells[2]
+        rows = {(kind, resource, verb, name) for verb in re.findall(r"`([^`]+)`", cells[1])
+                for name in names or [""]}
+        documented |= rows
+        if "bypass report" in cells[3] or resource == "leases":
+            with_report |= rows
+    assert documented, "the RBAC table is in the security notes"
+    roles = [d for d in all_docs() if d["kind"] in ("ClusterRole", "Role")]
+    assert _granted(iter(roles)) == documented
+    chart = [d for d in helm_template() if d["kind"] in ("ClusterRole", "Role")]
+    assert _granted(iter(chart)) == documented
+    off = [d for d in helm_template("--set", "config.kubernetes.bypass.enabled=false")
+           if d["kind"] in ("ClusterRole", "Role")]
+    assert _granted(iter(off)) == documented - with_report
+
+
 # ---------------------------------------------------------------- amp.yaml
 
 

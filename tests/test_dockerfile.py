@@ -96,13 +96,19 @@ def test_hadolint_really_lints(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- structure
 
 
-def test_multi_stage_on_python_slim() -> None:
+def test_multi_stage_on_the_newest_supported_python_slim() -> None:
+    from tests.test_packaging import supported_pythons
+
+    newest = supported_pythons()[-1]
     build, final = stages()
-    assert build[0] == ("FROM", "python:3.11-slim AS build")
-    assert final[0] == ("FROM", "python:3.11-slim")
+    assert build[0] == ("FROM", f"python:{newest}-slim AS build")
+    assert final[0] == ("FROM", f"python:{newest}-slim")
     assert ("COPY", "--from=build /opt/amp /opt/amp") in final
     runs = [args for ins, args in build if ins == "RUN"]
-    assert any("python -m venv /opt/amp" in r and "pip install --no-cache-dir" in r for r in runs)
+    # The locked dependencies, hash-checked, then amp itself without dependencies.
+    assert any("python -m venv /opt/amp" in r
+               and "pip install --no-cache-dir --require-hashes -r requirements/amp.lock" in r for r in runs)
+    assert runs[-1] == "/opt/amp/bin/pip install --no-cache-dir --no-deps /src"
     assert not [args for ins, args in final if ins == "RUN" and "pip install" in args], \
         "nothing is installed in the final stage"
 
@@ -191,7 +197,7 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
     assert patterns[0] == "*", "an allow-list: nothing is sent unless named"
     build = stages()[0]
     sources = [args.split()[0] for ins, args in build if ins == "COPY"]
-    assert sources == ["setup.py", "amp", "twisted"]
+    assert sources == ["requirements/amp.lock", "setup.py", "amp", "twisted"]
     for source in sources:
         for path in [source] + [str(p.relative_to(ROOT)) for p in (ROOT / source).rglob("*")
                                 if "__pycache__" not in p.parts and p.suffix != ".pyc" and p.name != "dropin.cache"]:

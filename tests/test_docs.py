@@ -304,6 +304,14 @@ MESSAGES = [
     ("is not JSON an API\nserver sends: NaN is not a JSON number", "review.py",
      ("is not JSON an API server sends: ", "is not a JSON number")),
     ("is out of range", "review.py", None),
+    ("(webhook) is in use by pid", "startup.py", ('"webhook"', '"listen.port: {problem}"')),
+    ("is in use by", "ports.py", "is in use by {port_holder(port)}"),
+    ("a process of another user (try: sudo ss\n-ltnp 'sport = :<n>')", "ports.py",
+     "a process of another user (try: sudo ss -ltnp 'sport = :{port}')"),
+    ("kubernetes.kubeconfig: cannot load <path>: <error>", "startup.py", "kubernetes.kubeconfig"),
+    ("in-cluster service account cannot be loaded (...); outside a cluster use\nsource: kubeconfig or static",
+     "startup.py", ("in-cluster service account cannot be loaded (", "outside a cluster use source: kubeconfig or static")),
+    ("is not read by amp (did you mean", "hints.py", ("is not read by amp", "(did you mean {match}?)")),
 ]
 
 

@@ -346,11 +346,13 @@ class LiveTests(TestCase):
         self.assertIs(doc["idempotent"], True)
         self.assertEqual(doc["result"], "patched")
         self.assertEqual(doc["second"]["result"], "allowed")
-        # Equal but for amp's status stamp, which says what each review did.
+        # The second review changes nothing, not even the stamp: it still
+        # says the endpoint mutated the Pod (in the first review), and the
+        # second answer has no patch.
         first, second = doc["pod"], doc["second"]["pod"]
-        self.assertTrue(first["metadata"]["annotations"].pop(STATUS).startswith("mutated "))
-        self.assertTrue(second["metadata"]["annotations"].pop(STATUS).startswith("unchanged "))
+        self.assertTrue(first["metadata"]["annotations"][STATUS].startswith("mutated "))
         self.assertEqual(second, first)
+        self.assertFalse(doc["second"]["patch"])
 
     @inlineCallbacks
     def test_twice_appending_endpoint_is_not_idempotent(self) -> Any:
@@ -468,6 +470,16 @@ class ReplyTests(SynchronousTestCase):
         self.assertIs(doc["idempotent"], True)
         self.assertEqual((doc["result"], doc["second"]["result"]), ("patched", "allowed"))
 
+    def test_twice_tells_the_second_review_keeps_the_first_reviews_stamp(self) -> None:
+        """As after the API server reinvokes amp: the stamp still says mutated, and is not written again."""
+        agent = RequestTraversalAgent(_AddOnce())
+        ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--twice", self.pod], agent=agent)
+        first, second = ran.out.split("Second review")
+        stamp = next(line for line in first.splitlines() if line.startswith("stamp "))
+        self.assertIn("amp.txn2.com/status: mutated ", stamp)
+        self.assertIn(f"{stamp} (the Pod has it already: not written again)\n", second)
+        self.assertIn("The Pod is admitted unchanged.", second)
+
     def test_twice_with_a_failed_second_review_says_so(self) -> None:
         # Not a verdict on idempotency: the failure, with its reason and status.
         argv = ["--config", self.config, "-n", "team-a", "--twice", self.pod]
@@ -541,6 +553,33 @@ class ReplyTests(SynchronousTestCase):
         route = doc["trace"][1]
         self.assertEqual((route["step"], route["enabled"], route["got"]), ("route", False, "yes"))
         self.assertNotIn("secret", json.dumps(doc["trace"][1:]))
+
+    def test_typos_in_amps_keys_are_named_with_the_key_meant(self) -> None:
+        """
+        The issue's typos: label amp.txn2.com/enable and annotation
+        amp.txn2.com/endpoint on the namespace, a misspelt stamp on the Pod;
+        and without -n, that the namespace default was assumed.
+        """
+        typo_pod = self.files.write("typo.json", pod("web", annotations={"amp.txn2.com/stauts": "x"}))
+        ran = run_sync(self, ["--set-label", "amp.txn2.com/enable=true",
+                              "--set-annotation", "amp.txn2.com/endpoint=http://injector.tools.svc:8080/", typo_pod])
+        self.assertIn("note: no --namespace and Pod web names none: explained in namespace default\n", ran.out)
+        self.assertIn("note: Pod: annotation amp.txn2.com/stauts is not read by amp "
+                      "(did you mean amp.txn2.com/status?)\n", ran.out)
+        self.assertIn("           annotation amp.txn2.com/endpoint is not read by amp (did you mean amp.txn2.com/ep?)\n"
+                      "           label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)\n",
+                      ran.out)
+        doc = run_sync(self, ["-o", "json", "-n", "team-a", "--set-label", "amp.txn2.com/enable=true", self.pod]).json
+        self.assertNotIn("notes", doc, "the namespace was given and the Pod has no unknown key")
+        self.assertEqual(doc["trace"][0]["near_misses"],
+                         ["label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)"])
+
+    def test_hints_of_a_static_namespace_in_the_config(self) -> None:
+        config = self.files.write("typo.yaml", config_text({"team-t": {
+            "labels": {ENABLED_LABEL: "true"}, "annotations": {"amp.txn2.com/endpiont": "http://x.example:8080/"}}}))
+        ran = run_sync(self, ["--config", config, "-n", "team-t", self.pod])
+        self.assertIn("annotation amp.txn2.com/endpiont is not read by amp (did you mean amp.txn2.com/ep?)", ran.out)
+        self.assertNotIn("explained in namespace default", ran.out)
 
     def test_opted_out_pod_is_left_alone(self) -> None:
         opted = self.files.write("opted.json", pod("web", labels={ENABLED_LABEL: "false"}))
@@ -877,6 +916,12 @@ status: {phase: Running}
         with self.assertRaises(InputError) as e:
             self.one(json.dumps(review), "elsewhere")
         self.assertIn("does not match --namespace elsewhere", str(e.exception))
+
+    def test_a_document_without_kind_is_named_so(self) -> None:
+        with self.assertRaises(InputError) as e:
+            self.one("metadata: {name: web}\nspec: {containers: []}\n")
+        self.assertIn("found a mapping without kind", str(e.exception))
+        self.assertNotIn("None", str(e.exception))
 
     def test_errors_name_the_problem(self) -> None:
         with self.assertRaises(InputError) as e:

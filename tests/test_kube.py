@@ -17,7 +17,7 @@ import threading
 from typing import Any, Callable, Iterable, Optional
 
 from twisted.internet.defer import CancelledError
-from twisted.logger import LogLevel, globalLogPublisher
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 from urllib3.exceptions import MaxRetryError, ProtocolError, ReadTimeoutError
 
@@ -489,6 +489,30 @@ class SourceWatchTests(SourceTestCase):
         self.assertEqual((self.events("MODIFIED"), self.events("ADDED"), self.events("DELETED")), (2, 1, 1))
         self.assertEqual((source.count, source.resource_version), (1, "14"))
         self.assertEqual(sample(self.metrics, "amp_namespace_cache_namespaces"), 1)
+
+    def test_unknown_amp_keys_are_logged_and_counted_once_per_change(self) -> None:
+        """
+        A namespace's typo in amp's domain is one warning naming the closest
+        key, and one count of amp_namespace_problems_total{problem="unknown-key"},
+        when it appears or changes; not again for an unrelated change.
+        """
+        source = self.start()
+        typo = {"amp.txn2.com/endpoint": EP_A}
+        self.send(source, Replaced(self.infos(namespace("team-a", "3", ENABLED, typo), namespace("team-b", "4")), "10"))
+        warnings = [formatEvent(e) for e in self.logs.at(LogLevel.warn)]
+        self.assertEqual(warnings, ["Namespace team-a: annotation amp.txn2.com/endpoint is not read by amp "
+                                    "(did you mean amp.txn2.com/ep?)"])
+        problems = lambda: sample(self.metrics, "amp_namespace_problems_total", problem="unknown-key")  # noqa: E731
+        self.assertEqual(problems(), 1)
+        self.send(source, Changed("MODIFIED", self.info("team-a", "11", labels=ENABLED,
+                                                        annotations={**typo, "other": "x"}), "11"))
+        self.send(source, Replaced(self.infos(namespace("team-a", "12", ENABLED, typo)), "12"))
+        self.assertEqual(problems(), 1)
+        self.send(source, Changed("MODIFIED", self.info("team-a", "13", labels={"amp.txn2.com/enable": "true"}), "13"))
+        self.assertEqual(problems(), 2)
+        self.assertIn("label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)",
+                      formatEvent(self.logs.at(LogLevel.warn)[-1]))
+        self.assertEqual(source.cached("team-a").labels, {}, "the unknown keys themselves are not kept")
 
     def test_bookmark_moves_the_resource_version(self) -> None:
         source = self.start()

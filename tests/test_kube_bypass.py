@@ -18,10 +18,11 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from amp.config import BypassConfig, KubernetesConfig
 from amp.kube import KubernetesNamespaceSource
-from amp.kube._bypass import CHECKED, MARGIN, MAX_QUEUED_EVENTS, SETTLE, BypassReporter
+from amp.kube._bypass import MAX_QUEUED_EVENTS, RETRY_FIRST, SETTLE, BypassReporter
 from amp.kube._client import KubeClient
 from amp.kube._events import Changed, Replaced, Restarting
 from amp.kube._keep import Keep, PodKeep, PodSeen, format_time, parse_time
+from amp.kube._verdict import Enabled, EnableRevisions, Judge, Verdict, event_name
 from amp.kube._lease import LeaseElector
 from amp.kube._watch import ListWatch
 from amp.metrics import Metrics
@@ -62,8 +63,9 @@ def enabled_ns(name: str, since: Optional[float] = -HOUR, **annotations: str) ->
     return NamespaceInfo(name, ENABLED, annotations, "1", None if since is None else T0 + since)
 
 
-def seen(namespace: str, name: str, created: float, controller: str = "ReplicaSet") -> PodSeen:
-    return PodSeen(namespace, name, f"uid-{namespace}-{name}", T0 + created, controller)
+def seen(namespace: str, name: str, created: float, controller: str = "ReplicaSet",
+         revision: Optional[int] = None) -> PodSeen:
+    return PodSeen(namespace, name, f"uid-{namespace}-{name}", T0 + created, controller, revision)
 
 
 # ====================================================================== what the threads keep
@@ -94,7 +96,8 @@ class KeepTests(SynchronousTestCase):
     def test_a_pod_is_kept_only_when_it_could_have_bypassed_amp(self) -> None:
         keep = PodKeep(kube_config(), cutoff=lambda: T0 - HOUR)
         kept = keep.pod(pod("team-a", "web-1", at(-10), owner="ReplicaSet", labels={"app": "web"}))
-        self.assertEqual(kept, PodSeen("team-a", "web-1", "uid-team-a-web-1", T0 - 10, "ReplicaSet"))
+        self.assertEqual(kept, PodSeen("team-a", "web-1", "uid-team-a-web-1", T0 - 10, "ReplicaSet", 1))
+        self.assertIsNone(keep.pod(pod("team-a", "web-1", at(-10), rv="opaque")).revision)
         self.assertEqual(keep.pod(pod("team-a", "bare", at(-10))).controller, "")
         for dropped in (
             pod("team-a", "reviewed", at(-10), annotations={"amp.txn2.com/status": "mutated http://ep"}),
@@ -142,9 +145,9 @@ class KeepTests(SynchronousTestCase):
         keep = PodKeep(kube_config(), cutoff=lambda: T0 - HOUR)
         ListWatch(lister=lister, parse=keep.pod, emit=emitted.append, stop=stop, config=kube_config(),
                   random=lambda: 0.0, kinds=("ADDED", "DELETED"), page_size=500).run()
-        self.assertEqual(emitted[0], Replaced((seen("a", "bypassed", -10, ""),), "10"))
-        self.assertEqual(emitted[1:3], [Changed("ADDED", seen("a", "new", 0, ""), "11"),
-                                        Changed("DELETED", seen("a", "bypassed", -10, ""), "13")])
+        self.assertEqual(emitted[0], Replaced((seen("a", "bypassed", -10, "", 1),), "10"))
+        self.assertEqual(emitted[1:3], [Changed("ADDED", seen("a", "new", 0, "", 11), "11"),
+                                        Changed("DELETED", seen("a", "bypassed", -10, "", 13), "13")])
 
 
 # ====================================================================== the report
@@ -194,22 +197,21 @@ class ReporterTestCase(SynchronousTestCase):
             NamespaceInfo("plain", {}, {}),
             enabled_ns("kube-system"), enabled_ns("amp-system"),
         )
+        self.enables: dict[str, Enabled] = {}
 
-    def reporter(self, post_event: Any = None, previous: Optional[dict[str, str]] = None,
-                 **bypass: Any) -> BypassReporter:
+    def reporter(self, post_event: Any = None, identity: str = "amp-0_abc", **bypass: Any) -> BypassReporter:
         reporter = BypassReporter(
             config=kube_config(self.config, **bypass), namespaces=self.namespaces, clock=self.clock,
             metrics=self.metrics, post_event=post_event or self.post, own_namespace="amp-system",
-            identity="amp-0_abc")
-        reporter.start_term(previous or {})
+            identity=identity, enables=self.enables.get)
+        reporter.start_term()
         reporter.namespaces_listed()
         return reporter
 
     def post(self, namespace: str, body: dict[str, Any]) -> Any:
         from twisted.internet.defer import succeed
 
-        self.kube.create_event(namespace, body, 1.0)
-        return succeed(None)
+        return succeed(self.kube.create_event(namespace, body, 1.0))
 
     def settle(self) -> None:
         self.clock.advance(SETTLE)
@@ -238,7 +240,7 @@ class ReportTests(ReporterTestCase):
         self.assertEqual(body["involvedObject"], {"apiVersion": "v1", "kind": "Pod", "namespace": "team-a",
                                                   "name": "web-1", "uid": "uid-team-a-web-1"})
         self.assertEqual(body["metadata"]["namespace"], "team-a")
-        self.assertTrue(body["metadata"]["name"].startswith("web-1."))
+        self.assertEqual(body["metadata"]["name"], "web-1.amp-bypassed.uid-team-a-web-1")
         self.assertIn("admitted without amp", body["message"])
         self.assertIn("Delete the Pod so that its ReplicaSet recreates it through amp", body["message"])
         self.assertEqual((body["source"], body["reportingInstance"]), ({"component": "amp"}, "amp-0_abc"))
@@ -253,9 +255,7 @@ class ReportTests(ReporterTestCase):
     def test_pods_that_did_not_bypass_amp_are_never_reported(self) -> None:
         reporter = self.reporter()
         reporter.news(Replaced((
-            seen("late-enabled", "before-enabling", -40),
-            seen("late-enabled", "same-second-as-enabling", -30),
-            seen("unknown-since", "p", -5),
+            seen("late-enabled", "before-enabling", -31),
             seen("shadowed", "p", -5),
             seen("plain", "not-enabled", -5),
             seen("kube-system", "p", -5),
@@ -268,6 +268,21 @@ class ReportTests(ReporterTestCase):
         self.assertEqual(self.reported(), ["late-enabled/after-enabling"])
         self.assertEqual(sum(s.value for m in self.metrics.registry.collect() if m.name == "amp_bypassed_pods"
                              for s in m.samples if s.name.endswith("_total")), 1)
+
+    def test_where_the_order_cannot_be_told_the_pod_is_possibly_bypassed(self) -> None:
+        reporter = self.reporter()
+        reporter.news(Replaced((seen("late-enabled", "same-second-as-enabling", -30),
+                                seen("unknown-since", "p", -5)), "10"))
+        self.settle()
+        self.assertEqual(self.reported(), ["late-enabled/same-second-as-enabling", "unknown-since/p"])
+        same, unknown = (body["message"] for _, body in self.kube.events)
+        self.assertIn("possibly admitted without amp", same)
+        self.assertIn("created in the same second as its namespace was enabled", same)
+        self.assertIn("do not say when it was enabled", unknown)
+        warnings = [e for e in self.logs.at(LogLevel.warn) if e.get("pod")]
+        self.assertEqual([w["verdict"] for w in warnings], ["same-second", "enable-time-unknown"])
+        self.assertIn("possibly created without amp's review", warnings[0]["log_format"])
+        self.assertEqual(self.counted("late-enabled") + self.counted("unknown-since"), 2)
 
     def test_the_namespaces_amp_does_not_act_on_follow_its_configuration(self) -> None:
         self.config = {"protected_namespaces": ("team-b",)}
@@ -294,7 +309,7 @@ class ReportTests(ReporterTestCase):
         # a relist (410), a term that ends and starts again, a replayed event
         reporter.news(Replaced(pods, "20"))
         reporter.end_term()
-        reporter.start_term({})
+        reporter.start_term()
         reporter.news(Changed("ADDED", pods[0], "21"))
         self.settle()
         self.assertEqual(self.reported(), ["team-a/p1", "team-b/p2"])
@@ -320,7 +335,7 @@ class ReportTests(ReporterTestCase):
         reporter = BypassReporter(
             config=kube_config(), namespaces=self.namespaces, clock=self.clock, metrics=self.metrics,
             post_event=self.post, own_namespace="amp-system", identity="amp-0")
-        reporter.start_term({})
+        reporter.start_term()
         reporter.news(Replaced((seen("team-a", "p", -5),), "10"))
         self.settle()
         self.assertEqual(self.reported(), [])
@@ -364,7 +379,7 @@ class ReportTests(ReporterTestCase):
         self.assertEqual(len(self.reported()), 2200)
         self.assertLessEqual(reporter.remembered, 1100)
 
-    def test_events_are_sent_one_at_a_time_and_failures_are_logged(self) -> None:
+    def test_events_are_sent_one_at_a_time_and_a_refused_one_is_logged(self) -> None:
         from kubernetes.client.exceptions import ApiException
 
         pool = PendingPool()
@@ -374,56 +389,165 @@ class ReportTests(ReporterTestCase):
         self.assertEqual(len(pool.posted), 1, "one Event in flight at a time")
         pool.posted[0][2].errback(ApiException(status=403, reason="Forbidden"))
         self.assertEqual(len(pool.posted), 2)
-        pool.posted[1][2].callback(None)
+        pool.posted[1][2].callback(True)
         [failed] = [e for e in self.logs.at(LogLevel.warn) if "error" in e]
         self.assertEqual((failed["pod"], failed["error"]), ("p1", "HTTP 403 Forbidden"))
-        self.assertEqual(self.counted("team-a"), 2, "counted whether or not the Event was created")
+        self.assertEqual(self.counted("team-a"), 2, "reported in the log and the counter without its Event")
+        self.clock.advance(HOUR / 2)
+        self.assertEqual(len(pool.posted), 2, "a refusal is not tried again")
+
+    def test_an_event_that_failed_is_tried_again_and_counted_once(self) -> None:
+        pool = PendingPool()
+        reporter = self.reporter(post_event=pool)
+        reporter.news(Replaced((seen("team-a", "p1", -5), seen("team-a", "p2", -5)), "10"))
+        self.settle()
+        pool.posted[0][2].errback(TimeoutError("timed out"))
+        self.assertEqual((len(pool.posted), self.counted("team-a")), (1, 0))
+        self.clock.advance(RETRY_FIRST)
+        self.assertEqual(len(pool.posted), 2)
+        # the first attempt did reach the API server after all: 409 now
+        pool.posted[1][2].callback(False)
+        self.assertEqual(self.counted("team-a"), 1, "its Event is this replica's")
+        # an answer (503) says it was not created: a 409 later is another replica's Event
+        for attempt in (2, 3):
+            pool.posted[attempt][2].errback(api_error(503))
+            self.clock.advance(RETRY_FIRST)
+        self.assertEqual(len(pool.posted), 4, "the delay doubles after each failure")
+        self.clock.advance(RETRY_FIRST)
+        pool.posted[4][2].callback(False)
+        self.assertEqual(self.counted("team-a"), 1)
+        self.assertEqual([body["involvedObject"]["name"] for _, body, _ in pool.posted],
+                         ["p1", "p1", "p2", "p2", "p2"])
 
     def test_events_waiting_are_bounded(self) -> None:
         pool = PendingPool()
         reporter = self.reporter(post_event=pool)
         reporter.news(Replaced(tuple(seen("team-a", f"p{i}", -5) for i in range(MAX_QUEUED_EVENTS + 3)), "10"))
         self.settle()
-        self.assertEqual(self.counted("team-a"), MAX_QUEUED_EVENTS + 3)
-        self.assertEqual(len(reporter._events), MAX_QUEUED_EVENTS)
+        self.assertEqual(reporter.queued, MAX_QUEUED_EVENTS, "and one in flight")
         self.assertEqual(len([e for e in self.logs.at(LogLevel.warn) if "count" in e]), 2)
+        for _ in range(MAX_QUEUED_EVENTS + 1):
+            pool.posted[-1][2].callback(True)
+        self.assertEqual(self.counted("team-a"), MAX_QUEUED_EVENTS + 1)
+        # the next list judges the others again
+        reporter.news(Replaced(tuple(seen("team-a", f"p{i}", -5) for i in range(MAX_QUEUED_EVENTS + 3)), "11"))
+        for _ in range(2):
+            pool.posted[-1][2].callback(True)
+        self.assertEqual(self.counted("team-a"), MAX_QUEUED_EVENTS + 3)
+
+
+class OrderTests(ReporterTestCase):
+    """A Pod and its namespace's enabling, ordered to the write where the API server allows it."""
+
+    def judge(self, pod: PodSeen, ns: NamespaceInfo, enabled: Optional[Enabled] = None,
+              exact: bool = True) -> Optional[Verdict]:
+        return Judge(kube_config(), "amp-system")(pod, ns, enabled, exact=exact, now=T0)
+
+    def test_the_seconds_decide_when_they_differ(self) -> None:
+        ns = enabled_ns("team-a", since=-30)
+        self.assertEqual(self.judge(seen("team-a", "p", -29), ns), Verdict.BYPASSED)
+        self.assertIsNone(self.judge(seen("team-a", "p", -31), ns))
+        self.assertEqual(self.judge(seen("team-a", "p", -30), ns), Verdict.SAME_SECOND)
+
+    def test_in_the_same_second_the_revisions_decide(self) -> None:
+        ns = enabled_ns("team-a", since=-30)
+        after, before = (PodSeen("team-a", "p", "u", T0 - 30, "", rv) for rv in (101, 99))
+        enabled = Enabled(100, at_creation=False)
+        self.assertEqual(self.judge(after, ns, enabled), Verdict.BYPASSED)
+        self.assertIsNone(self.judge(before, ns, enabled))
+        # a listed Pod's revision is that of its last change: only "before" is certain
+        self.assertIsNone(self.judge(before, ns, enabled, exact=False))
+        self.assertEqual(self.judge(after, ns, enabled, exact=False), Verdict.SAME_SECOND)
+        # the enable time's second is its owner's last write, which may be later
+        self.assertEqual(self.judge(PodSeen("team-a", "p", "u", T0 - 31, "", 101), ns, enabled), Verdict.BYPASSED)
+
+    def test_a_namespace_seen_created_enabled_came_before_all_its_pods(self) -> None:
+        ns = enabled_ns("team-a", since=-30)
+        created = Enabled(100, at_creation=True)
+        for pod in (PodSeen("team-a", "p", "u", T0 - 30, "", 500), PodSeen("team-a", "p", "u", T0 - 30)):
+            self.assertEqual(self.judge(pod, ns, created, exact=False), Verdict.BYPASSED)
+
+    def test_the_namespace_watch_records_what_it_saw_enable(self) -> None:
+        enables = EnableRevisions(kube_config())
+        plain = NamespaceInfo("b", {}, {}, "5")
+        enables.changed("ADDED", None, enabled_ns("a"), "7")
+        enables.changed("ADDED", None, plain, "5")
+        self.assertEqual((enables.get("a"), enables.get("b")), (Enabled(7, True), None))
+        enables.changed("MODIFIED", plain, NamespaceInfo("b", ENABLED, {}, "9"), "9")
+        enables.changed("MODIFIED", NamespaceInfo("b", ENABLED, {}, "9"), NamespaceInfo("b", ENABLED, {"x": "y"}, "10"),
+                        "10")
+        self.assertEqual(enables.get("b"), Enabled(9, False), "a later change is not the enabling")
+        enables.changed("MODIFIED", enabled_ns("a"), NamespaceInfo("a", {}, {}, "11"), "11")
+        self.assertIsNone(enables.get("a"), "disabled")
+        # a relist keeps what did not change unseen
+        enables.changed("ADDED", None, NamespaceInfo("c", ENABLED, {}, "12"), "12")
+        enables.replaced({"b": NamespaceInfo("b", ENABLED, {}, "10"), "c": NamespaceInfo("c", ENABLED, {}, "12")},
+                         {"b": NamespaceInfo("b", ENABLED, {}, "13"), "c": NamespaceInfo("c", ENABLED, {}, "12")})
+        self.assertEqual((enables.get("b"), enables.get("c")), (None, Enabled(12, True)))
+
+    def test_the_reporter_orders_added_pods_by_revision(self) -> None:
+        self.enables["late-enabled"] = Enabled(100, at_creation=False)
+        reporter = self.reporter()
+        reporter.news(Changed("ADDED", PodSeen("late-enabled", "after", "u1", T0 - 30, "", 101), "101"))
+        reporter.news(Changed("ADDED", PodSeen("late-enabled", "before", "u2", T0 - 30, "", 99), "99"))
+        reporter.news(Replaced((PodSeen("late-enabled", "listed", "u3", T0 - 30, "", 102),), "102"))
+        self.settle()
+        messages = {body["involvedObject"]["name"]: body["message"] for _, body in self.kube.events}
+        self.assertEqual(sorted(messages), ["after", "listed"])
+        self.assertIn("possibly", messages["listed"])
+        self.assertNotIn("possibly", messages["after"])
+
+    def test_the_event_name_is_one_per_pod_and_valid(self) -> None:
+        import re
+
+        dns = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+        uid = "3f1c2a9e-6d7b-4f3e-9a51-0c2b8d7e6f10"
+        long = PodSeen("a", "x" * 188 + "-.y" + "z" * 60, uid, T0)
+        odd = PodSeen("a", "web", "Not A Label!", T0)
+        for pod in (long, odd, PodSeen("a", "web-1", uid, T0)):
+            name = event_name(pod)
+            self.assertTrue(dns.match(name) and len(name) <= 253, name)
+        self.assertEqual(event_name(PodSeen("a", "web-1", uid, T0)), f"web-1.amp-bypassed.{uid}")
+        self.assertNotEqual(event_name(PodSeen("a", "web-1", uid.replace("3", "4"), T0)),
+                            event_name(PodSeen("a", "web-1", uid, T0)))
 
 
 class HandOverTests(ReporterTestCase):
+    """The Event is the record: whoever reports next finds it."""
 
-    def test_progress_is_handed_over_through_the_lease(self) -> None:
-        reporter = self.reporter()
-        self.assertEqual(reporter.checked(), {})
-        reporter.news(Replaced((seen("team-a", "p1", -20), seen("plain", "q", -12), seen("team-a", "p2", -10)), "10"))
+    def test_the_next_reporter_reports_none_of_what_the_last_one_did(self) -> None:
+        pods = (seen("team-a", "p1", -20), seen("team-b", "p2", -10))
+        first = self.reporter(identity="amp-0")
+        first.news(Replaced(pods, "10"))
         self.settle()
-        checked = json.loads(reporter.checked()[CHECKED])
-        self.assertEqual(parse_time(checked["through"]), T0 - 10 - MARGIN)
-        self.assertEqual(checked["reported"], ["uid-team-a-p2"])
-        # a Pod seen but not judged yet holds the mark back
-        reporter.news(Changed("ADDED", seen("team-a", "p3", -30), "11"))
-        self.assertEqual(parse_time(json.loads(reporter.checked()[CHECKED])["through"]), T0 - 30 - MARGIN)
+        first.end_term()
+        second = self.reporter(identity="amp-1")
+        second.news(Replaced((*pods, seen("team-a", "p3", -5)), "20"))
+        self.settle()
+        self.assertEqual(self.reported(), ["team-a/p1", "team-b/p2", "team-a/p3"])
+        self.assertEqual([body["reportingInstance"] for _, body in self.kube.events], ["amp-0", "amp-0", "amp-1"])
+        self.assertEqual(self.counted("team-a") + self.counted("team-b"), 3)
 
-    def test_the_next_reporter_skips_what_the_last_one_judged(self) -> None:
-        previous = {CHECKED: json.dumps({"through": format_time(T0 - 10, micro=True),
-                                         "reported": ["uid-team-a-reported-late"]}),
-                    "someone.else/annotation": "kept"}
-        reporter = self.reporter(previous=previous)
-        reporter.news(Replaced((
-            seen("team-a", "judged-before", -11),
-            seen("team-a", "at-the-mark", -10),
-            seen("team-a", "reported-late", -9),
-            seen("team-a", "created-while-no-one-reported", -8),
-        ), "10"))
-        self.settle()
-        self.assertEqual(self.reported(), ["team-a/created-while-no-one-reported"])
-        # the mark never moves back
-        self.assertGreaterEqual(parse_time(json.loads(reporter.checked()[CHECKED])["through"]), T0 - 10)
+    def test_an_event_sent_by_a_reporter_killed_before_the_answer_is_not_sent_twice(self) -> None:
+        pool = PendingPool()
+        killed = self.reporter(post_event=pool, identity="amp-0")
+        killed.news(Replaced((seen("team-a", "p1", -20),), "10"))
+        [(namespace, body, _never_answered)] = pool.posted
+        self.kube.create_event(namespace, body, 1.0)  # it reached the API server
+        survivor = self.reporter(identity="amp-1")
+        survivor.news(Replaced((seen("team-a", "p1", -20),), "20"))
+        self.assertEqual([b["reportingInstance"] for _, b in self.kube.events], ["amp-0"])
+        self.assertEqual(self.counted("team-a"), 0, "the log line and count died with the process")
 
-    def test_an_unreadable_hand_over_falls_back_to_the_horizon(self) -> None:
-        reporter = self.reporter(previous={CHECKED: "{not json"})
-        reporter.news(Replaced((seen("team-a", "p", -100),), "10"))
-        self.settle()
-        self.assertEqual(self.reported(), ["team-a/p"])
+    def test_two_reporters_that_overlap_create_one_event(self) -> None:
+        a, b = PendingPool(), PendingPool()
+        self.reporter(post_event=a, identity="amp-0").news(Replaced((seen("team-a", "p1", -20),), "10"))
+        self.reporter(post_event=b, identity="amp-1").news(Replaced((seen("team-a", "p1", -20),), "10"))
+        for pool in (b, a):
+            [(namespace, body, d)] = pool.posted
+            d.callback(self.kube.create_event(namespace, body, 1.0))
+        self.assertEqual([b["reportingInstance"] for _, b in self.kube.events], ["amp-1"])
+        self.assertEqual(self.counted("team-a"), 1)
 
 
 # ====================================================================== the Lease
@@ -440,12 +564,11 @@ class LeaseTests(SynchronousTestCase):
         self.kube = MemoryKube()
         self.log: list[str] = []
 
-    def elector(self, identity: str, annotations: Optional[dict[str, str]] = None) -> LeaseElector:
+    def elector(self, identity: str) -> LeaseElector:
         elector = LeaseElector(
             client=self.kube, reactor=self.reactor, clock=self.reactor, namespace="amp-system",
             name="amp-bypass-reporter", identity=identity, duration=self.DURATION, request_timeout=2.0,
-            annotations=lambda: dict(annotations or {}),
-            on_elected=lambda previous: self.log.append(f"{identity} elected {dict(previous)}"),
+            on_elected=lambda: self.log.append(f"{identity} elected"),
             on_deposed=lambda: self.log.append(f"{identity} deposed"))
         self.addCleanup(elector.stop)
         return elector
@@ -462,12 +585,12 @@ class LeaseTests(SynchronousTestCase):
         return [e.identity for e in electors if e.leader]
 
     def test_the_first_replica_leads_and_the_other_follows(self) -> None:
-        a, b = self.elector("a", {CHECKED: "progress"}), self.elector("b")
+        a, b = self.elector("a"), self.elector("b")
         a.start()
         b.start()
         self.reactor.pool.run()
         self.assertEqual(self.leaders(a, b), ["a"])
-        self.assertEqual(self.log, ["a elected {}"])
+        self.assertEqual(self.log, ["a elected"])
         lease = self.kube.leases[("amp-system", "amp-bypass-reporter")]
         self.assertEqual((lease["spec"]["holderIdentity"], lease["spec"]["leaseDurationSeconds"]), ("a", 15))
         self.assertEqual(lease["spec"]["acquireTime"], format_time(T0, micro=True))
@@ -476,11 +599,10 @@ class LeaseTests(SynchronousTestCase):
         self.assertEqual(self.leaders(a, b), ["a"])
         lease = self.kube.leases[("amp-system", "amp-bypass-reporter")]
         self.assertGreaterEqual(parse_time(lease["spec"]["renewTime"]), T0 + 60 - self.DURATION / 3)
-        self.assertEqual(lease["metadata"]["annotations"], {CHECKED: "progress"})
-        self.assertEqual(self.log, ["a elected {}"])
+        self.assertEqual(self.log, ["a elected"])
 
     def test_a_silent_leader_is_replaced_within_the_lease_duration_and_never_overlaps(self) -> None:
-        a, b = self.elector("a", {CHECKED: "a got this far"}), self.elector("b")
+        a, b = self.elector("a"), self.elector("b")
         a.start()
         self.step(6)
         b.start()
@@ -496,7 +618,7 @@ class LeaseTests(SynchronousTestCase):
             self.assertLess(self.reactor.seconds(), last_renewal + 2 * self.DURATION, "b never took over")
         self.assertFalse(overlap)
         self.assertLessEqual(self.reactor.seconds() - last_renewal, self.DURATION + b.retry)
-        self.assertEqual(self.log, ["a elected {}", "a deposed", "b elected {'" + CHECKED + "': 'a got this far'}"])
+        self.assertEqual(self.log, ["a elected", "a deposed", "b elected"])
         lease = self.kube.leases[("amp-system", "amp-bypass-reporter")]
         self.assertEqual((lease["spec"]["holderIdentity"], lease["spec"]["leaseTransitions"]), ("b", 1))
 
@@ -506,13 +628,13 @@ class LeaseTests(SynchronousTestCase):
         self.step(1)
         self.kube.lease_error = api_error(503)
         self.step(a.renew_deadline)
-        self.assertEqual(self.log, ["a elected {}", "a deposed"])
+        self.assertEqual(self.log, ["a elected", "a deposed"])
         self.kube.lease_error = None
         self.step(a.retry)
         self.assertTrue(a.leader, "it takes its own Lease back")
 
     def test_stopping_releases_the_lease_to_the_next_replica(self) -> None:
-        a, b = self.elector("a", {CHECKED: "final"}), self.elector("b")
+        a, b = self.elector("a"), self.elector("b")
         a.start()
         self.step(1)
         b.start()
@@ -521,8 +643,6 @@ class LeaseTests(SynchronousTestCase):
         self.reactor.pool.run()
         self.successResultOf(d)
         self.assertIsNone(self.kube.holder())
-        self.assertEqual(self.kube.leases[("amp-system", "amp-bypass-reporter")]["metadata"]["annotations"],
-                         {CHECKED: "final"})
         self.step(b.retry)
         self.assertEqual(self.leaders(a, b), ["b"])
 
@@ -613,8 +733,6 @@ class SourceBypassTests(SynchronousTestCase):
         self.threads.run_all()
         self.successResultOf(d)
         self.assertIsNone(self.kube.holder(), "released, though the watches' sockets were shut down")
-        checked = json.loads(self.kube.leases[("amp-system", "amp-bypass-reporter")]["metadata"]["annotations"][CHECKED])
-        self.assertEqual(checked["reported"], ["uid-team-a-bypassed"])
         self.assertTrue(self.kube.closed and all(fork.closed for fork in self.kube.forks))
 
     def test_a_replica_that_steps_down_stops_its_pod_watch(self) -> None:
@@ -634,6 +752,29 @@ class SourceBypassTests(SynchronousTestCase):
         self.reactor.advance(SETTLE)
         self.assertEqual(self.kube.events, [])
         source.stopService()
+        self.threads.run_all()
+
+    def test_a_namespace_seen_created_enabled_orders_its_pods_to_the_write(self) -> None:
+        source = self.start()
+        keep = Keep(kube_config())
+        enabled_now = [{"manager": "gitops", "operation": "Update", "time": at(0),
+                        "fieldsV1": {"f:metadata": {"f:labels": {"f:amp.txn2.com/enabled": {}}}}}]
+        listed = namespace("listed", rv="9", labels=ENABLED, managedFields=enabled_now)
+        source.watches["namespaces"].emit(Replaced({"listed": keep.namespace(listed)}, "10"))
+        self.reactor.pool.run()
+        created = namespace("created", rv="30", labels=ENABLED, managedFields=enabled_now)
+        source.watches["namespaces"].emit(Changed("ADDED", keep.namespace(created), "30"))
+        # both Pods in the second their namespace was enabled
+        pods = source.watches["pods"]
+        pods.emit(Changed("ADDED", PodSeen("created", "web", "u1", T0, "ReplicaSet", 31), "31"))
+        pods.emit(Changed("ADDED", PodSeen("listed", "web", "u2", T0, "ReplicaSet", 32), "32"))
+        self.reactor.advance(SETTLE)
+        self.reactor.pool.run()
+        messages = {body["involvedObject"]["namespace"]: body["message"] for _, body in self.kube.events}
+        self.assertTrue(messages["created"].startswith("Pod was admitted without amp"), messages["created"])
+        self.assertTrue(messages["listed"].startswith("Pod was possibly admitted without amp"), messages["listed"])
+        source.stopService()
+        self.reactor.pool.run()
         self.threads.run_all()
 
     def test_a_lookup_cancelled_by_the_caller_is_cancelled_not_a_failure(self) -> None:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from tests.test_dockerfile import stages
 
@@ -37,6 +38,7 @@ def _copied_by_the_image(dest: Path) -> list[Path]:
         if (ROOT / source).is_dir():
             shutil.copytree(ROOT / source, dest / target, ignore=shutil.ignore_patterns("__pycache__", "dropin.cache"))
         else:
+            (dest / target).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / source, dest / target)
     return [p for p in dest.rglob("*") if p.is_file()]
 
@@ -66,12 +68,52 @@ def test_the_image_and_the_wheel_contain_no_sample_code(tmp_path: Path) -> None:
     assert not [line for line in runtime if "treq" in line], "treq is a test dependency"
 
 
-def _install_requires() -> list[str]:
-    """The distribution names of setup.py's install_requires."""
+def setup_keyword(name: str) -> Any:
+    """The literal value of setup.py's C{setup(name=...)}."""
     tree = ast.parse((ROOT / "setup.py").read_text())
     [call] = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup"]
-    [requires] = [k.value for k in call.keywords if k.arg == "install_requires"]
-    return [re.split(r"[<>=!~ ;\[]", ast.literal_eval(e), maxsplit=1)[0] for e in requires.elts]
+    [value] = [k.value for k in call.keywords if k.arg == name]
+    return ast.literal_eval(value)
+
+
+def _install_requires() -> list[str]:
+    """The distribution names of setup.py's install_requires."""
+    return [re.split(r"[<>=!~ ;\[]", e, maxsplit=1)[0] for e in setup_keyword("install_requires")]
+
+
+def supported_pythons() -> list[str]:
+    """The Python versions setup.py's classifiers name, oldest first."""
+    prefix = "Programming Language :: Python :: "
+    found = [c[len(prefix):] for c in setup_keyword("classifiers") if c.startswith(prefix)]
+    return sorted((v for v in found if re.fullmatch(r"3\.\d+", v)), key=lambda v: int(v.split(".")[1]))
+
+
+def test_the_declared_pythons_are_the_tested_ones() -> None:
+    """
+    python_requires starts at the oldest version the classifiers name, and
+    `make test-pythons` runs the unit suite on exactly those versions.
+    """
+    pythons = supported_pythons()
+    assert pythons, "setup.py names the supported Python versions in its classifiers"
+    assert setup_keyword("python_requires") == f">={pythons[0]}"
+    make = re.search(r"^PYTHONS := (.*)$", (ROOT / "Makefile").read_text(), re.M)
+    assert make is not None and make.group(1).split() == pythons
+    examples = (ROOT / "examples" / "pyproject.toml").read_text()
+    assert f'requires-python = ">={pythons[0]}"' in examples
+
+
+def test_kubectl_amp_is_the_same_command() -> None:
+    """`kubectl amp ...` finds kubectl-amp on PATH: the same entry point as amp."""
+    scripts = setup_keyword("entry_points")["console_scripts"]
+    assert "kubectl-amp = amp.cli:main" in scripts and "amp = amp.cli:main" in scripts
+    installed = {e.name: e.value for e in importlib.metadata.entry_points(group="console_scripts")
+                 if e.name in ("amp", "kubectl-amp")}
+    assert installed == {"amp": "amp.cli:main", "kubectl-amp": "amp.cli:main"}
+    script = Path(sys.executable).with_name("kubectl-amp")
+    result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
+    from amp import __version__
+
+    assert (result.returncode, result.stdout) == (0, f"amp {__version__}\n")
 
 
 def _third_party_imports() -> dict[str, set[str]]:

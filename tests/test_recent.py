@@ -158,3 +158,12 @@ def test_resource_refuses_an_unknown_format(fmt: str) -> None:
     request = get(RecentDecisionsResource(RecentDecisions(5)), format=fmt)
     assert request.responseCode == 400
     assert "format" in body(request) and fmt in body(request)
+
+
+def test_resource_refuses_an_unknown_parameter_naming_the_known_ones() -> None:
+    """A misspelt filter (namspace=) must not answer with every review."""
+    recent = RecentDecisions(5)
+    recent.record(decision(namespace="team-a"))
+    request = get(RecentDecisionsResource(recent), namspace="x")
+    assert request.responseCode == 400
+    assert body(request) == "'namspace': unknown parameter (did you mean namespace?) (known: format, namespace, pod, uid)\n"

@@ -119,6 +119,19 @@ def test_a_patch_is_redacted_as_its_pod_is() -> None:
     assert Redactor(key=b"j" * 32).marker("hunter2") != marker, "markers depend on the key"
 
 
+def test_a_patch_replacing_containers_the_spec_or_the_whole_pod_holds_no_secret() -> None:
+    redactor = Redactor(key=b"k" * 32)
+    secret_pod = _env_pod()
+    for op in (
+        {"op": "replace", "path": "/spec/initContainers", "value": secret_pod["spec"]["containers"]},
+        {"op": "replace", "path": "/spec/containers/0", "value": secret_pod["spec"]["containers"][0]},
+        {"op": "replace", "path": "/spec", "value": secret_pod["spec"]},
+        {"op": "replace", "path": "/metadata", "value": {"name": "web", "annotations": {"note": "hunter2"}}},
+        {"op": "replace", "path": "", "value": dict(secret_pod, metadata={"annotations": {"note": "hunter2"}})},
+    ):
+        assert "hunter2" not in json.dumps(redactor.patch([op])), op["path"]
+
+
 # ---------------------------------------------------------------- lines
 
 
@@ -337,3 +350,114 @@ def test_the_record_section_is_checked() -> None:
         make_config(record={"sample": 0})
     with pytest.raises(ConfigError, match="record.namespaces"):
         make_config(record={"namespaces": []})
+
+
+# ---------------------------------------------------------------- files shared and failing
+
+
+def test_a_write_cut_short_by_a_full_disk_leaves_no_partial_line(tmp_path: Any, monkeypatch: Any) -> None:
+    import amp.record._files as files_module
+
+    files = RecordFiles(str(tmp_path / "rec"), file_bytes=1000, total_bytes=10000)
+    files.write(b'{"n":1}\n')
+    real_write = os.write
+    calls = []
+
+    def full_disk(fd: int, data: Any) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[:3]))  # part of the line fits
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files_module.os, "write", full_disk)
+    with pytest.raises(OSError):
+        files.write(b'{"n":2}\n')
+    monkeypatch.undo()
+    files.write(b'{"n":3}\n')
+    files.close()
+    assert [json.loads(line) for line in lines(tmp_path)] == [{"n": 1}, {"n": 3}]
+
+
+def test_two_writers_sharing_a_directory_lose_no_line_to_the_budget(tmp_path: Any) -> None:
+    # Two workers of one pod record into one directory; one's rotation
+    # removes the other's current file (the oldest) to keep the budget.
+    a = RecordFiles(str(tmp_path / "rec"), file_bytes=40, total_bytes=80, now=lambda: 0.0, pid=1)
+    b = RecordFiles(str(tmp_path / "rec"), file_bytes=40, total_bytes=80, now=lambda: 1.0, pid=2)
+    a.write(b'{"a":1}\n')
+    for i in range(1, 12):
+        b.write(b'{"b":%d}\n' % i)
+    a.write(b'{"a":2}\n')
+    a.close()
+    b.close()
+    found = [json.loads(line) for line in lines(tmp_path)]
+    assert {"a": 2} in found
+    assert sum(os.path.getsize(n) for n in recording_files(str(tmp_path / "rec"))) <= 80
+
+
+def test_a_writer_started_again_in_the_same_second_never_shares_a_file(tmp_path: Any) -> None:
+    # A reload starts a new writer while the old one finishes its queue.
+    old = RecordFiles(str(tmp_path / "rec"), file_bytes=1000, total_bytes=10000, now=lambda: 0.0, pid=7)
+    new = RecordFiles(str(tmp_path / "rec"), file_bytes=1000, total_bytes=10000, now=lambda: 0.0, pid=7)
+    old.write(b'{"old":1}\n')
+    new.write(b'{"new":1}\n')
+    old.close()
+    new.close()
+    assert len(recording_files(str(tmp_path / "rec"))) == 2
+
+
+def test_a_name_taken_by_a_planted_link_is_not_written_through(tmp_path: Any) -> None:
+    directory = tmp_path / "rec"
+    directory.mkdir()
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")
+    files = RecordFiles(str(directory), file_bytes=1000, total_bytes=10000, now=lambda: 0.0, pid=7)
+    for n in range(1, 100):
+        os.symlink(target, directory / f"amp-reviews-19700101T000000-7-{n:06d}.jsonl")
+    files.write(b'{"n":1}\n')
+    files.close()
+    assert target.read_bytes() == b""
+
+
+def test_an_existing_directory_of_amps_own_is_made_private(tmp_path: Any) -> None:
+    directory = tmp_path / "rec"
+    directory.mkdir()
+    os.chmod(directory, 0o777)
+    files = RecordFiles(str(directory), file_bytes=1000, total_bytes=10000)
+    files.write(b'{"n":1}\n')
+    files.close()
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+
+
+def test_a_review_the_writer_cannot_encode_is_counted_and_the_writer_goes_on(tmp_path: Any) -> None:
+    reactor, metrics = ThreadReactor(), Metrics()
+    recorder = Recorder(settings(tmp_path, redact=True), reactor, metrics)
+    recorder.startService()
+    c = _capture()
+    recorder.offer(c.time, "odd", "team-a", {}, {}, c.endpoints, c.failure_policy, c.mode, b"[]", c.answer_body,
+                   c.result, c.reason)
+    offer(recorder)
+    finish(recorder, reactor)
+    text = metrics.render()
+    assert sample(text, "amp_recorded_reviews_total", result="failed") == 1
+    assert sample(text, "amp_recorded_reviews_total", result="written") == 1 == len(lines(tmp_path))
+
+
+def test_the_queue_holds_a_bounded_number_of_bytes(tmp_path: Any, monkeypatch: Any) -> None:
+    reactor, metrics = ThreadReactor(), Metrics()
+    file_size = 2 * 1024 * 1024
+    recorder = Recorder(settings(tmp_path, queue=1000, file_size=file_size), reactor, metrics)
+    monkeypatch.setattr(_Writer, "start", lambda self: None)  # a stalled disk
+    recorder.startService()
+    big = review_bytes(pod("big", annotations={"note": "x" * (512 * 1024)}))
+    c = _capture()
+    for i in range(40):
+        recorder.offer(c.time, f"u{i}", "team-a", {}, {}, c.endpoints, c.failure_policy, c.mode, big,
+                       c.answer_body, c.result, c.reason)
+    held = 4 * file_size // (len(big) + len(c.answer_body))
+    assert recorder._writer is not None and recorder._writer.queue.qsize() == held
+    monkeypatch.undo()
+    recorder._writer.start()
+    finish(recorder, reactor)
+    text = metrics.render()
+    assert sample(text, "amp_recorded_reviews_total", result="written") == held == len(lines(tmp_path))
+    assert sample(text, "amp_recorded_reviews_total", result="dropped") == 40 - held

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import queue
 import shutil
 import signal
 import tempfile
@@ -34,6 +35,7 @@ from amp.config import Config, config_digest, for_reload, load_config, parse_con
 from amp.logs import ConfigurableObserver
 from amp.metrics import Metrics
 from amp.namespaces import NamespaceInfo
+from amp.record import recording_files
 from amp.reload import ConfigFile, ConfigReloadService, SighupService
 from amp.service import AmpService, namespace_source, serving_certificate
 from tests.prometheus import Scrape
@@ -54,6 +56,23 @@ class _FromThread:
 
     def callFromThread(self, f: Callable[..., Any], *args: Any) -> None:
         self.calls.append((f, args))
+
+
+class _ThreadedClock:
+    """C{callFromThread} added to a running L{MemoryReactorClock}: calls queued, run by the test."""
+
+    @staticmethod
+    def adopt(clock: MemoryReactorClock) -> MemoryReactorClock:
+        calls: "queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]]" = queue.SimpleQueue()
+
+        def run_calls() -> None:
+            while not calls.empty():
+                f, args = calls.get()
+                f(*args)
+
+        clock.callFromThread = lambda f, *args: calls.put((f, args))  # type: ignore[attr-defined]
+        clock.run_calls = run_calls  # type: ignore[attr-defined]
+        return clock
 
 
 class ConfigMapVolume:
@@ -418,6 +437,28 @@ class ApplyTests(SynchronousTestCase):
         log.debug("after {n}", n=2)
         line = json.loads(self.out.getvalue().splitlines()[-1])
         self.assertEqual((line["message"], line["level"], line["n"]), ("after 2", "debug", 2))
+
+    def test_recording_is_turned_on_and_off_by_a_reload(self) -> None:
+        service = self.start()
+        _ThreadedClock.adopt(self.clock)
+        directory = self.dir / "recordings"
+        self.assertEqual(self.answer(self.review(service, "off-1"))["uid"], "off-1")
+        self.change(service, self.yaml(record={"enabled": True, "directory": str(directory)}))
+        writer = service.recorder._writer
+        self.assertIsNotNone(writer)
+        self.assertEqual(self.answer(self.review(service, "on"))["uid"], "on")
+        self.change(service, self.yaml(record={"enabled": False, "directory": str(directory)}))
+        self.assertIsNone(service.recorder._writer)
+        self.assertEqual(self.answer(self.review(service, "off-2"))["uid"], "off-2")
+        writer._thread.join(30)
+        self.clock.run_calls()
+        uids = []
+        for name in recording_files(str(directory)):
+            with open(name, "rb") as f:
+                uids.extend(json.loads(line)["uid"] for line in f)
+        self.assertEqual(uids, ["on"])
+        self.assertEqual(self.metrics.registry.get_sample_value("amp_recorded_reviews_total", {"result": "written"}),
+                         1)
 
 
 # ---------------------------------------------------------------- a real process

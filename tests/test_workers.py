@@ -152,13 +152,15 @@ def shared(tmp_path: Path) -> Iterator[tuple[int, list[str]]]:
 def test_a_worker_never_supervises_and_serves_metrics_on_its_own_port(
         tmp_path: Path, shared: tuple[int, list[str]]) -> None:
     webhook, inherited = shared
-    path = _config_file(tmp_path, workers=2, listen={"port": webhook}, metrics={"port": 19090})
+    # Free ports: start-up checks that this worker's metrics port can be listened on.
+    _, metrics = free_ports()
+    path = _config_file(tmp_path, workers=2, listen={"port": webhook}, metrics={"port": metrics})
     fake = _SpawningReactor()
     service = makeService(_options(path, "--worker", "1", *inherited), reactor=fake)
     assert _monitors(service) == []
     assert [s for s in service if isinstance(s, ParentWatch)]
     service.metrics_listener.privilegedStartService()
-    assert [(p[0], p[3]) for p in fake.tcpServers] == [(19091, "0.0.0.0")]
+    assert [(p[0], p[3]) for p in fake.tcpServers] == [(metrics + 1, "0.0.0.0")]
 
 
 def test_a_worker_takes_the_shared_socket_over_and_never_binds(tmp_path: Path, shared: tuple[int, list[str]]) -> None:
@@ -201,7 +203,9 @@ def test_a_worker_given_the_wrong_descriptors_stops_with_one_line(tmp_path: Path
 
 
 def test_one_worker_is_todays_amp(tmp_path: Path) -> None:
-    path = _config_file(tmp_path, listen={"port": 18443}, metrics={"port": 19090})
+    # Free ports: start-up checks that they can be listened on.
+    webhook, metrics = free_ports()
+    path = _config_file(tmp_path, listen={"port": webhook}, metrics={"port": metrics})
     fake = _SpawningReactor()
     service = makeService(_options(path), reactor=fake)
     assert _monitors(service) == []
@@ -209,7 +213,7 @@ def test_one_worker_is_todays_amp(tmp_path: Path) -> None:
     service.webhook.privilegedStartService()
     service.metrics_listener.privilegedStartService()
     # An ordinary TCP listen: no shared socket, no load table.
-    assert [(p[0], p[3]) for p in fake.tcpServers] == [(18443, "127.0.0.1"), (19090, "0.0.0.0")]
+    assert [(p[0], p[3]) for p in fake.tcpServers] == [(webhook, "127.0.0.1"), (metrics, "0.0.0.0")]
     assert fake.adoptedPorts == [] and fake.readers == set()
     assert service.webhook_server.on_connections is None
 

@@ -7,10 +7,11 @@ files it names read with a size cap, and usage errors as one line
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass, field
 from typing import IO, Any, Mapping, Optional, Sequence
 
-from amp.cli.workloads import InputError, PodInput, load_documents, pod_for, select_object
+from amp.cli.workloads import InputError, PodInput, load_documents, names_namespace, pod_for, select_object
 from amp.config import Config, ConfigError, load_config
 from amp.reasons import NamespaceSource
 
@@ -125,7 +126,8 @@ def command_line_parser(out: IO[str]) -> _Parser:
                    help="use this recorded endpoint reply (a JSON array of operations or the reply object) "
                         "instead of calling the endpoint")
     p.add_argument("--twice", action="store_true",
-                   help="review the admitted Pod again and report whether that changes it (idempotency)")
+                   help="review the admitted Pod again, as the API server does when it reinvokes amp, and "
+                        "report whether that changes it (idempotency); the status stamp tells both reviews")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
     return p
 
@@ -181,6 +183,8 @@ def parse_command_line(argv: Sequence[str], stdin: Any, stdout: IO[str]) -> tupl
     try:
         obj = select_object(load_documents(data, name), name)
         pod_input = pod_for(obj, args.namespace)
+        if args.namespace is None and not names_namespace(obj):
+            pod_input = dataclasses.replace(pod_input, defaulted_namespace=True)
     except InputError as e:
         raise UsageError(str(e)) from None
     if args.config is not None:

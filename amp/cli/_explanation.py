@@ -68,6 +68,9 @@ class Explanation:
     #: The file of the recorded reply the endpoint calls were answered
     #: with, if they were.
     recorded: Optional[str] = None
+    #: What the reader should know about the input: the namespace amp
+    #: fell back to, the Pod's labels and annotations amp does not read.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def exit_status(self) -> int:

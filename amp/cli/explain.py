@@ -54,6 +54,7 @@ from amp.cli.workloads import PodInput, without_stamps
 from amp.config import KubernetesConfig
 from amp.deadline import Deadline, review_budget
 from amp.endpoint import EndpointClient
+from amp.hints import AmpKeys
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.patch import PatchError, check_patch
@@ -69,7 +70,7 @@ __all__ = [
 ]
 
 #: Annotations amp stamps on the Pods it reviews (left out when --twice
-#: compares two rounds: amp rewrites them on every review).
+#: compares two rounds: they are amp's, not the endpoint's).
 STAMP_ANNOTATIONS = frozenset(rules.STAMP_ANNOTATIONS)
 
 
@@ -88,9 +89,10 @@ class ExplainedNamespace(Service):
 
     def __init__(
         self, inner: INamespaceSource, name: str, labels: Mapping[str, str], annotations: Mapping[str, str],
-        where: str, cluster_policy: Optional[str] = None,
+        where: str, cluster_policy: Optional[str] = None, keys: Optional[AmpKeys] = None,
     ) -> None:
         self._inner = inner
+        self._keys = keys
         self._name = name
         self._labels = dict(labels)
         self._annotations = dict(annotations)
@@ -143,7 +145,8 @@ class ExplainedNamespace(Service):
             name=self._name, found=answer is not None, source=where,
             labels=dict(answer.labels) if answer is not None else {},
             annotations=dict(answer.annotations) if answer is not None else {},
-            set_by_command_line=set_by))
+            set_by_command_line=set_by,
+            near_misses=self._keys.namespace_hints(answer) if answer is not None and self._keys else []))
         return answer
 
 
@@ -340,7 +343,11 @@ def explain(
     else:
         inner = StaticNamespaceSource(KubernetesConfig())
         where = "the command line"
-    source = ExplainedNamespace(inner, namespace, options.labels, options.annotations, where, cluster_policy)
+    keys = AmpKeys(config.kubernetes)
+    source = ExplainedNamespace(inner, namespace, options.labels, options.annotations, where, cluster_policy, keys)
+    notes = keys.pod_hints(pod_input.pod)
+    if pod_input.defaulted_namespace:
+        notes.insert(0, f"no --namespace and {pod_input.source} names none: explained in namespace default")
     endpoint_client = EndpointClient(reactor, metrics, BreakerRegistry(reactor), agent=agent)
     admitter = Admitter(config, source, endpoint_client, reactor, metrics)
     deadline = config.deadline
@@ -351,7 +358,7 @@ def explain(
     try:
         first = yield _review(admitter, reactor, source, log, pod_input.pod, namespace, budget)
         result = Explanation(pod_input, first, namespace_source=where, cluster_policy=policy_note,
-                             twice=options.twice, recorded=recorded)
+                             twice=options.twice, recorded=recorded, notes=notes)
         if options.twice and first.pod is not None and first.result in (Result.PATCHED, Result.ALLOWED):
             second = yield _review(admitter, reactor, source, log, first.pod, namespace, budget)
             result.second = second

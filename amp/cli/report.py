@@ -66,6 +66,8 @@ def render_json(x: "Explanation") -> str:
     }
     if x.cluster_policy:
         doc["cluster_failure_policy_source"] = x.cluster_policy
+    if x.notes:
+        doc["notes"] = x.notes
     if x.twice:
         doc["idempotent"] = x.idempotent
     if x.second is not None:
@@ -109,7 +111,7 @@ def _event_lines(e: Event, recorded: Optional[str]) -> list[tuple[str, str]]:
                    ("", f"annotations: {_pairs(e.annotations)}")]
             if e.set_by_command_line:
                 out.append(("", "set by the command line: " + ", ".join(e.set_by_command_line)))
-            return out
+            return out + [("", hint) for hint in e.near_misses]
         case RouteDecided():
             return _route_lines(e)
         case AllowChecked(reason="bad-url"):
@@ -160,7 +162,8 @@ def _event_lines(e: Event, recorded: Optional[str]) -> list[tuple[str, str]]:
                 text += f" ({e.reason})"
             return [("answer", text)] + ([("", str(fields["message"]))] if fields["message"] else [])
         case Stamped():
-            return [("stamp", f"{e.key}: {e.value}")]
+            kept = "" if e.written else " (the Pod has it already: not written again)"
+            return [("stamp", f"{e.key}: {e.value}{kept}")]
     return [(str(e.step), json.dumps(e.fields(), ensure_ascii=False))]
 
 
@@ -228,6 +231,7 @@ def render_text(x: "Explanation") -> str:
     lines = [f"Pod {name}{origin} in namespace {x.input.namespace}"]
     if x.cluster_policy:
         lines.append(f"failure_policy auto follows {x.cluster_policy}")
+    lines += [f"note: {note}" for note in x.notes]
     lines.append("")
     lines.extend(_round_text(first, x.recorded))
     lines.append("")

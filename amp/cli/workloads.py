@@ -75,6 +75,8 @@ class PodInput:
     pod: dict[str, Any]
     namespace: str
     source: str
+    #: Neither C{--namespace} nor the input named a namespace: C{default}.
+    defaulted_namespace: bool = False
 
 
 # ---------------------------------------------------------------- reading
@@ -149,7 +151,8 @@ def select_object(docs: list[Any], name: str) -> dict[str, Any]:
     if found:
         names = ", ".join(_describe(d) for d in found)
         raise InputError(f"{name} holds {len(found)} objects amp could review ({names}); give it one")
-    kinds = sorted({str(d.get("kind")) if isinstance(d, dict) else type(d).__name__ for d in docs})
+    kinds = sorted({(f"kind {d['kind']}" if d.get("kind") is not None else "a mapping without kind")
+                    if isinstance(d, dict) else type(d).__name__ for d in docs})
     raise InputError(f"{name} holds no Pod, workload ({', '.join(WORKLOAD_KINDS)}) or AdmissionReview; "
                      f"found {', '.join(kinds)}")
 
@@ -243,6 +246,15 @@ def pod_for(obj: dict[str, Any], namespace: Optional[str], now: Optional[float] 
         _daemon_tolerations(pod["spec"])
         _owner(pmeta, "apps/v1", "DaemonSet", name, ns)
     return PodInput(pod, ns, source)
+
+
+def names_namespace(obj: dict[str, Any]) -> bool:
+    """Whether C{obj} (a Pod, a workload or an AdmissionReview) says which namespace it is in."""
+    if obj.get("kind") == "AdmissionReview":
+        request = obj.get("request")
+        return isinstance(request, dict) and bool(request.get("namespace"))
+    meta = obj.get("metadata")
+    return isinstance(meta, dict) and bool(meta.get("namespace"))
 
 
 def _from_review(review: dict[str, Any], namespace: Optional[str]) -> PodInput:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 from amp.config._values import Kind
 
-__all__ = ["Key", "Restart", "declare", "declared_keys", "parsers", "section"]
+__all__ = ["Key", "Restart", "declare", "declared_keys", "declared_kinds", "parsers", "section"]
 
 _KEY = "amp.config.key"
 _SECTION = "amp.config.section"
@@ -118,3 +118,11 @@ def parsers(cls: type) -> dict[str, Callable[[Any], Any]]:
     """
     return {f.name: f.metadata[_KEY].kind.parse for f in dataclasses.fields(cls)
             if _KEY in f.metadata and f.metadata[_KEY].kind.parse is not None}
+
+
+def declared_kinds(cls: type) -> dict[str, Kind]:
+    """
+    The kind of every key section C{cls} itself declares (not those of
+    its sections), by name, in declaration order.
+    """
+    return {f.name: f.metadata[_KEY].kind for f in dataclasses.fields(cls) if _KEY in f.metadata}

@@ -22,6 +22,7 @@ from amp.config._sections import (
     KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig, StaticNamespace, TLSConfig,
 )
 from amp.config._values import MAPPING
+from amp.hints import did_you_mean
 from amp.reasons import NamespaceSource
 from amp.urls import URLPattern
 
@@ -59,8 +60,9 @@ def _section(cls: type, raw: Any, key: str, base: Any = None, extra: tuple[str, 
         if name in extra:
             continue
         if name not in readers or name in exclude:
-            known = ", ".join(sorted([n for n in readers if n not in exclude] + list(extra)))
-            raise ConfigError(f"{key}.{_keyname(name)}: unknown key (known keys: {known})")
+            known = sorted([n for n in readers if n not in exclude] + list(extra))
+            raise ConfigError(f"{key}.{_keyname(name)}: unknown key{did_you_mean(str(name), known)} "
+                              f"(known keys: {', '.join(known)})")
         try:
             values[name] = readers[name](value)
         except ValueError as e:
@@ -145,7 +147,9 @@ def _kubernetes(raw: Any) -> KubernetesConfig:
             raise ConfigError(f"{nkey}: expected a mapping with labels and annotations")
         unknown = set(spec) - {"labels", "annotations"}
         if unknown:
-            raise ConfigError(f"{nkey}.{sorted(unknown)[0]}: unknown key (known keys: annotations, labels)")
+            first = str(sorted(unknown, key=str)[0])
+            raise ConfigError(f"{nkey}.{first}: unknown key{did_you_mean(first, ('annotations', 'labels'))} "
+                              "(known keys: annotations, labels)")
         try:
             labels = MAPPING.parse(spec.get("labels"))
         except ValueError as e:
@@ -222,8 +226,9 @@ def parse_config(raw: Any) -> Config:
             except ValueError as e:
                 raise ConfigError(f"{key}: {e}") from None
         else:
-            known = ", ".join(sorted(list(sections) + list(scalars)))
-            raise ConfigError(f"{_keyname(name)}: unknown key (known keys: {known})")
+            known = sorted(list(sections) + list(scalars))
+            raise ConfigError(f"{_keyname(name)}: unknown key{did_you_mean(str(name), known)} "
+                              f"(known keys: {', '.join(known)})")
     config = Config(**values)
     if config.kubernetes.source != NamespaceSource.STATIC and config.kubernetes.namespaces:
         raise ConfigError("kubernetes.namespaces: only used with kubernetes.source: static")

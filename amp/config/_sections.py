@@ -97,9 +97,11 @@ class BypassConfig:
         "Lease, `amp_bypassed_pods_total`, a warning log line and an `AmpBypassed` Event per Pod. Needs the "
         "namespace watch (not `per_review_get`), `source: cluster` or `kubeconfig`, and the status stamp on "
         "(`annotate_status: true`). Restart-only."))
-    horizon: float = declare(POSITIVE_DURATION, 3600.0, restart=Restart.KUBERNETES, doc=(
+    horizon: float = declare(POSITIVE_DURATION, 3000.0, restart=Restart.KUBERNETES, doc=(
         "Only Pods created within this long before they are judged are reported: a restart reports what was created"
-        " while amp was down, an upgrade or a namespace enabled long after its Pods does not flood Events."))
+        " while amp was down, an upgrade or a namespace enabled long after its Pods does not flood Events. Keep it "
+        "below the API server's `--event-ttl` (1 h unless set): the `AmpBypassed` Event is the record that a Pod "
+        "was reported, and a Pod whose Event expired would be reported again."))
     lease_name: str = declare(STR, "amp-bypass-reporter", restart=Restart.KUBERNETES, doc=(
         "The `coordination.k8s.io/v1` Lease that picks the one reporting replica; `deploy/base/role.yaml` grants it"
         " by this name."))
@@ -345,8 +347,9 @@ class RecordConfig:
     enabled: bool = declare(BOOL, False, doc=(
         "Write the reviews of the chosen namespaces to `record.directory`, one JSON line per review."))
     directory: str = declare(STR, "/var/lib/amp/recordings", doc=(
-        "Where the files go (`amp-reviews-<time>-<pid>-<n>.jsonl`); created `0700` if missing. Replicas and workers"
-        " may share it."))
+        "Where the files go (`amp-reviews-<time>-<pid>-<n>.jsonl`); created `0700` if missing, made `0700` if it is"
+        " amp's own and looser. Replicas and workers may share it (each may then hold one file over the budget "
+        "while it writes)."))
     namespaces: tuple[str, ...] = declare(STR_LIST, ("*",), doc=(
         "`[\"*\"]`: every namespace amp reviews; `[\"annotated\"]`: those annotated "
         "`amp.txn2.com/record: \"true\"`; else"
@@ -360,7 +363,8 @@ class RecordConfig:
         "A file is rotated before it grows past this; at most `record.max_size`. A review larger than this is not "
         "recorded (counted as `failed`)."))
     queue: int = declare(POSITIVE_INT, 1024, doc=(
-        "Reviews waiting for the writer thread at most; more are counted as `dropped`, never waited for."))
+        "Reviews waiting for the writer thread at most (and at most four `record.file_size`s of their bytes); more "
+        "are counted as `dropped`, never waited for."))
     redact: bool = declare(BOOL, False, doc=(
         "Replace env var values and annotation values (but amp's own) by stable markers `amp-redacted:<hmac>`: the "
         "same value gives the same marker in the review and in the patch."))
@@ -381,9 +385,10 @@ class Config:
     annotate_status: bool = declare(BOOL, True, doc=(
         "amp stamps every Pod it reviews on `/mutate` in an enabled namespace (not in shadow mode) with the "
         "annotation `amp.txn2.com/status`: `mutated <endpoint>`, `unchanged <endpoint>` or `skipped <reason> "
-        "<endpoint>` ([endpoints.md](endpoints.md#the-status-stamp)), in the same patch, and removes the "
-        "`amp.txn2.com/skipped` annotation of earlier versions. `false`: amp adds, changes and removes no "
-        "annotation. The old name `annotate_skipped` is still read as this key."))
+        "<endpoint>`, per endpoint across the rounds of one admission "
+        "([endpoints.md](endpoints.md#the-status-stamp)), in the same patch, and removes the `amp.txn2.com/skipped`"
+        " annotation of earlier versions. `false`: amp adds, changes and removes no annotation. The old name "
+        "`annotate_skipped` is still read as this key."))
     ephemeral_containers: bool = declare(BOOL, False, doc=(
         "`true`: amp also reviews `pods/ephemeralcontainers` updates (`kubectl debug`) in enabled namespaces; the "
         "webhook configuration needs the matching rule too (the chart's `webhook.ephemeralContainers`). The "

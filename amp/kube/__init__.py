@@ -12,9 +12,12 @@ thread:
   - the crossing: L{amp.kube._events} (typed, immutable news) and
     L{amp.kube._bridge} (the one C{reactor.callFromThread});
   - reactor side: L{amp.kube._source} (the cache, the service, cache misses
-    through the reactor's thread pool);
+    through the reactor's thread pool), and the bypassed-Pod report:
+    L{amp.kube._report} (its terms), L{amp.kube._lease} (the Lease that
+    picks the reporting replica), L{amp.kube._bypass} (the reporter);
   - pure: L{amp.kube._keep} (what is kept of each object, parsed in the
-    threads).
+    threads) and L{amp.kube._verdict} (whether a Pod bypassed amp, and the
+    Event that records it).
 
 Only the reactor thread reads or writes the cache.  Only what amp reads is
 kept: the enable label, amp's annotations and the resourceVersion, never

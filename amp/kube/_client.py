@@ -327,13 +327,15 @@ class KubeClient:
                 return None
             raise
 
-    def create_event(self, namespace: str, body: dict[str, Any], timeout: float) -> None:
-        """Create a core/v1 Event; one that exists already (409) counts as created."""
+    def create_event(self, namespace: str, body: dict[str, Any], timeout: float) -> bool:
+        """Create a core/v1 Event: True, or False when one of that name exists already (409)."""
         try:
             self.request("POST", f"/api/v1/namespaces/{_segment(namespace)}/events", body=body, timeout=timeout)
         except ApiException as e:
             if e.status != 409:
                 raise
+            return False
+        return True
 
     def _leases(self, namespace: str) -> str:
         return f"/apis/coordination.k8s.io/v1/namespaces/{_segment(namespace)}/leases"

@@ -6,7 +6,7 @@ Every object the API server sends is cut down here, in the thread that read
 it, to the few fields amp uses: the enable label, amp's annotations and the
 time the label was set of a Namespace; the failurePolicy of amp's own
 webhook; name, uid, creation time and controller of a Pod that carries no
-status stamp.  Nothing else is kept.
+status stamp, and its resourceVersion.  Nothing else is kept.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from amp.config import KubernetesConfig
+from amp.hints import AmpKeys
 from amp.namespaces import NamespaceInfo
 from amp.reasons import FailurePolicy
-from amp.rules import NAMESPACE_FEATURE_ANNOTATIONS, labels_opt_out, stamps
+from amp.rules import labels_opt_out, stamps
 
 _EMPTY: Mapping[str, str] = types.MappingProxyType({})
 
@@ -72,9 +73,8 @@ class Keep:
     def __init__(self, config: KubernetesConfig) -> None:
         self.label = config.enabled_label
         self.enabled_value = config.enabled_value
-        self.annotations = tuple(dict.fromkeys((
-            *config.endpoint_annotations, config.validation_annotation,
-            config.failure_policy_annotation, config.mode_annotation, *NAMESPACE_FEATURE_ANNOTATIONS)))
+        self.keys = AmpKeys(config)
+        self.annotations = self.keys.namespace_annotations
 
     def namespace(self, obj: Mapping[str, Any]) -> NamespaceInfo:
         meta = obj.get("metadata") or {}
@@ -89,8 +89,10 @@ class Keep:
                 if isinstance(v, str):
                     kept[key] = v
         since = label_set_at(meta, self.label) if value == self.enabled_value else None
+        hints = self.keys.near_misses(labels, annotations) if isinstance(labels, dict) and isinstance(
+            annotations, dict) else ()
         return NamespaceInfo(str(meta.get("name", "")), kept_labels, kept or _EMPTY,
-                             str(meta.get("resourceVersion", "")), since)
+                             str(meta.get("resourceVersion", "")), since, hints)
 
     def namespaces(self, items: Iterable[NamespaceInfo]) -> dict[str, NamespaceInfo]:
         """A list's namespaces by name (the collector of the namespace watch)."""
@@ -146,6 +148,9 @@ class PodSeen:
     @ivar created: its creationTimestamp, in seconds since the epoch.
     @ivar controller: the kind of its controlling owner (C{ReplicaSet},
         C{Job}, ...), or empty.
+    @ivar revision: its resourceVersion as a number (None if it is not
+        one): the revision of its creation in an C{ADDED} event, of a later
+        change in a list.
     """
 
     namespace: str
@@ -153,6 +158,7 @@ class PodSeen:
     uid: str
     created: float
     controller: str = ""
+    revision: Optional[int] = None
 
 
 class PodKeep:
@@ -180,5 +186,6 @@ class PodKeep:
             return None
         controller = next((str(o.get("kind") or "") for o in meta.get("ownerReferences") or ()
                            if o.get("controller")), "")
+        rv = meta.get("resourceVersion")
         return PodSeen(str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")),
-                       created, controller)
+                       created, controller, int(rv) if isinstance(rv, str) and rv.isdigit() else None)

@@ -6,8 +6,7 @@ runs in the reactor's thread pool).
 L{LeaseElector} reads the Lease every third of its duration and:
 
   - creates it when there is none (the first replica to do so leads);
-  - renews it while it holds it (the renewal carries the annotations the
-    leader's work wants to hand on, e.g. how far the bypass report got);
+  - renews it while it holds it;
   - takes it over when its holder has not renewed it for a whole lease
     duration, measured on this replica's own clock from the moment it saw
     the Lease last change (as client-go's leader election does, so clocks
@@ -24,7 +23,7 @@ after the lease duration.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -46,10 +45,7 @@ class LeaseElector:
     @param duration: the lease duration, in seconds.
     @param request_timeout: the bound on each API call (at most a third of
         C{duration} is used).
-    @param annotations: what the leader writes into the Lease's annotations
-        with each renewal.
-    @param on_elected: called with the Lease's annotations as the previous
-        holder left them, when this replica becomes the leader.
+    @param on_elected: called when this replica becomes the leader.
     @param on_deposed: called when it stops being the leader.
     """
 
@@ -66,8 +62,7 @@ class LeaseElector:
         identity: str,
         duration: float,
         request_timeout: float,
-        annotations: Callable[[], Mapping[str, str]],
-        on_elected: Callable[[Mapping[str, str]], None],
+        on_elected: Callable[[], None],
         on_deposed: Callable[[], None],
     ) -> None:
         self._client = client
@@ -80,7 +75,6 @@ class LeaseElector:
         self.retry = duration / 3
         self.renew_deadline = duration * 2 / 3
         self._timeout = min(request_timeout, self.retry)
-        self._annotations = annotations
         self._on_elected = on_elected
         self._on_deposed = on_deposed
         self.leader = False
@@ -110,12 +104,11 @@ class LeaseElector:
         self._tick_call = self._deadline_call = None
         if not self.leader:
             return succeed(None)
-        annotations = dict(self._annotations())
         self._depose("amp is stopping")
         lease = self._lease
         if lease is None:
             return succeed(None)
-        body = self._body(lease, self._clock.seconds(), holder=None, annotations=annotations)
+        body = self._body(lease, self._clock.seconds(), holder=None)
         body["spec"]["leaseDurationSeconds"] = 1
         d = self._in_pool(self._client.replace_lease, self.namespace, self.name, body, self._timeout)
 
@@ -151,35 +144,32 @@ class LeaseElector:
             return None
         now = self._clock.seconds()
         if lease is None:
-            body = self._body(None, now, holder=self.identity, acquired=True, annotations={})
+            body = self._body(None, now, holder=self.identity, acquired=True)
             d = self._in_pool(self._client.create_lease, self.namespace, body, self._timeout)
-            return d.addCallbacks(self._won, self._lost, callbackArgs=({},))
+            return d.addCallbacks(self._won, self._lost)
         meta = lease.get("metadata") or {}
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
         seen = (holder, spec.get("renewTime"), meta.get("resourceVersion"))
         if seen != self._observed:
             self._observed, self._observed_at = seen, now
-        annotations = dict(meta.get("annotations") or {})
         if holder == self.identity and self.leader:
-            body = self._body(lease, now, holder=self.identity, annotations={**annotations, **self._annotations()})
+            body = self._body(lease, now, holder=self.identity)
             d = self._in_pool(self._client.replace_lease, self.namespace, self.name, body, self._timeout)
             return d.addCallbacks(self._renewed, self._lost)
         held_for = spec.get("leaseDurationSeconds") or self.duration
         if holder == self.identity or not holder or now - self._observed_at >= held_for:
-            # Free, expired, or ours from before a step-down: take it, and
-            # keep what the previous holder wrote until the first renewal.
-            body = self._body(lease, now, holder=self.identity, acquired=True, annotations=annotations,
+            # Free, expired, or ours from before a step-down: take it.
+            body = self._body(lease, now, holder=self.identity, acquired=True,
                               transitions=int(spec.get("leaseTransitions") or 0) + (holder != self.identity))
             d = self._in_pool(self._client.replace_lease, self.namespace, self.name, body, self._timeout)
-            return d.addCallbacks(self._won, self._lost, callbackArgs=(annotations,))
+            return d.addCallbacks(self._won, self._lost)
         if self.leader:
             self._depose(f"the Lease is held by {holder}")
         return None
 
     def _body(self, lease: Optional[dict[str, Any]], now: float, *, holder: Optional[str],
-              annotations: Mapping[str, str], acquired: bool = False,
-              transitions: Optional[int] = None) -> dict[str, Any]:
+              acquired: bool = False, transitions: Optional[int] = None) -> dict[str, Any]:
         spec = dict((lease or {}).get("spec") or {})
         spec.update(holderIdentity=holder, leaseDurationSeconds=int(math.ceil(self.duration)),
                     renewTime=format_time(now, micro=True))
@@ -190,9 +180,10 @@ class LeaseElector:
         spec.setdefault("leaseTransitions", 0)
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if lease is not None:
-            metadata["resourceVersion"] = (lease.get("metadata") or {}).get("resourceVersion")
-        if annotations:
-            metadata["annotations"] = dict(annotations)
+            old = lease.get("metadata") or {}
+            metadata["resourceVersion"] = old.get("resourceVersion")
+            if old.get("annotations"):
+                metadata["annotations"] = dict(old["annotations"])
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
 
     def _renewed(self, lease: dict[str, Any]) -> None:
@@ -206,7 +197,7 @@ class LeaseElector:
         self._deadline_call = self._clock.callLater(self.renew_deadline, self._depose,
                                                     f"no renewal for {self.renew_deadline:g}s")
 
-    def _won(self, lease: dict[str, Any], previous: Mapping[str, str]) -> None:
+    def _won(self, lease: dict[str, Any]) -> None:
         if not self._running:
             return
         self._renewed(lease)
@@ -214,7 +205,7 @@ class LeaseElector:
             self.leader = True
             self.log.info("This replica ({identity}) now leads through Lease {namespace}/{name}",
                           identity=self.identity, namespace=self.namespace, name=self.name)
-            self._on_elected(previous)
+            self._on_elected()
 
     def _lost(self, failure: Failure) -> None:
         failure.trap(Conflict)

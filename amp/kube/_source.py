@@ -21,9 +21,9 @@ L{KubernetesNamespaceSource} owns:
   - cache misses: one bounded GET in the reactor's thread pool, shared by
     concurrent callers, with 404s remembered briefly;
   - with C{kubernetes.bypass.enabled}, the bypassed-Pod report
-    (L{amp.kube._bypass}): a Lease loop (L{amp.kube._lease}) and, while this
-    replica holds the Lease, a Pod watch (metadata only) in a thread of its
-    own, with a client of its own so that stepping down can cut its sockets.
+    (L{amp.kube._report}: a Lease loop and, while this replica holds the
+    Lease, a Pod watch), fed with the namespace cache and the enablings the
+    namespace watch saw happen (L{amp.kube._verdict.EnableRevisions}).
 
 Stopping sets the threads' stop flag, releases the Lease, and shuts down the
 watch clients' sockets so a blocked read returns at once; each thread says
@@ -32,13 +32,14 @@ when it has ended.
 
 from __future__ import annotations
 
+import functools
 import random as _random
 import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail, succeed
@@ -49,12 +50,15 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from amp.config import KubernetesConfig
+from amp.hints import NEAR_MISS_PROBLEM, near_miss_news
 from amp.kube._bridge import Bridge, start_thread
 from amp.kube._bypass import BypassReporter
 from amp.kube._client import KubeClient, Lister, describe, get_namespace, service_account_namespace
 from amp.kube._events import Bookmark, Changed, Crashed, Replaced, Restarting, WatchEvent
-from amp.kube._keep import Keep, PodKeep, WebhookPolicy
+from amp.kube._keep import Keep, WebhookPolicy
 from amp.kube._lease import LeaseElector
+from amp.kube._report import BypassReport
+from amp.kube._verdict import EnableRevisions
 from amp.kube._watch import ListWatch
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, NamespaceLookupError
@@ -65,17 +69,6 @@ from amp.reasons import NamespaceSource
 STOP_WAIT = 2.0
 
 _NEGATIVE_PRUNE_AT = 1024
-#: Pods per page of the Pod list.
-POD_PAGE = 500
-
-
-@dataclass(eq=False)
-class _PodWatch:
-    """The Pod watch of one term as the bypass reporter."""
-
-    stop: threading.Event
-    bridge: Bridge
-    client: Any
 
 
 @dataclass(eq=False)
@@ -89,9 +82,7 @@ class _Run:
     bridges: list[Bridge] = field(default_factory=list)
     running: int = 0
     all_ended: Optional[Deferred] = None
-    reporter: Optional[BypassReporter] = None
-    elector: Optional[LeaseElector] = None
-    pod_watch: Optional[_PodWatch] = None
+    bypass: Optional[BypassReport] = None
 
     def ended(self) -> None:
         self.running -= 1
@@ -160,6 +151,7 @@ class KubernetesNamespaceSource(Service):
         self._identity = identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         self._wall = wall
         self._keep = Keep(config)
+        self._enables = EnableRevisions(config)
         self._cache: dict[str, NamespaceInfo] = {}
         self._negative: dict[str, float] = {}
         self._pending: dict[str, _Pending] = {}
@@ -243,48 +235,13 @@ class KubernetesNamespaceSource(Service):
             self.log.error("The bypassed-Pod report is off: set kubernetes.bypass.lease_namespace "
                            "(or kubernetes.own_namespace) when amp does not run in a cluster")
             return
-
-        def post_event(namespace: str, body: dict[str, Any]) -> Deferred:
-            return deferToThreadPool(self._reactor, self._reactor.getThreadPool(), client.create_event,
-                                     namespace, body, config.request_timeout)
-
-        run.reporter = BypassReporter(config=config, namespaces=self, clock=self._clock, metrics=self._metrics,
-                                      post_event=post_event, own_namespace=own or lease_namespace,
-                                      identity=self._identity)
-        run.elector = LeaseElector(
-            client=client, reactor=self._reactor, clock=self._clock, namespace=lease_namespace,
-            name=config.bypass.lease_name,
-            identity=self._identity, duration=config.bypass.lease_duration, request_timeout=config.request_timeout,
-            annotations=run.reporter.checked, on_elected=lambda previous: self._elected(run, previous),
-            on_deposed=lambda: self._deposed(run))
-        run.elector.start()
-
-    def _elected(self, run: _Run, previous: Mapping[str, str]) -> None:
-        """This replica reports now: watch Pods until it steps down."""
-        if run is not self._run or self.client is None:
-            return
-        assert run.reporter is not None
-        run.reporter.start_term(previous)
+        run.bypass = BypassReport(
+            config=config, client=client, reactor=self._reactor, clock=self._clock, metrics=self._metrics,
+            identity=self._identity, namespaces=self, enables=self._enables, own_namespace=own or lease_namespace,
+            lease_namespace=lease_namespace, watch=functools.partial(self._watch, run), wall=self._wall)
         if self._listed:
-            run.reporter.namespaces_listed(self._listed_at)
-        horizon = self._config.bypass.horizon
-        client = self.client.fork()
-        keep = PodKeep(self._config, cutoff=lambda: self._wall() - horizon)
-        stop = threading.Event()
-        bridge = self._watch(run, "pods", "amp-pod-watch", client.pod_metadata(), parse=keep.pod,
-                             handler=run.reporter.news, stop=stop, on_finished=client.close,
-                             kinds=("ADDED", "DELETED"), page_size=POD_PAGE)
-        run.pod_watch = _PodWatch(stop, bridge, client)
-
-    def _deposed(self, run: _Run) -> None:
-        """Another replica reports now, or amp stops: end the Pod watch."""
-        pods, run.pod_watch = run.pod_watch, None
-        if pods is not None:
-            pods.stop.set()
-            pods.bridge.close()
-            pods.client.cut()
-        if run.reporter is not None:
-            run.reporter.end_term()
+            run.bypass.reporter.namespaces_listed(self._listed_at)
+        run.bypass.start()
 
     def stopService(self) -> Optional[Deferred]:
         """
@@ -300,7 +257,7 @@ class KubernetesNamespaceSource(Service):
         if run is None:
             return None
         run.stop.set()
-        released = run.elector.stop() if run.elector is not None else succeed(None)
+        released = run.bypass.stop() if run.bypass is not None else succeed(None)
         for bridge in run.bridges:
             bridge.close()
         assert client is not None
@@ -363,12 +320,12 @@ class KubernetesNamespaceSource(Service):
     @property
     def bypass(self) -> Optional[BypassReporter]:
         """The bypassed-Pod report of the current or last run, if on."""
-        return self._last_run.reporter if self._last_run is not None else None
+        return self._last_run.bypass.reporter if self._last_run is not None and self._last_run.bypass else None
 
     @property
     def elector(self) -> Optional[LeaseElector]:
         """The bypass report's Lease loop of the current or last run, if on."""
-        return self._last_run.elector if self._last_run is not None else None
+        return self._last_run.bypass.elector if self._last_run is not None and self._last_run.bypass else None
 
     # ------------------------------------------------------------ news from the threads
 
@@ -381,9 +338,11 @@ class KubernetesNamespaceSource(Service):
             pending = self._pending.get(name)
             if pending is not None:
                 pending.superseded = True
+            self._enables.changed(kind, self._cache.get(name), info, rv)
             if kind == "DELETED":
                 self._cache.pop(name, None)
             else:
+                self._near_misses(self._cache.get(name), info)
                 self._cache[name] = info
                 self._negative.pop(name, None)
             self._metrics.namespace_cache_size.set(len(self._cache))
@@ -394,6 +353,9 @@ class KubernetesNamespaceSource(Service):
         elif isinstance(event, Replaced):
             items, rv = event.items, event.resource_version
             first = not self._listed
+            self._enables.replaced(self._cache, items)
+            for info in items.values():
+                self._near_misses(self._cache.get(info.name), info)
             self._cache = items
             for pending in self._pending.values():
                 pending.superseded = True
@@ -406,13 +368,20 @@ class KubernetesNamespaceSource(Service):
                           what="Listed" if first else "Relisted", count=len(items), rv=rv)
             if first and self._on_first_list is not None:
                 self._on_first_list()
-            if self._run is not None and self._run.reporter is not None:
-                self._run.reporter.namespaces_listed()
+            if self._run is not None and self._run.bypass is not None:
+                self._run.bypass.reporter.namespaces_listed()
         elif isinstance(event, Restarting):
             self._restarted("namespace", "", event)
         elif isinstance(event, Crashed):
             self._last_error = f"watch thread failed: {event.error}"
             self.log.critical("Namespace watch thread failed: {error}", error=event.error)
+
+    def _near_misses(self, before: Optional[NamespaceInfo], info: NamespaceInfo) -> None:
+        """Report a namespace's unknown amp keys (L{amp.hints}) once per change of them."""
+        news = near_miss_news(before.near_misses if before is not None else None, info.near_misses)
+        if news is not None:
+            self.log.warn("Namespace {namespace}: {hints}", namespace=info.name, hints=news)
+            self._metrics.namespace_problems.labels(NEAR_MISS_PROBLEM).inc()
 
     def _webhook_news(self, event: WatchEvent) -> None:
         if isinstance(event, (Changed, Replaced)):

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import IO, Any, Iterator, Optional, Sequence
 
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import FirstError, inlineCallbacks
 
 from amp.record._compare import MISSING, Difference
 from amp.record._entry import RecordedReview, RecordingError
@@ -69,8 +69,10 @@ def _parser(out: IO[str]) -> _Parser:
     p = _Parser(prog="amp replay", description=DESCRIPTION, epilog=EPILOG, out=out,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", metavar="FILE", nargs="+", help="recording files (JSON lines); - reads stdin")
-    p.add_argument("--endpoint", metavar="URL", help="call URL instead of the recorded endpoint")
-    p.add_argument("--against", metavar="URL", help="compare with the endpoint at URL instead of the recording")
+    p.add_argument("--endpoint", metavar="URL", help="call URL (or a chain, 'URL URL...') instead of the recorded "
+                   "endpoint")
+    p.add_argument("--against", metavar="URL", help="compare with the endpoint at URL instead of the recording "
+                   "(in a chain, in place of the step amp.txn2.com/canary-step names, default 1)")
     p.add_argument("--config", metavar="FILE", help="amp's configuration (allow-list, patch rules; default: amp's defaults)")
     p.add_argument("--concurrency", type=int, default=8, help="reviews at a time (default 8)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
@@ -79,6 +81,7 @@ def _parser(out: IO[str]) -> _Parser:
 
 def _options(args: argparse.Namespace) -> ReplayOptions:
     from amp.config import Config, ConfigError, load_config
+    from amp.policy import chain_pieces
     from amp.urls import BadURL, parse_endpoint_url
 
     config = Config()
@@ -89,9 +92,13 @@ def _options(args: argparse.Namespace) -> ReplayOptions:
             raise UsageError(f"config {args.config}: {e}") from None
     for flag in ("endpoint", "against"):
         value = getattr(args, flag)
-        if value is not None:
+        if value is None:
+            continue
+        # --endpoint may be a chain, in the endpoint annotation's form.
+        pieces = chain_pieces(value) if flag == "endpoint" else [value]
+        for piece in pieces or [value]:
             try:
-                parse_endpoint_url(value)
+                parse_endpoint_url(piece)
             except BadURL as e:
                 raise UsageError(f"--{flag}: {e}") from None
     if args.concurrency < 1:
@@ -110,14 +117,15 @@ def _recordings(paths: Sequence[str], stdin: Any) -> Iterator[RecordedReview | R
 
 
 def _count_lines(paths: Sequence[str]) -> Optional[int]:
-    if "-" in paths:
-        return None
+    """The lines of every file (each is read: one that cannot be is found now); None with stdin."""
     total = 0
     for path in paths:
+        if path == "-":
+            continue
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 total += chunk.count(b"\n")
-    return total
+    return None if "-" in paths else total
 
 
 class _Progress:
@@ -218,8 +226,12 @@ def run(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optiona
     progress = _Progress(stderr, total) if getattr(stderr, "isatty", lambda: False)() else None
     try:
         report = yield replay(reactor, options, _recordings(args.files, stdin), client, metrics, progress)
-    except OSError as e:
-        stderr.write(f"amp replay: cannot read {e.filename}: {e.strerror}\n")
+    except FirstError as e:
+        # A file that could not be read after all (a worker reading it failed).
+        error = e.subFailure.value
+        if not isinstance(error, OSError):
+            raise
+        stderr.write(f"amp replay: cannot read {error.filename}: {error.strerror}\n")
         return EXIT_USAGE
     finally:
         if progress is not None:

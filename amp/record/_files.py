@@ -3,16 +3,23 @@ The recording's files on disk: appending lines, rotating, keeping the
 directory within its byte budget.  Used only in the recorder's writer
 thread (every call here may block on the disk).
 
-Files are named C{amp-reviews-<UTC time>-<pid>-<n>.jsonl}, so that their
+Files are named C{amp-reviews-<UTC time>-<pid>-<n>.jsonl}, C{n} counting
+up across the process (a reload's new writer included), so that their
 names sort by age and replicas or workers sharing a directory never write
-the same file; each is created C{0600} in a directory created C{0700}.  The
-budget covers every recording file in the directory: when a file is
-rotated, the oldest files are removed until the rest fit.
+the same file; each is created new (never through a name already there, a
+link included) C{0600} in a directory created C{0700} (and made so if it
+is amp's own and looser).  The budget covers every recording file in the
+directory: when a file is rotated, the oldest files are removed until the
+rest fit; a writer whose current file another one removed so starts a new
+file at its next line.  A line the disk takes only part of is cut off
+again, so that the next line starts a line.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import stat
 import time
 from typing import Callable, Optional
 
@@ -21,6 +28,11 @@ __all__ = ["RecordFiles", "RECORDING_GLOB", "recording_files"]
 PREFIX = "amp-reviews-"
 SUFFIX = ".jsonl"
 RECORDING_GLOB = PREFIX + "*" + SUFFIX
+
+#: The C{n} of the next file's name, shared by every writer of the process.
+_SEQUENCE = itertools.count(1)
+#: Names tried for one new file before giving up (each taken one is skipped).
+_NAME_ATTEMPTS = 100
 
 
 def recording_files(directory: str) -> list[str]:
@@ -52,14 +64,13 @@ class RecordFiles:
         self._pid = os.getpid() if pid is None else pid
         self._fd: Optional[int] = None
         self._size = 0
-        self._sequence = 0
 
     def write(self, line: bytes) -> None:
         """Append C{line}; C{OSError} when the disk refuses, L{LineTooLarge}."""
         if len(line) > self.file_bytes:
             raise LineTooLarge(f"a recorded review of {len(line)} bytes is larger than "
                                f"record.file_size ({self.file_bytes} bytes)")
-        if self._fd is None or self._size + len(line) > self.file_bytes:
+        if self._fd is None or self._size + len(line) > self.file_bytes or self._removed():
             self._rotate()
         assert self._fd is not None
         view = memoryview(line)
@@ -67,19 +78,51 @@ class RecordFiles:
         try:
             while written < len(line):
                 written += os.write(self._fd, view[written:])
-        finally:
-            self._size += written
+        except OSError:
+            if written:
+                self._cut(self._size)
+            raise
+        self._size += written
+
+    def _removed(self) -> bool:
+        """Whether the current file was removed (by another writer's budget)."""
+        assert self._fd is not None
+        try:
+            return os.fstat(self._fd).st_nlink == 0
+        except OSError:
+            return True
+
+    def _cut(self, size: int) -> None:
+        """Cut a partly written line off the current file; else leave the file."""
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError:
+            self.close()
 
     def _rotate(self) -> None:
         self.close()
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        self._sequence += 1
+        self._private_directory()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self._now()))
-        path = os.path.join(self.directory, f"{PREFIX}{stamp}-{self._pid}-{self._sequence:06d}{SUFFIX}")
         self._trim(keep_free=self.file_bytes)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
+        for attempt in range(_NAME_ATTEMPTS):
+            path = os.path.join(self.directory, f"{PREFIX}{stamp}-{self._pid}-{next(_SEQUENCE):06d}{SUFFIX}")
+            try:
+                fd = os.open(path, flags, 0o600)
+                break
+            except FileExistsError:
+                if attempt == _NAME_ATTEMPTS - 1:
+                    raise
         os.fchmod(fd, 0o600)
         self._fd, self._size = fd, 0
+
+    def _private_directory(self) -> None:
+        """Make the directory C{0700} when it is amp's own and looser."""
+        st = os.stat(self.directory)
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+            os.chmod(self.directory, 0o700)
 
     def _trim(self, keep_free: int) -> None:
         """

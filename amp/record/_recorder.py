@@ -6,11 +6,13 @@ On the reactor thread, L{Recorder.offer} decides in a few comparisons
 whether a review is recorded (C{record.enabled}, the namespace chosen by
 C{record.namespaces} or its C{amp.txn2.com/record} annotation, the sampling
 rate) and hands a L{Capture} (references to bytes amp already holds) to a
-bounded queue; when the queue is full the review is counted as C{dropped}
+queue bounded in reviews (C{record.queue}) and in bytes (L{QUEUE_FILES}
+files' worth); when the queue is full the review is counted as C{dropped}
 and nothing waits.  One thread of the recorder's own takes captures off the
 queue, encodes, redacts and appends them (L{RecordFiles}); after each burst
 it tells the reactor, with one C{callFromThread}, how many lines it wrote
-and failed and whether the disk's state changed, and the reactor counts
+and failed, how many of the queue's bytes it is done with, and whether the
+disk's state changed, and the reactor counts
 C{amp_recorded_reviews_total{result}} and logs a change of state once (an
 unwritable directory or a full disk is one line when it starts failing and
 one when it recovers, never one per review).
@@ -39,6 +41,8 @@ from amp.rules import RECORD_ANNOTATION
 __all__ = ["Recorder", "RecordSettings", "RECORD_ANNOTATION", "RECORD_RESULTS"]
 
 
+#: The queue holds at most this many C{record.file_size}s of reviews' bytes.
+QUEUE_FILES = 4
 
 
 class RecordSettings(Protocol):
@@ -64,6 +68,10 @@ def _chooses(settings: RecordSettings) -> Callable[[str, Mapping[str, str]], boo
     return lambda name, annotations: name in chosen
 
 
+def _size(capture: Capture) -> int:
+    return len(capture.request_body) + len(capture.answer_body)
+
+
 class _Writer:
     """One writer thread and its queue, for one version of the settings."""
 
@@ -74,6 +82,8 @@ class _Writer:
         #: that the end-of-work sentinel always fits.
         self.queue: "queue.SimpleQueue[Optional[Capture]]" = queue.SimpleQueue()
         self.limit = settings.queue
+        #: The most bytes of reviews the queue holds.
+        self.byte_limit = QUEUE_FILES * settings.file_size
         self._files = RecordFiles(settings.directory, settings.file_size, settings.max_size)
         self._redactor = Redactor(keep_annotation) if settings.redact else None
         self._report = report
@@ -91,11 +101,12 @@ class _Writer:
 
     def _run(self) -> None:
         state = ""
-        written = failed = 0
+        written = failed = done = 0
         while True:
             capture = self.queue.get()
             if capture is None:
                 break
+            done += _size(capture)
             try:
                 self._files.write(encode_line(capture, self._redactor))
                 written += 1
@@ -103,22 +114,27 @@ class _Writer:
             except LineTooLarge as e:
                 failed += 1
                 now = state  # one line too large is not a change of the disk's state
-                self._call(self._too_large, str(e))
+                self._call(self._not_recorded, str(e))
             except (OSError, ValueError) as e:
                 failed += 1
                 now = f"{type(e).__name__}: {e}"
-            if now != state or self.queue.empty() or written + failed >= 256:
+            except Exception as e:
+                # A bug must not end the thread: its stop would never fire.
+                failed += 1
+                now = state
+                self._call(self._not_recorded, f"{type(e).__name__}: {e}")
+            if now != state or self.queue.empty() or written + failed >= 256 or done >= self.byte_limit // 4:
                 state = now
-                self._call(self._report, written, failed, state)
-                written = failed = 0
+                self._call(self._report, written, failed, state, done)
+                written = failed = done = 0
         try:
             self._files.close()
         except OSError:
             pass
-        self._call(self._report, written, failed, state)
+        self._call(self._report, written, failed, state, done)
         self._call(self.stopped.callback, None)
 
-    def _too_large(self, message: str) -> None:
+    def _not_recorded(self, message: str) -> None:
         Recorder.log.warn("Not recorded: {problem}", problem=message)
 
 
@@ -146,6 +162,8 @@ class Recorder(Service):
         self._writer: Optional[_Writer] = None
         self._chosen = _chooses(settings)
         self._state = ""
+        #: Bytes of reviews offered to a writer and not yet reported done.
+        self._queued = 0
 
     # ------------------------------------------------------------ reactor side
 
@@ -163,9 +181,11 @@ class Recorder(Service):
             return
         capture = Capture(time, uid, namespace, labels, annotations, tuple(endpoints), failure_policy, mode,
                           request_body, answer_body, result, reason)
-        if writer.queue.qsize() >= writer.limit:
+        size = _size(capture)
+        if writer.queue.qsize() >= writer.limit or self._queued + size > writer.byte_limit:
             self._counter.labels("dropped").inc()
             return
+        self._queued += size
         writer.queue.put(capture)
 
     def startService(self) -> None:
@@ -199,8 +219,9 @@ class Recorder(Service):
         writer, self._writer = self._writer, None
         return writer.stop() if writer is not None else succeed(None)
 
-    def _report(self, written: int, failed: int, state: str) -> None:
+    def _report(self, written: int, failed: int, state: str, done: int) -> None:
         """Count a burst of the writer's work; log a change of the disk's state."""
+        self._queued = max(0, self._queued - done)
         if written:
             self._counter.labels("written").inc(written)
         if failed:

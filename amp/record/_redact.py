@@ -115,7 +115,9 @@ class Redactor:
             return op
         tokens = op["path"].split("/")[1:]
         value = op["value"]
-        if tokens[:2] == ["metadata", "annotations"]:
+        if not tokens:
+            value = self.pod(value)  # the whole Pod
+        elif tokens[:2] == ["metadata", "annotations"]:
             if len(tokens) == 2:
                 value = self.annotations(value)
             elif not self._keep(tokens[2].replace("~1", "/").replace("~0", "~")):

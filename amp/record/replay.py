@@ -12,8 +12,10 @@ JSON path with:
    replaced by C{URL} (what will the candidate version change?).
 
 C{--endpoint URL} replaces the recorded endpoint (the namespace's endpoint
-annotation, a whole chain in annotation form) for the first side, e.g. the
-endpoint under test on a loopback port in its CI.  Reviews run a few at a
+annotation, a whole chain in annotation form) for both sides, e.g. the
+endpoint under test on a loopback port in its CI; C{--against URL} then
+replaces one step of that chain, the one a canary would stand in for
+(C{amp.txn2.com/canary-step}, default 1).  Reviews run a few at a
 time (C{--concurrency}); a line that cannot be read is counted and named,
 never fatal.  amp's own status stamp is not compared (it names the
 endpoint), the results are.
@@ -32,8 +34,10 @@ from twisted.application.service import Service
 from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks, succeed
 from zope.interface import implementer
 
+from amp.canary import CANARY_STEP_ANNOTATION
 from amp.config import Config
 from amp.namespaces import INamespaceSource, NamespaceInfo
+from amp.policy import chain_pieces
 from amp.record._compare import Difference, pod_differences
 from amp.record._entry import RecordedReview, RecordingError, decode_line, LINE_LIMIT
 from amp.rules import STAMP_ANNOTATIONS
@@ -85,12 +89,20 @@ class ReplayedReview:
 
 @dataclass
 class ReplayReport:
+    """
+    What a replay found: the reviews that are not the same (each with what
+    names it and its differences, not its Pods), how many are, and the
+    lines that could not be read.
+    """
+
     reviews: list[ReplayedReview] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
+    #: How many reviews were the same (not kept in L{reviews}).
+    same: int = 0
 
     def counts(self) -> dict[str, int]:
         c = Counter(r.verdict for r in self.reviews)
-        return {"reviews": len(self.reviews) + len(self.unreadable), "same": c[Verdict.SAME],
+        return {"reviews": self.same + len(self.reviews) + len(self.unreadable), "same": self.same + c[Verdict.SAME],
                 "different": c[Verdict.DIFFERENT], "failed": c[Verdict.FAILED],
                 "unreadable": len(self.unreadable)}
 
@@ -161,14 +173,27 @@ class _RecordedNamespace(Service):
         return self._policy
 
 
-def _namespace(recorded: RecordedReview, config: Config, endpoint: Optional[str]) -> NamespaceInfo:
+def _namespace(recorded: RecordedReview, config: Config, endpoint: Optional[str],
+               against: Optional[str] = None) -> NamespaceInfo:
+    """
+    The recorded namespace, its chain replaced by C{endpoint} (a chain in
+    the annotation's form), then its step C{amp.txn2.com/canary-step}
+    (default 1, as a canary's) replaced by C{against}.
+    """
     annotations = dict(recorded.annotations)
-    if endpoint is not None:
-        keys = config.kubernetes.endpoint_annotations
-        present = [k for k in keys if k in annotations]
+    keys = config.kubernetes.endpoint_annotations
+    present = [k for k in keys if k in annotations]
+    chain = endpoint if endpoint is not None else (annotations[present[0]] if present else "")
+    if against is not None:
+        pieces = chain_pieces(chain)
+        step = annotations.get(CANARY_STEP_ANNOTATION, "1")
+        at = int(step) - 1 if step.isdigit() and 1 <= int(step) <= len(pieces) else 0
+        pieces[at:at + 1] = [against]
+        chain = " ".join(pieces)
+    if endpoint is not None or against is not None:
         for k in present[1:]:
             del annotations[k]
-        annotations[present[0] if present else keys[0]] = endpoint
+        annotations[present[0] if present else keys[0]] = chain
     return NamespaceInfo(recorded.namespace, dict(recorded.labels), annotations)
 
 
@@ -185,13 +210,13 @@ class Replayer:
         self._metrics = metrics
 
     @inlineCallbacks
-    def _review(self, recorded: RecordedReview, endpoint: Optional[str]) -> Any:
+    def _review(self, recorded: RecordedReview, endpoint: Optional[str], against: Optional[str] = None) -> Any:
         from amp.admission import Admitter
         from amp.deadline import Deadline
         from amp.review import ReviewError, parse_review
 
         config = self._options.config
-        info = _namespace(recorded, config, endpoint)
+        info = _namespace(recorded, config, endpoint, against)
         source = _RecordedNamespace(info, _recorded_policy(recorded))
         admitter = Admitter(config, source, self._client, self._reactor, self._metrics)
         try:
@@ -212,7 +237,7 @@ class Replayer:
                           _admitted(recorded.pod, recorded.patch) if recorded.allowed else None, recorded.message)
         else:
             before = yield self._review(recorded, options.endpoint)
-        after = yield self._review(recorded, options.against if options.against is not None else options.endpoint)
+        after = yield self._review(recorded, options.endpoint, options.against)
         differences = pod_differences(before.pod, after.pod, ignore_annotations=STAMP_ANNOTATIONS)
         if after.result not in _ADMITTED_AS_INTENDED and after.result != "denied" and (
                 before.result != after.result or before.reason != after.reason):
@@ -248,14 +273,21 @@ def _admitted(pod: Any, patch: Optional[list[Any]]) -> Optional[dict[str, Any]]:
         return None
 
 
+def _named_only(recorded: RecordedReview) -> RecordedReview:
+    """C{recorded} with what names it (its line, uid, namespace, Pod name), not its Pod."""
+    return dataclasses.replace(
+        recorded, review={"request": {"object": {"metadata": {"name": recorded.pod_name}}}}, labels={},
+        annotations={}, patch=None)
+
+
 def replay(reactor: Any, options: ReplayOptions, recordings: Iterable[RecordedReview | RecordingError],
            endpoint_client: Any, metrics: Any, progress: Any = None) -> "Deferred[ReplayReport]":
     """
     Replay C{recordings}, at most C{options.concurrency} reviews at a time,
     reading the next line only when a review finishes (a long recording is
     never held whole); fires with the L{ReplayReport}, in the recordings'
-    order.  The report keeps each review's verdict and differences, not its
-    Pods.
+    order.  The report counts the reviews that are the same and keeps of
+    the others what names them and their differences, not their Pods.
     """
     replayer = Replayer(reactor, options, endpoint_client, metrics)
     report = ReplayReport()
@@ -269,9 +301,13 @@ def replay(reactor: Any, options: ReplayOptions, recordings: Iterable[RecordedRe
                 report.unreadable.append(str(item))
             else:
                 done = yield replayer.replay_one(item)
-                results[index] = dataclasses.replace(
-                    done, before=dataclasses.replace(done.before, pod=None),
-                    after=dataclasses.replace(done.after, pod=None))
+                if done.verdict == Verdict.SAME:
+                    report.same += 1
+                else:
+                    results[index] = dataclasses.replace(
+                        done, recorded=_named_only(done.recorded),
+                        before=dataclasses.replace(done.before, pod=None),
+                        after=dataclasses.replace(done.after, pod=None))
             if progress is not None:
                 progress()
 

@@ -14,7 +14,9 @@ A demo that cannot lie:
   metrics ports (``listen`` and ``metrics`` in the config) and the example
   endpoints' port (the one the config's endpoint URLs name). A port in use
   is one line naming it and the process holding it, and nothing starts, so
-  an old demo can never answer for a new one.
+  an old demo can never answer for a new one.  The check is amp's own
+  (``amp.ports``, what ``twistd amp`` checks at start-up): the demo runs
+  amp, so amp is installed beside it.
 - It says which config file amp runs with, and each child's pid.
 - Its children run in their own process group (a Ctrl-C reaches only the
   demo, which stops them in order), die with the demo even when it is
@@ -31,7 +33,6 @@ from __future__ import annotations
 import argparse
 import base64
 import ctypes
-import errno
 import json
 import os
 import signal
@@ -45,10 +46,11 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
+from amp.ports import listen_problem
 from amp_dev.devcert import write_dev_tls
 
 DEFAULT_CONFIG = "etc/amp.yaml"
@@ -149,68 +151,12 @@ def _examples_port(namespaces: dict[str, Any], path: Path) -> int:
 # ---------------------------------------------------------------- ports
 
 
-def listening_inodes(port: int) -> set[str]:
-    """Socket inodes of TCP listeners on ``port`` (any address), from /proc/net/tcp and tcp6."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    return inodes
-
-
-def _processes_holding(inodes: set[str]) -> Iterator[tuple[int, str]]:
-    """(pid, command line) of every process with an open fd on one of the socket ``inodes``."""
-    targets = {f"socket:[{inode}]" for inode in inodes}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fds = list((entry / "fd").iterdir())
-        except OSError:  # gone, or not ours to look at
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(fd) not in targets:
-                    continue
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:  # closed meanwhile (or the process is gone)
-                continue
-            yield int(entry.name), " ".join(a.decode(errors="replace") for a in argv if a)
-            break
-
-
-def port_holder(port: int) -> str:
-    """Who listens on TCP ``port``: ``pid N (command)``, or why that cannot be said."""
-    inodes = listening_inodes(port)
-    if not inodes:
-        return f"a process the demo cannot name (no listener in /proc/net/tcp; try: lsof -iTCP:{port})"
-    holders = sorted(_processes_holding(inodes))
-    if not holders:
-        return f"a process of another user (try: sudo ss -ltnp 'sport = :{port}')"
-    return ", ".join(f"pid {pid} ({command})" for pid, command in holders)
-
-
 def check_ports(ports: Sequence[Port]) -> None:
     """Raise DemoError naming the first port that cannot be bound, and the process holding it."""
     for port in ports:
-        family = socket.AF_INET6 if ":" in port.interface else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            # As Twisted's listenTCP does, so a port in TIME_WAIT counts as free, as it is for amp.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((port.interface, port.number))
-            except OSError as e:
-                if e.errno == errno.EADDRINUSE:
-                    raise DemoError(f"port {port.number} ({port.what}) is in use by {port_holder(port.number)}; "
-                                    "stop it, or run the demo with another config") from None
-                raise DemoError(f"cannot listen on {port.interface}:{port.number} ({port.what}): "
-                                f"{e.strerror}") from None
+        problem = listen_problem(port.interface, port.number, port.what)
+        if problem is not None:
+            raise DemoError(f"{problem}; stop it, or run the demo with another config")
 
 
 # ---------------------------------------------------------------- children

@@ -117,7 +117,7 @@ def test_a_failing_first_step_under_ignore_leaves_the_rest_of_the_chain(
 
     pod = read_pod(core, ns, "partly")
     assert list(images(pod)) == ["app", "amp-proxy"]
-    assert annotations(pod)[STATUS_ANNOTATION] == f"mutated {sidecar}; skipped http-5xx {error}"
+    assert annotations(pod)[STATUS_ANNOTATION] == f"skipped http-5xx {error}; mutated {sidecar}"
     assert f"amp: {error} http-5xx; the chain went on without its patch" in warnings
 
 

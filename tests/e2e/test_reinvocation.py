@@ -1,7 +1,8 @@
 """amp registered with ``reinvocationPolicy: IfNeeded`` against a real
 kube-apiserver: the API server calls amp a second time for one admission,
 and what is stored is each injection exactly once and a stamp that tells
-the last round.
+what amp did across both rounds (a round that changes nothing sends no
+patch, and leaves the first round's ``mutated``).
 
 The API server reinvokes a webhook registered with ``IfNeeded`` when a
 webhook called after it changed the object.  Here that later webhook is
@@ -15,11 +16,19 @@ n-th call for a Pod with HTTP 500 instead) and records what it was sent and
 what it answered.  That record is the proof that amp was reinvoked: two
 calls for the one Pod, the second carrying the later webhook's annotation
 and amp's first-round stamp; without reinvocation every test here fails.
+
+The last test forces reinvocation with a MutatingAdmissionPolicy
+(``admissionregistration.k8s.io/v1``, served by the API server without
+flags) instead: it runs before every webhook, and again after amp
+(``reinvocationPolicy: IfNeeded``), where it changes the Pod because amp
+did; the API server then calls amp again.  That test has an amp instance of
+its own, whose namespaces the later webhook does not select.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import http.server
 import json
@@ -244,6 +253,21 @@ def containers(pod: dict[str, Any], kind: str = "containers") -> dict[str, dict[
     return {c["name"]: c for c in found}
 
 
+def reviews_logged(amp: AmpInstance, ns: str, name: str, rounds: int = 2) -> list[str]:
+    """What amp's log says of each review of ``ns/name``, in order, once it
+    has said it of ``rounds`` (it logs a review after answering it): the
+    result, and ``patch=0B`` when the answer had no patch."""
+    def said() -> Optional[list[str]]:
+        found = []
+        for line in amp.process.log_text().splitlines():
+            words = line.partition(f" {ns}/{name} ")[2].split()
+            if words and "endpoint=" in line:
+                found.append(words[0] + (" patch=0B" if " patch=0B " in line else ""))
+        return found if len(found) >= rounds else None
+
+    return poll_until(f"amp to log {rounds} reviews of {ns}/{name}", said, 5.0, details=amp.process.describe)
+
+
 def assert_reinvoked(
     relay: Relay, later: LaterWebhook, ns: str, name: str, first_stamp: str
 ) -> tuple[list[RelayedCall], list[RelayedCall]]:
@@ -275,7 +299,8 @@ def test_a_reinvoked_chain_of_injecting_examples_adds_each_thing_once(
     user-env (env vars in every container, a volume and its mount, an init
     container) and poddefault (a secret volume, its mount and an env var in
     every container): the second round finds everything in place, each
-    example answers no change, and amp stamps the round ``unchanged``."""
+    example answers no change, and amp answers that round with no patch:
+    the stamp still says ``mutated``."""
     chain = [relay.endpoint("sidecar"), relay.endpoint("user-env"), relay.endpoint("poddefault")]
     ns = amp.namespace(unique("reinvoke-inject"), " ".join(chain), failure_policy="Fail")
     body = pod_manifest("notebook", labels={"add-gcp-secret": "true"},
@@ -289,7 +314,8 @@ def test_a_reinvoked_chain_of_injecting_examples_adds_each_thing_once(
     assert all(c.status == 200 and c.patch for c in first), first
     assert [(c.status, c.patch) for c in second] == [(200, [])] * 3
     pod = read_pod(core, ns, "notebook")
-    assert annotations(pod)[STATUS_ANNOTATION] == f"unchanged {' '.join(chain)}"
+    assert annotations(pod)[STATUS_ANNOTATION] == f"mutated {' '.join(chain)}"
+    assert reviews_logged(amp, ns, "notebook") == ["patched", "allowed patch=0B"]
     assert annotations(pod)[LATER_ANNOTATION] == "seen"
     assert LEGACY_SKIPPED_ANNOTATION not in annotations(pod)
     assert list(containers(pod)) == ["app", "amp-proxy"]
@@ -371,10 +397,95 @@ def test_a_failed_second_round_keeps_the_first_rounds_patch_and_says_skipped(
     assert (first.status, bool(first.patch)) == (200, True)
     assert second.status == 500
     pod = read_pod(core, ns, "lapsed")
-    assert annotations(pod)[STATUS_ANNOTATION] == f"skipped http-5xx {origin}"
+    # The second round's failure, and the first round's change on the Pod.
+    assert annotations(pod)[STATUS_ANNOTATION] == f"skipped http-5xx {origin}; mutated {origin}"
     assert LEGACY_SKIPPED_ANNOTATION not in annotations(pod)
     assert list(containers(pod)) == ["app", "amp-proxy"]
     assert list(containers(pod, "initContainers")) == ["amp-proxy-init"]
     assert names(pod["spec"]["volumes"]) == ["amp-shared"]
     assert [w for w in warnings if w.startswith("amp:")] == [
         f"amp: {origin} http-5xx; admitted without the endpoint's patch"]
+
+
+# ---- 4. a MutatingAdmissionPolicy before amp forces the reinvocation
+
+#: What the policy sets on every Pod: its containers' names, so it changes
+#: the Pod again after amp added one.
+CONTAINERS_ANNOTATION = "e2e.amp.txn2.com/containers"
+
+
+@pytest.fixture(scope="module")
+def amp_without_later(start_module_amp: AmpFactory) -> AmpInstance:
+    return start_module_amp("reinvoke-map", webhook_reinvocation_policy="IfNeeded")
+
+
+@contextlib.contextmanager
+def containers_policy(control_plane: ControlPlane, namespace: str) -> Iterator[None]:
+    """A MutatingAdmissionPolicy and its binding for ``namespace``, in
+    effect (a dry-run Pod comes back with its annotation) until the block
+    ends."""
+    objects = client.CustomObjectsApi(control_plane.admin_client())
+    group, version = "admissionregistration.k8s.io", "v1"
+    name = unique("containers")
+    policy = {
+        "apiVersion": f"{group}/{version}", "kind": "MutatingAdmissionPolicy", "metadata": {"name": name},
+        "spec": {
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                    "operations": ["CREATE"], "resources": ["pods"]}]},
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "IfNeeded",
+            "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": (
+                "Object{metadata: Object.metadata{annotations: {"
+                f"'{CONTAINERS_ANNOTATION}': object.spec.containers.map(c, c.name).join(',')}}}}}}")}}],
+        },
+    }
+    binding = {
+        "apiVersion": f"{group}/{version}", "kind": "MutatingAdmissionPolicyBinding", "metadata": {"name": name},
+        "spec": {"policyName": name, "matchResources": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}},
+    }
+    objects.create_cluster_custom_object(group, version, "mutatingadmissionpolicies", policy)
+    try:
+        objects.create_cluster_custom_object(group, version, "mutatingadmissionpolicybindings", binding)
+        try:
+            core = client.CoreV1Api(control_plane.admin_client())
+            counter = iter(range(10_000))
+
+            def in_effect() -> Optional[bool]:
+                pod, _ = create_pod(core, namespace, pod_manifest(f"policy-probe-{next(counter)}"), dry_run="All")
+                return True if CONTAINERS_ANNOTATION in annotations(pod) else None
+
+            poll_until("the API server to apply the MutatingAdmissionPolicy", in_effect, PROPAGATION_DEADLINE)
+            yield
+        finally:
+            objects.delete_cluster_custom_object(group, version, "mutatingadmissionpolicybindings", name)
+    finally:
+        objects.delete_cluster_custom_object(group, version, "mutatingadmissionpolicies", name)
+
+
+def test_a_mutating_admission_policy_before_amp_reinvokes_it_and_the_pod_stays_stamped_mutated(
+    amp_without_later: AmpInstance, relay: Relay, control_plane: ControlPlane, core: client.CoreV1Api
+) -> None:
+    """The policy names the Pod's containers before amp (``app``); the
+    sidecar example adds ``amp-proxy``; the policy, reinvoked, names both,
+    which changes the Pod, so the API server calls amp again.  The sidecar
+    is there already: the example answers no change, amp answers with no
+    patch, and the stored Pod says ``mutated`` with the sidecar once."""
+    amp = amp_without_later
+    sidecar = relay.endpoint("sidecar")
+    ns = amp.namespace(unique("reinvoke-policy"), sidecar, failure_policy="Fail")
+
+    with containers_policy(control_plane, ns):
+        create_pod(core, ns, pod_manifest("policed"))
+
+    calls = relay.calls(ns, "policed")
+    seen = [(c.annotations.get(CONTAINERS_ANNOTATION), c.annotations.get(STATUS_ANNOTATION)) for c in calls]
+    # Called twice: after the policy's first round, and after its second.
+    assert seen == [("app", None), ("app,amp-proxy", f"mutated {relay.origin}")], seen
+    assert [bool(c.patch) for c in calls] == [True, False]
+    pod = read_pod(core, ns, "policed")
+    assert annotations(pod)[STATUS_ANNOTATION] == f"mutated {relay.origin}"
+    assert annotations(pod)[CONTAINERS_ANNOTATION] == "app,amp-proxy"
+    assert list(containers(pod)) == ["app", "amp-proxy"]
+    assert list(containers(pod, "initContainers")) == ["amp-proxy-init"]
+    assert reviews_logged(amp, ns, "policed") == ["patched", "allowed patch=0B"]

@@ -2,21 +2,35 @@
 Names, labels and amp's configuration, shared by the templates.
 */}}
 
-{{/* The release's base name: the release name, with the chart's name
-prefixed unless it already contains it (release "amp" gives "amp"). */}}
+{{/* The chart's name, or nameOverride. */}}
+{{- define "amp.name" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release's base name: fullnameOverride, else the release name, with
+the chart's name (or nameOverride) added unless it already contains it
+(release "amp" gives "amp"). */}}
 {{- define "amp.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "amp.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
-{{/* Labels on every object.  (No managed-by: the same objects are rendered
-into the kustomize manifests.) */}}
+{{/* Labels on every object: Kubernetes' recommended ones.  (deploy/render
+writes managed-by kustomize into the manifests it renders from these.) */}}
 {{- define "amp.labels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "amp.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: amp
 {{- end -}}
 
@@ -25,7 +39,7 @@ is one webhook per cluster (its webhook configuration and ClusterRole are
 cluster-wide), so the selector is the one the kustomize manifests always had:
 a Deployment's selector cannot change in place. */}}
 {{- define "amp.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "amp.name" . }}
 app.kubernetes.io/component: webhook
 {{- end -}}
 
@@ -172,4 +186,43 @@ else empty; and the name of its Lease.
 {{- define "amp.bypassLease" -}}
 {{- $bypass := ((.Values.config | default dict).kubernetes | default dict).bypass | default dict -}}
 {{- $bypass.lease_name | default "amp-bypass-reporter" -}}
+{{- end -}}
+
+{{/* A CPU quantity (250m, 1, 1.5) in millicores. */}}
+{{- define "amp.millicores" -}}
+{{- $q := toString . -}}
+{{- if hasSuffix "m" $q -}}{{ trimSuffix "m" $q | int }}
+{{- else -}}{{ mulf ($q | float64) 1000 | int }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The autoscaler's checks (autoscaling.enabled): a CPU request to take the
+percentage of; a target one Pod can reach (amp's config.workers processes
+use at most a core each, and no more than limits.cpu); a minReplicas that
+leaves the PodDisruptionBudget a replica to evict.
+*/}}
+{{- define "amp.autoscalingChecks" -}}
+{{- $a := .Values.autoscaling -}}
+{{- $requests := (.Values.resources | default dict).requests | default dict -}}
+{{- if not $requests.cpu -}}
+{{- fail "autoscaling.enabled: needs resources.requests.cpu (the target is a percentage of it)" -}}
+{{- end -}}
+{{- if gt (int $a.minReplicas) (int $a.maxReplicas) -}}
+{{- fail (printf "autoscaling.minReplicas %d is above autoscaling.maxReplicas %d" (int $a.minReplicas) (int $a.maxReplicas)) -}}
+{{- end -}}
+{{- $workers := (.Values.config | default dict).workers | default 1 | int -}}
+{{- $reach := mul $workers 1000 -}}
+{{- $limits := (.Values.resources | default dict).limits | default dict -}}
+{{- if $limits.cpu -}}
+{{- $reach = min $reach (include "amp.millicores" $limits.cpu | int) -}}
+{{- end -}}
+{{- $target := div (mul (include "amp.millicores" $requests.cpu | int) (int $a.targetCPUUtilizationPercentage)) 100 -}}
+{{- if ge $target $reach -}}
+{{- fail (printf "autoscaling.targetCPUUtilizationPercentage %d of resources.requests.cpu %v is %dm, which one Pod never reaches: it uses at most %dm (config.workers %d at a core each, limits.cpu %v)" (int $a.targetCPUUtilizationPercentage) $requests.cpu $target $reach $workers ($limits.cpu | default "none")) -}}
+{{- end -}}
+{{- $pdb := .Values.podDisruptionBudget -}}
+{{- if and $pdb.enabled (not (kindIs "string" $pdb.minAvailable)) (ge (int $pdb.minAvailable) (int $a.minReplicas)) -}}
+{{- fail (printf "autoscaling.minReplicas %d: podDisruptionBudget.minAvailable %d would let no replica be evicted (a drain would block); use a minReplicas above it" (int $a.minReplicas) (int $pdb.minAvailable)) -}}
+{{- end -}}
 {{- end -}}
