@@ -252,14 +252,14 @@ MESSAGES = [
     ("denied by the endpoint without a message", "answers.py", None),
     ("dropped (must be a name without '/')", "review.py", None),
     ("replaced an existing list of", "patch/_apply.py", None),
-    ("namespace is enabled but has no endpoint annotation", "admission.py", None),
+    ("namespace is enabled but has no endpoint annotation", "admission/_review.py", None),
     ("is not in endpoints.allow", "policy.py", None),
     ("contains non-ASCII characters (use punycode or percent-encoding)", "urls.py", None),
     ("must not have a", "urls.py", None),
-    ("review deadline of", "admission.py", None),
-    ("the review was cancelled: the client went away", "admission.py", None),
-    ("amp internal error: ", "admission.py", None),
-    ("Internal error reviewing", "admission.py", None),
+    ("review deadline of", "admission/_review.py", None),
+    ("the review was cancelled: the client went away", "admission/_review.py", None),
+    ("amp internal error: ", "admission/_review.py", None),
+    ("Internal error reviewing", "admission/_review.py", None),
     ("circuit breaker open, next try in", "endpoint/_client.py", None),
     ("calls already in flight (max_concurrent)", "endpoint/_client.py", None),
     ("no time left in the review's deadline", "endpoint/_client.py", None),
@@ -278,7 +278,7 @@ MESSAGES = [
     ("the patched Pod would be invalid: ", "patch/_pod.py", None),
     ("more than patch.max_operations", "patch/_ops.py", None),
     ("is refused by amp (patch.denied_paths)", "patch/_paths.py", ('"is refused by amp"', '" (patch.denied_paths)"')),
-    ("is over patch.max_size", "admission.py", None),
+    ("is over patch.max_size", "admission/_answering.py", None),
     ("Circuit breaker for <endpoint>\nis now open", "service.py", "Circuit breaker for {endpoint} is now {state}"),
     ("TLS certificate not reloaded", "tls.py", None),
     ("still serving serial", "tls.py", None),
@@ -294,9 +294,9 @@ MESSAGES = [
     ("connections open (listen.max_connections)", "http/_factory.py", None),
     ("Bad\nAdmissionReview: ", "web.py", "Bad AdmissionReview: "),
     ("Review <uid> of <ns>/<pod>: endpoint <endpoint> failed (<reason>): <message>; failure policy <policy> <effect>",
-     "admission.py", ("Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
+     "admission/_answering.py", ("Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
                       'f"endpoint {where} failed ({reason}): {message}"')),
-    ("admits it without the endpoint's patch", "admission.py", None),
+    ("admits it without the endpoint's patch", "admission/_answering.py", None),
     ("is not Ignore or Fail; failure policy <policy> (from <where>) applies", "policy.py",
      ("is not {IGNORE} or {FAIL}; ", "failure policy {policy} (from {source}) applies")),
     ("nests arrays and objects more than 100\ndeep; an AdmissionReview never does", "review.py",
@@ -331,8 +331,8 @@ def test_quoted_messages_are_the_ones_amp_emits(on_page: str, source: str, in_co
 
 
 def test_endpoint_protocol_names_the_headers_amp_sends() -> None:
-    sent = set(re.findall(r'b"(x-amp-[a-z-]+)"', (AMP / "admission.py").read_text()))
-    assert sent, "admission.py sends X-Amp-* headers"
+    sent = set(re.findall(r'b"(x-amp-[a-z-]+)"', (AMP / "admission" / "_review.py").read_text()))
+    assert sent, "admission/_review.py sends X-Amp-* headers"
     text = doc("endpoints.md")
     documented = {h.lower() for h in re.findall(r"^(X-Amp-[A-Za-z-]+):", text, re.M)}
     assert documented == sent

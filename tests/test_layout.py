@@ -132,3 +132,8 @@ def test_the_graph_sees_the_known_layers() -> None:
     graph = import_graph()
     assert "amp.reasons" in graph["amp.policy"]
     assert len(graph) > 30
+
+
+def test_no_module_over_600_lines() -> None:
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
