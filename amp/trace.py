@@ -3,13 +3,14 @@ The decision trace of one review (pure): what the review pipeline tells of
 each decision it takes, as typed events with the facts behind it.
 
 Every part of the pipeline is handed a trace (L{IReviewTrace}) and tells
-it each decision, one frozen event per decision (L{Event} and its kinds
-below).  The daemon's trace is L{NO_TRACE}, which keeps nothing; C{amp
-explain} passes a L{RecordedTrace} and prints what it collected
-(L{amp.cli.report} dispatches on the event's type): that is how it tells
-the story of the daemon's own decisions instead of working them out again.
-An event whose facts cost something to gather is only built when the trace
-is L{IReviewTrace.recording}.
+it each decision: the kind of event (one frozen class per decision,
+L{Event} and its kinds below) and its facts.  The daemon's trace is
+L{NO_TRACE}, which keeps nothing and builds no event; C{amp explain} passes
+a L{RecordedTrace}, which builds and keeps each, and prints what it
+collected (L{amp.cli.report} dispatches on the event's type): that is how
+it tells the story of the daemon's own decisions instead of working them
+out again.  Facts that cost something to gather (the route's explanation)
+are only gathered when the trace is L{IReviewTrace.recording}.
 
 The events, in the order a review takes its decisions (L{Step}):
 L{NamespaceFound}, L{RouteDecided}, L{AllowChecked} (per endpoint of the
@@ -270,9 +271,15 @@ class IReviewTrace(Interface):
 
     recording = Attribute("Whether events are kept: the facts only a kept event needs are gathered only then.")
 
-    def record(event: Event) -> None:
+    def record(kind: type[Event], **facts: Any) -> None:
         """
-        One decision.
+        One decision: its kind of event and the event's facts (a trace
+        that keeps it makes C{kind(**facts)}).
+        """
+
+    def extend(events: Sequence[Event]) -> None:
+        """
+        Decisions already made into events, in order.
         """
 
 
@@ -285,7 +292,10 @@ class NoTrace:
     __slots__ = ()
     recording = False
 
-    def record(self, event: Event) -> None:
+    def record(self, kind: type[Event], /, **facts: Any) -> None:
+        pass
+
+    def extend(self, events: Sequence[Event]) -> None:
         pass
 
 
@@ -324,14 +334,17 @@ class RecordedTrace:
     _start: Optional[float] = None
     recording: ClassVar[bool] = True
 
-    def record(self, event: Event) -> None:
+    def record(self, kind: type[Event], /, **facts: Any) -> None:
+        self.extend((kind(**facts),))
+
+    def extend(self, events: Sequence[Event]) -> None:
         at = 0.0
         if self.seconds is not None:
             now = self.seconds()
             if self._start is None:
                 self._start = now
             at = now - self._start
-        self.events.append(RecordedEvent(event, at))
+        self.events.extend(RecordedEvent(event, at) for event in events)
 
     def of(self, kind: type[E]) -> list[E]:
         """

@@ -55,7 +55,7 @@ class Answering:
         try:
             checked = chain.composed(req.object, self._parts.compose_options(len(r.steps)))
         except PatchError as e:
-            self._trace.record(Refused(reason=e.reason, message=f"the chain's patches together: {e}"))
+            self._trace.record(Refused, reason=e.reason, message=f"the chain's patches together: {e}")
             return self.failed(r, chain, e.reason, f"the chain's patches together: {e}", endpoint)
         warnings = chain.warnings + [f"amp: {w}" for w in checked.warnings]
         if chain.skipped:
@@ -69,7 +69,7 @@ class Answering:
         patch = dumps(stamp(checked, chain.outcomes).operations)
         if len(patch) > self._parts.config.patch.max_size:
             message = f"patch of {len(patch)} bytes is over patch.max_size"
-            self._trace.record(Refused(reason=Reason.PATCH_TOO_LARGE, message=message))
+            self._trace.record(Refused, reason=Reason.PATCH_TOO_LARGE, message=message)
             return self.failed(r, chain, Reason.PATCH_TOO_LARGE, message, endpoint)
         if checked.repaired:
             self._parts.metrics.patch_repairs.inc(checked.repaired)
@@ -220,7 +220,7 @@ def told(trace: IReviewTrace, answer: Answer) -> Answer:
     """
     Tell C{trace} the answer.
     """
-    trace.record(Answered(answer.outcome.result, answer.outcome.reason, answer.body))
+    trace.record(Answered, result=answer.outcome.result, reason=answer.outcome.reason, body=answer.body)
     return answer
 
 

@@ -135,7 +135,7 @@ class Stamper:
         # round's of this admission, or its author's (amp.stamp).
         value = next_stamp(pod_stamp(req.object), outcomes)
         written = pod_stamp(checked.pod) != value
-        self._trace.record(Stamped(key=STATUS_ANNOTATION, value=value, written=written))
+        self._trace.record(Stamped, key=STATUS_ANNOTATION, value=value, written=written)
         changes: dict[str, Optional[str]] = {LEGACY_SKIPPED_ANNOTATION: None}
         if written:
             changes[STATUS_ANNOTATION] = value

@@ -138,8 +138,7 @@ class Review:
                                 validation=self._validation, cache=parts.routes, explain=trace.recording)
         if r.enabled:
             parts.note_problem(req.namespace, r.policy_problem)
-        for event in r.explanation:
-            trace.record(event)
+        trace.extend(r.explanation)
         if not r.enabled:
             return self._answer(answers.skipped(req))
         if r.error is not None:
@@ -185,8 +184,8 @@ class Review:
             pod_json = dumps(chain.pod.pod)
         now = self._call_started = self._parts.clock.seconds()
         left = self._deadline.remaining(now)
-        self._trace.record(BudgetGiven(seconds=round(left, 4), timeout=round(min(step.settings.timeout, left), 4),
-                                       position=chain.index + 1, chain_length=len(chain.route.steps)))
+        self._trace.record(BudgetGiven, seconds=round(left, 4), timeout=round(min(step.settings.timeout, left), 4),
+                           position=chain.index + 1, chain_length=len(chain.route.steps))
         plan = self._canary_plan
         if plan is not None and plan.index == chain.index:
             self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]
@@ -210,9 +209,9 @@ class Review:
         judged = None
         try:
             self._record_call(OK, "")
-            self._trace.record(Replied(
-                allowed=decision.allowed, operations=len(decision.patch), warnings=list(decision.warnings),
-                code=None if decision.allowed else decision.code, message=decision.message))
+            self._trace.record(
+                Replied, allowed=decision.allowed, operations=len(decision.patch), warnings=list(decision.warnings),
+                code=None if decision.allowed else decision.code, message=decision.message)
             judged = self._judge(decision)
         finally:
             reply.settle(judged.reason if isinstance(judged, PatchError) else OK)
@@ -252,7 +251,7 @@ class Review:
             return self._answer(answers.denied(req, origin, decision.code, decision.message,
                                                warnings=chain.warnings, audit=chain.audit))
         if isinstance(judged, PatchError):
-            self._trace.record(Refused(reason=judged.reason, message=str(judged)))
+            self._trace.record(Refused, reason=judged.reason, message=str(judged))
             return self._step_ended(judged.reason, str(judged))
         self._tell_canary(judged.pod if judged is not None else chain.pod.pod)
         changed = judged is not None and bool(judged.operations)
@@ -274,7 +273,7 @@ class Review:
         step = r.steps[chain.index]
         if r.failure_policy == FAIL or r.mode == SHADOW:
             return self._answer(self._answering.failed(r, chain, reason, message, step.name))
-        self._trace.record(Skipped(endpoint=step.name, reason=reason, message=message))
+        self._trace.record(Skipped, endpoint=step.name, reason=reason, message=message)
         chain.skip(step.name, reason, message)
         self._call_next()
 
@@ -283,8 +282,8 @@ class Review:
         assert chain is not None
         step = chain.route.steps[chain.index]
         seconds = self._parts.clock.seconds() - self._call_started
-        self._trace.record(Called(endpoint=step.name, url=step.url.url, outcome=outcome, seconds=round(seconds, 6),
-                                  message=message))
+        self._trace.record(Called, endpoint=step.name, url=step.url.url, outcome=outcome, seconds=round(seconds, 6),
+                           message=message)
 
     # ------------------------------------------------------------ ending
 

@@ -141,12 +141,13 @@ class ExplainedNamespace(Service):
 
     def _record(self, answer: Optional[NamespaceInfo], where: str) -> Optional[NamespaceInfo]:
         set_by = sorted([*(f"label {k}" for k in self._labels), *(f"annotation {k}" for k in self._annotations)])
-        self.trace.record(NamespaceFound(
+        self.trace.record(
+            NamespaceFound,
             name=self._name, found=answer is not None, source=where,
             labels=dict(answer.labels) if answer is not None else {},
             annotations=dict(answer.annotations) if answer is not None else {},
             set_by_command_line=set_by,
-            near_misses=self._keys.namespace_hints(answer) if answer is not None and self._keys else []))
+            near_misses=self._keys.namespace_hints(answer) if answer is not None and self._keys else [])
         return answer
 
 

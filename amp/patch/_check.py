@@ -108,7 +108,7 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
                 raise PatchError(Reason.APPLY_FAILED, f"{op.label}: {again.message}") from None
             _trace_repair(trace, op, fail, operations[before:])
         operations.append(op.out)
-        trace.record(OperationApplied(index=op.index, op=op.op, path=op.path, from_=op.frm, repair=False))
+        trace.record(OperationApplied, index=op.index, op=op.op, path=op.path, from_=op.frm, repair=False)
 
     if not modifies:
         return unchanged(pod)
@@ -118,9 +118,9 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
 
 def _trace_repair(trace: IReviewTrace, op: Op, fail: Fail, inserted: list[dict]) -> None:
     paths = ", ".join(i["path"] for i in inserted)
-    trace.record(Repaired(index=op.index, message=f"{op.label}: {fail.message}; amp inserted add {paths}"))
+    trace.record(Repaired, index=op.index, message=f"{op.label}: {fail.message}; amp inserted add {paths}")
     for i in inserted:
-        trace.record(OperationApplied(index=None, op=i["op"], path=i["path"], from_=None, repair=True))
+        trace.record(OperationApplied, index=None, op=i["op"], path=i["path"], from_=None, repair=True)
 
 
 def unchanged(pod: dict) -> CheckedPatch:
