@@ -9,7 +9,6 @@ policy.  Nothing here does I/O.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
@@ -18,7 +17,7 @@ from amp.namespaces import NamespaceInfo
 from amp.reasons import FailurePolicy, Mode, Reason
 from amp.rules import is_enabled, mode as namespace_mode
 from amp.trace import AllowChecked, Event, PolicyChosen, RouteDecided
-from amp.urls import BadURL, EndpointURL, parse_endpoint_url
+from amp.urls import CHAIN_SEPARATORS, BadURL, EndpointURL, escaped, parse_endpoint_url, shown_url, step_names
 
 IGNORE, FAIL = FailurePolicy.IGNORE, FailurePolicy.FAIL
 #: Each failure policy by its value (a dict lookup: calling the enum costs
@@ -42,8 +41,9 @@ class EndpointStep:
     url: EndpointURL
     settings: EndpointSettings
     breaker: BreakerConfig
-    #: How amp names the step: its origin, or its origin and path when
-    #: another step of the chain has the same origin.
+    #: How amp names the step in every output (L{amp.urls.step_names}): its
+    #: origin, or its origin and path when another step of the chain has
+    #: the same origin, and its position when they differ only in query.
     name: str = ""
 
     @property
@@ -140,7 +140,7 @@ def failure_policy_problem(ns: NamespaceInfo, config: Config, policy: str) -> Op
     if value is None or value in (IGNORE, FAIL):
         return None
     source = "the webhook's failurePolicy" if config.failure_policy == FailurePolicy.AUTO else "failure_policy"
-    return (f"annotation {key}: {shown_url(repr(value), 40)} is not {IGNORE} or {FAIL}; "
+    return (f"annotation {key}: {escaped(repr(value), 40)} is not {IGNORE} or {FAIL}; "
             f"failure policy {policy} (from {source}) applies")
 
 
@@ -200,16 +200,13 @@ def route(
     return _explained(r, ns, config, cluster_policy, keys, key) if explain else r
 
 
-#: What separates the URLs of a chain in the endpoint annotation.
-_SEPARATORS = re.compile(r"[ \n]+")
-
 #: Distinct endpoint annotation values remembered by L{route}'s cache.
 _CACHE_LIMIT = 4096
 
 
 def chain_pieces(raw: str) -> list[str]:
     """The URLs of the endpoint annotation C{raw}, as written (unchecked)."""
-    return [piece for piece in _SEPARATORS.split(raw) if piece]
+    return [piece for piece in CHAIN_SEPARATORS.split(raw) if piece]
 
 
 def resolve_chain(raw: str, config: Config) -> tuple[
@@ -247,32 +244,9 @@ def resolve_chain(raw: str, config: Config) -> tuple[
             return (), url, "", (Reason.NOT_ALLOWED, f"endpoint {url.origin} is not in endpoints.allow")
         root = replace(url, url=url.origin + "/", path="/")
         steps.append(EndpointStep(url, endpoints.settings_for(url), endpoints.settings_for(root).breaker))
-    origins = [step.origin for step in steps]
-    steps_tuple = tuple(
-        replace(step, name=step.origin if origins.count(step.origin) == 1 else step.origin + step.url.path)
-        for step in steps)
+    names = step_names([step.url for step in steps])
+    steps_tuple = tuple(replace(step, name=name) for step, name in zip(steps, names))
     return steps_tuple, steps_tuple[0].url, "", None
-
-
-def shown_url(raw: str, limit: int = 200) -> str:
-    """
-    An annotation's URL (C{Route.raw_url}) as amp may repeat it (in
-    warnings, audit and Pod annotations, logs) when it is not a URL amp
-    will call: credentials masked (C{http://***@host/}), anything but
-    printable ASCII escaped (C{\\r}, C{\\x00}, C{\\u2028}), at most
-    C{limit} characters.
-    """
-    text = raw.strip()
-    scheme, sep, rest = text.partition("://")
-    if not sep:
-        scheme, rest = "", text
-    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    authority = rest[:end]
-    if "@" in authority:
-        text = f"{scheme}{sep}***@{authority.rsplit('@', 1)[1]}{rest[end:]}"
-    out = "".join(c if 0x20 < ord(c) < 0x7F else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
-                  for c in text)
-    return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
 def _explained(r: Route, ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str],
@@ -298,11 +272,11 @@ def _explained(r: Route, ns: Optional[NamespaceInfo], config: Config, cluster_po
                                            reason=reason, error=message, patterns=patterns))
             else:
                 pattern = next((p.text for p in allow if p.matches(r.url)), None)
-                events.append(AllowChecked(url=r.url.url, allowed=pattern is not None, pattern=pattern,
+                events.append(AllowChecked(url=shown_url(r.url), allowed=pattern is not None, pattern=pattern,
                                            reason=reason, error=message, patterns=patterns))
         for step in r.steps:
             pattern = next((p.text for p in allow if p.matches(step.url)), None)
-            events.append(AllowChecked(url=step.url.url, allowed=pattern is not None, pattern=pattern, reason="",
+            events.append(AllowChecked(url=shown_url(step.url), allowed=pattern is not None, pattern=pattern, reason="",
                                        error="", patterns=patterns))
         _, why = failure_policy_why(ns, config, cluster_policy)
         events.append(PolicyChosen(policy=r.failure_policy, why=why))

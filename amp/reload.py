@@ -18,29 +18,37 @@ L{SighupService}
 L{ConfigFile}
     amp's config file.  A change (its resolved path, inode, size or mtime,
     so a ConfigMap volume's C{..data} symlink swap is seen) or C{SIGHUP}
-    loads it again: a valid config is handed to C{apply} (the running
-    service swaps it in between reviews, L{amp.service.AmpService.apply});
-    keys only a restart can change keep their running values and are named
-    in one warning line (L{amp.config.for_reload}); a file that does not
-    load keeps the running config, and the exact error is logged.  Counted
-    in C{amp_config_reloads_total{result}}.
+    loads it again, in a thread (L{load_config_file}: the file is
+    untrusted, read and parsed within L{amp.files}' limits, and even a
+    bounded parse must not stall reviews); only the parsed, checked config
+    comes back to the reactor thread.  A valid config is handed to C{apply}
+    (the running service swaps it in between reviews,
+    L{amp.service.AmpService.apply}); keys only a restart can change keep
+    their running values and are named in one warning line
+    (L{amp.config.for_reload}); a file that does not load keeps the running
+    config, and the exact error is logged once per distinct content.
+    Counted in C{amp_config_reloads_total{result}}.
 """
 
 from __future__ import annotations
 
+import hashlib
 import signal
+from collections import OrderedDict
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Callable, Optional, Union
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from zope.interface import Interface, implementer
 
-from amp._files import Observed, observe
-from amp.config import Config, ConfigError, config_digest, for_reload, load_config
+from amp.config import Config, ConfigError, config_digest, for_reload, parse_config
+from amp.files import CONFIG_LIMIT, FileError, Observed, config_document, observe, read_file
 from amp.metrics import Metrics
 
 _SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, None]
@@ -51,13 +59,14 @@ class IReloadable(Interface):
     Something loaded from files that L{ReloadService} keeps current.
     """
 
-    def check() -> bool:
+    def check() -> "Union[bool, Deferred[bool]]":
         """
         Load the files if they changed since the last load; never raises
-        for a bad file.  Returns whether something new was put in force.
+        for a bad file.  Returns (or fires with, when the load runs in a
+        thread) whether something new was put in force.
         """
 
-    def reload() -> bool:
+    def reload() -> "Union[bool, Deferred[bool]]":
         """
         Load the files whether or not they look changed (C{SIGHUP}).
         """
@@ -124,21 +133,20 @@ class ReloadService(Service):
         self._loop = None
         return super().stopService()
 
-    def _tick(self) -> None:
-        try:
-            self.target.check()
-        except Exception:
-            self.log.failure("Unexpected error while checking {what}", what=self.what)
+    def _tick(self) -> "Deferred[None]":
+        # The loop waits for a load in a thread before its next poll, and an
+        # error never stops it.
+        d = maybeDeferred(self.target.check)
+        d.addErrback(lambda f: self.log.failure("Unexpected error while checking {what}", f, what=self.what))
+        return d.addCallback(lambda _: None)
 
     def reload_now(self) -> None:
         """
         Load the files whether or not they look changed (C{SIGHUP}); an
         error is logged, never raised.
         """
-        try:
-            self.target.reload()
-        except Exception:
-            self.log.failure("Unexpected error while reloading {what}", what=self.what)
+        d = maybeDeferred(self.target.reload)
+        d.addErrback(lambda f: self.log.failure("Unexpected error while reloading {what}", f, what=self.what))
 
 
 class SighupService(Service):
@@ -218,10 +226,77 @@ class SighupService(Service):
         return super().stopService()
 
 
+#: Runs a blocking callable away from the reactor thread and fires with its
+#: result there: L{in_thread_pool} in the daemon.
+InThread = Callable[[Callable[[], Any]], "Deferred[Any]"]
+
+
+def in_thread_pool(reactor: Any) -> InThread:
+    """
+    Run callables in C{reactor}'s thread pool; the result crosses back to
+    the reactor thread (C{deferToThreadPool}).
+    """
+    return lambda f: deferToThreadPool(reactor, reactor.getThreadPool(), f)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """
+    What one look at the config file found (built in a thread; only this
+    crosses to the reactor).
+
+    @ivar state: the file's state (of exactly the bytes read, when read).
+    @ivar config: the parsed, checked config, or None.
+    @ivar error: why the file was refused, or None.
+    @ivar content: identifies what was refused (a hash of the bytes, or
+        the error when nothing could be read): each is logged once.
+    """
+
+    state: Observed
+    config: Optional[Config] = None
+    error: Optional[str] = None
+    content: str = ""
+
+    @property
+    def unchanged(self) -> bool:
+        return self.config is None and self.error is None
+
+
+def load_config_file(path: str, seen: Optional[Observed]) -> Loaded:
+    """
+    Look at the config file and, unless its state is C{seen} (None: load
+    regardless), read and parse it (L{amp.files.config_document}, then
+    L{parse_config}).  Blocking: run in a thread, never on the reactor.
+    """
+    state = observe(path)
+    if seen is not None and state == seen:
+        return Loaded(state)
+    try:
+        data, state = read_file(path, path, CONFIG_LIMIT)
+    except FileError as e:
+        return Loaded(state, error=f"(file): {e}", content=str(e))
+    content = hashlib.sha256(data).hexdigest()
+    try:
+        return Loaded(state, config=parse_config(config_document(data, path)))
+    except FileError as e:
+        return Loaded(state, error=f"(file): {e}", content=content)
+    except ConfigError as e:
+        return Loaded(state, error=str(e), content=content)
+
+
+#: Refused file contents remembered, so that each is logged once.
+REFUSED_REMEMBERED = 64
+
+
 @implementer(IReloadable)
 class ConfigFile:
     """
     amp's config file, loaded again when it changes or on C{SIGHUP}.
+
+    Reading and parsing run in C{in_thread} (L{load_config_file}); only the
+    result comes back to the reactor thread, where a valid config is put in
+    force.  One load runs at a time: a C{SIGHUP} during a load loads again
+    after it.
 
     @ivar running: the configuration in force.
     @ivar digest: its L{config_digest}.
@@ -230,44 +305,77 @@ class ConfigFile:
     log = Logger()
 
     def __init__(self, path: str, running: Config, apply: Callable[[Config], None],
-                 metrics: Optional[Metrics] = None, seen: Optional[Observed] = None) -> None:
+                 metrics: Optional[Metrics] = None, seen: Optional[Observed] = None, *,
+                 in_thread: InThread) -> None:
         """
         @param path: the file C{running} was loaded from.
         @param apply: puts a new configuration in force; called with the
             configuration L{for_reload} makes of the new file.
         @param seen: the file's state when C{running} was loaded (default:
             its state now).
+        @param in_thread: runs L{load_config_file} off the reactor thread.
         """
         self.path = path
         self.running = running
         self.digest = config_digest(running)
         self._apply = apply
         self._metrics = metrics
+        self._in_thread = in_thread
         self._seen = seen if seen is not None else observe(path)
+        self._loading: Optional[Deferred[bool]] = None
+        self._again = False
+        self._refused: OrderedDict[str, None] = OrderedDict()
         if metrics is not None:
             metrics.config_info.labels(hash=self.digest).set(1)
 
-    def check(self) -> bool:
-        state = observe(self.path)
-        if state == self._seen:
+    def check(self) -> "Deferred[bool]":
+        return self._load("file changed", force=False)
+
+    def reload(self) -> "Deferred[bool]":
+        return self._load("reload requested", force=True)
+
+    def _load(self, trigger: str, force: bool) -> "Deferred[bool]":
+        if self._loading is not None:
+            # A poll waits for the load in flight; a SIGHUP loads again after it.
+            self._again = self._again or force
+            return self._loading
+        path, seen = self.path, None if force else self._seen
+        d: Deferred[Loaded] = self._in_thread(lambda: load_config_file(path, seen))
+        loading = d.addCallback(self._settle, trigger)
+        loading.addErrback(self._unexpected, trigger)
+        self._loading = loading
+        loading.addBoth(self._done)
+        return loading
+
+    def _done(self, result: Any) -> Any:
+        self._loading = None
+        if self._again:
+            self._again = False
+            self.reload()
+        return result
+
+    def _unexpected(self, failure: Any, trigger: str) -> bool:
+        self._count("error")
+        self.log.failure("Config {path} not reloaded ({trigger}), still running config {hash}", failure,
+                         path=self.path, trigger=trigger, hash=self.digest)
+        return False
+
+    def _settle(self, loaded: Loaded, trigger: str) -> bool:
+        if loaded.unchanged:
             return False
-        return self._attempt("file changed", state)
-
-    def reload(self) -> bool:
-        return self._attempt("reload requested", observe(self.path))
-
-    def _attempt(self, trigger: str, state: Observed) -> bool:
-        # A file that does not load is reported once, not at every poll;
-        # the next change (or SIGHUP) tries again.
-        self._seen = state
-        try:
-            new = load_config(self.path)
-        except ConfigError as e:
+        # A file that does not load is reported once per content, not at
+        # every poll; the next change (or SIGHUP) tries again.
+        self._seen = loaded.state
+        if loaded.config is None:
             self._count("error")
-            self.log.warn("Config {path} not reloaded ({trigger}), still running config {hash}: {error}",
-                          path=self.path, trigger=trigger, hash=self.digest, error=str(e))
+            if loaded.content not in self._refused:
+                self._refused[loaded.content] = None
+                if len(self._refused) > REFUSED_REMEMBERED:
+                    self._refused.popitem(last=False)
+                self.log.warn("Config {path} not reloaded ({trigger}), still running config {hash}: {error}",
+                              path=self.path, trigger=trigger, hash=self.digest, error=loaded.error)
             return False
-        effective, kept = for_reload(self.running, new)
+        effective, kept = for_reload(self.running, loaded.config)
         if kept:
             self.log.warn(
                 "Config {path}: {keys} changed but only take effect on a restart; running with the old "

@@ -175,6 +175,18 @@ def _bounded_int(text: str) -> int:
 #: in range.
 _DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
 
+
+def decode_bounded(text: str) -> Any:
+    """
+    JSON text decoded as the API server reads it: no C{NaN} or
+    C{Infinity}, integers that fit in 64 bits, finite floats.  The caller
+    checks the depth first (L{nesting_exceeds}).
+
+    @raise ValueError: naming the problem (a C{json.JSONDecodeError}, with
+        its line and column, when the text is not JSON at all).
+    """
+    return _DECODER.decode(text)
+
 # For the depth check: brackets and quotes kept ({ and } as [ and ]), then
 # each [ as +1 and each ] as -1.
 _STRUCTURE = bytes(range(256)).translate(None, b'[]{}"')

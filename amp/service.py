@@ -4,7 +4,7 @@ it is given.
 
 L{AmpService} receives its listening endpoints (the webhook's TLS endpoint
 and the metrics listener's, or None when metrics are off), its namespace
-source and, for tests, the HTTP agent its endpoint calls go through; it never
+source and, for tests, the connector its endpoint calls go through; it never
 builds a listener or reaches for the global reactor.  L{amp.tap.makeService}
 is the one place that builds the real ones from the config.
 
@@ -34,7 +34,6 @@ from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
 from twisted.logger import ILogObserver, Logger
 from twisted.python.failure import Failure
-from twisted.web.iweb import IAgent
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
@@ -43,7 +42,7 @@ from amp.breaker import BreakerRegistry
 from amp.canary import Canary
 from amp import __version__
 from amp.config import Config, TLSConfig, config_summary
-from amp.endpoint import EndpointClient
+from amp.endpoint import Connector, EndpointClient
 from amp.http import HTTPServerFactory
 from amp.logs import ConfigurableObserver
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
@@ -52,7 +51,7 @@ from amp.namespaces import INamespaceSource, NamespaceInfo, StaticNamespaceSourc
 from amp.reasons import NamespaceSource
 from amp.recent import RecentDecisions, RecentDecisionsResource
 from amp.record import Recorder
-from amp.reload import ConfigFile, ConfigReloadService, SighupService
+from amp.reload import ConfigFile, ConfigReloadService, InThread, SighupService, in_thread_pool
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.web import AdmissionResource, not_found, webhook_routes
 
@@ -216,12 +215,13 @@ class AmpService(MultiService):
         metrics_endpoint: Optional[IStreamServerEndpoint],
         namespaces: INamespaceSource,
         metrics: Metrics,
-        agent: Optional[IAgent] = None,
+        connector: Optional[Connector] = None,
         install_sighup: bool = True,
         log_observer: Optional[ILogObserver] = None,
         freeze_gc: bool = False,
         config_path: Optional[str] = None,
         on_connections: Optional[Callable[[int], None]] = None,
+        in_thread: Optional[InThread] = None,
     ) -> None:
         """
         @param certificate: the loaded serving certificate the webhook
@@ -234,8 +234,8 @@ class AmpService(MultiService):
             metrics listener.
         @param namespaces: the namespace source (L{namespace_source}); a
             child service of this one.
-        @param agent: an C{IAgent} every endpoint call goes through instead
-            of amp's own pooled connections (tests).
+        @param connector: the connect endpoints every endpoint call goes
+            through instead of amp's own (L{amp.endpoint.Connector}; tests).
         @param install_sighup: install the one C{SIGHUP} handler
             (L{SighupService}, C{self.sighup}) while running.
         @param freeze_gc: once the reactor runs, move the objects alive
@@ -248,6 +248,8 @@ class AmpService(MultiService):
         @param on_connections: called with the webhook listener's open
             connection count whenever it changes (with workers,
             L{amp.balance.WorkerListener.connections_changed}).
+        @param in_thread: where the config file is read and parsed on a
+            reload (L{amp.reload.ConfigFile}); None: C{reactor}'s thread pool.
         """
         super().__init__()
         self._drain_with: list[IService] = []
@@ -269,7 +271,7 @@ class AmpService(MultiService):
             emit("Circuit breaker for {endpoint} is now {state}", endpoint=origin, state=state)
 
         self.breakers = BreakerRegistry(reactor, breaker_changed, random=random.random)
-        self.endpoint_client = EndpointClient(reactor, metrics, self.breakers, agent=agent)
+        self.endpoint_client = EndpointClient(reactor, metrics, self.breakers, connector=connector)
         EndpointClientService(self.endpoint_client).setServiceParent(self)
         #: The one SIGHUP handler: it asks the certificate, the config and
         #: (with workers) the workers to reload, in that order.
@@ -288,7 +290,7 @@ class AmpService(MultiService):
         # Candidates have an endpoint client of their own: their own pools,
         # bulkheads and breakers, and metrics apart from the live endpoints'.
         self.canary_client = EndpointClient(reactor, Metrics(), BreakerRegistry(reactor, random=random.random),
-                                            agent=agent)
+                                            connector=connector)
         EndpointClientService(self.canary_client).setServiceParent(self)
         self.canary = Canary(self.canary_client, reactor, metrics,
                              annotate=lambda uid, result, paths: self.recent.annotate(uid, result, paths))
@@ -314,7 +316,8 @@ class AmpService(MultiService):
         self.config_file: Optional[ConfigFile] = None
         self.config_reload: Optional[ConfigReloadService] = None
         if config_path is not None:
-            self.config_file = ConfigFile(config_path, config, self.apply, metrics)
+            self.config_file = ConfigFile(config_path, config, self.apply, metrics,
+                                          in_thread=in_thread if in_thread is not None else in_thread_pool(reactor))
             self.config_reload = ConfigReloadService(self.config_file, reactor=reactor, interval=config.reload_interval)
             self.config_reload.setServiceParent(self)
             self.sighup.add(self.config_reload.what, self.config_reload.reload_now)

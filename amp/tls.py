@@ -65,7 +65,7 @@ from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from zope.interface import implementer
 
-from amp._files import FileState, Observed, observe
+from amp.files import PEM_LIMIT, FileError, FileState, Observed, observe, read_file
 from amp.metrics import Metrics
 from amp.reload import ReloadService
 
@@ -108,24 +108,13 @@ class CertificateError(ValueError):
 
 def _read(path: str, what: str) -> tuple[bytes, FileState]:
     """
-    Read C{path} and return its bytes with the state of exactly the file
-    that was read.
+    Read C{path} (at most L{PEM_LIMIT} bytes) and return its bytes with the
+    state of exactly the file that was read.
     """
     try:
-        with open(path, "rb") as f:
-            state = FileState.of_open_file(path, f.fileno())
-            data = f.read()
-    except FileNotFoundError:
-        raise CertificateError(f"{what} {path}: file not found") from None
-    except PermissionError:
-        raise CertificateError(f"{what} {path}: not readable (permission denied)") from None
-    except IsADirectoryError:
-        raise CertificateError(f"{what} {path}: is a directory, expected a PEM file") from None
-    except OSError as e:
-        raise CertificateError(f"{what} {path}: cannot be read ({e.strerror})") from None
-    if not data.strip():
-        raise CertificateError(f"{what} {path}: file is empty")
-    return data, state
+        return read_file(path, f"{what} {path}", PEM_LIMIT)
+    except FileError as e:
+        raise CertificateError(str(e)) from None
 
 
 def _parse_certificates(data: bytes, path: str, what: str) -> list[x509.Certificate]:

@@ -1,5 +1,6 @@
 """
-Endpoint URLs: parsing, validation and allow-list patterns (pure).
+Endpoint URLs: parsing, validation, allow-list patterns and the one way
+they are shown (pure).
 
 An endpoint URL comes from a namespace annotation, which anyone who can edit
 that namespace controls, so it is parsed strictly before amp goes near it:
@@ -8,6 +9,12 @@ ASCII, a host and a port that make sense.  Allow-list patterns are matched
 component by component (scheme, host, port, path), never as one string, so
 that tricks such as ``http://127.0.0.1:80@evil/`` cannot satisfy
 ``http://127.0.0.1:*/*``.
+
+A URL may carry a token in its query (C{?token=...}), so amp never repeats
+one as written: L{shown_url} decides how every output shows an endpoint
+URL (origin and path, never query, user information or fragment), and
+L{step_names} names the steps of a chain with it, telling apart steps that
+differ only in their query by their position.
 
 The address side of the allow-list lives here too: L{parse_networks} reads
 C{endpoints.deny_networks} (CIDRs and the names in L{NAMED_NETWORKS}) and
@@ -18,9 +25,10 @@ through IPv4-mapped and NAT64 IPv6 addresses to the IPv4 address they carry.
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Iterable, Optional, Union
+from typing import Iterable, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -94,6 +102,84 @@ def parse_endpoint_url(url: str) -> EndpointURL:
     if parts.query:
         path = f"{path}?{parts.query}"
     return EndpointURL(url=url, scheme=scheme, host=host, port=port, path=path)
+
+
+# ---------------------------------------------------------------- showing
+
+
+def shown_url(url: Union[EndpointURL, str], limit: int = 200) -> str:
+    """
+    The one way amp shows an endpoint URL, in every output (warnings, audit
+    and Pod annotations, deny messages, the log, metric labels,
+    C{/debug/reviews}, C{amp explain}, C{--check}): its scheme, host, port
+    and path, never its query, user information or fragment, where tokens
+    and passwords travel.
+
+    A checked L{EndpointURL} is shown as its origin and path
+    (C{http://injector.tools.svc:8080/mutate}).  Text that is not a URL amp
+    will call (an annotation, or its piece that failed the check) is shown
+    as far as it reads the same way, each URL of a chain in turn:
+    credentials replaced by C{***@}, everything from the first C{?} or C{#}
+    after the authority left out, anything but printable ASCII escaped
+    (C{\\r}, C{\\x00}, C{\\u2028}), at most C{limit} characters.
+    """
+    if isinstance(url, EndpointURL):
+        return escaped(url.origin + url.path.split("?", 1)[0], limit)
+    return _clipped(" ".join(_escape(_shown_piece(piece)) for piece in CHAIN_SEPARATORS.split(url.strip())), limit)
+
+
+#: What separates the URLs of a chain in an endpoint annotation.
+CHAIN_SEPARATORS = re.compile(r"[ \n]+")
+
+
+def _shown_piece(text: str) -> str:
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "", text
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, after = rest[:end], rest[end:]
+    if "@" in authority:
+        authority = "***@" + authority.rsplit("@", 1)[1]
+    cut = min((i for i in (after.find(c) for c in "?#") if i >= 0), default=len(after))
+    return f"{scheme}{sep}{authority}{after[:cut]}"
+
+
+def step_names(urls: Sequence[EndpointURL]) -> tuple[str, ...]:
+    """
+    How amp names each endpoint of a chain (L{shown_url}, never more): its
+    origin; its origin and path when another step has the same origin;
+    and, when steps differ only in what is never shown (the query), that
+    followed by its position in the chain (C{http://h:80/m#2}).
+    """
+    origins = [u.origin for u in urls]
+    shown = [shown_url(u) for u in urls]
+    names = []
+    for i, u in enumerate(urls):
+        if origins.count(u.origin) == 1:
+            names.append(u.origin)
+        elif shown.count(shown[i]) == 1:
+            names.append(shown[i])
+        else:
+            names.append(f"{shown[i]}#{i + 1}")
+    return tuple(names)
+
+
+def escaped(text: str, limit: int = 200) -> str:
+    """
+    C{text} with anything but printable ASCII escaped (C{\\r},
+    C{\\x00}, C{\\u2028}), at most C{limit} characters: safe to repeat
+    in a header, a log line or an annotation.
+    """
+    return _clipped(_escape(text), limit)
+
+
+def _escape(text: str) -> str:
+    return "".join(c if 0x20 < ord(c) < 0x7F else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                   for c in text)
+
+
+def _clipped(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)

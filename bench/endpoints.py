@@ -361,7 +361,7 @@ def in_memory(calls: int) -> None:
     """
     The client's own CPU per call with no sockets and no other process: one
     pooled connection on a memory reactor, each call's reply written into
-    Twisted's HTTP client as soon as its request is out.  Best of 5 runs of
+    amp's HTTP client as soon as its request is out.  Best of 5 runs of
     C{calls} calls; the figure to compare request paths with.
     """
     from twisted.internet.address import IPv4Address

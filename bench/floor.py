@@ -39,6 +39,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
+from twisted.web.iweb import IBodyProducer
+from zope.interface import implementer
 
 _MAX_HEAD = 64 * 1024
 _OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
@@ -217,6 +219,33 @@ class FloorFactory(Factory):
         return FloorProxy(self.pool)
 
 
+@implementer(IBodyProducer)
+class BytesProducer:
+    """
+    A request body in memory, written at once (Twisted's C{FileBodyProducer}
+    paces through the global cooperator); an C{IBodyProducer}.
+    """
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        self.length = len(body)
+
+    def startProducing(self, consumer: Any) -> Deferred:
+        consumer.write(self._body)
+        d: Deferred = Deferred()
+        d.callback(None)
+        return d
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
 class StackProxy:
     """
     The stack floor (C{--stack}): the same round trip through the parts amp
@@ -238,9 +267,6 @@ class StackProxy:
         from twisted.web import server
         from twisted.web.client import readBody
 
-        # A body in memory, written at once: Twisted's FileBodyProducer
-        # paces through the global cooperator (what amp avoids too).
-        from amp.endpoint import BytesProducer
         from twisted.web.http_headers import Headers
         from twisted.web.resource import Resource
 

@@ -4,13 +4,13 @@ C{test_ssrf.py}).
 
 Three kinds:
 
-  - L{MemoryNet}: Twisted's real HTTP client on a L{MemoryReactorClock}, so
+  - L{MemoryNet}: amp's real HTTP client on a L{MemoryReactorClock}, so
     connects, bytes on the wire and time are all in the test's hands
     (connect timeouts, retries, pooling, a hung endpoint measured on the
     clock).
-  - L{RequestTraversalAgent} (treq.testing) with a L{Clock} as the client's
-    reactor: a twisted.web resource answers in memory (L{Hung},
-    L{Switchable}).
+  - L{ResourceConnector} with a L{Clock} as the client's reactor: a
+    twisted.web resource answers in memory (L{Hung}, L{Switchable}) on
+    connections wired to amp's own by C{twisted.test.iosim}.
   - Real loopback servers on 127.0.0.1 (L{LoopbackServer}: twisted.web or
     raw protocols, plain or TLS) whose factory counts accepted connections,
     for integration.
@@ -25,14 +25,18 @@ from cryptography import x509
 from OpenSSL import crypto
 from twisted.internet import reactor
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import Deferred, inlineCallbacks, succeed
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.ssl import Certificate, CertificateOptions, trustRootFromCertificates
 from twisted.internet.testing import MemoryReactorClock, StringTransportWithDisconnection
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
+from twisted.test import iosim
 from twisted.trial.unittest import TestCase
+from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET
+from twisted.web.server import NOT_DONE_YET, Site
+from zope.interface import implementer
 
 from amp.breaker import BreakerRegistry
 from amp.config import EndpointSettings
@@ -59,7 +63,7 @@ class Harness:
     """
 
     def __init__(
-        self, reactor_: Any, settings: Optional[EndpointSettings] = None, *, agent: Any = None,
+        self, reactor_: Any, settings: Optional[EndpointSettings] = None, *, connector: Any = None,
         origin_settings: Optional[EndpointSettings] = None, **client: Any,
     ) -> None:
         self.reactor = reactor_
@@ -68,7 +72,8 @@ class Harness:
         self.transitions: list[tuple[str, str]] = []
         self.breakers = BreakerRegistry(reactor_, lambda origin, state: self.transitions.append((origin, state)))
         self.root = origin_settings if origin_settings is not None else self.settings
-        self.client = EndpointClient(reactor_, self.metrics, self.breakers, agent=agent, **client)
+        self.connector = connector
+        self.client = EndpointClient(reactor_, self.metrics, self.breakers, connector=connector, **client)
 
     def call(self, url: str, settings: Optional[EndpointSettings] = None, budget: float = 10.0,
              body: bytes = b'{"kind":"Pod"}', *, enforce: bool = True) -> Deferred:
@@ -169,7 +174,7 @@ class SlowCloseTransport(StringTransportWithDisconnection):
 
 class MemoryNet:
     """
-    Twisted's HTTP client on a L{MemoryReactorClock}: every connect attempt
+    amp's HTTP client on a L{MemoryReactorClock}: every connect attempt
     lands in C{reactor.tcpClients}; the test refuses it, times it out, or
     accepts it and writes the server's bytes.
     """
@@ -203,12 +208,120 @@ class MemoryNet:
         return proto, transport
 
 
+def answered_once(reply: bytes, settings: Optional[EndpointSettings] = None,
+                  url: str = "http://127.0.0.1:8090/mutate") -> tuple[Harness, Deferred, Any, Any]:
+    """
+    One call through a new client on a new L{MemoryNet}, its connection
+    accepted and C{reply} written into it; returns the harness, the call,
+    and the connection's protocol and transport.
+    """
+    net = MemoryNet()
+    h = Harness(net.reactor, settings)
+    d = h.call(url)
+    proto, transport = net.accept()
+    proto.dataReceived(reply)
+    return h, d, proto, transport
+
+
 def http_reply(body: bytes, code: int = 200, extra: bytes = b"") -> bytes:
     return (b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
             % (code, len(body), extra, body))
 
 
 # ---------------------------------------------------------------- in-memory resources
+
+
+class _PumpedTransport(iosim.FakeTransport):
+    """
+    The client's end of an in-memory connection: what the client writes or
+    closes reaches the server at once (and the server's answer comes back
+    within), as over a socket with no latency.
+    """
+
+    pump: Any = None
+    _pumping = False
+
+    def _flush(self) -> None:
+        if self._pumping or self.pump is None:
+            return
+        self._pumping = True
+        try:
+            self.pump.flush()
+        finally:
+            self._pumping = False
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self._flush()
+
+    def loseConnection(self) -> None:
+        super().loseConnection()
+        self._flush()
+
+    def abortConnection(self) -> None:
+        super().abortConnection()
+        self._flush()
+
+
+@implementer(IStreamClientEndpoint)
+class _MemoryEndpoint:
+    def __init__(self, connector: "ResourceConnector") -> None:
+        self._connector = connector
+
+    def connect(self, factory: Any) -> Deferred:
+        c = self._connector
+        server_address = IPv4Address("TCP", "127.0.0.1", 8090)
+        client_address = IPv4Address("TCP", "127.0.0.1", 31337)
+        client = factory.buildProtocol(server_address)
+        server = c.site.buildProtocol(client_address)
+        client_io = _PumpedTransport(client, isServer=False, hostAddress=client_address, peerAddress=server_address)
+        server_io = iosim.FakeTransport(server, isServer=True, hostAddress=server_address, peerAddress=client_address)
+        pump = iosim.connect(server, server_io, client, client_io, greet=False, clock=c.clock)
+        client_io.pump = pump
+        c.pumps.append(pump)
+        return succeed(client)
+
+
+class _OneRequestChannel(HTTPChannel):
+    """
+    A channel that answers one request and closes.
+    """
+
+    def checkPersistence(self, request: Any, version: bytes) -> bool:
+        request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+        return False
+
+
+class ResourceConnector:
+    """
+    The client's connector for a twisted.web C{resource} served in memory:
+    every connection is a L{Site} channel wired to the client's own.  A
+    resource that answers later (C{NOT_DONE_YET}) needs L{flush} to move its
+    bytes.
+
+    @param persistent: the server keeps connections open after a reply;
+        by default it closes each after one, so that no pooled connection
+        (nor its idle timer) outlives a test's call.
+    """
+
+    def __init__(self, resource: Resource, persistent: bool = False) -> None:
+        self.clock = MemoryReactorClock()
+        self.site = Site(resource, reactor=self.clock)
+        if not persistent:
+            self.site.protocol = _OneRequestChannel
+        self.pumps: list[Any] = []
+
+    def __call__(self, scheme: bytes, host: str, port: int) -> IStreamClientEndpoint:
+        return _MemoryEndpoint(self)
+
+    def flush(self) -> None:
+        """
+        Move what the servers wrote since; forget closed connections.
+        """
+        for pump in list(self.pumps):
+            pump.flush()
+            if pump.clientIO.disconnected and pump.serverIO.disconnected:
+                self.pumps.remove(pump)
 
 
 class Hung(Resource):

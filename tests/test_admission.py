@@ -2,8 +2,8 @@
 Tests for amp.admission: one review end to end, without a reactor.
 
 The Admitter runs on a L{Clock}; its EndpointClient talks to the example
-endpoints (L{amp_examples.server.build_root}) through treq's
-C{RequestTraversalAgent}, in memory, plus a few tiny resources under
+endpoints (L{amp_examples.server.build_root}) in memory, through a
+L{ResourceConnector} (amp's own connections, wired to twisted.web), plus a few tiny resources under
 C{/test/...} that answer exactly what a test needs.  Every failure is checked
 under both failure policies, with the C{amp.txn2.com/status} stamp, whose
 patch must apply to the Pod whatever the endpoint did.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
@@ -32,6 +31,7 @@ from amp_examples.server import build_root
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
 from amp.review import parse_review
+from tests.endpointhelpers import ResourceConnector
 from tests.helpers import (
     UID,
     V1BETA1,
@@ -88,9 +88,9 @@ class Harness:
         for name, resource in canned.items():
             test.putChild(name.encode(), resource)
         self.root = root
-        self.agent = RequestTraversalAgent(root)
+        self.connector = ResourceConnector(root)
         self.config = config
-        self.client = EndpointClient(self.clock, self.metrics, BreakerRegistry(self.clock), agent=self.agent)
+        self.client = EndpointClient(self.clock, self.metrics, BreakerRegistry(self.clock), connector=self.connector)
         self.source = source if source is not None else StaticNamespaceSource(config.kubernetes)
         self.admitter = Admitter(config, self.source, self.client, self.clock, self.metrics)
 

@@ -126,6 +126,20 @@ def test_the_safe_changes_bench_runs_the_canary_and_the_recorder(tmp_path: Path)
     assert result["recorded"]["written"] > 0 and result["recording_files"] >= 1
 
 
+def test_the_config_reload_bench_loads_every_hostile_file_each_way(tmp_path: Path) -> None:
+    """C{bench.config_reload}: the good file loads, every hostile one is
+    refused, each both ways, with its figures (only reported)."""
+    done = subprocess.run([sys.executable, "-m", "bench.config_reload", "--repeat", "1", "--out", str(tmp_path)],
+                          cwd=str(REPO), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [written] = tmp_path.glob("config-reload-*.json")
+    rows = {r["kind"]: r for r in json.loads(written.read_text())["rows"]}
+    assert set(rows) == {"good", "alias-bomb", "50MiB", "1MiB-parsed", "deep-json", "nan", "invalid-utf8", "empty"}
+    assert rows.pop("good")["result"] == "loaded"
+    assert all(r["result"].startswith("refused: ") for r in rows.values()), rows
+    assert all(r[how]["stall_ms"] > 0 for r in rows.values() for how in ("thread", "reactor"))
+
+
 def test_the_listener_bench_measures_both_listeners_on_both_bodies() -> None:
     """C{bench.listener}: amp's listener and twisted.web's, each answering
     every request with its body (the script stops otherwise), figures only

@@ -159,7 +159,7 @@ class SharedBudgetTests(SynchronousTestCase):
             d = h.review(review_bytes(the_pod), budget=2.0)
             h.clock.advance(1.5)
             first.answer(json.dumps(label("a", "1")).encode())
-            h.agent.flush()
+            h.connector.flush()
             self.assertEqual(len(second.held), 1)
             h.clock.advance(0.499)
             self.assertNoResult(d)

@@ -313,11 +313,11 @@ def test_load_config_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "nope.yaml"
     with pytest.raises(ConfigError) as e:
         load_config(str(path))
-    assert str(e.value) == f"(file): cannot read config file {path}: No such file or directory"
+    assert str(e.value) == f"(file): {path}: file not found"
 
 
 def test_load_config_directory(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read config file"):
+    with pytest.raises(ConfigError, match="is a directory"):
         load_config(str(tmp_path))
 
 
@@ -326,8 +326,9 @@ def test_load_config_invalid_yaml(tmp_path: Path) -> None:
     path.write_text("listen: {port: 8443\ntls: [\n")
     with pytest.raises(ConfigError) as e:
         load_config(str(path))
-    assert str(e.value) == (f"(file): {path} is not valid YAML: line 2, column 4: expected ',' or '}}', "
-                            f"but got ':' (while parsing a flow mapping)")
+    # libyaml's wording (PyYAML's own parser says "expected ..., but got ':'").
+    assert str(e.value).startswith(f"(file): {path} is not valid YAML: line 2, column 4: ")
+    assert str(e.value).endswith("expected ',' or '}' (while parsing a flow mapping)")
 
 
 def test_load_config_reports_the_key_of_a_wrong_value(tmp_path: Path) -> None:
@@ -380,7 +381,7 @@ def test_effective_config_masks_credentials_in_annotation_values() -> None:
         "amp.txn2.com/ep": "https://me:pw@ep.team.svc:8443/m?key=abc,http://ep2.svc:80/x",
         "plain": "no url here"}}}}})
     annotations = effective_config(config)["kubernetes"]["namespaces"]["a"]["annotations"]
-    assert annotations == {"amp.txn2.com/ep": "https://***@ep.team.svc:8443/m?***,http://ep2.svc:80/x",
+    assert annotations == {"amp.txn2.com/ep": "https://***@ep.team.svc:8443/m,http://ep2.svc:80/x",
                            "plain": "no url here"}
 
 

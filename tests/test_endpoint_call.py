@@ -20,14 +20,13 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import Site
-from treq.testing import RequestTraversalAgent
 
 from amp.admission import Admitter
 from amp.breaker import CLOSED, HALF_OPEN, OPEN, BreakerRegistry
 from amp.config import BreakerConfig, EndpointSettings, parse_config
 from amp.deadline import Deadline
 from amp.endpoint import USER_AGENT, EndpointClient, EndpointFailure
-from amp.endpoint._failures import classify
+from amp.endpoint._failures import LocalFailure, classify
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 from amp.reasons import ENDPOINT_REASONS
@@ -43,6 +42,7 @@ from tests.endpointhelpers import (
     MemoryNet,
     NoAddresses,
     RealHarness,
+    ResourceConnector,
     Switchable,
     http_reply,
     requests_total,
@@ -102,7 +102,7 @@ class OneTimerTests(SynchronousTestCase, FailureAssertions):
         self.hung = Hung()
 
     def harness(self, settings: Optional[EndpointSettings] = None) -> Harness:
-        return Harness(self.clock, settings, agent=RequestTraversalAgent(self.hung))
+        return Harness(self.clock, settings, connector=ResourceConnector(self.hung))
 
     def test_endpoint_timeout_shorter_than_the_time_left(self) -> None:
         h = self.harness(EndpointSettings(timeout=1.0, breaker=BreakerConfig(consecutive_failures=1)))
@@ -203,7 +203,7 @@ class OneTimerTests(SynchronousTestCase, FailureAssertions):
         self.assertEqual(endpoints.settings_for(other).timeout, 3.0)
         self.assertEqual(endpoints.settings_for(elsewhere).timeout, 5.0)
         client = EndpointClient(self.clock, Metrics(), BreakerRegistry(self.clock),
-                                agent=RequestTraversalAgent(self.hung))
+                                connector=ResourceConnector(self.hung))
         deadline = Deadline.after(self.clock.seconds(), 9.5)
         calls = {u: client.call(u, endpoints.settings_for(u), b"{}", {}, deadline) for u in (hang, other, elsewhere)}
         self.clock.advance(1.0)
@@ -401,8 +401,8 @@ class BulkheadTests(SynchronousTestCase, FailureAssertions):
     def test_calls_over_max_concurrent_fail_fast(self) -> None:
         clock = Clock()
         hung = Hung()
-        agent = RequestTraversalAgent(hung)
-        h = Harness(clock, EndpointSettings(max_concurrent=2), agent=agent)
+        connector = ResourceConnector(hung)
+        h = Harness(clock, EndpointSettings(max_concurrent=2), connector=connector)
         first, second = h.call(URL), h.call(URL)
         e = self.assertReason(h.call(URL), "concurrency-limit")
         self.assertIn("2 calls", e.message)
@@ -411,7 +411,7 @@ class BulkheadTests(SynchronousTestCase, FailureAssertions):
         self.assertEqual(h.breaker(URL).state, CLOSED)
         # A slot frees when a call ends.
         hung.answer()
-        agent.flush()
+        connector.flush()
         self.assertEqual(self.successResultOf(first).patch, [])
         third = h.call(URL)
         self.assertEqual(len(hung.held), 2)
@@ -422,7 +422,7 @@ class BulkheadTests(SynchronousTestCase, FailureAssertions):
     def test_failures_and_cancels_free_their_slot(self) -> None:
         clock = Clock()
         hung = Hung()
-        h = Harness(clock, EndpointSettings(max_concurrent=1, timeout=1.0), agent=RequestTraversalAgent(hung))
+        h = Harness(clock, EndpointSettings(max_concurrent=1, timeout=1.0), connector=ResourceConnector(hung))
         d = h.call(URL)
         clock.advance(1.0)
         self.assertReason(d, "timeout")
@@ -438,7 +438,7 @@ class BreakerIntegrationTests(SynchronousTestCase, FailureAssertions):
         self.resource = Switchable(500)
         self.settings = EndpointSettings(timeout=2.0, breaker=BreakerConfig(
             consecutive_failures=2, cooldown=5.0, max_cooldown=60.0, half_open_requests=1))
-        self.h = Harness(self.clock, self.settings, agent=RequestTraversalAgent(self.resource))
+        self.h = Harness(self.clock, self.settings, connector=ResourceConnector(self.resource))
 
     def deadline(self) -> Deadline:
         return Deadline.after(self.clock.seconds(), 9.5)
@@ -466,7 +466,7 @@ class BreakerIntegrationTests(SynchronousTestCase, FailureAssertions):
         self.assertEqual(h.count(URL, "breaker-open"), 2)
 
     def test_half_open_allows_only_the_trial(self) -> None:
-        h = Harness(self.clock, self.settings, agent=RequestTraversalAgent(Hung()))
+        h = Harness(self.clock, self.settings, connector=ResourceConnector(Hung()))
         breaker = h.breaker(URL)
         for _ in range(2):
             d = h.call(URL)
@@ -500,7 +500,7 @@ class BreakerIntegrationTests(SynchronousTestCase, FailureAssertions):
         metrics = Metrics()
         breakers = BreakerRegistry(
             self.clock, lambda origin, state: metrics.breaker_state.labels(origin).set(BREAKER_STATE_VALUES[state]))
-        client = EndpointClient(self.clock, metrics, breakers, agent=RequestTraversalAgent(self.resource))
+        client = EndpointClient(self.clock, metrics, breakers, connector=ResourceConnector(self.resource))
         gauge = lambda: metrics.registry.get_sample_value(  # noqa: E731
             "amp_circuit_breaker_state", {"endpoint": ORIGIN})
         url = parse_endpoint_url(URL)
@@ -523,21 +523,27 @@ class ClassifyTests(SynchronousTestCase):
     def test_names(self) -> None:
         from OpenSSL import SSL
         from service_identity import VerificationError
-        from twisted.web.client import ResponseFailed, ResponseNeverReceived
+
+        from amp.http import BodyTooLarge, BufferFull, ConnectionClosed, HeadTooLarge, MalformedReply
 
         self.assertEqual(self.reason(ierror.ConnectionRefusedError()), "connection-refused")
         self.assertEqual(self.reason(ierror.TimeoutError()), "timeout")
         self.assertEqual(self.reason(ierror.DNSLookupError("x")), "connection-failed")
-        self.assertEqual(self.reason(ResponseNeverReceived([Failure(SSL.Error([("SSL routines", "", "bad")]))])),
+        self.assertEqual(self.reason(ConnectionClosed(Failure(SSL.Error([("SSL routines", "", "bad")])))),
                          "tls-error")
-        self.assertEqual(self.reason(ResponseNeverReceived([Failure(VerificationError(errors=[]))])), "tls-error")
+        self.assertEqual(self.reason(ConnectionClosed(Failure(VerificationError(errors=[])))), "tls-error")
         self.assertEqual(self.reason(VerificationError(errors=[])), "tls-error")
         self.assertEqual(self.reason(SSL.Error([("SSL routines", "", "bad")])), "tls-error")
-        self.assertEqual(self.reason(ResponseFailed([Failure(ierror.ConnectionLost())])), "connection-reset")
-        self.assertEqual(self.reason(ResponseNeverReceived([Failure(defer.CancelledError())])), "timeout")
+        self.assertEqual(self.reason(ConnectionClosed(Failure(ierror.ConnectionLost()))), "connection-reset")
+        self.assertEqual(self.reason(defer.CancelledError()), "timeout")
         self.assertEqual(self.reason(EndpointFailure("http-5xx", "HTTP 500")), "http-5xx")
+        self.assertEqual(self.reason(HeadTooLarge("over")), "response-headers-too-large")
+        self.assertEqual(self.reason(BodyTooLarge("over")), "response-too-large")
+        self.assertEqual(self.reason(MalformedReply("not HTTP")), "invalid-reply")
+        # amp's own budget: not the endpoint's fault.
+        self.assertIsInstance(classify(Failure(BufferFull("full"))), LocalFailure)
         inner = EndpointFailure("response-too-large", "over")
-        self.assertIs(classify(Failure(ResponseFailed([Failure(inner)]))), inner)
+        self.assertIs(classify(Failure(inner)), inner)
 
 
 # ---------------------------------------------------------------- what goes on the wire
@@ -672,7 +678,7 @@ class AdmitterDeadlineTests(SynchronousTestCase):
         })
         metrics = Metrics()
         breakers = BreakerRegistry(clock)
-        client = EndpointClient(clock, metrics, breakers, agent=RequestTraversalAgent(Hung()))
+        client = EndpointClient(clock, metrics, breakers, connector=ResourceConnector(Hung()))
         admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), client, clock, metrics)
         return admitter, metrics, breakers, config.endpoints.defaults.breaker
 
@@ -711,7 +717,7 @@ class DecisionTypeTests(SynchronousTestCase):
     def test_object_reply_is_a_decision(self) -> None:
         clock = Clock()
         resource = Switchable(200, b'{"allowed": false, "status": {"code": 403, "message": "no"}}')
-        h = Harness(clock, agent=RequestTraversalAgent(resource))
+        h = Harness(clock, connector=ResourceConnector(resource))
         decision = self.successResultOf(h.call("http://127.0.0.1:8090/m"))
         self.assertIsInstance(decision, EndpointDecision)
         self.assertFalse(decision.allowed)

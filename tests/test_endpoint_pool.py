@@ -1,11 +1,11 @@
 """
-Pooled connections (amp.endpoint._pool): Twisted's own HTTPConnectionPool per
-settings profile, what amp adds to it (never reusing a connection amp is
-closing, counting and closing every connection on shutdown), and one connect
-endpoint per host.
+Pooled connections (amp.endpoint._pool, amp.http._pool): a pool per origin
+and settings profile, its limits (pool_size, idle_timeout), never reusing a
+connection amp is closing, counting and closing every connection on
+shutdown, and one connect endpoint per host.
 
-Most tests drive Twisted's real HTTP client on a MemoryReactorClock
-(L{MemoryNet}); a few run against a loopback server.
+Most tests drive amp's client on a MemoryReactorClock (L{MemoryNet}); a few
+run against a loopback server.
 """
 
 from __future__ import annotations
@@ -126,8 +126,8 @@ class MemoryPoolTests(SynchronousTestCase, FailureAssertions):
 
     def test_a_connection_amp_is_closing_is_not_reused(self) -> None:
         # A 5xx reply whose connection amp closes, while the close is still
-        # under way: its last bytes came in with the head, so Twisted's
-        # client put it back in the pool; the next call must not get it.
+        # under way (its last bytes came in with the head): the next call
+        # must not get it.
         h = self.harness()
         d = h.call(URL)
         proto, transport = self.net.accept(transport_class=SlowCloseTransport)

@@ -1,5 +1,5 @@
 """
-Reading endpoint replies (amp.endpoint._reading and the reply side of
+Reading endpoint replies (amp.http._client, _replyhead and the reply side of
 _call): body limits, status codes, redirects, what is not JSON or not the
 protocol, connections cut short.
 
@@ -170,7 +170,7 @@ class LoopbackReplyTests(TestCase, FailureAssertions):
 
 class MemoryReplyTests(SynchronousTestCase, FailureAssertions):
     """
-    Replies written byte by byte into Twisted's HTTP client.
+    Replies written byte by byte into amp's HTTP client.
     """
 
     def setUp(self) -> None:
@@ -223,7 +223,7 @@ class MemoryReplyTests(SynchronousTestCase, FailureAssertions):
 class HeadLimitTests(SynchronousTestCase, FailureAssertions):
     """
     A reply's head (status line and headers) is bounded in lines and bytes
-    while it streams in: Twisted's HTTP client bounds neither.
+    while it streams in: llhttp bounds neither.
     """
 
     def setUp(self) -> None:
@@ -282,15 +282,14 @@ class HeadLimitTests(SynchronousTestCase, FailureAssertions):
         self.assertRefused(h, d, transport, "larger than the 16384 byte limit")
 
     def test_a_line_longer_than_twisted_reads_is_named_too(self) -> None:
-        # With a larger head allowed, Twisted's parser would close the
-        # connection on a line over its 16384 bytes (a connection-reset):
-        # amp refuses it first, with the name.
+        # With a larger head allowed, one line is still bounded: the parser
+        # holds a header whole before amp sees it.
         h, d, proto, transport = self.call(max_response_header_size=1024 * 1024)
         proto.dataReceived(b"HTTP/1.1 200 OK\r\nX-Big: " + b"b" * 20000)
         self.assertRefused(h, d, transport, "a reply header line is longer than 16384 bytes")
 
     def test_interim_heads_count_towards_the_limit(self) -> None:
-        # Twisted skips 1xx heads and reads the next: they cannot be a way
+        # A 1xx head is skipped and the next read: they cannot be a way
         # around the limit.
         h, d, proto, transport = self.call(max_response_header_size=1024)
         for _ in range(40):
@@ -300,8 +299,8 @@ class HeadLimitTests(SynchronousTestCase, FailureAssertions):
         self.assertRefused(h, d, transport, "larger than the 1024 byte limit")
 
     def test_every_status_line_twisted_takes_for_interim_counts_as_one(self) -> None:
-        # However the 1xx code is written, Twisted's parser skips the head
-        # and reads another: the count must go on through it.
+        # However a 1xx code is written (Twisted's parser read these as 1xx;
+        # llhttp refuses all but three digits), the count goes on through it.
         for status in (b"HTTP/1.1 100", b"HTTP/1.1 +100 Continue", b"HTTP/1.1 " + b"0" * 40 + b"100 Continue",
                        b"HTTP/1.1 199 Anything"):
             net = MemoryNet()

@@ -4,7 +4,7 @@ review pipeline, live against loopback endpoints or with a recorded reply, and
 what the command prints and exits with.
 
 Most tests call L{amp.cli.explain.run} in-process.  With C{--reply} (or an
-in-memory agent) nothing touches the network and a L{Clock} is the whole
+in-memory connector) nothing touches the network and a L{Clock} is the whole
 reactor: the review completes synchronously.  Live endpoints are the example
 endpoints (L{tests.helpers.start_example}) or a small twisted.web endpoint on
 127.0.0.1.  One test runs the installed C{amp} console script.
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from treq.testing import RequestTraversalAgent
 from twisted.internet import reactor, utils
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.endpoints import TCP4ServerEndpoint
@@ -36,9 +35,10 @@ from amp.cli import dispatch
 from amp.cli.explain import (
     EXIT_ADMITTED, EXIT_DENIED, EXIT_FAILURE_POLICY, EXIT_NOT_IDEMPOTENT, EXIT_USAGE, run,
 )
-from amp.cli.replay import recorded_reply_agent
+from amp.cli.replay import recorded_reply
 from amp.cli.workloads import InputError, load_documents, pod_for, select_object
 from amp.trace import Step
+from tests.endpointhelpers import ResourceConnector
 from tests.fakekube import FakeKube
 from tests.helpers import EP_ANNOTATION, ENABLED_LABEL, pod, start_example
 
@@ -111,14 +111,14 @@ class Ran:
         return json.loads(self.out)
 
 
-def run_sync(case: SynchronousTestCase, argv: list[str], stdin: str | bytes = "", agent: Any = None) -> Ran:
+def run_sync(case: SynchronousTestCase, argv: list[str], stdin: str | bytes = "", connector: Any = None) -> Ran:
     """
     Run C{amp explain ARGV} on a L{Clock}: everything must complete
     without a real reactor.
     """
     out, err = io.StringIO(), io.StringIO()
     data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-    d = run(argv, Clock(), stdin=io.BytesIO(data), stdout=out, stderr=err, agent=agent)
+    d = run(argv, Clock(), stdin=io.BytesIO(data), stdout=out, stderr=err, connector=connector)
     return Ran(case.successResultOf(d), out.getvalue(), err.getvalue())
 
 
@@ -462,9 +462,9 @@ class ReplyTests(SynchronousTestCase):
         self.assertEqual(len(doc["second"]["pod"]["spec"]["containers"][0]["env"]), 2)
 
     def test_twice_with_an_endpoint_that_checks_first_is_idempotent(self) -> None:
-        agent = RequestTraversalAgent(_AddOnce())
+        connector = ResourceConnector(_AddOnce())
         ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--twice", "-o", "json", self.pod],
-                       agent=agent)
+                       connector=connector)
         self.assertEqual(ran.status, EXIT_ADMITTED, ran.out)
         doc = ran.json
         self.assertIs(doc["idempotent"], True)
@@ -472,8 +472,8 @@ class ReplyTests(SynchronousTestCase):
 
     def test_twice_tells_the_second_review_keeps_the_first_reviews_stamp(self) -> None:
         """As after the API server reinvokes amp: the stamp still says mutated, and is not written again."""
-        agent = RequestTraversalAgent(_AddOnce())
-        ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--twice", self.pod], agent=agent)
+        connector = ResourceConnector(_AddOnce())
+        ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--twice", self.pod], connector=connector)
         first, second = ran.out.split("Second review")
         stamp = next(line for line in first.splitlines() if line.startswith("stamp "))
         self.assertIn("amp.txn2.com/status: mutated ", stamp)
@@ -483,13 +483,13 @@ class ReplyTests(SynchronousTestCase):
     def test_twice_with_a_failed_second_review_says_so(self) -> None:
         # Not a verdict on idempotency: the failure, with its reason and status.
         argv = ["--config", self.config, "-n", "team-a", "--twice", self.pod]
-        ran = run_sync(self, argv, agent=RequestTraversalAgent(_SecondAnswer(503, "overloaded")))
+        ran = run_sync(self, argv, connector=ResourceConnector(_SecondAnswer(503, "overloaded")))
         self.assertEqual(ran.status, EXIT_FAILURE_POLICY, ran.out)
         self.assertNotIn("idempotent ->", ran.out)
         self.assertTrue(ran.out.endswith(
             "result: patched; the second review failed (http-5xx), so idempotency is not known"
             " -> exit 1: the failure policy decided in the second review\n"), ran.out)
-        doc = run_sync(self, [*argv, "-o", "json"], agent=RequestTraversalAgent(_SecondAnswer(503, "x"))).json
+        doc = run_sync(self, [*argv, "-o", "json"], connector=ResourceConnector(_SecondAnswer(503, "x"))).json
         self.assertIsNone(doc["idempotent"])
         self.assertEqual((doc["exit_status"], doc["second"]["result"], doc["second"]["reason"]),
                          (EXIT_FAILURE_POLICY, "ignored", "http-5xx"))
@@ -497,7 +497,7 @@ class ReplyTests(SynchronousTestCase):
     def test_twice_with_a_denied_second_review_says_so(self) -> None:
         deny = {"allowed": False, "status": {"code": 403, "message": "once is enough"}}
         ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--twice", self.pod],
-                       agent=RequestTraversalAgent(_SecondAnswer(200, deny)))
+                       connector=ResourceConnector(_SecondAnswer(200, deny)))
         self.assertEqual(ran.status, EXIT_DENIED, ran.out)
         self.assertIn("result: patched; the second review was denied by the endpoint, so idempotency is not known"
                       " -> exit 3: the endpoint denied the Pod in the second review\n", ran.out)
@@ -631,7 +631,7 @@ class UsageTests(SynchronousTestCase):
         self.bad(["-o", "xml", self.pod], "xml")
 
     def test_missing_file(self) -> None:
-        self.bad([os.path.join(self.files.dir, "nope.yaml")], "cannot read input", "nope.yaml")
+        self.bad([os.path.join(self.files.dir, "nope.yaml")], "input ", "nope.yaml: file not found")
 
     def test_not_yaml(self) -> None:
         self.bad([self.files.write("bad.yaml", "kind: Pod\n  spec: [\n")], "is not valid YAML", "line")
@@ -662,7 +662,7 @@ class UsageTests(SynchronousTestCase):
                  "spec.template is missing")
 
     def test_stdin_not_text(self) -> None:
-        self.bad(["-"], "stdin is not UTF-8 text", stdin=b"kind: Pod\nmetadata: {name: \xff}\n")
+        self.bad(["-"], "stdin, line 2: not UTF-8 text", stdin=b"kind: Pod\nmetadata: {name: \xff}\n")
 
     def test_help_exits_0(self) -> None:
         ran = run_sync(self, ["--help"])
@@ -966,7 +966,7 @@ class TraceInPipelineTests(SynchronousTestCase):
     changes the answer.
     """
 
-    def admitter(self, config: Any, agent: Any) -> Any:
+    def admitter(self, config: Any, connector: Any) -> Any:
         from amp.admission import Admitter
         from amp.breaker import BreakerRegistry
         from amp.endpoint import EndpointClient
@@ -975,7 +975,7 @@ class TraceInPipelineTests(SynchronousTestCase):
 
         clock = Clock()
         metrics = Metrics()
-        client = EndpointClient(clock, metrics, BreakerRegistry(clock), agent=agent)
+        client = EndpointClient(clock, metrics, BreakerRegistry(clock), connector=connector)
         return Admitter(config, StaticNamespaceSource(config.kubernetes), client, clock, metrics), clock
 
     def test_trace_observes_without_changing_the_answer(self) -> None:
@@ -992,7 +992,7 @@ class TraceInPipelineTests(SynchronousTestCase):
                 {"team-a": ns("http://127.0.0.1:9/x")}, failure_policy=policy)))
             answers = []
             for trace in (None, RecordedTrace()):
-                admitter, clock = self.admitter(config, recorded_reply_agent(
+                admitter, clock = self.admitter(config, recorded_reply(
                     reply.encode() if isinstance(reply, str) else json.dumps(reply).encode()))
                 req = parse_review(review_bytes())
                 answers.append(self.successResultOf(admitter.review(req, Deadline.after(clock.seconds(), 5.0),

@@ -5,7 +5,7 @@ whatever an endpoint answers, amp produces a well-formed answer or a clear
 its key.
 
 Runs without a reactor: the Admitter is driven on a L{Clock} and talks to an
-in-memory endpoint through treq's C{RequestTraversalAgent}.
+in-memory endpoint through a L{ResourceConnector}.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from treq.testing import RequestTraversalAgent
 from twisted.internet.task import Clock
 from twisted.web.resource import Resource
 
@@ -29,6 +28,7 @@ from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 from amp.review import ReviewError, parse_review
+from tests.endpointhelpers import ResourceConnector
 from tests.helpers import make_config, namespace, pod, review
 
 JSON = st.recursive(
@@ -60,7 +60,7 @@ def _admitter(reply: Reply, policy: str) -> tuple[Admitter, Clock]:
         "team-a": namespace("http://127.0.0.1:8090/ep", failure_policy=policy),
     })
     metrics = Metrics()
-    client = EndpointClient(clock, metrics, BreakerRegistry(clock), agent=RequestTraversalAgent(reply))
+    client = EndpointClient(clock, metrics, BreakerRegistry(clock), connector=ResourceConnector(reply))
     source = StaticNamespaceSource(config.kubernetes)
     return Admitter(config, source, client, clock, metrics), clock
 

@@ -172,9 +172,9 @@ def test_a_redacted_line_holds_no_secret_value() -> None:
 
 
 @pytest.mark.parametrize("line, problem", [
-    (b"not json", "not JSON"),
-    (b'{"amp_recording": 1, "x": NaN}', "not JSON"),
-    (b"[" * 200 + b"]" * 200, "nested deeper"),
+    (b"not json", "not valid JSON"),
+    (b'{"amp_recording": 1, "x": NaN}', "NaN is not a JSON number"),
+    (b"[" * 200 + b"]" * 200, "more than 104 deep, the limit"),
     (b'{"amp_recording": 2}', "not a line of an amp recording"),
     (b'{"amp_recording": 1, "review": {}}', "review.request is missing"),
     (b'{"amp_recording": 1, "review": {"request": {}}}', "missing or malformed field"),

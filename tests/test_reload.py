@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 import yaml
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import Logger, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
@@ -46,6 +47,11 @@ from tests.test_shutdown import Amp, HeldEndpoint
 from tests.waiting import poll_until
 
 INTERVAL = 5.0
+
+
+def at_once(f: Callable[[], Any]) -> Deferred[Any]:
+    """Run a reload's load here and now (what the daemon runs in a thread)."""
+    return maybeDeferred(f)
 
 
 class _FromThread:
@@ -151,7 +157,12 @@ class DigestTests(SynchronousTestCase):
 # ---------------------------------------------------------------- the file
 
 
-class ConfigFileTests(SynchronousTestCase):
+class ConfigFileCase(SynchronousTestCase):
+    """
+    amp's config file in a ConfigMap volume, its L{ConfigFile} polled on a
+    clock once L{start}ed, what it applied and logged.
+    """
+
     def setUp(self) -> None:
         self.clock = MemoryReactorClock()
         # Not self.mktemp(): under pytest that is a directory in the checkout.
@@ -162,8 +173,11 @@ class ConfigFileTests(SynchronousTestCase):
         self.metrics = Metrics()
         self.applied: list[Config] = []
         self.events: list[dict[str, Any]] = []
-        running = load_config(self.volume.path)
-        self.file = ConfigFile(self.volume.path, running, self.applied.append, self.metrics)
+        self.running = load_config(self.volume.path)
+
+    def start(self, in_thread: Callable[[Callable[[], Any]], Deferred[Any]]) -> None:
+        """Watch the file, loading it with C{in_thread}."""
+        self.file = ConfigFile(self.volume.path, self.running, self.applied.append, self.metrics, in_thread=in_thread)
         self.file.log = Logger(observer=self.events.append)  # type: ignore[misc]
         self.service = ConfigReloadService(self.file, reactor=self.clock, interval=INTERVAL)
         self.service.startService()
@@ -171,6 +185,12 @@ class ConfigFileTests(SynchronousTestCase):
 
     def reloads(self, result: str) -> float:
         return self.metrics.registry.get_sample_value("amp_config_reloads_total", {"result": result}) or 0.0
+
+
+class ConfigFileTests(ConfigFileCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self.start(at_once)
 
     def hashes(self) -> dict[str, float]:
         return {s.labels["hash"]: s.value for m in self.metrics.config_info.collect() for s in m.samples}
@@ -224,7 +244,7 @@ class ConfigFileTests(SynchronousTestCase):
         self.assertIn("is not valid YAML: line 2, column 1", self.lines()[-1])
         os.unlink(self.volume.path)
         self.clock.advance(INTERVAL)
-        self.assertIn("cannot read config file", self.lines()[-1])
+        self.assertIn(f"(file): {self.volume.path}: file not found", self.lines()[-1])
         self.assertEqual((self.applied, self.reloads("error")), ([], 2))
 
     def test_a_restart_only_key_is_named_in_one_warning_and_keeps_its_value(self) -> None:
@@ -320,7 +340,8 @@ class SighupTests(SynchronousTestCase):
         service = AmpService(
             config, clock, certificate=serving_certificate(config.tls, clock, metrics),
             webhook_endpoint=ListeningAtOnce([]), metrics_endpoint=None,
-            namespaces=namespace_source(config, clock, metrics), metrics=metrics, config_path=volume.path)
+            namespaces=namespace_source(config, clock, metrics), metrics=metrics, config_path=volume.path,
+            in_thread=at_once)
         service.startService()
         self.addCleanup(lambda: service.running and service.stopService())
         self.assertEqual(signal.getsignal(signal.SIGHUP), service.sighup.handle)
@@ -356,7 +377,7 @@ class ApplyTests(SynchronousTestCase):
             webhook_endpoint=ListeningAtOnce(self.events), metrics_endpoint=None,
             namespaces=namespaces if namespaces is not None else self.static(config),
             metrics=self.metrics, install_sighup=False, log_observer=self.observer,
-            config_path=self.volume.path)
+            config_path=self.volume.path, in_thread=at_once)
         service.startService()
         self.addCleanup(service.stopService)
         return service

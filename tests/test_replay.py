@@ -205,10 +205,10 @@ class _Answers:
 
     def ask(self, url: Any, settings: Any, body: bytes, headers: Any, deadline: Any, breaker: Any = None) -> Any:
         """As L{call}, the reply with its settle handle (what a review asks for)."""
-        from amp.endpoint import Reply
+        from amp.endpoint import CallReply
 
         return self.call(url, settings, body, headers, deadline, breaker).addCallback(
-            lambda decision: Reply(decision, lambda outcome: None))
+            lambda decision: CallReply(decision, lambda outcome: None))
 
 
 def _note(path: str, value: str) -> list:

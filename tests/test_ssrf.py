@@ -36,7 +36,7 @@ from amp.endpoint import EndpointClient
 from amp.endpoint._connect import Resolution
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
-from amp.policy import shown_url
+from amp.urls import parse_endpoint_url, shown_url, step_names
 from amp.review import parse_review
 from amp.urls import NAMED_NETWORKS, denied_network, parse_networks
 from tests.endpointhelpers import ConnectionCounter
@@ -354,22 +354,43 @@ class BadURLTests(SynchronousTestCase, Answers):
 class ShownURLTests(SynchronousTestCase):
     """L{shown_url}: how a refused annotation may be repeated."""
 
-    def test_credentials_are_masked(self) -> None:
-        self.assertEqual(shown_url("http://user:secret@127.0.0.1:8080/x?a=b"), "http://***@127.0.0.1:8080/x?a=b")
+    def test_credentials_are_masked_and_query_and_fragment_left_out(self) -> None:
+        self.assertEqual(shown_url("http://user:secret@127.0.0.1:8080/x?a=b"), "http://***@127.0.0.1:8080/x")
         self.assertEqual(shown_url("http://127.0.0.1:80@evil.example/"), "http://***@evil.example/")
         self.assertEqual(shown_url("user:secret@host/x"), "***@host/x")
+        self.assertEqual(shown_url("http://h/x#token=abc"), "http://h/x")
+        self.assertEqual(shown_url("http://h?token=abc"), "http://h")
 
     def test_at_sign_outside_the_authority_is_kept(self) -> None:
-        self.assertEqual(shown_url("http://h/a@b?c=d@e"), "http://h/a@b?c=d@e")
+        self.assertEqual(shown_url("http://h/a@b?c=d@e"), "http://h/a@b")
+
+    def test_each_url_of_a_chain_is_shown(self) -> None:
+        self.assertEqual(shown_url("http://a/x?t=1 \n http://u:p@b/y#f"), "http://a/x http://***@b/y")
 
     def test_control_and_non_ascii_characters_are_escaped(self) -> None:
-        self.assertEqual(shown_url("http://h/a\r\nX: 1"), "http://h/a\\x0d\\x0aX:\\x201")
+        self.assertEqual(shown_url("http://h/a\rX:\t1"), "http://h/a\\x0dX:\\x091")
         self.assertEqual(shown_url("http://caf\u00e9/\u2028x"), "http://caf\\xe9/\\u2028x")
 
     def test_long_urls_are_clipped(self) -> None:
         shown = shown_url("http://h/" + "a" * 500)
         self.assertEqual(len(shown), 200)
         self.assertTrue(shown.endswith("..."))
+
+    def test_a_checked_url_is_its_origin_and_path(self) -> None:
+        self.assertEqual(shown_url(parse_endpoint_url("http://h/m?token=abc")), "http://h:80/m")
+
+
+class StepNameTests(SynchronousTestCase):
+    """L{step_names}: chain steps told apart without their queries."""
+
+    def names(self, *urls: str) -> tuple[str, ...]:
+        return step_names([parse_endpoint_url(u) for u in urls])
+
+    def test_origin_when_alone_path_when_shared_position_when_only_the_query_differs(self) -> None:
+        self.assertEqual(self.names("http://a/m?t=1", "http://b/m?t=2"), ("http://a:80", "http://b:80"))
+        self.assertEqual(self.names("http://a/m?t=1", "http://a/n?t=2"), ("http://a:80/m", "http://a:80/n"))
+        self.assertEqual(self.names("http://a/m?t=1", "http://a/m?t=2", "http://a/n"),
+                         ("http://a:80/m#1", "http://a:80/m#2", "http://a:80/n"))
 
 
 # ---------------------------------------------------------------- real loopback servers

@@ -64,7 +64,7 @@ def test_unknown_key_exits_naming_it(tmp_path: Path) -> None:
 
 def test_missing_config_file_exits_naming_it(tmp_path: Path) -> None:
     path = str(tmp_path / "missing.yaml")
-    assert re.search("cannot read config file .*missing.yaml: No such file", config_error(path))
+    assert re.search("missing.yaml: file not found", config_error(path))
 
 
 def test_a_wrong_worker_flag_is_a_usage_error(tmp_path: Path) -> None:
@@ -162,7 +162,7 @@ def test_twistd_amp_check_prints_one_line_per_config_error(tmp_path: Path, text:
 def test_twistd_amp_with_a_missing_config_file_prints_one_line(tmp_path: Path) -> None:
     path = str(tmp_path / "nowhere.yaml")
     result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, cwd=tmp_path)
-    assert "cannot read config file" in one_line(result)
+    assert "nowhere.yaml: file not found" in one_line(result)
 
 
 @pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
@@ -204,7 +204,7 @@ def test_twistd_amp_check_prints_the_effective_config(tmp_path: Path) -> None:
     assert shown["endpoints"]["overrides"][0]["timeout"] == 0.75
     assert shown["tls"]["key"] == str(tls["key"])
     assert shown["kubernetes"]["namespaces"]["team-a"]["annotations"]["amp.txn2.com/ep"] == (
-        "http://***@127.0.0.1:8080/mutate?***")
+        "http://***@127.0.0.1:8080/mutate")
     for secret in ("hunter2", "t0ps3cret"):
         assert secret not in result.stdout
     key_body = tls["key"].read_text().splitlines()[1]

@@ -20,7 +20,7 @@ only the ones after it:
     when the cache does not know the namespace, the route
     (L{amp.policy.route}), then each endpoint of the chain in order with
     the Pod as the steps before it left it; an endpoint call resolves to
-    the reply and a settle handle (L{amp.endpoint.Reply}): the review
+    the reply and a settle handle (L{amp.endpoint.CallReply}): the review
     judges the reply's patch (L{amp.patch.check_patch}) and settles the
     call with the verdict, so a reply amp refuses is counted under its
     reason, not as C{ok}.

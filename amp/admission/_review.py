@@ -8,7 +8,7 @@ each step what is left of the deadline, and owns the one timer that
 enforces it: when the deadline passes, or the client goes away (the
 review's Deferred is cancelled), the step in progress is cancelled and the
 review is answered at once.  An endpoint call resolves to the reply and its
-settle handle (L{amp.endpoint.Reply}): the review judges the reply's patch,
+settle handle (L{amp.endpoint.CallReply}): the review judges the reply's patch,
 settles the call with the verdict, and goes on; how it ends is
 L{amp.admission._answering}'s.  Beside a step, the namespace's canary
 (L{amp.canary}) may call a candidate endpoint, told how the live step
@@ -30,7 +30,7 @@ from amp.admission._chain import Chain
 from amp.admission._parts import EPHEMERAL_CONTAINERS, Parts
 from amp.answers import Answer
 from amp.deadline import Deadline
-from amp.endpoint import OK, EndpointFailure, Reply
+from amp.endpoint import OK, CallReply, EndpointFailure
 from amp.namespaces import UNKNOWN, NamespaceInfo, NamespaceLookupError
 from amp.patch import PatchError, check_patch, unchanged
 from amp.policy import FAIL, SHADOW, Route, route
@@ -38,6 +38,7 @@ from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
 from amp.review import AdmissionRequest, clean_audit_annotations, dumps
 from amp.trace import BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped
+from amp.urls import shown_url
 
 _CANCELLED = "the review was cancelled: the client went away"
 
@@ -116,7 +117,7 @@ class Review:
         if self._pending is not d:
             # The review was answered without this step; its result is
             # dropped (a reply is settled as it is: nobody judges it).
-            if isinstance(result, Reply):
+            if isinstance(result, CallReply):
                 result.settle(OK)
             return None
         self._pending = None
@@ -200,7 +201,7 @@ class Review:
         if run is not None:
             run.live_done(pod_after, skipped)
 
-    def _replied(self, reply: Reply) -> None:
+    def _replied(self, reply: CallReply) -> None:
         """
         The endpoint answered: judge its reply, settle the call with the
         verdict (L{OK} or the reason amp refuses the reply), then go on.
@@ -282,8 +283,8 @@ class Review:
         assert chain is not None
         step = chain.route.steps[chain.index]
         seconds = self._parts.clock.seconds() - self._call_started
-        self._trace.record(Called, endpoint=step.name, url=step.url.url, outcome=outcome, seconds=round(seconds, 6),
-                           message=message)
+        self._trace.record(Called, endpoint=step.name, url=shown_url(step.url), outcome=outcome,
+                           seconds=round(seconds, 6), message=message)
 
     # ------------------------------------------------------------ ending
 

@@ -13,10 +13,8 @@ from typing import IO, Any, Mapping, Optional, Sequence
 
 from amp.cli.workloads import InputError, PodInput, load_documents, names_namespace, pod_for, select_object
 from amp.config import Config, ConfigError, load_config
+from amp.files import INPUT_LIMIT, FileError, read_file, read_stream
 from amp.reasons import NamespaceSource
-
-#: The most bytes amp explain reads from an input or reply file.
-MAX_INPUT = 16 * 1024 * 1024
 
 class UsageError(Exception):
     """
@@ -143,20 +141,16 @@ def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
 
 
 def _read(path: str, what: str, stdin: Any) -> bytes:
-    if path == "-":
-        stream = getattr(stdin, "buffer", stdin)
-        data = stream.read(MAX_INPUT + 1)
-        if isinstance(data, str):
-            data = data.encode("utf-8")
-    else:
-        try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_INPUT + 1)
-        except OSError as e:
-            raise UsageError(f"cannot read {what} {path}: {e.strerror}") from None
-    if len(data) > MAX_INPUT:
-        raise UsageError(f"{what} {path} is larger than {MAX_INPUT // (1024 * 1024)} MiB")
-    return data
+    """
+    The file at C{path} (C{-}: standard input), within
+    L{amp.files.INPUT_LIMIT}.
+    """
+    try:
+        if path == "-":
+            return read_stream(stdin, f"{what} stdin", INPUT_LIMIT)
+        return read_file(path, f"{what} {path}", INPUT_LIMIT)[0]
+    except FileError as e:
+        raise UsageError(str(e)) from None
 
 
 def parse_command_line(argv: Sequence[str], stdin: Any, stdout: IO[str]) -> tuple[ExplainOptions, PodInput, str]:

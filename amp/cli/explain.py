@@ -38,22 +38,20 @@ from twisted.application.service import Service
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import ILogObserver, LogLevel, formatEvent
-from twisted.web.iweb import IAgent
 from zope.interface import implementer
 
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
-from amp.cli._command_line import (
-    MAX_INPUT, Exit, ExplainOptions, UsageError, command_line_parser, parse_command_line)
+from amp.cli._command_line import Exit, ExplainOptions, UsageError, command_line_parser, parse_command_line
 from amp.cli._explanation import (
     EXIT_ADMITTED, EXIT_DENIED, EXIT_FAILURE_POLICY, EXIT_NOT_IDEMPOTENT, EXIT_USAGE, Explanation, Round,
     exit_status)
-from amp.cli.replay import recorded_reply_agent
+from amp.cli.replay import recorded_reply
 from amp.cli.report import render_json, render_text
 from amp.cli.workloads import PodInput, without_stamps
 from amp.config import KubernetesConfig
 from amp.deadline import Deadline, review_budget
-from amp.endpoint import EndpointClient
+from amp.endpoint import Connector, EndpointClient
 from amp.hints import AmpKeys
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
@@ -65,7 +63,7 @@ from amp.trace import NO_TRACE, IReviewTrace, NamespaceFound, RecordedTrace, Sta
 
 __all__ = [
     "EXIT_ADMITTED", "EXIT_FAILURE_POLICY", "EXIT_USAGE", "EXIT_DENIED", "EXIT_NOT_IDEMPOTENT",
-    "MAX_INPUT", "ExplainOptions", "Explanation", "Round", "UsageError", "command_line_parser", "exit_status",
+    "ExplainOptions", "Explanation", "Round", "UsageError", "command_line_parser", "exit_status",
     "explain", "parse_command_line", "run",
 ]
 
@@ -302,7 +300,7 @@ def _review(
 
 @inlineCallbacks
 def explain(
-    reactor: Any, options: ExplainOptions, pod_input: PodInput, *, agent: Optional[IAgent] = None,
+    reactor: Any, options: ExplainOptions, pod_input: PodInput, *, connector: Optional[Connector] = None,
     log_publisher: Any = None, recorded: Optional[str] = None,
 ) -> Any:
     """
@@ -310,11 +308,11 @@ def explain(
 
     @param reactor: for the endpoint client, the timers and, when the
         namespace comes from the cluster, the thread pool of its GET.
-    @param agent: the C{IAgent} the endpoint client sends through instead
-        of its own connections (C{--reply} passes the recorded reply's).
+    @param connector: the connect endpoints the endpoint client uses
+        instead of its own (C{--reply} passes the recorded reply's).
     @param log_publisher: where amp's log events go (the global publisher
         under the console script); they are collected while reviewing.
-    @param recorded: where the reply C{agent} serves was recorded (for the
+    @param recorded: where the reply C{connector} serves was recorded (for the
         trace), when it is a recorded reply.
     """
     config = options.config
@@ -349,7 +347,7 @@ def explain(
     notes = keys.pod_hints(pod_input.pod)
     if pod_input.defaulted_namespace:
         notes.insert(0, f"no --namespace and {pod_input.source} names none: explained in namespace default")
-    endpoint_client = EndpointClient(reactor, metrics, BreakerRegistry(reactor), agent=agent)
+    endpoint_client = EndpointClient(reactor, metrics, BreakerRegistry(reactor), connector=connector)
     admitter = Admitter(config, source, endpoint_client, reactor, metrics)
     deadline = config.deadline
     budget = review_budget(None, deadline.default_timeout, deadline.margin)
@@ -378,15 +376,15 @@ def explain(
 @inlineCallbacks
 def run(
     argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
-    stderr: Optional[IO[str]] = None, log_publisher: Any = None, agent: Optional[IAgent] = None,
+    stderr: Optional[IO[str]] = None, log_publisher: Any = None, connector: Optional[Connector] = None,
 ) -> Any:
     """
     C{amp explain ARGV}: explain, print, and fire with the exit status.
     Bad usage or input prints one line on C{stderr} and fires with
     L{EXIT_USAGE}.
 
-    @param agent: an C{IAgent} for the endpoint calls instead of amp's own
-        connections (tests; C{--reply} brings its own).
+    @param connector: the connect endpoints for the endpoint calls
+        instead of amp's own (tests; C{--reply} brings its own).
     """
     stdin = stdin if stdin is not None else sys.stdin
     stdout = stdout if stdout is not None else sys.stdout
@@ -394,8 +392,8 @@ def run(
     try:
         options, pod_input, output = parse_command_line(argv, stdin, stdout)
         if options.reply is not None:
-            agent = recorded_reply_agent(options.reply)
-        explanation = yield explain(reactor, options, pod_input, agent=agent, log_publisher=log_publisher,
+            connector = recorded_reply(options.reply)
+        explanation = yield explain(reactor, options, pod_input, connector=connector, log_publisher=log_publisher,
                                     recorded=options.reply_path)
     except Exit as e:
         return e.status

@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import yaml
+from amp.files import FileError, parse_documents
 
 __all__ = ["InputError", "PodInput", "WORKLOAD_KINDS", "load_documents", "pod_for", "select_object",
            "without_stamps"]
@@ -82,47 +82,20 @@ class PodInput:
 # ---------------------------------------------------------------- reading
 
 
-class _Loader(yaml.SafeLoader):
-    """
-    YAML as Kubernetes reads it for amp's purposes: timestamps stay strings
-    (an unquoted date in an annotation must not become a date object).
-    """
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-
-
 def load_documents(data: bytes, name: str) -> list[Any]:
     """
-    The documents of a YAML or JSON file (C{name} is for messages); a
-    C{List} (C{kubectl get -o yaml}) counts as its items.
+    The documents of a YAML or JSON file (C{name} is for messages), read
+    by L{amp.files.parse_documents} within its limits; a C{List}
+    (C{kubectl get -o yaml}) counts as its items.
 
-    @raise InputError: not UTF-8, not YAML or JSON, or empty.
+    @raise InputError: not UTF-8, not YAML or JSON, beyond a limit, or empty.
     """
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{name} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-    stripped = text.lstrip()
-    docs: list[Any]
-    if stripped.startswith(("{", "[")):
-        try:
-            docs = [json.loads(stripped, parse_constant=_no_constant)]
-        except ValueError as e:
-            raise InputError(f"{name} is not valid JSON: {e}") from None
-        if isinstance(docs[0], list):
-            docs = docs[0]
-    else:
-        try:
-            docs = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
-        except yaml.YAMLError as e:
-            where = getattr(e, "problem_mark", None)
-            at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise InputError(f"{name} is not valid YAML{at}: {problem}") from None
+        docs = parse_documents(data, name)
+    except FileError as e:
+        raise InputError(str(e)) from None
+    if len(docs) == 1 and isinstance(docs[0], list):
+        docs = docs[0]
     out: list[Any] = []
     for doc in docs:
         if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
@@ -132,10 +105,6 @@ def load_documents(data: bytes, name: str) -> list[Any]:
     if not out:
         raise InputError(f"{name} holds no document")
     return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def select_object(docs: list[Any], name: str) -> dict[str, Any]:

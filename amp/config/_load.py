@@ -14,14 +14,13 @@ import dataclasses
 from fnmatch import fnmatchcase
 from typing import Any
 
-import yaml
-
 from amp.config._declare import parsers
 from amp.config._sections import (
     BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings, EndpointsConfig,
     KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig, StaticNamespace, TLSConfig,
 )
 from amp.config._values import MAPPING
+from amp.files import CONFIG_LIMIT, FileError, config_document, read_file
 from amp.hints import did_you_mean
 from amp.reasons import NamespaceSource
 from amp.urls import URLPattern
@@ -240,31 +239,14 @@ def parse_config(raw: Any) -> Config:
 
 def load_config(path: str) -> Config:
     """
-    Read and parse the YAML file at C{path}.
+    Read and parse the YAML file at C{path} (L{amp.files.config_document}:
+    at most L{amp.files.CONFIG_LIMIT} bytes, no anchors or aliases).
 
     @raise ConfigError: if the file cannot be read, is not YAML, or is wrong.
     """
     try:
-        with open(path, "rb") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(f"(file): cannot read config file {path}: {e.strerror}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"(file): {path} is not valid YAML: {_yaml_problem(e)}") from None
+        data, _ = read_file(path, path, CONFIG_LIMIT)
+        raw = config_document(data, path)
+    except FileError as e:
+        raise ConfigError(f"(file): {e}") from None
     return parse_config(raw)
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """
-    A YAML error on one line: where, what, and in what (PyYAML's own text
-    spans several lines with a copy of the offending line).
-    """
-    mark = getattr(error, "problem_mark", None)
-    problem = getattr(error, "problem", None) or str(error)
-    context = getattr(error, "context", None)
-    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
-    if context:
-        text += f" ({context})"
-    return " ".join(text.split())

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from amp.config._declare import Restart
 from amp.config._sections import KEYS, Config, EndpointSettings
 from amp.reasons import NamespaceSource
-from amp.urls import URLPattern
+from amp.urls import URLPattern, shown_url
 
 
 # ---------------------------------------------------------------- reloading
@@ -100,16 +100,17 @@ def config_digest(config: Config) -> str:
 
 # ---------------------------------------------------------------- showing
 
-#: The credentials and query of a URL in a static namespace's annotation.
-_URL_SECRETS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s,]*@|\?[^#\s,]*")
+#: A URL in a static namespace's annotation value.
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s,]*")
 
 
 def _mask_url_secrets(value: str) -> str:
     """
-    C{value} with any URL's credentials and query replaced by C{***}: an
+    C{value} with every URL in it shown as amp shows endpoint URLs
+    (L{amp.urls.shown_url}: no query, user information or fragment): an
     annotation naming an endpoint may carry them.
     """
-    return _URL_SECRETS.sub(lambda m: f"{m.group('scheme')}***@" if m.group("scheme") else "?***", value)
+    return _URL_IN_TEXT.sub(lambda m: shown_url(m.group()), value)
 
 
 def _settings(settings: EndpointSettings) -> dict[str, Any]:
@@ -123,8 +124,8 @@ def effective_config(config: Config) -> dict[str, Any]:
     """
     C{config} as a configuration file would say it, every default filled
     in (durations in seconds, sizes in bytes): loading it gives C{config}
-    back, except that credentials and queries in static namespaces'
-    annotation values are masked.  Paths are shown, never what the files
+    back, except that URLs in static namespaces' annotation values are
+    shown without their credentials and queries (L{amp.urls.shown_url}).  Paths are shown, never what the files
     hold.
     """
     out = _canonical(config)

@@ -3,7 +3,7 @@ Calling endpoints: pooled HTTP/1.1 calls with per-endpoint timeouts, reply
 limits, a concurrency cap and a circuit breaker per endpoint origin, to
 addresses checked against C{endpoints.deny_networks}.
 
-L{EndpointClient.ask} POSTs the Pod and resolves to a L{Reply}: the
+L{EndpointClient.ask} POSTs the Pod and resolves to a L{CallReply}: the
 endpoint's L{amp.reply.EndpointDecision} and the handle with which the
 caller settles the call's outcome once it has judged the reply (C{ok}, or
 the reason amp refuses it); L{EndpointClient.call} uses the reply as it is.
@@ -13,28 +13,28 @@ wrong has a name that reaches the warning, the audit annotation, the deny
 message and the C{amp_endpoint_requests_total{endpoint,outcome}} label
 (L{amp.reasons.ENDPOINT_OUTCOMES}).
 
-The package follows C{twisted.web.client} over C{twisted.web._newclient}:
-the public names are here, the machinery in private modules beside it, one
+The public names are here, the machinery in private modules beside it, one
 concern each:
 
   - L{amp.endpoint._client}: L{EndpointClient}: admitting a call (breaker,
     bulkhead, time left), building its request, shutting down.
   - L{amp.endpoint._call}: one call's state machine: its one timer, retries,
-    the reply's settle handle (L{Reply}), settling the outcome, the metric
+    the reply's settle handle (L{CallReply}), settling the outcome, the metric
     and the breaker ticket exactly once.
   - L{amp.endpoint._failures}: naming failures (L{classify}).
-  - L{amp.endpoint._reading}: reading replies within their limits.
-  - L{amp.endpoint._pool}: Twisted's own C{HTTPConnectionPool} and C{Agent}
-    per settings profile; the profile is the agent's endpoint factory.
+  - L{amp.endpoint._pool}: the L{amp.endpoint._pool.Profile} per settings
+    value (reply limits, a pool per origin) and each URL's request head,
+    built once.
   - L{amp.endpoint._connect}: SSRF-checked connecting (deny list, one
     resolution per new connection, connecting to the checked addresses).
   - L{amp.endpoint._tls}: client TLS, reloaded when its files change.
   - L{amp.endpoint._types}: the reactor the client needs (L{IEndpointReactor}).
 
-Calls go out through Twisted's C{Agent}, not treq's C{HTTPClient}: treq
-re-parses the URL, runs a cookie jar and transparently gunzips replies (an
-unbounded expansion before any size check could see it) on every request,
-none of which amp wants.
+The HTTP/1.1 is amp's own (L{amp.http}): requests built whole, replies
+parsed by llhttp and read within their limits while they arrive, pooled
+keep-alive connections per origin.  It does not re-parse URLs, keep
+cookies or decode gzip (an unbounded expansion before any size check could
+see it), and it follows no redirect.
 
 Limits
 ======
@@ -70,12 +70,12 @@ Connections an endpoint ends
 ============================
 
 A connection carries another call only when its reply allows it (RFC 9112
-section 9.3, L{amp.endpoint._reading.keeps_connection}): never after an
-HTTP/1.0 reply without C{Connection: keep-alive}, after C{Connection:
-close}, or after a body that ended with the close.  A call that went out on
-a kept-alive connection the endpoint had closed while it was idle, and that
-failed before any byte of its reply, is sent once more on a new connection
-(L{amp.endpoint._call}).
+section 9.3, L{amp.http.ClientConnection}): never after an HTTP/1.0 reply
+without C{Connection: keep-alive}, after C{Connection: close}, or after a
+body that ended with the close.  A call that went out on a kept-alive
+connection the endpoint had closed while it was idle, and that failed
+before any byte of its reply, is sent once more on a new connection
+(L{amp.http.OriginPool}).
 
 Denied addresses and pooled connections
 =======================================
@@ -89,20 +89,14 @@ rebinding), therefore only reaches the new answer on a new connection, whose
 resolution is checked.  Resolving per call instead would put a DNS round
 trip (several, with a cluster's search domains) on every review.
 
-Twisted internals
-=================
+Twisted
+=======
 
-Two: C{Agent._requestWithEndpoint}, so that a call does not parse its URL
-again (L{amp.endpoint._pool.Profile.request} gives the measurement: -15%
-of the client's CPU per call); and C{HTTPConnectionPool._newConnection},
-for a call sent again after the endpoint closed its kept-alive connection
-(the pool has no public way to open a connection to an origin it holds idle
-ones for).  The pool, the agent's endpoint factory, the endpoints and the
-protocol wrapper are used through their public APIs; the one override, the
-pool's public C{getConnection}, passes over idle connections amp has
-started closing or whose last reply ends them (HTTP/1.0 without
-C{keep-alive}, C{Connection: close}), and opens a new one for a
-L{amp.endpoint._pool.NewConnectionKey}.
+Public APIs only: connect endpoints (C{HostnameEndpoint}, C{TCP4ClientEndpoint},
+C{wrapClientTLS}), C{Protocol} and C{Factory}, the reactor's timers and
+name resolver.  The connect endpoints can be swapped for in-memory ones
+(L{Connector}: C{amp explain --reply}, tests); everything else runs as it
+does over a socket.
 
 Shutdown
 ========
@@ -113,14 +107,14 @@ was open has closed.  Calls made after that still work, on connections that
 are closed when they end.
 """
 
-from amp.endpoint._call import OK, BytesProducer, Reply
+from amp.endpoint._call import OK, CallReply
 from amp.endpoint._client import EndpointClient
 from amp.endpoint._connect import DeniedAddress
 from amp.endpoint._failures import EndpointFailure
-from amp.endpoint._pool import USER_AGENT
+from amp.endpoint._pool import USER_AGENT, Connector
 from amp.endpoint._types import IEndpointReactor
 
 __all__ = [
-    "OK", "BytesProducer", "EndpointClient", "EndpointFailure", "DeniedAddress", "IEndpointReactor", "Reply",
+    "OK", "CallReply", "Connector", "EndpointClient", "EndpointFailure", "DeniedAddress", "IEndpointReactor",
     "USER_AGENT",
 ]

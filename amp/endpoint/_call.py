@@ -3,7 +3,7 @@ One endpoint call, from the request to a settled outcome: L{Call}.
 
 A call is settled exactly once, by the first of: a failure (a named one,
 or the endpoint's own timer), the caller cancelling it, or, once the call
-has resolved to a usable reply (L{Reply}), the caller settling it with
+has resolved to a usable reply (L{CallReply}), the caller settling it with
 the reply's outcome (C{ok}, or the reason amp refused the reply) after it
 judged the reply.  Settling records the outcome metric and the duration,
 frees the call's bulkhead slot and hands its breaker ticket back:
@@ -33,19 +33,14 @@ C{cancelled}, also without a verdict.
 Retries
 =======
 
-A call that went out on a kept-alive connection the endpoint had closed
-while it sat in the pool (the request and the endpoint's close crossed) fails
-before any byte of its reply arrived (L{closed_while_idle}).  It is sent
-once more, on a new connection, within the call's time that is left: the
-same timer, one outcome for the metric and the breaker.  A call on a new
-connection is never sent again this way, nor one whose reply had started.
-Endpoints must be idempotent already: the API server itself sends a Pod
-again.
-
-Otherwise off by default.  With C{retry: true} a call is retried once, and
-only when the connection could not be made (refused or another connect
-error: the endpoint cannot have seen the request), never after a timeout or
-after anything was sent, and only within the first half of the call's time.
+Off by default.  With C{retry: true} a call is retried once, and only when
+the connection could not be made (refused or another connect error: the
+endpoint cannot have seen the request), never after a timeout or after
+anything was sent, and only within the first half of the call's time.
+Apart from that, and whatever C{retry} says, the pool sends a request again
+once when the reused idle connection it went out on closed before any
+byte of a reply (L{amp.http._pool}): that is within the call, not a retry
+of it.
 """
 
 from __future__ import annotations
@@ -54,89 +49,27 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.interfaces import IConsumer, IDelayedCall
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IResponse
-from zope.interface import implementer
 
 from amp.breaker import CircuitBreaker, Ticket
 from amp.config import EndpointSettings
 from amp.deadline import Deadline
-from amp.endpoint._failures import (
-    EXPECTED, EndpointFailure, LocalFailure, classify, closed_while_idle, first_line, retriable,
-)
+from amp.endpoint._failures import EXPECTED, EndpointFailure, LocalFailure, classify, first_line, retriable
 from amp.endpoint._pool import Profile, Target
-from amp.endpoint._reading import Charge, Drop, read_limited
+from amp.http import Charge, Reply
 from amp.reasons import Reason, Verdict
 from amp.reply import EndpointDecision, ReplyError, parse_reply
 
 log = Logger()
-
-
-@implementer(IBodyProducer)
-class BytesProducer:
-    """
-    A request body already in memory, written in one go (Twisted's
-    C{FileBodyProducer} would pace it through the global cooperator).
-    """
-
-    __slots__ = ("_body", "length")
-
-    def __init__(self, body: bytes) -> None:
-        self._body = body
-        self.length = len(body)
-
-    def startProducing(self, consumer: IConsumer) -> Deferred:
-        consumer.write(self._body)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
-
-
-def _parse(body: bytes) -> EndpointDecision:
-    try:
-        return parse_reply(body)
-    except ReplyError as e:
-        raise EndpointFailure(Reason(e.reason), str(e)) from None
-
-
-def _answer(response: IResponse, settings: EndpointSettings, charge: Charge) -> Deferred:
-    """
-    What a response means: a 2xx reply's body read within C{max_response}
-    (and amp's reply budget, C{charge}) and parsed; any other status fails
-    with its name, its body unread and its connection closed.  Redirects are
-    never followed.
-    """
-    code = response.code
-    if 200 <= code < 300:
-        return read_limited(response, settings.max_response, charge).addCallback(_parse)
-    response.deliverBody(Drop())
-    if 300 <= code < 400:
-        where = response.headers.getRawHeaders(b"location", [b""])[0].decode("latin-1")
-        to = f" to {first_line(where)}" if where else ""
-        return fail(EndpointFailure(Reason.REDIRECT, f"HTTP {code} redirect{to} not followed"))
-    if 400 <= code < 500:
-        return fail(EndpointFailure(Reason.HTTP_4XX, f"HTTP {code}"))
-    if 500 <= code < 600:
-        return fail(EndpointFailure(Reason.HTTP_5XX, f"HTTP {code}"))
-    return fail(EndpointFailure(Reason.INVALID_REPLY, f"HTTP status {code} is not a reply"))
-
 
 #: The outcome of a call whose reply amp used.
 OK = "ok"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Reply:
+class CallReply:
     """
     What a call resolves to when the endpoint answered with a usable reply:
     the C{decision}, and C{settle}, which the caller calls exactly once,
@@ -151,7 +84,7 @@ class Reply:
     settle: Callable[[str], None]
 
 
-# Not frozen: a frozen dataclass of ten fields costs a microsecond a call
+# Not frozen: a frozen dataclass of many fields costs a microsecond a call
 # (object.__setattr__ per field); nothing changes these once made.
 @dataclass(slots=True)
 class CallRequest:
@@ -159,8 +92,8 @@ class CallRequest:
     What one call sends, where, and in how much time.
 
     @ivar name: the endpoint as amp names it (its origin), for the log.
-    @ivar profile: the settings profile whose pool the call goes through,
-        or None to use C{agent} (tests).
+    @ivar profile: the settings profile whose pools the call goes through.
+    @ivar data: the whole request.
     @ivar timeout: the endpoint's own timeout when it is shorter than the
         caller's time left, else None (the caller's deadline rules).
     @ivar deadline: the review's deadline, which the caller enforces.
@@ -169,11 +102,9 @@ class CallRequest:
 
     name: str
     target: Target
-    profile: Optional[Profile]
-    agent: Any
+    profile: Profile
     settings: EndpointSettings
-    body: bytes
-    headers: Headers
+    data: bytes
     timeout: Optional[float]
     deadline: Deadline
     allowed: float
@@ -191,6 +122,30 @@ class CallGuard:
     ticket: Ticket
 
 
+def _answer(reply: Reply) -> EndpointDecision:
+    """
+    What a reply means: a 2xx reply's body (read within C{max_response}
+    and amp's reply budget) parsed; any other status fails with its name,
+    its body unread and its connection closed.  Redirects are never
+    followed.
+    """
+    code = reply.code
+    if reply.body is not None:
+        try:
+            return parse_reply(reply.body)
+        except ReplyError as e:
+            raise EndpointFailure(Reason(e.reason), str(e)) from None
+    if 300 <= code < 400:
+        where = (reply.location or b"").decode("latin-1")
+        to = f" to {first_line(where)}" if where else ""
+        raise EndpointFailure(Reason.REDIRECT, f"HTTP {code} redirect{to} not followed")
+    if 400 <= code < 500:
+        raise EndpointFailure(Reason.HTTP_4XX, f"HTTP {code}")
+    if 500 <= code < 600:
+        raise EndpointFailure(Reason.HTTP_5XX, f"HTTP {code}")
+    raise EndpointFailure(Reason.INVALID_REPLY, f"HTTP status {code} is not a reply")
+
+
 class Call:
     """
     One call: its timer (if it has one), its ticket, its place in the
@@ -199,12 +154,12 @@ class Call:
     @param reactor: for the call's timer and its clock.
     @param settled: told C{(call, outcome, seconds)} once, when the call is
         settled (the client's count of calls in flight and its metrics).
-    @ivar result: fires with a L{Reply}, or fails with L{EndpointFailure}.
+    @ivar result: fires with a L{CallReply}, or fails with L{EndpointFailure}.
     """
 
     __slots__ = (
         "_reactor", "_request", "_guard", "_on_settled", "_started", "_timer", "_pending", "_retry",
-        "_resent", "_replied", "_done", "_waiters", "result",
+        "_replied", "_done", "_waiters", "result",
     )
 
     def __init__(
@@ -216,7 +171,6 @@ class Call:
         self._guard = guard
         self._on_settled = settled
         self._retry = request.settings.retry
-        self._resent = False
         #: The call resolved to a reply: only its caller settles it now.
         self._replied = False
         self._done = False
@@ -228,39 +182,28 @@ class Call:
     def start(self) -> Deferred:
         reactor = self._reactor
         self._started = reactor.seconds()
-        request = self._request
-        if request.timeout is not None:
-            self._timer = reactor.callLater(request.timeout, self._timed_out)
+        if self._request.timeout is not None:
+            self._timer = reactor.callLater(self._request.timeout, self._timed_out)
         d = self._send()
-        d.addCallbacks(_answer, self._not_answered, callbackArgs=(request.settings, self._guard.charge))
+        d.addCallbacks(_answer, self._not_answered)
         self._pending = d
         d.addBoth(self._ended)
         return self.result
 
-    def _send(self, new: bool = False) -> Deferred:
+    def _send(self) -> Deferred:
         request = self._request
         try:
-            if request.profile is not None:
-                return request.profile.request(request.target, request.headers, BytesProducer(request.body), new)
-            return request.agent.request(b"POST", request.target.url, request.headers, BytesProducer(request.body))
+            return request.profile.request(request.target, request.data, self._guard.charge)
         except Exception:
             return fail()
 
     def _not_answered(self, failure: Failure) -> Any:
-        if self._done:
-            return failure
-        if not self._resent and closed_while_idle(failure):
-            self._resent = True
-            log.debug("Sending to {endpoint} again on a new connection: it closed the kept-alive one before "
-                      "answering", endpoint=self._request.name)
-            return self._send(new=True).addCallbacks(_answer, self._not_answered, callbackArgs=(
-                self._request.settings, self._guard.charge))
-        if self._retry and retriable(failure):
+        if self._retry and not self._done and retriable(failure):
             self._retry = False
             if self._reactor.seconds() - self._started < self._request.allowed / 2:
                 log.info("Retrying {endpoint} after {error}", endpoint=self._request.name,
                          error=first_line(failure.value))
-                return self._send().addCallback(_answer, self._request.settings, self._guard.charge)
+                return self._send().addCallback(_answer)
         return failure
 
     def _ended(self, result: Any) -> None:
@@ -274,7 +217,7 @@ class Call:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            self.result.callback(Reply(result, self.settle))
+            self.result.callback(CallReply(result, self.settle))
             return None
         failure = classify(result, self._request.settings)
         if not result.check(*EXPECTED):

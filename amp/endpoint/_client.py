@@ -11,16 +11,15 @@ from typing import Any, Optional
 from twisted.internet.defer import Deferred, fail, gatherResults
 from twisted.internet.interfaces import IHostnameResolver
 from twisted.logger import Logger
-from twisted.web.iweb import IAgent
 
 from amp.breaker import BreakerRegistry, CircuitBreaker
 from amp.config import BreakerConfig, EndpointSettings
 from amp.deadline import Deadline
-from amp.endpoint._call import OK, Call, CallGuard, CallRequest, Reply
+from amp.endpoint._call import OK, Call, CallGuard, CallReply, CallRequest
 from amp.endpoint._failures import EndpointFailure, LocalFailure
-from amp.endpoint._pool import Profile
-from amp.endpoint._reading import Charge, GuardedConnection, ReplyBudget
+from amp.endpoint._pool import Connector, Profile, request_bytes
 from amp.endpoint._types import IEndpointReactor
+from amp.http import Charge, ClientConnection, ReplyBudget
 from amp.metrics import Metrics
 from amp.reasons import Reason
 from amp.reply import EndpointDecision
@@ -53,8 +52,10 @@ class EndpointClient:
     The one client amp uses to call endpoints.
 
     @param reactor: for connections and every timer.
-    @param agent: an C{IAgent} to use for every call instead of amp's own
-        pooled connections (tests).
+    @param connector: gives the connect endpoint for a scheme, host and
+        port instead of amp's own SSRF-checked TCP and TLS ones: replies
+        served in memory (C{amp explain --reply}, tests).  Everything else
+        (pooling, reading replies within their limits) is the same.
     @param resolver: the C{IHostnameResolver} for endpoint host names;
         None: the reactor's C{nameResolver}.
     """
@@ -64,19 +65,19 @@ class EndpointClient:
         reactor: IEndpointReactor,
         metrics: Metrics,
         breakers: BreakerRegistry,
-        agent: Optional[IAgent] = None,
+        connector: Optional[Connector] = None,
         resolver: Optional[IHostnameResolver] = None,
     ) -> None:
         self.reactor = reactor
         self._resolver = resolver
         self._metrics = metrics
         self._breakers = breakers
-        self._test_agent = agent
+        self._connector = connector
         self._profiles: dict[EndpointSettings, Profile] = {}
         self._by_id: dict[int, tuple[EndpointSettings, Profile]] = {}
         self._origins: dict[str, Origin] = {}
         self._live: set[Call] = set()
-        self._open: set[GuardedConnection] = set()
+        self._open: set[ClientConnection] = set()
         self._closing = False
         #: Connections opened since the client was made.
         self.connections_opened = 0
@@ -103,13 +104,13 @@ class EndpointClient:
         """
         Open connections with no request on them (the pooled ones).
         """
-        return sum(1 for c in self._open if c.http.state == "QUIESCENT" and not c.disconnecting)
+        return sum(pool.idle_count() for profile in self._profiles.values() for pool in profile.pools.values())
 
-    def _connection_opened(self, connection: GuardedConnection) -> None:
+    def _connection_opened(self, connection: ClientConnection) -> None:
         self._open.add(connection)
         self.connections_opened += 1
 
-    def _connection_lost(self, connection: GuardedConnection) -> None:
+    def _connection_lost(self, connection: ClientConnection) -> None:
         self._open.discard(connection)
 
     def _profile(self, settings: EndpointSettings) -> Profile:
@@ -119,9 +120,9 @@ class EndpointClient:
         profile = self._profiles.get(settings)
         if profile is None:
             profile = self._profiles[settings] = Profile(
-                self.reactor, settings, self._resolver, self.budget, self._connection_opened, self._connection_lost)
-            if self._closing:
-                profile.pool.persistent = False
+                self.reactor, settings, self._resolver, self.budget, self._connector, self._connection_opened,
+                self._connection_lost)
+            profile.keep = not self._closing
         if len(self._by_id) >= _CACHE_LIMIT:
             self._by_id.clear()
         self._by_id[id(settings)] = (settings, profile)
@@ -165,10 +166,10 @@ class EndpointClient:
     def ask(
         self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes],
         deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
-    ) -> "Deferred[Reply]":
+    ) -> "Deferred[CallReply]":
         """
         POST C{body} to C{url} and parse the reply, within C{settings.timeout}
-        and before C{deadline}: resolves to a L{Reply}, which the caller
+        and before C{deadline}: resolves to a L{CallReply}, which the caller
         settles once it has judged it, or fails with L{EndpointFailure}.
 
         The caller owns C{deadline}: when C{settings.timeout} ends first, the
@@ -181,7 +182,7 @@ class EndpointClient:
         C{cancelled}, the breaker counts nothing, and the result fails with
         C{CancelledError}.
 
-        The caller settles the L{Reply} with C{ok} or the reason amp
+        The caller settles the L{CallReply} with C{ok} or the reason amp
         refuses it (its patch is invalid, does not apply, ...): the call is
         counted under that outcome, and the endpoint answered either way (a
         success for its breaker).
@@ -211,9 +212,7 @@ class EndpointClient:
         try:
             profile = self._profile(settings)
             target = profile.target(url)
-            raw = target.headers.copy()
-            for k, v in headers.items():
-                raw.setRawHeaders(k, [v])
+            data = request_bytes(target, headers, body, self._closing)
             if target.denied is not None:
                 log.warn("Not calling {endpoint}: {message}", endpoint=origin.name, message=target.denied)
                 raise LocalFailure(Reason.DENIED_ADDRESS, target.denied)
@@ -226,8 +225,8 @@ class EndpointClient:
             return self._refuse(origin, Reason.CONNECTION_FAILED, "amp could not build the request")
         # One bound for all calls; a reloaded configuration may change it.
         self.budget.limit = settings.max_buffered
-        request = CallRequest(origin.name, target, profile if self._test_agent is None else None, self._test_agent,
-                              settings, body, raw, timeout, deadline, timeout if timeout is not None else remaining)
+        request = CallRequest(origin.name, target, profile, settings, data, timeout, deadline,
+                              timeout if timeout is not None else remaining)
         c = Call(self.reactor, request, CallGuard(Charge(self.budget), breaker, ticket), partial(self._settled, origin))
         origin.in_flight += 1
         self._live.add(c)
@@ -249,7 +248,9 @@ class EndpointClient:
         """
         self._closing = True
         for profile in self._profiles.values():
-            profile.pool.persistent = False
+            profile.keep = False
+            for pool in profile.pools.values():
+                pool.keep = False
         calls = [c.settled() for c in list(self._live)]
         return gatherResults(calls).addCallback(self._close_connections)
 
@@ -257,21 +258,19 @@ class EndpointClient:
         """
         Close every idle pooled connection; fires when they have closed.
         """
-        return gatherResults([p.pool.closeCachedConnections() for p in list(self._profiles.values())]).addCallback(
-            lambda _: None)
+        return gatherResults([pool.close_idle() for profile in list(self._profiles.values())
+                              for pool in list(profile.pools.values())]).addCallback(lambda _: None)
 
     def _close_connections(self, ignored: Any) -> Deferred:
         # Every call has ended: what is open is idle or closing.  Abort it
-        # all rather than wait on peers to answer a graceful close.  The
-        # pool is emptied twice: a reply amp stopped reading may still have
-        # put its (closing) connection back while the first pass ran.
+        # all rather than wait on peers to answer a graceful close.
         waits = [c.when_lost() for c in list(self._open)]
-        for c in list(self._open):
-            c.abortConnection()
         self.close_idle_connections()
-        return gatherResults(waits).addCallback(lambda _: self.close_idle_connections())
+        for c in list(self._open):
+            c.abort()
+        return gatherResults(waits).addCallback(lambda _: None)
 
 
-def _used(reply: Reply) -> EndpointDecision:
+def _used(reply: CallReply) -> EndpointDecision:
     reply.settle(OK)
     return reply.decision

@@ -1,8 +1,8 @@
 """
 Naming what went wrong with an endpoint call: L{EndpointFailure} and its
-amp-side kind L{LocalFailure}, and L{classify}, which turns whatever Twisted
-failed a request with into one of L{amp.reasons.ENDPOINT_REASONS}; which
-failures a call may be sent again after (L{retriable}, L{closed_while_idle}).
+amp-side kind L{LocalFailure}, and L{classify}, which turns whatever a
+request failed with (a connect error from Twisted, a reply refused by
+L{amp.http}) into one of L{amp.reasons.ENDPOINT_REASONS}.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from OpenSSL import SSL
 from twisted.internet import error as ierror
 from twisted.internet.defer import CancelledError
 from twisted.python.failure import Failure
-from twisted.web.client import RequestGenerationFailed, RequestTransmissionFailed, ResponseFailed
 
 from amp.config import EndpointSettings
+from amp.http import BodyTooLarge, BufferFull, ConnectionClosed, HeadTooLarge, MalformedReply, ReplyFailed
 from amp.reasons import Reason
 
 try:
@@ -59,12 +59,13 @@ def first_line(value: Any) -> str:
 def classify(failure: Failure, settings: Optional[EndpointSettings] = None) -> EndpointFailure:
     """
     Name what went wrong with a call that ended in C{failure}.  An
-    L{EndpointFailure} found in it (also inside the reasons of a
-    C{ResponseFailed}: a limit that closed the connection) is returned as it
-    is, so that a L{LocalFailure} stays one.
+    L{EndpointFailure} is returned as it is, so that a L{LocalFailure} stays
+    one.
     """
     if failure.check(EndpointFailure):
         return failure.value
+    if failure.check(ReplyFailed):
+        return _reply_failure(failure.value)
     if failure.check(ierror.ConnectionRefusedError):
         return EndpointFailure(Reason.CONNECTION_REFUSED, "connection refused")
     if failure.check(ierror.TimeoutError, ierror.TCPTimedOutError):
@@ -73,17 +74,6 @@ def classify(failure: Failure, settings: Optional[EndpointSettings] = None) -> E
     tls = _tls_failure(failure)
     if tls is not None:
         return tls
-    if failure.check(ResponseFailed, RequestGenerationFailed, RequestTransmissionFailed):
-        inner = failure.value.reasons
-        for r in inner:
-            if r.check(EndpointFailure):
-                return r.value
-            tls = _tls_failure(r)
-            if tls is not None:
-                return tls
-        if inner and all(r.check(CancelledError) for r in inner):
-            return EndpointFailure(Reason.TIMEOUT, "call cancelled before a reply")
-        return EndpointFailure(Reason.CONNECTION_RESET, "connection closed before a full reply")
     if failure.check(ierror.ConnectionLost, ierror.ConnectionDone):
         return EndpointFailure(Reason.CONNECTION_RESET, "connection closed before a full reply")
     if failure.check(CancelledError, ierror.ConnectingCancelledError):
@@ -93,6 +83,27 @@ def classify(failure: Failure, settings: Optional[EndpointSettings] = None) -> E
     if failure.check(ierror.ConnectError):
         return EndpointFailure(Reason.CONNECTION_FAILED, f"could not connect: {first_line(failure.value)}")
     return EndpointFailure(Reason.CONNECTION_FAILED, first_line(failure.value))
+
+
+def _reply_failure(e: ReplyFailed) -> EndpointFailure:
+    """
+    The name of a reply L{amp.http} refused, or of a connection that ended
+    before a whole reply (a TLS failure is named as one).
+    """
+    if isinstance(e, HeadTooLarge):
+        return EndpointFailure(Reason.RESPONSE_HEADERS_TOO_LARGE, e.message)
+    if isinstance(e, BodyTooLarge):
+        return EndpointFailure(Reason.RESPONSE_TOO_LARGE, e.message)
+    if isinstance(e, BufferFull):
+        # amp's own limit, reached by every call in flight together.
+        return LocalFailure(Reason.REPLY_BUFFER_FULL, e.message)
+    if isinstance(e, MalformedReply):
+        return EndpointFailure(Reason.INVALID_REPLY, e.message)
+    if isinstance(e, ConnectionClosed):
+        tls = _tls_failure(e.reason)
+        if tls is not None:
+            return tls
+    return EndpointFailure(Reason.CONNECTION_RESET, e.message)
 
 
 def _tls_failure(failure: Failure) -> Optional[EndpointFailure]:
@@ -112,33 +123,6 @@ def _ssl_text(value: Any) -> str:
     return "; ".join(parts)[:100] if parts else first_line(value)
 
 
-class ClosedWhileIdle(ierror.ConnectionClosed):
-    """
-    The endpoint closed a kept-alive connection amp had just sent a request
-    on, before any byte of the reply: it closed the connection while it sat
-    idle in the pool (its keep-alive timeout, a restart), and the request
-    crossed the close.  The reason the connection was lost with, which
-    Twisted's client wraps in C{ResponseNeverReceived} or
-    C{RequestTransmissionFailed}.
-    """
-
-    def __init__(self, reason: Failure) -> None:
-        super().__init__(f"kept-alive connection closed before a reply: {first_line(reason.value)}")
-        self.reason = reason
-
-
-def closed_while_idle(failure: Failure) -> bool:
-    """
-    Whether a call failed because the kept-alive connection it went out on
-    had been closed by the endpoint (L{ClosedWhileIdle}): the call may be
-    sent once more, on a new connection.
-    """
-    if failure.check(ClosedWhileIdle):
-        return True
-    return bool(failure.check(ResponseFailed, RequestTransmissionFailed)) and any(
-        r.check(ClosedWhileIdle) for r in failure.value.reasons)
-
-
 def retriable(failure: Failure) -> bool:
     """
     Whether a retry may follow C{failure}: only failures where the endpoint
@@ -151,7 +135,6 @@ def retriable(failure: Failure) -> bool:
 #: Failures a call can end in without anything being wrong in amp; anything
 #: else is logged with its traceback.
 EXPECTED = (
-    EndpointFailure, ierror.ConnectError, ierror.ConnectionLost, ierror.ConnectionDone, ierror.DNSLookupError,
-    ierror.ConnectingCancelledError, ResponseFailed, RequestGenerationFailed, RequestTransmissionFailed,
-    CancelledError, SSL.Error, VerificationError,
+    EndpointFailure, ReplyFailed, ierror.ConnectError, ierror.ConnectionLost, ierror.ConnectionDone,
+    ierror.DNSLookupError, ierror.ConnectingCancelledError, CancelledError, SSL.Error, VerificationError,
 )

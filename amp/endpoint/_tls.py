@@ -25,6 +25,7 @@ from zope.interface import implementer
 
 from amp.config import EndpointSettings
 from amp.endpoint._failures import LocalFailure
+from amp.files import PEM_LIMIT, FileError, read_file
 from amp.reasons import Reason
 
 #: Seconds between looks at an https endpoint's TLS files (on new connections).
@@ -35,10 +36,9 @@ log = Logger()
 
 def _read_file(path: str, what: str) -> bytes:
     try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise LocalFailure(Reason.TLS_ERROR, f"cannot read {what} {path}: {e.strerror}") from None
+        return read_file(path, f"{what} {path}", PEM_LIMIT)[0]
+    except FileError as e:
+        raise LocalFailure(Reason.TLS_ERROR, str(e)) from None
 
 
 def client_tls(settings: EndpointSettings, host: str) -> IOpenSSLClientConnectionCreator:

@@ -16,6 +16,7 @@ class IEndpointReactor(IReactorTCP, IReactorTime, IReactorPluggableNameResolver)
     what C{HostnameEndpoint} needs too (C{IReactorPluggableResolver}, the
     deprecated alternative, is not modelled).
 
-    A client given an C{IAgent} instead of its own connections (tests)
-    uses only the timers: a L{twisted.internet.task.Clock} will do.
+    A client given a C{connector} of in-memory connections (tests,
+    C{amp explain --reply}) uses only the timers: a
+    L{twisted.internet.task.Clock} will do.
     """

@@ -29,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError
 
 from amp.config import KubernetesConfig
+from amp.files import INPUT_LIMIT, config_document, read_file
 from amp.namespaces import NamespaceInfo, NamespaceLookupError
 from amp.reasons import NamespaceSource
 
@@ -46,6 +47,11 @@ def load_client_configuration(config: KubernetesConfig) -> kubernetes.client.Con
     if config.source == NamespaceSource.CLUSTER:
         kubernetes.config.load_incluster_config(client_configuration=cfg)
     else:
+        if config.kubeconfig:
+            # The client library parses it with PyYAML as it stands: amp's
+            # reader refuses what would blow up (a cap, no aliases) first.
+            data, _ = read_file(config.kubeconfig, f"kubeconfig {config.kubeconfig}", INPUT_LIMIT)
+            config_document(data, f"kubeconfig {config.kubeconfig}")
         kubernetes.config.load_kube_config(
             config_file=config.kubeconfig, context=config.context,
             client_configuration=cfg, persist_config=False)

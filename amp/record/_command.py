@@ -164,10 +164,10 @@ def _difference(d: Difference) -> str:
 
 
 def render_text(report: ReplayReport, against: Optional[str]) -> str:
-    from amp.policy import shown_url as show_url
+    from amp.urls import shown_url
 
     counts = report.counts()
-    compared = f"against {show_url(against)}" if against else "against the recorded answers"
+    compared = f"against {shown_url(against)}" if against else "against the recorded answers"
     failed = report.failed_by_reason()
     failed_text = f" ({', '.join(f'{k}: {v}' for k, v in failed.items())})" if failed else ""
     lines = [f"replayed {counts['reviews']} reviews {compared}: {counts['same']} same, "

@@ -30,6 +30,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from amp.files import FileError, parse_json
 from amp.recent import rfc3339
 from amp.record._redact import Redactor
 from amp.rules import STATUS_ANNOTATION
@@ -187,20 +188,6 @@ def encode_line(capture: Capture, redactor: Optional[Redactor] = None) -> bytes:
     return json.dumps(line, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode() + b"\n"
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"number out of range: {text[:20]}")
-    return value
-
-
-_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
-
-
 def _strings(value: Any, what: str) -> dict[str, str]:
     if value is None:
         return {}
@@ -214,18 +201,12 @@ def decode_line(line: bytes, where: str) -> RecordedReview:
     Read one recorded line back; a L{RecordingError} that names C{where}
     and the problem when it cannot be used.
     """
-    from amp.review import nesting_exceeds
-
     if len(line) > LINE_LIMIT:
         raise RecordingError(f"{where}: line is longer than {LINE_LIMIT} bytes")
-    if nesting_exceeds(line, DEPTH_LIMIT):
-        raise RecordingError(f"{where}: JSON nested deeper than {DEPTH_LIMIT} levels")
     try:
-        data = _DECODER.decode(line.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise RecordingError(f"{where}: not UTF-8 (byte {e.start})") from None
-    except ValueError as e:
-        raise RecordingError(f"{where}: not JSON: {e}") from None
+        data = parse_json(line, "the line", DEPTH_LIMIT)
+    except FileError as e:
+        raise RecordingError(f"{where}: {e}") from None
     if not isinstance(data, dict) or data.get("amp_recording") != FORMAT:
         raise RecordingError(f"{where}: not a line of an amp recording (format {FORMAT})")
     review = data.get("review")

@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from bench.chaos_endpoint import FAULT_KINDS, HOSTILE_KINDS
 from bench.harness import START_TIMEOUT, Amp, Proc, busy_seconds, cpu_seconds, machine, wait_quiet
+from bench.soak.configswap import HOSTILE_CONFIGS, ConfigSwapper
 from bench.soak.reconcile import scan_log
 from bench.soak.report import busy_machine, evaluate, text_report
 from bench.soak.settings import (
@@ -169,6 +170,9 @@ class Soak:
         self.fds_before = 0
         self.served_serials: set[int] = set()
         self.kinds = FAULT_KINDS + (HOSTILE_KINDS if args.hostile else ())
+        #: With --hostile, amp's config file is swapped for hostile ones during the run.
+        self.configs: Optional[ConfigSwapper] = None
+        self.config_hash_before: Optional[str] = None
 
     # -------------------------------------------------------------- processes
 
@@ -212,9 +216,12 @@ class Soak:
         say(f"fake Kubernetes API on {self.api_url}, control port {self.control} (pid {self.fakeapi.pid})")
 
         tls = {"cert": self.volume.cert, "key": self.volume.key, "ca_cert": self.ca}
+        overlay = amp_overlay(self.ports)
+        if self.args.hostile:
+            overlay["reload_interval"] = "1s"
         self.amp = Amp("soak", w, tls, endpoint_url="http://127.0.0.1:1/", source="kubeconfig",
                        kubeconfig=self.kubeconfig, per_review_get=False, cpus=self.amp_cpus,
-                       overlay=amp_overlay(self.ports))
+                       overlay=overlay)
         self.procs.append(self.amp)
         self.amp.wait_ready()
         say(f"amp ready on port {self.amp.port}, metrics on {self.amp.metrics_port} (pid {self.amp.pid})")
@@ -223,6 +230,9 @@ class Soak:
         poll_until("amp's namespace watch", lambda: Scrape.get(self.amp.metrics_port).value(
             "amp_namespace_cache_namespaces") is not None, START_TIMEOUT)
         self.fds_before = fd_count(self.amp.pid)
+        if self.args.hostile:
+            self.configs = ConfigSwapper(self.amp.config_path)
+            self.config_hash_before = config_hash(self.amp.metrics_port)
 
     def start_load(self) -> None:
         self.records = os.path.join(self.workdir, "reviews.jsonl")
@@ -300,6 +310,7 @@ class Soak:
         next_rotate = t0 + a.rotate_every
         next_fault = t0 + a.fault_every
         next_touch = t0 + a.fault_every / 2
+        next_swap = t0 + a.config_every if self.configs is not None else float("inf")
         kind = 0
         last_report = t0
         while self.load.alive():
@@ -331,12 +342,23 @@ class Soak:
                 if not late:
                     self.fault("touch")
                 next_touch += a.fault_every
+            if now >= next_swap and self.configs is not None:
+                # The next swap waits until amp has loaded the last one (a
+                # file replaced before amp polled it was never read).
+                if self.config_reloads_seen() < self.configs.hostile + self.configs.restored:
+                    next_swap = now + 0.25
+                else:
+                    if late:
+                        self.configs.restore()
+                    else:
+                        self.configs.swap()
+                    next_swap = now + a.config_every
             if now - last_report >= 30:
                 last_report = now
                 s = self.samples[-1] if self.samples else {}
                 say(f"{elapsed:.0f}s: amp RSS {s.get('rss_kib', 0) / 1024:.1f} MiB, {s.get('fds')} fds, "
                     f"{self.rotations} rotations, {self.faults['drop']} drops, {self.faults['expire']} 410s")
-            wake = min(next_sample, next_rotate, next_fault, next_touch)
+            wake = min(next_sample, next_rotate, next_fault, next_touch, next_swap)
             time.sleep(max(0.01, min(0.25, wake - time.monotonic())))
         load_out = self.load.stop(timeout=30.0)
         lines = [json.loads(x) for x in load_out.splitlines() if x.startswith("{")]
@@ -381,10 +403,55 @@ class Soak:
                        and Scrape.get(self.amp.metrics_port).value("amp_open_connections") == 0, settle, interval=0.2)
         except WaitTimeout as e:
             say(str(e))
+        configs = self.config_reloads(settle)
         metrics = Scrape.get(self.amp.metrics_port)
-        return {"metrics": metrics, "api": http_json(self.control, "/stats"), "api_namespaces": len(listed["items"]),
+        return {"configs": configs,
+                "metrics": metrics, "api": http_json(self.control, "/stats"), "api_namespaces": len(listed["items"]),
                 "chaos": http_json(self.ports["steady"], "/stats"), "final_serial": serial, "last_serial": last,
                 "fds_idle": fd_count(self.amp.pid), "open_connections": metrics.value("amp_open_connections")}
+
+
+    def config_reloads_seen(self) -> int:
+        """How many config loads amp has counted, valid or not."""
+        try:
+            return int(sum(Scrape.get(self.amp.metrics_port).by("amp_config_reloads_total", "result").values()))
+        except (OSError, RuntimeError):
+            return -1
+
+    def config_reloads(self, settle: float) -> Optional[dict[str, Any]]:
+        """
+        With hostile config swaps: once amp has seen the last swap (the
+        good file back), what it counted, the hash of the config in force
+        and how often it logged a refusal.
+        """
+        if self.configs is None:
+            return None
+        port = self.amp.metrics_port
+        configs = self.configs
+        try:
+            poll_until("amp to load the last config swapped in",
+                       lambda: self.config_reloads_seen() >= configs.hostile + configs.restored, settle, interval=0.2)
+        except WaitTimeout as e:
+            say(str(e))
+        self.configs.restore()
+
+        def reloads() -> dict[str, int]:
+            return {k: int(v) for k, v in Scrape.get(port).by("amp_config_reloads_total", "result").items()}
+        try:
+            poll_until("amp to see every config swap", lambda: reloads().get("error", 0) >= configs.hostile
+                       and reloads().get("success", 0) >= configs.restored, settle, interval=0.2)
+        except WaitTimeout as e:
+            say(str(e))
+        with open(self.amp.log_path, "rb") as f:
+            logged = f.read().decode("utf-8", "replace").count("not reloaded (file changed)")
+        return {**self.configs.figures(), "kinds": len(HOSTILE_CONFIGS), "amp_reloads": reloads(),
+                "hash_before": self.config_hash_before, "hash_after": config_hash(port), "refusals_logged": logged}
+
+
+def config_hash(port: int) -> Optional[str]:
+    """The hash label of amp's C{amp_config_info}."""
+    hashes = Scrape.get(port).by("amp_config_info", "hash")
+    return next(iter(hashes)) if len(hashes) == 1 else None
 
 
 # ---------------------------------------------------------------------- main
@@ -408,6 +475,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--hostile", action="store_true",
                    help="mix hostile endpoints in with the faults: header floods, one huge header line, deeply "
                         "nested JSON, slow-drip bodies (see bench/chaos_endpoint.py)")
+    p.add_argument("--config-every", type=float, default=2.0,
+                   help="with --hostile: seconds between swaps of amp's config file (hostile and good in turn)")
     p.add_argument("--flood-mib", type=int, default=8,
                    help="MiB of head a hostile header-flood or huge-header call sends at most (default 8)")
     p.add_argument("--out", default=os.path.join(BENCH, "results"), help="results directory")
@@ -439,7 +508,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                      "breakers": {"steady": NEVER_OPENS, "flaky": OPENS_OFTEN},
                      "rss_limit_mib": args.rss_limit_mib, "fd_slack": FD_SLACK,
                      "timing_judged": not args.quick, "timing_criteria": list(TIMING_CRITERIA),
-                     "hostile": args.hostile, "flood_mib": args.flood_mib if args.hostile else None},
+                     "hostile": args.hostile, "flood_mib": args.flood_mib if args.hostile else None,
+                     "config_every_s": args.config_every if args.hostile else None},
     }
     if args.wait_quiet > 0:
         result["settings"]["other_cpu_pct_before"] = wait_quiet(args.wait_quiet)

@@ -8,8 +8,10 @@ well-formed (C{answers}), outcomes reconciled with the faults injected
 (C{outcomes}), a clean log (C{log}), amp's RSS under its bound and, in a
 long run, flat (C{rss}), no file descriptor left behind once the load is
 over (C{fds}), every certificate rotation put into service (C{tls}), the
-watch faults survived (C{watch}).  Timing criteria (L{TIMING_CRITERIA}) are
-judged in a full run and only reported in a --quick one.
+watch faults survived (C{watch}), and with C{--hostile} every hostile config
+file swapped in refused and the config in force unchanged (C{configs}).
+Timing criteria (L{TIMING_CRITERIA}) are judged in a full run and only
+reported in a --quick one.
 """
 
 from __future__ import annotations
@@ -150,6 +152,16 @@ def evaluate(soak: Any, run: dict[str, Any], after: dict[str, Any], log: dict[st
               relists=after["api"].get("lists"), cache_namespaces=cached,
               api_namespaces=after["api_namespaces"], cache_misses=misses,
               fake_api_errors=after["api"].get("errors"))
+    # 7. With --hostile: every hostile config swapped in was refused,
+    # counted and logged once per content, and the config in force never
+    # changed.
+    configs = after.get("configs")
+    if configs is not None:
+        reloads = configs["amp_reloads"]
+        criterion("configs", configs["hostile_swaps"] > 0 and reloads.get("error", 0) == configs["hostile_swaps"]
+                  and reloads.get("success", 0) == configs["restored"]
+                  and configs["hash_after"] == configs["hash_before"] is not None
+                  and configs["refusals_logged"] == min(configs["kinds"], configs["hostile_swaps"]), **configs)
     return criteria
 
 
@@ -260,6 +272,12 @@ def text_report(result: dict[str, Any]) -> str:
             lines.append("    amp buffered more than its bound while endpoints flooded it with header bytes: without "
                          "a per-call limit on a reply's head (bytes and lines) and a cap on what all replies may "
                          "buffer at once, each such call holds its whole head until amp's timeout.")
+    if "configs" in c:
+        g = c["configs"]
+        lines.append(f"Config swaps: {g['hostile_swaps']} hostile files swapped in ({g['by_kind']}), the good file "
+                     f"{g['restored']} times back; amp counted {g['amp_reloads']}, logged {g['refusals_logged']} "
+                     f"refusals (one per content), config {g['hash_before']} in force before, {g['hash_after']} "
+                     f"after.")
     t = c["tls"]
     lines.append(f"TLS: {t['rotations']} rotations, amp reloads {t['reloads']}, new connections were served "
                  f"{t['certificates_served']} certificates"
