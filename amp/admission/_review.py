@@ -183,10 +183,12 @@ class Review:
             pod_json = req.object_json if req.object_json is not None else dumps(req.object)
         else:
             pod_json = dumps(chain.pod.pod)
-        now = self._call_started = self._parts.clock.seconds()
-        left = self._deadline.remaining(now)
-        self._trace.record(BudgetGiven, seconds=round(left, 4), timeout=round(min(step.settings.timeout, left), 4),
-                           position=chain.index + 1, chain_length=len(chain.route.steps))
+        if self._trace.recording:
+            # Facts only a kept event needs (a review's hot path gathers none).
+            now = self._call_started = self._parts.clock.seconds()
+            left = self._deadline.remaining(now)
+            self._trace.record(BudgetGiven, seconds=round(left, 4), timeout=round(min(step.settings.timeout, left), 4),
+                               position=chain.index + 1, chain_length=len(chain.route.steps))
         plan = self._canary_plan
         if plan is not None and plan.index == chain.index:
             self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]
@@ -209,10 +211,12 @@ class Review:
         decision = reply.decision
         judged = None
         try:
-            self._record_call(OK, "")
-            self._trace.record(
-                Replied, allowed=decision.allowed, operations=len(decision.patch), warnings=list(decision.warnings),
-                code=None if decision.allowed else decision.code, message=decision.message)
+            if self._trace.recording:
+                self._record_call(OK, "")
+                self._trace.record(
+                    Replied, allowed=decision.allowed, operations=len(decision.patch),
+                    warnings=list(decision.warnings), code=None if decision.allowed else decision.code,
+                    message=decision.message)
             judged = self._judge(decision)
         finally:
             reply.settle(judged.reason if isinstance(judged, PatchError) else OK)
@@ -356,7 +360,7 @@ class Review:
             # Including the call cut off by the review's deadline: C{timeout}.
             e = failure.value
             reason, message = e.reason, e.message
-            if calling:
+            if calling and self._trace.recording:
                 self._record_call(reason, message)
             if calling and self._ending is None:
                 return self._step_ended(reason, message)

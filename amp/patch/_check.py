@@ -93,6 +93,7 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
     doc = Doc(pod)
     operations: list[dict] = []
     repaired = 0
+    recording = trace.recording
     for op in parsed:
         try:
             apply_op(doc, op)
@@ -108,7 +109,8 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
                 raise PatchError(Reason.APPLY_FAILED, f"{op.label}: {again.message}") from None
             _trace_repair(trace, op, fail, operations[before:])
         operations.append(op.out)
-        trace.record(OperationApplied, index=op.index, op=op.op, path=op.path, from_=op.frm, repair=False)
+        if recording:
+            trace.record(OperationApplied, index=op.index, op=op.op, path=op.path, from_=op.frm, repair=False)
 
     if not modifies:
         return unchanged(pod)
