@@ -13,12 +13,16 @@ that what the API server is told and what amp counts cannot drift apart.
   - L{ignored} and L{errored}: a failure under the C{Ignore} or C{Fail}
     policy, results C{ignored} and C{failed} (L{amp.admission} decides
     which: the failure policy is applied in one place);
-  - L{shadow}: shadow mode, the Pod admitted as it is whatever happened.
+  - L{shadow}: shadow mode, the Pod admitted as it is whatever happened;
+  - L{unheard}: an answer the client went away before it got: counted as
+    what it would have been, with the reason C{cancelled} when it had none.
+
+An answer is not edited once built: its L{Outcome} is frozen.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, NamedTuple, Optional
 
 from amp.reasons import Reason, Result
@@ -32,7 +36,7 @@ AUDIT_ERROR_KEY = "error"
 MESSAGE_LIMIT = 1024
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """
     What happened to one review, for the log line and the metrics.
@@ -158,3 +162,14 @@ def shadow(
     """
     return Answer(encode_response(req.api_version, req.uid),
                   Outcome(Result.SHADOW, reason, endpoint, shadow_patch_size=shadow_patch_size))
+
+
+def unheard(answer: Answer) -> Answer:
+    """
+    C{answer}, which the client went away before it got: the same bytes,
+    counted as what it would have been, with the vocabulary's reason for a
+    client that left when it had no reason of its own.
+    """
+    if answer.outcome.reason:
+        return answer
+    return Answer(answer.body, replace(answer.outcome, reason=Reason.CANCELLED))

@@ -76,8 +76,9 @@ from typing import Callable, Optional, Protocol
 from twisted.logger import Logger
 
 from amp.config import BreakerConfig
+from amp.reasons import BreakerState
 
-CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 
 #: Number of time buckets in the rolling window.
 BUCKETS = 10

@@ -46,13 +46,11 @@ from amp.namespaces import NamespaceInfo
 from amp.patch import PatchError, check_patch
 from amp.policy import EndpointStep, Route, resolve_chain
 from amp.record import pod_differences
+from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION
 
 __all__ = ["CANARY_ANNOTATION", "CANARY_PERCENT_ANNOTATION", "CANARY_STEP_ANNOTATION", "Canary", "CanaryPlan",
            "CanaryResult", "canary_plan"]
 
-CANARY_ANNOTATION = "amp.txn2.com/canary"
-CANARY_PERCENT_ANNOTATION = "amp.txn2.com/canary-percent"
-CANARY_STEP_ANNOTATION = "amp.txn2.com/canary-step"
 
 
 class CanaryResult(StrEnum):

@@ -20,6 +20,8 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
+from amp.rules import NAMESPACE_FEATURE_ANNOTATIONS, STAMP_ANNOTATIONS
+
 if TYPE_CHECKING:  # amp.config and amp.namespaces use this module: no import at run time
     from amp.config import KubernetesConfig
     from amp.namespaces import NamespaceInfo
@@ -31,14 +33,6 @@ __all__ = ["AmpKeys", "NAMESPACE_FEATURE_ANNOTATIONS", "NEAR_MISS_PROBLEM", "clo
 #: or annotation in amp's domain that amp does not read.
 NEAR_MISS_PROBLEM = "unknown-key"
 
-#: Namespace annotations of amp's features beyond routing: the canary
-#: (L{amp.canary}) and recording (L{amp.record}).
-NAMESPACE_FEATURE_ANNOTATIONS = ("amp.txn2.com/canary", "amp.txn2.com/canary-percent", "amp.txn2.com/canary-step",
-                                 "amp.txn2.com/record")
-
-#: Annotations amp writes on Pods: its status stamp and the older one it
-#: replaces.
-_POD_ANNOTATIONS = ("amp.txn2.com/status", "amp.txn2.com/skipped")
 
 
 def closest(name: str, known: Iterable[str]) -> Optional[str]:
@@ -94,7 +88,7 @@ class AmpKeys:
             *config.endpoint_annotations, config.validation_annotation,
             config.failure_policy_annotation, config.mode_annotation, *NAMESPACE_FEATURE_ANNOTATIONS)))
         self.pod_labels = (config.enabled_label,)
-        self.pod_annotations = _POD_ANNOTATIONS
+        self.pod_annotations = STAMP_ANNOTATIONS
         every = (*self.namespace_labels, *self.namespace_annotations, *self.pod_annotations)
         prefixes = {key.partition("/")[0] for key in every if "/" in key}
         # amp.txn2.com from amp.txn2.com, mutation.amp.txn2.com, ...: the

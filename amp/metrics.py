@@ -29,13 +29,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from twisted.web.resource import Resource
 
 from amp import __version__
+from amp.reasons import BreakerState
 from twisted.web.server import Request
 
 #: Buckets for admission and endpoint latency: webhook budgets are
 #: milliseconds to a few seconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-BREAKER_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
+BREAKER_STATE_VALUES = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
 #: Values of C{amp_tls_reloads_total{result}}.
 TLS_RELOAD_RESULTS = ("success", "error")

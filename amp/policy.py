@@ -1,25 +1,29 @@
 """
 Namespace + config -> what to do with a review (pure).
 
-L{route} answers, for one namespace: is amp enabled there, which endpoints
-in which order (the chain, each checked against the allow-list), with which
-settings, in which mode, and under which failure policy.  L{opted_out} and
-L{protected_namespaces} say which Pods amp leaves alone whatever their
-namespace says.  Nothing here does I/O.
+L{route} answers, for one namespace: is amp enabled there (L{amp.rules}),
+which endpoints in which order (the chain, each checked against the
+allow-list), with which settings, in which mode, and under which failure
+policy.  Nothing here does I/O.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Optional, Sequence
 
 from amp.config import BreakerConfig, Config, EndpointSettings
 from amp.namespaces import NamespaceInfo
-from amp.reasons import Reason
+from amp.reasons import FailurePolicy, Mode, Reason
+from amp.rules import is_enabled, mode as namespace_mode
+from amp.trace import AllowChecked, Event, PolicyChosen, RouteDecided
 from amp.urls import CHAIN_SEPARATORS, BadURL, EndpointURL, escaped, parse_endpoint_url, shown_url, step_names
 
-IGNORE, FAIL = "Ignore", "Fail"
-NORMAL, SHADOW = "normal", "shadow"
+IGNORE, FAIL = FailurePolicy.IGNORE, FailurePolicy.FAIL
+#: Each failure policy by its value (a dict lookup: calling the enum costs
+#: ten times as much, on every review).
+_POLICIES = {policy.value: policy for policy in FailurePolicy}
+NORMAL, SHADOW = Mode.NORMAL, Mode.SHADOW
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,17 +67,21 @@ class Route:
     @ivar error: C{(reason, message)} when the chain cannot be used.
     @ivar policy_problem: why the namespace's failure-policy annotation was
         not used (a value that is not C{Ignore} or C{Fail}), or None.
+    @ivar explanation: see L{route}'s C{explain}.
     """
 
     enabled: bool
-    failure_policy: str = FAIL
-    mode: str = NORMAL
+    failure_policy: FailurePolicy = FAIL
+    mode: Mode = NORMAL
     url: Optional[EndpointURL] = None
     raw_url: str = ""
     steps: tuple[EndpointStep, ...] = ()
     error: Optional[tuple[Reason, str]] = None
     bad_url: str = ""
     policy_problem: Optional[str] = None
+    #: With L{route}'s C{explain}: the decision and why, as the events
+    #: C{amp explain} prints (route, allow-list, failure policy).
+    explanation: tuple[Event, ...] = ()
 
     @property
     def settings(self) -> Optional[EndpointSettings]:
@@ -105,7 +113,7 @@ class Route:
 _NOT_ENABLED = Route(enabled=False)
 
 
-def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str]) -> str:
+def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str]) -> FailurePolicy:
     """
     The namespace's C{amp.txn2.com/failure-policy} annotation if valid, else
     the config's C{failure_policy}; C{auto} follows the cluster's
@@ -115,10 +123,10 @@ def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: 
     if ns is not None:
         value = ns.annotations.get(config.kubernetes.failure_policy_annotation)
         if value in (IGNORE, FAIL):
-            return value
-    if config.failure_policy == "auto":
-        return cluster_policy if cluster_policy in (IGNORE, FAIL) else FAIL
-    return config.failure_policy
+            return _POLICIES[value]
+    if config.failure_policy == FailurePolicy.AUTO:
+        return _POLICIES[cluster_policy] if cluster_policy in (IGNORE, FAIL) else FAIL  # type: ignore[index]
+    return _POLICIES[config.failure_policy]
 
 
 def failure_policy_problem(ns: NamespaceInfo, config: Config, policy: str) -> Optional[str]:
@@ -131,7 +139,7 @@ def failure_policy_problem(ns: NamespaceInfo, config: Config, policy: str) -> Op
     value = ns.annotations.get(key)
     if value is None or value in (IGNORE, FAIL):
         return None
-    source = "the webhook's failurePolicy" if config.failure_policy == "auto" else "failure_policy"
+    source = "the webhook's failurePolicy" if config.failure_policy == FailurePolicy.AUTO else "failure_policy"
     return (f"annotation {key}: {escaped(repr(value), 40)} is not {IGNORE} or {FAIL}; "
             f"failure policy {policy} (from {source}) applies")
 
@@ -147,95 +155,49 @@ def failure_policy_why(ns: Optional[NamespaceInfo], config: Config, cluster_poli
     if value in (IGNORE, FAIL):
         return policy, f"the namespace's annotation {key}"
     why = f"the annotation {key}={value!r} is not Ignore or Fail, so " if value is not None else f"no annotation {key}, so "
-    if config.failure_policy != "auto":
+    if config.failure_policy != FailurePolicy.AUTO:
         return policy, why + f"the config's failure_policy {config.failure_policy}"
     if cluster_policy in (IGNORE, FAIL):
         return policy, why + "failure_policy auto: the failurePolicy of amp's MutatingWebhookConfiguration"
     return policy, why + "failure_policy auto, and amp's MutatingWebhookConfiguration is not known: Fail"
 
 
-def protected_namespaces(config: Config) -> frozenset[str]:
-    """
-    The namespaces whose Pods amp never changes: its own
-    (C{kubernetes.own_namespace}) and C{kubernetes.protected_namespaces};
-    none when C{kubernetes.allow_protected_namespaces} is set.  A webhook
-    that must answer before its own Pods (or kube-system's) can start would
-    lock the cluster out of recovering.
-    """
-    kube = config.kubernetes
-    if kube.allow_protected_namespaces:
-        return frozenset()
-    own = (kube.own_namespace,) if kube.own_namespace else ()
-    return frozenset((*own, *kube.protected_namespaces))
-
-
-def opted_out(pod: Any, config: Config) -> bool:
-    """
-    Whether C{pod} opts out of amp: its enable label
-    (C{kubernetes.enabled_label}) says C{kubernetes.opt_out_value}
-    (C{amp.txn2.com/enabled: "false"}).
-    """
-    metadata = pod.get("metadata") if type(pod) is dict else None
-    labels = metadata.get("labels") if type(metadata) is dict else None
-    kube = config.kubernetes
-    return type(labels) is dict and labels.get(kube.enabled_label) == kube.opt_out_value
-
-
-def own_pods_warning(ns: Optional[NamespaceInfo], config: Config) -> Optional[str]:
-    """
-    What to warn about at start-up when amp's own namespace C{ns} is
-    enabled (its own Pods would be sent to it), or None.
-    """
-    if not is_enabled(ns, config):
-        return None
-    assert ns is not None
-    if ns.name in protected_namespaces(config):
-        return (f"amp's own namespace {ns.name} is enabled ({config.kubernetes.enabled_label}); amp will not "
-                "change its Pods (kubernetes.allow_protected_namespaces is off)")
-    return (f"amp's own namespace {ns.name} is enabled ({config.kubernetes.enabled_label}) and "
-            "kubernetes.allow_protected_namespaces is on: amp reviews its own Pods, so while no replica is ready "
-            "new ones may not start")
-
-
-def is_enabled(ns: Optional[NamespaceInfo], config: Config) -> bool:
-    kube = config.kubernetes
-    return ns is not None and ns.labels.get(kube.enabled_label) == kube.enabled_value
-
-
 def route(
     ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str], *, validation: bool = False,
-    cache: Optional[dict[str, tuple]] = None,
+    cache: Optional[dict[str, tuple]] = None, explain: bool = False,
 ) -> Route:
     """
     Decide what to do for a review in namespace C{ns} (None: no such
     namespace).  C{validation} picks the validation endpoint annotation.
     C{cache}, a dict kept for one C{config}, remembers what each annotation
     value resolved to (parsed URL, allow-list verdict, settings), so the hot
-    path does not parse the same URL for every review.
+    path does not parse the same URL for every review.  With C{explain},
+    the route carries its own explanation (L{Route.explanation}).
     """
-    if not is_enabled(ns, config):
-        return _NOT_ENABLED
-    assert ns is not None
     kube = config.kubernetes
+    keys = (kube.validation_annotation,) if validation else kube.endpoint_annotations
+    if not is_enabled(ns, kube):
+        return _explained(_NOT_ENABLED, ns, config, cluster_policy, keys, None) if explain else _NOT_ENABLED
+    assert ns is not None
     policy = failure_policy(ns, config, cluster_policy)
     problem = failure_policy_problem(ns, config, policy)
-    mode = SHADOW if ns.annotations.get(kube.mode_annotation) == SHADOW else NORMAL
-    if validation:
-        raw = ns.annotations.get(kube.validation_annotation)
+    mode = namespace_mode(ns, kube)
+    key = next((a for a in keys if ns.annotations.get(a)), None)
+    if key is None:
+        r = Route(enabled=True, failure_policy=policy, mode=mode, policy_problem=problem)
     else:
-        raw = next((ns.annotations[a] for a in kube.endpoint_annotations if ns.annotations.get(a)), None)
-    if not raw:
-        return Route(enabled=True, failure_policy=policy, mode=mode, policy_problem=problem)
-    resolved = cache.get(raw) if cache is not None else None
-    if resolved is None:
-        resolved = resolve_chain(raw, config)
-        if cache is not None:
-            if len(cache) >= _CACHE_LIMIT:
-                cache.clear()
-            cache[raw] = resolved
-    steps, url, bad, error = resolved
-    return Route(True, policy, mode, url=url, raw_url=raw, steps=steps, error=error, bad_url=bad,
-                 policy_problem=problem)
+        raw = ns.annotations[key]
+        resolved = cache.get(raw) if cache is not None else None
+        if resolved is None:
+            resolved = resolve_chain(raw, config)
+            if cache is not None:
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()
+                cache[raw] = resolved
+        steps, url, bad, error = resolved
+        r = Route(True, policy, mode, url=url, raw_url=raw, steps=steps, error=error, bad_url=bad,
+                  policy_problem=problem)
+    return _explained(r, ns, config, cluster_policy, keys, key) if explain else r
 
 
 #: Distinct endpoint annotation values remembered by L{route}'s cache.
@@ -285,3 +247,37 @@ def resolve_chain(raw: str, config: Config) -> tuple[
     names = step_names([step.url for step in steps])
     steps_tuple = tuple(replace(step, name=name) for step, name in zip(steps, names))
     return steps_tuple, steps_tuple[0].url, "", None
+
+
+def _explained(r: Route, ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str],
+               keys: Sequence[str], key: Optional[str]) -> Route:
+    """
+    C{r} with its explanation: what L{route} decided for C{ns} and why, from
+    what it decided with (the annotation C{key} it read of C{keys}, the
+    allow-list, the failure policy and where it came from).
+    """
+    kube = config.kubernetes
+    labels = ns.labels if ns is not None else {}
+    events: list[Event] = [RouteDecided(
+        enabled=r.enabled, label=kube.enabled_label, value=kube.enabled_value, got=labels.get(kube.enabled_label),
+        exists=ns is not None, annotation=key, annotations=list(keys),
+        url=shown_url(r.raw_url) if r.raw_url else "", mode=r.mode, steps=[step.name for step in r.steps])]
+    if r.enabled:
+        allow = config.endpoints.allow
+        patterns = [p.text for p in allow]
+        if r.error is not None and r.raw_url:
+            reason, message = r.error
+            if r.url is None:
+                events.append(AllowChecked(url=shown_url(r.bad_url or r.raw_url), allowed=False, pattern=None,
+                                           reason=reason, error=message, patterns=patterns))
+            else:
+                pattern = next((p.text for p in allow if p.matches(r.url)), None)
+                events.append(AllowChecked(url=shown_url(r.url), allowed=pattern is not None, pattern=pattern,
+                                           reason=reason, error=message, patterns=patterns))
+        for step in r.steps:
+            pattern = next((p.text for p in allow if p.matches(step.url)), None)
+            events.append(AllowChecked(url=shown_url(step.url), allowed=pattern is not None, pattern=pattern, reason="",
+                                       error="", patterns=patterns))
+        _, why = failure_policy_why(ns, config, cluster_policy)
+        events.append(PolicyChosen(policy=r.failure_policy, why=why))
+    return replace(r, explanation=tuple(events))

@@ -1,6 +1,9 @@
 """
 The one vocabulary of outcomes: every result a review can have and every
-reason a review, an endpoint call or a patch can fail with (pure).
+reason a review, an endpoint call or a patch can fail with (pure); and the
+other closed vocabularies amp's parts share (failure policies, modes,
+namespace sources, breaker states, the verdict a call leaves on its
+endpoint).
 
 Metrics labels, warnings, audit annotations, the status stamp, the log line,
 the docs and the tests all use these names; nothing else spells them.  Each
@@ -141,3 +144,69 @@ REFUSED_REPLY_REASONS = PATCH_REASONS - {Reason.PATCH_TOO_LARGE}
 #: C{cancelled} (the caller gave up before the call ended).
 ENDPOINT_OUTCOMES = (("ok",) + tuple(sorted(ENDPOINT_REASONS)) + tuple(sorted(REFUSED_REPLY_REASONS))
                      + (Reason.CANCELLED.value,))
+
+
+class FailurePolicy(StrEnum):
+    """
+    What amp does when a review cannot be completed (C{failure_policy},
+    the namespace's failure-policy annotation, the webhook's
+    C{failurePolicy}).
+    """
+
+    #: Config only: follow the C{failurePolicy} of amp's own
+    #: MutatingWebhookConfiguration (C{Fail} while it is unknown).
+    AUTO = "auto"
+    #: Admit the Pod unchanged, with a warning and an audit annotation.
+    IGNORE = "Ignore"
+    #: Deny the Pod with a clear message.
+    FAIL = "Fail"
+
+
+class Mode(StrEnum):
+    """
+    How amp uses an endpoint's answer in a namespace (its mode annotation).
+    """
+
+    #: The answer is applied.
+    NORMAL = "normal"
+    #: The endpoint is called and its answer checked, never applied.
+    SHADOW = "shadow"
+
+
+class NamespaceSource(StrEnum):
+    """
+    Where namespaces come from (C{kubernetes.source}).
+    """
+
+    #: The in-cluster service account.
+    CLUSTER = "cluster"
+    #: The kubeconfig file of C{kubernetes.kubeconfig}.
+    KUBECONFIG = "kubeconfig"
+    #: No API server: the namespaces of C{kubernetes.namespaces}.
+    STATIC = "static"
+
+
+class BreakerState(StrEnum):
+    """
+    The state of an endpoint origin's circuit breaker
+    (C{amp_circuit_breaker_state}, the log).
+    """
+
+    CLOSED = "closed"
+    HALF_OPEN = "half_open"
+    OPEN = "open"
+
+
+class Verdict(StrEnum):
+    """
+    What one settled endpoint call tells its origin's circuit breaker.
+    """
+
+    #: The endpoint answered with a usable reply.
+    SUCCESS = "success"
+    #: The endpoint failed, its own timeout included.
+    FAILURE = "failure"
+    #: Nothing was learned about the endpoint (cancelled, amp's own limit
+    #: or the review's deadline): the breaker counts nothing.
+    RELEASE = "release"
+

@@ -3,11 +3,17 @@ Reloading what amp reads from files while it runs.
 
 L{ReloadService}
     Calls C{check()} of an L{IReloadable} every few seconds (reload if the
-    files changed) and C{reload()} on C{SIGHUP} (reload regardless), on the
-    reactor thread; a check that raises is logged and polling goes on.  The
-    serving certificate (L{amp.tls.CertificateReloadService}) and the
-    config file (L{ConfigFile}) each have one; their C{SIGHUP} handlers
-    chain, so one signal reloads both.
+    files changed), and C{reload()} when asked (L{ReloadService.reload_now},
+    reload regardless), on the reactor thread; a check that raises is
+    logged and polling goes on.  The serving certificate
+    (L{amp.tls.CertificateReloadService}) and the config file
+    (L{ConfigFile}) each have one.
+
+L{SighupService}
+    The one C{SIGHUP} handler, installed by the top service
+    (L{amp.service.AmpService}): each signal asks every reloader it was
+    given in turn, on the reactor thread (the certificate, the config, the
+    workers); the handler that was there before is restored on stop.
 
 L{ConfigFile}
     amp's config file.  A change (its resolved path, inode, size or mtime,
@@ -69,7 +75,8 @@ class IReloadable(Interface):
 class ReloadService(Service):
     """
     Polls C{target.check()} every C{interval} seconds and calls
-    C{target.reload()} on C{SIGHUP}.
+    C{target.reload()} when asked (L{reload_now}: C{SIGHUP}, through
+    L{SighupService}).
 
     @ivar clock: the clock the polling runs on.
     """
@@ -86,12 +93,9 @@ class ReloadService(Service):
         reactor: Any,
         interval: float = 5.0,
         clock: Optional[IReactorTime] = None,
-        install_sighup: bool = True,
     ) -> None:
         """
-        @param reactor: used for C{callFromThread} from the signal handler
-            and, unless C{clock} is given, for polling.
-        @param install_sighup: install the C{SIGHUP} handler on start.
+        @param reactor: unless C{clock} is given, for polling.
         """
         if interval <= 0:
             raise ValueError(f"interval: must be greater than zero, got {interval!r}")
@@ -99,15 +103,11 @@ class ReloadService(Service):
         self.reactor = reactor
         self.interval = interval
         self.clock: IReactorTime = clock if clock is not None else reactor
-        self.install_sighup = install_sighup
         self._loop: Optional[LoopingCall] = None
-        self._sighup = SighupHandler(reactor, self._reload, self.what)
 
     def startService(self) -> None:
         super().startService()
         self._start_polling()
-        if self.install_sighup:
-            self._install_signal()
 
     def _start_polling(self) -> None:
         loop = LoopingCall(self._tick)
@@ -131,7 +131,6 @@ class ReloadService(Service):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
-        self._restore_signal()
         return super().stopService()
 
     def _tick(self) -> "Deferred[None]":
@@ -141,69 +140,90 @@ class ReloadService(Service):
         d.addErrback(lambda f: self.log.failure("Unexpected error while checking {what}", f, what=self.what))
         return d.addCallback(lambda _: None)
 
-    def _reload(self) -> None:
+    def reload_now(self) -> None:
+        """
+        Load the files whether or not they look changed (C{SIGHUP}); an
+        error is logged, never raised.
+        """
         d = maybeDeferred(self.target.reload)
         d.addErrback(lambda f: self.log.failure("Unexpected error while reloading {what}", f, what=self.what))
 
-    # ------------------------------------------------------------ SIGHUP
 
-    def handle_sighup(self, signum: int, frame: Optional[FrameType]) -> None:
-        """
-        The C{SIGHUP} handler: schedule a forced reload on the reactor
-        thread, then call the handler that was installed before ours.
-        """
-        self._sighup.handle(signum, frame)
-
-    def _install_signal(self) -> None:
-        self._sighup.install()
-
-    def _restore_signal(self) -> None:
-        self._sighup.restore()
-
-
-class SighupHandler:
+class SighupService(Service):
     """
-    Runs C{on_signal} on the reactor thread for every C{SIGHUP}, and calls
-    the handler that was installed before (so several of these chain: one
-    signal reloads the certificate, the config, and reaches the workers).
+    The one C{SIGHUP} handler of the process.  On each signal it asks every
+    reloader added (L{add}) in turn, in the order added, on the reactor
+    thread (a reloader that raises is logged, and the next is asked), then
+    calls the handler that was installed before it.  Installed on start;
+    that handler is restored on stop.
     """
 
     log = Logger()
 
-    def __init__(self, reactor: Any, on_signal: Callable[[], Any], what: str) -> None:
+    def __init__(self, reactor: Any) -> None:
+        """
+        @param reactor: the reactor the reloaders run on
+            (C{callFromThread} from the signal handler).
+        """
         self.reactor = reactor
-        self.on_signal = on_signal
-        self.what = what
+        self._reloaders: list[tuple[str, Callable[[], Any]]] = []
         self._installed = False
         self._previous: _SignalHandler = None
 
+    def add(self, what: str, reload: Callable[[], Any]) -> None:
+        """
+        Ask C{reload()} on every C{SIGHUP}; C{what} names it in log lines.
+        """
+        self._reloaders.append((what, reload))
+
+    def reloaders(self) -> list[str]:
+        """
+        What every C{SIGHUP} reloads, in the order it is asked.
+        """
+        return [what for what, _ in self._reloaders]
+
     def handle(self, signum: int, frame: Optional[FrameType]) -> None:
-        self.reactor.callFromThread(self.on_signal)
+        """
+        The C{SIGHUP} handler: schedule the reloaders on the reactor thread,
+        then call the handler that was installed before this one.
+        """
+        self.reactor.callFromThread(self.reload_all)
         previous = self._previous
         if callable(previous):
             previous(signum, frame)
 
-    def install(self) -> None:
+    def reload_all(self) -> None:
+        """
+        Ask every reloader in turn.
+        """
+        for what, reload in list(self._reloaders):
+            try:
+                reload()
+            except Exception:
+                self.log.failure("Unexpected error while reloading {what} on SIGHUP", what=what)
+
+    def startService(self) -> None:
+        super().startService()
         try:
             previous = signal.getsignal(signal.SIGHUP)
             signal.signal(signal.SIGHUP, self.handle)
         except ValueError as e:
             # Not the main thread: polling still works.
-            self.log.warn("SIGHUP for {what} not available: {error}", what=self.what, error=str(e))
+            self.log.warn("SIGHUP not available: {error}", error=str(e))
             return
         self._previous = previous
         self._installed = True
 
-    def restore(self) -> None:
-        if not self._installed:
-            return
-        self._installed = False
-        previous, self._previous = self._previous, None
-        try:
-            if signal.getsignal(signal.SIGHUP) == self.handle:
-                signal.signal(signal.SIGHUP, previous if previous is not None else signal.SIG_DFL)
-        except ValueError as e:
-            self.log.warn("Could not restore the previous SIGHUP handler: {error}", error=str(e))
+    def stopService(self) -> Optional[Deferred[None]]:
+        if self._installed:
+            self._installed = False
+            previous, self._previous = self._previous, None
+            try:
+                if signal.getsignal(signal.SIGHUP) == self.handle:
+                    signal.signal(signal.SIGHUP, previous if previous is not None else signal.SIG_DFL)
+            except ValueError as e:
+                self.log.warn("Could not restore the previous SIGHUP handler: {error}", error=str(e))
+        return super().stopService()
 
 
 #: Runs a blocking callable away from the reactor thread and fires with its
@@ -390,7 +410,7 @@ class ConfigFile:
 class ConfigReloadService(ReloadService):
     """
     Keeps the configuration current (L{ConfigFile}): polls every
-    C{reload_interval}, reloads on C{SIGHUP}.
+    C{reload_interval}, reloads when asked (C{SIGHUP}).
     """
 
     what = "the config file"

@@ -20,66 +20,58 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import sys
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from amp import config as c
+from amp.config import Kind, declared_kinds
 
-__all__ = ["config_schema", "main"]
+__all__ = ["config_schema", "main", "value_schema"]
 
 Schema = dict[str, Any]
 
-
-def _number_or_text(pattern: str, integer: bool = False) -> Schema:
-    return {"type": ["string", "integer" if integer else "number"], "pattern": pattern, "minimum": 0}
-
-
-def _base() -> dict[Callable[[Any], Any], Schema]:
-    """The schema of each plain parser of amp.config."""
-    strings = {"type": "array", "items": {"type": "string", "minLength": 1}}
-    return {
-        c.parse_duration: _number_or_text(c._DURATION.pattern),
-        c.parse_size: _number_or_text(c._SIZE.pattern, integer=True),
-        c._int: {"type": "integer"},
-        c._nonneg_int: {"type": "integer", "minimum": 0},
-        c._port: {"type": "integer", "minimum": 0, "maximum": 65535},
-        c._bool: {"type": "boolean"},
-        c._str: {"type": "string", "minLength": 1},
-        c._opt_str: {"type": ["string", "null"], "minLength": 1},
-        c._ratio: {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-        c._tls_version: {"enum": ["1.2", "1.3", 1.2, 1.3]},
-        c._str_list: strings,
-        c._patterns: strings,
-        c._pointers: {"type": "array", "items": {"type": "string", "pattern": "^(/.*)?$"}},
-        c._networks: strings,
-        c._str_map: {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
-    }
+_STRINGS: Schema = {"type": "array", "items": {"type": "string", "minLength": 1}}
+_STRING_MAP: Schema = {"type": ["object", "null"], "additionalProperties": {"type": "string"}}
 
 
-def value_schema(parse: Callable[[Any], Any]) -> Schema:
+def value_schema(kind: Kind) -> Schema:
     """
-    The schema of the values C{parse} accepts: a plain parser's, or that of
-    C{_positive(p)} (above zero) and C{_choice(...)} (one of).
+    The schema of the values of C{kind} (L{amp.config.Kind}: its name,
+    choices, bounds and pattern).
 
-    @raise ValueError: a parser this module does not know.
+    @raise ValueError: a kind this module does not know.
     """
-    base = _base()
-    if parse in base:
-        return dict(base[parse])
-    closure = inspect.getclosurevars(parse).nonlocals
-    if "choices" in closure:
-        return {"enum": list(closure["choices"])}
-    if "parse" in closure:
-        inner = value_schema(closure["parse"])
-        if inner.get("type") == "integer":
-            inner["minimum"] = 1
-        else:
-            inner.pop("minimum", None)
-            inner["exclusiveMinimum"] = 0
-        return inner
-    raise ValueError(f"no schema for the parser {parse.__qualname__}; say in amp.schema what it accepts")
+    name = kind.name
+    if name == "choice":
+        if kind.choices == ("1.2", "1.3"):
+            # The TLS version: YAML reads an unquoted 1.2 as a number.
+            return {"enum": ["1.2", "1.3", 1.2, 1.3]}
+        return {"enum": list(kind.choices)}
+    if name in ("duration", "size"):
+        schema: Schema = {"type": ["string", "integer" if name == "size" else "number"], "pattern": kind.pattern}
+        schema["exclusiveMinimum" if kind.exclusive else "minimum"] = 0
+        return schema
+    if name == "integer":
+        schema = {"type": "integer"}
+        if kind.minimum is not None:
+            schema["minimum"] = int(kind.minimum) + (1 if kind.exclusive else 0)
+        return schema
+    if name == "port":
+        return {"type": "integer", "minimum": 0, "maximum": 65535}
+    if name == "boolean":
+        return {"type": "boolean"}
+    if name == "string":
+        return {"type": ["string", "null"] if kind.nullable else "string", "minLength": 1}
+    if name == "ratio":
+        return {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+    if name in ("list of strings", "list of URL patterns", "list of networks"):
+        return dict(_STRINGS)
+    if name == "list of JSON pointers":
+        return {"type": "array", "items": {"type": "string", "pattern": "^(/.*)?$"}}
+    if name == "mapping":
+        return dict(_STRING_MAP)
+    raise ValueError(f"no schema for values of kind {name!r}; say in amp.schema what it accepts")
 
 
 def _closed(properties: dict[str, Schema]) -> Schema:
@@ -88,29 +80,33 @@ def _closed(properties: dict[str, Schema]) -> Schema:
 
 
 def _section(cls: type, leave_out: Sequence[str] = ()) -> dict[str, Schema]:
-    return {name: value_schema(parse) for name, parse in c._FIELDS[cls].items() if name not in leave_out}
+    """The schema of every key section C{cls} declares itself (not its sections), by name."""
+    return {name: value_schema(kind) for name, kind in declared_kinds(cls).items() if name not in leave_out}
 
 
 def _endpoints() -> Schema:
     breaker = _closed(_section(c.BreakerConfig))
-    settings = {**_section(c.EndpointSettings), "breaker": breaker}
+    # endpoints.max_buffered is one bound for every call: not an override's.
+    settings = {**_section(c.EndpointSettings, ("max_buffered",)), "breaker": breaker}
     override = _closed({**settings, "match": {"type": "string", "minLength": 1}})
     override["required"] = ["match"]
     override["type"] = "object"
+    kinds = declared_kinds(c.EndpointsConfig)
     return _closed({
         **settings,
-        "allow": value_schema(c._patterns),
-        "deny_networks": value_schema(c._networks),
-        "chain_limit": value_schema(c._positive(c._int)),
-        "max_buffered": value_schema(c._positive(c.parse_size)),
+        "allow": value_schema(kinds["allow"]),
+        "deny_networks": value_schema(kinds["deny_networks"]),
+        "chain_limit": value_schema(kinds["chain_limit"]),
+        "max_buffered": value_schema(declared_kinds(c.EndpointSettings)["max_buffered"]),
         "overrides": {"type": ["array", "null"], "items": override},
     })
 
 
 def _kubernetes() -> Schema:
-    namespace = _closed({"labels": value_schema(c._str_map), "annotations": value_schema(c._str_map)})
+    # A static namespace: its labels and annotations, strings each.
+    namespace = _closed({"labels": dict(_STRING_MAP), "annotations": dict(_STRING_MAP)})
     return _closed({
-        **_section(c.KubernetesConfig),
+        **_section(c.KubernetesConfig, ("namespaces",)),
         "bypass": _closed(_section(c.BypassConfig)),
         "namespaces": {"type": ["object", "null"], "additionalProperties": namespace},
     })
@@ -119,18 +115,20 @@ def _kubernetes() -> Schema:
 def config_schema() -> Schema:
     """
     The JSON Schema (draft 7) of amp's configuration file: every section
-    and key amp's loader accepts, each object closed.
+    and key amp's loader accepts, each object closed, each value's schema
+    from its key's declaration (L{amp.config.KEYS}).
     """
     composite = {"endpoints": _endpoints, "kubernetes": _kubernetes}
+    scalars = declared_kinds(c.Config)
     properties: dict[str, Schema] = {}
-    for f in dataclasses.fields(c.Config):
-        if f.name in composite:
-            properties[f.name] = composite[f.name]()
-        elif f.name in c._SCALARS:
-            properties[f.name] = value_schema(c._SCALARS[f.name])
+    defaults = c.Config()
+    for name in (f.name for f in dataclasses.fields(c.Config)):
+        if name in composite:
+            properties[name] = composite[name]()
+        elif name in scalars:
+            properties[name] = value_schema(scalars[name])
         else:
-            cls = type(getattr(c.Config(), f.name))
-            properties[f.name] = _closed(_section(cls))
+            properties[name] = _closed(_section(type(getattr(defaults, name))))
     schema = _closed(properties)
     schema["description"] = ("amp's configuration (amp.yaml), generated from amp.config by "
                              "`python -m amp.schema`: every key is in docs/config.md.")

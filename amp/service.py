@@ -48,9 +48,10 @@ from amp.logs import ConfigurableObserver
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.hints import NEAR_MISS_PROBLEM
 from amp.namespaces import INamespaceSource, NamespaceInfo, StaticNamespaceSource
+from amp.reasons import NamespaceSource
 from amp.recent import RecentDecisions, RecentDecisionsResource
 from amp.record import Recorder
-from amp.reload import ConfigFile, ConfigReloadService, InThread, in_thread_pool
+from amp.reload import ConfigFile, ConfigReloadService, InThread, SighupService, in_thread_pool
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.web import AdmissionResource, not_found, webhook_routes
 
@@ -141,7 +142,7 @@ def namespace_source(
     """
     The namespace source named by C{kubernetes.source}.
     """
-    if config.kubernetes.source == "static":
+    if config.kubernetes.source == NamespaceSource.STATIC:
         static = StaticNamespaceSource(config.kubernetes)
         metrics.namespace_cache_size.set(static.count)
         for name in config.kubernetes.namespaces:
@@ -235,6 +236,8 @@ class AmpService(MultiService):
             child service of this one.
         @param connector: the connect endpoints every endpoint call goes
             through instead of amp's own (L{amp.endpoint.Connector}; tests).
+        @param install_sighup: install the one C{SIGHUP} handler
+            (L{SighupService}, C{self.sighup}) while running.
         @param freeze_gc: once the reactor runs, move the objects alive
             then out of the garbage collector's view (L{freeze_startup_objects}).
         @param config_path: the file C{config} was loaded from: watched, and
@@ -270,9 +273,14 @@ class AmpService(MultiService):
         self.breakers = BreakerRegistry(reactor, breaker_changed, random=random.random)
         self.endpoint_client = EndpointClient(reactor, metrics, self.breakers, connector=connector)
         EndpointClientService(self.endpoint_client).setServiceParent(self)
-        CertificateReloadService(
-            certificate, reactor=reactor, interval=config.tls.reload_interval, install_sighup=install_sighup
-        ).setServiceParent(self)
+        #: The one SIGHUP handler: it asks the certificate, the config and
+        #: (with workers) the workers to reload, in that order.
+        self.sighup = SighupService(reactor)
+        if install_sighup:
+            self.sighup.setServiceParent(self)
+        certificate_reload = CertificateReloadService(certificate, reactor=reactor, interval=config.tls.reload_interval)
+        certificate_reload.setServiceParent(self)
+        self.sighup.add(certificate_reload.what, certificate_reload.reload_now)
         #: Records chosen reviews when C{record.enabled} (L{amp.record}).
         self.recorder = Recorder(config.record, reactor, metrics,
                                  keep_annotation=_amp_annotation(config))
@@ -310,9 +318,9 @@ class AmpService(MultiService):
         if config_path is not None:
             self.config_file = ConfigFile(config_path, config, self.apply, metrics,
                                           in_thread=in_thread if in_thread is not None else in_thread_pool(reactor))
-            self.config_reload = ConfigReloadService(
-                self.config_file, reactor=reactor, interval=config.reload_interval, install_sighup=install_sighup)
+            self.config_reload = ConfigReloadService(self.config_file, reactor=reactor, interval=config.reload_interval)
             self.config_reload.setServiceParent(self)
+            self.sighup.add(self.config_reload.what, self.config_reload.reload_now)
 
     def apply(self, config: Config) -> None:
         """
@@ -328,7 +336,7 @@ class AmpService(MultiService):
         (L{amp.config.for_reload}).
         """
         namespaces = self.namespaces
-        if config.kubernetes != self.config.kubernetes and config.kubernetes.source == "static":
+        if config.kubernetes != self.config.kubernetes and config.kubernetes.source == NamespaceSource.STATIC:
             namespaces = namespace_source(config, self.reactor, self.metrics)
         admitter = self._admitter(config, namespaces)
         # Everything is built: swap.

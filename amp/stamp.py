@@ -39,11 +39,10 @@ from typing import Any, Iterable, Optional
 
 from amp.reasons import Status
 from amp.review import clip
+from amp.rules import STATUS_ANNOTATION
 
 __all__ = ["STATUS_ANNOTATION", "STATUS_LIMIT", "Mark", "next_stamp", "parse_stamp", "pod_stamp", "render_stamp"]
 
-#: What amp did with the Pod in the rounds of its admission.
-STATUS_ANNOTATION = "amp.txn2.com/status"
 #: The longest status annotation value.
 STATUS_LIMIT = 250
 

@@ -199,8 +199,10 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
         print_effective_config(config)
         raise SystemExit(0)
     if worker == 0 and shared is not None:
-        service.drain_with(supervise(options["config"], config.workers, reactor, listen.drain_timeout,
-                                     shared=shared.descriptors, on_exit=shared.worker_exited))
+        monitor = supervise(options["config"], config.workers, reactor, listen.drain_timeout,
+                            shared=shared.descriptors, on_exit=shared.worker_exited)
+        service.drain_with(monitor)
+        service.sighup.add("the workers", monitor.signal_workers)
     elif worker > 0:
         ParentWatch(reactor).setServiceParent(service)
     return service

@@ -441,7 +441,7 @@ class ReloadingCertificate:
 class CertificateReloadService(ReloadService):
     """
     Polls L{ReloadingCertificate.check} every C{interval} seconds and reloads
-    on C{SIGHUP} (L{amp.reload.ReloadService}).
+    when asked (C{SIGHUP}, L{amp.reload.ReloadService}).
 
     The certificate must already be loaded (L{ReloadingCertificate.load});
     this service only keeps it current.

@@ -182,14 +182,6 @@ def _clipped(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def host_is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 @dataclass(frozen=True)
 class URLPattern:
     """

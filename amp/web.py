@@ -19,11 +19,9 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
-from amp.admission import Admitter, Outcome
-from amp.deadline import review_deadline
+from amp.admission import Admitter, Answer, Outcome, unheard
 from amp.http import Handler, Request, query_parameter
 from amp.metrics import Metrics
-from amp.reasons import Reason
 from amp.recent import Decision, RecentDecisions
 from amp.review import AdmissionRequest, ReviewError, parse_review
 
@@ -104,8 +102,7 @@ class AdmissionResource:
         # The review's one deadline, computed here once and carried down.
         admitter = self.admitter
         timeout = query_parameter(request.query, b"timeout") if request.query else None
-        deadline = review_deadline(timeout.decode("ascii", "replace") if timeout is not None else None, started,
-                                   admitter.config.deadline)
+        deadline = admitter.deadline(timeout.decode("ascii", "replace") if timeout is not None else None, started)
         d = admitter.review(req, deadline, validation=self._validation)
         # Not "if not d.called": a review can be called already and still be
         # waiting on a chained Deferred (an endpoint call started from a
@@ -118,16 +115,14 @@ class AdmissionResource:
         request.server.warnings.emit("bad-reviews", LogLevel.info, "Bad AdmissionReview: {error}", error=message)
         request.plain(code, message)
 
-    def _respond(self, result: tuple[bytes, Outcome], request: Request, req: AdmissionRequest,
-                 started: float) -> None:
-        body, outcome = result
+    def _respond(self, answer: Answer, request: Request, req: AdmissionRequest, started: float) -> None:
         request.review = None
         if request.disconnected:
-            # Answered as the client went away: counted as what it would
-            # have been, with the vocabulary's reason for a client that left.
-            outcome.reason = outcome.reason or Reason.CANCELLED
+            # Answered as the client went away.
+            answer = unheard(answer)
         else:
-            request.respond(200, body, _JSON)
+            request.respond(200, answer.body, _JSON)
+        outcome = answer.outcome
         answered = self._clock.seconds()
         # The answer is only in the transport's buffer until the reactor's
         # next I/O pass: do the accounting (log line, metrics) after that, two

@@ -54,7 +54,6 @@ from twisted.python.failure import Failure
 from twisted.runner.procmon import ProcessMonitor
 from zope.interface import implementer
 
-from amp.reload import SighupHandler
 
 #: How often the monitor looks whether its stopped children have exited.
 _EXIT_POLL = 0.05
@@ -155,7 +154,7 @@ class WorkerMonitor(ProcessMonitor):
 
     log = Logger()
 
-    def __init__(self, reactor: Any, install_sighup: bool = True, inherit: Callable[[], dict[int, int]] = dict,
+    def __init__(self, reactor: Any, inherit: Callable[[], dict[int, int]] = dict,
                  on_exit: Optional[Callable[[str], None]] = None) -> None:
         """
         @param inherit: the descriptors every child gets besides standard
@@ -165,13 +164,6 @@ class WorkerMonitor(ProcessMonitor):
         """
         super().__init__(reactor=_InheritOutput(reactor, inherit, on_exit))
         self.clock: IReactorTime = reactor
-        self.install_sighup = install_sighup
-        self._sighup = SighupHandler(reactor, self.signal_workers, "the workers")
-
-    def startService(self) -> None:
-        super().startService()
-        if self.install_sighup:
-            self._sighup.install()
 
     def signal_workers(self, signal_name: str = "HUP") -> None:
         """
@@ -184,7 +176,6 @@ class WorkerMonitor(ProcessMonitor):
                 transport.signalProcess(signal_name)
 
     def stopService(self) -> Deferred[None]:  # type: ignore[override]
-        self._sighup.restore()
         super().stopService()
         if not self.protocols:
             return succeed(None)

@@ -974,7 +974,7 @@ class DeadlineTests(SynchronousTestCase):
 class RobustnessTests(SynchronousTestCase):
     def test_endpoint_client_raising_still_answers(self) -> None:
         class Broken:
-            def call(self, *args: Any, **kwargs: Any) -> Any:
+            def ask(self, *args: Any, **kwargs: Any) -> Any:
                 raise RuntimeError("bug in the client")
 
         config = config_for("/user-env")
@@ -988,7 +988,7 @@ class RobustnessTests(SynchronousTestCase):
 
     def test_endpoint_client_failing_unexpectedly_still_answers(self) -> None:
         class Broken:
-            def call(self, *args: Any, **kwargs: Any) -> Any:
+            def ask(self, *args: Any, **kwargs: Any) -> Any:
                 return fail(ValueError("unexpected"))
 
         config = config_for("/user-env", failure_policy="Fail")

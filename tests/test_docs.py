@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 import amp.endpoint
-from amp.config import Config, EndpointsConfig, parse_config
+from amp.config import KEYS, Config, EndpointsConfig, parse_config, reference_row, rewrite_reference
 from amp_examples.server import build_root
 from amp.metrics import Metrics
 from amp.reasons import ENDPOINT_OUTCOMES, FAILURE_REASONS, SKIP_REASONS, Reason, Result
@@ -125,6 +125,26 @@ def test_reference_table_default_is_the_loader_default(key: str, default: str, m
     assert len(meaning) > 20, f"{key}: say what it means"
     value = yaml.safe_load(default)
     assert parse_config(nested(key, value)) == Config(), f"{key}: documented default {default!r} differs"
+
+
+def test_reference_rows_are_the_declarations() -> None:
+    """
+    Every row of the key tables is derived from its key's one declaration
+    (default as written, meaning): C{python -m amp.config docs/config.md}
+    changes nothing, and the declarations are exactly the loader's keys.
+    """
+    text = doc("config.md")
+    assert rewrite_reference(text) == text, "run: python -m amp.config docs/config.md"
+    assert [key.path for key in KEYS] == list(dict.fromkeys(key.path for key in KEYS))
+    assert {key.path for key in KEYS} == expected_keys()
+
+
+def test_a_changed_declaration_changes_its_row() -> None:
+    """The derivation above is sensitive to a key's doc and default (guards it)."""
+    key = next(key for key in KEYS if key.path == "endpoints.breaker.cooldown")
+    row = reference_row(key)
+    assert row == f"| `endpoints.breaker.cooldown` | `5s` | {key.doc} |"
+    assert reference_row(dataclasses.replace(key, default=6.0)) != row
 
 
 def test_a_wrong_documented_default_is_noticed() -> None:
@@ -231,15 +251,15 @@ MESSAGES = [
     ("denied the Pod: ", "answers.py", None),
     ("denied by the endpoint without a message", "answers.py", None),
     ("dropped (must be a name without '/')", "review.py", None),
-    ("replaced an existing list of", "patch.py", None),
-    ("namespace is enabled but has no endpoint annotation", "admission.py", None),
+    ("replaced an existing list of", "patch/_apply.py", None),
+    ("namespace is enabled but has no endpoint annotation", "admission/_review.py", None),
     ("is not in endpoints.allow", "policy.py", None),
     ("contains non-ASCII characters (use punycode or percent-encoding)", "urls.py", None),
     ("must not have a", "urls.py", None),
-    ("review deadline of", "admission.py", None),
-    ("the review was cancelled: the client went away", "admission.py", None),
-    ("amp internal error: ", "admission.py", None),
-    ("Internal error reviewing", "admission.py", None),
+    ("review deadline of", "admission/_review.py", None),
+    ("the review was cancelled: the client went away", "admission/_review.py", None),
+    ("amp internal error: ", "admission/_review.py", None),
+    ("Internal error reviewing", "admission/_review.py", None),
     ("circuit breaker open, next try in", "endpoint/_client.py", None),
     ("calls already in flight (max_concurrent)", "endpoint/_client.py", None),
     ("no time left in the review's deadline", "endpoint/_client.py", None),
@@ -257,10 +277,10 @@ MESSAGES = [
     ("a request header holds a line break", "endpoint/_pool.py", None),
     ("send\n[] for no change", "reply.py", "send [] for no change"),
     ("endpoint\nreply has unknown key", "reply.py", "endpoint reply has unknown key"),
-    ("the patched Pod would be invalid: ", "patch.py", None),
-    ("more than patch.max_operations", "patch.py", None),
-    ("is refused by amp (patch.denied_paths)", "patch.py", ('"is refused by amp"', '" (patch.denied_paths)"')),
-    ("is over patch.max_size", "admission.py", None),
+    ("the patched Pod would be invalid: ", "patch/_pod.py", None),
+    ("more than patch.max_operations", "patch/_ops.py", None),
+    ("is refused by amp (patch.denied_paths)", "patch/_paths.py", ('"is refused by amp"', '" (patch.denied_paths)"')),
+    ("is over patch.max_size", "admission/_answering.py", None),
     ("Circuit breaker for <endpoint>\nis now open", "service.py", "Circuit breaker for {endpoint} is now {state}"),
     ("TLS certificate not reloaded", "tls.py", None),
     ("still serving serial", "tls.py", None),
@@ -276,9 +296,9 @@ MESSAGES = [
     ("connections open (listen.max_connections)", "http/_factory.py", None),
     ("Bad\nAdmissionReview: ", "web.py", "Bad AdmissionReview: "),
     ("Review <uid> of <ns>/<pod>: endpoint <endpoint> failed (<reason>): <message>; failure policy <policy> <effect>",
-     "admission.py", ("Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
+     "admission/_answering.py", ("Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
                       'f"endpoint {where} failed ({reason}): {message}"')),
-    ("admits it without the endpoint's patch", "admission.py", None),
+    ("admits it without the endpoint's patch", "admission/_answering.py", None),
     ("is not Ignore or Fail; failure policy <policy> (from <where>) applies", "policy.py",
      ("is not {IGNORE} or {FAIL}; ", "failure policy {policy} (from {source}) applies")),
     ("nests arrays and objects more than 100\ndeep; an AdmissionReview never does", "review.py",
@@ -313,8 +333,8 @@ def test_quoted_messages_are_the_ones_amp_emits(on_page: str, source: str, in_co
 
 
 def test_endpoint_protocol_names_the_headers_amp_sends() -> None:
-    sent = set(re.findall(r'b"(x-amp-[a-z-]+)"', (AMP / "admission.py").read_text()))
-    assert sent, "admission.py sends X-Amp-* headers"
+    sent = set(re.findall(r'b"(x-amp-[a-z-]+)"', (AMP / "admission" / "_review.py").read_text()))
+    assert sent, "admission/_review.py sends X-Amp-* headers"
     text = doc("endpoints.md")
     documented = {h.lower() for h in re.findall(r"^(X-Amp-[A-Za-z-]+):", text, re.M)}
     assert documented == sent

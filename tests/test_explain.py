@@ -941,7 +941,7 @@ class DocsTests(SynchronousTestCase):
         Every C{amp explain} command line in the README and the endpoint
         guide uses options the command has.
         """
-        from amp.cli.explain import _parser
+        from amp.cli.explain import command_line_parser as _parser
 
         root = Path(__file__).parent.parent
         found = 0

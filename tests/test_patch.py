@@ -842,17 +842,17 @@ def _broken_pods() -> list[dict]:
 
 def _outcome(pod: dict, ops: list, everything: bool) -> tuple:
     """check_patch's verdict, checking the parts the patch changes or (everything) all of them."""
-    from amp import patch as patch_module
+    from amp.patch import _check as checking
 
-    parts_changed = patch_module._parts_changed
+    parts_changed = checking.parts_changed
     if everything:
-        patch_module._parts_changed = lambda ops: patch_module._ALL_PARTS
+        checking.parts_changed = lambda ops: checking.ALL_PARTS
     try:
         return ("ok", check_patch(copy.deepcopy(pod), ops).operations)
     except PatchError as e:
         return (e.reason, str(e))
     finally:
-        patch_module._parts_changed = parts_changed
+        checking.parts_changed = parts_changed
 
 
 @settings(max_examples=400, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])

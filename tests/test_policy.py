@@ -227,15 +227,15 @@ def test_route_cache_gives_the_same_decisions() -> None:
 
 
 def test_protected_namespaces_are_amps_own_and_kube_system_by_default() -> None:
-    from amp.policy import protected_namespaces
+    from amp.rules import protected_namespaces
 
-    assert protected_namespaces(parse_config({})) == {"kube-system"}
+    assert protected_namespaces(parse_config({}).kubernetes) == {"kube-system"}
     own = parse_config({"kubernetes": {"own_namespace": "amp-system"}})
-    assert protected_namespaces(own) == {"amp-system", "kube-system"}
+    assert protected_namespaces(own.kubernetes) == {"amp-system", "kube-system"}
     more = parse_config({"kubernetes": {"own_namespace": "amp-system", "protected_namespaces": ["infra"]}})
-    assert protected_namespaces(more) == {"amp-system", "infra"}
+    assert protected_namespaces(more.kubernetes) == {"amp-system", "infra"}
     allowed = parse_config({"kubernetes": {"own_namespace": "amp-system", "allow_protected_namespaces": True}})
-    assert protected_namespaces(allowed) == frozenset()
+    assert protected_namespaces(allowed.kubernetes) == frozenset()
 
 
 @pytest.mark.parametrize("labels,out", [
@@ -246,36 +246,36 @@ def test_protected_namespaces_are_amps_own_and_kube_system_by_default() -> None:
     (None, False),
 ])
 def test_a_pod_opts_out_with_the_enable_label_set_to_false(labels: Optional[dict], out: bool) -> None:
-    from amp.policy import opted_out
+    from amp.rules import opted_out
 
     metadata = {"name": "web"} if labels is None else {"name": "web", "labels": labels}
-    assert opted_out({"metadata": metadata}, CONFIG) is out
+    assert opted_out({"metadata": metadata}, CONFIG.kubernetes) is out
 
 
 @pytest.mark.parametrize("the_pod", [None, [], {"metadata": []}, {"metadata": {"labels": ["x"]}}])
 def test_opt_out_reads_odd_pods_as_not_opted_out(the_pod: object) -> None:
-    from amp.policy import opted_out
+    from amp.rules import opted_out
 
-    assert opted_out(the_pod, CONFIG) is False
+    assert opted_out(the_pod, CONFIG.kubernetes) is False
 
 
 def test_opt_out_label_and_value_come_from_the_config() -> None:
-    from amp.policy import opted_out
+    from amp.rules import opted_out
 
     config = parse_config({"kubernetes": {"enabled_label": "example.com/amp", "opt_out_value": "off"}})
-    assert opted_out({"metadata": {"labels": {"example.com/amp": "off"}}}, config)
-    assert not opted_out({"metadata": {"labels": {"amp.txn2.com/enabled": "false"}}}, config)
+    assert opted_out({"metadata": {"labels": {"example.com/amp": "off"}}}, config.kubernetes)
+    assert not opted_out({"metadata": {"labels": {"amp.txn2.com/enabled": "false"}}}, config.kubernetes)
 
 
 def test_own_pods_warning_only_for_an_enabled_own_namespace() -> None:
-    from amp.policy import own_pods_warning
+    from amp.rules import own_pods_warning
 
     config = parse_config({"kubernetes": {"own_namespace": "amp-system"}})
     enabled = NamespaceInfo("amp-system", ENABLED, {})
-    assert own_pods_warning(None, config) is None
-    assert own_pods_warning(NamespaceInfo("amp-system", {}, {}), config) is None
-    warning = own_pods_warning(enabled, config)
+    assert own_pods_warning(None, config.kubernetes) is None
+    assert own_pods_warning(NamespaceInfo("amp-system", {}, {}), config.kubernetes) is None
+    warning = own_pods_warning(enabled, config.kubernetes)
     assert warning is not None and "amp-system" in warning and "will not change its Pods" in warning
     allowed = parse_config({"kubernetes": {"own_namespace": "amp-system", "allow_protected_namespaces": True}})
-    warning = own_pods_warning(enabled, allowed)
+    warning = own_pods_warning(enabled, allowed.kubernetes)
     assert warning is not None and "reviews its own Pods" in warning

@@ -37,8 +37,8 @@ from amp.logs import ConfigurableObserver
 from amp.metrics import Metrics
 from amp.namespaces import NamespaceInfo
 from amp.record import recording_files
-from amp.reload import ConfigFile, ConfigReloadService
-from amp.service import AmpService, serving_certificate
+from amp.reload import ConfigFile, ConfigReloadService, SighupService
+from amp.service import AmpService, namespace_source, serving_certificate
 from tests.prometheus import Scrape
 from tests.helpers import decode_answer, namespace, parse_raw_response, raw_config, review_bytes
 from tests.test_channel import Connection, HeldSource, ListeningAtOnce, Transport, post_head
@@ -179,7 +179,7 @@ class ConfigFileCase(SynchronousTestCase):
         """Watch the file, loading it with C{in_thread}."""
         self.file = ConfigFile(self.volume.path, self.running, self.applied.append, self.metrics, in_thread=in_thread)
         self.file.log = Logger(observer=self.events.append)  # type: ignore[misc]
-        self.service = ConfigReloadService(self.file, reactor=self.clock, interval=INTERVAL, install_sighup=False)
+        self.service = ConfigReloadService(self.file, reactor=self.clock, interval=INTERVAL)
         self.service.startService()
         self.addCleanup(self.service.stopService)
 
@@ -269,7 +269,9 @@ class ConfigFileTests(ConfigFileCase):
         original = signal.signal(signal.SIGHUP, lambda signum, frame: chained.append(signum))
         self.addCleanup(signal.signal, signal.SIGHUP, original)
         fake = _FromThread()
-        service = ConfigReloadService(self.file, reactor=fake, clock=self.clock, interval=INTERVAL)
+        reload = ConfigReloadService(self.file, reactor=fake, clock=self.clock, interval=INTERVAL)
+        service = SighupService(fake)
+        service.add(reload.what, reload.reload_now)
         service.startService()
         self.addCleanup(lambda: service.running and service.stopService())
         Path(self.volume.path).write_text(yaml_of(failure_policy="Fail"))
@@ -281,7 +283,7 @@ class ConfigFileTests(ConfigFileCase):
         f(*args)
         self.assertEqual([c.failure_policy for c in self.applied], ["Fail"])
         service.stopService()
-        self.assertNotEqual(signal.getsignal(signal.SIGHUP), service.handle_sighup)
+        self.assertNotEqual(signal.getsignal(signal.SIGHUP), service.handle)
 
     def test_the_poll_interval_follows_the_config(self) -> None:
         self.volume.update(yaml_of(reload_interval="1s"))
@@ -293,6 +295,62 @@ class ConfigFileTests(ConfigFileCase):
 
 
 # ---------------------------------------------------------------- amp
+
+
+class SighupTests(SynchronousTestCase):
+    """
+    One SIGHUP handler for the process: it asks every reloader in turn, on
+    the reactor thread, and puts back the handler it found when it stops.
+    """
+
+    def setUp(self) -> None:
+        self.original = signal.getsignal(signal.SIGHUP)
+        self.addCleanup(signal.signal, signal.SIGHUP, self.original)
+
+    def test_one_signal_asks_every_reloader_in_turn_even_after_one_fails(self) -> None:
+        asked: list[str] = []
+
+        def broken() -> None:
+            asked.append("config")
+            raise RuntimeError("a bug")
+
+        fake = _FromThread()
+        service = SighupService(fake)
+        service.add("certificate", lambda: asked.append("certificate"))
+        service.add("config", broken)
+        service.add("workers", lambda: asked.append("workers"))
+        service.startService()
+        signal.getsignal(signal.SIGHUP)(signal.SIGHUP, None)  # type: ignore[operator]
+        self.assertEqual(asked, [], "the reloaders run on the reactor thread, not in the handler")
+        [(f, args)] = fake.calls
+        f(*args)
+        self.assertEqual(asked, ["certificate", "config", "workers"])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        service.stopService()
+        self.assertEqual(signal.getsignal(signal.SIGHUP), self.original)
+
+    def test_the_top_service_installs_the_one_handler_for_the_certificate_and_the_config(self) -> None:
+        clock = MemoryReactorClock()
+        directory = Path(tempfile.mkdtemp(prefix="amp-sighup-"))
+        self.addCleanup(shutil.rmtree, directory, True)
+        volume = ConfigMapVolume(directory)
+        volume.update(yaml.safe_dump(raw_config({"team-a": namespace()})))
+        config = load_config(volume.path)
+        metrics = Metrics()
+        service = AmpService(
+            config, clock, certificate=serving_certificate(config.tls, clock, metrics),
+            webhook_endpoint=ListeningAtOnce([]), metrics_endpoint=None,
+            namespaces=namespace_source(config, clock, metrics), metrics=metrics, config_path=volume.path,
+            in_thread=at_once)
+        service.startService()
+        self.addCleanup(lambda: service.running and service.stopService())
+        self.assertEqual(signal.getsignal(signal.SIGHUP), service.sighup.handle)
+        self.assertEqual(service.sighup.reloaders(), ["the TLS certificate files", "the config file"])
+        service.sighup.reload_all()
+        self.assertEqual(metrics.registry.get_sample_value("amp_config_reloads_total", {"result": "success"}), 1.0)
+        self.assertEqual(metrics.registry.get_sample_value("amp_tls_reloads_total", {"result": "success"}), 1.0)
+        service.stopService()
+        self.assertEqual(signal.getsignal(signal.SIGHUP), self.original)
 
 
 class ApplyTests(SynchronousTestCase):

@@ -203,6 +203,13 @@ class _Answers:
         self.called.append(url.path)
         return succeed(EndpointDecision(patch=self.patches[url.path]))
 
+    def ask(self, url: Any, settings: Any, body: bytes, headers: Any, deadline: Any, breaker: Any = None) -> Any:
+        """As L{call}, the reply with its settle handle (what a review asks for)."""
+        from amp.endpoint import CallReply
+
+        return self.call(url, settings, body, headers, deadline, breaker).addCallback(
+            lambda decision: CallReply(decision, lambda outcome: None))
+
 
 def _note(path: str, value: str) -> list:
     return [{"op": "add", "path": f"/metadata/annotations/{path}", "value": value}]

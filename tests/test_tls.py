@@ -38,6 +38,7 @@ from zope.interface import implementer
 
 from amp_dev.devcert import issue_cert, make_ca, pem_cert, pem_key
 from amp.metrics import Metrics
+from amp.reload import SighupService
 from amp.tls import (
     TLS12_CIPHERS,
     CertificateError,
@@ -314,7 +315,7 @@ class TLSTestCase(TestCase):
 
     def poller(self, cert: ReloadingCertificate) -> CertificateReloadService:
         service = CertificateReloadService(
-            cert, reactor=FakeReactor(), clock=self.clock, interval=INTERVAL, install_sighup=False
+            cert, reactor=FakeReactor(), clock=self.clock, interval=INTERVAL
         )
         service.startService()
         self.addCleanup(service.stopService)
@@ -726,7 +727,9 @@ class ServiceTests(TLSTestCase):
         original = signal.signal(signal.SIGHUP, previous)
         self.addCleanup(signal.signal, signal.SIGHUP, original)
         fake = FakeReactor()
-        service = CertificateReloadService(cert, reactor=fake, clock=self.clock, interval=INTERVAL)
+        reload = CertificateReloadService(cert, reactor=fake, clock=self.clock, interval=INTERVAL)
+        service = SighupService(fake)
+        service.add(reload.what, reload.reload_now)
         service.startService()
         self.addCleanup(lambda: service.running and service.stopService())
 

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import yaml
 
+from amp.cli._explanation import Explanation, Round
 from amp.cli.workloads import without_stamps
-from amp.trace import Step, TraceEvent
-
-if TYPE_CHECKING:
-    from amp.cli.explain import Explanation, Round
+from amp.reasons import Result
+from amp.trace import (
+    AllowChecked, Answered, BudgetGiven, Called, Event, NamespaceFound, OperationApplied, PolicyChosen, Refused,
+    Repaired, Replied, RouteDecided, Skipped, Stamped,
+)
 
 __all__ = ["render_json", "render_text", "pod_yaml"]
 
@@ -43,7 +45,7 @@ def _round_json(r: "Round") -> dict[str, Any]:
         "warnings": r.warnings,
         "audit_annotations": r.audit,
         "pod": r.pod,
-        "trace": [{"step": str(e.step), "at": round(e.at, 6), **e.fields} for e in r.trace.events],
+        "trace": [{"step": str(e.step), "at": round(e.at, 6), **e.event.fields()} for e in r.trace.events],
         "log": r.log,
     }
 
@@ -99,95 +101,92 @@ def _ms(seconds: Optional[float]) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.3g}s"
 
 
-def _event_lines(e: TraceEvent, recorded: Optional[str]) -> list[tuple[str, str]]:
-    f = e.fields
-    step = e.step
-    if step == Step.NAMESPACE:
-        if not f.get("found"):
-            return [("namespace", f"{f['name']}: not found in {f['source']}")]
-        out = [("namespace", f"{f['name']} (from {f['source']})"),
-               ("", f"labels: {_pairs(f.get('labels') or {})}"),
-               ("", f"annotations: {_pairs(f.get('annotations') or {})}")]
-        if f.get("set_by_command_line"):
-            out.append(("", "set by the command line: " + ", ".join(f["set_by_command_line"])))
-        out += [("", hint) for hint in f.get("near_misses") or ()]
-        return out
-    if step == Step.ROUTE:
-        label = f"{f.get('label')}={f.get('value')}"
-        if not f.get("enabled"):
-            got = f.get("got")
-            have = "is not set" if got is None else f"is {got!r}"
-            return [("route", f"not enabled: amp acts only where {label}; the label {have}")]
-        out = [("route", f"enabled ({label}), mode {f.get('mode')}")]
-        steps = f.get("steps") or []
-        if f.get("annotation") and len(steps) > 1:
-            out.append(("endpoints", f"{' then '.join(steps)}: a chain of {len(steps)} (annotation {f['annotation']})"))
-        elif f.get("annotation"):
-            out.append(("endpoint", f"{f['url']} (annotation {f['annotation']})"))
-        else:
-            out.append(("endpoint", f"none: no annotation {' or '.join(f.get('annotations') or ())}"))
-        return out
-    if step == Step.ALLOW:
-        if f.get("reason") == "bad-url":
-            return [("allow", f"{f.get('url')}: unusable: {f.get('error')}")]
-        if f.get("allowed"):
-            return [("allow", f"{f['url']} matches endpoints.allow {f.get('pattern')}")]
-        return [("allow", f"{f['url']} matches no endpoints.allow pattern ({', '.join(f.get('patterns') or ())})")]
-    if step == Step.POLICY:
-        return [("policy", f"{f.get('policy')}: {f.get('why')}")]
-    if step == Step.BUDGET:
-        text = f"{f['seconds']:.3g}s left of the review's deadline"
-        if (f.get("chain_length") or 1) > 1:
-            text = f"endpoint {f['position']} of {f['chain_length']}: " + text
-        if f.get("timeout") is not None:
-            text += f"; the call may take {f['timeout']:.3g}s (the endpoint's timeout, or what is left)"
-        return [("budget", text)]
-    if step == Step.CALL:
-        text = f"POST {f.get('url')}: {f.get('outcome')} in {_ms(f.get('seconds'))}"
-        if recorded:
-            text = f"POST {f.get('url')}, answered with the recorded reply {recorded}: {f.get('outcome')}"
-        if f.get("message"):
-            text += f": {f['message']}"
-        return [("call", text)]
-    if step == Step.REPLY:
-        n = f.get("operations", 0)
-        if f.get("allowed"):
-            text = f"allowed, {n} operation{'' if n == 1 else 's'}"
-        else:
-            text = f"denied ({f.get('code')}): {f.get('message') or '(no message)'}"
-        out = [("reply", text)]
-        out.extend(("", f"warning: {w}") for w in f.get("warnings") or ())
-        return out
-    if step == Step.OPERATION:
-        frm = f" from {f['from_']}" if f.get("from_") else ""
-        note = "  (inserted by amp: repair)" if f.get("repair") else ""
-        index = "+" if f.get("index") is None else f["index"]
-        return [("operation", f"{index} {f.get('op')} {f.get('path')}{frm}{note}")]
-    if step == Step.REPAIR:
-        return [("repair", str(f.get("message")))]
-    if step == Step.CHECK:
-        return [("refused", f"{f.get('reason')}: {f.get('message')}")]
-    if step == Step.SKIP:
-        return [("skipped", f"{f.get('endpoint')} ({f.get('reason')}): {f.get('message')}; under Ignore the chain "
-                            "goes on without its patch")]
-    if step == Step.ANSWER:
-        text = str(f.get("result"))
-        if f.get("reason"):
-            text += f" ({f['reason']})"
-        out = [("answer", text)]
-        if f.get("message"):
-            out.append(("", str(f["message"])))
-        return out
-    if step == Step.STAMP:
-        kept = "" if f.get("written", True) else " (the Pod has it already: not written again)"
-        return [("stamp", f"{f.get('key')}: {f.get('value')}{kept}")]
-    return [(str(step), json.dumps(f, ensure_ascii=False))]
+def _event_lines(e: Event, recorded: Optional[str]) -> list[tuple[str, str]]:
+    match e:
+        case NamespaceFound(found=False):
+            return [("namespace", f"{e.name}: not found in {e.source}")]
+        case NamespaceFound():
+            out = [("namespace", f"{e.name} (from {e.source})"),
+                   ("", f"labels: {_pairs(e.labels)}"),
+                   ("", f"annotations: {_pairs(e.annotations)}")]
+            if e.set_by_command_line:
+                out.append(("", "set by the command line: " + ", ".join(e.set_by_command_line)))
+            return out + [("", hint) for hint in e.near_misses]
+        case RouteDecided():
+            return _route_lines(e)
+        case AllowChecked(reason="bad-url"):
+            return [("allow", f"{e.url}: unusable: {e.error}")]
+        case AllowChecked(allowed=True):
+            return [("allow", f"{e.url} matches endpoints.allow {e.pattern}")]
+        case AllowChecked():
+            return [("allow", f"{e.url} matches no endpoints.allow pattern ({', '.join(e.patterns)})")]
+        case PolicyChosen():
+            return [("policy", f"{e.policy}: {e.why}")]
+        case BudgetGiven():
+            text = f"{e.seconds:.3g}s left of the review's deadline"
+            if (e.chain_length or 1) > 1:
+                text = f"endpoint {e.position} of {e.chain_length}: " + text
+            if e.timeout is not None:
+                text += f"; the call may take {e.timeout:.3g}s (the endpoint's timeout, or what is left)"
+            return [("budget", text)]
+        case Called():
+            text = f"POST {e.url}: {e.outcome} in {_ms(e.seconds)}"
+            if recorded:
+                text = f"POST {e.url}, answered with the recorded reply {recorded}: {e.outcome}"
+            if e.message:
+                text += f": {e.message}"
+            return [("call", text)]
+        case Replied():
+            n = e.operations
+            if e.allowed:
+                text = f"allowed, {n} operation{'' if n == 1 else 's'}"
+            else:
+                text = f"denied ({e.code}): {e.message or '(no message)'}"
+            return [("reply", text)] + [("", f"warning: {w}") for w in e.warnings]
+        case OperationApplied():
+            frm = f" from {e.from_}" if e.from_ else ""
+            note = "  (inserted by amp: repair)" if e.repair else ""
+            index = "+" if e.index is None else e.index
+            return [("operation", f"{index} {e.op} {e.path}{frm}{note}")]
+        case Repaired():
+            return [("repair", str(e.message))]
+        case Refused():
+            return [("refused", f"{e.reason}: {e.message}")]
+        case Skipped():
+            return [("skipped", f"{e.endpoint} ({e.reason}): {e.message}; under Ignore the chain "
+                                "goes on without its patch")]
+        case Answered():
+            fields = e.fields()
+            text = str(e.result)
+            if e.reason:
+                text += f" ({e.reason})"
+            return [("answer", text)] + ([("", str(fields["message"]))] if fields["message"] else [])
+        case Stamped():
+            kept = "" if e.written else " (the Pod has it already: not written again)"
+            return [("stamp", f"{e.key}: {e.value}{kept}")]
+    return [(str(e.step), json.dumps(e.fields(), ensure_ascii=False))]
+
+
+def _route_lines(e: RouteDecided) -> list[tuple[str, str]]:
+    label = f"{e.label}={e.value}"
+    if not e.enabled:
+        have = "is not set" if e.got is None else f"is {e.got!r}"
+        return [("route", f"not enabled: amp acts only where {label}; the label {have}")]
+    out = [("route", f"enabled ({label}), mode {e.mode}")]
+    steps = e.steps
+    if e.annotation and len(steps) > 1:
+        out.append(("endpoints", f"{' then '.join(steps)}: a chain of {len(steps)} (annotation {e.annotation})"))
+    elif e.annotation:
+        out.append(("endpoint", f"{e.url} (annotation {e.annotation})"))
+    else:
+        out.append(("endpoint", f"none: no annotation {' or '.join(e.annotations)}"))
+    return out
 
 
 def _round_text(r: "Round", recorded: Optional[str]) -> list[str]:
     lines: list[str] = []
     for e in r.trace.events:
-        for head, text in _event_lines(e, recorded):
+        for head, text in _event_lines(e.event, recorded):
             lines.append(f"{head:<{_WIDTH}}{text}".rstrip())
     for w in r.warnings:
         lines.append(f"{'warning':<{_WIDTH}}{w}")
@@ -213,7 +212,7 @@ def _pod_change(r: "Round", before: str, after: str) -> list[str]:
     diff = _diff(r.request_pod, r.pod, before, after)
     if not diff:
         return ["The Pod is admitted unchanged."]
-    stamps = {str(f["key"]) for f in r.trace.steps(Step.STAMP)}
+    stamps = {e.key for e in r.trace.of(Stamped)}
     if stamps and without_stamps(r.request_pod, stamps) == without_stamps(r.pod, stamps):
         return ["Only amp's status stamp changes:", diff.rstrip("\n")]
     return [diff.rstrip("\n")]
@@ -256,7 +255,7 @@ def render_text(x: "Explanation") -> str:
     meaning = _EXIT_MEANING.get(status, "")
     if x.second is not None and x.idempotent is None:
         meaning = f"{meaning} in the second review"
-    elif first.result == "shadow" and status == 1:
+    elif first.result == Result.SHADOW and status == 1:
         meaning = "shadow mode admits the Pod unchanged; in normal mode the failure policy would decide"
     elif first.result == "patched" and status == 1:
         meaning = "the failure policy decided: patched without a failed endpoint's patch"

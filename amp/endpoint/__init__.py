@@ -3,8 +3,11 @@ Calling endpoints: pooled HTTP/1.1 calls with per-endpoint timeouts, reply
 limits, a concurrency cap and a circuit breaker per endpoint origin, to
 addresses checked against C{endpoints.deny_networks}.
 
-L{EndpointClient.call} POSTs the Pod and resolves to an
-L{amp.reply.EndpointDecision}, or fails with L{EndpointFailure} whose
+L{EndpointClient.ask} POSTs the Pod and resolves to a L{CallReply}: the
+endpoint's L{amp.reply.EndpointDecision} and the handle with which the
+caller settles the call's outcome once it has judged the reply (C{ok}, or
+the reason amp refuses it); L{EndpointClient.call} uses the reply as it is.
+Either fails with L{EndpointFailure} whose
 C{reason} is one of L{amp.reasons.ENDPOINT_REASONS}: every way a call can go
 wrong has a name that reaches the warning, the audit annotation, the deny
 message and the C{amp_endpoint_requests_total{endpoint,outcome}} label
@@ -16,7 +19,8 @@ concern each:
   - L{amp.endpoint._client}: L{EndpointClient}: admitting a call (breaker,
     bulkhead, time left), building its request, shutting down.
   - L{amp.endpoint._call}: one call's state machine: its one timer, retries,
-    settling the outcome, the metric and the breaker ticket exactly once.
+    the reply's settle handle (L{CallReply}), settling the outcome, the metric
+    and the breaker ticket exactly once.
   - L{amp.endpoint._failures}: naming failures (L{classify}).
   - L{amp.endpoint._pool}: the L{amp.endpoint._pool.Profile} per settings
     value (reply limits, a pool per origin) and each URL's request head,
@@ -103,10 +107,14 @@ was open has closed.  Calls made after that still work, on connections that
 are closed when they end.
 """
 
+from amp.endpoint._call import OK, CallReply
 from amp.endpoint._client import EndpointClient
 from amp.endpoint._connect import DeniedAddress
 from amp.endpoint._failures import EndpointFailure
 from amp.endpoint._pool import USER_AGENT, Connector
 from amp.endpoint._types import IEndpointReactor
 
-__all__ = ["Connector", "EndpointClient", "EndpointFailure", "DeniedAddress", "IEndpointReactor", "USER_AGENT"]
+__all__ = [
+    "OK", "CallReply", "Connector", "EndpointClient", "EndpointFailure", "DeniedAddress", "IEndpointReactor",
+    "USER_AGENT",
+]

@@ -1,10 +1,12 @@
 """
 One endpoint call, from the request to a settled outcome: L{Call}.
 
-A call is settled exactly once, by the first of: the reply (parsed, or a
-named failure), the endpoint's own timer, or the caller cancelling it.
-Settling records the outcome metric and the duration, frees the call's
-bulkhead slot and hands its breaker ticket back:
+A call is settled exactly once, by the first of: a failure (a named one,
+or the endpoint's own timer), the caller cancelling it, or, once the call
+has resolved to a usable reply (L{CallReply}), the caller settling it with
+the reply's outcome (C{ok}, or the reason amp refused the reply) after it
+judged the reply.  Settling records the outcome metric and the duration,
+frees the call's bulkhead slot and hands its breaker ticket back:
 
   - C{record_success}: the endpoint answered with a usable reply;
   - C{record_failure}: the endpoint failed (L{classify} names how), its own
@@ -43,7 +45,8 @@ of it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall
@@ -56,13 +59,67 @@ from amp.deadline import Deadline
 from amp.endpoint._failures import EXPECTED, EndpointFailure, LocalFailure, classify, first_line, retriable
 from amp.endpoint._pool import Profile, Target
 from amp.http import Charge, Reply
-from amp.reasons import Reason
+from amp.reasons import Reason, Verdict
 from amp.reply import EndpointDecision, ReplyError, parse_reply
 
-if TYPE_CHECKING:
-    from amp.endpoint._client import EndpointClient, Origin
-
 log = Logger()
+
+#: The outcome of a call whose reply amp used.
+OK = "ok"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CallReply:
+    """
+    What a call resolves to when the endpoint answered with a usable reply:
+    the C{decision}, and C{settle}, which the caller calls exactly once,
+    with the call's outcome once it has judged the decision: L{OK}, or the
+    reason amp refused the reply (its patch does not check, see
+    L{amp.reasons.REFUSED_REPLY_REASONS}).  Until then the call holds its
+    place in flight.  Either way the endpoint answered: a success for its
+    breaker.
+    """
+
+    decision: EndpointDecision
+    settle: Callable[[str], None]
+
+
+# Not frozen: a frozen dataclass of many fields costs a microsecond a call
+# (object.__setattr__ per field); nothing changes these once made.
+@dataclass(slots=True)
+class CallRequest:
+    """
+    What one call sends, where, and in how much time.
+
+    @ivar name: the endpoint as amp names it (its origin), for the log.
+    @ivar profile: the settings profile whose pools the call goes through.
+    @ivar data: the whole request.
+    @ivar timeout: the endpoint's own timeout when it is shorter than the
+        caller's time left, else None (the caller's deadline rules).
+    @ivar deadline: the review's deadline, which the caller enforces.
+    @ivar allowed: the call's time: C{min(settings.timeout, remaining)}.
+    """
+
+    name: str
+    target: Target
+    profile: Profile
+    settings: EndpointSettings
+    data: bytes
+    timeout: Optional[float]
+    deadline: Deadline
+    allowed: float
+
+
+@dataclass(slots=True)
+class CallGuard:
+    """
+    What a call holds until it is settled: its share of the client's reply
+    budget (C{charge}) and its origin breaker's C{ticket}.
+    """
+
+    charge: Charge
+    breaker: CircuitBreaker
+    ticket: Ticket
 
 
 def _answer(reply: Reply) -> EndpointDecision:
@@ -94,43 +151,28 @@ class Call:
     One call: its timer (if it has one), its ticket, its place in the
     bulkhead.
 
-    @param profile: the settings profile whose pools the call goes through.
-    @param data: the whole request.
-    @param timeout: the endpoint's own timeout when it is shorter than the
-        caller's time left, else None (the caller's deadline rules).
-    @param deadline: the review's deadline, which the caller enforces.
-    @param allowed: the call's time: C{min(settings.timeout, remaining)}.
-    @param check: given a usable reply, the reason amp refuses it, or None
-        (see L{EndpointClient.call}).
-    @param charge: what the call holds of the client's reply budget.
+    @param reactor: for the call's timer and its clock.
+    @param settled: told C{(call, outcome, seconds)} once, when the call is
+        settled (the client's count of calls in flight and its metrics).
+    @ivar result: fires with a L{CallReply}, or fails with L{EndpointFailure}.
     """
 
     __slots__ = (
-        "_client", "_origin", "_target", "_profile", "_settings", "_data", "_timeout",
-        "_deadline", "_allowed", "_charge", "_breaker", "_ticket", "_started", "_timer", "_pending", "_retry",
-        "_done", "_waiters", "_check", "result",
+        "_reactor", "_request", "_guard", "_on_settled", "_started", "_timer", "_pending", "_retry",
+        "_replied", "_done", "_waiters", "result",
     )
 
     def __init__(
-        self, client: "EndpointClient", origin: "Origin", target: Target, profile: Profile,
-        settings: EndpointSettings, data: bytes, timeout: Optional[float], deadline: Deadline,
-        allowed: float, charge: Charge, breaker: CircuitBreaker, ticket: Ticket,
-        check: Optional[Callable[[EndpointDecision], Optional[str]]] = None,
+        self, reactor: Any, request: CallRequest, guard: CallGuard,
+        settled: Callable[["Call", str, float], None],
     ) -> None:
-        self._client = client
-        self._origin = origin
-        self._target = target
-        self._profile = profile
-        self._settings = settings
-        self._data = data
-        self._timeout = timeout
-        self._deadline = deadline
-        self._allowed = allowed
-        self._charge = charge
-        self._breaker = breaker
-        self._ticket = ticket
-        self._check = check
-        self._retry = settings.retry
+        self._reactor = reactor
+        self._request = request
+        self._guard = guard
+        self._on_settled = settled
+        self._retry = request.settings.retry
+        #: The call resolved to a reply: only its caller settles it now.
+        self._replied = False
         self._done = False
         self._waiters: Optional[list[Deferred]] = None
         self._pending: Optional[Deferred] = None
@@ -138,10 +180,10 @@ class Call:
         self.result: Deferred = Deferred(self._cancelled)
 
     def start(self) -> Deferred:
-        reactor = self._client.reactor
+        reactor = self._reactor
         self._started = reactor.seconds()
-        if self._timeout is not None:
-            self._timer = reactor.callLater(self._timeout, self._timed_out)
+        if self._request.timeout is not None:
+            self._timer = reactor.callLater(self._request.timeout, self._timed_out)
         d = self._send()
         d.addCallbacks(_answer, self._not_answered)
         self._pending = d
@@ -149,16 +191,17 @@ class Call:
         return self.result
 
     def _send(self) -> Deferred:
+        request = self._request
         try:
-            return self._profile.request(self._target, self._data, self._charge)
+            return request.profile.request(request.target, request.data, self._guard.charge)
         except Exception:
             return fail()
 
     def _not_answered(self, failure: Failure) -> Any:
         if self._retry and not self._done and retriable(failure):
             self._retry = False
-            if self._client.reactor.seconds() - self._started < self._allowed / 2:
-                log.info("Retrying {endpoint} after {error}", endpoint=self._origin.name,
+            if self._reactor.seconds() - self._started < self._request.allowed / 2:
+                log.info("Retrying {endpoint} after {error}", endpoint=self._request.name,
                          error=first_line(failure.value))
                 return self._send().addCallback(_answer)
         return failure
@@ -169,22 +212,27 @@ class Call:
             return None
         if not isinstance(result, Failure):
             # The endpoint answered (a success for the breaker); amp may
-            # still refuse what it said, and then the call is not "ok".
-            outcome = "ok"
-            if self._check is not None:
-                try:
-                    outcome = self._check(result) or "ok"
-                except Exception:
-                    log.failure("Could not check the reply of {endpoint}", endpoint=self._origin.name)
-            self._settle(outcome, "success")
-            self.result.callback(result)
+            # still refuse what it said, which its caller tells by settling.
+            self._replied = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self.result.callback(CallReply(result, self.settle))
             return None
-        failure = classify(result, self._settings)
+        failure = classify(result, self._request.settings)
         if not result.check(*EXPECTED):
-            log.failure("Unexpected error calling {endpoint}", result, endpoint=self._origin.name)
-        self._settle(failure.reason, "release" if isinstance(failure, LocalFailure) else "failure")
+            log.failure("Unexpected error calling {endpoint}", result, endpoint=self._request.name)
+        self._settle(failure.reason, Verdict.RELEASE if isinstance(failure, LocalFailure) else Verdict.FAILURE)
         self.result.errback(Failure(failure))
         return None
+
+    def settle(self, outcome: str) -> None:
+        """
+        The caller's verdict on the reply the call resolved to: L{OK} or the
+        reason amp refused it.  Only the first settling counts.
+        """
+        if self._replied and not self._done:
+            self._settle(outcome, Verdict.SUCCESS)
 
     def _timed_out(self, own: bool = True) -> None:
         """
@@ -192,40 +240,41 @@ class Call:
         the endpoint) or the review's deadline (not one).
         """
         self._timer = None
-        if self._done:
+        if self._done or self._replied:
             return
-        self._settle(Reason.TIMEOUT, "failure" if own else "release")
-        self.result.errback(Failure(EndpointFailure(Reason.TIMEOUT, f"no reply within {self._allowed:.3g}s")))
+        self._settle(Reason.TIMEOUT, Verdict.FAILURE if own else Verdict.RELEASE)
+        self.result.errback(Failure(EndpointFailure(Reason.TIMEOUT, f"no reply within {self._request.allowed:.3g}s")))
         if self._pending is not None:
             self._pending.cancel()
 
     def _cancelled(self, result: Deferred) -> None:
-        if self._done:
+        if self._done or self._replied:
             return
-        if self._deadline.passed(self._client.reactor.seconds()):
+        if self._request.deadline.passed(self._reactor.seconds()):
             # The review's deadline passed: the call had all its time.
             self._timed_out(own=False)
             return
         # The caller went away: not a verdict on the endpoint.
         # Deferred.cancel then fails the result with CancelledError.
-        self._settle(Reason.CANCELLED, "release")
+        self._settle(Reason.CANCELLED, Verdict.RELEASE)
         if self._pending is not None:
             self._pending.cancel()
 
-    def _settle(self, outcome: str, verdict: str) -> None:
+    def _settle(self, outcome: str, verdict: Verdict) -> None:
         self._done = True
+        guard = self._guard
         # The reply is parsed (or dropped): its bytes are no longer held.
-        self._charge.close()
+        guard.charge.close()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._client._settled(self, self._origin, outcome, self._client.reactor.seconds() - self._started)
-        if verdict == "success":
-            self._breaker.record_success(self._ticket)
-        elif verdict == "failure":
-            self._breaker.record_failure(self._ticket)
+        self._on_settled(self, outcome, self._reactor.seconds() - self._started)
+        if verdict is Verdict.SUCCESS:
+            guard.breaker.record_success(guard.ticket)
+        elif verdict is Verdict.FAILURE:
+            guard.breaker.record_failure(guard.ticket)
         else:
-            self._breaker.release(self._ticket)
+            guard.breaker.release(guard.ticket)
         waiters, self._waiters = self._waiters, None
         for d in waiters or ():
             d.callback(None)

@@ -5,7 +5,8 @@ L{EndpointClient}: the one client amp calls endpoints with; it admits calls
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from functools import partial
+from typing import Any, Optional
 
 from twisted.internet.defer import Deferred, fail, gatherResults
 from twisted.internet.interfaces import IHostnameResolver
@@ -14,7 +15,7 @@ from twisted.logger import Logger
 from amp.breaker import BreakerRegistry, CircuitBreaker
 from amp.config import BreakerConfig, EndpointSettings
 from amp.deadline import Deadline
-from amp.endpoint._call import Call
+from amp.endpoint._call import OK, Call, CallGuard, CallReply, CallRequest
 from amp.endpoint._failures import EndpointFailure, LocalFailure
 from amp.endpoint._pool import Connector, Profile, request_bytes
 from amp.endpoint._types import IEndpointReactor
@@ -144,7 +145,7 @@ class EndpointClient:
             child = origin.outcomes[outcome] = self._metrics.endpoint_requests.labels(origin.name, outcome)
         child.inc()
 
-    def _settled(self, call: Call, origin: Origin, outcome: str, duration: float) -> None:
+    def _settled(self, origin: Origin, call: Call, outcome: str, duration: float) -> None:
         origin.in_flight -= 1
         self._live.discard(call)
         origin.duration.observe(duration)
@@ -155,11 +156,21 @@ class EndpointClient:
     def call(
         self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes],
         deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
-        check: Optional[Callable[[EndpointDecision], Optional[str]]] = None,
     ) -> "Deferred[EndpointDecision]":
         """
+        L{ask}, the reply used as it is: resolves to the endpoint's
+        L{EndpointDecision}, the call counted C{ok}.
+        """
+        return self.ask(url, settings, body, headers, deadline, breaker_config).addCallback(_used)
+
+    def ask(
+        self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes],
+        deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
+    ) -> "Deferred[CallReply]":
+        """
         POST C{body} to C{url} and parse the reply, within C{settings.timeout}
-        and before C{deadline}.  Fails with L{EndpointFailure}.
+        and before C{deadline}: resolves to a L{CallReply}, which the caller
+        settles once it has judged it, or fails with L{EndpointFailure}.
 
         The caller owns C{deadline}: when C{settings.timeout} ends first, the
         call's own timer fails it with C{timeout} (which counts against the
@@ -171,10 +182,11 @@ class EndpointClient:
         C{cancelled}, the breaker counts nothing, and the result fails with
         C{CancelledError}.
 
-        @param check: given a usable reply, the reason amp refuses it (its
-            patch is invalid, does not apply, ...) or None; the call is
-            counted under that reason instead of C{ok}, and still resolves to
-            the reply (the endpoint answered: a success for the breaker).
+        The caller settles the L{CallReply} with C{ok} or the reason amp
+        refuses it (its patch is invalid, does not apply, ...): the call is
+        counted under that outcome, and the endpoint answered either way (a
+        success for its breaker).
+
         @param breaker_config: the breaker settings of C{url}'s origin (those
             of its root URL, see L{amp.policy.Route.breaker}); by default
             C{settings.breaker}.  The first call to an origin sets them.
@@ -213,8 +225,9 @@ class EndpointClient:
             return self._refuse(origin, Reason.CONNECTION_FAILED, "amp could not build the request")
         # One bound for all calls; a reloaded configuration may change it.
         self.budget.limit = settings.max_buffered
-        c = Call(self, origin, target, profile, settings, data, timeout, deadline,
-                 timeout if timeout is not None else remaining, Charge(self.budget), breaker, ticket, check)
+        request = CallRequest(origin.name, target, profile, settings, data, timeout, deadline,
+                              timeout if timeout is not None else remaining)
+        c = Call(self.reactor, request, CallGuard(Charge(self.budget), breaker, ticket), partial(self._settled, origin))
         origin.in_flight += 1
         self._live.add(c)
         return c.start()
@@ -256,3 +269,8 @@ class EndpointClient:
         for c in list(self._open):
             c.abort()
         return gatherResults(waits).addCallback(lambda _: None)
+
+
+def _used(reply: CallReply) -> EndpointDecision:
+    reply.settle(OK)
+    return reply.decision

@@ -13,6 +13,7 @@ ended (closed or not), so stopping waits for threads without polling them.
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, Optional
 
 from twisted.internet.interfaces import IReactorFromThreads
@@ -51,3 +52,10 @@ class Bridge:
     def close(self) -> None:
         """On the reactor: drop every event not delivered yet, and all later ones."""
         self.closed = True
+
+
+def start_thread(name: str, target: Callable[[], None]) -> threading.Thread:
+    """Run C{target} in a new daemon thread named C{name}."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread

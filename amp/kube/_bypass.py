@@ -58,9 +58,10 @@ from twisted.python.failure import Failure
 from amp.config import KubernetesConfig
 from amp.kube._client import describe
 from amp.kube._events import Changed, Crashed, Replaced, Restarting, WatchEvent
-from amp.kube._keep import STATUS_ANNOTATION, PodSeen
+from amp.kube._keep import PodSeen
 from amp.kube._verdict import REASON, Enabled, Judge, Verdict, event_body, event_name, log_line
 from amp.metrics import Metrics
+from amp.rules import STATUS_ANNOTATION
 
 #: Seconds between seeing a Pod and judging it.
 SETTLE = 1.0

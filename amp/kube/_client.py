@@ -31,6 +31,7 @@ from urllib3.exceptions import MaxRetryError
 from amp.config import KubernetesConfig
 from amp.files import INPUT_LIMIT, config_document, read_file
 from amp.namespaces import NamespaceInfo, NamespaceLookupError
+from amp.reasons import NamespaceSource
 
 
 def load_client_configuration(config: KubernetesConfig) -> kubernetes.client.Configuration:
@@ -43,7 +44,7 @@ def load_client_configuration(config: KubernetesConfig) -> kubernetes.client.Con
     @raise Exception: whatever the loader raises when it cannot be used.
     """
     cfg = kubernetes.client.Configuration()
-    if config.source == "cluster":
+    if config.source == NamespaceSource.CLUSTER:
         kubernetes.config.load_incluster_config(client_configuration=cfg)
     else:
         if config.kubeconfig:

@@ -21,14 +21,10 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from amp.config import KubernetesConfig
 from amp.hints import AmpKeys
 from amp.namespaces import NamespaceInfo
+from amp.reasons import FailurePolicy
+from amp.rules import labels_opt_out, stamps
 
 _EMPTY: Mapping[str, str] = types.MappingProxyType({})
-
-
-#: The annotation amp's review stamps on every Pod it reviews in an enabled
-#: namespace, and the older one it replaces: a Pod with either was reviewed.
-STATUS_ANNOTATION = "amp.txn2.com/status"
-LEGACY_STATUS_ANNOTATION = "amp.txn2.com/skipped"
 
 
 def parse_time(value: Any) -> Optional[float]:
@@ -118,7 +114,7 @@ def webhook_failure_policy(obj: Optional[Mapping[str, Any]], webhook_name: Optio
     for hook in obj.get("webhooks") or ():
         if webhook_name is None or hook.get("name") == webhook_name:
             policy = hook.get("failurePolicy")
-            return policy if isinstance(policy, str) and policy else "Fail"
+            return policy if isinstance(policy, str) and policy else FailurePolicy.FAIL
     return None
 
 
@@ -175,17 +171,15 @@ class PodKeep:
     """
 
     def __init__(self, config: KubernetesConfig, cutoff: Callable[[], float]) -> None:
-        self.label = config.enabled_label
-        self.opted_out = config.opt_out_value
-        self.stamps = (STATUS_ANNOTATION, LEGACY_STATUS_ANNOTATION)
+        self.config = config
         self.cutoff = cutoff
 
     def pod(self, obj: Mapping[str, Any]) -> Optional[PodSeen]:
         meta = obj.get("metadata") or {}
         annotations = meta.get("annotations") or {}
-        if any(stamp in annotations for stamp in self.stamps):
+        if stamps(annotations):
             return None
-        if (meta.get("labels") or {}).get(self.label) == self.opted_out or meta.get("deletionTimestamp"):
+        if labels_opt_out(meta.get("labels") or {}, self.config) or meta.get("deletionTimestamp"):
             return None
         created = parse_time(meta.get("creationTimestamp"))
         if created is None or created < self.cutoff():

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from twisted.application.service import Service
-from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
+from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -51,7 +51,7 @@ from zope.interface import implementer
 
 from amp.config import KubernetesConfig
 from amp.hints import NEAR_MISS_PROBLEM, near_miss_news
-from amp.kube._bridge import Bridge
+from amp.kube._bridge import Bridge, start_thread
 from amp.kube._bypass import BypassReporter
 from amp.kube._client import KubeClient, Lister, describe, get_namespace, service_account_namespace
 from amp.kube._events import Bookmark, Changed, Crashed, Replaced, Restarting, WatchEvent
@@ -62,19 +62,13 @@ from amp.kube._verdict import EnableRevisions
 from amp.kube._watch import ListWatch
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, NamespaceLookupError
+from amp.reasons import NamespaceSource
 
 #: How long C{stopService} waits for the threads before giving up on them
 #: (they are daemon threads; after a socket shutdown they end at once).
 STOP_WAIT = 2.0
 
 _NEGATIVE_PRUNE_AT = 1024
-
-
-def start_thread(name: str, target: Callable[[], None]) -> threading.Thread:
-    """Run C{target} in a new daemon thread named C{name}."""
-    thread = threading.Thread(target=target, name=name, daemon=True)
-    thread.start()
-    return thread
 
 
 @dataclass(eq=False)
@@ -123,7 +117,7 @@ class KubernetesNamespaceSource(Service):
     @param client_factory: makes the client from C{config} at start
         (L{KubeClient.from_config}); raising means the configuration cannot
         be used.
-    @param spawn: starts a watch thread (L{start_thread}).
+    @param spawn: starts a watch thread (L{amp.kube._bridge.start_thread}).
     @param identity: this replica's name in the bypass report's Lease and
         Events (host name and a random suffix).
     @param wall: the wall clock the Pod watch thread checks the horizon
@@ -183,7 +177,7 @@ class KubernetesNamespaceSource(Service):
         try:
             client = self._client_factory(config)
         except Exception as e:
-            where = "in-cluster service account" if config.source == "cluster" else (
+            where = "in-cluster service account" if config.source == NamespaceSource.CLUSTER else (
                 f"kubeconfig {config.kubeconfig or '(default)'}"
                 + (f" context {config.context}" if config.context else ""))
             self._config_error = f"cannot load the Kubernetes client configuration from {where}: {describe(e)}"
@@ -510,7 +504,7 @@ class KubernetesNamespaceSource(Service):
         client = self.client
         if client is None:
             detail = self._config_error or "the Kubernetes namespace source is not running"
-            return _failed(NamespaceLookupError(detail))
+            return fail(NamespaceLookupError(detail))
         if not name:
             return succeed(None)
         return deferToThreadPool(self._reactor, self._reactor.getThreadPool(), get_namespace,
@@ -567,9 +561,3 @@ class KubernetesNamespaceSource(Service):
             for stale in [n for n, until in self._negative.items() if until <= now]:
                 del self._negative[stale]
         self._negative[name] = now + self._config.miss_negative_ttl
-
-
-def _failed(error: Exception) -> Deferred:
-    d: Deferred = Deferred()
-    d.errback(Failure(error))
-    return d

@@ -44,8 +44,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from amp.config import KubernetesConfig
-from amp.kube._keep import STATUS_ANNOTATION, PodSeen, format_time
+from amp.kube._keep import PodSeen, format_time
 from amp.namespaces import NamespaceInfo
+from amp.reasons import Mode
+from amp.rules import STATUS_ANNOTATION, is_enabled, mode, protected_namespaces
 
 #: Event reason and the component that reports it.
 REASON = "AmpBypassed"
@@ -89,10 +91,6 @@ class Enabled:
     at_creation: bool
 
 
-def _is_enabled(info: Optional[NamespaceInfo], config: KubernetesConfig) -> bool:
-    return info is not None and info.labels.get(config.enabled_label) == config.enabled_value
-
-
 class EnableRevisions:
     """
     The namespaces whose enabling this replica's namespace watch saw happen
@@ -111,13 +109,13 @@ class EnableRevisions:
     def changed(self, kind: str, before: Optional[NamespaceInfo], after: NamespaceInfo, rv: str) -> None:
         """One watch event on a namespace (C{before}: what the cache held)."""
         name = after.name
-        if kind == "DELETED" or not _is_enabled(after, self._config):
+        if kind == "DELETED" or not is_enabled(after, self._config):
             self._seen.pop(name, None)
             return
         at = revision(rv)
         if kind == "ADDED" and at is not None:
             self._seen[name] = Enabled(at, at_creation=True)
-        elif not _is_enabled(before, self._config):
+        elif not is_enabled(before, self._config):
             if at is None:
                 self._seen.pop(name, None)
             else:
@@ -144,10 +142,8 @@ class Judge:
         self._config = config
         self.horizon = config.bypass.horizon
         # The namespaces amp does not act on are not reported either (the
-        # webhook's namespaceSelector leaves them out): see
-        # amp.policy.protected_namespaces.
-        self._ignored = frozenset() if config.allow_protected_namespaces else frozenset(
-            (own_namespace, *config.protected_namespaces))
+        # webhook's namespaceSelector leaves them out).
+        self._ignored = protected_namespaces(config, own_namespace)
 
     def __call__(self, pod: PodSeen, ns: Any, enabled: Optional[Enabled], *, exact: bool,
                  now: float) -> Optional[Verdict]:
@@ -163,9 +159,7 @@ class Judge:
         kube = self._config
         if pod.created < now - self.horizon or pod.namespace in self._ignored:
             return None
-        if not isinstance(ns, NamespaceInfo) or not _is_enabled(ns, kube):
-            return None
-        if ns.annotations.get(kube.mode_annotation) == "shadow":
+        if not isinstance(ns, NamespaceInfo) or not is_enabled(ns, kube) or mode(ns, kube) is Mode.SHADOW:
             return None
         if enabled is not None:
             if enabled.at_creation:

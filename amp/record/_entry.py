@@ -33,6 +33,7 @@ from typing import Any, Mapping, Optional
 from amp.files import FileError, parse_json
 from amp.recent import rfc3339
 from amp.record._redact import Redactor
+from amp.rules import STATUS_ANNOTATION
 
 __all__ = ["Capture", "RecordedReview", "RecordingError", "FORMAT", "encode_line", "decode_line",
            "stamp_of"]
@@ -49,7 +50,6 @@ LINE_LIMIT = 16 * 1024 * 1024
 #: envelope's two levels).
 DEPTH_LIMIT = 104
 
-_STATUS = "amp.txn2.com/status"
 
 
 class RecordingError(ValueError):
@@ -135,7 +135,7 @@ def stamp_of(patch: Optional[list[Any]]) -> Optional[str]:
         if path == "/metadata/annotations/amp.txn2.com~1status" and isinstance(op.get("value"), str):
             return op["value"]
         if path == "/metadata/annotations" and isinstance(op.get("value"), dict):
-            value = op["value"].get(_STATUS)
+            value = op["value"].get(STATUS_ANNOTATION)
             if isinstance(value, str):
                 return value
     return None

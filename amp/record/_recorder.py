@@ -36,11 +36,10 @@ from amp.metrics import RECORD_RESULTS
 from amp.record._entry import Capture, encode_line
 from amp.record._files import LineTooLarge, RecordFiles
 from amp.record._redact import Redactor
+from amp.rules import RECORD_ANNOTATION
 
 __all__ = ["Recorder", "RecordSettings", "RECORD_ANNOTATION", "RECORD_RESULTS"]
 
-#: The namespace annotation that chooses a namespace with C{record.namespaces: annotated}.
-RECORD_ANNOTATION = "amp.txn2.com/record"
 
 #: The queue holds at most this many C{record.file_size}s of reviews' bytes.
 QUEUE_FILES = 4

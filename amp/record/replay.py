@@ -40,10 +40,10 @@ from amp.namespaces import INamespaceSource, NamespaceInfo
 from amp.policy import chain_pieces
 from amp.record._compare import Difference, pod_differences
 from amp.record._entry import RecordedReview, RecordingError, decode_line, LINE_LIMIT
+from amp.rules import STAMP_ANNOTATIONS
 
 __all__ = ["ReplayOptions", "ReplayedReview", "ReplayReport", "read_recording", "replay", "Verdict"]
 
-_STATUS = ("amp.txn2.com/status", "amp.txn2.com/skipped")
 #: Results that admit the Pod as the endpoint intended.
 _ADMITTED_AS_INTENDED = frozenset({"patched", "allowed", "skipped"})
 
@@ -238,7 +238,7 @@ class Replayer:
         else:
             before = yield self._review(recorded, options.endpoint)
         after = yield self._review(recorded, options.endpoint, options.against)
-        differences = pod_differences(before.pod, after.pod, ignore_annotations=_STATUS)
+        differences = pod_differences(before.pod, after.pod, ignore_annotations=STAMP_ANNOTATIONS)
         if after.result not in _ADMITTED_AS_INTENDED and after.result != "denied" and (
                 before.result != after.result or before.reason != after.reason):
             verdict = Verdict.FAILED

@@ -1,0 +1,147 @@
+"""
+The admitter (L{Admitter}): reviews Pods for C{/mutate} and C{/validate}
+under one configuration; the entry of every review.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from amp import answers
+from amp.admission._answering import told
+from amp.admission._parts import Parts
+from amp.admission._review import Review
+from amp.answers import Answer
+from amp.config import Config
+from amp.deadline import Deadline, review_deadline
+from amp.endpoint import EndpointClient
+from amp.metrics import Metrics
+from amp.namespaces import INamespaceSource, NamespaceInfo
+from amp.reasons import Reason
+from amp.review import AdmissionRequest
+from amp.rules import opted_out, own_pods_warning, protected_namespaces
+from amp.trace import NO_TRACE, IReviewTrace
+
+#: Namespaces whose last configuration problem is remembered.
+_PROBLEMS_LIMIT = 4096
+#: C{amp_namespace_problems_total{problem}} of an unusable failure-policy
+#: annotation.
+FAILURE_POLICY_PROBLEM = "failure-policy"
+
+
+class Admitter:
+    """
+    Reviews Pods for C{/mutate} and C{/validate}.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        config: Config,
+        namespaces: INamespaceSource,
+        endpoints: EndpointClient,
+        clock: IReactorTime,
+        metrics: Metrics,
+        recorder: Optional[Any] = None,
+        canary: Optional[Any] = None,
+    ) -> None:
+        """
+        @param recorder: where reviews are offered for recording
+            (L{amp.record.Recorder}), or None.
+        @param canary: runs candidates of namespaces with a canary
+            (L{amp.canary.Canary}), or None.
+        """
+        self.config = config
+        self._metrics = metrics
+        #: What every review under this configuration works with.
+        self._parts = Parts(config, namespaces, endpoints, clock, metrics, self._note_problem, recorder, canary)
+        #: The configuration problem last reported for each namespace.
+        self._problems: dict[str, str] = {}
+        self._protected = protected_namespaces(config.kubernetes)
+        #: Protected namespaces amp has said it leaves alone (said once each).
+        self._protected_told: set[str] = set()
+
+    def deadline(self, timeout: Optional[str], started: float) -> Deadline:
+        """
+        The one deadline of a review that arrived at C{started} asking for
+        C{?timeout=timeout} (None: the request has none): the timeout, or
+        C{deadline.default_timeout}, less C{deadline.margin}.
+        """
+        return review_deadline(timeout, started, self.config.deadline)
+
+    def review(
+        self, req: AdmissionRequest, deadline: Deadline, *, validation: bool = False,
+        trace: Optional[IReviewTrace] = None,
+    ) -> "Deferred[Answer]":
+        """
+        Answer C{req} before C{deadline}.  Resolves to an L{Answer}; never
+        fails.  Cancelling the result (the client went away) answers at
+        once, as C{cancelled}.  C{trace}, if given, is told each decision.
+        """
+        if trace is None:
+            trace = NO_TRACE
+        if not (req.is_pod_create or (self.config.ephemeral_containers and req.is_ephemeral_update)):
+            return succeed(told(trace, answers.skipped(req)))
+        alone = self._left_alone(req)
+        if alone is not None:
+            return succeed(told(trace, answers.skipped(req, reason=alone)))
+        return Review(self._parts, req, deadline, validation, trace).start()
+
+    def _left_alone(self, req: AdmissionRequest) -> Optional[Reason]:
+        """
+        Why amp does not act on C{req} at all, before any lookup or call:
+        its namespace is protected (said once per namespace), or the Pod
+        opted out.  None when amp acts.
+        """
+        name = req.namespace
+        if name in self._protected:
+            if name not in self._protected_told:
+                self._protected_told.add(name)
+                self.log.warn(
+                    "Asked to review a Pod in {namespace}, amp's own or a protected namespace: amp leaves Pods "
+                    "there unchanged (kubernetes.protected_namespaces, allow_protected_namespaces); the "
+                    "webhook configuration's namespaceSelector should exclude it", namespace=name)
+            return Reason.PROTECTED_NAMESPACE
+        if opted_out(req.object, self.config.kubernetes):
+            return Reason.OPTED_OUT
+        return None
+
+    def own_pods_warning(self) -> Optional[str]:
+        """
+        Warn (and return the warning) when amp's own namespace, as the
+        namespace source knows it now, is enabled: amp's own Pods would be
+        sent to it.  Called at start-up, once the source has its namespaces.
+        """
+        own = self.config.kubernetes.own_namespace
+        if not own:
+            return None
+        ns = self._parts.namespaces.cached(own)
+        warning = own_pods_warning(ns if isinstance(ns, NamespaceInfo) else None, self.config.kubernetes)
+        if warning is not None:
+            self.log.warn("{warning}", warning=warning)
+        return warning
+
+    def _note_problem(self, namespace: str, problem: Optional[str]) -> None:
+        """
+        Report a namespace's unusable configuration at warning and count
+        it, once per change: again only when the problem differs from the
+        last one reported for that namespace, or came back after it was
+        fixed.
+        """
+        problems = self._problems
+        if problem is None:
+            if problems:
+                problems.pop(namespace, None)
+            return
+        if problems.get(namespace) == problem:
+            return
+        if len(problems) >= _PROBLEMS_LIMIT:
+            problems.clear()
+        problems[namespace] = problem
+        self.log.warn("Namespace {namespace}: {problem}", namespace=namespace, problem=problem)
+        self._metrics.namespace_problems.labels(FAILURE_POLICY_PROBLEM).inc()

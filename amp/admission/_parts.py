@@ -1,0 +1,84 @@
+"""
+What every review of one configuration shares (L{Parts}): the admitter
+builds it once and hands it to each review, so a review reads no private
+state of the admitter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from twisted.internet.interfaces import IReactorTime
+
+from amp.canary import canary_plan
+from amp.config import Config
+from amp.endpoint import EndpointClient
+from amp.metrics import Metrics
+from amp.namespaces import INamespaceSource, NamespaceInfo
+from amp.policy import Route
+from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION
+
+#: All a C{pods/ephemeralcontainers} update may change.
+EPHEMERAL_CONTAINERS = "/spec/ephemeralContainers"
+
+#: Canary plans remembered (by the annotations they come from).
+_PLANS_LIMIT = 4096
+
+
+@dataclass(frozen=True, eq=False)
+class Parts:
+    """
+    The parts a review works with.
+
+    @ivar routes: the route cache of the configuration (L{amp.policy.route}).
+    @ivar note_problem: reports a namespace's unusable configuration, once
+        per change (the admitter's).
+    @ivar recorder: where reviews are offered for recording
+        (L{amp.record.Recorder}), or None.
+    @ivar canary: runs candidates of namespaces with a canary
+        (L{amp.canary.Canary}), or None.
+    """
+
+    config: Config
+    namespaces: INamespaceSource
+    endpoints: EndpointClient
+    clock: IReactorTime
+    metrics: Metrics
+    note_problem: Callable[[str, Optional[str]], None]
+    recorder: Optional[Any] = None
+    canary: Optional[Any] = None
+    routes: dict[str, tuple] = field(default_factory=dict)
+    #: Each canary's plan, by the annotations it comes from.
+    canary_plans: dict[tuple, Any] = field(default_factory=dict)
+    #: L{amp.patch.check_patch}'s options from C{patch.*}.
+    check_options: Mapping[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        patch = self.config.patch
+        # A frozen dataclass sets what it derives through object.__setattr__.
+        object.__setattr__(self, "check_options", dict(
+            denied=patch.denied_paths, allowed=patch.allowed_paths, repair=patch.repair,
+            max_operations=patch.max_operations))
+
+    def compose_options(self, steps: int) -> dict[str, Any]:
+        """L{amp.patch.compose}'s options for a chain of C{steps}: each may send C{patch.max_operations}."""
+        patch = self.config.patch
+        return dict(denied=patch.denied_paths, allowed=patch.allowed_paths,
+                    max_operations=patch.max_operations * max(steps, 1))
+
+    def canary_plan(self, ns: Optional[NamespaceInfo], r: Route) -> Any:
+        """The namespace's canary plan (L{amp.canary.canary_plan}), kept per annotation values."""
+        if ns is None or CANARY_ANNOTATION not in ns.annotations:
+            return None
+        key = (ns.annotations.get(CANARY_ANNOTATION), ns.annotations.get(CANARY_PERCENT_ANNOTATION),
+               ns.annotations.get(CANARY_STEP_ANNOTATION), len(r.steps))
+        plan = self.canary_plans.get(key)
+        if plan is None:
+            if len(self.canary_plans) >= _PLANS_LIMIT:
+                self.canary_plans.clear()
+            plan = self.canary_plans[key] = canary_plan(ns, r, self.config)
+        return plan
+
+    def has_validation_endpoint(self, ns: Optional[NamespaceInfo]) -> bool:
+        return ns is not None and bool(ns.annotations.get(self.config.kubernetes.validation_annotation))

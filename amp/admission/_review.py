@@ -1,0 +1,391 @@
+"""
+One review in progress (L{Review}): its steps, the one timer of its
+deadline, and cancellation.
+
+A review waits on one step at a time (the namespace lookup when the cache
+does not know the namespace, then each endpoint call of the chain), gives
+each step what is left of the deadline, and owns the one timer that
+enforces it: when the deadline passes, or the client goes away (the
+review's Deferred is cancelled), the step in progress is cancelled and the
+review is answered at once.  An endpoint call resolves to the reply and its
+settle handle (L{amp.endpoint.CallReply}): the review judges the reply's patch,
+settles the call with the verdict, and goes on; how it ends is
+L{amp.admission._answering}'s.  Beside a step, the namespace's canary
+(L{amp.canary}) may call a candidate endpoint, told how the live step
+ended; an answered review is offered for recording (L{amp.record}).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from amp import answers
+from amp.admission._answering import Answering, patch_bytes, told
+from amp.admission._chain import Chain
+from amp.admission._parts import EPHEMERAL_CONTAINERS, Parts
+from amp.answers import Answer
+from amp.deadline import Deadline
+from amp.endpoint import OK, CallReply, EndpointFailure
+from amp.namespaces import UNKNOWN, NamespaceInfo, NamespaceLookupError
+from amp.patch import PatchError, check_patch, unchanged
+from amp.policy import FAIL, SHADOW, Route, route
+from amp.reasons import Reason, Status
+from amp.reply import EndpointDecision
+from amp.review import AdmissionRequest, clean_audit_annotations, dumps
+from amp.trace import BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped
+from amp.urls import shown_url
+
+_CANCELLED = "the review was cancelled: the client went away"
+
+
+class Review:
+    """
+    One review in progress: the step it waits on, the deadline's timer, the
+    route once known, the chain once routed.
+
+    @ivar result: fires with the L{Answer} (never fails); cancelling it
+        ends the review at once, as C{cancelled}.
+    """
+
+    __slots__ = ("_parts", "_req", "_deadline", "_validation", "_route", "_pending", "_timer", "_ending",
+                 "_done", "result", "_chain", "_trace", "_call_started", "_answering", "_namespace", "_canary_plan",
+                 "_canary_run")
+
+    log = Logger()
+
+    def __init__(
+        self, parts: Parts, req: AdmissionRequest, deadline: Deadline, validation: bool, trace: IReviewTrace,
+    ) -> None:
+        self._parts = parts
+        self._trace = trace
+        self._answering = Answering(parts, req, validation, trace)
+        #: When the endpoint call in progress started (for the trace).
+        self._call_started = 0.0
+        self._req = req
+        self._deadline = deadline
+        self._validation = validation
+        self._route: Optional[Route] = None
+        #: The namespace as the review found it, once routed.
+        self._namespace: Optional[NamespaceInfo] = None
+        #: The namespace's canary (L{amp.canary.CanaryPlan}) and its run in progress.
+        self._canary_plan: Any = None
+        self._canary_run: Any = None
+        #: The step waited on: a namespace lookup or an endpoint call.
+        self._pending: Optional[Deferred] = None
+        self._timer: Optional[IDelayedCall] = None
+        #: Why the review is being ended early: DEADLINE or CANCELLED.
+        self._ending: Optional[Reason] = None
+        self._done = False
+        #: The endpoint chain in progress, once routed.
+        self._chain: Optional[Chain] = None
+        self.result: Deferred[Answer] = Deferred(self._cancel)
+
+    # ------------------------------------------------------------ steps
+
+    def start(self) -> "Deferred[Answer]":
+        namespaces = self._parts.namespaces
+        name = self._req.namespace
+        try:
+            ns = namespaces.cached(name)
+            if ns is UNKNOWN:
+                self._wait(namespaces.fetch(name, self._deadline.remaining(self._parts.clock.seconds())),
+                           self._routed)
+            else:
+                self._routed(ns)
+        except Exception:
+            # A bug, a broken source or client: still an answer.
+            self._step_failed(Failure())
+        return self.result
+
+    def _wait(self, d: Deferred, then: Callable[[Any], None]) -> None:
+        """
+        Wait for C{d}, then pass its result to C{then}; arm the deadline's
+        timer if it is not armed yet and C{d} has not fired already.
+        """
+        self._pending = d
+        d.addBoth(self._resume, d, then)
+        if self._pending is d and self._timer is None:
+            clock = self._parts.clock
+            self._timer = clock.callLater(self._deadline.remaining(clock.seconds()), self._expired)
+
+    def _resume(self, result: Any, d: Deferred, then: Callable[[Any], None]) -> None:
+        if self._pending is not d:
+            # The review was answered without this step; its result is
+            # dropped (a reply is settled as it is: nobody judges it).
+            if isinstance(result, CallReply):
+                result.settle(OK)
+            return None
+        self._pending = None
+        try:
+            if isinstance(result, Failure):
+                self._step_failed(result)
+            else:
+                then(result)
+        except Exception:
+            self._step_failed(Failure())
+        return None
+
+    def _routed(self, ns: Optional[NamespaceInfo]) -> None:
+        parts = self._parts
+        req = self._req
+        trace = self._trace
+        self._namespace = ns
+        r = self._route = route(ns, parts.config, parts.namespaces.cluster_failure_policy(),
+                                validation=self._validation, cache=parts.routes, explain=trace.recording)
+        if r.enabled:
+            parts.note_problem(req.namespace, r.policy_problem)
+        trace.extend(r.explanation)
+        if not r.enabled:
+            return self._answer(answers.skipped(req))
+        if r.error is not None:
+            return self._answer(self._answering.failed(r, None, *r.error))
+        if not r.steps:
+            if self._validation:
+                return self._answer(answers.skipped(req))
+            if parts.has_validation_endpoint(ns):
+                # Nothing to mutate, but the Pod was reviewed: stamped, so
+                # it is not taken for one that bypassed amp.
+                stamped = self._answering.stamper.stamp(None, [(r.where, Status.UNCHANGED, "")])
+                return self._answer(answers.skipped(req, patch=patch_bytes(stamped)))
+            return self._answer(self._answering.failed(
+                r, None, Reason.NO_ENDPOINT, "namespace is enabled but has no endpoint annotation"))
+        if parts.canary is not None and r.mode != SHADOW and not self._validation and not req.is_ephemeral_update:
+            self._canary_plan = parts.canary_plan(ns, r)
+        self._chain = Chain(r, unchanged(req.object))
+        self._call_next()
+
+    def _call_next(self) -> None:
+        """
+        Call the chain's next endpoint with the Pod as the steps before it
+        left it, within what is left of the review's one deadline; or, when
+        every step is done, answer.
+        """
+        chain = self._chain
+        assert chain is not None
+        if chain.done:
+            return self._answer(self._answering.chain_done(chain))
+        step = chain.route.steps[chain.index]
+        req = self._req
+        headers = {
+            b"x-amp-namespace": req.namespace.encode("utf-8"),
+            b"x-amp-operation": req.operation.encode("ascii", "replace"),
+            b"x-amp-uid": req.uid.encode("ascii", "replace"),
+            b"x-amp-dry-run": b"true" if req.dry_run else b"false",
+        }
+        if req.sub_resource:
+            headers[b"x-amp-subresource"] = req.sub_resource.encode("ascii", "replace")
+        if chain.pod.pod is req.object:
+            pod_json = req.object_json if req.object_json is not None else dumps(req.object)
+        else:
+            pod_json = dumps(chain.pod.pod)
+        if self._trace.recording:
+            # Facts only a kept event needs (a review's hot path gathers none).
+            now = self._call_started = self._parts.clock.seconds()
+            left = self._deadline.remaining(now)
+            self._trace.record(BudgetGiven, seconds=round(left, 4), timeout=round(min(step.settings.timeout, left), 4),
+                               position=chain.index + 1, chain_length=len(chain.route.steps))
+        plan = self._canary_plan
+        if plan is not None and plan.index == chain.index:
+            self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]
+                plan, req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers, self._deadline,
+                self._parts.check_options)
+        self._wait(self._parts.endpoints.ask(step.url, step.settings, pod_json, headers, self._deadline, step.breaker),
+                   self._replied)
+
+    def _tell_canary(self, pod_after: Optional[dict] = None, skipped: bool = False) -> None:
+        """Tell the canary in progress how the live step it stands beside ended."""
+        run, self._canary_run = self._canary_run, None
+        if run is not None:
+            run.live_done(pod_after, skipped)
+
+    def _replied(self, reply: CallReply) -> None:
+        """
+        The endpoint answered: judge its reply, settle the call with the
+        verdict (L{OK} or the reason amp refuses the reply), then go on.
+        """
+        decision = reply.decision
+        judged = None
+        try:
+            if self._trace.recording:
+                self._record_call(OK, "")
+                self._trace.record(
+                    Replied, allowed=decision.allowed, operations=len(decision.patch),
+                    warnings=list(decision.warnings), code=None if decision.allowed else decision.code,
+                    message=decision.message)
+            judged = self._judge(decision)
+        finally:
+            reply.settle(judged.reason if isinstance(judged, PatchError) else OK)
+        self._decided(decision, judged)
+
+    def _judge(self, decision: EndpointDecision) -> Any:
+        """
+        The current step's patch checked and dry-applied to the Pod as the
+        steps before left it; the L{PatchError} when amp refuses it; None
+        when there is nothing to check (a deny, a validation, no patch).
+        """
+        chain = self._chain
+        assert chain is not None
+        if not decision.allowed or self._validation or not decision.patch:
+            return None
+        try:
+            return check_patch(chain.pod.pod, decision.patch, **self._parts.check_options, trace=self._trace,
+                               confined=EPHEMERAL_CONTAINERS if self._req.is_ephemeral_update else None)
+        except PatchError as e:
+            return e
+
+    def _decided(self, decision: EndpointDecision, judged: Any) -> None:
+        """
+        Go on from the endpoint's C{decision} and amp's C{judged} verdict on
+        its patch (see L{_judge}).
+        """
+        req = self._req
+        chain = self._chain
+        assert chain is not None
+        origin = chain.route.steps[chain.index].name
+        audit, problems = clean_audit_annotations(decision.audit)
+        chain.told(origin, decision.warnings, problems, audit)
+        if not decision.allowed:
+            self._tell_canary(None)
+            if chain.route.mode == SHADOW:
+                return self._answer(self._answering.shadow(chain, origin, denied=True))
+            return self._answer(answers.denied(req, origin, decision.code, decision.message,
+                                               warnings=chain.warnings, audit=chain.audit))
+        if isinstance(judged, PatchError):
+            self._trace.record(Refused, reason=judged.reason, message=str(judged))
+            return self._step_ended(judged.reason, str(judged))
+        self._tell_canary(judged.pod if judged is not None else chain.pod.pod)
+        changed = judged is not None and bool(judged.operations)
+        if changed:
+            chain.applied(judged)
+        chain.ok(origin, changed)
+        self._call_next()
+
+    def _step_ended(self, reason: str, message: str) -> None:
+        """
+        The chain's current endpoint failed with C{reason}: under C{Ignore}
+        (not in shadow mode) its step is skipped and the chain goes on with
+        the Pod as it was; else the failure policy answers, naming it.
+        """
+        self._tell_canary(skipped=True)
+        chain = self._chain
+        assert chain is not None
+        r = chain.route
+        step = r.steps[chain.index]
+        if r.failure_policy == FAIL or r.mode == SHADOW:
+            return self._answer(self._answering.failed(r, chain, reason, message, step.name))
+        self._trace.record(Skipped, endpoint=step.name, reason=reason, message=message)
+        chain.skip(step.name, reason, message)
+        self._call_next()
+
+    def _record_call(self, outcome: str, message: str) -> None:
+        chain = self._chain
+        assert chain is not None
+        step = chain.route.steps[chain.index]
+        seconds = self._parts.clock.seconds() - self._call_started
+        self._trace.record(Called, endpoint=step.name, url=shown_url(step.url), outcome=outcome,
+                           seconds=round(seconds, 6), message=message)
+
+    # ------------------------------------------------------------ ending
+
+    def _answer(self, answer: Answer) -> None:
+        if self._done:
+            return
+        told(self._trace, answer)
+        self._done = True
+        self._pending = None
+        timer, self._timer = self._timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+        self._tell_canary(skipped=True)
+        recorder = self._parts.recorder
+        if recorder is not None and self._route is not None and not self._validation:
+            self._offer(recorder, answer)
+        self.result.callback(answer)
+
+    def _offer(self, recorder: Any, answer: Answer) -> None:
+        """Offer the answered review for recording (never blocks or raises)."""
+        try:
+            ns, r, req, outcome = self._namespace, self._route, self._req, answer.outcome
+            assert r is not None
+            recorder.offer(
+                self._parts.clock.seconds(), req.uid, req.namespace,
+                ns.annotations if ns is not None else {}, ns.labels if ns is not None else {},
+                [step.name for step in r.steps], r.failure_policy, r.mode, req.body, answer.body,
+                str(outcome.result), str(outcome.reason))
+        except Exception:
+            self.log.failure("Could not offer a review for recording")
+
+    def _expired(self) -> None:
+        self._timer = None
+        self._end(Reason.DEADLINE)
+
+    def _cancel(self, result: Deferred) -> None:
+        self._end(Reason.CANCELLED)
+
+    def _end(self, why: Reason) -> None:
+        """
+        End the review now (its deadline passed, or the client went away):
+        cancel the step in progress, which then ends through L{_resume}.
+        """
+        if self._done:
+            return
+        self._ending = why
+        pending = self._pending
+        if pending is not None:
+            pending.cancel()
+        if not self._done:
+            # The step did not end when cancelled: answer without it.
+            self._pending = None
+            self._step_failed(Failure(CancelledError()))
+
+    def _step_failed(self, failure: Failure) -> None:
+        """
+        A step failed, was cancelled, or raised: name the reason; a failed
+        endpoint of the chain ends in L{_step_ended} (or, once the
+        deadline has passed, the rest of the chain is skipped); anything
+        else is answered under the failure policy.
+        """
+        chain = self._chain
+        calling = chain is not None and not chain.done
+        if self._ending is Reason.CANCELLED:
+            # The API server hung up (see amp.web): nobody reads this
+            # answer, and it is not an error of amp's.
+            reason, message = Reason.CANCELLED, _CANCELLED
+        elif failure.check(EndpointFailure):
+            # Including the call cut off by the review's deadline: C{timeout}.
+            e = failure.value
+            reason, message = e.reason, e.message
+            if calling and self._trace.recording:
+                self._record_call(reason, message)
+            if calling and self._ending is None:
+                return self._step_ended(reason, message)
+        elif self._ending is Reason.DEADLINE:
+            reason, message = Reason.DEADLINE, f"review deadline of {self._deadline.budget:.3g}s passed"
+        elif failure.check(NamespaceLookupError):
+            reason = Reason.NAMESPACE_LOOKUP
+            message = failure.getErrorMessage() or f"namespace {self._req.namespace}: the lookup failed"
+        elif failure.check(CancelledError):
+            reason, message = Reason.CANCELLED, _CANCELLED
+        else:
+            self.log.failure("Internal error reviewing {uid}", failure, uid=self._req.uid)
+            error = failure.getErrorMessage() or getattr(failure.type, "__name__", "unknown error")
+            reason, message = Reason.INTERNAL_ERROR, f"amp internal error: {error}"
+        if calling and self._ending is Reason.DEADLINE:
+            assert chain is not None
+            r = chain.route
+            origin = r.steps[chain.index].name
+            if r.failure_policy == FAIL or r.mode == SHADOW:
+                return self._answer(self._answering.failed(r, chain, reason, message, origin))
+            # Under Ignore: this step and the ones after it are skipped; the
+            # steps that answered keep their patches.
+            chain.skip(origin, reason, message)
+            while not chain.done:
+                chain.skip(r.steps[chain.index].name, Reason.DEADLINE,
+                           f"review deadline of {self._deadline.budget:.3g}s passed before the call")
+            return self._answer(self._answering.chain_done(chain))
+        self._answer(self._answering.failed(self._route, chain, reason, message))
