@@ -151,3 +151,18 @@ def test_the_listener_bench_measures_both_listeners_on_both_bodies() -> None:
     assert set(result) == BODIES
     for figures in result.values():
         assert figures["amp.http us/request"] > 0 and figures["twisted.web us/request"] > 0
+
+
+@pytest.mark.parametrize("in_flight", [1, 4])
+def test_the_review_path_bench_gets_the_endpoints_patch_for_every_review(in_flight: int) -> None:
+    """C{bench.review_path}: every review through amp's listener, admitter
+    and endpoint client in memory, one or several in flight, is answered
+    200 with the endpoint's patch (the script stops otherwise); figures
+    only reported."""
+    done = subprocess.run([sys.executable, "-m", "bench.review_path", "--reviews", "8", "--in-flight", str(in_flight)],
+                          cwd=str(REPO), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert set(result) == BODIES
+    for figures in result.values():
+        assert figures["in_flight"] == in_flight and figures["us/review"] > 0
