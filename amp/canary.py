@@ -6,9 +6,10 @@ A namespace annotated C{amp.txn2.com/canary: URL} (optionally
 C{amp.txn2.com/canary-percent: N}, default 100, and, for a chain,
 C{amp.txn2.com/canary-step: K}, the 1-based step the candidate stands in
 for, default 1) has a share of its reviews also sent to the candidate.  The
-candidate is called at the same moment as the live step it stands in for,
-with the same Pod (as the chain's earlier steps left it) and the same
-headers; its reply is checked and dry-applied as the live one is; and when
+candidate is called once the live step it stands in for has answered, in
+the reactor's next turn (after the live answer of a one-step chain is
+written), with the same Pod (as the chain's earlier steps left it) and the
+same headers; its reply is checked and dry-applied as the live one is; and when
 both are known, the Pod after the live step is compared by JSON path with
 the Pod after the candidate (later steps of a chain are not run again: that
 would call live endpoints twice).
@@ -175,8 +176,14 @@ _PENDING: Any = object()
 class CanaryRun:
     """
     One review's candidate call and its comparison with the live step.
-    Both sides arrive in any order; the first to find the other there
-    compares.  Always ends (the deadline's timer cancels the call).
+
+    The candidate is called only once the live step has answered, and in
+    the reactor's next turn: by then the live answer of a one-step chain
+    is written, so the candidate's request and reply never take CPU ahead
+    of it on the one reactor thread.  A live step that failed or was not
+    run needs no comparison, and the candidate is not called.  Always ends:
+    the review's deadline cancels a call still in flight, or ends a run
+    whose call never started.
     """
 
     def __init__(self, canary: Canary, candidate: EndpointStep, namespace: str, uid: str, pod_name: str,
@@ -189,15 +196,17 @@ class CanaryRun:
         self.pod_name = pod_name
         self.live = live
         self._pod = pod
+        self._body = body
+        self._headers = headers
+        self._deadline = deadline
         self._options = patch_options
         self._live: Any = _PENDING
         self._candidate: Any = _PENDING
         self._done = False
+        self._call: Optional[Deferred] = None
         clock = canary._clock
-        self._call: Deferred = canary._client.call(candidate.url, candidate.settings, body, headers, deadline,
-                                                  candidate.breaker)
-        self._timer = clock.callLater(max(0.0, deadline.remaining(clock.seconds())), self._call.cancel)
-        self._call.addCallbacks(self._answered, self._failed)
+        self._starter: Any = None
+        self._timer = clock.callLater(max(0.0, deadline.remaining(clock.seconds())), self._expired)
 
     def live_done(self, pod_after: Optional[dict[str, Any]], skipped: bool = False) -> None:
         """
@@ -206,7 +215,31 @@ class CanaryRun:
         """
         if self._live is not _PENDING:
             return
-        self._live = ("skipped", None) if skipped else ("pod", pod_after)
+        if skipped:
+            self._live = ("skipped", None)
+            self._candidate = ("failed", "not called: the live step did not answer")
+            return self._compare()
+        self._live = ("pod", pod_after)
+        self._starter = self._canary._clock.callLater(0, self._send)
+
+    def _send(self) -> None:
+        self._starter = None
+        if self._done:
+            return
+        candidate = self.candidate
+        self._call = self._canary._client.call(candidate.url, candidate.settings, self._body, self._headers,
+                                               self._deadline, candidate.breaker)
+        self._call.addCallbacks(self._answered, self._failed)
+
+    def _expired(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            return
+        if self._starter is not None and self._starter.active():
+            self._starter.cancel()
+        if self._live is _PENDING:
+            self._live = ("skipped", None)
+        self._candidate = ("failed", "timeout: the review's deadline passed")
         self._compare()
 
     def _answered(self, decision: Any) -> None:

@@ -143,7 +143,11 @@ class CanaryTests(TestCase):
         hang = self.example.root.children[b"hang"].handler
         response = yield self.review("slow", pod("p"), "s1")
         self.assertIn("amp-proxy", str(response["_patch"]))
-        self.assertEqual(len(hang.pending), 1, "the candidate is still waited on")
+        # The candidate (which never answers) is called after the live
+        # answer, and is still waited on: the answer did not wait for it.
+        yield wait_until(lambda: len(hang.pending) == 1, WAIT, "the candidate's call")
+        self.assertEqual(Scrape(self.amp.service.metrics.render().decode()).total(
+            "amp_canary_reviews_total", namespace="slow"), 0)
 
 
 def test_canary_results_are_the_documented_vocabulary() -> None:
@@ -193,7 +197,10 @@ def test_a_candidate_past_the_deadline_is_counted_failed_and_leaves_no_timer() -
 
 def test_a_candidate_answering_after_the_live_answer_is_compared() -> None:
     run, clock, metrics, client, the_pod = _run()
+    assert client.calls == [], "nothing of the candidate's runs before the live step answers"
     run.live_done(the_pod)
+    assert client.calls == [], "the candidate is called in the next turn, after the live answer is written"
+    clock.advance(0)
     client.calls[0].callback(EndpointDecision(patch=[{"op": "add", "path": "/metadata/labels/x", "value": "y"}]))
     assert _counted(metrics, "differs") == 1
     assert clock.getDelayedCalls() == []
@@ -204,7 +211,23 @@ def test_a_comparison_that_fails_never_reaches_the_live_review() -> None:
         raise RuntimeError("broken")
 
     run, clock, metrics, client, the_pod = _run(annotate=broken)
-    client.calls[0].callback(EndpointDecision())
     run.live_done(the_pod)  # the live review's path: must not raise
+    clock.advance(0)
+    client.calls[0].callback(EndpointDecision())  # the comparison fails inside: caught
     assert _counted(metrics, "same") == 1
+    assert clock.getDelayedCalls() == []
+
+
+def test_a_live_step_that_failed_never_calls_the_candidate() -> None:
+    run, clock, metrics, client, the_pod = _run()
+    run.live_done(None, skipped=True)
+    clock.advance(0)
+    assert client.calls == [] and _counted(metrics, "skipped") == 1
+    assert clock.getDelayedCalls() == []
+
+
+def test_a_review_that_never_tells_its_live_step_ends_at_the_deadline() -> None:
+    run, clock, metrics, client, the_pod = _run()
+    clock.advance(10)
+    assert client.calls == [] and _counted(metrics, "skipped") == 1
     assert clock.getDelayedCalls() == []
