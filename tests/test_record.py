@@ -151,6 +151,14 @@ def _capture(**kw: Any) -> Capture:
     return Capture(**values)
 
 
+def test_a_review_sent_over_several_lines_is_recorded_on_one() -> None:
+    pretty = json.dumps(json.loads(review_bytes(_env_pod())), indent=2).encode()
+    for body in (review_bytes(_env_pod()), pretty, pretty.replace(b"\n", b"\r\n")):
+        line = encode_line(_capture(request_body=body))
+        assert line.count(b"\n") == 1 and b"\r" not in line
+        assert decode_line(line.rstrip(b"\n"), "rec.jsonl:1").review == json.loads(body)
+
+
 def test_a_line_round_trips_what_replay_needs() -> None:
     line = encode_line(_capture())
     assert line.endswith(b"\n") and line.count(b"\n") == 1
