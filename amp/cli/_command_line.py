@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Mapping, Optional, Sequence
 
 from amp.cli.workloads import InputError, PodInput, load_documents, names_namespace, pod_for, select_object
-from amp.config import Config, ConfigError, load_config
+from amp.config import Config, ConfigError, command_config
 from amp.files import INPUT_LIMIT, FileError, read_file, read_stream
 from amp.reasons import NamespaceSource
 
@@ -163,12 +163,10 @@ def parse_command_line(argv: Sequence[str], stdin: Any, stdout: IO[str]) -> tupl
     args = command_line_parser(stdout).parse_args(list(argv))
     labels = _pairs(args.set_label, "--set-label")
     annotations = _pairs(args.set_annotation, "--set-annotation")
-    config = Config()
-    if args.config is not None:
-        try:
-            config = load_config(args.config)
-        except ConfigError as e:
-            raise UsageError(f"config {args.config}: {e}") from None
+    try:
+        config = command_config(args.config)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     reply = _read(args.reply, "reply", stdin) if args.reply is not None else None
     if args.reply == "-" and args.file == "-":
         raise UsageError("FILE and --reply cannot both be stdin")

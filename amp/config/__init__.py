@@ -20,7 +20,7 @@ message starts with the dotted key that is wrong, e.g.
 """
 
 from amp.config._declare import Key, Restart, declared_kinds
-from amp.config._load import ConfigError, load_config, parse_config
+from amp.config._load import ConfigError, command_config, load_config, parse_config
 from amp.config._reference import reference_row, rewrite_reference
 from amp.config._running import RESTART_ONLY, config_digest, config_summary, effective_config, for_reload
 from amp.config._sections import (
@@ -33,6 +33,6 @@ __all__ = [
     "KEYS", "RESTART_ONLY", "BreakerConfig", "BypassConfig", "Config", "ConfigError", "DeadlineConfig",
     "EndpointOverride", "EndpointSettings", "EndpointsConfig", "Key", "Kind", "KubernetesConfig", "ListenConfig",
     "LogConfig", "MetricsConfig", "PatchConfig", "RecordConfig", "Restart", "StaticNamespace", "TLSConfig",
-    "config_digest", "config_summary", "declared_kinds", "effective_config", "for_reload", "load_config", "parse_config",
+    "command_config", "config_digest", "config_summary", "declared_kinds", "effective_config", "for_reload", "load_config", "parse_config",
     "parse_duration", "parse_size", "reference_row", "rewrite_reference",
 ]

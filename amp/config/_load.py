@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, Optional
 
 from amp.config._declare import parsers
 from amp.config._sections import (
@@ -250,3 +250,16 @@ def load_config(path: str) -> Config:
     except FileError as e:
         raise ConfigError(f"(file): {e}") from None
     return parse_config(raw)
+
+
+def command_config(path: Optional[str]) -> Config:
+    """
+    The configuration a command line names with C{--config} (amp's
+    defaults without one); a L{ConfigError} that names the file.
+    """
+    if path is None:
+        return Config()
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        raise ConfigError(f"config {path}: {e}") from None

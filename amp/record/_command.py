@@ -80,16 +80,14 @@ def _parser(out: IO[str]) -> _Parser:
 
 
 def _options(args: argparse.Namespace) -> ReplayOptions:
-    from amp.config import Config, ConfigError, load_config
+    from amp.config import ConfigError, command_config
     from amp.policy import chain_pieces
     from amp.urls import BadURL, parse_endpoint_url
 
-    config = Config()
-    if args.config is not None:
-        try:
-            config = load_config(args.config)
-        except ConfigError as e:
-            raise UsageError(f"config {args.config}: {e}") from None
+    try:
+        config = command_config(args.config)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     for flag in ("endpoint", "against"):
         value = getattr(args, flag)
         if value is None:
