@@ -60,15 +60,22 @@ def test_the_webhook_port_is_named_by_its_key(taken: int) -> None:
     assert port_problem(config) == f"listen.port: port {taken} (webhook) is in use by {port_holder(taken)}"
 
 
-def test_each_workers_metrics_port_is_checked_by_worker_zero(taken: int) -> None:
-    config = make_config(workers=2, listen={"port": free_port()}, metrics={"port": taken - 1, "interface": "127.0.0.1"})
-    problem = port_problem(config)
-    assert problem is not None
-    assert problem.startswith(f"metrics.port: port {taken} (metrics of worker 1) is in use by pid {os.getpid()}")
-    # A worker above 0 inherits the webhook socket and checks only its own metrics port.
-    assert port_problem(config, worker=1) is not None
-    assert port_problem(make_config(workers=2, listen={"port": taken},
-                                    metrics={"port": free_ports()[1], "interface": "127.0.0.1"}), worker=1) is None
+def test_each_workers_metrics_port_is_checked_by_worker_zero() -> None:
+    # A pair below the ephemeral range: worker 0's port stays free while
+    # worker 1's is held here (next to a port-0 listener, the port below may
+    # be any other test's).
+    webhook, base = free_ports()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", base + 1))
+        listener.listen()
+        config = make_config(workers=2, listen={"port": webhook}, metrics={"port": base, "interface": "127.0.0.1"})
+        problem = port_problem(config)
+        assert problem is not None
+        assert problem.startswith(f"metrics.port: port {base + 1} (metrics of worker 1) is in use by pid {os.getpid()}")
+        # A worker above 0 inherits the webhook socket and checks only its own metrics port.
+        assert port_problem(config, worker=1) is not None
+        assert port_problem(make_config(workers=2, listen={"port": base + 1},
+                                        metrics={"port": free_ports()[1], "interface": "127.0.0.1"}), worker=1) is None
 
 
 def test_free_ports_have_no_problem() -> None:
