@@ -28,14 +28,23 @@ MODES = {"a", "b", "c", "d", "f", "g"}
 BODIES = {"typical", "large"}
 
 
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+def require_wrk(what: str) -> None:
+    """
+    wrk, which the project's set-up step installs: without it, a failure in
+    CI and a skip naming how to get it on a developer's machine (it is not a
+    Python package, and no test installs anything).
+    """
     try:
         ensure_wrk()
     except WrkMissing as e:
         if os.environ.get("CI") == "true":
-            pytest.fail(f"bench/run cannot run in CI: {e}")
+            pytest.fail(f"{what} cannot run in CI: {e}")
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    require_wrk("bench/run")
     out = tmp_path_factory.mktemp("bench-results")
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "run"), "--quick", "--out", str(out)],
@@ -107,12 +116,7 @@ def test_markdown_table_is_written(quick_run: tuple[dict, Path]) -> None:
 def test_the_safe_changes_bench_runs_the_canary_and_the_recorder(tmp_path: Path) -> None:
     """C{bench.safe_changes --quick}: three amps measured; the canary compared
     reviews and the recorder wrote them (figures are only reported)."""
-    try:
-        ensure_wrk()
-    except WrkMissing as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"bench.safe_changes cannot run in CI: {e}")
-        pytest.skip(str(e))
+    require_wrk("bench.safe_changes")
     done = subprocess.run([sys.executable, "-m", "bench.safe_changes", "--quick", "--out", str(tmp_path)],
                           cwd=str(REPO), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
