@@ -32,6 +32,21 @@ def candidate_reply(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @inlineCallbacks
+def start_live_and_candidate(test: Any, reactor: Any) -> Any:
+    """
+    The example endpoints (the live sidecar injector among them) and the
+    candidate, each stopped when C{test} ends; resolves to C{(example, candidate)}.
+    """
+    from tests.helpers import start_example
+
+    example = yield start_example(reactor)
+    test.addCleanup(example.stop)
+    candidate = yield start_candidate(reactor)
+    test.addCleanup(candidate.stop)
+    return example, candidate
+
+
+@inlineCallbacks
 def start_candidate(reactor: Any) -> Any:
     """The candidate at C{/sidecar} on 127.0.0.1 port 0; a L{RunningExample}."""
     root = serving.build_root({"sidecar": lambda pod, call: candidate_reply(pod)})

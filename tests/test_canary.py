@@ -20,9 +20,9 @@ from amp.metrics import Metrics
 from amp.namespaces import NamespaceInfo
 from amp.policy import route
 from amp.reply import EndpointDecision
-from tests.candidates import CANDIDATE_IMAGE, start_candidate
+from tests.candidates import CANDIDATE_IMAGE, start_live_and_candidate
 from tests.helpers import (
-    WAIT, WebhookClient, closed_port, decode_answer, make_config, namespace, pod, review_bytes, start_amp, start_example)
+    WAIT, WebhookClient, closed_port, decode_answer, make_config, namespace, pod, review_bytes, start_amp)
 from tests.prometheus import Scrape
 from tests.waiting import wait_until
 
@@ -65,10 +65,7 @@ class CanaryTests(TestCase):
 
     @inlineCallbacks
     def setUp(self) -> Any:
-        self.example = yield start_example(reactor)
-        self.addCleanup(self.example.stop)
-        self.candidate = yield start_candidate(reactor)
-        self.addCleanup(self.candidate.stop)
+        self.example, self.candidate = yield start_live_and_candidate(self, reactor)
         refused = yield closed_port(reactor)
         live = self.example.url("/sidecar")
         self.amp = yield start_amp(make_config({

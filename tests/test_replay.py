@@ -25,8 +25,8 @@ from amp.cli import dispatch
 from amp.metrics import Metrics
 from amp.record import decode_line, encode_line, recording_files
 from amp.record.replay import ReplayOptions, replay
-from tests.candidates import CANDIDATE_IMAGE, start_candidate
-from tests.helpers import WebhookClient, decode_answer, make_config, namespace, pod, review_bytes, start_amp, start_example
+from tests.candidates import CANDIDATE_IMAGE, start_live_and_candidate
+from tests.helpers import WebhookClient, decode_answer, make_config, namespace, pod, review_bytes, start_amp
 
 
 class ReplayTests(TestCase):
@@ -34,10 +34,7 @@ class ReplayTests(TestCase):
 
     @inlineCallbacks
     def setUp(self) -> Any:
-        self.example = yield start_example(reactor)
-        self.addCleanup(self.example.stop)
-        self.candidate = yield start_candidate(reactor)
-        self.addCleanup(self.candidate.stop)
+        self.example, self.candidate = yield start_live_and_candidate(self, reactor)
         self.directory = self.mktemp()
         config = make_config({
             "mesh": namespace(self.example.url("/sidecar")),
