@@ -23,14 +23,30 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-__all__ = ["Redactor", "MARKER_PREFIX", "is_marker"]
+__all__ = ["KeptAnnotations", "Redactor", "MARKER_PREFIX", "is_marker"]
 
 #: What every redacted value starts with.
 MARKER_PREFIX = "amp-redacted:"
 
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+
+
+@dataclass(frozen=True)
+class KeptAnnotations:
+    """
+    The annotation keys whose values redaction keeps (amp's own): those
+    starting with one of C{prefixes}, and C{names}.  Data, not a function,
+    so that it reaches the writer process.
+    """
+
+    prefixes: tuple[str, ...] = ("amp.txn2.com/",)
+    names: frozenset[str] = frozenset()
+
+    def __call__(self, key: str) -> bool:
+        return key.startswith(self.prefixes) or key in self.names
 
 
 def is_marker(value: Any) -> bool:
