@@ -14,8 +14,9 @@ of the value under a key of the recorder's: the same value gives the same
 marker everywhere in one recording (in the request and in the patch the
 endpoint answered with), so a replayed endpoint that copies a value sees
 the marker and its answer compares equal to the recorded one, while the
-marker does not reveal the value.  The key is random per process and never
-written down.
+marker does not reveal the value.  The key is random per amp process
+(the recorder's, handed to each of its writer processes over their pipe)
+and never written down.
 """
 
 from __future__ import annotations
