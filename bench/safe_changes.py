@@ -103,7 +103,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             sent = {v: sum(round(r["rps"] * duration) for r in rows if r["variant"] == v) for v in VARIANTS}
 
             def settled(variant: str, name: str) -> Optional[dict[str, float]]:
-                # The canary's comparisons and the recorder's thread finish
+                # The canary's comparisons and the recording's writer finish
                 # after the answers: wait until they account for most reviews.
                 counts = Scrape.get(amps[variant].metrics_port).by(name, "result")
                 return counts if sum(counts.values()) >= 0.9 * sent[variant] else None
