@@ -190,7 +190,7 @@ def _read_line(proc: subprocess.Popen, timeout: float = 30) -> bytes:
     return proc.stdout.readline()
 
 
-def test_the_writer_ends_when_its_input_does_and_a_terminals_interrupt_does_not_end_it(tmp_path: Path) -> None:
+def test_the_writer_ends_when_its_input_does_and_not_on_a_signal_to_the_group(tmp_path: Path) -> None:
     settings = WriterSettings(directory=str(tmp_path / "rec"), file_size=1024 * 1024, max_size=8 * 1024 * 1024,
                               queue=1, queue_bytes=1024 * 1024, redact=False, key=b"k" * 32,
                               keep_prefixes=("amp.txn2.com/",), keep_names=())
@@ -201,7 +201,8 @@ def test_the_writer_ends_when_its_input_does_and_a_terminals_interrupt_does_not_
         proc.stdin.write(settings_frame(settings) + b"".join(capture_frame(_capture(uid="first"))))
         proc.stdin.flush()
         assert decode_report(_read_line(proc)).written == 1  # type: ignore[union-attr]
-        proc.send_signal(signal.SIGINT)
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):  # a terminal's, a service manager's
+            proc.send_signal(getattr(signal, name))
         proc.stdin.write(b"".join(capture_frame(_capture(uid="second"))))
         proc.stdin.close()  # amp is gone
         assert proc.wait(30) == 0
