@@ -212,3 +212,21 @@ def test_the_writer_ends_when_its_input_does_and_not_on_a_signal_to_the_group(tm
             proc.wait()
     with open(recording_files(str(tmp_path / "rec"))[0], "rb") as f:
         assert [json.loads(line)["uid"] for line in f] == ["first", "second"]
+
+
+def test_the_writer_imports_neither_twisted_nor_the_metrics_library() -> None:
+    """The writer's modules stay its own: amp.record's names are imported when first used."""
+    code = ("import sys, amp.record._writer; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'twisted', 'prometheus_client', 'zope'}))")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    done = subprocess.run([*writer_argv()[:2], "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
+
+
+def test_every_name_of_the_record_package_is_there_when_asked_for() -> None:
+    import amp.record
+
+    for name in amp.record.__all__:
+        assert getattr(amp.record, name) is not None
+    with pytest.raises(AttributeError):
+        amp.record.nothing_of_the_kind  # noqa: B018

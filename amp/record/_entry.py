@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from amp.files import FileError, parse_json
-from amp.recent import rfc3339
 from amp.record._redact import Redactor
 from amp.rules import STATUS_ANNOTATION
+from amp.timestamps import rfc3339
 
 __all__ = ["Capture", "RecordedReview", "RecordingError", "FORMAT", "encode_line", "decode_line",
            "stamp_of"]
