@@ -439,3 +439,52 @@ def test_the_queue_holds_a_bounded_number_of_bytes(tmp_path: Any) -> None:
     text = metrics.render()
     assert sample(text, "amp_recorded_reviews_total", result="written") == held == len(lines(tmp_path))
     assert sample(text, "amp_recorded_reviews_total", result="dropped") == 40 - held
+
+
+def test_a_writer_that_ends_unasked_is_started_again_later_and_later(tmp_path: Any) -> None:
+    from twisted.internet.error import ProcessTerminated
+    from twisted.python.failure import Failure
+
+    from amp.record._recorder import RESTART_DELAY, RESTART_DELAY_MAX
+
+    reactor, metrics = InlineWriters(), Metrics()
+    recorder = Recorder(settings(tmp_path), reactor, metrics)
+    recorder.startService()
+    delays = []
+    for n in range(8):
+        offer(recorder)  # sent to the writer that is about to end: lost, counted as failed
+        reactor.writers[-1].end(Failure(ProcessTerminated(exitCode=1)))
+        offer(recorder)  # held for the next writer
+        assert len(reactor.writers) == n + 1
+        delays.append(reactor.getDelayedCalls()[0].getTime() - reactor.seconds())
+        reactor.advance(delays[-1])
+        assert len(reactor.writers) == n + 2
+    assert delays == [min(RESTART_DELAY * 2 ** n, RESTART_DELAY_MAX) for n in range(8)]
+    # One that has run as long as the longest delay is started again soon once more.
+    reactor.advance(RESTART_DELAY_MAX)
+    reactor.writers[-1].end(Failure(ProcessTerminated(exitCode=1)))
+    assert reactor.getDelayedCalls()[0].getTime() - reactor.seconds() == RESTART_DELAY
+    finish(recorder, reactor)
+    text = metrics.render()
+    assert sample(text, "amp_record_writer_restarts_total") == 9
+    # Every writer ended holding what it had been sent: the review offered to it and the one held for it.
+    assert sample(text, "amp_recorded_reviews_total", result="failed") == 16
+    assert sample(text, "amp_recorded_reviews_total", result="written") == 0
+    assert lines(tmp_path) == []
+
+
+def test_a_reload_that_changes_the_directory_lets_the_old_writer_finish_there(tmp_path: Any) -> None:
+    reactor, metrics = InlineWriters(), Metrics()
+    recorder = Recorder(settings(tmp_path), reactor, metrics)
+    recorder.startService()
+    offer(recorder, "old")
+    stopped = recorder.apply(replace(settings(tmp_path), directory=str(tmp_path / "elsewhere")))
+    offer(recorder, "new")
+    assert not stopped.called and len(reactor.writers) == 2
+    reactor.run()
+    assert stopped.called
+    finish(recorder, reactor)
+    assert [json.loads(line)["namespace"]["name"] for line in lines(tmp_path)] == ["old"]
+    with open(recording_files(str(tmp_path / "elsewhere"))[0], "rb") as f:
+        assert [json.loads(line)["namespace"]["name"] for line in f] == ["new"]
+    assert sample(metrics.render(), "amp_recorded_reviews_total", result="written") == 2
