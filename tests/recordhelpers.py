@@ -35,16 +35,20 @@ class InlineWriter:
         self.loop = WriterLoop()
         self.stdin: list[bytes] = []
         self.stdin_closed = False
+        #: How many times the recorder wrote to this writer.
+        self.writes = 0
 
     # the transport
 
     def write(self, data: bytes) -> None:
         if not self.stdin_closed:
+            self.writes += 1
             self.stdin.append(data)
 
     def writeSequence(self, seq: Any) -> None:
-        for data in seq:
-            self.write(data)
+        if not self.stdin_closed:
+            self.writes += 1
+            self.stdin.extend(seq)
 
     def closeStdin(self) -> None:
         self.stdin_closed = True

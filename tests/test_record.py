@@ -445,7 +445,7 @@ def test_a_writer_that_ends_unasked_is_started_again_later_and_later(tmp_path: A
     from twisted.internet.error import ProcessTerminated
     from twisted.python.failure import Failure
 
-    from amp.record._recorder import RESTART_DELAY, RESTART_DELAY_MAX
+    from amp.record._recorder import FLUSH_DELAY, RESTART_DELAY, RESTART_DELAY_MAX
 
     reactor, metrics = InlineWriters(), Metrics()
     recorder = Recorder(settings(tmp_path), reactor, metrics)
@@ -453,13 +453,14 @@ def test_a_writer_that_ends_unasked_is_started_again_later_and_later(tmp_path: A
     delays = []
     for n in range(8):
         offer(recorder)  # sent to the writer that is about to end: lost, counted as failed
+        reactor.advance(FLUSH_DELAY)
         reactor.writers[-1].end(Failure(ProcessTerminated(exitCode=1)))
         offer(recorder)  # held for the next writer
         assert len(reactor.writers) == n + 1
         delays.append(reactor.getDelayedCalls()[0].getTime() - reactor.seconds())
         reactor.advance(delays[-1])
         assert len(reactor.writers) == n + 2
-    assert delays == [min(RESTART_DELAY * 2 ** n, RESTART_DELAY_MAX) for n in range(8)]
+    assert delays == pytest.approx([min(RESTART_DELAY * 2 ** n, RESTART_DELAY_MAX) for n in range(8)])
     # One that has run as long as the longest delay is started again soon once more.
     reactor.advance(RESTART_DELAY_MAX)
     reactor.writers[-1].end(Failure(ProcessTerminated(exitCode=1)))
@@ -488,3 +489,23 @@ def test_a_reload_that_changes_the_directory_lets_the_old_writer_finish_there(tm
     with open(recording_files(str(tmp_path / "elsewhere"))[0], "rb") as f:
         assert [json.loads(line)["namespace"]["name"] for line in f] == ["new"]
     assert sample(metrics.render(), "amp_recorded_reviews_total", result="written") == 2
+
+
+def test_the_reviews_of_a_few_milliseconds_reach_the_writer_in_one_write(tmp_path: Any) -> None:
+    from amp.record._recorder import FLUSH_DELAY
+
+    reactor, metrics = InlineWriters(), Metrics()
+    recorder = Recorder(settings(tmp_path), reactor, metrics)
+    recorder.startService()
+    [writer] = reactor.writers
+    assert writer.writes == 1  # the settings
+    for _ in range(5):
+        offer(recorder)
+        reactor.advance(FLUSH_DELAY / 10)
+    assert writer.writes == 1
+    reactor.advance(FLUSH_DELAY)
+    assert writer.writes == 2
+    offer(recorder)
+    finish(recorder, reactor)  # stopping writes what waits at once
+    assert writer.writes == 3
+    assert sample(metrics.render(), "amp_recorded_reviews_total", result="written") == 6 == len(lines(tmp_path))

@@ -138,7 +138,8 @@ class WriterProcessTests(TestCase):
         self.stop_process(first)
         for i in range(3):
             self.offer(recorder, f"lost-{i}")
-        yield wait_until(lambda: recorder._writer is not None and recorder._writer.reviews == 3, 10, "sent")
+        yield wait_until(lambda: recorder._writer is not None and recorder._writer._child is not None
+                         and recorder._writer._child.reviews == 3, 10, "the reviews written to its pipe")
         os.kill(first, signal.SIGKILL)
         yield wait_until(lambda: recorder._writer is not None and recorder._writer.pid not in (None, first), 30,
                          "a new writer")

@@ -8,7 +8,15 @@ bytes (big-endian) telling how many follow, a kind byte, then the body:
  - C{S}, the first frame: the settings (L{WriterSettings}, as JSON).
  - C{C}, one per review: three four-byte lengths (the head, the request
    body, the answer body), then the head (the small fields of the
-   L{Capture}, a JSON list), then the two bodies as amp holds them.
+   L{Capture}, a tuple in L{marshal}'s format), then the two bodies as amp
+   holds them.
+
+The head is built on the reactor thread for every review recorded:
+L{marshal} does it in 0.7 us where C{json.dumps} took 4.2 us (a typical
+review's fields).  Its format is the interpreter's own and it is not meant
+for data from elsewhere; here it only crosses a pipe from amp to a child
+amp started with the same interpreter, and the writer checks the shape of
+what it reads.
 
 Back, on its standard output, one short line per burst of work:
 
@@ -24,14 +32,16 @@ Back, on its standard output, one short line per burst of work:
 from __future__ import annotations
 
 import json
+import marshal
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Union
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 from amp.record._entry import Capture
 
 __all__ = ["FrameError", "FrameReader", "LineReader", "Problem", "Report", "WriterSettings", "capture_frame",
-           "decode_capture", "decode_report", "decode_settings", "problem_line", "report_line", "settings_frame"]
+           "decode_capture", "decode_report", "decode_settings", "problem_line", "report_line", "review_frame",
+           "settings_frame"]
 
 SETTINGS = b"S"
 CAPTURE = b"C"
@@ -96,18 +106,32 @@ def decode_settings(body: bytes) -> WriterSettings:
         raise FrameError(f"settings frame: {type(e).__name__}: {e}") from None
 
 
-def capture_frame(capture: Capture) -> tuple[bytes, bytes, bytes, bytes]:
+def review_frame(time: float, uid: str, namespace: str, labels: Mapping[str, str],
+                 annotations: Mapping[str, str], endpoints: Sequence[str], failure_policy: str, mode: str,
+                 request_body: bytes, answer_body: bytes, result: str, reason: str) -> tuple[bytes, ...]:
     """
-    The frame of C{capture}, in four pieces for C{writeSequence}: the two
-    bodies are passed on as they are, never copied into one string here.
+    The frame of one review (a L{Capture}'s fields), in four pieces for
+    C{writeSequence}: the two bodies are passed on as they are, never
+    copied into one string here.
     """
-    head = json.dumps([
-        capture.time, capture.uid, capture.namespace, dict(capture.labels), dict(capture.annotations),
-        list(capture.endpoints), capture.failure_policy, capture.mode, capture.result, capture.reason,
-    ], separators=(",", ":")).encode()
-    request, answer = capture.request_body, capture.answer_body
-    size = _CAPTURE_HEAD.size - _LENGTH.size + len(head) + len(request) + len(answer)
-    return _CAPTURE_HEAD.pack(size, CAPTURE, len(head), len(request), len(answer)), head, request, answer
+    head = marshal.dumps((float(time), uid, namespace, dict(labels), dict(annotations), tuple(endpoints),
+                          str(failure_policy), str(mode), str(result), str(reason)))
+    size = _CAPTURE_HEAD.size - _LENGTH.size + len(head) + len(request_body) + len(answer_body)
+    return (_CAPTURE_HEAD.pack(size, CAPTURE, len(head), len(request_body), len(answer_body)), head,
+            request_body, answer_body)
+
+
+def capture_frame(capture: Capture) -> tuple[bytes, ...]:
+    """The frame of C{capture} (L{review_frame})."""
+    c = capture
+    return review_frame(c.time, c.uid, c.namespace, c.labels, c.annotations, c.endpoints, c.failure_policy,
+                        c.mode, c.request_body, c.answer_body, c.result, c.reason)
+
+
+def _strings(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise FrameError("capture frame: not a map of strings")
+    return value
 
 
 def decode_capture(body: bytes) -> Capture:
@@ -119,14 +143,20 @@ def decode_capture(body: bytes) -> Capture:
     if at + head_size + request_size + answer_size != len(body):
         raise FrameError("capture frame: lengths do not add up")
     try:
-        (time, uid, namespace, labels, annotations, endpoints, failure_policy, mode, result,
-         reason) = json.loads(body[at:at + head_size])
-    except (ValueError, TypeError) as e:
+        head = marshal.loads(body[at:at + head_size])
+    except (ValueError, EOFError, TypeError) as e:
         raise FrameError(f"capture frame: {e}") from None
+    if not isinstance(head, tuple) or len(head) != 10:
+        raise FrameError("capture frame: the head is not ten fields")
+    time, uid, namespace, labels, annotations, endpoints, failure_policy, mode, result, reason = head
+    texts = (uid, namespace, failure_policy, mode, result, reason)
+    if not isinstance(time, float) or not all(isinstance(t, str) for t in texts) or not isinstance(
+            endpoints, tuple) or not all(isinstance(e, str) for e in endpoints):
+        raise FrameError("capture frame: a field of the wrong type")
     at += head_size
     request = body[at:at + request_size]
     answer = body[at + request_size:]
-    return Capture(time, uid, namespace, labels, annotations, tuple(endpoints), failure_policy, mode,
+    return Capture(time, uid, namespace, _strings(labels), _strings(annotations), endpoints, failure_policy, mode,
                    request, answer, result, reason)
 
 

@@ -13,9 +13,9 @@ switch interval), which cost the live answers' tail latency.  Here it
 runs at a lower priority (L{NICE}) than amp, so that on a shared core
 the kernel runs amp first.
 
-Having read all there was, it lets frames gather for L{GATHER} seconds
-before it reads again (in a pipe made L{PIPE_SIZE} large where the kernel
-allows): woken for each review at low rates, it spent about three times
+amp writes the frames of the reviews of a few milliseconds together, to
+a pipe the writer asks to be L{PIPE_SIZE} large where the kernel allows:
+woken for each review at low rates, the writer spent about three times
 the CPU per review it spends on a batch.  Reports are short lines, at
 once when the disk's state changes or a quarter of amp's bound on what
 waits for the writer is done, else at most every L{REPORT_INTERVAL} (amp
@@ -47,7 +47,7 @@ from amp.record._pipe import (
     report_line)
 from amp.record._redact import KeptAnnotations, Redactor
 
-__all__ = ["GATHER", "NICE", "PIPE_SIZE", "REPORT_INTERVAL", "WriterLoop", "main"]
+__all__ = ["NICE", "PIPE_SIZE", "REPORT_INTERVAL", "WriterLoop", "main"]
 
 #: Seconds a report may wait for more work to join it.
 REPORT_INTERVAL = 0.05
@@ -57,9 +57,6 @@ NICE = 10
 
 #: The most bytes read from the pipe at a time.
 READ_SIZE = 1024 * 1024
-
-#: Seconds frames gather in the pipe after the writer has read all there was.
-GATHER = 0.01
 
 #: The size asked for the pipe amp writes to (Linux's limit for a process
 #: without privileges, by default).
@@ -202,8 +199,6 @@ def main() -> int:
         if not data:
             break
         _send(loop.feed(data))
-        if len(data) < READ_SIZE:
-            time.sleep(GATHER)
     _send(loop.finish())
     return 0
 
