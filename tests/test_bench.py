@@ -61,7 +61,7 @@ def test_every_mode_and_body_is_measured(quick_run: tuple[dict, Path]) -> None:
     assert result["namespace_source"] == "kubeconfig"
     measured = {(row["mode"], row["body"]) for row in result["table"]}
     assert measured == {(m, b) for m in MODES for b in BODIES}
-    assert {(p["mode"], p["connections"]) for p in result["curve"]} == {(m, c) for m in "agb" for c in (1, 4)}
+    assert {(p["mode"], p["connections"]) for p in result["curve"]} == {(m, c) for m in "afgb" for c in (1, 4)}
 
 
 def test_figures_are_sane(quick_run: tuple[dict, Path]) -> None:
