@@ -130,10 +130,14 @@ class Metrics:
             "amp_config_info", "1 for the hash of the configuration in force.", ["hash"], registry=r)
         self.recorded_reviews = Counter(
             "amp_recorded_reviews", "Reviews offered for recording (record section), by result: written, "
-            "dropped (the writer's queue was full) or failed (the disk refused, or too large).",
+            "dropped (what waits for the writer process was full) or failed (the disk refused, too large, or the "
+            "writer ended before writing it).",
             ["result"], registry=r)
         for result in RECORD_RESULTS:
             self.recorded_reviews.labels(result=result)
+        self.record_writer_restarts = Counter(
+            "amp_record_writer_restarts", "Times the recording's writer process ended without being asked and "
+            "was started again.", registry=r)
         self.canary_reviews = Counter(
             "amp_canary_reviews", "Reviews whose candidate endpoint (amp.txn2.com/canary) was compared with the "
             "live one, by namespace and result: same, differs, failed, skipped.", ["namespace", "result"],

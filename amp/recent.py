@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 from collections import deque
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
 from typing import Any, Iterable, Optional
 
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from amp.hints import did_you_mean
+from amp.timestamps import rfc3339
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +70,6 @@ class Decision:
         else:
             out["canary_paths"] = list(self.canary_paths)
         return out
-
-
-def rfc3339(seconds: float) -> str:
-    """
-    C{seconds} since the epoch as an RFC 3339 UTC timestamp with
-    milliseconds, e.g. C{2026-11-23T00:41:29.123Z}.
-    """
-    moment = datetime.fromtimestamp(seconds, tz=timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 #: The most characters kept of a decision's uid, namespace, Pod name,

@@ -50,7 +50,7 @@ from amp.hints import NEAR_MISS_PROBLEM
 from amp.namespaces import INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.reasons import NamespaceSource
 from amp.recent import RecentDecisions, RecentDecisionsResource
-from amp.record import Recorder
+from amp.record import KeptAnnotations, Recorder
 from amp.reload import ConfigFile, ConfigReloadService, InThread, SighupService, in_thread_pool
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.web import AdmissionResource, not_found, webhook_routes
@@ -157,12 +157,12 @@ def namespace_source(
                                      on_first_list=on_first_list)
 
 
-def _amp_annotation(config: Config) -> Callable[[str], bool]:
+def _amp_annotation(config: Config) -> KeptAnnotations:
     """Annotation keys that are amp's own (recording's redaction keeps their values)."""
     kube = config.kubernetes
     own = {*kube.endpoint_annotations, kube.validation_annotation, kube.failure_policy_annotation,
            kube.mode_annotation}
-    return lambda key: key.startswith("amp.txn2.com/") or key in own
+    return KeptAnnotations(("amp.txn2.com/",), frozenset(own))
 
 
 def freeze_startup_objects() -> None:

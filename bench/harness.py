@@ -76,6 +76,37 @@ def cpu_seconds(pid: int) -> float:
     return sum(cpu_split(pid))
 
 
+def child_pids(pid: int) -> list[int]:
+    """The live child processes of C{pid} (from C{/proc/<pid>/task/*/children})."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(c) for c in f.read().split())
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def cpu_seconds_with_children(pid: int) -> float:
+    """
+    L{cpu_seconds} of C{pid} and of its live child processes (amp's
+    recording writer runs in one), each read now: compare two readings
+    only while the same children live.
+    """
+    total = cpu_seconds(pid)
+    for child in child_pids(pid):
+        try:
+            total += cpu_seconds(child)
+        except FileNotFoundError:
+            continue
+    return total
+
+
 def busy_seconds() -> float:
     """
     CPU time spent by the whole machine outside idle and iowait, in seconds.

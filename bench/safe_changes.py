@@ -10,9 +10,10 @@ interleaved so that the machine's noise falls on all three alike:
   record   C{record.enabled} for every namespace at sample 1 (every review
            written to the recording files).
 
-Each row: wrk with C{-c16} (throughput and amp's CPU per review) and with
-C{-c1} (p99 of the live answer at low load), typical body.  Reported as
-ratios to C{plain} measured in the same round; nothing is asserted.  With
+Each row: wrk with C{-c16} (throughput and amp's CPU per review, that of
+its recording writer process included) and with C{-c1} (p99 of the live
+answer at low load), typical body.  Reported as ratios to C{plain}
+measured in the same round; nothing is asserted.  With
 C{--quick} it only proves the harness: the canary compared reviews and the
 recording holds lines (the test suite runs that).
 
@@ -30,7 +31,7 @@ import tempfile
 from typing import Any, Optional
 
 from bench import bodies
-from bench.harness import ON, OFF, Amp, Proc, cpu_seconds, machine, run_wrk, say
+from bench.harness import ON, OFF, Amp, Proc, cpu_seconds_with_children, machine, run_wrk, say
 from tests.prometheus import Scrape
 from tests.waiting import poll_until
 
@@ -50,9 +51,9 @@ def _overlay(variant: str, endpoint: str, candidate: str, workdir: str) -> Optio
 
 
 def measure(amp: Amp, body: str, connections: int, duration: float) -> dict[str, Any]:
-    before = cpu_seconds(amp.pid)
+    before = cpu_seconds_with_children(amp.pid)
     summary = run_wrk(amp.url, body, connections=connections, duration=duration, cpus=None)
-    cpu = cpu_seconds(amp.pid) - before
+    cpu = cpu_seconds_with_children(amp.pid) - before
     requests = max(summary["requests"], 1)
     return {"rps": summary["requests"] / duration, "cpu_ms": 1000 * cpu / requests,
             "p99_ms": summary["latency_us"]["p99"] / 1000, "errors": sum(summary["errors"].values())}
@@ -102,7 +103,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             sent = {v: sum(round(r["rps"] * duration) for r in rows if r["variant"] == v) for v in VARIANTS}
 
             def settled(variant: str, name: str) -> Optional[dict[str, float]]:
-                # The canary's comparisons and the recorder's thread finish
+                # The canary's comparisons and the recording's writer finish
                 # after the answers: wait until they account for most reviews.
                 counts = Scrape.get(amps[variant].metrics_port).by(name, "result")
                 return counts if sum(counts.values()) >= 0.9 * sent[variant] else None

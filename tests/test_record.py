@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import stat
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from twisted.logger import LogLevel, globalLogPublisher
@@ -20,8 +19,8 @@ from amp.metrics import Metrics
 from amp.record import (
     MARKER_PREFIX, MISSING, Capture, RecordFiles, Recorder, RecordingError, Redactor, decode_line, encode_line,
     pod_differences, recording_files)
-from amp.record._recorder import _Writer
 from tests.helpers import make_config, pod, review_bytes
+from tests.recordhelpers import InlineWriters
 
 
 def sample(text: bytes, name: str, **labels: str) -> float:
@@ -221,32 +220,10 @@ def test_a_line_larger_than_a_file_is_refused(tmp_path: Any) -> None:
 # ---------------------------------------------------------------- the recorder
 
 
-class ThreadReactor:
-    """C{callFromThread} into a queue the test runs on its own thread."""
-
-    def __init__(self) -> None:
-        self.calls: "queue.Queue[tuple[Callable, tuple]]" = queue.Queue()
-
-    def callFromThread(self, f: Callable, *args: Any) -> None:
-        self.calls.put((f, args))
-
-    def run_calls(self) -> None:
-        while True:
-            try:
-                f, args = self.calls.get_nowait()
-            except queue.Empty:
-                return
-            f(*args)
-
-
-def finish(recorder: Recorder, reactor: ThreadReactor) -> None:
-    """Stop the recorder's writer, wait for its thread, run what it reported."""
-    writer = recorder._writer
+def finish(recorder: Recorder, reactor: InlineWriters) -> None:
+    """Stop the recorder's writer, let it write what it was sent and end, count what it reported."""
     stopped = recorder.stopService()
-    if writer is not None:
-        writer._thread.join(30)
-        assert not writer._thread.is_alive()
-    reactor.run_calls()
+    reactor.run()
     assert stopped.called
 
 
@@ -270,7 +247,7 @@ def lines(tmp_path: Any) -> list[bytes]:
 
 def test_chosen_namespaces_are_recorded(tmp_path: Any) -> None:
     for chosen, expected in [(("*",), {"a", "b", "c"}), (("b",), {"b"}), (("annotated",), {"c"})]:
-        reactor, metrics = ThreadReactor(), Metrics()
+        reactor, metrics = InlineWriters(), Metrics()
         recorder = Recorder(settings(tmp_path / "-".join(chosen).replace("*", "all"), namespaces=chosen),
                             reactor, metrics)
         recorder.startService()
@@ -286,7 +263,7 @@ def test_chosen_namespaces_are_recorded(tmp_path: Any) -> None:
 
 def test_sampling_records_a_share(tmp_path: Any) -> None:
     draws = iter([0.1, 0.6, 0.3, 0.9])
-    reactor, metrics = ThreadReactor(), Metrics()
+    reactor, metrics = InlineWriters(), Metrics()
     recorder = Recorder(settings(tmp_path, sample=0.5), reactor, metrics, draw=lambda: next(draws))
     recorder.startService()
     for _ in range(4):
@@ -295,17 +272,14 @@ def test_sampling_records_a_share(tmp_path: Any) -> None:
     assert len(lines(tmp_path)) == 2
 
 
-def test_a_full_queue_drops_and_counts_without_waiting(tmp_path: Any, monkeypatch: Any) -> None:
-    reactor, metrics = ThreadReactor(), Metrics()
+def test_a_full_queue_drops_and_counts_without_waiting(tmp_path: Any) -> None:
+    reactor, metrics = InlineWriters(), Metrics()
     recorder = Recorder(settings(tmp_path, queue=2), reactor, metrics)
-    # The writer thread is held back (a stalled disk) while 50 reviews come.
-    monkeypatch.setattr(_Writer, "start", lambda self: None)
+    # The writer does not read (a stalled disk) while 50 reviews come.
     recorder.startService()
     for _ in range(50):
         offer(recorder)
     assert recorder._writer is not None
-    monkeypatch.undo()
-    recorder._writer.start()
     finish(recorder, reactor)
     text = metrics.render()
     assert sample(text, "amp_recorded_reviews_total", result="written") == 2 == len(lines(tmp_path))
@@ -318,7 +292,7 @@ def test_an_unwritable_directory_is_counted_and_logged_once(tmp_path: Any) -> No
     events: list[dict] = []
     globalLogPublisher.addObserver(events.append)
     try:
-        reactor, metrics = ThreadReactor(), Metrics()
+        reactor, metrics = InlineWriters(), Metrics()
         recorder = Recorder(replace(settings(tmp_path), directory=str(blocker / "rec")), reactor, metrics)
         recorder.startService()
         for _ in range(5):
@@ -332,7 +306,7 @@ def test_an_unwritable_directory_is_counted_and_logged_once(tmp_path: Any) -> No
 
 
 def test_reload_turns_recording_on_and_off(tmp_path: Any) -> None:
-    reactor, metrics = ThreadReactor(), Metrics()
+    reactor, metrics = InlineWriters(), Metrics()
     recorder = Recorder(replace(settings(tmp_path), enabled=False), reactor, metrics)
     recorder.startService()
     offer(recorder)
@@ -342,8 +316,7 @@ def test_reload_turns_recording_on_and_off(tmp_path: Any) -> None:
     writer = recorder._writer
     assert writer is not None
     stopped = recorder.apply(replace(settings(tmp_path), enabled=False))
-    writer._thread.join(30)
-    reactor.run_calls()
+    reactor.run()
     assert stopped.called and recorder._writer is None
     offer(recorder)
     finish(recorder, reactor)
@@ -437,7 +410,7 @@ def test_an_existing_directory_of_amps_own_is_made_private(tmp_path: Any) -> Non
 
 
 def test_a_review_the_writer_cannot_encode_is_counted_and_the_writer_goes_on(tmp_path: Any) -> None:
-    reactor, metrics = ThreadReactor(), Metrics()
+    reactor, metrics = InlineWriters(), Metrics()
     recorder = Recorder(settings(tmp_path, redact=True), reactor, metrics)
     recorder.startService()
     c = _capture()
@@ -450,22 +423,89 @@ def test_a_review_the_writer_cannot_encode_is_counted_and_the_writer_goes_on(tmp
     assert sample(text, "amp_recorded_reviews_total", result="written") == 1 == len(lines(tmp_path))
 
 
-def test_the_queue_holds_a_bounded_number_of_bytes(tmp_path: Any, monkeypatch: Any) -> None:
-    reactor, metrics = ThreadReactor(), Metrics()
+def test_the_queue_holds_a_bounded_number_of_bytes(tmp_path: Any) -> None:
+    reactor, metrics = InlineWriters(), Metrics()
     file_size = 2 * 1024 * 1024
     recorder = Recorder(settings(tmp_path, queue=1000, file_size=file_size), reactor, metrics)
-    monkeypatch.setattr(_Writer, "start", lambda self: None)  # a stalled disk
-    recorder.startService()
+    recorder.startService()  # the writer does not read until finish(): a stalled disk
     big = review_bytes(pod("big", annotations={"note": "x" * (512 * 1024)}))
     c = _capture()
     for i in range(40):
         recorder.offer(c.time, f"u{i}", "team-a", {}, {}, c.endpoints, c.failure_policy, c.mode, big,
                        c.answer_body, c.result, c.reason)
     held = 4 * file_size // (len(big) + len(c.answer_body))
-    assert recorder._writer is not None and recorder._writer.queue.qsize() == held
-    monkeypatch.undo()
-    recorder._writer.start()
+    assert recorder._writer is not None and recorder._writer.reviews == held
     finish(recorder, reactor)
     text = metrics.render()
     assert sample(text, "amp_recorded_reviews_total", result="written") == held == len(lines(tmp_path))
     assert sample(text, "amp_recorded_reviews_total", result="dropped") == 40 - held
+
+
+def test_a_writer_that_ends_unasked_is_started_again_later_and_later(tmp_path: Any) -> None:
+    from twisted.internet.error import ProcessTerminated
+    from twisted.python.failure import Failure
+
+    from amp.record._recorder import FLUSH_DELAY, RESTART_DELAY, RESTART_DELAY_MAX
+
+    reactor, metrics = InlineWriters(), Metrics()
+    recorder = Recorder(settings(tmp_path), reactor, metrics)
+    recorder.startService()
+    delays = []
+    for n in range(8):
+        offer(recorder)  # sent to the writer that is about to end: lost, counted as failed
+        reactor.advance(FLUSH_DELAY)
+        reactor.writers[-1].end(Failure(ProcessTerminated(exitCode=1)))
+        offer(recorder)  # held for the next writer
+        assert len(reactor.writers) == n + 1
+        delays.append(reactor.getDelayedCalls()[0].getTime() - reactor.seconds())
+        reactor.advance(delays[-1])
+        assert len(reactor.writers) == n + 2
+    assert delays == pytest.approx([min(RESTART_DELAY * 2 ** n, RESTART_DELAY_MAX) for n in range(8)])
+    # One that has run as long as the longest delay is started again soon once more.
+    reactor.advance(RESTART_DELAY_MAX)
+    reactor.writers[-1].end(Failure(ProcessTerminated(exitCode=1)))
+    assert reactor.getDelayedCalls()[0].getTime() - reactor.seconds() == RESTART_DELAY
+    finish(recorder, reactor)
+    text = metrics.render()
+    assert sample(text, "amp_record_writer_restarts_total") == 9
+    # Every writer ended holding what it had been sent: the review offered to it and the one held for it.
+    assert sample(text, "amp_recorded_reviews_total", result="failed") == 16
+    assert sample(text, "amp_recorded_reviews_total", result="written") == 0
+    assert lines(tmp_path) == []
+
+
+def test_a_reload_that_changes_the_directory_lets_the_old_writer_finish_there(tmp_path: Any) -> None:
+    reactor, metrics = InlineWriters(), Metrics()
+    recorder = Recorder(settings(tmp_path), reactor, metrics)
+    recorder.startService()
+    offer(recorder, "old")
+    stopped = recorder.apply(replace(settings(tmp_path), directory=str(tmp_path / "elsewhere")))
+    offer(recorder, "new")
+    assert not stopped.called and len(reactor.writers) == 2
+    reactor.run()
+    assert stopped.called
+    finish(recorder, reactor)
+    assert [json.loads(line)["namespace"]["name"] for line in lines(tmp_path)] == ["old"]
+    with open(recording_files(str(tmp_path / "elsewhere"))[0], "rb") as f:
+        assert [json.loads(line)["namespace"]["name"] for line in f] == ["new"]
+    assert sample(metrics.render(), "amp_recorded_reviews_total", result="written") == 2
+
+
+def test_the_reviews_of_a_few_milliseconds_reach_the_writer_in_one_write(tmp_path: Any) -> None:
+    from amp.record._recorder import FLUSH_DELAY
+
+    reactor, metrics = InlineWriters(), Metrics()
+    recorder = Recorder(settings(tmp_path), reactor, metrics)
+    recorder.startService()
+    [writer] = reactor.writers
+    assert writer.writes == 1  # the settings
+    for _ in range(5):
+        offer(recorder)
+        reactor.advance(FLUSH_DELAY / 10)
+    assert writer.writes == 1
+    reactor.advance(FLUSH_DELAY)
+    assert writer.writes == 2
+    offer(recorder)
+    finish(recorder, reactor)  # stopping writes what waits at once
+    assert writer.writes == 3
+    assert sample(metrics.render(), "amp_recorded_reviews_total", result="written") == 6 == len(lines(tmp_path))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import queue
 import shutil
 import signal
 import tempfile
@@ -43,6 +42,7 @@ from tests.prometheus import Scrape
 from tests.helpers import decode_answer, namespace, parse_raw_response, raw_config, review_bytes
 from tests.test_channel import Connection, HeldSource, ListeningAtOnce, Transport, post_head
 from tests.ports import free_port
+from tests.recordhelpers import InlineWriters
 from tests.test_shutdown import Amp, HeldEndpoint
 from tests.waiting import poll_until
 
@@ -62,23 +62,6 @@ class _FromThread:
 
     def callFromThread(self, f: Callable[..., Any], *args: Any) -> None:
         self.calls.append((f, args))
-
-
-class _ThreadedClock:
-    """C{callFromThread} added to a running L{MemoryReactorClock}: calls queued, run by the test."""
-
-    @staticmethod
-    def adopt(clock: MemoryReactorClock) -> MemoryReactorClock:
-        calls: "queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]]" = queue.SimpleQueue()
-
-        def run_calls() -> None:
-            while not calls.empty():
-                f, args = calls.get()
-                f(*args)
-
-        clock.callFromThread = lambda f, *args: calls.put((f, args))  # type: ignore[attr-defined]
-        clock.run_calls = run_calls  # type: ignore[attr-defined]
-        return clock
 
 
 class ConfigMapVolume:
@@ -461,7 +444,7 @@ class ApplyTests(SynchronousTestCase):
 
     def test_recording_is_turned_on_and_off_by_a_reload(self) -> None:
         service = self.start()
-        _ThreadedClock.adopt(self.clock)
+        InlineWriters.adopt(self.clock)
         directory = self.dir / "recordings"
         self.assertEqual(self.answer(self.review(service, "off-1"))["uid"], "off-1")
         self.change(service, self.yaml(record={"enabled": True, "directory": str(directory)}))
@@ -471,8 +454,7 @@ class ApplyTests(SynchronousTestCase):
         self.change(service, self.yaml(record={"enabled": False, "directory": str(directory)}))
         self.assertIsNone(service.recorder._writer)
         self.assertEqual(self.answer(self.review(service, "off-2"))["uid"], "off-2")
-        writer._thread.join(30)
-        self.clock.run_calls()
+        self.clock.run_writers()  # type: ignore[attr-defined]
         uids = []
         for name in recording_files(str(directory)):
             with open(name, "rb") as f:

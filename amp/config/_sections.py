@@ -363,8 +363,8 @@ class RecordConfig:
         "A file is rotated before it grows past this; at most `record.max_size`. A review larger than this is not "
         "recorded (counted as `failed`)."))
     queue: int = declare(POSITIVE_INT, 1024, doc=(
-        "Reviews waiting for the writer thread at most (and at most four `record.file_size`s of their bytes); more "
-        "are counted as `dropped`, never waited for."))
+        "Reviews waiting for the writer process at most (and at most four `record.file_size`s of their bytes); "
+        "more are counted as `dropped`, never waited for."))
     redact: bool = declare(BOOL, False, doc=(
         "Replace env var values and annotation values (but amp's own) by stable markers `amp-redacted:<hmac>`: the "
         "same value gives the same marker in the review and in the patch."))

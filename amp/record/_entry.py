@@ -1,6 +1,6 @@
 """
 One recorded review as one JSON line: what the recorder captures on the
-reactor thread, how the writer thread turns it into a line, and how replay
+reactor thread, how the writer process turns it into a line, and how replay
 reads a line back (pure).
 
 A line (format 1)::
@@ -18,9 +18,10 @@ A line (format 1)::
 The route names endpoints as every output of amp does (origin and path,
 L{amp.urls}); the namespace's annotations are kept as amp saw them, since
 replay routes the review from them again (the recording is sensitive: see
-docs/endpoints.md).  Capturing costs the reactor nothing but a tuple: the
-review's and the answer's bytes are decoded, redacted and encoded in the
-writer's thread.
+docs/endpoints.md).  Capturing costs the reactor a tuple and a frame (the
+small fields as JSON; the bodies are passed on as they are): the review's
+and the answer's bytes are decoded, redacted and encoded in the writer
+process (L{amp.record._writer}).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from amp.files import FileError, parse_json
-from amp.recent import rfc3339
 from amp.record._redact import Redactor
 from amp.rules import STATUS_ANNOTATION
+from amp.timestamps import rfc3339
 
 __all__ = ["Capture", "RecordedReview", "RecordingError", "FORMAT", "encode_line", "decode_line",
            "stamp_of"]
@@ -157,14 +158,13 @@ def _answer(answer_body: bytes) -> dict[str, Any]:
 
 def encode_line(capture: Capture, redactor: Optional[Redactor] = None) -> bytes:
     """
-    The line for C{capture}, newline included (in the writer's thread).
+    The line for C{capture}, newline included (in the writer process).
     Raises C{ValueError} when either body is not the JSON amp handled.
 
     Without redaction, a review sent on one line (as the API server sends
     it: compact JSON, which amp's parser accepted) is written as its own
-    bytes, not decoded and encoded again: the writer's thread shares the
-    process's one interpreter lock with the reactor, and re-encoding a
-    review cost the live answers' tail latency.
+    bytes, not decoded and encoded again: the writer's CPU comes from the
+    same cores as amp's.
     """
     raw = capture.request_body
     answer = _answer(capture.answer_body)

@@ -14,8 +14,9 @@ of the value under a key of the recorder's: the same value gives the same
 marker everywhere in one recording (in the request and in the patch the
 endpoint answered with), so a replayed endpoint that copies a value sees
 the marker and its answer compares equal to the recorded one, while the
-marker does not reveal the value.  The key is random per process and never
-written down.
+marker does not reveal the value.  The key is random per amp process
+(the recorder's, handed to each of its writer processes over their pipe)
+and never written down.
 """
 
 from __future__ import annotations
@@ -23,14 +24,30 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-__all__ = ["Redactor", "MARKER_PREFIX", "is_marker"]
+__all__ = ["KeptAnnotations", "Redactor", "MARKER_PREFIX", "is_marker"]
 
 #: What every redacted value starts with.
 MARKER_PREFIX = "amp-redacted:"
 
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+
+
+@dataclass(frozen=True)
+class KeptAnnotations:
+    """
+    The annotation keys whose values redaction keeps (amp's own): those
+    starting with one of C{prefixes}, and C{names}.  Data, not a function,
+    so that it reaches the writer process.
+    """
+
+    prefixes: tuple[str, ...] = ("amp.txn2.com/",)
+    names: frozenset[str] = frozenset()
+
+    def __call__(self, key: str) -> bool:
+        return key.startswith(self.prefixes) or key in self.names
 
 
 def is_marker(value: Any) -> bool:
