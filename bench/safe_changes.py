@@ -12,6 +12,13 @@ interleaved so that the machine's noise falls on all four alike:
   record   C{record.enabled} for every namespace at sample 1 (every review
            written to the recording files).
 
+amp's own process is pinned; its child processes (the recording's writer)
+are not: in a Pod a CPU limit is time, not a core, and the writer, in the
+idle scheduling class, takes whatever core has time nothing else wants.
+With C{--writer-with-amp} they are pinned with amp: at one connection the
+writer then finds almost no spare time on amp's core, and most reviews
+are dropped.
+
 Each row: wrk with C{-c16} (throughput and amp's CPU per review, that of
 its recording writer process included) and with C{-c1} (p99 of the live
 answer at low load), typical body.  Reported as ratios to C{plain}
@@ -19,7 +26,7 @@ measured in the same round; nothing is asserted.  With
 C{--quick} it only proves the harness: the canary compared reviews and the
 recording holds lines (the test suite runs that).
 
-Usage: C{python -m bench.safe_changes [--rounds 3] [--duration 8] [--quick] [--out DIR]}
+Usage: C{python -m bench.safe_changes [--rounds 3] [--duration 8] [--quick] [--out DIR] [--writer-with-amp]}
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import tempfile
 from typing import Any, Optional
 
 from bench import bodies
-from bench.harness import ON, OFF, Amp, Proc, cpu_seconds_with_children, machine, run_wrk, say
+from bench.harness import ON, OFF, Amp, Proc, child_pids, cpu_seconds_with_children, machine, run_wrk, say
 from tests.prometheus import Scrape
 from tests.waiting import poll_until
 
@@ -67,6 +74,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=None, help="write safe-changes.json there")
+    p.add_argument("--writer-with-amp", action="store_true",
+                   help="leave amp's child processes (the recording's writer) on amp's CPU")
     args = p.parse_args(argv)
     rounds, duration = (1, 1.0) if args.quick else (args.rounds, args.duration)
     cpus = sorted(os.sched_getaffinity(0))
@@ -92,6 +101,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 amps[variant] = amp
             for amp in amps.values():
                 amp.wait_ready()
+                for child in ([] if args.writer_with_amp else child_pids(amp.pid)):  # see the module docstring
+                    os.sched_setaffinity(child, cpus)
                 amp.review(files["typical-on"])  # warm up: TLS, pools
             rows: list[dict[str, Any]] = []
             for r in range(rounds):

@@ -231,3 +231,23 @@ def test_every_name_of_the_record_package_is_there_when_asked_for() -> None:
         assert getattr(amp.record, name) is not None
     with pytest.raises(AttributeError):
         amp.record.nothing_of_the_kind  # noqa: B018
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle scheduling class")
+def test_the_writer_takes_only_cpu_time_nothing_else_wants(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    proc = subprocess.Popen(writer_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdin is not None
+        settings = WriterSettings(directory=str(tmp_path / "rec"), file_size=64 * 1024, max_size=1024 * 1024,
+                                  queue=1, queue_bytes=1024, redact=False, key=b"k" * 32, keep_prefixes=(), keep_names=())
+        proc.stdin.write(settings_frame(settings) + b"".join(capture_frame(_capture())))
+        proc.stdin.flush()
+        _read_line(proc)  # it is past its start
+        assert os.sched_getscheduler(proc.pid) == os.SCHED_IDLE
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
