@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """
-What the safe-change tools cost the live path: amp measured three ways in
+What the safe-change tools cost the live path: amp measured four ways in
 one run, each its own C{twistd amp} process pinned to the same CPU, rounds
-interleaved so that the machine's noise falls on all three alike:
+interleaved so that the machine's noise falls on all four alike:
 
   plain    the benchmark's namespace, nothing else;
+  control  a second amp exactly like C{plain}: how far two identical amps
+           differ in one run is the noise the others are judged against;
   canary   the same namespace with C{amp.txn2.com/canary} naming a second
            endpoint at 100% (every review also goes to the candidate);
   record   C{record.enabled} for every namespace at sample 1 (every review
@@ -42,7 +44,7 @@ from bench.harness import ON, OFF, Amp, Proc, child_pids, cpu_seconds_with_child
 from tests.prometheus import Scrape
 from tests.waiting import poll_until
 
-VARIANTS = ("plain", "canary", "record")
+VARIANTS = ("plain", "control", "canary", "record")
 
 
 def _overlay(variant: str, endpoint: str, candidate: str, workdir: str) -> Optional[dict[str, Any]]:
@@ -148,7 +150,14 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "rps_c16": statistics.median(r["rps"] for r in mine if r["connections"] == 16),
             "p99_ms_c1": statistics.median(r["p99_ms"] for r in mine if r["connections"] == 1),
             "p99_ms_c16": statistics.median(r["p99_ms"] for r in mine if r["connections"] == 16),
+            "p99_ms_c1_rounds": [r["p99_ms"] for r in mine if r["connections"] == 1],
         }
+    # The noise band: every round of the two identical amps at c=1.
+    same = [r["p99_ms"] for r in rows if r["variant"] in ("plain", "control") and r["connections"] == 1]
+    band = (min(same), max(same)) if same else (0.0, 0.0)
+    for variant in VARIANTS:
+        out[variant]["p99_c1_within_noise"] = band[0] <= out[variant]["p99_ms_c1"] <= band[1]
+    out["noise_band_p99_ms_c1"] = list(band)
     base = out["plain"]
     for variant in VARIANTS:
         for key in ("cpu_ms_c16", "p99_ms_c1", "p99_ms_c16"):
@@ -158,13 +167,18 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any]) -> str:
     s = result["summary"]
-    lines = ["| variant | CPU ms/review (c=16) | ÷ plain | reviews/s (c=16) | p99 ms (c=1) | ÷ plain | p99 ms (c=16) | ÷ plain |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| variant | CPU ms/review (c=16) | ÷ plain | reviews/s (c=16) | p99 ms (c=1), median | ÷ plain "
+             "| p99 ms (c=1), rounds | within noise | p99 ms (c=16) | ÷ plain |",
+             "|---|---:|---:|---:|---:|---:|---|---|---:|---:|"]
     for v in VARIANTS:
         x = s[v]
+        rounds = " / ".join(f"{p:.2f}" for p in x["p99_ms_c1_rounds"])
         lines.append(f"| {v} | {x['cpu_ms_c16']:.3f} | {x['cpu_c16_ratio']:.2f} | {x['rps_c16']:.0f} | "
-                     f"{x['p99_ms_c1']:.2f} | {x['p99_c1_ratio']:.2f} | {x['p99_ms_c16']:.2f} | {x['p99_c16_ratio']:.2f} |")
+                     f"{x['p99_ms_c1']:.2f} | {x['p99_c1_ratio']:.2f} | {rounds} | "
+                     f"{'yes' if x['p99_c1_within_noise'] else 'no'} | {x['p99_ms_c16']:.2f} | {x['p99_c16_ratio']:.2f} |")
+    low, high = s["noise_band_p99_ms_c1"]
     lines.append("")
+    lines.append(f"noise band of p99 at c=1 (every round of plain and control): {low:.2f}–{high:.2f} ms")
     lines.append(f"canary comparisons: {result['canary']}; recorded: {result['recorded']} "
                  f"in {result['recording_files']} file(s)")
     return "\n".join(lines)

@@ -19,6 +19,7 @@ from twisted.internet.error import ProcessDone, ProcessExitedAlready, ProcessTer
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
+from amp.record import recording_files
 from amp.record._writer import WriterLoop
 
 _PIDS = itertools.count(70000)
@@ -115,3 +116,12 @@ def spawn_inline(writers: list[InlineWriter], protocol: Any, args: Any, childFDs
 def run_all(writers: list[InlineWriter]) -> None:
     for writer in list(writers):
         writer.run()
+
+
+def recorded_lines(tmp_path: Any) -> list[bytes]:
+    """Every line of the recording files under C{tmp_path/rec}, oldest file first."""
+    out = []
+    for name in recording_files(str(tmp_path / "rec")):
+        with open(name, "rb") as f:
+            out.extend(f.read().splitlines())
+    return out

@@ -114,7 +114,7 @@ def test_markdown_table_is_written(quick_run: tuple[dict, Path]) -> None:
 
 
 def test_the_safe_changes_bench_runs_the_canary_and_the_recorder(tmp_path: Path) -> None:
-    """C{bench.safe_changes --quick}: three amps measured; the canary compared
+    """C{bench.safe_changes --quick}: four amps measured (a control beside plain for the noise); the canary compared
     reviews and the recorder wrote them (figures are only reported)."""
     require_wrk("bench.safe_changes")
     done = subprocess.run([sys.executable, "-m", "bench.safe_changes", "--quick", "--out", str(tmp_path)],
@@ -122,7 +122,7 @@ def test_the_safe_changes_bench_runs_the_canary_and_the_recorder(tmp_path: Path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "safe-changes.json").read_text())
     assert {(r["variant"], r["connections"]) for r in result["rows"]} == {
-        (v, c) for v in ("plain", "canary", "record") for c in (1, 16)}
+        (v, c) for v in ("plain", "control", "canary", "record") for c in (1, 16)}
     assert all(r["errors"] == 0 and r["cpu_ms"] > 0 for r in result["rows"])
     # The candidate is the same endpoint: it never differs (under load a
     # review may time out, which the canary counts as skipped or failed).

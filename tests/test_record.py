@@ -20,7 +20,7 @@ from amp.record import (
     MARKER_PREFIX, MISSING, Capture, RecordFiles, Recorder, RecordingError, Redactor, decode_line, encode_line,
     pod_differences, recording_files)
 from tests.helpers import make_config, pod, review_bytes
-from tests.recordhelpers import InlineWriters
+from tests.recordhelpers import InlineWriters, recorded_lines
 
 
 def sample(text: bytes, name: str, **labels: str) -> float:
@@ -237,14 +237,6 @@ def settings(tmp_path: Any, **kw: Any) -> RecordConfig:
     return replace(make_config(record={"enabled": True, "directory": str(tmp_path / "rec")}).record, **kw)
 
 
-def lines(tmp_path: Any) -> list[bytes]:
-    out = []
-    for name in recording_files(str(tmp_path / "rec")):
-        with open(name, "rb") as f:
-            out.extend(f.read().splitlines())
-    return out
-
-
 def test_chosen_namespaces_are_recorded(tmp_path: Any) -> None:
     for chosen, expected in [(("*",), {"a", "b", "c"}), (("b",), {"b"}), (("annotated",), {"c"})]:
         reactor, metrics = InlineWriters(), Metrics()
@@ -256,7 +248,7 @@ def test_chosen_namespaces_are_recorded(tmp_path: Any) -> None:
         offer(recorder, "c", {"amp.txn2.com/record": "true"})
         finish(recorder, reactor)
         found = {json.loads(line)["namespace"]["name"]
-                 for line in lines(tmp_path / "-".join(chosen).replace("*", "all"))}
+                 for line in recorded_lines(tmp_path / "-".join(chosen).replace("*", "all"))}
         assert found == expected
         assert sample(metrics.render(), "amp_recorded_reviews_total", result="written") == len(expected)
 
@@ -269,7 +261,7 @@ def test_sampling_records_a_share(tmp_path: Any) -> None:
     for _ in range(4):
         offer(recorder)
     finish(recorder, reactor)
-    assert len(lines(tmp_path)) == 2
+    assert len(recorded_lines(tmp_path)) == 2
 
 
 def test_a_full_queue_drops_and_counts_without_waiting(tmp_path: Any) -> None:
@@ -282,7 +274,7 @@ def test_a_full_queue_drops_and_counts_without_waiting(tmp_path: Any) -> None:
     assert recorder._writer is not None
     finish(recorder, reactor)
     text = metrics.render()
-    assert sample(text, "amp_recorded_reviews_total", result="written") == 2 == len(lines(tmp_path))
+    assert sample(text, "amp_recorded_reviews_total", result="written") == 2 == len(recorded_lines(tmp_path))
     assert sample(text, "amp_recorded_reviews_total", result="dropped") == 48
 
 
@@ -320,7 +312,7 @@ def test_reload_turns_recording_on_and_off(tmp_path: Any) -> None:
     assert stopped.called and recorder._writer is None
     offer(recorder)
     finish(recorder, reactor)
-    assert len(lines(tmp_path)) == 1
+    assert len(recorded_lines(tmp_path)) == 1
 
 
 def test_the_record_section_is_checked() -> None:
@@ -356,7 +348,7 @@ def test_a_write_cut_short_by_a_full_disk_leaves_no_partial_line(tmp_path: Any, 
     monkeypatch.undo()
     files.write(b'{"n":3}\n')
     files.close()
-    assert [json.loads(line) for line in lines(tmp_path)] == [{"n": 1}, {"n": 3}]
+    assert [json.loads(line) for line in recorded_lines(tmp_path)] == [{"n": 1}, {"n": 3}]
 
 
 def test_two_writers_sharing_a_directory_lose_no_line_to_the_budget(tmp_path: Any) -> None:
@@ -370,7 +362,7 @@ def test_two_writers_sharing_a_directory_lose_no_line_to_the_budget(tmp_path: An
     a.write(b'{"a":2}\n')
     a.close()
     b.close()
-    found = [json.loads(line) for line in lines(tmp_path)]
+    found = [json.loads(line) for line in recorded_lines(tmp_path)]
     assert {"a": 2} in found
     assert sum(os.path.getsize(n) for n in recording_files(str(tmp_path / "rec"))) <= 80
 
@@ -420,7 +412,7 @@ def test_a_review_the_writer_cannot_encode_is_counted_and_the_writer_goes_on(tmp
     finish(recorder, reactor)
     text = metrics.render()
     assert sample(text, "amp_recorded_reviews_total", result="failed") == 1
-    assert sample(text, "amp_recorded_reviews_total", result="written") == 1 == len(lines(tmp_path))
+    assert sample(text, "amp_recorded_reviews_total", result="written") == 1 == len(recorded_lines(tmp_path))
 
 
 def test_the_queue_holds_a_bounded_number_of_bytes(tmp_path: Any) -> None:
@@ -437,7 +429,7 @@ def test_the_queue_holds_a_bounded_number_of_bytes(tmp_path: Any) -> None:
     assert recorder._writer is not None and recorder._writer.reviews == held
     finish(recorder, reactor)
     text = metrics.render()
-    assert sample(text, "amp_recorded_reviews_total", result="written") == held == len(lines(tmp_path))
+    assert sample(text, "amp_recorded_reviews_total", result="written") == held == len(recorded_lines(tmp_path))
     assert sample(text, "amp_recorded_reviews_total", result="dropped") == 40 - held
 
 
@@ -471,7 +463,7 @@ def test_a_writer_that_ends_unasked_is_started_again_later_and_later(tmp_path: A
     # Every writer ended holding what it had been sent: the review offered to it and the one held for it.
     assert sample(text, "amp_recorded_reviews_total", result="failed") == 16
     assert sample(text, "amp_recorded_reviews_total", result="written") == 0
-    assert lines(tmp_path) == []
+    assert recorded_lines(tmp_path) == []
 
 
 def test_a_reload_that_changes_the_directory_lets_the_old_writer_finish_there(tmp_path: Any) -> None:
@@ -485,7 +477,7 @@ def test_a_reload_that_changes_the_directory_lets_the_old_writer_finish_there(tm
     reactor.run()
     assert stopped.called
     finish(recorder, reactor)
-    assert [json.loads(line)["namespace"]["name"] for line in lines(tmp_path)] == ["old"]
+    assert [json.loads(line)["namespace"]["name"] for line in recorded_lines(tmp_path)] == ["old"]
     with open(recording_files(str(tmp_path / "elsewhere"))[0], "rb") as f:
         assert [json.loads(line)["namespace"]["name"] for line in f] == ["new"]
     assert sample(metrics.render(), "amp_recorded_reviews_total", result="written") == 2
@@ -508,4 +500,4 @@ def test_the_reviews_of_a_few_milliseconds_reach_the_writer_in_one_write(tmp_pat
     offer(recorder)
     finish(recorder, reactor)  # stopping writes what waits at once
     assert writer.writes == 3
-    assert sample(metrics.render(), "amp_recorded_reviews_total", result="written") == 6 == len(lines(tmp_path))
+    assert sample(metrics.render(), "amp_recorded_reviews_total", result="written") == 6 == len(recorded_lines(tmp_path))

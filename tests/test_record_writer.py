@@ -19,6 +19,7 @@ from amp.record._pipe import (
     decode_capture, decode_report, decode_settings, problem_line, report_line, settings_frame)
 from amp.record._writer import REPORT_INTERVAL, WriterLoop
 from tests.test_record import _capture
+from tests.recordhelpers import recorded_lines
 
 
 def writer_settings(tmp_path: Any, **kw: Any) -> WriterSettings:
@@ -27,14 +28,6 @@ def writer_settings(tmp_path: Any, **kw: Any) -> WriterSettings:
                                   keep_prefixes=("amp.txn2.com/",), keep_names=("team.example/ep",))
     values.update(kw)
     return WriterSettings(**values)
-
-
-def lines(tmp_path: Any) -> list[bytes]:
-    out = []
-    for name in recording_files(str(tmp_path / "rec")):
-        with open(name, "rb") as f:
-            out.extend(f.read().splitlines())
-    return out
 
 
 class Now:
@@ -112,7 +105,7 @@ def test_the_writer_writes_private_lines_and_reports_them(tmp_path: Any) -> None
                        *(b"".join(capture_frame(c)) for c in captures))
     size = sum(len(c.request_body) + len(c.answer_body) for c in captures)
     assert reports == [Report(3, 0, size, "")]
-    assert [decode_line(line, "x").uid for line in lines(tmp_path)] == ["u0", "u1", "u2"]
+    assert [decode_line(line, "x").uid for line in recorded_lines(tmp_path)] == ["u0", "u1", "u2"]
     [name] = recording_files(str(tmp_path / "rec"))
     assert stat.S_IMODE(os.stat(name).st_mode) == 0o600
     assert decode_report(loop.finish()) == Report(0, 0, 0, "")
@@ -127,7 +120,7 @@ def test_writers_given_the_same_key_redact_to_the_same_markers(tmp_path: Any) ->
         settings = writer_settings(tmp_path / str(n), redact=True)
         feed_all(loop, settings_frame(settings), b"".join(capture_frame(capture)))
         loop.finish()
-        [line] = lines(tmp_path / str(n))
+        [line] = recorded_lines(tmp_path / str(n))
         annotations = json.loads(line)["namespace"]["annotations"]
         assert annotations["team.example/ep"] == "kept" and annotations["amp.txn2.com/ep"] == "http://e/x"
         markers.append(annotations["secret"])
