@@ -15,8 +15,11 @@ range (L{parse_review} accepts integers that fit in 64 bits and finite
 floats, as the API server's own decoder does).
 
 Decoding is done in C (msgspec): the review's fields amp reads, and
-C{request.object} kept as its raw bytes (forwarded to the endpoint as the
-API server sent them) and decoded once.  What msgspec refuses, and a body
+C{request.object} as its top-level members' raw bytes (forwarded to the
+endpoint as the API server sent them), each decoded once: all at once, or
+on the webhook's hot path only the metadata, the rest when read
+(L{amp.podjson}; most patches touch only labels and annotations).  What
+msgspec refuses, and a body
 with nineteen digits in a row (an integer that may be out of 64-bit range,
 which msgspec would read as a Python int), goes the careful way: Python's
 C{json} with the API server's limits, which also writes the 400's message.
@@ -90,8 +93,9 @@ class AdmissionRequest:
     sub_resource: str
     dry_run: bool
     object: Any
-    #: The object's JSON exactly as the API server sent it, when it could be
-    #: cut out of the body; forwarded to the endpoint as is.
+    #: The object's JSON as the API server sent it (each top-level member's
+    #: bytes as they came, joined compactly), when it was decoded in C;
+    #: forwarded to the endpoint as is.
     object_json: Optional[bytes] = None
     #: The whole AdmissionReview's bytes as the API server sent them (a
     #: reference, not a copy), for recording (L{amp.record}).
@@ -260,7 +264,8 @@ class _FastRequest(msgspec.Struct):
     name: Any = None
     subResource: Any = None
     dryRun: Any = None
-    object: msgspec.Raw = msgspec.Raw(b"null")
+    #: The object's top-level members, each kept as its raw JSON.
+    object: Optional[dict[str, msgspec.Raw]] = None
 
 
 class _FastReview(msgspec.Struct):
@@ -280,41 +285,64 @@ _DIGITS_AS_ONES = bytes(0x31 if 0x30 <= c <= 0x39 else 0x30 for c in range(256))
 _LONG_DIGITS = b"1" * 19
 
 
-def _decode_fast(body: bytes) -> Optional[tuple[_FastReview, Any, Optional[bytes]]]:
+def _decode_fast(body: bytes, lazy: bool) -> Optional[tuple[_FastReview, Any, Optional[bytes]]]:
     """
-    The review decoded in C (msgspec), with C{request.object} parsed from
-    its raw JSON, which is kept for forwarding; None when msgspec refuses
-    the body, or it may hold what msgspec reads differently from what an
-    API server sends (long integers): then the careful path below decides,
-    and names what is wrong.  msgspec refuses C{NaN}, C{Infinity},
-    numbers out of a double's range and invalid UTF-8 by itself; the depth
-    is checked before either path runs.
+    The review decoded in C (msgspec), the object as a dict of its
+    top-level members with their raw JSON: decoded at once, or (C{lazy})
+    only its C{metadata}, C{apiVersion} and C{kind}, the rest left to
+    L{amp.podjson}; and the object's JSON for forwarding, its members'
+    bytes as they came.  None when msgspec refuses the body, or it may hold
+    what msgspec reads differently from what an API server sends (long
+    integers): then the careful path below decides, and names what is
+    wrong.  msgspec refuses C{NaN}, C{Infinity}, numbers out of a double's
+    range in what it decodes and invalid escapes everywhere; UTF-8 is
+    checked here for the whole body (skipping over a raw member does not);
+    the depth is checked before either path runs.
     """
     if _LONG_DIGITS in body.translate(_DIGITS_AS_ONES):
         return None
+    if not body.isascii():
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
     try:
         review = _fast_review(body)
-        if review.request is None:
+        request = review.request
+        if request is None or request.object is None:
             return review, None, None
-        raw = review.request.object
-        pod = _fast_any(raw)
-        return review, pod, bytes(raw) if isinstance(pod, dict) else None
+        members = request.object
+        pod: dict[str, Any] = dict(members)
+        for key, raw in members.items():
+            if not lazy or key in _EAGER:
+                pod[key] = _fast_any(raw)
+        return review, pod, _encode(members)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         # msgspec raises UnicodeDecodeError itself for invalid UTF-8 inside
         # a string; the careful path names it in the 400.
         return None
 
 
-def parse_review(body: bytes) -> AdmissionRequest:
+#: The members of a lazily decoded object that are decoded at once: what
+#: every review reads (names, labels, annotations, the stamp).
+_EAGER = frozenset({"metadata", "apiVersion", "kind"})
+
+
+def parse_review(body: bytes, *, lazy: bool = False) -> AdmissionRequest:
     """
     Parse an AdmissionReview request body.
 
+    @param lazy: keep the object's members other than its metadata as raw
+        JSON (L{amp.podjson}), decoded when something reads them: the
+        webhook's hot path.  A float literal beyond a double's range in
+        such a member (which an API server never sends) is not refused
+        here then, but when the member is read (L{amp.podjson.MemberError}).
     @raise ReviewError: 400 with a message that says what is wrong.
     """
     if nesting_exceeds(body):
         raise ReviewError(400, f"request body nests arrays and objects more than {MAX_DEPTH} deep; "
                                "an AdmissionReview never does")
-    fast = _decode_fast(body)
+    fast = _decode_fast(body, lazy)
     if fast is not None:
         review, pod, object_json = fast
         request = review.request

@@ -86,7 +86,7 @@ class AdmissionResource:
             self._bad(request, 415, f"Content-Type must be application/json, got {content_type.decode('latin-1')!r}")
             return
         try:
-            req = parse_review(request.body)
+            req = parse_review(request.body, lazy=True)
         except ReviewError as e:
             self._bad(request, e.code, e.message)
             return

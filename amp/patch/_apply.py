@@ -5,7 +5,10 @@ differ; and the repair of an C{add} whose parent does not exist.
 
 The document is copied on write: only the containers along the changed
 paths are copied, so the caller's Pod is never mutated and the patched Pod
-shares all unchanged parts with it.
+shares all unchanged parts with it.  A member the Pod holds as raw JSON
+(L{amp.podjson}) is decoded when an operation reads or writes inside it,
+and kept decoded in the caller's Pod (the same JSON); one it does not
+touch stays raw.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, Optional, Sequence
 
 from amp.patch._ops import Op, PatchError, show
 from amp.patch._paths import refusal
+from amp.podjson import RAW, MemberError, member
 from amp.pointer import json_type, pointer
 from amp.reasons import Reason
 
@@ -121,10 +125,13 @@ class Doc:
     (the caller's Pod, operation values) is copied before it is changed.
     """
 
-    __slots__ = ("root", "owned", "warnings")
+    __slots__ = ("root", "source", "owned", "warnings")
 
     def __init__(self, root: dict) -> None:
         self.root = root
+        #: The caller's Pod: a raw member (L{amp.podjson}) read here is
+        #: decoded into it too, once for every later reader.
+        self.source = root
         self.owned: set[int] = set()
         self.warnings: list[str] = []
 
@@ -132,6 +139,19 @@ class Doc:
         node = node.copy()
         self.owned.add(id(node))
         return node
+
+    def _member(self, tok: str) -> Any:
+        """
+        The root's member C{tok}, a raw one decoded (in the caller's Pod
+        and the root's copy alike).
+        """
+        try:
+            value = member(self.source, tok)
+        except MemberError as e:
+            raise Fail(str(e)) from None
+        if self.root is not self.source:
+            self.root[tok] = value
+        return value
 
     def parent(self, tokens: tuple[str, ...]) -> Any:
         """
@@ -146,6 +166,8 @@ class Doc:
             if type(node) is dict:
                 child = node.get(tok)
                 key: Any = tok
+                if type(child) is RAW and depth == 0:
+                    child = self._member(tok)
                 if child is None:
                     what = "does not exist" if tok not in node else "is null"
                     raise Fail(f"{show(pointer(tokens[:depth + 1]))} {what}", node, depth)
@@ -170,6 +192,8 @@ class Doc:
                 node = node.get(tok, _MISSING)
                 if node is _MISSING:
                     raise Fail(f"{show(pointer(tokens[:depth + 1]))} does not exist")
+                if type(node) is RAW and depth == 0:
+                    node = self._member(tok)
             elif t is list:
                 node = node[_index(tokens, depth, len(node), False)]
             else:
@@ -196,6 +220,9 @@ class Doc:
         if type(node) is dict:
             if key not in node:
                 raise Fail(f"{show(pointer(tokens))} does not exist")
+            if len(tokens) == 1 and type(node[key]) is RAW:
+                # A member moved elsewhere is read there.
+                self._member(key)
             return node.pop(key)
         return node.pop(_index(tokens, len(tokens) - 1, len(node), False))
 

@@ -10,6 +10,7 @@ import json
 from typing import Sequence
 
 from amp.patch._ops import Op, PatchError
+from amp.podjson import MemberError, member
 from amp.pointer import json_type
 from amp.reasons import Reason
 
@@ -21,6 +22,8 @@ _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 #: C{volumes} (and every container's mounts of them), C{containers} (every
 #: container list: names are unique across them).
 ALL_PARTS = frozenset({"metadata", "labels", "annotations", "spec", "volumes", "containers"})
+#: The parts read from C{spec} (left raw, L{amp.podjson}, when none changed).
+_SPEC_PARTS = frozenset({"spec", "volumes", "containers"})
 
 
 def parts_changed(ops: Sequence[Op]) -> frozenset[str]:
@@ -77,7 +80,13 @@ def _pod_problems(pod: dict, parts: frozenset[str] = ALL_PARTS) -> list[tuple[st
                 if type(v) is not str:
                     out.append((field, f"metadata.{field}[{q(k)}] must be a string, not {json_type(v)}"))
                     break
-    spec = pod.get("spec")
+    if not parts & _SPEC_PARTS:
+        return out
+    try:
+        spec = member(pod, "spec")
+    except MemberError as e:
+        out.append(("spec", str(e)))
+        return out
     if type(spec) is not dict:
         if "spec" in parts:
             out.append(("spec", "spec must be an object"))

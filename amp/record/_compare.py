@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from amp.patch import escape_pointer_token as escape_token
+from amp.podjson import RAW, member
 
 __all__ = ["Difference", "MISSING", "pod_differences", "without_annotations"]
 
@@ -96,12 +97,32 @@ def pod_differences(
     keys = tuple(ignore_annotations)
     if keys:
         before, after = without_annotations(before, keys), without_annotations(after, keys)
+    before, after = _raw_members_decoded(before, after)
     out: list[Difference] = []
     for difference in _walk("", before, after):
         out.append(difference)
         if len(out) >= limit:
             break
     return tuple(out)
+
+
+def _raw_members_decoded(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """
+    C{a} and C{b}, copied with their raw members (L{amp.podjson}) decoded
+    where the two do not hold the very same raw JSON: a Pod whose C{spec}
+    one patch read (and so decoded) and another did not is still the same.
+
+    @raise amp.podjson.MemberError: such a member does not decode.
+    """
+    keys = [key for key, value in a.items() if type(value) is RAW and b.get(key) is not value]
+    keys += [key for key, value in b.items() if type(value) is RAW and a.get(key) is not value]
+    if not keys:
+        return a, b
+    a, b = dict(a), dict(b)
+    for key in keys:
+        member(a, key)
+        member(b, key)
+    return a, b
 
 
 def _walk(path: str, a: Any, b: Any) -> Iterator[Difference]:

@@ -1,0 +1,173 @@
+"""
+The Pod as the webhook's hot path holds it (amp.podjson): its metadata
+decoded, every other member kept as raw JSON until read.  Whatever a
+review or a patch holds, the lazy Pod decides as the decoded one: the same
+400, the same fields, the same checked patch or the same refusal, the
+same Pod after it; and a member nothing reads is never decoded.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from amp.patch import PatchError, check_patch
+from amp.podjson import RAW, MemberError, member, whole
+from amp.record import pod_differences
+from amp.review import ReviewError, parse_review
+from tests.helpers import pod, review
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    max_leaves=20,
+)
+
+
+def _decided(body: bytes, lazy: bool) -> Any:
+    try:
+        req = parse_review(body, lazy=lazy)
+    except ReviewError as e:
+        return (e.code, e.message)
+    return req
+
+
+def test_only_the_metadata_is_decoded_and_the_rest_forwarded_as_it_came() -> None:
+    body = json.dumps(review(pod(labels={"app": "web"}))).encode()
+    req = parse_review(body, lazy=True)
+    assert req.object["metadata"] == {"name": "web", "labels": {"app": "web"}}
+    assert req.object["kind"] == "Pod"
+    assert type(req.object["spec"]) is RAW
+    assert req.pod_name == "web"
+    assert req.is_pod_create
+    assert json.loads(req.object_json) == pod(labels={"app": "web"})
+    assert whole(req.object) == parse_review(body).object
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(extra=JSON, where=st.sampled_from(["spec", "status", "metadata", "request", "new member"]),
+       indent=st.sampled_from([None, 2]), ascii=st.booleans())
+def test_the_lazy_pod_decides_as_the_decoded_one(extra: Any, where: str, indent: Any, ascii: bool) -> None:
+    the_pod = pod()
+    if where == "spec":
+        the_pod["spec"]["extra"] = extra
+    elif where == "status":
+        the_pod["status"] = {"extra": extra}
+    elif where == "metadata":
+        the_pod["metadata"]["extra"] = extra
+    elif where == "new member":
+        the_pod["extra"] = extra
+    doc = review(the_pod)
+    if where == "request":
+        doc["request"]["userInfo"] = {"extra": extra}
+    body = json.dumps(doc, indent=indent, ensure_ascii=ascii).encode()
+    eager, lazy = _decided(body, False), _decided(body, True)
+    if isinstance(eager, tuple):
+        assert lazy == eager
+        return
+    assert (lazy.uid, lazy.kind, lazy.operation, lazy.namespace, lazy.pod_name) == (
+        eager.uid, eager.kind, eager.operation, eager.namespace, eager.pod_name)
+    assert lazy.object_json == eager.object_json
+    assert whole(lazy.object) == eager.object
+
+
+@pytest.mark.parametrize("bad", [b'"\xff\xfe"', b'"caf\xc3"', b"12345678901234567890123"])
+def test_what_the_lazy_pod_leaves_raw_is_still_checked(bad: bytes) -> None:
+    """
+    Invalid UTF-8 and integers out of 64-bit range in a member left raw
+    are refused as they are when everything is decoded.
+    """
+    body = json.dumps(review(pod())).encode().replace(b'"nginx:1.25"', bad)
+    eager, lazy = _decided(body, False), _decided(body, True)
+    assert isinstance(eager, tuple) and eager[0] == 400
+    assert lazy == eager
+
+
+def test_a_number_out_of_range_in_a_raw_member_fails_where_it_is_read() -> None:
+    """
+    A float beyond a double's range (which an API server never sends) in
+    a member left raw is not seen by skipping over it: the review is read,
+    a patch that stays out of that member applies, and one that reads it
+    fails to apply, naming the member and the number.
+    """
+    body = json.dumps(review(pod(priority=1))).encode().replace(b'"priority": 1', b'"priority": 1e999')
+    with pytest.raises(ReviewError, match="out of range"):
+        parse_review(body)
+    req = parse_review(body, lazy=True)
+    assert b"1e999" in req.object_json
+    labelled = check_patch(req.object, [{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}])
+    assert labelled.pod["metadata"]["labels"] == {"a": "b"}
+    with pytest.raises(PatchError) as caught:
+        check_patch(req.object, [{"op": "add", "path": "/spec/containers/-", "value": {"name": "s", "image": "i"}}])
+    assert caught.value.reason == "apply-failed"
+    assert "spec cannot be read" in str(caught.value) and "out of range" in str(caught.value)
+    with pytest.raises(MemberError):
+        whole(req.object)
+
+
+PATHS = ["/metadata/labels/x", "/metadata/annotations", "/metadata/name", "/spec/containers/-",
+         "/spec/containers/0/image", "/spec/containers/0", "/spec/volumes/-", "/spec/volumes", "/spec",
+         "/status", "/status/phase", "/extra", "/extra/a", "/spec/nodeName", "/kind", "/nope/x"]
+OPS = st.lists(st.fixed_dictionaries({
+    "op": st.sampled_from(["add", "replace", "remove", "move", "copy", "test"]),
+    "path": st.sampled_from(PATHS),
+    "from": st.sampled_from(PATHS),
+    "value": st.sampled_from([{"name": "side", "image": "envoy"}, "x", [], {}, {"a": "b"}, 1,
+                              [{"name": "app", "image": "nginx:1.25"}]]),
+}), min_size=1, max_size=4)
+
+
+def _checked(the_pod: dict, ops: list) -> Any:
+    try:
+        checked = check_patch(the_pod, ops, denied=(), repair=True)
+    except PatchError as e:
+        return (e.reason, str(e))
+    return checked.operations, checked.repaired, checked.warnings, json.loads(msgspec.json.encode(checked.pod))
+
+
+@settings(max_examples=400, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS, status=st.booleans(), extra=st.booleans())
+def test_a_patch_on_the_lazy_pod_is_checked_as_on_the_decoded_one(ops: list, status: bool, extra: bool) -> None:
+    """
+    Any patch: the same operations, repairs and warnings, the same Pod
+    after it (as JSON), or the same refusal; the lazy Pod itself is the
+    same document afterwards, and a member the patch did not read stays raw.
+    """
+    the_pod = pod(volumes=[{"name": "v", "emptyDir": {}}])
+    if status:
+        the_pod["status"] = {"phase": "Pending"}
+    if extra:
+        the_pod["extra"] = {"a": [1, 2]}
+    body = json.dumps(review(the_pod)).encode()
+    lazy = parse_review(body, lazy=True).object
+    before = json.loads(msgspec.json.encode(lazy))
+    assert _checked(lazy, ops) == _checked(parse_review(body).object, ops)
+    assert json.loads(msgspec.json.encode(lazy)) == before
+    touched = {op["path"].split("/")[1] for op in ops} | {op["from"].split("/")[1] for op in ops
+                                                          if op["op"] in ("move", "copy")}
+    for key in ("spec", "status", "extra"):
+        if key in lazy and key not in touched:
+            assert type(lazy[key]) is RAW
+
+
+def test_pods_compare_alike_whichever_members_are_still_raw() -> None:
+    """
+    The canary and replay compare two admitted Pods: one whose spec a
+    patch read (and so decoded) and one whose spec is still raw are the
+    same Pod when their JSON is.
+    """
+    body = json.dumps(review(pod())).encode()
+    a = parse_review(body, lazy=True).object
+    b = parse_review(body, lazy=True).object
+    member(b, "spec")
+    assert type(a["spec"]) is RAW and type(b["spec"]) is dict
+    assert pod_differences(a, b) == ()
+    changed = check_patch(b, [{"op": "replace", "path": "/spec/containers/0/image", "value": "nginx:1.26"}]).pod
+    assert [d.path for d in pod_differences(a, changed)] == ["/spec/containers/0/image"]
+    assert type(a["spec"]) is RAW
