@@ -69,12 +69,26 @@ def parse_timeout(value: Optional[str]) -> Optional[float]:
     """
     if not value:
         return None
+    known = _PARSED.get(value, _UNKNOWN)
+    if known is not _UNKNOWN:
+        return known
     m = _TIMEOUT.match(value.strip())
     if not m:
-        return None
-    seconds = float(m.group(1)) * _TIMEOUT_UNITS[m.group(2)]
-    # 400 digits make an infinite float: never an unbounded review.
-    return min(seconds, MAX_TIMEOUT) if seconds > 0 else None
+        seconds = None
+    else:
+        seconds = float(m.group(1)) * _TIMEOUT_UNITS[m.group(2)]
+        # 400 digits make an infinite float: never an unbounded review.
+        seconds = min(seconds, MAX_TIMEOUT) if seconds > 0 else None
+    if len(value) <= 32:
+        if len(_PARSED) >= 256:
+            _PARSED.clear()
+        _PARSED[value] = seconds
+    return seconds
+
+
+#: Timeouts read already: an API server sends its webhook's one value.
+_PARSED: dict[str, Optional[float]] = {}
+_UNKNOWN = object()
 
 
 def review_budget(timeout: Optional[float], default_timeout: float, margin: float) -> float:

@@ -32,15 +32,31 @@ def parse_pointer(pointer: str) -> tuple[str, ...]:
     """
     if not isinstance(pointer, str):
         raise ValueError(f"a JSON pointer must be a string, not {json_type(pointer)}")
+    tokens = _PARSED.get(pointer)
+    if tokens is not None:
+        return tokens
     if not pointer:
         return ()
     if pointer[0] != "/":
         raise ValueError("is not a JSON pointer (must be empty or start with \"/\")")
     if "~" not in pointer:
-        return tuple(pointer[1:].split("/"))
-    if _BAD_ESCAPE.search(pointer):
+        tokens = tuple(pointer[1:].split("/"))
+    elif _BAD_ESCAPE.search(pointer):
         raise ValueError("is not a JSON pointer (\"~\" must be followed by 0 or 1)")
-    return tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
+    else:
+        tokens = tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
+    if len(pointer) <= _PARSED_LENGTH:
+        if len(_PARSED) >= _PARSED_LIMIT:
+            _PARSED.clear()
+        _PARSED[pointer] = tokens
+    return tokens
+
+
+#: Pointers parsed already: every review's patch names the same few paths
+#: (amp's stamp, an endpoint's label or sidecar), escapes and all.
+_PARSED: dict[str, tuple[str, ...]] = {}
+_PARSED_LIMIT = 4096
+_PARSED_LENGTH = 256
 
 
 def pointer(tokens: Sequence[str]) -> str:

@@ -16,7 +16,7 @@ from amp.config import Config
 from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import INamespaceSource, NamespaceInfo
-from amp.policy import Route
+from amp.policy import Route, route
 from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION
 
 #: All a C{pods/ephemeralcontainers} update may change.
@@ -24,6 +24,8 @@ EPHEMERAL_CONTAINERS = "/spec/ephemeralContainers"
 
 #: Canary plans remembered (by the annotations they come from).
 _PLANS_LIMIT = 4096
+#: Routes remembered (by namespace object, see L{Parts.route}).
+_ROUTES_LIMIT = 4096
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,6 +53,8 @@ class Parts:
     routes: dict[str, tuple] = field(default_factory=dict)
     #: Each canary's plan, by the annotations it comes from.
     canary_plans: dict[tuple, Any] = field(default_factory=dict)
+    #: The route of each namespace as the cache holds it (L{route}).
+    routes_by_namespace: dict[tuple, tuple] = field(default_factory=dict)
     #: L{amp.patch.check_patch}'s options from C{patch.*}.
     check_options: Mapping[str, Any] = field(init=False)
 
@@ -60,6 +64,27 @@ class Parts:
         object.__setattr__(self, "check_options", dict(
             denied=patch.denied_paths, allowed=patch.allowed_paths, repair=patch.repair,
             max_operations=patch.max_operations))
+
+    def route(self, ns: Optional[NamespaceInfo], *, validation: bool, explain: bool) -> Route:
+        """
+        L{amp.policy.route} for a review in C{ns}: remembered per namespace
+        object, failure policy of amp's own webhook and kind of review, as
+        a route is a function of those and the configuration alone (the
+        cache replaces a namespace's object when it changes).  A route with
+        its explanation is made anew.
+        """
+        cluster_policy = self.namespaces.cluster_failure_policy()
+        if explain:
+            return route(ns, self.config, cluster_policy, validation=validation, cache=self.routes, explain=True)
+        key = (id(ns), cluster_policy, validation)
+        known = self.routes_by_namespace.get(key)
+        if known is not None and known[0] is ns:
+            return known[1]
+        r = route(ns, self.config, cluster_policy, validation=validation, cache=self.routes)
+        if len(self.routes_by_namespace) >= _ROUTES_LIMIT:
+            self.routes_by_namespace.clear()
+        self.routes_by_namespace[key] = (ns, r)
+        return r
 
     def compose_options(self, steps: int) -> dict[str, Any]:
         """L{amp.patch.compose}'s options for a chain of C{steps}: each may send C{patch.max_operations}."""

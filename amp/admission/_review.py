@@ -33,7 +33,7 @@ from amp.deadline import Deadline
 from amp.endpoint import OK, CallReply, EndpointFailure
 from amp.namespaces import UNKNOWN, NamespaceInfo, NamespaceLookupError
 from amp.patch import PatchError, check_patch, unchanged
-from amp.policy import FAIL, SHADOW, Route, route
+from amp.policy import FAIL, SHADOW, Route
 from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
 from amp.review import AdmissionRequest, clean_audit_annotations, dumps
@@ -135,8 +135,7 @@ class Review:
         req = self._req
         trace = self._trace
         self._namespace = ns
-        r = self._route = route(ns, parts.config, parts.namespaces.cluster_failure_policy(),
-                                validation=self._validation, cache=parts.routes, explain=trace.recording)
+        r = self._route = parts.route(ns, validation=self._validation, explain=trace.recording)
         if r.enabled:
             parts.note_problem(req.namespace, r.policy_problem)
         trace.extend(r.explanation)
