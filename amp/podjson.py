@@ -8,7 +8,7 @@ endpoint as JSON anyway: decoding all of a Pod to Python objects was the
 largest single cost of a review (a 60 KiB Pod: 160 us of 600 in memory,
 and more under load, where every decoded object is fresh memory).  A raw
 member costs a skip over its bytes, which L{amp.review} validated already
-(UTF-8, nesting, integers in range, JSON syntax).
+(UTF-8, nesting, JSON syntax); its numbers are checked when it is read.
 
 This module owns reading such a member: L{member} decodes it on first use
 and keeps the decoded value in the Pod's dict (the same JSON, so the Pod
@@ -26,6 +26,8 @@ from typing import Any
 
 import msgspec
 
+from amp.review import decode_bounded, long_digits
+
 __all__ = ["MemberError", "RAW", "member", "whole"]
 
 #: The type of a member kept as raw JSON.
@@ -37,8 +39,8 @@ _decode = msgspec.json.Decoder().decode
 class MemberError(ValueError):
     """
     A raw member that does not decode: only a number out of range gets
-    this far (a float literal beyond a double, which skipping over it does
-    not check and an API server never sends).
+    this far (an integer past 64 bits or a float past a double, which
+    skipping over it does not check and an API server never sends).
     """
 
 
@@ -52,8 +54,13 @@ def member(pod: dict, key: str, default: Any = None) -> Any:
     value = pod.get(key, default)
     if type(value) is RAW:
         try:
-            value = _decode(value)
-        except (msgspec.DecodeError, RecursionError) as e:
+            if long_digits(value):
+                # An integer msgspec would read past 64 bits: the careful
+                # decoder reads it as an API server would, or names it.
+                value = decode_bounded(bytes(value).decode("utf-8"))
+            else:
+                value = _decode(value)
+        except (ValueError, RecursionError) as e:
             raise MemberError(f"the Pod's {key} cannot be read: {e}") from None
         pod[key] = value
     return value

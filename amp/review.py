@@ -251,26 +251,35 @@ def nesting_exceeds(body: bytes, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
+class _FastKind(msgspec.Struct):
+    group: Optional[str] = None
+    version: Optional[str] = None
+    kind: Optional[str] = None
+
+
 class _FastRequest(msgspec.Struct):
     """
-    C{AdmissionReview.request} as the fast path reads it: the object kept
-    as its raw JSON, every other field as it comes (checked below).
+    C{AdmissionReview.request} as the fast path reads it: the fields amp
+    uses, of the types an API server sends (anything else takes the careful
+    path, which names what is wrong), and the object's top-level members
+    kept as raw JSON.  No field holds a number: what msgspec skips over
+    (C{userInfo}, C{oldObject}, ...) amp never reads.
     """
 
-    uid: Any = None
-    kind: Any = None
-    operation: Any = None
-    namespace: Any = None
-    name: Any = None
-    subResource: Any = None
-    dryRun: Any = None
+    uid: Optional[str] = None
+    kind: Optional[_FastKind] = None
+    operation: Optional[str] = None
+    namespace: Optional[str] = None
+    name: Optional[str] = None
+    subResource: Optional[str] = None
+    dryRun: Optional[bool] = None
     #: The object's top-level members, each kept as its raw JSON.
     object: Optional[dict[str, msgspec.Raw]] = None
 
 
 class _FastReview(msgspec.Struct):
-    apiVersion: Any = None
-    kind: Any = None
+    apiVersion: Optional[str] = None
+    kind: Optional[str] = None
     request: Optional[_FastRequest] = None
 
 
@@ -291,15 +300,19 @@ def _decode_fast(body: bytes, lazy: bool) -> Optional[tuple[_FastReview, Any, Op
     top-level members with their raw JSON: decoded at once, or (C{lazy})
     only its C{metadata}, C{apiVersion} and C{kind}, the rest left to
     L{amp.podjson}; and the object's JSON for forwarding, its members'
-    bytes as they came.  None when msgspec refuses the body, or it may hold
-    what msgspec reads differently from what an API server sends (long
-    integers): then the careful path below decides, and names what is
-    wrong.  msgspec refuses C{NaN}, C{Infinity}, numbers out of a double's
-    range in what it decodes and invalid escapes everywhere; UTF-8 is
-    checked here for the whole body (skipping over a raw member does not);
-    the depth is checked before either path runs.
+    bytes as they came.  None when msgspec refuses the body, or what it
+    decodes may hold what msgspec reads differently from what an API
+    server sends (a long integer, which msgspec would read as a Python
+    int): then the careful path below decides, and names what is wrong.
+    Long integers are looked for in all of the body, or (C{lazy}) in the
+    members decoded here: the fields of the request are typed and hold no
+    number, and a raw member is checked when it is read.  msgspec refuses
+    C{NaN}, C{Infinity}, numbers out of a double's range in what it
+    decodes and invalid escapes everywhere; UTF-8 is checked here for the
+    whole body (skipping over a raw member does not); the depth is
+    checked before either path runs.
     """
-    if _LONG_DIGITS in body.translate(_DIGITS_AS_ONES):
+    if not lazy and long_digits(body):
         return None
     if not body.isascii():
         try:
@@ -314,13 +327,25 @@ def _decode_fast(body: bytes, lazy: bool) -> Optional[tuple[_FastReview, Any, Op
         members = request.object
         pod: dict[str, Any] = dict(members)
         for key, raw in members.items():
-            if not lazy or key in _EAGER:
+            if not lazy:
+                pod[key] = _fast_any(raw)
+            elif key in _EAGER:
+                if long_digits(raw):
+                    return None
                 pod[key] = _fast_any(raw)
         return review, pod, _encode(members)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         # msgspec raises UnicodeDecodeError itself for invalid UTF-8 inside
         # a string; the careful path names it in the 400.
         return None
+
+
+def long_digits(text: Any) -> bool:
+    """
+    Whether the JSON C{text} (bytes, or a C{msgspec.Raw}) has nineteen
+    digits in a row: a number there may be out of 64-bit range.
+    """
+    return _LONG_DIGITS in bytes(text).translate(_DIGITS_AS_ONES)
 
 
 #: The members of a lazily decoded object that are decoded at once: what
@@ -334,9 +359,10 @@ def parse_review(body: bytes, *, lazy: bool = False) -> AdmissionRequest:
 
     @param lazy: keep the object's members other than its metadata as raw
         JSON (L{amp.podjson}), decoded when something reads them: the
-        webhook's hot path.  A float literal beyond a double's range in
-        such a member (which an API server never sends) is not refused
-        here then, but when the member is read (L{amp.podjson.MemberError}).
+        webhook's hot path.  A number out of range in such a member, or in
+        a part of the review amp does not read (C{userInfo}, C{oldObject}),
+        which an API server never sends, is not refused here then; in a
+        member, it is when the member is read (L{amp.podjson.MemberError}).
     @raise ReviewError: 400 with a message that says what is wrong.
     """
     if nesting_exceeds(body):
@@ -348,7 +374,9 @@ def parse_review(body: bytes, *, lazy: bool = False) -> AdmissionRequest:
         request = review.request
         if request is None:
             return _checked(review.apiVersion, review.kind, None, None, None)
-        fields = {"uid": request.uid, "kind": request.kind, "operation": request.operation,
+        kind = request.kind
+        fields = {"uid": request.uid, "operation": request.operation,
+                  "kind": None if kind is None else {"group": kind.group, "version": kind.version, "kind": kind.kind},
                   "namespace": request.namespace, "name": request.name, "subResource": request.subResource,
                   "dryRun": request.dryRun}
         req = _checked(review.apiVersion, review.kind, fields, pod, object_json)
