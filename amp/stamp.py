@@ -151,6 +151,24 @@ def next_stamp(
     named, in its order.  When the value is over C{limit}, endpoints this round did not call are left out, the
     last first; if it is still over, it is cut short.
     """
+    key = (incoming, tuple(outcomes), limit)
+    value = _NEXT.get(key)
+    if value is None:
+        value = _next_stamp(incoming, key[1], limit)
+        if len(_NEXT) >= _NEXT_LIMIT:
+            _NEXT.clear()
+        if incoming is None or len(incoming) <= _READ_LIMIT:
+            _NEXT[key] = value
+    return value
+
+
+#: Stamps computed already: a namespace's Pods come with the same stamp
+#: (mostly none) and get the same outcomes, review after review.
+_NEXT: dict[tuple, str] = {}
+_NEXT_LIMIT = 1024
+
+
+def _next_stamp(incoming: Optional[str], outcomes: Iterable[tuple[str, Status, str]], limit: int) -> str:
     earlier = parse_stamp(incoming)
     marks: dict[str, Mark] = {}
     for name, status, reason in outcomes:
