@@ -30,6 +30,7 @@ import msgspec
 from twisted.logger import (
     ILogObserver,
     LogLevel,
+    Logger,
     formatEvent,
 )
 from twisted.python.failure import Failure
@@ -114,6 +115,28 @@ def _second(second: int) -> str:
 def _timestamp(when: float) -> str:
     second = int(when)
     return f"{_second(second)}.{int((when - second) * 1000):03d}Z"
+
+
+_ALL_LEVELS = frozenset(LogLevel.iterconstants())
+
+
+class HotPathLogger(Logger):
+    """
+    A C{Logger} for a line written for every review: its C{emit} does what
+    Twisted's does, but checks that the level is one of L{LogLevel}'s with a
+    set lookup, where Twisted's walks C{LogLevel}'s constants, sorted anew,
+    on every event (a sixth of a review's log line).
+    """
+
+    def emit(self, level: LogLevel, format: Optional[str] = None, **kwargs: object) -> None:
+        if level not in _ALL_LEVELS:
+            # Twisted's own says what is wrong with it.
+            return super().emit(level, format, **kwargs)
+        kwargs.update(log_logger=self, log_level=level, log_namespace=self.namespace, log_source=self.source,
+                      log_format=format, log_time=time.time())
+        if "log_trace" in kwargs:
+            kwargs["log_trace"].append((self, self.observer))  # type: ignore[attr-defined]
+        self.observer(kwargs)
 
 
 @implementer(ILogObserver)

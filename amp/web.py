@@ -16,11 +16,12 @@ from __future__ import annotations
 from typing import Callable, NamedTuple, Optional
 
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
 from amp.admission import Admitter, Answer, Outcome, unheard
 from amp.http import Handler, Request, query_parameter
+from amp.logs import HotPathLogger
 from amp.metrics import Metrics
 from amp.recent import Decision, RecentDecisions
 from amp.review import AdmissionRequest, ReviewError, parse_review
@@ -56,7 +57,7 @@ class AdmissionResource:
     log line, C{amp.web.AdmissionResource}, which log queries select on.)
     """
 
-    log = Logger()
+    log = HotPathLogger()
 
     def __init__(
         self, admitter: Admitter, clock: IReactorTime, metrics: Metrics, *, validation: bool,

@@ -368,3 +368,29 @@ class RepeatLimiterTests(SynchronousTestCase):
         self.limiter.flush()
         self.assertEqual(self.events[-1]["count"], 5)
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+def test_the_hot_path_logger_emits_what_twisteds_does() -> None:
+    """
+    The review line's logger (amp.logs.HotPathLogger) gives observers the
+    event Twisted's Logger gives, and refuses a level that is not one of
+    LogLevel's the way Twisted's does.
+    """
+    from amp.logs import HotPathLogger
+
+    theirs: list[dict[str, Any]] = []
+    ours: list[dict[str, Any]] = []
+    Logger(namespace="amp.web.AdmissionResource", observer=theirs.append).info("review {uid}", uid="u-1", n=2)
+    HotPathLogger(namespace="amp.web.AdmissionResource", observer=ours.append).info("review {uid}", uid="u-1", n=2)
+    [a], [b] = theirs, ours
+    assert set(a) == set(b)
+    for key in a:
+        if key not in ("log_logger", "log_time"):
+            assert a[key] == b[key], key
+    assert formatEvent(a) == formatEvent(b) == "review u-1"
+    bad_theirs: list[dict[str, Any]] = []
+    bad_ours: list[dict[str, Any]] = []
+    Logger(observer=bad_theirs.append).emit("loud", "x")  # type: ignore[arg-type]
+    HotPathLogger(observer=bad_ours.append).emit("loud", "x")  # type: ignore[arg-type]
+    assert [e["log_level"] for e in bad_ours] == [e["log_level"] for e in bad_theirs] == [LogLevel.critical]
+    assert [e["log_format"] for e in bad_ours] == [e["log_format"] for e in bad_theirs]
