@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from typing import Any
 
 import jsonpatch
 import pytest
@@ -865,3 +866,23 @@ def test_checking_only_the_changed_parts_gives_the_same_verdict(pod: dict, ops: 
     of the whole Pod gives.
     """
     assert _outcome(pod, ops, everything=False) == _outcome(pod, ops, everything=True)
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(metadata=st.one_of(st.none(), st.just("text"), st.fixed_dictionaries({}, optional={
+           "name": st.just("web"),
+           "annotations": st.one_of(st.none(), st.just(["x"]), st.dictionaries(
+               st.sampled_from(["keep", STATUS, LEGACY, "a/b~c"]), st.text(max_size=3), max_size=3))})),
+       changes=st.dictionaries(st.sampled_from([STATUS, LEGACY, "a/b~c", "new"]),
+                               st.one_of(st.none(), st.text(max_size=3)), max_size=3))
+def test_annotate_leaves_the_pod_its_operations_make(metadata: Any, changes: dict) -> None:
+    """Whatever the metadata holds: annotate's Pod is its operations applied (jsonpatch, the oracle)."""
+    pod = make_pod()
+    if metadata is None:
+        del pod["metadata"]
+    else:
+        pod["metadata"] = metadata
+    before = json.dumps(pod, sort_keys=True)
+    checked = annotate(unchanged(pod), changes)
+    assert checked.pod == jsonpatch.apply_patch(pod, checked.operations)
+    assert json.dumps(pod, sort_keys=True) == before

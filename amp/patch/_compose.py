@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from amp.patch._apply import Doc, Fail, apply_op
 from amp.patch._check import DEFAULT_DENIED, CheckedPatch, check_patch, unchanged
-from amp.patch._ops import PatchError, parse_ops
 from amp.pointer import escape_pointer_token
-from amp.reasons import Reason
 
 
 def compose(pod: dict, steps: Sequence[CheckedPatch], *, denied: Sequence[str] = DEFAULT_DENIED,
@@ -75,17 +72,29 @@ def annotate(checked: CheckedPatch, changes: Mapping[str, Optional[str]]) -> Che
     (L{CheckedPatch.pod}), dry-applied and appended.  They apply whatever
     the endpoint's patch did to C{/metadata/annotations} (replaced it,
     removed it, set one of the same keys), and C{patch.denied_paths} does
-    not apply to them: they are amp's, not the endpoint's.
-
-    @raise PatchError: C{apply-failed} if they do not apply (a bug).
+    not apply to them: they are amp's, not the endpoint's.  The Pod they
+    leave is built directly (a property test holds it to applying them).
     """
     ops = annotation_ops(checked.pod, changes)
     if not ops:
         return checked
-    doc = Doc(checked.pod)
-    for op in parse_ops(ops, len(ops)):
-        try:
-            apply_op(doc, op)
-        except Fail as fail:
-            raise PatchError(Reason.APPLY_FAILED, f"amp's annotation {op.label}: {fail.message}") from None
-    return CheckedPatch(checked.operations + ops, checked.repaired, checked.warnings, doc.root)
+    # What applying ops does, without parsing and walking them: they are
+    # amp's own, on the one path annotation_ops made them for.
+    pod = dict(checked.pod)
+    metadata = pod.get("metadata")
+    sets = {k: v for k, v in changes.items() if v is not None}
+    if type(metadata) is not dict:
+        pod["metadata"] = {"annotations": sets}
+    else:
+        metadata = pod["metadata"] = dict(metadata)
+        annotations = metadata.get("annotations")
+        if type(annotations) is not dict:
+            metadata["annotations"] = sets
+        else:
+            annotations = metadata["annotations"] = dict(annotations)
+            for key, value in changes.items():
+                if value is not None:
+                    annotations[key] = value
+                else:
+                    annotations.pop(key, None)
+    return CheckedPatch(checked.operations + ops, checked.repaired, checked.warnings, pod)
