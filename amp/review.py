@@ -216,15 +216,16 @@ def nesting_exceeds(body: bytes, limit: int = MAX_DEPTH) -> bool:
         # opens or closes a string.
         body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
     structure = body.translate(_UNIFY, _STRUCTURE)
-    if structure.count(b"[") <= limit:
+    brackets = structure.translate(None, b'"')
+    if brackets.count(b"[") <= limit:
         return False
-    if structure.count(b'""') * 2 == structure.count(b'"'):
+    if structure.count(b'""') * 2 == len(structure) - len(brackets):
         # Every run of quotes between two brackets is even: no string holds
         # a bracket (the first one inside a string would follow an odd run,
         # the complete strings since the bracket before it and its own
         # opening quote), so the quotes just go.  Counting is cheaper than
         # cutting out each pair.
-        structure = structure.translate(None, b'"')
+        structure = brackets
     else:
         # Strings that hold brackets: keep what lies between them.
         structure = b"".join(structure.replace(b'""', b"").split(b'"')[::2])
