@@ -48,53 +48,55 @@ def annotation_ops(pod: Any, changes: Mapping[str, Optional[str]]) -> list[dict]
     creating C{/metadata/annotations} (or C{/metadata}) when it is missing
     or not an object, removing only keys that are there.
     """
-    sets = {k: v for k, v in changes.items() if v is not None}
-    metadata = pod.get("metadata") if type(pod) is dict else None
-    if type(metadata) is not dict:
-        return [{"op": "add", "path": "/metadata", "value": {"annotations": sets}}] if sets else []
-    annotations = metadata.get("annotations")
-    if type(annotations) is not dict:
-        return [{"op": "add", "path": "/metadata/annotations", "value": sets}] if sets else []
-    ops: list[dict] = []
-    for key, value in changes.items():
-        path = "/metadata/annotations/" + escape_pointer_token(key)
-        if value is not None:
-            ops.append({"op": "add", "path": path, "value": value})
-        elif key in annotations:
-            ops.append({"op": "remove", "path": path})
-    return ops
+    return _annotated(pod, changes, False)[0]
 
 
 def annotate(checked: CheckedPatch, changes: Mapping[str, Optional[str]]) -> CheckedPatch:
     """
     amp's own annotations after an endpoint's checked patch: the operations
     of L{annotation_ops} for the Pod as the patch leaves it
-    (L{CheckedPatch.pod}), dry-applied and appended.  They apply whatever
-    the endpoint's patch did to C{/metadata/annotations} (replaced it,
-    removed it, set one of the same keys), and C{patch.denied_paths} does
-    not apply to them: they are amp's, not the endpoint's.  The Pod they
-    leave is built directly (a property test holds it to applying them).
+    (L{CheckedPatch.pod}), and that Pod with them applied.  They apply
+    whatever the endpoint's patch did to C{/metadata/annotations} (replaced
+    it, removed it, set one of the same keys), and C{patch.denied_paths}
+    does not apply to them: they are amp's, not the endpoint's.
     """
-    ops = annotation_ops(checked.pod, changes)
+    ops, pod = _annotated(checked.pod, changes, True)
     if not ops:
         return checked
-    # What applying ops does, without parsing and walking them: they are
-    # amp's own, on the one path annotation_ops made them for.
-    pod = dict(checked.pod)
-    metadata = pod.get("metadata")
-    sets = {k: v for k, v in changes.items() if v is not None}
-    if type(metadata) is not dict:
-        pod["metadata"] = {"annotations": sets}
-    else:
-        metadata = pod["metadata"] = dict(metadata)
-        annotations = metadata.get("annotations")
-        if type(annotations) is not dict:
-            metadata["annotations"] = sets
-        else:
-            annotations = metadata["annotations"] = dict(annotations)
-            for key, value in changes.items():
-                if value is not None:
-                    annotations[key] = value
-                else:
-                    annotations.pop(key, None)
     return CheckedPatch(checked.operations + ops, checked.repaired, checked.warnings, pod)
+
+
+def _annotated(pod: Any, changes: Mapping[str, Optional[str]], build: bool) -> tuple[list[dict], Any]:
+    """
+    L{annotation_ops} for C{pod} and, with C{build}, the Pod they leave,
+    copied on write (what applying them does, without parsing and walking
+    operations amp made itself; a property test holds the two together).
+    """
+    sets = {k: v for k, v in changes.items() if v is not None}
+    metadata = pod.get("metadata") if type(pod) is dict else None
+    if type(metadata) is not dict:
+        if not sets:
+            return [], None
+        return ([{"op": "add", "path": "/metadata", "value": {"annotations": sets}}],
+                {**pod, "metadata": {"annotations": dict(sets)}} if build else None)
+    annotations = metadata.get("annotations")
+    if type(annotations) is not dict:
+        if not sets:
+            return [], None
+        return ([{"op": "add", "path": "/metadata/annotations", "value": sets}],
+                {**pod, "metadata": {**metadata, "annotations": dict(sets)}} if build else None)
+    ops: list[dict] = []
+    after = dict(annotations) if build else annotations
+    for key, value in changes.items():
+        path = "/metadata/annotations/" + escape_pointer_token(key)
+        if value is not None:
+            ops.append({"op": "add", "path": path, "value": value})
+            if build:
+                after[key] = value
+        elif key in annotations:
+            ops.append({"op": "remove", "path": path})
+            if build:
+                del after[key]
+    if not (build and ops):
+        return ops, None
+    return ops, {**pod, "metadata": {**metadata, "annotations": after}}
