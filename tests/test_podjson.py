@@ -202,3 +202,23 @@ def test_pods_compare_alike_whichever_members_are_still_raw() -> None:
     changed = check_patch(b, [{"op": "replace", "path": "/spec/containers/0/image", "value": "nginx:1.26"}]).pod
     assert [d.path for d in pod_differences(a, changed)] == ["/spec/containers/0/image"]
     assert type(a["spec"]) is RAW
+
+
+@pytest.mark.parametrize("policy, allowed", [("Ignore", True), ("Fail", False)])
+def test_a_patch_that_reads_an_unreadable_member_ends_in_the_failure_policy(policy: str, allowed: bool) -> None:
+    """
+    Through the admission, as the webhook reads reviews: an endpoint's patch
+    that reads a raw member holding a number out of range fails to apply,
+    and the failure policy answers, naming the reason and the number.
+    """
+    from tests.test_properties import Reply, _admitter, _answer
+
+    reply = Reply()
+    reply.body = json.dumps([{"op": "add", "path": "/spec/containers/-", "value": {"name": "s", "image": "i"}}]).encode()
+    admitter, clock = _admitter(reply, policy)
+    body = json.dumps(review(pod(priority=1), namespace="team-a")).encode().replace(b'"priority": 1',
+                                                                                  b'"priority": 1e999')
+    response = _answer(admitter, clock, body)
+    assert response["allowed"] is allowed
+    said = json.dumps(response)
+    assert "apply-failed" in said and "out of range" in said
