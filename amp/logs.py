@@ -68,22 +68,18 @@ def _field(value: Any) -> Any:
 
 
 @lru_cache(maxsize=256)
-def _compiled(fmt: str) -> Optional[tuple[tuple[str, Optional[str], str], ...]]:
+def _plain(fmt: str) -> bool:
     """
-    A log format split into (literal, field, spec) parts, or None when it
-    uses more than plain C{{name}} / C{{name:spec}} fields (calls,
-    attributes, conversions): those go through Twisted's own formatter.
+    Whether a log format uses only plain C{{name}} / C{{name:spec}}
+    fields; one with more (calls, attributes, conversions, nested specs)
+    goes through Twisted's own formatter.
     """
-    parts = []
     try:
         parsed = list(Formatter().parse(fmt))
     except ValueError:
-        return None
-    for literal, field, spec, conversion in parsed:
-        if field is not None and (not field.isidentifier() or conversion or "{" in (spec or "")):
-            return None
-        parts.append((literal, field, spec or ""))
-    return tuple(parts)
+        return False
+    return all(field is None or (field.isidentifier() and not conversion and "{" not in (spec or ""))
+               for _, field, spec, conversion in parsed)
 
 
 def format_event(event: dict) -> str:
@@ -93,7 +89,7 @@ def format_event(event: dict) -> str:
     (a quarter of a review's log line otherwise).
     """
     fmt = event.get("log_format")
-    if not isinstance(fmt, str) or _compiled(fmt) is None:
+    if not isinstance(fmt, str) or not _plain(fmt):
         return formatEvent(event)
     try:
         # Plain fields only (checked above): str.format_map formats each as
