@@ -58,7 +58,7 @@ from amp.config import EndpointSettings
 from amp.deadline import Deadline
 from amp.endpoint._failures import EXPECTED, EndpointFailure, LocalFailure, classify, first_line, retriable
 from amp.endpoint._pool import Profile, Target
-from amp.http import Charge, Reply
+from amp.http import Charge, Exchange, Reply
 from amp.reasons import Reason, Verdict
 from amp.reply import EndpointDecision, ReplyError, parse_reply
 
@@ -175,7 +175,8 @@ class Call:
         self._replied = False
         self._done = False
         self._waiters: Optional[list[Deferred]] = None
-        self._pending: Optional[Deferred] = None
+        #: The request through the pool, until its outcome came.
+        self._pending: Optional[Exchange] = None
         self._timer: Optional[IDelayedCall] = None
         self.result: Deferred = Deferred(self._cancelled)
 
@@ -184,27 +185,47 @@ class Call:
         self._started = reactor.seconds()
         if self._request.timeout is not None:
             self._timer = reactor.callLater(self._request.timeout, self._timed_out)
-        d = self._send()
-        d.addCallbacks(_answer, self._not_answered)
-        self._pending = d
-        d.addBoth(self._ended)
+        self._send()
         return self.result
 
-    def _send(self) -> Deferred:
+    def _send(self) -> None:
+        """
+        Send the request through the pool; its outcome comes to L{replied}
+        or L{failed} (the call is the exchange's receiver: no Deferred
+        between the connection and the call).
+        """
         request = self._request
         try:
-            return request.profile.request(request.target, request.data, self._guard.charge)
+            exchange = request.profile.send(request.target, request.data, self._guard.charge, self)
         except Exception:
-            return fail()
+            self.failed(Failure())
+            return
+        if not exchange.finished:
+            # Told nothing yet (a failure to connect at once is told before
+            # send returns, and may have sent the request again).
+            self._pending = exchange
 
-    def _not_answered(self, failure: Failure) -> Any:
+    def replied(self, reply: Reply) -> None:
+        """The exchange's reply (L{amp.http.IReceiver}): what it means, or why amp cannot use it."""
+        self._pending = None
+        try:
+            decision = _answer(reply)
+        except Exception:
+            self._ended(Failure())
+        else:
+            self._ended(decision)
+
+    def failed(self, failure: Failure) -> None:
+        """No reply (L{amp.http.IReceiver}): retried once when allowed, else the call fails."""
+        self._pending = None
         if self._retry and not self._done and retriable(failure):
             self._retry = False
             if self._reactor.seconds() - self._started < self._request.allowed / 2:
                 log.info("Retrying {endpoint} after {error}", endpoint=self._request.name,
                          error=first_line(failure.value))
-                return self._send().addCallback(_answer)
-        return failure
+                self._send()
+                return
+        self._ended(failure)
 
     def _ended(self, result: Any) -> None:
         if self._done:
@@ -244,8 +265,7 @@ class Call:
             return
         self._settle(Reason.TIMEOUT, Verdict.FAILURE if own else Verdict.RELEASE)
         self.result.errback(Failure(EndpointFailure(Reason.TIMEOUT, f"no reply within {self._request.allowed:.3g}s")))
-        if self._pending is not None:
-            self._pending.cancel()
+        self._cancel_exchange()
 
     def _cancelled(self, result: Deferred) -> None:
         if self._done or self._replied:
@@ -257,8 +277,12 @@ class Call:
         # The caller went away: not a verdict on the endpoint.
         # Deferred.cancel then fails the result with CancelledError.
         self._settle(Reason.CANCELLED, Verdict.RELEASE)
-        if self._pending is not None:
-            self._pending.cancel()
+        self._cancel_exchange()
+
+    def _cancel_exchange(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()
 
     def _settle(self, outcome: str, verdict: Verdict) -> None:
         self._done = True

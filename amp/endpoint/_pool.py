@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Callable, Optional
 from urllib.parse import quote
 
-from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IHostnameResolver, IStreamClientEndpoint
 
 from amp import __version__
@@ -27,7 +26,7 @@ from amp.config import EndpointSettings
 from amp.endpoint._connect import connect_endpoint, denied_literal
 from amp.endpoint._failures import LocalFailure
 from amp.endpoint._types import IEndpointReactor
-from amp.http import Charge, ClientConnection, OriginPool, Reply, ReplyBudget, ReplyLimits
+from amp.http import Charge, ClientConnection, Exchange, IReceiver, OriginPool, ReplyBudget, ReplyLimits
 from amp.reasons import Reason
 from amp.urls import EndpointURL
 
@@ -171,16 +170,17 @@ class Profile:
             self._targets[url.url] = t
         return t
 
-    def request(self, target: Target, data: bytes, charge: Charge) -> "Deferred[Reply]":
+    def send(self, target: Target, data: bytes, charge: Charge, receiver: IReceiver) -> Exchange:
         """
-        Send C{data} to C{target}'s origin through its pool.
+        Send C{data} to C{target}'s origin through its pool, the outcome
+        told to C{receiver} (L{OriginPool.send}).
 
         @raise LocalFailure: when the TLS files do not load.
         """
         pool = target.pool
         if pool is None:
             pool = target.pool = self._pool(target)
-        return pool.request(data, charge)
+        return pool.send(data, charge, receiver)
 
     def _pool(self, target: Target) -> OriginPool:
         """

@@ -11,7 +11,8 @@ and drain), C{_request} (a request), C{_limits} (the fixed limits).
 The endpoint client's side: L{ClientConnection} (C{_client}), one
 connection's requests and their replies, read within their limits while
 they arrive; L{OriginPool} (C{_pool}), the idle connections to one origin
-and the one retry on a reused connection; C{_replyhead}, bounding a reply's
+and the one retry on a reused connection, each request an L{Exchange}
+whose outcome goes to an L{IReceiver} (or a Deferred); C{_replyhead}, bounding a reply's
 head while it arrives, and the reply budget shared by every call
 (L{ReplyBudget}).
 """
@@ -37,7 +38,7 @@ from amp.http._limits import (
     WARNING_INTERVAL,
     WARNING_KINDS,
 )
-from amp.http._pool import OriginPool
+from amp.http._pool import Exchange, IReceiver, OriginPool
 from amp.http._replyhead import Charge, ReplyBudget, ReplyLimits
 from amp.http._request import TEXT, Request, query_parameter
 from amp.http._server import HTTPServerProtocol
@@ -49,10 +50,12 @@ __all__ = [
     "Charge",
     "ClientConnection",
     "ConnectionClosed",
+    "Exchange",
     "Handler",
     "HTTPServerFactory",
     "HTTPServerProtocol",
     "HeadTooLarge",
+    "IReceiver",
     "LINGER_BYTES",
     "MAX_HEAD_BYTES",
     "MAX_HEADERS",

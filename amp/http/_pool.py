@@ -3,7 +3,10 @@ Pooled connections to one origin: L{OriginPool}, and L{Exchange}, one
 request through it.
 
 A request goes out on the connection that became idle last, or on a new
-one from the pool's connect endpoint.  After a whole reply that allows it
+one from the pool's connect endpoint.  Its outcome goes to the
+L{IReceiver} the caller gives L{OriginPool.send} (the endpoint call's hot
+path: no Deferred between the connection and the call), or to the Deferred
+of L{OriginPool.request}.  After a whole reply that allows it
 (L{ClientConnection.reusable}) the connection comes back; the pool keeps
 at most C{size} idle, closing the oldest beyond that, and closes any idle
 for C{idle_timeout} seconds.  Busy connections are not bounded here (the
@@ -19,7 +22,7 @@ sees one outcome.  A request on a new connection is never sent twice.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol as TypingProtocol
 
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
@@ -28,6 +31,35 @@ from twisted.python.failure import Failure
 
 from amp.http._client import ClientConnection, ConnectionClosed, Reply, ReplyFailed
 from amp.http._replyhead import Charge, ReplyLimits
+
+
+class IReceiver(TypingProtocol):
+    """
+    Where the outcome of one request through an L{OriginPool} goes: exactly
+    one of these is called, once, unless the exchange is cancelled first
+    (then neither is).
+    """
+
+    def replied(self, reply: Reply) -> None:
+        """The reply arrived (its body read when 2xx)."""
+
+    def failed(self, failure: Failure) -> None:
+        """No reply: a L{ReplyFailed}, or why no connection could be made."""
+
+
+class _Deferring:
+    """An L{IReceiver} that fires a Deferred (L{OriginPool.request})."""
+
+    __slots__ = ("result",)
+
+    def __init__(self, result: Deferred) -> None:
+        self.result = result
+
+    def replied(self, reply: Reply) -> None:
+        self.result.callback(reply)
+
+    def failed(self, failure: Failure) -> None:
+        self.result.errback(failure)
 
 
 class _ConnectionFactory(Factory):
@@ -83,15 +115,25 @@ class OriginPool:
         from C{charge}.  Fails with a L{ReplyFailed}, or with why no
         connection could be made; cancelling it closes the connection.
         """
-        exchange = Exchange(self, data, charge)
+        result: Deferred = Deferred(lambda d: exchange.cancel())
+        exchange = self.send(data, charge, _Deferring(result))
+        return result
+
+    def send(self, data: bytes, charge: Charge, receiver: IReceiver) -> "Exchange":
+        """
+        L{request}, its outcome told to C{receiver} (possibly before this
+        returns, when no connection can be made at once); the L{Exchange}'s
+        C{cancel} closes the connection and tells nothing more.
+        """
+        exchange = Exchange(self, data, charge, receiver)
         idle = self._idle
         while idle:
             conn = idle.pop()
             if conn.reusable:
                 exchange.send(conn, reused=True)
-                return exchange.result
+                return exchange
         exchange.connect()
-        return exchange.result
+        return exchange
 
     def connect(self) -> Deferred:
         """
@@ -156,16 +198,18 @@ class OriginPool:
 class Exchange:
     """
     One request through an L{OriginPool}: the connection it is on, the one
-    retry, and its result.
+    retry, and where its outcome goes (an L{IReceiver}).
     """
 
-    __slots__ = ("_pool", "data", "charge", "result", "_conn", "_connecting", "_reused", "_cancelled")
+    __slots__ = ("_pool", "data", "charge", "_receiver", "_conn", "_connecting", "_reused", "_cancelled", "finished")
 
-    def __init__(self, pool: OriginPool, data: bytes, charge: Charge) -> None:
+    def __init__(self, pool: OriginPool, data: bytes, charge: Charge, receiver: IReceiver) -> None:
         self._pool = pool
         self.data = data
         self.charge = charge
-        self.result: Deferred = Deferred(self._cancel)
+        self._receiver = receiver
+        #: The receiver was told the outcome (or the exchange was cancelled).
+        self.finished = False
         self._conn: Optional[ClientConnection] = None
         self._connecting: Optional[Deferred] = None
         self._reused = False
@@ -191,11 +235,13 @@ class Exchange:
     def _not_connected(self, failure: Failure) -> None:
         self._connecting = None
         if not self._cancelled:
-            self.result.errback(failure)
+            self.finished = True
+            self._receiver.failed(failure)
 
     def replied(self, reply: Reply) -> None:
         if not self._cancelled:
-            self.result.callback(reply)
+            self.finished = True
+            self._receiver.replied(reply)
 
     def failed(self, failure: ReplyFailed, replying: bool) -> None:
         if self._cancelled:
@@ -204,10 +250,17 @@ class Exchange:
             # The peer closed the idle connection as the request went out.
             self.connect()
             return
-        self.result.errback(failure)
+        self.finished = True
+        self._receiver.failed(Failure(failure))
 
-    def _cancel(self, result: Deferred) -> None:
-        self._cancelled = True
+    def cancel(self) -> None:
+        """
+        Give up on the request: a connection being made is abandoned, the
+        one the request is on is closed, and the receiver is told nothing.
+        """
+        if self._cancelled:
+            return
+        self._cancelled = self.finished = True
         if self._connecting is not None:
             connecting, self._connecting = self._connecting, None
             connecting.cancel()
