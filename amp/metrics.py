@@ -14,18 +14,22 @@ open file descriptors), and no C{*_created} series.
 """
 
 from __future__ import annotations
-from typing import Any
+
+from bisect import bisect_left
+from typing import Any, Iterator, Sequence
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 from twisted.web.resource import Resource
 
 from amp import __version__
@@ -60,6 +64,128 @@ OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 KIND_LIMIT = 16
 
 
+def _label_key(name: str, labelnames: tuple[str, ...], values: tuple, named: dict) -> tuple[str, ...]:
+    """The label values of a child, given by position or by name, as strings."""
+    if named:
+        if values or set(named) != set(labelnames):
+            raise ValueError(f"{name} takes the labels {', '.join(labelnames)}")
+        values = tuple(named[label] for label in labelnames)
+    if len(values) != len(labelnames):
+        raise ValueError(f"{name} takes the labels {', '.join(labelnames)}")
+    return tuple(str(v) for v in values)
+
+
+class _Count:
+    """One child of a L{HotCounter}: a plain number."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class HotCounter(Collector):
+    """
+    A counter of every review's path, in C{prometheus_client}'s exposition:
+    its children are plain numbers, added to on the reactor thread, which
+    is also where the registry is scraped (C{/metrics} is a twisted.web
+    resource), so no lock is needed.  C{prometheus_client}'s own children
+    take a lock per C{inc} (0.6 us here, against 0.05 us): a few per
+    review, on the only thread that counts them.  Nothing but the reactor
+    thread may count or scrape one.
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
+                 registry: CollectorRegistry) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = tuple(labelnames)
+        self._children: dict[tuple[str, ...], _Count] = {}
+        registry.register(self)
+
+    def labels(self, *values: Any, **named: Any) -> _Count:
+        """The child of these label values, by position or name (made at zero the first time)."""
+        key = _label_key(self._name, self._labelnames, values, named)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = _Count()
+        return child
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        for key, child in list(self._children.items()):
+            family.add_metric(key, child.value)
+        yield family
+
+
+class _Observed:
+    """One child of a L{HotHistogram}: a count per bucket and the sum."""
+
+    __slots__ = ("_bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        #: Observations per bucket, not cumulative; the last is +Inf's.
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        # The first bound >= value: Prometheus buckets count value <= le.
+        self.counts[bisect_left(self._bounds, value)] += 1
+        self.sum += value
+
+
+class HotHistogram(Collector):
+    """
+    A histogram of every review's path, on the reactor thread only, as
+    L{HotCounter} is (C{prometheus_client}'s C{observe} costs 1.3 us with
+    its lock, this one 0.2 us).
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float],
+                 registry: CollectorRegistry) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = tuple(labelnames)
+        self._bounds = tuple(float(b) for b in buckets)
+        self._les = [floatToGoString(b) for b in self._bounds] + ["+Inf"]
+        self._children: dict[tuple[str, ...], _Observed] = {}
+        if not self._labelnames:
+            self._children[()] = _Observed(self._bounds)
+        registry.register(self)
+
+    def labels(self, *values: Any, **named: Any) -> _Observed:
+        """The child of these label values, by position or name (made empty the first time)."""
+        key = _label_key(self._name, self._labelnames, values, named)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = _Observed(self._bounds)
+        return child
+
+    def observe(self, value: float) -> None:
+        """Observe C{value} (a histogram without labels)."""
+        self._children[()].observe(value)
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        for key, child in list(self._children.items()):
+            cumulative, buckets = 0, []
+            for le, count in zip(self._les, child.counts):
+                cumulative += count
+                buckets.append((le, cumulative))
+            family.add_metric(list(key), buckets, child.sum)
+        yield family
+
+
 class Metrics:
     """
     All of amp's metrics, in one registry.
@@ -73,19 +199,21 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         ProcessCollector(registry=r)
-        self.admission_requests = Counter(
+        # The four metrics every review touches are amp's own (HotCounter,
+        # HotHistogram): plain numbers on the reactor thread, no lock.
+        self.admission_requests = HotCounter(
             "amp_admission_requests", "Admission reviews answered, by result and reason.",
             ["kind", "operation", "result", "reason"], registry=r)
         self._review_counters: dict[tuple[str, str, str, str], Any] = {}
         self._review_kinds: set[str] = set()
-        self.admission_duration = Histogram(
-            "amp_admission_duration_seconds", "Time from request to answer for a review.",
+        self.admission_duration = HotHistogram(
+            "amp_admission_duration_seconds", "Time from request to answer for a review.", [],
             buckets=LATENCY_BUCKETS, registry=r)
         self.bad_requests = Counter(
             "amp_bad_requests", "Requests refused before review, by HTTP status.", ["code"], registry=r)
-        self.endpoint_requests = Counter(
+        self.endpoint_requests = HotCounter(
             "amp_endpoint_requests", "Endpoint calls by outcome.", ["endpoint", "outcome"], registry=r)
-        self.endpoint_duration = Histogram(
+        self.endpoint_duration = HotHistogram(
             "amp_endpoint_duration_seconds", "Endpoint call latency.", ["endpoint"],
             buckets=LATENCY_BUCKETS, registry=r)
         self.breaker_state = Gauge(

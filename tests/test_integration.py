@@ -97,7 +97,8 @@ class PatchedTests(IntegrationTestCase):
         patched = apply_patch(the_pod, response["_patch"])
         self.assertIn({"name": "AMP_USER", "value": "alice"}, patched["spec"]["containers"][0]["env"])
         self.assertEqual(patched["spec"]["initContainers"][0]["name"], "new-init-container")
-        self.assertEqual(amp.metrics.admission_requests.labels("Pod", "CREATE", "patched", "")._value.get(), 1)
+        self.assertEqual(amp.metrics.registry.get_sample_value("amp_admission_requests_total", {
+            "kind": "Pod", "operation": "CREATE", "result": "patched", "reason": ""}), 1)
 
     @inlineCallbacks
     def test_v1beta1_round_trip(self) -> Any:

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from cryptography import x509
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
@@ -368,3 +370,33 @@ def test_review_kinds_and_operations_from_clients_cannot_grow_the_registry() -> 
     assert metrics.registry.get_sample_value(
         "amp_admission_requests_total",
         {"kind": "Kind0", "operation": "CREATE", "result": "skipped", "reason": ""}) == 1
+
+
+@given(st.lists(st.sampled_from([0.0, 0.0005, 0.0007, 0.001, 0.003, 0.5, 1.0, 7.5, 30.0, 31.0, 1e6])
+                | st.floats(min_value=0, max_value=100, allow_nan=False), max_size=30),
+       st.sampled_from([(), ("https://a.example:443",)]))
+@settings(max_examples=60, deadline=None)
+def test_hot_metrics_expose_what_prometheus_client_would(observations: list[float], labels: tuple) -> None:
+    """
+    The review path's own counter and histogram (no lock, reactor thread
+    only) scrape exactly as C{prometheus_client}'s would after the same
+    counts and observations: buckets count values up to and including
+    their bound, cumulatively, with the sum and the count.
+    """
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from amp.metrics import LATENCY_BUCKETS, HotCounter, HotHistogram
+
+    names = ["endpoint"] if labels else []
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    their_histogram = Histogram("x_seconds", "doc", names, buckets=LATENCY_BUCKETS, registry=theirs)
+    our_histogram = HotHistogram("x_seconds", "doc", names, buckets=LATENCY_BUCKETS, registry=ours)
+    their_counter = Counter("y", "doc", ["outcome"], registry=theirs)
+    our_counter = HotCounter("y", "doc", ["outcome"], registry=ours)
+    for value in observations:
+        (their_histogram.labels(*labels) if labels else their_histogram).observe(value)
+        (our_histogram.labels(*labels) if labels else our_histogram).observe(value)
+        their_counter.labels(outcome="ok" if value < 1 else "timeout").inc()
+        our_counter.labels("ok" if value < 1 else "timeout").inc()
+    with_created = [line for line in generate_latest(theirs).decode().splitlines() if "_created" not in line]
+    assert generate_latest(ours).decode().splitlines() == with_created
