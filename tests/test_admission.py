@@ -17,6 +17,7 @@ from typing import Any, Optional
 from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
@@ -974,7 +975,7 @@ class DeadlineTests(SynchronousTestCase):
 class RobustnessTests(SynchronousTestCase):
     def test_endpoint_client_raising_still_answers(self) -> None:
         class Broken:
-            def ask(self, *args: Any, **kwargs: Any) -> Any:
+            def ask_into(self, *args: Any, **kwargs: Any) -> Any:
                 raise RuntimeError("bug in the client")
 
         config = config_for("/user-env")
@@ -988,8 +989,8 @@ class RobustnessTests(SynchronousTestCase):
 
     def test_endpoint_client_failing_unexpectedly_still_answers(self) -> None:
         class Broken:
-            def ask(self, *args: Any, **kwargs: Any) -> Any:
-                return fail(ValueError("unexpected"))
+            def ask_into(self, receiver: Any, *args: Any, **kwargs: Any) -> Any:
+                receiver.call_failed(Failure(ValueError("unexpected")))
 
         config = config_for("/user-env", failure_policy="Fail")
         admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), Broken(),  # type: ignore[arg-type]

@@ -207,6 +207,12 @@ class _Answers:
         return self.call(url, settings, body, headers, deadline, breaker).addCallback(
             lambda decision: CallReply(decision, lambda outcome: None))
 
+    def ask_into(self, receiver: Any, url: Any, settings: Any, body: bytes, headers: Any, deadline: Any,
+                 breaker: Any = None) -> None:
+        """As L{ask}, told to C{receiver} (how a review asks)."""
+        self.ask(url, settings, body, headers, deadline, breaker).addCallbacks(
+            receiver.call_replied, receiver.call_failed)
+
 
 def _note(path: str, value: str) -> list:
     return [{"op": "add", "path": f"/metadata/annotations/{path}", "value": value}]

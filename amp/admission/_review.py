@@ -30,7 +30,7 @@ from amp.admission._chain import Chain
 from amp.admission._parts import EPHEMERAL_CONTAINERS, Parts
 from amp.answers import Answer
 from amp.deadline import Deadline
-from amp.endpoint import OK, CallReply, EndpointFailure
+from amp.endpoint import OK, Call, CallReply, EndpointFailure
 from amp.namespaces import UNKNOWN, NamespaceInfo, NamespaceLookupError
 from amp.patch import PatchError, check_patch, unchanged
 from amp.policy import FAIL, SHADOW, Route
@@ -52,7 +52,7 @@ class Review:
         ends the review at once, as C{cancelled}.
     """
 
-    __slots__ = ("_parts", "_req", "_deadline", "_validation", "_route", "_pending", "_timer", "_ending",
+    __slots__ = ("_parts", "_req", "_deadline", "_validation", "_route", "_pending", "_call", "_timer", "_ending",
                  "_done", "result", "_chain", "_trace", "_call_started", "_answering", "_namespace", "_canary_plan",
                  "_canary_run")
 
@@ -75,8 +75,10 @@ class Review:
         #: The namespace's canary (L{amp.canary.CanaryPlan}) and its run in progress.
         self._canary_plan: Any = None
         self._canary_run: Any = None
-        #: The step waited on: a namespace lookup or an endpoint call.
+        #: The step waited on: a namespace lookup, or an endpoint call
+        #: (whose end the review is told, L{call_replied}, L{call_failed}).
         self._pending: Optional[Deferred] = None
+        self._call: Optional[Call] = None
         self._timer: Optional[IDelayedCall] = None
         #: Why the review is being ended early: DEADLINE or CANCELLED.
         self._ending: Optional[Reason] = None
@@ -109,7 +111,12 @@ class Review:
         """
         self._pending = d
         d.addBoth(self._resume, d, then)
-        if self._pending is d and self._timer is None:
+        if self._pending is d:
+            self._arm()
+
+    def _arm(self) -> None:
+        """Arm the deadline's timer, if it is not armed yet: the review waits."""
+        if self._timer is None:
             clock = self._parts.clock
             self._timer = clock.callLater(self._deadline.remaining(clock.seconds()), self._expired)
 
@@ -193,8 +200,36 @@ class Review:
             self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]
                 plan, req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers, self._deadline,
                 self._parts.check_options)
-        self._wait(self._parts.endpoints.ask(step.url, step.settings, pod_json, headers, self._deadline, step.breaker),
-                   self._replied)
+        call = self._parts.endpoints.ask_into(self, step.url, step.settings, pod_json, headers, self._deadline,
+                                              step.breaker)
+        if call is not None and not call.told:
+            # Not ended at once (a refusal is told before ask_into returns,
+            # and the chain may have gone on from it).
+            self._call = call
+            self._arm()
+
+    def call_replied(self, reply: CallReply) -> None:
+        """The endpoint call in progress answered (L{amp.endpoint.ICallReceiver})."""
+        self._call = None
+        if self._done:
+            # The review was answered without this step; its reply is
+            # settled as it is: nobody judges it.
+            reply.settle(OK)
+            return
+        try:
+            self._replied(reply)
+        except Exception:
+            self._step_failed(Failure())
+
+    def call_failed(self, failure: Failure) -> None:
+        """The endpoint call in progress failed (L{amp.endpoint.ICallReceiver})."""
+        self._call = None
+        if self._done:
+            return
+        try:
+            self._step_failed(failure)
+        except Exception:
+            self._step_failed(Failure())
 
     def _tell_canary(self, pod_after: Optional[dict] = None, skipped: bool = False) -> None:
         """Tell the canary in progress how the live step it stands beside ended."""
@@ -296,7 +331,7 @@ class Review:
             return
         told(self._trace, answer)
         self._done = True
-        self._pending = None
+        self._pending = self._call = None
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
             timer.cancel()
@@ -337,6 +372,11 @@ class Review:
         pending = self._pending
         if pending is not None:
             pending.cancel()
+        call, self._call = self._call, None
+        if call is not None:
+            # Tells call_failed: a timeout when the deadline passed, else
+            # CancelledError.
+            call.cancel()
         if not self._done:
             # The step did not end when cancelled: answer without it.
             self._pending = None

@@ -20,7 +20,9 @@ concern each:
     bulkhead, time left), building its request, shutting down.
   - L{amp.endpoint._call}: one call's state machine: its one timer, retries,
     the reply's settle handle (L{CallReply}), settling the outcome, the metric
-    and the breaker ticket exactly once.
+    and the breaker ticket exactly once, and telling its end to its
+    L{ICallReceiver} (the review itself on the hot path, through
+    L{EndpointClient.ask_into}; a Deferred through L{EndpointClient.ask}).
   - L{amp.endpoint._failures}: naming failures (L{classify}).
   - L{amp.endpoint._pool}: the L{amp.endpoint._pool.Profile} per settings
     value (reply limits, a pool per origin) and each URL's request head,
@@ -107,7 +109,7 @@ was open has closed.  Calls made after that still work, on connections that
 are closed when they end.
 """
 
-from amp.endpoint._call import OK, CallReply
+from amp.endpoint._call import OK, Call, CallReply, ICallReceiver
 from amp.endpoint._client import EndpointClient
 from amp.endpoint._connect import DeniedAddress
 from amp.endpoint._failures import EndpointFailure
@@ -115,6 +117,6 @@ from amp.endpoint._pool import USER_AGENT, Connector
 from amp.endpoint._types import IEndpointReactor
 
 __all__ = [
-    "OK", "CallReply", "Connector", "EndpointClient", "EndpointFailure", "DeniedAddress", "IEndpointReactor",
+    "OK", "Call", "CallReply", "Connector", "EndpointClient", "ICallReceiver", "EndpointFailure", "DeniedAddress", "IEndpointReactor",
     "USER_AGENT",
 ]

@@ -46,9 +46,9 @@ of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol as TypingProtocol
 
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -82,6 +82,33 @@ class CallReply:
 
     decision: EndpointDecision
     settle: Callable[[str], None]
+
+
+class ICallReceiver(TypingProtocol):
+    """
+    Where one call's end goes (L{Call}): exactly one of these, once.
+    """
+
+    def call_replied(self, reply: CallReply) -> None:
+        """The endpoint answered with a usable reply; settle it once judged."""
+
+    def call_failed(self, failure: Failure) -> None:
+        """No usable reply: an L{EndpointFailure}, or C{CancelledError}."""
+
+
+class DeferredReceiver:
+    """An L{ICallReceiver} that fires a Deferred (L{amp.endpoint.EndpointClient.ask})."""
+
+    __slots__ = ("result",)
+
+    def __init__(self, result: Deferred) -> None:
+        self.result = result
+
+    def call_replied(self, reply: CallReply) -> None:
+        self.result.callback(reply)
+
+    def call_failed(self, failure: Failure) -> None:
+        self.result.errback(failure)
 
 
 # Not frozen: a frozen dataclass of many fields costs a microsecond a call
@@ -154,17 +181,19 @@ class Call:
     @param reactor: for the call's timer and its clock.
     @param settled: told C{(call, outcome, seconds)} once, when the call is
         settled (the client's count of calls in flight and its metrics).
-    @ivar result: fires with a L{CallReply}, or fails with L{EndpointFailure}.
+    @param receiver: told how the call ended, once (L{ICallReceiver}):
+        a L{CallReply}, or the failure (L{EndpointFailure}; a
+        C{CancelledError} when L{cancel}led before the deadline).
     """
 
     __slots__ = (
         "_reactor", "_request", "_guard", "_on_settled", "_started", "_timer", "_pending", "_retry",
-        "_replied", "_done", "_waiters", "result",
+        "_replied", "_done", "_waiters", "_receiver", "told",
     )
 
     def __init__(
         self, reactor: Any, request: CallRequest, guard: CallGuard,
-        settled: Callable[["Call", str, float], None],
+        settled: Callable[["Call", str, float], None], receiver: "ICallReceiver",
     ) -> None:
         self._reactor = reactor
         self._request = request
@@ -178,15 +207,16 @@ class Call:
         #: The request through the pool, until its outcome came.
         self._pending: Optional[Exchange] = None
         self._timer: Optional[IDelayedCall] = None
-        self.result: Deferred = Deferred(self._cancelled)
+        self._receiver = receiver
+        #: The receiver was told how the call ended.
+        self.told = False
 
-    def start(self) -> Deferred:
+    def start(self) -> None:
         reactor = self._reactor
         self._started = reactor.seconds()
         if self._request.timeout is not None:
             self._timer = reactor.callLater(self._request.timeout, self._timed_out)
         self._send()
-        return self.result
 
     def _send(self) -> None:
         """
@@ -238,14 +268,20 @@ class Call:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            self.result.callback(CallReply(result, self.settle))
+            self.told = True
+            self._receiver.call_replied(CallReply(result, self.settle))
             return None
         failure = classify(result, self._request.settings)
         if not result.check(*EXPECTED):
             log.failure("Unexpected error calling {endpoint}", result, endpoint=self._request.name)
         self._settle(failure.reason, Verdict.RELEASE if isinstance(failure, LocalFailure) else Verdict.FAILURE)
-        self.result.errback(Failure(failure))
+        self._tell_failure(Failure(failure))
         return None
+
+    def _tell_failure(self, failure: Failure) -> None:
+        if not self.told:
+            self.told = True
+            self._receiver.call_failed(failure)
 
     def settle(self, outcome: str) -> None:
         """
@@ -264,10 +300,21 @@ class Call:
         if self._done or self._replied:
             return
         self._settle(Reason.TIMEOUT, Verdict.FAILURE if own else Verdict.RELEASE)
-        self.result.errback(Failure(EndpointFailure(Reason.TIMEOUT, f"no reply within {self._request.allowed:.3g}s")))
+        self._tell_failure(Failure(EndpointFailure(Reason.TIMEOUT, f"no reply within {self._request.allowed:.3g}s")))
         self._cancel_exchange()
 
-    def _cancelled(self, result: Deferred) -> None:
+    def cancel(self) -> None:
+        """
+        The caller gives up on the call: when the review's deadline has
+        passed, it fails with C{timeout} (not a verdict on the endpoint);
+        before, it ends as C{cancelled} and fails with C{CancelledError}.
+        Nothing after it has ended or replied.
+        """
+        self._cancelled()
+        if not self._replied:
+            self._tell_failure(Failure(CancelledError()))
+
+    def _cancelled(self) -> None:
         if self._done or self._replied:
             return
         if self._request.deadline.passed(self._reactor.seconds()):
@@ -275,7 +322,6 @@ class Call:
             self._timed_out(own=False)
             return
         # The caller went away: not a verdict on the endpoint.
-        # Deferred.cancel then fails the result with CancelledError.
         self._settle(Reason.CANCELLED, Verdict.RELEASE)
         self._cancel_exchange()
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Optional
 
-from twisted.internet.defer import Deferred, fail, gatherResults
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IHostnameResolver
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from amp.breaker import BreakerRegistry, CircuitBreaker
 from amp.config import BreakerConfig, EndpointSettings
 from amp.deadline import Deadline
-from amp.endpoint._call import OK, Call, CallGuard, CallReply, CallRequest
+from amp.endpoint._call import OK, Call, CallGuard, CallReply, CallRequest, DeferredReceiver, ICallReceiver
 from amp.endpoint._failures import EndpointFailure, LocalFailure
 from amp.endpoint._pool import Connector, Profile, request_bytes
 from amp.endpoint._types import IEndpointReactor
@@ -168,14 +169,36 @@ class EndpointClient:
         deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
     ) -> "Deferred[CallReply]":
         """
+        L{ask_into}, told to a Deferred: it resolves to the L{CallReply},
+        or fails with L{EndpointFailure}; cancelling it is the call's
+        L{Call.cancel}.
+        """
+        call: Optional[Call] = None
+
+        def cancel(d: Deferred) -> None:
+            if call is not None:
+                call.cancel()
+
+        result: Deferred = Deferred(cancel)
+        call = self.ask_into(DeferredReceiver(result), url, settings, body, headers, deadline, breaker_config)
+        return result
+
+    def ask_into(
+        self, receiver: ICallReceiver, url: EndpointURL, settings: EndpointSettings, body: bytes,
+        headers: dict[bytes, bytes], deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
+    ) -> Optional[Call]:
+        """
         POST C{body} to C{url} and parse the reply, within C{settings.timeout}
-        and before C{deadline}: resolves to a L{CallReply}, which the caller
-        settles once it has judged it, or fails with L{EndpointFailure}.
+        and before C{deadline}; C{receiver} is told once (L{ICallReceiver}):
+        the L{CallReply}, which the caller settles once it has judged it, or
+        the failure, an L{EndpointFailure} (told before this returns when
+        amp refuses the call at once: then the result is None).  The result
+        is the L{Call}, which the caller may L{Call.cancel}.
 
         The caller owns C{deadline}: when C{settings.timeout} ends first, the
         call's own timer fails it with C{timeout} (which counts against the
         breaker); otherwise the caller's timer is the only one, and the
-        caller cancels the result when the deadline passes: the call then
+        caller cancels the call when the deadline passes: the call then
         fails with C{timeout} too, but the breaker counts nothing (the
         review's deadline is not a verdict on the endpoint).  Cancelled
         before the deadline (the API server went away), the call ends as
@@ -195,16 +218,16 @@ class EndpointClient:
         breaker = self._breaker(origin)
         ticket = breaker.allow()
         if ticket is None:
-            return self._refuse(origin, Reason.BREAKER_OPEN,
+            return self._refuse(receiver, origin, Reason.BREAKER_OPEN,
                                 f"circuit breaker open, next try in {breaker.reopens_in():.1f}s")
         if origin.in_flight >= settings.max_concurrent:
             breaker.release(ticket)
-            return self._refuse(origin, Reason.CONCURRENCY_LIMIT,
+            return self._refuse(receiver, origin, Reason.CONCURRENCY_LIMIT,
                                 f"{origin.in_flight} calls already in flight (max_concurrent)")
         remaining = deadline.remaining(self.reactor.seconds())
         if remaining <= 0:
             breaker.release(ticket)
-            return self._refuse(origin, Reason.TIMEOUT, "no time left in the review's deadline")
+            return self._refuse(receiver, origin, Reason.TIMEOUT, "no time left in the review's deadline")
         # A timer of the call's own only when the endpoint's timeout ends
         # before the caller's deadline: that deadline is the caller's timer.
         timeout = settings.timeout if settings.timeout < remaining else None
@@ -218,23 +241,25 @@ class EndpointClient:
                 raise LocalFailure(Reason.DENIED_ADDRESS, target.denied)
         except LocalFailure as e:
             breaker.release(ticket)
-            return self._refuse(origin, e.reason, e.message)
+            return self._refuse(receiver, origin, e.reason, e.message)
         except Exception:
             breaker.release(ticket)
             log.failure("Could not build the request to {endpoint}", endpoint=origin.name)
-            return self._refuse(origin, Reason.CONNECTION_FAILED, "amp could not build the request")
+            return self._refuse(receiver, origin, Reason.CONNECTION_FAILED, "amp could not build the request")
         # One bound for all calls; a reloaded configuration may change it.
         self.budget.limit = settings.max_buffered
         request = CallRequest(origin.name, target, profile, settings, data, timeout, deadline,
                               timeout if timeout is not None else remaining)
-        c = Call(self.reactor, request, CallGuard(Charge(self.budget), breaker, ticket), partial(self._settled, origin))
+        c = Call(self.reactor, request, CallGuard(Charge(self.budget), breaker, ticket), partial(self._settled, origin),
+                 receiver)
         origin.in_flight += 1
         self._live.add(c)
-        return c.start()
+        c.start()
+        return c
 
-    def _refuse(self, origin: Origin, reason: Reason, message: str) -> Deferred:
+    def _refuse(self, receiver: ICallReceiver, origin: Origin, reason: Reason, message: str) -> None:
         self._count(origin, reason)
-        return fail(EndpointFailure(reason, message))
+        receiver.call_failed(Failure(EndpointFailure(reason, message)))
 
     # ------------------------------------------------------------ shutdown
 
