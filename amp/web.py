@@ -13,6 +13,7 @@ listener's L{amp.logs.RepeatLimiter}).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, NamedTuple, Optional
 
 from twisted.internet.interfaces import IReactorTime
@@ -104,19 +105,23 @@ class AdmissionResource:
         admitter = self.admitter
         timeout = query_parameter(request.query, b"timeout") if request.query else None
         deadline = admitter.deadline(timeout.decode("ascii", "replace") if timeout is not None else None, started)
-        d = admitter.review(req, deadline, validation=self._validation)
-        # Not "if not d.called": a review can be called already and still be
-        # waiting on a chained Deferred (an endpoint call started from a
-        # namespace fetch that answered at once); cancel() reaches it.
-        request.review = d
-        d.addCallback(self._respond, request, req, started).addErrback(self._write_failed, request)
+        # The review while it waits (the listener cancels it if the client
+        # goes away); None when it was answered at once.
+        request.review = admitter.review_into(partial(self._respond, request, req, started), req, deadline,
+                                              validation=self._validation)
 
     def _bad(self, request: Request, code: int, message: str) -> None:
         self._metrics.bad_requests.labels(str(code)).inc()
         request.server.warnings.emit("bad-reviews", LogLevel.info, "Bad AdmissionReview: {error}", error=message)
         request.plain(code, message)
 
-    def _respond(self, answer: Answer, request: Request, req: AdmissionRequest, started: float) -> None:
+    def _respond(self, request: Request, req: AdmissionRequest, started: float, answer: Answer) -> None:
+        try:
+            self._answer(request, req, started, answer)
+        except Exception:
+            self._write_failed(Failure(), request)
+
+    def _answer(self, request: Request, req: AdmissionRequest, started: float, answer: Answer) -> None:
         request.review = None
         if request.disconnected:
             # Answered as the client went away.

@@ -5,9 +5,9 @@ under one configuration; the entry of every review.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
@@ -83,14 +83,38 @@ class Admitter:
         fails.  Cancelling the result (the client went away) answers at
         once, as C{cancelled}.  C{trace}, if given, is told each decision.
         """
+        review: Optional[Review] = None
+
+        def cancel(d: Deferred) -> None:
+            if review is not None:
+                review.cancel()
+
+        result: Deferred[Answer] = Deferred(cancel)
+        review = self.review_into(result.callback, req, deadline, validation=validation, trace=trace)
+        return result
+
+    def review_into(
+        self, answered: Callable[[Answer], None], req: AdmissionRequest, deadline: Deadline, *,
+        validation: bool = False, trace: Optional[IReviewTrace] = None,
+    ) -> Optional[Review]:
+        """
+        L{review}, its answer given to C{answered} (once, possibly before
+        this returns): the webhook's way, without a Deferred.  Returns the
+        L{Review} while it waits (its C{cancel} ends it at once, as
+        C{cancelled}), None once answered.  C{answered} must not raise.
+        """
         if trace is None:
             trace = NO_TRACE
         if not (req.is_pod_create or (self.config.ephemeral_containers and req.is_ephemeral_update)):
-            return succeed(told(trace, answers.skipped(req)))
+            answered(told(trace, answers.skipped(req)))
+            return None
         alone = self._left_alone(req)
         if alone is not None:
-            return succeed(told(trace, answers.skipped(req, reason=alone)))
-        return Review(self._parts, req, deadline, validation, trace).start()
+            answered(told(trace, answers.skipped(req, reason=alone)))
+            return None
+        review = Review(self._parts, req, deadline, validation, trace, answered)
+        review.start()
+        return None if review.done else review
 
     def _left_alone(self, req: AdmissionRequest) -> Optional[Reason]:
         """

@@ -48,18 +48,19 @@ class Review:
     One review in progress: the step it waits on, the deadline's timer, the
     route once known, the chain once routed.
 
-    @ivar result: fires with the L{Answer} (never fails); cancelling it
-        ends the review at once, as C{cancelled}.
+    @param answered: called once with the review's L{Answer} (a review
+        never fails); L{cancel} ends the review at once, as C{cancelled}.
     """
 
     __slots__ = ("_parts", "_req", "_deadline", "_validation", "_route", "_pending", "_call", "_timer", "_ending",
-                 "_done", "result", "_chain", "_trace", "_call_started", "_answering", "_namespace", "_canary_plan",
+                 "_done", "_answered", "_chain", "_trace", "_call_started", "_answering", "_namespace", "_canary_plan",
                  "_canary_run")
 
     log = Logger()
 
     def __init__(
         self, parts: Parts, req: AdmissionRequest, deadline: Deadline, validation: bool, trace: IReviewTrace,
+        answered: Callable[[Answer], None],
     ) -> None:
         self._parts = parts
         self._trace = trace
@@ -85,11 +86,16 @@ class Review:
         self._done = False
         #: The endpoint chain in progress, once routed.
         self._chain: Optional[Chain] = None
-        self.result: Deferred[Answer] = Deferred(self._cancel)
+        self._answered = answered
 
     # ------------------------------------------------------------ steps
 
-    def start(self) -> "Deferred[Answer]":
+    @property
+    def done(self) -> bool:
+        """The review has been answered."""
+        return self._done
+
+    def start(self) -> None:
         namespaces = self._parts.namespaces
         name = self._req.namespace
         try:
@@ -102,7 +108,6 @@ class Review:
         except Exception:
             # A bug, a broken source or client: still an answer.
             self._step_failed(Failure())
-        return self.result
 
     def _wait(self, d: Deferred, then: Callable[[Any], None]) -> None:
         """
@@ -339,7 +344,7 @@ class Review:
         recorder = self._parts.recorder
         if recorder is not None and self._route is not None and not self._validation:
             self._offer(recorder, answer)
-        self.result.callback(answer)
+        self._answered(answer)
 
     def _offer(self, recorder: Any, answer: Answer) -> None:
         """Offer the answered review for recording (never blocks or raises)."""
@@ -358,7 +363,8 @@ class Review:
         self._timer = None
         self._end(Reason.DEADLINE)
 
-    def _cancel(self, result: Deferred) -> None:
+    def cancel(self) -> None:
+        """The client went away: end the review now, as C{cancelled}."""
         self._end(Reason.CANCELLED)
 
     def _end(self, why: Reason) -> None:

@@ -6,22 +6,28 @@ reads (method, path, query, Content-Type, body) and how it answers
 A request is received whole before its handler runs: the body is in memory,
 capped by C{listen.max_body} while it arrived.  A handler that answers later
 (a review waiting on its endpoint) keeps the request; if the client goes
-away first, L{Request.disconnected} is set and the Deferred in
-L{Request.review} is cancelled, and a later L{Request.respond} does nothing.
+away first, L{Request.disconnected} is set and L{Request.review} (anything
+with a C{cancel()}: a review, a Deferred) is cancelled, and a later
+L{Request.respond} does nothing.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol as TypingProtocol
 from urllib.parse import unquote_to_bytes
-
-from twisted.internet.defer import Deferred
 
 if TYPE_CHECKING:
     from amp.http._server import HTTPServerProtocol
 
 #: The Content-Type of amp's plain-text answers.
 TEXT = b"text/plain; charset=utf-8"
+
+
+class ICancellable(TypingProtocol):
+    """What answers a request later: cancelled if the client goes away first."""
+
+    def cancel(self) -> None:
+        """The client went away: stop, the answer is not read."""
 
 
 class Request:
@@ -33,8 +39,9 @@ class Request:
     @ivar query: the request target after its C{?} (C{b""} if none).
     @ivar content_type: the Content-Type header's value, C{b""} if none.
     @ivar body: the body.
-    @ivar review: a Deferred answering this request, cancelled if the
-        client goes away before the answer; set by the handler.
+    @ivar review: what answers this request later (L{ICancellable}: the
+        review in progress), cancelled if the client goes away before the
+        answer; set by the handler.
     @ivar disconnected: the client went away before the answer.
     """
 
@@ -53,7 +60,7 @@ class Request:
         self.expect_continue = False
         #: (code, message) of a refusal in this request's place in line.
         self.refusal: Optional[tuple[int, str]] = None
-        self.review: Optional[Deferred[Any]] = None
+        self.review: Optional[ICancellable] = None
         self.disconnected = False
 
     def respond(self, code: int, body: bytes, content_type: bytes = TEXT, headers: bytes = b"") -> None:
