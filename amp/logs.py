@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from functools import lru_cache
 import time
 from string import Formatter
-from typing import IO, Any, Callable, Optional
+from threading import get_ident
+from typing import IO, Any, Callable, Iterator, Optional
 
 import msgspec
 
@@ -135,6 +137,51 @@ class HotPathLogger(Logger):
         self.observer(kwargs)
 
 
+class _HeldFlushes:
+    """
+    Flushes of the log's output put off while lines are written together
+    (L{lines_together}).
+    """
+
+    __slots__ = ("depth", "owed", "thread")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.owed: list[Callable[[], Any]] = []
+        #: The thread writing lines together (another flushes at once).
+        self.thread = 0
+
+    def flush(self, flush: Callable[[], Any]) -> None:
+        """Flush now, or once the lines written together are done."""
+        if not self.depth or get_ident() != self.thread:
+            flush()
+        elif flush not in self.owed:
+            self.owed.append(flush)
+
+
+_held = _HeldFlushes()
+
+
+@contextmanager
+def lines_together() -> Iterator[None]:
+    """
+    Lines logged inside are flushed once, at the end (for the reviews
+    answered in one turn of the reactor: one write for all their lines
+    instead of one each).  Only for the reactor thread.
+    """
+    if not _held.depth:
+        _held.thread = get_ident()
+    _held.depth += 1
+    try:
+        yield
+    finally:
+        _held.depth -= 1
+        if not _held.depth:
+            owed, _held.owed = _held.owed, []
+            for flush in owed:
+                flush()
+
+
 @implementer(ILogObserver)
 class TextLinesObserver:
     """
@@ -156,7 +203,7 @@ class TextLinesObserver:
                 f"[{event.get('log_namespace', '-')}#{level.name if level is not None else 'info'}] "
                 f"{text}".replace("\n", "\n\t"))
         self._write(line + "\n")
-        self._flush()
+        _held.flush(self._flush)
 
 
 def event_as_json(event: dict) -> str:
@@ -221,7 +268,7 @@ class JSONLinesObserver:
         except Exception as e:
             line = _fallback(event, e)
         self._write(line + "\n")
-        self._flush()
+        _held.flush(self._flush)
 
 
 @implementer(ILogObserver)

@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 
 from amp.admission import Admitter, Answer, Outcome, unheard
 from amp.http import Handler, Request, query_parameter
-from amp.logs import HotPathLogger
+from amp.logs import HotPathLogger, lines_together
 from amp.metrics import Metrics
 from amp.recent import Decision, RecentDecisions
 from amp.review import AdmissionRequest, ReviewError, parse_review
@@ -145,16 +145,18 @@ class AdmissionResource:
         recent = self.recent
         count = self._metrics.count_review
         info = self.log.info
-        for req, outcome, elapsed, answered in unaccounted:
-            if recent is not None:
-                recent.record(Decision(
-                    req.uid, answered, req.namespace, req.pod_name, outcome.endpoint, str(outcome.result),
-                    str(outcome.reason), outcome.message, elapsed * 1000))
-            count(req.kind, req.operation, outcome.result, outcome.reason, elapsed)
-            info(_REVIEW_LINE_WITH_REASON if outcome.reason else _REVIEW_LINE,
-                 uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=outcome.endpoint or "-",
-                 result=outcome.result, reason=outcome.reason, patch_size=outcome.patch_size,
-                 duration_ms=elapsed * 1000, dry_run=req.dry_run, kind=req.kind, operation=req.operation)
+        # One flush of the log for the lines of every review in this turn.
+        with lines_together():
+            for req, outcome, elapsed, answered in unaccounted:
+                if recent is not None:
+                    recent.record(Decision(
+                        req.uid, answered, req.namespace, req.pod_name, outcome.endpoint, str(outcome.result),
+                        str(outcome.reason), outcome.message, elapsed * 1000))
+                count(req.kind, req.operation, outcome.result, outcome.reason, elapsed)
+                info(_REVIEW_LINE_WITH_REASON if outcome.reason else _REVIEW_LINE,
+                     uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=outcome.endpoint or "-",
+                     result=outcome.result, reason=outcome.reason, patch_size=outcome.patch_size,
+                     duration_ms=elapsed * 1000, dry_run=req.dry_run, kind=req.kind, operation=req.operation)
 
     def _write_failed(self, failure: Failure, request: Request) -> None:
         """

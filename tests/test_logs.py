@@ -11,8 +11,10 @@ import io
 import json
 import math
 import re
+import threading
 from typing import Any
 
+import pytest
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import Clock
@@ -394,3 +396,39 @@ def test_the_hot_path_logger_emits_what_twisteds_does() -> None:
     HotPathLogger(observer=bad_ours.append).emit("loud", "x")  # type: ignore[arg-type]
     assert [e["log_level"] for e in bad_ours] == [e["log_level"] for e in bad_theirs] == [LogLevel.critical]
     assert [e["log_format"] for e in bad_ours] == [e["log_format"] for e in bad_theirs]
+
+
+class _CountingOut(io.StringIO):
+    """A text output that counts its flushes."""
+
+    flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_lines_together_are_flushed_once_and_none_is_held_back(fmt: str) -> None:
+    """
+    Lines logged together (the reviews of one reactor turn) are all
+    written, flushed once at the end; a line logged alone is flushed at
+    once, and one from another thread while lines are held is not held.
+    """
+    from amp.logs import ConfigurableObserver, lines_together
+
+    out = _CountingOut()
+    log = Logger(observer=ConfigurableObserver(fmt, "info", out))
+    with lines_together():
+        with lines_together():
+            for i in range(5):
+                log.info("review {n}", n=i)
+        assert out.flushes == 0
+        other = threading.Thread(target=lambda: log.info("from a watch thread"))
+        other.start()
+        other.join()
+        assert out.flushes == 1
+    assert out.flushes == 2
+    assert len([line for line in out.getvalue().splitlines() if "review " in line]) == 5
+    log.info("alone")
+    assert out.flushes == 3
