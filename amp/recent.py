@@ -29,7 +29,10 @@ from amp.hints import did_you_mean
 from amp.timestamps import rfc3339
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ sets each field through
+# object.__setattr__ (about twice the cost); one is made for every review,
+# and nothing changes it once made.
+@dataclass(slots=True)
 class Decision:
     """
     One review's decision, as C{/debug/reviews} shows it.
