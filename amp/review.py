@@ -337,7 +337,7 @@ def _decode_fast(body: bytes, lazy: bool) -> Optional[tuple[_FastReview, Any, Op
             if not lazy:
                 pod[key] = _fast_any(raw)
             elif key in _EAGER:
-                if long_digits(raw):
+                if len(raw) > 18 and long_digits(raw):
                     return None
                 pod[key] = _fast_any(raw)
         return review, pod, _encode(members)
