@@ -200,9 +200,10 @@ class TextLinesObserver:
             text = f"{text}\n{failure.getTraceback()}"
         level = event.get("log_level")
         line = (f"{_timestamp(event.get('log_time', time.time()))} "
-                f"[{event.get('log_namespace', '-')}#{level.name if level is not None else 'info'}] "
-                f"{text}".replace("\n", "\n\t"))
-        self._write(line + "\n")
+                f"[{event.get('log_namespace', '-')}#{level.name if level is not None else 'info'}] {text}\n")
+        if "\n" in text:
+            line = line[:-1].replace("\n", "\n\t") + "\n"
+        self._write(line)
         _held.flush(self._flush)
 
 

@@ -31,6 +31,9 @@ from amp.review import AdmissionRequest, ReviewError, parse_review
 SERVED = "amp serves /mutate, /validate, /healthz and /readyz"
 
 _JSON = b"application/json"
+#: Distinct query strings whose timeout is remembered (a client choosing
+#: its query cannot grow the memory: past this, the memory starts over).
+_QUERIES_KEPT = 64
 _ALLOW_POST = b"Allow: POST\r\n"
 _ALLOW_GET = b"Allow: GET, HEAD\r\n"
 
@@ -77,6 +80,11 @@ class AdmissionResource:
         #: its decoded Pod is freed when the answer is written (while still
         #: in the CPU's cache) rather than two turns later with the rest.
         self._unaccounted: list[tuple[_Accounted, Outcome, float, float]] = []
+        #: The timeout parameter of each query seen (L{_timeout_of}).
+        self._timeouts: dict[bytes, Optional[str]] = {}
+        # The log line's method, bound once (each access to a Logger
+        # through an instance makes a new Logger).
+        self._info = self.log.info
 
     def __call__(self, request: Request) -> None:
         if request.method != b"POST":
@@ -103,12 +111,31 @@ class AdmissionResource:
             return
         # The review's one deadline, computed here once and carried down.
         admitter = self.admitter
-        timeout = query_parameter(request.query, b"timeout") if request.query else None
-        deadline = admitter.deadline(timeout.decode("ascii", "replace") if timeout is not None else None, started)
+        query = request.query
+        if query:
+            try:
+                timeout = self._timeouts[query]
+            except KeyError:
+                timeout = self._timeout_of(query)
+        else:
+            timeout = None
+        deadline = admitter.deadline(timeout, started)
         # The review while it waits (the listener cancels it if the client
         # goes away); None when it was answered at once.
         request.review = admitter.review_into(partial(self._respond, request, req, started), req, deadline,
                                               validation=self._validation)
+
+    def _timeout_of(self, query: bytes) -> Optional[str]:
+        """
+        The C{timeout} parameter of a request's query, remembered: the API
+        server sends the same query with every review.
+        """
+        value = query_parameter(query, b"timeout")
+        timeout = value.decode("ascii", "replace") if value is not None else None
+        if len(self._timeouts) >= _QUERIES_KEPT:
+            self._timeouts.clear()
+        self._timeouts[query] = timeout
+        return timeout
 
     def _bad(self, request: Request, code: int, message: str) -> None:
         self._metrics.bad_requests.labels(str(code)).inc()
@@ -144,7 +171,7 @@ class AdmissionResource:
         unaccounted, self._unaccounted = self._unaccounted, []
         recent = self.recent
         count = self._metrics.count_review
-        info = self.log.info
+        info = self._info
         # One flush of the log for the lines of every review in this turn.
         with lines_together():
             for req, outcome, elapsed, answered in unaccounted:

@@ -258,3 +258,44 @@ class SlowClientTests(WebTestCase):
             response, body = yield client.post(amp.url("/mutate"), review_bytes())
             self.assertEqual(response.code, 200)
         self.assertEqual(amp.connections.accepted, 1)
+
+
+def test_each_request_gets_the_timeout_of_its_own_query() -> None:
+    """
+    The C{timeout} of a request's query decides its deadline, whatever
+    queries came before: remembered per query, and past the number of
+    queries remembered, found again.
+    """
+    from twisted.internet.task import Clock
+    from twisted.internet.testing import StringTransport
+
+    from amp.http import HTTPServerFactory
+    from amp.metrics import Metrics
+    from amp.web import _QUERIES_KEPT, AdmissionResource
+    from tests.helpers import review_bytes
+
+    asked: list[Optional[str]] = []
+
+    class Admitter:
+        def deadline(self, timeout: Optional[str], started: float) -> Any:
+            asked.append(timeout)
+            return None
+
+        def review_into(self, answered: Any, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    clock = Clock()
+    resource = AdmissionResource(Admitter(), clock, Metrics(), validation=False)  # type: ignore[arg-type]
+    factory = HTTPServerFactory({b"/mutate": resource}, reactor=clock, metrics=Metrics(), max_body=1 << 20,
+                                max_connections=1000, request_timeout=10.0, idle_timeout=60.0)
+    body = review_bytes()
+    queries = [b"timeout=10s", b"timeout=3s", b"", b"a=1&timeout=5s", b"timeout=10s", b"timeout=7s&x=%41"]
+    queries += [b"timeout=%ds" % n for n in range(_QUERIES_KEPT + 5)] + [b"timeout=3s", b"timeout=10s"]
+    for query in queries:
+        protocol = factory.buildProtocol(None)
+        protocol.makeConnection(StringTransport())
+        target = b"/mutate" + (b"?" + query if query else b"")
+        protocol.dataReceived(b"POST %s HTTP/1.1\r\nHost: amp\r\nContent-Type: application/json\r\n"
+                              b"Content-Length: %d\r\n\r\n%s" % (target, len(body), body))
+    expected = ["10s", "3s", None, "5s", "10s", "7s"] + [f"{n}s" for n in range(_QUERIES_KEPT + 5)] + ["3s", "10s"]
+    assert asked == expected
