@@ -846,9 +846,11 @@ class DeadlineTests(SynchronousTestCase):
 
     def test_one_timer_owns_the_deadline(self) -> None:
         """
-        While a review waits on an endpoint whose own timeout is longer
-        than what is left, the review's timer is the only one; the
-        endpoint's own timer exists only when it ends first.
+        While a review waits on an endpoint, the review's one timer is the
+        only one: set for the deadline when the endpoint's own timeout is
+        longer than what is left, for the endpoint's timeout when that ends
+        first (the call is then failed with timeout, a verdict its breaker
+        counts, and the review goes on under its deadline).
         """
         h = Harness(config_for("/hang", endpoints={"timeout": "30s"}))
         d = h.review(review_bytes(), budget=1.5)
@@ -860,10 +862,38 @@ class DeadlineTests(SynchronousTestCase):
 
         h = Harness(config_for("/hang", endpoints={"timeout": "250ms"}))
         d = h.review(review_bytes(), budget=1.5)
-        self.assertEqual(sorted(c.getTime() for c in h.clock.getDelayedCalls()), [0.25, 1.5])
+        [timer] = h.clock.getDelayedCalls()
+        self.assertEqual(timer.getTime(), 0.25)
         h.clock.advance(0.25)
-        self.successResultOf(d)
+        _, outcome = answered(self, d)
+        self.assertEqual(outcome.reason, "timeout")
         self.assertEqual(h.clock.getDelayedCalls(), [])
+        self.assertEqual(requests_total(h, "timeout"), 1)
+
+    def test_a_chain_after_a_step_timed_out_keeps_the_deadline(self) -> None:
+        """
+        A chain whose first step's endpoint times out (its own timeout,
+        under Ignore) goes on with the next step, and the review's one timer
+        is set again: for that step's timeout, then the deadline.
+        """
+        h = Harness(make_config({"team-a": namespace(f"{EP}/test/a {EP}/test/b", failure_policy="Ignore")},
+                                endpoints={"timeout": "250ms"}),
+                    a=Canned(hang=True), b=Canned(hang=True))
+        d = h.review(review_bytes(), budget=0.4)
+        [timer] = h.clock.getDelayedCalls()
+        self.assertEqual(timer.getTime(), 0.25)
+        h.clock.advance(0.25)
+        self.assertNoResult(d)
+        [timer] = h.clock.getDelayedCalls()
+        self.assertAlmostEqual(timer.getTime(), 0.4)
+        self.assertEqual(len(h.root.children[b"test"].children[b"b"].requests), 1)
+        h.clock.advance(0.15)
+        _, outcome = answered(self, d)
+        self.assertEqual(outcome.reason, "timeout")
+        self.assertEqual(h.clock.getDelayedCalls(), [])
+        # Both calls ended as timeout: the first by its own timeout, the
+        # second cut off by the review's deadline.
+        self.assertEqual(requests_total(h, "timeout"), 2)
 
     def test_the_namespace_lookup_gets_what_is_left(self) -> None:
         source = FakeSource()

@@ -208,7 +208,7 @@ class _Answers:
             lambda decision: CallReply(decision, lambda outcome: None))
 
     def ask_into(self, receiver: Any, url: Any, settings: Any, body: bytes, headers: Any, deadline: Any,
-                 breaker: Any = None) -> None:
+                 breaker: Any = None, caller_times: bool = False) -> None:
         """As L{ask}, told to C{receiver} (how a review asks)."""
         self.ask(url, settings, body, headers, deadline, breaker).addCallbacks(
             receiver.call_replied, receiver.call_failed)

@@ -120,10 +120,21 @@ class Review:
             self._arm()
 
     def _arm(self) -> None:
-        """Arm the deadline's timer, if it is not armed yet: the review waits."""
-        if self._timer is None:
-            clock = self._parts.clock
-            self._timer = clock.callLater(self._deadline.remaining(clock.seconds()), self._expired)
+        """
+        The review waits: its one timer set for the deadline, or for the
+        endpoint call's own timeout when that ends first (the call is told
+        then, L{_expired}; it arms no timer of its own).
+        """
+        when = self._deadline.at
+        call = self._call
+        if call is not None and call.expires is not None and call.expires < when:
+            when = call.expires
+        clock = self._parts.clock
+        timer = self._timer
+        if timer is None:
+            self._timer = clock.callLater(max(0.0, when - clock.seconds()), self._expired)
+        elif timer.getTime() != when:
+            timer.reset(max(0.0, when - clock.seconds()))
 
     def _resume(self, result: Any, d: Deferred, then: Callable[[Any], None]) -> None:
         if self._pending is not d:
@@ -206,7 +217,7 @@ class Review:
                 plan, req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers, self._deadline,
                 self._parts.check_options)
         call = self._parts.endpoints.ask_into(self, step.url, step.settings, pod_json, headers, self._deadline,
-                                              step.breaker)
+                                              step.breaker, caller_times=True)
         if call is not None and not call.told:
             # Not ended at once (a refusal is told before ask_into returns,
             # and the chain may have gone on from it).
@@ -361,6 +372,18 @@ class Review:
 
     def _expired(self) -> None:
         self._timer = None
+        call = self._call
+        if call is not None and call.expires is not None and call.expires < self._deadline.at:
+            # The endpoint call's own timeout, not the review's deadline:
+            # the call fails with timeout (told at once, call_failed), and
+            # the chain goes on or the failure policy answers.
+            self._call = None
+            call.time_out()
+            if self._timer is None and not self._done and self._call is None and self._pending is None:
+                # Nothing is waited on now, yet the review is not answered:
+                # the deadline still holds.
+                self._arm()
+            return
         self._end(Reason.DEADLINE)
 
     def cancel(self) -> None:

@@ -43,10 +43,13 @@ Limits
 
   - Time: C{min(settings.timeout, time left before the review's
     deadline)}, covering connect, TLS handshake, headers and body.  The
-    call's own timer covers only C{settings.timeout}, when that ends first
+    call's own timeout covers only C{settings.timeout}, when that ends first
     (a C{timeout} then counts against the breaker); the review's deadline
     belongs to the caller (L{amp.admission}), whose one timer cancels the
-    call when it passes (C{timeout}, not counted).  C{connect_timeout}
+    call when it passes (C{timeout}, not counted).  A review's one timer
+    also times the call's own timeout (C{ask_into(..., caller_times=True)}:
+    set for the earlier of the two, it calls C{Call.time_out}); other
+    callers get a timer of the call's.  C{connect_timeout}
     separately bounds the TCP connect.
   - Bulkhead: when C{max_concurrent} calls to the origin are in flight, the
     next fails at once with C{concurrency-limit} instead of queueing.

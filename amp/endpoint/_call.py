@@ -19,9 +19,13 @@ Whatever the request does after that is ignored.
 One timer
 =========
 
-The call runs its own timer only when the endpoint's C{timeout} is shorter
-than the time left before the review's deadline: then the endpoint's
-timeout is the verdict, C{timeout}, and it counts against the breaker.
+The call has a timeout of its own only when the endpoint's C{timeout} is
+shorter than the time left before the review's deadline: then the
+endpoint's timeout is the verdict, C{timeout}, and it counts against the
+breaker.  The call runs that timer itself, or, when its caller has a timer
+anyway (a review: L{amp.endpoint.EndpointClient.ask_into} with
+C{caller_times}), the caller's one timer fires at the earlier of the two
+and calls L{Call.time_out} at the call's L{Call.expires}.
 Otherwise the deadline's timer is the one timer, and it is the caller's
 (L{amp.admission}, which owns the review's L{amp.deadline.Deadline}): the
 caller cancels the call's Deferred when the deadline passes.  The call then
@@ -188,12 +192,12 @@ class Call:
 
     __slots__ = (
         "_reactor", "_request", "_guard", "_on_settled", "_started", "_timer", "_pending", "_retry",
-        "_replied", "_done", "_waiters", "_receiver", "told",
+        "_replied", "_done", "_waiters", "_receiver", "told", "expires", "_caller_times",
     )
 
     def __init__(
         self, reactor: Any, request: CallRequest, guard: CallGuard,
-        settled: Callable[["Call", str, float], None], receiver: "ICallReceiver",
+        settled: Callable[["Call", str, float], None], receiver: "ICallReceiver", caller_times: bool = False,
     ) -> None:
         self._reactor = reactor
         self._request = request
@@ -210,12 +214,20 @@ class Call:
         self._receiver = receiver
         #: The receiver was told how the call ended.
         self.told = False
+        #: When the call's own timeout ends (the reactor's clock), or None
+        #: when it has none (the caller's deadline comes first).
+        self.expires: Optional[float] = None
+        #: The caller calls L{time_out} at L{expires}: no timer of the call's.
+        self._caller_times = caller_times
 
     def start(self) -> None:
         reactor = self._reactor
         self._started = reactor.seconds()
-        if self._request.timeout is not None:
-            self._timer = reactor.callLater(self._request.timeout, self._timed_out)
+        timeout = self._request.timeout
+        if timeout is not None:
+            self.expires = self._started + timeout
+            if not self._caller_times:
+                self._timer = reactor.callLater(timeout, self._timed_out)
         self._send()
 
     def _send(self) -> None:
@@ -290,6 +302,14 @@ class Call:
         """
         if self._replied and not self._done:
             self._settle(outcome, Verdict.SUCCESS)
+
+    def time_out(self) -> None:
+        """
+        The call's own timeout has passed (L{expires}), told by the caller
+        that times it: a C{timeout}, counted against the breaker.  Nothing
+        after the call has ended or replied.
+        """
+        self._timed_out()
 
     def _timed_out(self, own: bool = True) -> None:
         """

@@ -186,6 +186,7 @@ class EndpointClient:
     def ask_into(
         self, receiver: ICallReceiver, url: EndpointURL, settings: EndpointSettings, body: bytes,
         headers: dict[bytes, bytes], deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
+        caller_times: bool = False,
     ) -> Optional[Call]:
         """
         POST C{body} to C{url} and parse the reply, within C{settings.timeout}
@@ -210,6 +211,9 @@ class EndpointClient:
         counted under that outcome, and the endpoint answered either way (a
         success for its breaker).
 
+        @param caller_times: the caller has a timer of its own and calls the
+            call's C{time_out} at its C{expires} (when not None), the
+            earlier of that and its own deadline: the call arms no timer.
         @param breaker_config: the breaker settings of C{url}'s origin (those
             of its root URL, see L{amp.policy.Route.breaker}); by default
             C{settings.breaker}.  The first call to an origin sets them.
@@ -251,7 +255,7 @@ class EndpointClient:
         request = CallRequest(origin.name, target, profile, settings, data, timeout, deadline,
                               timeout if timeout is not None else remaining)
         c = Call(self.reactor, request, CallGuard(Charge(self.budget), breaker, ticket), partial(self._settled, origin),
-                 receiver)
+                 receiver, caller_times)
         origin.in_flight += 1
         self._live.add(c)
         c.start()
