@@ -110,9 +110,21 @@ def _second(second: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
 
 
+#: The last millisecond a line was stamped with, and its text: the lines of
+#: the reviews answered in one turn share it.
+_last_stamp: tuple[int, str] = (-1, "")
+
+
 def _timestamp(when: float) -> str:
-    second = int(when)
-    return f"{_second(second)}.{int((when - second) * 1000):03d}Z"
+    global _last_stamp
+    millisecond = int(when * 1000)
+    last, text = _last_stamp
+    if millisecond == last:
+        return text
+    second = millisecond // 1000
+    text = f"{_second(second)}.{millisecond - second * 1000:03d}Z"
+    _last_stamp = (millisecond, text)
+    return text
 
 
 _ALL_LEVELS = frozenset(LogLevel.iterconstants())

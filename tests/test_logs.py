@@ -432,3 +432,21 @@ def test_lines_together_are_flushed_once_and_none_is_held_back(fmt: str) -> None
     assert len([line for line in out.getvalue().splitlines() if "review " in line]) == 5
     log.info("alone")
     assert out.flushes == 3
+
+
+@pytest.mark.parametrize("when", [0.0, 0.9995, 1.0, 1700000000.123, 1700000000.1239, 1700000000.999, 1764260000.5])
+def test_a_line_is_stamped_with_its_utc_millisecond(when: float) -> None:
+    """
+    The time of a line is its UTC time to the millisecond, whether or not
+    the line before it was stamped in the same millisecond (remembered).
+    """
+    import datetime
+
+    from amp.logs import _timestamp
+
+    millisecond = int(when * 1000)
+    second = datetime.datetime.fromtimestamp(millisecond // 1000, datetime.timezone.utc)
+    expected = second.strftime("%Y-%m-%dT%H:%M:%S") + f".{millisecond % 1000:03d}Z"
+    assert _timestamp(when) == expected
+    assert _timestamp(when) == expected
+    assert _timestamp(when + 0.001) != expected
