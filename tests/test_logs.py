@@ -449,4 +449,4 @@ def test_a_line_is_stamped_with_its_utc_millisecond(when: float) -> None:
     expected = second.strftime("%Y-%m-%dT%H:%M:%S") + f".{millisecond % 1000:03d}Z"
     assert _timestamp(when) == expected
     assert _timestamp(when) == expected
-    assert _timestamp(when + 0.001) != expected
+    assert _timestamp(when + 0.0015) != expected
