@@ -342,6 +342,18 @@ def amp_config(path: str, *, port: int, metrics_port: int, tls: dict[str, Any], 
         yaml.safe_dump(config, f, sort_keys=False)
 
 
+def amp_ready(port: int, ca: str) -> bool:
+    """Whether the amp listening on C{port} (its certificate signed by C{ca}) answers C{/readyz} with 200."""
+    context = ssl.create_default_context(cafile=ca)
+    context.check_hostname = False
+    try:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=2)
+        conn.request("GET", "/readyz")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+
+
 class Amp:
     """
     One C{twistd -n amp} process and how to reach it.

@@ -28,34 +28,21 @@ from __future__ import annotations
 
 import argparse
 import glob
-import http.client
 import json
 import os
 import re
 import shutil
-import ssl
 import subprocess
 import sys
 import tempfile
 from typing import Any
 
 from bench import bodies
-from bench.harness import ON, OFF, Proc, amp_config, free_port, poll_until, say
+from bench.harness import OFF, ON, Proc, amp_config, amp_ready, free_port, poll_until, say
 
 _SUMMARY = re.compile(r"^summary: (\d+)", re.M)
 #: Connections of the closed-loop client, as C{bench/run}'s rows.
 CONNECTIONS = 16
-
-
-def _ready(port: int, ca: str) -> bool:
-    context = ssl.create_default_context(cafile=ca)
-    context.check_hostname = False
-    try:
-        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
-        conn.request("GET", "/readyz")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
 
 
 def measure(which: str, body: str, reviews: int, workdir: str, tls: dict[str, str], body_files: dict[str, str],
@@ -76,7 +63,7 @@ def measure(which: str, body: str, reviews: int, workdir: str, tls: dict[str, st
         log = open(os.path.join(workdir, f"amp-{body}.log"), "w")
         proc = Proc("amp", valgrind + [py, "-c", "from twisted.scripts.twistd import run; run()", "-n",
                                        "--pidfile=", "amp", "--config", config], stdout=log, cwd=workdir)
-        poll_until("amp under callgrind to be ready", lambda: _ready(port, tls["ca_cert"]), 600, interval=0.5)
+        poll_until("amp under callgrind to be ready", lambda: amp_ready(port, tls["ca_cert"]), 600, interval=0.5)
     client = subprocess.Popen([py, "-m", "bench.closed_loop", str(port), body_files[f"{body}-on"], str(CONNECTIONS),
                                tls["ca_cert"]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert client.stdin is not None and client.stdout is not None

@@ -23,10 +23,8 @@ prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
-import ssl
 import statistics
 import subprocess
 import sys
@@ -36,7 +34,7 @@ from typing import Any
 
 from bench import bodies
 from bench.harness import (
-    OFF, ON, REPO, Proc, amp_config, cpu_seconds, ensure_wrk, free_port, poll_until, run_wrk, say,
+    OFF, ON, REPO, Proc, amp_config, amp_ready, cpu_seconds, ensure_wrk, free_port, poll_until, run_wrk, say,
 )
 
 AMP_CPU = {0}
@@ -68,17 +66,7 @@ def _amp(name: str, source: str, workdir: str, tls: dict[str, str], endpoint_url
                        "from twisted.scripts.twistd import run; run()", "-n", "--pidfile=", "amp", "--config", config],
                 cpus=AMP_CPU, stdout=log, cwd=workdir, env=dict(os.environ, PYTHONPATH=source))
 
-    def ready() -> bool:
-        context = ssl.create_default_context(cafile=tls["ca_cert"])
-        context.check_hostname = False
-        try:
-            conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=2)
-            conn.request("GET", "/readyz")
-            return conn.getresponse().status == 200
-        except OSError:
-            return False
-
-    poll_until(f"amp ({name}) to be ready", ready, 120, interval=0.2)
+    poll_until(f"amp ({name}) to be ready", lambda: amp_ready(port, tls["ca_cert"]), 120, interval=0.2)
     with open(log_path) as f:
         first = f.readline()
     if not first.startswith(f"amp from {os.path.join(source, 'amp')}"):

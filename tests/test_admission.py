@@ -1020,7 +1020,7 @@ class RobustnessTests(SynchronousTestCase):
     def test_endpoint_client_failing_unexpectedly_still_answers(self) -> None:
         class Broken:
             def ask_into(self, receiver: Any, *args: Any, **kwargs: Any) -> Any:
-                receiver.call_failed(Failure(ValueError("unexpected")))
+                receiver.failed(Failure(ValueError("unexpected")))
 
         config = config_for("/user-env", failure_policy="Fail")
         admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), Broken(),  # type: ignore[arg-type]

@@ -211,7 +211,7 @@ class _Answers:
                  breaker: Any = None, caller_times: bool = False) -> None:
         """As L{ask}, told to C{receiver} (how a review asks)."""
         self.ask(url, settings, body, headers, deadline, breaker).addCallbacks(
-            receiver.call_replied, receiver.call_failed)
+            receiver.replied, receiver.failed)
 
 
 def _note(path: str, value: str) -> list:

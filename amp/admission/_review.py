@@ -77,7 +77,7 @@ class Review:
         self._canary_plan: Any = None
         self._canary_run: Any = None
         #: The step waited on: a namespace lookup, or an endpoint call
-        #: (whose end the review is told, L{call_replied}, L{call_failed}).
+        #: (whose end the review is told, L{replied}, L{failed}).
         self._pending: Optional[Deferred] = None
         self._call: Optional[Call] = None
         self._timer: Optional[IDelayedCall] = None
@@ -224,7 +224,7 @@ class Review:
             self._call = call
             self._arm()
 
-    def call_replied(self, reply: CallReply) -> None:
+    def replied(self, reply: CallReply) -> None:
         """The endpoint call in progress answered (L{amp.endpoint.ICallReceiver})."""
         self._call = None
         if self._done:
@@ -233,11 +233,11 @@ class Review:
             reply.settle(OK)
             return
         try:
-            self._replied(reply)
+            self._take_reply(reply)
         except Exception:
             self._step_failed(Failure())
 
-    def call_failed(self, failure: Failure) -> None:
+    def failed(self, failure: Failure) -> None:
         """The endpoint call in progress failed (L{amp.endpoint.ICallReceiver})."""
         self._call = None
         if self._done:
@@ -253,7 +253,7 @@ class Review:
         if run is not None:
             run.live_done(pod_after, skipped)
 
-    def _replied(self, reply: CallReply) -> None:
+    def _take_reply(self, reply: CallReply) -> None:
         """
         The endpoint answered: judge its reply, settle the call with the
         verdict (L{OK} or the reason amp refuses the reply), then go on.
@@ -375,7 +375,7 @@ class Review:
         call = self._call
         if call is not None and call.expires is not None and call.expires < self._deadline.at:
             # The endpoint call's own timeout, not the review's deadline:
-            # the call fails with timeout (told at once, call_failed), and
+            # the call fails with timeout (told at once, failed), and
             # the chain goes on or the failure policy answers.
             self._call = None
             call.time_out()
@@ -403,7 +403,7 @@ class Review:
             pending.cancel()
         call, self._call = self._call, None
         if call is not None:
-            # Tells call_failed: a timeout when the deadline passed, else
+            # Tells failed: a timeout when the deadline passed, else
             # CancelledError.
             call.cancel()
         if not self._done:

@@ -90,29 +90,15 @@ class CallReply:
 
 class ICallReceiver(TypingProtocol):
     """
-    Where one call's end goes (L{Call}): exactly one of these, once.
+    Where one call's end goes (L{Call}): exactly one of these, once (the
+    names of L{amp.http.IReceiver}'s, so L{amp.http.DeferredReceiver} is one).
     """
 
-    def call_replied(self, reply: CallReply) -> None:
+    def replied(self, reply: CallReply) -> None:
         """The endpoint answered with a usable reply; settle it once judged."""
 
-    def call_failed(self, failure: Failure) -> None:
+    def failed(self, failure: Failure) -> None:
         """No usable reply: an L{EndpointFailure}, or C{CancelledError}."""
-
-
-class DeferredReceiver:
-    """An L{ICallReceiver} that fires a Deferred (L{amp.endpoint.EndpointClient.ask})."""
-
-    __slots__ = ("result",)
-
-    def __init__(self, result: Deferred) -> None:
-        self.result = result
-
-    def call_replied(self, reply: CallReply) -> None:
-        self.result.callback(reply)
-
-    def call_failed(self, failure: Failure) -> None:
-        self.result.errback(failure)
 
 
 # Not frozen: a frozen dataclass of many fields costs a microsecond a call
@@ -281,7 +267,7 @@ class Call:
                 self._timer.cancel()
                 self._timer = None
             self.told = True
-            self._receiver.call_replied(CallReply(result, self.settle))
+            self._receiver.replied(CallReply(result, self.settle))
             return None
         failure = classify(result, self._request.settings)
         if not result.check(*EXPECTED):
@@ -293,7 +279,7 @@ class Call:
     def _tell_failure(self, failure: Failure) -> None:
         if not self.told:
             self.told = True
-            self._receiver.call_failed(failure)
+            self._receiver.failed(failure)
 
     def settle(self, outcome: str) -> None:
         """

@@ -16,11 +16,11 @@ from twisted.python.failure import Failure
 from amp.breaker import BreakerRegistry, CircuitBreaker
 from amp.config import BreakerConfig, EndpointSettings
 from amp.deadline import Deadline
-from amp.endpoint._call import OK, Call, CallGuard, CallReply, CallRequest, DeferredReceiver, ICallReceiver
+from amp.endpoint._call import OK, Call, CallGuard, CallReply, CallRequest, ICallReceiver
 from amp.endpoint._failures import EndpointFailure, LocalFailure
 from amp.endpoint._pool import Connector, Profile, request_bytes
 from amp.endpoint._types import IEndpointReactor
-from amp.http import Charge, ClientConnection, ReplyBudget
+from amp.http import Charge, ClientConnection, DeferredReceiver, ReplyBudget
 from amp.metrics import Metrics
 from amp.reasons import Reason
 from amp.reply import EndpointDecision
@@ -263,7 +263,7 @@ class EndpointClient:
 
     def _refuse(self, receiver: ICallReceiver, origin: Origin, reason: Reason, message: str) -> None:
         self._count(origin, reason)
-        receiver.call_failed(Failure(EndpointFailure(reason, message)))
+        receiver.failed(Failure(EndpointFailure(reason, message)))
 
     # ------------------------------------------------------------ shutdown
 

@@ -38,7 +38,7 @@ from amp.http._limits import (
     WARNING_INTERVAL,
     WARNING_KINDS,
 )
-from amp.http._pool import Exchange, IReceiver, OriginPool
+from amp.http._pool import DeferredReceiver, Exchange, IReceiver, OriginPool
 from amp.http._replyhead import Charge, ReplyBudget, ReplyLimits
 from amp.http._request import TEXT, Request, query_parameter
 from amp.http._server import HTTPServerProtocol
@@ -50,6 +50,7 @@ __all__ = [
     "Charge",
     "ClientConnection",
     "ConnectionClosed",
+    "DeferredReceiver",
     "Exchange",
     "Handler",
     "HTTPServerFactory",

@@ -47,15 +47,20 @@ class IReceiver(TypingProtocol):
         """No reply: a L{ReplyFailed}, or why no connection could be made."""
 
 
-class _Deferring:
-    """An L{IReceiver} that fires a Deferred (L{OriginPool.request})."""
+class DeferredReceiver:
+    """
+    A receiver that fires a Deferred with the reply, or fails it: the
+    Deferred form of an L{IReceiver} (L{OriginPool.request}) and of an
+    endpoint call's receiver (L{amp.endpoint.EndpointClient.ask}), whose
+    methods have the same names.
+    """
 
     __slots__ = ("result",)
 
     def __init__(self, result: Deferred) -> None:
         self.result = result
 
-    def replied(self, reply: Reply) -> None:
+    def replied(self, reply: Any) -> None:
         self.result.callback(reply)
 
     def failed(self, failure: Failure) -> None:
@@ -116,7 +121,7 @@ class OriginPool:
         connection could be made; cancelling it closes the connection.
         """
         result: Deferred = Deferred(lambda d: exchange.cancel())
-        exchange = self.send(data, charge, _Deferring(result))
+        exchange = self.send(data, charge, DeferredReceiver(result))
         return result
 
     def send(self, data: bytes, charge: Charge, receiver: IReceiver) -> "Exchange":
