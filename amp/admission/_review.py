@@ -353,7 +353,7 @@ class Review:
             timer.cancel()
         self._tell_canary(skipped=True)
         recorder = self._parts.recorder
-        if recorder is not None and self._route is not None and not self._validation:
+        if recorder is not None and recorder.recording and self._route is not None and not self._validation:
             self._offer(recorder, answer)
         self._answered(answer)
 

@@ -359,6 +359,11 @@ class Recorder(Service):
 
     # ------------------------------------------------------------ reactor side
 
+    @property
+    def recording(self) -> bool:
+        """A writer runs: reviews offered may be recorded (a review asks before it gathers its facts)."""
+        return self._writer is not None
+
     def offer(self, time: float, uid: str, namespace: str, annotations: Mapping[str, str],
               labels: Mapping[str, str], endpoints: Iterable[str], failure_policy: str, mode: str,
               request_body: Optional[bytes], answer_body: bytes, result: str, reason: str) -> None:
