@@ -220,7 +220,8 @@ def told(trace: IReviewTrace, answer: Answer) -> Answer:
     """
     Tell C{trace} the answer.
     """
-    trace.record(Answered, result=answer.outcome.result, reason=answer.outcome.reason, body=answer.body)
+    if trace.recording:
+        trace.record(Answered, result=answer.outcome.result, reason=answer.outcome.reason, body=answer.body)
     return answer
 
 

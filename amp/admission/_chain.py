@@ -64,8 +64,10 @@ class Chain:
         key an earlier endpoint used is suffixed with the step's number.
         """
         if len(self.route.steps) == 1:
-            self.warnings.extend(f"amp: {w}" for w in (*warnings, *problems))
-            self.audit.update(audit)
+            if warnings or problems:
+                self.warnings.extend(f"amp: {w}" for w in (*warnings, *problems))
+            if audit:
+                self.audit.update(audit)
             return
         self.warnings.extend(f"amp: {origin}: {w}" for w in (*warnings, *problems))
         for key, value in audit.items():
@@ -135,7 +137,8 @@ class Stamper:
         # round's of this admission, or its author's (amp.stamp).
         value = next_stamp(pod_stamp(req.object), outcomes)
         written = pod_stamp(checked.pod) != value
-        self._trace.record(Stamped, key=STATUS_ANNOTATION, value=value, written=written)
+        if self._trace.recording:
+            self._trace.record(Stamped, key=STATUS_ANNOTATION, value=value, written=written)
         changes: dict[str, Optional[str]] = {LEGACY_SKIPPED_ANNOTATION: None}
         if written:
             changes[STATUS_ANNOTATION] = value

@@ -161,7 +161,8 @@ class Review:
         r = self._route = parts.route(ns, validation=self._validation, explain=trace.recording)
         if r.enabled:
             parts.note_problem(req.namespace, r.policy_problem)
-        trace.extend(r.explanation)
+        if trace.recording:
+            trace.extend(r.explanation)
         if not r.enabled:
             return self._answer(answers.skipped(req))
         if r.error is not None:
