@@ -19,6 +19,7 @@ from amp.answers import Answer
 from amp.config import Config
 from amp.deadline import Deadline, review_deadline
 from amp.endpoint import EndpointClient
+from amp.http import DeferredReceiver
 from amp.metrics import Metrics
 from amp.namespaces import INamespaceSource, NamespaceInfo
 from amp.reasons import Reason
@@ -83,15 +84,9 @@ class Admitter:
         fails.  Cancelling the result (the client went away) answers at
         once, as C{cancelled}.  C{trace}, if given, is told each decision.
         """
-        review: Optional[Review] = None
-
-        def cancel(d: Deferred) -> None:
-            if review is not None:
-                review.cancel()
-
-        result: Deferred[Answer] = Deferred(cancel)
-        review = self.review_into(result.callback, req, deadline, validation=validation, trace=trace)
-        return result
+        receiver = DeferredReceiver()
+        receiver.cancels = self.review_into(receiver.replied, req, deadline, validation=validation, trace=trace)
+        return receiver.result
 
     def review_into(
         self, answered: Callable[[Answer], None], req: AdmissionRequest, deadline: Deadline, *,

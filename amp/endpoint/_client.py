@@ -173,15 +173,9 @@ class EndpointClient:
         or fails with L{EndpointFailure}; cancelling it is the call's
         L{Call.cancel}.
         """
-        call: Optional[Call] = None
-
-        def cancel(d: Deferred) -> None:
-            if call is not None:
-                call.cancel()
-
-        result: Deferred = Deferred(cancel)
-        call = self.ask_into(DeferredReceiver(result), url, settings, body, headers, deadline, breaker_config)
-        return result
+        receiver = DeferredReceiver()
+        receiver.cancels = self.ask_into(receiver, url, settings, body, headers, deadline, breaker_config)
+        return receiver.result
 
     def ask_into(
         self, receiver: ICallReceiver, url: EndpointURL, settings: EndpointSettings, body: bytes,

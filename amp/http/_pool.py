@@ -49,16 +49,24 @@ class IReceiver(TypingProtocol):
 
 class DeferredReceiver:
     """
-    A receiver that fires a Deferred with the reply, or fails it: the
-    Deferred form of an L{IReceiver} (L{OriginPool.request}) and of an
-    endpoint call's receiver (L{amp.endpoint.EndpointClient.ask}), whose
-    methods have the same names.
+    The Deferred form of a receiver: C{result} fires with the reply or
+    fails with the failure, and cancelling it cancels C{cancels} (what the
+    receiver was given to, when it waits: an L{Exchange}, an endpoint call,
+    a review).  For L{OriginPool.request}, L{amp.endpoint.EndpointClient.ask}
+    and L{amp.admission.Admitter.review}, whose receivers' methods have the
+    same names (C{replied}, and C{failed} where a failure is possible).
     """
 
-    __slots__ = ("result",)
+    __slots__ = ("result", "cancels")
 
-    def __init__(self, result: Deferred) -> None:
-        self.result = result
+    def __init__(self) -> None:
+        #: What to cancel with the result; set once the receiver waits on it.
+        self.cancels: Optional[Any] = None
+        self.result: Deferred = Deferred(self._cancel)
+
+    def _cancel(self, result: Deferred) -> None:
+        if self.cancels is not None:
+            self.cancels.cancel()
 
     def replied(self, reply: Any) -> None:
         self.result.callback(reply)
@@ -120,9 +128,9 @@ class OriginPool:
         from C{charge}.  Fails with a L{ReplyFailed}, or with why no
         connection could be made; cancelling it closes the connection.
         """
-        result: Deferred = Deferred(lambda d: exchange.cancel())
-        exchange = self.send(data, charge, DeferredReceiver(result))
-        return result
+        receiver = DeferredReceiver()
+        receiver.cancels = self.send(data, charge, receiver)
+        return receiver.result
 
     def send(self, data: bytes, charge: Charge, receiver: IReceiver) -> "Exchange":
         """
