@@ -380,9 +380,9 @@ class Review:
             # the chain goes on or the failure policy answers.
             self._call = None
             call.time_out()
-            if self._timer is None and not self._done and self._call is None and self._pending is None:
-                # Nothing is waited on now, yet the review is not answered:
-                # the deadline still holds.
+            if self._timer is None and not self._done:
+                # Not answered, and no next step armed the timer: the
+                # deadline still holds.
                 self._arm()
             return
         self._end(Reason.DEADLINE)

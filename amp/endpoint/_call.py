@@ -28,7 +28,7 @@ C{caller_times}), the caller's one timer fires at the earlier of the two
 and calls L{Call.time_out} at the call's L{Call.expires}.
 Otherwise the deadline's timer is the one timer, and it is the caller's
 (L{amp.admission}, which owns the review's L{amp.deadline.Deadline}): the
-caller cancels the call's Deferred when the deadline passes.  The call then
+caller cancels the call (L{Call.cancel}) when the deadline passes.  The call then
 fails with C{timeout} (it had all the time there was) and hands its ticket
 back: the review's deadline is not a verdict on the endpoint.  Cancelled
 before the deadline (the API server hung up), the call ends as
