@@ -149,37 +149,57 @@ class HotPathLogger(Logger):
         self.observer(kwargs)
 
 
-class _HeldFlushes:
+class _HeldLines:
     """
-    Flushes of the log's output put off while lines are written together
-    (L{lines_together}).
+    Lines put off while lines are written together (L{lines_together}),
+    per output, to be written with one call and flushed once.
+
+    The output's own buffering cannot be relied on for that: with
+    C{PYTHONUNBUFFERED=1} (set in amp's container image, and common in
+    others) every C{write} of a text stream is a system call, one per
+    review's log line.
     """
 
     __slots__ = ("depth", "owed", "thread")
 
     def __init__(self) -> None:
         self.depth = 0
-        self.owed: list[Callable[[], Any]] = []
-        #: The thread writing lines together (another flushes at once).
+        #: The lines held for each output, by its (write, flush).
+        self.owed: dict[tuple[Callable[[str], Any], Callable[[], Any]], list[str]] = {}
+        #: The thread writing lines together (another writes at once).
         self.thread = 0
 
-    def flush(self, flush: Callable[[], Any]) -> None:
-        """Flush now, or once the lines written together are done."""
+    def write(self, out: tuple[Callable[[str], Any], Callable[[], Any]], line: str) -> None:
+        """Write and flush C{line} now, or once the lines written together are done."""
         if not self.depth or get_ident() != self.thread:
+            out[0](line)
+            out[1]()
+            return
+        held = self.owed.get(out)
+        if held is None:
+            self.owed[out] = [line]
+        else:
+            held.append(line)
+
+    def release(self) -> None:
+        """Write what is held: one write and one flush per output."""
+        owed, self.owed = self.owed, {}
+        for (write, flush), lines in owed.items():
+            write(lines[0] if len(lines) == 1 else "".join(lines))
             flush()
-        elif flush not in self.owed:
-            self.owed.append(flush)
 
 
-_held = _HeldFlushes()
+_held = _HeldLines()
 
 
 @contextmanager
 def lines_together() -> Iterator[None]:
     """
-    Lines logged inside are flushed once, at the end (for the reviews
-    answered in one turn of the reactor: one write for all their lines
-    instead of one each).  Only for the reactor thread.
+    Lines logged inside are written together, with one write and one
+    flush per output at the end (for the reviews answered in one turn of
+    the reactor).  Only for the reactor thread: a line from another
+    thread is written at once, so it may come before lines of this
+    thread's that were logged earlier but are still held.
     """
     if not _held.depth:
         _held.thread = get_ident()
@@ -189,9 +209,7 @@ def lines_together() -> Iterator[None]:
     finally:
         _held.depth -= 1
         if not _held.depth:
-            owed, _held.owed = _held.owed, []
-            for flush in owed:
-                flush()
+            _held.release()
 
 
 @implementer(ILogObserver)
@@ -202,8 +220,7 @@ class TextLinesObserver:
     """
 
     def __init__(self, out: IO[str]) -> None:
-        self._write: Callable[[str], Any] = out.write
-        self._flush = out.flush
+        self._out = (out.write, out.flush)
 
     def __call__(self, event: dict) -> None:
         text = format_event(event)
@@ -215,8 +232,7 @@ class TextLinesObserver:
                 f"[{event.get('log_namespace', '-')}#{level.name if level is not None else 'info'}] {text}\n")
         if "\n" in text:
             line = line[:-1].replace("\n", "\n\t") + "\n"
-        self._write(line)
-        _held.flush(self._flush)
+        _held.write(self._out, line)
 
 
 def event_as_json(event: dict) -> str:
@@ -272,16 +288,14 @@ class JSONLinesObserver:
     """
 
     def __init__(self, out: IO[str]) -> None:
-        self._write: Callable[[str], Any] = out.write
-        self._flush = out.flush
+        self._out = (out.write, out.flush)
 
     def __call__(self, event: dict) -> None:
         try:
             line = event_as_json(event)
         except Exception as e:
             line = _fallback(event, e)
-        self._write(line + "\n")
-        _held.flush(self._flush)
+        _held.write(self._out, line + "\n")
 
 
 @implementer(ILogObserver)

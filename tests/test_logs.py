@@ -399,9 +399,14 @@ def test_the_hot_path_logger_emits_what_twisteds_does() -> None:
 
 
 class _CountingOut(io.StringIO):
-    """A text output that counts its flushes."""
+    """A text output that counts its writes and flushes."""
 
     flushes = 0
+    writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
 
     def flush(self) -> None:
         self.flushes += 1
@@ -412,8 +417,10 @@ class _CountingOut(io.StringIO):
 def test_lines_together_are_flushed_once_and_none_is_held_back(fmt: str) -> None:
     """
     Lines logged together (the reviews of one reactor turn) are all
-    written, flushed once at the end; a line logged alone is flushed at
-    once, and one from another thread while lines are held is not held.
+    written with one write, flushed once at the end, in the order logged
+    (an unbuffered output, as under PYTHONUNBUFFERED, makes a system call
+    of every write); a line logged alone is written and flushed at once,
+    and one from another thread while lines are held is not held.
     """
     from amp.logs import ConfigurableObserver, lines_together
 
@@ -423,15 +430,18 @@ def test_lines_together_are_flushed_once_and_none_is_held_back(fmt: str) -> None
         with lines_together():
             for i in range(5):
                 log.info("review {n}", n=i)
-        assert out.flushes == 0
+        assert (out.writes, out.flushes) == (0, 0)
         other = threading.Thread(target=lambda: log.info("from a watch thread"))
         other.start()
         other.join()
-        assert out.flushes == 1
-    assert out.flushes == 2
-    assert len([line for line in out.getvalue().splitlines() if "review " in line]) == 5
+        assert (out.writes, out.flushes) == (1, 1)
+        assert "from a watch thread" in out.getvalue()
+    assert (out.writes, out.flushes) == (2, 2)
+    reviews = [line for line in out.getvalue().splitlines() if "review " in line]
+    assert [line.rsplit("review ", 1)[1][0] for line in reviews] == ["0", "1", "2", "3", "4"]
     log.info("alone")
-    assert out.flushes == 3
+    assert (out.writes, out.flushes) == (3, 3)
+    assert out.getvalue().endswith("\n") and "alone" in out.getvalue().splitlines()[-1]
 
 
 @pytest.mark.parametrize("when", [0.0, 0.9995, 1.0, 1700000000.123, 1700000000.1239, 1700000000.999, 1764260000.5])
