@@ -870,6 +870,38 @@ class DeadlineTests(SynchronousTestCase):
         self.assertEqual(h.clock.getDelayedCalls(), [])
         self.assertEqual(requests_total(h, "timeout"), 1)
 
+    def test_a_bug_ending_a_timed_out_call_still_answers_by_the_deadline(self) -> None:
+        """
+        The review's one timer stands for the deadline too: when ending an
+        endpoint call at its own timeout raises (a bug of amp's, here
+        injected), the timer is set again and the review is still answered
+        when its deadline passes, never left waiting.
+        """
+        import amp.endpoint._call as call_module
+
+        settle = call_module.Call._settle
+        raised: list[str] = []
+
+        def faulty(call: Any, outcome: str, *args: Any, **kwargs: Any) -> Any:
+            if outcome == "timeout" and not raised:
+                raised.append(outcome)
+                raise RuntimeError("a bug while the call ends")
+            return settle(call, outcome, *args, **kwargs)
+
+        self.patch(call_module.Call, "_settle", faulty)
+        h = Harness(config_for("/hang", endpoints={"timeout": "250ms"}))
+        d = h.review(review_bytes(), budget=1.5)
+        with self.assertRaises(RuntimeError):
+            h.clock.advance(0.25)
+        self.assertEqual(raised, ["timeout"])
+        self.assertNoResult(d)
+        [timer] = h.clock.getDelayedCalls()
+        self.assertEqual(timer.getTime(), 1.5)
+        h.clock.advance(1.25)
+        _, outcome = answered(self, d)
+        self.assertEqual(outcome.reason, "deadline")
+        self.assertEqual(h.clock.getDelayedCalls(), [])
+
     def test_a_chain_after_a_step_timed_out_keeps_the_deadline(self) -> None:
         """
         A chain whose first step's endpoint times out (its own timeout,

@@ -379,11 +379,14 @@ class Review:
             # the call fails with timeout (told at once, failed), and
             # the chain goes on or the failure policy answers.
             self._call = None
-            call.time_out()
-            if self._timer is None and not self._done:
-                # Not answered, and no next step armed the timer: the
-                # deadline still holds.
-                self._arm()
+            try:
+                call.time_out()
+            finally:
+                if self._timer is None and not self._done:
+                    # Not answered, and no next step armed the timer (or
+                    # a bug of amp's raised while the call ended): the
+                    # deadline still holds.
+                    self._arm()
             return
         self._end(Reason.DEADLINE)
 
