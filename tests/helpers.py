@@ -63,7 +63,7 @@ from amp.config import Config, parse_config
 from amp_dev.devcert import write_dev_tls
 from amp_examples.server import build_site
 from amp.metrics import Metrics
-from amp.namespaces import INamespaceSource
+from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo
 from amp.service import AmpService, namespace_source, serving_certificate
 from amp.tls import tls_endpoint
 
@@ -656,3 +656,35 @@ def wait_all(deferreds: Iterable[Deferred]) -> Deferred:
     """Fire when every Deferred has fired, with their results (or fail with the first failure)."""
     return DeferredList(list(deferreds), fireOnOneErrback=True, consumeErrors=True).addCallback(
         lambda results: [r for _, r in results])
+
+
+# ---------------------------------------------------------------- namespace sources
+
+
+class FakeSource:
+    """
+    A namespace source whose cache knows only what a test puts in C{known};
+    each fetch is a Deferred the test fires (in C{fetches}, with the name and
+    timeout asked for).
+    """
+
+    count = 0
+
+    def __init__(self, policy: Optional[str] = None) -> None:
+        self.fetches: list[tuple[str, float, Deferred]] = []
+        self.known: dict[str, NamespaceInfo] = {}
+        self.policy = policy
+
+    def cached(self, name: str) -> Any:
+        return self.known.get(name, UNKNOWN)
+
+    def fetch(self, name: str, timeout: float) -> Deferred:
+        d: Deferred = Deferred()
+        self.fetches.append((name, timeout, d))
+        return d
+
+    def readiness(self) -> tuple[bool, str]:
+        return True, "fake"
+
+    def cluster_failure_policy(self) -> Optional[str]:
+        return self.policy

@@ -34,6 +34,7 @@ from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLo
 from amp.review import parse_review
 from tests.endpointhelpers import ResourceConnector
 from tests.helpers import (
+    FakeSource,
     UID,
     V1BETA1,
     apply_patch,
@@ -734,31 +735,6 @@ class ValidationTests(SynchronousTestCase):
 
 
 @implementer(INamespaceSource)
-class FakeSource:
-    """A namespace source whose cache knows nothing; fetches are Deferreds the test fires."""
-
-    count = 0
-
-    def __init__(self, policy: Optional[str] = None) -> None:
-        self.fetches: list[tuple[str, float, Deferred]] = []
-        self.known: dict[str, NamespaceInfo] = {}
-        self.policy = policy
-
-    def cached(self, name: str) -> Any:
-        return self.known.get(name, UNKNOWN)
-
-    def fetch(self, name: str, timeout: float) -> Deferred:
-        d: Deferred = Deferred()
-        self.fetches.append((name, timeout, d))
-        return d
-
-    def readiness(self) -> tuple[bool, str]:
-        return True, "fake"
-
-    def cluster_failure_policy(self) -> Optional[str]:
-        return self.policy
-
-
 def team_a(path: str = "/user-env", **annotations: str) -> NamespaceInfo:
     return NamespaceInfo("team-a", {"amp.txn2.com/enabled": "true"}, {"amp.txn2.com/ep": EP + path, **annotations})
 

@@ -26,7 +26,6 @@ from typing import Any, Optional
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.testing import StringTransportWithDisconnection
 from twisted.logger import globalLogPublisher
@@ -36,34 +35,13 @@ from amp.breaker import BreakerRegistry
 from amp.deadline import Deadline
 from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
-from amp.namespaces import UNKNOWN, NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
+from amp.namespaces import NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
 from amp.review import parse_review
 from tests.endpointhelpers import ClientTransport, MemoryNet, SlowCloseTransport, http_reply
-from tests.helpers import make_config, namespace, review_bytes
+from tests.helpers import FakeSource, make_config, namespace, review_bytes
 
 _ORIGINS = ("http://127.0.0.1:8090", "http://127.0.0.1:8091")
 _PATCH = b'[{"op":"add","path":"/metadata/labels/touched","value":"yes"}]'
-
-
-class _LookupSource:
-    """Namespace lookups that the test answers or fails (the cache knows nothing)."""
-
-    def __init__(self) -> None:
-        self.fetches: list[Deferred] = []
-
-    def cached(self, name: str) -> Any:
-        return UNKNOWN
-
-    def fetch(self, name: str, timeout: float) -> Deferred:
-        d: Deferred = Deferred()
-        self.fetches.append(d)
-        return d
-
-    def readiness(self) -> tuple[bool, str]:
-        return True, "lookups"
-
-    def cluster_failure_policy(self) -> Optional[str]:
-        return None
 
 
 class _Reviewed:
@@ -93,7 +71,7 @@ class ReviewStates(RuleBasedStateMachine):
         self.clock = self.net.reactor
         metrics = Metrics()
         self.client = EndpointClient(self.clock, metrics, BreakerRegistry(self.clock))
-        self.lookups = _LookupSource() if lookups else None
+        self.lookups = FakeSource() if lookups else None
         source = self.lookups if self.lookups is not None else StaticNamespaceSource(config.kubernetes)
         self.admitter = Admitter(config, source, self.client, self.clock, metrics)
         self.transport_class = SlowCloseTransport if slow_close else ClientTransport
@@ -190,11 +168,11 @@ class ReviewStates(RuleBasedStateMachine):
         assert review is not None
         review.cancel()
 
-    @precondition(lambda self: self.lookups is not None and any(not d.called for d in self.lookups.fetches))
+    @precondition(lambda self: self.lookups is not None and any(not d.called for _, _, d in self.lookups.fetches))
     @rule(which=st.integers(0, 1000), found=st.booleans())
     def lookup_answers(self, which: int, found: bool) -> None:
         assert self.lookups is not None
-        open_fetches = [d for d in self.lookups.fetches if not d.called]
+        open_fetches = [d for _, _, d in self.lookups.fetches if not d.called]
         d = open_fetches[which % len(open_fetches)]
         if found:
             d.callback(NamespaceInfo("team-a", {"amp.txn2.com/enabled": "true"},
@@ -223,7 +201,7 @@ class ReviewStates(RuleBasedStateMachine):
         """Everything the endpoints and lookups still owe fails or closes; then what must be true."""
         for _ in range(40):
             if self.lookups is not None:
-                for d in self.lookups.fetches:
+                for _, _, d in self.lookups.fetches:
                     if not d.called:
                         d.errback(NamespaceLookupError("late"))
             for _, transport in self._closing():
