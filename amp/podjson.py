@@ -10,9 +10,15 @@ and more under load, where every decoded object is fresh memory).  A raw
 member costs a skip over its bytes, which L{amp.review} validated already
 (UTF-8, nesting, JSON syntax); its numbers are checked when it is read.
 
+One part of the metadata may be raw too: C{metadata.managedFields}
+(L{RAW_IN_METADATA}), which an API server fills in before admission (a
+kilobyte or more of nested JSON for a controller's Pod) and which neither
+amp nor a patch normally reads.
+
 This module owns reading such a member: L{member} decodes it on first use
 and keeps the decoded value in the Pod's dict (the same JSON, so the Pod
-is unchanged as a document); L{whole} decodes them all.  The raw value is
+is unchanged as a document), L{read} does so for any container holding
+one (the metadata's); L{whole} decodes them all.  The raw value is
 encoded back as it came (C{msgspec.json.encode} writes a C{Raw} as its
 bytes), so a Pod that still holds raw members is forwarded and patched
 without ever decoding them.  Code that walks a Pod beyond its metadata
@@ -26,9 +32,9 @@ from typing import Any
 
 import msgspec
 
-from amp.review import decode_bounded, long_digits
+from amp.review import RAW_IN_METADATA, decode_bounded, long_digits
 
-__all__ = ["MemberError", "RAW", "member", "whole"]
+__all__ = ["MemberError", "RAW", "RAW_IN_METADATA", "decoded", "member", "read", "read_all", "whole"]
 
 #: The type of a member kept as raw JSON.
 RAW = msgspec.Raw
@@ -53,17 +59,51 @@ def member(pod: dict, key: str, default: Any = None) -> Any:
     """
     value = pod.get(key, default)
     if type(value) is RAW:
-        try:
-            if long_digits(value):
-                # An integer msgspec would read past 64 bits: the careful
-                # decoder reads it as an API server would, or names it.
-                value = decode_bounded(bytes(value).decode("utf-8"))
-            else:
-                value = _decode(value)
-        except (ValueError, RecursionError) as e:
-            raise MemberError(f"the Pod's {key} cannot be read: {e}") from None
-        pod[key] = value
+        value = pod[key] = decoded(value, key)
     return value
+
+
+def read(container: Any, key: Any, where: str) -> Any:
+    """
+    C{container[key]}, decoded and kept decoded in C{container} when it is
+    raw; C{where} names it in the error (C{metadata.managedFields}).
+
+    @raise MemberError: the raw value does not decode, with the reason.
+    """
+    value = container[key]
+    if type(value) is RAW:
+        value = container[key] = decoded(value, where)
+    return value
+
+
+def read_all(container: dict, where: str) -> dict:
+    """
+    C{container} with its raw members decoded in place (the metadata's,
+    when the metadata itself is read as a value); C{where} is its name.
+
+    @raise MemberError: a raw member does not decode.
+    """
+    for key, value in container.items():
+        if type(value) is RAW:
+            read(container, key, f"{where}.{key}")
+    return container
+
+
+def decoded(value: RAW, where: str) -> Any:
+    """
+    The raw JSON C{value} decoded, as an API server reads it; C{where}
+    names it in the error.
+
+    @raise MemberError: it does not decode, with the reason.
+    """
+    try:
+        if long_digits(value):
+            # An integer msgspec would read past 64 bits: the careful
+            # decoder reads it as an API server would, or names it.
+            return decode_bounded(bytes(value).decode("utf-8"))
+        return _decode(value)
+    except (ValueError, RecursionError) as e:
+        raise MemberError(f"the Pod's {where} cannot be read: {e}") from None
 
 
 def whole(pod: Any) -> Any:
@@ -77,4 +117,7 @@ def whole(pod: Any) -> Any:
         for key, value in pod.items():
             if type(value) is RAW:
                 member(pod, key)
+        metadata = pod.get("metadata")
+        if type(metadata) is dict:
+            read_all(metadata, "metadata")
     return pod

@@ -286,6 +286,14 @@ class _FastReview(msgspec.Struct):
 
 _fast_review = msgspec.json.Decoder(_FastReview).decode
 _fast_any = msgspec.json.Decoder().decode
+#: An object's members, each as its raw JSON (a ValidationError, which is a
+#: DecodeError, when it is not an object).
+_fast_members = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+_MANAGED_FIELDS = b'"managedFields"'
+#: Metadata up to this long is decoded whole without looking for
+#: managedFields: the search costs more than decoding a small one (and a
+#: controller's managedFields alone are longer).
+_SMALL_METADATA = 1024
 #: Nineteen digits in a row may be an integer out of 64-bit range, which
 #: msgspec reads as a Python int: such a body takes the careful path.  Found
 #: with a translation (digits to 1, the rest to 0) and a search for 19 ones,
@@ -299,9 +307,9 @@ def _decode_fast(body: bytes, lazy: bool) -> Optional[tuple[_FastReview, Any, Op
     """
     The review decoded in C (msgspec), the object as a dict of its
     top-level members with their raw JSON: decoded at once, or (C{lazy})
-    only its C{metadata}, C{apiVersion} and C{kind}, the rest left to
-    L{amp.podjson}; and the object's JSON for forwarding, its members'
-    bytes as they came.  None when msgspec refuses the body, or what it
+    only its C{metadata} (but its C{managedFields}), C{apiVersion} and
+    C{kind}, the rest left to L{amp.podjson}; and the object's JSON for
+    forwarding, its members' bytes as they came.  None when msgspec refuses the body, or what it
     decodes may hold what msgspec reads differently from what an API
     server sends (a long integer, which msgspec would read as a Python
     int): then the careful path below decides, and names what is wrong.
@@ -333,7 +341,13 @@ def _decode_fast(body: bytes, lazy: bool) -> Optional[tuple[_FastReview, Any, Op
             elif key in _EAGER:
                 if len(raw) > 18 and long_digits(raw):
                     return None
-                pod[key] = _fast_any(raw)
+                if key == "metadata" and len(raw) > _SMALL_METADATA and _MANAGED_FIELDS in bytes(raw):
+                    # A Pod from an API server: its managedFields stay raw,
+                    # the metadata's other members are decoded one by one.
+                    pod[key] = {name: value if name in RAW_IN_METADATA else _fast_any(value)
+                                for name, value in _fast_members(raw).items()}
+                else:
+                    pod[key] = _fast_any(raw)
         return review, pod, _encode(members)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         # msgspec raises UnicodeDecodeError itself for invalid UTF-8 inside
@@ -352,15 +366,18 @@ def long_digits(text: Any) -> bool:
 #: The members of a lazily decoded object that are decoded at once: what
 #: every review reads (names, labels, annotations, the stamp).
 _EAGER = frozenset({"metadata", "apiVersion", "kind"})
+#: The members of a lazily decoded object's metadata that are kept raw
+#: (L{amp.podjson}): what an API server fills in and amp does not read.
+RAW_IN_METADATA = frozenset({"managedFields"})
 
 
 def parse_review(body: bytes, *, lazy: bool = False) -> AdmissionRequest:
     """
     Parse an AdmissionReview request body.
 
-    @param lazy: keep the object's members other than its metadata as raw
-        JSON (L{amp.podjson}), decoded when something reads them: the
-        webhook's hot path.  A number out of range in such a member, or in
+    @param lazy: keep the object's members other than its metadata, and
+        the metadata's C{managedFields}, as raw JSON (L{amp.podjson}),
+        decoded when something reads them: the webhook's hot path.  A number out of range in such a member, or in
         a part of the review amp does not read (C{userInfo}, C{oldObject}),
         which an API server never sends, is not refused here then; in a
         member, it is when the member is read (L{amp.podjson.MemberError}).

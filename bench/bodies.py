@@ -137,6 +137,49 @@ def make_review(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
     }
 
 
+def managed_fields(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """
+    The C{metadata.managedFields} an API server puts in C{pod} before
+    admission when a ReplicaSet's controller creates it (the fields the
+    controller set, as FieldsV1): what a real review's Pod carries and the
+    benchmark's bodies otherwise leave out.
+    """
+    def keys(values: Any) -> dict[str, Any]:
+        return {".": {}, **{f"f:{key}": {} for key in values}}
+
+    def env(var: dict[str, Any]) -> dict[str, Any]:
+        source = {"f:value": {}} if "value" in var else {"f:valueFrom": {".": {}, "f:fieldRef": {}}}
+        return {".": {}, "f:name": {}, **source}
+
+    containers = {}
+    for c in pod["spec"]["containers"]:
+        containers[f'k:{{"name":"{c["name"]}"}}'] = {
+            ".": {}, "f:args": {}, "f:image": {}, "f:imagePullPolicy": {}, "f:name": {},
+            "f:env": {".": {}, **{f'k:{{"name":"{v["name"]}"}}': env(v) for v in c["env"]}},
+            "f:ports": {".": {}, **{f'k:{{"containerPort":{p["containerPort"]},"protocol":"TCP"}}':
+                                    {".": {}, "f:containerPort": {}, "f:name": {}, "f:protocol": {}}
+                                    for p in c["ports"]}},
+            "f:resources": {".": {}, "f:limits": keys(c["resources"]["limits"]),
+                            "f:requests": keys(c["resources"]["requests"])},
+            "f:terminationMessagePath": {}, "f:terminationMessagePolicy": {},
+        }
+    metadata = pod["metadata"]
+    owner = metadata["ownerReferences"][0]["uid"]
+    fields = {
+        "f:metadata": {"f:generateName": {}, "f:labels": keys(metadata["labels"]),
+                       "f:annotations": keys(metadata["annotations"]),
+                       "f:ownerReferences": {".": {}, f'k:{{"uid":"{owner}"}}': {}}},
+        "f:spec": {"f:containers": containers, "f:dnsPolicy": {}, "f:enableServiceLinks": {},
+                   "f:restartPolicy": {}, "f:schedulerName": {}, "f:securityContext": {".": {}, "f:fsGroup": {},
+                                                                                     "f:runAsUser": {}},
+                   "f:serviceAccount": {}, "f:serviceAccountName": {}, "f:terminationGracePeriodSeconds": {},
+                   "f:volumes": {".": {}, 'k:{"name":"config"}': {".": {}, "f:configMap": {
+                       ".": {}, "f:defaultMode": {}, "f:name": {}}, "f:name": {}}}},
+    }
+    return [{"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
+             "time": "2024-05-01T10:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": fields}]
+
+
 def _encode(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
@@ -164,13 +207,18 @@ BODIES = {
 }
 
 
-def review_body(body: str, namespace: str) -> bytes:
+def review_body(body: str, namespace: str, managed: bool = False) -> bytes:
     """
     The AdmissionReview of body C{body} (C{typical} or C{large}) for a Pod in
-    C{namespace}, as bytes.
+    C{namespace}, as bytes; with C{managed}, the same Pod with the
+    managedFields a real API server adds (L{managed_fields}: larger than the
+    body's nominal size).
     """
     containers, target = BODIES[body]
-    return _encode(_sized(containers, target, namespace))
+    review = _sized(containers, target, namespace)
+    if managed:
+        review["request"]["object"]["metadata"]["managedFields"] = managed_fields(review["request"]["object"])
+    return _encode(review)
 
 
 def pod_body(body: str, namespace: str) -> bytes:

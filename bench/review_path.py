@@ -19,9 +19,13 @@ before their N endpoint connections answer, as under the benchmark's
 sixteen connections: what many decoded Pods alive at once cost (cache
 misses, the allocator's fresh pages) shows there and not one at a time.
 
+With C{--managed-fields}, each Pod carries the C{metadata.managedFields}
+a real API server adds before admission (L{bench.bodies.managed_fields}),
+which the benchmark's bodies otherwise leave out.
+
 Run: C{python -m bench.review_path [--reviews N] [--in-flight N]
-[--profile typical|large]}; prints one JSON object, or with C{--profile}
-the functions that cost most (cProfile, own time).
+[--managed-fields] [--profile typical|large]}; prints one JSON object, or
+with C{--profile} the functions that cost most (cProfile, own time).
 """
 
 from __future__ import annotations
@@ -180,13 +184,15 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=30, help="functions shown by --profile")
     parser.add_argument("--in-flight", type=int, default=1,
                         help="reviews in flight together, each on its own connections (default 1)")
+    parser.add_argument("--managed-fields", action="store_true",
+                        help="the Pods carry the managedFields a real API server adds (bench.bodies.managed_fields)")
     args = parser.parse_args()
     # The review log lines go nowhere (not into the start-up buffer, which
     # would keep them).
     globalLogBeginner.beginLoggingTo([], discardBuffer=True, redirectStandardIO=False)
     path = ReviewPath()
     if args.profile:
-        pieces = _pieces(bodies.review_body(args.profile, "bench"))
+        pieces = _pieces(bodies.review_body(args.profile, "bench", args.managed_fields))
         _check(path.review(pieces))
         profiler = cProfile.Profile()
         profiler.enable()
@@ -197,7 +203,7 @@ def main() -> None:
         return
     results: dict[str, Any] = {}
     for name in ("typical", "large"):
-        body = bodies.review_body(name, "bench")
+        body = bodies.review_body(name, "bench", args.managed_fields)
         us = cpu_per_review(path, body, args.reviews, max(1, args.in_flight))
         results[name] = {"body_bytes": len(body), "in_flight": max(1, args.in_flight), "us/review": round(us, 1)}
     print(json.dumps(results, indent=2))

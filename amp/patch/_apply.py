@@ -19,13 +19,14 @@ from typing import Any, Optional, Sequence
 
 from amp.patch._ops import Op, PatchError, show
 from amp.patch._paths import refusal
-from amp.podjson import RAW, MemberError, member
+from amp.podjson import RAW, MemberError, member, read, read_all
 from amp.pointer import json_type, pointer
 from amp.reasons import Reason
 
 _WARNING_MAX = 119
 
 _MISSING = object()
+_METADATA = ("metadata",)
 
 
 class Fail(Exception):
@@ -153,6 +154,30 @@ class Doc:
             self.root[tok] = value
         return value
 
+    def _read(self, node: Any, key: Any, tokens: tuple[str, ...], depth: int) -> Any:
+        """
+        C{node[key]} (at C{tokens[:depth + 1]}) below the root, a raw one
+        (the metadata's managedFields) decoded in C{node}.
+        """
+        if depth == 0:
+            return self._member(key)
+        try:
+            return read(node, key, ".".join(tokens[:depth + 1]))
+        except MemberError as e:
+            raise Fail(str(e)) from None
+
+    def _whole(self, value: Any, tokens: tuple[str, ...]) -> Any:
+        """
+        C{value}, read at C{tokens} to be copied, moved or compared whole:
+        the metadata with its raw members decoded (nothing else holds any).
+        """
+        if tokens == _METADATA and type(value) is dict:
+            try:
+                read_all(value, "metadata")
+            except MemberError as e:
+                raise Fail(str(e)) from None
+        return value
+
     def parent(self, tokens: tuple[str, ...]) -> Any:
         """
         The writable container that holds C{tokens[-1]}.
@@ -166,8 +191,8 @@ class Doc:
             if type(node) is dict:
                 child = node.get(tok)
                 key: Any = tok
-                if type(child) is RAW and depth == 0:
-                    child = self._member(tok)
+                if type(child) is RAW:
+                    child = self._read(node, tok, tokens, depth)
                 if child is None:
                     what = "does not exist" if tok not in node else "is null"
                     raise Fail(f"{show(pointer(tokens[:depth + 1]))} {what}", node, depth)
@@ -189,17 +214,18 @@ class Doc:
         for depth, tok in enumerate(tokens):
             t = type(node)
             if t is dict:
-                node = node.get(tok, _MISSING)
-                if node is _MISSING:
+                child = node.get(tok, _MISSING)
+                if child is _MISSING:
                     raise Fail(f"{show(pointer(tokens[:depth + 1]))} does not exist")
-                if type(node) is RAW and depth == 0:
-                    node = self._member(tok)
+                if type(child) is RAW:
+                    child = self._read(node, tok, tokens, depth)
+                node = child
             elif t is list:
                 node = node[_index(tokens, depth, len(node), False)]
             else:
                 raise Fail(f"{show(pointer(tokens[:depth]))} is a {json_type(node)}, "
                             "not an object or a list")
-        return node
+        return self._whole(node, tokens)
 
     def add(self, op: Op, tokens: tuple[str, ...], value: Any) -> None:
         node = self.parent(tokens)
@@ -220,10 +246,10 @@ class Doc:
         if type(node) is dict:
             if key not in node:
                 raise Fail(f"{show(pointer(tokens))} does not exist")
-            if len(tokens) == 1 and type(node[key]) is RAW:
+            if type(node[key]) is RAW:
                 # A member moved elsewhere is read there.
-                self._member(key)
-            return node.pop(key)
+                self._read(node, key, tokens, len(tokens) - 1)
+            return self._whole(node.pop(key), tokens)
         return node.pop(_index(tokens, len(tokens) - 1, len(node), False))
 
     def replace(self, tokens: tuple[str, ...], value: Any) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from amp.patch import escape_pointer_token as escape_token
-from amp.podjson import RAW, member
+from amp.podjson import RAW, decoded, member
 
 __all__ = ["Difference", "MISSING", "pod_differences", "without_annotations"]
 
@@ -132,6 +132,12 @@ def _walk(path: str, a: Any, b: Any) -> Iterator[Difference]:
     while stack:
         where, x, y = stack.pop()
         if x is y or (type(x) is type(y) and not isinstance(x, (dict, list)) and x == y):
+            continue
+        if type(x) is RAW or type(y) is RAW:
+            # A part still raw in one Pod (the metadata's managedFields) is
+            # compared as what it holds.
+            stack.append((where, decoded(x, where) if type(x) is RAW else x,
+                          decoded(y, where) if type(y) is RAW else y))
             continue
         if isinstance(x, dict) and isinstance(y, dict):
             pending = []
