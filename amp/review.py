@@ -211,10 +211,15 @@ def nesting_exceeds(body: bytes, limit: int = MAX_DEPTH) -> bool:
     pass.  Bytes that are not JSON get an answer about their brackets;
     parsing them then says what else is wrong.
     """
-    if b"\\" in body:
+    first = body.find(b"\\")
+    if first >= 0:
         # Escaped backslashes, then escaped quotes: every quote left
-        # opens or closes a string.
-        body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+        # opens or closes a string.  Only between the first backslash and
+        # the character after the last (an API server's managedFields,
+        # where the escapes of a Pod usually are, are a part of it): the
+        # replacements cost more per byte than anything else here.
+        end = body.rfind(b"\\") + 2
+        body = b"".join((body[:first], body[first:end].replace(b"\\\\", b"").replace(b'\\"', b""), body[end:]))
     structure = body.translate(_UNIFY, _STRUCTURE)
     brackets = structure.translate(None, b'"')
     if brackets.count(b"[") <= limit:
