@@ -89,8 +89,12 @@ class ReviewStates(RuleBasedStateMachine):
             self.failures.append(failure.getTraceback())
 
     def teardown(self) -> None:
-        if hasattr(self, "_observer"):
-            globalLogPublisher.removeObserver(self._observer)
+        try:
+            if hasattr(self, "reviews"):
+                self.check_the_end()
+        finally:
+            if hasattr(self, "_observer"):
+                globalLogPublisher.removeObserver(self._observer)
 
     # ------------------------------------------------------------ what the test sees
 
@@ -219,16 +223,5 @@ class ReviewStates(RuleBasedStateMachine):
         assert not self.failures, self.failures[0]
 
 
-class ReviewStatesToTheEnd(ReviewStates):
-    """The same, with every run checked at its end (L{check_the_end})."""
-
-    def teardown(self) -> None:
-        try:
-            if hasattr(self, "reviews"):
-                self.check_the_end()
-        finally:
-            super().teardown()
-
-
-ReviewStatesToTheEnd.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
-ReviewStatesTests = ReviewStatesToTheEnd.TestCase
+ReviewStates.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+ReviewStatesTests = ReviewStates.TestCase
