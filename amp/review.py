@@ -345,7 +345,7 @@ def _decode_fast(body: bytes, lazy: bool) -> Optional[tuple[_FastReview, Any, Op
             elif key in _EAGER:
                 if len(raw) > 18 and long_digits(raw):
                     return None
-                if key == "metadata" and len(raw) > _SMALL_METADATA and _MANAGED_FIELDS in bytes(raw):
+                if key == "metadata" and len(raw) > _SMALL_METADATA and _is_managed(bytes(raw)):
                     # A Pod from an API server: its managedFields stay raw,
                     # the metadata's other members are decoded one by one.
                     pod[key] = {name: value if name in RAW_IN_METADATA else _fast_any(value)
@@ -357,6 +357,15 @@ def _decode_fast(body: bytes, lazy: bool) -> Optional[tuple[_FastReview, Any, Op
         # msgspec raises UnicodeDecodeError itself for invalid UTF-8 inside
         # a string; the careful path names it in the 400.
         return None
+
+
+def _is_managed(metadata: bytes) -> bool:
+    """
+    Whether the raw JSON C{metadata} is an object that may hold
+    managedFields (anything else is decoded whole, and what is wrong with
+    it said there).
+    """
+    return metadata.startswith(b"{") and _MANAGED_FIELDS in metadata
 
 
 def long_digits(text: Any) -> bool:

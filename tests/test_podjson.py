@@ -88,6 +88,45 @@ def test_the_metadata_is_decoded_but_its_managed_fields() -> None:
         whole(bad.object)
 
 
+def _managed_body() -> bytes:
+    the_pod = pod()
+    the_pod["metadata"]["managedFields"] = MANAGED_FIELDS
+    return json.dumps(review(the_pod)).encode()
+
+
+def test_a_patch_never_changes_the_lazy_pod_it_checks() -> None:
+    """
+    A container the patch threw away leaves its id to the next object made:
+    the managedFields decoded into the caller's Pod must not be taken for
+    the patch's own copy and changed in place (twice over, checked twice).
+    """
+    ops = [{"op": "add", "path": "/spec/containers/-", "value": {"name": "s", "image": "e"}},
+           {"op": "replace", "path": "/spec/containers", "value": [{"name": "app", "image": "nginx:1.25"}]},
+           {"op": "test", "path": "/metadata/managedFields/0/manager", "value": "kube-controller-manager"},
+           {"op": "add", "path": "/metadata/managedFields/-", "value": {"manager": "x"}}]
+    body = _managed_body()
+    lazy = parse_review(body, lazy=True).object
+    before = json.loads(msgspec.json.encode(lazy))
+    for _ in range(3):
+        assert _checked(lazy, ops) == _checked(parse_review(body).object, ops)
+        assert json.loads(msgspec.json.encode(lazy)) == before
+
+
+def test_replacing_a_raw_list_warns_as_replacing_a_decoded_one() -> None:
+    ops = [{"op": "add", "path": "/metadata/managedFields", "value": []}]
+    body = _managed_body()
+    lazy = _checked(parse_review(body, lazy=True).object, ops)
+    assert lazy == _checked(parse_review(body).object, ops)
+    assert "replaced an existing list of 1 item" in lazy[2][0]
+
+
+def test_metadata_that_is_not_an_object_is_forwarded_as_it_came() -> None:
+    the_pod = pod()
+    the_pod["metadata"] = ["managedFields", "x" * 1100]
+    body = json.dumps(review(the_pod)).encode()
+    assert parse_review(body, lazy=True).object_json == parse_review(body).object_json is not None
+
+
 @settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(extra=JSON, where=st.sampled_from(["spec", "status", "metadata", "managedFields", "request", "new member"]),
        indent=st.sampled_from([None, 2]), ascii=st.booleans())

@@ -123,7 +123,11 @@ class Doc:
 
     Containers whose ids are in C{owned} were created here and are referenced
     from one place only, so they may be changed in place; every other container
-    (the caller's Pod, operation values) is copied before it is changed.
+    (the caller's Pod, operation values) is copied before it is changed.  Each
+    owned container is kept alive by C{owned} itself: one an operation threw
+    away would otherwise leave its id to the next object made, which might be
+    the caller's (a raw member decoded into the caller's Pod), then changed in
+    place as if it were a copy.
     """
 
     __slots__ = ("root", "source", "owned", "warnings")
@@ -133,12 +137,13 @@ class Doc:
         #: The caller's Pod: a raw member (L{amp.podjson}) read here is
         #: decoded into it too, once for every later reader.
         self.source = root
-        self.owned: set[int] = set()
+        #: The containers made here, by id.
+        self.owned: dict[int, Any] = {}
         self.warnings: list[str] = []
 
     def _own(self, node: Any) -> Any:
         node = node.copy()
-        self.owned.add(id(node))
+        self.owned[id(node)] = node
         return node
 
     def _member(self, tok: str) -> Any:
@@ -232,6 +237,9 @@ class Doc:
         key = tokens[-1]
         if type(node) is dict:
             old = node.get(key, _MISSING)
+            if type(old) is RAW and type(value) is list:
+                # Whether it was a list is in what the raw JSON holds.
+                old = self._read(node, key, tokens, len(tokens) - 1)
             if type(old) is list and old and type(value) is list:
                 self.warnings.append(_short(
                     f"operation {op.index} ({op.op} {show(op.path)}) replaced an existing list of "
@@ -334,7 +342,7 @@ def repair_parents(doc: Doc, op: Op, fail: Fail, rules: tuple, out: list[dict]) 
     node: Any = fail.node
     for tokens, is_list in plan:
         child: Any = [] if is_list else {}
-        doc.owned.add(id(child))
+        doc.owned[id(child)] = child
         node[tokens[-1]] = child
         node = child
         out.append({"op": "add", "path": pointer(tokens), "value": [] if is_list else {}})
