@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from amp.patch import escape_pointer_token as escape_token
-from amp.podjson import RAW, decoded, member
+from amp.podjson import RAW, decoded
 
 __all__ = ["Difference", "MISSING", "pod_differences", "without_annotations"]
 
@@ -88,6 +88,9 @@ def pod_differences(
     Where C{before} and C{after} part, by JSON pointer, in document order;
     at most C{limit} places.  C{None} stands for "no Pod admitted" (a
     denied review): it differs from any Pod at the root.
+
+    @raise amp.podjson.MemberError: a part one Pod still holds raw, and
+        the other does not hold the same, does not decode.
     """
     if before is None or after is None:
         if before is None and after is None:
@@ -97,32 +100,12 @@ def pod_differences(
     keys = tuple(ignore_annotations)
     if keys:
         before, after = without_annotations(before, keys), without_annotations(after, keys)
-    before, after = _raw_members_decoded(before, after)
     out: list[Difference] = []
     for difference in _walk("", before, after):
         out.append(difference)
         if len(out) >= limit:
             break
     return tuple(out)
-
-
-def _raw_members_decoded(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-    """
-    C{a} and C{b}, copied with their raw members (L{amp.podjson}) decoded
-    where the two do not hold the very same raw JSON: a Pod whose C{spec}
-    one patch read (and so decoded) and another did not is still the same.
-
-    @raise amp.podjson.MemberError: such a member does not decode.
-    """
-    keys = [key for key, value in a.items() if type(value) is RAW and b.get(key) is not value]
-    keys += [key for key, value in b.items() if type(value) is RAW and a.get(key) is not value]
-    if not keys:
-        return a, b
-    a, b = dict(a), dict(b)
-    for key in keys:
-        member(a, key)
-        member(b, key)
-    return a, b
 
 
 def _walk(path: str, a: Any, b: Any) -> Iterator[Difference]:
@@ -134,10 +117,13 @@ def _walk(path: str, a: Any, b: Any) -> Iterator[Difference]:
         if x is y or (type(x) is type(y) and not isinstance(x, (dict, list)) and x == y):
             continue
         if type(x) is RAW or type(y) is RAW:
-            # A part still raw in one Pod (the metadata's managedFields) is
-            # compared as what it holds.
-            stack.append((where, decoded(x, where) if type(x) is RAW else x,
-                          decoded(y, where) if type(y) is RAW else y))
+            # A part still raw in one Pod (amp.podjson: a member no patch
+            # read, the metadata's managedFields) is compared as what it
+            # holds: a Pod whose spec one patch read (and so decoded) and
+            # another did not is still the same.
+            name = where[1:].replace("/", ".")
+            stack.append((where, decoded(x, name) if type(x) is RAW else x,
+                          decoded(y, name) if type(y) is RAW else y))
             continue
         if isinstance(x, dict) and isinstance(y, dict):
             pending = []
