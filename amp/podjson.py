@@ -76,16 +76,17 @@ def read(container: Any, key: Any, where: str) -> Any:
     return value
 
 
-def read_all(container: dict, where: str) -> dict:
+def read_all(container: dict, where: str = "") -> dict:
     """
-    C{container} with its raw members decoded in place (the metadata's,
-    when the metadata itself is read as a value); C{where} is its name.
+    C{container} with its raw members decoded in place (the Pod's, or the
+    metadata's when the metadata itself is read as a value); C{where} is
+    its name (none for the Pod).
 
     @raise MemberError: a raw member does not decode.
     """
     for key, value in container.items():
         if type(value) is RAW:
-            read(container, key, f"{where}.{key}")
+            read(container, key, f"{where}.{key}" if where else key)
     return container
 
 
@@ -114,9 +115,7 @@ def whole(pod: Any) -> Any:
     @raise MemberError: a raw member does not decode.
     """
     if type(pod) is dict:
-        for key, value in pod.items():
-            if type(value) is RAW:
-                member(pod, key)
+        read_all(pod)
         metadata = pod.get("metadata")
         if type(metadata) is dict:
             read_all(metadata, "metadata")
