@@ -125,16 +125,25 @@ class Review:
         endpoint call's own timeout when that ends first (the call is told
         then, L{_expired}; it arms no timer of its own).
         """
-        when = self._deadline.at
-        call = self._call
-        if call is not None and call.expires is not None and call.expires < when:
-            when = call.expires
+        when = self._call_expires()
+        if when is None:
+            when = self._deadline.at
         clock = self._parts.clock
         timer = self._timer
         if timer is None:
             self._timer = clock.callLater(max(0.0, when - clock.seconds()), self._expired)
         elif timer.getTime() != when:
             timer.reset(max(0.0, when - clock.seconds()))
+
+    def _call_expires(self) -> Optional[float]:
+        """
+        When the endpoint call in progress times out, if it does before the
+        review's deadline (else None: the deadline ends it).
+        """
+        call = self._call
+        if call is not None and call.expires is not None and call.expires < self._deadline.at:
+            return call.expires
+        return None
 
     def _resume(self, result: Any, d: Deferred, then: Callable[[Any], None]) -> None:
         if self._pending is not d:
@@ -374,7 +383,7 @@ class Review:
     def _expired(self) -> None:
         self._timer = None
         call = self._call
-        if call is not None and call.expires is not None and call.expires < self._deadline.at:
+        if call is not None and self._call_expires() is not None:
             # The endpoint call's own timeout, not the review's deadline:
             # the call fails with timeout (told at once, failed), and
             # the chain goes on or the failure policy answers.
