@@ -172,7 +172,7 @@ class AdmissionResource:
         recent = self.recent
         count = self._metrics.count_review
         info = self._info
-        # One flush of the log for the lines of every review in this turn.
+        # One write of the log for the lines of every review in this turn.
         with lines_together():
             for req, outcome, elapsed, answered in unaccounted:
                 if recent is not None:
