@@ -313,9 +313,9 @@ def _decode_fast(body: bytes, lazy: bool) -> Optional[tuple[_FastReview, Any, Op
     top-level members with their raw JSON: decoded at once, or (C{lazy})
     only its C{metadata} (but its C{managedFields}), C{apiVersion} and
     C{kind}, the rest left to L{amp.podjson}; and the object's JSON for
-    forwarding, its members' bytes as they came.  None when msgspec refuses the body, or what it
-    decodes may hold what msgspec reads differently from what an API
-    server sends (a long integer, which msgspec would read as a Python
+    forwarding, its members' bytes as they came.  None when msgspec
+    refuses the body, or what it decodes may hold what msgspec reads
+    differently from what an API server sends (a long integer, which msgspec would read as a Python
     int): then the careful path below decides, and names what is wrong.
     Long integers are looked for in all of the body, or (C{lazy}) in the
     members decoded here: the fields of the request are typed and hold no
@@ -390,8 +390,9 @@ def parse_review(body: bytes, *, lazy: bool = False) -> AdmissionRequest:
 
     @param lazy: keep the object's members other than its metadata, and
         the metadata's C{managedFields}, as raw JSON (L{amp.podjson}),
-        decoded when something reads them: the webhook's hot path.  A number out of range in such a member, or in
-        a part of the review amp does not read (C{userInfo}, C{oldObject}),
+        decoded when something reads them: the webhook's hot path.  A
+        number out of range in such a member, or in a part of the review
+        amp does not read (C{userInfo}, C{oldObject}),
         which an API server never sends, is not refused here then; in a
         member, it is when the member is read (L{amp.podjson.MemberError}).
     @raise ReviewError: 400 with a message that says what is wrong.
