@@ -315,8 +315,9 @@ def _decode_fast(body: bytes, lazy: bool) -> Optional[tuple[_FastReview, Any, Op
     C{kind}, the rest left to L{amp.podjson}; and the object's JSON for
     forwarding, its members' bytes as they came.  None when msgspec
     refuses the body, or what it decodes may hold what msgspec reads
-    differently from what an API server sends (a long integer, which msgspec would read as a Python
-    int): then the careful path below decides, and names what is wrong.
+    differently from what an API server sends (a long integer, which
+    msgspec would read as a Python int): then the careful path below
+    decides, and names what is wrong.
     Long integers are looked for in all of the body, or (C{lazy}) in the
     members decoded here: the fields of the request are typed and hold no
     number, and a raw member is checked when it is read.  msgspec refuses
