@@ -342,18 +342,6 @@ def amp_config(path: str, *, port: int, metrics_port: int, tls: dict[str, Any], 
         yaml.safe_dump(config, f, sort_keys=False)
 
 
-def amp_ready(port: int, ca: str) -> bool:
-    """Whether the amp listening on C{port} (its certificate signed by C{ca}) answers C{/readyz} with 200."""
-    context = ssl.create_default_context(cafile=ca)
-    context.check_hostname = False
-    try:
-        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=2)
-        conn.request("GET", "/readyz")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
-
-
 class Amp:
     """
     One C{twistd -n amp} process and how to reach it.
@@ -361,7 +349,13 @@ class Amp:
 
     def __init__(self, name: str, workdir: str, tls: dict[str, Any], *, endpoint_url: str, source: str,
                  kubeconfig: Optional[str], per_review_get: bool, cpus: Optional[set[int]],
-                 extra_twistd: tuple[str, ...] = (), overlay: Optional[dict[str, Any]] = None) -> None:
+                 extra_twistd: tuple[str, ...] = (), overlay: Optional[dict[str, Any]] = None,
+                 prefix: tuple[str, ...] = (), env: Optional[dict[str, str]] = None, preamble: str = "") -> None:
+        """
+        @param prefix: what the command runs under (C{valgrind ...}).
+        @param env: the process's environment (by default this one's).
+        @param preamble: Python run in amp's process before C{twistd}.
+        """
         self.name = name
         self.port = free_port()
         self.metrics_port = free_port()
@@ -371,10 +365,10 @@ class Amp:
                    endpoint_url=endpoint_url, source=source, kubeconfig=kubeconfig,
                    per_review_get=per_review_get, overlay=overlay)
         self.ca = str(tls["ca_cert"])
-        argv = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+        argv = [*prefix, sys.executable, "-c", f"{preamble}from twisted.scripts.twistd import run; run()",
                 "-n", "--pidfile=", *extra_twistd, "amp", "--config", self.config_path]
         self.log = open(self.log_path, "w")
-        self.proc = Proc(f"amp ({name})", argv, cpus=cpus, stdout=self.log, cwd=workdir)
+        self.proc = Proc(f"amp ({name})", argv, cpus=cpus, stdout=self.log, cwd=workdir, env=env)
         self.pid = self.proc.pid
         self.url = f"https://127.0.0.1:{self.port}/mutate?timeout=10s"
 
@@ -448,8 +442,8 @@ class Amp:
                         break
         return found
 
-    def stop(self) -> None:
-        self.proc.stop()
+    def stop(self, timeout: float = 10.0) -> None:
+        self.proc.stop(timeout=timeout)
         self.log.close()
 
 

@@ -38,7 +38,7 @@ import tempfile
 from typing import Any
 
 from bench import bodies
-from bench.harness import OFF, ON, Proc, amp_config, amp_ready, free_port, poll_until, say
+from bench.harness import OFF, ON, Amp, Proc, say
 
 _SUMMARY = re.compile(r"^summary: (\d+)", re.M)
 #: Connections of the closed-loop client, as C{bench/run}'s rows.
@@ -51,19 +51,16 @@ def measure(which: str, body: str, reviews: int, workdir: str, tls: dict[str, st
     out = os.path.join(workdir, f"callgrind.{which}.{body}")
     valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     py = sys.executable
+    proc: Proc | Amp
     if which == "floor":
         proc = Proc("floor", valgrind + [py, "-m", "bench.floor", "--cert", tls["cert"], "--key", tls["key"],
                                          "--endpoint", endpoint_url])
         port = proc.first_line()["port"]
     else:
-        config = os.path.join(workdir, f"amp-{body}.yaml")
-        port = free_port()
-        amp_config(config, port=port, metrics_port=free_port(), tls=tls, endpoint_url=endpoint_url,
-                   source="static", kubeconfig=None, per_review_get=False)
-        log = open(os.path.join(workdir, f"amp-{body}.log"), "w")
-        proc = Proc("amp", valgrind + [py, "-c", "from twisted.scripts.twistd import run; run()", "-n",
-                                       "--pidfile=", "amp", "--config", config], stdout=log, cwd=workdir)
-        poll_until("amp under callgrind to be ready", lambda: amp_ready(port, tls["ca_cert"]), 600, interval=0.5)
+        proc = Amp(f"amp-{body}", workdir, tls, endpoint_url=endpoint_url, source="static", kubeconfig=None,
+                   per_review_get=False, cpus=None, prefix=tuple(valgrind))
+        proc.wait_ready(timeout=600)
+        port = proc.port
     client = subprocess.Popen([py, "-m", "bench.closed_loop", str(port), body_files[f"{body}-on"], str(CONNECTIONS),
                                tls["ca_cert"]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert client.stdin is not None and client.stdout is not None

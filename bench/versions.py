@@ -34,7 +34,7 @@ from typing import Any
 
 from bench import bodies
 from bench.harness import (
-    OFF, ON, REPO, Proc, amp_config, amp_ready, cpu_seconds, ensure_wrk, free_port, poll_until, run_wrk, say,
+    OFF, ON, REPO, Amp, Proc, cpu_seconds, ensure_wrk, run_wrk, say,
 )
 
 AMP_CPU = {0}
@@ -54,24 +54,18 @@ def _checkout(rev: str, into: str) -> str:
     return path
 
 
-def _amp(name: str, source: str, workdir: str, tls: dict[str, str], endpoint_url: str) -> tuple[Proc, str]:
-    """One C{twistd -n amp} importing amp from C{source}; the process and its review URL."""
-    config = os.path.join(workdir, f"{name}.yaml")
-    port = free_port()
-    amp_config(config, port=port, metrics_port=free_port(), tls=tls, endpoint_url=endpoint_url, source="static",
-               kubeconfig=None, per_review_get=False)
-    log_path = os.path.join(workdir, f"{name}.log")
-    log = open(log_path, "w")
-    proc = Proc(name, [sys.executable, "-c", "import sys, amp; print('amp from', amp.__file__, flush=True); "
-                       "from twisted.scripts.twistd import run; run()", "-n", "--pidfile=", "amp", "--config", config],
-                cpus=AMP_CPU, stdout=log, cwd=workdir, env=dict(os.environ, PYTHONPATH=source))
-
-    poll_until(f"amp ({name}) to be ready", lambda: amp_ready(port, tls["ca_cert"]), 120, interval=0.2)
-    with open(log_path) as f:
+def _amp(name: str, source: str, workdir: str, tls: dict[str, str], endpoint_url: str) -> Amp:
+    """One C{twistd -n amp} importing amp from C{source}, ready."""
+    amp = Amp(name, workdir, tls, endpoint_url=endpoint_url, source="static", kubeconfig=None, per_review_get=False,
+              cpus=AMP_CPU, env=dict(os.environ, PYTHONPATH=source),
+              preamble="import amp; print('amp from', amp.__file__, flush=True); ")
+    amp.wait_ready()
+    with open(amp.log_path) as f:
         first = f.readline()
     if not first.startswith(f"amp from {os.path.join(source, 'amp')}"):
+        amp.stop()
         raise SystemExit(f"amp ({name}) imported the wrong amp: {first.strip()}")
-    return proc, f"https://127.0.0.1:{port}/mutate?timeout=10s"
+    return amp
 
 
 def main() -> None:
@@ -83,7 +77,7 @@ def main() -> None:
     ensure_wrk()
     from amp_dev.devcert import write_dev_tls
 
-    procs: list[Proc] = []
+    procs: list[Proc | Amp] = []
     result: dict[str, Any] = {"before": args.before, "rounds": args.rounds, "duration_s": args.duration}
     with tempfile.TemporaryDirectory(prefix="amp-versions-") as workdir:
         try:
@@ -98,9 +92,9 @@ def main() -> None:
             procs.append(floor)
             targets = {"floor": (floor.pid, f"https://127.0.0.1:{floor.first_line()['port']}/mutate?timeout=10s")}
             for name, source in (("before", before), ("after", REPO)):
-                proc, url = _amp(name, source, workdir, tls, endpoint_url)
-                procs.append(proc)
-                targets[name] = (proc.pid, url)
+                amp = _amp(name, source, workdir, tls, endpoint_url)
+                procs.append(amp)
+                targets[name] = (amp.pid, amp.url)
             for body in bodies.BODIES:
                 body_file = body_files[f"{body}-on"]
                 for pid, url in targets.values():
