@@ -21,6 +21,7 @@ from tests.endpointhelpers import (
     PATCH,
     PATCH_BYTES,
     FailureAssertions,
+    SlowCloseTransport,
     Harness,
     MemoryNet,
     answered_once,
@@ -85,6 +86,24 @@ class KeepAliveTests(_Base):
         self.assertFalse(transport.connected)
         self.h.call(URL)
         self.assertEqual(self.net.attempts, 2)
+
+    def test_a_reply_after_an_abort_never_puts_its_connection_back(self) -> None:
+        # Twisted's transports deliver nothing after abortConnection; a
+        # transport that did (a connector's, in memory) must not hand the
+        # next call a connection that is going away.  What stops it: the
+        # cancelled call's reply budget is closed, and refuses even an
+        # empty body.
+        d = self.h.call(URL)
+        proto, transport = self.net.accept(transport_class=SlowCloseTransport)
+        d.cancel()
+        self.failureResultOf(d)
+        self.assertTrue(transport.disconnecting)
+        # An empty body: a reply that takes no bytes from the budget.
+        proto.dataReceived(http_reply(b""))
+        self.assertEqual(self.h.client.idle_connections(), 0)
+        self.h.call(URL)
+        self.assertEqual(self.net.attempts, 2)
+        transport.closed()
 
     def test_a_gzipped_body_is_not_decoded(self) -> None:
         d = self.h.call(URL)
