@@ -41,12 +41,12 @@ def _child(body_name: str, reviews: int) -> None:
 
     globalLogBeginner.beginLoggingTo([], discardBuffer=True, redirectStandardIO=False)
     from bench import bodies
-    from bench.review_path import ReviewPath, _check, _pieces
+    from bench.review_path import ReviewPath, check_answer, request_pieces
 
     path = ReviewPath()
-    pieces = _pieces(bodies.review_body(body_name, "bench"))
+    pieces = request_pieces(bodies.review_body(body_name, "bench"))
     for _ in range(20):
-        _check(path.review(pieces))
+        check_answer(path.review(pieces))
     for _ in range(reviews):
         path.review(pieces)
 

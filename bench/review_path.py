@@ -138,12 +138,14 @@ class ReviewPath:
         return answer
 
 
-def _pieces(body: bytes) -> list[bytes]:
+def request_pieces(body: bytes) -> list[bytes]:
+    """A review of C{body} as the listener receives it: the request in reads of at most 16 KiB."""
     request = _HEAD % len(body) + body
     return [request[i:i + 16384] for i in range(0, len(request), 16384)]
 
 
-def _check(answer: bytes) -> None:
+def check_answer(answer: bytes) -> None:
+    """Stop unless C{answer} is a 200 whose patch holds the endpoint's, without warnings."""
     head, _, body = answer.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200 "):
         raise SystemExit(f"not answered 200: {answer[:300]!r}")
@@ -155,11 +157,11 @@ def _check(answer: bytes) -> None:
 
 def cpu_per_review(path: ReviewPath, body: bytes, reviews: int, in_flight: int = 1, rounds: int = 5) -> float:
     """Microseconds of CPU per review (median of C{rounds} rounds)."""
-    pieces = _pieces(body)
+    pieces = request_pieces(body)
 
     def checked() -> None:
         for answer in [path.review(pieces)] if in_flight == 1 else path.reviews(pieces, in_flight):
-            _check(answer)
+            check_answer(answer)
 
     checked()
     figures = []
@@ -192,8 +194,8 @@ def main() -> None:
     globalLogBeginner.beginLoggingTo([], discardBuffer=True, redirectStandardIO=False)
     path = ReviewPath()
     if args.profile:
-        pieces = _pieces(bodies.review_body(args.profile, "bench", args.managed_fields))
-        _check(path.review(pieces))
+        pieces = request_pieces(bodies.review_body(args.profile, "bench", args.managed_fields))
+        check_answer(path.review(pieces))
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(args.reviews):

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from bench import bodies
-from bench.harness import BREAKDOWN, _frame_key, summarise_collapsed
-from bench.review_path import ReviewPath, _check, _pieces
+from bench.harness import BREAKDOWN, summarise_collapsed
+from bench.review_path import ReviewPath, check_answer, request_pieces
 
-_NAMED = [(label, pattern, name) for label, pattern, names in BREAKDOWN for name in names]
+_NAMED = [(label, name) for label, _, names in BREAKDOWN for name in names]
 
 
 def _resolve(name: str) -> Any:
@@ -40,8 +40,8 @@ def _frame(name: str) -> str:
 def on_the_path() -> set[CodeType]:
     """The code run by one typical review through amp's listener, admitter and client (in memory)."""
     path = ReviewPath()
-    pieces = _pieces(bodies.review_body("typical", "bench"))
-    _check(path.review(pieces))
+    pieces = request_pieces(bodies.review_body("typical", "bench"))
+    check_answer(path.review(pieces))
     ran: set[CodeType] = set()
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
@@ -53,18 +53,20 @@ def on_the_path() -> set[CodeType]:
         answer = path.review(pieces)
     finally:
         sys.setprofile(None)
-    _check(answer)
+    check_answer(answer)
     return ran
 
 
-@pytest.mark.parametrize("label, pattern, name", _NAMED, ids=[n for _, _, n in _NAMED])
+@pytest.mark.parametrize("label, name", _NAMED, ids=[n for _, n in _NAMED])
 def test_each_row_stands_for_a_function_on_a_reviews_path(
-    on_the_path: set[CodeType], label: str, pattern: Any, name: str,
+    on_the_path: set[CodeType], tmp_path: Path, label: str, name: str,
 ) -> None:
     """A function renamed, or no longer on the path, fails here instead of leaving its row at 0%."""
     assert _resolve(name).__code__ in on_the_path, f"{name} ({label!r}) does not run in a typical review"
-    key = _frame_key(_frame(name))
-    assert pattern.search(key), f"{label!r} does not match {key!r}"
+    collapsed = tmp_path / "profile.txt"
+    collapsed.write_text(f"process 1;thread 1;{_frame(name)} 1\n")
+    rows = {row["part"]: row["total_pct"] for row in summarise_collapsed(str(collapsed))["breakdown"]}
+    assert rows[label] == 100.0, f"{label!r} does not count a sample in {name}"
 
 
 def test_a_stack_counts_for_every_row_it_passes_through_and_no_other(tmp_path: Path) -> None:
