@@ -15,6 +15,7 @@ open file descriptors), and no C{*_created} series.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from bisect import bisect_left
 from typing import Any, Iterator, Sequence
 
@@ -124,8 +125,9 @@ class _HotFamily(Collector):
         self._children: dict[tuple[str, ...], Any] = {}
         registry.register(self)
 
+    @abstractmethod
     def _child(self) -> Any:
-        raise NotImplementedError
+        """A new child: what one set of label values counts."""
 
     def labels(self, *values: Any, **named: Any) -> Any:
         """The child of these label values, by position or name (made empty the first time)."""
