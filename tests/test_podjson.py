@@ -86,6 +86,12 @@ def test_the_metadata_is_decoded_but_its_managed_fields() -> None:
     bad = parse_review(body.replace(b'"v1", "time"', b'"v1", "n": 1e999, "time"'), lazy=True)
     with pytest.raises(MemberError, match="metadata.managedFields"):
         whole(bad.object)
+    # A patch that reads inside it, or takes the metadata whole, fails there.
+    for ops in ([{"op": "test", "path": "/metadata/managedFields/0/manager", "value": "x"}],
+                [{"op": "copy", "from": "/metadata", "path": "/spec/copied"}]):
+        with pytest.raises(PatchError) as caught:
+            check_patch(bad.object, ops)
+        assert caught.value.reason == "apply-failed" and "metadata.managedFields cannot be read" in str(caught.value)
 
 
 def _managed_body() -> bytes:

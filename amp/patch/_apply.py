@@ -151,10 +151,7 @@ class Doc:
         The root's member C{tok}, a raw one decoded (in the caller's Pod
         and the root's copy alike).
         """
-        try:
-            value = member(self.source, tok)
-        except MemberError as e:
-            raise Fail(str(e)) from None
+        value = member(self.source, tok)
         if self.root is not self.source:
             self.root[tok] = value
         return value
@@ -166,10 +163,7 @@ class Doc:
         """
         if depth == 0:
             return self._member(key)
-        try:
-            return read(node, key, ".".join(tokens[:depth + 1]))
-        except MemberError as e:
-            raise Fail(str(e)) from None
+        return read(node, key, ".".join(tokens[:depth + 1]))
 
     def _whole(self, value: Any, tokens: tuple[str, ...]) -> Any:
         """
@@ -177,10 +171,7 @@ class Doc:
         the metadata with its raw members decoded (nothing else holds any).
         """
         if tokens == _METADATA and type(value) is dict:
-            try:
-                read_all(value, "metadata")
-            except MemberError as e:
-                raise Fail(str(e)) from None
+            read_all(value, "metadata")
         return value
 
     def parent(self, tokens: tuple[str, ...]) -> Any:
@@ -276,40 +267,49 @@ def _short(s: str) -> str:
 
 
 def apply_op(doc: Doc, op: Op) -> None:
-    name = op.op
-    tokens = op.tokens
-    if not tokens:
-        # The API server's JSON Patch implementation cannot address the whole
-        # document; an operation on "" fails there even where RFC 6902 allows it.
-        raise Fail("the API server does not apply operations to the whole document (path \"\")")
-    if name == "add":
-        doc.add(op, tokens, op.value)
-    elif name == "replace":
-        doc.replace(tokens, op.value)
-    elif name == "remove":
-        doc.remove(tokens)
-    elif name == "test":
-        actual = doc.get(tokens)
-        if not _json_equal(actual, op.value):
-            raise Fail(f"test failed: the Pod has {show(json.dumps(actual))[:80]} "
-                        f"at {show(op.path)}")
-        unstable = _unstable_string(op.value)
-        if unstable is not None:
-            # The API server compares the encoded bytes of scalar values, and Go
-            # encodes these characters differently from Python.
-            raise Fail(f"the test value {show(json.dumps(unstable))[:60]} has characters (<, >, &, "
-                        "non-ASCII or control) that the API server may compare differently")
-    else:
-        ftokens = op.ftokens
-        if not ftokens:
-            raise Fail("the API server does not apply operations to the whole document (from \"\")")
-        if name == "move":
-            if len(tokens) > len(ftokens) and tokens[:len(ftokens)] == ftokens:
-                raise Fail("cannot move a value into itself")
-            value = doc.remove(ftokens)
-            doc.add(op, tokens, value)
+    """
+    Apply C{op} to C{doc}.
+
+    @raise Fail: it does not apply; a raw part of the Pod it reads that
+        does not decode (L{amp.podjson.MemberError}) fails it, with why.
+    """
+    try:
+        name = op.op
+        tokens = op.tokens
+        if not tokens:
+            # The API server's JSON Patch implementation cannot address the whole
+            # document; an operation on "" fails there even where RFC 6902 allows it.
+            raise Fail("the API server does not apply operations to the whole document (path \"\")")
+        if name == "add":
+            doc.add(op, tokens, op.value)
+        elif name == "replace":
+            doc.replace(tokens, op.value)
+        elif name == "remove":
+            doc.remove(tokens)
+        elif name == "test":
+            actual = doc.get(tokens)
+            if not _json_equal(actual, op.value):
+                raise Fail(f"test failed: the Pod has {show(json.dumps(actual))[:80]} "
+                            f"at {show(op.path)}")
+            unstable = _unstable_string(op.value)
+            if unstable is not None:
+                # The API server compares the encoded bytes of scalar values, and Go
+                # encodes these characters differently from Python.
+                raise Fail(f"the test value {show(json.dumps(unstable))[:60]} has characters (<, >, &, "
+                            "non-ASCII or control) that the API server may compare differently")
         else:
-            doc.add(op, tokens, _clone(doc.get(ftokens)))
+            ftokens = op.ftokens
+            if not ftokens:
+                raise Fail("the API server does not apply operations to the whole document (from \"\")")
+            if name == "move":
+                if len(tokens) > len(ftokens) and tokens[:len(ftokens)] == ftokens:
+                    raise Fail("cannot move a value into itself")
+                value = doc.remove(ftokens)
+                doc.add(op, tokens, value)
+            else:
+                doc.add(op, tokens, _clone(doc.get(ftokens)))
+    except MemberError as e:
+        raise Fail(str(e)) from None
 
 
 def _repair_plan(tokens: tuple[str, ...], depth: int) -> list[tuple[tuple[str, ...], bool]]:
