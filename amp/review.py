@@ -344,15 +344,19 @@ def _decode_fast(body: bytes, lazy: bool) -> Optional[tuple[_FastReview, Any, Op
             if not lazy:
                 pod[key] = _fast_any(raw)
             elif key in _EAGER:
-                if len(raw) > 18 and long_digits(raw):
-                    return None
-                if key == "metadata" and len(raw) > _SMALL_METADATA and _is_managed(bytes(raw)):
-                    # A Pod from an API server: its managedFields stay raw,
-                    # the metadata's other members are decoded one by one.
-                    pod[key] = {name: value if name in RAW_IN_METADATA else _fast_any(value)
-                                for name, value in _fast_members(raw).items()}
-                else:
-                    pod[key] = _fast_any(raw)
+                if len(raw) > 18:
+                    # The bytes once, for both searches.
+                    data = bytes(raw)
+                    if long_digits(data):
+                        return None
+                    if key == "metadata" and len(data) > _SMALL_METADATA and _is_managed(data):
+                        # A Pod from an API server: its managedFields stay
+                        # raw, the metadata's other members are decoded one
+                        # by one.
+                        pod[key] = {name: value if name in RAW_IN_METADATA else _fast_any(value)
+                                    for name, value in _fast_members(raw).items()}
+                        continue
+                pod[key] = _fast_any(raw)
         return review, pod, _encode(members)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         # msgspec raises UnicodeDecodeError itself for invalid UTF-8 inside
