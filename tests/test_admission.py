@@ -781,6 +781,18 @@ class NamespaceFetchTests(SynchronousTestCase):
 
 
 class DeadlineTests(SynchronousTestCase):
+    def assertOneTimerAnswers(self, h: Harness, d: Deferred, at: float, reason: str) -> None:
+        """
+        The review's one timer is set for C{at}; when it fires, the review
+        is answered with C{reason} and no timer is left.
+        """
+        [timer] = h.clock.getDelayedCalls()
+        self.assertEqual(timer.getTime(), at)
+        h.clock.advance(at - h.clock.seconds())
+        _, outcome = answered(self, d)
+        self.assertEqual(outcome.reason, reason)
+        self.assertEqual(h.clock.getDelayedCalls(), [])
+
     def test_hung_endpoint_is_answered_exactly_at_the_budget(self) -> None:
         for policy, allowed in (("Ignore", True), ("Fail", False)):
             h = Harness(config_for("/hang", failure_policy=policy))
@@ -829,21 +841,10 @@ class DeadlineTests(SynchronousTestCase):
         counts, and the review goes on under its deadline).
         """
         h = Harness(config_for("/hang", endpoints={"timeout": "30s"}))
-        d = h.review(review_bytes(), budget=1.5)
-        [timer] = h.clock.getDelayedCalls()
-        self.assertEqual(timer.getTime(), 1.5)
-        h.clock.advance(1.5)
-        _, outcome = answered(self, d)
-        self.assertEqual(outcome.reason, "timeout")
+        self.assertOneTimerAnswers(h, h.review(review_bytes(), budget=1.5), 1.5, "timeout")
 
         h = Harness(config_for("/hang", endpoints={"timeout": "250ms"}))
-        d = h.review(review_bytes(), budget=1.5)
-        [timer] = h.clock.getDelayedCalls()
-        self.assertEqual(timer.getTime(), 0.25)
-        h.clock.advance(0.25)
-        _, outcome = answered(self, d)
-        self.assertEqual(outcome.reason, "timeout")
-        self.assertEqual(h.clock.getDelayedCalls(), [])
+        self.assertOneTimerAnswers(h, h.review(review_bytes(), budget=1.5), 0.25, "timeout")
         self.assertEqual(requests_total(h, "timeout"), 1)
 
     def test_a_bug_ending_a_timed_out_call_still_answers_by_the_deadline(self) -> None:
@@ -871,12 +872,7 @@ class DeadlineTests(SynchronousTestCase):
             h.clock.advance(0.25)
         self.assertEqual(raised, ["timeout"])
         self.assertNoResult(d)
-        [timer] = h.clock.getDelayedCalls()
-        self.assertEqual(timer.getTime(), 1.5)
-        h.clock.advance(1.25)
-        _, outcome = answered(self, d)
-        self.assertEqual(outcome.reason, "deadline")
-        self.assertEqual(h.clock.getDelayedCalls(), [])
+        self.assertOneTimerAnswers(h, d, 1.5, "deadline")
 
     def test_a_chain_after_a_step_timed_out_keeps_the_deadline(self) -> None:
         """
