@@ -170,12 +170,17 @@ def markdown(result: dict[str, Any]) -> str:
     lines = ["| variant | CPU ms/review (c=16) | ÷ plain | reviews/s (c=16) | p99 ms (c=1), median | ÷ plain "
              "| p99 ms (c=1), rounds | within noise | p99 ms (c=16) | ÷ plain |",
              "|---|---:|---:|---:|---:|---:|---|---|---:|---:|"]
+    def ratio(value: Optional[float]) -> str:
+        # None where plain measured nothing (a starved machine served no review in a round).
+        return "n/a" if value is None else f"{value:.2f}"
+
     for v in VARIANTS:
         x = s[v]
         rounds = " / ".join(f"{p:.2f}" for p in x["p99_ms_c1_rounds"])
-        lines.append(f"| {v} | {x['cpu_ms_c16']:.3f} | {x['cpu_c16_ratio']:.2f} | {x['rps_c16']:.0f} | "
-                     f"{x['p99_ms_c1']:.2f} | {x['p99_c1_ratio']:.2f} | {rounds} | "
-                     f"{'yes' if x['p99_c1_within_noise'] else 'no'} | {x['p99_ms_c16']:.2f} | {x['p99_c16_ratio']:.2f} |")
+        lines.append(f"| {v} | {x['cpu_ms_c16']:.3f} | {ratio(x['cpu_c16_ratio'])} | {x['rps_c16']:.0f} | "
+                     f"{x['p99_ms_c1']:.2f} | {ratio(x['p99_c1_ratio'])} | {rounds} | "
+                     f"{'yes' if x['p99_c1_within_noise'] else 'no'} | {x['p99_ms_c16']:.2f} | "
+                     f"{ratio(x['p99_c16_ratio'])} |")
     low, high = s["noise_band_p99_ms_c1"]
     lines.append("")
     lines.append(f"noise band of p99 at c=1 (every round of plain and control): {low:.2f}–{high:.2f} ms")
