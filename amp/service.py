@@ -137,10 +137,13 @@ def serving_certificate(config: TLSConfig, clock: Any, metrics: Optional[Metrics
 
 
 def namespace_source(
-    config: Config, reactor: Any, metrics: Metrics, on_first_list: Optional[Callable[[], None]] = None
+    config: Config, reactor: Any, metrics: Metrics, on_first_list: Optional[Callable[[], None]] = None,
+    on_webhook: Optional[Callable[[Any], None]] = None,
 ) -> INamespaceSource:
     """
-    The namespace source named by C{kubernetes.source}.
+    The namespace source named by C{kubernetes.source}; C{on_webhook} is
+    told each version of amp's own webhook configuration it sees (the
+    registration check).
     """
     if config.kubernetes.source == NamespaceSource.STATIC:
         static = StaticNamespaceSource(config.kubernetes)
@@ -154,7 +157,7 @@ def namespace_source(
     from amp.kube import KubernetesNamespaceSource
 
     return KubernetesNamespaceSource(config.kubernetes, reactor=reactor, metrics=metrics,
-                                     on_first_list=on_first_list)
+                                     on_first_list=on_first_list, on_webhook=on_webhook)
 
 
 def _amp_annotation(config: Config) -> KeptAnnotations:

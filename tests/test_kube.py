@@ -23,6 +23,7 @@ from urllib3.exceptions import MaxRetryError, ProtocolError, ReadTimeoutError
 
 from amp.config import Config, KubernetesConfig
 from amp.kube import STOP_WAIT, KubernetesNamespaceSource, backoff_delay, webhook_failure_policy
+from amp.kube._keep import WebhookSeen
 from amp.kube._bridge import Bridge
 from amp.kube._events import Bookmark, Changed, Crashed, Replaced, Restarting
 from amp.kube._keep import Keep
@@ -648,13 +649,13 @@ class WebhookConfigurationTests(SourceTestCase):
         self.assertIn("(last attempt: error: HTTP 403 Forbidden)", source.readiness()[1])
         self.assertEqual(sample(self.metrics, "amp_namespace_watch_restarts_total", reason="webhook-error"), 1)
 
-        self.send(source, Replaced(IGNORE, "20"), kind="webhook")
+        self.send(source, Replaced(WebhookSeen(IGNORE), "20"), kind="webhook")
         self.assertTrue(source.readiness()[0])
         self.assertEqual(source.cluster_failure_policy(), IGNORE)
         self.assertEqual(failure_policy(source.cached("team-a"), config, source.cluster_failure_policy()), IGNORE)
-        self.send(source, Changed("MODIFIED", ("amp", FAIL), "21"), kind="webhook")
+        self.send(source, Changed("MODIFIED", ("amp", WebhookSeen(FAIL)), "21"), kind="webhook")
         self.assertEqual(source.cluster_failure_policy(), FAIL)
-        self.send(source, Changed("DELETED", ("amp", FAIL), "22"), kind="webhook")
+        self.send(source, Changed("DELETED", ("amp", WebhookSeen(FAIL)), "22"), kind="webhook")
         self.assertIsNone(source.cluster_failure_policy())
         self.assertEqual(failure_policy(source.cached("team-a"), config, None), FAIL)
         # webhook events are not namespace events
@@ -672,7 +673,8 @@ class WebhookConfigurationTests(SourceTestCase):
         emitted: list[Any] = []
         ListWatch(lister=lister, parse=policy.parse, collect=policy.collect, emit=emitted.append, stop=stop,
                   config=kube_config(), random=lambda: 0.0).run()
-        self.assertEqual(emitted[0], Replaced(IGNORE, "10"))
+        self.assertEqual(emitted[0], Replaced(WebhookSeen(IGNORE, ({"name": "pods.amp.txn2.com",
+                                                                     "failurePolicy": "Ignore"},)), "10"))
 
 
 class FetchTests(SourceTestCase):
