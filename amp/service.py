@@ -316,6 +316,8 @@ class AmpService(MultiService):
         if metrics_endpoint is not None:
             self.metrics_listener = ListenerService(metrics_endpoint, metrics_site(metrics, reactor, self.recent))
             self.metrics_listener.setServiceParent(self)
+        #: Told each config put in force by L{apply} (the registration check).
+        self.on_apply: list[Callable[[Config], None]] = []
         self.config_file: Optional[ConfigFile] = None
         self.config_reload: Optional[ConfigReloadService] = None
         if config_path is not None:
@@ -358,6 +360,8 @@ class AmpService(MultiService):
         if self.config_reload is not None:
             self.config_reload.set_interval(config.reload_interval)
         self.config = config
+        for applied in self.on_apply:
+            applied(config)
 
     def _admitter(self, config: Config, namespaces: INamespaceSource) -> Admitter:
         return Admitter(config, namespaces, self.endpoint_client, self.reactor, self.metrics, self.recorder,

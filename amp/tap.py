@@ -206,6 +206,8 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
                                     on_webhook=registration.seen if registration is not None else None),
         metrics=metrics, log_observer=observer, freeze_gc=True, config_path=options["config"],
         on_connections=shared.connections_changed if shared is not None else None)
+    if registration is not None:
+        service.on_apply.append(registration.config_changed)
     if options["check"]:
         print_effective_config(config)
         raise SystemExit(0)

@@ -413,11 +413,11 @@ class SourceTestCase(SynchronousTestCase):
         self.logs = LogCapture(self)
         self.first_lists: list[bool] = []
 
-    def start(self, **overrides: Any) -> KubernetesNamespaceSource:
+    def start(self, on_webhook: Optional[Callable[[Any], None]] = None, **overrides: Any) -> KubernetesNamespaceSource:
         source = KubernetesNamespaceSource(
             kube_config(**overrides), reactor=self.reactor, metrics=self.metrics, random=lambda: 0.5,
             on_first_list=lambda: self.first_lists.append(True), client_factory=lambda config: self.kube,
-            spawn=self.threads)
+            spawn=self.threads, on_webhook=on_webhook)
         source.startService()
         self.addCleanup(self._stop, source)
         return source
@@ -660,6 +660,36 @@ class WebhookConfigurationTests(SourceTestCase):
         self.assertEqual(failure_policy(source.cached("team-a"), config, None), FAIL)
         # webhook events are not namespace events
         self.assertEqual(self.events("MODIFIED") + self.events("DELETED"), 0)
+
+    def test_each_version_of_the_webhook_configuration_reaches_the_registration_check(self) -> None:
+        """
+        The registration check is told, on the reactor, every version the
+        watch sees (the entries as listed or changed), and None when the
+        configuration is deleted.
+        """
+        from amp.registration import RegistrationReport, needs
+
+        report = RegistrationReport(needs(Config(kubernetes=kube_config(webhook_configuration="amp"))), self.metrics,
+                                    self.reactor)
+        seen: list[Any] = []
+
+        def told(obj: Any) -> None:
+            seen.append(obj)
+            report.seen(obj)
+
+        source = self.start(on_webhook=told, webhook_configuration="amp", webhook_name="pods.amp.txn2.com")
+        entry = {"name": "pods.amp.txn2.com", "failurePolicy": "Ignore", "sideEffects": "Some"}
+        self.send(source, Replaced(WebhookSeen(IGNORE, (entry,)), "20"), kind="webhook")
+        self.send(source, Changed("MODIFIED", ("amp", WebhookSeen(FAIL, ({**entry, "failurePolicy": "Fail"},))),
+                                  "21"), kind="webhook")
+        self.send(source, Changed("DELETED", ("amp", WebhookSeen(FAIL)), "22"), kind="webhook")
+        self.assertEqual(seen, [{"webhooks": [entry]}, {"webhooks": [{**entry, "failurePolicy": "Fail"}]}, None])
+        self.assertEqual([p.name.value for p in report.problems], ["configuration-missing"])
+        self.assertEqual(sample(self.metrics, "amp_registration_problems", problem="configuration-missing"), 1)
+        self.assertEqual(sample(self.metrics, "amp_registration_problems", problem="side-effects"), 0)
+        # the source's readiness does not depend on the registration's problems
+        self.send(source, Replaced(self.infos(namespace("team-a", labels=ENABLED)), "30"))
+        self.assertTrue(source.readiness()[0])
 
     def test_the_webhook_list_keeps_only_the_named_configuration(self) -> None:
         stop = threading.Event()

@@ -318,6 +318,15 @@ def test_the_report_checks_again_when_the_certificate_changes() -> None:
     assert sample(metrics, "ca-bundle-mismatch") == 2  # one per entry
 
 
+def test_a_reloaded_config_is_checked_against_the_same_registration() -> None:
+    metrics = Metrics()
+    report = RegistrationReport(needs(shipped_config()), metrics, Clock())
+    assert report.config_changed(shipped_config(**{"endpoints.timeout": "9800ms"})) == ()  # nothing seen yet
+    assert names(report.seen(shipped())) == [P.TIMEOUT_BELOW_ENDPOINTS]
+    assert report.config_changed(shipped_config()) == ()
+    assert sample(metrics, "timeout-below-endpoints") == 0
+
+
 # ---------------------------------------------------------------- amp check
 
 

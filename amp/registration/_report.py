@@ -1,7 +1,7 @@
 """
 The registration check in the daemon (reactor side): L{RegistrationReport}
 is told each version of amp's MutatingWebhookConfiguration the watch sees
-(and each serving certificate amp loads), checks it (L{amp.registration.check}),
+(and each serving certificate amp loads, each config it reloads), checks it (L{amp.registration.check}),
 and reports the problems: one log line per change, the gauge
 C{amp_registration_problems{problem}}, and L{RegistrationReport.problems} for
 readiness details.  None of them makes amp unready: a registration problem is
@@ -16,9 +16,10 @@ from cryptography import x509
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from amp.config import Config
 from amp.metrics import Metrics
 from amp.registration._check import check
-from amp.registration._needs import Needs, Problem, RegistrationProblem
+from amp.registration._needs import Needs, Problem, RegistrationProblem, needs
 
 __all__ = ["RegistrationReport"]
 
@@ -56,6 +57,11 @@ class RegistrationReport:
         """
         self._obj = obj
         return self._check()
+
+    def config_changed(self, config: Config) -> tuple[Problem, ...]:
+        """A reloaded config is in force: what it needs, checked again (deadline, endpoint timeouts)."""
+        self.needs = needs(config, self.needs.own_namespace)
+        return self._check() if self._obj is not _UNSEEN else self.problems
 
     def certificate_changed(self) -> tuple[Problem, ...]:
         """The serving certificate changed: check the caBundle again against it."""

@@ -21,6 +21,8 @@ from __future__ import annotations
 import base64
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -174,6 +176,13 @@ def test_the_api_server_keeps_each_namespace_failure_class_while_amp_is_killed(
         assert ("class-not-enforced: enabled namespaces labelled amp.txn2.com/failure-class=Fail are sent by entry "
                 "fail.mutate.amp.txn2.com, whose failurePolicy is Ignore") in process.log_text()
         process.wait_healthy(process.port, "/readyz", process.client_context(), WAIT)
+        # ... and by amp check against the cluster, with amp's own config (and RBAC)
+        checked = subprocess.run([sys.executable, "-c", "from amp.cli import main; main()", "check", "--cluster",
+                                  "--config", str(process.config_path)], capture_output=True, text=True, timeout=60)
+        assert checked.returncode == 1, checked.stdout + checked.stderr
+        assert f"MutatingWebhookConfiguration {amp.webhook_configuration_name}: 1 registration problem(s)" \
+            in checked.stdout
+        assert "class-not-enforced: enabled namespaces labelled amp.txn2.com/failure-class=Fail" in checked.stdout
     finally:
         status = amp.close()
         core_api.patch_namespace("kube-system", {"metadata": {"labels": {
