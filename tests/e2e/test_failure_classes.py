@@ -19,6 +19,7 @@ from amp's restart to the bypass Event.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
 import subprocess
@@ -45,7 +46,7 @@ from .amp_process import (
     unique,
 )
 from .cluster import ControlPlane
-from .conftest import DEPLOY_DIR
+from .conftest import DEPLOY_DIR, deploy_amp_config
 from .test_bypass import bypass_events, core, lease_rbac  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.e2e
@@ -86,9 +87,13 @@ def test_the_api_server_keeps_each_namespace_failure_class_while_amp_is_killed(
 ) -> None:
     core_api = kube_system
     metrics_port = free_port()
+    # The names deploy/ gives amp's webhook configuration: its ClusterRole
+    # grants access to that one by name only.
+    kube = deploy_amp_config()["kubernetes"]
     amp = AmpInstance(
         control_plane, amp_kubeconfig, example_endpoints, tmp_path, "classes",
-        watch_webhook_configuration=True, webhook_name="ignore.mutate.amp.txn2.com",
+        watch_webhook_configuration=True, webhook_configuration_name=kube["webhook_configuration"],
+        webhook_name=kube["webhook_name"],
         overrides={"metrics": {"port": metrics_port, "interface": LOOPBACK},
                    "failure_policy": "auto",
                    "endpoints": {"timeout": "2s"},
@@ -131,7 +136,9 @@ def test_the_api_server_keeps_each_namespace_failure_class_while_amp_is_killed(
             "class-not-called", "class-not-enforced", "entries-overlap", "selects-protected-namespace",
             "timeout-below-endpoints", "rules-missing", "side-effects", "ca-bundle-mismatch")}
         assert set(problems.values()) == {0}, f"{problems}\n{process.describe()}"
-        assert "registration problem" not in process.log_text()
+        assert "registration problem(s)" not in process.log_text()
+        assert f"MutatingWebhookConfiguration {amp.webhook_configuration_name}: no registration problem" \
+            in process.log_text()
 
         # amp killed: the API server applies each namespace's class itself
         assert process.proc is not None
@@ -183,6 +190,15 @@ def test_the_api_server_keeps_each_namespace_failure_class_while_amp_is_killed(
         assert f"MutatingWebhookConfiguration {amp.webhook_configuration_name}: 1 registration problem(s)" \
             in checked.stdout
         assert "class-not-enforced: enabled namespaces labelled amp.txn2.com/failure-class=Fail" in checked.stdout
+        # ... and by amp explain, beside the namespace's class and where it came from
+        pod_file = tmp_path / "pod.yaml"
+        pod_file.write_text(yaml.safe_dump(pod_manifest("explained")))
+        explained = subprocess.run([sys.executable, "-c", "from amp.cli import main; main()", "explain", "--config",
+                                    str(process.config_path), "-n", strict, "-o", "json", str(pod_file)],
+                                   capture_output=True, text=True, timeout=60)
+        notes = json.loads(explained.stdout).get("notes") or []
+        assert [n for n in notes if n.startswith("registration: class-not-enforced: ")], explained.stdout
+        assert f"the namespace's failure-class label {CLASS_LABEL}" in explained.stdout
     finally:
         status = amp.close()
         core_api.patch_namespace("kube-system", {"metadata": {"labels": {
