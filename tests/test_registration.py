@@ -385,3 +385,16 @@ def test_amp_check_usage_errors(tmp_path: Path) -> None:
     two = yaml.safe_dump_all([shipped(), {**shipped(), "metadata": {"name": "other"}}])
     status, _, err = amp_check("--manifest", "-", stdin=two)
     assert status == 2 and "hold 2 MutatingWebhookConfigurations (amp.txn2.com, other)" in err
+
+
+def test_amp_explain_notes_the_registration_problems() -> None:
+    """amp explain --cluster notes each problem of the configuration it read; none when it could not read it."""
+    from amp.cli.explain import _UNREAD, registration_notes
+
+    broken = shipped()
+    entry(broken, "ignore.")["sideEffects"] = "Unknown"
+    [note] = registration_notes(shipped_config(), broken)
+    assert note.startswith("registration: side-effects: entry ignore.mutate.amp.txn2.com: sideEffects Unknown")
+    assert registration_notes(shipped_config(), shipped()) == []
+    assert registration_notes(shipped_config(), None)[0].startswith("registration: configuration-missing: ")
+    assert registration_notes(shipped_config(), _UNREAD) == []
