@@ -101,6 +101,19 @@ def edited(change: Any) -> list[str]:
     return names(check(obj, needs(shipped_config())))
 
 
+def test_an_operators_narrowing_is_a_choice_not_a_problem() -> None:
+    """Entries narrowed to a team's namespaces still route each class right, and still must exclude kube-system."""
+    obj = shipped()
+    for h in obj["webhooks"]:
+        h["namespaceSelector"]["matchLabels"]["team"] = "a"
+        h["namespaceSelector"]["matchExpressions"].append({"key": "tier", "operator": "Exists"})
+    assert check(obj, needs(shipped_config())) == ()
+    for e in entry(obj, "fail.")["namespaceSelector"]["matchExpressions"]:
+        if e["key"] == "kubernetes.io/metadata.name":
+            e["values"] = ["amp-system"]
+    assert names(check(obj, needs(shipped_config()))) == [P.SELECTS_PROTECTED]
+
+
 def test_a_missing_configuration() -> None:
     [problem] = check(None, needs(shipped_config()))
     assert problem.name == P.CONFIGURATION_MISSING
@@ -292,10 +305,11 @@ def test_the_report_logs_once_per_change_and_sets_the_gauge() -> None:
         report.seen(broken)
         report.seen(shipped())
     lines = [formatEvent(e) for e in events]
-    assert len(lines) == 2, lines
-    assert lines[0].startswith("MutatingWebhookConfiguration amp.txn2.com: 1 registration problem(s): "
+    assert len(lines) == 3, lines
+    assert lines[0] == "MutatingWebhookConfiguration amp.txn2.com: no registration problem"  # the first check
+    assert lines[1].startswith("MutatingWebhookConfiguration amp.txn2.com: 1 registration problem(s): "
                                "class-not-enforced: enabled namespaces labelled")
-    assert lines[1] == "MutatingWebhookConfiguration amp.txn2.com: no registration problem"
+    assert lines[2] == "MutatingWebhookConfiguration amp.txn2.com: no registration problem"
     assert sample(metrics, "class-not-enforced") == 0
     report.seen(broken)
     assert sample(metrics, "class-not-enforced") == 1

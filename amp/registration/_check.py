@@ -5,7 +5,9 @@ returns the named problems (L{amp.registration._needs.Problem}), sorted.
 The selectors are judged the way the API server applies them, on probe
 namespaces: an enabled namespace of each failure class (and one without
 the label), and each namespace no entry may send (amp's own, kube-system,
-the protected ones).  The caBundle is judged against the certificate chain
+the protected ones); each probe also carries the labels an operator's own
+narrowing of the selectors asks for (C{team: a}), which is a choice, not a
+problem.  The caBundle is judged against the certificate chain
 amp serves, when it is given.
 """
 
@@ -101,8 +103,34 @@ def check(obj: Optional[Mapping[str, Any]], needs: Needs, chain: Sequence[x509.C
     return tuple(sorted(set(found)))
 
 
-def _probe(needs: Needs, name: str, chosen: Optional[str]) -> dict[str, str]:
-    labels = {NAME_LABEL: name, needs.enabled_label: needs.enabled_value}
+def _narrowing(named: Sequence[tuple[str, Mapping[str, Any]]], needs: Needs) -> dict[str, str]:
+    """
+    Labels that satisfy what the entries' selectors ask of a namespace
+    besides its name, the enable label and the failure-class label (an
+    operator's own narrowing, e.g. C{team: a}, is a choice, not a problem):
+    each C{matchLabels} value, the first value of an C{In}, any value for
+    C{Exists}; the first entry's choice wins.
+    """
+    ours = {NAME_LABEL, needs.enabled_label, needs.class_label}
+    labels: dict[str, str] = {}
+    for _, entry in named:
+        selector = entry.get("namespaceSelector") or {}
+        for key, value in (selector.get("matchLabels") or {}).items():
+            if key not in ours and isinstance(value, str):
+                labels.setdefault(key, value)
+        for expression in selector.get("matchExpressions") or ():
+            key, operator, values = expression.get("key"), expression.get("operator"), expression.get("values")
+            if not isinstance(key, str) or key in ours:
+                continue
+            if operator == "In" and values:
+                labels.setdefault(key, str(values[0]))
+            elif operator == "Exists":
+                labels.setdefault(key, "probe")
+    return labels
+
+
+def _probe(needs: Needs, name: str, chosen: Optional[str], narrowing: Mapping[str, str]) -> dict[str, str]:
+    labels = {**narrowing, NAME_LABEL: name, needs.enabled_label: needs.enabled_value}
     if chosen is not None and needs.class_label is not None:
         labels[needs.class_label] = chosen
     return labels
@@ -121,10 +149,11 @@ def _classes(named: Sequence[tuple[str, Mapping[str, Any]]], needs: Needs) -> li
         out.append(Problem(P.DEFAULT_ENTRY_MISSING, f"no entry is named {default} (kubernetes.webhook_name), the one "
                                                     "failure_policy auto follows: amp's failure policy is Fail"))
     label = needs.class_label
+    narrowing = _narrowing(named, needs)
     for chosen in (None, *(CLASSES if label is not None else ())):
         who = (f"enabled namespaces labelled {label}={chosen}" if chosen is not None else
                f"enabled namespaces without the label {label}" if label is not None else "enabled namespaces")
-        selecting = _selecting(named, _probe(needs, PROBE_NAMESPACE, chosen))
+        selecting = _selecting(named, _probe(needs, PROBE_NAMESPACE, chosen, narrowing))
         if not selecting:
             out.append(Problem(P.CLASS_NOT_CALLED, f"{who} are sent to amp by no entry: amp never sees their Pods"))
             continue
@@ -153,10 +182,11 @@ def _classes(named: Sequence[tuple[str, Mapping[str, Any]]], needs: Needs) -> li
 
 def _protected(named: Sequence[tuple[str, Mapping[str, Any]]], needs: Needs) -> list[Problem]:
     out = []
+    narrowing = _narrowing(named, needs)
     for namespace in needs.excluded:
         what = "amp's own namespace" if namespace == needs.own_namespace else "a protected namespace"
         for chosen in (None, *(CLASSES if needs.class_label is not None else ())):
-            selecting = _selecting(named, _probe(needs, namespace, chosen))
+            selecting = _selecting(named, _probe(needs, namespace, chosen, narrowing))
             if selecting:
                 out.append(Problem(P.SELECTS_PROTECTED, f"entry {', '.join(selecting)} sends Pods of {namespace} "
                                                         f"({what}) to amp if it is enabled: add it to the "

@@ -47,6 +47,7 @@ class RegistrationReport:
         self._chain = chain
         self._obj: Any = _UNSEEN
         self.problems: tuple[Problem, ...] = ()
+        self._told = False
         for name in RegistrationProblem:
             metrics.registration_problems.labels(name.value).set(0)
 
@@ -69,8 +70,10 @@ class RegistrationReport:
 
     def _check(self) -> tuple[Problem, ...]:
         problems = check(self._obj, self.needs, self._chain(), self._clock.seconds())
-        if problems == self.problems:
+        if problems == self.problems and self._told:
             return problems
+        # The first check is said whatever it found; then each change.
+        self._told = True
         self.problems = problems
         counts = {name: 0 for name in RegistrationProblem}
         for problem in problems:

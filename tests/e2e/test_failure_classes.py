@@ -148,7 +148,8 @@ def test_the_api_server_keeps_each_namespace_failure_class_while_amp_is_killed(
             create(strict, "while-down")
         refusal = time.monotonic() - killed
         assert refused.value.status == 500, refused.value.body
-        assert 'failed calling webhook "fail.mutate.amp.txn2.com"' in refused.value.body
+        message = json.loads(refused.value.body)["message"]
+        assert 'failed calling webhook "fail.mutate.amp.txn2.com"' in message, message
         admitted_at = time.monotonic()
         pod = create(relaxed, "while-down")
         admitted = time.monotonic() - admitted_at
