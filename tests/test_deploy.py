@@ -722,3 +722,22 @@ def test_install_script_without_cert_manager(tmp_path: Path) -> None:
     [mwc2] = [d for d in again if d["kind"] == "MutatingWebhookConfiguration"]
     assert mwc2["webhooks"][0]["clientConfig"]["caBundle"] == mwc["webhooks"][0]["clientConfig"]["caBundle"]
     assert secret2["data"]["tls.crt"] != secret["data"]["tls.crt"]
+
+
+# ---------------------------------------------------------------- amp check in CI
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_passes_amp_check(overlay: str) -> None:
+    """
+    What `kubectl kustomize deploy/<overlay> | amp check --manifest -` says in
+    CI: amp's config comes from the built ConfigMap, and the registration
+    meets it.
+    """
+    import sys
+
+    built = yaml.safe_dump_all(build(overlay))
+    result = subprocess.run([sys.executable, "-c", "from amp.cli import main; main()", "check", "--manifest", "-"],
+                            input=built, capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        0, "MutatingWebhookConfiguration amp.txn2.com: no registration problem\n", "")
