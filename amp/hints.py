@@ -83,7 +83,8 @@ class AmpKeys:
     """
 
     def __init__(self, config: "KubernetesConfig") -> None:
-        self.namespace_labels = (config.enabled_label,)
+        self.namespace_labels = tuple(dict.fromkeys(
+            (config.enabled_label, *((config.failure_class_label,) if config.failure_class_label else ()))))
         self.namespace_annotations = tuple(dict.fromkeys((
             *config.endpoint_annotations, config.validation_annotation,
             config.failure_policy_annotation, config.mode_annotation, *NAMESPACE_FEATURE_ANNOTATIONS)))

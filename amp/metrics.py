@@ -232,6 +232,9 @@ class Metrics:
         self.namespace_problems = Counter(
             "amp_namespace_problems", "Unusable namespace configuration found, once per change of a namespace, "
             "by problem.", ["problem"], registry=r)
+        self.registration_problems = Gauge(
+            "amp_registration_problems", "Problems of amp's MutatingWebhookConfiguration against what amp needs "
+            "(amp.registration), by problem: how many now.", ["problem"], registry=r)
         self.namespace_misses = Counter(
             "amp_namespace_cache_misses", "Lookups the cache could not answer, by result.", ["result"], registry=r)
         self.bypassed_pods = Counter(

@@ -23,6 +23,8 @@ IGNORE, FAIL = FailurePolicy.IGNORE, FailurePolicy.FAIL
 #: Each failure policy by its value (a dict lookup: calling the enum costs
 #: ten times as much, on every review).
 _POLICIES = {policy.value: policy for policy in FailurePolicy}
+#: The two failure classes a namespace may choose, by value.
+_CLASSES = {IGNORE.value: IGNORE, FAIL.value: FAIL}
 NORMAL, SHADOW = Mode.NORMAL, Mode.SHADOW
 
 
@@ -65,8 +67,9 @@ class Route:
     @ivar bad_url: with a C{bad-url} error, the piece of the annotation that
         is not a URL.
     @ivar error: C{(reason, message)} when the chain cannot be used.
-    @ivar policy_problem: why the namespace's failure-policy annotation was
-        not used (a value that is not C{Ignore} or C{Fail}), or None.
+    @ivar policy_problem: what is wrong with how the namespace chooses its
+        failure class, C{(problem, message)} (L{failure_policy_problem}), or
+        None.
     @ivar explanation: see L{route}'s C{explain}.
     """
 
@@ -78,7 +81,7 @@ class Route:
     steps: tuple[EndpointStep, ...] = ()
     error: Optional[tuple[Reason, str]] = None
     bad_url: str = ""
-    policy_problem: Optional[str] = None
+    policy_problem: Optional[tuple[str, str]] = None
     #: With L{route}'s C{explain}: the decision and why, as the events
     #: C{amp explain} prints (route, allow-list, failure policy).
     explanation: tuple[Event, ...] = ()
@@ -113,53 +116,123 @@ class Route:
 _NOT_ENABLED = Route(enabled=False)
 
 
+def _valid(value: object) -> bool:
+    return value in _CLASSES
+
+
 def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str]) -> FailurePolicy:
     """
-    The namespace's C{amp.txn2.com/failure-policy} annotation if valid, else
-    the config's C{failure_policy}; C{auto} follows the cluster's
-    MutatingWebhookConfiguration (C{cluster_policy}) and falls back to
-    C{Fail}, the Kubernetes default, while that is unknown.
+    The namespace's failure class: its label C{kubernetes.failure_class_label}
+    if valid, else (deprecated) its C{amp.txn2.com/failure-policy}
+    annotation if valid, else the config's C{failure_policy}; C{auto}
+    follows the cluster's MutatingWebhookConfiguration (C{cluster_policy})
+    and falls back to C{Fail}, the Kubernetes default, while that is
+    unknown.
     """
     if ns is not None:
-        value = ns.annotations.get(config.kubernetes.failure_policy_annotation)
-        if value in (IGNORE, FAIL):
-            return _POLICIES[value]
+        kube = config.kubernetes
+        label = kube.failure_class_label
+        if label is not None:
+            choice = _CLASSES.get(ns.labels.get(label))  # type: ignore[arg-type]
+            if choice is not None:
+                return choice
+        choice = _CLASSES.get(ns.annotations.get(kube.failure_policy_annotation))  # type: ignore[arg-type]
+        if choice is not None:
+            return choice
     if config.failure_policy == FailurePolicy.AUTO:
         return _POLICIES[cluster_policy] if cluster_policy in (IGNORE, FAIL) else FAIL  # type: ignore[index]
     return _POLICIES[config.failure_policy]
 
 
-def failure_policy_problem(ns: NamespaceInfo, config: Config, policy: str) -> Optional[str]:
+#: C{amp_namespace_problems_total{problem}} of each failure-class problem:
+#: an unusable annotation value, an unusable label value, the class chosen
+#: by the annotation only, and label and annotation that disagree.
+FAILURE_POLICY_PROBLEM = "failure-policy"
+FAILURE_CLASS_PROBLEM = "failure-class"
+ANNOTATION_ONLY_PROBLEM = "failure-class-annotation"
+DISAGREE_PROBLEM = "failure-class-disagrees"
+
+
+def failure_policy_problem(ns: NamespaceInfo, config: Config, policy: str) -> Optional[tuple[str, str]]:
     """
-    Why the namespace's failure-policy annotation is not used, when it is
-    set to something other than C{Ignore} or C{Fail} (the value shown
-    escaped and cut short), and which C{policy} applies instead; else None.
+    What is wrong with how namespace C{ns} chooses its failure class, as
+    C{(problem, message)} (the message ends with the command that fixes
+    it), or None: a label or annotation value other than C{Ignore} or
+    C{Fail} (shown escaped and cut short; C{policy} applies instead), the
+    class chosen by the deprecated annotation only (the API server, which
+    reads labels only, does not apply it while amp cannot be reached), or a
+    label and an annotation that disagree.
     """
-    key = config.kubernetes.failure_policy_annotation
-    value = ns.annotations.get(key)
-    if value is None or value in (IGNORE, FAIL):
+    kube = config.kubernetes
+    key = kube.failure_policy_annotation
+    annotation = ns.annotations.get(key)
+    label = kube.failure_class_label
+    if label is None:
+        if annotation is None or _valid(annotation):
+            return None
+        return FAILURE_POLICY_PROBLEM, _unusable("annotation", key, annotation, policy, config)
+    value = ns.labels.get(label)
+    if value is not None and not _valid(value):
+        return FAILURE_CLASS_PROBLEM, (
+            _unusable("label", label, value, policy, config)
+            + f"; fix: kubectl label namespace {ns.name} {label}=Fail --overwrite (or =Ignore)")
+    if annotation is None:
         return None
+    if value is None:
+        if not _valid(annotation):
+            return FAILURE_POLICY_PROBLEM, (
+                _unusable("annotation", key, annotation, policy, config)
+                + f"; fix: kubectl label namespace {ns.name} {label}=Fail (or =Ignore) "
+                f"&& kubectl annotate namespace {ns.name} {key}-")
+        return ANNOTATION_ONLY_PROBLEM, (
+            f"the deprecated annotation {key}={annotation} chooses amp's failure policy, but the API server reads "
+            f"labels only: while amp cannot be reached it applies the webhook entry for namespaces without the label "
+            f"{label}; fix: kubectl label namespace {ns.name} {label}={annotation} "
+            f"&& kubectl annotate namespace {ns.name} {key}-")
+    if annotation != value:
+        return DISAGREE_PROBLEM, (
+            f"the label {label}={value} and the deprecated annotation {key}={escaped(repr(annotation), 40)} "
+            f"disagree; amp and the API server follow the label ({value}); fix: kubectl annotate namespace "
+            f"{ns.name} {key}-")
+    return None
+
+
+def _unusable(kind: str, key: str, value: str, policy: str, config: Config) -> str:
     source = "the webhook's failurePolicy" if config.failure_policy == FailurePolicy.AUTO else "failure_policy"
-    return (f"annotation {key}: {escaped(repr(value), 40)} is not {IGNORE} or {FAIL}; "
+    return (f"{kind} {key}: {escaped(repr(value), 40)} is not {IGNORE} or {FAIL}; "
             f"failure policy {policy} (from {source}) applies")
 
 
 def failure_policy_why(ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str]) -> tuple[str, str]:
     """
-    L{failure_policy} and, in words, where it came from (for
-    C{amp explain}'s trace; the review path only needs the policy).
+    L{failure_policy} and, in words, where it came from, with what is
+    wrong in how the namespace chooses it and the command that fixes it
+    (for C{amp explain}'s trace; the review path only needs the policy).
     """
     policy = failure_policy(ns, config, cluster_policy)
-    key = config.kubernetes.failure_policy_annotation
+    kube = config.kubernetes
+    key = kube.failure_policy_annotation
+    label = kube.failure_class_label
     value = ns.annotations.get(key) if ns is not None else None
-    if value in (IGNORE, FAIL):
-        return policy, f"the namespace's annotation {key}"
-    why = f"the annotation {key}={value!r} is not Ignore or Fail, so " if value is not None else f"no annotation {key}, so "
+    class_value = ns.labels.get(label) if ns is not None and label is not None else None
+    problem = failure_policy_problem(ns, config, policy) if ns is not None else None
+    note = f" (problem {problem[0]}: {problem[1]})" if problem is not None else ""
+    if _valid(class_value):
+        return policy, f"the namespace's failure-class label {label}" + note
+    if _valid(value):
+        return policy, f"the namespace's annotation {key}" + note
+    if label is not None:
+        why = (f"the label {label}={class_value!r} is not Ignore or Fail, so " if class_value is not None
+               else f"no label {label}, so ")
+    else:
+        why = ""
+    why += (f"the annotation {key}={value!r} is not Ignore or Fail, so " if value is not None
+            else (f"no annotation {key}, so " if label is None else ""))
     if config.failure_policy != FailurePolicy.AUTO:
-        return policy, why + f"the config's failure_policy {config.failure_policy}"
+        return policy, why + f"the config's failure_policy {config.failure_policy}" + note
     if cluster_policy in (IGNORE, FAIL):
-        return policy, why + "failure_policy auto: the failurePolicy of amp's MutatingWebhookConfiguration"
-    return policy, why + "failure_policy auto, and amp's MutatingWebhookConfiguration is not known: Fail"
+        return policy, why + "failure_policy auto: the failurePolicy of amp's MutatingWebhookConfiguration" + note
+    return policy, why + "failure_policy auto, and amp's MutatingWebhookConfiguration is not known: Fail" + note
 
 
 def route(

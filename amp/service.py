@@ -137,10 +137,13 @@ def serving_certificate(config: TLSConfig, clock: Any, metrics: Optional[Metrics
 
 
 def namespace_source(
-    config: Config, reactor: Any, metrics: Metrics, on_first_list: Optional[Callable[[], None]] = None
+    config: Config, reactor: Any, metrics: Metrics, on_first_list: Optional[Callable[[], None]] = None,
+    on_webhook: Optional[Callable[[Any], None]] = None,
 ) -> INamespaceSource:
     """
-    The namespace source named by C{kubernetes.source}.
+    The namespace source named by C{kubernetes.source}; C{on_webhook} is
+    told each version of amp's own webhook configuration it sees (the
+    registration check).
     """
     if config.kubernetes.source == NamespaceSource.STATIC:
         static = StaticNamespaceSource(config.kubernetes)
@@ -154,7 +157,7 @@ def namespace_source(
     from amp.kube import KubernetesNamespaceSource
 
     return KubernetesNamespaceSource(config.kubernetes, reactor=reactor, metrics=metrics,
-                                     on_first_list=on_first_list)
+                                     on_first_list=on_first_list, on_webhook=on_webhook)
 
 
 def _amp_annotation(config: Config) -> KeptAnnotations:
@@ -313,6 +316,8 @@ class AmpService(MultiService):
         if metrics_endpoint is not None:
             self.metrics_listener = ListenerService(metrics_endpoint, metrics_site(metrics, reactor, self.recent))
             self.metrics_listener.setServiceParent(self)
+        #: Told each config put in force by L{apply} (the registration check).
+        self.on_apply: list[Callable[[Config], None]] = []
         self.config_file: Optional[ConfigFile] = None
         self.config_reload: Optional[ConfigReloadService] = None
         if config_path is not None:
@@ -355,6 +360,8 @@ class AmpService(MultiService):
         if self.config_reload is not None:
             self.config_reload.set_interval(config.reload_interval)
         self.config = config
+        for applied in self.on_apply:
+            applied(config)
 
     def _admitter(self, config: Config, namespaces: INamespaceSource) -> Admitter:
         return Admitter(config, namespaces, self.endpoint_client, self.reactor, self.metrics, self.recorder,

@@ -19,6 +19,7 @@ from twisted.python import usage
 
 from amp.config import Config, ConfigError, load_config
 from amp.logs import ConfigurableObserver
+from amp.reasons import NamespaceSource
 
 
 class Options(usage.Options):
@@ -187,14 +188,26 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
         freeze_startup_objects()
         service.admitter.own_pods_warning()
 
+    # amp's registration checked at start and at every change of it (or of
+    # the serving certificate), when amp watches it.
+    registration = None
+    if config.kubernetes.source != NamespaceSource.STATIC and config.kubernetes.webhook_configuration:
+        from amp.registration import RegistrationReport, needs
+
+        registration = RegistrationReport(needs(config), metrics, reactor, chain=lambda: certificate.chain)
+        certificate.on_install.append(registration.certificate_changed)
+
     service = AmpService(
         config, reactor,
         certificate=certificate,
         webhook_endpoint=tls_endpoint(reactor, listen.port, listen.interface, certificate, inner=shared),
         metrics_endpoint=metrics_endpoint,
-        namespaces=namespace_source(config, reactor, metrics, on_first_list=first_list),
+        namespaces=namespace_source(config, reactor, metrics, on_first_list=first_list,
+                                    on_webhook=registration.seen if registration is not None else None),
         metrics=metrics, log_observer=observer, freeze_gc=True, config_path=options["config"],
         on_connections=shared.connections_changed if shared is not None else None)
+    if registration is not None:
+        service.on_apply.append(registration.config_changed)
     if options["check"]:
         print_effective_config(config)
         raise SystemExit(0)

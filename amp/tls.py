@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -178,6 +178,7 @@ class _Loaded:
     fingerprint: tuple[Observed, ...]
     serial: int
     not_after: datetime.datetime
+    chain: tuple[x509.Certificate, ...] = ()
 
 
 @implementer(IOpenSSLServerConnectionCreator)
@@ -223,6 +224,8 @@ class ReloadingCertificate:
         self._clock = clock
         self._metrics = metrics
         self._current: Optional[_Loaded] = None
+        #: Called (no arguments) each time a certificate is put into service.
+        self.on_install: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------ state
 
@@ -238,6 +241,11 @@ class ReloadingCertificate:
     @property
     def not_after(self) -> Optional[datetime.datetime]:
         return self._current.not_after if self._current is not None else None
+
+    @property
+    def chain(self) -> tuple[x509.Certificate, ...]:
+        """The certificate chain in service, leaf first (empty until one is loaded)."""
+        return self._current.chain if self._current is not None else ()
 
     def expired(self) -> bool:
         """
@@ -308,7 +316,7 @@ class ReloadingCertificate:
             raise CertificateError(
                 f"certificate file {self.cert_path}: OpenSSL refused the certificate, key or client CA ({e})"
             ) from None
-        return _Loaded(context, states, leaf.serial_number, not_after)
+        return _Loaded(context, states, leaf.serial_number, not_after, tuple(chain))
 
     def _context(
         self,
@@ -346,6 +354,8 @@ class ReloadingCertificate:
         self._current = new
         if self._metrics is not None:
             self._metrics.tls_not_after.set(new.not_after.timestamp())
+        for installed in self.on_install:
+            installed()
 
     def load(self) -> None:
         """

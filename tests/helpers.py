@@ -169,8 +169,9 @@ def namespace(
 ) -> dict[str, Any]:
     """
     One entry of C{kubernetes.namespaces} for L{make_config}: labelled
-    enabled (unless C{enabled=False}), with the mutation endpoint
-    annotation, the failure-policy and mode annotations and the validation
+    enabled (unless C{enabled=False}) and with its failure class
+    (C{failure_policy}, the label C{amp.txn2.com/failure-class}), with the
+    mutation endpoint annotation, the mode annotation and the validation
     endpoint annotation when given.
     """
     ls = dict(labels or {})
@@ -180,7 +181,7 @@ def namespace(
     if endpoint is not None:
         ann[EP_ANNOTATION] = endpoint
     if failure_policy is not None:
-        ann["amp.txn2.com/failure-policy"] = failure_policy
+        ls["amp.txn2.com/failure-class"] = failure_policy
     if mode is not None:
         ann["amp.txn2.com/mode"] = mode
     if validation is not None:

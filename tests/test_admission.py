@@ -618,15 +618,49 @@ class NamespaceProblemTests(SynchronousTestCase):
         review("fail")
         review("fail")
         self.assertEqual(warnings, ["Namespace team-a: annotation amp.txn2.com/failure-policy: 'fail' is not "
-                                    "Ignore or Fail; failure policy Ignore (from failure_policy) applies"])
+                                    "Ignore or Fail; failure policy Ignore (from failure_policy) applies; fix: "
+                                    "kubectl label namespace team-a amp.txn2.com/failure-class=Fail (or =Ignore) "
+                                    "&& kubectl annotate namespace team-a amp.txn2.com/failure-policy-"])
         self.assertEqual(self.problems(h), 1)
         review("FAIL")
         review("FAIL")
         self.assertEqual(len(warnings), 2)
+        # a usable annotation, but the deprecated one alone: a problem of its own
         review("Fail")
         review("fail")
-        self.assertEqual(len(warnings), 3)
+        self.assertEqual(len(warnings), 4)
         self.assertEqual(self.problems(h), 3)
+        self.assertEqual(h.metrics.registry.get_sample_value(
+            "amp_namespace_problems_total", {"problem": "failure-class-annotation"}), 1)
+
+    def test_the_failure_class_label_moves_the_problem_away(self) -> None:
+        """
+        Labelled, the namespace has no problem; labelled and annotated
+        differently, the disagreement is named with the fix, once.
+        """
+        source = FakeSource()
+        h = Harness(make_config(failure_policy="Ignore"), source=source)
+        lines: list[str] = []
+
+        def review(label: str, annotation: Optional[str] = None) -> dict[str, Any]:
+            info = team_a("/error", **({} if annotation is None else {"amp.txn2.com/failure-policy": annotation}))
+            source.known["team-a"] = NamespaceInfo(info.name, {**info.labels, "amp.txn2.com/failure-class": label},
+                                                   info.annotations)
+            with capturedLogs() as events:
+                response, _ = answered(self, h.review(review_bytes()))
+            lines.extend(formatEvent(e) for e in events if e.get("problem"))
+            return response
+
+        self.assertFalse(review("Fail")["allowed"])
+        self.assertEqual(lines, [])
+        self.assertFalse(review("Fail", "Ignore")["allowed"])
+        self.assertFalse(review("Fail", "Ignore")["allowed"])
+        self.assertEqual(lines, ["Namespace team-a: the label amp.txn2.com/failure-class=Fail and the deprecated "
+                                 "annotation amp.txn2.com/failure-policy='Ignore' disagree; amp and the API server "
+                                 "follow the label (Fail); fix: kubectl annotate namespace team-a "
+                                 "amp.txn2.com/failure-policy-"])
+        self.assertEqual(h.metrics.registry.get_sample_value(
+            "amp_namespace_problems_total", {"problem": "failure-class-disagrees"}), 1)
 
     def test_the_policy_that_applies_is_named(self) -> None:
         source = FakeSource(policy="Fail")
@@ -636,7 +670,7 @@ class NamespaceProblemTests(SynchronousTestCase):
             response, _ = answered(self, h.review(review_bytes()))
         self.assertFalse(response["allowed"])
         [line] = [formatEvent(e) for e in events if e.get("problem")]
-        self.assertTrue(line.endswith("failure policy Fail (from the webhook's failurePolicy) applies"), line)
+        self.assertIn("failure policy Fail (from the webhook's failurePolicy) applies; fix: ", line)
 
 
 class BreakerTests(SynchronousTestCase):

@@ -34,9 +34,13 @@ def deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return one(docs, "Deployment")
 
 
+def hooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return one(docs, "MutatingWebhookConfiguration")["webhooks"]
+
+
 def hook(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    [h] = one(docs, "MutatingWebhookConfiguration")["webhooks"]
-    return h
+    """The entry of namespaces without the failure-class label (the first), the one amp's auto follows."""
+    return hooks(docs)[0]
 
 
 def amp_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -146,7 +150,8 @@ def test_the_chart_decides_what_the_manifests_fix() -> None:
     config = parse_config(amp_config(docs))
     assert config.tls.cert == "/etc/amp/tls/tls.crt"
     assert config.deadline.default_timeout == 7 == hook(docs)["timeoutSeconds"]
-    assert config.kubernetes.webhook_name == "mutate.example.com" == hook(docs)["name"]
+    assert config.kubernetes.webhook_name == "ignore.mutate.example.com" == hook(docs)["name"]
+    assert [h["name"] for h in hooks(docs)] == ["ignore.mutate.example.com", "fail.mutate.example.com"]
     [c] = deployment(docs)["spec"]["template"]["spec"]["containers"]
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"webhook": 9443, "metrics": 9100}
     service = one(docs, "Service")
@@ -214,7 +219,10 @@ def test_webhook_values() -> None:
         "--set-json", 'webhook.objectSelector={"matchExpressions":[{"key":"inject","operator":"In","values":["yes"]}]}',
         namespace="platform")
     h = hook(docs)
-    assert (h["failurePolicy"], h["timeoutSeconds"], h["reinvocationPolicy"]) == ("Fail", 5, "IfNeeded")
+    # Fail is the class of namespaces without the label: its entry takes
+    # every namespace but those labelled Ignore, which the other entry takes
+    assert (h["name"], h["failurePolicy"], h["timeoutSeconds"], h["reinvocationPolicy"]) == (
+        "fail.mutate.amp.txn2.com", "Fail", 5, "IfNeeded")
     # Helm merges maps into the defaults (lists replace them): the enabled
     # label stays unless set to null.
     assert h["namespaceSelector"] == {
@@ -222,8 +230,16 @@ def test_webhook_values() -> None:
         "matchExpressions": [
             {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
              "values": ["platform", "kube-system", "monitoring"]},
+            {"key": "amp.txn2.com/failure-class", "operator": "NotIn", "values": ["Ignore"]},
             {"key": "tier", "operator": "Exists"},
         ]}
+    other = hooks(docs)[1]
+    assert (other["name"], other["failurePolicy"]) == ("ignore.mutate.amp.txn2.com", "Ignore")
+    assert other["namespaceSelector"]["matchExpressions"][1] == {
+        "key": "amp.txn2.com/failure-class", "operator": "In", "values": ["Ignore"]}
+    assert {k: v for k, v in other.items() if k not in ("name", "failurePolicy", "namespaceSelector")} == {
+        k: v for k, v in h.items() if k not in ("name", "failurePolicy", "namespaceSelector")}
+    assert parse_config(amp_config(docs)).kubernetes.webhook_name == "fail.mutate.amp.txn2.com"
     assert h["objectSelector"] == {"matchExpressions": [{"key": "inject", "operator": "In", "values": ["yes"]}]}
     assert [r["resources"] for r in h["rules"]] == [["pods"], ["pods/ephemeralcontainers"]]
     assert h["rules"][1]["operations"] == ["UPDATE"]
@@ -349,3 +365,70 @@ def test_an_autoscaler_lints_strictly() -> None:
     result = run([tool("helm"), "lint", str(CHART), "--strict", "--namespace", "amp-system",
                   "--set", "autoscaling.enabled=true"])
     assert "0 chart(s) failed" in result.stdout
+
+
+# ---------------------------------------------------------------- failure classes and amp check
+
+
+def amp_check(rendered: str, *args: str) -> tuple[int, str]:
+    """C{amp check --manifest -} on C{rendered}: its status and output."""
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", "from amp.cli import main; main()", "check", "--manifest", "-",
+                             *args], input=rendered, capture_output=True, text=True, timeout=120)
+    return result.returncode, result.stdout + result.stderr
+
+
+def rendered(*args: str) -> str:
+    result = subprocess.run([tool("helm"), "template", "amp", str(CHART), "--namespace", "amp-system", *args],
+                            capture_output=True, text=True, timeout=120, check=True)
+    return result.stdout
+
+
+def test_one_entry_per_failure_class_by_default() -> None:
+    docs = helm_template()
+    entries = {h["name"]: h for h in hooks(docs)}
+    assert {n: h["failurePolicy"] for n, h in entries.items()} == {
+        "ignore.mutate.amp.txn2.com": "Ignore", "fail.mutate.amp.txn2.com": "Fail"}
+    kube = parse_config(amp_config(docs)).kubernetes
+    assert (kube.failure_class_label, kube.webhook_name) == ("amp.txn2.com/failure-class", "ignore.mutate.amp.txn2.com")
+    assert entries["fail.mutate.amp.txn2.com"]["namespaceSelector"]["matchExpressions"][1] == {
+        "key": "amp.txn2.com/failure-class", "operator": "In", "values": ["Fail"]}
+
+
+def test_the_single_entry_mode() -> None:
+    docs = helm_template("--set", "webhook.failureClasses.enabled=false", "--set", "webhook.failurePolicy=Fail")
+    [h] = hooks(docs)
+    assert (h["name"], h["failurePolicy"]) == ("mutate.amp.txn2.com", "Fail")
+    assert [e["key"] for e in h["namespaceSelector"]["matchExpressions"]] == ["kubernetes.io/metadata.name"]
+    kube = parse_config(amp_config(docs)).kubernetes
+    assert (kube.failure_class_label, kube.webhook_name) == (None, "mutate.amp.txn2.com")
+
+
+@pytest.mark.parametrize("args", [
+    [],
+    ["--set", "webhook.failurePolicy=Fail"],
+    ["--set", "webhook.failureClasses.enabled=false"],
+    ["--set", "webhook.ephemeralContainers=true", "--set", "config.ephemeral_containers=true",
+     "--set", "webhook.timeoutSeconds=20", "--set-json", 'webhook.excludeNamespaces=["kube-system","monitoring"]'],
+])
+def test_every_rendering_passes_amp_check(args: list[str]) -> None:
+    """What the chart renders is what amp's own check needs: CI can run amp check on it."""
+    status, out = amp_check(rendered(*args))
+    assert (status, out) == (0, "MutatingWebhookConfiguration amp.txn2.com: no registration problem\n")
+
+
+def test_amp_check_names_what_a_values_change_breaks() -> None:
+    status, out = amp_check(rendered("--set", "webhook.timeoutSeconds=3"))
+    assert status == 1
+    assert "timeout-below-endpoints: entry fail.mutate.amp.txn2.com: timeoutSeconds 3 less deadline.margin 0.5s " \
+           "leaves amp 2.5s, less than endpoints.timeout 5s" in out
+
+
+def test_the_self_signed_ca_bundle_verifies_the_served_certificate(tmp_path: Path) -> None:
+    """amp check --cert with the chart's own Secret: the caBundle verifies it."""
+    text = rendered("--set", "certManager.enabled=false")
+    [secret] = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "Secret" and d["metadata"]["name"] == "amp-tls"]
+    (tmp_path / "tls.crt").write_bytes(base64.b64decode(secret["data"]["tls.crt"]))
+    assert amp_check(text, "--cert", str(tmp_path / "tls.crt")) == (
+        0, "MutatingWebhookConfiguration amp.txn2.com: no registration problem\n")

@@ -512,28 +512,33 @@ def test_service_and_pdb_select_the_pods() -> None:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_webhook_registration(overlay: str) -> None:
+    """One entry per failure class, alike but for their name, policy and class expression."""
     mwc = only(overlay, "MutatingWebhookConfiguration")
     assert mwc["metadata"]["name"] == "amp.txn2.com"
-    [hook] = mwc["webhooks"]
-    assert hook["name"] == "mutate.amp.txn2.com"
-    selector = hook["namespaceSelector"]
-    assert selector["matchLabels"] == {"amp.txn2.com/enabled": "true"}
-    [expression] = selector["matchExpressions"]
-    assert expression["key"] == "kubernetes.io/metadata.name"
-    assert expression["operator"] == "NotIn"
-    assert sorted(expression["values"]) == ["amp-system", "kube-system"]
-    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                              "resources": ["pods"], "scope": "Namespaced"}]
-    assert hook["sideEffects"] == "None"
-    assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
-    assert hook["timeoutSeconds"] == 10
-    assert hook["failurePolicy"] == "Ignore"
-    assert hook["matchPolicy"] == "Equivalent"
-    assert hook["reinvocationPolicy"] == "Never"
-    service = only(overlay, "Service")
-    assert hook["clientConfig"]["service"] == {
-        "name": service["metadata"]["name"], "namespace": service["metadata"]["namespace"],
-        "path": "/mutate", "port": 443}
+    entries = {hook["failurePolicy"]: hook for hook in mwc["webhooks"]}
+    assert {p: h["name"] for p, h in entries.items()} == {
+        "Ignore": "ignore.mutate.amp.txn2.com", "Fail": "fail.mutate.amp.txn2.com"}
+    assert amp_yaml().kubernetes.webhook_name == "ignore.mutate.amp.txn2.com", "auto follows the unlabelled's entry"
+    for policy, hook in entries.items():
+        selector = hook["namespaceSelector"]
+        assert selector["matchLabels"] == {"amp.txn2.com/enabled": "true"}
+        names, chosen = selector["matchExpressions"]
+        assert names["key"] == "kubernetes.io/metadata.name"
+        assert names["operator"] == "NotIn"
+        assert sorted(names["values"]) == ["amp-system", "kube-system"]
+        assert chosen == {"key": "amp.txn2.com/failure-class", "operator": "NotIn" if policy == "Ignore" else "In",
+                          "values": ["Fail"]}
+        assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                                  "resources": ["pods"], "scope": "Namespaced"}]
+        assert hook["sideEffects"] == "None"
+        assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
+        assert hook["timeoutSeconds"] == 10
+        assert hook["matchPolicy"] == "Equivalent"
+        assert hook["reinvocationPolicy"] == "Never"
+        service = only(overlay, "Service")
+        assert hook["clientConfig"]["service"] == {
+            "name": service["metadata"]["name"], "namespace": service["metadata"]["namespace"],
+            "path": "/mutate", "port": 443}
 
 
 def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -560,25 +565,34 @@ def test_webhook_selectors_protect_the_cluster_and_let_pods_opt_out(overlay: str
     cluster out of recovering), and never about a Pod labelled
     amp.txn2.com/enabled: "false".
     """
-    [hook] = only(overlay, "MutatingWebhookConfiguration")["webhooks"]
+    hooks = only(overlay, "MutatingWebhookConfiguration")["webhooks"]
     config = amp_yaml()
     enabled = {config.kubernetes.enabled_label: config.kubernetes.enabled_value}
     amp_namespace = only(overlay, "Deployment")["metadata"]["namespace"]
+    label = config.kubernetes.failure_class_label
+    assert label is not None
 
-    def namespace(name: str, labels: dict[str, str]) -> dict[str, str]:
-        return {"kubernetes.io/metadata.name": name, **labels}
+    def sending(name: str, labels: dict[str, str]) -> list[str]:
+        """The failure policies of the entries that send this namespace's Pods to amp."""
+        labels = {"kubernetes.io/metadata.name": name, **labels}
+        return [h["failurePolicy"] for h in hooks if selects(h["namespaceSelector"], labels)]
 
-    namespaces = hook["namespaceSelector"]
-    assert selects(namespaces, namespace("team-a", enabled))
-    assert not selects(namespaces, namespace("team-b", {}))
-    assert not selects(namespaces, namespace("team-c", {config.kubernetes.enabled_label: "false"}))
-    assert not selects(namespaces, namespace(amp_namespace, enabled))
-    assert not selects(namespaces, namespace("kube-system", enabled))
+    # each enabled namespace by exactly the entry of its class
+    assert sending("team-a", enabled) == ["Ignore"]
+    assert sending("team-a", {**enabled, label: "Ignore"}) == ["Ignore"]
+    assert sending("team-a", {**enabled, label: "Fail"}) == ["Fail"]
+    assert sending("team-a", {**enabled, label: "fail"}) == ["Ignore"]
+    assert sending("team-b", {label: "Fail"}) == []
+    assert sending("team-c", {config.kubernetes.enabled_label: "false", label: "Fail"}) == []
+    for chosen in ({}, {label: "Fail"}, {label: "Ignore"}):
+        assert sending(amp_namespace, {**enabled, **chosen}) == []
+        assert sending("kube-system", {**enabled, **chosen}) == []
 
-    pods = hook["objectSelector"]
-    assert selects(pods, {})
-    assert selects(pods, {"app": "web", "amp.txn2.com/enabled": "true"})
-    assert not selects(pods, {"app": "web", "amp.txn2.com/enabled": "false"})
+    for hook in hooks:
+        pods = hook["objectSelector"]
+        assert selects(pods, {})
+        assert selects(pods, {"app": "web", "amp.txn2.com/enabled": "true"})
+        assert not selects(pods, {"app": "web", "amp.txn2.com/enabled": "false"})
 
 
 def test_cert_manager_injects_the_ca_of_the_serving_certificate() -> None:
@@ -592,19 +606,20 @@ def test_cert_manager_injects_the_ca_of_the_serving_certificate() -> None:
     service = only("cert-manager", "Service")
     svc = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
     assert svc in certificate["spec"]["dnsNames"], "the API server verifies this name"
-    assert "caBundle" not in mwc["webhooks"][0]["clientConfig"]
+    assert all("caBundle" not in hook["clientConfig"] for hook in mwc["webhooks"])
 
 
 def test_no_cert_manager_variant_has_a_ca_bundle_placeholder() -> None:
     with_cm = only("cert-manager", "MutatingWebhookConfiguration")
     without = only("no-cert-manager", "MutatingWebhookConfiguration")
-    placeholder = without["webhooks"][0]["clientConfig"]["caBundle"]
+    [placeholder] = {hook["clientConfig"]["caBundle"] for hook in without["webhooks"]}
     assert placeholder == CA_PLACEHOLDER
     with pytest.raises(binascii.Error):
         base64.b64decode(placeholder, validate=True)  # the API server refuses it unreplaced
     assert "annotations" not in without["metadata"]
     same = copy.deepcopy(without)
-    del same["webhooks"][0]["clientConfig"]["caBundle"]
+    for hook in same["webhooks"]:
+        del hook["clientConfig"]["caBundle"]
     expected = copy.deepcopy(with_cm)
     del expected["metadata"]["annotations"]
     assert same == expected, "the two registrations differ only in where the CA comes from"
@@ -687,7 +702,8 @@ def test_install_script_without_cert_manager(tmp_path: Path) -> None:
     assert base64.b64decode(secret["data"]["tls.key"]) == (tls_dir / "tls.key").read_bytes()
 
     [mwc] = by_kind["MutatingWebhookConfiguration"]
-    ca_pem = base64.b64decode(mwc["webhooks"][0]["clientConfig"]["caBundle"], validate=True)
+    [bundle] = {hook["clientConfig"]["caBundle"] for hook in mwc["webhooks"]}
+    ca_pem = base64.b64decode(bundle, validate=True)
     assert ca_pem == (tls_dir / "ca.crt").read_bytes()
     ca = x509.load_pem_x509_certificate(ca_pem)
     cert = x509.load_pem_x509_certificate(cert_pem)
@@ -706,3 +722,22 @@ def test_install_script_without_cert_manager(tmp_path: Path) -> None:
     [mwc2] = [d for d in again if d["kind"] == "MutatingWebhookConfiguration"]
     assert mwc2["webhooks"][0]["clientConfig"]["caBundle"] == mwc["webhooks"][0]["clientConfig"]["caBundle"]
     assert secret2["data"]["tls.crt"] != secret["data"]["tls.crt"]
+
+
+# ---------------------------------------------------------------- amp check in CI
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_passes_amp_check(overlay: str) -> None:
+    """
+    What `kubectl kustomize deploy/<overlay> | amp check --manifest -` says in
+    CI: amp's config comes from the built ConfigMap, and the registration
+    meets it.
+    """
+    import sys
+
+    built = yaml.safe_dump_all(build(overlay))
+    result = subprocess.run([sys.executable, "-c", "from amp.cli import main; main()", "check", "--manifest", "-"],
+                            input=built, capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        0, "MutatingWebhookConfiguration amp.txn2.com: no registration problem\n", "")

@@ -352,11 +352,14 @@ def test_endpoint_page_lists_every_example_endpoint() -> None:
 
 def test_operations_page_explains_the_registered_policies() -> None:
     mwc = yaml.safe_load((ROOT / "deploy" / "cert-manager" / "mutatingwebhookconfiguration.yaml").read_text())
-    [hook] = mwc["webhooks"]
+    hooks = mwc["webhooks"]
     text = doc("operations.md")
-    assert f"failurePolicy: {hook['failurePolicy']}" in text
-    assert f"reinvocationPolicy: {hook['reinvocationPolicy']}" in text
-    assert f"{hook['timeoutSeconds']} s" in text
+    assert sorted(hook["failurePolicy"] for hook in hooks) == ["Fail", "Ignore"]
+    for hook in hooks:
+        # each entry per failure class, named where choosing a class is explained
+        assert f"`{hook['name']}`" in text.split("## Choosing a failure class")[1].split("\n## ")[0]
+        assert f"reinvocationPolicy: {hook['reinvocationPolicy']}" in text
+        assert f"{hook['timeoutSeconds']} s" in text
 
 
 # ---------------------------------------------------------------- links

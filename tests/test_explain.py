@@ -541,8 +541,11 @@ class ReplyTests(SynchronousTestCase):
         ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--reply", self.files.write("r.json", "{"),
                               "--set-annotation", "amp.txn2.com/failure-policy=fail", self.pod])
         self.assertEqual(ran.status, EXIT_FAILURE_POLICY)
-        self.assertIn("policy     Ignore: the annotation amp.txn2.com/failure-policy='fail' is not Ignore or Fail, "
-                      "so the config's failure_policy Ignore\n", ran.out)
+        self.assertIn("policy     Ignore: no label amp.txn2.com/failure-class, so the annotation "
+                      "amp.txn2.com/failure-policy='fail' is not Ignore or Fail, so the config's failure_policy Ignore "
+                      "(problem failure-policy: ", ran.out)
+        self.assertIn("fix: kubectl label namespace team-a amp.txn2.com/failure-class=Fail (or =Ignore) "
+                      "&& kubectl annotate namespace team-a amp.txn2.com/failure-policy-)\n", ran.out)
 
     def test_not_enabled_says_why(self) -> None:
         ran = run_sync(self, ["-n", "team-q", "--set-label", f"{ENABLED_LABEL}=yes", "--set-annotation",

@@ -23,6 +23,7 @@ from urllib3.exceptions import MaxRetryError, ProtocolError, ReadTimeoutError
 
 from amp.config import Config, KubernetesConfig
 from amp.kube import STOP_WAIT, KubernetesNamespaceSource, backoff_delay, webhook_failure_policy
+from amp.kube._keep import WebhookSeen
 from amp.kube._bridge import Bridge
 from amp.kube._events import Bookmark, Changed, Crashed, Replaced, Restarting
 from amp.kube._keep import Keep
@@ -412,11 +413,11 @@ class SourceTestCase(SynchronousTestCase):
         self.logs = LogCapture(self)
         self.first_lists: list[bool] = []
 
-    def start(self, **overrides: Any) -> KubernetesNamespaceSource:
+    def start(self, on_webhook: Optional[Callable[[Any], None]] = None, **overrides: Any) -> KubernetesNamespaceSource:
         source = KubernetesNamespaceSource(
             kube_config(**overrides), reactor=self.reactor, metrics=self.metrics, random=lambda: 0.5,
             on_first_list=lambda: self.first_lists.append(True), client_factory=lambda config: self.kube,
-            spawn=self.threads)
+            spawn=self.threads, on_webhook=on_webhook)
         source.startService()
         self.addCleanup(self._stop, source)
         return source
@@ -648,17 +649,47 @@ class WebhookConfigurationTests(SourceTestCase):
         self.assertIn("(last attempt: error: HTTP 403 Forbidden)", source.readiness()[1])
         self.assertEqual(sample(self.metrics, "amp_namespace_watch_restarts_total", reason="webhook-error"), 1)
 
-        self.send(source, Replaced(IGNORE, "20"), kind="webhook")
+        self.send(source, Replaced(WebhookSeen(IGNORE), "20"), kind="webhook")
         self.assertTrue(source.readiness()[0])
         self.assertEqual(source.cluster_failure_policy(), IGNORE)
         self.assertEqual(failure_policy(source.cached("team-a"), config, source.cluster_failure_policy()), IGNORE)
-        self.send(source, Changed("MODIFIED", ("amp", FAIL), "21"), kind="webhook")
+        self.send(source, Changed("MODIFIED", ("amp", WebhookSeen(FAIL)), "21"), kind="webhook")
         self.assertEqual(source.cluster_failure_policy(), FAIL)
-        self.send(source, Changed("DELETED", ("amp", FAIL), "22"), kind="webhook")
+        self.send(source, Changed("DELETED", ("amp", WebhookSeen(FAIL)), "22"), kind="webhook")
         self.assertIsNone(source.cluster_failure_policy())
         self.assertEqual(failure_policy(source.cached("team-a"), config, None), FAIL)
         # webhook events are not namespace events
         self.assertEqual(self.events("MODIFIED") + self.events("DELETED"), 0)
+
+    def test_each_version_of_the_webhook_configuration_reaches_the_registration_check(self) -> None:
+        """
+        The registration check is told, on the reactor, every version the
+        watch sees (the entries as listed or changed), and None when the
+        configuration is deleted.
+        """
+        from amp.registration import RegistrationReport, needs
+
+        report = RegistrationReport(needs(Config(kubernetes=kube_config(webhook_configuration="amp"))), self.metrics,
+                                    self.reactor)
+        seen: list[Any] = []
+
+        def told(obj: Any) -> None:
+            seen.append(obj)
+            report.seen(obj)
+
+        source = self.start(on_webhook=told, webhook_configuration="amp", webhook_name="pods.amp.txn2.com")
+        entry = {"name": "pods.amp.txn2.com", "failurePolicy": "Ignore", "sideEffects": "Some"}
+        self.send(source, Replaced(WebhookSeen(IGNORE, (entry,)), "20"), kind="webhook")
+        self.send(source, Changed("MODIFIED", ("amp", WebhookSeen(FAIL, ({**entry, "failurePolicy": "Fail"},))),
+                                  "21"), kind="webhook")
+        self.send(source, Changed("DELETED", ("amp", WebhookSeen(FAIL)), "22"), kind="webhook")
+        self.assertEqual(seen, [{"webhooks": [entry]}, {"webhooks": [{**entry, "failurePolicy": "Fail"}]}, None])
+        self.assertEqual([p.name.value for p in report.problems], ["configuration-missing"])
+        self.assertEqual(sample(self.metrics, "amp_registration_problems", problem="configuration-missing"), 1)
+        self.assertEqual(sample(self.metrics, "amp_registration_problems", problem="side-effects"), 0)
+        # the source's readiness does not depend on the registration's problems
+        self.send(source, Replaced(self.infos(namespace("team-a", labels=ENABLED)), "30"))
+        self.assertTrue(source.readiness()[0])
 
     def test_the_webhook_list_keeps_only_the_named_configuration(self) -> None:
         stop = threading.Event()
@@ -672,7 +703,8 @@ class WebhookConfigurationTests(SourceTestCase):
         emitted: list[Any] = []
         ListWatch(lister=lister, parse=policy.parse, collect=policy.collect, emit=emitted.append, stop=stop,
                   config=kube_config(), random=lambda: 0.0).run()
-        self.assertEqual(emitted[0], Replaced(IGNORE, "10"))
+        self.assertEqual(emitted[0], Replaced(WebhookSeen(IGNORE, ({"name": "pods.amp.txn2.com",
+                                                                     "failurePolicy": "Ignore"},)), "10"))
 
 
 class FetchTests(SourceTestCase):

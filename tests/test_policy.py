@@ -11,7 +11,7 @@ import pytest
 
 from amp.config import Config, parse_config
 from amp.namespaces import NamespaceInfo
-from amp.policy import FAIL, IGNORE, NORMAL, SHADOW, failure_policy, route
+from amp.policy import FAIL, IGNORE, NORMAL, SHADOW, failure_policy, failure_policy_problem, failure_policy_why, route
 from tests.helpers import make_config, namespace
 
 ENABLED = {"amp.txn2.com/enabled": "true"}
@@ -279,3 +279,80 @@ def test_own_pods_warning_only_for_an_enabled_own_namespace() -> None:
     allowed = parse_config({"kubernetes": {"own_namespace": "amp-system", "allow_protected_namespaces": True}})
     warning = own_pods_warning(enabled, allowed.kubernetes)
     assert warning is not None and "reviews its own Pods" in warning
+
+
+# ---------------------------------------------------------------- the failure-class label
+
+CLASS = "amp.txn2.com/failure-class"
+ANNOTATION = "amp.txn2.com/failure-policy"
+
+
+def classed(label: Optional[str] = None, annotation: Optional[str] = None) -> NamespaceInfo:
+    labels = dict(ENABLED)
+    if label is not None:
+        labels[CLASS] = label
+    return NamespaceInfo("team-a", labels, {} if annotation is None else {ANNOTATION: annotation})
+
+
+@pytest.mark.parametrize(
+    "label, annotation, cluster, expected, problem",
+    [
+        # the label chooses, whatever the webhook's default entry says
+        ("Fail", None, "Ignore", FAIL, None),
+        ("Ignore", None, "Fail", IGNORE, None),
+        # the label wins over the deprecated annotation, which is a problem when it disagrees
+        ("Fail", "Ignore", "Ignore", FAIL, "failure-class-disagrees"),
+        ("Ignore", "Ignore", "Fail", IGNORE, None),
+        # the annotation alone still works for one release, as a problem
+        (None, "Fail", "Ignore", FAIL, "failure-class-annotation"),
+        # an unusable label falls back to the annotation, then to the webhook's default entry
+        ("fail", None, "Ignore", IGNORE, "failure-class"),
+        ("fail", "Fail", "Ignore", FAIL, "failure-class"),
+        (None, "nope", "Ignore", IGNORE, "failure-policy"),
+        (None, None, "Ignore", IGNORE, None),
+        (None, None, None, FAIL, None),
+    ],
+)
+def test_failure_class_label(label: Optional[str], annotation: Optional[str], cluster: Optional[str],
+                             expected: str, problem: Optional[str]) -> None:
+    """
+    The failure-class label, which the shipped webhook entries select on,
+    decides amp's failure policy too; the annotation is read when there is
+    no usable label, and every way the two can mislead is a named problem.
+    """
+    namespace = classed(label, annotation)
+    config = config_policy("auto")
+    assert failure_policy(namespace, config, cluster) == expected
+    r = route(namespace, config, cluster)
+    assert r.failure_policy == expected
+    assert (r.policy_problem[0] if r.policy_problem else None) == problem
+
+
+def test_each_failure_class_problem_names_the_command_that_fixes_it() -> None:
+    config = config_policy("auto")
+    only = failure_policy_problem(classed(None, "Fail"), config, FAIL)
+    assert only is not None
+    assert f"kubectl label namespace team-a {CLASS}=Fail && kubectl annotate namespace team-a {ANNOTATION}-" in only[1]
+    assert "the API server reads labels only" in only[1]
+    disagree = failure_policy_problem(classed("Fail", "Ignore"), config, FAIL)
+    assert disagree is not None and disagree[1].endswith(f"fix: kubectl annotate namespace team-a {ANNOTATION}-")
+    bad = failure_policy_problem(classed("fial", None), config, IGNORE)
+    assert bad is not None and f"kubectl label namespace team-a {CLASS}=Fail --overwrite" in bad[1]
+    assert "'fial' is not Ignore or Fail; failure policy Ignore" in bad[1]
+
+
+def test_without_a_failure_class_label_the_annotation_is_read_as_before() -> None:
+    """C{kubernetes.failure_class_label: null} (a single-entry registration): no label, no annotation problem."""
+    config = parse_config({"failure_policy": "auto", "kubernetes": {"failure_class_label": None}})
+    namespace = classed("Fail", "Ignore")
+    assert failure_policy(namespace, config, "Fail") == IGNORE
+    assert failure_policy_problem(namespace, config, IGNORE) is None
+    assert failure_policy_problem(classed(None, "x"), config, IGNORE)[0] == "failure-policy"  # type: ignore[index]
+
+
+def test_explain_says_where_the_class_came_from_and_the_fix() -> None:
+    policy, why = failure_policy_why(classed(None, "Fail"), config_policy("auto"), "Ignore")
+    assert policy == FAIL
+    assert why.startswith(f"the namespace's annotation {ANNOTATION} (problem failure-class-annotation:")
+    policy, why = failure_policy_why(classed("Fail"), config_policy("auto"), "Ignore")
+    assert (policy, why) == (FAIL, f"the namespace's failure-class label {CLASS}")

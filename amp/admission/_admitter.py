@@ -29,9 +29,6 @@ from amp.trace import NO_TRACE, IReviewTrace
 
 #: Namespaces whose last configuration problem is remembered.
 _PROBLEMS_LIMIT = 4096
-#: C{amp_namespace_problems_total{problem}} of an unusable failure-policy
-#: annotation.
-FAILURE_POLICY_PROBLEM = "failure-policy"
 
 
 class Admitter:
@@ -62,7 +59,7 @@ class Admitter:
         #: What every review under this configuration works with.
         self._parts = Parts(config, namespaces, endpoints, clock, metrics, self._note_problem, recorder, canary)
         #: The configuration problem last reported for each namespace.
-        self._problems: dict[str, str] = {}
+        self._problems: dict[str, tuple[str, str]] = {}
         self._protected = protected_namespaces(config.kubernetes)
         #: Protected namespaces amp has said it leaves alone (said once each).
         self._protected_told: set[str] = set()
@@ -145,12 +142,13 @@ class Admitter:
             self.log.warn("{warning}", warning=warning)
         return warning
 
-    def _note_problem(self, namespace: str, problem: Optional[str]) -> None:
+    def _note_problem(self, namespace: str, problem: Optional[tuple[str, str]]) -> None:
         """
-        Report a namespace's unusable configuration at warning and count
-        it, once per change: again only when the problem differs from the
-        last one reported for that namespace, or came back after it was
-        fixed.
+        Report a namespace's unusable configuration, C{(problem, message)}
+        (L{amp.policy.failure_policy_problem}), at warning and count it
+        under C{problem}, once per change: again only when the problem
+        differs from the last one reported for that namespace, or came back
+        after it was fixed.
         """
         problems = self._problems
         if problem is None:
@@ -162,5 +160,6 @@ class Admitter:
         if len(problems) >= _PROBLEMS_LIMIT:
             problems.clear()
         problems[namespace] = problem
-        self.log.warn("Namespace {namespace}: {problem}", namespace=namespace, problem=problem)
-        self._metrics.namespace_problems.labels(FAILURE_POLICY_PROBLEM).inc()
+        kind, message = problem
+        self.log.warn("Namespace {namespace}: {problem}", namespace=namespace, problem=message, kind=kind)
+        self._metrics.namespace_problems.labels(kind).inc()

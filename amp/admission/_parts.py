@@ -47,7 +47,7 @@ class Parts:
     endpoints: EndpointClient
     clock: IReactorTime
     metrics: Metrics
-    note_problem: Callable[[str, Optional[str]], None]
+    note_problem: Callable[[str, Optional[tuple[str, str]]], None]
     recorder: Optional[Any] = None
     canary: Optional[Any] = None
     routes: dict[str, tuple] = field(default_factory=dict)

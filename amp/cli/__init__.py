@@ -1,7 +1,9 @@
 """
 The C{amp} console script: C{amp explain} (L{amp.cli.explain}) runs amp's own
 review pipeline on one Pod and prints the decision; C{amp replay}
-(L{amp.record.replay}) runs recorded reviews through it again and compares.
+(L{amp.record.replay}) runs recorded reviews through it again and compares;
+C{amp check} (L{amp.cli.check}) checks amp's webhook registration against
+what its config needs.
 
 L{main} is the only place here that uses the global reactor: it runs the
 command under C{twisted.internet.task.react}.
@@ -19,9 +21,10 @@ __all__ = ["main", "dispatch"]
 USAGE = """\
 usage: amp explain [options] FILE     review one Pod (or a workload's Pod template) as amp would
        amp replay [options] FILE...   recorded reviews through amp again, compared
+       amp check --manifest FILE | --cluster   amp's webhook registration against its config
        amp --version
 
-Run 'amp explain --help' or 'amp replay --help' for the options.
+Run 'amp explain --help', 'amp replay --help' or 'amp check --help' for the options.
 """
 
 
@@ -42,6 +45,10 @@ def dispatch(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Op
         from amp.record._command import run as replay
 
         return replay(argv[1:], reactor, stdin=stdin, stdout=out, stderr=err)
+    if argv and argv[0] == "check":
+        from amp.cli.check import run as check
+
+        return check(argv[1:], reactor, stdin=stdin, stdout=out, stderr=err)
     if argv and argv[0] == "--version":
         out.write(f"amp {__version__}\n")
         return succeed(0)

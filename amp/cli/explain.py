@@ -49,7 +49,7 @@ from amp.cli._explanation import (
 from amp.cli.replay import recorded_reply
 from amp.cli.report import render_json, render_text
 from amp.cli.workloads import PodInput, without_stamps
-from amp.config import KubernetesConfig
+from amp.config import Config, KubernetesConfig
 from amp.deadline import Deadline, review_budget
 from amp.endpoint import Connector, EndpointClient
 from amp.hints import AmpKeys
@@ -174,11 +174,13 @@ def _webhook_policy(reactor: Any, kube: KubernetesConfig, name: str, webhook: Op
     """
     The C{failurePolicy} of amp's MutatingWebhookConfiguration C{name}
     (what C{failure_policy: auto} follows): one GET in the reactor's
-    thread pool.  Fires with (policy or None, a note for the trace).
+    thread pool.  Fires with (policy or None, a note for the trace, the
+    configuration: None when it does not exist, L{_UNREAD} when it could
+    not be read).
     """
     from amp.kube import load_client_configuration, webhook_failure_policy
 
-    def get() -> tuple[Optional[str], str]:
+    def get() -> tuple[Optional[str], str, Any]:
         import kubernetes.client
 
         try:
@@ -186,14 +188,30 @@ def _webhook_policy(reactor: Any, kube: KubernetesConfig, name: str, webhook: Op
             adm = kubernetes.client.AdmissionregistrationV1Api(api)
             response = adm.read_mutating_webhook_configuration(
                 name, _request_timeout=kube.request_timeout, _preload_content=False)
-            policy = webhook_failure_policy(json.loads(response.data), webhook)
+            obj = json.loads(response.data)
+            policy = webhook_failure_policy(obj, webhook)
         except Exception as e:
-            return None, f"MutatingWebhookConfiguration {name} could not be read: {_first_line(e)}"
+            missing = getattr(e, "status", None) == 404
+            return None, f"MutatingWebhookConfiguration {name} could not be read: {_first_line(e)}", (
+                None if missing else _UNREAD)
         if policy is None:
-            return None, f"MutatingWebhookConfiguration {name} has no webhook {webhook or ''}".rstrip()
-        return policy, f"MutatingWebhookConfiguration {name}"
+            return None, f"MutatingWebhookConfiguration {name} has no webhook {webhook or ''}".rstrip(), obj
+        return policy, f"MutatingWebhookConfiguration {name}", obj
 
     return deferToThreadPool(reactor, reactor.getThreadPool(), get)
+
+
+#: The webhook configuration could not be read (so it is not judged).
+_UNREAD = object()
+
+
+def registration_notes(config: Config, obj: Any) -> list[str]:
+    """The registration's problems (L{amp.registration.check}), as C{amp explain}'s notes."""
+    if obj is _UNREAD:
+        return []
+    from amp.registration import check, needs
+
+    return [f"registration: {problem}" for problem in check(obj, needs(config))]
 
 
 def _first_line(error: BaseException) -> str:
@@ -320,6 +338,7 @@ def explain(
     namespace = pod_input.namespace
     cluster_policy: Optional[str] = None
     policy_note = ""
+    cluster_notes: list[str] = []
     inner: INamespaceSource
     if options.cluster:
         from amp.kube import KubernetesNamespaceSource
@@ -333,9 +352,12 @@ def explain(
             yield inner.stopService()  # type: ignore[attr-defined]
             raise UsageError(detail)
         full = config.kubernetes
-        if config.failure_policy == FailurePolicy.AUTO and full.webhook_configuration:
-            cluster_policy, policy_note = yield _webhook_policy(
+        if full.webhook_configuration:
+            policy, note, registration = yield _webhook_policy(
                 reactor, kube, full.webhook_configuration, full.webhook_name)
+            if config.failure_policy == FailurePolicy.AUTO:
+                cluster_policy, policy_note = policy, note
+            cluster_notes = registration_notes(config, registration)
     elif options.config_path is not None and config.kubernetes.source == NamespaceSource.STATIC:
         inner = StaticNamespaceSource(config.kubernetes)
         where = f"kubernetes.namespaces of {options.config_path}"
@@ -344,7 +366,7 @@ def explain(
         where = "the command line"
     keys = AmpKeys(config.kubernetes)
     source = ExplainedNamespace(inner, namespace, options.labels, options.annotations, where, cluster_policy, keys)
-    notes = keys.pod_hints(pod_input.pod)
+    notes = keys.pod_hints(pod_input.pod) + cluster_notes
     if pod_input.defaulted_namespace:
         notes.insert(0, f"no --namespace and {pod_input.source} names none: explained in namespace default")
     endpoint_client = EndpointClient(reactor, metrics, BreakerRegistry(reactor), connector=connector)

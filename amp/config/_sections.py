@@ -139,9 +139,18 @@ class KubernetesConfig:
     validation_annotation: str = declare(STR, "validation.amp.txn2.com/ep", restart=Restart.KUBERNETES, doc=(
         "Namespace annotation naming the endpoint for `/validate` (a validating webhook). A namespace with only "
         "this annotation is not a `no-endpoint` failure on `/mutate`."))
+    failure_class_label: Optional[str] = declare(OPT_STR, "amp.txn2.com/failure-class", restart=Restart.KUBERNETES,
+                                                 doc=(
+        "Namespace label, `Fail` or `Ignore`, that chooses the namespace's failure class: what amp does when a review"
+        " cannot be completed, and, through the webhook entry of that class (one per class, selecting on this label),"
+        " what the API server does when amp cannot be reached "
+        "([operations.md](operations.md#choosing-a-failure-class)). It wins over `failure_policy_annotation`. "
+        "`null`: no label is read (a registration with a single webhook entry)."))
     failure_policy_annotation: str = declare(STR, "amp.txn2.com/failure-policy", restart=Restart.KUBERNETES, doc=(
-        "Namespace annotation, `Ignore` or `Fail`, that overrides `failure_policy` for that namespace. Any other "
-        "value is ignored."))
+        "Namespace annotation, `Ignore` or `Fail`, that overrides `failure_policy` for that namespace when the "
+        "namespace has no `failure_class_label`. Deprecated: the API server does not read annotations, so while amp "
+        "cannot be reached it does not apply it; a namespace that sets only the annotation, or one that disagrees "
+        "with the label, is a namespace problem. Any other value is ignored."))
     mode_annotation: str = declare(STR, "amp.txn2.com/mode", restart=Restart.KUBERNETES, doc=(
         "Namespace annotation; `shadow` calls the endpoint and checks its answer but never applies it "
         "([failure-modes.md](failure-modes.md#shadow-mode))."))
@@ -149,7 +158,9 @@ class KubernetesConfig:
         "Name of amp's own MutatingWebhookConfiguration. When set, amp watches it and `failure_policy: auto` "
         "follows its `failurePolicy`; readiness waits for its first list. When `null`, `auto` means `Fail`."))
     webhook_name: Optional[str] = declare(OPT_STR, None, restart=Restart.KUBERNETES, doc=(
-        "Which webhook entry of that configuration to read; `null` reads the first."))
+        "Which webhook entry of that configuration `failure_policy: auto` follows: the one that selects namespaces "
+        "without a failure-class label (the shipped registration's `ignore.mutate.amp.txn2.com`); `null` reads the "
+        "first."))
     watch_timeout: float = declare(POSITIVE_DURATION, 300.0, restart=Restart.KUBERNETES, doc=(
         "Server-side timeout of each watch request; the watch is then resumed from the last resourceVersion. A "
         "watch silent for longer than this plus `request_timeout` is treated as dead and restarted."))
@@ -381,7 +392,8 @@ class Config:
         "What amp does when a review cannot be completed ([failure-modes.md](failure-modes.md)): `Ignore` admits "
         "the Pod unchanged with a warning; `Fail` denies it. `auto` follows the `failurePolicy` of amp's own "
         "MutatingWebhookConfiguration (`kubernetes.webhook_configuration`), and is `Fail` while that is unknown. A "
-        "namespace's `amp.txn2.com/failure-policy` annotation overrides it."))
+        "namespace's failure-class label `amp.txn2.com/failure-class` (or, deprecated, its "
+        "`amp.txn2.com/failure-policy` annotation) overrides it."))
     annotate_status: bool = declare(BOOL, True, doc=(
         "amp stamps every Pod it reviews on `/mutate` in an enabled namespace (not in shadow mode) with the "
         "annotation `amp.txn2.com/status`: `mutated <endpoint>`, `unchanged <endpoint>` or `skipped <reason> "

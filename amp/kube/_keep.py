@@ -3,7 +3,7 @@ What amp keeps of the objects it lists and watches (pure; runs in the watch
 threads and the thread pool).
 
 Every object the API server sends is cut down here, in the thread that read
-it, to the few fields amp uses: the enable label, amp's annotations and the
+it, to the few fields amp uses: the enable and failure-class labels, amp's annotations and the
 time the label was set of a Namespace; the failurePolicy of amp's own
 webhook; name, uid, creation time and controller of a Pod that carries no
 status stamp, and its resourceVersion.  Nothing else is kept.
@@ -75,12 +75,18 @@ class Keep:
         self.enabled_value = config.enabled_value
         self.keys = AmpKeys(config)
         self.annotations = self.keys.namespace_annotations
+        #: The failure-class label, kept beside the enable label.
+        self.class_label = config.failure_class_label
 
     def namespace(self, obj: Mapping[str, Any]) -> NamespaceInfo:
         meta = obj.get("metadata") or {}
         labels = meta.get("labels") or {}
         value = labels.get(self.label)
         kept_labels: Mapping[str, str] = {self.label: sys.intern(value)} if isinstance(value, str) else _EMPTY
+        if self.class_label is not None and isinstance(labels, dict):
+            chosen = labels.get(self.class_label)
+            if isinstance(chosen, str):
+                kept_labels = {**kept_labels, self.class_label: sys.intern(chosen)}
         annotations = meta.get("annotations") or {}
         kept: dict[str, str] = {}
         if annotations:
@@ -118,25 +124,42 @@ def webhook_failure_policy(obj: Optional[Mapping[str, Any]], webhook_name: Optio
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class WebhookSeen:
+    """
+    What the watch keeps of amp's own MutatingWebhookConfiguration: the
+    C{policy} amp follows (L{webhook_failure_policy}) and the C{webhooks}
+    entries, which the registration check reads (L{amp.registration}).
+    """
+
+    policy: Optional[str]
+    webhooks: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def obj(self) -> Mapping[str, Any]:
+        """The configuration as the registration check reads it."""
+        return {"webhooks": list(self.webhooks)}
+
+
 class WebhookPolicy:
     """
-    What the watch of amp's own MutatingWebhookConfiguration keeps: the
-    failurePolicy of its webhook entry, for the configuration named
-    C{name} (the list is by field selector, but a server that ignores it
-    must not confuse amp).
+    What the watch of amp's own MutatingWebhookConfiguration keeps
+    (L{WebhookSeen}), for the configuration named C{name} (the list is by
+    field selector, but a server that ignores it must not confuse amp).
     """
 
     def __init__(self, name: str, webhook_name: Optional[str]) -> None:
         self.name = name
         self.webhook_name = webhook_name
 
-    def parse(self, obj: Mapping[str, Any]) -> tuple[str, Optional[str]]:
+    def parse(self, obj: Mapping[str, Any]) -> tuple[str, WebhookSeen]:
         name = str((obj.get("metadata") or {}).get("name", ""))
-        return name, webhook_failure_policy(obj, self.webhook_name)
+        hooks = tuple(h for h in obj.get("webhooks") or () if isinstance(h, dict))
+        return name, WebhookSeen(webhook_failure_policy(obj, self.webhook_name), hooks)
 
-    def collect(self, items: Iterable[tuple[str, Optional[str]]]) -> Optional[str]:
-        """The policy of the configuration named C{name} in a list, or None."""
-        return next((policy for name, policy in items if name == self.name), None)
+    def collect(self, items: Iterable[tuple[str, WebhookSeen]]) -> Optional[WebhookSeen]:
+        """What is kept of the configuration named C{name} in a list, or None."""
+        return next((seen for name, seen in items if name == self.name), None)
 
 
 @dataclass(frozen=True, slots=True)

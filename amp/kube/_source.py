@@ -122,6 +122,9 @@ class KubernetesNamespaceSource(Service):
         Events (host name and a random suffix).
     @param wall: the wall clock the Pod watch thread checks the horizon
         against.
+    @param on_webhook: told, on the reactor thread, each version of amp's
+        own MutatingWebhookConfiguration the watch sees (None: deleted);
+        the registration check (L{amp.registration.RegistrationReport.seen}).
     """
 
     log = Logger()
@@ -139,8 +142,10 @@ class KubernetesNamespaceSource(Service):
         spawn: Callable[[str, Callable[[], None]], Any] = start_thread,
         identity: Optional[str] = None,
         wall: Callable[[], float] = time.time,
+        on_webhook: Optional[Callable[[Optional[Any]], None]] = None,
     ) -> None:
         self._config = config
+        self._on_webhook = on_webhook
         self._on_first_list = on_first_list
         self._reactor = reactor
         self._clock: IReactorTime = clock if clock is not None else reactor
@@ -386,12 +391,15 @@ class KubernetesNamespaceSource(Service):
     def _webhook_news(self, event: WatchEvent) -> None:
         if isinstance(event, (Changed, Replaced)):
             if isinstance(event, Changed):
-                _name, policy = event.obj
+                _name, seen = event.obj
                 if event.kind == "DELETED":
-                    policy = None
+                    seen = None
             else:
-                policy = event.items
+                seen = event.items
                 self._webhook_listed, self._webhook_error = True, ""
+            policy = seen.policy if seen is not None else None
+            if self._on_webhook is not None:
+                self._on_webhook(seen.obj if seen is not None else None)
             if policy != self._webhook_policy:
                 self.log.info("MutatingWebhookConfiguration {name}: failurePolicy is now {policy}",
                               name=self._config.webhook_configuration, policy=policy or "unknown")

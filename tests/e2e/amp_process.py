@@ -27,7 +27,7 @@ import threading
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import yaml
 
@@ -460,6 +460,7 @@ class AmpInstance:
         webhook_timeout_seconds: int = 5,
         webhook_reinvocation_policy: Optional[str] = None,
         overrides: Optional[dict[str, Any]] = None,
+        registration: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None,
     ) -> None:
         self.control_plane = control_plane
         self.examples = examples
@@ -474,6 +475,9 @@ class AmpInstance:
         self.webhook_failure_policy = webhook_failure_policy
         self.webhook_timeout_seconds = webhook_timeout_seconds
         self.webhook_reinvocation_policy = webhook_reinvocation_policy
+        #: Turns the one-entry registration into the one registered
+        #: (e.g. the shipped one, an entry per failure class).
+        self.registration = registration
         issued_cert, issued_key = control_plane.issue_serving_certificate(f"amp-{self.instance}")
         self.cert_path = self.workdir / "tls.crt"
         self.key_path = self.workdir / "tls.key"
@@ -501,18 +505,19 @@ class AmpInstance:
     def start(self, timeout: float = 30.0) -> "AmpInstance":
         from kubernetes import client
 
-        client.AdmissionregistrationV1Api(self.admin).create_mutating_webhook_configuration(
-            webhook_configuration(
-                self.webhook_configuration_name,
-                self.process.mutate_url,
-                self.control_plane.ca_pem,
-                self.instance,
-                self.webhook_failure_policy,
-                webhook_name=self.webhook_name,
-                timeout_seconds=self.webhook_timeout_seconds,
-                reinvocation_policy=self.webhook_reinvocation_policy,
-            )
+        configuration = webhook_configuration(
+            self.webhook_configuration_name,
+            self.process.mutate_url,
+            self.control_plane.ca_pem,
+            self.instance,
+            self.webhook_failure_policy,
+            webhook_name=self.webhook_name,
+            timeout_seconds=self.webhook_timeout_seconds,
+            reinvocation_policy=self.webhook_reinvocation_policy,
         )
+        if self.registration is not None:
+            configuration = self.registration(configuration)
+        client.AdmissionregistrationV1Api(self.admin).create_mutating_webhook_configuration(configuration)
         self._registered = True
         self.process.start_and_wait(timeout)
         self._wait_called(timeout)

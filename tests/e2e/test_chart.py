@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import re
 import uuid
 from typing import Any, Iterator, Optional
@@ -246,13 +247,16 @@ def test_shipped_selectors_keep_amp_off_its_namespace_kube_system_and_opted_out_
     control_plane: ControlPlane, kube_system_default_account: None
 ) -> None:
     """
-    The chart's webhook, with its own selectors (plus this test's instance
-    label, so no other test's namespace matches) but pointing at a closed
-    port under Ignore: each Pod the API server sends to amp fails open and
-    is counted in its own apiserver_admission_webhook_fail_open_count.
-    A Pod in an enabled namespace is sent; a Pod labelled
-    amp.txn2.com/enabled: "false" there is not, nor are Pods in amp's own
-    namespace and kube-system, even when they are labelled enabled.
+    The chart's webhook entries, one per failure class, with their own
+    selectors (plus this test's instance label, so no other test's
+    namespace matches) but pointing at a closed port: each Pod the API
+    server sends to the Ignore entry fails open and is counted in its own
+    apiserver_admission_webhook_fail_open_count, and a Pod it sends to the
+    Fail entry is refused naming that entry.  A Pod in an enabled namespace
+    is sent by the entry of its namespace's failure class (Ignore without
+    the label); a Pod labelled amp.txn2.com/enabled: "false" there is not,
+    nor are Pods in amp's own namespace and kube-system, even when they are
+    labelled enabled and Fail.
     """
     api = control_plane.admin_client()
     core = client.CoreV1Api(api)
@@ -262,20 +266,26 @@ def test_shipped_selectors_keep_amp_off_its_namespace_kube_system_and_opted_out_
     [mwc] = [d for d in helm_template(namespace=amp_namespace) if d["kind"] == "MutatingWebhookConfiguration"]
     registration = copy.deepcopy(mwc)
     registration["metadata"] = {"name": f"amp-selectors-{instance}"}
-    [hook] = registration["webhooks"]
-    hook["name"] = webhook = f"mutate-{instance}.amp.txn2.com"
-    hook["namespaceSelector"]["matchLabels"][INSTANCE_LABEL] = instance
-    hook["clientConfig"] = {"url": f"https://127.0.0.1:{closed_port()}/mutate",
-                            "caBundle": base64.b64encode(control_plane.ca_pem).decode()}
-    hook["timeoutSeconds"] = 2
-    assert hook["failurePolicy"] == "Ignore"
+    hooks = {hook["failurePolicy"]: hook for hook in registration["webhooks"]}
+    assert sorted(hooks) == ["Fail", "Ignore"]
+    for policy, hook in hooks.items():
+        assert hook["name"] == f"{policy.lower()}.mutate.amp.txn2.com"
+        hook["name"] = f"{policy.lower()}-{instance}.amp.txn2.com"
+        hook["namespaceSelector"]["matchLabels"][INSTANCE_LABEL] = instance
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{closed_port()}/mutate",
+                                "caBundle": base64.b64encode(control_plane.ca_pem).decode()}
+        hook["timeoutSeconds"] = 2
+    webhook = hooks["Ignore"]["name"]
     enabled = {**mwc["webhooks"][0]["namespaceSelector"]["matchLabels"], INSTANCE_LABEL: instance}
+    fail_class = {**enabled, "amp.txn2.com/failure-class": "Fail"}
 
     team = unique("team")
+    strict = unique("strict")
     control_plane.create_namespace(team, labels=enabled)
-    control_plane.create_namespace(amp_namespace, labels=enabled)
+    control_plane.create_namespace(strict, labels=fail_class)
+    control_plane.create_namespace(amp_namespace, labels=fail_class)
     kube_system = core.read_namespace("kube-system").metadata.labels or {}
-    core.patch_namespace("kube-system", {"metadata": {"labels": enabled}})
+    core.patch_namespace("kube-system", {"metadata": {"labels": fail_class}})
     admission.create_mutating_webhook_configuration(registration)
     try:
         def created(namespace: str, name: str, labels: Optional[dict[str, str]] = None) -> float:
@@ -295,6 +305,10 @@ def test_shipped_selectors_keep_amp_off_its_namespace_kube_system_and_opted_out_
         assert created(team, "opted-in", {"amp.txn2.com/enabled": "true"}) == 1
         assert created(amp_namespace, "own") == 0
         assert created("kube-system", f"system-{instance}") == 0
+        with pytest.raises(ApiException) as refused:
+            core.create_namespaced_pod(strict, pod_manifest("refused"))
+        assert f'failed calling webhook "{hooks["Fail"]["name"]}"' in json.loads(refused.value.body)["message"]
+        assert created(strict, "opted-out", {"amp.txn2.com/enabled": "false"}) == 0
 
         scrape = apiserver_metrics(api)
         for name in APISERVER_METRICS:
@@ -303,7 +317,7 @@ def test_shipped_selectors_keep_amp_off_its_namespace_kube_system_and_opted_out_
         assert codes and "200" not in codes, f"the alert's code!=\"200\" sees the failed calls: {codes}"
     finally:
         admission.delete_mutating_webhook_configuration(registration["metadata"]["name"])
-        labels = {k: None for k in enabled if k not in kube_system}
+        labels = {k: None for k in fail_class if k not in kube_system}
         core.patch_namespace("kube-system", {"metadata": {"labels": labels}})
         try:
             core.delete_namespaced_pod(f"system-{instance}", "kube-system")

@@ -71,6 +71,30 @@ app.kubernetes.io/component: webhook
 {{- end -}}
 
 {{/*
+The webhook entries, as a JSON list of {name, failurePolicy, operator,
+other}: with webhook.failureClasses one per failure class, each selecting
+on the failure-class label (the class of webhook.failurePolicy also takes
+namespaces without the label: NotIn the other class), named
+<class>.<webhook.name>; else the one entry webhook.name.
+*/}}
+{{- define "amp.webhookEntries" -}}
+{{- $w := .Values.webhook -}}
+{{- if $w.failureClasses.enabled -}}
+{{- $default := $w.failurePolicy -}}
+{{- $other := ternary "Fail" "Ignore" (eq $default "Ignore") -}}
+{{- list (dict "name" (printf "%s.%s" (lower $default) $w.name) "failurePolicy" $default "operator" "NotIn" "other" $other) (dict "name" (printf "%s.%s" (lower $other) $w.name) "failurePolicy" $other "operator" "In" "other" $other) | toJson -}}
+{{- else -}}
+{{- list (dict "name" $w.name "failurePolicy" $w.failurePolicy "operator" "" "other" "") | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The entry amp's failure_policy auto follows: the one that selects the
+namespaces without a failure-class label. */}}
+{{- define "amp.defaultWebhookName" -}}
+{{- (first (include "amp.webhookEntries" . | fromJsonArray)).name -}}
+{{- end -}}
+
+{{/*
 amp.yaml: config from the values, with what the manifests decide set by the
 chart: the certificate files (the mounted Secret), the webhook configuration
 amp follows, and the default deadline (the webhook's timeoutSeconds).
@@ -83,7 +107,8 @@ amp follows, and the default deadline (the webhook's timeoutSeconds).
 {{- $_ := set $config "tls" $tls -}}
 {{- $kube := deepCopy ($config.kubernetes | default dict) -}}
 {{- $_ := set $kube "webhook_configuration" .Values.webhook.configurationName -}}
-{{- $_ := set $kube "webhook_name" .Values.webhook.name -}}
+{{- $_ := set $kube "webhook_name" (include "amp.defaultWebhookName" .) -}}
+{{- $_ := set $kube "failure_class_label" (ternary .Values.webhook.failureClasses.label nil .Values.webhook.failureClasses.enabled) -}}
 {{- $_ := set $kube "own_namespace" .Release.Namespace -}}
 {{- if not (hasKey $kube "protected_namespaces") -}}
 {{- $_ := set $kube "protected_namespaces" (.Values.webhook.excludeNamespaces | default list) -}}

@@ -1,0 +1,21 @@
+"""
+amp's registration: what amp needs of its MutatingWebhookConfiguration
+(L{needs}, from its config), the check of one against it (L{check}, pure:
+the named problems, L{Problem} of the vocabulary L{RegistrationProblem}),
+and the daemon's report of the one in the cluster (L{RegistrationReport}:
+one log line per change, C{amp_registration_problems}).  C{amp check}
+(L{amp.cli.check}) runs the same check against the cluster or a rendered
+manifest.
+
+  - pure: L{amp.registration._needs} (what amp needs, the vocabulary),
+    L{amp.registration._check} (the check: selectors judged on probe
+    namespaces, timeouts, rules, sideEffects, reinvocationPolicy, caBundle);
+  - reactor side: L{amp.registration._report}.
+"""
+
+from amp.registration._check import bundle_certificates, check, selects, verifies
+from amp.registration._needs import Needs, Problem, RegistrationProblem, needs
+from amp.registration._report import RegistrationReport
+
+__all__ = ["Needs", "Problem", "RegistrationProblem", "RegistrationReport", "bundle_certificates", "check", "needs",
+           "selects", "verifies"]
