@@ -39,6 +39,9 @@ OWS = b" \t"
 _HOST = re.compile(
     rb"(?:\[[0-9A-Za-z:._~!$&'()*+,;=-]+\]|(?:[A-Za-z0-9._~!$&'()*+,;=-]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?")
 
+#: A reg-name's characters without percent-escapes, and the port's colon.
+_NAME_OR_COLON = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:"
+
 #: Tabs at a line's end, before its CR or LF (see L{spaced}).
 _TRAILING_TABS = re.compile(rb"\t(?=[ \t]*\r?\n)")
 
@@ -52,9 +55,14 @@ def host_problem(value: bytes) -> Optional[str]:
     ignored), or None.
     """
     value = value.strip(OWS)
-    if _HOST.fullmatch(value) is None:
-        return f"Host {_shown(value)} is not a valid host[:port] (RFC 9112 section 3.2)"
-    return None
+    if not value.translate(None, _NAME_OR_COLON):
+        # The usual value, checked in C: a name and perhaps a port.
+        _, _, port = value.partition(b":")
+        if not port or port.isdigit():
+            return None
+    elif _HOST.fullmatch(value) is not None:
+        return None
+    return f"Host {_shown(value)} is not a valid host[:port] (RFC 9112 section 3.2)"
 
 
 def absolute_target(url: bytes) -> tuple[Optional[bytes], Optional[str]]:
