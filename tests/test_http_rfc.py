@@ -17,12 +17,15 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import Factory, Protocol
 from twisted.trial.unittest import TestCase
 
 from amp.config import BreakerConfig, EndpointSettings
+from amp.http._target import _HOST, OWS, host_problem, transfer_coding_problem
 from tests.endpointhelpers import PATCH, PATCH_BYTES, FailureAssertions, LoopbackServer, RealHarness
 from tests.helpers import UID, decode_answer, parse_raw_response, review_bytes
 from tests.test_hostile_clients import HostileTestCase
@@ -325,3 +328,30 @@ class TrailerTests(EndpointTestCase):
         yield self.assertFailsWith(h.call(server.url("/mutate"), budget=60.0), "response-headers-too-large")
         yield script.lost
         yield self.assertNextCallOpensAConnection(h, server)
+
+
+# ---------------------------------------------------------------- the rules, for any value
+
+HOST_BYTES = st.binary(max_size=30) | st.text("ab1.-:[]%4F@ _~!", max_size=20).map(str.encode)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(value=HOST_BYTES)
+def test_a_host_is_refused_exactly_when_rfc_3986_says_it_is_not_host_and_port(value: bytes) -> None:
+    # The fast path in C and the grammar agree on every value.
+    assert (host_problem(value) is None) == (_HOST.fullmatch(value.strip(OWS)) is not None)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(codings=st.lists(st.sampled_from(["chunked", "CHUNKED", "gzip", "identity", "x", ""]), max_size=4),
+       space=st.sampled_from(["", " ", "\t", " \t "]))
+def test_transfer_codings_other_than_chunked_alone_are_refused(codings: list[str], space: str) -> None:
+    value = ",".join(f"{space}{c}{space}" for c in codings).encode()
+    named = [c.lower() for c in codings if c]
+    problem = transfer_coding_problem(value)
+    if named == ["chunked"]:
+        assert problem is None
+    elif named[-1:] == ["chunked"] and named.count("chunked") == 1:
+        assert problem is not None and problem[0] == 501
+    else:
+        assert problem is not None and problem[0] == 400
