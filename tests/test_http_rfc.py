@@ -8,7 +8,9 @@ The edges of HTTP/1.1 framing by the RFC, over real loopback sockets:
   - the endpoint client against a hostile raw endpoint: a transfer coding
     amp does not decode fails the call and closes the connection, obs-fold
     is unfolded (RFC 9112 section 5.2), and trailers count against the
-    reply head's limits while they arrive.
+    reply head's limits while they arrive;
+  - and, for any value (Hypothesis), the Host rule and the transfer
+    coding rule themselves.
 
 Every wait is bounded; nothing here measures time.
 """
