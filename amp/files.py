@@ -59,6 +59,7 @@ from yaml.events import (
 )
 
 from amp.review import MAX_DEPTH, decode_bounded, nesting_exceeds
+from amp.text import lone_surrogate, may_hold_surrogate
 
 __all__ = ["CONFIG_LIMIT", "FileError", "FileState", "INPUT_LIMIT", "MAX_DEPTH", "MAX_NODES", "Observed",
            "PEM_LIMIT", "config_document", "observe", "parse_documents", "parse_json", "read_file",
@@ -200,15 +201,20 @@ def parse_json(data: bytes, label: str, depth: int = MAX_DEPTH) -> Any:
     review, such as a recording's line, may nest a few levels more).
 
     @raise FileError: not UTF-8, nested deeper than C{depth}, not JSON, or
-        holding C{NaN}, C{Infinity} or a number out of range.
+        holding C{NaN}, C{Infinity}, a number out of range, or a string
+        that is not valid Unicode (a lone surrogate escape, L{amp.text}).
     """
     text = text_of(data, label)
     if nesting_exceeds(data, depth):
         raise FileError(f"{label} nests arrays and objects more than {depth} deep, the limit")
     try:
-        return decode_bounded(text)
+        doc = decode_bounded(text)
     except ValueError as e:
         raise FileError(f"{label} is not valid JSON: {' '.join(str(e).split())}") from None
+    surrogate = lone_surrogate(doc) if may_hold_surrogate(data) else None
+    if surrogate is not None:
+        raise FileError(f"{label} holds a string that is not valid Unicode (a lone surrogate escape) at {surrogate}")
+    return doc
 
 
 # ---------------------------------------------------------------- YAML

@@ -16,7 +16,9 @@ C{NaN} and C{Infinity} (which it accepts), numbers out of a double's range
 (which it would read as infinity), and arrays and objects nested deeper than
 L{MAX_DEPTH}.  Replies are decoded in C (msgspec, which refuses all of these
 by itself); what it refuses is tried again with Python's C{json} (other
-encodings JSON allows, lone surrogates), so the verdict is unchanged.  The depth is checked before parsing and without recursion
+encodings JSON allows), so the verdict is unchanged; a string that is not
+valid Unicode (a lone surrogate escape), which amp could not encode in its
+answer, is C{invalid-json} naming where it is.  The depth is checked before parsing and without recursion
 (L{amp.review.nesting_exceeds}, the review's own check): Python's C{json} recurses once per level and fails
 with C{RecursionError} near a thousand, and whatever walks the parsed reply
 afterwards (patch checks, copies, encoding) recurses too.
@@ -32,6 +34,7 @@ from typing import Any, Mapping
 import msgspec
 
 from amp.review import nesting_exceeds
+from amp.text import lone_surrogate, may_hold_surrogate
 
 _OBJECT_KEYS = frozenset({"patch", "allowed", "status", "warnings", "auditAnnotations"})
 
@@ -101,7 +104,14 @@ def _decode(body: bytes) -> Any:
     try:
         return _decode_fast(body)
     except (msgspec.DecodeError, RecursionError):
-        return json.loads(body, parse_constant=_no_constants, parse_float=_finite)
+        doc = json.loads(body, parse_constant=_no_constants, parse_float=_finite)
+    # msgspec refuses lone surrogates; Python's json reads them, and amp
+    # could not encode its answer with one (L{amp.text}).
+    surrogate = lone_surrogate(doc) if may_hold_surrogate(body) else None
+    if surrogate is not None:
+        raise ReplyError("invalid-json", f"endpoint reply holds a string that is not valid Unicode (a lone "
+                                         f"surrogate escape) at {surrogate}")
+    return doc
 
 
 def parse_reply(body: bytes) -> EndpointDecision:
@@ -116,6 +126,8 @@ def parse_reply(body: bytes) -> EndpointDecision:
         raise ReplyError("invalid-json", f"endpoint reply is nested deeper than {MAX_DEPTH} levels")
     try:
         doc = _decode(body)
+    except ReplyError:
+        raise
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise ReplyError("invalid-json", "endpoint reply is not JSON") from None
     if isinstance(doc, list):

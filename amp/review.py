@@ -12,7 +12,10 @@ JSON an API server could have sent: nested deeper than L{MAX_DEPTH} (checked
 without recursion before it is parsed; Python's C{json} would otherwise
 raise C{RecursionError}), or holding C{NaN}, C{Infinity} or a number out of
 range (L{parse_review} accepts integers that fit in 64 bits and finite
-floats, as the API server's own decoder does).
+floats, as the API server's own decoder does), or a string that is not
+valid Unicode (a lone surrogate escape anywhere in the body, named by its
+path: msgspec refuses one even where it skips, the careful path names it,
+L{amp.text}).
 
 Decoding is done in C (msgspec): the review's fields amp reads, and
 C{request.object} as its top-level members' raw bytes (forwarded to the
@@ -38,6 +41,8 @@ from itertools import accumulate
 from typing import Any, Iterable, Mapping, Optional
 
 import msgspec
+
+from amp.text import lone_surrogate, may_hold_surrogate
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
@@ -440,6 +445,11 @@ def _parse_careful(body: bytes) -> AdmissionRequest:
         raise ReviewError(400, f"request body nests arrays and objects more than {MAX_DEPTH} deep") from None
     if not isinstance(doc, dict):
         raise ReviewError(400, "request body is not a JSON object (expected an AdmissionReview)")
+    # msgspec refuses lone surrogates; Python's json reads them (L{amp.text}).
+    surrogate = lone_surrogate(doc) if may_hold_surrogate(body) else None
+    if surrogate is not None:
+        raise ReviewError(400, f"request body holds a string that is not valid Unicode (a lone surrogate "
+                               f"escape) at {surrogate}; an API server never sends one")
     request = doc.get("request")
     return _checked(doc.get("apiVersion"), doc.get("kind"), request if isinstance(request, dict) else None,
                     request.get("object") if isinstance(request, dict) else None, None)

@@ -124,7 +124,8 @@ class NotHTTPTests(_Base):
             (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]", "Content-Length"),
             (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n[]", "Transfer-Encoding"),
             (b"HTTP/1.1 200 OK\r\nContent-Length: -2\r\n\r\n[]", "Content-Length"),
-            (b"HTTP/1.1 200 OK\r\nX-A: a\r\n folded\r\nContent-Length: 2\r\n\r\n[]", "whitespace"),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\n[]\r\n0\r\n\r\n", "'gzip'"),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n[]", "Transfer-Encoding"),
             (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n[]\r\n0\r\n\r\n", "chunk size"),
             (b"SMTP ready\r\n", "HTTP/1.1"),
         ):
@@ -155,6 +156,73 @@ class NotHTTPTests(_Base):
         e = self.assertReason(d, "connection-failed")
         self.assertIn("line break", e.message)
         self.assertEqual(self.net.attempts, 0)
+
+
+class FramingTests(_Base):
+    """
+    What RFC 9112 asks of a client that llhttp leaves to amp: obs-fold
+    unfolded wherever the reads split it (section 5.2), and trailers
+    counted against the head's limits while they arrive.
+    """
+
+    FOLDED = (b"HTTP/1.1 200 OK\r\nConnection: keep-alive,\r\n \t close\r\nX-Note: a\r\n\tb\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(PATCH_BYTES), PATCH_BYTES))
+
+    def test_obs_fold_is_unfolded_wherever_the_reads_split_it(self) -> None:
+        # Unfolded, Connection is "keep-alive, close": the connection is
+        # closed after the reply, at every split into two reads.
+        for cut in range(1, len(self.FOLDED)):
+            self.setUp()
+            d = self.h.call(URL)
+            proto, transport = self.net.accept()
+            proto.dataReceived(self.FOLDED[:cut])
+            proto.dataReceived(self.FOLDED[cut:])
+            self.assertEqual(self.successResultOf(d).patch, PATCH, cut)
+            self.assertFalse(transport.connected, cut)
+            self.assertEqual(self.h.client.budget.held, 0)
+
+    def test_obs_fold_one_byte_a_read(self) -> None:
+        d = self.h.call(URL)
+        proto, transport = self.net.accept()
+        for i in range(len(self.FOLDED)):
+            proto.dataReceived(self.FOLDED[i:i + 1])
+        self.assertEqual(self.successResultOf(d).patch, PATCH)
+        self.assertFalse(transport.connected)
+
+    def test_a_fold_in_the_body_is_body(self) -> None:
+        body = b'[{"op":"add","path":"/metadata/labels/a","value":"x\\r\\n y"}]'
+        reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        _, d, _, _ = answered_once(reply)
+        self.assertEqual(self.successResultOf(d).patch[0]["value"], "x\r\n y")
+
+    def test_trailer_lines_count_with_the_head_lines(self) -> None:
+        settings = EndpointSettings(max_response_headers=5)
+        head = b"HTTP/1.1 200 OK\r\nA: 1\r\nB: 2\r\nTransfer-Encoding: chunked\r\n\r\n"
+        body = b"%x\r\n%s\r\n0\r\n" % (len(PATCH_BYTES), PATCH_BYTES)
+        # 3 head lines and 2 trailers: within; a third trailer: one too many.
+        _, d, _, transport = answered_once(head + body + b"T1: a\r\nT2: b\r\n\r\n", settings)
+        self.assertEqual(self.successResultOf(d).patch, PATCH)
+        self.assertTrue(transport.connected)
+        _, d, _, transport = answered_once(head + body + b"T1: a\r\nT2: b\r\nT3: c\r\n\r\n", settings)
+        e = self.assertReason(d, "response-headers-too-large")
+        self.assertIn("max_response_headers", e.message)
+        self.assertFalse(transport.connected)
+
+    def test_trailer_bytes_count_with_the_head_bytes_as_they_arrive(self) -> None:
+        settings = EndpointSettings(max_response_header_size=1024)
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        h, d, proto, transport = answered_once(head + b"%x\r\n%s\r\n0\r\nX-Big: " % (len(PATCH_BYTES), PATCH_BYTES),
+                                               settings)
+        self.assertNoResult(d)
+        # The field never ends: refused at the read that passes the limit.
+        for _ in range(3):
+            proto.dataReceived(b"v" * 300)
+        self.assertNoResult(d)
+        proto.dataReceived(b"v" * 300)
+        e = self.assertReason(d, "response-headers-too-large")
+        self.assertIn("trailers are larger than the 1024 byte limit", e.message)
+        self.assertFalse(transport.connected)
+        self.assertEqual(h.client.budget.held, 0)
 
 
 class MemoryTests(_Base):

@@ -268,6 +268,7 @@ SMUGGLING = {
     "folding with a tab": b"POST /mutate HTTP/1.1\r\nHost: amp\r\nX-A: b\r\n\tc\r\nContent-Length: 0\r\n\r\n",
     "a Transfer-Encoding not ending in chunked": b"POST /mutate HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
     "Transfer-Encoding: identity": b"POST /mutate HTTP/1.1\r\nTransfer-Encoding: identity\r\n\r\n",
+    "Transfer-Encoding: gzip": b"POST /mutate HTTP/1.1\r\nHost: amp\r\nTransfer-Encoding: gzip\r\n\r\n",
     "two Transfer-Encodings": (
         b"POST /mutate HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
     "bare LF line ends": b"POST /mutate HTTP/1.1\nContent-Length: 0\n\n",

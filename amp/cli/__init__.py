@@ -55,7 +55,9 @@ def dispatch(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Op
     if argv and argv[0] in ("-h", "--help"):
         out.write(USAGE)
         return succeed(0)
-    what = f"unknown command {argv[0]!r}" if argv else "no command given"
+    from amp.text import terminal
+
+    what = f"unknown command {terminal(repr(argv[0]))}" if argv else "no command given"
     err.write(f"amp: {what} (try 'amp explain --help')\n")
     return succeed(2)
 

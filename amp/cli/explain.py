@@ -59,6 +59,7 @@ from amp.patch import PatchError, check_patch
 from amp.reasons import FailurePolicy, NamespaceSource, Result
 from amp import rules
 from amp.review import parse_review
+from amp.text import terminal
 from amp.trace import NO_TRACE, IReviewTrace, NamespaceFound, RecordedTrace, Stamped
 
 __all__ = [
@@ -420,7 +421,7 @@ def run(
     except Exit as e:
         return e.status
     except UsageError as e:
-        stderr.write(f"amp explain: {e}\n")
+        stderr.write(f"amp explain: {terminal(e)}\n")
         return EXIT_USAGE
     stdout.write(render_json(explanation) if output == "json" else render_text(explanation))
     stdout.flush()

@@ -2,6 +2,12 @@
 How C{amp explain} prints an L{amp.cli.explain.Explanation} (pure): a
 readable decision trace and a YAML diff of the Pod (L{render_text}), or one
 JSON object (L{render_json}).
+
+Every line of the text goes through L{amp.text.terminal}: a namespace, a
+Pod's name, a key, a URL or an endpoint's message that holds an escape
+sequence, a carriage return or a line break is shown escaped, never acted
+on by the operator's terminal.  The JSON is ASCII (every other character
+escaped by JSON itself).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import yaml
 from amp.cli._explanation import Explanation, Round
 from amp.cli.workloads import without_stamps
 from amp.reasons import Result
+from amp.text import terminal
 from amp.trace import (
     AllowChecked, Answered, BudgetGiven, Called, Event, NamespaceFound, OperationApplied, PolicyChosen, Refused,
     Repaired, Replied, RouteDecided, Skipped, Stamped,
@@ -72,7 +79,7 @@ def render_json(x: "Explanation") -> str:
         doc["idempotent"] = x.idempotent
     if x.second is not None:
         doc["second"] = _round_json(x.second)
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    return json.dumps(doc, indent=2, ensure_ascii=True) + "\n"
 
 
 # ---------------------------------------------------------------- text
@@ -193,7 +200,8 @@ def _round_text(r: "Round", recorded: Optional[str]) -> list[str]:
     for k, v in r.audit.items():
         lines.append(f"{'audit':<{_WIDTH}}{k}: {v}")
     for line in r.log:
-        lines.append(f"{'log':<{_WIDTH}}{line}")
+        for part in line.split("\n"):
+            lines.append(f"{'log':<{_WIDTH}}{part}")
     return lines
 
 
@@ -214,8 +222,8 @@ def _pod_change(r: "Round", before: str, after: str) -> list[str]:
         return ["The Pod is admitted unchanged."]
     stamps = {e.key for e in r.trace.of(Stamped)}
     if stamps and without_stamps(r.request_pod, stamps) == without_stamps(r.pod, stamps):
-        return ["Only amp's status stamp changes:", diff.rstrip("\n")]
-    return [diff.rstrip("\n")]
+        return ["Only amp's status stamp changes:", *diff.rstrip("\n").split("\n")]
+    return diff.rstrip("\n").split("\n")
 
 
 
@@ -260,5 +268,5 @@ def render_text(x: "Explanation") -> str:
     elif first.result == "patched" and status == 1:
         meaning = "the failure policy decided: patched without a failed endpoint's patch"
     lines.append(f"{summary} -> exit {status}: {meaning}".rstrip(": "))
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(terminal, lines)) + "\n"
 

@@ -6,7 +6,19 @@ A request is bytes amp has built whole (head and body), written in one go;
 its reply is read within its limits while it arrives:
 
   - the head, in bytes and lines, before the parser holds it
-    (L{amp.http._replyhead.HeadCounter});
+    (L{amp.http._replyhead.HeadCounter}); and the trailers of a chunked
+    body against the same limits, with the head's own bytes and lines, as
+    they arrive (its chunk framing allowed 32 bytes a chunk more): an
+    endless trailer field is refused at the read that passes the limit,
+    not at the call's timeout;
+  - obsolete line folding (obs-fold) in a head is replaced by one space
+    before the parser sees it (RFC 9112 section 5.2: a user agent MUST
+    unfold), a line end at the end of a read held back until the next
+    read shows whether a fold follows;
+  - a Transfer-Encoding other than C{chunked} alone (C{gzip, chunked},
+    C{gzip}): a coding amp does not decode, refused as an invalid reply
+    and the connection closed, never read as the body (RFC 9112 section
+    6.1);
   - the body, at once when its Content-Length is over C{limits.body}, else
     as soon as the bytes pass it; and every body byte is taken from the
     client's reply budget (a known length at once);
@@ -16,7 +28,7 @@ its reply is read within its limits while it arrives:
 What llhttp gives: framing (Content-Length, chunked, a body that ends with
 the connection), refusal of what a response may not be (two different
 Content-Lengths, Transfer-Encoding with Content-Length, an invalid length,
-an invalid chunk size, obsolete line folding), 1xx interim heads, and
+an invalid chunk size), 1xx interim heads, and
 whether the connection may carry another request
 (C{llhttp_should_keep_alive}: never after HTTP/1.0 without keep-alive,
 C{Connection: close}, or a body delimited by the connection's end, RFC 9112
@@ -34,6 +46,7 @@ which is what decides the one retry (L{amp.http._pool}).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Optional, Protocol as TypingProtocol
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpResponseParser
@@ -42,6 +55,13 @@ from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
 from amp.http._replyhead import Charge, HeadCounter, ReplyLimits
+
+
+#: An obs-fold: a line end followed by spaces or tabs (RFC 9112 section 5.2).
+_FOLD = re.compile(rb"\r?\n[ \t]+")
+#: Chunk framing allowed beside the trailers, per chunk (a size line and
+#: the line end after the data, with room for a short extension).
+_FRAMING_PER_CHUNK = 32
 
 
 class ReplyFailed(Exception):
@@ -183,6 +203,13 @@ class ClientConnection(Protocol):
         self._complete = False
         self._early: Optional[Reply] = None
         self._refusal: Optional[ReplyFailed] = None
+        #: The final head has ended: header callbacks are trailers now.
+        self._trailing = False
+        self._trailers = 0
+        self._chunk_count = 0
+        self._framing = 0
+        #: A line end at the end of the last read of a head, not yet fed.
+        self._line_end = b""
 
     # ------------------------------------------------------------ the pool's side
 
@@ -239,12 +266,16 @@ class ClientConnection(Protocol):
             return
         self._replying = True
         head = self._head
-        if head.in_head:
-            refused = head.count(data)
-            if refused is not None:
-                self._fail(HeadTooLarge(refused) if refused else BufferFull(self._limits.budget.full()))
-                self.abort()
-                return
+        after_head = 0
+        if head.in_head or self._line_end:
+            if head.in_head:
+                refused = head.count(data)
+                if refused is not None:
+                    self._fail(HeadTooLarge(refused) if refused else BufferFull(self._limits.budget.full()))
+                    self.abort()
+                    return
+            data, after_head = self._unfolded(data)
+        size = self._size
         try:
             self._parser.feed_data(data)
         except HttpParserCallbackError:
@@ -257,6 +288,10 @@ class ClientConnection(Protocol):
                 self.reusable = False
             else:
                 self._refusal = MalformedReply(f"reply is not valid HTTP/1.1: {e}")
+        if self._trailing and not self._complete and self._refusal is None and self._early is None:
+            # Bytes of this read past the head that were not body: chunk
+            # framing and trailers, which llhttp and httptools hold unbounded.
+            self._count_framing(len(data) - after_head - (self._size - size))
         if self._refusal is not None:
             self._fail(self._refusal)
             self.abort()
@@ -267,6 +302,41 @@ class ClientConnection(Protocol):
             reply = Reply(self._code, self._location, b"".join(self._chunks))
             self._done(reply, reuse=self.reusable)
 
+    def _unfolded(self, data: bytes) -> tuple[bytes, int]:
+        """
+        C{data} of a head with each obs-fold replaced by a space, and where
+        the head's bytes end in it; a line end (or its CR) at its end is
+        held back while the head goes on (the next read may begin with a
+        fold).
+        """
+        held, self._line_end = self._line_end, b""
+        if held:
+            data = held + data
+        head = self._head
+        end = len(data) if head.in_head else head.ended_at + len(held)
+        part = data[:end]
+        if b"\n " in part or b"\n\t" in part:
+            part = _FOLD.sub(b" ", part)
+            data = part + data[end:]
+            end = len(part)
+        if head.in_head and data[-1:] in (b"\n", b"\r"):
+            end = len(data) - (2 if data.endswith(b"\r\n") else 1)
+            self._line_end = data[end:]
+            data = data[:end]
+        return data, end
+
+    def _count_framing(self, size: int) -> None:
+        """
+        C{size} more bytes that were neither head nor body: counted with
+        the head against C{max_response_header_size}, beside
+        L{_FRAMING_PER_CHUNK} bytes a chunk.
+        """
+        self._framing += size
+        limit = self._limits.head_size
+        if self._head.size + self._framing > limit + _FRAMING_PER_CHUNK * self._chunk_count:
+            self._refusal = HeadTooLarge(f"reply headers and trailers are larger than the {limit} byte limit "
+                                         f"(endpoints.max_response_header_size)")
+
     # ------------------------------------------------------------ llhttp callbacks
 
     def on_message_begin(self) -> None:
@@ -276,11 +346,20 @@ class ClientConnection(Protocol):
             raise _Stop()
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._trailing:
+            # A trailer: counted with the head's lines, never read.
+            self._trailers += 1
+            limit = self._limits.head_count
+            if self._head.lines + self._trailers > limit:
+                self._refusal = HeadTooLarge(f"reply has more than {limit} header and trailer lines "
+                                             f"(endpoints.max_response_headers)")
+                raise _Stop()
+            return
         n = name.lower()
         if n == b"content-length":
             self._length = int(value)
         elif n == b"transfer-encoding":
-            self._te = value
+            self._te = value if self._te is None else self._te + b"," + value
         elif n == b"location":
             self._location = value
         elif n == b"connection" and b"close" in [t.strip() for t in value.lower().split(b",")]:
@@ -297,6 +376,16 @@ class ClientConnection(Protocol):
         if not 200 <= code < 300:
             self._early = Reply(code, self._location, None)
             raise _Stop()
+        self._trailing = True
+        te = self._te
+        if te is not None and te.strip(b" \t").lower() != b"chunked":
+            codings = [c.strip(b" \t").lower().decode("ascii", "replace") for c in te.split(b",")]
+            if codings != ["chunked"]:
+                unknown = next((c for c in codings if c != "chunked"), "chunked")
+                self._refusal = MalformedReply(
+                    f"reply's Transfer-Encoding is {', '.join(codings)!r}: amp decodes chunked alone, "
+                    f"not {unknown!r}")
+                raise _Stop()
         length = self._length
         if length is not None:
             limit = self._limits.body
@@ -307,6 +396,9 @@ class ClientConnection(Protocol):
                 self._refusal = BufferFull(self._limits.budget.full())
                 raise _Stop()
             self._prepaid = True
+
+    def on_chunk_header(self) -> None:
+        self._chunk_count += 1
 
     def on_body(self, data: bytes) -> None:
         size = self._size = self._size + len(data)

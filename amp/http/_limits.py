@@ -38,7 +38,7 @@ LINGER_BYTES = 4 * 1024 * 1024
 WARNING_KINDS = {
     "connections-refused": "connections refused over listen.max_connections",
     "timed-out": "clients timed out (listen.request_timeout)",
-    "refused": "requests refused before review (400, 413, 414, 431)",
+    "refused": "requests refused before review (400, 413, 414, 431, 501)",
     "bad-reviews": "requests that were not valid AdmissionReviews (400, 415)",
 }
 WARNING_BURST = 5

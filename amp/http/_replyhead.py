@@ -120,12 +120,16 @@ class HeadCounter:
     would pass the reply budget.
     """
 
-    __slots__ = ("_limits", "in_head", "_held", "_lines", "_line", "_line_start", "_at_status", "_interim")
+    __slots__ = ("_limits", "in_head", "ended_at", "_held", "_lines", "_line", "_line_start", "_at_status",
+                 "_interim")
 
     def __init__(self, limits: ReplyLimits) -> None:
         self._limits = limits
         #: A reply's head is being read.
         self.in_head = False
+        #: Where in the bytes last counted the head ended (just after its
+        #: blank line), or -1.
+        self.ended_at = -1
         #: Bytes of the reply's head(s) so far, held from the budget.
         self._held = 0
         self._lines = 0
@@ -141,6 +145,7 @@ class HeadCounter:
         """
         self.release()
         self.in_head = True
+        self.ended_at = -1
         self._lines = 0
         self._line = 0
         self._at_status = True
@@ -155,6 +160,16 @@ class HeadCounter:
         if self._held:
             self._limits.budget.give(self._held)
             self._held = 0
+
+    @property
+    def size(self) -> int:
+        """The bytes of the reply's head(s) counted so far."""
+        return self._held
+
+    @property
+    def lines(self) -> int:
+        """The header lines of the reply's final head counted so far."""
+        return self._lines
 
     def count(self, data: bytes) -> Optional[str]:
         """
@@ -177,12 +192,15 @@ class HeadCounter:
             return False
         size = blank + 3
         limits = self._limits
-        if size > limits.head_size or size > MAX_LINE or data.count(b"\n", 0, size) - 2 > limits.head_count:
+        lines = data.count(b"\n", 0, size) - 2
+        if size > limits.head_size or size > MAX_LINE or lines > limits.head_count:
             return False
         if not limits.budget.take(size):
             return False
         self._held = size
+        self._lines = lines
         self.in_head = False
+        self.ended_at = size
         return True
 
     def _scan(self, data: bytes) -> Optional[str]:
@@ -220,6 +238,7 @@ class HeadCounter:
                     self._at_status = True
                     continue
                 self.in_head = False
+                self.ended_at = pos
                 break
             else:
                 self._lines += 1

@@ -33,6 +33,11 @@ values.  What it leaves to amp, amp does here:
     at most L{CLOSE_GRACE} seconds or L{LINGER_BYTES} bytes, then the
     connection is aborted.
 
+What RFC 9112 asks of a server that llhttp does not do is checked as the
+head arrives (L{amp.http._target}): one valid Host, a target in origin or
+absolute form, C{chunked} alone as the transfer coding (else 501), values
+read without the whitespace around them.
+
 An upgrade (C{Connection: upgrade}, C{CONNECT}) is not followed: the request
 is answered and the connection closed.  One timer per connection serves
 every deadline: a deadline that moves later only updates a number, and the
@@ -54,6 +59,7 @@ from zope.interface import implementer
 
 from amp.http._limits import CLOSE_GRACE, LINGER_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_LINE, status_line
 from amp.http._request import TEXT, Request
+from amp.http._target import OWS, absolute_target, head_problem, spaced, transfer_coding_problem
 
 if TYPE_CHECKING:
     from amp.http._factory import HTTPServerFactory
@@ -121,6 +127,10 @@ class HTTPServerProtocol(Protocol):
         self._framing = 0
         self._read_body = 0
         self._completed = False
+        # The Host fields and Transfer-Encoding of the incoming request.
+        self._hosts = 0
+        self._host = b""
+        self._te: Optional[bytes] = None
 
     # ------------------------------------------------------------ connection
 
@@ -160,6 +170,8 @@ class HTTPServerProtocol(Protocol):
             return
         self._completed = False
         in_body = self._incoming is not None and self._head_done
+        if not in_body and data.find(b"\t", 0, MAX_HEAD_BYTES) >= 0:
+            data = spaced(data)
         self._read_body = 0
         try:
             self._parser.feed_data(data)
@@ -230,7 +242,8 @@ class HTTPServerProtocol(Protocol):
         self._head_done = False
         self._url = b""
         self._fields = self._head = self._head_fed = self._line = self._length = self._body_size = 0
-        self._chunks = self._framing = 0
+        self._chunks = self._framing = self._hosts = 0
+        self._te = None
         self._line_done = False
         if not self._fresh:
             self._arm(_READ, self.factory.request_timeout)
@@ -261,12 +274,24 @@ class HTTPServerProtocol(Protocol):
         length = len(name)
         if length == 12:
             if name.lower() == b"content-type":
-                self._incoming.content_type = value  # type: ignore[union-attr]
+                self._incoming.content_type = value.rstrip(OWS)  # type: ignore[union-attr]
         elif length == 14:
             if name.lower() == b"content-length":
                 # llhttp has checked it is all digits (and the only one).
                 self._length = int(value)
-        elif length == 6 and name.lower() == b"expect" and value.lower() == b"100-continue":
+        elif length == 4:
+            if name.lower() == b"host":
+                self._hosts += 1
+                self._host = value
+        elif length == 17:
+            if name.lower() == b"transfer-encoding":
+                self._te = value if self._te is None else self._te + b"," + value
+                refusal = transfer_coding_problem(self._te)
+                if refusal is not None and refusal[0] == 501:
+                    # Before llhttp's own verdict on the codings (a 400).
+                    self.refuse(*refusal)
+                    raise _Refused()
+        elif length == 6 and name.lower() == b"expect" and value.rstrip(OWS).lower() == b"100-continue":
             self._incoming.expect_continue = True  # type: ignore[union-attr]
 
     def on_headers_complete(self) -> None:
@@ -282,7 +307,16 @@ class HTTPServerProtocol(Protocol):
             request.http10 = True
             request.expect_continue = False
         request.method = parser.get_method()
+        problem = head_problem(self._hosts, self._host, self._te, request.http10)
+        if problem is not None:
+            self.refuse(*problem)
+            raise _Refused()
         url = self._url
+        if not url.startswith(b"/") and b"://" in url:
+            url, message = absolute_target(url)
+            if url is None:
+                self.refuse(400, f"request is not valid HTTP/1.1: {message}")
+                raise _Refused()
         mark = url.find(b"?")
         if mark < 0:
             request.path = url

@@ -7,6 +7,7 @@ replaying.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from typing import IO, Any, Iterator, Optional, Sequence
@@ -15,7 +16,8 @@ from twisted.internet.defer import FirstError, inlineCallbacks
 
 from amp.record._compare import MISSING, Difference
 from amp.record._entry import RecordedReview, RecordingError
-from amp.record.replay import ReplayOptions, ReplayReport, Verdict, read_recording, replay
+from amp.record.replay import ReplayedReview, ReplayOptions, ReplayReport, Verdict, read_recording, replay
+from amp.text import terminal
 
 __all__ = ["run", "EXIT_USAGE"]
 
@@ -144,10 +146,13 @@ class _Progress:
             self._stream.write(f"\rreplayed {self._done}")
         self._stream.flush()
 
-    def close(self) -> None:
+    def clear(self) -> None:
+        """Take the bar off its line (a report line is written next)."""
         if self._done:
             self._stream.write("\r\033[K")
             self._stream.flush()
+
+    close = clear
 
 
 def _show(value: Any) -> str:
@@ -161,36 +166,97 @@ def _difference(d: Difference) -> str:
     return f"    {d.path or '/'}: {_show(d.before)} -> {_show(d.after)}"
 
 
-def render_text(report: ReplayReport, against: Optional[str]) -> str:
+def review_lines(r: ReplayedReview) -> list[str]:
+    """The text report's lines for one review that is not the same."""
+    rec = r.recorded
+    who = f"{rec.namespace}/{rec.pod_name or '?'} ({rec.where})"
+    lines: list[str] = []
+    if r.verdict == Verdict.DIFFERENT:
+        lines.append(f"different  {who}")
+        if (r.before.result, r.before.reason) != (r.after.result, r.after.reason):
+            lines.append(f"    result: {r.before.result} {r.before.reason}".rstrip()
+                         + f" -> {r.after.result} {r.after.reason}".rstrip())
+        lines.extend(_difference(d) for d in r.differences)
+    elif r.verdict == Verdict.FAILED:
+        lines.append(f"failed     {who}: {r.after.reason or r.after.result}"
+                     + (f": {r.after.message}" if r.after.message else ""))
+    return lines
+
+
+def summary_lines(report: ReplayReport, against: Optional[str]) -> list[str]:
+    """The text report's closing lines: the unreadable lines kept, how many more, and the counts."""
     from amp.urls import shown_url
 
     counts = report.counts()
     compared = f"against {shown_url(against)}" if against else "against the recorded answers"
     failed = report.failed_by_reason()
     failed_text = f" ({', '.join(f'{k}: {v}' for k, v in failed.items())})" if failed else ""
-    lines = [f"replayed {counts['reviews']} reviews {compared}: {counts['same']} same, "
-             f"{counts['different']} different, {counts['failed']} failed{failed_text}, "
-             f"{counts['unreadable']} unreadable"]
-    for r in report.reviews:
-        rec = r.recorded
-        who = f"{rec.namespace}/{rec.pod_name or '?'} ({rec.where})"
-        if r.verdict == Verdict.DIFFERENT:
-            lines.append(f"different  {who}")
-            if (r.before.result, r.before.reason) != (r.after.result, r.after.reason):
-                lines.append(f"    result: {r.before.result} {r.before.reason}".rstrip()
-                             + f" -> {r.after.result} {r.after.reason}".rstrip())
-            lines.extend(_difference(d) for d in r.differences)
-        elif r.verdict == Verdict.FAILED:
-            lines.append(f"failed     {who}: {r.after.reason or r.after.result}"
-                         + (f": {r.after.message}" if r.after.message else ""))
-    lines.extend(f"unreadable {problem}" for problem in report.unreadable)
-    return "\n".join(lines) + "\n"
+    lines = [f"unreadable {problem}" for problem in report.unreadable]
+    if report.unreadable_not_shown:
+        lines.append(f"unreadable ... and {report.unreadable_not_shown} more lines (the first "
+                     f"{len(report.unreadable)} are shown)")
+    lines.append(f"replayed {counts['reviews']} reviews {compared}: {counts['same']} same, "
+                 f"{counts['different']} different, {counts['failed']} failed{failed_text}, "
+                 f"{counts['unreadable']} unreadable")
+    return lines
+
+
+def render_text(report: ReplayReport, against: Optional[str]) -> str:
+    """The whole text report of a finished replay (its reviews kept in C{report.reviews})."""
+    lines = [line for r in report.reviews for line in review_lines(r)] + summary_lines(report, against)
+    return "".join(f"{terminal(line)}\n" for line in lines)
 
 
 def render_json(report: ReplayReport) -> str:
-    return json.dumps({"summary": report.counts(), "failed_by_reason": report.failed_by_reason(),
-                       "reviews": [r.as_json() for r in report.reviews if r.verdict != Verdict.SAME],
-                       "unreadable": report.unreadable}, indent=2) + "\n"
+    """The whole JSON report of a finished replay (its reviews kept in C{report.reviews})."""
+    stream = io.StringIO()
+    sink = _JSONSink(stream)
+    for r in report.reviews:
+        sink(r)
+    sink.close(report)
+    return stream.getvalue()
+
+
+class _TextSink:
+    """Writes each review's lines as it comes, escaped for a terminal; the summary at the end."""
+
+    def __init__(self, stream: IO[str], against: Optional[str], progress: Optional[_Progress]) -> None:
+        self.stream = stream
+        self._against = against
+        self._progress = progress
+
+    def __call__(self, r: ReplayedReview) -> None:
+        if self._progress is not None:
+            self._progress.clear()
+        self.stream.write("".join(f"{terminal(line)}\n" for line in review_lines(r)))
+        self.stream.flush()
+
+    def close(self, report: ReplayReport) -> None:
+        self.stream.write("".join(f"{terminal(line)}\n" for line in summary_lines(report, self._against)))
+
+
+class _JSONSink:
+    """
+    One JSON object, written as the replay goes: each review as it comes
+    into C{reviews}, then the unreadable lines kept, how many were not
+    kept, the counts (C{summary}) and the failures by reason.  ASCII.
+    """
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self._first = True
+        stream.write('{\n  "reviews": [')
+
+    def __call__(self, r: ReplayedReview) -> None:
+        self.stream.write(("\n    " if self._first else ",\n    ") + json.dumps(r.as_json()))
+        self._first = False
+        self.stream.flush()
+
+    def close(self, report: ReplayReport) -> None:
+        tail = {"unreadable": report.unreadable, "unreadable_not_shown": report.unreadable_not_shown,
+                "summary": report.counts(), "failed_by_reason": report.failed_by_reason()}
+        members = json.dumps(tail, indent=2)[1:-2]  # without the braces
+        self.stream.write(("],\n" if self._first else "\n  ],\n") + members.lstrip("\n") + "\n}\n")
 
 
 @inlineCallbacks
@@ -216,28 +282,30 @@ def run(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optiona
     except _Exit as e:
         return e.status
     except UsageError as e:
-        stderr.write(f"amp replay: {e}\n")
+        stderr.write(f"amp replay: {terminal(e)}\n")
         return EXIT_USAGE
     metrics = Metrics()
     client = endpoint_client if endpoint_client is not None else EndpointClient(
         reactor, metrics, BreakerRegistry(reactor))
     progress = _Progress(stderr, total) if getattr(stderr, "isatty", lambda: False)() else None
+    sink: Any = _JSONSink(stdout) if args.output == "json" else _TextSink(stdout, args.against, progress)
     try:
-        report = yield replay(reactor, options, _recordings(args.files, stdin), client, metrics, progress)
+        report = yield replay(reactor, options, _recordings(args.files, stdin), client, metrics, progress,
+                              emit=sink)
     except FirstError as e:
         # A file that could not be read after all (a worker reading it failed).
         error = e.subFailure.value
         if not isinstance(error, OSError):
             raise
-        stderr.write(f"amp replay: cannot read {error.filename}: {error.strerror}\n")
+        stderr.write(f"amp replay: cannot read {terminal(error.filename)}: {error.strerror}\n")
         return EXIT_USAGE
     finally:
         if progress is not None:
             progress.close()
         if endpoint_client is None:
             yield client.close()
-    stdout.write(render_json(report) if args.output == "json" else render_text(report, args.against))
+    sink.close(report)
     stdout.flush()
-    if report.unreadable:
+    if report.unreadable_count:
         return EXIT_USAGE
     return report.exit_status

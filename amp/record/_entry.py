@@ -200,11 +200,11 @@ def encode_line(capture: Capture, redactor: Optional[Redactor] = None) -> bytes:
     return head[:-1] + b',"review":' + review_json + b"}\n"
 
 
-def _strings(value: Any, what: str) -> dict[str, str]:
+def _strings(value: Any, what: str, where: str) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise RecordingError(f"{what} is not a map of strings")
+        raise RecordingError(f"{where}: {what} is not a map of strings")
     return {str(k): v for k, v in value.items()}
 
 
@@ -228,13 +228,15 @@ def decode_line(line: bytes, where: str) -> RecordedReview:
         namespace = data["namespace"]
         route = data.get("route") or {}
         answer = data["answer"]
+        if not isinstance(namespace, dict) or not isinstance(answer, dict):
+            raise RecordingError(f"{where}: namespace or answer is not an object")
         patch = answer.get("patch")
         if patch is not None and not isinstance(patch, list):
             raise RecordingError(f"{where}: answer.patch is not a list")
         return RecordedReview(
             where=where, time=str(data.get("time") or ""), uid=str(data.get("uid") or ""), review=review,
-            namespace=str(namespace["name"]), labels=_strings(namespace.get("labels"), "namespace.labels"),
-            annotations=_strings(namespace.get("annotations"), "namespace.annotations"),
+            namespace=str(namespace["name"]), labels=_strings(namespace.get("labels"), "namespace.labels", where),
+            annotations=_strings(namespace.get("annotations"), "namespace.annotations", where),
             endpoints=tuple(str(e) for e in route.get("endpoints") or ()),
             result=str(answer["result"]), reason=str(answer.get("reason") or ""),
             allowed=bool(answer.get("allowed")), patch=patch, stamp=answer.get("stamp"),
@@ -242,5 +244,7 @@ def decode_line(line: bytes, where: str) -> RecordedReview:
             message=str(answer.get("message") or ""), redacted=bool(data.get("redacted")),
             failure_policy=str(route.get("failure_policy") or ""),
         )
-    except (KeyError, TypeError, AttributeError) as e:
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        if isinstance(e, RecordingError):
+            raise
         raise RecordingError(f"{where}: missing or malformed field {e}") from None

@@ -16,8 +16,10 @@ annotation, a whole chain in annotation form) for both sides, e.g. the
 endpoint under test on a loopback port in its CI; C{--against URL} then
 replaces one step of that chain, the one a canary would stand in for
 (C{amp.txn2.com/canary-step}, default 1).  Reviews run a few at a
-time (C{--concurrency}); a line that cannot be read is counted and named,
-never fatal.  amp's own status stamp is not compared (it names the
+time (C{--concurrency}), their report streamed in the recording's order;
+a line that cannot be used, of whatever kind, is counted and named by its
+C{file:line}, never fatal, and only the first few are kept to show: a
+replay's memory does not grow with the recording.  amp's own status stamp is not compared (it names the
 endpoint), the results are.
 """
 
@@ -28,7 +30,7 @@ import json
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import IO, Any, Iterable, Iterator, Optional, Sequence
+from typing import IO, Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks, succeed
@@ -42,7 +44,8 @@ from amp.record._compare import Difference, pod_differences
 from amp.record._entry import RecordedReview, RecordingError, decode_line, LINE_LIMIT
 from amp.rules import STAMP_ANNOTATIONS
 
-__all__ = ["ReplayOptions", "ReplayedReview", "ReplayReport", "read_recording", "replay", "Verdict"]
+__all__ = ["ReplayOptions", "ReplayedReview", "ReplayReport", "read_recording", "replay", "Verdict",
+           "UNREADABLE_SAMPLE"]
 
 #: Results that admit the Pod as the endpoint intended.
 _ADMITTED_AS_INTENDED = frozenset({"patched", "allowed", "skipped"})
@@ -87,32 +90,61 @@ class ReplayedReview:
         }
 
 
+#: How many unreadable lines a report keeps, to show; the rest are counted.
+UNREADABLE_SAMPLE = 20
+
+
 @dataclass
 class ReplayReport:
     """
-    What a replay found: the reviews that are not the same (each with what
-    names it and its differences, not its Pods), how many are, and the
-    lines that could not be read.
+    What a replay found, in bounded memory: how many reviews were the
+    same, different and failed (by reason), the reviews that are not the
+    same (each with what names it and its differences, not its Pods) when
+    no one takes them as they come (see L{replay}'s C{emit}), and the lines
+    that could not be used: the first L{UNREADABLE_SAMPLE} of them, each
+    naming its C{file:line}, and a count of all.
     """
 
     reviews: list[ReplayedReview] = field(default_factory=list)
+    #: The first unreadable lines' messages (C{file:line: why}).
     unreadable: list[str] = field(default_factory=list)
-    #: How many reviews were the same (not kept in L{reviews}).
+    #: Every unreadable line, those in L{unreadable} included.
+    unreadable_count: int = 0
     same: int = 0
+    different: int = 0
+    failed: int = 0
+    failed_reasons: Counter = field(default_factory=Counter)
+
+    def add_unreadable(self, message: str) -> None:
+        self.unreadable_count += 1
+        if len(self.unreadable) < UNREADABLE_SAMPLE:
+            self.unreadable.append(message)
+
+    @property
+    def unreadable_not_shown(self) -> int:
+        """Unreadable lines counted but not kept in L{unreadable}."""
+        return self.unreadable_count - len(self.unreadable)
+
+    def add(self, review: ReplayedReview) -> None:
+        """Count C{review} (the caller keeps it, or not)."""
+        if review.verdict == Verdict.SAME:
+            self.same += 1
+        elif review.verdict == Verdict.DIFFERENT:
+            self.different += 1
+        else:
+            self.failed += 1
+            self.failed_reasons[review.failed_reason] += 1
 
     def counts(self) -> dict[str, int]:
-        c = Counter(r.verdict for r in self.reviews)
-        return {"reviews": self.same + len(self.reviews) + len(self.unreadable), "same": self.same + c[Verdict.SAME],
-                "different": c[Verdict.DIFFERENT], "failed": c[Verdict.FAILED],
-                "unreadable": len(self.unreadable)}
+        return {"reviews": self.same + self.different + self.failed + self.unreadable_count, "same": self.same,
+                "different": self.different, "failed": self.failed, "unreadable": self.unreadable_count}
 
     def failed_by_reason(self) -> dict[str, int]:
-        return dict(sorted(Counter(r.failed_reason for r in self.reviews if r.verdict == Verdict.FAILED).items()))
+        return dict(sorted(self.failed_reasons.items()))
 
     @property
     def exit_status(self) -> int:
-        counts = self.counts()
-        return 0 if counts["different"] == counts["failed"] == counts["unreadable"] == 0 else 1
+        return 0 if self.different == self.failed == self.unreadable_count == 0 else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,40 +312,81 @@ def _named_only(recorded: RecordedReview) -> RecordedReview:
         annotations={}, patch=None)
 
 
+def _slim(done: ReplayedReview) -> ReplayedReview:
+    """C{done} with what names it and its differences, not its Pods."""
+    return dataclasses.replace(done, recorded=_named_only(done.recorded),
+                               before=dataclasses.replace(done.before, pod=None),
+                               after=dataclasses.replace(done.after, pod=None))
+
+
 def replay(reactor: Any, options: ReplayOptions, recordings: Iterable[RecordedReview | RecordingError],
-           endpoint_client: Any, metrics: Any, progress: Any = None) -> "Deferred[ReplayReport]":
+           endpoint_client: Any, metrics: Any, progress: Any = None,
+           emit: Optional[Callable[[ReplayedReview], None]] = None) -> "Deferred[ReplayReport]":
     """
     Replay C{recordings}, at most C{options.concurrency} reviews at a time,
     reading the next line only when a review finishes (a long recording is
-    never held whole); fires with the L{ReplayReport}, in the recordings'
-    order.  The report counts the reviews that are the same and keeps of
-    the others what names them and their differences, not their Pods.
+    never held whole); fires with the L{ReplayReport}.
+
+    Each review that is not the same goes, in the recordings' order, to
+    C{emit} as soon as every review before it is done (the report keeps
+    none then), or else into the report's C{reviews}: what names it and
+    its differences, not its Pods.  Reviews done ahead of an earlier one
+    still running wait for it, at most C{4 * concurrency} of them: no more
+    lines are read meanwhile.  An unreadable line, and a line whose
+    replay fails in a way amp did not foresee, is counted and named by its
+    C{file:line} (L{ReplayReport.add_unreadable}), never fatal.
     """
     replayer = Replayer(reactor, options, endpoint_client, metrics)
     report = ReplayReport()
-    results: dict[int, ReplayedReview] = {}
-    source = enumerate(recordings)
+    source = iter(recordings)
+    window = 4 * max(1, options.concurrency)
+    finished: dict[int, Optional[ReplayedReview]] = {}
+    waiting: list[Deferred] = []
+    state = {"taken": 0, "shown": 0}
+    out = emit if emit is not None else report.reviews.append
+
+    def take() -> Optional[RecordedReview]:
+        for item in source:
+            if not isinstance(item, RecordingError):
+                return item
+            report.add_unreadable(str(item))
+            if progress is not None:
+                progress()
+        return None
+
+    def show() -> None:
+        while state["shown"] in finished:
+            done = finished.pop(state["shown"])
+            state["shown"] += 1
+            if done is not None:
+                out(done)
+        while waiting:
+            waiting.pop().callback(None)
 
     @inlineCallbacks
     def worker() -> Any:
-        for index, item in source:
-            if isinstance(item, RecordingError):
-                report.unreadable.append(str(item))
-            else:
+        while True:
+            while state["taken"] - state["shown"] >= window:
+                wait: Deferred = Deferred()
+                waiting.append(wait)
+                yield wait
+            item = take()
+            if item is None:
+                return
+            index = state["taken"]
+            state["taken"] += 1
+            try:
                 done = yield replayer.replay_one(item)
-                if done.verdict == Verdict.SAME:
-                    report.same += 1
-                else:
-                    results[index] = dataclasses.replace(
-                        done, recorded=_named_only(done.recorded),
-                        before=dataclasses.replace(done.before, pod=None),
-                        after=dataclasses.replace(done.after, pod=None))
+            except Exception as e:
+                # Not foreseen: still one line, named, never fatal.
+                report.add_unreadable(f"{item.where}: cannot be replayed: {type(e).__name__}: {e}")
+                finished[index] = None
+            else:
+                report.add(done)
+                finished[index] = None if done.verdict == Verdict.SAME else _slim(done)
+            show()
             if progress is not None:
                 progress()
 
-    def finished(_: Any) -> ReplayReport:
-        report.reviews = [results[i] for i in sorted(results)]
-        return report
-
     workers = [worker() for _ in range(max(1, options.concurrency))]
-    return gatherResults(workers, consumeErrors=True).addCallback(finished)
+    return gatherResults(workers, consumeErrors=True).addCallback(lambda _: report)
