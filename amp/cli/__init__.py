@@ -1,7 +1,9 @@
 """
 The C{amp} console script: C{amp explain} (L{amp.cli.explain}) runs amp's own
 review pipeline on one Pod and prints the decision; C{amp replay}
-(L{amp.record.replay}) runs recorded reviews through it again and compares.
+(L{amp.record.replay}) runs recorded reviews through it again and compares;
+C{amp audit} (L{amp.cli.audit}) finds running Pods whose mutation is stale,
+missing or failed.
 
 L{main} is the only place here that uses the global reactor: it runs the
 command under C{twisted.internet.task.react}.
@@ -19,9 +21,10 @@ __all__ = ["main", "dispatch"]
 USAGE = """\
 usage: amp explain [options] FILE     review one Pod (or a workload's Pod template) as amp would
        amp replay [options] FILE...   recorded reviews through amp again, compared
+       amp audit [options]            running Pods whose mutation is stale, missing or failed
        amp --version
 
-Run 'amp explain --help' or 'amp replay --help' for the options.
+Run 'amp explain --help', 'amp replay --help' or 'amp audit --help' for the options.
 """
 
 
@@ -42,6 +45,10 @@ def dispatch(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Op
         from amp.record._command import run as replay
 
         return replay(argv[1:], reactor, stdin=stdin, stdout=out, stderr=err)
+    if argv and argv[0] == "audit":
+        from amp.cli.audit import run as audit
+
+        return audit(argv[1:], reactor, stdout=out, stderr=err)
     if argv and argv[0] == "--version":
         out.write(f"amp {__version__}\n")
         return succeed(0)

@@ -16,8 +16,9 @@ from typing import Any, Optional
 
 from amp.config._declare import parsers
 from amp.config._sections import (
-    BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings, EndpointsConfig,
-    KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig, StaticNamespace, TLSConfig,
+    AuditConfig, BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings,
+    EndpointsConfig, KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig,
+    StaticNamespace, TLSConfig,
 )
 from amp.config._values import MAPPING
 from amp.files import CONFIG_LIMIT, FileError, config_document, read_file
@@ -205,6 +206,7 @@ def parse_config(raw: Any) -> Config:
         "patch": lambda v: _section(PatchConfig, v, "patch"),
         "log": lambda v: _section(LogConfig, v, "log"),
         "record": _record,
+        "audit": lambda v: _section(AuditConfig, v, "audit"),
     }
     scalars = parsers(Config)
     values: dict[str, Any] = {}

@@ -371,6 +371,21 @@ class RecordConfig:
 
 
 @dataclass(frozen=True)
+class AuditConfig:
+    """C{amp audit} (L{amp.cli.audit}): its own pace at the endpoints and the API server."""
+
+    concurrency: int = declare(POSITIVE_INT, 4, doc=(
+        "`amp audit`: workload templates reviewed at the same time (each one endpoint call per endpoint of its "
+        "namespace); `--concurrency` overrides it."))
+    rate: int = declare(POSITIVE_INT, 10, doc=(
+        "`amp audit`: workload templates reviewed per second at most, so a large cluster's audit is a steady "
+        "trickle at the endpoints; `--rate` overrides it."))
+    page_size: int = declare(POSITIVE_INT, 500, doc=(
+        "`amp audit`: objects per list request to the API server (`limit`); a namespace's Pods are held one page "
+        "at a time. `--page-size` overrides it."))
+
+
+@dataclass(frozen=True)
 class Config:
     listen: ListenConfig = section(ListenConfig)
     tls: TLSConfig = section(TLSConfig)
@@ -399,6 +414,7 @@ class Config:
     patch: PatchConfig = section(PatchConfig)
     log: LogConfig = section(LogConfig)
     record: RecordConfig = section(RecordConfig)
+    audit: AuditConfig = section(AuditConfig)
     workers: int = declare(POSITIVE_INT, 1, restart=Restart.ALWAYS, doc=(
         "Number of amp processes per replica, all serving the webhook port (one listening socket, bound by worker "
         "0; each new connection goes to the worker with the fewest open). `1`: one process, as before. Above `1`: "
