@@ -313,6 +313,13 @@ class AmpService(MultiService):
         if metrics_endpoint is not None:
             self.metrics_listener = ListenerService(metrics_endpoint, metrics_site(metrics, reactor, self.recent))
             self.metrics_listener.setServiceParent(self)
+        #: The continuous audit (C{audit.continuous}), or None.
+        self.audit: Optional[Any] = None
+        if config.audit.continuous and config.kubernetes.source != NamespaceSource.STATIC:
+            from amp.audit_loop import AuditService
+
+            self.audit = AuditService(config, reactor, metrics, self.namespaces)
+            self.audit.setServiceParent(self)
         self.config_file: Optional[ConfigFile] = None
         self.config_reload: Optional[ConfigReloadService] = None
         if config_path is not None:
@@ -354,6 +361,8 @@ class AmpService(MultiService):
             self.log_observer.configure(config.log.format, config.log.level)
         if self.config_reload is not None:
             self.config_reload.set_interval(config.reload_interval)
+        if self.audit is not None:
+            self.audit.apply(config)
         self.config = config
 
     def _admitter(self, config: Config, namespaces: INamespaceSource) -> Admitter:

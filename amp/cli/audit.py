@@ -33,7 +33,7 @@ from amp.cli._command_line import Exit, UsageError, _Parser
 from amp.cli._escape import shown
 from amp.cli.audit_cluster import ClusterError, PagedLists, kube_getter
 from amp.cli.audit_judge import (
-    EXIT_USAGE, Prediction, WorkloadAudit, exit_status, judge_pod, needs_prediction, running)
+    EXIT_USAGE, PodAudit, Prediction, WorkloadAudit, exit_status, judge_pod, needs_prediction, running)
 from amp.cli.audit_output import render_json, render_policy_reports, render_table
 from amp.cli.audit_owners import Owners, WorkloadKey, controller_of
 from amp.cli.audit_pipeline import TemplatePipeline
@@ -147,10 +147,10 @@ def audit(reactor: Any, options: AuditOptions, lists: PagedLists, *, connector: 
     notes: list[str] = []
     listed = yield lists.all_items("Namespace", None, f"{kube.enabled_label}={kube.enabled_value}")
     namespaces = _audited_namespaces(listed, options.namespaces, kube, notes)
+    if blocking is None:
+        blocking = lambda f, *a: deferToThreadPool(reactor, reactor.getThreadPool(), f, *a)  # noqa: E731
     recorded: dict[tuple[str, str], dict[str, Any]] = {}
     if options.recordings is not None and read_recordings is not None:
-        if blocking is None:
-            blocking = lambda f, *a: deferToThreadPool(reactor, reactor.getThreadPool(), f, *a)  # noqa: E731
         recorded, problems = yield blocking(read_recordings, options.recordings)
         notes.extend(problems[:20])
     source = StaticNamespaceSource(dataclasses.replace(kube, namespaces=namespaces))
@@ -159,7 +159,7 @@ def audit(reactor: Any, options: AuditOptions, lists: PagedLists, *, connector: 
     result = AuditRun([], notes)
     try:
         for namespace in namespaces:
-            done = yield _audit_namespace(namespace, lists, pipeline, kube, recorded, result, progress)
+            done = yield _audit_namespace(namespace, lists, pipeline, kube, recorded, result, progress, blocking)
             result.workloads.extend(done)
     finally:
         progress.done()
@@ -171,7 +171,8 @@ def audit(reactor: Any, options: AuditOptions, lists: PagedLists, *, connector: 
 
 @inlineCallbacks
 def _audit_namespace(namespace: str, lists: PagedLists, pipeline: TemplatePipeline, kube: KubernetesConfig,
-                     recorded: dict[tuple[str, str], dict[str, Any]], result: AuditRun, progress: Progress) -> Any:
+                     recorded: dict[tuple[str, str], dict[str, Any]], result: AuditRun, progress: Progress,
+                     blocking: Callable[..., Any]) -> Any:
     owners = Owners(namespace)
     templates: dict[tuple[str, str], dict[str, Any]] = {}
     parents: set[tuple[str, str]] = set()
@@ -209,20 +210,28 @@ def _audit_namespace(namespace: str, lists: PagedLists, pipeline: TemplatePipeli
                     waiting.append(d.addCallback(lambda p, key=key: predictions.__setitem__(key, p)))
         if waiting:
             yield gatherResults(waiting, consumeErrors=True)
-        for pod, key in page:
+        known = {key: p for key, p in predictions.items() if isinstance(p, Prediction)}
+        # Comparing is CPU: off the reactor thread, which may be answering reviews.
+        judged = yield blocking(_judge_page, page, known, kube)
+        for key, audited in judged:
             w = workloads.get(key)
             if w is None:
                 w = workloads[key] = WorkloadAudit(key)
-            prediction = predictions.get(key)
-            if w.prediction is None and isinstance(prediction, Prediction):
-                w.prediction = prediction
-            w.pods.append(judge_pod(pod, w.prediction, kube))
+            if w.prediction is None:
+                w.prediction = known.get(key)
+            w.pods.append(audited)
             result.pods += 1
         progress.show(f"amp audit: namespace {shown(namespace, 60)}: {result.pods} Pods, "
                       f"{pipeline.templates} templates, {pipeline.calls} endpoint calls")
 
     yield lists.each_page("Pod", namespace, on_page)
     return sorted(workloads.values(), key=lambda w: w.key)
+
+
+def _judge_page(page: list[tuple[dict[str, Any], WorkloadKey]], predictions: dict[WorkloadKey, Prediction],
+                kube: KubernetesConfig) -> list[tuple[WorkloadKey, PodAudit]]:
+    """Each Pod of a page judged (pure; run in a thread)."""
+    return [(key, judge_pod(pod, predictions.get(key), kube)) for pod, key in page]
 
 
 # ---------------------------------------------------------------- the command

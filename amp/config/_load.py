@@ -233,6 +233,9 @@ def parse_config(raw: Any) -> Config:
     config = Config(**values)
     if config.kubernetes.source != NamespaceSource.STATIC and config.kubernetes.namespaces:
         raise ConfigError("kubernetes.namespaces: only used with kubernetes.source: static")
+    if config.audit.continuous and config.kubernetes.source == NamespaceSource.STATIC:
+        raise ConfigError("audit.continuous: needs kubernetes.source cluster or kubeconfig (it lists the cluster's "
+                          "Pods and workloads)")
     if config.kubernetes.bypass.enabled and not config.annotate_status:
         raise ConfigError("kubernetes.bypass.enabled: needs amp's stamp on reviewed Pods (annotate_status: true); "
                           "without it every Pod would look bypassed")

@@ -383,6 +383,19 @@ class AuditConfig:
     page_size: int = declare(POSITIVE_INT, 500, doc=(
         "`amp audit`: objects per list request to the API server (`limit`); a namespace's Pods are held one page "
         "at a time. `--page-size` overrides it."))
+    continuous: bool = declare(BOOL, False, restart=Restart.ALWAYS, doc=(
+        "The replica holding the Lease `audit.lease_name` audits every managed namespace (as `amp audit -A` "
+        "does) every `audit.interval`, and after a namespace's endpoints change or the config is reloaded (at "
+        "most once per `audit.min_interval`), and exposes `amp_audit_pods{namespace,state}`. Needs "
+        "`kubernetes.source` cluster or kubeconfig and the chart's `rbac.audit` (list on workloads and Pods)."))
+    interval: float = declare(POSITIVE_DURATION, 600.0, doc=(
+        "With `audit.continuous`: the time from the end of one audit to the start of the next."))
+    min_interval: float = declare(POSITIVE_DURATION, 60.0, doc=(
+        "With `audit.continuous`: the least time between the starts of two audits, however often namespaces "
+        "change or the config is reloaded."))
+    lease_name: str = declare(STR, "amp-audit", restart=Restart.ALWAYS, doc=(
+        "With `audit.continuous`: the Lease (in `kubernetes.bypass.lease_namespace`, else amp's own "
+        "namespace) whose holder audits; one replica audits at a time."))
 
 
 @dataclass(frozen=True)
