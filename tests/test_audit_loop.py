@@ -154,3 +154,26 @@ class NamespaceCueTests(SourceTestCase):
         self.send(source, Changed("MODIFIED", self.info("team-a", "12", labels=ENABLED,
                                                         annotations={"amp.txn2.com/ep": "http://b/"}), "12"))
         self.assertEqual(changed, ["team-a"])
+
+
+class ServiceTests(SynchronousTestCase):
+    def test_without_a_lease_namespace_the_audit_is_off_and_says_why(self) -> None:
+        from twisted.logger import globalLogPublisher
+
+        from amp.audit_loop import AuditService
+
+        seen: list[str] = []
+
+        def observe(event: dict) -> None:
+            if event.get("log_namespace") == "amp.audit_loop.AuditService":
+                from twisted.logger import formatEvent
+                seen.append(formatEvent(event))
+
+        globalLogPublisher.addObserver(observe)
+        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        service = AuditService(CONFIG, Clock(), Metrics(), namespaces=object())
+        service.startService()
+        self.assertIsNone(service.audit)
+        self.assertIsNone(service.stopService())
+        self.assertEqual(len(seen), 1)
+        self.assertIn("set kubernetes.bypass.lease_namespace", seen[0])
