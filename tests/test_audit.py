@@ -405,6 +405,7 @@ class AuditTests(SynchronousTestCase):
         self.assertIsNone(found[("StatefulSet", "db")]["command"])
         self.assertEqual(found[("Pod", "solo")]["pods"][0]["state"], "unknown")
         self.assertNotIn(("Pod", "x"), found)  # namespace off is not amp's
+        self.assertEqual(ran.json["notes"], [])
         # One endpoint call per workload template (web, db), not per Pod.
         self.assertEqual((endpoint.calls, ran.json["endpoint_calls"]), (2, 2))
         # The Pods were read in pages of two.

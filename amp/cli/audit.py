@@ -320,7 +320,7 @@ def parse_command_line(argv: Sequence[str], stdout: IO[str]) -> AuditOptions:
 
 def render(found: AuditRun, options: AuditOptions, now: float) -> str:
     if options.output == "json":
-        return render_json(found.workloads, endpoint_calls=found.endpoint_calls)
+        return render_json(found.workloads, endpoint_calls=found.endpoint_calls, notes=found.notes)
     if options.output == "policyreport":
         return render_policy_reports(found.workloads, int(now))
     text = render_table(found.workloads, verbose=options.verbose)

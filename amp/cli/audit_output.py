@@ -103,10 +103,11 @@ def as_json(w: WorkloadAudit) -> dict[str, Any]:
     }
 
 
-def render_json(workloads: Iterable[WorkloadAudit], *, endpoint_calls: int = 0) -> str:
+def render_json(workloads: Iterable[WorkloadAudit], *, endpoint_calls: int = 0, notes: Iterable[str] = ()) -> str:
     items = [as_json(w) for w in workloads]
     totals = {s.value: sum(i["counts"][s.value] for i in items) for s in PodState}
-    return json.dumps({"workloads": items, "totals": totals, "endpoint_calls": endpoint_calls}, indent=2) + "\n"
+    return json.dumps({"workloads": items, "totals": totals, "endpoint_calls": endpoint_calls,
+                       "notes": list(notes)}, indent=2) + "\n"
 
 
 def _result(w: WorkloadAudit, timestamp: int) -> dict[str, Any]:
