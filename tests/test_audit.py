@@ -556,3 +556,35 @@ class ConfigTests(SynchronousTestCase):
     def test_audit_keys(self) -> None:
         config = parse_config({"audit": {"concurrency": 2, "rate": 5, "page_size": 100}})
         self.assertEqual((config.audit.concurrency, config.audit.rate, config.audit.page_size), (2, 5, 100))
+
+
+class OwnerKindsAuditTests(SynchronousTestCase):
+    def test_every_owner_kind_is_audited_by_its_template(self) -> None:
+        """A CronJob's Job's Pods, a DaemonSet's, a bare ReplicaSet's and a bare Job's: each judged against its
+        own template, each with its command; one endpoint call per template."""
+        c = FakeCluster()
+        c.namespace("ops")
+        nightly, agent, lone, once = (template(n) for n in ("nightly", "agent", "lone", "once"))
+        c.add("cronjobs", "ops", {"metadata": {"name": "nightly"},
+                                  "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": nightly}}}})
+        c.add("jobs", "ops", {"metadata": {"name": "nightly-29000000", "ownerReferences": [
+            {"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "controller": True}]},
+            "spec": {"template": nightly}})
+        c.add("pods", "ops", admitted_pod(nightly, "nightly-29000000-x", ("batch/v1", "Job", "nightly-29000000"),
+                                          "envoy:1.27"))
+        c.add("daemonsets", "ops", {"metadata": {"name": "agent"}, "spec": {"template": agent}})
+        c.add("pods", "ops", admitted_pod(agent, "agent-x", ("apps/v1", "DaemonSet", "agent"), "envoy:1.28"))
+        c.add("replicasets", "ops", {"metadata": {"name": "lone"}, "spec": {"template": lone}})
+        c.add("pods", "ops", admitted_pod(lone, "lone-x", ("apps/v1", "ReplicaSet", "lone"), "envoy:1.27"))
+        c.add("jobs", "ops", {"metadata": {"name": "once"}, "spec": {"template": once}})
+        c.add("pods", "ops", admitted_pod(once, "once-x", ("batch/v1", "Job", "once"), "envoy:1.27"))
+        endpoint = Sidecar("envoy:1.28")
+        ran = audit_sync(self, c, endpoint, ["-o", "json"])
+        found = {(w["kind"], w["name"]): w for w in ran.json["workloads"]}
+        self.assertEqual({k: w["pods"][0]["state"] for k, w in found.items()}, {
+            ("CronJob", "nightly"): "stale", ("DaemonSet", "agent"): "current", ("ReplicaSet", "lone"): "stale",
+            ("Job", "once"): "stale"})
+        self.assertIn("kubectl create job --from=cronjob/nightly", found[("CronJob", "nightly")]["command"])
+        self.assertIn("kubectl delete pod lone-x -n ops", found[("ReplicaSet", "lone")]["command"])
+        self.assertIn("kubectl get job once -n ops -o yaml | kubectl replace --force", found[("Job", "once")]["command"])
+        self.assertEqual(endpoint.calls, 4)
