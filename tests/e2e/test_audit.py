@@ -221,6 +221,12 @@ def test_audit_after_a_sidecar_image_change(
             assert fresh["spec"]["containers"][-1]["image"] == NEW
             assert fresh["metadata"]["labels"][POLICY_LABEL] == "added"
 
+        def versions() -> dict[str, str]:
+            pods = k.core.list_namespaced_pod(ns).items
+            sets = k.apps.list_namespaced_replica_set(ns).items + k.apps.list_namespaced_deployment(ns).items
+            return {f"{type(o).__name__}/{o.metadata.name}": o.metadata.resource_version for o in pods + sets}
+
+        before = versions()
         status, out, _ = run_audit(amp, control_plane, ns, recordings, "-o", "json")
         report = json.loads(out)
         states = {(w["kind"], w["name"]): {p["name"]: p["state"] for p in w["pods"]} for w in report["workloads"]}
@@ -246,5 +252,6 @@ def test_audit_after_a_sidecar_image_change(
         assert status == 1
         assert f'/spec/containers/1/image: "{OLD}" -> "{NEW}"' in table, table
         print(f"\n$ amp audit -n {ns} ... ({seconds:.2f} s)\n{table}")
+        assert versions() == before  # read-only: nothing in the cluster changed
     finally:
         endpoint.stop()
