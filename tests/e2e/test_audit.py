@@ -26,6 +26,11 @@ says exactly: web-a, web-b, api-a and solo stale at the proxy's image,
 v1.27.0 -> v1.28.0, and nothing else; web-c never-mutated; web-d failed;
 web-e current; the restart command of each Deployment; one endpoint call
 per template.
+
+The same amp runs the continuous audit (``audit.continuous``, with the
+admin's kubeconfig for its lists and its Lease): once the namespace's
+amp annotations change, it audits again and ``/metrics`` shows the
+namespace's Pods by state.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import pytest
 from kubernetes import client
 
 from ..waiting import poll_until
-from .amp_process import STATUS_ANNOTATION, AmpInstance, ExampleEndpoints, closed_port, unique
+from .amp_process import LOOPBACK, STATUS_ANNOTATION, AmpInstance, ExampleEndpoints, closed_port, free_port, unique
 from .cluster import ControlPlane
 from .conftest import AmpFactory
 
@@ -181,6 +186,20 @@ def amp_unreachable(amp: AmpInstance, probe: Controllers) -> Iterator[None]:
         poll_until("the API server to call amp again", lambda: True if stamped() else None, PROPAGATION)
 
 
+def audit_gauge(port: int, namespace: str) -> dict[str, float]:
+    """amp_audit_pods of C{namespace} on amp's /metrics, by state."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{LOOPBACK}:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("amp_audit_pods{") and f'namespace="{namespace}"' in line:
+            state = line.split('state="')[1].split('"')[0]
+            found[state] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
 def run_audit(amp: AmpInstance, control_plane: ControlPlane, namespace: str, recordings: Path,
               *extra: str) -> tuple[int, str, float]:
     script = shutil.which("amp", path=os.path.dirname(sys.executable))
@@ -198,8 +217,14 @@ def test_audit_after_a_sidecar_image_change(
     start_amp: AmpFactory, control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     recordings = tmp_path / "recordings"
+    lease_ns = unique("audit-lease")
+    control_plane.create_namespace(lease_ns)
+    metrics_port = free_port()
     amp = start_amp("audit", webhook_failure_policy="Ignore", overrides={
-        "record": {"enabled": True, "directory": str(recordings)}})
+        "record": {"enabled": True, "directory": str(recordings)},
+        "metrics": {"port": metrics_port, "interface": LOOPBACK},
+        "kubernetes": {"kubeconfig": str(control_plane.kubeconfig_path), "bypass": {"lease_namespace": lease_ns}},
+        "audit": {"continuous": True, "interval": "10m", "min_interval": "1s"}})
     port = closed_port()
     endpoint = SidecarEndpoint(tmp_path / "v1", port, OLD).start_and_wait()
     try:
@@ -253,5 +278,16 @@ def test_audit_after_a_sidecar_image_change(
         assert f'/spec/containers/1/image: "{OLD}" -> "{NEW}"' in table, table
         print(f"\n$ amp audit -n {ns} ... ({seconds:.2f} s)\n{table}")
         assert versions() == before  # read-only: nothing in the cluster changed
+
+        # The continuous audit: a change of the namespace's amp annotations is its cue.
+        k.core.patch_namespace(ns, {"metadata": {"annotations": {"amp.txn2.com/record": "true"}}})
+        want = {"stale": 3, "current": 1, "never-mutated": 1, "failed": 1, "unknown": 1}  # no recordings: solo
+
+        def audited() -> Optional[dict[str, float]]:
+            found = audit_gauge(metrics_port, ns)
+            return found if found == want else None
+
+        poll_until("the continuous audit to expose the namespace's Pods", audited, PROPAGATION,
+                   details=lambda: f"{audit_gauge(metrics_port, ns)}\n{amp.process.describe()}")
     finally:
         endpoint.stop()
