@@ -25,7 +25,7 @@ from amp.cli._escape import shown
 from amp.cli.audit import run
 from amp.cli.audit_cluster import PagedLists
 from amp.cli.audit_judge import PodState, Prediction, judge_pod
-from amp.cli.audit_output import policy_reports, render_table
+from amp.cli.audit_output import render_table
 from amp.cli.audit_owners import Owners, WorkloadKey, restart_command
 from amp.cli.audit_paths import compare, touched_places
 from amp.cli.audit_pipeline import Pacer

@@ -7,20 +7,20 @@ C{continue}), so a namespace with thousands of Pods is held one page at a
 time; each page's JSON is parsed in the thread that read it.  An API
 error names the list that failed.
 
-L{ClusterReader} is the seam: the tests give the audit an in-memory one
-(L{PagedLists} over a callable), the command the cluster's.
+L{PagedLists} takes the GET as a callable: the tests give it an API in
+memory, the command the cluster's (L{kube_getter}).
 """
 
 from __future__ import annotations
 
 import json
 import urllib.parse
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.threads import deferToThreadPool
 
-__all__ = ["ClusterError", "ClusterReader", "PagedLists", "Page", "kube_getter"]
+__all__ = ["ClusterError", "PagedLists", "Page", "kube_getter"]
 
 #: One page: its items and the token of the next (None: the last).
 Page = tuple[list[dict[str, Any]], Optional[str]]
@@ -39,11 +39,6 @@ RESOURCES = {
 
 class ClusterError(Exception):
     """A list could not be read; the message names it and why."""
-
-
-class ClusterReader(Protocol):
-    def pages(self, kind: str, namespace: Optional[str], *, label_selector: str = "") -> Iterator[Deferred]:
-        ...
 
 
 def _path(kind: str, namespace: Optional[str]) -> str:

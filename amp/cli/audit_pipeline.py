@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from twisted.internet.defer import Deferred, DeferredSemaphore, inlineCallbacks
+from twisted.internet.task import deferLater
 
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
@@ -56,8 +57,6 @@ class Pacer:
             d: Deferred = Deferred()
             d.callback(None)
             return d
-        from twisted.internet.task import deferLater
-
         return deferLater(self._clock, at - now, lambda: None)
 
 
