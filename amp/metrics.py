@@ -240,6 +240,11 @@ class Metrics:
         self.bypassed_pods = Counter(
             "amp_bypassed_pods", "Pods created in an enabled namespace without amp's review (no status stamp).",
             ["namespace"], registry=r)
+        self.audit_pods = Gauge(
+            "amp_audit_pods", "Pods by the continuous audit's last finding (only on the replica that audits).",
+            ["namespace", "state"], registry=r)
+        self.audit_runs = Counter(
+            "amp_audit_runs", "Continuous audits, by result (ok, error).", ["result"], registry=r)
         self.tls_not_after = Gauge(
             "amp_tls_certificate_not_after_timestamp_seconds",
             "Expiry of the serving certificate (unix time).", registry=r)

@@ -318,6 +318,14 @@ class AmpService(MultiService):
             self.metrics_listener.setServiceParent(self)
         #: Told each config put in force by L{apply} (the registration check).
         self.on_apply: list[Callable[[Config], None]] = []
+        #: The continuous audit (C{audit.continuous}), or None.
+        self.audit: Optional[Any] = None
+        if config.audit.continuous and config.kubernetes.source != NamespaceSource.STATIC:
+            from amp.audit_loop import AuditService
+
+            self.audit = AuditService(config, reactor, metrics, self.namespaces)
+            self.audit.setServiceParent(self)
+            self.on_apply.append(self.audit.apply)
         self.config_file: Optional[ConfigFile] = None
         self.config_reload: Optional[ConfigReloadService] = None
         if config_path is not None:

@@ -100,14 +100,17 @@ def _escaped(match: "re.Match[str]") -> str:
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 
 
-def terminal(value: Any) -> str:
+def terminal(value: Any, limit: Optional[int] = None) -> str:
     """
     C{value} as text that is safe on a terminal: each character in
     L{_UNSAFE} written as C{\\xNN} or C{\\uNNNN} (an ESC as C{\\x1b}, a
     line feed as C{\\x0a}), everything else as it is.  Not a quoting: a
-    backslash already in the value is left as it is.
+    backslash already in the value is left as it is.  With C{limit}, the
+    escaped text is cut to that many characters, ending in C{...}.
     """
     text = value if isinstance(value, str) else str(value)
-    if text.isascii() and text.isprintable():
-        return text
-    return _UNSAFE.sub(_escaped, text)
+    if not (text.isascii() and text.isprintable()):
+        text = _UNSAFE.sub(_escaped, text)
+    if limit is not None and len(text) > limit:
+        return text[: limit - 3] + "..."
+    return text

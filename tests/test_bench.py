@@ -170,3 +170,15 @@ def test_the_review_path_bench_gets_the_endpoints_patch_for_every_review(in_flig
     assert set(result) == BODIES
     for figures in result.values():
         assert figures["in_flight"] == in_flight and figures["us/review"] > 0
+
+
+def test_the_audit_bench_audits_its_fleet_with_one_call_per_template() -> None:
+    """C{bench.audit --quick}: every Pod of the fleet judged, the Deployments with the old image stale, one endpoint
+    call per workload template (the time is only reported)."""
+    done = subprocess.run([sys.executable, "-m", "bench.audit", "--quick"], cwd=str(REPO), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert found["states"] == {"current": found["pods"] // 2, "stale": found["pods"] // 2}
+    assert found["endpoint_calls"] == found["workloads"] == 4
+    assert found["exit_status"] == 1

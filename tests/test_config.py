@@ -290,7 +290,7 @@ ERRORS = [
     ({"annotate_status": "no"}, "annotate_status", "expected true or false"),
     ({"annotate_status": False, "annotate_skipped": False}, "annotate_skipped", "renamed to annotate_status"),
     ({"workers": 0}, "workers", "greater than zero"),
-    ({"listne": {}}, "listne", "unknown key (did you mean listen?) (known keys: annotate_status, deadline, endpoints"),
+    ({"listne": {}}, "listne", "unknown key (did you mean listen?) (known keys: annotate_status, audit, deadline, endpoints"),
     ({"zzz": {}}, "zzz", "unknown key (known keys: annotate_status,"),
 ]
 

@@ -3,7 +3,8 @@ The C{amp} console script: C{amp explain} (L{amp.cli.explain}) runs amp's own
 review pipeline on one Pod and prints the decision; C{amp replay}
 (L{amp.record.replay}) runs recorded reviews through it again and compares;
 C{amp check} (L{amp.cli.check}) checks amp's webhook registration against
-what its config needs.
+what its config needs; C{amp audit} (L{amp.cli.audit}) finds running Pods
+whose mutation is stale, missing or failed.
 
 L{main} is the only place here that uses the global reactor: it runs the
 command under C{twisted.internet.task.react}.
@@ -22,9 +23,10 @@ USAGE = """\
 usage: amp explain [options] FILE     review one Pod (or a workload's Pod template) as amp would
        amp replay [options] FILE...   recorded reviews through amp again, compared
        amp check --manifest FILE | --cluster   amp's webhook registration against its config
+       amp audit [options]            running Pods whose mutation is stale, missing or failed
        amp --version
 
-Run 'amp explain --help', 'amp replay --help' or 'amp check --help' for the options.
+Run 'amp explain --help', 'amp replay --help', 'amp check --help' or 'amp audit --help' for the options.
 """
 
 
@@ -49,6 +51,10 @@ def dispatch(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Op
         from amp.cli.check import run as check
 
         return check(argv[1:], reactor, stdin=stdin, stdout=out, stderr=err)
+    if argv and argv[0] == "audit":
+        from amp.cli.audit import run as audit
+
+        return audit(argv[1:], reactor, stdout=out, stderr=err)
     if argv and argv[0] == "--version":
         out.write(f"amp {__version__}\n")
         return succeed(0)

@@ -65,7 +65,7 @@ class _Parser(argparse.ArgumentParser):
         self.out = out
 
     def error(self, message: str) -> Any:  # type: ignore[override]
-        raise UsageError(f"{message} (see amp explain --help)")
+        raise UsageError(f"{message} (see {self.prog} --help)")
 
     def print_help(self, file: Optional[IO[str]] = None) -> None:
         (file or self.out).write(self.format_help())

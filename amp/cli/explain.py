@@ -65,7 +65,7 @@ from amp.trace import NO_TRACE, IReviewTrace, NamespaceFound, RecordedTrace, Sta
 __all__ = [
     "EXIT_ADMITTED", "EXIT_FAILURE_POLICY", "EXIT_USAGE", "EXIT_DENIED", "EXIT_NOT_IDEMPOTENT",
     "ExplainOptions", "Explanation", "Round", "UsageError", "command_line_parser", "exit_status",
-    "explain", "parse_command_line", "run",
+    "explain", "parse_command_line", "review_round", "run",
 ]
 
 #: Annotations amp stamps on the Pods it reviews (left out when --twice
@@ -298,10 +298,14 @@ def _decode(body: bytes) -> dict[str, Any]:
 
 
 @inlineCallbacks
-def _review(
+def review_round(
     admitter: Admitter, clock: Any, source: ExplainedNamespace, log: _LogLines, pod: dict[str, Any],
     namespace: str, budget: float,
 ) -> Any:
+    """
+    One review of C{pod} in C{namespace} through C{admitter}; fires with
+    its L{Round} (C{log}: where amp's log lines are being collected).
+    """
     trace = RecordedTrace(clock.seconds)
     source.trace = trace
     start = len(log.lines)
@@ -378,11 +382,11 @@ def explain(
     if log_publisher is not None:
         log_publisher.addObserver(log)
     try:
-        first = yield _review(admitter, reactor, source, log, pod_input.pod, namespace, budget)
+        first = yield review_round(admitter, reactor, source, log, pod_input.pod, namespace, budget)
         result = Explanation(pod_input, first, namespace_source=where, cluster_policy=policy_note,
                              twice=options.twice, recorded=recorded, notes=notes)
         if options.twice and first.pod is not None and first.result in (Result.PATCHED, Result.ALLOWED):
-            second = yield _review(admitter, reactor, source, log, first.pod, namespace, budget)
+            second = yield review_round(admitter, reactor, source, log, first.pod, namespace, budget)
             result.second = second
             if exit_status(second.result, second.reason) == EXIT_ADMITTED:
                 stamps = STAMP_ANNOTATIONS | {e.key for r in (first, second) for e in r.trace.of(Stamped)}

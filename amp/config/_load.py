@@ -16,8 +16,9 @@ from typing import Any, Optional
 
 from amp.config._declare import parsers
 from amp.config._sections import (
-    BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings, EndpointsConfig,
-    KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig, StaticNamespace, TLSConfig,
+    AuditConfig, BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings,
+    EndpointsConfig, KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig,
+    StaticNamespace, TLSConfig,
 )
 from amp.config._values import MAPPING
 from amp.files import CONFIG_LIMIT, FileError, config_document, read_file
@@ -205,6 +206,7 @@ def parse_config(raw: Any) -> Config:
         "patch": lambda v: _section(PatchConfig, v, "patch"),
         "log": lambda v: _section(LogConfig, v, "log"),
         "record": _record,
+        "audit": lambda v: _section(AuditConfig, v, "audit"),
     }
     scalars = parsers(Config)
     values: dict[str, Any] = {}
@@ -231,6 +233,9 @@ def parse_config(raw: Any) -> Config:
     config = Config(**values)
     if config.kubernetes.source != NamespaceSource.STATIC and config.kubernetes.namespaces:
         raise ConfigError("kubernetes.namespaces: only used with kubernetes.source: static")
+    if config.audit.continuous and config.kubernetes.source == NamespaceSource.STATIC:
+        raise ConfigError("audit.continuous: needs kubernetes.source cluster or kubeconfig (it lists the cluster's "
+                          "Pods and workloads)")
     if config.kubernetes.bypass.enabled and not config.annotate_status:
         raise ConfigError("kubernetes.bypass.enabled: needs amp's stamp on reviewed Pods (annotate_status: true); "
                           "without it every Pod would look bypassed")

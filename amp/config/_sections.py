@@ -382,6 +382,34 @@ class RecordConfig:
 
 
 @dataclass(frozen=True)
+class AuditConfig:
+    """C{amp audit} (L{amp.cli.audit}): its own pace at the endpoints and the API server."""
+
+    concurrency: int = declare(POSITIVE_INT, 4, doc=(
+        "`amp audit`: workload templates reviewed at the same time (each one endpoint call per endpoint of its "
+        "namespace); `--concurrency` overrides it."))
+    rate: int = declare(POSITIVE_INT, 10, doc=(
+        "`amp audit`: workload templates reviewed per second at most, so a large cluster's audit is a steady "
+        "trickle at the endpoints; `--rate` overrides it."))
+    page_size: int = declare(POSITIVE_INT, 500, doc=(
+        "`amp audit`: objects per list request to the API server (`limit`); a namespace's Pods are held one page "
+        "at a time. `--page-size` overrides it."))
+    continuous: bool = declare(BOOL, False, restart=Restart.ALWAYS, doc=(
+        "The replica holding the Lease `audit.lease_name` audits every managed namespace (as `amp audit -A` "
+        "does) every `audit.interval`, and after a namespace's endpoints change or the config is reloaded (at "
+        "most once per `audit.min_interval`), and exposes `amp_audit_pods{namespace,state}`. Needs "
+        "`kubernetes.source` cluster or kubeconfig and the chart's `rbac.audit` (list on workloads and Pods)."))
+    interval: float = declare(POSITIVE_DURATION, 600.0, doc=(
+        "With `audit.continuous`: the time from the end of one audit to the start of the next."))
+    min_interval: float = declare(POSITIVE_DURATION, 60.0, doc=(
+        "With `audit.continuous`: the least time between the starts of two audits, however often namespaces "
+        "change or the config is reloaded."))
+    lease_name: str = declare(STR, "amp-audit", restart=Restart.ALWAYS, doc=(
+        "With `audit.continuous`: the Lease (in `kubernetes.bypass.lease_namespace`, else amp's own "
+        "namespace) whose holder audits; one replica audits at a time."))
+
+
+@dataclass(frozen=True)
 class Config:
     listen: ListenConfig = section(ListenConfig)
     tls: TLSConfig = section(TLSConfig)
@@ -411,6 +439,7 @@ class Config:
     patch: PatchConfig = section(PatchConfig)
     log: LogConfig = section(LogConfig)
     record: RecordConfig = section(RecordConfig)
+    audit: AuditConfig = section(AuditConfig)
     workers: int = declare(POSITIVE_INT, 1, restart=Restart.ALWAYS, doc=(
         "Number of amp processes per replica, all serving the webhook port (one listening socket, bound by worker "
         "0; each new connection goes to the worker with the fewest open). `1`: one process, as before. Above `1`: "

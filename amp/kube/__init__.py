@@ -26,6 +26,7 @@ whole objects.
 
 from amp.kube._client import KubeClient, load_client_configuration
 from amp.kube._keep import webhook_failure_policy
+from amp.kube._lease import LeaseElector
 from amp.kube._source import STOP_WAIT, KubernetesNamespaceSource
 from amp.kube._watch import backoff_delay
 
@@ -33,6 +34,7 @@ __all__ = [
     "STOP_WAIT",
     "KubeClient",
     "KubernetesNamespaceSource",
+    "LeaseElector",
     "backoff_delay",
     "load_client_configuration",
     "webhook_failure_policy",

@@ -172,6 +172,10 @@ class KubernetesNamespaceSource(Service):
         self._run: Optional[_Run] = None
         self._last_run: Optional[_Run] = None
         self.client: Optional[KubeClient] = None
+        #: Called with a namespace's name when what amp keeps of it (its
+        #: enabling, endpoints, canary) changes after the first list (the
+        #: continuous audit's cue).
+        self.on_namespace_changed: Optional[Callable[[str], None]] = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -343,7 +347,11 @@ class KubernetesNamespaceSource(Service):
             pending = self._pending.get(name)
             if pending is not None:
                 pending.superseded = True
-            self._enables.changed(kind, self._cache.get(name), info, rv)
+            before = self._cache.get(name)
+            self._enables.changed(kind, before, info, rv)
+            if self.on_namespace_changed is not None and kind != "DELETED" and (
+                    before is None or before.labels != info.labels or before.annotations != info.annotations):
+                self.on_namespace_changed(name)
             if kind == "DELETED":
                 self._cache.pop(name, None)
             else:

@@ -59,8 +59,8 @@ def sidecar_skip_reason(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def sidecar_patch(pod: Mapping[str, Any]) -> list[PatchOp]:
-    """The operations that inject the sidecar; [] when ``sidecar_skip_reason`` says so."""
+def sidecar_patch(pod: Mapping[str, Any], image: str = SIDECAR_IMAGE) -> list[PatchOp]:
+    """The operations that inject the sidecar (of ``image``); [] when ``sidecar_skip_reason`` says so."""
     if sidecar_skip_reason(pod) is not None:
         return []
     b = PatchBuilder(pod)
@@ -78,13 +78,13 @@ def sidecar_patch(pod: Mapping[str, Any]) -> list[PatchOp]:
         )
     for i, _ in items(pod, ["spec", "containers"]):
         b.add_mount(i, mount)
-    b.append(["spec", "containers"], {"name": SIDECAR_NAME, "image": SIDECAR_IMAGE, "volumeMounts": [dict(mount)]})
+    b.append(["spec", "containers"], {"name": SIDECAR_NAME, "image": image, "volumeMounts": [dict(mount)]})
     return b.ops
 
 
-def sidecar_reply(pod: Mapping[str, Any]) -> dict[str, Any]:
+def sidecar_reply(pod: Mapping[str, Any], image: str = SIDECAR_IMAGE) -> dict[str, Any]:
     """Object form of ``sidecar_patch``, with the ``sidecar-injected`` audit annotation when injected."""
-    ops = sidecar_patch(pod)
+    ops = sidecar_patch(pod, image)
     reply: dict[str, Any] = {"patch": ops, "allowed": True}
     if ops:
         reply["auditAnnotations"] = {INJECTED_AUDIT_KEY: "true"}
@@ -93,10 +93,12 @@ def sidecar_reply(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 class Options(serving.Options):
     longdesc = "Serve /sidecar: inject the amp-proxy sidecar and its init container."
+    optParameters = [["sidecar-image", None, SIDECAR_IMAGE, "The image of the injected amp-proxy sidecar."]]
 
 
 def endpoints(options: Mapping[str, Any]) -> dict[str, serving.Handler]:
-    return {"sidecar": lambda pod, call: sidecar_reply(pod)}
+    image = str(options.get("sidecar-image") or SIDECAR_IMAGE)
+    return {"sidecar": lambda pod, call: sidecar_reply(pod, image)}
 
 
 if __name__ == "__main__":

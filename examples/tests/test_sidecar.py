@@ -61,3 +61,16 @@ def test_container_ports_without_any_ports():
     assert sidecar.container_ports(pod) == []
     out = apply(pod, sidecar.sidecar_patch(pod))
     assert env_of(out["spec"]["initContainers"][0]) == {"APP_PORTS": ""}
+
+
+def test_sidecar_image_option():
+    """``--sidecar-image``: the proxy's image (an injector's new version), nothing else changed."""
+    from amp_examples import server
+
+    options = server.Options()
+    options.parseOptions(["--sidecar-image", "envoyproxy/envoy:v1.28.0"])
+    reply = server.handlers(options)["sidecar"](mesh_pod(), None)
+    out = apply(mesh_pod(), reply["patch"])
+    assert out["spec"]["containers"][-1]["image"] == "envoyproxy/envoy:v1.28.0"
+    assert apply(mesh_pod(), sidecar.sidecar_reply(mesh_pod())["patch"])["spec"]["containers"][:-1] == \
+        out["spec"]["containers"][:-1]

@@ -213,6 +213,16 @@ else empty; and the name of its Lease.
 {{- $bypass.lease_name | default "amp-bypass-reporter" -}}
 {{- end -}}
 
+{{- define "amp.audit" -}}
+{{- $audit := (.Values.config | default dict).audit | default dict -}}
+{{- if $audit.continuous -}}true{{- end -}}
+{{- end -}}
+
+{{- define "amp.auditLease" -}}
+{{- $audit := (.Values.config | default dict).audit | default dict -}}
+{{- $audit.lease_name | default "amp-audit" -}}
+{{- end -}}
+
 {{/* A CPU quantity (250m, 1, 1.5) in millicores. */}}
 {{- define "amp.millicores" -}}
 {{- $q := toString . -}}
