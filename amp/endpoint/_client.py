@@ -134,6 +134,13 @@ class EndpointClient:
         o = self._origins.get(origin)
         return o.in_flight if o is not None else 0
 
+    def queued(self, origin: str) -> int:
+        """
+        Calls to C{origin} waiting for a slot now.
+        """
+        o = self._origins.get(origin)
+        return o.bulkhead.queued if o is not None else 0
+
     def open_connections(self) -> int:
         """
         Connections open now, idle or busy.
