@@ -222,8 +222,11 @@ class Review:
             # Facts only a kept event needs (a review's hot path gathers none).
             now = self._call_started = self._parts.clock.seconds()
             left = self._deadline.remaining(now)
-            self._trace.record(BudgetGiven, seconds=round(left, 4), timeout=round(min(step.settings.timeout, left), 4),
-                               position=chain.index + 1, chain_length=len(chain.route.steps))
+            settings = step.settings
+            self._trace.record(BudgetGiven, seconds=round(left, 4), timeout=round(min(settings.timeout, left), 4),
+                               position=chain.index + 1, chain_length=len(chain.route.steps),
+                               max_concurrent=settings.max_concurrent, min_call_time=settings.min_call_time,
+                               latency_budget=settings.latency_budget)
         plan = self._canary_plan
         if plan is not None and plan.index == chain.index:
             self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]
