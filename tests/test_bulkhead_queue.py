@@ -179,6 +179,10 @@ class QueueTests(SynchronousTestCase, FailureAssertions):
             self.assertReason(d, "breaker-open")
         self.assertEqual(sample(h.metrics, "amp_endpoint_queued", endpoint=ORIGIN), 0)
         self.assertEqual(h.client.in_flight(ORIGIN), 1)
+        # The breaker's refusals are the breaker's: not the queue's.
+        self.assertEqual(h.count(URL, "breaker-open"), 2)
+        self.assertEqual(sample(h.metrics, "amp_endpoint_queue_refused_total", endpoint=ORIGIN,
+                                reason="breaker-open"), 0)
 
 
 # ---------------------------------------------------------------- the latency budget (client)

@@ -200,7 +200,7 @@ class EndpointClient:
             # It never held a slot: out of the queue (a no-op when the
             # queue handed it a slot it then refused).
             bulkhead.leave(call)
-            if outcome != Reason.CANCELLED:
+            if outcome in _REFUSALS:
                 origin.refused(outcome)
             self._admit(origin)
             return
