@@ -33,29 +33,31 @@ class Bulkhead(Generic[W]):
     Slots in flight and an arrival-ordered queue for one origin.
 
     @ivar in_flight: calls holding a slot now.
+    @ivar waiters: the queue, in arrival order (read it; change it through
+        the methods).
     """
 
-    __slots__ = ("in_flight", "_queue", "_admitting")
+    __slots__ = ("in_flight", "waiters", "_admitting")
 
     def __init__(self) -> None:
         self.in_flight = 0
-        self._queue: dict[W, int] = {}
+        self.waiters: dict[W, int] = {}
         self._admitting = False
 
     def __repr__(self) -> str:
-        return f"<Bulkhead in_flight={self.in_flight} queued={len(self._queue)}>"
+        return f"<Bulkhead in_flight={self.in_flight} queued={len(self.waiters)}>"
 
     @property
     def queued(self) -> int:
         """Waiters in the queue now."""
-        return len(self._queue)
+        return len(self.waiters)
 
     def enter(self, limit: int) -> bool:
         """
         Take a slot now, if fewer than C{limit} are taken and nobody waits
         (a waiter is never passed).
         """
-        if self.in_flight < limit and not self._queue:
+        if self.in_flight < limit and not self.waiters:
             self.in_flight += 1
             return True
         return False
@@ -65,9 +67,9 @@ class Bulkhead(Generic[W]):
         Queue C{waiter} behind the others, for a slot among C{limit}; false
         (and nothing queued) when C{max_queued} wait already.
         """
-        if len(self._queue) >= max_queued:
+        if len(self.waiters) >= max_queued:
             return False
-        self._queue[waiter] = limit
+        self.waiters[waiter] = limit
         return True
 
     def leave(self, waiter: W) -> bool:
@@ -75,11 +77,11 @@ class Bulkhead(Generic[W]):
         Take C{waiter} out of the queue (it gave up); false when it is not
         there (it was admitted, or had left already).
         """
-        return self._queue.pop(waiter, None) is not None
+        return self.waiters.pop(waiter, None) is not None
 
     def waiting(self, waiter: W) -> bool:
         """Whether C{waiter} is in the queue."""
-        return waiter in self._queue
+        return waiter in self.waiters
 
     def release(self) -> None:
         """
@@ -102,7 +104,7 @@ class Bulkhead(Generic[W]):
             return
         self._admitting = True
         try:
-            queue = self._queue
+            queue = self.waiters
             while queue:
                 waiter, limit = next(iter(queue.items()))
                 if self.in_flight >= limit:
@@ -115,6 +117,6 @@ class Bulkhead(Generic[W]):
 
     def head(self) -> Optional[W]:
         """The waiter that came first, or None."""
-        for waiter in self._queue:
+        for waiter in self.waiters:
             return waiter
         return None

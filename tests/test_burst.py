@@ -6,8 +6,9 @@ sends them.
 
 What is asserted is each Pod's outcome, as the API server would store it:
 mutated and stamped, or admitted under Ignore and stamped C{skipped
-<reason>}, with amp's metrics accounting for each; every answer arrives
-before the API server's own timeout.  No test asserts how fast.
+<reason>}, with amp's metrics accounting for each; every review is
+answered, none long after the API server's own timeout.  No test asserts
+how fast.
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ from tests.helpers import (
 )
 from tests.waiting import wait_until
 
-#: The endpoint's patch: one annotation.
+#: Seconds past the API server's timeout the client allows an answer (see
+#: L{BurstTestCase.review}); amp's budget ends a second before that timeout.
+GRACE = 1.5
+
+#: The endpoint's patch: one label.
 PATCH = json.dumps([{"op": "add", "path": "/metadata/labels/mutated", "value": "yes"}]).encode()
 
 
@@ -83,7 +88,7 @@ class StormEndpoint(Resource):
 
 
 class BurstTestCase(TestCase):
-    timeout = 30
+    timeout = 60
 
     @inlineCallbacks
     def start(self, endpoint: StormEndpoint, **endpoints: Any) -> Any:
@@ -103,7 +108,10 @@ class BurstTestCase(TestCase):
     def review(self, amp: Any, n: int, timeout: float = 3.0) -> Any:
         """
         One Pod's review as the API server sends it (C{?timeout=}); fails
-        the test when the answer comes after that timeout.  Resolves to
+        the test when the answer comes long after that timeout (L{GRACE}:
+        the client's own TLS handshakes on a busy machine are in the time
+        it measures; a review waiting for a slot past its deadline would be
+        seconds later still).  Resolves to
         C{(stamp, outcome)}: the Pod's status stamp and whether it was
         mutated.
         """
@@ -112,13 +120,13 @@ class BurstTestCase(TestCase):
         d = self.client.post(amp.url("/mutate", f"timeout={timeout:g}s"), review_bytes(the_pod, namespace="storm",
                                                                                         uid=uid))
         late: list[bool] = []
-        timer = reactor.callLater(timeout, late.append, True)
+        timer = reactor.callLater(timeout + GRACE, late.append, True)
         try:
             response, content = yield d
         finally:
             if timer.active():
                 timer.cancel()
-        self.assertEqual(late, [], f"review {n} was answered after the API server's timeout of {timeout}s")
+        self.assertEqual(late, [], f"review {n} was answered long after the API server's timeout of {timeout}s")
         self.assertEqual(response.code, 200)
         answer = decode_answer(content)["response"]
         self.assertEqual(answer["uid"], uid)
@@ -196,8 +204,10 @@ class BusyEndpointTests(BurstTestCase):
         endpoint = StormEndpoint()
         endpoint.hold = True
         amp = yield self.start(endpoint, max_concurrent=2, max_queued=3)
-        waiting = self.burst(amp, 5)
-        refused = yield self.burst(amp, 4, first=5)
+        # The API server's longest budget: the waiters must not time out
+        # while a busy machine runs this test.
+        waiting = self.burst(amp, 5, timeout=30)
+        refused = yield self.burst(amp, 4, first=5, timeout=30)
         self.assertEqual(self.assertAccounted(refused, {"queue-full"}), {"queue-full": 4})
         # The queue's three go out as slots free.
         while endpoint.calls < 5 or endpoint.held:

@@ -195,7 +195,7 @@ class Call:
     """
 
     __slots__ = (
-        "_reactor", "_request", "_guard", "_on_settled", "_started", "_timer", "_pending", "_retry",
+        "_reactor", "_request", "guard", "_on_settled", "_started", "_timer", "_pending", "_retry",
         "_replied", "_done", "_waiters", "_receiver", "told", "expires", "_caller_times", "queued",
     )
 
@@ -205,7 +205,8 @@ class Call:
     ) -> None:
         self._reactor = reactor
         self._request = request
-        self._guard = guard
+        #: What the call holds (the client sets its ticket when a slot frees).
+        self.guard = guard
         self._on_settled = settled
         self._retry = request.settings.retry
         #: The call resolved to a reply: only its caller settles it now.
@@ -230,11 +231,6 @@ class Call:
     def request(self) -> CallRequest:
         """What the call sends (the client sets its time when a slot frees)."""
         return self._request
-
-    @property
-    def guard(self) -> CallGuard:
-        """What the call holds (the client sets its ticket when a slot frees)."""
-        return self._guard
 
     def queue(self, latest: float) -> None:
         """
@@ -298,7 +294,7 @@ class Call:
         """
         request = self._request
         try:
-            exchange = request.profile.send(request.target, request.data, self._guard.charge, self)
+            exchange = request.profile.send(request.target, request.data, self.guard.charge, self)
         except Exception:
             self.failed(Failure())
             return
@@ -424,7 +420,7 @@ class Call:
 
     def _settle(self, outcome: str, verdict: Verdict) -> None:
         self._done = True
-        guard = self._guard
+        guard = self.guard
         # The reply is parsed (or dropped): its bytes are no longer held.
         guard.charge.close()
         if self._timer is not None:

@@ -210,7 +210,7 @@ class EndpointClient:
         latency = guard.latency
         if latency is not None:
             self._measured(origin, latency, guard.token, outcome, duration, verdict)
-        if bulkhead.queued:
+        if bulkhead.waiters:
             self._admit(origin)
 
     def _measured(self, origin: Origin, latency: LatencyBudget, token: int, outcome: str, duration: float,
