@@ -7,8 +7,8 @@ sends them.
 What is asserted is each Pod's outcome, as the API server would store it:
 mutated and stamped, or admitted under Ignore and stamped C{skipped
 <reason>}, with amp's metrics accounting for each; every review is
-answered, none long after the API server's own timeout.  No test asserts
-how fast.
+answered.  No test asserts how fast (the deadline itself is asserted on a
+Clock in tests/test_bulkhead_queue.py).
 """
 
 from __future__ import annotations
@@ -28,10 +28,6 @@ from tests.helpers import (
     WebhookClient, apply_patch, decode_answer, make_config, namespace, pod, review_bytes, start_amp, wait_all,
 )
 from tests.waiting import wait_until
-
-#: Seconds past the API server's timeout the client allows an answer (see
-#: L{BurstTestCase.review}); amp's budget ends a second before that timeout.
-GRACE = 1.5
 
 #: The endpoint's patch: one label.
 PATCH = json.dumps([{"op": "add", "path": "/metadata/labels/mutated", "value": "yes"}]).encode()
@@ -107,11 +103,9 @@ class BurstTestCase(TestCase):
     @inlineCallbacks
     def review(self, amp: Any, n: int, timeout: float = 3.0) -> Any:
         """
-        One Pod's review as the API server sends it (C{?timeout=}); fails
-        the test when the answer comes long after that timeout (L{GRACE}:
-        the client's own TLS handshakes on a busy machine are in the time
-        it measures; a review waiting for a slot past its deadline would be
-        seconds later still).  Resolves to
+        One Pod's review as the API server sends it (C{?timeout=}).  That no
+        answer comes after the deadline is a timing, asserted on a Clock in
+        tests/test_bulkhead_queue.py, not here where load moves it.  Resolves to
         C{(stamp, outcome)}: the Pod's status stamp and whether it was
         mutated.
         """
@@ -119,14 +113,7 @@ class BurstTestCase(TestCase):
         the_pod = pod(name=f"web-{n}")
         d = self.client.post(amp.url("/mutate", f"timeout={timeout:g}s"), review_bytes(the_pod, namespace="storm",
                                                                                         uid=uid))
-        late: list[bool] = []
-        timer = reactor.callLater(timeout + GRACE, late.append, True)
-        try:
-            response, content = yield d
-        finally:
-            if timer.active():
-                timer.cancel()
-        self.assertEqual(late, [], f"review {n} was answered long after the API server's timeout of {timeout}s")
+        response, content = yield d
         self.assertEqual(response.code, 200)
         answer = decode_answer(content)["response"]
         self.assertEqual(answer["uid"], uid)
