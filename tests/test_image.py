@@ -1,0 +1,312 @@
+"""
+amp's image as users run it: built from this checkout (``make image``),
+started with the chart's security settings (read-only root filesystem, the
+chart's non-root uid, every capability dropped, no privilege escalation,
+only the chart's memory emptyDir writable), its config and certificate
+mounted from files laid out as the kubelet lays out the chart's projected
+volume.  It must pass the chart's probes, answer an AdmissionReview through
+the example endpoint (the same image, a second container in amp's network
+namespace, as a sidecar would be), reload its certificate when the mounted
+Secret is swapped as the kubelet swaps it, and stop within its drain time
+on SIGTERM with exit status 0.  What is inside is checked too: the SBOM
+lists exactly the locked packages, and there is no compiler, package cache,
+test or bench code.
+
+Everything the containers are started with comes from the chart's
+Deployment (tests/imagerun.py); tests/test_image_chart.py compares that
+with the chart and with the image.  Without a container engine the tests
+skip saying so (fail when ``CI=true``); ``make tools`` installs one.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import ssl
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+from cryptography.hazmat.primitives.serialization import Encoding
+from packaging.markers import Marker
+
+from amp_dev.devcert import issue_cert, make_ca, pem_cert, pem_key
+
+from .helpers import apply_patch, decode_answer, pod, review
+from .imagerun import (
+    ChartContainer, ConfigVolume, Container, built_image, chart_container, chart_deployment, https_get, imagetool,
+    run_flags, wait_answering,
+)
+from .waiting import poll_until
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Where the example endpoint listens, inside amp's network namespace.
+EXAMPLE_PORT = 8090
+NAMESPACE = "team-a"
+
+
+@pytest.fixture(scope="module")
+def spec() -> ChartContainer:
+    return chart_container(chart_deployment())
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    return built_image()
+
+
+class Certificates:
+    """A CA and two serving certificates it signed for the published loopback port."""
+
+    def __init__(self) -> None:
+        ca, ca_key = make_ca("amp image test CA")
+        self.ca_pem = pem_cert(ca)
+        self.pairs = []
+        for name in ("first", "second"):
+            cert, key = issue_cert(ca, ca_key, f"amp {name}", ["127.0.0.1", "localhost"])
+            self.pairs.append((pem_cert(cert), pem_key(key), cert.public_bytes(Encoding.DER)))
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cadata=self.ca_pem.decode())
+
+
+def container_config(spec: ChartContainer, **overrides: Any) -> dict[str, Any]:
+    """The chart's amp.yaml (deploy/base/amp.yaml, rendered from the chart)
+    with what a cluster would provide replaced by files: a static namespace
+    whose endpoint is the example endpoint on amp's loopback, which the
+    chart's SSRF rules (deny_networks: loopback) then must allow."""
+    config = yaml.safe_load((ROOT / "deploy" / "base" / "amp.yaml").read_text())
+    config["kubernetes"] = {"source": "static", "namespaces": {NAMESPACE: {
+        "labels": {"amp.txn2.com/enabled": "true"},
+        "annotations": {"amp.txn2.com/ep": f"http://127.0.0.1:{EXAMPLE_PORT}/user-env"}}}}
+    config["failure_policy"] = "Fail"  # an endpoint that cannot be reached denies, never passes quietly
+    config["endpoints"]["allow"] = ["http://127.0.0.1:*/*"]
+    config["endpoints"]["deny_networks"] = [n for n in config["endpoints"]["deny_networks"] if n != "loopback"]
+    for section, values in overrides.items():
+        config.setdefault(section, {}).update(values)
+    return config
+
+
+class Pair:
+    """amp's container (the chart's ports published on loopback) and the
+    example endpoint's container in amp's network namespace."""
+
+    def __init__(self, spec: ChartContainer, image: str, workdir: Path, config: dict[str, Any]) -> None:
+        self.spec = spec
+        self.certs = Certificates()
+        self.config = config
+        cert, key, _ = self.certs.pairs[0]
+        self.volume = ConfigVolume(workdir / "config", spec, self.sources(cert, key))
+        publish = []
+        for _, port in spec.ports:
+            publish += ["--publish", f"127.0.0.1::{port}"]
+        self.amp = Container("amp", image, [
+            *run_flags(spec), *publish,
+            "--volume", f"{self.volume.dir}:{spec.config_mount}:{'ro' if spec.config_read_only else 'rw'}"])
+        example_flags = run_flags(spec)
+        example_flags[example_flags.index("--entrypoint") + 1] = json.dumps(
+            ["twistd", "--nodaemon", "--pidfile=", "amp-example", "--port", str(EXAMPLE_PORT),
+             "--interface", "127.0.0.1"])
+        self.example_flags = example_flags + ["--network", "container:{amp}", "--env", "PYTHONPATH=/examples",
+                                              "--volume", f"{ROOT / 'examples'}:/examples:ro"]
+        self.example: Container | None = None
+        self.image = image
+
+    def sources(self, cert: bytes, key: bytes) -> dict[str, bytes]:
+        return {"configMap:amp.yaml": yaml.safe_dump(self.config).encode(), "secret:tls.crt": cert,
+                "secret:tls.key": key}
+
+    def start(self) -> float:
+        """Start both; returns amp's seconds from start to its readiness probe passing."""
+        self.amp.start()
+        flags = [f.replace("{amp}", self.amp.name) for f in self.example_flags]
+        self.example = Container("example", self.image, flags).start()
+        return wait_answering(self.amp, self.port("webhook"), self.spec.readiness, self.certs.context())
+
+    def port(self, name: str) -> int:
+        return self.amp.host_port(self.spec.port(name))
+
+    def remove(self) -> None:
+        for container in (self.example, self.amp):
+            if container is not None:
+                container.remove()
+
+
+@pytest.fixture(scope="module")
+def pair(spec: ChartContainer, image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    running = Pair(spec, image, tmp_path_factory.mktemp("image"),
+                   container_config(spec, tls={"reload_interval": "500ms"}))
+    try:
+        running.start()
+        yield running
+    finally:
+        running.remove()
+
+
+# ---------------------------------------------------------------- as deployed
+
+
+def test_runs_with_the_charts_security_settings(pair: Pair, spec: ChartContainer) -> None:
+    """Inside the running container: the chart's uid and gid, no
+    capability at all, no_new_privs set, the root filesystem read-only and
+    only the chart's emptyDir writable."""
+    script = (
+        "import os, sys\n"
+        "status = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
+        "def writable(p):\n"
+        "    try:\n"
+        "        open(os.path.join(p, 'probe'), 'w').close(); os.remove(os.path.join(p, 'probe')); return True\n"
+        "    except OSError:\n"
+        "        return False\n"
+        "print(os.getuid(), os.getgid(), status['CapEff'].strip(), status['CapBnd'].strip(),\n"
+        "      status['NoNewPrivs'].strip(), *[writable(p) for p in sys.argv[1:]])\n")
+    paths = ["/", "/opt/amp", "/etc/amp", "/run", "/var/tmp", *[p for p, _ in spec.writable]]
+    result = pair.amp.exec("python", "-c", script, *paths)
+    assert result.returncode == 0, result.stderr
+    uid, gid, effective, bounding, no_new_privs, *writable = result.stdout.split()
+    assert (int(uid), int(gid)) == (spec.user, spec.group)
+    assert int(effective, 16) == 0 and int(bounding, 16) == 0, "capabilities left"
+    assert no_new_privs == "1"
+    assert dict(zip(paths, writable)) == {p: str(p in dict(spec.writable)) for p in paths}
+
+
+def test_probes_pass(pair: Pair, spec: ChartContainer) -> None:
+    """The chart's liveness and readiness probes, on the chart's port, over TLS with the mounted certificate."""
+    for probe in (spec.liveness, spec.readiness):
+        port = pair.amp.host_port(probe.port)
+        assert https_get(port, probe.path, pair.certs.context())[0] == 200
+
+
+def test_answers_a_review_through_the_example_endpoint(pair: Pair) -> None:
+    """A Pod in the static namespace goes to the example endpoint (the
+    second container) and comes back patched with what it adds."""
+    status, body = _post_review(pair)
+    assert status == 200, body
+    response = decode_answer(body)["response"]
+    assert response["allowed"] is True, response
+    patched = apply_patch(pod(), response["_patch"])
+    assert [c["name"] for c in patched["spec"]["initContainers"]] == ["new-init-container"]
+    assert {"name": "AMP_USER", "value": "anonymous"} in patched["spec"]["containers"][0]["env"]
+    assert patched["metadata"]["annotations"]["amp.txn2.com/status"] == "mutated"
+
+
+def _post_review(pair: Pair) -> tuple[int, bytes]:
+    import http.client
+
+    connection = http.client.HTTPSConnection("127.0.0.1", pair.port("webhook"), timeout=15,
+                                             context=pair.certs.context())
+    try:
+        body = json.dumps(review(namespace=NAMESPACE)).encode()
+        connection.request("POST", "/mutate?timeout=10s", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def _served_certificate(pair: Pair) -> bytes:
+    context = pair.certs.context()
+    with socket.create_connection(("127.0.0.1", pair.port("webhook")), timeout=3) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def test_reloads_its_certificate_when_the_secret_is_swapped(pair: Pair) -> None:
+    """The kubelet renames a new ``..data`` link over the old one; amp
+    serves the new certificate without a restart, and still answers."""
+    first, second = pair.certs.pairs
+    assert _served_certificate(pair) == first[2]
+    pair.volume.swap_sources(pair.sources(second[0], second[1]))
+    poll_until("amp to serve the swapped certificate", lambda: _served_certificate(pair) == second[2] or None,
+               30.0, details=pair.amp.describe)
+    assert pair.amp.running()
+    assert _post_review(pair)[0] == 200
+
+
+def test_stops_within_its_drain_time_with_status_zero(spec: ChartContainer, image: str, tmp_path: Path) -> None:
+    """SIGTERM (``<engine> stop`` sends the image's stop signal, as the
+    kubelet does) stops amp well inside its drain time, exit status 0, and
+    the log says the server shut down."""
+    config = container_config(spec)
+    drain = _seconds(config["listen"].get("drain_timeout", "30s"))
+    running = Pair(spec, image, tmp_path, config)
+    try:
+        running.start()
+        status, seconds = running.amp.stop(spec.termination_grace)
+        log = running.amp.logs()
+        assert status == 0, running.amp.describe()
+        assert seconds < drain, f"took {seconds:.1f} s, the drain time is {drain} s"
+        assert "Server Shut Down." in log or "server shut down" in log.lower(), running.amp.describe()
+    finally:
+        running.remove()
+
+
+def _seconds(duration: str) -> float:
+    from amp.config import parse_duration
+
+    return float(parse_duration(duration))
+
+
+# ---------------------------------------------------------------- what is inside
+
+
+def test_sbom_lists_the_locked_packages(image: str) -> None:
+    """The image's CycloneDX SBOM (cyclonedx-py, run on the image's own
+    environment) lists every package of requirements/amp.lock that applies
+    to the image's Python, at the locked version, plus amp itself, and
+    nothing else (no pip, no build backend)."""
+    document = imagetool.sbom(image)
+    assert document["bomFormat"] == "CycloneDX"
+    listed = imagetool.sbom_packages(document)
+    python = _image_python(image)
+    wanted = {name: version for name, version, marker in _locked_with_markers(ROOT / "requirements" / "amp.lock")
+              if marker is None or Marker(marker).evaluate(python)}
+    wanted["amp"] = imagetool.version()
+    assert listed == wanted
+
+
+def _image_python(image: str) -> dict[str, str]:
+    """The marker environment of the image's interpreter."""
+    import subprocess
+
+    script = ("import json, platform, sys, os; print(json.dumps({'python_version': '%d.%d' % sys.version_info[:2], "
+              "'python_full_version': platform.python_version(), 'implementation_name': sys.implementation.name, "
+              "'platform_python_implementation': platform.python_implementation(), 'sys_platform': sys.platform, "
+              "'platform_system': platform.system(), 'platform_machine': platform.machine(), 'os_name': os.name}))")
+    out = subprocess.run([imagetool.engine(), "run", "--rm", "--network", "none", *imagetool.ulimits(),
+                          "--entrypoint", "python", image, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    return json.loads(out)
+
+
+def _locked_with_markers(path: Path) -> list[tuple[str, str, str | None]]:
+    import re
+
+    out = []
+    for line in path.read_text().splitlines():
+        found = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)\s*(?:;\s*([^\\]+?))?\s*\\?$", line)
+        if found:
+            out.append((imagetool.normalise(found.group(1)), found.group(2), found.group(3)))
+    return out
+
+
+def test_nothing_inside_but_what_runs(image: str) -> None:
+    """No compiler, no pip or apt cache or package lists, no pip at all in
+    amp's environment, no build leftovers, no tests, benchmarks or
+    examples; amp's plugin cache is there (a read-only root cannot write it)."""
+    files = imagetool.filesystem(image)
+    assert imagetool.forbidden(files) == {}
+    assert not [p for p in files if p.startswith("/opt/amp/") and "/site-packages/pip/" in p]
+    assert "/opt/amp/lib/python3.13/site-packages/twisted/plugins/dropin.cache" in files
+
+
+def test_the_forbidden_check_finds_what_it_looks_for() -> None:
+    found = imagetool.forbidden(["/usr/bin/gcc-14", "/root/.cache/pip/http/x", "/var/cache/apt/archives/a_1.deb",
+                                 "/opt/amp/lib/python3.13/site-packages/tests/test_x.py", "/wheels/amp.whl",
+                                 "/usr/bin/python3", "/var/lib/apt/lists/lock"])
+    assert set(found) == {"a C compiler", "pip's cache", "apt's package cache", "amp's tests",
+                          "the build's sources or wheels"}
