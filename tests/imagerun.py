@@ -40,11 +40,19 @@ from typing import Any, Mapping, Optional
 import pytest
 import yaml
 
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from amp_dev.devcert import issue_cert, make_ca, pem_cert, pem_key
+
 from .helpers import SecretVolume
 from .waiting import poll_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOYMENT = ROOT / "deploy" / "base" / "deployment.yaml"
+#: Where the example endpoint listens, inside amp's network namespace.
+EXAMPLE_PORT = 8090
+#: The static namespace whose Pods go to the example endpoint.
+NAMESPACE = "team-a"
 
 
 def _load_tool() -> ModuleType:
@@ -351,3 +359,97 @@ def wait_answering(container: Container, port: int, probe: Probe, context: ssl.S
     poll_until(f"{probe.path} of {container.name}", answered, timeout,
                details=lambda: f"{last[0]}\n{container.describe()}")
     return time.monotonic() - started
+
+
+# ---------------------------------------------------------------- amp and its endpoint, as the tests run them
+
+
+class Certificates:
+    """A CA and two serving certificates it signed for the published loopback port."""
+
+    def __init__(self) -> None:
+        ca, ca_key = make_ca("amp image test CA")
+        self.ca_pem = pem_cert(ca)
+        self.pairs = []
+        for name in ("first", "second"):
+            cert, key = issue_cert(ca, ca_key, f"amp {name}", ["127.0.0.1", "localhost"])
+            self.pairs.append((pem_cert(cert), pem_key(key), cert.public_bytes(Encoding.DER)))
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cadata=self.ca_pem.decode())
+
+
+def container_config(spec: ChartContainer, **overrides: Any) -> dict[str, Any]:
+    """The chart's amp.yaml (deploy/base/amp.yaml, rendered from the chart)
+    with what a cluster would provide replaced by files: a static namespace
+    whose endpoint is the example endpoint on amp's loopback, which the
+    chart's SSRF rules (deny_networks: loopback) then must allow."""
+    config = yaml.safe_load((ROOT / "deploy" / "base" / "amp.yaml").read_text())
+    config["kubernetes"] = {"source": "static", "namespaces": {NAMESPACE: {
+        "labels": {"amp.txn2.com/enabled": "true"},
+        "annotations": {"amp.txn2.com/ep": f"http://127.0.0.1:{EXAMPLE_PORT}/user-env"}}}}
+    config["failure_policy"] = "Fail"  # an endpoint that cannot be reached denies, never passes quietly
+    config["endpoints"]["allow"] = ["http://127.0.0.1:*/*"]
+    config["endpoints"]["deny_networks"] = [n for n in config["endpoints"]["deny_networks"] if n != "loopback"]
+    for section, values in overrides.items():
+        config.setdefault(section, {}).update(values)
+    return config
+
+
+class Pair:
+    """amp's container (the chart's ports published on loopback) and the
+    example endpoint's container in amp's network namespace."""
+
+    def __init__(self, spec: ChartContainer, image: str, workdir: Path, config: dict[str, Any]) -> None:
+        self.spec = spec
+        self.certs = Certificates()
+        self.config = config
+        cert, key, _ = self.certs.pairs[0]
+        self.volume = ConfigVolume(workdir / "config", spec, self.sources(cert, key))
+        publish = []
+        for _, port in spec.ports:
+            publish += ["--publish", f"127.0.0.1::{port}"]
+        self.amp = Container("amp", image, [
+            *run_flags(spec), *publish,
+            "--volume", f"{self.volume.dir}:{spec.config_mount}:{'ro' if spec.config_read_only else 'rw'}"])
+        example_flags = run_flags(spec)
+        example_flags[example_flags.index("--entrypoint") + 1] = json.dumps(
+            ["twistd", "--nodaemon", "--pidfile=", "amp-example", "--port", str(EXAMPLE_PORT),
+             "--interface", "127.0.0.1"])
+        self.example_flags = example_flags + ["--network", "container:{amp}", "--env", "PYTHONPATH=/examples",
+                                              "--volume", f"{ROOT / 'examples'}:/examples:ro"]
+        self.example: Container | None = None
+        self.image = image
+
+    def sources(self, cert: bytes, key: bytes) -> dict[str, bytes]:
+        return {"configMap:amp.yaml": yaml.safe_dump(self.config).encode(), "secret:tls.crt": cert,
+                "secret:tls.key": key}
+
+    def start(self) -> float:
+        """Start both and wait until amp is ready and the endpoint answers;
+        returns amp's seconds from ``<engine> run`` to its readiness probe
+        passing (the figure bench/image.py reports)."""
+        started = time.monotonic()
+        self.amp.start()
+        wait_answering(self.amp, self.port("webhook"), self.spec.readiness, self.certs.context())
+        ready = time.monotonic() - started
+        flags = [f.replace("{amp}", self.amp.name) for f in self.example_flags]
+        self.example = Container("example", self.image, flags).start()
+        example = self.example
+        check = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{EXAMPLE_PORT}/healthz', timeout=2)"
+
+        def answering() -> Optional[bool]:
+            if not example.running():
+                raise AssertionError(f"the example endpoint exited\n{example.describe()}")
+            return example.exec("python", "-c", check).returncode == 0 or None
+
+        poll_until("the example endpoint in amp's network namespace", answering, 60.0, details=example.describe)
+        return ready
+
+    def port(self, name: str) -> int:
+        return self.amp.host_port(self.spec.port(name))
+
+    def remove(self) -> None:
+        for container in (self.example, self.amp):
+            if container is not None:
+                container.remove()
