@@ -41,7 +41,9 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 # pip and the build backend live in a virtualenv of their own (/opt/build)
 # that stays in this stage; /opt/amp, the one the image ships, has neither
-# (pip installs into it through --python).
+# (pip installs into it through --python).  amp is installed by name from
+# the wheel's directory, not by the wheel's path, so that no record of the
+# wheel's own bytes (direct_url.json) lands in the image.
 COPY requirements/build.lock ./requirements/build.lock
 RUN --mount=type=secret,id=build-ca \
     python -m venv /opt/build \
@@ -56,7 +58,7 @@ COPY amp ./amp
 COPY twisted ./twisted
 RUN /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation -w /wheels /src \
     && /opt/build/bin/pip --python /opt/amp/bin/python install --no-cache-dir --no-deps --no-index \
-       /wheels/amp-*.whl
+       --find-links /wheels amp
 
 
 FROM python:3.13-slim

@@ -231,11 +231,3 @@ def test_nothing_inside_but_what_runs(image: str) -> None:
     assert imagetool.forbidden(files) == {}
     assert not [p for p in files if p.startswith("/opt/amp/") and "/site-packages/pip/" in p]
     assert "/opt/amp/lib/python3.13/site-packages/twisted/plugins/dropin.cache" in files
-
-
-def test_the_forbidden_check_finds_what_it_looks_for() -> None:
-    found = imagetool.forbidden(["/usr/bin/gcc-14", "/root/.cache/pip/http/x", "/var/cache/apt/archives/a_1.deb",
-                                 "/opt/amp/lib/python3.13/site-packages/tests/test_x.py", "/wheels/amp.whl",
-                                 "/usr/bin/python3", "/var/lib/apt/lists/lock"])
-    assert set(found) == {"a C compiler", "pip's cache", "apt's package cache", "amp's tests",
-                          "the build's sources or wheels"}
