@@ -51,10 +51,13 @@ def test_a_difference_in_content_mode_or_files_is_named() -> None:
 def test_the_config_comparison_keeps_what_the_image_runs_with() -> None:
     inspected = {"Id": "sha256:1", "Created": "2026-11-28T22:00:00Z", "GraphDriver": {"Data": "/var/lib/x"},
                  "Config": {"User": "65532:65532", "Cmd": ["--config", "/etc/amp/amp.yaml"], "Hostname": "h"},
-                 "Labels": {"org.opencontainers.image.revision": "abc"}}
+                 "Labels": {"org.opencontainers.image.revision": "abc"},
+                 "Annotations": {"org.opencontainers.image.base.digest": "sha256:2",
+                                 "org.opencontainers.image.base.name": "localhost/python:3.13-slim"}}
     assert imagetool.config_without_times(inspected) == {
         "Config": {"User": "65532:65532", "Cmd": ["--config", "/etc/amp/amp.yaml"]},
-        "Labels": {"org.opencontainers.image.revision": "abc"}}
+        "Labels": {"org.opencontainers.image.revision": "abc"},
+        "Annotations": {"org.opencontainers.image.base.name": "localhost/python:3.13-slim"}}
 
 
 def test_the_forbidden_check_finds_what_it_looks_for() -> None:

@@ -228,6 +228,11 @@ def config_without_times(inspected: dict) -> dict:
     for key in ("Config", "ContainerConfig"):
         if isinstance(config.get(key), dict):
             config[key] = {k: v for k, v in config[key].items() if k not in ("Image", "Hostname")}
+    # buildah's digest of the base's manifest as it wrote it for this build:
+    # two builds on one local base image get two (the base's name stays compared).
+    if isinstance(config.get("Annotations"), dict):
+        config["Annotations"] = {k: v for k, v in config["Annotations"].items()
+                                 if k != "org.opencontainers.image.base.digest"}
     return config
 
 
