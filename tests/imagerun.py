@@ -139,6 +139,7 @@ class ChartContainer:
     config_mode: int  # the volume's defaultMode
     writable: tuple[tuple[str, str], ...]  # (mountPath, sizeLimit) of memory emptyDirs
     termination_grace: int
+    pre_stop: tuple[str, ...]  # the preStop hook's command, run in the container
 
     def port(self, name: str) -> int:
         return dict(self.ports)[name]
@@ -202,6 +203,7 @@ def chart_container(deployment: Mapping[str, Any]) -> ChartContainer:
         config_mode=mode,
         writable=tuple(writable),
         termination_grace=int(pod["terminationGracePeriodSeconds"]),
+        pre_stop=tuple(container["lifecycle"]["preStop"]["exec"]["command"]),
     )
 
 

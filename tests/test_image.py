@@ -95,6 +95,15 @@ def test_probes_pass(pair: Pair, spec: ChartContainer) -> None:
         assert https_get(port, probe.path, pair.certs.context())[0] == 200
 
 
+def test_the_charts_pre_stop_hook_runs_in_the_image(pair: Pair, spec: ChartContainer) -> None:
+    """The kubelet runs the chart's preStop command inside the container
+    before SIGTERM: the image has what it needs, as the chart's user on a
+    read-only root."""
+    result = pair.amp.exec(*spec.pre_stop)
+    assert result.returncode == 0, result.stderr
+    assert pair.amp.running()
+
+
 def test_answers_a_review_through_the_example_endpoint(pair: Pair) -> None:
     """A Pod in the static namespace goes to the example endpoint (the
     second container) and comes back patched with what it adds."""

@@ -32,6 +32,7 @@ def test_the_container_tests_run_what_the_chart_renders() -> None:
     assert (used.readiness.path, used.liveness.path) == ("/readyz", "/healthz")
     assert used.config_mount == "/etc/amp" and used.config_read_only
     assert dict(used.writable) == {"/tmp": "16Mi"}
+    assert used.pre_stop[0] == "python", "the image has python on PATH, not necessarily a sleep binary"
 
 
 def test_the_charts_config_names_the_mounted_files_and_ports() -> None:
