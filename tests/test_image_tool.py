@@ -92,3 +92,16 @@ def test_the_build_passes_the_revision_the_time_and_the_ca_as_a_secret(tmp_path:
     assert f"--secret id=build-ca,src={ca}" in joined and "--build-arg PIP_CERT=/run/secrets/build-ca" in joined
     assert "--volume" not in args, "a mounted file would leave its mount point in a layer"
     assert args[-1] == str(ROOT)
+
+
+def test_the_revision_names_the_last_commit_of_what_the_image_is_built_from() -> None:
+    """The build context is what .dockerignore lets through and the
+    Dockerfile: a file the build copies that is outside CONTEXT would leave
+    a change to it out of the revision."""
+    from .test_dockerfile import stages
+
+    copied = [args.split()[0] for ins, args in stages()[0] if ins == "COPY"]
+    assert sorted(imagetool.CONTEXT) == sorted(["Dockerfile", ".dockerignore", *copied])
+    allowed = [line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.startswith("!")]
+    assert sorted(allowed) == sorted(copied)

@@ -11,9 +11,11 @@ and checks.
     python3 tools/image.py contents        # no compiler, no package cache, no tests or bench
 
 The engine is podman or Docker, whichever answers ``<engine> info`` (podman
-first; ``AMP_CONTAINER_ENGINE`` picks one).  The build passes the commit's
-time as ``SOURCE_DATE_EPOCH`` (hash-checked .pyc files, dated wheel entries)
-and the version and git revision as OCI labels and annotations.  Where
+first; ``AMP_CONTAINER_ENGINE`` picks one).  The build passes the time of
+the last commit that changed what the image is built from as
+``SOURCE_DATE_EPOCH`` (hash-checked .pyc files, dated wheel entries), and
+the version and that commit (the git revision) as OCI labels and
+annotations.  Where
 outgoing TLS is re-signed by a local CA (``PIP_CERT`` or ``SSL_CERT_FILE``
 names its bundle, or ``AMP_BUILD_CA``), that bundle is a build secret,
 mounted into the pip steps only, and pip is pointed at it by a build
@@ -68,14 +70,25 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
+#: What the image is built from (the Dockerfile and what it copies, per
+#: .dockerignore's allow-list); tests/test_image_tool.py checks the list.
+CONTEXT = ("Dockerfile", ".dockerignore", "requirements/amp.lock", "requirements/build.lock", "setup.py", "amp",
+           "twisted")
+
+
 def revision() -> str:
-    """The commit the build is of; ``-dirty`` when tracked files differ from it."""
-    commit = _git("rev-parse", "HEAD")
-    return commit + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
+    """The commit whose files the image is built from: the last one that
+    changed anything of ``CONTEXT`` (a later commit that changed none of it
+    packages the same bytes, and reuses the engine's cached layers);
+    ``-dirty`` when the work tree's files there differ from it."""
+    commit = _git("log", "-1", "--format=%H", "--", *CONTEXT)
+    changed = _git("status", "--porcelain", "--untracked-files=normal", "--", *CONTEXT)
+    return commit + ("-dirty" if changed else "")
 
 
 def source_date_epoch() -> str:
-    return _git("log", "-1", "--format=%ct")
+    """The time of that commit."""
+    return _git("log", "-1", "--format=%ct", "--", *CONTEXT)
 
 
 def _answers(command: str) -> bool:
