@@ -65,23 +65,27 @@ def pair(spec: ChartContainer, image: str, tmp_path_factory: pytest.TempPathFact
 
 
 def test_runs_with_the_charts_security_settings(pair: Pair, spec: ChartContainer) -> None:
-    """Inside the running container: the chart's uid and gid, no
-    capability at all, no_new_privs set, the root filesystem read-only and
-    only the chart's emptyDir writable."""
+    """amp itself (the container's process 1, the chart's command) runs as
+    the chart's uid and gid, with no capability at all and no_new_privs
+    set; the root filesystem is read-only and only the chart's emptyDir is
+    writable."""
     script = (
         "import os, sys\n"
-        "status = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
+        "status = dict(l.split(':\\t', 1) for l in open('/proc/1/status').read().splitlines() if ':\\t' in l)\n"
+        "command = open('/proc/1/cmdline', 'rb').read().split(b'\\0')\n"
         "def writable(p):\n"
         "    try:\n"
         "        open(os.path.join(p, 'probe'), 'w').close(); os.remove(os.path.join(p, 'probe')); return True\n"
         "    except OSError:\n"
         "        return False\n"
-        "print(os.getuid(), os.getgid(), status['CapEff'].strip(), status['CapBnd'].strip(),\n"
+        "print(' '.join(c.decode() for c in command if c).replace(' ', '|'), status['Uid'].split()[0],\n"
+        "      status['Gid'].split()[0], status['CapEff'].strip(), status['CapBnd'].strip(),\n"
         "      status['NoNewPrivs'].strip(), *[writable(p) for p in sys.argv[1:]])\n")
     paths = ["/", "/opt/amp", "/etc/amp", "/run", "/var/tmp", *[p for p, _ in spec.writable]]
     result = pair.amp.exec("python", "-c", script, *paths)
     assert result.returncode == 0, result.stderr
-    uid, gid, effective, bounding, no_new_privs, *writable = result.stdout.split()
+    command, uid, gid, effective, bounding, no_new_privs, *writable = result.stdout.split()
+    assert command.split("|")[-len(spec.command) + 1:] == list(spec.command[1:]), command
     assert (int(uid), int(gid)) == (spec.user, spec.group)
     assert int(effective, 16) == 0 and int(bounding, 16) == 0, "capabilities left"
     assert no_new_privs == "1"
@@ -168,6 +172,21 @@ def test_stops_within_its_drain_time_with_status_zero(spec: ChartContainer, imag
         assert "Server Shut Down." in log or "server shut down" in log.lower(), running.amp.describe()
     finally:
         running.remove()
+
+
+def test_the_image_runs_what_the_chart_runs(image: str, spec: ChartContainer) -> None:
+    """Started without the chart's overrides (``docker run amp``), the
+    image runs the chart's command as the chart's user and exposes the
+    chart's ports; its labels name the version and the git revision it
+    was built from."""
+    inspected = imagetool.inspect(image)
+    config = inspected.get("Config") or {}
+    assert config["User"] == f"{spec.user}:{spec.group}"
+    assert list(config["Entrypoint"]) + list(config["Cmd"]) == list(spec.command)
+    assert sorted(config["ExposedPorts"]) == sorted(f"{port}/tcp" for _, port in spec.ports)
+    labels = config.get("Labels") or {}
+    assert labels["org.opencontainers.image.version"] == imagetool.version()
+    assert labels["org.opencontainers.image.revision"] == imagetool.revision()
 
 
 # ---------------------------------------------------------------- what is inside
