@@ -26,7 +26,7 @@ UV_VENV := .venv-uv
 UV := $(UV_VENV)/bin/uv
 LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --custom-compile-command "make lock" -q
 
-.PHONY: demo test test-pythons venv lock schema tools bench clean
+.PHONY: demo test test-pythons venv lock schema tools bench clean image image-check
 
 # The locked dependencies with their hashes (pip refuses anything else),
 # then amp and the examples themselves without dependencies.
@@ -46,9 +46,11 @@ $(UV):
 # Refresh both locks from setup.py and examples/pyproject.toml (after a
 # dependency is added or its range changes): newest versions in range, for
 # every Python amp supports.  The dev lock is constrained by the runtime one,
-# so the tests run what the image ships.
+# so the tests run what the image ships.  The build lock pins the build
+# backend the image builds amp's wheel with (requirements/build.in).
 lock: $(UV)
 	$(UV) pip compile setup.py $(LOCK_FLAGS) --upgrade -o $(RUNTIME_LOCK)
+	$(UV) pip compile requirements/build.in $(LOCK_FLAGS) --upgrade -o requirements/build.lock
 	$(UV) pip compile setup.py examples/pyproject.toml --extra test --extra bench -c $(RUNTIME_LOCK) \
 		$(LOCK_FLAGS) --upgrade -o $(DEV_LOCK)
 	@# uv ran setup.py egg_info here; a stale egg-info beside the editable install would shadow its metadata.
@@ -66,6 +68,19 @@ schema: $(STAMP)
 tools:
 	tools/install
 	tools/install-deploy-tools
+
+# amp's container image, amp:<version>, from the Dockerfile with podman or
+# Docker, whichever runs here (tools/image.py; tools/install image provides
+# podman and the base image where neither is there).  image-check: nothing
+# inside that should not be (compiler, package caches, tests), and a second
+# build without cache has the same files and configuration (a cold build).
+image:
+	tools/install image
+	$(PYTHON) tools/image.py build
+
+image-check: image
+	$(PYTHON) tools/image.py contents
+	$(PYTHON) tools/image.py reproducible
 
 demo: $(STAMP)
 	$(PY) -m amp_dev.demo

@@ -8,8 +8,8 @@ certificates are made once per worker process.  What must not be split
 between workers is grouped here: the end-to-end tests share one control
 plane per session (one etcd + kube-apiserver, so they all go to one worker),
 and a module whose tests share one expensive module-scoped run (the soak's
-and the benchmark's quick runs) stays on one worker so that the run happens
-once.
+and the benchmark's quick runs, the image tests' containers) stays on one
+worker so that the run happens once.
 
 Hypothesis runs without its per-example deadline and its too-slow health
 check everywhere: both are timings, which a busy machine breaks on its own.
@@ -23,8 +23,9 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("amp", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("amp")
 
-#: Modules whose tests share one module-scoped subprocess run.
-_SHARED_RUN_MODULES = ("test_soak.py", "test_bench.py")
+#: Modules whose tests share one module-scoped subprocess run (the image
+#: tests: one running pair of containers).
+_SHARED_RUN_MODULES = ("test_soak.py", "test_bench.py", "test_image.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

@@ -116,17 +116,25 @@ class SecretVolume:
     link over the old one (atomic).  The C{keep} generations before the
     current one stay until later swaps (a reader that resolved the old link
     a moment before still finds its files); older ones are removed.
+
+    A name may have directories (C{tls/tls.crt}, as a projected volume's
+    item path): the top-level link is then C{tls -> ..data/tls}.  C{mode}
+    and C{gid} are the volume's C{defaultMode} and the Pod's C{fsGroup}
+    (default: 0600 for C{*.key}, 0644 otherwise, and the writer's group).
     """
 
-    def __init__(self, directory: Path, files: Mapping[str, bytes], keep: int = 0) -> None:
+    def __init__(self, directory: Path, files: Mapping[str, bytes], keep: int = 0,
+                 mode: Optional[int] = None, gid: Optional[int] = None) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keep = keep
+        self.mode = mode
+        self.gid = gid
         self.generation = 0
         self._generations: list[str] = []
         self.current = self._write_generation(files)
         os.symlink(self.current, self.dir / "..data")
-        for name in files:
+        for name in dict.fromkeys(name.split("/")[0] for name in files):
             os.symlink(f"..data/{name}", self.dir / name)
 
     def path(self, name: str) -> str:
@@ -136,12 +144,17 @@ class SecretVolume:
     def _write_generation(self, files: Mapping[str, bytes]) -> str:
         self.generation += 1
         name = f"..gen-{self.generation:05d}"
-        (self.dir / name).mkdir()
+        (self.dir / name).mkdir(mode=0o755)
         for file_name, data in files.items():
-            mode = 0o600 if file_name.endswith(".key") else 0o644
-            fd = os.open(self.dir / name / file_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            path = self.dir / name / file_name
+            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            mode = self.mode if self.mode is not None else (0o600 if file_name.endswith(".key") else 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+            os.chmod(path, mode)  # not narrowed by the umask
+            if self.gid is not None:
+                os.chown(path, -1, self.gid)
         self._generations.append(name)
         return name
 

@@ -104,11 +104,20 @@ def test_multi_stage_on_the_newest_supported_python_slim() -> None:
     assert build[0] == ("FROM", f"python:{newest}-slim AS build")
     assert final[0] == ("FROM", f"python:{newest}-slim")
     assert ("COPY", "--from=build /opt/amp /opt/amp") in final
-    runs = [args for ins, args in build if ins == "RUN"]
-    # The locked dependencies, hash-checked, then amp itself without dependencies.
-    assert any("python -m venv /opt/amp" in r
-               and "pip install --no-cache-dir --require-hashes -r requirements/amp.lock" in r for r in runs)
-    assert runs[-1] == "/opt/amp/bin/pip install --no-cache-dir --no-deps /src"
+    runs = [" ".join(args.split()) for ins, args in build if ins == "RUN"]
+    # The build backend from its own lock into a virtualenv that stays in
+    # this stage; the locked dependencies, hash-checked, into /opt/amp, which
+    # has no pip; then amp's own wheel, built offline, without dependencies.
+    pip = "/opt/build/bin/pip --python /opt/amp/bin/python install --no-cache-dir"
+    assert any("python -m venv /opt/build" in r
+               and "/opt/build/bin/pip install --no-cache-dir --require-hashes -r requirements/build.lock" in r
+               for r in runs)
+    assert any("python -m venv --without-pip /opt/amp" in r
+               and f"{pip} --require-hashes -r requirements/amp.lock" in r for r in runs)
+    assert runs[-1] == ("/opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation -w /wheels /src "
+                        f"&& {pip} --no-deps --no-index --find-links /wheels amp")
+    assert not [r for r in runs if "pip install" in r and "--no-index" not in r and "--require-hashes" not in r], \
+        "every install is from a hashed lock or offline"
     assert not [args for ins, args in final if ins == "RUN" and "pip install" in args], \
         "nothing is installed in the final stage"
 
@@ -197,7 +206,7 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
     assert patterns[0] == "*", "an allow-list: nothing is sent unless named"
     build = stages()[0]
     sources = [args.split()[0] for ins, args in build if ins == "COPY"]
-    assert sources == ["requirements/amp.lock", "setup.py", "amp", "twisted"]
+    assert sources == ["requirements/build.lock", "requirements/amp.lock", "setup.py", "amp", "twisted"]
     for source in sources:
         for path in [source] + [str(p.relative_to(ROOT)) for p in (ROOT / source).rglob("*")
                                 if "__pycache__" not in p.parts and p.suffix != ".pyc" and p.name != "dropin.cache"]:
