@@ -1,6 +1,6 @@
 """
 bench/storm's cluster: the end-to-end suite's control plane (etcd and
-kube-apiserver with the MutatingAdmissionPolicy API on) plus its controllers
+kube-apiserver, whose MutatingAdmissionPolicy API is GA and on) plus its controllers
 (kube-controller-manager and kube-scheduler with raised client limits, kwok's
 fake nodes), and the targets a storm is measured against:
 
@@ -117,10 +117,12 @@ class StormCluster:
 
     def start(self, names: tuple[str, ...] = TARGETS) -> None:
         binaries, controller_binaries = build.build(), build.build_controllers()
-        gates = "--feature-gates=MutatingAdmissionPolicy=true"
-        runtime = f"--runtime-config={ADMISSION_GROUP}/v1alpha1=true,{ADMISSION_GROUP}/v1beta1=true"
-        self.plane = ControlPlane(self.workdir / "control-plane", binaries, apiserver_args=(gates, runtime))
-        say("starting etcd, kube-apiserver (MutatingAdmissionPolicy on)")
+        # MutatingAdmissionPolicy is GA (admissionregistration.k8s.io/v1, on by
+        # default) since Kubernetes 1.36; an older release needs
+        # --feature-gates=MutatingAdmissionPolicy=true and
+        # --runtime-config=admissionregistration.k8s.io/v1beta1=true here.
+        self.plane = ControlPlane(self.workdir / "control-plane", binaries)
+        say("starting etcd, kube-apiserver")
         self.plane.start()
         say(f"starting kwok, kube-scheduler, kube-controller-manager (client qps {self.qps:g}, burst {self.burst})")
         self.controllers = Controllers(self.plane, controller_binaries, self.workdir / "controllers",
