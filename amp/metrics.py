@@ -219,6 +219,18 @@ class Metrics:
         self.breaker_state = Gauge(
             "amp_circuit_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
             ["endpoint"], registry=r)
+        self.endpoint_queued = Gauge(
+            "amp_endpoint_queued", "Reviews waiting for a slot of the origin's max_concurrent calls.",
+            ["endpoint"], registry=r)
+        self.endpoint_queue_refused = Counter(
+            "amp_endpoint_queue_refused", "Calls not made because the origin's bulkhead was full, by reason.",
+            ["endpoint", "reason"], registry=r)
+        self.endpoint_shed = Counter(
+            "amp_endpoint_shed", "Reviews shed (failure policy at once) for the origin's latency budget.",
+            ["endpoint"], registry=r)
+        self.endpoint_shedding = Gauge(
+            "amp_endpoint_shedding", "1 while the origin is over its latency budget and sheds, else 0.",
+            ["endpoint"], registry=r)
         self.shadow_patches = Counter(
             "amp_shadow_patches", "Patches computed in shadow mode and not applied.", ["endpoint"], registry=r)
         self.patch_repairs = Counter(

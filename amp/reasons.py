@@ -84,7 +84,12 @@ class Reason(StrEnum):
     INVALID_JSON = "invalid-json"
     INVALID_REPLY = "invalid-reply"
     BREAKER_OPEN = "breaker-open"
-    CONCURRENCY_LIMIT = "concurrency-limit"
+    #: The origin's C{max_concurrent} calls were in flight and C{max_queued} reviews waited already.
+    QUEUE_FULL = "queue-full"
+    #: The review waited for a slot until its deadline left less than C{min_call_time} for the call.
+    QUEUE_TIMEOUT = "queue-timeout"
+    #: The origin's recent calls are over its C{latency_budget}: shed, not called.
+    LATENCY_BUDGET = "latency-budget"
 
     # -- the endpoint's patch
     INVALID_PATCH = "invalid-patch"
@@ -116,7 +121,7 @@ ENDPOINT_REASONS = frozenset({
     Reason.TIMEOUT, Reason.CONNECTION_REFUSED, Reason.CONNECTION_RESET, Reason.CONNECTION_FAILED,
     Reason.DENIED_ADDRESS, Reason.TLS_ERROR, Reason.REDIRECT, Reason.HTTP_4XX, Reason.HTTP_5XX,
     Reason.RESPONSE_TOO_LARGE, Reason.RESPONSE_HEADERS_TOO_LARGE, Reason.REPLY_BUFFER_FULL, Reason.INVALID_JSON,
-    Reason.INVALID_REPLY, Reason.BREAKER_OPEN, Reason.CONCURRENCY_LIMIT,
+    Reason.INVALID_REPLY, Reason.BREAKER_OPEN, Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT, Reason.LATENCY_BUDGET,
 })
 
 #: Why amp refused an endpoint's patch.

@@ -147,7 +147,10 @@ class PolicyChosen(Event):
 class BudgetGiven(Event):
     """
     Before a call: C{seconds} left for the review, the C{timeout} the call
-    may take, and its C{position} in a chain of C{chain_length}.
+    may take, and its C{position} in a chain of C{chain_length}; the
+    endpoint's C{max_concurrent} calls at once (a review beyond them waits
+    until C{min_call_time} before its deadline) and its C{latency_budget}
+    (0: none).
     """
 
     step = Step.BUDGET
@@ -155,6 +158,9 @@ class BudgetGiven(Event):
     timeout: float
     position: int
     chain_length: int
+    max_concurrent: int = 0
+    min_call_time: float = 0.0
+    latency_budget: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,7 +76,9 @@ class ReasonCoverageTests(SynchronousTestCase):
         "invalid-json": "test_endpoint_reading.LoopbackReplyTests.test_non_json",
         "invalid-reply": "test_endpoint_reading.LoopbackReplyTests.test_json_of_the_wrong_shape",
         "breaker-open": "test_endpoint_call.BreakerIntegrationTests.test_trip_refuse_trial_close",
-        "concurrency-limit": "test_endpoint_call.BulkheadTests.test_calls_over_max_concurrent_fail_fast",
+        "queue-full": "test_bulkhead_queue.QueueTests.test_calls_over_max_concurrent_and_max_queued_fail_fast",
+        "queue-timeout": "test_bulkhead_queue.QueueTests.test_a_waiter_fails_when_its_deadline_leaves_too_little_for_the_call",
+        "latency-budget": "test_bulkhead_queue.LatencyBudgetTests.test_an_origin_over_its_budget_is_shed_then_probed_back",
     }
 
     def test_every_reason_has_a_test(self) -> None:
@@ -398,27 +400,7 @@ class ConnectTests(SynchronousTestCase, FailureAssertions):
 
 
 class BulkheadTests(SynchronousTestCase, FailureAssertions):
-    def test_calls_over_max_concurrent_fail_fast(self) -> None:
-        clock = Clock()
-        hung = Hung()
-        connector = ResourceConnector(hung)
-        h = Harness(clock, EndpointSettings(max_concurrent=2), connector=connector)
-        first, second = h.call(URL), h.call(URL)
-        e = self.assertReason(h.call(URL), "concurrency-limit")
-        self.assertIn("2 calls", e.message)
-        self.assertEqual(len(hung.held), 2)
-        self.assertEqual(h.count(URL, "concurrency-limit"), 1)
-        self.assertEqual(h.breaker(URL).state, CLOSED)
-        # A slot frees when a call ends.
-        hung.answer()
-        connector.flush()
-        self.assertEqual(self.successResultOf(first).patch, [])
-        third = h.call(URL)
-        self.assertEqual(len(hung.held), 2)
-        clock.advance(10)
-        self.assertReason(second, "timeout")
-        self.assertReason(third, "timeout")
-
+    # Waiting for a slot: tests/test_bulkhead_queue.py.
     def test_failures_and_cancels_free_their_slot(self) -> None:
         clock = Clock()
         hung = Hung()

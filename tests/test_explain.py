@@ -428,6 +428,21 @@ class ReplyTests(SynchronousTestCase):
         self.assertEqual((answer["result"], answer["reason"]), ("patched", ""))
         text = self.explain([ENV_OP]).out
         self.assertIn("answered with the recorded reply", text)
+        self.assertIn("past 64 calls at once to the endpoint (endpoints.max_concurrent), a review waits for a slot"
+                      " until 0.25s before its deadline (queue-timeout)", text)
+        self.assertNotIn("latency budget", text)
+
+    def test_the_endpoints_latency_budget_is_shown(self) -> None:
+        config = self.files.write("budget.yaml", config_text({
+            "team-a": ns("http://injector.example:8080/mutate"),
+        }, endpoints={"allow": ["http://*.example:*/*"], "latency_budget": "250ms"}))
+        path = self.files.write("reply.json", [ENV_OP])
+        ran = run_sync(self, ["--config", config, "-n", "team-a", "--reply", path, "-o", "json", self.pod])
+        [budget] = [e for e in ran.json["trace"] if e["step"] == "budget"]
+        self.assertEqual((budget["latency_budget"], budget["max_concurrent"]), (0.25, 64))
+        text = run_sync(self, ["--config", config, "-n", "team-a", "--reply", path, self.pod]).out
+        self.assertIn("latency budget 0.25s: while the p90 of the endpoint's recent calls is over it, reviews are "
+                      "shed (latency-budget), but for one probe at a time", text)
         self.assertIn("operation  + add /spec/containers/0/env  (inserted by amp: repair)\n"
                       "operation  0 add /spec/containers/0/env/-\n", text)
 

@@ -5,7 +5,8 @@ through amp's endpoint client and pooled connections, on a memory reactor.
 
 Hypothesis draws a chain (one to three endpoints over two origins, Ignore
 or Fail, endpoint timeouts shorter and longer than the reviews' budgets,
-retry on or off, a concurrency limit) and a namespace source (static, or
+retry on or off, a concurrency limit, its queue and how long a review may
+wait in it) and a namespace source (static, or
 one whose lookups the test answers or fails), then interleaves: new
 reviews, connection attempts accepted or refused, replies (a patch, no
 change, a 500, bytes that are not HTTP, a close), closes that take a while
@@ -14,7 +15,8 @@ to complete, time passing, clients going away, lookups answered.
 What must hold whatever happens, as the API server and the operator see
 it: a review is answered at most once and, while it waits, its deadline's
 timer is set; in the end every review was answered exactly once, no call
-is still counted in flight (its breaker ticket is back), no timer is left
+is still counted in flight (its breaker ticket is back) or waiting for a
+slot, no timer is left
 but the pools' idle expiry, and nothing was logged as a failure (amp's own
 bug).
 """
@@ -60,13 +62,16 @@ class ReviewStates(RuleBasedStateMachine):
     @initialize(steps=st.integers(1, 3), origins=st.lists(st.sampled_from(_ORIGINS), min_size=3, max_size=3),
                 policy=st.sampled_from(["Ignore", "Fail"]),
                 timeout=st.sampled_from(["50ms", "250ms", "400ms", "1s", "30s"]), retry=st.booleans(),
-                max_concurrent=st.sampled_from([1, 2, 64]), lookups=st.booleans(), slow_close=st.booleans())
+                max_concurrent=st.sampled_from([1, 2, 64]), max_queued=st.sampled_from([0, 1, 1024]),
+                min_call_time=st.sampled_from(["0s", "100ms", "250ms"]), lookups=st.booleans(),
+                slow_close=st.booleans())
     def chain(self, steps: int, origins: list[str], policy: str, timeout: str, retry: bool, max_concurrent: int,
-              lookups: bool, slow_close: bool) -> None:
+              max_queued: int, min_call_time: str, lookups: bool, slow_close: bool) -> None:
         self.urls = " ".join(f"{origins[i]}/step{i}" for i in range(steps))
         self.policy = policy
         config = make_config({"team-a": namespace(self.urls, failure_policy=policy)},
-                             endpoints={"timeout": timeout, "retry": retry, "max_concurrent": max_concurrent})
+                             endpoints={"timeout": timeout, "retry": retry, "max_concurrent": max_concurrent,
+                                        "max_queued": max_queued, "min_call_time": min_call_time})
         self.net = MemoryNet()
         self.clock = self.net.reactor
         metrics = Metrics()
@@ -217,6 +222,7 @@ class ReviewStates(RuleBasedStateMachine):
         assert [r.answers for r in self.reviews] == [1] * len(self.reviews)
         for origin in _ORIGINS:
             assert self.client.in_flight(origin) == 0, f"calls still counted in flight on {origin}"
+            assert self.client.queued(origin) == 0, f"calls still waiting for a slot on {origin}"
         left = [call for call in self.clock.getDelayedCalls()
                 if getattr(call.func, "__name__", "") != "_expire"]
         assert left == [], f"timers left: {left}"

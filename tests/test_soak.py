@@ -185,19 +185,19 @@ def test_reconciliation_catches_a_miscounted_outcome() -> None:
 def test_reconciliation_tells_timing_apart_from_miscounts() -> None:
     namespaces = [{"name": "soak-fail", "port": "steady", "enabled": True}]
     records = {uid: {"uid": uid, "ns": "soak-fail", "out": "failed", "reason": reason}
-               for uid, reason in (("u1", "timeout"), ("u2", "timeout"), ("u3", "concurrency-limit"))}
+               for uid, reason in (("u1", "timeout"), ("u2", "timeout"), ("u3", "queue-timeout"))}
     amp_log = {"u1": ("soak-fail", "failed", "timeout", 300.4), "u2": ("soak-fail", "failed", "timeout", 300.2),
-               "u3": ("soak-fail", "failed", "concurrency-limit", 0.1)}
+               "u3": ("soak-fail", "failed", "queue-timeout", 0.1)}
     # u1: the endpoint answered after amp's timeout; u2: it never read the
     # call; u3: amp's bulkhead refused it.
-    counted = {"http://127.0.0.1:1": {"timeout": 2, "concurrency-limit": 1}}
+    counted = {"http://127.0.0.1:1": {"timeout": 2, "queue-timeout": 1}}
     result = reconcile(namespaces, {"steady": 1}, records, amp_log, {"u1": ("steady", "delay")},
                             {"steady": {"delay": 1}}, counted)
     assert result["problems"] == [] and result["review_mismatches"] == 0
     assert result["endpoint_timing"] == {"late_answers": 1, "unread_calls": 1, "bulkhead_refusals": 1,
                                         "cancelled_by_client": 0}
     # A bulkhead refusal amp did not count is a miscount, not timing.
-    counted["http://127.0.0.1:1"]["concurrency-limit"] = 0
+    counted["http://127.0.0.1:1"]["queue-timeout"] = 0
     result = reconcile(namespaces, {"steady": 1}, records, amp_log, {"u1": ("steady", "delay")},
                             {"steady": {"delay": 1}}, counted)
     assert len(result["problems"]) == 1

@@ -41,6 +41,8 @@ from amp.trace import BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipp
 from amp.urls import shown_url
 
 _CANCELLED = "the review was cancelled: the client went away"
+#: A timer may fire this much before the time it was set for (floats).
+_EARLY = 1e-6
 
 
 class Review:
@@ -123,7 +125,8 @@ class Review:
         """
         The review waits: its one timer set for the deadline, or for the
         endpoint call's own timeout when that ends first (the call is told
-        then, L{_expired}; it arms no timer of its own).
+        then, L{_expired}; it arms no timer of its own), or, while the call
+        waits for a slot of its origin's bulkhead, for its latest start.
         """
         when = self._call_expires()
         if when is None:
@@ -219,8 +222,11 @@ class Review:
             # Facts only a kept event needs (a review's hot path gathers none).
             now = self._call_started = self._parts.clock.seconds()
             left = self._deadline.remaining(now)
-            self._trace.record(BudgetGiven, seconds=round(left, 4), timeout=round(min(step.settings.timeout, left), 4),
-                               position=chain.index + 1, chain_length=len(chain.route.steps))
+            settings = step.settings
+            self._trace.record(BudgetGiven, seconds=round(left, 4), timeout=round(min(settings.timeout, left), 4),
+                               position=chain.index + 1, chain_length=len(chain.route.steps),
+                               max_concurrent=settings.max_concurrent, min_call_time=settings.min_call_time,
+                               latency_budget=settings.latency_budget)
         plan = self._canary_plan
         if plan is not None and plan.index == chain.index:
             self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]
@@ -383,7 +389,9 @@ class Review:
     def _expired(self) -> None:
         self._timer = None
         call = self._call
-        if call is not None and self._call_expires() is not None:
+        when = self._call_expires()
+        now = self._parts.clock.seconds()
+        if call is not None and when is not None and when <= now + _EARLY:
             # The endpoint call's own timeout, not the review's deadline:
             # the call fails with timeout (told at once, failed), and
             # the chain goes on or the failure policy answers.
@@ -396,6 +404,12 @@ class Review:
                     # a bug of amp's raised while the call ended): the
                     # deadline still holds.
                     self._arm()
+            return
+        if not self._deadline.passed(now):
+            # The call waited for a slot when the timer was set (for its
+            # latest start) and has one now: the timer waits for its own
+            # timeout, or the deadline, instead.
+            self._arm()
             return
         self._end(Reason.DEADLINE)
 

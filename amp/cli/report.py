@@ -128,7 +128,15 @@ def _event_lines(e: Event, recorded: Optional[str]) -> list[tuple[str, str]]:
                 text = f"endpoint {e.position} of {e.chain_length}: " + text
             if e.timeout is not None:
                 text += f"; the call may take {e.timeout:.3g}s (the endpoint's timeout, or what is left)"
-            return [("budget", text)]
+            out = [("budget", text)]
+            if e.max_concurrent:
+                out.append(("", f"past {e.max_concurrent} calls at once to the endpoint (endpoints.max_concurrent)"
+                                f", a review waits for a slot until {e.min_call_time:.3g}s before its deadline "
+                                "(queue-timeout)"))
+            if e.latency_budget:
+                out.append(("", f"latency budget {e.latency_budget:.3g}s: while the p90 of the endpoint's recent "
+                                "calls is over it, reviews are shed (latency-budget), but for one probe at a time"))
+            return out
         case Called():
             text = f"POST {e.url}: {e.outcome} in {_ms(e.seconds)}"
             if recorded:

@@ -225,7 +225,23 @@ class EndpointSettings:
     idle_timeout: float = declare(POSITIVE_DURATION, 60.0, doc=(
         "An idle pooled connection is closed after this long."))
     max_concurrent: int = declare(POSITIVE_INT, 64, doc=(
-        "Calls in flight to one origin; the next one fails at once with `concurrency-limit` rather than queueing."))
+        "Calls in flight to one origin; the next one waits for a slot in the origin's queue, in arrival order "
+        "(`max_queued`, `min_call_time`)."))
+    max_queued: int = declare(NONNEG_INT, 1024, doc=(
+        "Reviews that may wait for a slot of one origin's `max_concurrent`; one more fails at once with "
+        "`queue-full` (`0`: no queue, a call over `max_concurrent` fails at once). See "
+        "[operations.md](operations.md#bursts-and-the-bulkhead-queue)."))
+    min_call_time: float = declare(DURATION, 0.25, doc=(
+        "A review waits in the queue only while its deadline leaves at least this long for the call; then it fails"
+        " with `queue-timeout` (a review that arrives with less than this left fails with it at once)."))
+    latency_budget: float = declare(DURATION, 0.0, doc=(
+        "Latency objective of one origin: when the 90th percentile of its last `latency_window` calls is over "
+        "this, new reviews apply the failure policy at once (`latency-budget`) while one probe call at a time "
+        "goes out; a probe back within the budget ends it. `0`: off. See "
+        "[operations.md](operations.md#latency-budget)."))
+    latency_window: int = declare(POSITIVE_INT, 20, doc=(
+        "The calls the `latency_budget` objective is taken over (with 20, shedding starts when 3 of the last 20 "
+        "took longer than the budget)."))
     retry: bool = declare(BOOL, False, doc=(
         "`true`: retry a call once when the connection could not be made (the endpoint cannot have seen the "
         "request), within the first half of the call's time. Never after a timeout or once anything was sent. "

@@ -52,7 +52,13 @@ Limits
     callers get a timer of the call's.  C{connect_timeout}
     separately bounds the TCP connect.
   - Bulkhead: when C{max_concurrent} calls to the origin are in flight, the
-    next fails at once with C{concurrency-limit} instead of queueing.
+    next waits for a slot in the origin's queue (L{amp.bulkhead}), in
+    arrival order, while its deadline leaves C{min_call_time} for the call
+    (C{queue-timeout} after that; C{queue-full} past C{max_queued} waiting).
+    Its breaker ticket and latency token are asked for when its slot comes.
+  - Latency budget: while the origin's recent calls are over its
+    C{latency_budget} (L{amp.shedding}), a new call fails at once with
+    C{latency-budget}, but for one probe at a time.
   - A reply over C{max_response} bytes fails with C{response-too-large}: at
     once when its Content-Length says so, else as soon as the body passes
     the limit; the connection is closed either way.  Non-2xx replies are not

@@ -16,6 +16,18 @@ frees the call's bulkhead slot and hands its breaker ticket back:
 
 Whatever the request does after that is ignored.
 
+Waiting for a slot
+==================
+
+A call made while its origin's bulkhead is full waits in the origin's
+queue (L{Call.queue}), in arrival order, until a slot frees (L{Call.start},
+from the client), or until its latest start, the review's deadline less
+C{min_call_time}: then it fails with C{queue-timeout}.  While it waits,
+L{Call.expires} is that latest start, which the caller's one timer (or the
+call's own, for callers without one) times exactly as it times the call's
+own timeout; cancelled while it waits, it leaves the queue at once.  A
+waiting call holds no breaker ticket and no slot, and counts no duration.
+
 One timer
 =========
 
@@ -58,6 +70,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from amp.breaker import CircuitBreaker, Ticket
+from amp.shedding import LatencyBudget
 from amp.config import EndpointSettings
 from amp.deadline import Deadline
 from amp.endpoint._failures import EXPECTED, EndpointFailure, LocalFailure, classify, first_line, retriable
@@ -131,12 +144,16 @@ class CallRequest:
 class CallGuard:
     """
     What a call holds until it is settled: its share of the client's reply
-    budget (C{charge}) and its origin breaker's C{ticket}.
+    budget (C{charge}), its origin breaker's C{ticket} (None while it
+    waits for a slot), and its origin's latency budget with the call's
+    token (L{amp.shedding}; None when the origin has none).
     """
 
     charge: Charge
     breaker: CircuitBreaker
-    ticket: Ticket
+    ticket: Optional[Ticket]
+    latency: Optional[LatencyBudget] = None
+    token: int = 0
 
 
 def _answer(reply: Reply) -> EndpointDecision:
@@ -169,8 +186,9 @@ class Call:
     bulkhead.
 
     @param reactor: for the call's timer and its clock.
-    @param settled: told C{(call, outcome, seconds)} once, when the call is
-        settled (the client's count of calls in flight and its metrics).
+    @param settled: told C{(call, outcome, seconds, verdict)} once, when
+        the call is settled (the client's bulkhead, latency budget and
+        metrics); L{queued} tells whether it held a slot.
     @param receiver: told how the call ended, once (L{ICallReceiver}):
         a L{CallReply}, or the failure (L{EndpointFailure}; a
         C{CancelledError} when L{cancel}led before the deadline).
@@ -178,12 +196,12 @@ class Call:
 
     __slots__ = (
         "_reactor", "_request", "_guard", "_on_settled", "_started", "_timer", "_pending", "_retry",
-        "_replied", "_done", "_waiters", "_receiver", "told", "expires", "_caller_times",
+        "_replied", "_done", "_waiters", "_receiver", "told", "expires", "_caller_times", "queued",
     )
 
     def __init__(
         self, reactor: Any, request: CallRequest, guard: CallGuard,
-        settled: Callable[["Call", str, float], None], receiver: "ICallReceiver", caller_times: bool = False,
+        settled: Callable[["Call", str, float, Verdict], None], receiver: "ICallReceiver", caller_times: bool = False,
     ) -> None:
         self._reactor = reactor
         self._request = request
@@ -205,9 +223,65 @@ class Call:
         self.expires: Optional[float] = None
         #: The caller calls L{time_out} at L{expires}: no timer of the call's.
         self._caller_times = caller_times
+        #: The call waits in its origin's queue for a slot (L{queue}).
+        self.queued = False
+
+    @property
+    def request(self) -> CallRequest:
+        """What the call sends (the client sets its time when a slot frees)."""
+        return self._request
+
+    @property
+    def guard(self) -> CallGuard:
+        """What the call holds (the client sets its ticket when a slot frees)."""
+        return self._guard
+
+    def queue(self, latest: float) -> None:
+        """
+        The call waits for a slot of its origin's bulkhead until C{latest}
+        (the reactor's clock), its L{expires} meanwhile; then it fails with
+        C{queue-timeout}.
+        """
+        reactor = self._reactor
+        self.queued = True
+        self._started = reactor.seconds()
+        self.expires = latest
+        if not self._caller_times:
+            self._timer = reactor.callLater(max(0.0, latest - self._started), self._queue_timed_out)
+
+    def waited(self, now: float) -> float:
+        """Seconds the call has waited in the queue at C{now} (while it waits)."""
+        return now - self._started
+
+    def refuse(self, reason: Reason, message: str) -> None:
+        """
+        amp will not make the call after all (its origin's breaker opened or
+        it began shedding while the call waited, ...): it fails with
+        C{reason}, nothing sent.  Nothing after it has started or ended.
+        """
+        if self._done or not self.queued:
+            return
+        self._settle(reason, Verdict.RELEASE)
+        self._tell_failure(Failure(EndpointFailure(reason, message)))
+
+    def _queue_timed_out(self) -> None:
+        self._timer = None
+        if self._done or not self.queued:
+            return
+        now = self._reactor.seconds()
+        left = self._request.deadline.remaining(now)
+        self.refuse(Reason.QUEUE_TIMEOUT, f"waited {now - self._started:.3g}s for a slot (endpoints.max_concurrent "
+                                          f"calls in flight); {left:.3g}s left is too little for the call "
+                                          f"(endpoints.min_call_time)")
 
     def start(self) -> None:
         reactor = self._reactor
+        if self.queued:
+            self.queued = False
+            self.expires = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
         self._started = reactor.seconds()
         timeout = self._request.timeout
         if timeout is not None:
@@ -293,9 +367,13 @@ class Call:
         """
         The call's own timeout has passed (L{expires}), told by the caller
         that times it: a C{timeout}, counted against the breaker.  Nothing
-        after the call has ended or replied.
+        after the call has ended or replied.  Waiting for a slot, its latest
+        start has passed: C{queue-timeout}.
         """
-        self._timed_out()
+        if self.queued:
+            self._queue_timed_out()
+        else:
+            self._timed_out()
 
     def _timed_out(self, own: bool = True) -> None:
         """
@@ -323,6 +401,14 @@ class Call:
     def _cancelled(self) -> None:
         if self._done or self._replied:
             return
+        if self.queued:
+            # Out of the queue at once: the review's deadline left no room
+            # for the call (queue-timeout), or the review was cancelled.
+            if self._request.deadline.passed(self._reactor.seconds()):
+                self._queue_timed_out()
+            else:
+                self._settle(Reason.CANCELLED, Verdict.RELEASE)
+            return
         if self._request.deadline.passed(self._reactor.seconds()):
             # The review's deadline passed: the call had all its time.
             self._timed_out(own=False)
@@ -344,13 +430,18 @@ class Call:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._on_settled(self, outcome, self._reactor.seconds() - self._started)
-        if verdict is Verdict.SUCCESS:
-            guard.breaker.record_success(guard.ticket)
+        # The breaker hears the verdict before the slot is freed: a call
+        # that waited for it asks a breaker that knows.
+        ticket = guard.ticket
+        if ticket is None:
+            pass
+        elif verdict is Verdict.SUCCESS:
+            guard.breaker.record_success(ticket)
         elif verdict is Verdict.FAILURE:
-            guard.breaker.record_failure(guard.ticket)
+            guard.breaker.record_failure(ticket)
         else:
-            guard.breaker.release(guard.ticket)
+            guard.breaker.release(ticket)
+        self._on_settled(self, outcome, self._reactor.seconds() - self._started, verdict)
         waiters, self._waiters = self._waiters, None
         for d in waiters or ():
             d.callback(None)

@@ -1,6 +1,7 @@
 """
 L{EndpointClient}: the one client amp calls endpoints with; it admits calls
-(breaker, bulkhead, time left), builds their requests, and closes.
+(breaker, latency budget, bulkhead and its queue, time left), builds their
+requests, and closes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from amp.breaker import BreakerRegistry, CircuitBreaker
+from amp.bulkhead import Bulkhead
 from amp.config import BreakerConfig, EndpointSettings
 from amp.deadline import Deadline
 from amp.endpoint._call import OK, Call, CallGuard, CallReply, CallRequest, ICallReceiver
@@ -22,8 +24,9 @@ from amp.endpoint._pool import Connector, Profile, request_bytes
 from amp.endpoint._types import IEndpointReactor
 from amp.http import Charge, ClientConnection, DeferredReceiver, ReplyBudget
 from amp.metrics import Metrics
-from amp.reasons import Reason
+from amp.reasons import Reason, Verdict
 from amp.reply import EndpointDecision
+from amp.shedding import SHED, LatencyBudget
 from amp.urls import EndpointURL
 
 # Bound on the cache of settings objects seen (by identity).
@@ -34,18 +37,54 @@ log = Logger()
 
 class Origin:
     """
-    Per-origin state: calls in flight (the bulkhead), breaker thresholds and
-    metric children.
+    Per-origin state: the bulkhead (calls in flight and the queue), the
+    latency budget, breaker thresholds and metric children.
     """
 
-    __slots__ = ("name", "in_flight", "breaker_config", "outcomes", "duration")
+    __slots__ = ("name", "bulkhead", "latency", "breaker_config", "outcomes", "duration", "_metrics")
 
     def __init__(self, name: str, breaker_config: BreakerConfig, metrics: Metrics) -> None:
         self.name = name
-        self.in_flight = 0
+        self.bulkhead: Bulkhead[Call] = Bulkhead()
+        #: The latency budget (L{amp.shedding}) when the origin's settings have one.
+        self.latency: Optional[LatencyBudget] = None
         self.breaker_config = breaker_config
         self.outcomes: dict[str, Any] = {}
         self.duration = metrics.endpoint_duration.labels(name)
+        self._metrics = metrics
+
+    @property
+    def in_flight(self) -> int:
+        return self.bulkhead.in_flight
+
+    def show_queue(self) -> None:
+        """The queue's length, to its gauge (only when the queue changes)."""
+        self._metrics.endpoint_queued.labels(self.name).set(self.bulkhead.queued)
+
+    def refused(self, reason: str) -> None:
+        """A call amp did not make for the bulkhead's queue or the latency budget."""
+        if reason == Reason.LATENCY_BUDGET:
+            self._metrics.endpoint_shed.labels(self.name).inc()
+        else:
+            self._metrics.endpoint_queue_refused.labels(self.name, reason).inc()
+
+    def latency_for(self, settings: EndpointSettings) -> Optional[LatencyBudget]:
+        """
+        The origin's latency budget under C{settings}: None when they set
+        none; a fresh one when they set another (a reload).
+        """
+        budget = settings.latency_budget
+        current = self.latency
+        if budget <= 0:
+            if current is not None:
+                self.latency = None
+                self._metrics.endpoint_shedding.labels(self.name).set(0)
+            return None
+        if current is None or current.budget != budget or current.window != settings.latency_window:
+            if current is not None and current.shedding:
+                self._metrics.endpoint_shedding.labels(self.name).set(0)
+            current = self.latency = LatencyBudget(budget, settings.latency_window)
+        return current
 
 
 class EndpointClient:
@@ -94,6 +133,13 @@ class EndpointClient:
         """
         o = self._origins.get(origin)
         return o.in_flight if o is not None else 0
+
+    def queued(self, origin: str) -> int:
+        """
+        Calls to C{origin} waiting for a slot now.
+        """
+        o = self._origins.get(origin)
+        return o.bulkhead.queued if o is not None else 0
 
     def open_connections(self) -> int:
         """
@@ -146,11 +192,104 @@ class EndpointClient:
             child = origin.outcomes[outcome] = self._metrics.endpoint_requests.labels(origin.name, outcome)
         child.inc()
 
-    def _settled(self, origin: Origin, call: Call, outcome: str, duration: float) -> None:
-        origin.in_flight -= 1
+    def _settled(self, origin: Origin, call: Call, outcome: str, duration: float, verdict: Verdict) -> None:
         self._live.discard(call)
-        origin.duration.observe(duration)
         self._count(origin, outcome)
+        bulkhead = origin.bulkhead
+        if call.queued:
+            # It never held a slot: out of the queue (a no-op when the
+            # queue handed it a slot it then refused).
+            bulkhead.leave(call)
+            if outcome != Reason.CANCELLED:
+                origin.refused(outcome)
+            self._admit(origin)
+            return
+        bulkhead.release()
+        origin.duration.observe(duration)
+        guard = call.guard
+        latency = guard.latency
+        if latency is not None:
+            self._measured(origin, latency, guard.token, outcome, duration, verdict)
+        if bulkhead.queued:
+            self._admit(origin)
+
+    def _measured(self, origin: Origin, latency: LatencyBudget, token: int, outcome: str, duration: float,
+                  verdict: Verdict) -> None:
+        """
+        Tell the origin's latency budget how long a call took: a reply, a
+        failure of the endpoint's, or a call the review's deadline cut off
+        (C{timeout}) measure the endpoint; nothing else does.
+        """
+        if verdict is Verdict.RELEASE and outcome != Reason.TIMEOUT:
+            latency.forget(token)
+            return
+        changed = latency.observe(token, duration)
+        if changed is None or latency is not origin.latency:
+            return
+        self._metrics.endpoint_shedding.labels(origin.name).set(1 if changed else 0)
+        if changed:
+            log.warn("Shedding {endpoint}: {over} of its last {window} calls took longer than its latency budget of"
+                     " {budget}s; new reviews get the failure policy (latency-budget) while one probe call at a "
+                     "time goes out", endpoint=origin.name, over=latency.over if latency.seen else latency.window,
+                     window=latency.window, budget=latency.budget)
+        else:
+            log.info("{endpoint} is within its latency budget again: a probe took {seconds:.3f}s (budget {budget}s);"
+                     " no longer shedding", endpoint=origin.name, seconds=duration, budget=latency.budget)
+
+    def _admit(self, origin: Origin) -> None:
+        """Hand the origin's free slots to its waiters, in arrival order."""
+        bulkhead = origin.bulkhead
+        bulkhead.admit(partial(self._dequeued, origin))
+        origin.show_queue()
+
+    def _dequeued(self, origin: Origin, call: Call) -> None:
+        """
+        C{call} has left the queue holding a slot: it goes out, unless its
+        time, its origin's breaker or its latency budget says otherwise now
+        (then the slot goes on to the next waiter).
+        """
+        try:
+            refusal = self._ready(origin, call)
+        except Exception:
+            log.failure("Could not start a call to {endpoint} that waited for a slot", endpoint=origin.name)
+            refusal = (Reason.CONNECTION_FAILED, "amp could not start the call")
+        if refusal is not None:
+            origin.bulkhead.release()
+            call.refuse(*refusal)
+            return
+        try:
+            call.start()
+        except Exception:
+            log.failure("Could not start a call to {endpoint} that waited for a slot", endpoint=origin.name)
+
+    def _ready(self, origin: Origin, call: Call) -> Optional[tuple[Reason, str]]:
+        """
+        Make a call that waited ready to go out (its ticket, its latency
+        token, its time), or say why it may not.
+        """
+        request = call.request
+        now = self.reactor.seconds()
+        if call.expires is not None and now >= call.expires:
+            return (Reason.QUEUE_TIMEOUT, f"waited {call.waited(now):.3g}s for a slot; too little time left for "
+                                          "the call (endpoints.min_call_time)")
+        guard = call.guard
+        breaker = guard.breaker
+        ticket = breaker.allow()
+        if ticket is None:
+            return (Reason.BREAKER_OPEN, f"circuit breaker open, next try in {breaker.reopens_in():.1f}s")
+        latency = origin.latency_for(request.settings)
+        if latency is not None:
+            token = latency.allow()
+            if token == SHED:
+                breaker.release(ticket)
+                return (Reason.LATENCY_BUDGET, _shed_message(latency))
+            guard.latency, guard.token = latency, token
+        guard.ticket = ticket
+        remaining = request.deadline.remaining(now)
+        timeout = request.settings.timeout if request.settings.timeout < remaining else None
+        request.timeout = timeout
+        request.allowed = timeout if timeout is not None else remaining
+        return None
 
     # ------------------------------------------------------------ calls
 
@@ -218,14 +357,37 @@ class EndpointClient:
         if ticket is None:
             return self._refuse(receiver, origin, Reason.BREAKER_OPEN,
                                 f"circuit breaker open, next try in {breaker.reopens_in():.1f}s")
-        if origin.in_flight >= settings.max_concurrent:
-            breaker.release(ticket)
-            return self._refuse(receiver, origin, Reason.CONCURRENCY_LIMIT,
-                                f"{origin.in_flight} calls already in flight (max_concurrent)")
-        remaining = deadline.remaining(self.reactor.seconds())
+        latency = None if settings.latency_budget <= 0 and origin.latency is None else origin.latency_for(settings)
+        token = 0
+        if latency is not None:
+            token = latency.allow()
+            if token == SHED:
+                breaker.release(ticket)
+                return self._refuse(receiver, origin, Reason.LATENCY_BUDGET, _shed_message(latency))
+        now = self.reactor.seconds()
+        remaining = deadline.remaining(now)
         if remaining <= 0:
             breaker.release(ticket)
+            if latency is not None:
+                latency.forget(token)
             return self._refuse(receiver, origin, Reason.TIMEOUT, "no time left in the review's deadline")
+        bulkhead = origin.bulkhead
+        slot = bulkhead.enter(settings.max_concurrent)
+        if not slot:
+            # The call waits for a slot: it holds no ticket and no probe
+            # meanwhile (both are asked for again when it gets one).
+            breaker.release(ticket)
+            if latency is not None:
+                latency.forget(token)
+            latest = deadline.at - settings.min_call_time
+            if now >= latest:
+                return self._refuse(receiver, origin, Reason.QUEUE_TIMEOUT, (
+                    f"{bulkhead.in_flight} calls in flight (endpoints.max_concurrent) and {remaining:.3g}s left, "
+                    "too little to wait for a slot (endpoints.min_call_time)"))
+            if bulkhead.queued >= settings.max_queued:
+                return self._refuse(receiver, origin, Reason.QUEUE_FULL, (
+                    f"{bulkhead.in_flight} calls in flight (endpoints.max_concurrent) and {bulkhead.queued} "
+                    "waiting for a slot (endpoints.max_queued)"))
         # A timer of the call's own only when the endpoint's timeout ends
         # before the caller's deadline: that deadline is the caller's timer.
         timeout = settings.timeout if settings.timeout < remaining else None
@@ -238,25 +400,47 @@ class EndpointClient:
                 log.warn("Not calling {endpoint}: {message}", endpoint=origin.name, message=target.denied)
                 raise LocalFailure(Reason.DENIED_ADDRESS, target.denied)
         except LocalFailure as e:
-            breaker.release(ticket)
+            self._unwind(origin, breaker, ticket, latency, token, slot)
             return self._refuse(receiver, origin, e.reason, e.message)
         except Exception:
-            breaker.release(ticket)
+            self._unwind(origin, breaker, ticket, latency, token, slot)
             log.failure("Could not build the request to {endpoint}", endpoint=origin.name)
             return self._refuse(receiver, origin, Reason.CONNECTION_FAILED, "amp could not build the request")
         # One bound for all calls; a reloaded configuration may change it.
         self.budget.limit = settings.max_buffered
         request = CallRequest(origin.name, target, profile, settings, data, timeout, deadline,
                               timeout if timeout is not None else remaining)
-        c = Call(self.reactor, request, CallGuard(Charge(self.budget), breaker, ticket), partial(self._settled, origin),
-                 receiver, caller_times)
-        origin.in_flight += 1
+        if not slot:
+            c = Call(self.reactor, request, CallGuard(Charge(self.budget), breaker, None),
+                     partial(self._settled, origin), receiver, caller_times)
+            self._live.add(c)
+            bulkhead.wait(c, settings.max_concurrent, settings.max_queued)
+            c.queue(deadline.at - settings.min_call_time)
+            origin.show_queue()
+            return c
+        guard = CallGuard(Charge(self.budget), breaker, ticket)
+        if latency is not None:
+            guard.latency, guard.token = latency, token
+        c = Call(self.reactor, request, guard, partial(self._settled, origin), receiver, caller_times)
         self._live.add(c)
         c.start()
         return c
 
+    def _unwind(self, origin: Origin, breaker: CircuitBreaker, ticket: Any, latency: Optional[LatencyBudget],
+                token: int, slot: bool) -> None:
+        """Give back what a call that will not be made took (a call refused before it was made)."""
+        if slot:
+            breaker.release(ticket)
+            if latency is not None:
+                latency.forget(token)
+            origin.bulkhead.release()
+            if origin.bulkhead.queued:
+                self._admit(origin)
+
     def _refuse(self, receiver: ICallReceiver, origin: Origin, reason: Reason, message: str) -> None:
         self._count(origin, reason)
+        if reason in _REFUSALS:
+            origin.refused(reason)
         receiver.failed(Failure(EndpointFailure(reason, message)))
 
     # ------------------------------------------------------------ shutdown
@@ -292,6 +476,15 @@ class EndpointClient:
         for c in list(self._open):
             c.abort()
         return gatherResults(waits).addCallback(lambda _: None)
+
+
+#: Refusals of amp's own limits, counted by reason besides the outcome.
+_REFUSALS = frozenset({Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT, Reason.LATENCY_BUDGET})
+
+
+def _shed_message(latency: LatencyBudget) -> str:
+    return (f"shed: the endpoint's recent calls are over its latency budget of {latency.budget:.3g}s (p90 of the "
+            f"last {latency.window}); one probe call at a time until one is back within it")
 
 
 def _used(reply: CallReply) -> EndpointDecision:

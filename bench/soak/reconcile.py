@@ -35,6 +35,8 @@ def outcome_keys(kinds: list[str]) -> dict[str, str]:
 
 
 #: The kinds a call of which amp ends with its own timeout.
+#: What amp's bulkhead refuses a review with (its queue full, or the wait too long).
+BULKHEAD_REASONS = ("queue-full", "queue-timeout")
 ENDS_IN_TIMEOUT = frozenset(kind for kind in KINDS if "timeout" in EXPECTED_OUTCOMES[kind])
 
 
@@ -112,12 +114,12 @@ def reconcile(namespaces: list[dict[str, Any]], ports: dict[str, int], records: 
     apart from miscounts and reported as C{endpoint_timing}: a call the
     endpoint answered (ok, error, ...) that amp ended with its timeout (the
     answer came too late), a call amp timed out before the endpoint had even
-    read it, a review refused by amp's bulkhead (C{concurrency-limit}: too
-    many calls still in flight), and a review amp cancelled because the
+    read it, a review refused by amp's bulkhead (C{queue-full} or
+    C{queue-timeout}: too many calls still in flight for too long), and a review amp cancelled because the
     client, tired of waiting, hung up.  On a machine that is not busy there
     are none.  Per origin, the chaos endpoint's counts, moved by those, must
     equal amp's C{amp_endpoint_requests_total} by outcome exactly, and amp's
-    C{breaker-open} and C{concurrency-limit} counts must equal the reviews
+    C{breaker-open} and bulkhead (C{queue-full} + C{queue-timeout}) counts must equal the reviews
     answered so.
     """
     by_ns = {ns["name"]: ns for ns in namespaces}
@@ -170,7 +172,7 @@ def reconcile(namespaces: list[dict[str, Any]], ports: dict[str, int], records: 
         if call is None:
             if reason == "breaker-open":
                 breaker_open[ns["port"]] += 1
-            elif reason == "concurrency-limit":
+            elif reason in BULKHEAD_REASONS:
                 bulkhead[ns["port"]] += 1
                 timing_uids.append(uid)
             elif reason in REVIEW_REASONS["hang"]:
@@ -240,8 +242,8 @@ def reconcile(namespaces: list[dict[str, Any]], ports: dict[str, int], records: 
             rows.append({"amp_outcome": key, "expected": want, "amp_counted": have, "match": want == have})
             if want != have:
                 problems.append(f"{port}: {want} calls should have ended {key}, amp counted {have}")
-        for outcome, said in (("breaker-open", breaker_open[port]), ("concurrency-limit", bulkhead[port])):
-            have = counted.pop(outcome, 0)
+        for outcome, said in (("breaker-open", breaker_open[port]), ("+".join(BULKHEAD_REASONS), bulkhead[port])):
+            have = sum(counted.pop(o, 0) for o in outcome.split("+"))
             rows.append({"amp_outcome": outcome, "expected": said, "amp_counted": have, "match": have == said})
             if have != said:
                 problems.append(f"{port}: amp counted {have} {outcome} calls, {said} reviews say so")
