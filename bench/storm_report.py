@@ -20,7 +20,7 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 STORM_BEGIN = "<!-- storm:begin -->"
 STORM_END = "<!-- storm:end -->"
 COLORS = {"none": "tab:gray", "policy": "tab:green", "amp": "tab:blue", "amp-w2": "tab:orange",
-          "amp-slow": "tab:red", "amp-fail": "tab:purple"}
+          "amp-slow": "tab:red", "amp-slow-budget": "tab:brown", "amp-fail": "tab:purple"}
 
 
 def _median(values: list[Optional[float]]) -> Optional[float]:
@@ -172,9 +172,9 @@ def markdown(result: dict[str, Any], picture: Optional[str]) -> str:
     turned = [(sc, name, r) for sc in ("slow", "fail") for name, r in (s.get(sc) or {}).items()]
     if turned:
         lines += ["### Scale-up with the endpoint turning halfway", "",
-                  f"The endpoint answers the first {st['pods'] // 2} calls at once, then each call "
-                  f"{'after ' + format(st['slow'], 'g') + ' s' if 'slow' in s else ''}"
-                  f"{' (slow)' if 'slow' in s else ''}{', or HTTP 500 (fail)' if 'fail' in s else ''}.",
+                  f"The endpoint answers the first {st['pods'] // 2} calls at once, then each call after "
+                  f"{st['slow']:g} s (slow) or with HTTP 500 (fail). *amp-slow-budget* is amp with "
+                  f"`endpoints.latency_budget: {st.get('budget')}` (off in the others).",
                   "",
                   "| scenario | target | ready s | webhook ms | ≤25 ms | rejections | fail-open | amp p99 ms | stamps |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -222,8 +222,7 @@ def chart(result: dict[str, Any], path: str) -> bool:
     first = {}
     for run in result["runs"]:
         if run["scenario"] in ("scale-up", "slow", "fail"):
-            key = run["target"] if run["scenario"] == "scale-up" else f"amp-{run['scenario']}"
-            first.setdefault(key, run)
+            first.setdefault(run["target"], run)
     for key, run in first.items():
         series = run["series"]
         color = COLORS.get(key, "black")
