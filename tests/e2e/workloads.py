@@ -107,6 +107,13 @@ def pods(core: Any, namespace: str, selector: Optional[str] = None) -> list[dict
     return list(json.loads(response.data)["items"])
 
 
+def remove_namespace(core: Any, namespace: str) -> None:
+    """Delete ``namespace`` (nothing can be created in it from then on) and
+    its Pods at once (grace 0, as no kubelet would finish them)."""
+    core.delete_namespace(namespace)
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+
+
 def stamp(pod: dict[str, Any]) -> Optional[str]:
     """amp's status stamp on a Pod, or None."""
     return ((pod.get("metadata") or {}).get("annotations") or {}).get(STATUS_ANNOTATION)
