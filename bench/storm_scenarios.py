@@ -67,7 +67,8 @@ class Sampler(threading.Thread):
         hook = {"name": self.webhook} if self.webhook else None
         return (time.monotonic() - self.started,
                 s.total("apiserver_request_duration_seconds_count"), s.total("apiserver_request_duration_seconds_sum"),
-                s.total(base + "_count", **hook) if hook else 0.0, s.total(base + "_sum", **hook) if hook else 0.0)
+                workloads.summed(s, base + "_count", hook) if hook else 0.0,
+                workloads.summed(s, base + "_sum", hook) if hook else 0.0)
 
     def run(self) -> None:
         while not self._stop.is_set():
@@ -138,7 +139,8 @@ def stamps(pods: list[dict[str, Any]]) -> dict[str, int]:
     found: dict[str, int] = {}
     for pod in pods:
         stamp = ((pod.get("metadata") or {}).get("annotations") or {}).get(STATUS)
-        key = " ".join(stamp.split()[:2]) if stamp else "(none)"
+        words = stamp.split() if stamp else ["(none)"]
+        key = words[0] if words[0] != "skipped" else " ".join(words[:2])
         found[key] = found.get(key, 0) + 1
     return found
 

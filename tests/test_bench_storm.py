@@ -36,8 +36,8 @@ def test_stamps_are_counted_by_outcome_and_reason() -> None:
     def pod(stamp: Any) -> dict[str, Any]:
         return {"metadata": {"annotations": {"amp.txn2.com/status": stamp} if stamp else {}}}
 
-    pods = [pod("mutated"), pod("mutated"), pod("skipped timeout http://127.0.0.1:1"), pod(None)]
-    assert stamps(pods) == {"mutated": 2, "skipped timeout": 1, "(none)": 1}
+    pods = [pod("mutated"), pod("mutated"), pod("skipped timeout http://127.0.0.1:1"), pod("mutated http://127.0.0.1:1"), pod(None)]
+    assert stamps(pods) == {"mutated": 3, "skipped timeout": 1, "(none)": 1}
 
 
 def run(scenario: str, target: str, ready: float, create_ms: float, **extra: Any) -> dict[str, Any]:

@@ -168,7 +168,11 @@ class Controllers:
                 "manageNodesWithAnnotationSelector": f"{KWOK_KEY}=fake",
                 "cidr": POD_CIDR,
                 "nodeIP": LOOPBACK,
+                # Given a configuration, kwok applies none of its defaults to it.
                 "podPlayStageParallelism": 16,
+                "nodePlayStageParallelism": 4,
+                "nodeLeaseParallelism": 4,
+                "podsOnNodeSyncParallelism": 4,
             },
         }
         config.write_text(yaml.safe_dump(options) + "---\n" + self.binaries.kwok_stages.read_text())
@@ -203,6 +207,11 @@ class Controllers:
             return True
 
         self._wait("kwok to make the fake nodes Ready", ready)
+        # The API server's TaintNodesByCondition admission gave each new node
+        # node.kubernetes.io/not-ready:NoSchedule; the node lifecycle
+        # controller (not run here) would lift it once Ready: lift it.
+        for name in self.node_names:
+            core.patch_node(name, {"spec": {"taints": [TAINT]}})
 
     def _start_scheduler(self) -> None:
         config = self.workdir / "kube-scheduler.yaml"

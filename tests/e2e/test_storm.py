@@ -68,13 +68,13 @@ def scale_up(plane: ControlPlane, namespace: str, name: str, replicas: int,
 
 
 def outcome(pods: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Pod names by what happened to them: ``mutated`` (stamped so, the
+    """Pod names by what happened to them: ``mutated`` (stamped ``mutated <endpoint>``, the
     variable exactly once), ``skipped`` (stamped ``skipped <reason>``, no
     variable), and ``wrong`` (anything else, with what was found)."""
     found: dict[str, list[str]] = {"mutated": [], "skipped": [], "wrong": []}
     for pod in pods:
         name, stamp, count = pod["metadata"]["name"], workloads.stamp(pod), workloads.env_count(pod, USER_ENV)
-        if stamp == "mutated" and count == 1:
+        if (stamp or "").split(" ")[0] == "mutated" and count == 1:
             found["mutated"].append(name)
         elif (stamp or "").startswith("skipped ") and count == 0:
             found["skipped"].append(name)

@@ -174,6 +174,13 @@ class Requests:
         return 1000 * self.seconds / self.count if self.count else None
 
 
+def summed(scrape: Scrape, metric: str, labels: dict[str, str]) -> float:
+    """The sum of every sample of ``metric`` whose labels include ``labels``
+    (which may hold ``name``, as the API server's webhook metrics do)."""
+    wanted = labels.items()
+    return sum(v for (n, ls), v in scrape.samples.items() if n == metric and wanted <= ls)
+
+
 def _webhook_samples(scrape: Scrape, metric: str, webhook: str) -> Iterable[tuple[dict[str, str], float]]:
     return [(dict(ls), v) for (n, ls), v in scrape.samples.items() if n == metric and ("name", webhook) in ls]
 
@@ -184,7 +191,7 @@ def admission(before: Scrape, after: Scrape, webhook: str) -> Admission:
 
     def delta(metric: str, **labels: str) -> float:
         wanted = {"name": webhook, **labels}
-        return after.total(metric, **wanted) - before.total(metric, **wanted)
+        return summed(after, metric, wanted) - summed(before, metric, wanted)
 
     bounds = sorted({float(ls["le"]) for ls, _ in _webhook_samples(after, base + "_bucket", webhook)
                      if ls.get("le") not in (None, "+Inf")})
