@@ -58,7 +58,7 @@ class Sampler(threading.Thread):
         super().__init__(name="storm-sampler", daemon=True)
         self.cluster, self.webhook, self.interval = cluster, webhook, interval
         self.points: list[tuple[float, float, float, float, float]] = []
-        self._stop = threading.Event()
+        self._done = threading.Event()
         self.started = time.monotonic()
 
     def point(self) -> tuple[float, float, float, float, float]:
@@ -71,15 +71,15 @@ class Sampler(threading.Thread):
                 workloads.summed(s, base + "_sum", hook) if hook else 0.0)
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._done.is_set():
             try:
                 self.points.append(self.point())
             except Exception as e:  # a missed sample is a gap in the picture, not a failed run
                 say(f"sample failed: {e}")
-            self._stop.wait(self.interval)
+            self._done.wait(self.interval)
 
     def finish(self) -> list[dict[str, Any]]:
-        self._stop.set()
+        self._done.set()
         self.join()
         series = []
         for (t0, c0, s0, w0, ws0), (t1, c1, s1, w1, ws1) in zip(self.points, self.points[1:]):

@@ -153,7 +153,8 @@ def turn_and_recover(control_plane: ControlPlane, amp: AmpInstance, endpoint: wo
 
     def mutated_again() -> Optional[bool]:
         created = core.create_namespaced_pod(namespace, probe, dry_run="All")
-        return True if (created.metadata.annotations or {}).get(workloads.STATUS_ANNOTATION) == "mutated" else None
+        stamp = (created.metadata.annotations or {}).get(workloads.STATUS_ANNOTATION) or ""
+        return True if stamp.startswith("mutated ") else None
 
     poll_until("amp to call the recovered endpoint again", mutated_again, CONVERGE, interval=0.5,
                details=amp.process.describe)
