@@ -1,8 +1,22 @@
-"""Builds the kube-apiserver and etcd binaries the end-to-end tests run.
+"""Builds the Kubernetes programs the end-to-end tests run.
 
-This module owns turning the two small Go modules beside it (``go.mod`` here
-for kube-apiserver, ``etcd/go.mod`` for etcd) into binaries in a cache
-directory, and deciding when a cached binary can be reused.
+This module owns turning the small Go modules beside it into binaries in a
+cache directory, and deciding when a cached binary can be reused:
+
+- ``go.mod`` here: kube-apiserver (every e2e test);
+- ``etcd/go.mod``: etcd (every e2e test);
+- ``kube-controllers/go.mod``: kube-controller-manager and kube-scheduler,
+  from the same ``k8s.io/kubernetes`` release as kube-apiserver (a module of
+  its own, so that adding them never invalidates a cached kube-apiserver;
+  ``build`` refuses a release that differs from ``go.mod``'s);
+- ``kwok/go.mod``: kwok, the kubelet of fake nodes, so that scheduled Pods
+  become Ready and Jobs' Pods complete; its Stage definitions (node
+  initialise, Pod ready, complete, delete) are copied from the module into
+  ``kwok-stages.yaml`` beside the binary.
+
+The controllers (the last two) are only for the tests that need them:
+``build`` makes the first two, ``build_controllers`` the others, and
+running this file makes all of them.
 
 The versions live in the go.mod files only; this module reads them from there.
 The cache is ``$AMP_E2E_CACHE/<kubernetes-version>/`` (``AMP_E2E_CACHE``
@@ -36,8 +50,23 @@ from typing import Callable, Mapping
 HERE = Path(__file__).resolve().parent
 KUBE_MODULE_DIR = HERE
 ETCD_MODULE_DIR = HERE / "etcd"
+CONTROLLERS_MODULE_DIR = HERE / "kube-controllers"
+KWOK_MODULE_DIR = HERE / "kwok"
 KUBE_APISERVER_PACKAGE = "k8s.io/kubernetes/cmd/kube-apiserver"
+KUBE_CONTROLLER_MANAGER_PACKAGE = "k8s.io/kubernetes/cmd/kube-controller-manager"
+KUBE_SCHEDULER_PACKAGE = "k8s.io/kubernetes/cmd/kube-scheduler"
 ETCD_PACKAGE = "go.etcd.io/etcd/server/v3"
+KWOK_MODULE = "sigs.k8s.io/kwok"
+KWOK_PACKAGE = "sigs.k8s.io/kwok/cmd/kwok"
+#: The Stages kwok plays, from its module (``kustomize/stage/...``): nodes
+#: become Ready at once; Pods become Ready, Jobs' Pods complete, and deleted
+#: Pods go away (there is no kubelet to finish a graceful deletion).
+KWOK_STAGES = (
+    "kustomize/stage/node/fast/node-initialize.yaml",
+    "kustomize/stage/pod/fast/pod-ready.yaml",
+    "kustomize/stage/pod/fast/pod-complete.yaml",
+    "kustomize/stage/pod/fast/pod-delete.yaml",
+)
 MINIMUM_GO = (1, 26)
 CACHE_ENV = "AMP_E2E_CACHE"
 
@@ -54,6 +83,17 @@ class Binaries:
     etcd: Path
     kubernetes_version: str
     etcd_version: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerBinaries:
+    """Paths of the controllers' programs (see ``build_controllers``)."""
+
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kwok: Path
+    kwok_stages: Path
+    kwok_version: str
 
 
 def required_version(module_dir: Path, module: str) -> str:
@@ -75,6 +115,11 @@ def kubernetes_version() -> str:
 def etcd_version() -> str:
     """The etcd release the tests run, e.g. ``v3.7.0``."""
     return required_version(ETCD_MODULE_DIR, ETCD_PACKAGE)
+
+
+def kwok_version() -> str:
+    """The kwok release the controller tests run, e.g. ``v0.8.0``."""
+    return required_version(KWOK_MODULE_DIR, KWOK_MODULE)
 
 
 def cache_dir() -> Path:
@@ -178,6 +223,7 @@ def _build_one(
     target: Path,
     what: str,
     say: Callable[[str], None],
+    also: Callable[[], None] | None = None,
 ) -> None:
     if _is_current(target, module_dir):
         return
@@ -221,6 +267,8 @@ def _build_one(
     finally:
         if tmp.exists():
             tmp.unlink()
+    if also is not None:
+        also()
     target.with_name(target.name + ".stamp").write_text(_module_digest(module_dir) + "\n")
     say(f"amp-e2e: built {target} in {time.monotonic() - started:.0f}s")
 
@@ -257,6 +305,103 @@ def binaries_present(cache: Path | None = None) -> bool:
     )
 
 
+def controllers_present(cache: Path | None = None) -> bool:
+    """True when the controllers' programs are cached and current."""
+    cache = cache or cache_dir()
+    return (
+        _is_current(cache / "kube-controller-manager", CONTROLLERS_MODULE_DIR)
+        and _is_current(cache / "kube-scheduler", CONTROLLERS_MODULE_DIR)
+        and _is_current(cache / "kwok", KWOK_MODULE_DIR)
+        and (cache / "kwok-stages.yaml").is_file()
+    )
+
+
+def _usable_go() -> str:
+    go = find_go()
+    if go is None:
+        raise BuildError(_no_go_reason())
+    version = _go_version(go)
+    if version < MINIMUM_GO:
+        raise BuildError(
+            "Go %d.%d is too old: kube-apiserver %s needs Go >= %d.%d"
+            % (version + (kubernetes_version(),) + MINIMUM_GO)
+        )
+    return go
+
+
+def _module_dir_of(go: str, module_dir: Path, module: str) -> Path:
+    """Where the Go module cache holds ``module`` as ``module_dir`` requires it."""
+    out = subprocess.run(
+        [go, "list", "-m", "-f", "{{.Dir}}", module],
+        cwd=module_dir, env=_go_env(), capture_output=True, text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    if out.returncode != 0 or not out.stdout.strip():
+        raise BuildError(f"could not find {module} in the Go module cache: {out.stderr.strip()}")
+    return Path(out.stdout.strip())
+
+
+def kwok_stages_text(module_root: Path) -> str:
+    """The Stages of ``KWOK_STAGES`` from kwok's module, as one YAML stream."""
+    parts = []
+    for relative in KWOK_STAGES:
+        path = module_root / relative
+        if not path.is_file():
+            raise BuildError(f"kwok's module has no {relative} (looked in {module_root})")
+        parts.append(path.read_text().strip() + "\n")
+    return "---\n".join(parts)
+
+
+def same_kubernetes_release() -> None:
+    """Raise BuildError unless kube-controllers/go.mod pins go.mod's release."""
+    wanted = kubernetes_version()
+    have = required_version(CONTROLLERS_MODULE_DIR, "k8s.io/kubernetes")
+    if have != wanted:
+        raise BuildError(
+            f"{CONTROLLERS_MODULE_DIR / 'go.mod'} requires k8s.io/kubernetes {have} but "
+            f"kube-apiserver is built from {wanted} ({KUBE_MODULE_DIR / 'go.mod'}): "
+            "change both and run `go mod tidy` in each"
+        )
+
+
+def build_controllers(
+    cache: Path | None = None, say: Callable[[str], None] | None = None
+) -> ControllerBinaries:
+    """Build (or reuse) kube-controller-manager, kube-scheduler and kwok.
+
+    Raises BuildError as ``build`` does, and when the controllers' module
+    pins another Kubernetes release than kube-apiserver's.
+    """
+    cache = cache or cache_dir()
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    same_kubernetes_release()
+    binaries = ControllerBinaries(
+        cache / "kube-controller-manager",
+        cache / "kube-scheduler",
+        cache / "kwok",
+        cache / "kwok-stages.yaml",
+        kwok_version(),
+    )
+    if controllers_present(cache):
+        return binaries
+    go = _usable_go()
+    release = kubernetes_version()
+    for target, package in (
+        (binaries.kube_controller_manager, KUBE_CONTROLLER_MANAGER_PACKAGE),
+        (binaries.kube_scheduler, KUBE_SCHEDULER_PACKAGE),
+    ):
+        _build_one(go, CONTROLLERS_MODULE_DIR, package, target, f"{target.name} {release}", say)
+
+    def stages() -> None:
+        root = _module_dir_of(go, KWOK_MODULE_DIR, KWOK_MODULE)
+        binaries.kwok_stages.write_text(kwok_stages_text(root))
+
+    _build_one(go, KWOK_MODULE_DIR, KWOK_PACKAGE, binaries.kwok, f"kwok {binaries.kwok_version}", say, stages)
+    if not binaries.kwok_stages.is_file():  # a current binary whose Stages were removed
+        stages()
+    return binaries
+
+
 def build(
     cache: Path | None = None, say: Callable[[str], None] | None = None
 ) -> Binaries:
@@ -272,15 +417,7 @@ def build(
     binaries = Binaries(kube, etcd, kubernetes_version(), etcd_version())
     if binaries_present(cache):
         return binaries
-    go = find_go()
-    if go is None:
-        raise BuildError(_no_go_reason())
-    version = _go_version(go)
-    if version < MINIMUM_GO:
-        raise BuildError(
-            "Go %d.%d is too old: kube-apiserver %s needs Go >= %d.%d"
-            % (version + (kubernetes_version(),) + MINIMUM_GO)
-        )
+    go = _usable_go()
     _build_one(go, ETCD_MODULE_DIR, ETCD_PACKAGE, etcd, f"etcd {etcd_version()}", say)
     _build_one(
         go,
@@ -297,14 +434,17 @@ def main() -> int:
     started = time.monotonic()
     try:
         binaries = build()
+        controllers = build_controllers()
     except BuildError as exc:
         print(f"amp-e2e: {exc}", file=sys.stderr)
         return 1
-    print(binaries.kube_apiserver)
-    print(binaries.etcd)
+    for path in (binaries.kube_apiserver, binaries.etcd, controllers.kube_controller_manager,
+                 controllers.kube_scheduler, controllers.kwok):
+        print(path)
     print(
-        f"amp-e2e: kube-apiserver {binaries.kubernetes_version}, etcd "
-        f"{binaries.etcd_version} ready in {time.monotonic() - started:.1f}s",
+        f"amp-e2e: kube-apiserver, kube-controller-manager and kube-scheduler "
+        f"{binaries.kubernetes_version}, etcd {binaries.etcd_version}, kwok "
+        f"{controllers.kwok_version} ready in {time.monotonic() - started:.1f}s",
         file=sys.stderr,
     )
     return 0

@@ -2,12 +2,14 @@
 
 This module owns running etcd and kube-apiserver as child processes on
 loopback, the certificates they need, the admin and service-account
-kubeconfigs, and stopping both processes again. There is no scheduler, no
-controller-manager and no kubelet: Pods are admitted (through every admission
-plugin, mutating webhooks included) and stored, and then stay Pending.
-Because no controller-manager runs, a namespace's ``default`` ServiceAccount
-is not created for it; ``create_namespace`` does that, as the controller
-would, so that Pods can be created in it.
+kubeconfigs, the API server's ``/metrics``, and stopping both processes
+again. On its own there is no scheduler, no controller-manager and no
+kubelet: Pods are admitted (through every admission plugin, mutating
+webhooks included) and stored, and then stay Pending; ``controllers`` adds
+them for the tests that need workloads. Because the ServiceAccount
+controller never runs, a namespace's ``default`` ServiceAccount is not
+created for it; ``create_namespace`` does that, as the controller would, so
+that Pods can be created in it.
 
 Usage::
 
@@ -176,8 +178,10 @@ class ControlPlane:
         binaries: Binaries | None = None,
         *,
         start_timeout: float = 90.0,
+        apiserver_args: tuple[str, ...] = (),
     ) -> None:
         self.workdir = Path(workdir).resolve()
+        self.apiserver_args = tuple(apiserver_args)
         self.binaries = binaries
         self.start_timeout = start_timeout
         self.pki = self.workdir / "pki"
@@ -371,6 +375,7 @@ class ControlPlane:
                 "--profiling=false",
                 f"--cert-dir={pki / 'apiserver-generated'}",
                 "--v=1",
+                *self.apiserver_args,
             ],
             self.apiserver_log,
         )
@@ -396,6 +401,22 @@ class ControlPlane:
             ) from None
 
     # -- clients and kubeconfigs -------------------------------------------
+
+    def get(self, path: str) -> bytes:
+        """``GET path`` on the API server as admin (e.g. ``/metrics``); raises
+        ControlPlaneError unless it answers 200."""
+        context = ssl.create_default_context(cadata=self.ca_pem.decode())
+        context.load_cert_chain(self._admin_cert, self._admin_key)
+        status, body = _http_get(f"{self.api_url}{path}", context, timeout=30)
+        if status != 200:
+            raise ControlPlaneError(f"GET {path} answered {status}: {body[:500]!r}")
+        return body
+
+    def metrics(self) -> Any:
+        """The API server's ``/metrics`` now, parsed (``tests.prometheus.Scrape``)."""
+        from ..prometheus import Scrape
+
+        return Scrape(self.get("/metrics").decode())
 
     def _write_admin_kubeconfig(self) -> None:
         doc = kubeconfig(
@@ -495,16 +516,16 @@ class ControlPlane:
         return path
 
 
-def _http_get(url: str, context: ssl.SSLContext | None) -> tuple[int, bytes]:
+def _http_get(url: str, context: ssl.SSLContext | None, timeout: float = 2) -> tuple[int, bytes]:
     """One bounded GET; (0, reason) when nothing answered."""
     scheme, _, rest = url.partition("://")
     hostport, _, path = rest.partition("/")
     host, _, port = hostport.rpartition(":")
     connection: http.client.HTTPConnection
     if scheme == "https":
-        connection = http.client.HTTPSConnection(host, int(port), timeout=2, context=context)
+        connection = http.client.HTTPSConnection(host, int(port), timeout=timeout, context=context)
     else:
-        connection = http.client.HTTPConnection(host, int(port), timeout=2)
+        connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
         connection.request("GET", "/" + path)
         response = connection.getresponse()

@@ -1,8 +1,11 @@
 """pytest wiring for the end-to-end tests: the ``e2e`` marker, the
-session-wide ``control_plane`` fixture (a real etcd + kube-apiserver), and
-the fixtures that run amp against it: amp's ServiceAccount kubeconfig with
-the RBAC from ``deploy/``, the example endpoints, and registered amp
-instances (``start_amp``, ``start_module_amp``).
+session-wide ``control_plane`` fixture (a real etcd + kube-apiserver), the
+``controllers`` fixture that adds kube-controller-manager, kube-scheduler
+and kwok's fake nodes to it for the tests that need them (started on first
+use), and the fixtures that run amp against it: amp's ServiceAccount
+kubeconfig with the RBAC from ``deploy/``, the bypass report's Lease RBAC,
+the example endpoints, and registered amp instances (``start_amp``,
+``start_module_amp``).
 
 Without Go (and without cached binaries) the e2e tests are skipped on a
 developer machine and fail when ``CI=true``.
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn
 
 import pytest
 import yaml
@@ -21,6 +24,7 @@ from . import build
 from ..waiting import poll_until
 from .amp_process import REPO_ROOT, AmpInstance, ExampleEndpoints
 from .cluster import ControlPlane
+from .controllers import Controllers
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -30,6 +34,20 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def _missing(what: str) -> NoReturn:
+    """Skip (developer machine) or fail (``CI=true``) a test whose programs are not built."""
+    outcome = build.go_missing_outcome(os.environ, build.find_go(), False)
+    if outcome is not None:
+        action, reason = outcome
+    else:
+        action = "fail" if os.environ.get("CI") == "true" else "skip"
+        reason = (f"{what} are not built in {build.cache_dir()}: run `make tools` "
+                  "(tools/install e2e, i.e. python tests/e2e/build.py; a cold build takes several minutes)")
+    if action == "fail":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
 def require_binaries() -> build.Binaries:
     """The binaries the project's set-up step built (``make tools``, which
     ``make test`` runs first; tests never build them). When they are
@@ -37,16 +55,14 @@ def require_binaries() -> build.Binaries:
     skip on a developer machine, a failure when ``CI=true``."""
     if build.binaries_present():
         return build.build()  # cached and current: returns at once
-    outcome = build.go_missing_outcome(os.environ, build.find_go(), False)
-    if outcome is not None:
-        action, reason = outcome
-    else:
-        action = "fail" if os.environ.get("CI") == "true" else "skip"
-        reason = (f"kube-apiserver and etcd are not built in {build.cache_dir()}: run `make tools` "
-                  "(tools/install e2e, i.e. python tests/e2e/build.py; a cold build takes several minutes)")
-    if action == "fail":
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
+    _missing("kube-apiserver and etcd")
+
+
+def require_controllers() -> build.ControllerBinaries:
+    """kube-controller-manager, kube-scheduler and kwok, as ``require_binaries``."""
+    if build.controllers_present():
+        return build.build_controllers()  # cached and current: returns at once
+    _missing("kube-controller-manager, kube-scheduler and kwok")
 
 
 @pytest.fixture(scope="session")
@@ -71,6 +87,29 @@ def control_plane(
         yield plane
     finally:
         plane.stop()
+
+
+#: The client limits the controllers run with in the tests (their defaults,
+#: 20 and 30, make the controller set the pace of any storm; raised, the
+#: API server and amp do).
+CONTROLLER_QPS = 500.0
+CONTROLLER_BURST = 1000
+
+
+@pytest.fixture(scope="session")
+def controllers(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controllers]:
+    """kube-controller-manager, kube-scheduler and kwok's fake nodes, added
+    to the shared control plane by the first test that asks for them (with
+    raised client limits) and kept for the rest of the session. Workloads
+    for them: ``workloads.deployment`` and ``workloads.job``."""
+    binaries = require_controllers()
+    running = Controllers(control_plane, binaries, tmp_path_factory.mktemp("controllers"),
+                          qps=CONTROLLER_QPS, burst=CONTROLLER_BURST)
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 # ---------------------------------------------------------------- amp under test
@@ -169,6 +208,41 @@ def _poll_until_authorized(kubeconfig: Path, rules: list[dict[str, Any]]) -> Non
         poll_until("amp's RBAC to take effect", allowed, 10.0)
     finally:
         api.close()
+
+
+LEASE_NAME = "amp-bypass-reporter"
+
+
+@pytest.fixture(scope="module")
+def lease_rbac(control_plane: ControlPlane, amp_kubeconfig: Path) -> Iterator[str]:
+    """The Lease Role and RoleBinding of ``deploy/base``, in the namespace of
+    the session's amp ServiceAccount (amp's own namespace), for amp's bypass
+    report; that namespace's name."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    namespace, account = AMP_SERVICE_ACCOUNT
+    role = yaml.safe_load((DEPLOY_DIR / "base" / "role.yaml").read_text())
+    rbac = client.RbacAuthorizationV1Api(control_plane.admin_client())
+    name = "amp-e2e-bypass"
+    rbac.create_namespaced_role(namespace, {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": name, "namespace": namespace}, "rules": role["rules"]})
+    rbac.create_namespaced_role_binding(namespace, {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]})
+    try:
+        yield namespace
+    finally:
+        rbac.delete_namespaced_role_binding(name, namespace)
+        rbac.delete_namespaced_role(name, namespace)
+        try:
+            client.CoordinationV1Api(control_plane.admin_client()).delete_namespaced_lease(LEASE_NAME, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
 
 @pytest.fixture(scope="session")

@@ -26,10 +26,9 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -46,42 +45,13 @@ from .amp_process import (
     pod_manifest,
 )
 from .cluster import ControlPlane
-from .conftest import AMP_SERVICE_ACCOUNT, DEPLOY_DIR
+from .conftest import LEASE_NAME
 
 pytestmark = pytest.mark.e2e
 
-LEASE_NAME = "amp-bypass-reporter"
 REASON = "AmpBypassed"
 WAIT = 30.0
 
-
-
-@pytest.fixture(scope="module")
-def lease_rbac(control_plane: ControlPlane, amp_kubeconfig: Path) -> Iterator[str]:
-    """The Lease Role and RoleBinding of ``deploy/base``, in the namespace of
-    the session's amp ServiceAccount (amp's own namespace); its name."""
-    namespace, account = AMP_SERVICE_ACCOUNT
-    role = yaml.safe_load((DEPLOY_DIR / "base" / "role.yaml").read_text())
-    rbac = client.RbacAuthorizationV1Api(control_plane.admin_client())
-    name = "amp-e2e-bypass"
-    rbac.create_namespaced_role(namespace, {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": name, "namespace": namespace}, "rules": role["rules"]})
-    rbac.create_namespaced_role_binding(namespace, {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": name, "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]})
-    try:
-        yield namespace
-    finally:
-        rbac.delete_namespaced_role_binding(name, namespace)
-        rbac.delete_namespaced_role(name, namespace)
-        try:
-            client.CoordinationV1Api(control_plane.admin_client()).delete_namespaced_lease(LEASE_NAME, namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
 
 
 @pytest.fixture
