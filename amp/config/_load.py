@@ -18,6 +18,7 @@ from amp.config._declare import parsers
 from amp.config._sections import (
     BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings, EndpointsConfig,
     KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig, StaticNamespace, TLSConfig,
+    TracingConfig,
 )
 from amp.config._values import MAPPING
 from amp.files import CONFIG_LIMIT, FileError, config_document, read_file
@@ -185,6 +186,16 @@ def _record(raw: Any) -> RecordConfig:
     return record
 
 
+def _tracing(raw: Any) -> TracingConfig:
+    tracing = _section(TracingConfig, raw, "tracing")
+    if tracing.batch > tracing.queue:
+        raise ConfigError(f"tracing.batch: {tracing.batch} spans is more than tracing.queue ({tracing.queue}), "
+                          f"the spans that wait at most")
+    if tracing.endpoint is not None and not tracing.endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"tracing.endpoint: expected an http:// or https:// URL, got {tracing.endpoint!r}")
+    return tracing
+
+
 def parse_config(raw: Any) -> Config:
     """
     Turn the parsed YAML document into a L{Config}.
@@ -205,6 +216,7 @@ def parse_config(raw: Any) -> Config:
         "patch": lambda v: _section(PatchConfig, v, "patch"),
         "log": lambda v: _section(LogConfig, v, "log"),
         "record": _record,
+        "tracing": _tracing,
     }
     scalars = parsers(Config)
     values: dict[str, Any] = {}

@@ -178,7 +178,7 @@ class Call:
 
     __slots__ = (
         "_reactor", "_request", "_guard", "_on_settled", "_started", "_timer", "_pending", "_retry",
-        "_replied", "_done", "_waiters", "_receiver", "told", "expires", "_caller_times",
+        "_replied", "_done", "_waiters", "_receiver", "told", "expires", "_caller_times", "exchange",
     )
 
     def __init__(
@@ -205,6 +205,9 @@ class Call:
         self.expires: Optional[float] = None
         #: The caller calls L{time_out} at L{expires}: no timer of the call's.
         self._caller_times = caller_times
+        #: The last request through the pool (its connection's reuse and
+        #: resends, for a trace), once sent.
+        self.exchange: Optional[Exchange] = None
 
     def start(self) -> None:
         reactor = self._reactor
@@ -228,6 +231,7 @@ class Call:
         except Exception:
             self.failed(Failure())
             return
+        self.exchange = exchange
         if not exchange.finished:
             # Told nothing yet (a failure to connect at once is told before
             # send returns, and may have sent the request again).

@@ -257,7 +257,7 @@ class HTTPServerProtocol(Protocol):
         if self._head_done:
             # A trailer: counted, never read as one of the head's fields.
             return
-        # Only three names matter here: compare lengths before case.
+        # Only these names matter here: compare lengths before case.
         length = len(name)
         if length == 12:
             if name.lower() == b"content-type":
@@ -268,6 +268,12 @@ class HTTPServerProtocol(Protocol):
                 self._length = int(value)
         elif length == 6 and name.lower() == b"expect" and value.lower() == b"100-continue":
             self._incoming.expect_continue = True  # type: ignore[union-attr]
+        elif length == 11:
+            if name.lower() == b"traceparent":
+                # W3C trace context (amp.tracing reads it when tracing is on).
+                self._incoming.traceparent = value  # type: ignore[union-attr]
+        elif length == 10 and name.lower() == b"tracestate":
+            self._incoming.tracestate = value  # type: ignore[union-attr]
 
     def on_headers_complete(self) -> None:
         request = self._incoming

@@ -174,6 +174,9 @@ def render_text(report: ReplayReport, against: Optional[str]) -> str:
     for r in report.reviews:
         rec = r.recorded
         who = f"{rec.namespace}/{rec.pod_name or '?'} ({rec.where})"
+        if rec.trace_id:
+            # The recorded review's trace: where its time went, then.
+            who += f" trace={rec.trace_id}"
         if r.verdict == Verdict.DIFFERENT:
             lines.append(f"different  {who}")
             if (r.before.result, r.before.reason) != (r.after.result, r.after.reason):
