@@ -62,6 +62,8 @@ class TracingTests(TestCase):
         root.putChild(b"v1", Resource())
         root.children[b"v1"].putChild(b"traces", self.collector)
         root.putChild(b"mutate", self.endpoint)
+        self.candidate = HeaderEndpoint()
+        root.putChild(b"candidate", self.candidate)
         site = Site(root)
         site.log = lambda request: None  # type: ignore[method-assign]
         port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(site)
@@ -78,6 +80,8 @@ class TracingTests(TestCase):
         return raw_config({
             "team-a": namespace(f"http://127.0.0.1:{self.port}/mutate?token=s3cret"),
             "refused": namespace(f"http://127.0.0.1:{self.refused}/mutate"),
+            "canaried": namespace(f"http://127.0.0.1:{self.port}/mutate", annotations={
+                "amp.txn2.com/canary": f"http://127.0.0.1:{self.port}/candidate"}),
         }, tracing=settings, metrics={"debug_reviews": 16})
 
     @inlineCallbacks
@@ -162,6 +166,20 @@ class TracingTests(TestCase):
         response, plain = yield self.client.get(amp.metrics_url())
         self.assertIn(b"amp_admission_duration_seconds_bucket", plain)
         self.assertNotIn(TRACE.encode(), plain)
+
+    @inlineCallbacks
+    def test_the_canarys_candidate_is_a_span_of_its_own_trace_linked_to_the_review(self) -> Any:
+        amp = yield self.start()
+        yield self.post(amp, "canaried", traceparent=f"00-{TRACE}-{SPAN}-01")
+        spans = yield self.trace_of(TRACE, 4)
+        review = next(s for s in spans if s.kind == SERVER)
+        yield wait_until(lambda: any(s.name == "canary" for s in self.collector.spans.all()), what="the canary span")
+        canary = next(s for s in self.collector.spans.all() if s.name == "canary")
+        self.assertNotEqual(canary.trace_id, TRACE)
+        self.assertEqual(canary.links, ((TRACE, review.span_id),))
+        self.assertEqual(canary.attributes["amp.endpoint"], f"http://127.0.0.1:{self.port}/candidate")
+        # The candidate was sent the canary span's context, not the live call's.
+        self.assertEqual(self.candidate.calls[-1]["traceparent"], f"00-{canary.trace_id}-{canary.span_id}-01")
 
     @inlineCallbacks
     def test_a_review_without_traceparent_starts_a_trace_at_the_ratio(self) -> Any:

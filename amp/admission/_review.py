@@ -247,7 +247,7 @@ class Review:
         if plan is not None and plan.index == chain.index:
             self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]
                 plan, req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers, self._deadline,
-                self._parts.check_options)
+                self._parts.check_options, self._spans)
         spans = self._spans
         if spans is not None:
             self._trace_call(spans, step, headers, chain.index)

@@ -70,6 +70,12 @@ def review_spans(
     return out
 
 
+def linked_span(spans: ReviewSpans, record: SpanRecord, resource: Resource) -> ReadableSpan:
+    """A linked span that ended after the review's spans were made."""
+    review = SpanContext(spans.trace_id, spans.span_id, False, _SAMPLED, _trace_state(spans.tracestate))
+    return _child(record, spans.trace_id, review.trace_state, review, resource)
+
+
 def _child(record: SpanRecord, trace_id: int, state: TraceState, review: SpanContext,
            resource: Resource) -> ReadableSpan:
     status = Status(StatusCode.ERROR, record.error) if record.error else Status(StatusCode.UNSET)

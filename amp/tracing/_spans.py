@@ -12,7 +12,7 @@ cleared, so that an endpoint's SDK makes the same decision.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from amp.tracing._context import Ids, Parent, format_traceparent, trace_id_hex
 
@@ -57,7 +57,7 @@ class ReviewSpans:
     """
 
     __slots__ = ("trace_id", "span_id", "parent", "start", "children", "_ids", "_call", "answer_write",
-                 "trace_hex", "sampled", "stamp")
+                 "trace_hex", "sampled", "stamp", "late")
 
     def __init__(self, ids: Ids, parent: Optional[Parent], trace_id: int, start: float, sampled: bool = True) -> None:
         #: False: a review that is not sampled but whose caller sent a
@@ -76,6 +76,9 @@ class ReviewSpans:
         self.answer_write: Optional[tuple[float, float]] = None
         #: amp's status stamp for the Pod (C{""}: none).
         self.stamp = ""
+        #: Once the review's spans are exported (L{amp.tracing.Tracing.finish}):
+        #: where a linked span that ends later goes, on its own.
+        self.late: Optional[Callable[[SpanRecord], None]] = None
 
     def step(self, name: str, start: float, end: float, attributes: Optional[dict[str, Any]] = None,
              error: Optional[str] = None) -> None:
@@ -113,9 +116,29 @@ class ReviewSpans:
     def linked(self, name: str, start: float, end: float, attributes: Optional[dict[str, Any]] = None,
                error: Optional[str] = None) -> None:
         """A span beside the review that never delayed it (the canary's candidate), linked to it."""
-        record = SpanRecord(name, INTERNAL, self._ids.span_id(), start, end, attributes, error, linked=True)
+        record = self.begin_linked(name, start)
+        self.end_linked(record, end, attributes, error)
+
+    def begin_linked(self, name: str, start: float) -> SpanRecord:
+        """
+        A span beside the review, of a trace of its own, begun (its ids
+        known: a call it makes can send them); L{end_linked} ends it.
+        """
+        record = SpanRecord(name, INTERNAL, self._ids.span_id(), start, start, linked=True)
         record.trace_id = self._ids.trace_id()
-        self.children.append(record)
+        return record
+
+    def end_linked(self, record: SpanRecord, end: float, attributes: Optional[dict[str, Any]] = None,
+                   error: Optional[str] = None) -> None:
+        """The linked span C{record} ended: kept with the review's, or, once those left, exported alone."""
+        record.end = end
+        record.error = error
+        if attributes:
+            record.attributes.update(attributes)
+        if self.late is not None:
+            self.late(record)
+        else:
+            self.children.append(record)
 
     def new_span_id(self) -> int:
         """A span id for a span made from these records later (the answer's write)."""

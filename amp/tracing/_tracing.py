@@ -12,6 +12,7 @@ turned on.
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any, Callable, Mapping, Optional
 
 from twisted.application.service import Service
@@ -152,6 +153,18 @@ class Tracing(Service):
             self.log.failure("Tracing: could not make the spans of a review")
             return
         pipeline.submit(made)
+        spans.late = partial(self._late, spans)
+
+    def _late(self, spans: ReviewSpans, record: Any) -> None:
+        """A linked span of a review whose spans were exported (the canary's candidate) ended."""
+        pipeline = self.pipeline
+        if pipeline is None:
+            return
+        from amp.tracing._emit import linked_span
+        try:
+            pipeline.submit([linked_span(spans, record, pipeline.resource)])
+        except Exception:
+            self.log.failure("Tracing: could not make a linked span")
 
     def stopService(self) -> Deferred:
         """Shut the exporter down, exporting what it holds (within its export timeout)."""
