@@ -233,6 +233,22 @@ class TracingTests(TestCase):
         self.assertNotIn("traceparent", self.endpoint.calls[-1])
 
     @inlineCallbacks
+    def test_off_a_review_never_asks_tracing_anything(self) -> Any:
+        """Off, the webhook reads one attribute: no sampling decision, no record, no span."""
+        amp = yield self.start(enabled=False)
+        tracing = amp.service.tracing
+
+        def asked(*args: Any) -> None:
+            raise AssertionError("tracing was asked about a review while off")
+
+        tracing.begin = tracing.finish = asked
+        answer = yield self.post(amp, traceparent=f"00-{TRACE}-{SPAN}-01")
+        self.assertTrue(answer["response"]["allowed"])
+        self.assertNotIn("traceparent", self.endpoint.calls[-1])
+        yield wait_until(lambda: any(e.get("uid") == UID for e in self.events), what="the log line")
+        self.assertFalse(any("trace_id" in e for e in self.events))
+
+    @inlineCallbacks
     def test_reload_changes_the_ratio_without_a_new_exporter(self) -> Any:
         amp = yield self.start(sampling_ratio=1.0)
         pipeline = amp.service.tracing.pipeline
