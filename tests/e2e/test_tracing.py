@@ -126,6 +126,7 @@ def test_one_trace_crosses_the_api_server_amp_and_the_endpoint(
     assert review.attributes["k8s.namespace.name"] == ns
     assert review.attributes["amp.result"] == "patched"
     (Path(amp.workdir) / "trace.txt").write_text(shown + "\n")
+    print(f"the trace of one Pod's creation:\n{shown}")
 
     # The trace id in amp's log line and /debug/reviews.
     poll_until("amp's log line naming the trace", lambda: f"trace={trace_id}" in amp.process.log_text(), 10.0)
