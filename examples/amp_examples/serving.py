@@ -306,6 +306,8 @@ def listen_description(options: Mapping[str, Any]) -> str:
 def make_service(options: Mapping[str, Any], handlers: Mapping[str, Handler], reactor: Any) -> IService:
     """A service that serves ``handlers`` where ``options`` say (for ``twistd``)."""
     site = build_site(build_root(handlers, options["max-body"]), options["max-body"], reactor)
+    # Set the tracer up now (when configured), not in the first request's time.
+    tracing.tracer()
     return strports.service(listen_description(options), site, reactor=reactor)
 
 
@@ -326,6 +328,7 @@ def main(
     except usage.UsageError as e:
         sys.exit(f"{sys.argv[0]}: {e}")
     handlers = endpoints(options)
+    tracing.tracer()
 
     @defer.inlineCallbacks
     def serve(reactor: Any) -> Any:

@@ -64,10 +64,8 @@ def traced_create(control_plane: ControlPlane, namespace: str, name: str) -> tup
     header = f"00-{trace_id}-{'%016x' % random.getrandbits(64)}-01"
     core = client.CoreV1Api(control_plane.admin_client())
     started = time.monotonic()
-    core.api_client.call_api(
-        f"/api/v1/namespaces/{namespace}/pods", "POST", header_params={"traceparent": header,
-                                                                       "Content-Type": "application/json"},
-        body=pod_manifest(name), auth_settings=["BearerToken"], _preload_content=False)
+    core.create_namespaced_pod(namespace, pod_manifest(name), _headers={"traceparent": header},
+                               _preload_content=False)
     return trace_id, time.monotonic() - started
 
 
