@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any, Callable, Mapping, Optional
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.logger import Logger
 
 from amp.config import TracingConfig
@@ -175,5 +175,4 @@ class Tracing(Service):
         self.enabled = False
         if not self._closing:
             return succeed(None)
-        from twisted.internet.defer import DeferredList
         return DeferredList(list(self._closing), consumeErrors=True).addCallback(lambda _: None)
