@@ -272,7 +272,8 @@ class HTTPServerProtocol(Protocol):
             if name.lower() == b"traceparent":
                 # W3C trace context (amp.tracing reads it when tracing is on).
                 self._incoming.traceparent = value  # type: ignore[union-attr]
-        elif length == 10 and name.lower() == b"tracestate":
+        # (User-Agent and Connection have ten letters too: their first is not t.)
+        elif length == 10 and name[0] | 0x20 == 0x74 and name.lower() == b"tracestate":
             self._incoming.tracestate = value  # type: ignore[union-attr]
 
     def on_headers_complete(self) -> None:
