@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from twisted.application.service import Service
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.endpoints import TCP4ServerEndpoint
@@ -24,8 +25,10 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from amp.config import parse_config
+from amp.namespaces import NamespaceInfo
 from tests.helpers import (
-    UID, WebhookClient, closed_port, decode_answer, namespace, raw_config, review_bytes, start_amp,
+    ENABLED_LABEL, EP_ANNOTATION, UID, FakeSource, WebhookClient, closed_port, decode_answer, namespace, raw_config,
+    review_bytes, start_amp,
 )
 from tests.otlp import HTTPReceiver
 from tests.waiting import wait_until
@@ -49,6 +52,10 @@ class HeaderEndpoint(Resource):
         self.calls.append({k.decode().lower(): v[0].decode() for k, v in request.requestHeaders.getAllRawHeaders()})
         request.setHeader(b"content-type", b"application/json")
         return b'[{"op":"add","path":"/metadata/annotations/traced","value":"yes"}]'
+
+
+class ServiceSource(FakeSource, Service):
+    """L{FakeSource} as amp's service holds its namespace source: a child service."""
 
 
 class TracingTests(TestCase):
@@ -180,6 +187,26 @@ class TracingTests(TestCase):
         self.assertEqual(canary.attributes["amp.endpoint"], f"http://127.0.0.1:{self.port}/candidate")
         # The candidate was sent the canary span's context, not the live call's.
         self.assertEqual(self.candidate.calls[-1]["traceparent"], f"00-{canary.trace_id}-{canary.span_id}-01")
+
+    @inlineCallbacks
+    def test_a_namespace_the_cache_does_not_know_is_a_lookup_span(self) -> Any:
+        source = ServiceSource()
+        amp = yield start_amp(parse_config(self.raw()), reactor, namespaces=source)
+        self.addCleanup(amp.stop)
+        self.client = WebhookClient(reactor)
+        self.addCleanup(self.client.close)
+        answered = self.post(amp, "fresh", traceparent=f"00-{TRACE}-{SPAN}-01")
+        yield wait_until(lambda: source.fetches, what="the namespace's GET")
+        name, _, fetched = source.fetches[0]
+        fetched.callback(NamespaceInfo(name, {ENABLED_LABEL: "true"},
+                                       {EP_ANNOTATION: f"http://127.0.0.1:{self.port}/mutate"}))
+        yield answered
+        spans = yield self.trace_of(TRACE, 6)
+        review = next(s for s in spans if s.kind == SERVER)
+        lookup = next(s for s in spans if s.name == "namespace lookup")
+        self.assertEqual(lookup.parent_span_id, review.span_id)
+        self.assertEqual(lookup.attributes, {"k8s.namespace.name": "fresh", "amp.namespace.found": True})
+        self.assertLessEqual(lookup.end, next(s for s in spans if s.name == "route").start)
 
     @inlineCallbacks
     def test_a_review_without_traceparent_starts_a_trace_at_the_ratio(self) -> Any:

@@ -65,7 +65,6 @@ class Review:
     ) -> None:
         #: The review's spans (L{amp.tracing}) when it is traced, else None.
         self._spans = spans
-        self._lookup_started = 0.0
         self._parts = parts
         self._trace = trace
         self._answering = Answering(parts, req, validation, trace)
