@@ -63,6 +63,12 @@ setup(
         "msgspec>=0.18",
         # llhttp: amp's own HTTP/1.1 on the hot path (amp.http)
         "httptools>=0.6.3",
+        # traces across the API server, amp and the endpoint (amp.tracing): the SDK, and OTLP
+        # over gRPC and over HTTP/protobuf (the exporter runs in the SDK's own thread)
+        "opentelemetry-api>=1.27",
+        "opentelemetry-sdk>=1.27",
+        "opentelemetry-exporter-otlp-proto-grpc>=1.27",
+        "opentelemetry-exporter-otlp-proto-http>=1.27",
     ],
     # kubectl-amp: the same command as a kubectl plugin (`kubectl amp explain ...`).
     entry_points={"console_scripts": ["amp = amp.cli:main", "kubectl-amp = amp.cli:main"]},

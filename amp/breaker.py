@@ -351,6 +351,11 @@ class BreakerRegistry:
         self._random = random
         self._breakers: dict[str, CircuitBreaker] = {}
 
+    def state_of(self, origin: str) -> Optional[str]:
+        """The state of C{origin}'s breaker, or None when it has none yet."""
+        breaker = self._breakers.get(origin)
+        return breaker.state if breaker is not None else None
+
     def get(self, origin: str, settings: BreakerConfig) -> CircuitBreaker:
         """
         The breaker for C{origin}.  If C{settings} differ from the ones the

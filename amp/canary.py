@@ -47,6 +47,7 @@ from amp.namespaces import NamespaceInfo
 from amp.patch import PatchError, check_patch
 from amp.policy import EndpointStep, Route, resolve_chain
 from amp.record import pod_differences
+from amp.urls import shown_url
 from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION
 
 __all__ = ["CANARY_ANNOTATION", "CANARY_PERCENT_ANNOTATION", "CANARY_STEP_ANNOTATION", "Canary", "CanaryPlan",
@@ -129,11 +130,13 @@ class Canary:
 
     def start(self, plan: CanaryPlan, namespace: str, uid: str, pod_name: str, live: EndpointStep,
               pod: dict[str, Any], body: bytes, headers: Mapping[bytes, bytes], deadline: Deadline,
-              patch_options: Mapping[str, Any]) -> Optional["CanaryRun"]:
+              patch_options: Mapping[str, Any], spans: Any = None) -> Optional["CanaryRun"]:
         """
         Start the candidate for the live step C{live} about to be called
         with C{pod} (C{body} its JSON), if this review is sampled; the
-        L{CanaryRun} to tell the live step's outcome, or None.
+        L{CanaryRun} to tell the live step's outcome, or None.  C{spans}:
+        the live review's (L{amp.tracing.ReviewSpans}) when it is traced:
+        the candidate's call is a span linked to it.
         """
         if plan.candidate is None:
             self._note_problem(namespace, plan.problem)
@@ -142,8 +145,11 @@ class Canary:
         self._problems.pop(namespace, None)
         if plan.percent < 100 and self._draw() * 100 >= plan.percent:
             return None
-        return CanaryRun(self, plan.candidate, namespace, uid, pod_name, live, pod, body, dict(headers), deadline,
-                         patch_options)
+        run = CanaryRun(self, plan.candidate, namespace, uid, pod_name, live, pod, body, dict(headers), deadline,
+                        patch_options)
+        if spans is not None and spans.sampled:
+            run.spans = spans
+        return run
 
     def _count(self, namespace: str, result: CanaryResult) -> None:
         self._counter.labels(namespace, str(result)).inc()
@@ -206,6 +212,9 @@ class CanaryRun:
         self._call: Optional[Deferred] = None
         clock = canary._clock
         self._starter: Any = None
+        #: The live review's spans when it is traced (the candidate's call a linked span).
+        self.spans: Any = None
+        self._span: Any = None
         self._timer = clock.callLater(max(0.0, deadline.remaining(clock.seconds())), self._expired)
 
     def live_done(self, pod_after: Optional[dict[str, Any]], skipped: bool = False) -> None:
@@ -227,6 +236,9 @@ class CanaryRun:
         if self._done:
             return
         candidate = self.candidate
+        if self.spans is not None:
+            self._span = self.spans.begin_linked("canary", self._canary._clock.seconds())
+            self._headers[b"traceparent"] = b"00-%032x-%016x-01" % (self._span.trace_id, self._span.span_id)
         self._call = self._canary._client.call(candidate.url, candidate.settings, self._body, self._headers,
                                                self._deadline, candidate.breaker)
         self._call.addCallbacks(self._answered, self._failed)
@@ -272,7 +284,12 @@ class CanaryRun:
         live_kind, live_pod = self._live
         kind, value = self._candidate
         canary = self._canary
+        span, self._span = self._span, None
         try:
+            if span is not None:
+                self.spans.end_linked(span, canary._clock.seconds(), {
+                    "amp.endpoint": shown_url(self.candidate.url), "amp.canary.live": shown_url(self.live.url)},
+                    value if kind == "failed" else None)
             if live_kind == "skipped":
                 canary._finished(self, CanaryResult.SKIPPED, (), "")
             elif kind == "failed":

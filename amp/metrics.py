@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from bisect import bisect_left
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from prometheus_client import (
     CollectorRegistry,
@@ -29,7 +29,10 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 from twisted.web.resource import Resource
 
@@ -51,6 +54,9 @@ CONFIG_RELOAD_RESULTS = ("success", "error")
 
 #: Values of C{amp_recorded_reviews_total{result}}.
 RECORD_RESULTS = ("written", "dropped", "failed")
+
+#: Values of C{amp_trace_spans_dropped_total{reason}}.
+TRACE_DROP_REASONS = ("queue_full", "export_failed")
 
 #: Values of C{amp_connections_dropped_total{reason}}.
 CONNECTION_DROP_REASONS = ("max-connections", "no-request", "shutting-down")
@@ -89,20 +95,36 @@ class _Count:
 
 
 class _Observed:
-    """One child of a L{HotHistogram}: a count per bucket and the sum."""
+    """
+    One child of a L{HotHistogram}: a count per bucket and the sum, and,
+    once a traced observation came, the last one's exemplar per bucket.
+    """
 
-    __slots__ = ("_bounds", "counts", "sum")
+    __slots__ = ("_bounds", "counts", "sum", "exemplars")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self._bounds = bounds
         #: Observations per bucket, not cumulative; the last is +Inf's.
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
+        #: Per bucket, the last traced observation's (trace id, value,
+        #: time), or None; None until the first (no cost untraced).
+        self.exemplars: Optional[list[Optional[tuple[str, float, float]]]] = None
 
     def observe(self, value: float) -> None:
         # The first bound >= value: Prometheus buckets count value <= le.
         self.counts[bisect_left(self._bounds, value)] += 1
         self.sum += value
+
+    def observe_traced(self, value: float, trace_id: str, when: float) -> None:
+        """Observe C{value} of a traced review: its bucket's exemplar names the trace."""
+        index = bisect_left(self._bounds, value)
+        self.counts[index] += 1
+        self.sum += value
+        exemplars = self.exemplars
+        if exemplars is None:
+            exemplars = self.exemplars = [None] * len(self.counts)
+        exemplars[index] = (trace_id, value, when)
 
 
 class _HotFamily(Collector):
@@ -172,6 +194,10 @@ class HotHistogram(_HotFamily):
         """Observe C{value} (a histogram without labels)."""
         self._children[()].observe(value)
 
+    def observe_traced(self, value: float, trace_id: str, when: float) -> None:
+        """Observe C{value} of trace C{trace_id}, its exemplar (a histogram without labels)."""
+        self._children[()].observe_traced(value, trace_id, when)
+
     def describe(self) -> Iterator[HistogramMetricFamily]:
         yield HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
 
@@ -179,9 +205,14 @@ class HotHistogram(_HotFamily):
         family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
         for key, child in list(self._children.items()):
             cumulative, buckets = 0, []
-            for le, count in zip(self._les, child.counts):
+            exemplars = child.exemplars
+            for i, (le, count) in enumerate(zip(self._les, child.counts)):
                 cumulative += count
-                buckets.append((le, cumulative))
+                exemplar = exemplars[i] if exemplars is not None else None
+                if exemplar is None:
+                    buckets.append((le, cumulative))
+                else:
+                    buckets.append((le, cumulative, Exemplar({"trace_id": exemplar[0]}, exemplar[1], exemplar[2])))
             family.add_metric(list(key), buckets, child.sum)
         yield family
 
@@ -290,21 +321,32 @@ class Metrics:
             "amp_canary_reviews", "Reviews whose candidate endpoint (amp.txn2.com/canary) was compared with the "
             "live one, by namespace and result: same, differs, failed, skipped.", ["namespace", "result"],
             registry=r)
+        self.trace_spans_dropped = Counter(
+            "amp_trace_spans_dropped", "Spans amp made and did not export (tracing section), by reason: "
+            "queue_full (tracing.queue spans were waiting already) or export_failed (the collector is down, slow "
+            "past tracing.export_timeout, or refused them).", ["reason"], registry=r)
+        for reason in TRACE_DROP_REASONS:
+            self.trace_spans_dropped.labels(reason=reason)
         self.build_info = Gauge("amp_build_info", "1, labelled with amp's version.", ["version"], registry=r)
         self.build_info.labels(version=__version__).set(1)
 
-    def count_review(self, kind: str, operation: str, result: str, reason: str, seconds: float) -> None:
+    def count_review(self, kind: str, operation: str, result: str, reason: str, seconds: float,
+                     trace_id: Optional[str] = None, when: float = 0.0) -> None:
         """
         One review answered: C{amp_admission_requests_total} and
         C{amp_admission_duration_seconds}.  The counter's children are kept
         for the next review with the same labels (C{labels()} costs as
-        much as the rest of the accounting).
+        much as the rest of the accounting).  A traced review (C{trace_id},
+        answered at C{when}) is its latency bucket's exemplar.
         """
         child = self._review_counters.get((kind, operation, result, reason))
         if child is None:
             child = self._review_counter(kind, operation, result, reason)
         child.inc()
-        self.admission_duration.observe(seconds)
+        if trace_id is None:
+            self.admission_duration.observe(seconds)
+        else:
+            self.admission_duration.observe_traced(seconds, trace_id, when)
 
     def _review_counter(self, kind: str, operation: str, result: str, reason: str) -> Any:
         kinds = self._review_kinds
@@ -317,16 +359,21 @@ class Metrics:
             self._review_counters[(kind, operation, result, reason)] = child
         return child
 
-    def render(self) -> bytes:
+    def render(self, openmetrics: bool = False) -> bytes:
         """
-        The registry in the Prometheus text exposition format.
+        The registry in the Prometheus text exposition format, or in
+        OpenMetrics' (which carries the latency histogram's exemplars).
         """
+        if openmetrics:
+            return generate_openmetrics(self.registry)
         return generate_latest(self.registry)
 
 
 class MetricsResource(Resource):
     """
-    C{GET /metrics} in the Prometheus text format.
+    C{GET /metrics} in the Prometheus text format, or in OpenMetrics' when
+    the scraper accepts it (C{Accept: application/openmetrics-text}, as
+    Prometheus sends): the format whose histograms carry exemplars.
     """
 
     isLeaf = True
@@ -336,5 +383,9 @@ class MetricsResource(Resource):
         self._metrics = metrics
 
     def render_GET(self, request: Request) -> bytes:
+        accept = request.getHeader(b"accept") or b""
+        if b"application/openmetrics-text" in accept:
+            request.setHeader(b"Content-Type", OPENMETRICS_CONTENT_TYPE.encode("ascii"))
+            return self._metrics.render(openmetrics=True)
         request.setHeader(b"Content-Type", CONTENT_TYPE_LATEST.encode("ascii"))
         return self._metrics.render()

@@ -58,12 +58,15 @@ class Decision:
     canary: str = ""
     #: With C{canary: differs}, the JSON paths where the candidate's Pod differs.
     canary_paths: tuple[str, ...] = ()
+    #: The review's trace (L{amp.tracing}: 32 hex digits), or C{""} when it was not traced.
+    trace_id: str = ""
 
     def as_json(self) -> dict[str, Any]:
         """
         The decision as a JSON object: C{time} in RFC 3339 (UTC, to the
         millisecond), C{duration_ms} rounded to 0.1 ms; C{canary} and
-        C{canary_paths} only for a review that had a canary.
+        C{canary_paths} only for a review that had a canary, C{trace_id}
+        only for a review that was traced.
         """
         out = asdict(self)
         out["time"] = rfc3339(self.time)
@@ -72,6 +75,8 @@ class Decision:
             del out["canary"], out["canary_paths"]
         else:
             out["canary_paths"] = list(self.canary_paths)
+        if not self.trace_id:
+            del out["trace_id"]
         return out
 
 
@@ -153,6 +158,7 @@ class RecentDecisions:
 
     def select(
         self, *, namespace: Optional[str] = None, pod: Optional[str] = None, uid: Optional[str] = None,
+        trace_id: Optional[str] = None,
     ) -> list[Decision]:
         """
         The decisions held, oldest first, that match every filter given.
@@ -160,7 +166,7 @@ class RecentDecisions:
         return [
             d for d in self._decisions
             if (namespace is None or d.namespace == namespace) and (pod is None or d.pod == pod)
-            and (uid is None or d.uid == uid)]
+            and (uid is None or d.uid == uid) and (trace_id is None or d.trace_id == trace_id)]
 
     def __len__(self) -> int:
         return len(self._decisions)
@@ -179,12 +185,12 @@ def _encode(decisions: Iterable[Decision], jsonl: bool) -> bytes:
 
 #: The query parameters of C{/debug/reviews}; any other is refused (400),
 #: so that a misspelt filter cannot return every review.
-_PARAMETERS = (b"format", b"namespace", b"pod", b"uid")
+_PARAMETERS = (b"format", b"namespace", b"pod", b"uid", b"trace_id")
 
 
 class RecentDecisionsResource(Resource):
     """
-    C{GET /debug/reviews[?format=jsonl][&namespace=..][&pod=..][&uid=..]}.
+    C{GET /debug/reviews[?format=jsonl][&namespace=..][&pod=..][&uid=..][&trace_id=..]}.
     """
 
     isLeaf = True
@@ -211,7 +217,8 @@ class RecentDecisionsResource(Resource):
             request.setHeader(b"content-type", b"text/plain; charset=utf-8")
             return f"format: expected json or jsonl, got {fmt!r}\n".encode("utf-8")
         decisions = self._recent.select(
-            namespace=_arg(request, b"namespace"), pod=_arg(request, b"pod"), uid=_arg(request, b"uid"))
+            namespace=_arg(request, b"namespace"), pod=_arg(request, b"pod"), uid=_arg(request, b"uid"),
+            trace_id=_arg(request, b"trace_id"))
         request.setHeader(b"content-type", b"application/x-ndjson" if fmt == "jsonl" else b"application/json")
         request.setHeader(b"cache-control", b"no-store")
         return _encode(decisions, fmt == "jsonl")

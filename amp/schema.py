@@ -65,6 +65,8 @@ def value_schema(kind: Kind) -> Schema:
         return {"type": ["string", "null"] if kind.nullable else "string", "minLength": 1}
     if name == "ratio":
         return {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+    if name == "share":
+        return {"type": ["number", "null"], "minimum": 0, "maximum": 1}
     if name in ("list of strings", "list of URL patterns", "list of networks"):
         return dict(_STRINGS)
     if name == "list of JSON pointers":

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import gc
 import random
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
@@ -53,6 +53,7 @@ from amp.recent import RecentDecisions, RecentDecisionsResource
 from amp.record import KeptAnnotations, Recorder
 from amp.reload import ConfigFile, ConfigReloadService, InThread, SighupService, in_thread_pool
 from amp.tls import CertificateReloadService, ReloadingCertificate
+from amp.tracing import Tracing
 from amp.web import AdmissionResource, not_found, webhook_routes
 
 #: The log of what this module reports itself (the services have their own).
@@ -225,6 +226,7 @@ class AmpService(MultiService):
         config_path: Optional[str] = None,
         on_connections: Optional[Callable[[int], None]] = None,
         in_thread: Optional[InThread] = None,
+        environ: Optional[Mapping[str, str]] = None,
     ) -> None:
         """
         @param certificate: the loaded serving certificate the webhook
@@ -253,6 +255,8 @@ class AmpService(MultiService):
             L{amp.balance.WorkerListener.connections_changed}).
         @param in_thread: where the config file is read and parsed on a
             reload (L{amp.reload.ConfigFile}); None: C{reactor}'s thread pool.
+        @param environ: the environment whose C{OTEL_*} variables tracing
+            reads (L{amp.tracing}); None: the process's.
         """
         super().__init__()
         self._drain_with: list[IService] = []
@@ -304,6 +308,13 @@ class AmpService(MultiService):
             "namespaces": lambda: self.namespaces.readiness(),
         }, recent=self.recent)
         self._admission = [h for h in routes.values() if isinstance(h, AdmissionResource)]
+        #: OpenTelemetry tracing of reviews (C{tracing}; off by default).
+        self.tracing = Tracing(config.tracing, reactor,
+                               lambda count, reason: metrics.trace_spans_dropped.labels(reason=reason).inc(count),
+                               environ=environ)
+        self.tracing.setServiceParent(self)
+        for handler in self._admission:
+            handler.tracing = self.tracing
         listen = config.listen
         #: The webhook listener's factory: its connections, limits and drain.
         self.webhook_server = HTTPServerFactory(
@@ -363,6 +374,7 @@ class AmpService(MultiService):
         self.webhook_server.apply(config.listen)
         self.recent.resize(config.metrics.debug_reviews)
         self.recorder.apply(config.record)
+        self.tracing.apply(config.tracing)
         if isinstance(self.log_observer, ConfigurableObserver):
             self.log_observer.configure(config.log.format, config.log.level)
         if self.config_reload is not None:

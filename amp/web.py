@@ -14,7 +14,7 @@ listener's L{amp.logs.RepeatLimiter}).
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
@@ -24,8 +24,10 @@ from amp.admission import Admitter, Answer, Outcome, unheard
 from amp.http import Handler, Request, query_parameter
 from amp.logs import HotPathLogger, lines_together
 from amp.metrics import Metrics
+from amp.reasons import Result
 from amp.recent import Decision, RecentDecisions
 from amp.review import AdmissionRequest, ReviewError, parse_review
+from amp.tracing import NO_TRACING, ReviewSpans
 
 #: What the listener serves, for a request to any other path.
 SERVED = "amp serves /mutate, /validate, /healthz and /readyz"
@@ -41,6 +43,9 @@ _ALLOW_GET = b"Allow: GET, HEAD\r\n"
 _REVIEW_LINE = "review {uid} {namespace}/{pod} {result} endpoint={endpoint} patch={patch_size}B in {duration_ms:.1f}ms"
 _REVIEW_LINE_WITH_REASON = (
     "review {uid} {namespace}/{pod} {result} ({reason}) endpoint={endpoint} patch={patch_size}B in {duration_ms:.1f}ms")
+# A traced review's line names its trace.
+_TRACED_LINE = _REVIEW_LINE + " trace={trace_id}"
+_TRACED_LINE_WITH_REASON = _REVIEW_LINE_WITH_REASON + " trace={trace_id}"
 
 
 class _Accounted(NamedTuple):
@@ -79,12 +84,14 @@ class AdmissionResource:
         #: what they need of each review, not the review itself, so that
         #: its decoded Pod is freed when the answer is written (while still
         #: in the CPU's cache) rather than two turns later with the rest.
-        self._unaccounted: list[tuple[_Accounted, Outcome, float, float]] = []
+        self._unaccounted: list[tuple[_Accounted, Outcome, float, float, Optional[ReviewSpans]]] = []
         #: The timeout parameter of each query seen (L{_timeout_of}).
         self._timeouts: dict[bytes, Optional[str]] = {}
         # The log line's method, bound once (each access to a Logger
         # through an instance makes a new Logger).
         self._info = self.log.info
+        #: OpenTelemetry tracing (L{amp.tracing.Tracing}); off: L{NO_TRACING}.
+        self.tracing: Any = NO_TRACING
 
     def __call__(self, request: Request) -> None:
         if request.method != b"POST":
@@ -120,9 +127,15 @@ class AdmissionResource:
         else:
             timeout = None
         deadline = admitter.deadline(timeout, started)
+        tracing = self.tracing
+        if tracing.enabled:
+            spans = tracing.begin(request.traceparent, request.tracestate, started)
+            request.review = admitter.review_into(partial(self._respond, request, req, started, spans), req,
+                                                  deadline, validation=self._validation, spans=spans)
+            return
         # The review while it waits (the listener cancels it if the client
         # goes away); None when it was answered at once.
-        request.review = admitter.review_into(partial(self._respond, request, req, started), req, deadline,
+        request.review = admitter.review_into(partial(self._respond, request, req, started, None), req, deadline,
                                               validation=self._validation)
 
     def _timeout_of(self, query: bytes) -> Optional[str]:
@@ -142,17 +155,23 @@ class AdmissionResource:
         request.server.warnings.emit("bad-reviews", LogLevel.info, "Bad AdmissionReview: {error}", error=message)
         request.plain(code, message)
 
-    def _respond(self, request: Request, req: AdmissionRequest, started: float, answer: Answer) -> None:
+    def _respond(self, request: Request, req: AdmissionRequest, started: float, spans: Optional[ReviewSpans],
+                 answer: Answer) -> None:
         try:
-            self._answer(request, req, started, answer)
+            self._answer(request, req, started, spans, answer)
         except Exception:
             self._write_failed(Failure(), request)
 
-    def _answer(self, request: Request, req: AdmissionRequest, started: float, answer: Answer) -> None:
+    def _answer(self, request: Request, req: AdmissionRequest, started: float, spans: Optional[ReviewSpans],
+                answer: Answer) -> None:
         request.review = None
         if request.disconnected:
             # Answered as the client went away.
             answer = unheard(answer)
+        elif spans is not None and spans.sampled:
+            began = self._clock.seconds()
+            request.respond(200, answer.body, _JSON)
+            spans.answer_write = (began, self._clock.seconds())
         else:
             request.respond(200, answer.body, _JSON)
         outcome = answer.outcome
@@ -163,7 +182,7 @@ class AdmissionResource:
         # one turn are accounted together.
         unaccounted = self._unaccounted
         unaccounted.append((_Accounted(req.uid, req.namespace, req.pod_name, req.kind, req.operation, req.dry_run),
-                            outcome, answered - started, answered))
+                            outcome, answered - started, answered, spans))
         if len(unaccounted) == 1:
             self._clock.callLater(0, self._clock.callLater, 0, self._account)
 
@@ -174,7 +193,10 @@ class AdmissionResource:
         info = self._info
         # One write of the log for the lines of every review in this turn.
         with lines_together():
-            for req, outcome, elapsed, answered in unaccounted:
+            for req, outcome, elapsed, answered, spans in unaccounted:
+                if spans is not None and spans.sampled:
+                    self._traced(req, outcome, elapsed, answered, spans)
+                    continue
                 if recent is not None:
                     recent.record(Decision(
                         req.uid, answered, req.namespace, req.pod_name, outcome.endpoint, str(outcome.result),
@@ -184,6 +206,28 @@ class AdmissionResource:
                      uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=outcome.endpoint or "-",
                      result=outcome.result, reason=outcome.reason, patch_size=outcome.patch_size,
                      duration_ms=elapsed * 1000, dry_run=req.dry_run, kind=req.kind, operation=req.operation)
+
+    def _traced(self, req: _Accounted, outcome: Outcome, elapsed: float, answered: float,
+                spans: ReviewSpans) -> None:
+        """
+        A traced review's accounting: its spans made and exported, and its
+        trace id in the log line, C{/debug/reviews} and the latency
+        histogram's exemplar.
+        """
+        trace_id = spans.trace_hex
+        self.tracing.finish(spans, answered, review_attributes(req, outcome, self._validation, spans.stamp),
+                            review_error(outcome))
+        if self.recent is not None:
+            self.recent.record(Decision(
+                req.uid, answered, req.namespace, req.pod_name, outcome.endpoint, str(outcome.result),
+                str(outcome.reason), outcome.message, elapsed * 1000, trace_id=trace_id))
+        self._metrics.count_review(req.kind, req.operation, outcome.result, outcome.reason, elapsed,
+                                   trace_id=trace_id, when=answered)
+        self._info(_TRACED_LINE_WITH_REASON if outcome.reason else _TRACED_LINE,
+                   uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=outcome.endpoint or "-",
+                   result=outcome.result, reason=outcome.reason, patch_size=outcome.patch_size,
+                   duration_ms=elapsed * 1000, dry_run=req.dry_run, kind=req.kind, operation=req.operation,
+                   trace_id=trace_id)
 
     def _write_failed(self, failure: Failure, request: Request) -> None:
         """
@@ -195,6 +239,37 @@ class AdmissionResource:
         if not request.disconnected:
             request.keep_alive = False
             request.plain(500, "amp internal error")
+
+
+def review_attributes(req: Any, outcome: Outcome, validation: bool, stamp: str = "") -> dict[str, Any]:
+    """
+    A review span's attributes: the semantic conventions' HTTP server and
+    Kubernetes ones, and amp's own (result, reason, endpoint shown as amp
+    shows URLs).  C{req}: the review's C{uid}, C{namespace}, C{pod_name},
+    C{operation} and C{dry_run} (an L{AdmissionRequest} or what is kept of one).
+    """
+    route = "/validate" if validation else "/mutate"
+    attributes: dict[str, Any] = {
+        "http.request.method": "POST", "http.route": route, "url.path": route, "url.scheme": "https",
+        "http.response.status_code": 200, "k8s.namespace.name": req.namespace, "k8s.pod.name": req.pod_name,
+        "amp.review.uid": req.uid, "amp.review.operation": req.operation, "amp.review.dry_run": req.dry_run,
+        "amp.result": str(outcome.result), "amp.patch.size": outcome.patch_size,
+    }
+    if outcome.reason:
+        attributes["amp.reason"] = str(outcome.reason)
+    if outcome.endpoint:
+        attributes["amp.endpoint"] = outcome.endpoint
+    if stamp:
+        attributes["amp.stamp"] = stamp
+    return attributes
+
+
+def review_error(outcome: Outcome) -> Optional[str]:
+    """A review span's error status: the reason (and message) of a review that failed, else None."""
+    if outcome.result in (Result.FAILED, Result.IGNORED):
+        reason = str(outcome.reason) or str(outcome.result)
+        return f"{reason}: {outcome.message}" if outcome.message else reason
+    return None
 
 
 def health(request: Request) -> None:

@@ -479,14 +479,14 @@ def _patch_of(response: dict[str, Any]) -> list[Any]:
 
 def check_answer(mode: str, response: dict[str, Any]) -> None:
     """
-    The answer a mode must give: (b), (c) and the floors (f), (g) the
-    patch, (d) an unchanged Pod.
+    The answer a mode must give: (b), (c), (t), (u) and the floors (f),
+    (g) the patch, (d) an unchanged Pod.
     """
     label_path = "/metadata/labels/" + bodies.PATCH_LABEL.replace("/", "~1")
     if not response.get("allowed"):
         raise ModeFailed(f"mode ({mode}): amp denied the Pod: {response.get('status')}")
     patch = _patch_of(response)
-    if mode in ("b", "c", "f", "g"):
+    if mode in ("b", "c", "f", "g", "t", "u"):
         if not any(op.get("path") == label_path for op in patch) or response.get("warnings"):
             raise ModeFailed(f"mode ({mode}): expected the endpoint's patch, got {patch} "
                              f"with warnings {response.get('warnings')}")
@@ -494,7 +494,8 @@ def check_answer(mode: str, response: dict[str, Any]) -> None:
         raise ModeFailed(f"mode ({mode}): expected no patch for a namespace that is not enabled, got {patch}")
 
 
-EXPECTED_RESULT = {"b": "result=patched", "c": "result=patched", "d": "result=skipped"}
+EXPECTED_RESULT = {"b": "result=patched", "c": "result=patched", "d": "result=skipped", "t": "result=patched",
+                   "u": "result=patched"}
 
 
 def _short(path: str) -> str:

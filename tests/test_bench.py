@@ -24,7 +24,7 @@ from bench.harness import WrkMissing, ensure_wrk
 
 REPO = Path(__file__).resolve().parent.parent
 WRK_MISSING = 3  # bench/run's exit status when wrk cannot be had
-MODES = {"a", "b", "c", "d", "f", "g"}
+MODES = {"a", "b", "c", "d", "f", "g", "t", "u"}
 BODIES = {"typical", "large"}
 
 
@@ -99,6 +99,19 @@ def test_figures_are_sane(quick_run: tuple[dict, Path]) -> None:
             where, row["amp_counts"])
         assert set(results) - {expected} <= {"result=ignored"}, (where, results)
     assert result["machine"]["nproc"] >= 1 and result["machine"]["python"]
+
+
+def test_tracing_off_1_and_100_percent_are_side_by_side(quick_run: tuple[dict, Path]) -> None:
+    result, out = quick_run
+    cost = {(c["mode"], c["body"]): c for c in result["tracing_cost"]}
+    assert set(cost) == {(m, b) for m in "tu" for b in BODIES}
+    off = {r["body"]: r for r in result["table"] if r["mode"] == "b"}
+    for (mode, body), c in cost.items():
+        assert c["ratio"] == {"t": 0.01, "u": 1.0}[mode]
+        assert c["cpu_ms_per_review_off"] == off[body]["amp_cpu_ms_per_review"]
+        assert c["cpu_ms_per_review"] > 0 and c["p99_ms"] > 0
+    (md,) = out.glob("*.md")
+    assert "**What tracing costs**" in md.read_text()
 
 
 def test_markdown_table_is_written(quick_run: tuple[dict, Path]) -> None:

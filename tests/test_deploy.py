@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -52,7 +53,7 @@ POD_LABELS = {"app.kubernetes.io/name": "amp", "app.kubernetes.io/component": "w
 #: What is checked against the schemas: every kustomization of deploy/ as
 #: built, and the chart rendered with the values that switch its parts on
 #: and off.
-BUILDS = ("base", *OVERLAYS, "monitoring")
+BUILDS = ("base", *OVERLAYS, "monitoring", "tracing")
 CHART_RENDERS = {
     "chart-defaults": [],
     "chart-self-signed": ["--set", "certManager.enabled=false"],
@@ -265,7 +266,7 @@ def test_kustomization_lists_every_manifest(directory: str) -> None:
     assert files | generated == {p.name for p in here.iterdir()
                                  if p.suffix in (".yaml", ".json") and p.name != "kustomization.yaml"}
     dirs = [e for e in kustomization["resources"] if (here / e).is_dir()]
-    assert dirs == (["../base"] if directory in OVERLAYS else [])
+    assert dirs == (["../base"] if directory in OVERLAYS else ["../cert-manager"] if directory == "tracing" else [])
 
 
 def test_amp_yaml_is_generated_so_an_edit_rolls_the_deployment(tmp_path: Path) -> None:
@@ -415,6 +416,24 @@ def test_configmap_amp_yaml_loads_for_in_cluster_use() -> None:
     for pattern in config.endpoints.allow:
         assert pattern.host.endswith((".svc", ".svc.cluster.local")), f"{pattern.text} is not in-cluster"
         assert pattern.scheme in ("http", "https")
+
+
+def test_the_tracing_overlay_is_cert_manager_with_tracing_on() -> None:
+    """deploy/tracing: the cert-manager installation, amp's config the same but for its tracing section."""
+    traced = objects("tracing")
+    plain = objects("cert-manager")
+    assert {kind for kind, _ in traced} == {kind for kind, _ in plain}
+    [config_map] = [d for (k, _), d in traced.items() if k == "ConfigMap"]
+    config = parse_config(yaml.safe_load(config_map["data"]["amp.yaml"]))
+    assert config.tracing.enabled and config.tracing.endpoint and config.tracing.sampling_ratio == 0.01
+    assert dataclasses.replace(config, tracing=amp_yaml().tracing) == amp_yaml()
+    # The Deployment mounts the replaced ConfigMap, and names its Pod in the spans' resource.
+    [deployment] = [d for (k, _), d in traced.items() if k == "Deployment"]
+    mounted = json.dumps(deployment["spec"]["template"]["spec"]["volumes"])
+    assert f'"{config_map["metadata"]["name"]}"' in mounted
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["OTEL_RESOURCE_ATTRIBUTES"]["value"] == "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
 def test_config_paths_and_ports_match_the_deployment() -> None:

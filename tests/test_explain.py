@@ -255,6 +255,9 @@ class LiveTests(TestCase):
         self.assertEqual(steps[-1], "answer")
         call = next(e for e in doc["trace"] if e["step"] == "call")
         self.assertEqual(call["outcome"], "ok")
+        # The review's own W3C trace (its traceparent sent to the endpoint).
+        self.assertRegex(doc["trace_id"], "^[0-9a-f]{32}$")
+        self.assertNotEqual(doc["trace_id"], "0" * 32)
 
     @inlineCallbacks
     def test_refused_patch_under_ignore_shows_the_exact_message(self) -> Any:

@@ -166,4 +166,4 @@ def test_resource_refuses_an_unknown_parameter_naming_the_known_ones() -> None:
     recent.record(decision(namespace="team-a"))
     request = get(RecentDecisionsResource(recent), namspace="x")
     assert request.responseCode == 400
-    assert body(request) == "'namspace': unknown parameter (did you mean namespace?) (known: format, namespace, pod, uid)\n"
+    assert body(request) == "'namspace': unknown parameter (did you mean namespace?) (known: format, namespace, pod, uid, trace_id)\n"

@@ -171,6 +171,20 @@ def test_a_line_round_trips_what_replay_needs() -> None:
     assert json.loads(recorded.review_bytes()) == json.loads(review_bytes(_env_pod()))
 
 
+def test_a_traced_reviews_trace_id_is_recorded_through_the_pipe_and_read_back() -> None:
+    from amp.record._pipe import capture_frame, decode_capture
+
+    trace = "0af7651916cd43dd8448eb211c80319c"
+    frame = b"".join(capture_frame(_capture(trace_id=trace)))
+    # The frame's body after its length and kind (what the writer process decodes).
+    captured = decode_capture(frame[5:])
+    assert captured.trace_id == trace
+    recorded = decode_line(encode_line(captured).rstrip(b"\n"), "rec.jsonl:1")
+    assert recorded.trace_id == trace
+    untraced = decode_line(encode_line(_capture()).rstrip(b"\n"), "rec.jsonl:1")
+    assert untraced.trace_id == "" and b"trace_id" not in encode_line(_capture())
+
+
 def test_a_redacted_line_holds_no_secret_value() -> None:
     line = encode_line(_capture(annotations={"amp.txn2.com/ep": "http://e/x", "team-secret": "hunter2"}),
                        Redactor())

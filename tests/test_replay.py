@@ -258,3 +258,33 @@ def test_endpoint_takes_a_chain_in_the_annotations_form(tmp_path: Any) -> None:
     assert err.getvalue() == ""
     assert done.result == 1
     assert client.called == ["/c", "/d"]
+
+
+def test_a_traced_reviews_difference_names_its_recorded_trace() -> None:
+    """amp replay's differences name the trace the recorded review had: where its time went then."""
+    from amp.record._command import render_json, render_text
+    from amp.record._compare import Difference
+    from amp.record.replay import ReplayedReview, ReplayReport, Side
+
+    trace = "0af7651916cd43dd8448eb211c80319c"
+    line = json.loads(encode_line(_traced_capture(trace)))
+    recorded = decode_line(json.dumps(line).encode(), "rec.jsonl:7")
+    side = Side("patched", "", None)
+    report = ReplayReport(reviews=[ReplayedReview(recorded, "different", side, side,
+                                                  (Difference("/spec/x", 1, 2),))])
+    text = render_text(report, None)
+    assert "different  team-a/web (rec.jsonl:7) trace=0af7651916cd43dd8448eb211c80319c\n" in text
+    assert json.loads(render_json(report))["reviews"][0]["trace_id"] == trace
+
+
+def _traced_capture(trace_id: str) -> Any:
+    from base64 import b64encode
+
+    from amp.record import Capture
+
+    answer = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                         "response": {"uid": "u1", "allowed": True, "patchType": "JSONPatch",
+                                      "patch": b64encode(b"[]").decode()}}).encode()
+    return Capture(time=0.0, uid="u1", namespace="team-a", labels={}, annotations={}, endpoints=("http://e:1/x",),
+                   failure_policy="Ignore", mode="normal", request_body=review_bytes(pod("web")), answer_body=answer,
+                   result="patched", reason="", trace_id=trace_id)

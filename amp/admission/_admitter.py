@@ -26,6 +26,7 @@ from amp.reasons import Reason
 from amp.review import AdmissionRequest
 from amp.rules import opted_out, own_pods_warning, protected_namespaces
 from amp.trace import NO_TRACE, IReviewTrace
+from amp.tracing import ReviewSpans
 
 #: Namespaces whose last configuration problem is remembered.
 _PROBLEMS_LIMIT = 4096
@@ -74,7 +75,7 @@ class Admitter:
 
     def review(
         self, req: AdmissionRequest, deadline: Deadline, *, validation: bool = False,
-        trace: Optional[IReviewTrace] = None,
+        trace: Optional[IReviewTrace] = None, spans: Optional[ReviewSpans] = None,
     ) -> "Deferred[Answer]":
         """
         Answer C{req} before C{deadline}.  Resolves to an L{Answer}; never
@@ -82,18 +83,20 @@ class Admitter:
         once, as C{cancelled}.  C{trace}, if given, is told each decision.
         """
         receiver = DeferredReceiver()
-        receiver.cancels = self.review_into(receiver.replied, req, deadline, validation=validation, trace=trace)
+        receiver.cancels = self.review_into(receiver.replied, req, deadline, validation=validation, trace=trace,
+                                            spans=spans)
         return receiver.result
 
     def review_into(
         self, answered: Callable[[Answer], None], req: AdmissionRequest, deadline: Deadline, *,
-        validation: bool = False, trace: Optional[IReviewTrace] = None,
+        validation: bool = False, trace: Optional[IReviewTrace] = None, spans: Optional[ReviewSpans] = None,
     ) -> Optional[Review]:
         """
         L{review}, its answer given to C{answered} (once, possibly before
         this returns): the webhook's way, without a Deferred.  Returns the
         L{Review} while it waits (its C{cancel} ends it at once, as
         C{cancelled}), None once answered.  C{answered} must not raise.
+        C{spans}: the review's spans when it is traced (L{amp.tracing}).
         """
         if trace is None:
             trace = NO_TRACE
@@ -104,7 +107,7 @@ class Admitter:
         if alone is not None:
             answered(told(trace, answers.skipped(req, reason=alone)))
             return None
-        review = Review(self._parts, req, deadline, validation, trace, answered)
+        review = Review(self._parts, req, deadline, validation, trace, answered, spans)
         review.start()
         return None if review.done else review
 

@@ -111,7 +111,7 @@ class Stamper:
     off.
     """
 
-    __slots__ = ("_req", "_off", "_trace")
+    __slots__ = ("_req", "_off", "_trace", "value")
 
     def __init__(self, req: AdmissionRequest, *, validation: bool, annotate_status: bool,
                  trace: IReviewTrace) -> None:
@@ -120,6 +120,8 @@ class Stamper:
         # spec.ephemeralContainers: the Pod keeps its stamp from its creation.
         self._off = validation or req.is_ephemeral_update or not annotate_status
         self._trace = trace
+        #: The stamp last computed for the Pod (C{""}: none), for a trace.
+        self.value = ""
 
     def stamp(self, checked: Optional[CheckedPatch], outcomes: Outcomes) -> CheckedPatch:
         """
@@ -135,7 +137,7 @@ class Stamper:
             return checked
         # Only a CREATE is stamped: the stamp it came with is an earlier
         # round's of this admission, or its author's (amp.stamp).
-        value = next_stamp(pod_stamp(req.object), outcomes)
+        value = self.value = next_stamp(pod_stamp(req.object), outcomes)
         written = pod_stamp(checked.pod) != value
         if self._trace.recording:
             self._trace.record(Stamped, key=STATUS_ANNOTATION, value=value, written=written)

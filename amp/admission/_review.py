@@ -38,6 +38,7 @@ from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
 from amp.review import AdmissionRequest, clean_audit_annotations, dumps
 from amp.trace import BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped
+from amp.tracing import ReviewSpans
 from amp.urls import shown_url
 
 _CANCELLED = "the review was cancelled: the client went away"
@@ -56,14 +57,16 @@ class Review:
 
     __slots__ = ("_parts", "_req", "_deadline", "_validation", "_route", "_pending", "_call", "_timer", "_ending",
                  "_done", "_answered", "_chain", "_trace", "_call_started", "_answering", "_namespace", "_canary_plan",
-                 "_canary_run")
+                 "_canary_run", "_spans", "_lookup_started")
 
     log = Logger()
 
     def __init__(
         self, parts: Parts, req: AdmissionRequest, deadline: Deadline, validation: bool, trace: IReviewTrace,
-        answered: Callable[[Answer], None],
+        answered: Callable[[Answer], None], spans: Optional[ReviewSpans] = None,
     ) -> None:
+        #: The review's spans (L{amp.tracing}) when it is traced, else None.
+        self._spans = spans
         self._parts = parts
         self._trace = trace
         self._answering = Answering(parts, req, validation, trace)
@@ -103,8 +106,12 @@ class Review:
         try:
             ns = namespaces.cached(name)
             if ns is UNKNOWN:
-                self._wait(namespaces.fetch(name, self._deadline.remaining(self._parts.clock.seconds())),
-                           self._routed)
+                now = self._parts.clock.seconds()
+                if self._spans is not None and self._spans.sampled:
+                    self._lookup_started = now
+                    self._wait(namespaces.fetch(name, self._deadline.remaining(now)), self._looked_up)
+                else:
+                    self._wait(namespaces.fetch(name, self._deadline.remaining(now)), self._routed)
             else:
                 self._routed(ns)
         except Exception:
@@ -165,12 +172,26 @@ class Review:
             self._step_failed(Failure())
         return None
 
+    def _looked_up(self, ns: Optional[NamespaceInfo]) -> None:
+        """The namespace the cache did not know, fetched (a traced review's span of it)."""
+        spans = self._spans
+        assert spans is not None
+        spans.step("namespace lookup", self._lookup_started, self._parts.clock.seconds(),
+                   {"k8s.namespace.name": self._req.namespace, "amp.namespace.found": ns is not None})
+        self._routed(ns)
+
     def _routed(self, ns: Optional[NamespaceInfo]) -> None:
         parts = self._parts
         req = self._req
         trace = self._trace
         self._namespace = ns
-        r = self._route = parts.route(ns, validation=self._validation, explain=trace.recording)
+        spans = self._spans
+        if spans is not None and spans.sampled:
+            began = parts.clock.seconds()
+            r = self._route = parts.route(ns, validation=self._validation, explain=trace.recording)
+            spans.step("route", began, parts.clock.seconds(), route_attributes(r))
+        else:
+            r = self._route = parts.route(ns, validation=self._validation, explain=trace.recording)
         if r.enabled:
             parts.note_problem(req.namespace, r.policy_problem)
         if trace.recording:
@@ -231,7 +252,10 @@ class Review:
         if plan is not None and plan.index == chain.index:
             self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]
                 plan, req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers, self._deadline,
-                self._parts.check_options)
+                self._parts.check_options, self._spans)
+        spans = self._spans
+        if spans is not None:
+            self._trace_call(spans, step, headers, chain.index)
         call = self._parts.endpoints.ask_into(self, step.url, step.settings, pod_json, headers, self._deadline,
                                               step.breaker, caller_times=True)
         if call is not None and not call.told:
@@ -240,8 +264,31 @@ class Review:
             self._call = call
             self._arm()
 
+    def _trace_call(self, spans: ReviewSpans, step: Any, headers: dict[bytes, bytes], index: int) -> None:
+        """The trace context an endpoint call carries, and (sampled) its span begun."""
+        attributes = call_attributes(step, index) if spans.sampled else {}
+        headers[b"traceparent"] = spans.call_started(self._parts.clock.seconds(), attributes)
+        state = spans.tracestate
+        if state:
+            headers[b"tracestate"] = state
+
+    def _call_ended(self, spans: ReviewSpans, call: Optional[Call], error: Optional[str]) -> None:
+        """A traced endpoint call ended: its span's end, connection and resends, breaker state."""
+        chain = self._chain
+        attributes = call_ended_attributes(call)
+        if chain is not None and not chain.done:
+            state = self._parts.endpoints.breaker_state(chain.route.steps[chain.index].url)
+            if state is not None:
+                attributes["amp.breaker.state"] = state
+        if error is not None:
+            attributes["error.type"] = error.split(":", 1)[0]
+        spans.call_ended(self._parts.clock.seconds(), error, **attributes)
+
     def replied(self, reply: CallReply) -> None:
         """The endpoint call in progress answered (L{amp.endpoint.ICallReceiver})."""
+        spans = self._spans
+        if spans is not None and spans.sampled:
+            self._call_ended(spans, self._call, None)
         self._call = None
         if self._done:
             # The review was answered without this step; its reply is
@@ -255,6 +302,11 @@ class Review:
 
     def failed(self, failure: Failure) -> None:
         """The endpoint call in progress failed (L{amp.endpoint.ICallReceiver})."""
+        spans = self._spans
+        if spans is not None and spans.sampled:
+            e = failure.value
+            self._call_ended(spans, self._call, f"{e.reason}: {e.message}" if isinstance(e, EndpointFailure)
+                             else failure.getErrorMessage() or "cancelled")
         self._call = None
         if self._done:
             return
@@ -283,7 +335,15 @@ class Review:
                     Replied, allowed=decision.allowed, operations=len(decision.patch),
                     warnings=list(decision.warnings), code=None if decision.allowed else decision.code,
                     message=decision.message)
-            judged = self._judge(decision)
+            spans = self._spans
+            if spans is not None and spans.sampled and decision.patch:
+                began = self._parts.clock.seconds()
+                judged = self._judge(decision)
+                spans.step("patch check", began, self._parts.clock.seconds(),
+                           {"amp.patch.operations": len(decision.patch)},
+                           f"{judged.reason}: {judged}" if isinstance(judged, PatchError) else None)
+            else:
+                judged = self._judge(decision)
         finally:
             reply.settle(judged.reason if isinstance(judged, PatchError) else OK)
         self._decided(decision, judged)
@@ -362,6 +422,9 @@ class Review:
         if self._done:
             return
         told(self._trace, answer)
+        spans = self._spans
+        if spans is not None and spans.sampled:
+            spans.stamp = self._answering.stamper.value
         self._done = True
         self._pending = self._call = None
         timer, self._timer = self._timer, None
@@ -370,7 +433,13 @@ class Review:
         self._tell_canary(skipped=True)
         recorder = self._parts.recorder
         if recorder is not None and recorder.recording and self._route is not None and not self._validation:
-            self._offer(recorder, answer)
+            spans = self._spans
+            if spans is not None and spans.sampled:
+                began = self._parts.clock.seconds()
+                self._offer(recorder, answer)
+                spans.linked("record", began, self._parts.clock.seconds(), {"amp.review.uid": self._req.uid})
+            else:
+                self._offer(recorder, answer)
         self._answered(answer)
 
     def _offer(self, recorder: Any, answer: Answer) -> None:
@@ -382,7 +451,8 @@ class Review:
                 self._parts.clock.seconds(), req.uid, req.namespace,
                 ns.annotations if ns is not None else {}, ns.labels if ns is not None else {},
                 [step.name for step in r.steps], r.failure_policy, r.mode, req.body, answer.body,
-                str(outcome.result), str(outcome.reason))
+                str(outcome.result), str(outcome.reason),
+                self._spans.trace_hex if self._spans is not None and self._spans.sampled else "")
         except Exception:
             self.log.failure("Could not offer a review for recording")
 
@@ -484,3 +554,32 @@ class Review:
                            f"review deadline of {self._deadline.budget:.3g}s passed before the call")
             return self._answer(self._answering.chain_done(chain))
         self._answer(self._answering.failed(self._route, chain, reason, message))
+
+
+def route_attributes(r: Route) -> dict[str, Any]:
+    """What a traced review's route span says: enabled, the chain's length, the failure policy and mode."""
+    return {"amp.enabled": r.enabled, "amp.chain.length": len(r.steps), "amp.failure_policy": str(r.failure_policy),
+            "amp.mode": str(r.mode)}
+
+
+def call_attributes(step: Any, index: int) -> dict[str, Any]:
+    """
+    An endpoint call's span attributes as it begins (the semantic
+    conventions' HTTP client ones and amp's), the URL shown as amp shows
+    every URL: never its query, user information or fragment.
+    """
+    url = step.url
+    shown = shown_url(url)
+    return {"http.request.method": "POST", "url.full": shown, "server.address": url.host, "server.port": url.port,
+            "amp.endpoint": shown, "amp.chain.position": index + 1}
+
+
+def call_ended_attributes(call: Optional[Call]) -> dict[str, Any]:
+    """What a traced call's span learns at its end: its connection's reuse and the request's resends."""
+    attributes: dict[str, Any] = {}
+    exchange = call.exchange if call is not None else None
+    if exchange is not None:
+        attributes["amp.connection"] = "reused" if exchange.reused else "new"
+        if exchange.resends:
+            attributes["http.request.resend_count"] = exchange.resends
+    return attributes

@@ -45,6 +45,9 @@ class Round:
     endpoint: str
     trace: RecordedTrace
     log: list[str] = field(default_factory=list)
+    #: The W3C trace id of this review: sent to the endpoint in
+    #: C{traceparent}, and exported when the config traces.
+    trace_id: str = ""
 
 
 @dataclass

@@ -57,6 +57,7 @@ from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.patch import PatchError, check_patch
 from amp.reasons import FailurePolicy, NamespaceSource, Result
+from amp.tracing import Ids, ReviewSpans, Tracing
 from amp import rules
 from amp.review import parse_review
 from amp.text import terminal
@@ -300,7 +301,7 @@ def _decode(body: bytes) -> dict[str, Any]:
 @inlineCallbacks
 def review_round(
     admitter: Admitter, clock: Any, source: ExplainedNamespace, log: _LogLines, pod: dict[str, Any],
-    namespace: str, budget: float,
+    namespace: str, budget: float, tracing: Any = None,
 ) -> Any:
     """
     One review of C{pod} in C{namespace} through C{admitter}; fires with
@@ -310,7 +311,16 @@ def review_round(
     source.trace = trace
     start = len(log.lines)
     req = parse_review(_review_bytes(pod, namespace))
-    body, outcome = yield admitter.review(req, Deadline.after(clock.seconds(), budget), trace=trace)
+    # A trace of its own: the endpoint is sent its traceparent, and an
+    # endpoint that traces can be found by the trace id printed.
+    ids = Ids()
+    started = clock.seconds()
+    spans = ReviewSpans(ids, None, ids.trace_id(), started)
+    body, outcome = yield admitter.review(req, Deadline.after(started, budget), trace=trace, spans=spans)
+    if tracing is not None:
+        from amp.web import review_attributes, review_error
+        tracing.finish(spans, clock.seconds(), review_attributes(req, outcome, False, spans.stamp),
+                       review_error(outcome))
     answer = _decode(body)
     message = answer["message"] or answer["audit"].get("error", "")
     patch = answer["patch"]
@@ -318,7 +328,8 @@ def review_round(
     return Round(
         request_pod=pod, result=str(outcome.result), reason=str(outcome.reason), message=message,
         allowed=answer["allowed"], code=answer["code"], patch=patch, warnings=answer["warnings"],
-        audit=answer["audit"], pod=admitted, endpoint=outcome.endpoint, trace=trace, log=log.lines[start:])
+        audit=answer["audit"], pod=admitted, endpoint=outcome.endpoint, trace=trace, log=log.lines[start:],
+        trace_id=spans.trace_hex)
 
 
 @inlineCallbacks
@@ -381,12 +392,14 @@ def explain(
     log = _LogLines()
     if log_publisher is not None:
         log_publisher.addObserver(log)
+    # With tracing on in the config, the review's spans are exported as the daemon's are.
+    tracing = Tracing(config.tracing, reactor, lambda count, reason: None) if config.tracing.enabled else None
     try:
-        first = yield review_round(admitter, reactor, source, log, pod_input.pod, namespace, budget)
+        first = yield review_round(admitter, reactor, source, log, pod_input.pod, namespace, budget, tracing)
         result = Explanation(pod_input, first, namespace_source=where, cluster_policy=policy_note,
                              twice=options.twice, recorded=recorded, notes=notes)
         if options.twice and first.pod is not None and first.result in (Result.PATCHED, Result.ALLOWED):
-            second = yield review_round(admitter, reactor, source, log, first.pod, namespace, budget)
+            second = yield review_round(admitter, reactor, source, log, first.pod, namespace, budget, tracing)
             result.second = second
             if exit_status(second.result, second.reason) == EXIT_ADMITTED:
                 stamps = STAMP_ANNOTATIONS | {e.key for r in (first, second) for e in r.trace.of(Stamped)}
@@ -396,6 +409,8 @@ def explain(
         if log_publisher is not None:
             log_publisher.removeObserver(log)
         yield endpoint_client.close()
+        if tracing is not None:
+            yield tracing.stopService()
         if options.cluster:
             yield inner.stopService()  # type: ignore[attr-defined]
 

@@ -54,6 +54,7 @@ def _round_json(r: "Round") -> dict[str, Any]:
         "pod": r.pod,
         "trace": [{"step": str(e.step), "at": round(e.at, 6), **e.event.fields()} for e in r.trace.events],
         "log": r.log,
+        "trace_id": r.trace_id,
     }
 
 

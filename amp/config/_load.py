@@ -18,7 +18,7 @@ from amp.config._declare import parsers
 from amp.config._sections import (
     AuditConfig, BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings,
     EndpointsConfig, KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig,
-    StaticNamespace, TLSConfig,
+    StaticNamespace, TLSConfig, TracingConfig,
 )
 from amp.config._values import MAPPING
 from amp.files import CONFIG_LIMIT, FileError, config_document, read_file
@@ -186,6 +186,16 @@ def _record(raw: Any) -> RecordConfig:
     return record
 
 
+def _tracing(raw: Any) -> TracingConfig:
+    tracing = _section(TracingConfig, raw, "tracing")
+    if tracing.batch > tracing.queue:
+        raise ConfigError(f"tracing.batch: {tracing.batch} spans is more than tracing.queue ({tracing.queue}), "
+                          f"the spans that wait at most")
+    if tracing.endpoint is not None and not tracing.endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"tracing.endpoint: expected an http:// or https:// URL, got {tracing.endpoint!r}")
+    return tracing
+
+
 def parse_config(raw: Any) -> Config:
     """
     Turn the parsed YAML document into a L{Config}.
@@ -207,6 +217,7 @@ def parse_config(raw: Any) -> Config:
         "log": lambda v: _section(LogConfig, v, "log"),
         "record": _record,
         "audit": lambda v: _section(AuditConfig, v, "audit"),
+        "tracing": _tracing,
     }
     scalars = parsers(Config)
     values: dict[str, Any] = {}

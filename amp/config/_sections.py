@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 from amp.config._declare import Key, Restart, declare, declared_keys, section
 from amp.config._values import (
     BOOL, DURATION, NETWORKS, NONNEG_INT, OPT_STR, OVERRIDES, POINTERS, PORT, POSITIVE_DURATION, POSITIVE_INT,
-    POSITIVE_SIZE, RATIO, STATIC_NAMESPACES, STR, STR_LIST, TLS_VERSION, URL_PATTERNS, choice,
+    POSITIVE_SIZE, RATIO, SHARE, MAPPING, STATIC_NAMESPACES, STR, STR_LIST, TLS_VERSION, URL_PATTERNS, choice,
 )
 from amp.patch import DEFAULT_DENIED
 from amp.reasons import FailurePolicy, NamespaceSource
@@ -426,6 +426,47 @@ class AuditConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """
+    OpenTelemetry traces of reviews (L{amp.tracing}); off by default.  A
+    key left null defers to the standard C{OTEL_*} environment variable.
+    """
+
+    enabled: bool = declare(BOOL, False, doc=(
+        "Trace reviews with OpenTelemetry: amp continues the API server's W3C trace context (`traceparent`, "
+        "`tracestate`), sends it on to every endpoint call, and exports its spans over OTLP. Reloaded without a "
+        "restart. `OTEL_SDK_DISABLED=true` keeps it off. See [Tracing](operations.md#tracing)."))
+    sampling_ratio: Optional[float] = declare(SHARE, None, doc=(
+        "The share of reviews traced, in [0, 1], parent-based: a review whose caller sent a `traceparent` is "
+        "traced when the caller's is sampled; the others at this ratio (by trace id, as the SDK's "
+        "`parentbased_traceidratio`). `null`: `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` decide, else "
+        "every review (`parentbased_always_on`). Reloaded without a restart."))
+    protocol: str = declare(choice(("grpc", "http/protobuf")), "grpc", doc=(
+        "OTLP over `grpc` or `http/protobuf` (this key decides: the `OTEL_EXPORTER_OTLP_*PROTOCOL` variables are "
+        "not read)."))
+    endpoint: Optional[str] = declare(OPT_STR, None, doc=(
+        "Where spans go: for `grpc` `http://collector:4317` (`https://` for TLS), for `http/protobuf` the full "
+        "URL `http://collector:4318/v1/traces`. `null`: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, "
+        "`OTEL_EXPORTER_OTLP_ENDPOINT`, else the SDK's default on localhost."))
+    headers: Mapping[str, str] = declare(MAPPING, {}, doc=(
+        "Headers sent with every export (an API key). Empty: `OTEL_EXPORTER_OTLP_TRACES_HEADERS` or "
+        "`OTEL_EXPORTER_OTLP_HEADERS`."))
+    service_name: Optional[str] = declare(OPT_STR, None, doc=(
+        "The `service.name` of amp's spans. `null`: `OTEL_SERVICE_NAME`, a `service.name` in "
+        "`OTEL_RESOURCE_ATTRIBUTES`, else `amp`. `OTEL_RESOURCE_ATTRIBUTES` adds its other attributes."))
+    queue: int = declare(POSITIVE_INT, 2048, doc=(
+        "Spans waiting for the exporter at most (the exporter runs in a thread of its own). A span that would "
+        "wait beyond it, or whose export failed, is dropped and counted (`amp_trace_spans_dropped_total`), never "
+        "waited for."))
+    batch: int = declare(POSITIVE_INT, 512, doc=(
+        "Spans sent in one export at most (at most `tracing.queue`)."))
+    interval: float = declare(POSITIVE_DURATION, 1.0, doc=(
+        "How long a span waits for its batch to fill before it is exported anyway."))
+    export_timeout: float = declare(POSITIVE_DURATION, 10.0, doc=(
+        "Bound of one export, its retries included; the spans of an export that fails are dropped."))
+
+
+@dataclass(frozen=True)
 class Config:
     listen: ListenConfig = section(ListenConfig)
     tls: TLSConfig = section(TLSConfig)
@@ -456,6 +497,7 @@ class Config:
     log: LogConfig = section(LogConfig)
     record: RecordConfig = section(RecordConfig)
     audit: AuditConfig = section(AuditConfig)
+    tracing: TracingConfig = section(TracingConfig)
     workers: int = declare(POSITIVE_INT, 1, restart=Restart.ALWAYS, doc=(
         "Number of amp processes per replica, all serving the webhook port (one listening socket, bound by worker "
         "0; each new connection goes to the worker with the fewest open). `1`: one process, as before. Above `1`: "

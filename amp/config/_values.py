@@ -24,7 +24,7 @@ from amp.urls import URLPattern, parse_networks
 
 __all__ = [
     "Kind", "parse_duration", "parse_size", "show_duration", "show_size",
-    "BOOL", "DURATION", "INT", "MAPPING", "NETWORKS", "NONNEG_INT", "OPT_STR", "POINTERS", "PORT", "POSITIVE_DURATION",
+    "BOOL", "DURATION", "INT", "MAPPING", "NETWORKS", "NONNEG_INT", "OPT_STR", "POINTERS", "PORT", "POSITIVE_DURATION", "SHARE",
     "POSITIVE_INT", "POSITIVE_SIZE", "RATIO", "STR", "STR_LIST", "TLS_VERSION", "URL_PATTERNS", "choice",
     "OVERRIDES", "STATIC_NAMESPACES",
 ]
@@ -205,6 +205,14 @@ def _ratio(value: Any) -> float:
     return float(value)
 
 
+def _share(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"expected a number in [0, 1] or null, got {value!r}")
+    return float(value)
+
+
 def _str_list(value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise ValueError(f"expected a list of strings, got {value!r}")
@@ -293,6 +301,8 @@ STR = Kind("string", _str)
 OPT_STR = Kind("string", _opt_str, nullable=True)
 RATIO = Kind("ratio", _ratio, minimum=0, exclusive=True, maximum=1)
 TLS_VERSION = Kind("choice", _tls_version, choices=("1.2", "1.3"))
+#: A share in [0, 1], or null (left to the environment).
+SHARE = Kind("share", _share, nullable=True, minimum=0, maximum=1)
 STR_LIST = Kind("list of strings", _str_list, _show_list)
 URL_PATTERNS = Kind("list of URL patterns", _patterns, _show_list)
 POINTERS = Kind("list of JSON pointers", _pointers, _show_list)

@@ -196,7 +196,7 @@ class Call:
 
     __slots__ = (
         "_reactor", "_request", "guard", "_on_settled", "_started", "_timer", "_pending", "_retry",
-        "_replied", "_done", "_waiters", "_receiver", "told", "expires", "_caller_times", "queued",
+        "_replied", "_done", "_waiters", "_receiver", "told", "expires", "_caller_times", "queued", "exchange",
     )
 
     def __init__(
@@ -269,6 +269,9 @@ class Call:
         self.refuse(Reason.QUEUE_TIMEOUT, f"waited {now - self._started:.3g}s for a slot (endpoints.max_concurrent "
                                           f"calls in flight); {left:.3g}s left is too little for the call "
                                           f"(endpoints.min_call_time)")
+        #: The last request through the pool (its connection's reuse and
+        #: resends, for a trace), once sent.
+        self.exchange: Optional[Exchange] = None
 
     def start(self) -> None:
         reactor = self._reactor
@@ -298,6 +301,7 @@ class Call:
         except Exception:
             self.failed(Failure())
             return
+        self.exchange = exchange
         if not exchange.finished:
             # Told nothing yet (a failure to connect at once is told before
             # send returns, and may have sent the request again).

@@ -437,6 +437,10 @@ class EndpointClient:
             if origin.bulkhead.queued:
                 self._admit(origin)
 
+    def breaker_state(self, url: EndpointURL) -> Optional[str]:
+        """The state of the breaker of C{url}'s origin (for a trace), or None before its first call."""
+        return self._breakers.state_of(url.origin)
+
     def _refuse(self, receiver: ICallReceiver, origin: Origin, reason: Reason, message: str) -> None:
         self._count(origin, reason)
         if reason in _REFUSALS:

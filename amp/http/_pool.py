@@ -214,7 +214,8 @@ class Exchange:
     retry, and where its outcome goes (an L{IReceiver}).
     """
 
-    __slots__ = ("_pool", "data", "charge", "_receiver", "_conn", "_connecting", "_reused", "_cancelled", "finished")
+    __slots__ = ("_pool", "data", "charge", "_receiver", "_conn", "_connecting", "_reused", "_cancelled", "finished",
+                 "resends")
 
     def __init__(self, pool: OriginPool, data: bytes, charge: Charge, receiver: IReceiver) -> None:
         self._pool = pool
@@ -227,6 +228,13 @@ class Exchange:
         self._connecting: Optional[Deferred] = None
         self._reused = False
         self._cancelled = False
+        #: Times the request was sent again on a new connection (the one retry below).
+        self.resends = 0
+
+    @property
+    def reused(self) -> bool:
+        """The request went out on a pooled idle connection (not one made for it)."""
+        return self._reused
 
     def send(self, conn: ClientConnection, reused: bool) -> None:
         self._conn = conn
@@ -261,6 +269,7 @@ class Exchange:
             return
         if self._reused and not replying and isinstance(failure, ConnectionClosed):
             # The peer closed the idle connection as the request went out.
+            self.resends += 1
             self.connect()
             return
         self.finished = True

@@ -43,10 +43,12 @@ class Request:
         review in progress), cancelled if the client goes away before the
         answer; set by the handler.
     @ivar disconnected: the client went away before the answer.
+    @ivar traceparent: the W3C C{traceparent} header's value, or None.
+    @ivar tracestate: the W3C C{tracestate} header's value, or None.
     """
 
     __slots__ = ("method", "path", "query", "content_type", "body", "keep_alive", "http10",
-                 "expect_continue", "refusal", "review", "disconnected", "channel")
+                 "expect_continue", "refusal", "review", "disconnected", "channel", "traceparent", "tracestate")
 
     def __init__(self, channel: "HTTPServerProtocol") -> None:
         self.channel = channel
@@ -62,6 +64,8 @@ class Request:
         self.refusal: Optional[tuple[int, str]] = None
         self.review: Optional[ICancellable] = None
         self.disconnected = False
+        self.traceparent: Optional[bytes] = None
+        self.tracestate: Optional[bytes] = None
 
     def respond(self, code: int, body: bytes, content_type: bytes = TEXT, headers: bytes = b"") -> None:
         """

@@ -270,7 +270,7 @@ class HTTPServerProtocol(Protocol):
         if self._head_done:
             # A trailer: counted, never read as one of the head's fields.
             return
-        # Only three names matter here: compare lengths before case.
+        # Only these names matter here: compare lengths before case.
         length = len(name)
         if length == 12:
             if name.lower() == b"content-type":
@@ -293,6 +293,13 @@ class HTTPServerProtocol(Protocol):
                     raise _Refused()
         elif length == 6 and name.lower() == b"expect" and value.rstrip(OWS).lower() == b"100-continue":
             self._incoming.expect_continue = True  # type: ignore[union-attr]
+        elif length == 11:
+            if name.lower() == b"traceparent":
+                # W3C trace context (amp.tracing reads it when tracing is on).
+                self._incoming.traceparent = value  # type: ignore[union-attr]
+        # (User-Agent and Connection have ten letters too: their first is not t.)
+        elif length == 10 and name[0] | 0x20 == 0x74 and name.lower() == b"tracestate":
+            self._incoming.tracestate = value  # type: ignore[union-attr]
 
     def on_headers_complete(self) -> None:
         request = self._incoming

@@ -170,6 +170,9 @@ def review_lines(r: ReplayedReview) -> list[str]:
     """The text report's lines for one review that is not the same."""
     rec = r.recorded
     who = f"{rec.namespace}/{rec.pod_name or '?'} ({rec.where})"
+    if rec.trace_id:
+        # The recorded review's trace: where its time went, then.
+        who += f" trace={rec.trace_id}"
     lines: list[str] = []
     if r.verdict == Verdict.DIFFERENT:
         lines.append(f"different  {who}")

@@ -80,6 +80,8 @@ class Capture:
     answer_body: bytes
     result: str
     reason: str
+    #: The review's trace (L{amp.tracing}), or C{""} when it was not traced.
+    trace_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,8 @@ class RecordedReview:
     redacted: bool = False
     #: The failure policy the review was answered under (C{Ignore}/C{Fail}), or C{""}.
     failure_policy: str = ""
+    #: The review's trace id, when it was traced, or C{""}.
+    trace_id: str = ""
 
     @property
     def pod(self) -> Any:
@@ -196,6 +200,8 @@ def encode_line(capture: Capture, redactor: Optional[Redactor] = None) -> bytes:
                    "warnings": answer["warnings"], "message": answer["message"]},
         "redacted": redactor is not None,
     }
+    if capture.trace_id:
+        line["trace_id"] = capture.trace_id
     head = json.dumps(line, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
     return head[:-1] + b',"review":' + review_json + b"}\n"
 
@@ -243,6 +249,7 @@ def decode_line(line: bytes, where: str) -> RecordedReview:
             warnings=tuple(str(w) for w in answer.get("warnings") or ()),
             message=str(answer.get("message") or ""), redacted=bool(data.get("redacted")),
             failure_policy=str(route.get("failure_policy") or ""),
+            trace_id=str(data.get("trace_id") or ""),
         )
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         if isinstance(e, RecordingError):

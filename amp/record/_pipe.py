@@ -108,14 +108,15 @@ def decode_settings(body: bytes) -> WriterSettings:
 
 def review_frame(time: float, uid: str, namespace: str, labels: Mapping[str, str],
                  annotations: Mapping[str, str], endpoints: Sequence[str], failure_policy: str, mode: str,
-                 request_body: bytes, answer_body: bytes, result: str, reason: str) -> tuple[bytes, ...]:
+                 request_body: bytes, answer_body: bytes, result: str, reason: str,
+                 trace_id: str = "") -> tuple[bytes, ...]:
     """
     The frame of one review (a L{Capture}'s fields), in four pieces for
     C{writeSequence}: the two bodies are passed on as they are, never
     copied into one string here.
     """
     head = marshal.dumps((float(time), uid, namespace, dict(labels), dict(annotations), tuple(endpoints),
-                          str(failure_policy), str(mode), str(result), str(reason)))
+                          str(failure_policy), str(mode), str(result), str(reason), str(trace_id)))
     size = _CAPTURE_HEAD.size - _LENGTH.size + len(head) + len(request_body) + len(answer_body)
     return (_CAPTURE_HEAD.pack(size, CAPTURE, len(head), len(request_body), len(answer_body)), head,
             request_body, answer_body)
@@ -125,7 +126,7 @@ def capture_frame(capture: Capture) -> tuple[bytes, ...]:
     """The frame of C{capture} (L{review_frame})."""
     c = capture
     return review_frame(c.time, c.uid, c.namespace, c.labels, c.annotations, c.endpoints, c.failure_policy,
-                        c.mode, c.request_body, c.answer_body, c.result, c.reason)
+                        c.mode, c.request_body, c.answer_body, c.result, c.reason, c.trace_id)
 
 
 def _strings(value: Any) -> dict[str, str]:
@@ -146,10 +147,10 @@ def decode_capture(body: bytes) -> Capture:
         head = marshal.loads(body[at:at + head_size])
     except (ValueError, EOFError, TypeError) as e:
         raise FrameError(f"capture frame: {e}") from None
-    if not isinstance(head, tuple) or len(head) != 10:
-        raise FrameError("capture frame: the head is not ten fields")
-    time, uid, namespace, labels, annotations, endpoints, failure_policy, mode, result, reason = head
-    texts = (uid, namespace, failure_policy, mode, result, reason)
+    if not isinstance(head, tuple) or len(head) != 11:
+        raise FrameError("capture frame: the head is not eleven fields")
+    time, uid, namespace, labels, annotations, endpoints, failure_policy, mode, result, reason, trace_id = head
+    texts = (uid, namespace, failure_policy, mode, result, reason, trace_id)
     if not isinstance(time, float) or not all(isinstance(t, str) for t in texts) or not isinstance(
             endpoints, tuple) or not all(isinstance(e, str) for e in endpoints):
         raise FrameError("capture frame: a field of the wrong type")
@@ -157,7 +158,7 @@ def decode_capture(body: bytes) -> Capture:
     request = body[at:at + request_size]
     answer = body[at + request_size:]
     return Capture(time, uid, namespace, _strings(labels), _strings(annotations), endpoints, failure_policy, mode,
-                   request, answer, result, reason)
+                   request, answer, result, reason, trace_id)
 
 
 class FrameReader:

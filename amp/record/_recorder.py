@@ -212,7 +212,7 @@ class _Writer:
 
     def offer(self, time: float, uid: str, namespace: str, annotations: Mapping[str, str],
               labels: Mapping[str, str], endpoints: Iterable[str], failure_policy: str, mode: str,
-              request_body: bytes, answer_body: bytes, result: str, reason: str) -> bool:
+              request_body: bytes, answer_body: bytes, result: str, reason: str, trace_id: str = "") -> bool:
         """
         Queue a review's frame for the next flush (at most L{FLUSH_DELAY}
         from now, when a writer runs); False when what waits is full.
@@ -221,7 +221,8 @@ class _Writer:
         if self.reviews >= self.limit or self.bytes + size > self.byte_limit:
             return False
         self._outbox.append(review_frame(time, uid, namespace, labels, annotations, tuple(endpoints),
-                                         failure_policy, mode, request_body, answer_body, result, reason))
+                                         failure_policy, mode, request_body, answer_body, result, reason,
+                                         trace_id))
         self._outbox_bytes += size
         self.reviews += 1
         self.bytes += size
@@ -366,7 +367,8 @@ class Recorder(Service):
 
     def offer(self, time: float, uid: str, namespace: str, annotations: Mapping[str, str],
               labels: Mapping[str, str], endpoints: Iterable[str], failure_policy: str, mode: str,
-              request_body: Optional[bytes], answer_body: bytes, result: str, reason: str) -> None:
+              request_body: Optional[bytes], answer_body: bytes, result: str, reason: str,
+              trace_id: str = "") -> None:
         """
         Record this review if it is chosen; never blocks, never raises.
         """
@@ -378,7 +380,7 @@ class Recorder(Service):
             return
         try:
             sent = writer.offer(time, uid, namespace, annotations, labels, endpoints, failure_policy, mode,
-                                request_body, answer_body, result, reason)
+                                request_body, answer_body, result, reason, trace_id)
         except Exception as e:
             self._counter.labels("failed").inc()
             self.log.warn("Not recorded: {problem}", problem=f"{type(e).__name__}: {e}")

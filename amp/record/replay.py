@@ -87,6 +87,7 @@ class ReplayedReview:
             "before": {"result": self.before.result, "reason": self.before.reason},
             "after": {"result": self.after.result, "reason": self.after.reason, "message": self.after.message},
             "differences": [d.as_json() for d in self.differences],
+            **({"trace_id": r.trace_id} if r.trace_id else {}),
         }
 
 

@@ -5,7 +5,8 @@ business logic.
 This module owns reading the Pod amp POSTs (with a body cap, 400 on
 anything that is not a JSON object), calling the endpoint's handler,
 writing its reply as JSON, logging one line per request (path, namespace,
-operation, uid, result; never the Pod), ``GET /healthz``, and running
+operation, uid, result; never the Pod), a span per request continuing amp's
+trace when tracing is configured (``amp_examples.tracing``), ``GET /healthz``, and running
 endpoints from the command line (``python -m amp_examples.<program>``) or
 under ``twistd`` (``amp_examples.server``).
 
@@ -42,6 +43,8 @@ from twisted.python import usage
 from twisted.python.failure import Failure
 from twisted.web import http, pages, server
 from twisted.web.resource import Resource
+
+from amp_examples import tracing
 
 log = Logger()
 
@@ -172,6 +175,7 @@ class PodEndpoint(Resource):
 
     def _send(self, request: server.Request, call: Call, answer: Answer, ops: int = 0) -> bytes:
         self._log(request, call, answer.result, answer.code, ops)
+        tracing.end_span(getattr(request, "span", None), answer.code, answer.result)
         request.setResponseCode(answer.code)
         request.setHeader(b"content-type", answer.content_type)
         request.setHeader(b"cache-control", b"no-store")
@@ -182,6 +186,8 @@ class PodEndpoint(Resource):
 
     def render(self, request: server.Request) -> bytes | int:
         call = Call.from_request(request)
+        # The span of this request, amp's call span its parent (when tracing is configured).
+        request.span = tracing.start_span(request)  # type: ignore[attr-defined]
         if request.method != b"POST":
             request.setHeader(b"allow", b"POST")
             return self._error(request, call, http.NOT_ALLOWED, "only POST is allowed", "method-not-allowed")
@@ -225,6 +231,7 @@ class PodEndpoint(Resource):
     ) -> None:
         if gone:
             self._log(request, call, "client-gone", 0)
+            tracing.end_span(getattr(request, "span", None), 499, "client-gone")
             return
         body = self._answer(request, call, outcome)
         request.setHeader(b"content-length", b"%d" % len(body))
@@ -299,6 +306,8 @@ def listen_description(options: Mapping[str, Any]) -> str:
 def make_service(options: Mapping[str, Any], handlers: Mapping[str, Handler], reactor: Any) -> IService:
     """A service that serves ``handlers`` where ``options`` say (for ``twistd``)."""
     site = build_site(build_root(handlers, options["max-body"]), options["max-body"], reactor)
+    # Set the tracer up now (when configured), not in the first request's time.
+    tracing.tracer()
     return strports.service(listen_description(options), site, reactor=reactor)
 
 
@@ -319,6 +328,7 @@ def main(
     except usage.UsageError as e:
         sys.exit(f"{sys.argv[0]}: {e}")
     handlers = endpoints(options)
+    tracing.tracer()
 
     @defer.inlineCallbacks
     def serve(reactor: Any) -> Any:

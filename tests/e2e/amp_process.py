@@ -97,6 +97,8 @@ class TwistdProcess:
         self.args = [*TWISTD, "-n", "--pidfile=", *plugin_args]
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.returncode: Optional[int] = None
+        #: Environment variables set for the child besides this process's own.
+        self.env: dict[str, str] = {}
 
     @property
     def pid(self) -> int:
@@ -109,6 +111,7 @@ class TwistdProcess:
             [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         )
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.env)
         self.proc = spawn_logged(self.args, self.workdir, self.log_path, env)
 
     def running(self) -> bool:

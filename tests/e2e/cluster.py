@@ -179,9 +179,13 @@ class ControlPlane:
         *,
         start_timeout: float = 90.0,
         apiserver_args: tuple[str, ...] = (),
+        tracing_endpoint: str | None = None,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.apiserver_args = tuple(apiserver_args)
+        #: ``host:port`` of an OTLP gRPC receiver the API server exports its
+        #: spans to (``--tracing-config-file``), or None: no tracing.
+        self.tracing_endpoint = tracing_endpoint
         self.binaries = binaries
         self.start_timeout = start_timeout
         self.pki = self.workdir / "pki"
@@ -376,6 +380,7 @@ class ControlPlane:
                 f"--cert-dir={pki / 'apiserver-generated'}",
                 "--v=1",
                 *self.apiserver_args,
+                *self._tracing_flags(),
             ],
             self.apiserver_log,
         )
@@ -399,6 +404,25 @@ class ControlPlane:
             raise self._failure(
                 f"kube-apiserver was not ready within {self.start_timeout:.0f}s; {last}"
             ) from None
+
+    def _tracing_flags(self) -> list[str]:
+        """
+        The API server's tracing (``APIServerTracing``): OTLP gRPC to
+        ``tracing_endpoint``, sampling nothing of its own (0 per million).
+        Its sampler is parent-based, so a request whose client (in
+        ``system:masters``, whose trace context it trusts) sends a sampled
+        ``traceparent`` is traced, with its webhook calls, and no other:
+        the shared plane does no tracing work for the tests that do not ask.
+        """
+        if self.tracing_endpoint is None:
+            return []
+        path = _write(self.workdir / "tracing.yaml", yaml.safe_dump({
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "TracingConfiguration",
+            "endpoint": self.tracing_endpoint,
+            "samplingRatePerMillion": 0,
+        }).encode())
+        return [f"--tracing-config-file={path}"]
 
     # -- clients and kubeconfigs -------------------------------------------
 

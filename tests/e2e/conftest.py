@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from . import build
+from ..otlp import GRPCReceiver
 from ..waiting import poll_until
 from .amp_process import REPO_ROOT, AmpInstance, ExampleEndpoints
 from .cluster import ControlPlane
@@ -72,16 +73,31 @@ def e2e_binaries() -> build.Binaries:
 
 
 @pytest.fixture(scope="session")
+def otlp_receiver() -> Iterator[GRPCReceiver]:
+    """The OTLP gRPC trace receiver the shared API server exports to (in
+    this process, on the official protocol definitions): started with the
+    plane, for the tests of traces (``test_tracing.py``)."""
+    receiver = GRPCReceiver().start()
+    try:
+        yield receiver
+    finally:
+        receiver.stop()
+
+
+@pytest.fixture(scope="session")
 def control_plane(
-    e2e_binaries: build.Binaries, tmp_path_factory: pytest.TempPathFactory
+    e2e_binaries: build.Binaries, tmp_path_factory: pytest.TempPathFactory, otlp_receiver: GRPCReceiver,
 ) -> Iterator[ControlPlane]:
     """One running control plane shared by the whole test session.
 
     Tests share it, so each test works in namespaces of its own
     (``control_plane.create_namespace(...)``) and removes cluster-scoped
-    objects it creates (e.g. MutatingWebhookConfigurations).
+    objects it creates (e.g. MutatingWebhookConfigurations).  The API
+    server traces only requests that come with a sampled ``traceparent``
+    (``ControlPlane.tracing_endpoint``), exporting to ``otlp_receiver``.
     """
-    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"), e2e_binaries)
+    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"), e2e_binaries,
+                         tracing_endpoint=f"127.0.0.1:{otlp_receiver.port}")
     plane.start()
     try:
         yield plane
