@@ -104,7 +104,7 @@ def test_a_canary_compares_a_candidate_on_live_traffic_and_replay_finds_the_same
         config.write_text('endpoints:\n  allow: ["http://127.0.0.1:*/*"]\nkubernetes:\n  source: static\n')
         against = replay(*files, "--config", str(config), "--against", candidate.url("sidecar"))
         assert against.returncode == 1, against.stdout + against.stderr
-        assert against.stdout.splitlines()[0].endswith(
+        assert against.stdout.splitlines()[-1].endswith(
             f"{TRACKS.count('stable')} same, {TRACKS.count('canary')} different, 0 failed, 0 unreadable")
         for i, track in enumerate(TRACKS):
             assert (f"different  {ns}/web-{i} " in against.stdout) == (track == "canary")
