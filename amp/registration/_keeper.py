@@ -20,7 +20,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 
 from amp.config import Config
-from amp.kube import backoff_delay
+from amp.kube import backoff_delay, describe
 from amp.metrics import Metrics
 from amp.registration._desired import desired, drifted
 
@@ -169,7 +169,10 @@ class RegistrationKeeper:
         delay = kube.backoff_initial + backoff_delay(self.failures, kube.backoff_initial, kube.backoff_max,
                                                      self._random)
         self.failures += 1
-        text = f"{type(error).__name__}: {error}"
+        text = describe(error)
+        if getattr(error, "status", None) == 403 and self._obj is None:
+            text += (": the configuration does not exist and amp may only patch it (deploy/managed grants no create):"
+                     " apply it again from the chart or the overlay")
         if text != self._last_error:
             self.log.warn("MutatingWebhookConfiguration {name}: the apply failed ({error}); retrying with backoff",
                           name=kube.webhook_configuration, error=text)
