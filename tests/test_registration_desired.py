@@ -44,11 +44,10 @@ def pki() -> tuple[Any, Any, bytes]:
     return ca, leaf, pem_cert(ca)
 
 
-NOW = datetime.datetime.now(datetime.timezone.utc).timestamp()
-
-
 def test_the_check_finds_no_problem_in_what_amp_applies(pki: Any) -> None:
     _, leaf, ca_pem = pki
+    # after the certificates were issued (at import time "now" could precede them)
+    now = datetime.datetime.now(datetime.timezone.utc).timestamp()
     for changes in ({}, {"failure_policy": "Fail", "kubernetes.webhook_name": "fail.mutate.amp.txn2.com"},
                     {"failure_policy": "Fail", "kubernetes.webhook_name": None}, {"failure_policy": "Ignore"},
                     {"registration.default_class": "Fail", "kubernetes.webhook_name": None},
@@ -58,7 +57,7 @@ def test_the_check_finds_no_problem_in_what_amp_applies(pki: Any) -> None:
                     {"kubernetes.allow_protected_namespaces": True}):
         c = config(**changes)
         obj = desired(c, ca_pem)
-        assert check(obj, needs(c), [leaf], NOW) == (), changes
+        assert check(obj, needs(c), [leaf], now) == (), changes
 
 
 def test_it_is_the_shape_the_chart_ships(pki: Any) -> None:
