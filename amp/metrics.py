@@ -278,6 +278,9 @@ class Metrics:
         self.registration_problems = Gauge(
             "amp_registration_problems", "Problems of amp's MutatingWebhookConfiguration against what amp needs "
             "(amp.registration), by problem: how many now.", ["problem"], registry=r)
+        self.registration_repairs = Counter(
+            "amp_registration_repairs", "Applies of the managed MutatingWebhookConfiguration that changed it "
+            "(registration.managed), by the Lease holder.", registry=r)
         self.namespace_misses = Counter(
             "amp_namespace_cache_misses", "Lookups the cache could not answer, by result.", ["result"], registry=r)
         self.bypassed_pods = Counter(

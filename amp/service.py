@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import gc
 import random
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
@@ -139,12 +139,13 @@ def serving_certificate(config: TLSConfig, clock: Any, metrics: Optional[Metrics
 
 def namespace_source(
     config: Config, reactor: Any, metrics: Metrics, on_first_list: Optional[Callable[[], None]] = None,
-    on_webhook: Optional[Callable[[Any], None]] = None,
+    on_webhook: Optional[Callable[[Any], None]] = None, terms: Sequence[Any] = (),
 ) -> INamespaceSource:
     """
     The namespace source named by C{kubernetes.source}; C{on_webhook} is
     told each version of amp's own webhook configuration it sees (the
-    registration check).
+    registration check), C{terms} each term of the Lease (the managed
+    registration).
     """
     if config.kubernetes.source == NamespaceSource.STATIC:
         static = StaticNamespaceSource(config.kubernetes)
@@ -158,7 +159,7 @@ def namespace_source(
     from amp.kube import KubernetesNamespaceSource
 
     return KubernetesNamespaceSource(config.kubernetes, reactor=reactor, metrics=metrics,
-                                     on_first_list=on_first_list, on_webhook=on_webhook)
+                                     on_first_list=on_first_list, on_webhook=on_webhook, terms=terms)
 
 
 def _amp_annotation(config: Config) -> KeptAnnotations:

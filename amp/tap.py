@@ -196,6 +196,22 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
 
         registration = RegistrationReport(needs(config), metrics, reactor, chain=lambda: certificate.chain)
         certificate.on_install.append(registration.certificate_changed)
+    # With registration.managed, the Lease holder also applies it (and
+    # repairs it when the watch sees it drift).
+    keeper = None
+    if registration is not None and config.registration.managed:
+        from amp.kube._client import service_account_namespace
+        from amp.registration import RegistrationKeeper
+
+        keeper = RegistrationKeeper(config, reactor=reactor, clock=reactor, metrics=metrics,
+                                    own_namespace=config.kubernetes.own_namespace or service_account_namespace())
+        certificate.on_install.append(keeper.refresh)
+    told = [f for f in (registration.seen if registration is not None else None,
+                        keeper.seen if keeper is not None else None) if f is not None]
+
+    def on_webhook(obj: Any) -> None:
+        for tell in told:
+            tell(obj)
 
     service = AmpService(
         config, reactor,
@@ -203,11 +219,13 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
         webhook_endpoint=tls_endpoint(reactor, listen.port, listen.interface, certificate, inner=shared),
         metrics_endpoint=metrics_endpoint,
         namespaces=namespace_source(config, reactor, metrics, on_first_list=first_list,
-                                    on_webhook=registration.seen if registration is not None else None),
+                                    on_webhook=on_webhook if told else None, terms=(keeper,) if keeper is not None else ()),
         metrics=metrics, log_observer=observer, freeze_gc=True, config_path=options["config"],
         on_connections=shared.connections_changed if shared is not None else None)
     if registration is not None:
         service.on_apply.append(registration.config_changed)
+    if keeper is not None:
+        service.on_apply.append(keeper.config_changed)
     if options["check"]:
         print_effective_config(config)
         raise SystemExit(0)

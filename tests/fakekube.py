@@ -16,6 +16,9 @@ thread, on 127.0.0.1, on a free port.  It serves exactly what amp asks for:
   event after N, then new ones as they happen, until ``timeoutSeconds``
   (then a clean end).  With ``allowWatchBookmarks=true`` a ``bookmark()``
   sends a ``BOOKMARK`` at the current revision.
+- ``PATCH <mwc>/<name>`` with ``application/apply-patch+yaml`` (a JSON
+  body): server-side apply, kept in ``applied`` as (query, body), the object
+  replaced as ``put_webhook_configuration`` does;
 - every other method answers 405; unknown paths 404.
 
 Resource versions: one global counter (etcd's revision) for both kinds;
@@ -223,7 +226,31 @@ class _Handler(BaseHTTPRequestHandler):
             self.rfile.read(length)
         self._send_json(405, status_object(405, f"the server does not allow this method ({self.command})"))
 
-    do_POST = do_PUT = do_PATCH = do_DELETE = _other_method
+    do_POST = do_PUT = do_DELETE = _other_method
+
+    def do_PATCH(self) -> None:
+        """Server-side apply of a MutatingWebhookConfiguration (JSON is YAML); other PATCHes 405."""
+        kube = self.server.kube
+        parts = urlsplit(self.path)
+        path = unquote(parts.path).rstrip("/")
+        query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        name = path[len(_MWCS.base) + 1:] if path.startswith(_MWCS.base + "/") else ""
+        content_type = self.headers.get("Content-Type") or ""
+        if not name or "/" in name or content_type != "application/apply-patch+yaml":
+            self._other_method()
+            return
+        kube._record_request(Request("PATCH", path, query))
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        fault = kube._take_fault(path)
+        if fault is not None:
+            self._send_json(fault, status_object(fault, f"injected failure {fault}"))
+            return
+        if not query.get("fieldManager") or body.get("metadata", {}).get("name") != name:
+            self._send_json(400, status_object(400, "fieldManager is required, and the body must name the object"))
+            return
+        with kube._cond:
+            kube.applied.append((query, body))
+        self._send_json(200, kube.put_webhook_configuration(name, body.get("webhooks") or ()))
 
     def _route(self, path: str, query: dict[str, str]) -> None:
         kube = self.server.kube
@@ -322,6 +349,8 @@ class FakeKube:
         self._delay_prefix = ""
         self._delay_generation = 0
         self._errors: list[str] = []
+        #: Server-side applies received: (query, body).
+        self.applied: list[tuple[dict[str, str], JSON]] = []
         self._httpd: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
 

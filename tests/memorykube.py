@@ -8,7 +8,8 @@ no time.
   L{amp.kube._watch.ListWatch} runs synchronously in the test.
 - L{MemoryKube}: the client facade the reactor side uses
   (L{amp.kube._client.KubeClient}'s methods) over dictionaries: namespaces
-  for GETs, Leases with resourceVersion conflicts, Events unique by name.
+  for GETs, Leases with resourceVersion conflicts, Events unique by name,
+  the managed registration's applies.
 - L{ThreadReactor}: a C{MemoryReactorClock} with C{callFromThread} (run at
   once, or queued until L{ThreadReactor.deliver}) and a thread pool whose
   calls run only when the test says (L{ManualThreadPool.run}).
@@ -177,6 +178,11 @@ class MemoryKube:
         self.event_names: set[tuple[str, str]] = set()
         self.event_error: Optional[BaseException] = None
         self.forks: list[MemoryKube] = []
+        #: The managed registration's applies (bodies), and the objects they left.
+        self.applies: list[dict[str, Any]] = []
+        self.webhook_objects: dict[str, dict[str, Any]] = {}
+        #: When set, every apply raises it.
+        self.apply_error: Optional[BaseException] = None
 
     def add_namespace(self, name: str, **kwargs: Any) -> None:
         self.namespace_objects[name] = namespace(name, **kwargs)
@@ -250,6 +256,15 @@ class MemoryKube:
         if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
             raise Conflict("HTTP 409 Conflict")
         return self._store(namespace, name, body)
+
+    def apply_webhook_configuration(self, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Server-side apply, as far as amp's managed registration needs it: the object becomes C{body}."""
+        self._check_open()
+        self.applies.append(json.loads(json.dumps(body)))
+        if self.apply_error is not None:
+            raise self.apply_error
+        self.webhook_objects[body["metadata"]["name"]] = json.loads(json.dumps(body))
+        return json.loads(json.dumps(body))
 
     def holder(self, namespace: str = "amp-system", name: str = "amp-bypass-reporter") -> Optional[str]:
         lease = self.leases.get((namespace, name))

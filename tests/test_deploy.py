@@ -160,7 +160,7 @@ def test_render_check_notices_a_hand_edit(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- schema validation
 
 
-@pytest.mark.parametrize("source", [*BUILDS, *CHART_RENDERS])
+@pytest.mark.parametrize("source", [*BUILDS, "managed", *CHART_RENDERS])
 def test_manifest_validates_against_kubernetes_schema(source: str) -> None:
     """
     Every Kubernetes object, as kustomize builds it and as the chart renders
@@ -255,7 +255,7 @@ def test_cert_manager_objects_shape() -> None:
 # ---------------------------------------------------------------- kustomize layout
 
 
-@pytest.mark.parametrize("directory", BUILDS)
+@pytest.mark.parametrize("directory", [*BUILDS, "managed"])
 def test_kustomization_lists_every_manifest(directory: str) -> None:
     here = DEPLOY / directory
     kustomization = yaml.safe_load((here / "kustomization.yaml").read_text())
@@ -263,10 +263,12 @@ def test_kustomization_lists_every_manifest(directory: str) -> None:
     assert kustomization["kind"] == "Kustomization"
     files = {e for e in kustomization["resources"] if not (here / e).is_dir()}
     generated = {f for g in kustomization.get("configMapGenerator", []) for f in g["files"]}
-    assert files | generated == {p.name for p in here.iterdir()
-                                 if p.suffix in (".yaml", ".json") and p.name != "kustomization.yaml"}
+    patches = {p["path"] for p in kustomization.get("patches", [])}
+    assert files | generated | patches == {p.name for p in here.iterdir()
+                                           if p.suffix in (".yaml", ".json") and p.name != "kustomization.yaml"}
     dirs = [e for e in kustomization["resources"] if (here / e).is_dir()]
-    assert dirs == (["../base"] if directory in OVERLAYS else ["../cert-manager"] if directory == "tracing" else [])
+    assert dirs == (["../base"] if directory in OVERLAYS else ["../cert-manager"] if directory in ("tracing", "managed")
+                    else [])
 
 
 def test_amp_yaml_is_generated_so_an_edit_rolls_the_deployment(tmp_path: Path) -> None:
@@ -376,6 +378,7 @@ def test_the_security_notes_name_every_grant() -> None:
     notes = text[text.index("## Security notes"):]
     documented: set[tuple[str, str, str, str]] = set()
     with_report: set[tuple[str, str, str, str]] = set()
+    managed: set[tuple[str, str, str, str]] = set()
     for line in notes.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.strip().startswith("| `") else []
         if len(cells) != 4:
@@ -385,14 +388,28 @@ def test_the_security_notes_name_every_grant() -> None:
         assert cells[2].startswith(("cluster", "amp's namespace")), cells[2]
         rows = {(kind, resource, verb, name) for verb in re.findall(r"`([^`]+)`", cells[1])
                 for name in names or [""]}
+        if "managed registration" in cells[3] and "bypass report" not in cells[3]:
+            managed |= rows
+            continue
         documented |= rows
         if "bypass report" in cells[3] or resource == "leases":
             with_report |= rows
-    assert documented, "the RBAC table is in the security notes"
+    assert documented and managed, "the RBAC table is in the security notes"
     roles = [d for d in all_docs() if d["kind"] in ("ClusterRole", "Role")]
     assert _granted(iter(roles)) == documented
     chart = [d for d in helm_template() if d["kind"] in ("ClusterRole", "Role")]
     assert _granted(iter(chart)) == documented
+    # the managed mode's grants, only in its overlay and with its chart value
+    in_overlay = [d for d in build("managed") if d["kind"] in ("ClusterRole", "Role")]
+    assert _granted(iter(in_overlay)) == documented | managed
+    on = [d for d in helm_template("--set", "registration.managed=true") if d["kind"] in ("ClusterRole", "Role")]
+    assert _granted(iter(on)) == documented | managed
+    # the Lease stays granted for the managed mode without the bypass report
+    alone = [d for d in helm_template("--set", "registration.managed=true",
+                                      "--set", "config.kubernetes.bypass.enabled=false")
+             if d["kind"] in ("ClusterRole", "Role")]
+    leases = {g for g in with_report if g[1] == "leases"}
+    assert _granted(iter(alone)) == (documented - with_report) | leases | managed
     off = [d for d in helm_template("--set", "config.kubernetes.bypass.enabled=false")
            if d["kind"] in ("ClusterRole", "Role")]
     assert _granted(iter(off)) == documented - with_report
@@ -746,7 +763,7 @@ def test_install_script_without_cert_manager(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- amp check in CI
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", [*OVERLAYS, "managed"])
 def test_each_overlay_passes_amp_check(overlay: str) -> None:
     """
     What `kubectl kustomize deploy/<overlay> | amp check --manifest -` says in
@@ -760,3 +777,40 @@ def test_each_overlay_passes_amp_check(overlay: str) -> None:
                             input=built, capture_output=True, text=True, timeout=120)
     assert (result.returncode, result.stdout, result.stderr) == (
         0, "MutatingWebhookConfiguration amp.txn2.com: no registration problem\n", "")
+
+
+# ---------------------------------------------------------------- the managed registration
+
+
+def test_the_managed_overlay_is_cert_manager_with_amp_keeping_its_registration() -> None:
+    """
+    deploy/managed: ../cert-manager plus the managed mode (amp's config says
+    so, the CA is mounted where amp reads it, amp may patch its one
+    configuration by name); what amp applies is what the overlay ships, so
+    neither a fresh install nor amp's first apply changes the other's work.
+    """
+    from amp_dev.devcert import make_ca, pem_cert
+
+    from amp.registration import desired, drifted
+
+    managed, plain = objects("managed"), objects("cert-manager")
+    # amp's ConfigMap is replaced (a new hash in its name), the rest kept
+    assert {k for k in set(managed) ^ set(plain) if k[0] != "ConfigMap"} == {
+        ("ClusterRole", "amp-registration"), ("ClusterRoleBinding", "amp-registration")}
+    assert [k[0] for k in managed if k[0] == "ConfigMap"] == ["ConfigMap"]
+    config = parse_config(yaml.safe_load(only("managed", "ConfigMap")["data"]["amp.yaml"]))
+    assert config.registration.managed and not amp_yaml().registration.managed
+    deployment = only("managed", "Deployment")
+    [volume] = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if "projected" in v]
+    paths = {i["path"] for src in volume["projected"]["sources"] if "secret" in src for i in src["secret"]["items"]}
+    assert "tls/ca.crt" in paths and config.registration.ca_bundle == "/etc/amp/tls/ca.crt"
+    secret = plain[("Certificate", "amp-tls")]["spec"]["secretName"]
+    assert [src["secret"]["name"] for src in volume["projected"]["sources"] if "secret" in src] == [secret]
+    shipped = only("managed", "MutatingWebhookConfiguration")
+    want = desired(config, pem_cert(make_ca("ca")[0]))
+    for entry in want["webhooks"]:
+        del entry["clientConfig"]["caBundle"]  # cert-manager's to inject, amp's to apply
+    assert drifted(shipped, want) is None
+    service = only("managed", "Service")
+    assert (config.registration.service, config.registration.service_port) == (
+        service["metadata"]["name"], service["spec"]["ports"][0]["port"])

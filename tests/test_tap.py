@@ -253,3 +253,29 @@ def test_effective_config_to_a_closed_reader_raises_nothing(tmp_path: Path) -> N
             raise BrokenPipeError(32, "Broken pipe")
 
     print_effective_config(options_for(write_config(tmp_path, yaml_config())).config, out=Gone())
+
+
+def test_the_managed_registration_is_wired_to_the_lease_and_the_watch(tmp_path: Path) -> None:
+    """With registration.managed the namespace source runs the Lease for the keeper and tells it each version."""
+    from amp.registration import RegistrationKeeper
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: [{name: f, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+                          "users: [{name: amp, user: {token: t}}]\n"
+                          "contexts: [{name: f, context: {cluster: f, user: amp}}]\ncurrent-context: f\n")
+    raw = raw_config(None)
+    raw["kubernetes"] = {"source": "kubeconfig", "kubeconfig": str(kubeconfig), "own_namespace": "amp-system",
+                         "webhook_configuration": "amp.txn2.com"}
+    raw["registration"] = {"managed": True}
+    path = write_config(tmp_path, yaml.safe_dump(raw))
+    service = makeService(options_for(path), reactor=MemoryReactorClock())
+    source = service.namespaces
+    [keeper] = source._terms
+    assert isinstance(keeper, RegistrationKeeper) and not keeper.active
+    assert any(getattr(f, "__self__", None) is keeper for f in service.on_apply)
+    source._on_webhook(None)  # the watch's news reaches the keeper (and the check)
+    assert keeper._obj is None
+    # off by default: no keeper, no Lease for it
+    raw["registration"] = {"managed": False}
+    path = write_config(tmp_path, yaml.safe_dump(raw))
+    assert makeService(options_for(path), reactor=MemoryReactorClock()).namespaces._terms == ()

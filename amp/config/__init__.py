@@ -24,16 +24,17 @@ from amp.config._load import ConfigError, command_config, load_config, parse_con
 from amp.config._reference import reference_row, rewrite_reference
 from amp.config._running import RESTART_ONLY, config_digest, config_summary, effective_config, for_reload
 from amp.config._sections import (
-    KEYS, AuditConfig, BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings, EndpointsConfig,
-    KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig, StaticNamespace, TLSConfig,
-    TracingConfig,
+    KEYS, AuditConfig, BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings,
+    EndpointsConfig, KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig,
+    RegistrationConfig, StaticNamespace, TLSConfig, TracingConfig,
 )
 from amp.config._values import Kind, parse_duration, parse_size
 
 __all__ = [
     "KEYS", "RESTART_ONLY", "AuditConfig", "BreakerConfig", "BypassConfig", "Config", "ConfigError", "DeadlineConfig",
     "EndpointOverride", "EndpointSettings", "EndpointsConfig", "Key", "Kind", "KubernetesConfig", "ListenConfig",
-    "LogConfig", "MetricsConfig", "PatchConfig", "RecordConfig", "Restart", "StaticNamespace", "TLSConfig", "TracingConfig",
+    "LogConfig", "MetricsConfig", "PatchConfig", "RecordConfig", "RegistrationConfig", "Restart", "StaticNamespace",
+    "TLSConfig", "TracingConfig",
     "command_config", "config_digest", "config_summary", "declared_kinds", "effective_config", "for_reload", "load_config", "parse_config",
     "parse_duration", "parse_size", "reference_row", "rewrite_reference",
 ]

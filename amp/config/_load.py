@@ -18,7 +18,7 @@ from amp.config._declare import parsers
 from amp.config._sections import (
     AuditConfig, BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings,
     EndpointsConfig, KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig,
-    StaticNamespace, TLSConfig, TracingConfig,
+    RegistrationConfig, StaticNamespace, TLSConfig, TracingConfig,
 )
 from amp.config._values import MAPPING
 from amp.files import CONFIG_LIMIT, FileError, config_document, read_file
@@ -218,6 +218,7 @@ def parse_config(raw: Any) -> Config:
         "record": _record,
         "audit": lambda v: _section(AuditConfig, v, "audit"),
         "tracing": _tracing,
+        "registration": lambda v: _section(RegistrationConfig, v, "registration"),
     }
     scalars = parsers(Config)
     values: dict[str, Any] = {}
@@ -250,7 +251,25 @@ def parse_config(raw: Any) -> Config:
     if config.kubernetes.bypass.enabled and not config.annotate_status:
         raise ConfigError("kubernetes.bypass.enabled: needs amp's stamp on reviewed Pods (annotate_status: true); "
                           "without it every Pod would look bypassed")
+    if config.registration.managed:
+        _managed(config)
     return config
+
+
+def _managed(config: Config) -> None:
+    """What the managed registration (C{registration.managed}) needs of the rest of the config."""
+    kube = config.kubernetes
+    if kube.source == NamespaceSource.STATIC:
+        raise ConfigError("registration.managed: needs kubernetes.source cluster or kubeconfig")
+    if not kube.webhook_configuration:
+        raise ConfigError("registration.managed: needs kubernetes.webhook_configuration (the object amp applies)")
+    if kube.source == NamespaceSource.KUBECONFIG and not kube.own_namespace:
+        raise ConfigError("registration.managed: needs kubernetes.own_namespace with kubernetes.source: kubeconfig "
+                          "(the Service's namespace and the Lease's)")
+    timeout = config.deadline.default_timeout
+    if timeout != int(timeout) or not 1 <= timeout <= 30:
+        raise ConfigError(f"registration.managed: deadline.default_timeout {timeout:g}s is the entries' "
+                          "timeoutSeconds, which must be a whole number of seconds from 1 to 30")
 
 
 def load_config(path: str) -> Config:

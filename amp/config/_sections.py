@@ -467,6 +467,38 @@ class TracingConfig:
 
 
 @dataclass(frozen=True)
+class RegistrationConfig:
+    """C{registration}: amp keeping its own MutatingWebhookConfiguration true (opt-in)."""
+
+    managed: bool = declare(BOOL, False, restart=Restart.ALWAYS, doc=(
+        "`true` (the overlay `deploy/managed` and the chart's `registration.managed`): the replica holding the "
+        "Lease (`kubernetes.bypass.lease_name`) applies the MutatingWebhookConfiguration amp needs "
+        "(`kubernetes.webhook_configuration`, one entry per failure class) with server-side apply under the field "
+        "manager `amp`, and again whenever it drifts ([operations.md](operations.md#managed-registration)). Needs "
+        "`kubernetes.source` cluster or kubeconfig, `kubernetes.webhook_configuration`, amp's own namespace, a "
+        "whole-second `deadline.default_timeout` and the RBAC of `deploy/managed`. `false`: amp only checks its "
+        "registration. Restart-only."))
+    service: str = declare(STR, "amp", restart=Restart.ALWAYS, doc=(
+        "The Service (in amp's own namespace) the managed registration sends reviews to."))
+    service_port: int = declare(PORT, 443, restart=Restart.ALWAYS, doc=(
+        "The port of that Service the managed registration names (its `clientConfig.service.port`)."))
+    entry_name: str = declare(STR, "mutate.amp.txn2.com", restart=Restart.ALWAYS, doc=(
+        "The managed entries are named `fail.<entry_name>` and `ignore.<entry_name>` (`<entry_name>` alone "
+        "without `kubernetes.failure_class_label`); `kubernetes.webhook_name`, when set, names the entry of the "
+        "namespaces without the label."))
+    default_class: str = declare(choice(("Ignore", "Fail")), "Ignore", restart=Restart.ALWAYS, doc=(
+        "With `failure_policy: auto`, the failure class of enabled namespaces without the failure-class label in "
+        "the managed registration (otherwise `failure_policy` is)."))
+    ca_bundle: str = declare(STR, "/etc/amp/tls/ca.crt", restart=Restart.ALWAYS, doc=(
+        "PEM file of the CA(s) the managed registration's `caBundle` holds (cert-manager's `ca.crt` in the "
+        "serving certificate's Secret); read again on every apply, so a CA that changes is applied."))
+    repair_interval: float = declare(POSITIVE_DURATION, 10.0, restart=Restart.ALWAYS, doc=(
+        "Least time between two applies: drift is repaired at most this often (a controller fighting amp over "
+        "the object costs one apply per interval). Failed applies are retried with `kubernetes.backoff_initial` "
+        "doubling up to `kubernetes.backoff_max`."))
+
+
+@dataclass(frozen=True)
 class Config:
     listen: ListenConfig = section(ListenConfig)
     tls: TLSConfig = section(TLSConfig)
@@ -498,6 +530,7 @@ class Config:
     record: RecordConfig = section(RecordConfig)
     audit: AuditConfig = section(AuditConfig)
     tracing: TracingConfig = section(TracingConfig)
+    registration: RegistrationConfig = section(RegistrationConfig)
     workers: int = declare(POSITIVE_INT, 1, restart=Restart.ALWAYS, doc=(
         "Number of amp processes per replica, all serving the webhook port (one listening socket, bound by worker "
         "0; each new connection goes to the worker with the fewest open). `1`: one process, as before. Above `1`: "

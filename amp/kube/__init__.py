@@ -24,7 +24,7 @@ kept: the enable label, amp's annotations and the resourceVersion, never
 whole objects.
 """
 
-from amp.kube._client import KubeClient, load_client_configuration
+from amp.kube._client import KubeClient, describe, load_client_configuration
 from amp.kube._keep import webhook_failure_policy
 from amp.kube._lease import LeaseElector
 from amp.kube._source import STOP_WAIT, KubernetesNamespaceSource
@@ -36,6 +36,7 @@ __all__ = [
     "KubernetesNamespaceSource",
     "LeaseElector",
     "backoff_delay",
+    "describe",
     "load_client_configuration",
     "webhook_failure_policy",
 ]

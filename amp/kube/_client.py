@@ -243,6 +243,8 @@ def _lines(response: Any) -> Iterator[bytes]:
 #: Pod list or watch carries no spec or status.
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+#: The field manager of what amp applies (its managed registration).
+FIELD_MANAGER = "amp"
 
 
 class Conflict(Exception):
@@ -285,7 +287,7 @@ class KubeClient:
     # ------------------------------------------------------------ requests
 
     def open(self, method: str, path: str, *, query: Iterable[tuple[str, str]] = (), accept: str = "application/json",
-             body: Any = None, timeout: Any) -> Any:
+             body: Any = None, timeout: Any, content_type: str = "application/json") -> Any:
         """
         Send one request; the response, its body not read yet.
 
@@ -293,7 +295,7 @@ class KubeClient:
         """
         headers = {"Accept": accept}
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         request = self.api.param_serialize(method=method, resource_path=path, query_params=list(query),
                                            header_params=headers, body=body, auth_settings=["BearerToken"])
         response = self.api.call_api(*request, _request_timeout=timeout)
@@ -303,9 +305,11 @@ class KubeClient:
         return response.response
 
     def request(self, method: str, path: str, *, query: Iterable[tuple[str, str]] = (),
-                accept: str = "application/json", body: Any = None, timeout: Any) -> bytes:
+                accept: str = "application/json", body: Any = None, timeout: Any,
+                content_type: str = "application/json") -> bytes:
         """One request; its body."""
-        response = self.open(method, path, query=query, accept=accept, body=body, timeout=timeout)
+        response = self.open(method, path, query=query, accept=accept, body=body, timeout=timeout,
+                             content_type=content_type)
         try:
             return response.data
         finally:
@@ -342,6 +346,18 @@ class KubeClient:
                 raise
             return False
         return True
+
+    def apply_webhook_configuration(self, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """
+        Server-side apply of a MutatingWebhookConfiguration under the field
+        manager C{amp}, forcing conflicts (amp owns what it applies); the
+        object as stored.
+        """
+        name = body["metadata"]["name"]
+        return json.loads(self.request(
+            "PATCH", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{_segment(name)}",
+            query=(("fieldManager", FIELD_MANAGER), ("force", "true")), body=json.dumps(body),
+            content_type="application/apply-patch+yaml", timeout=timeout))
 
     def _leases(self, namespace: str) -> str:
         return f"/apis/coordination.k8s.io/v1/namespaces/{_segment(namespace)}/leases"

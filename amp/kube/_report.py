@@ -9,13 +9,17 @@ A term begins when this replica wins the Lease and ends when it loses it or
 stops.  Nothing passes from one term to the next, nor from one replica to
 the next, but the Events the reporters created: each term lists every Pod
 again, and the Events' names answer for the Pods already reported.
+
+Others may hold terms of the same Lease (C{terms}: the managed
+registration, L{amp.registration.RegistrationKeeper}); with C{pods} false
+the Lease picks the replica for them alone and no Pod is watched.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -72,8 +76,12 @@ class BypassReport:
         lease_namespace: str,
         watch: Callable[..., Bridge],
         wall: Callable[[], float],
+        terms: Sequence[Any] = (),
+        pods: bool = True,
     ) -> None:
         self._config = config
+        self._terms = tuple(terms)
+        self._report_pods = pods
         self._client = client
         self._watch = watch
         self._wall = wall
@@ -104,6 +112,10 @@ class BypassReport:
         """This replica reports now: watch Pods until it steps down."""
         if self._stopped:
             return
+        for term in self._terms:
+            term.start_term(self._client)
+        if not self._report_pods:
+            return
         self.reporter.start_term()
         horizon = self._config.bypass.horizon
         client = self._client.fork()
@@ -116,6 +128,8 @@ class BypassReport:
 
     def _deposed(self) -> None:
         """Another replica reports now, or amp stops: end the Pod watch."""
+        for term in self._terms:
+            term.end_term()
         pods, self._pods = self._pods, None
         if pods is not None:
             pods.stop.set()

@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail, succeed
@@ -125,6 +125,10 @@ class KubernetesNamespaceSource(Service):
     @param on_webhook: told, on the reactor thread, each version of amp's
         own MutatingWebhookConfiguration the watch sees (None: deleted);
         the registration check (L{amp.registration.RegistrationReport.seen}).
+    @param terms: told C{start_term(client)} when this replica wins the
+        bypass report's Lease and C{end_term()} when it loses it (the
+        managed registration); with terms, the Lease runs even without the
+        bypass report.
     """
 
     log = Logger()
@@ -143,8 +147,10 @@ class KubernetesNamespaceSource(Service):
         identity: Optional[str] = None,
         wall: Callable[[], float] = time.time,
         on_webhook: Optional[Callable[[Optional[Any]], None]] = None,
+        terms: Sequence[Any] = (),
     ) -> None:
         self._config = config
+        self._terms = tuple(terms)
         self._on_webhook = on_webhook
         self._on_first_list = on_first_list
         self._reactor = reactor
@@ -204,7 +210,7 @@ class KubernetesNamespaceSource(Service):
                         parse=webhook.parse, collect=webhook.collect, handler=self._webhook_news)
         self.log.info("Kubernetes namespace source on {host} ({mode})", host=client.host,
                       mode="per-review GET" if config.per_review_get else "watch")
-        if config.bypass.enabled:
+        if config.bypass.enabled or self._terms:
             self._start_bypass(run, client)
 
     def _watch(self, run: _Run, name: str, thread_name: str, lister: Lister, *, parse: Callable[..., Any],
@@ -241,13 +247,15 @@ class KubernetesNamespaceSource(Service):
         own = config.own_namespace or service_account_namespace()
         lease_namespace = config.bypass.lease_namespace or own
         if not lease_namespace:
-            self.log.error("The bypassed-Pod report is off: set kubernetes.bypass.lease_namespace "
-                           "(or kubernetes.own_namespace) when amp does not run in a cluster")
+            self.log.error("The bypassed-Pod report and the managed registration are off: set "
+                           "kubernetes.bypass.lease_namespace (or kubernetes.own_namespace) when amp does not run "
+                           "in a cluster")
             return
         run.bypass = BypassReport(
             config=config, client=client, reactor=self._reactor, clock=self._clock, metrics=self._metrics,
             identity=self._identity, namespaces=self, enables=self._enables, own_namespace=own or lease_namespace,
-            lease_namespace=lease_namespace, watch=functools.partial(self._watch, run), wall=self._wall)
+            lease_namespace=lease_namespace, watch=functools.partial(self._watch, run), wall=self._wall,
+            terms=self._terms, pods=config.bypass.enabled)
         if self._listed:
             run.bypass.reporter.namespaces_listed(self._listed_at)
         run.bypass.start()

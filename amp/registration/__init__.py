@@ -8,14 +8,19 @@ one log line per change, C{amp_registration_problems}).  C{amp check}
 manifest.
 
   - pure: L{amp.registration._needs} (what amp needs, the vocabulary),
+    L{amp.registration._desired} (the object the managed mode applies, and
+    its drift),
     L{amp.registration._check} (the check: selectors judged on probe
     namespaces, timeouts, rules, sideEffects, reinvocationPolicy, caBundle);
-  - reactor side: L{amp.registration._report}.
+  - reactor side: L{amp.registration._report}, and the managed mode's
+    L{amp.registration._keeper} (the Lease holder applies and repairs it).
 """
 
 from amp.registration._check import bundle_certificates, check, selects, verifies
+from amp.registration._desired import desired, drifted
+from amp.registration._keeper import RegistrationKeeper
 from amp.registration._needs import Needs, Problem, RegistrationProblem, needs
 from amp.registration._report import RegistrationReport
 
-__all__ = ["Needs", "Problem", "RegistrationProblem", "RegistrationReport", "bundle_certificates", "check", "needs",
-           "selects", "verifies"]
+__all__ = ["Needs", "Problem", "RegistrationKeeper", "RegistrationProblem", "RegistrationReport", "bundle_certificates",
+           "check", "desired", "drifted", "needs", "selects", "verifies"]

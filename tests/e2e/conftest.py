@@ -139,13 +139,15 @@ def deploy_documents(substitutions: dict[str, str] | None = None) -> list[tuple[
     """Every Kubernetes object in a YAML file under ``deploy/`` as ``(file,
     document)``, after replacing each ``${NAME}`` placeholder given in
     ``substitutions`` (not the Helm chart's templates, nor files that are not
-    Kubernetes objects, such as ``deploy/base/amp.yaml``)."""
+    Kubernetes objects, such as ``deploy/base/amp.yaml``, nor the managed
+    mode's overlay ``deploy/managed``, whose grants its own scenario adds)."""
     documents = []
     if DEPLOY_DIR.is_dir():
         for path in sorted(DEPLOY_DIR.rglob("*")):
             if path.suffix not in (".yaml", ".yml") or not path.is_file():
                 continue
-            if DEPLOY_DIR / "chart" in path.parents or path == DEPLOY_DIR / "base" / "amp.yaml":
+            if (DEPLOY_DIR / "chart" in path.parents or DEPLOY_DIR / "managed" in path.parents
+                    or path == DEPLOY_DIR / "base" / "amp.yaml"):
                 continue
             text = path.read_text()
             for name, value in (substitutions or {}).items():

@@ -114,6 +114,16 @@ amp follows, and the default deadline (the webhook's timeoutSeconds).
 {{- $_ := set $kube "protected_namespaces" (.Values.webhook.excludeNamespaces | default list) -}}
 {{- end -}}
 {{- $_ := set $config "kubernetes" $kube -}}
+{{- if .Values.registration.managed -}}
+{{- $registration := deepCopy ($config.registration | default dict) -}}
+{{- $_ := set $registration "managed" true -}}
+{{- $_ := set $registration "service" (include "amp.fullname" .) -}}
+{{- $_ := set $registration "service_port" (int .Values.service.port) -}}
+{{- $_ := set $registration "entry_name" .Values.webhook.name -}}
+{{- $_ := set $registration "default_class" .Values.webhook.failurePolicy -}}
+{{- $_ := set $registration "ca_bundle" "/etc/amp/tls/ca.crt" -}}
+{{- $_ := set $config "registration" $registration -}}
+{{- end -}}
 {{- $deadline := deepCopy ($config.deadline | default dict) -}}
 {{- $_ := set $deadline "default_timeout" (printf "%ds" (int .Values.webhook.timeoutSeconds)) -}}
 {{- $_ := set $config "deadline" $deadline -}}
