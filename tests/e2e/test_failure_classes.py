@@ -47,7 +47,7 @@ from .amp_process import (
 )
 from .cluster import ControlPlane
 from .conftest import DEPLOY_DIR, deploy_amp_config
-from .test_bypass import bypass_events, core, lease_rbac  # noqa: F401 (fixtures)
+from .test_bypass import bypass_events, core  # noqa: F401 (fixtures; lease_rbac is in conftest.py)
 
 pytestmark = pytest.mark.e2e
 

@@ -30,7 +30,6 @@ from ..waiting import poll_until
 from .amp_process import LOOPBACK, AmpProcess, amp_config, free_port
 from .cluster import ControlPlane
 from .conftest import AMP_SERVICE_ACCOUNT, DEPLOY_DIR, deploy_amp_config
-from .test_bypass import lease_rbac  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.e2e
 
