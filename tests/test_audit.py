@@ -260,6 +260,33 @@ class PlacesTests(SynchronousTestCase):
         del running["metadata"]["annotations"]["legacy"]
         self.assertEqual(compare(running, admitted, places), ())
 
+    def test_the_pods_own_name_where_the_template_had_none_is_no_difference(self) -> None:
+        # An endpoint that writes the Pod's name (a sidecar's identity) gave
+        # the template its empty name; each controller's Pod has its own.
+        tmpl = template("web")
+        admitted = copy.deepcopy(tmpl)
+        admitted["spec"]["containers"][0]["env"] = [{"name": "POD", "value": ""}]
+        places = touched_places(tmpl, admitted)
+        running = copy.deepcopy(admitted)
+        running["metadata"]["name"] = "web-7d4b9-x2k8q"
+        running["spec"]["containers"][0]["env"][0]["value"] = "web-7d4b9-x2k8q"
+        self.assertEqual(compare(running, admitted, places), ())
+        running["spec"]["containers"][0]["env"][0]["value"] = "another-pod"
+        [d] = compare(running, admitted, places)
+        self.assertEqual((d.before, d.after), ("another-pod", ""))
+
+    def test_an_empty_string_the_api_server_left_out_is_no_difference(self) -> None:
+        tmpl = template("web")
+        admitted = copy.deepcopy(tmpl)
+        admitted["spec"]["containers"][0]["env"] = [{"name": "POD", "value": ""}]
+        places = touched_places(tmpl, admitted)
+        running = copy.deepcopy(admitted)
+        del running["spec"]["containers"][0]["env"][0]["value"]  # omitempty
+        self.assertEqual(compare(running, admitted, places), ())
+        admitted["spec"]["containers"][0]["env"][0]["value"] = "x"
+        [d] = compare(running, admitted, places)
+        self.assertEqual((d.before, d.after), (MISSING, "x"))
+
     def test_numbers_and_booleans_are_not_the_same(self) -> None:
         tmpl = template("web")
         admitted = copy.deepcopy(tmpl)

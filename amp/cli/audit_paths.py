@@ -192,12 +192,18 @@ def _same_json(a: Any, b: Any) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def _differences(pointer: str, have: Any, want: Any, limit: int) -> list[Difference]:
+def _differences(pointer: str, have: Any, want: Any, limit: int,
+                 names: tuple[Any, Any] = (MISSING, MISSING)) -> list[Difference]:
     """
     Where C{have} (the running Pod's value) lacks what C{want} (the
     endpoint's) says: every member of a mapping, every named or mapping
     element of a list (found by name or content, wherever it is), a list
-    of scalars as a whole, a scalar by value.
+    of scalars as a whole, a scalar by value.  C{names}: the template's
+    Pod name and the running Pod's; an endpoint that writes the Pod's own
+    name (a sidecar's identity) wrote the template's where the running
+    Pod has its own, and that is no difference.  Nor is an empty string
+    the API server did not store: it leaves out a string field's empty
+    value (C{omitempty}, as an env var's C{value: ""}).
     """
     out: list[Difference] = []
     stack: list[tuple[str, Any, Any]] = [(pointer, have, want)]
@@ -228,7 +234,7 @@ def _differences(pointer: str, have: Any, want: Any, limit: int) -> list[Differe
         elif isinstance(w, list):
             if not _same_json(h, w):
                 out.append(Difference(where, h, w))
-        elif not _same_scalar(h, w):
+        elif not (_same_scalar(h, w) or (w == names[0] and h == names[1]) or (w == "" and h is MISSING)):
             out.append(Difference(where, h, w))
     return out
 
@@ -241,6 +247,7 @@ def compare(running: dict[str, Any], admitted: dict[str, Any], places: Iterable[
     (C{before}) and the endpoint's (C{after}); at most C{limit}.
     """
     out: list[Difference] = []
+    names = ((admitted.get("metadata") or {}).get("name", ""), (running.get("metadata") or {}).get("name", MISSING))
     for place in places:
         want, _ = _at(admitted, place)
         have, pointer = _at(running, place)
@@ -248,7 +255,7 @@ def compare(running: dict[str, Any], admitted: dict[str, Any], places: Iterable[
             if have is not MISSING:
                 out.append(Difference(pointer, have, MISSING))
         else:
-            out.extend(_differences(pointer, have, want, limit - len(out)))
+            out.extend(_differences(pointer, have, want, limit - len(out), names))
         if len(out) >= limit:
             break
     return tuple(out[:limit])
