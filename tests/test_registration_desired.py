@@ -17,24 +17,18 @@ import pytest
 import yaml
 from amp_dev.devcert import issue_cert, make_ca, pem_cert
 
-from amp.config import ConfigError, parse_config
+from amp.config import ConfigError
 from amp.registration import check, desired, drifted, needs, selects
+from tests.test_registration import shipped_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "deploy" / "cert-manager" / "mutatingwebhookconfiguration.yaml"
-SHIPPED_CONFIG = ROOT / "deploy" / "base" / "amp.yaml"
 HOSTS = ["amp.amp-system.svc", "amp.amp-system.svc.cluster.local"]
 
 
-def config(**changes: Any) -> Any:
-    raw = yaml.safe_load(SHIPPED_CONFIG.read_text())
-    for dotted, value in changes.items():
-        here = raw
-        *path, last = dotted.split(".")
-        for key in path:
-            here = here.setdefault(key, {})
-        here[last] = value
-    return parse_config(raw)
+#: The shipped config with dotted keys changed (the registration check's
+#: tests build theirs the same way).
+config = shipped_config
 
 
 @pytest.fixture(scope="module")
