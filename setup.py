@@ -86,6 +86,12 @@ setup(
             # builds amp's wheel offline (no build isolation) to prove it ships no sample code
             "setuptools>=70.1",
             "promql-parser>=0.10",
+            # the build's checks of amp's own code: types (strict, with Twisted's zope
+            # interfaces understood) and lint + format (tests/test_static_checks.py)
+            "mypy>=1.13",
+            "mypy-zope>=1.0.9",
+            "types-PyYAML>=6.0",
+            "ruff>=0.8",
         ],
         # the soak's load generator is treq, and it checks every patch with jsonpatch
         "bench": ["matplotlib>=3.8", "treq>=24.9", "jsonpatch>=1.33"],
