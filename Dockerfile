@@ -8,7 +8,7 @@
 #   docker build -t amp:0.1.0 .
 #
 # (0.1.0: amp's version, amp/__init__.py; the label below says the same and
-# tests/test_version.py keeps them equal.)  The dependencies are exactly those
+# tests/unit/repo/test_version.py keeps them equal.)  The dependencies are exactly those
 # of requirements/amp.lock, checked against its hashes, on the newest Python
 # amp supports; amp's own wheel is built with the build backend pinned in
 # requirements/build.lock, so the build fetches nothing that no lock names.

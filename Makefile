@@ -12,14 +12,15 @@ STAMP := $(VENV)/.installed
 RUNTIME_LOCK := requirements/amp.lock
 DEV_LOCK := requirements/dev.lock
 # The Pythons amp supports (setup.py's python_requires and classifiers say the
-# same; tests/test_packaging.py checks): `make test-pythons` runs the unit
-# suite on each that pyenv has here.  `make test` runs on $(PYTHON).
+# same; tests/integration/deploy/test_packaging.py checks): `make test-pythons`
+# runs the unit suite on each that pyenv has here.  `make test` runs on $(PYTHON).
 PYTHONS := 3.11 3.12 3.13
 PYENV_ROOT ?= $(HOME)/.pyenv
 # The unit suite: without the tests that need the tools of `make tools` (the
 # end-to-end control plane, wrk, helm, kustomize, promtool) or take minutes.
-UNIT_ONLY := --ignore=tests/e2e --ignore=tests/test_bench.py --ignore=tests/test_soak.py \
-	--ignore=tests/test_chart.py --ignore=tests/test_deploy.py --ignore=tests/test_monitoring.py
+UNIT_ONLY := --ignore=tests/e2e --ignore=tests/integration/bench \
+	--ignore=tests/integration/deploy/test_chart.py --ignore=tests/integration/deploy/test_deploy.py \
+	--ignore=tests/integration/deploy/test_monitoring.py
 # uv compiles the locks; pinned, in a virtualenv of its own.
 UV_VERSION := 0.13.9
 UV_VENV := .venv-uv

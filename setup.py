@@ -12,11 +12,11 @@ development-certificate tool are a separate distribution in examples/
 dependency, because amp calls endpoints through Twisted's Agent and only
 the tests use treq.testing (docs/architecture.md says why), and so is
 jsonpatch, the tests' oracle for amp's own patch code.  install_requires
-is exactly what amp imports (tests/test_packaging.py checks it).
+is exactly what amp imports (tests/integration/deploy/test_packaging.py checks it).
 
 The ranges here are what amp works with; what is installed is pinned, with
 hashes, in requirements/*.lock (`make lock` refreshes them after a change
-here; tests/test_lock.py checks they agree).
+here; tests/unit/repo/test_lock.py checks they agree).
 """
 
 import re
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-# The version is defined once, in amp/__init__.py (tests/test_version.py
+# The version is defined once, in amp/__init__.py (tests/unit/repo/test_version.py
 # finds every other place that names it).
 VERSION = re.search(r'^__version__ = "([^"]+)"$', (Path(__file__).parent / "amp" / "__init__.py").read_text(),
                     re.M).group(1)
@@ -34,7 +34,8 @@ setup(
     version=VERSION,
     description="Admission mutation proxy for Kubernetes, on Twisted",
     license="Apache-2.0",
-    # The Pythons `make test-pythons` runs the unit suite on (tests/test_packaging.py keeps them equal).
+    # The Pythons `make test-pythons` runs the unit suite on
+    # (tests/integration/deploy/test_packaging.py keeps them equal).
     python_requires=">=3.11",
     classifiers=[
         "License :: OSI Approved :: Apache Software License",

@@ -42,7 +42,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 
 from amp.metrics import Metrics
 from amp.service import AmpService, namespace_source, serving_certificate
-from tests.helpers import (
+from tests.support.helpers import (
     RecordingEndpoint, apply_patch, decode_answer, make_config, namespace, pod, review_bytes, wait_all,
 )
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """
 How long a graceful shutdown takes with a review in flight: a real
-C{twistd amp} process (tests/test_shutdown.py's C{Amp}) reviews a Pod on an
+C{twistd amp} process (tests/integration/process/test_shutdown.py's C{Amp}) reviews a Pod on an
 endpoint that answers one second after C{SIGTERM} reaches amp; the time from
 the signal to the process's exit is measured, and the review must get its
 patched answer.  The drain is bounded by its own deadline, so a figure near
@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
-from tests.test_shutdown import Amp, HeldEndpoint, assert_patched
-from tests.waiting import poll_until
+from tests.integration.process.test_shutdown import Amp, HeldEndpoint, assert_patched
+from tests.support.waiting import poll_until
 
 #: Seconds after the signal at which the endpoint answers.
 ANSWER_AFTER = 1.0

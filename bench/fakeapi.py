@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """
 The benchmark's Kubernetes API: the fake API server of the test suite
-(C{tests/fakekube.py}) in a process of its own, with the benchmark's
+(C{tests/support/fake_apiserver.py}) in a process of its own, with the benchmark's
 namespaces created before amp starts, and a kubeconfig that points at it.
 
 Run::
@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 
-from tests.fakekube import FakeKube
+from tests.support.fake_apiserver import FakeKube
 
 ENABLED_LABEL = "amp.txn2.com/enabled"
 ENDPOINT_ANNOTATION = "amp.txn2.com/ep"

@@ -27,8 +27,8 @@ import time
 from typing import Any, Optional
 
 from bench import bodies
-from tests.prometheus import Scrape
-from tests.waiting import poll_until
+from tests.support.prometheus import Scrape
+from tests.support.waiting import poll_until
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)

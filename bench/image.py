@@ -2,7 +2,7 @@
 Figures of amp's container image: a warm build (nothing changed: the
 engine's layer cache), the image's size, its start-up time to ready (from
 ``<engine> run`` to the chart's readiness probe answering 200, with the
-chart's security settings and mounted config, as tests/test_image.py runs
+chart's security settings and mounted config, as tests/integration/deploy/test_image.py runs
 it; the median of ``--starts``), and the SBOM's package count.  The cold
 build's time is what ``make image-check`` prints (a build without cache).
 
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.imagerun import Pair, built_image, chart_container, chart_deployment, container_config, imagetool
+from tests.support.imagerun import Pair, built_image, chart_container, chart_deployment, container_config, imagetool
 
 
 def main(argv: list[str]) -> int:

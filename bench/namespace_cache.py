@@ -1,6 +1,6 @@
 """
 Measure the Kubernetes namespace cache (amp.kube) on loopback, against the
-fake API server from tests/fakekube.py:
+fake API server from tests/support/fake_apiserver.py:
 
   - memory held by the cache for N namespaces (tracemalloc), against keeping
     the parsed JSON objects or the kubernetes client's models;
@@ -35,8 +35,8 @@ from amp.kube import KubernetesNamespaceSource
 from amp.kube._events import Changed, WatchEvent
 from amp.kube._keep import Keep
 from amp.metrics import Metrics
-from tests.fakekube import FakeKube
-from tests.waiting import wait_until
+from tests.support.fake_apiserver import FakeKube
+from tests.support.waiting import wait_until
 
 NS_PATH = "/api/v1/namespaces"
 LAST_APPLIED = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {

@@ -41,8 +41,8 @@ from typing import Any, Optional
 
 from bench import bodies
 from bench.harness import ON, OFF, Amp, Proc, child_pids, cpu_seconds_with_children, machine, run_wrk, say
-from tests.prometheus import Scrape
-from tests.waiting import poll_until
+from tests.support.prometheus import Scrape
+from tests.support.waiting import poll_until
 
 VARIANTS = ("plain", "control", "canary", "record")
 

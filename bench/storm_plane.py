@@ -95,7 +95,7 @@ class Target:
         return cpu_seconds_with_children(self.amp.process.pid) if self.amp else None
 
     def amp_metrics(self) -> Any:
-        from tests.prometheus import Scrape
+        from tests.support.prometheus import Scrape
 
         assert self.amp is not None
         return Scrape.get(int(self.amp.process.config["metrics"]["port"]), "127.0.0.1", timeout=10)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 from bench.harness import say
 from bench.storm_plane import STATUS, StormCluster, Target
 from tests.e2e import workloads
-from tests.prometheus import Scrape
+from tests.support.prometheus import Scrape
 
 SCENARIOS = ("scale-up", "rolling", "jobs", "slow", "fail")
 #: The only series bench/storm reads, so a scrape is cheap to parse.
@@ -187,7 +187,7 @@ class Runner:
         def act() -> int:
             for i in range(self.jobs):
                 self.batch.create_namespaced_job(ns, workloads.job(f"job-{i}"))
-            from tests.waiting import poll_until
+            from tests.support.waiting import poll_until
             poll_until(f"{self.jobs} Jobs to succeed",
                        lambda: workloads.jobs_complete(self.batch, ns) == self.jobs or None, SETTLE, interval=0.1)
             return self.jobs
@@ -243,7 +243,7 @@ class Runner:
         """Delete the namespace (no Pod can be created in it from then on) and
         its Pods at once (grace 0), and wait until no Pod is left: the next
         run starts with nothing of this one's still being deleted."""
-        from tests.waiting import poll_until
+        from tests.support.waiting import poll_until
 
         workloads.remove_namespace(self.core, ns)
         poll_until(f"the Pods of namespace {ns} to be deleted",

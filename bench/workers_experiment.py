@@ -52,7 +52,7 @@ import tempfile
 from typing import Any, Optional
 
 from bench import bodies
-from tests.waiting import WaitTimeout, poll_until
+from tests.support.waiting import WaitTimeout, poll_until
 from bench.harness import (
     ON, WRK_MISSING, Proc, WrkMissing, busy_seconds, cpu_seconds, ensure_wrk, free_port, machine, run_wrk, say,
 )

@@ -71,7 +71,7 @@ def _git(*args: str) -> str:
 
 
 #: What the image is built from (the Dockerfile and what it copies, per
-#: .dockerignore's allow-list); tests/test_image_tool.py checks the list.
+#: .dockerignore's allow-list); tests/unit/deploy/test_image_tool.py checks the list.
 CONTEXT = ("Dockerfile", ".dockerignore", "requirements/amp.lock", "requirements/build.lock", "setup.py", "amp",
            "twisted")
 

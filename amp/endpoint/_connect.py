@@ -20,7 +20,7 @@ check) always uses the URL's host, never the address.
 
 This rests on C{HostnameEndpoint} asking its reactor's C{nameResolver} at
 connect time and connecting through that reactor (public behaviour of
-C{IReactorPluggableNameResolver}); C{tests/test_ssrf.py} pins it.
+C{IReactorPluggableNameResolver}); C{tests/unit/endpoint/test_ssrf.py} pins it.
 """
 
 from __future__ import annotations

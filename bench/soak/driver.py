@@ -34,9 +34,9 @@ from bench.soak.settings import (
     NAMESPACES, NEVER_OPENS, OPENS_OFTEN, OVERSIZE, PASSED, POLICY_ANNOTATION, QUICK_DURATION, QUICK_RATE, RSS_LIMIT_MIB,
     TIMING_CRITERIA,
 )
-from tests.helpers import SecretVolume
-from tests.prometheus import Scrape
-from tests.waiting import WaitTimeout, poll_until
+from tests.support.helpers import SecretVolume
+from tests.support.prometheus import Scrape
+from tests.support.waiting import WaitTimeout, poll_until
 
 BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,7 +48,7 @@ def say(message: str) -> None:
 class RotatingCertificate:
     """
     amp's serving certificate in a directory laid out like a Kubernetes
-    Secret volume (L{tests.helpers.SecretVolume}: C{tls.crt} and C{tls.key}
+    Secret volume (L{tests.support.helpers.SecretVolume}: C{tls.crt} and C{tls.key}
     are links into C{..data}, swapped atomically as the kubelet does);
     L{rotate} issues a new one from the same CA.  The generation before the
     current one is kept until the next rotation, so a reload that resolved

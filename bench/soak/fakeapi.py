@@ -1,6 +1,6 @@
 """
 The soak's Kubernetes API: the fake API server of the tests
-(L{tests.fakekube.FakeKube}) in a process of its own, with a small HTTP
+(L{tests.support.fake_apiserver.FakeKube}) in a process of its own, with a small HTTP
 control port through which the driver injects watch faults.
 
 Run by the driver as C{python -m bench.soak.fakeapi PLAN.json}; it prints
@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 from bench.fakeapi import kubeconfig_text
-from tests.fakekube import FakeKube
+from tests.support.fake_apiserver import FakeKube
 
 
 def serve(plan_path: str) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from amp_dev import demo
-from tests.waiting import poll_until
+from tests.support.waiting import poll_until
 
 REPO = Path(__file__).resolve().parents[2]
 REVIEW = REPO / "etc" / "reviews" / "pod-create.json"

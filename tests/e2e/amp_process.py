@@ -31,8 +31,8 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from ..prometheus import Scrape
-from ..waiting import poll_until
+from ..support.prometheus import Scrape
+from ..support.waiting import poll_until
 from .cluster import spawn_logged
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

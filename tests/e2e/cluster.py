@@ -47,7 +47,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from amp_dev.devcert import issue_cert, make_ca, pem_cert, pem_key
 
-from ..waiting import WaitTimeout, poll_until
+from ..support.waiting import WaitTimeout, poll_until
 from .build import Binaries, build
 
 LOOPBACK = "127.0.0.1"
@@ -437,8 +437,8 @@ class ControlPlane:
         return body
 
     def metrics(self) -> Any:
-        """The API server's ``/metrics`` now, parsed (``tests.prometheus.Scrape``)."""
-        from ..prometheus import Scrape
+        """The API server's ``/metrics`` now, parsed (``tests.support.prometheus.Scrape``)."""
+        from ..support.prometheus import Scrape
 
         return Scrape(self.get("/metrics").decode())
 

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from . import build
-from ..otlp import GRPCReceiver
-from ..waiting import poll_until
+from ..support.otlp import GRPCReceiver
+from ..support.waiting import poll_until
 from .amp_process import REPO_ROOT, AmpInstance, ExampleEndpoints
 from .cluster import ControlPlane
 from .controllers import Controllers

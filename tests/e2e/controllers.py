@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 import yaml
 
-from ..waiting import WaitTimeout, poll_until
+from ..support.waiting import WaitTimeout, poll_until
 from .build import ControllerBinaries
 from .cluster import LOOPBACK, ControlPlane, _stop_process_group, _tail, spawn_logged
 

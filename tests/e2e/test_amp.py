@@ -39,8 +39,8 @@ from .amp_process import (
     pod_manifest,
     webhook_configuration,
 )
-from ..stdlib_endpoints import StdlibEndpoint, Style
-from ..waiting import poll_until
+from ..support.stdlib_endpoints import StdlibEndpoint, Style
+from ..support.waiting import poll_until
 from .cluster import ControlPlane
 from .conftest import AmpFactory, deploy_amp_config
 

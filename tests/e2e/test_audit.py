@@ -48,7 +48,7 @@ from typing import Any, Iterator, Optional
 import pytest
 from kubernetes import client
 
-from ..waiting import poll_until
+from ..support.waiting import poll_until
 from .amp_process import LOOPBACK, STATUS_ANNOTATION, AmpInstance, ExampleEndpoints, closed_port, free_port, unique
 from .cluster import ControlPlane
 from .conftest import AmpFactory

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from ..waiting import poll_until
+from ..support.waiting import poll_until
 from . import workloads
 from .amp_process import closed_port, unique
 from .cluster import ControlPlane

@@ -32,7 +32,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from ..waiting import poll_until
+from ..support.waiting import poll_until
 from .amp_process import (
     unique,
     ENABLED_LABEL,

@@ -4,7 +4,7 @@ beside the live sidecar injector, the recording of the same run, and
 
 The live endpoint is the example sidecar injector; the candidate is the
 same injector with a newer sidecar image for Pods labelled ``track:
-canary`` (``tests.candidates``), served from this process on loopback.
+canary`` (``tests.support.candidates``), served from this process on loopback.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from ..candidates import CANDIDATE_IMAGE, candidate_reply
-from ..waiting import poll_until
+from ..support.candidates import CANDIDATE_IMAGE, candidate_reply
+from ..support.waiting import poll_until
 from .amp_process import STATUS_ANNOTATION, AmpInstance, ExampleEndpoints, LoopbackServer, free_port, pod_manifest, unique
 from .cluster import ControlPlane
 from .conftest import AmpFactory

@@ -26,7 +26,7 @@ from .amp_process import (
     parse_warning,
     pod_manifest,
 )
-from ..waiting import poll_until
+from ..support.waiting import poll_until
 from .cluster import ControlPlane
 from .conftest import AmpFactory
 

@@ -28,9 +28,9 @@ import pytest
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
-from ..deploytools import APISERVER_METRICS, DEPLOY, helm_template, kustomize_build
-from ..prometheus import Scrape
-from ..waiting import poll_until
+from ..support.deploytools import APISERVER_METRICS, DEPLOY, helm_template, kustomize_build
+from ..support.prometheus import Scrape
+from ..support.waiting import poll_until
 from .amp_process import INSTANCE_LABEL, closed_port, pod_manifest, unique
 from .cluster import ControlPlane
 

@@ -17,7 +17,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from . import build
-from ..waiting import poll_until
+from ..support.waiting import poll_until
 from .cluster import ControlPlane, ControlPlaneError
 
 pytestmark = pytest.mark.e2e

@@ -33,7 +33,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from ..waiting import poll_until
+from ..support.waiting import poll_until
 from .amp_process import (
     ENABLED_LABEL,
     INSTANCE_LABEL,

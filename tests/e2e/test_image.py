@@ -1,5 +1,5 @@
 """amp's image against the real kube-apiserver: the container, started
-with the chart's security settings (tests/imagerun.py) on the host's
+with the chart's security settings (tests/support/imagerun.py) on the host's
 network, its config, certificate and a ServiceAccount kubeconfig mounted
 from files, watches namespaces through the API server and serves a Pod
 created through it.  The example endpoints are the session's
@@ -17,12 +17,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from ..helpers import SecretVolume
-from ..imagerun import (
+from ..support.helpers import SecretVolume
+from ..support.imagerun import (
     ConfigVolume, Container, built_image, chart_container, chart_deployment, run_flags, wait_answering,
 )
-from ..ports import free_port
-from ..waiting import poll_until
+from ..support.ports import free_port
+from ..support.waiting import poll_until
 from .amp_process import (
     ENABLED_LABEL, ENDPOINT_ANNOTATION, INSTANCE_LABEL, STATUS_ANNOTATION, ExampleEndpoints, amp_config,
     pod_manifest, unique, webhook_configuration,

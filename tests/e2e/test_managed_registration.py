@@ -26,7 +26,7 @@ from kubernetes.client.rest import ApiException
 from amp.config import parse_config
 from amp.registration import check, desired, needs
 
-from ..waiting import poll_until
+from ..support.waiting import poll_until
 from .amp_process import LOOPBACK, AmpProcess, amp_config, free_port
 from .cluster import ControlPlane
 from .conftest import AMP_SERVICE_ACCOUNT, DEPLOY_DIR, deploy_amp_config

@@ -39,7 +39,7 @@ from typing import Any, Iterator, Optional
 import pytest
 from kubernetes import client
 
-from ..waiting import poll_until
+from ..support.waiting import poll_until
 from .amp_process import (
     unique,
     LOOPBACK,

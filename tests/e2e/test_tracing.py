@@ -25,8 +25,8 @@ from typing import Any, Iterator, Optional
 import pytest
 from kubernetes import client
 
-from ..otlp import GRPCReceiver, ReceivedSpan
-from ..waiting import poll_until
+from ..support.otlp import GRPCReceiver, ReceivedSpan
+from ..support.waiting import poll_until
 from .amp_process import AmpInstance, ExampleEndpoints, free_port, pod_manifest, unique
 from .cluster import ControlPlane
 from .conftest import AmpFactory

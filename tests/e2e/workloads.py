@@ -5,7 +5,7 @@ complete), every Pod's amp status stamp, and the API server's own admission
 and request metrics.
 
 Shared by the end-to-end storm tests and ``bench/storm``. Blocking (the
-official Kubernetes client); waits poll with a deadline (``tests.waiting``).
+official Kubernetes client); waits poll with a deadline (``tests.support.waiting``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Optional
 
-from ..prometheus import Scrape
-from ..waiting import poll_until
+from ..support.prometheus import Scrape
+from ..support.waiting import poll_until
 from .amp_process import LoopbackServer
 from .controllers import TOLERATION
 

@@ -1,0 +1,139 @@
+"""
+The shape of the C{amp} package, read from its source: no import cycle
+between its modules (every import that runs counted, those inside functions
+too: a cycle hidden behind a late import is still a cycle; an import under
+C{if TYPE_CHECKING:} never runs, and names a type only), and no module over
+600 lines (a module that grows past that is split by concern).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+AMP = Path(__file__).resolve().parents[3] / "amp"
+MAX_LINES = 600
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(AMP.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(AMP.rglob("*.py"))}
+
+
+def imported(tree: ast.AST, name: str, is_package: bool, known: set[str]) -> set[str]:
+    """
+    The modules of C{known} that module C{name} imports, anywhere in it.
+    C{from amp.x import y} imports C{amp.x.y} when that is a module, else
+    C{amp.x}; importing C{amp.x.y} runs C{amp.x} first, so an import of a
+    submodule also counts as one of each package above it (but the module's
+    own packages, already being imported, do not).
+    """
+    package = name if is_package else name.rpartition(".")[0]
+    typing_only = {id(n) for block in ast.walk(tree) if _is_type_checking(block)
+                   for stmt in block.body for n in ast.walk(stmt)}
+    targets: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                targets.add(sub if sub in known else source)
+    out: set[str] = set()
+    for target in targets:
+        parts = target.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            if prefix in known and prefix != name and not name.startswith(prefix + "."):
+                out.add(prefix)
+    return out
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    """C{if TYPE_CHECKING:} (or C{typing.TYPE_CHECKING}), whose body never runs."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def import_graph() -> dict[str, set[str]]:
+    found = modules()
+    known = set(found)
+    return {name: imported(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py", known)
+            for name, path in found.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of C{graph} as the list of its modules, or []."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    colour = dict.fromkeys(graph, WHITE)
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        colour[node] = GREY
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if colour[nxt] == GREY:
+                return stack[stack.index(nxt):] + [nxt]
+            if colour[nxt] == WHITE:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        colour[node] = BLACK
+        return []
+
+    for node in sorted(graph):
+        if colour[node] == WHITE:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return []
+
+
+def test_no_import_cycle_in_amp() -> None:
+    cycle = find_cycle(import_graph())
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_sees_a_cycle_behind_a_late_import() -> None:
+    """The check above counts an import inside a function (guards it)."""
+    known = {"amp.a", "amp.b"}
+    a = ast.parse("import amp.b\n")
+    b = ast.parse("def f():\n    from amp import a\n")
+    graph = {"amp.a": imported(a, "amp.a", False, known), "amp.b": imported(b, "amp.b", False, known)}
+    assert find_cycle(graph) == ["amp.a", "amp.b", "amp.a"]
+
+
+def test_an_import_for_type_checking_only_is_not_an_edge() -> None:
+    known = {"amp.a", "amp.b"}
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from amp.b import B\n")
+    assert imported(tree, "amp.a", False, known) == set()
+
+
+def test_the_graph_sees_the_known_layers() -> None:
+    """The graph holds real edges (guards the cycle test against an empty graph)."""
+    graph = import_graph()
+    assert "amp.reasons" in graph["amp.policy"]
+    assert len(graph) > 30
+
+
+def test_no_module_over_600_lines() -> None:
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
