@@ -2,22 +2,17 @@
 Every file amp parses is untrusted (L{amp.files}): each hostile kind (an
 alias bomb, a 50 MiB file, JSON nested 100,000 deep, NaN, invalid UTF-8, an
 empty file) is refused with one line naming the file and the limit, through
-every path that reads a file: amp's config at start (L{load_config},
-C{twistd amp --check}) and on reload (L{amp.reload.ConfigFile}, in memory
-and in a running C{twistd amp} while reviews keep flowing), the serving
-certificate and an endpoint's client TLS files, the kubeconfig, and C{amp
-explain}'s input (a file and stdin), C{--config} and C{--reply}.
+every path that reads a file: amp's config at start (L{load_config}) and
+on reload (L{amp.reload.ConfigFile}, in memory), the serving certificate and
+an endpoint's client TLS files, the kubeconfig, and C{amp explain}'s input
+(a file and stdin), C{--config} and C{--reply}.  The same in a real C{twistd
+amp} (C{--check}, and a running amp while reviews keep flowing) is in
+tests/integration/process/test_files.py.
 """
 
 from __future__ import annotations
 
 import io
-import json
-import os
-import subprocess
-import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -37,16 +32,11 @@ from amp.files import (
     read_stream,
 )
 from amp.kube import load_client_configuration
-from amp.metrics import Metrics
 from amp.reload import Loaded, load_config_file
 from amp.tls import CertificateError, ReloadingCertificate
 from tests.support.helpers import dev_tls, pod
-from tests.support.prometheus import Scrape
-from tests.support.ports import free_port
 from tests.unit.cli.test_explain import Files, run_sync
 from tests.unit.config.test_reload import INTERVAL, ConfigFileCase, at_once, yaml_of
-from tests.integration.process.test_shutdown import Amp, HeldEndpoint
-from tests.support.waiting import poll_until
 
 MIB = 1024 * 1024
 
@@ -183,16 +173,6 @@ def test_config_at_start(tmp_path: Path, kind: str) -> None:
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert_one_line(str(e.value), kind, path)
-
-
-@pytest.mark.parametrize("kind", CONFIG_KINDS)
-def test_twistd_amp_check(tmp_path: Path, kind: str) -> None:
-    path = write_hostile(tmp_path, kind, "amp.yaml")
-    result = subprocess.run([str(Path(sys.executable).with_name("twistd")), "amp", "--check", "--config", path],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert (result.returncode, result.stdout) == (1, ""), result
-    assert result.stderr.startswith(f"amp: config {path}: "), result.stderr
-    assert_one_line(result.stderr, kind)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -338,66 +318,3 @@ class ReloadTests(ConfigFileCase):
         bomb = load_config_file(str(self.dir / "bomb.yaml"), None)
         self.assertEqual((bomb.config, bomb.error), (None, f"(file): {self.dir / 'bomb.yaml'}, line 1: anchors and "
                                                            f"aliases are not allowed in amp's config (found &a)"))
-
-
-def test_a_running_amp_keeps_answering_while_hostile_configs_are_swapped_in(tmp_path: Path) -> None:
-    """
-    The reload stress test: reviews keep flowing from two clients while
-    every hostile kind is swapped in as amp's config, twice; each is
-    refused (counted, logged once per content), the running config stays
-    in force, and every review is answered, well-formed.  (The figures of
-    the same under load, RSS and latency, are the soak's: C{python -m
-    bench.soak --hostile}.)
-    """
-    endpoint = HeldEndpoint()
-    endpoint.release()
-    metrics = free_port()
-    sections = {"reload_interval": "200ms", "metrics": {"port": metrics, "interface": "127.0.0.1"}}
-    amp = Amp(tmp_path, endpoint.url, **sections)
-    good = amp.config_path.read_bytes()
-    stop = threading.Event()
-    answered: list[tuple[str, tuple[int, dict[str, str], bytes]]] = []
-    pool = ThreadPoolExecutor(max_workers=2)
-
-    def keep_reviewing(client: int) -> None:
-        i = 0
-        while not stop.is_set():
-            uid = f"c{client}-{i}"
-            answered.append((uid, amp.review(uid)))
-            i += 1
-
-    def errors() -> float:
-        return Scrape.get(metrics, timeout=5).value("amp_config_reloads_total", result="error") or 0.0
-
-    def log() -> str:
-        return (tmp_path / "amp.log").read_text(errors="replace")
-
-    clients = []
-    try:
-        poll_until("amp to serve", amp.healthy, 60, amp.output)
-        clients = [pool.submit(keep_reviewing, n) for n in range(2)]
-        swaps = 0
-        for _ in range(2):
-            for kind in CONFIG_KINDS:
-                new = write_hostile(tmp_path, kind, "amp.yaml.new")
-                os.replace(new, amp.config_path)
-                swaps += 1
-                poll_until(f"the {kind} config refused", lambda: errors() >= swaps or None, 30, amp.output)
-                assert amp.process.poll() is None, amp.output()
-        amp.config_path.with_suffix(".new").write_bytes(good)
-        os.replace(amp.config_path.with_suffix(".new"), amp.config_path)
-        assert errors() == swaps
-        assert log().count("not reloaded (file changed)") == len(CONFIG_KINDS), amp.output()
-    finally:
-        stop.set()
-        for client in clients:
-            client.exception(timeout=60)
-        pool.shutdown()
-        amp.stop()
-        endpoint.close()
-    assert len(answered) > len(CONFIG_KINDS)
-    for uid, (status, _, body) in answered:
-        assert status == 200, body
-        response = json.loads(body)["response"]
-        assert (response["uid"], response["allowed"], "patch" in response) == (uid, True, True), body
-    assert "Traceback" not in log()
