@@ -20,8 +20,9 @@ from typing import Optional
 
 import pytest
 
+from tests.support.repo_files import DOCKERFILE, stages, supported_pythons
+
 ROOT = Path(__file__).resolve().parents[3]
-DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
 
@@ -31,34 +32,6 @@ def hadolint() -> Optional[str]:
         return found
     candidate = Path(sysconfig.get_path("scripts")) / "hadolint"
     return str(candidate) if candidate.exists() else None
-
-
-def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    out: list[tuple[str, str]] = []
-    pending = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        line = pending + line
-        pending = ""
-        word, _, rest = line.partition(" ")
-        out.append((word.upper(), rest.strip()))
-    return out
-
-
-def stages() -> list[list[tuple[str, str]]]:
-    """The instructions of each build stage, starting with its FROM."""
-    out: list[list[tuple[str, str]]] = []
-    for ins in instructions(DOCKERFILE.read_text()):
-        if ins[0] == "FROM":
-            out.append([])
-        out[-1].append(ins)
-    return out
 
 
 # ---------------------------------------------------------------- hadolint
@@ -97,8 +70,6 @@ def test_hadolint_really_lints(tmp_path: Path) -> None:
 
 
 def test_multi_stage_on_the_newest_supported_python_slim() -> None:
-    from tests.integration.deploy.test_packaging import supported_pythons
-
     newest = supported_pythons()[-1]
     build, final = stages()
     assert build[0] == ("FROM", f"python:{newest}-slim AS build")

@@ -11,7 +11,6 @@ development-certificate tool, which live in ``examples/``.
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata
 import re
 import shutil
@@ -19,9 +18,8 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any
 
-from tests.integration.deploy.test_dockerfile import stages
+from tests.support.repo_files import install_requires, setup_keyword, stages, supported_pythons, third_party_imports
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE_WORDS = re.compile(r"example|demo|devcert", re.I)
@@ -68,26 +66,6 @@ def test_the_image_and_the_wheel_contain_no_sample_code(tmp_path: Path) -> None:
     assert not [line for line in runtime if "treq" in line], "treq is a test dependency"
 
 
-def setup_keyword(name: str) -> Any:
-    """The literal value of setup.py's C{setup(name=...)}."""
-    tree = ast.parse((ROOT / "setup.py").read_text())
-    [call] = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup"]
-    [value] = [k.value for k in call.keywords if k.arg == name]
-    return ast.literal_eval(value)
-
-
-def _install_requires() -> list[str]:
-    """The distribution names of setup.py's install_requires."""
-    return [re.split(r"[<>=!~ ;\[]", e, maxsplit=1)[0] for e in setup_keyword("install_requires")]
-
-
-def supported_pythons() -> list[str]:
-    """The Python versions setup.py's classifiers name, oldest first."""
-    prefix = "Programming Language :: Python :: "
-    found = [c[len(prefix):] for c in setup_keyword("classifiers") if c.startswith(prefix)]
-    return sorted((v for v in found if re.fullmatch(r"3\.\d+", v)), key=lambda v: int(v.split(".")[1]))
-
-
 def test_the_declared_pythons_are_the_tested_ones() -> None:
     """
     python_requires starts at the oldest version the classifiers name, and
@@ -116,24 +94,6 @@ def test_kubectl_amp_is_the_same_command() -> None:
     assert (result.returncode, result.stdout) == (0, f"amp {__version__}\n")
 
 
-def _third_party_imports() -> dict[str, set[str]]:
-    """Top-level modules outside the standard library that amp/ imports, with the files importing each."""
-    found: dict[str, set[str]] = {}
-    for path in (ROOT / "amp").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                modules = [node.module]
-            else:
-                continue
-            for module in modules:
-                top = module.split(".")[0]
-                if top != "amp" and top not in sys.stdlib_module_names:
-                    found.setdefault(top, set()).add(path.name)
-    return found
-
-
 def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -145,8 +105,8 @@ def test_install_requires_is_exactly_what_the_product_imports() -> None:
     use (treq, jsonpatch) belongs in the test extra.
     """
     providers = importlib.metadata.packages_distributions()
-    declared = {_normal(name) for name in _install_requires()}
-    imported = _third_party_imports()
+    declared = {_normal(name) for name in install_requires()}
+    imported = third_party_imports()
     used: set[str] = set()
     for module, files in imported.items():
         dists = {_normal(d) for d in providers.get(module, [])}

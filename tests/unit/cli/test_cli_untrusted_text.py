@@ -29,7 +29,7 @@ from amp.record.replay import UNREADABLE_SAMPLE, ReplayOptions, read_recording, 
 from amp.text import terminal
 from tests.support.helpers import make_config, pod
 from tests.unit.cli.test_explain import ENV_OP, Files, config_text, ns, run_sync
-from tests.integration.loopback.test_replay import _Answers, _recording
+from tests.unit.cli.test_replay import _Answers, _recording
 
 #: What a terminal would act on: none of it may be printed raw (a line
 #: feed only ends a line).
@@ -124,7 +124,7 @@ class ExplainTests(SynchronousTestCase):
 
 def _hostile_recording() -> bytes:
     """One recorded review whose namespace, Pod name and new keys hold control characters."""
-    from tests.integration.loopback.test_replay import _recording as lines
+    from tests.unit.cli.test_replay import _recording as lines
 
     [line] = lines(1, labels={"amp.txn2.com/enabled": "true"},
                    annotations={"amp.txn2.com/ep": "http://127.0.0.1:1/a"}, namespace=f"team{HOSTILE}",

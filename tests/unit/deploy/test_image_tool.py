@@ -98,7 +98,7 @@ def test_the_revision_names_the_last_commit_of_what_the_image_is_built_from() ->
     """The build context is what .dockerignore lets through and the
     Dockerfile: a file the build copies that is outside CONTEXT would leave
     a change to it out of the revision."""
-    from tests.integration.deploy.test_dockerfile import stages
+    from tests.support.repo_files import stages
 
     copied = [args.split()[0] for ins, args in stages()[0] if ins == "COPY"]
     assert sorted(imagetool.CONTEXT) == sorted(["Dockerfile", ".dockerignore", *copied])

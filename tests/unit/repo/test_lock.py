@@ -20,7 +20,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from tests.integration.deploy.test_packaging import _third_party_imports, setup_keyword
+from tests.support.repo_files import setup_keyword, third_party_imports
 
 ROOT = Path(__file__).resolve().parents[3]
 RUNTIME = ROOT / "requirements" / "amp.lock"
@@ -84,7 +84,7 @@ def test_the_dev_lock_pins_what_the_image_ships() -> None:
 
 def test_the_runtime_lock_covers_everything_amp_imports() -> None:
     providers = importlib.metadata.packages_distributions()
-    for module, files in _third_party_imports().items():
+    for module, files in third_party_imports().items():
         dists = {canonicalize_name(d) for d in providers.get(module, [])}
         assert dists & set(RUNTIME_PINS), f"{module} (imported by {', '.join(sorted(files))}) is not in {RUNTIME.name}"
 
