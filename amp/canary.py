@@ -45,8 +45,8 @@ from amp.config import Config
 from amp.deadline import Deadline
 from amp.namespaces import NamespaceInfo
 from amp.patch import PatchError, check_patch
+from amp.poddiff import pod_differences
 from amp.policy import EndpointStep, Route, resolve_chain
-from amp.record import pod_differences
 from amp.urls import shown_url
 from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION
 

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Optional
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
-from amp.hints import did_you_mean
+from amp.suggest import did_you_mean
 from amp.timestamps import rfc3339
 
 

@@ -35,7 +35,7 @@ from amp.cli import dispatch
 from amp.cli.explain import (
     EXIT_ADMITTED, EXIT_DENIED, EXIT_FAILURE_POLICY, EXIT_NOT_IDEMPOTENT, EXIT_USAGE, run,
 )
-from amp.cli.replay import recorded_reply
+from amp.cli.recorded_reply import recorded_reply
 from amp.cli.workloads import InputError, load_documents, pod_for, select_object
 from amp.trace import Step
 from tests.endpointhelpers import ResourceConnector

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from amp.patch import PatchError, check_patch
 from amp.podjson import RAW, MemberError, member, whole
-from amp.record import pod_differences
+from amp.poddiff import pod_differences
 from amp.review import ReviewError, parse_review
 from tests.helpers import pod, review
 
