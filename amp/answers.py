@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, NamedTuple, Optional
 
+from amp.admission_review import AdmissionRequest, clip, encode_response
 from amp.reasons import Reason, Result
-from amp.review import AdmissionRequest, clip, encode_response
 
 #: The key of amp's own audit annotation (shown by the API server as
 #: C{<webhook name>/error}).

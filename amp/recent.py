@@ -3,7 +3,7 @@ The last decisions amp took, for C{GET /debug/reviews} on the metrics port.
 
 L{RecentDecisions} is a bounded ring buffer of L{Decision}s (pure: no
 reactor, no I/O); the webhook's response path records one per review
-(L{amp.web.AdmissionResource}), after the answer is written.  A decision
+(L{amp.web.ReviewHandler}), after the answer is written.  A decision
 holds only what the review's log line holds: uid, time, namespace, Pod
 name, endpoint origin, result, reason, the answer's message (already
 masked, as in the Pod's warnings and audit annotation) and the duration;

@@ -37,8 +37,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from amp.admission_review import clip
 from amp.reasons import Status
-from amp.review import clip
 from amp.rules import STATUS_ANNOTATION
 
 __all__ = ["STATUS_ANNOTATION", "STATUS_LIMIT", "Mark", "next_stamp", "parse_stamp", "pod_stamp", "render_stamp"]

@@ -21,12 +21,12 @@ from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
 from amp.admission import Admitter, Answer, Outcome, unheard
+from amp.admission_review import AdmissionRequest, ReviewError, parse_review
 from amp.http import Handler, Request, query_parameter
 from amp.logs import HotPathLogger, lines_together
 from amp.metrics import Metrics
 from amp.reasons import Result
 from amp.recent import Decision, RecentDecisions
-from amp.review import AdmissionRequest, ReviewError, parse_review
 from amp.tracing import NO_TRACING, ReviewSpans
 
 #: What the listener serves, for a request to any other path.
@@ -49,7 +49,7 @@ _TRACED_LINE_WITH_REASON = _REVIEW_LINE_WITH_REASON + " trace={trace_id}"
 
 
 class _Accounted(NamedTuple):
-    """What a review's log line and metrics name of it (L{AdmissionResource._account})."""
+    """What a review's log line and metrics name of it (L{ReviewHandler._account})."""
 
     uid: str
     namespace: str
@@ -59,11 +59,11 @@ class _Accounted(NamedTuple):
     dry_run: bool
 
 
-class AdmissionResource:
+class ReviewHandler:
     """
     C{POST /mutate} or C{POST /validate}: an AdmissionReview in, an
     AdmissionReview out.  (Its name is the logger name of every review's
-    log line, C{amp.web.AdmissionResource}, which log queries select on.)
+    log line, C{amp.web.ReviewHandler}, which log queries select on.)
     """
 
     log = HotPathLogger()
@@ -321,8 +321,8 @@ def webhook_routes(
     The listener's routes: C{/mutate}, C{/validate}, C{/healthz}, C{/readyz}.
     """
     return {
-        b"/mutate": AdmissionResource(admitter, clock, metrics, validation=False, recent=recent),
-        b"/validate": AdmissionResource(admitter, clock, metrics, validation=True, recent=recent),
+        b"/mutate": ReviewHandler(admitter, clock, metrics, validation=False, recent=recent),
+        b"/validate": ReviewHandler(admitter, clock, metrics, validation=True, recent=recent),
         b"/healthz": health,
         b"/readyz": ReadyHandler(ready_checks),
     }

@@ -179,7 +179,7 @@ def hung(budget: float, rounds: int, burst: int) -> Any:
     from twisted.internet.protocol import Factory, Protocol
 
     from amp.deadline import Deadline
-    from amp.review import parse_review
+    from amp.admission_review import parse_review
 
     @inlineCallbacks
     def run() -> Any:
@@ -218,7 +218,7 @@ def breaker_open(reviews: int) -> Any:
     from twisted.internet.protocol import Factory, Protocol
 
     from amp.deadline import Deadline
-    from amp.review import parse_review
+    from amp.admission_review import parse_review
     from amp.urls import parse_endpoint_url
 
     @inlineCallbacks
@@ -266,7 +266,7 @@ def healthy(calls: int, concurrency: int) -> Any:
     from twisted.internet.defer import gatherResults, inlineCallbacks
 
     from amp.deadline import Deadline
-    from amp.review import parse_review
+    from amp.admission_review import parse_review
     from amp.urls import parse_endpoint_url
 
     @inlineCallbacks

@@ -84,4 +84,4 @@ def test_a_stack_counts_for_every_row_it_passes_through_and_no_other(tmp_path: P
     assert rows["endpoint call set-up (amp.endpoint.EndpointClient.ask_into)"] == 30.0
     assert rows["the endpoint's reply read (amp.http's client llhttp callbacks and head count)"] == 10.0
     assert rows["patch checks (amp.patch.check_patch)"] == 40.0
-    assert rows["AdmissionReview parsing (amp.review.parse_review)"] == 0.0
+    assert rows["AdmissionReview parsing (amp.admission_review.parse_review)"] == 0.0

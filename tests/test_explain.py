@@ -1002,7 +1002,7 @@ class TraceInPipelineTests(SynchronousTestCase):
     def test_trace_observes_without_changing_the_answer(self) -> None:
         from amp.config import parse_config
         from amp.deadline import Deadline
-        from amp.review import parse_review
+        from amp.admission_review import parse_review
         from amp.trace import RecordedTrace
         from tests.helpers import review_bytes
 

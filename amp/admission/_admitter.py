@@ -15,6 +15,7 @@ from amp import answers
 from amp.admission._answering import told
 from amp.admission._parts import Parts
 from amp.admission._review import Review
+from amp.admission_review import AdmissionRequest
 from amp.answers import Answer
 from amp.config import Config
 from amp.deadline import Deadline, review_deadline
@@ -23,7 +24,6 @@ from amp.http import DeferredReceiver
 from amp.metrics import Metrics
 from amp.namespaces import INamespaceSource, NamespaceInfo
 from amp.reasons import Reason
-from amp.review import AdmissionRequest
 from amp.rules import opted_out, own_pods_warning, protected_namespaces
 from amp.trace import NO_TRACE, IReviewTrace
 from amp.tracing import ReviewSpans

@@ -41,6 +41,7 @@ from twisted.logger import ILogObserver, LogLevel, formatEvent
 from zope.interface import implementer
 
 from amp.admission import Admitter
+from amp.admission_review import parse_review
 from amp.breaker import BreakerRegistry
 from amp.cli._command_line import Exit, ExplainOptions, UsageError, command_line_parser, parse_command_line
 from amp.cli._explanation import (
@@ -59,7 +60,6 @@ from amp.patch import PatchError, check_patch
 from amp.reasons import FailurePolicy, NamespaceSource, Result
 from amp.tracing import Ids, ReviewSpans, Tracing
 from amp import rules
-from amp.review import parse_review
 from amp.text import terminal
 from amp.trace import NO_TRACE, IReviewTrace, NamespaceFound, RecordedTrace, Stamped
 

@@ -247,7 +247,7 @@ class Replayer:
     def _review(self, recorded: RecordedReview, endpoint: Optional[str], against: Optional[str] = None) -> Any:
         from amp.admission import Admitter
         from amp.deadline import Deadline
-        from amp.review import ReviewError, parse_review
+        from amp.admission_review import ReviewError, parse_review
 
         config = self._options.config
         info = _namespace(recorded, config, endpoint, against)
