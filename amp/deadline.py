@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from amp.config import DeadlineConfig
+from amp.memo import Memo
 
 _TIMEOUT = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
 _TIMEOUT_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
@@ -83,14 +84,12 @@ def parse_timeout(value: Optional[str]) -> Optional[float]:
         # 400 digits make an infinite float: never an unbounded review.
         seconds = min(seconds, MAX_TIMEOUT) if seconds > 0 else None
     if len(value) <= 32:
-        if len(_PARSED) >= 256:
-            _PARSED.clear()
         _PARSED[value] = seconds
     return seconds
 
 
 #: Timeouts read already: an API server sends its webhook's one value.
-_PARSED: dict[str, Optional[float]] = {}
+_PARSED: Memo[str, Optional[float]] = Memo(256)
 _UNKNOWN = object()
 
 

@@ -24,6 +24,7 @@ from amp.admission import Admitter, Answer, Outcome, unheard
 from amp.admission_review import AdmissionRequest, ReviewError, parse_review
 from amp.http import Handler, Request, query_parameter
 from amp.logs import HotPathLogger, lines_together
+from amp.memo import Memo
 from amp.metrics import Metrics
 from amp.reasons import Result
 from amp.recent import Decision, RecentDecisions
@@ -34,7 +35,7 @@ SERVED = "amp serves /mutate, /validate, /healthz and /readyz"
 
 _JSON = b"application/json"
 #: Distinct query strings whose timeout is remembered (a client choosing
-#: its query cannot grow the memory: past this, the memory starts over).
+#: its query cannot grow the memory: past this, the oldest is forgotten).
 _QUERIES_KEPT = 64
 _ALLOW_POST = b"Allow: POST\r\n"
 _ALLOW_GET = b"Allow: GET, HEAD\r\n"
@@ -86,7 +87,7 @@ class ReviewHandler:
         #: in the CPU's cache) rather than two turns later with the rest.
         self._unaccounted: list[tuple[_Accounted, Outcome, float, float, Optional[ReviewSpans]]] = []
         #: The timeout parameter of each query seen (L{_timeout_of}).
-        self._timeouts: dict[bytes, Optional[str]] = {}
+        self._timeouts: Memo[bytes, Optional[str]] = Memo(_QUERIES_KEPT)
         # The log line's method, bound once (each access to a Logger
         # through an instance makes a new Logger).
         self._info = self.log.info
@@ -145,8 +146,6 @@ class ReviewHandler:
         """
         value = query_parameter(query, b"timeout")
         timeout = value.decode("ascii", "replace") if value is not None else None
-        if len(self._timeouts) >= _QUERIES_KEPT:
-            self._timeouts.clear()
         self._timeouts[query] = timeout
         return timeout
 
