@@ -1,5 +1,5 @@
 """
-The benchmark's profile summary (bench.harness.summarise_collapsed): its
+The benchmark's profile summary (bench.profile_summary.summarise_collapsed): its
 rows of where the time goes stand for functions on a review's path, and
 count the stacks that pass through them.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bench import bodies
-from bench.harness import BREAKDOWN, summarise_collapsed
+from bench.profile_summary import BREAKDOWN, summarise_collapsed
 from bench.review_path import ReviewPath, check_answer, request_pieces
 
 _NAMED = [(label, name) for label, _, names in BREAKDOWN for name in names]
