@@ -5,8 +5,9 @@ kept as its raw JSON (C{msgspec.Raw}) until something reads it.
 
 Most patches change only labels and annotations, and the Pod goes to the
 endpoint as JSON anyway: decoding all of a Pod to Python objects was the
-largest single cost of a review (a 60 KiB Pod: 160 us of 600 in memory,
-and more under load, where every decoded object is fresh memory).  A raw
+largest single cost of a review (a quarter of a 60 KiB Pod's review in
+memory, and more under load, where every decoded object is fresh memory;
+bench/README.md, "Figures behind the code").  A raw
 member costs a skip over its bytes, which L{amp.admission_review} validated already
 (UTF-8, nesting, JSON syntax); its numbers are checked when it is read.
 

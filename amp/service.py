@@ -175,8 +175,8 @@ def freeze_startup_objects() -> None:
     Collect, then move every object alive now out of the garbage
     collector's view: objects made at start-up (and by the first namespace
     list) live as long as the process, and scanning them in every full
-    collection is what made p99 latency (20-35 ms pauses at ~1000
-    reviews/s).  For the daemon; tests leave it off.
+    collection is what paused reviews for tens of milliseconds, the p99
+    latency under load (bench/README.md, "Figures behind the code").  For the daemon; tests leave it off.
     """
     gc.collect()
     gc.freeze()
