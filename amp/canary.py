@@ -43,10 +43,11 @@ from twisted.python.failure import Failure
 
 from amp.config import Config
 from amp.deadline import Deadline
+from amp.memo import Memo
 from amp.namespaces import NamespaceInfo
 from amp.patch import PatchError, check_patch
+from amp.poddiff import pod_differences
 from amp.policy import EndpointStep, Route, resolve_chain
-from amp.record import pod_differences
 from amp.urls import shown_url
 from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION
 
@@ -126,7 +127,9 @@ class Canary:
         self._counter = metrics.canary_reviews
         self._annotate = annotate
         self._draw = draw
-        self._problems: dict[str, str] = {}
+        #: The problem last reported for each namespace (at most
+        #: L{_PROBLEMS_KEPT}: one forgotten is reported again).
+        self._problems: Memo[str, str] = Memo(_PROBLEMS_KEPT)
 
     def start(self, plan: CanaryPlan, namespace: str, uid: str, pod_name: str, live: EndpointStep,
               pod: dict[str, Any], body: bytes, headers: Mapping[bytes, bytes], deadline: Deadline,
@@ -156,8 +159,6 @@ class Canary:
 
     def _note_problem(self, namespace: str, problem: str) -> None:
         if self._problems.get(namespace) != problem:
-            if len(self._problems) >= 4096:
-                self._problems.clear()
             self._problems[namespace] = problem
             self.log.warn("Namespace {namespace}: canary not used: {problem}", namespace=namespace, problem=problem)
 
@@ -177,6 +178,8 @@ class Canary:
 
 
 _PENDING: Any = object()
+#: Namespaces whose last canary problem is remembered, so it is reported once.
+_PROBLEMS_KEPT = 4096
 
 
 class CanaryRun:

@@ -16,9 +16,10 @@ from twisted.logger import LogLevel, globalLogPublisher
 
 from amp.config import ConfigError, RecordConfig
 from amp.metrics import Metrics
+from amp.poddiff import MISSING, pod_differences
 from amp.record import (
-    MARKER_PREFIX, MISSING, Capture, RecordFiles, Recorder, RecordingError, Redactor, decode_line, encode_line,
-    pod_differences, recording_files)
+    MARKER_PREFIX, Capture, RecordFiles, Recorder, RecordingError, Redactor, decode_line, encode_line,
+    recording_files)
 from tests.helpers import make_config, pod, review_bytes
 from tests.recordhelpers import InlineWriters, recorded_lines
 

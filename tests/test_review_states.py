@@ -33,12 +33,12 @@ from twisted.internet.testing import StringTransportWithDisconnection
 from twisted.logger import globalLogPublisher
 
 from amp.admission import Admitter
+from amp.admission_review import parse_review
 from amp.breaker import BreakerRegistry
 from amp.deadline import Deadline
 from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
-from amp.review import parse_review
 from tests.endpointhelpers import ClientTransport, MemoryNet, SlowCloseTransport, http_reply
 from tests.helpers import FakeSource, make_config, namespace, review_bytes
 

@@ -36,7 +36,7 @@ from amp.patch import PatchError, check_patch, unchanged
 from amp.policy import FAIL, SHADOW, Route
 from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
-from amp.review import AdmissionRequest, clean_audit_annotations, dumps
+from amp.admission_review import AdmissionRequest, clean_audit_annotations, dumps
 from amp.trace import BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped
 from amp.tracing import ReviewSpans
 from amp.urls import shown_url

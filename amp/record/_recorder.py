@@ -10,8 +10,8 @@ review's and the answer's bytes as amp holds them, and the small fields);
 the frames of L{FLUSH_DELAY} are written together to the pipe on the
 writer's standard input by the reactor, which never blocks on it (one
 write and one wake of the writer per batch, not per review: at one
-connection, amp's own CPU per review went from +0.05 ms over not
-recording to +0.02 ms).  What the writer has not yet reported done is bounded
+connection, amp's own CPU per review over not recording fell by more
+than half; bench/README.md, "Figures behind the code").  What the writer has not yet reported done is bounded
 in reviews (C{record.queue}) and in bytes (L{QUEUE_FILES} files' worth):
 past either, the review is counted as C{dropped} and nothing waits (a
 writer that stopped reading cannot make amp hold more).
