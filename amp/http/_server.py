@@ -46,7 +46,7 @@ later only updates a number; the timer, firing early, sets itself again.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
 from twisted.internet.interfaces import IDelayedCall, IPushProducer
@@ -56,12 +56,9 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from amp.http._limits import CLOSE_GRACE, LINGER_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_LINE, status_line
-from amp.http._request import TEXT, Request
+from amp.http._request import TEXT, IListener, Request
 from amp.http._state import Link, Receiving, Timer, check_link, check_receiving, delay_until
 from amp.http._target import OWS, absolute_target, head_problem, spaced, transfer_coding_problem
-
-if TYPE_CHECKING:
-    from amp.http._factory import HTTPServerFactory
 
 _FRESH, _OPEN, _CLOSING, _CLOSED, _REJECTED, _LOST = Link
 _NOTHING, _LINE, _FIELDS, _BODY = Receiving
@@ -90,7 +87,7 @@ class HTTPServerProtocol(Protocol):
 
     log = Logger()
 
-    def __init__(self, factory: "HTTPServerFactory") -> None:
+    def __init__(self, factory: IListener) -> None:
         self.factory = factory
         self._parser = HttpRequestParser(self)
         # A request with Connection: close followed by more bytes: answer
@@ -327,10 +324,11 @@ class HTTPServerProtocol(Protocol):
             raise _Refused()
         url = self._url
         if not url.startswith(b"/") and b"://" in url:
-            url, message = absolute_target(url)
-            if url is None:
+            target, message = absolute_target(url)
+            if target is None:
                 self.refuse(400, f"request is not valid HTTP/1.1: {message}")
                 raise _Refused()
+            url = target
         mark = url.find(b"?")
         if mark < 0:
             request.path = url
