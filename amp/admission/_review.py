@@ -37,6 +37,7 @@ from amp.namespaces import UNKNOWN, NamespaceInfo, NamespaceLookupError
 from amp.patch import PatchError, check_patch, unchanged
 from amp.policy import FAIL, SHADOW, Route
 from amp.reasons import Reason, Status
+from amp.record._entry import Capture
 from amp.reply import EndpointDecision
 from amp.review import AdmissionRequest, clean_audit_annotations, dumps
 from amp.trace import BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped
@@ -470,12 +471,13 @@ class Review:
         try:
             ns, r, req, outcome = self._namespace, self._route, self._req, answer.outcome
             assert r is not None
-            recorder.offer(
-                self._parts.clock.seconds(), req.uid, req.namespace,
-                ns.annotations if ns is not None else {}, ns.labels if ns is not None else {},
-                [step.name for step in r.steps], r.failure_policy, r.mode, req.body, answer.body,
-                str(outcome.result), str(outcome.reason),
-                self._spans.trace_hex if self._spans is not None and self._spans.sampled else "")
+            if req.body is None:
+                return
+            recorder.offer(Capture(
+                self._parts.clock.seconds(), req.uid, req.namespace, ns.labels if ns is not None else {},
+                ns.annotations if ns is not None else {}, tuple(step.name for step in r.steps),
+                str(r.failure_policy), str(r.mode), req.body, answer.body, str(outcome.result),
+                str(outcome.reason), self._spans.trace_hex if self._spans is not None and self._spans.sampled else ""))
         except Exception:
             self.log.failure("Could not offer a review for recording")
 
