@@ -31,6 +31,7 @@ from amp.admission._chain import Chain
 from amp.admission._parts import EPHEMERAL_CONTAINERS, Parts
 from amp.admission._state import ENDING, IllegalReviewTransition, ReviewState, check_review
 from amp.answers import Answer
+from amp.canary import LiveStep
 from amp.deadline import Deadline
 from amp.endpoint import OK, Call, CallReply, EndpointFailure
 from amp.namespaces import UNKNOWN, NamespaceInfo, NamespaceLookupError
@@ -270,8 +271,8 @@ class Review:
         plan = self._canary_plan
         if plan is not None and plan.index == chain.index:
             self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]
-                plan, req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers, self._deadline,
-                self._parts.check_options, self._spans)
+                plan, LiveStep(req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers,
+                               self._deadline, self._parts.check_options), self._spans)
         spans = self._spans
         if spans is not None:
             self._trace_call(spans, step, headers, chain.index)
