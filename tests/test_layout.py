@@ -97,19 +97,6 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
-#: The one cycle still allowed, to be removed: the server protocol, its
-#: factory and its request name each other's types (C{amp/http}).  A narrow
-#: interface between them is being written on its own branch; once it is
-#: merged this set is deleted, and with it the exception below.
-KNOWN_CYCLE_TO_REMOVE = frozenset({"amp.http._factory", "amp.http._request", "amp.http._server"})
-
-
-def without_known_cycle(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """C{graph} without the edges inside L{KNOWN_CYCLE_TO_REMOVE} (every other edge of theirs kept)."""
-    return {name: {t for t in targets if not (name in KNOWN_CYCLE_TO_REMOVE and t in KNOWN_CYCLE_TO_REMOVE)}
-            for name, targets in graph.items()}
-
-
 def top_level(name: str) -> str:
     """The package or top-level module of C{amp} that module C{name} is in: C{amp.x} of C{amp.x.y}."""
     return ".".join(name.split(".")[:2])
@@ -125,23 +112,13 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def test_no_import_cycle_in_amp() -> None:
-    cycle = find_cycle(without_known_cycle(import_graph()))
+    cycle = find_cycle(import_graph())
     assert not cycle, "import cycle: " + " -> ".join(cycle)
 
 
 def test_no_import_cycle_between_packages_of_amp() -> None:
     cycle = find_cycle(package_graph(import_graph()))
     assert not cycle, "import cycle between packages: " + " -> ".join(cycle)
-
-
-def test_the_known_cycle_is_still_one() -> None:
-    """
-    L{KNOWN_CYCLE_TO_REMOVE} is a cycle today (once it is not, delete it):
-    the exception cannot outlive what it excuses.
-    """
-    graph = import_graph()
-    inside = {name: graph[name] & KNOWN_CYCLE_TO_REMOVE for name in KNOWN_CYCLE_TO_REMOVE if name in graph}
-    assert find_cycle(inside), "amp/http has no cycle left: delete KNOWN_CYCLE_TO_REMOVE"
 
 
 def test_the_cycle_check_sees_a_cycle_behind_a_late_import() -> None:
@@ -174,15 +151,6 @@ def test_the_package_check_sees_a_cycle_between_packages() -> None:
              "amp.p._two": set(), "amp.q": imported(q, "amp.q", False, known)}
     assert find_cycle(graph) == []
     assert find_cycle(package_graph(graph)) == ["amp.p", "amp.q", "amp.p"]
-
-
-def test_the_known_cycle_is_the_only_exception() -> None:
-    """Removing the known cycle's own edges leaves a cycle elsewhere seen."""
-    graph = {"amp.http._server": {"amp.http._factory"}, "amp.http._factory": {"amp.http._server"},
-             "amp.a": {"amp.b"}, "amp.b": {"amp.a"}}
-    assert find_cycle(without_known_cycle(graph)) == ["amp.a", "amp.b", "amp.a"]
-    del graph["amp.a"], graph["amp.b"]
-    assert find_cycle(without_known_cycle(graph)) == []
 
 
 def test_the_graph_sees_the_known_layers() -> None:
