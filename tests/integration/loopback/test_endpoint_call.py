@@ -18,13 +18,13 @@ from twisted.trial.unittest import TestCase
 from twisted.web.server import Site
 
 from amp.admission import Admitter
+from amp.admission_review import parse_review
 from amp.breaker import BreakerRegistry
 from amp.config import BreakerConfig, EndpointSettings, parse_config
 from amp.deadline import Deadline
 from amp.endpoint import USER_AGENT, EndpointClient, EndpointFailure
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
-from amp.review import parse_review
 from amp.urls import EndpointURL
 from tests.support.endpoint_harness import (
     Endpoint,

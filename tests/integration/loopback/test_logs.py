@@ -80,7 +80,7 @@ class ReviewLogTests(TestCase):
 
     def review_line(self, uid: str) -> dict[str, Any]:
         found = [line for line in lines_of(self.buf)
-                 if line["logger"] == "amp.web.AdmissionResource" and line.get("uid") == uid]
+                 if line["logger"] == "amp.web.ReviewHandler" and line.get("uid") == uid]
         self.assertEqual(len(found), 1, self.buf.getvalue())
         return found[0]
 

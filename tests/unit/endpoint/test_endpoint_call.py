@@ -21,6 +21,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from amp.admission import Admitter
+from amp.admission_review import parse_review
 from amp.breaker import CLOSED, HALF_OPEN, OPEN, BreakerRegistry
 from amp.config import BreakerConfig, EndpointSettings, parse_config
 from amp.deadline import Deadline
@@ -30,7 +31,6 @@ from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 from amp.reasons import ENDPOINT_REASONS
 from amp.reply import EndpointDecision
-from amp.review import parse_review
 from amp.urls import parse_endpoint_url
 from tests.support.endpoint_harness import (
     FailureAssertions,

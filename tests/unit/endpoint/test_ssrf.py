@@ -25,6 +25,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
 from amp.admission import STATUS_ANNOTATION, Admitter
+from amp.admission_review import parse_review
 from amp.breaker import BreakerRegistry
 from amp.config import ConfigError, parse_config
 from amp.deadline import Deadline
@@ -33,7 +34,6 @@ from amp.endpoint._connect import Resolution
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 from amp.urls import parse_endpoint_url, shown_url, step_names
-from amp.review import parse_review
 from amp.urls import NAMED_NETWORKS, denied_network, parse_networks
 from tests.support.helpers import decode_answer, make_config, namespace, review_bytes
 
