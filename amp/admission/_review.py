@@ -28,7 +28,7 @@ from amp import answers
 from amp.admission._answering import Answering, patch_bytes, told
 from amp.admission._attributes import call_attributes, call_ended_attributes, route_attributes
 from amp.admission._chain import Chain
-from amp.admission._parts import EPHEMERAL_CONTAINERS, Parts
+from amp.admission._parts import EPHEMERAL_CONTAINERS, IRecorder, Parts
 from amp.admission._state import ENDING, IllegalReviewTransition, ReviewState, check_review
 from amp.answers import Answer
 from amp.canary import LiveStep
@@ -467,7 +467,7 @@ class Review:
                 self._offer(recorder, answer)
         self._answered(answer)
 
-    def _offer(self, recorder: Any, answer: Answer) -> None:
+    def _offer(self, recorder: IRecorder, answer: Answer) -> None:
         """Offer the answered review for recording (never blocks or raises)."""
         try:
             ns, r, req, outcome = self._namespace, self._route, self._req, answer.outcome
