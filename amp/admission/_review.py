@@ -28,8 +28,8 @@ from amp import answers
 from amp.admission._answering import Answering, patch_bytes, told
 from amp.admission._attributes import call_attributes, call_ended_attributes, route_attributes
 from amp.admission._chain import Chain
-from amp.admission._parts import EPHEMERAL_CONTAINERS, Parts
-from amp.admission._state import ENDING, IllegalReviewTransition, ReviewState, check_review
+from amp.admission._parts import EPHEMERAL_CONTAINERS, IRecorder, Parts
+from amp.admission._state import ENDING, REVIEW_NEXT, IllegalReviewTransition, ReviewState, check_review
 from amp.answers import Answer
 from amp.canary import LiveStep
 from amp.deadline import Deadline
@@ -111,8 +111,11 @@ class Review:
 
     def _become(self, state: ReviewState) -> None:
         """Go to C{state}; one L{amp.admission._state.REVIEW_NEXT} does not allow is logged as amp's bug."""
+        if state in REVIEW_NEXT[self._state]:
+            self._state = state
+            return
         try:
-            self._state = check_review(self._state, state)
+            check_review(self._state, state)
         except IllegalReviewTransition:
             self.log.failure("amp internal error: review {uid}", Failure(), uid=self._req.uid)
             self._state = state
@@ -467,7 +470,7 @@ class Review:
                 self._offer(recorder, answer)
         self._answered(answer)
 
-    def _offer(self, recorder: Any, answer: Answer) -> None:
+    def _offer(self, recorder: IRecorder, answer: Answer) -> None:
         """Offer the answered review for recording (never blocks or raises)."""
         try:
             ns, r, req, outcome = self._namespace, self._route, self._req, answer.outcome
