@@ -14,7 +14,15 @@ from typing import Optional
 from twisted.internet.task import Clock
 
 from amp.registration._pki import (
-    Held, Report, fingerprint, issued_by, names_of, read_reports, report_key, report_value, serving_names,
+    Held,
+    Report,
+    fingerprint,
+    issued_by,
+    names_of,
+    read_reports,
+    report_key,
+    report_value,
+    serving_names,
 )
 from amp.registration._rotation import SETTLE, Step, carry_out, plan
 

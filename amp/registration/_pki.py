@@ -38,7 +38,8 @@ __all__ = ["CA_BUNDLE", "CA_KEY", "Held", "REPORT_PREFIX", "ROTATE_ANNOTATION", 
            "report_value", "serving_names"]
 
 TLS_CERT, TLS_KEY, CA_BUNDLE, CA_KEY = "tls.crt", "tls.key", "ca.crt", "ca.key"
-#: An operator's request for a new CA now (its value is not read): C{kubectl annotate secret ... amp.txn2.com/rotate-ca=now}.
+#: An operator's request for a new CA now (its value is not read):
+#: C{kubectl annotate secret ... amp.txn2.com/rotate-ca=now}.
 ROTATE_ANNOTATION = "amp.txn2.com/rotate-ca"
 #: Each replica's report of the certificate it serves: C{<prefix><identity>: <sha256> <unix time>}.
 REPORT_PREFIX = "serving.amp.txn2.com/"

@@ -107,7 +107,8 @@ def plan(held: Optional[Held], *, now: float, names: Sequence[str], cluster_hold
         return Plan(Step.ISSUE, "the serving certificate has expired or no CA of the bundle signed it", now)
     if not issued_by(cert, newest):
         if cluster_holds is None:
-            return Plan(Step.WAIT, "waiting for the caBundle in the cluster to hold the new CA", min(wake, now + SETTLE))
+            return Plan(Step.WAIT, "waiting for the caBundle in the cluster to hold the new CA",
+                        min(wake, now + SETTLE))
         if now < cluster_holds + SETTLE:
             return Plan(Step.WAIT, "the caBundle in the cluster holds the new CA; settling", cluster_holds + SETTLE)
         return Plan(Step.ISSUE, "the caBundle in the cluster holds the new CA", now)
