@@ -423,7 +423,7 @@ class KubeClient:
                         timeout: float) -> None:
         """Set (None: remove) annotations of the Secret, by a merge patch (no resourceVersion: no conflict)."""
         self.request("PATCH", f"{self._secrets(namespace)}/{_segment(name)}",
-                     body=json.dumps({"metadata": {"annotations": annotations}}),
+                     body={"metadata": {"annotations": annotations}},
                      content_type="application/merge-patch+json", timeout=timeout)
 
     def cut(self) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from typing import Any, Callable, Mapping, Optional
 
 from twisted.application.service import Service
@@ -180,7 +181,16 @@ class SecretCertificates(Service):
         self._soon(max(wake, 0.05))
 
     def _failed(self, failure: Failure) -> None:
-        text = describe(failure.value) if failure.value is not None else "failed"
+        error = failure.value
+        text = describe(error) if error is not None else "failed"
+        body = getattr(error, "body", None)
+        if isinstance(body, (bytes, str)):
+            try:
+                message = json.loads(body).get("message")
+            except (ValueError, AttributeError):
+                message = None
+            if isinstance(message, str):
+                text += f": {message[:300]}"
         if text != self._last_error:
             self.log.warn("Secret {namespace}/{name}: {error}; amp's certificates are read again in {interval}s",
                           namespace=self.namespace, name=self.name, error=text, interval=self.interval)
