@@ -208,7 +208,9 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
         own = config.kubernetes.own_namespace or service_account_namespace()
         # With registration.secret, amp's own CA and serving certificate:
         # every replica serves the Secret's pair; the Lease holder rotates it.
-        own_certificates = None
+        if own_secret is not None and not own:
+            raise SystemExit(f"{stop}registration.secret: amp's own namespace (the Secret's) is unknown: set "
+                             "kubernetes.own_namespace")
         if own_secret is not None and own:
             from amp.kube._client import KubeClient
             from amp.registration import SecretCertificates
