@@ -218,7 +218,7 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
             own_certificates = SecretCertificates(
                 config, reactor=reactor, clock=reactor, certificate=certificate,
                 client=KubeClient.from_config(config.kubernetes), namespace=own,
-                identity=f"{socket.gethostname()}-{os.getpid()}")
+                identity=f"{socket.gethostname()}-{os.getpid()}", metrics=metrics)
         keeper = RegistrationKeeper(config, reactor=reactor, clock=reactor, metrics=metrics, own_namespace=own,
                                     bundle=(lambda: own_certificates.bundle) if own_certificates is not None else None)
         certificate.on_install.append(keeper.refresh)

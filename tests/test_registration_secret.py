@@ -42,8 +42,9 @@ def config() -> Config:
 class Replica:
     def __init__(self, reactor: ThreadReactor, kube: MemoryKube, name: str) -> None:
         self.certificate = ReloadingCertificate("Secret tls.crt", "Secret tls.key", clock=reactor, memory=True)
+        self.metrics = Metrics()
         self.certs = SecretCertificates(config(), reactor=reactor, clock=reactor, certificate=self.certificate,
-                                        client=kube, namespace=NS, identity=name)
+                                        client=kube, namespace=NS, identity=name, metrics=self.metrics)
         self.told = 0
         self.certs.on_bundle.append(self.tell)
 
@@ -123,6 +124,7 @@ class SecretCertificatesTests(SynchronousTestCase):
         self.assertEqual(two.cert, first.cert, "the serving certificate waits for the cluster to hold the new CA")
         self.assertNotIn(ROTATE_ANNOTATION, self.kube.secrets[(NS, NAME)]["metadata"]["annotations"])
         self.assertEqual(self.a.certs.bundle, two.bundle)
+        self.assertEqual(self.a.metrics.registry.get_sample_value("amp_certificate_authorities"), 2)
         self.settle(SETTLE * 2)
         self.assertEqual(self.held().cert, first.cert)
         # The keeper applied the new bundle; the watch sees it.  b stops reading (a slow replica).
@@ -143,6 +145,11 @@ class SecretCertificatesTests(SynchronousTestCase):
         self.settle(3)
         self.assertEqual(self.b.serving, fingerprint(issued.cert))
         self.assertEqual(self.held().cas, (two.cas[1],))
+        steps = {s: self.a.metrics.registry.get_sample_value("amp_certificate_steps_total", {"step": s})
+                 for s in ("create", "add-ca", "issue", "retire-ca")}
+        self.assertEqual(steps, {"create": 1, "add-ca": 1, "issue": 1, "retire-ca": 1})
+        self.assertEqual(self.b.metrics.registry.get_sample_value("amp_certificate_steps_total", {"step": "issue"}), 0)
+        self.assertEqual(self.b.metrics.registry.get_sample_value("amp_certificate_authorities"), 1)
         self.assertEqual(self.a.serving, fingerprint(issued.cert))
 
     def test_the_keeper_applies_the_bundle_of_the_secret(self) -> None:

@@ -34,6 +34,7 @@ from twisted.python.failure import Failure
 
 from amp.config import Config
 from amp.kube import describe
+from amp.metrics import Metrics
 from amp.registration._check import bundle_certificates
 from amp.registration._pki import (
     CA_BUNDLE,
@@ -79,12 +80,13 @@ class SecretCertificates(Service):
         thread pool).
     @param namespace: amp's namespace, the Secret's.
     @param identity: this replica's name in its report.
+    @param metrics: where the holder's steps and the CAs held are counted.
     """
 
     log = Logger()
 
     def __init__(self, config: Config, *, reactor: Any, clock: IReactorTime, certificate: ReloadingCertificate,
-                 client: Any, namespace: str, identity: str) -> None:
+                 client: Any, namespace: str, identity: str, metrics: Optional[Metrics] = None) -> None:
         reg = config.registration
         assert reg.secret is not None
         self._config = config
@@ -95,6 +97,7 @@ class SecretCertificates(Service):
         self.namespace = namespace
         self.name = reg.secret
         self.identity = identity
+        self._metrics = metrics
         self.names = serving_names(reg.service, namespace, reg.url)
         self.interval = config.tls.reload_interval
         self.ttl = report_ttl(self.interval)
@@ -224,6 +227,8 @@ class SecretCertificates(Service):
 
     def _written(self, obj: dict[str, Any], p: Plan, term: int) -> Any:
         level = self.log.warn if p.step is Step.CREATE and self.bundle is not None else self.log.info
+        if self._metrics is not None:
+            self._metrics.certificate_steps.labels(step=str(p.step)).inc()
         level("Secret {namespace}/{name}: {step} ({reason})", namespace=self.namespace, name=self.name,
               step=str(p.step), reason=p.reason, certificate_step=str(p.step))
         # What was just written may call for the next step: read again at once (L{_done}, p.wake is now).
@@ -266,6 +271,8 @@ class SecretCertificates(Service):
             self._certificate.offer(raw["tls.crt"], raw["tls.key"], f"Secret {self.namespace}/{self.name} changed")
         if raw[CA_BUNDLE] and raw[CA_BUNDLE] != self.bundle:
             self.bundle = raw[CA_BUNDLE]
+            if self._metrics is not None:
+                self._metrics.certificate_authorities.set(len(bundle_certificates(self.bundle)))
             for told in self.on_bundle:
                 told()
 
