@@ -247,7 +247,7 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     if keeper is not None:
         service.on_apply.append(keeper.config_changed)
     if own_certificates is not None:
-        own_certificates.setServiceParent(service)
+        own_certificates.setServiceParent(service)  # type: ignore[no-untyped-call]
     if options["check"]:
         print_effective_config(config)
         raise SystemExit(0)
