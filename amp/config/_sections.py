@@ -490,8 +490,9 @@ class RegistrationConfig:
         "With `failure_policy: auto`, the failure class of enabled namespaces without the failure-class label in "
         "the managed registration (otherwise `failure_policy` is)."))
     ca_bundle: str = declare(STR, "/etc/amp/tls/ca.crt", restart=Restart.ALWAYS, doc=(
-        "PEM file of the CA(s) the managed registration's `caBundle` holds (cert-manager's `ca.crt` in the "
-        "serving certificate's Secret); read again on every apply, so a CA that changes is applied."))
+        "Without `registration.secret`: PEM file of the CA(s) the managed registration's `caBundle` holds (a CA "
+        "made elsewhere, e.g. the `ca.crt` of a mounted Secret); read again on every apply, so a CA that changes is "
+        "applied."))
     match_expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = declare(
         EXPRESSIONS, (), restart=Restart.ALWAYS, doc=(
             "Label selector requirements (`{key, operator, values}`) added to every managed entry's "
