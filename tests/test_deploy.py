@@ -267,8 +267,8 @@ def test_kustomization_lists_every_manifest(directory: str) -> None:
     assert files | generated | patches == {p.name for p in here.iterdir()
                                            if p.suffix in (".yaml", ".json") and p.name != "kustomization.yaml"}
     dirs = [e for e in kustomization["resources"] if (here / e).is_dir()]
-    assert dirs == (["../base"] if directory in (*OVERLAYS, "managed") else ["../cert-manager"] if directory == "tracing"
-                    else [])
+    assert dirs == (["../base"] if directory in (*OVERLAYS, "managed")
+                    else ["../cert-manager"] if directory == "tracing" else [])
 
 
 def test_amp_yaml_is_generated_so_an_edit_rolls_the_deployment(tmp_path: Path) -> None:
