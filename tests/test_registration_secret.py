@@ -181,3 +181,13 @@ class SecretCertificatesTests(SynchronousTestCase):
         self.settle(3)
         self.assertIn((NS, NAME), self.kube.secrets)
         self.assertTrue(self.a.certificate.loaded)
+
+    def test_winning_the_lease_during_a_read_acts_right_after_it_not_an_interval_later(self) -> None:
+        self.reactor.advance(0)  # the first reads are in the pool, not done
+        self.assertEqual(len(self.reactor.pool.queue), 2)
+        self.a.certs.start_term(self.kube)
+        self.reactor.advance(0)
+        self.reactor.pool.run()  # the read ends (as a follower's: nothing written)
+        self.reactor.advance(0.05)
+        self.reactor.pool.run()
+        self.assertIn((NS, NAME), self.kube.secrets)

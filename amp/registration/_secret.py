@@ -108,6 +108,7 @@ class SecretCertificates(Service):
         self.active = False
         self._term = 0
         self._busy = False
+        self._again = False
         self._timer: Optional[IDelayedCall] = None
         self._cluster: dict[str, float] = {}
         self._last_plan = ""
@@ -166,7 +167,10 @@ class SecretCertificates(Service):
 
     def _tick(self) -> None:
         self._timer = None
-        if self._busy or not self.running:
+        if not self.running:
+            return
+        if self._busy:
+            self._again = True  # news while reading: read again as soon as this read is done
             return
         self._busy = True
         term = self._term
@@ -178,7 +182,8 @@ class SecretCertificates(Service):
 
     def _done(self, _: Any) -> None:
         self._busy = False
-        wake = self.interval
+        wake = 0.0 if self._again else self.interval
+        self._again = False
         if self.active and self.last_plan is not None:
             wake = min(wake, max(0.0, self.last_plan.wake - self._clock.seconds()))
         self._soon(max(wake, 0.05))
