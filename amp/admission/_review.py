@@ -343,6 +343,15 @@ class Review:
         except Exception:
             self._step_failed(Failure())
 
+    def started(self) -> None:
+        """
+        The endpoint call in progress waited for a slot and goes out now
+        (L{amp.endpoint.ICallReceiver}): the one timer, set for its latest
+        start, is set for its own timeout (or the deadline) instead.
+        """
+        if not self._done and self._call is not None:
+            self._arm()
+
     def _tell_canary(self, pod_after: Optional[dict] = None, skipped: bool = False) -> None:
         """Tell the canary in progress how the live step it stands beside ended."""
         run, self._canary_run = self._canary_run, None
@@ -505,8 +514,8 @@ class Review:
                     self._arm()
             return
         if not self._deadline.passed(now):
-            # The call waited for a slot when the timer was set (for its
-            # latest start) and has one now: the timer waits for its own
+            # Early (floats), or a call that got its slot without the
+            # review being told: the timer waits for the call's own
             # timeout, or the deadline, instead.
             self._arm()
             return
