@@ -349,7 +349,7 @@ class Review:
         (L{amp.endpoint.ICallReceiver}): the one timer, set for its latest
         start, is set for its own timeout (or the deadline) instead.
         """
-        if not self._done and self._call is not None:
+        if self._state is _CALLING and self._call is not None:
             self._arm()
 
     def _tell_canary(self, pod_after: Optional[dict] = None, skipped: bool = False) -> None:
