@@ -37,16 +37,16 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
+from amp import __version__
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
 from amp.canary import Canary
-from amp import __version__
 from amp.config import Config, TLSConfig, config_summary
 from amp.endpoint import Connector, EndpointClient
+from amp.hints import NEAR_MISS_PROBLEM
 from amp.http import HTTPServerFactory
 from amp.logs import ConfigurableObserver
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
-from amp.hints import NEAR_MISS_PROBLEM
 from amp.namespaces import INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.reasons import NamespaceSource
 from amp.recent import RecentDecisions, RecentDecisionsResource
@@ -124,12 +124,20 @@ class ListenerService(Service):
         return None
 
 
-def serving_certificate(config: TLSConfig, clock: Any, metrics: Optional[Metrics] = None) -> ReloadingCertificate:
+def serving_certificate(config: TLSConfig, clock: Any, metrics: Optional[Metrics] = None,
+                        secret: Optional[str] = None) -> ReloadingCertificate:
     """
-    The serving certificate named by C{tls.*}, loaded.
+    The serving certificate named by C{tls.*}, loaded; with C{secret} (amp's
+    own certificates, C{registration.secret}: that Secret's name, shown), in
+    memory mode and not loaded yet (L{amp.registration.SecretCertificates}
+    gives it the pair).
 
     @raises amp.tls.CertificateError: naming the file and the problem.
     """
+    if secret is not None:
+        return ReloadingCertificate(f"Secret {secret} tls.crt", f"Secret {secret} tls.key", clock=clock,
+                                    client_ca=config.client_ca, min_version=config.min_version, metrics=metrics,
+                                    memory=True)
     certificate = ReloadingCertificate(
         config.cert, config.key, clock=clock, client_ca=config.client_ca, min_version=config.min_version,
         metrics=metrics)
