@@ -35,7 +35,7 @@ from kubernetes.client.rest import ApiException
 from amp.config import parse_config
 from amp.registration import bundle_certificates, desired
 
-from ..waiting import poll_until
+from ..support.waiting import poll_until
 from .amp_process import (
     ENDPOINT_ANNOTATION,
     LOOPBACK,

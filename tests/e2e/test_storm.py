@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 import pytest
 from kubernetes import client
 
-from ..waiting import poll_until
+from ..support.waiting import poll_until
 from . import workloads
 from .amp_process import LOOPBACK, AmpInstance, free_port, pod_manifest, unique
 from .cluster import ControlPlane

@@ -72,6 +72,14 @@ def test_the_lower_layers_import_nothing_from_the_higher() -> None:
     for layer, allowed in (("unit", ("tests.support.", "tests.unit.")), ("support", ("tests.support.",))):
         for path in sorted((TESTS / layer).rglob("*.py")):
             for module in sorted(_tests_imported(path)):
-                if not module.startswith(allowed):
+                if not module.startswith(allowed) and (path.name, module) not in KNOWN_CROSSINGS:
                     crossing.append(f"{path.relative_to(TESTS)} imports {module}")
     assert crossing == [], crossing
+
+
+#: Crossings kept for now, each with its reason (to go: the function moves to tests/support/).
+KNOWN_CROSSINGS = {
+    # The API server's admission metrics read from two scrapes, pure arithmetic
+    # that bench/storm shares with the e2e storm tests.
+    ("test_bench_storm.py", "tests.e2e.workloads"),
+}

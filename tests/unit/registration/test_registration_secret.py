@@ -23,9 +23,9 @@ from amp.registration import RegistrationKeeper, SecretCertificates
 from amp.registration._pki import ROTATE_ANNOTATION, Held, fingerprint, issued_by, read_reports
 from amp.registration._rotation import SETTLE
 from amp.tls import ReloadingCertificate
-from tests.memorykube import MemoryKube, ThreadReactor
+from tests.support.memory_kube_client import MemoryKube, ThreadReactor
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 T0 = 1_767_225_600.0
 NS, NAME = "amp-system", "amp-certificates"
 INTERVAL = 1.0
