@@ -30,6 +30,7 @@ import msgspec
 
 from twisted.logger import (
     ILogObserver,
+    LogEvent,
     LogLevel,
     Logger,
     formatEvent,
@@ -83,7 +84,7 @@ def _plain(fmt: str) -> bool:
                for _, field, spec, conversion in parsed)
 
 
-def format_event(event: dict) -> str:
+def format_event(event: LogEvent) -> str:
     """
     The event's message, as C{twisted.logger.formatEvent} would write it,
     without its general formatter's cost for the common plain formats
@@ -220,7 +221,7 @@ class TextLinesObserver:
     def __init__(self, out: IO[str]) -> None:
         self._out = (out.write, out.flush)
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: LogEvent) -> None:
         text = format_event(event)
         failure = event.get("log_failure")
         if isinstance(failure, Failure):
@@ -233,7 +234,7 @@ class TextLinesObserver:
         _held.write(self._out, line)
 
 
-def event_as_json(event: dict) -> str:
+def event_as_json(event: LogEvent) -> str:
     """
     One log event as a single line of JSON.
     """
@@ -265,7 +266,7 @@ def event_as_json(event: dict) -> str:
         return json.dumps(out, separators=(",", ":"), allow_nan=False)
 
 
-def _fallback(event: dict, error: Exception) -> str:
+def _fallback(event: LogEvent, error: Exception) -> str:
     """
     The line written for an event that could not be turned into JSON.
     """
@@ -288,7 +289,7 @@ class JSONLinesObserver:
     def __init__(self, out: IO[str]) -> None:
         self._out = (out.write, out.flush)
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: LogEvent) -> None:
         try:
             line = event_as_json(event)
         except Exception as e:
@@ -312,7 +313,7 @@ class _LevelFilter:
         self._kept = frozenset(each for each in LogLevel.iterconstants() if each >= lowest)
         self._quiet = level != "debug"
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: LogEvent) -> None:
         level = event.get("log_level")
         if level not in self._kept or event.get("log_namespace") is None:
             return
@@ -346,7 +347,7 @@ class ConfigurableObserver:
         self.level = level
         self._observer = make_observer(fmt, level, self._out)
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: LogEvent) -> None:
         self._observer(event)
 
 

@@ -106,7 +106,7 @@ class ReloadService(Service):
         self._loop: Optional[LoopingCall] = None
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         self._start_polling()
 
     def _start_polling(self) -> None:
@@ -131,7 +131,8 @@ class ReloadService(Service):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
-        return super().stopService()
+        Service.stopService(self)
+        return None
 
     def _tick(self) -> "Deferred[None]":
         # The loop waits for a load in a thread before its next poll, and an
@@ -203,7 +204,7 @@ class SighupService(Service):
                 self.log.failure("Unexpected error while reloading {what} on SIGHUP", what=what)
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         try:
             previous = signal.getsignal(signal.SIGHUP)
             signal.signal(signal.SIGHUP, self.handle)
@@ -223,7 +224,8 @@ class SighupService(Service):
                     signal.signal(signal.SIGHUP, previous if previous is not None else signal.SIG_DFL)
             except ValueError as e:
                 self.log.warn("Could not restore the previous SIGHUP handler: {error}", error=str(e))
-        return super().stopService()
+        Service.stopService(self)
+        return None
 
 
 #: Runs a blocking callable away from the reactor thread and fires with its

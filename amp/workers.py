@@ -89,7 +89,7 @@ class _Ending(ProcessProtocol):
         self.on_end = on_end
 
     def makeConnection(self, transport: Any) -> None:
-        super().makeConnection(transport)
+        ProcessProtocol.makeConnection(self, transport)
         self.inner.makeConnection(transport)
 
     def childDataReceived(self, childFD: int, data: bytes) -> None:
@@ -274,7 +274,7 @@ class ParentWatch(Service):
         self._reader: Optional[_StdinReader] = None
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         try:
             if not stat.S_ISFIFO(os.fstat(self.fd).st_mode):
                 return
@@ -288,7 +288,8 @@ class ParentWatch(Service):
         if self._reader is not None:
             self.reactor.removeReader(self._reader)
             self._reader = None
-        return super().stopService()
+        Service.stopService(self)
+        return None
 
     def _parent_gone(self) -> None:
         self._reader = None

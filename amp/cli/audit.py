@@ -40,6 +40,7 @@ from amp.cli.audit_pipeline import TemplatePipeline
 from amp.config import Config, ConfigError, KubernetesConfig, StaticNamespace, command_config
 from amp.endpoint import Connector
 from amp.namespaces import StaticNamespaceSource
+from amp.podjson import json_object
 from amp.reasons import Mode, NamespaceSource
 from amp import rules
 
@@ -107,7 +108,7 @@ def _audited_namespaces(listed: list[dict[str, Any]], wanted: tuple[str, ...], k
     protected = rules.protected_namespaces(kube)
     enabled: dict[str, StaticNamespace] = {}
     for ns in listed:
-        meta = ns.get("metadata") if isinstance(ns.get("metadata"), dict) else {}
+        meta = json_object(ns.get("metadata"))
         name = meta.get("name")
         if isinstance(name, str):
             labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}

@@ -20,6 +20,8 @@ from typing import Any, Callable, Optional
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.threads import deferToThreadPool
 
+from amp.podjson import json_object
+
 __all__ = ["ClusterError", "PagedLists", "Page", "kube_getter"]
 
 #: One page: its items and the token of the next (None: the last).
@@ -85,7 +87,7 @@ class PagedLists:
         if not isinstance(body, dict) or not isinstance(body.get("items") or [], list):
             raise ClusterError(f"{where}: the answer is not a list")
         items = [dict(i, kind=kind) for i in body.get("items") or [] if isinstance(i, dict)]
-        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        meta = json_object(body.get("metadata"))
         return items, (str(meta["continue"]) if meta.get("continue") else None)
 
     def page(self, kind: str, namespace: Optional[str], selector: str, token: Optional[str]) -> Deferred:

@@ -20,7 +20,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from typing import IO, Any, Optional, Sequence
+from typing import IO, Any, Optional, Sequence, cast
 
 from cryptography import x509
 from twisted.internet.defer import Deferred, succeed
@@ -111,7 +111,8 @@ def _chain(path: Optional[str]) -> list[x509.Certificate]:
 def _from_cluster(config: Config, options: argparse.Namespace) -> Optional[dict[str, Any]]:
     """One GET of amp's configuration (blocking: run in a thread). None when it does not exist."""
     import kubernetes.client
-    from kubernetes.client.rest import ApiException
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
 
     from amp.kube import load_client_configuration
     from amp.reasons import NamespaceSource
@@ -124,8 +125,10 @@ def _from_cluster(config: Config, options: argparse.Namespace) -> Optional[dict[
         raise _Usage("kubernetes.webhook_configuration is not set: which configuration is amp's?")
     api = kubernetes.client.ApiClient(load_client_configuration(kube))
     try:
-        response = kubernetes.client.AdmissionregistrationV1Api(api).read_mutating_webhook_configuration(
-            name, _request_timeout=kube.request_timeout, _preload_content=False)
+        # _preload_content=False: the raw urllib3 response, not the model the client's annotation names.
+        response = cast(urllib3.BaseHTTPResponse,
+                        kubernetes.client.AdmissionregistrationV1Api(api).read_mutating_webhook_configuration(
+                            name, _request_timeout=kube.request_timeout, _preload_content=False))
     except ApiException as e:
         if e.status == 404:
             return None

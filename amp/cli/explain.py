@@ -32,7 +32,7 @@ import json
 import os
 import sys
 import uuid
-from typing import IO, Any, Mapping, Optional, Sequence
+from typing import IO, Any, Mapping, Optional, Sequence, cast
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, inlineCallbacks
@@ -59,6 +59,7 @@ from amp.patch import PatchError, check_patch
 from amp.reasons import FailurePolicy, NamespaceSource, Result
 from amp.tracing import Ids, ReviewSpans, Tracing
 from amp import rules
+from amp.podjson import json_object
 from amp.review import parse_review
 from amp.text import terminal
 from amp.trace import NO_TRACE, IReviewTrace, NamespaceFound, RecordedTrace, Stamped
@@ -184,12 +185,14 @@ def _webhook_policy(reactor: Any, kube: KubernetesConfig, name: str, webhook: Op
 
     def get() -> tuple[Optional[str], str, Any]:
         import kubernetes.client
+        import urllib3
 
         try:
             api = kubernetes.client.ApiClient(load_client_configuration(kube))
             adm = kubernetes.client.AdmissionregistrationV1Api(api)
-            response = adm.read_mutating_webhook_configuration(
-                name, _request_timeout=kube.request_timeout, _preload_content=False)
+            # _preload_content=False: the raw urllib3 response, not the model the client's annotation names.
+            response = cast(urllib3.BaseHTTPResponse, adm.read_mutating_webhook_configuration(
+                name, _request_timeout=kube.request_timeout, _preload_content=False))
             obj = json.loads(response.data)
             policy = webhook_failure_policy(obj, webhook)
         except Exception as e:
@@ -251,7 +254,7 @@ def _review_bytes(pod: dict[str, Any], namespace: str, dry_run: bool = True) -> 
     """
     The AdmissionReview the API server would send for creating C{pod}.
     """
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    meta = json_object(pod.get("metadata"))
     request = {
         "uid": str(uuid.uuid4()),
         "kind": {"group": "", "version": "v1", "kind": "Pod"},

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -116,7 +116,7 @@ class BypassReporter:
         namespaces: Any,
         clock: IReactorTime,
         metrics: Metrics,
-        post_event: Callable[[str, dict[str, Any]], Deferred],
+        post_event: Callable[[str, dict[str, Any]], Deferred[bool]],
         own_namespace: str,
         identity: str,
         enables: Callable[[str], Optional[Enabled]] = lambda name: None,
@@ -275,12 +275,13 @@ class BypassReporter:
         body = event_body(pod, claim.verdict, identity=self._identity, now=self._clock.seconds())
         self._post_event(pod.namespace, body).addBoth(self._sent, claim)
 
-    def _sent(self, result: Any, claim: _Claim) -> None:
+    def _sent(self, result: Union[bool, Failure], claim: _Claim) -> None:
         self._posting = False
         pod = claim.pod
         uid = pod.uid
         if isinstance(result, Failure):
             error = result.value
+            assert error is not None  # a Failure holds its exception
             if not _permanent(error):
                 if _may_have_landed(error):
                     if len(self._uncertain) >= MAX_QUEUED_EVENTS:

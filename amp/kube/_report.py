@@ -88,7 +88,7 @@ class BypassReport:
         self._stopped = False
         self._pods: Optional[_PodWatch] = None
 
-        def post_event(namespace: str, body: dict[str, Any]) -> Deferred:
+        def post_event(namespace: str, body: dict[str, Any]) -> Deferred[bool]:
             return deferToThreadPool(reactor, reactor.getThreadPool(), client.create_event,
                                      namespace, body, config.request_timeout)
 
@@ -103,7 +103,7 @@ class BypassReport:
     def start(self) -> None:
         self.elector.start()
 
-    def stop(self) -> Deferred:
+    def stop(self) -> Deferred[None]:
         """Step down and release the Lease; fires once it is released (or failed)."""
         self._stopped = True
         return self.elector.stop()

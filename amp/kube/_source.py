@@ -81,7 +81,7 @@ class _Run:
     watches: dict[str, ListWatch] = field(default_factory=dict)
     bridges: list[Bridge] = field(default_factory=list)
     running: int = 0
-    all_ended: Optional[Deferred] = None
+    all_ended: Optional[Deferred[None]] = None
     bypass: Optional[BypassReport] = None
 
     def ended(self) -> None:
@@ -95,7 +95,7 @@ class _Run:
 class _Pending:
     """One GET in flight and the callers waiting for it."""
 
-    waiters: list[Deferred] = field(default_factory=list)
+    waiters: list[Deferred[Optional[NamespaceInfo]]] = field(default_factory=list)
     superseded: bool = False
 
 
@@ -186,7 +186,7 @@ class KubernetesNamespaceSource(Service):
     # ------------------------------------------------------------ lifecycle
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         self._reset()
         config = self._config
         try:
@@ -201,10 +201,10 @@ class KubernetesNamespaceSource(Service):
         self.client = client
         watches = client.fork() if not config.per_review_get or config.webhook_configuration else None
         run = self._run = self._last_run = _Run(watches)
-        if not config.per_review_get:
+        if watches is not None and not config.per_review_get:
             self._watch(run, "namespaces", "amp-namespace-watch", watches.namespaces(),
                         parse=self._keep.namespace, collect=self._keep.namespaces, handler=self._namespace_news)
-        if config.webhook_configuration:
+        if watches is not None and config.webhook_configuration:
             webhook = WebhookPolicy(config.webhook_configuration, config.webhook_name)
             self._watch(run, "webhook", "amp-webhook-watch", watches.webhook_configuration(webhook.name),
                         parse=webhook.parse, collect=webhook.collect, handler=self._webhook_news)
@@ -260,7 +260,7 @@ class KubernetesNamespaceSource(Service):
             run.bypass.reporter.namespaces_listed(self._listed_at)
         run.bypass.start()
 
-    def stopService(self) -> Optional[Deferred]:
+    def stopService(self) -> Optional[Deferred[None]]:
         """
         Stop the threads: set their stop flag, drop their undelivered news
         and shut down the watch client's sockets so any blocked read
@@ -268,7 +268,7 @@ class KubernetesNamespaceSource(Service):
         has said it ended and the Lease is released, or after L{STOP_WAIT}
         seconds with a warning.
         """
-        super().stopService()
+        Service.stopService(self)
         run, self._run = self._run, None
         client, self.client = self.client, None
         if run is None:
@@ -280,12 +280,12 @@ class KubernetesNamespaceSource(Service):
         assert client is not None
         if run.watch_client is not None:
             run.watch_client.cut()
-        ended: Deferred = Deferred()
+        ended: Deferred[None] = Deferred()
         if run.running == 0:
             ended.callback(None)
         else:
             run.all_ended = ended
-        done: Deferred = Deferred()
+        done: Deferred[None] = Deferred()
 
         def finished(_: Any) -> None:
             if timer.active():
@@ -486,7 +486,7 @@ class KubernetesNamespaceSource(Service):
             d = self._get(name, bound)
             d.addCallbacks(self._counted, self._lookup_failed, errbackArgs=(name, 1))
             return d
-        waiter: Deferred = Deferred(self._cancelled)
+        waiter: Deferred[Optional[NamespaceInfo]] = Deferred(self._cancelled)
         pending = self._pending.get(name)
         if pending is not None:
             pending.waiters.append(waiter)
@@ -524,7 +524,7 @@ class KubernetesNamespaceSource(Service):
 
     # ------------------------------------------------------------ cache misses
 
-    def _get(self, name: str, timeout: float) -> Deferred:
+    def _get(self, name: str, timeout: float) -> Deferred[Optional[NamespaceInfo]]:
         client = self.client
         if client is None:
             detail = self._config_error or "the Kubernetes namespace source is not running"
@@ -538,7 +538,7 @@ class KubernetesNamespaceSource(Service):
         self._metrics.namespace_misses.labels("found" if info is not None else "not-found").inc()
         return info
 
-    def _cancelled(self, waiter: Deferred) -> None:
+    def _cancelled(self, waiter: Deferred[Optional[NamespaceInfo]]) -> None:
         self._metrics.namespace_misses.labels("cancelled").inc()
 
     def _lookup_failed(self, failure: Failure, name: str, callers: int) -> Failure:
@@ -548,7 +548,7 @@ class KubernetesNamespaceSource(Service):
             self._metrics.namespace_misses.labels("cancelled").inc(callers)
             return failure
         self._metrics.namespace_misses.labels("error").inc(callers)
-        error = failure.getErrorMessage() or failure.type.__name__
+        error = failure.getErrorMessage() or type(failure.value).__name__
         self.log.warn("Namespace lookup for {namespace} failed: {error}", namespace=name, error=error)
         if not failure.check(NamespaceLookupError):
             return Failure(NamespaceLookupError(f"namespace {name}: {error}"))

@@ -168,7 +168,7 @@ class Tracing(Service):
 
     def stopService(self) -> Deferred:
         """Shut the exporter down, exporting what it holds (within its export timeout)."""
-        super().stopService()
+        Service.stopService(self)
         if self.pipeline is not None:
             self._retire(self.pipeline)
             self.pipeline = None
