@@ -148,7 +148,7 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
 
     from amp.balance import WorkerListener
     from amp.metrics import Metrics
-    from amp.service import AmpService, freeze_startup_objects, namespace_source, serving_certificate
+    from amp.service import AmpService, adopt, freeze_startup_objects, namespace_source, serving_certificate
     from amp.startup import certificate_key, kubernetes_problem, port_problem
     from amp.tls import CertificateError, tcp_description, tls_endpoint
     from amp.workers import ParentWatch, supervise
@@ -235,5 +235,5 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
         service.drain_with(monitor)
         service.sighup.add("the workers", monitor.signal_workers)
     elif worker > 0:
-        ParentWatch(reactor).setServiceParent(service)
+        adopt(ParentWatch(reactor), service)
     return service

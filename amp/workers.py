@@ -220,7 +220,7 @@ def supervise(config_path: str, workers: int, reactor: Any, drain_timeout: float
             on_exit(numbers[name])
 
     monitor = WorkerMonitor(reactor, inherit=inherit, on_exit=exited)
-    monitor.killTime = drain_timeout + 1
+    monitor.killTime = drain_timeout + 1  # type: ignore[assignment]  # int only by its default; used as a delay
     config_path = os.path.abspath(config_path)
     for worker in range(1, workers):
         name = f"amp-worker-{worker}"
@@ -244,7 +244,7 @@ class _StdinReader:
     def logPrefix(self) -> str:
         return "ParentWatch"
 
-    def doRead(self) -> Optional[Failure]:
+    def doRead(self) -> Optional[BaseException]:
         try:
             data = os.read(self.fd, 4096)
         except BlockingIOError:
@@ -252,7 +252,7 @@ class _StdinReader:
         except OSError:
             data = b""
         if not data:
-            return CONNECTION_DONE  # type: ignore[no-any-return]
+            return CONNECTION_DONE
         return None
 
     def connectionLost(self, reason: Failure) -> None:

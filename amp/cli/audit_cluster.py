@@ -90,11 +90,11 @@ class PagedLists:
         meta = json_object(body.get("metadata"))
         return items, (str(meta["continue"]) if meta.get("continue") else None)
 
-    def page(self, kind: str, namespace: Optional[str], selector: str, token: Optional[str]) -> Deferred:
+    def page(self, kind: str, namespace: Optional[str], selector: str, token: Optional[str]) -> Deferred[Page]:
         """One page; fires with a L{Page}."""
         if self._reactor is None:
             try:
-                d: Deferred = Deferred()
+                d: Deferred[Page] = Deferred()
                 d.callback(self._fetch(kind, namespace, selector, token))
                 return d
             except ClusterError:

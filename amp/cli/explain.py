@@ -32,12 +32,12 @@ import json
 import os
 import sys
 import uuid
-from typing import IO, Any, Mapping, Optional, Sequence, cast
+from typing import IO, Any, Mapping, Optional, Protocol, Sequence, cast
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.threads import deferToThreadPool
-from twisted.logger import ILogObserver, LogLevel, formatEvent
+from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent
 from zope.interface import implementer
 
 from amp.admission import Admitter
@@ -109,8 +109,9 @@ class ExplainedNamespace(Service):
     def cached(self, name: str) -> CachedAnswer:
         if name != self._name:
             return self._inner.cached(name)
-        if self._known is not UNKNOWN:
-            return self._record(self._known, f"{self._where}, as in the first review")
+        known = self._known
+        if known is None or isinstance(known, NamespaceInfo):
+            return self._record(known, f"{self._where}, as in the first review")
         answer = self._inner.cached(name)
         if answer is UNKNOWN:
             return UNKNOWN
@@ -129,8 +130,9 @@ class ExplainedNamespace(Service):
         return self._cluster_policy
 
     def _overlay(self, answer: Any) -> Optional[NamespaceInfo]:
-        self._known = answer = self._merged(answer)
-        return answer
+        merged = self._merged(answer)
+        self._known = merged
+        return merged
 
     def _merged(self, answer: Any) -> Optional[NamespaceInfo]:
         if not (self._labels or self._annotations):
@@ -173,7 +175,9 @@ def _describe_cluster(kube: KubernetesConfig) -> str:
     return f"the cluster (kubeconfig {where}" + (f", context {kube.context})" if kube.context else ")")
 
 
-def _webhook_policy(reactor: Any, kube: KubernetesConfig, name: str, webhook: Optional[str]) -> Deferred:
+def _webhook_policy(
+    reactor: Any, kube: KubernetesConfig, name: str, webhook: Optional[str]
+) -> Deferred[tuple[Optional[str], str, Any]]:
     """
     The C{failurePolicy} of amp's MutatingWebhookConfiguration C{name}
     (what C{failure_policy: auto} follows): one GET in the reactor's
@@ -227,6 +231,14 @@ def _first_line(error: BaseException) -> str:
 # ---------------------------------------------------------------- running
 
 
+class CollectedLines(Protocol):
+    """Where amp's log lines are collected, for L{review_round}."""
+
+    @property
+    def lines(self) -> list[str]:
+        """The lines so far, oldest first."""
+
+
 @implementer(ILogObserver)
 class _LogLines:
     """
@@ -236,7 +248,7 @@ class _LogLines:
     def __init__(self) -> None:
         self.lines: list[str] = []
 
-    def __call__(self, event: Mapping[str, Any]) -> None:
+    def __call__(self, event: LogEvent) -> None:
         namespace = str(event.get("log_namespace", ""))
         level = event.get("log_level")
         if not namespace.startswith("amp.") or level is None or level < LogLevel.info:
@@ -303,7 +315,7 @@ def _decode(body: bytes) -> dict[str, Any]:
 
 @inlineCallbacks
 def review_round(
-    admitter: Admitter, clock: Any, source: ExplainedNamespace, log: _LogLines, pod: dict[str, Any],
+    admitter: Admitter, clock: Any, source: ExplainedNamespace, log: CollectedLines, pod: dict[str, Any],
     namespace: str, budget: float, tracing: Any = None,
 ) -> Any:
     """
@@ -365,10 +377,10 @@ def explain(
         kube = _cluster_kube(options)
         where = _describe_cluster(kube)
         inner = KubernetesNamespaceSource(kube, reactor=reactor, metrics=metrics)
-        inner.startService()  # type: ignore[attr-defined]
+        inner.startService()
         ok, detail = inner.readiness()
         if not ok:
-            yield inner.stopService()  # type: ignore[attr-defined]
+            yield inner.stopService()
             raise UsageError(detail)
         full = config.kubernetes
         if full.webhook_configuration:
@@ -415,7 +427,7 @@ def explain(
         if tracing is not None:
             yield tracing.stopService()
         if options.cluster:
-            yield inner.stopService()  # type: ignore[attr-defined]
+            yield inner.stopService()
 
 
 @inlineCallbacks

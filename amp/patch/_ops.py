@@ -52,8 +52,8 @@ def show(s: str) -> str:
 class Op:
     __slots__ = ("index", "op", "path", "tokens", "frm", "ftokens", "value", "out")
 
-    def __init__(self, index: int, op: str, path: str, tokens: tuple, frm: Optional[str],
-                 ftokens: Optional[tuple], value: Any, out: dict) -> None:
+    def __init__(self, index: int, op: str, path: str, tokens: tuple[str, ...], frm: Optional[str],
+                 ftokens: Optional[tuple[str, ...]], value: Any, out: dict[str, Any]) -> None:
         self.index = index
         self.op = op
         self.path = path

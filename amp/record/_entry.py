@@ -138,8 +138,9 @@ def stamp_of(patch: Optional[list[Any]]) -> Optional[str]:
         if not isinstance(op, dict) or op.get("op") not in ("add", "replace"):
             continue
         path = op.get("path")
-        if path == "/metadata/annotations/amp.txn2.com~1status" and isinstance(op.get("value"), str):
-            return op["value"]
+        value = op.get("value")
+        if path == "/metadata/annotations/amp.txn2.com~1status" and isinstance(value, str):
+            return value
         if path == "/metadata/annotations" and isinstance(op.get("value"), dict):
             value = op["value"].get(STATUS_ANNOTATION)
             if isinstance(value, str):

@@ -114,7 +114,7 @@ class ReplayReport:
     same: int = 0
     different: int = 0
     failed: int = 0
-    failed_reasons: Counter = field(default_factory=Counter)
+    failed_reasons: Counter[str] = field(default_factory=Counter)
 
     def add_unreadable(self, message: str) -> None:
         self.unreadable_count += 1
@@ -342,7 +342,7 @@ def replay(reactor: Any, options: ReplayOptions, recordings: Iterable[RecordedRe
     source = iter(recordings)
     window = 4 * max(1, options.concurrency)
     finished: dict[int, Optional[ReplayedReview]] = {}
-    waiting: list[Deferred] = []
+    waiting: list[Deferred[None]] = []
     state = {"taken": 0, "shown": 0}
     out = emit if emit is not None else report.reviews.append
 
@@ -368,7 +368,7 @@ def replay(reactor: Any, options: ReplayOptions, recordings: Iterable[RecordedRe
     def worker() -> Any:
         while True:
             while state["taken"] - state["shown"] >= window:
-                wait: Deferred = Deferred()
+                wait: Deferred[None] = Deferred()
                 waiting.append(wait)
                 yield wait
             item = take()

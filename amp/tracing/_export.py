@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
+from twisted.python.threadpool import ThreadPool
 
 from amp import __version__
 from amp.tracing._settings import Exporting
@@ -41,7 +42,7 @@ def make_exporter(exporting: Exporting) -> SpanExporter:
     timeout = exporting.export_timeout
     if exporting.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPCExporter
-        return GRPCExporter(endpoint=exporting.endpoint, headers=headers, timeout=timeout)  # type: ignore[arg-type]
+        return GRPCExporter(endpoint=exporting.endpoint, headers=headers, timeout=timeout)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
     return HTTPExporter(endpoint=exporting.endpoint, headers=headers, timeout=timeout)
 
@@ -144,7 +145,7 @@ class Pipeline:
                 log.warn("Dropping spans: an export to {endpoint} failed (counted in amp_trace_spans_dropped_total)",
                          endpoint=self.exporting.endpoint or "(OTEL_EXPORTER_OTLP_*ENDPOINT)")
 
-    def shutdown(self, threadpool: Any) -> Deferred:
+    def shutdown(self, threadpool: ThreadPool) -> Deferred[None]:
         """
         Stop taking spans; export what waits (within the export timeout)
         and stop the exporter, in C{threadpool}: never on the reactor thread.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
@@ -23,6 +23,9 @@ from amp.config import TracingConfig
 from amp.tracing._context import Ids, Sampler, parse_traceparent
 from amp.tracing._settings import Settings, resolve
 from amp.tracing._spans import ReviewSpans
+
+if TYPE_CHECKING:
+    from amp.tracing._export import Pipeline
 
 
 class _Off:
@@ -70,8 +73,8 @@ class Tracing(Service):
         self.enabled = False
         self._sampler = Sampler(1.0)
         #: The exporter pipeline while on (L{amp.tracing._export.Pipeline}).
-        self.pipeline: Any = None
-        self._closing: list[Deferred] = []
+        self.pipeline: Optional[Pipeline] = None
+        self._closing: list[Deferred[None]] = []
         self.settings: Optional[Settings] = None
         self.apply(config)
 
@@ -166,7 +169,7 @@ class Tracing(Service):
         except Exception:
             self.log.failure("Tracing: could not make a linked span")
 
-    def stopService(self) -> Deferred:
+    def stopService(self) -> Deferred[None]:
         """Shut the exporter down, exporting what it holds (within its export timeout)."""
         Service.stopService(self)
         if self.pipeline is not None:
