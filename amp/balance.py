@@ -94,7 +94,8 @@ from amp._load_table import HEARTBEAT, SLOT, STALE, LoadTable
 from amp.logs import RepeatLimiter
 
 __all__ = [
-    "ERROR_PAUSE", "HEARTBEAT", "RECHECK", "SLOT", "STALE", "STOP_ACCEPTS", "BalancedPort", "LoadTable", "WorkerListener",
+    "ERROR_PAUSE", "HEARTBEAT", "RECHECK", "SLOT", "STALE", "STOP_ACCEPTS",
+    "BalancedPort", "LoadTable", "WorkerListener",
 ]
 
 #: Seconds between decisions while this worker is not the least loaded.

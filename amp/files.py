@@ -54,7 +54,12 @@ from typing import IO, Any, Optional, Union
 import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.events import (
-    AliasEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent, ScalarEvent, SequenceEndEvent,
+    AliasEvent,
+    DocumentStartEvent,
+    MappingEndEvent,
+    MappingStartEvent,
+    ScalarEvent,
+    SequenceEndEvent,
     SequenceStartEvent,
 )
 
@@ -245,7 +250,7 @@ def _construct_float(loader: SafeConstructor, node: yaml.ScalarNode) -> float:
     return value
 
 
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]  # libyaml's when built with it
     """
     YAML as amp reads it: only what JSON can say, numbers in range
     (libyaml's parser when PyYAML has it).

@@ -20,19 +20,18 @@ from __future__ import annotations
 
 import json
 import math
-from functools import lru_cache
 import time
+from functools import lru_cache
 from string import Formatter
 from threading import get_ident
 from typing import IO, Any, Callable, Optional
 
 import msgspec
-
 from twisted.logger import (
     ILogObserver,
     LogEvent,
-    LogLevel,
     Logger,
+    LogLevel,
     formatEvent,
 )
 from twisted.python.failure import Failure
@@ -145,7 +144,7 @@ class HotPathLogger(Logger):
         kwargs.update(log_logger=self, log_level=level, log_namespace=self.namespace, log_source=self.source,
                       log_format=format, log_time=time.time())
         if "log_trace" in kwargs:
-            kwargs["log_trace"].append((self, self.observer))  # type: ignore[attr-defined]
+            kwargs["log_trace"].append((self, self.observer))  # type: ignore[attr-defined]  # a list, by Twisted's contract
         self.observer(kwargs)
 
 

@@ -35,10 +35,10 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 from twisted.web.resource import Resource
+from twisted.web.server import Request
 
 from amp import __version__
 from amp.reasons import BreakerState
-from twisted.web.server import Request
 
 #: Buckets for admission and endpoint latency: webhook budgets are
 #: milliseconds to a few seconds.

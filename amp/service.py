@@ -37,16 +37,16 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
+from amp import __version__
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
 from amp.canary import Canary
-from amp import __version__
 from amp.config import Config, TLSConfig, config_summary
 from amp.endpoint import Connector, EndpointClient
+from amp.hints import NEAR_MISS_PROBLEM
 from amp.http import HTTPServerFactory
 from amp.logs import ConfigurableObserver
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
-from amp.hints import NEAR_MISS_PROBLEM
 from amp.namespaces import INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.reasons import BreakerState, NamespaceSource
 from amp.recent import RecentDecisions, RecentDecisionsResource
@@ -203,7 +203,7 @@ def metrics_site(metrics: Metrics, reactor: Any, recent: Optional[RecentDecision
         debug.putChild(b"reviews", RecentDecisionsResource(recent))
         root.putChild(b"debug", debug)
     site = Site(root, reactor=reactor)
-    site.log = lambda request: None  # type: ignore[method-assign]
+    site.log = lambda request: None  # type: ignore[method-assign]  # no access log: a line per scrape
     return site
 
 

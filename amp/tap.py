@@ -46,7 +46,6 @@ class Options(usage.Options):
         Print amp's version (and Twisted's) and exit.
         """
         import twisted
-
         from amp import __version__
 
         print(f"amp {__version__} (Twisted {twisted.__version__})")
@@ -219,7 +218,8 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
         webhook_endpoint=tls_endpoint(reactor, listen.port, listen.interface, certificate, inner=shared),
         metrics_endpoint=metrics_endpoint,
         namespaces=namespace_source(config, reactor, metrics, on_first_list=first_list,
-                                    on_webhook=on_webhook if told else None, terms=(keeper,) if keeper is not None else ()),
+                                    on_webhook=on_webhook if told else None,
+                                    terms=(keeper,) if keeper is not None else ()),
         metrics=metrics, log_observer=observer, freeze_gc=True, config_path=options["config"],
         on_connections=shared.connections_changed if shared is not None else None)
     if registration is not None:

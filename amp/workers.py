@@ -54,7 +54,6 @@ from twisted.python.failure import Failure
 from twisted.runner.procmon import ProcessMonitor
 from zope.interface import implementer
 
-
 #: How often the monitor looks whether its stopped children have exited.
 _EXIT_POLL = 0.05
 
@@ -175,7 +174,8 @@ class WorkerMonitor(ProcessMonitor):
             if transport is not None and transport.pid is not None:
                 transport.signalProcess(signal_name)
 
-    def stopService(self) -> Deferred[None]:  # type: ignore[override]
+    # IService lets stopService return a Deferred; ProcessMonitor's annotation says None.
+    def stopService(self) -> Deferred[None]:  # type: ignore[override]  # see above
         super().stopService()
         if not self.protocols:
             return succeed(None)

@@ -43,7 +43,6 @@ import sys
 import time
 from typing import Any, Callable
 
-
 _REPLY_BODY = b'[{"op":"add","path":"/metadata/labels/bench","value":"true"}]'
 _REPLY = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
           % (len(_REPLY_BODY), _REPLY_BODY))
@@ -515,7 +514,7 @@ def hostile(origins: int, per_origin: int) -> Any:
         print(f"   RSS before: {_rss() / 2**20:.1f} MiB")
         for path in HOSTILE:
             peak = [_rss()]
-            sampler = LoopingCall(lambda: peak.__setitem__(0, max(peak[0], _rss())))
+            sampler = LoopingCall(lambda peak=peak: peak.__setitem__(0, max(peak[0], _rss())))
             sampler.start(0.01)
             client.budget.peak = 0
             started = time.perf_counter()

@@ -98,7 +98,7 @@ class Chain:
 
         @raise amp.patch.PatchError: the whole does not check.
         """
-        return compose(pod, self.patches, **options)  # type: ignore[arg-type]
+        return compose(pod, self.patches, **options)  # type: ignore[arg-type]  # compose's keywords (Parts.compose_options)
 
 
 class Stamper:

@@ -29,11 +29,19 @@ from typing import IO, Any, Callable, Optional, Sequence
 from twisted.internet.defer import gatherResults, inlineCallbacks
 from twisted.internet.threads import deferToThreadPool
 
+from amp import rules
 from amp.cli._command_line import Exit, UsageError, _Parser
-from amp.text import terminal
 from amp.cli.audit_cluster import ClusterError, PagedLists, kube_getter
 from amp.cli.audit_judge import (
-    EXIT_USAGE, PodAudit, Prediction, WorkloadAudit, exit_status, judge_pod, needs_prediction, running)
+    EXIT_USAGE,
+    PodAudit,
+    Prediction,
+    WorkloadAudit,
+    exit_status,
+    judge_pod,
+    needs_prediction,
+    running,
+)
 from amp.cli.audit_output import render_json, render_policy_reports, render_table
 from amp.cli.audit_owners import Owners, WorkloadKey, controller_of
 from amp.cli.audit_pipeline import TemplatePipeline
@@ -42,7 +50,7 @@ from amp.endpoint import Connector
 from amp.namespaces import StaticNamespaceSource
 from amp.podjson import json_object
 from amp.reasons import Mode, NamespaceSource
-from amp import rules
+from amp.text import terminal
 
 __all__ = ["AuditOptions", "AuditRun", "audit", "run"]
 

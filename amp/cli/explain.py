@@ -40,12 +40,20 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent
 from zope.interface import implementer
 
+from amp import rules
 from amp.admission import Admitter
 from amp.breaker import BreakerRegistry
 from amp.cli._command_line import Exit, ExplainOptions, UsageError, command_line_parser, parse_command_line
 from amp.cli._explanation import (
-    EXIT_ADMITTED, EXIT_DENIED, EXIT_FAILURE_POLICY, EXIT_NOT_IDEMPOTENT, EXIT_USAGE, Explanation, Round,
-    exit_status)
+    EXIT_ADMITTED,
+    EXIT_DENIED,
+    EXIT_FAILURE_POLICY,
+    EXIT_NOT_IDEMPOTENT,
+    EXIT_USAGE,
+    Explanation,
+    Round,
+    exit_status,
+)
 from amp.cli.replay import recorded_reply
 from amp.cli.report import render_json, render_text
 from amp.cli.workloads import PodInput, without_stamps
@@ -56,13 +64,12 @@ from amp.hints import AmpKeys
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.patch import PatchError, check_patch
-from amp.reasons import FailurePolicy, NamespaceSource, Result
-from amp.tracing import Ids, ReviewSpans, Tracing
-from amp import rules
 from amp.podjson import json_object
+from amp.reasons import FailurePolicy, NamespaceSource, Result
 from amp.review import parse_review
 from amp.text import terminal
 from amp.trace import NO_TRACE, IReviewTrace, NamespaceFound, RecordedTrace, Stamped
+from amp.tracing import Ids, ReviewSpans, Tracing
 
 __all__ = [
     "EXIT_ADMITTED", "EXIT_FAILURE_POLICY", "EXIT_USAGE", "EXIT_DENIED", "EXIT_NOT_IDEMPOTENT",

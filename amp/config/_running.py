@@ -19,7 +19,6 @@ from amp.config._sections import KEYS, Config, EndpointSettings
 from amp.reasons import NamespaceSource
 from amp.urls import URLPattern, shown_url
 
-
 # ---------------------------------------------------------------- reloading
 
 #: Keys only a restart can change (L{Restart.ALWAYS}): the listening

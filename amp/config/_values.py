@@ -24,7 +24,8 @@ from amp.urls import URLPattern, parse_networks
 
 __all__ = [
     "Kind", "parse_duration", "parse_size", "show_duration", "show_size",
-    "BOOL", "DURATION", "INT", "MAPPING", "NETWORKS", "NONNEG_INT", "OPT_STR", "POINTERS", "PORT", "POSITIVE_DURATION", "SHARE",
+    "BOOL", "DURATION", "INT", "MAPPING", "NETWORKS", "NONNEG_INT", "OPT_STR", "POINTERS", "PORT",
+    "POSITIVE_DURATION", "SHARE",
     "POSITIVE_INT", "POSITIVE_SIZE", "RATIO", "STR", "STR_LIST", "TLS_VERSION", "URL_PATTERNS", "choice",
     "OVERRIDES", "STATIC_NAMESPACES",
 ]

@@ -21,7 +21,7 @@ from amp.reasons import Reason
 try:
     from service_identity import VerificationError
 except ImportError:  # pragma: no cover - service_identity is a dependency
-    VerificationError = SSL.Error  # type: ignore[misc,assignment]
+    VerificationError = SSL.Error  # type: ignore[misc,assignment]  # a stand-in class, never raised
 
 
 class EndpointFailure(Exception):

@@ -47,7 +47,8 @@ which is what decides the one retry (L{amp.http._pool}).
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional, Protocol as TypingProtocol
+from typing import Any, Callable, Optional
+from typing import Protocol as TypingProtocol
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpResponseParser
 from twisted.internet.defer import Deferred, succeed
@@ -56,7 +57,6 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 
 from amp.http._replyhead import Charge, HeadCounter, ReplyLimits
-
 
 #: An obs-fold: a line end followed by spaces or tabs (RFC 9112 section 5.2).
 _FOLD = re.compile(rb"\r?\n[ \t]+")

@@ -22,7 +22,8 @@ sees one outcome.  A request on a new connection is never sent twice.
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Optional, Protocol as TypingProtocol, TypeVar, cast
+from typing import Callable, Generic, Optional, TypeVar, cast
+from typing import Protocol as TypingProtocol
 
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, IStreamClientEndpoint

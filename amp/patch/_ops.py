@@ -126,7 +126,8 @@ def parse_ops(ops: Any, max_operations: int) -> list[Op]:
             frm = raw.get("from")
             if type(frm) is not str:
                 got = "missing" if "from" not in raw else f"a {json_type(frm)}"
-                raise PatchError(Reason.INVALID_PATCH, f"operation {i} ({op} {show(path)}): \"from\" must be a string; it is {got}")
+                raise PatchError(Reason.INVALID_PATCH,
+                                 f"operation {i} ({op} {show(path)}): \"from\" must be a string; it is {got}")
             try:
                 ftokens = parse_pointer(frm)
             except ValueError as e:

@@ -10,7 +10,6 @@ from typing import Optional
 
 from amp.pointer import parse_pointer
 
-
 #: A JSON pointer's reference tokens (L{amp.pointer.parse_pointer}).
 Tokens = tuple[str, ...]
 

@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks, succeed
@@ -41,7 +40,7 @@ from amp.config import Config
 from amp.namespaces import INamespaceSource, NamespaceInfo
 from amp.policy import chain_pieces
 from amp.record._compare import Difference, pod_differences
-from amp.record._entry import RecordedReview, RecordingError, decode_line, LINE_LIMIT
+from amp.record._entry import LINE_LIMIT, RecordedReview, RecordingError, decode_line
 from amp.rules import STAMP_ANNOTATIONS
 
 __all__ = ["ReplayOptions", "ReplayedReview", "ReplayReport", "read_recording", "replay", "Verdict",

@@ -19,7 +19,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from cryptography import x509
 
-from amp.registration._needs import CLASSES, Needs, Problem, RegistrationProblem as P
+from amp.registration._needs import CLASSES, Needs, Problem
+from amp.registration._needs import RegistrationProblem as P
 
 __all__ = ["check", "selects"]
 
