@@ -35,6 +35,7 @@ from amp.config import Config
 
 if TYPE_CHECKING:
     from amp.cli.audit import AuditRun
+    from amp.reactors import IAmpReactor
 from amp.metrics import Metrics
 
 __all__ = ["AuditService", "ContinuousAudit", "Elector", "cluster_audit"]
@@ -50,7 +51,7 @@ class Elector(Protocol):
         """Stop; a leader steps down; fires once the Lease is released (or that failed)."""
 
 
-def cluster_audit(reactor: Any, client: Any) -> Callable[[Config], Deferred[AuditRun]]:
+def cluster_audit(reactor: IAmpReactor, client: Any) -> Callable[[Config], Deferred[AuditRun]]:
     """The audit of every managed namespace through C{client} (an L{amp.kube.KubeClient})."""
     from amp.cli.audit import AuditOptions, audit
     from amp.cli.audit_cluster import PagedLists, kube_getter
@@ -208,7 +209,7 @@ class AuditService(Service):
 
     log = Logger()
 
-    def __init__(self, config: Config, reactor: Any, metrics: Metrics, namespaces: Any,
+    def __init__(self, config: Config, reactor: IAmpReactor, metrics: Metrics, namespaces: Any,
                  identity: Optional[str] = None) -> None:
         super().__init__()
         self._config = config

@@ -37,7 +37,7 @@ import signal
 from collections import OrderedDict
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, maybeDeferred
@@ -50,6 +50,9 @@ from zope.interface import Interface, implementer
 from amp.config import Config, ConfigError, config_digest, for_reload, parse_config
 from amp.files import CONFIG_LIMIT, FileError, Observed, config_document, observe, read_file
 from amp.metrics import Metrics
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 _SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, None]
 
@@ -90,7 +93,7 @@ class ReloadService(Service):
         self,
         target: IReloadable,
         *,
-        reactor: Any,
+        reactor: IAmpReactor,
         interval: float = 5.0,
         clock: Optional[IReactorTime] = None,
     ) -> None:
@@ -161,7 +164,7 @@ class SighupService(Service):
 
     log = Logger()
 
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: IAmpReactor) -> None:
         """
         @param reactor: the reactor the reloaders run on
             (C{callFromThread} from the signal handler).
@@ -233,7 +236,7 @@ class SighupService(Service):
 InThread = Callable[[Callable[[], Any]], "Deferred[Any]"]
 
 
-def in_thread_pool(reactor: Any) -> InThread:
+def in_thread_pool(reactor: IAmpReactor) -> InThread:
     """
     Run callables in C{reactor}'s thread pool; the result crosses back to
     the reactor thread (C{deferToThreadPool}).

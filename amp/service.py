@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import gc
 import random
-from typing import Any, Callable, Mapping, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, cast
 
 from twisted.application.service import IService, IServiceCollection, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
@@ -55,6 +55,9 @@ from amp.reload import ConfigFile, ConfigReloadService, InThread, SighupService,
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.tracing import Tracing
 from amp.web import AdmissionResource, not_found, webhook_routes
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 #: The log of what this module reports itself (the services have their own).
 _log = Logger()
@@ -147,7 +150,7 @@ def serving_certificate(config: TLSConfig, clock: Any, metrics: Optional[Metrics
 
 
 def namespace_source(
-    config: Config, reactor: Any, metrics: Metrics, on_first_list: Optional[Callable[[], None]] = None,
+    config: Config, reactor: IAmpReactor, metrics: Metrics, on_first_list: Optional[Callable[[], None]] = None,
     on_webhook: Optional[Callable[[Any], None]] = None, terms: Sequence[Any] = (),
 ) -> INamespaceSource:
     """
@@ -191,7 +194,7 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def metrics_site(metrics: Metrics, reactor: Any, recent: Optional[RecentDecisions] = None) -> Site:
+def metrics_site(metrics: Metrics, reactor: IAmpReactor, recent: Optional[RecentDecisions] = None) -> Site:
     """
     The plain-HTTP site serving C{/metrics} and, given C{recent},
     C{/debug/reviews} (L{amp.recent}), without an access log.
@@ -222,7 +225,7 @@ class AmpService(MultiService):
     def __init__(
         self,
         config: Config,
-        reactor: Any,
+        reactor: IAmpReactor,
         *,
         certificate: ReloadingCertificate,
         webhook_endpoint: IStreamServerEndpoint,

@@ -13,13 +13,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from twisted.python import usage
 
 from amp.config import Config, ConfigError, load_config
 from amp.logs import ConfigurableObserver
 from amp.reasons import NamespaceSource
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 
 class Options(usage.Options):
@@ -128,7 +131,7 @@ def print_effective_config(config: Config, out: Any = None) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
+def makeService(options: Options, reactor: Optional[IAmpReactor] = None) -> Any:
     """
     Build amp's service from parsed options: the one place that reaches for
     the global reactor (when none is given) and builds the real listening
@@ -142,7 +145,8 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     if reactor is None:
         from twisted.internet import reactor as global_reactor
 
-        reactor = global_reactor
+        # Twisted types the global one as the parts every reactor has; amp's run on epoll/poll/select have all.
+        reactor = cast("IAmpReactor", global_reactor)
     from twisted.internet.endpoints import serverFromString
 
     from amp.balance import WorkerListener

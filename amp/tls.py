@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -69,6 +69,9 @@ from zope.interface import implementer
 from amp.files import PEM_LIMIT, FileError, FileState, Observed, observe, read_file
 from amp.metrics import Metrics
 from amp.reload import IReloadable, ReloadService
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 #: TLS 1.2 cipher suites: Mozilla's "intermediate" list without the
 #: finite-field DHE suites, i.e. ECDHE key exchange with AES-GCM or
@@ -496,7 +499,7 @@ def tcp_description(port: int, interface: str, backlog: Optional[int] = None) ->
 
 
 def tls_endpoint(
-    reactor: Any,
+    reactor: IAmpReactor,
     port: int,
     interface: str,
     creator: ReloadingCertificate,

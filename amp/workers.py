@@ -41,11 +41,11 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IReactorProcess, IReactorTime
+from twisted.internet.interfaces import IReactorProcess, IReactorTime, IReadDescriptor
 from twisted.internet.main import CONNECTION_DONE
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import LoopingCall
@@ -53,6 +53,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.runner.procmon import ProcessMonitor
 from zope.interface import implementer
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
+
 
 #: How often the monitor looks whether its stopped children have exited.
 _EXIT_POLL = 0.05
@@ -117,7 +121,7 @@ class _InheritOutput:
     called with a process's name as soon as it has ended.
     """
 
-    def __init__(self, reactor: Any, inherit: Callable[[], dict[int, int]] = dict,
+    def __init__(self, reactor: IAmpReactor, inherit: Callable[[], dict[int, int]] = dict,
                  on_exit: Optional[Callable[[str], None]] = None) -> None:
         self._reactor = reactor
         self._inherit = inherit
@@ -153,7 +157,7 @@ class WorkerMonitor(ProcessMonitor):
 
     log = Logger()
 
-    def __init__(self, reactor: Any, inherit: Callable[[], dict[int, int]] = dict,
+    def __init__(self, reactor: IAmpReactor, inherit: Callable[[], dict[int, int]] = dict,
                  on_exit: Optional[Callable[[str], None]] = None) -> None:
         """
         @param inherit: the descriptors every child gets besides standard
@@ -194,7 +198,7 @@ class WorkerMonitor(ProcessMonitor):
         return done
 
 
-def supervise(config_path: str, workers: int, reactor: Any, drain_timeout: float,
+def supervise(config_path: str, workers: int, reactor: IAmpReactor, drain_timeout: float,
               shared: Optional[Callable[[], tuple[int, int]]] = None,
               on_exit: Optional[Callable[[int], None]] = None) -> WorkerMonitor:
     """
@@ -229,6 +233,7 @@ def supervise(config_path: str, workers: int, reactor: Any, drain_timeout: float
     return monitor
 
 
+@implementer(IReadDescriptor)
 class _StdinReader:
     """
     Reads and discards standard input; end-of-file calls C{on_eof}.
@@ -244,7 +249,7 @@ class _StdinReader:
     def logPrefix(self) -> str:
         return "ParentWatch"
 
-    def doRead(self) -> Optional[BaseException]:
+    def doRead(self) -> Optional[Failure]:
         try:
             data = os.read(self.fd, 4096)
         except BlockingIOError:
@@ -252,7 +257,7 @@ class _StdinReader:
         except OSError:
             data = b""
         if not data:
-            return CONNECTION_DONE
+            return CONNECTION_DONE  # type: ignore[return-value]  # an exception, as Twisted's own descriptors return
         return None
 
     def connectionLost(self, reason: Failure) -> None:
@@ -268,7 +273,7 @@ class ParentWatch(Service):
 
     log = Logger()
 
-    def __init__(self, reactor: Any, fd: int = 0) -> None:
+    def __init__(self, reactor: IAmpReactor, fd: int = 0) -> None:
         self.reactor = reactor
         self.fd = fd
         self._reader: Optional[_StdinReader] = None

@@ -24,7 +24,7 @@ import dataclasses
 import os
 import sys
 import time
-from typing import IO, Any, Callable, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from twisted.internet.defer import gatherResults, inlineCallbacks
 from twisted.internet.threads import deferToThreadPool
@@ -51,6 +51,9 @@ from amp.namespaces import StaticNamespaceSource
 from amp.podjson import json_object
 from amp.reasons import Mode, NamespaceSource
 from amp.text import terminal
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 __all__ = ["AuditOptions", "AuditRun", "audit", "run"]
 
@@ -137,7 +140,7 @@ def _audited_namespaces(listed: list[dict[str, Any]], wanted: tuple[str, ...], k
 
 
 @inlineCallbacks
-def audit(reactor: Any, options: AuditOptions, lists: PagedLists, *, connector: Optional[Connector] = None,
+def audit(reactor: IAmpReactor, options: AuditOptions, lists: PagedLists, *, connector: Optional[Connector] = None,
           progress: Optional[Progress] = None, where: str = "the cluster",
           read_recordings: Optional[Callable[[str], Any]] = None,
           blocking: Optional[Callable[..., Any]] = None) -> Any:
@@ -338,8 +341,8 @@ def render(found: AuditRun, options: AuditOptions, now: float) -> str:
 
 
 @inlineCallbacks
-def run(argv: Sequence[str], reactor: Any, *, stdout: Optional[IO[str]] = None, stderr: Optional[IO[str]] = None,
-        connector: Optional[Connector] = None, lists: Optional[PagedLists] = None,
+def run(argv: Sequence[str], reactor: IAmpReactor, *, stdout: Optional[IO[str]] = None,
+        stderr: Optional[IO[str]] = None, connector: Optional[Connector] = None, lists: Optional[PagedLists] = None,
         blocking: Optional[Callable[..., Any]] = None) -> Any:
     """
     C{amp audit ARGV}: audit, print, and fire with the exit status.

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.threads import deferToThreadPool
 
 from amp.podjson import json_object
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 __all__ = ["ClusterError", "PagedLists", "Page", "kube_getter"]
 
@@ -68,7 +71,7 @@ class PagedLists:
     C{reactor}'s thread pool (or, with no reactor, at once: the tests).
     """
 
-    def __init__(self, get: Getter, page_size: int, reactor: Any = None) -> None:
+    def __init__(self, get: Getter, page_size: int, reactor: Optional[IAmpReactor] = None) -> None:
         self._get = get
         self._page_size = page_size
         self._reactor = reactor

@@ -16,7 +16,7 @@ error, for that workload only.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from twisted.internet.defer import Deferred, DeferredSemaphore, inlineCallbacks
 from twisted.internet.task import deferLater
@@ -34,6 +34,9 @@ from amp.metrics import Metrics
 from amp.namespaces import INamespaceSource
 from amp.reasons import Result
 from amp.trace import Called
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 __all__ = ["Pacer", "TemplatePipeline"]
 
@@ -74,7 +77,7 @@ class TemplatePipeline:
     @ivar templates: templates reviewed so far.
     """
 
-    def __init__(self, reactor: Any, config: Config, namespaces: INamespaceSource, *, where: str,
+    def __init__(self, reactor: IAmpReactor, config: Config, namespaces: INamespaceSource, *, where: str,
                  concurrency: int, rate: float, connector: Optional[Connector] = None) -> None:
         self._reactor = reactor
         self._config = config

@@ -20,7 +20,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from typing import IO, Any, Optional, Sequence, cast
+from typing import IO, TYPE_CHECKING, Any, Optional, Sequence, cast
 
 from cryptography import x509
 from twisted.internet.defer import Deferred, succeed
@@ -29,6 +29,9 @@ from twisted.internet.threads import deferToThreadPool
 from amp.config import Config, ConfigError, load_config, parse_config
 from amp.files import INPUT_LIMIT, PEM_LIMIT, FileError, config_document, parse_documents, read_file, read_stream
 from amp.registration import Problem, check, needs
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "find_registration", "run"]
 
@@ -151,7 +154,7 @@ def render(problems: Sequence[Problem], where: str, output: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
+def run(argv: Sequence[str], reactor: IAmpReactor, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
         stderr: Optional[IO[str]] = None) -> "Deferred[int]":
     """C{amp check ARGV}: check, print, and fire with the exit status."""
     stdin = stdin if stdin is not None else sys.stdin

@@ -32,7 +32,7 @@ import json
 import os
 import sys
 import uuid
-from typing import IO, Any, Mapping, Optional, Protocol, Sequence, cast
+from typing import IO, TYPE_CHECKING, Any, Mapping, Optional, Protocol, Sequence, cast
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, inlineCallbacks
@@ -70,6 +70,9 @@ from amp.review import parse_review
 from amp.text import terminal
 from amp.trace import NO_TRACE, IReviewTrace, NamespaceFound, RecordedTrace, Stamped
 from amp.tracing import Ids, ReviewSpans, Tracing
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 __all__ = [
     "EXIT_ADMITTED", "EXIT_FAILURE_POLICY", "EXIT_USAGE", "EXIT_DENIED", "EXIT_NOT_IDEMPOTENT",
@@ -183,7 +186,7 @@ def _describe_cluster(kube: KubernetesConfig) -> str:
 
 
 def _webhook_policy(
-    reactor: Any, kube: KubernetesConfig, name: str, webhook: Optional[str]
+    reactor: IAmpReactor, kube: KubernetesConfig, name: str, webhook: Optional[str]
 ) -> Deferred[tuple[Optional[str], str, Any]]:
     """
     The C{failurePolicy} of amp's MutatingWebhookConfiguration C{name}
@@ -356,7 +359,7 @@ def review_round(
 
 @inlineCallbacks
 def explain(
-    reactor: Any, options: ExplainOptions, pod_input: PodInput, *, connector: Optional[Connector] = None,
+    reactor: IAmpReactor, options: ExplainOptions, pod_input: PodInput, *, connector: Optional[Connector] = None,
     log_publisher: Any = None, recorded: Optional[str] = None,
 ) -> Any:
     """
@@ -439,7 +442,7 @@ def explain(
 
 @inlineCallbacks
 def run(
-    argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
+    argv: Sequence[str], reactor: IAmpReactor, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
     stderr: Optional[IO[str]] = None, log_publisher: Any = None, connector: Optional[Connector] = None,
 ) -> Any:
     """

@@ -23,7 +23,7 @@ after the lease duration.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, ParamSpec, TypeVar
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -33,6 +33,9 @@ from twisted.python.failure import Failure
 
 from amp.kube._client import Conflict, describe
 from amp.kube._keep import format_time
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -58,7 +61,7 @@ class LeaseElector:
         self,
         *,
         client: Any,
-        reactor: Any,
+        reactor: IAmpReactor,
         clock: IReactorTime,
         namespace: str,
         name: str,

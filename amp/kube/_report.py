@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -32,6 +32,9 @@ from amp.kube._keep import PodKeep
 from amp.kube._lease import LeaseElector
 from amp.kube._verdict import EnableRevisions
 from amp.metrics import Metrics
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 #: Pods per page of the Pod list.
 POD_PAGE = 500
@@ -66,7 +69,7 @@ class BypassReport:
         *,
         config: KubernetesConfig,
         client: Any,
-        reactor: Any,
+        reactor: IAmpReactor,
         clock: IReactorTime,
         metrics: Metrics,
         identity: str,

@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail, succeed
@@ -63,6 +63,9 @@ from amp.kube._watch import ListWatch
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.reasons import NamespaceSource
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 #: How long C{stopService} waits for the threads before giving up on them
 #: (they are daemon threads; after a socket shutdown they end at once).
@@ -137,7 +140,7 @@ class KubernetesNamespaceSource(Service):
         self,
         config: KubernetesConfig,
         *,
-        reactor: Any,
+        reactor: IAmpReactor,
         metrics: Optional[Metrics] = None,
         clock: Optional[IReactorTime] = None,
         random: Callable[[], float] = _random.random,

@@ -29,7 +29,7 @@ import dataclasses
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks, succeed
@@ -42,6 +42,9 @@ from amp.policy import chain_pieces
 from amp.record._compare import Difference, pod_differences
 from amp.record._entry import LINE_LIMIT, RecordedReview, RecordingError, decode_line
 from amp.rules import STAMP_ANNOTATIONS
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 __all__ = ["ReplayOptions", "ReplayedReview", "ReplayReport", "read_recording", "replay", "Verdict",
            "UNREADABLE_SAMPLE"]
@@ -235,7 +238,7 @@ class Replayer:
     shared by every review) and compares.
     """
 
-    def __init__(self, reactor: Any, options: ReplayOptions, endpoint_client: Any, metrics: Any) -> None:
+    def __init__(self, reactor: IAmpReactor, options: ReplayOptions, endpoint_client: Any, metrics: Any) -> None:
         self._reactor = reactor
         self._options = options
         self._client = endpoint_client
@@ -319,7 +322,7 @@ def _slim(done: ReplayedReview) -> ReplayedReview:
                                after=dataclasses.replace(done.after, pod=None))
 
 
-def replay(reactor: Any, options: ReplayOptions, recordings: Iterable[RecordedReview | RecordingError],
+def replay(reactor: IAmpReactor, options: ReplayOptions, recordings: Iterable[RecordedReview | RecordingError],
            endpoint_client: Any, metrics: Any, progress: Any = None,
            emit: Optional[Callable[[ReplayedReview], None]] = None) -> "Deferred[ReplayReport]":
     """

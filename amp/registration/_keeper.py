@@ -13,7 +13,7 @@ logged and retried with backoff; none of it makes amp unready.
 from __future__ import annotations
 
 import random as _random
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.threads import deferToThreadPool
@@ -23,6 +23,9 @@ from amp.config import Config
 from amp.kube import backoff_delay, describe
 from amp.metrics import Metrics
 from amp.registration._desired import desired, drifted
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 __all__ = ["RegistrationKeeper"]
 
@@ -46,7 +49,7 @@ class RegistrationKeeper:
 
     log = Logger()
 
-    def __init__(self, config: Config, *, reactor: Any, clock: IReactorTime, metrics: Metrics,
+    def __init__(self, config: Config, *, reactor: IAmpReactor, clock: IReactorTime, metrics: Metrics,
                  own_namespace: Optional[str], random: Callable[[], float] = _random.random,
                  read: Callable[[str], bytes] = _read) -> None:
         self._config = config

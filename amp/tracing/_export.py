@@ -16,7 +16,7 @@ when dropping begins, and when exports succeed again.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
@@ -28,6 +28,9 @@ from twisted.python.threadpool import ThreadPool
 
 from amp import __version__
 from amp.tracing._settings import Exporting
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 log = Logger()
 
@@ -92,7 +95,7 @@ class Pipeline:
     """
 
     def __init__(
-        self, exporting: Exporting, reactor: Any, dropped: Callable[[int, str], None],
+        self, exporting: Exporting, reactor: IAmpReactor, dropped: Callable[[int, str], None],
         exporter: Optional[SpanExporter] = None,
     ) -> None:
         self.exporting = exporting

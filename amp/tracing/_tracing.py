@@ -25,6 +25,7 @@ from amp.tracing._settings import Settings, resolve
 from amp.tracing._spans import ReviewSpans
 
 if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
     from amp.tracing._export import Pipeline
 
 
@@ -59,7 +60,7 @@ class Tracing(Service):
     log = Logger()
 
     def __init__(
-        self, config: TracingConfig, reactor: Any, dropped: Callable[[int, str], None],
+        self, config: TracingConfig, reactor: IAmpReactor, dropped: Callable[[int, str], None],
         environ: Optional[Mapping[str, str]] = None, ids: Optional[Ids] = None,
         exporter: Optional[Callable[[Any], Any]] = None, threadpool: Any = None,
     ) -> None:
