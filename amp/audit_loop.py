@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import socket
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Union
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
@@ -35,6 +35,8 @@ from amp.config import Config
 
 if TYPE_CHECKING:
     from amp.cli.audit import AuditRun
+    from amp.kube import KubeClient
+    from amp.namespaces import INamespaceSource
     from amp.reactors import IAmpReactor
 from amp.metrics import Metrics
 
@@ -51,7 +53,7 @@ class Elector(Protocol):
         """Stop; a leader steps down; fires once the Lease is released (or that failed)."""
 
 
-def cluster_audit(reactor: IAmpReactor, client: Any) -> Callable[[Config], Deferred[AuditRun]]:
+def cluster_audit(reactor: IAmpReactor, client: KubeClient) -> Callable[[Config], Deferred[AuditRun]]:
     """The audit of every managed namespace through C{client} (an L{amp.kube.KubeClient})."""
     from amp.cli.audit import AuditOptions, audit
     from amp.cli.audit_cluster import PagedLists, kube_getter
@@ -209,7 +211,7 @@ class AuditService(Service):
 
     log = Logger()
 
-    def __init__(self, config: Config, reactor: IAmpReactor, metrics: Metrics, namespaces: Any,
+    def __init__(self, config: Config, reactor: IAmpReactor, metrics: Metrics, namespaces: INamespaceSource,
                  identity: Optional[str] = None) -> None:
         super().__init__()
         self._config = config
@@ -217,7 +219,7 @@ class AuditService(Service):
         self._metrics = metrics
         self._namespaces = namespaces
         self._identity = identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-        self._client: Any = None
+        self._client: Optional[KubeClient] = None
         self.audit: Optional[ContinuousAudit] = None
 
     def startService(self) -> None:
@@ -258,9 +260,9 @@ class AuditService(Service):
 
     def stopService(self) -> Optional[Deferred[None]]:
         Service.stopService(self)
-        if self.audit is None:
-            return None
         client = self._client
+        if self.audit is None or client is None:  # an audit has its client
+            return None
 
         def closed(result: object) -> object:
             client.close()

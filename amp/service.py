@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, ca
 
 from twisted.application.service import IService, IServiceCollection, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
-from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IReactorTime, IStreamServerEndpoint
 from twisted.logger import ILogObserver, Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
@@ -136,7 +136,9 @@ class ListenerService(Service):
         return None
 
 
-def serving_certificate(config: TLSConfig, clock: Any, metrics: Optional[Metrics] = None) -> ReloadingCertificate:
+def serving_certificate(
+    config: TLSConfig, clock: IReactorTime, metrics: Optional[Metrics] = None
+) -> ReloadingCertificate:
     """
     The serving certificate named by C{tls.*}, loaded.
 

@@ -23,6 +23,7 @@ from twisted.internet.threads import deferToThreadPool
 from amp.podjson import json_object
 
 if TYPE_CHECKING:
+    from amp.kube import KubeClient
     from amp.reactors import IAmpReactor
 
 __all__ = ["ClusterError", "PagedLists", "Page", "kube_getter"]
@@ -58,7 +59,7 @@ def _path(kind: str, namespace: Optional[str]) -> str:
 Getter = Callable[[str, list[tuple[str, str]]], bytes]
 
 
-def kube_getter(client: Any, timeout: float) -> Getter:
+def kube_getter(client: KubeClient, timeout: float) -> Getter:
     """A L{Getter} on an L{amp.kube.KubeClient} (each GET bounded by C{timeout})."""
     def get(path: str, query: list[tuple[str, str]]) -> bytes:
         return bytes(client.request("GET", path, query=query, timeout=timeout))

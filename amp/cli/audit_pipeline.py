@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from twisted.internet.defer import Deferred, DeferredSemaphore, inlineCallbacks
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
 from amp.admission import Admitter
@@ -47,7 +48,7 @@ class Pacer:
     next one may start (each a C{1/rate} after the one before).
     """
 
-    def __init__(self, clock: Any, rate: float) -> None:
+    def __init__(self, clock: IReactorTime, rate: float) -> None:
         self._clock = clock
         self._gap = 1.0 / rate
         self._next = 0.0

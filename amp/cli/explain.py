@@ -36,6 +36,7 @@ from typing import IO, TYPE_CHECKING, Any, Mapping, Optional, Protocol, Sequence
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent
 from zope.interface import implementer
@@ -325,8 +326,8 @@ def _decode(body: bytes) -> dict[str, Any]:
 
 @inlineCallbacks
 def review_round(
-    admitter: Admitter, clock: Any, source: ExplainedNamespace, log: CollectedLines, pod: dict[str, Any],
-    namespace: str, budget: float, tracing: Any = None,
+    admitter: Admitter, clock: IReactorTime, source: ExplainedNamespace, log: CollectedLines, pod: dict[str, Any],
+    namespace: str, budget: float, tracing: Optional[Tracing] = None,
 ) -> Any:
     """
     One review of C{pod} in C{namespace} through C{admitter}; fires with

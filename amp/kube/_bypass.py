@@ -61,6 +61,7 @@ from amp.kube._events import Changed, Crashed, Replaced, Restarting, WatchEvent
 from amp.kube._keep import PodSeen
 from amp.kube._verdict import REASON, Enabled, Judge, Verdict, event_body, event_name, log_line
 from amp.metrics import Metrics
+from amp.namespaces import INamespaceSource
 from amp.rules import STATUS_ANNOTATION
 
 #: Seconds between seeing a Pod and judging it.
@@ -113,7 +114,7 @@ class BypassReporter:
         self,
         *,
         config: KubernetesConfig,
-        namespaces: Any,
+        namespaces: INamespaceSource,
         clock: IReactorTime,
         metrics: Metrics,
         post_event: Callable[[str, dict[str, Any]], Deferred[bool]],

@@ -31,7 +31,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from amp.kube._client import Conflict, describe
+from amp.kube._client import Conflict, KubeClient, describe
 from amp.kube._keep import format_time
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class LeaseElector:
     def __init__(
         self,
         *,
-        client: Any,
+        client: KubeClient,
         reactor: IAmpReactor,
         clock: IReactorTime,
         namespace: str,

@@ -28,10 +28,12 @@ from twisted.internet.threads import deferToThreadPool
 from amp.config import KubernetesConfig
 from amp.kube._bridge import Bridge
 from amp.kube._bypass import BypassReporter
+from amp.kube._client import KubeClient
 from amp.kube._keep import PodKeep
 from amp.kube._lease import LeaseElector
 from amp.kube._verdict import EnableRevisions
 from amp.metrics import Metrics
+from amp.namespaces import INamespaceSource
 
 if TYPE_CHECKING:
     from amp.reactors import IAmpReactor
@@ -46,7 +48,7 @@ class _PodWatch:
 
     stop: threading.Event
     bridge: Bridge
-    client: Any
+    client: KubeClient
 
 
 class BypassReport:
@@ -68,12 +70,12 @@ class BypassReport:
         self,
         *,
         config: KubernetesConfig,
-        client: Any,
+        client: KubeClient,
         reactor: IAmpReactor,
         clock: IReactorTime,
         metrics: Metrics,
         identity: str,
-        namespaces: Any,
+        namespaces: INamespaceSource,
         enables: EnableRevisions,
         own_namespace: str,
         lease_namespace: str,

@@ -78,7 +78,7 @@ _NEGATIVE_PRUNE_AT = 1024
 class _Run:
     """One start of the service: its stop flag, threads and bridges."""
 
-    watch_client: Any
+    watch_client: Optional[KubeClient]
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[Any] = field(default_factory=list)
     watches: dict[str, ListWatch] = field(default_factory=dict)
@@ -245,7 +245,7 @@ class KubernetesNamespaceSource(Service):
 
     # ------------------------------------------------------------ the bypass report
 
-    def _start_bypass(self, run: _Run, client: Any) -> None:
+    def _start_bypass(self, run: _Run, client: KubeClient) -> None:
         config = self._config
         own = config.own_namespace or service_account_namespace()
         lease_namespace = config.bypass.lease_namespace or own

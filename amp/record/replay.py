@@ -44,6 +44,8 @@ from amp.record._entry import LINE_LIMIT, RecordedReview, RecordingError, decode
 from amp.rules import STAMP_ANNOTATIONS
 
 if TYPE_CHECKING:
+    from amp.endpoint import EndpointClient
+    from amp.metrics import Metrics
     from amp.reactors import IAmpReactor
 
 __all__ = ["ReplayOptions", "ReplayedReview", "ReplayReport", "read_recording", "replay", "Verdict",
@@ -238,7 +240,8 @@ class Replayer:
     shared by every review) and compares.
     """
 
-    def __init__(self, reactor: IAmpReactor, options: ReplayOptions, endpoint_client: Any, metrics: Any) -> None:
+    def __init__(self, reactor: IAmpReactor, options: ReplayOptions, endpoint_client: EndpointClient,
+                 metrics: Metrics) -> None:
         self._reactor = reactor
         self._options = options
         self._client = endpoint_client
@@ -323,7 +326,7 @@ def _slim(done: ReplayedReview) -> ReplayedReview:
 
 
 def replay(reactor: IAmpReactor, options: ReplayOptions, recordings: Iterable[RecordedReview | RecordingError],
-           endpoint_client: Any, metrics: Any, progress: Any = None,
+           endpoint_client: EndpointClient, metrics: Metrics, progress: Any = None,
            emit: Optional[Callable[[ReplayedReview], None]] = None) -> "Deferred[ReplayReport]":
     """
     Replay C{recordings}, at most C{options.concurrency} reviews at a time,

@@ -25,6 +25,7 @@ from amp.metrics import Metrics
 from amp.registration._desired import desired, drifted
 
 if TYPE_CHECKING:
+    from amp.kube import KubeClient
     from amp.reactors import IAmpReactor
 
 __all__ = ["RegistrationKeeper"]
@@ -59,7 +60,7 @@ class RegistrationKeeper:
         self._own = own_namespace
         self._random = random
         self._read = read
-        self._client: Any = None
+        self._client: Optional[KubeClient] = None
         self.active = False
         self._term = 0
         self._obj: Any = _UNSEEN
@@ -73,7 +74,7 @@ class RegistrationKeeper:
 
     # ------------------------------------------------------------ what the daemon tells it
 
-    def start_term(self, client: Any) -> None:
+    def start_term(self, client: KubeClient) -> None:
         """This replica holds the Lease: apply now, with C{client} (blocking; used in the thread pool)."""
         self._client = client
         self.active = True
@@ -125,7 +126,7 @@ class RegistrationKeeper:
 
     def _fire(self) -> None:
         self._timer = None
-        if not self.active or self._busy:
+        if not self.active or self._busy or self._client is None:  # a term has its client
             return
         if not self._force and (self.want is None or drifted(self._obj, self.want) is None):
             return
