@@ -27,6 +27,7 @@ from threading import get_ident
 from typing import IO, Any, Callable, Optional
 
 import msgspec
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import (
     ILogObserver,
     LogEvent,
@@ -360,7 +361,7 @@ class _Kind:
         self.logged = 0
         self.suppressed = 0
         self.flooding = False
-        self.timer: Any = None
+        self.timer: Optional[IDelayedCall] = None
 
 
 class RepeatLimiter:
@@ -381,7 +382,7 @@ class RepeatLimiter:
         reads C{"<count> more <subject> in the last <interval>s (...)"}.
     """
 
-    def __init__(self, logger: Any, clock: Any, summaries: dict[str, str], *, burst: int = 5,
+    def __init__(self, logger: Logger, clock: IReactorTime, summaries: dict[str, str], *, burst: int = 5,
                  interval: float = 60.0) -> None:
         self._logger = logger
         self._clock = clock

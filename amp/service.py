@@ -57,6 +57,8 @@ from amp.tracing import Tracing
 from amp.web import AdmissionResource, not_found, webhook_routes
 
 if TYPE_CHECKING:
+    from amp.audit_loop import AuditService
+    from amp.kube._report import LeaseTerm
     from amp.reactors import IAmpReactor
 
 #: The log of what this module reports itself (the services have their own).
@@ -153,7 +155,7 @@ def serving_certificate(
 
 def namespace_source(
     config: Config, reactor: IAmpReactor, metrics: Metrics, on_first_list: Optional[Callable[[], None]] = None,
-    on_webhook: Optional[Callable[[Any], None]] = None, terms: Sequence[Any] = (),
+    on_webhook: Optional[Callable[[Any], None]] = None, terms: Sequence[LeaseTerm] = (),
 ) -> INamespaceSource:
     """
     The namespace source named by C{kubernetes.source}; C{on_webhook} is
@@ -345,7 +347,7 @@ class AmpService(MultiService):
         #: Told each config put in force by L{apply} (the registration check).
         self.on_apply: list[Callable[[Config], object]] = []
         #: The continuous audit (C{audit.continuous}), or None.
-        self.audit: Optional[Any] = None
+        self.audit: Optional[AuditService] = None
         if config.audit.continuous and config.kubernetes.source != NamespaceSource.STATIC:
             from amp.audit_loop import AuditService
 

@@ -239,7 +239,7 @@ class _StdinReader:
     Reads and discards standard input; end-of-file calls C{on_eof}.
     """
 
-    def __init__(self, fd: int, on_eof: Any) -> None:
+    def __init__(self, fd: int, on_eof: Callable[[], None]) -> None:
         self.fd = fd
         self.on_eof = on_eof
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -40,6 +40,16 @@ if TYPE_CHECKING:
 
 #: Pods per page of the Pod list.
 POD_PAGE = 500
+
+
+class LeaseTerm(Protocol):
+    """Another user of the Lease's terms (the managed registration's L{amp.registration.RegistrationKeeper})."""
+
+    def start_term(self, client: KubeClient) -> None:
+        """This replica holds the Lease from now on; C{client} is the Lease loop's."""
+
+    def end_term(self) -> None:
+        """This replica no longer holds it (or amp stops)."""
 
 
 @dataclass(eq=False)
@@ -81,7 +91,7 @@ class BypassReport:
         lease_namespace: str,
         watch: Callable[..., Bridge],
         wall: Callable[[], float],
-        terms: Sequence[Any] = (),
+        terms: Sequence[LeaseTerm] = (),
         pods: bool = True,
     ) -> None:
         self._config = config

@@ -57,7 +57,7 @@ from amp.kube._client import KubeClient, Lister, describe, get_namespace, servic
 from amp.kube._events import Bookmark, Changed, Crashed, Replaced, Restarting, WatchEvent
 from amp.kube._keep import Keep, WebhookPolicy
 from amp.kube._lease import LeaseElector
-from amp.kube._report import BypassReport
+from amp.kube._report import BypassReport, LeaseTerm
 from amp.kube._verdict import EnableRevisions
 from amp.kube._watch import ListWatch
 from amp.metrics import Metrics
@@ -80,7 +80,7 @@ class _Run:
 
     watch_client: Optional[KubeClient]
     stop: threading.Event = field(default_factory=threading.Event)
-    threads: list[Any] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
     watches: dict[str, ListWatch] = field(default_factory=dict)
     bridges: list[Bridge] = field(default_factory=list)
     running: int = 0
@@ -146,11 +146,11 @@ class KubernetesNamespaceSource(Service):
         random: Callable[[], float] = _random.random,
         on_first_list: Optional[Callable[[], None]] = None,
         client_factory: Callable[[KubernetesConfig], Any] = KubeClient.from_config,
-        spawn: Callable[[str, Callable[[], None]], Any] = start_thread,
+        spawn: Callable[[str, Callable[[], None]], threading.Thread] = start_thread,
         identity: Optional[str] = None,
         wall: Callable[[], float] = time.time,
         on_webhook: Optional[Callable[[Optional[Any]], None]] = None,
-        terms: Sequence[Any] = (),
+        terms: Sequence[LeaseTerm] = (),
     ) -> None:
         self._config = config
         self._terms = tuple(terms)
@@ -328,7 +328,7 @@ class KubernetesNamespaceSource(Service):
         self._metrics.namespace_cache_size.set(0)
 
     @property
-    def threads(self) -> tuple[Any, ...]:
+    def threads(self) -> tuple[threading.Thread, ...]:
         """The watch threads of the current or last run (for tooling and tests)."""
         return tuple(self._last_run.threads) if self._last_run is not None else ()
 
