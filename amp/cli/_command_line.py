@@ -9,15 +9,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any, Mapping, NoReturn, Optional, Sequence
+from typing import IO, Any, Mapping, NoReturn, Optional, Protocol, Sequence
 
 from amp.cli.workloads import InputError, PodInput, load_documents, names_namespace, pod_for, select_object
 from amp.config import Config, ConfigError, command_config
 from amp.files import INPUT_LIMIT, FileError, read_file, read_stream
 from amp.reasons import NamespaceSource
 
-if TYPE_CHECKING:
-    from _typeshed import SupportsWrite
 
 class UsageError(Exception):
     """
@@ -57,6 +55,13 @@ class Exit(Exception):
         self.status = status
 
 
+class _TextOut(Protocol):
+    """Where help is written (what argparse's print_help takes)."""
+
+    def write(self, text: str, /) -> object:
+        """Write C{text}."""
+
+
 class _Parser(argparse.ArgumentParser):
     """
     argparse that reports a usage error as one line (L{UsageError}) and
@@ -70,7 +75,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
 
-    def print_help(self, file: Optional[SupportsWrite[str]] = None) -> None:
+    def print_help(self, file: Optional[_TextOut] = None) -> None:
         (file or self.out).write(self.format_help())
 
     def exit(self, status: int = 0, message: Optional[str] = None) -> NoReturn:
