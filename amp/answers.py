@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, NamedTuple, Optional
 
+from amp.admission_review import AdmissionRequest, clip, encode_response
 from amp.reasons import Reason, Result
-from amp.review import AdmissionRequest, clip, encode_response
 
 #: The key of amp's own audit annotation (shown by the API server as
 #: C{<webhook name>/error}).
@@ -37,7 +37,8 @@ MESSAGE_LIMIT = 1024
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through
-# object.__setattr__ (0.84 -> 0.17 us a construction, measured); one is made for every review,
+# object.__setattr__, several times the cost of a plain one (bench/README.md, "Figures behind the code");
+# one is made for every review,
 # and nothing changes it once made.
 @dataclass(slots=True)
 class Outcome:

@@ -43,10 +43,11 @@ from twisted.python.failure import Failure
 
 from amp.config import Config
 from amp.deadline import Deadline
+from amp.memo import Memo
 from amp.namespaces import NamespaceInfo
 from amp.patch import PatchError, check_patch
+from amp.poddiff import pod_differences
 from amp.policy import EndpointStep, Route, resolve_chain
-from amp.record import pod_differences
 from amp.urls import shown_url
 from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION
 
@@ -105,6 +106,26 @@ def canary_plan(ns: Optional[NamespaceInfo], route: Route, config: Config) -> Op
     return CanaryPlan(steps[0], int(step_text) - 1, percent)
 
 
+@dataclass(frozen=True, slots=True)
+class LiveStep:
+    """
+    The live step a candidate stands beside, as the review is about to call
+    it: whose review, the endpoint, the Pod as the steps before left it and
+    its JSON, the call's headers (copied by the run), the review's one
+    deadline, and L{amp.patch.check_patch}'s options.
+    """
+
+    namespace: str
+    uid: str
+    pod_name: str
+    live: EndpointStep
+    pod: dict[str, Any]
+    body: bytes
+    headers: Mapping[bytes, bytes]
+    deadline: Deadline
+    patch_options: Mapping[str, Any]
+
+
 class Canary:
     """
     Runs candidates beside live steps and reports the comparison.
@@ -126,18 +147,19 @@ class Canary:
         self._counter = metrics.canary_reviews
         self._annotate = annotate
         self._draw = draw
-        self._problems: dict[str, str] = {}
+        #: The problem last reported for each namespace (at most
+        #: L{_PROBLEMS_KEPT}: one forgotten is reported again).
+        self._problems: Memo[str, str] = Memo(_PROBLEMS_KEPT)
 
-    def start(self, plan: CanaryPlan, namespace: str, uid: str, pod_name: str, live: EndpointStep,
-              pod: dict[str, Any], body: bytes, headers: Mapping[bytes, bytes], deadline: Deadline,
-              patch_options: Mapping[str, Any], spans: Any = None) -> Optional["CanaryRun"]:
+    def start(self, plan: CanaryPlan, step: LiveStep, spans: Any = None) -> Optional["CanaryRun"]:
         """
-        Start the candidate for the live step C{live} about to be called
-        with C{pod} (C{body} its JSON), if this review is sampled; the
-        L{CanaryRun} to tell the live step's outcome, or None.  C{spans}:
+        Start the candidate beside the live C{step} about to be called, if
+        this review is sampled; the L{CanaryRun} to tell the live step's
+        outcome, or None.  C{spans}:
         the live review's (L{amp.tracing.ReviewSpans}) when it is traced:
         the candidate's call is a span linked to it.
         """
+        namespace = step.namespace
         if plan.candidate is None:
             self._note_problem(namespace, plan.problem)
             self._count(namespace, CanaryResult.SKIPPED)
@@ -145,8 +167,7 @@ class Canary:
         self._problems.pop(namespace, None)
         if plan.percent < 100 and self._draw() * 100 >= plan.percent:
             return None
-        run = CanaryRun(self, plan.candidate, namespace, uid, pod_name, live, pod, body, dict(headers), deadline,
-                        patch_options)
+        run = CanaryRun(self, plan.candidate, step)
         if spans is not None and spans.sampled:
             run.spans = spans
         return run
@@ -156,8 +177,6 @@ class Canary:
 
     def _note_problem(self, namespace: str, problem: str) -> None:
         if self._problems.get(namespace) != problem:
-            if len(self._problems) >= 4096:
-                self._problems.clear()
             self._problems[namespace] = problem
             self.log.warn("Namespace {namespace}: canary not used: {problem}", namespace=namespace, problem=problem)
 
@@ -177,6 +196,8 @@ class Canary:
 
 
 _PENDING: Any = object()
+#: Namespaces whose last canary problem is remembered, so it is reported once.
+_PROBLEMS_KEPT = 4096
 
 
 class CanaryRun:
@@ -192,20 +213,18 @@ class CanaryRun:
     whose call never started.
     """
 
-    def __init__(self, canary: Canary, candidate: EndpointStep, namespace: str, uid: str, pod_name: str,
-                 live: EndpointStep, pod: dict[str, Any], body: bytes, headers: dict[bytes, bytes],
-                 deadline: Deadline, patch_options: Mapping[str, Any]) -> None:
+    def __init__(self, canary: Canary, candidate: EndpointStep, step: LiveStep) -> None:
         self._canary = canary
         self.candidate = candidate
-        self.namespace = namespace
-        self.uid = uid
-        self.pod_name = pod_name
-        self.live = live
-        self._pod = pod
-        self._body = body
-        self._headers = headers
-        self._deadline = deadline
-        self._options = patch_options
+        self.namespace = step.namespace
+        self.uid = step.uid
+        self.pod_name = step.pod_name
+        self.live = step.live
+        self._pod = step.pod
+        self._body = step.body
+        self._headers = dict(step.headers)
+        deadline = self._deadline = step.deadline
+        self._options = step.patch_options
         self._live: Any = _PENDING
         self._candidate: Any = _PENDING
         self._done = False

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from amp.config import DeadlineConfig
+from amp.memo import Memo
 
 _TIMEOUT = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
 _TIMEOUT_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
@@ -31,7 +32,8 @@ _SLACK = 1e-6
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through
-# object.__setattr__ (0.39 -> 0.15 us a construction, measured); one is made for every review,
+# object.__setattr__, several times the cost of a plain one (bench/README.md, "Figures behind the code");
+# one is made for every review,
 # and nothing changes it once made.
 @dataclass(slots=True)
 class Deadline:
@@ -83,14 +85,12 @@ def parse_timeout(value: Optional[str]) -> Optional[float]:
         # 400 digits make an infinite float: never an unbounded review.
         seconds = min(seconds, MAX_TIMEOUT) if seconds > 0 else None
     if len(value) <= 32:
-        if len(_PARSED) >= 256:
-            _PARSED.clear()
         _PARSED[value] = seconds
     return seconds
 
 
 #: Timeouts read already: an API server sends its webhook's one value.
-_PARSED: dict[str, Optional[float]] = {}
+_PARSED: Memo[str, Optional[float]] = Memo(256)
 _UNKNOWN = object()
 
 

@@ -12,8 +12,8 @@ way before anything looks at what it says:
   - an empty file, and bytes that are not UTF-8, refused;
   - JSON nested at most L{MAX_DEPTH} deep, measured before parsing and
     without recursion by the review's own check
-    (L{amp.review.nesting_exceeds}), then decoded as reviews are
-    (L{amp.review.decode_bounded}: no C{NaN} or C{Infinity}, integers in
+    (L{amp.admission_review.nesting_exceeds}), then decoded as reviews are
+    (L{amp.admission_review.decode_bounded}: no C{NaN} or C{Infinity}, integers in
     64 bits, finite floats);
   - YAML limited to what JSON can say (mappings, sequences, strings,
     numbers, booleans, null; an unquoted date stays a string; any other tag
@@ -63,7 +63,7 @@ from yaml.events import (
     SequenceStartEvent,
 )
 
-from amp.review import MAX_DEPTH, decode_bounded, nesting_exceeds
+from amp.admission_review import MAX_DEPTH, decode_bounded, nesting_exceeds
 from amp.text import lone_surrogate, may_hold_surrogate
 
 __all__ = ["CONFIG_LIMIT", "FileError", "FileState", "INPUT_LIMIT", "MAX_DEPTH", "MAX_NODES", "Observed",

@@ -1,78 +1,32 @@
 """
-Near-miss hints: a key amp does not know, named with the closest one it
-does ("did you mean"), so that a typo is not silent (pure).
+Near-miss hints on Namespaces and Pods: a label or annotation in amp's own
+domain (C{amp.txn2.com/...} and its subdomains, as the configured keys name
+it) that amp does not read, named with the closest key it does, so that a
+typo is not silent (pure).
 
-Two uses:
-
-  - labels and annotations in amp's own domain (C{amp.txn2.com/...} and
-    its subdomains, as the configured keys name it) on a Namespace or a
-    Pod: L{AmpKeys} says which are not keys amp reads.  The namespace
-    sources keep the hints of each namespace (L{amp.namespaces.NamespaceInfo}
-    C{near_misses}; the watch drops every other key) and report them once
-    per change of a namespace (L{near_miss_news}); C{amp explain} prints
-    them for the namespace and the Pod.
-  - config keys: L{did_you_mean} is what L{amp.config} adds to an
-    "unknown key" error.
+L{AmpKeys} says which keys amp reads and which are near misses.  The
+namespace sources keep the hints of each namespace
+(L{amp.namespaces.NamespaceInfo} C{near_misses}; the watch drops every
+other key) and report them once per change of a namespace
+(L{near_miss_news}); C{amp explain} prints them for the namespace and the
+Pod.  The generic "did you mean" is L{amp.suggest}'s.
 """
 
 from __future__ import annotations
 
-import difflib
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from amp.rules import NAMESPACE_FEATURE_ANNOTATIONS, STAMP_ANNOTATIONS
+from amp.rules import NAMESPACE_FEATURE_ANNOTATIONS, STAMP_ANNOTATIONS, KnownNamespace
+from amp.suggest import closest_label_key
 
-if TYPE_CHECKING:  # amp.config and amp.namespaces use this module: no import at run time
+if TYPE_CHECKING:
     from amp.config import KubernetesConfig
-    from amp.namespaces import NamespaceInfo
 
-__all__ = ["AmpKeys", "NAMESPACE_FEATURE_ANNOTATIONS", "NEAR_MISS_PROBLEM", "closest", "closest_label_key",
-           "did_you_mean", "near_miss_news"]
+__all__ = ["AmpKeys", "NAMESPACE_FEATURE_ANNOTATIONS", "NEAR_MISS_PROBLEM", "near_miss_news"]
 
 #: C{amp_namespace_problems_total{problem}} of a namespace carrying a label
 #: or annotation in amp's domain that amp does not read.
 NEAR_MISS_PROBLEM = "unknown-key"
-
-
-
-def closest(name: str, known: Iterable[str]) -> Optional[str]:
-    """The known key most like C{name}, if one is close enough to be a typo of it."""
-    found = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return found[0] if found else None
-
-
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """C{" (did you mean X?)"} for the closest known key, else the empty string."""
-    match = closest(name, known)
-    return f" (did you mean {match}?)" if match is not None else ""
-
-
-def _abbreviates(short: str, long: str) -> bool:
-    """Whether C{short} is C{long} shortened (C{ep} of C{endpoint}): its letters in order, the first first."""
-    if not short or len(short) >= len(long) or short[0] != long[0]:
-        return False
-    rest = iter(long)
-    return all(c in rest for c in short)
-
-
-def closest_label_key(key: str, known: Iterable[str]) -> Optional[str]:
-    """
-    The known label or annotation key most like C{key}: the part after
-    the C{/} compared (a shortening, C{ep} of C{endpoint}, counts as
-    close), a different domain prefix counting against it.
-    """
-    prefix, _, name = key.rpartition("/")
-    best, best_score = None, 0.5
-    for candidate in known:
-        cprefix, _, cname = candidate.rpartition("/")
-        score = difflib.SequenceMatcher(None, name, cname).ratio()
-        if _abbreviates(cname, name) or _abbreviates(name, cname):
-            score = max(score, 0.8)
-        if cprefix != prefix:
-            score *= difflib.SequenceMatcher(None, prefix, cprefix).ratio()
-        if score >= best_score and (best is None or score > best_score):
-            best, best_score = candidate, score
-    return best
 
 
 class AmpKeys:
@@ -126,7 +80,7 @@ class AmpKeys:
         return tuple(sorted(hints))
 
 
-    def namespace_hints(self, info: "NamespaceInfo") -> list[str]:
+    def namespace_hints(self, info: KnownNamespace) -> list[str]:
         """
         A namespace's hints: those its source kept (the keys themselves may
         be gone) and those of the labels and annotations it has now.

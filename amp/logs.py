@@ -154,7 +154,8 @@ class _HeldLines:
     Lines put off while lines are written together (L{lines_together}, the
     context manager this is), per output, to be written with one call and
     flushed once.  One object, its state a depth: the generator-based
-    context manager it replaced cost 4 us a reactor turn.
+    context manager it replaced cost more every reactor turn
+    (bench/README.md, "Figures behind the code").
 
     The output's own buffering cannot be relied on for that: with
     C{PYTHONUNBUFFERED=1} (set in amp's container image, and common in

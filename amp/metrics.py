@@ -134,9 +134,9 @@ class _HotFamily(Collector):
     its children are plain numbers, changed on the reactor thread, which
     is also where the registry is scraped (C{/metrics} is a twisted.web
     resource), so no lock is needed.  C{prometheus_client}'s own children
-    take a lock per change (an C{inc} 0.6 us here, against 0.05 us; an
-    C{observe} 1.3 us against 0.2): a few per review, on the only thread
-    that counts them.  Nothing but the reactor thread may change or scrape
+    take a lock per change (five times the cost of a plain number's;
+    bench/README.md, "Figures behind the code"): a few per review, on the
+    only thread that counts them.  Nothing but the reactor thread may change or scrape
     one.  A subclass says how a child is made (L{_child}).
     """
 

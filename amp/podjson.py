@@ -5,9 +5,10 @@ kept as its raw JSON (C{msgspec.Raw}) until something reads it.
 
 Most patches change only labels and annotations, and the Pod goes to the
 endpoint as JSON anyway: decoding all of a Pod to Python objects was the
-largest single cost of a review (a 60 KiB Pod: 160 us of 600 in memory,
-and more under load, where every decoded object is fresh memory).  A raw
-member costs a skip over its bytes, which L{amp.review} validated already
+largest single cost of a review (a quarter of a 60 KiB Pod's review in
+memory, and more under load, where every decoded object is fresh memory;
+bench/README.md, "Figures behind the code").  A raw
+member costs a skip over its bytes, which L{amp.admission_review} validated already
 (UTF-8, nesting, JSON syntax); its numbers are checked when it is read.
 
 One part of the metadata may be raw too: C{metadata.managedFields}
@@ -32,7 +33,7 @@ from typing import Any
 
 import msgspec
 
-from amp.review import RAW_IN_METADATA, decode_bounded, long_digits
+from amp.admission_review import RAW_IN_METADATA, decode_bounded, long_digits
 
 __all__ = ["MemberError", "RAW", "RAW_IN_METADATA", "decoded", "json_object", "member", "read", "read_all", "whole"]
 

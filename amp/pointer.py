@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
+from amp.memo import Memo
+
 __all__ = ["escape_pointer_token", "json_type", "parse_pointer", "pointer"]
 
 _BAD_ESCAPE = re.compile(r"~(?![01])")
@@ -46,16 +48,13 @@ def parse_pointer(pointer: str) -> tuple[str, ...]:
     else:
         tokens = tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
     if len(pointer) <= _PARSED_LENGTH:
-        if len(_PARSED) >= _PARSED_LIMIT:
-            _PARSED.clear()
         _PARSED[pointer] = tokens
     return tokens
 
 
 #: Pointers parsed already: every review's patch names the same few paths
 #: (amp's stamp, an endpoint's label or sidecar), escapes and all.
-_PARSED: dict[str, tuple[str, ...]] = {}
-_PARSED_LIMIT = 4096
+_PARSED: Memo[str, tuple[str, ...]] = Memo(4096)
 _PARSED_LENGTH = 256
 
 

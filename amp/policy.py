@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from amp.config import BreakerConfig, Config, EndpointSettings
+from amp.memo import Memo
 from amp.namespaces import NamespaceInfo
 from amp.reasons import FailurePolicy, Mode, Reason
 from amp.rules import is_enabled, mode as namespace_mode
@@ -237,12 +238,12 @@ def failure_policy_why(ns: Optional[NamespaceInfo], config: Config, cluster_poli
 
 def route(
     ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str], *, validation: bool = False,
-    cache: Optional[dict[str, tuple]] = None, explain: bool = False,
+    cache: Optional[Memo[str, tuple]] = None, explain: bool = False,
 ) -> Route:
     """
     Decide what to do for a review in namespace C{ns} (None: no such
     namespace).  C{validation} picks the validation endpoint annotation.
-    C{cache}, a dict kept for one C{config}, remembers what each annotation
+    C{cache}, a memo kept for one C{config}, remembers what each annotation
     value resolved to (parsed URL, allow-list verdict, settings), so the hot
     path does not parse the same URL for every review.  With C{explain},
     the route carries its own explanation (L{Route.explanation}).
@@ -264,17 +265,11 @@ def route(
         if resolved is None:
             resolved = resolve_chain(raw, config)
             if cache is not None:
-                if len(cache) >= _CACHE_LIMIT:
-                    cache.clear()
                 cache[raw] = resolved
         steps, url, bad, error = resolved
         r = Route(True, policy, mode, url=url, raw_url=raw, steps=steps, error=error, bad_url=bad,
                   policy_problem=problem)
     return _explained(r, ns, config, cluster_policy, keys, key) if explain else r
-
-
-#: Distinct endpoint annotation values remembered by L{route}'s cache.
-_CACHE_LIMIT = 4096
 
 
 def chain_pieces(raw: str) -> list[str]:

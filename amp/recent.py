@@ -3,7 +3,7 @@ The last decisions amp took, for C{GET /debug/reviews} on the metrics port.
 
 L{RecentDecisions} is a bounded ring buffer of L{Decision}s (pure: no
 reactor, no I/O); the webhook's response path records one per review
-(L{amp.web.AdmissionResource}), after the answer is written.  A decision
+(L{amp.web.ReviewHandler}), after the answer is written.  A decision
 holds only what the review's log line holds: uid, time, namespace, Pod
 name, endpoint origin, result, reason, the answer's message (already
 masked, as in the Pod's warnings and audit annotation) and the duration;
@@ -25,12 +25,13 @@ from typing import Any, Iterable, Optional
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
-from amp.hints import did_you_mean
+from amp.suggest import did_you_mean
 from amp.timestamps import rfc3339
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through
-# object.__setattr__ (1.43 -> 0.20 us a construction, measured); one is made for every review,
+# object.__setattr__, several times the cost of a plain one (bench/README.md, "Figures behind the code");
+# one is made for every review,
 # and nothing changes it once made.
 @dataclass(slots=True)
 class Decision:

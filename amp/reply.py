@@ -19,7 +19,7 @@ by itself); what it refuses is tried again with Python's C{json} (other
 encodings JSON allows), so the verdict is unchanged; a string that is not
 valid Unicode (a lone surrogate escape), which amp could not encode in its
 answer, is C{invalid-json} naming where it is.  The depth is checked before parsing and without recursion
-(L{amp.review.nesting_exceeds}, the review's own check): Python's C{json} recurses once per level and fails
+(L{amp.admission_review.nesting_exceeds}, the review's own check): Python's C{json} recurses once per level and fails
 with C{RecursionError} near a thousand, and whatever walks the parsed reply
 afterwards (patch checks, copies, encoding) recurses too.
 """
@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 import msgspec
 
-from amp.review import nesting_exceeds
+from amp.admission_review import nesting_exceeds
 from amp.text import lone_surrogate, may_hold_surrogate
 
 _OBJECT_KEYS = frozenset({"patch", "allowed", "status", "warnings", "auditAnnotations"})
@@ -65,7 +65,8 @@ class ReplyError(ValueError):
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through
-# object.__setattr__ (0.94 -> 0.19 us a construction, measured); one is made for every review,
+# object.__setattr__, several times the cost of a plain one (bench/README.md, "Figures behind the code");
+# one is made for every review,
 # and nothing changes it once made.
 @dataclass(slots=True)
 class EndpointDecision:

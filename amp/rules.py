@@ -14,19 +14,16 @@ earlier versions (L{LEGACY_SKIPPED_ANNOTATION}) is removed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol
 
 from amp.reasons import Mode
 
 if TYPE_CHECKING:
-    # Types only: the configuration and the namespaces read these names
-    # (through amp.hints), so the rules import neither at run time.
     from amp.config import KubernetesConfig
-    from amp.namespaces import NamespaceInfo
 
 __all__ = [
     "CANARY_ANNOTATION", "CANARY_PERCENT_ANNOTATION", "CANARY_STEP_ANNOTATION", "NAMESPACE_FEATURE_ANNOTATIONS",
-    "RECORD_ANNOTATION", "LEGACY_SKIPPED_ANNOTATION", "STAMP_ANNOTATIONS", "STATUS_ANNOTATION", "is_enabled", "labels_opt_out", "mode",
+    "KnownNamespace", "Namespace", "RECORD_ANNOTATION", "LEGACY_SKIPPED_ANNOTATION", "STAMP_ANNOTATIONS", "STATUS_ANNOTATION", "is_enabled", "labels_opt_out", "mode",
     "opted_out", "own_pods_warning", "protected_namespaces",
 ]
 
@@ -52,12 +49,36 @@ NAMESPACE_FEATURE_ANNOTATIONS = (CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, C
                                  RECORD_ANNOTATION)
 
 
-def is_enabled(ns: Optional[NamespaceInfo], kube: KubernetesConfig) -> bool:
+class Namespace(Protocol):
+    """
+    What the rules read of a namespace (L{amp.namespaces.NamespaceInfo} is
+    one): the namespace sources build on the rules, so the rules name no
+    source's type.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+    @property
+    def annotations(self) -> Mapping[str, str]: ...
+
+
+class KnownNamespace(Namespace, Protocol):
+    """A namespace as a source keeps it: with the near-miss hints it kept (L{amp.hints})."""
+
+    @property
+    def near_misses(self) -> tuple[str, ...]: ...
+
+
+def is_enabled(ns: Optional[Namespace], kube: KubernetesConfig) -> bool:
     """Whether namespace C{ns} (None: it does not exist) opted in."""
     return ns is not None and ns.labels.get(kube.enabled_label) == kube.enabled_value
 
 
-def mode(ns: NamespaceInfo, kube: KubernetesConfig) -> Mode:
+def mode(ns: Namespace, kube: KubernetesConfig) -> Mode:
     """The namespace's mode: C{shadow} when its mode annotation says so."""
     return Mode.SHADOW if ns.annotations.get(kube.mode_annotation) == Mode.SHADOW else Mode.NORMAL
 
@@ -92,7 +113,7 @@ def opted_out(pod: Any, kube: KubernetesConfig) -> bool:
     return labels_opt_out(metadata.get("labels") if type(metadata) is dict else None, kube)
 
 
-def own_pods_warning(ns: Optional[NamespaceInfo], kube: KubernetesConfig) -> Optional[str]:
+def own_pods_warning(ns: Optional[Namespace], kube: KubernetesConfig) -> Optional[str]:
     """
     What to warn about at start-up when amp's own namespace C{ns} is
     enabled (its own Pods would be sent to it), or None.

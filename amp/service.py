@@ -54,7 +54,7 @@ from amp.record import KeptAnnotations, Recorder
 from amp.reload import ConfigFile, ConfigReloadService, InThread, SighupService, in_thread_pool
 from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.tracing import Tracing
-from amp.web import AdmissionResource, not_found, webhook_routes
+from amp.web import ReviewHandler, not_found, webhook_routes
 
 if TYPE_CHECKING:
     from amp.audit_loop import AuditService
@@ -191,8 +191,8 @@ def freeze_startup_objects() -> None:
     Collect, then move every object alive now out of the garbage
     collector's view: objects made at start-up (and by the first namespace
     list) live as long as the process, and scanning them in every full
-    collection is what made p99 latency (20-35 ms pauses at ~1000
-    reviews/s).  For the daemon; tests leave it off.
+    collection is what paused reviews for tens of milliseconds, the p99
+    latency under load (bench/README.md, "Figures behind the code").  For the daemon; tests leave it off.
     """
     gc.collect()
     gc.freeze()
@@ -324,7 +324,7 @@ class AmpService(MultiService):
             "certificate": certificate.readiness,
             "namespaces": lambda: self.namespaces.readiness(),
         }, recent=self.recent)
-        self._admission = [h for h in routes.values() if isinstance(h, AdmissionResource)]
+        self._admission = [h for h in routes.values() if isinstance(h, ReviewHandler)]
         #: OpenTelemetry tracing of reviews (C{tracing}; off by default).
         self.tracing = Tracing(config.tracing, reactor,
                                lambda count, reason: metrics.trace_spans_dropped.labels(reason=reason).inc(count),

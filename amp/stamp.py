@@ -37,8 +37,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from amp.admission_review import clip
+from amp.memo import Memo
 from amp.reasons import Status
-from amp.review import clip
 from amp.rules import STATUS_ANNOTATION
 
 __all__ = ["STATUS_ANNOTATION", "STATUS_LIMIT", "Mark", "next_stamp", "parse_stamp", "pod_stamp", "render_stamp"]
@@ -155,8 +156,6 @@ def next_stamp(
     value = _NEXT.get(key)
     if value is None:
         value = _next_stamp(incoming, key[1], limit)
-        if len(_NEXT) >= _NEXT_LIMIT:
-            _NEXT.clear()
         if incoming is None or len(incoming) <= _READ_LIMIT:
             _NEXT[key] = value
     return value
@@ -164,8 +163,7 @@ def next_stamp(
 
 #: Stamps computed already: a namespace's Pods come with the same stamp
 #: (mostly none) and get the same outcomes, review after review.
-_NEXT: dict[tuple, str] = {}
-_NEXT_LIMIT = 1024
+_NEXT: Memo[tuple[Optional[str], tuple[tuple[str, Status, str], ...], int], str] = Memo(1024)
 
 
 def _next_stamp(incoming: Optional[str], outcomes: Iterable[tuple[str, Status, str]], limit: int) -> str:

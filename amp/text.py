@@ -8,7 +8,7 @@ Two rules live here, each in one function:
     C{json} reads but no UTF-8 encoder can write), named by its path.  An
     API server never sends one (its encoder writes valid UTF-8 only), so
     the review parser refuses a review that holds one with a 400 naming
-    the field (L{amp.review.parse_review}).  It costs nothing in the
+    the field (L{amp.admission_review.parse_review}).  It costs nothing in the
     common case: msgspec, the fast decoder, refuses a lone surrogate by
     itself, and only the careful path that follows (Python's C{json})
     looks, and walks the document only when the body holds a

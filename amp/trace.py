@@ -12,8 +12,9 @@ it tells the story of the daemon's own decisions instead of working them
 out again.  Facts that cost something to gather, on every call of a
 review's hot path (the budget, the call's time, the reply's summary, each
 operation applied) or once (the route's explanation), are only gathered
-when the trace is L{IReviewTrace.recording}: a few microseconds a review,
-measured in memory against the review path without them.
+when the trace is L{IReviewTrace.recording}: gathering them on every
+review would cost the daemon's reviews what only C{amp explain} reads
+(bench/README.md, "Figures behind the code").
 
 The events, in the order a review takes its decisions (L{Step}):
 L{NamespaceFound}, L{RouteDecided}, L{AllowChecked} (per endpoint of the

@@ -21,12 +21,13 @@ from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
 from amp.admission import Admitter, Answer, Outcome, unheard
+from amp.admission_review import AdmissionRequest, ReviewError, parse_review
 from amp.http import Handler, Request, query_parameter
 from amp.logs import HotPathLogger, lines_together
+from amp.memo import Memo
 from amp.metrics import Metrics
 from amp.reasons import Result
 from amp.recent import Decision, RecentDecisions
-from amp.review import AdmissionRequest, ReviewError, parse_review
 from amp.tracing import NO_TRACING, ReviewSpans
 
 #: What the listener serves, for a request to any other path.
@@ -34,7 +35,7 @@ SERVED = "amp serves /mutate, /validate, /healthz and /readyz"
 
 _JSON = b"application/json"
 #: Distinct query strings whose timeout is remembered (a client choosing
-#: its query cannot grow the memory: past this, the memory starts over).
+#: its query cannot grow the memory: past this, the oldest is forgotten).
 _QUERIES_KEPT = 64
 _ALLOW_POST = b"Allow: POST\r\n"
 _ALLOW_GET = b"Allow: GET, HEAD\r\n"
@@ -49,7 +50,7 @@ _TRACED_LINE_WITH_REASON = _REVIEW_LINE_WITH_REASON + " trace={trace_id}"
 
 
 class _Accounted(NamedTuple):
-    """What a review's log line and metrics name of it (L{AdmissionResource._account})."""
+    """What a review's log line and metrics name of it (L{ReviewHandler._account})."""
 
     uid: str
     namespace: str
@@ -59,11 +60,11 @@ class _Accounted(NamedTuple):
     dry_run: bool
 
 
-class AdmissionResource:
+class ReviewHandler:
     """
     C{POST /mutate} or C{POST /validate}: an AdmissionReview in, an
     AdmissionReview out.  (Its name is the logger name of every review's
-    log line, C{amp.web.AdmissionResource}, which log queries select on.)
+    log line, C{amp.web.ReviewHandler}, which log queries select on.)
     """
 
     log = HotPathLogger()
@@ -86,7 +87,7 @@ class AdmissionResource:
         #: in the CPU's cache) rather than two turns later with the rest.
         self._unaccounted: list[tuple[_Accounted, Outcome, float, float, Optional[ReviewSpans]]] = []
         #: The timeout parameter of each query seen (L{_timeout_of}).
-        self._timeouts: dict[bytes, Optional[str]] = {}
+        self._timeouts: Memo[bytes, Optional[str]] = Memo(_QUERIES_KEPT)
         # The log line's method, bound once (each access to a Logger
         # through an instance makes a new Logger).
         self._info = self.log.info
@@ -145,8 +146,6 @@ class AdmissionResource:
         """
         value = query_parameter(query, b"timeout")
         timeout = value.decode("ascii", "replace") if value is not None else None
-        if len(self._timeouts) >= _QUERIES_KEPT:
-            self._timeouts.clear()
         self._timeouts[query] = timeout
         return timeout
 
@@ -321,8 +320,8 @@ def webhook_routes(
     The listener's routes: C{/mutate}, C{/validate}, C{/healthz}, C{/readyz}.
     """
     return {
-        b"/mutate": AdmissionResource(admitter, clock, metrics, validation=False, recent=recent),
-        b"/validate": AdmissionResource(admitter, clock, metrics, validation=True, recent=recent),
+        b"/mutate": ReviewHandler(admitter, clock, metrics, validation=False, recent=recent),
+        b"/validate": ReviewHandler(admitter, clock, metrics, validation=True, recent=recent),
         b"/healthz": health,
         b"/readyz": ReadyHandler(ready_checks),
     }

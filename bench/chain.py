@@ -26,13 +26,13 @@ from typing import Any
 from twisted.internet import defer
 
 from amp.admission import Admitter
+from amp.admission_review import parse_review
 from amp.breaker import BreakerRegistry
 from amp.config import parse_config
 from amp.deadline import Deadline
 from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
-from amp.review import parse_review
 
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "labels": {"app": "web"}},
        "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1"}]}}

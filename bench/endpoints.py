@@ -17,11 +17,10 @@ Measurements of amp's endpoint client over loopback; prints figures.
   4. The client alone, in memory: CPU per call with one pooled connection
      on a memory reactor and no sockets, the steadiest figure for comparing
      request paths (C{--only-memory} runs just this).
-  5. Hostile endpoints: C{max_concurrent} calls at once on each of several
-     origins, every reply hostile (endless header lines, one endless header,
-     an endless chunked body, bodies held just under C{max_response}, deep
-     nesting): amp's peak RSS and its reply budget's peak, per kind
-     (C{--only-hostile} runs just this).
+  5. Hostile endpoints (L{bench.hostile_endpoints}): C{max_concurrent}
+     calls at once on each of several origins, every reply hostile: amp's
+     peak RSS and its reply budget's peak, per kind (C{--only-hostile} runs
+     just this).
 
 The healthy endpoint runs in a child process (a minimal keep-alive HTTP/1.1
 responder, C{--serve}) so that the figures are amp's, not a server sharing
@@ -42,6 +41,12 @@ import subprocess
 import sys
 import time
 from typing import Any, Callable
+
+if __package__:
+    from bench.hostile_endpoints import hostile
+else:  # run as a script (python bench/endpoints.py): bench/ is the first path entry
+    from hostile_endpoints import hostile  # type: ignore[no-redef]
+
 
 _REPLY_BODY = b'[{"op":"add","path":"/metadata/labels/bench","value":"true"}]'
 _REPLY = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
@@ -178,7 +183,7 @@ def hung(budget: float, rounds: int, burst: int) -> Any:
     from twisted.internet.protocol import Factory, Protocol
 
     from amp.deadline import Deadline
-    from amp.review import parse_review
+    from amp.admission_review import parse_review
 
     @inlineCallbacks
     def run() -> Any:
@@ -217,7 +222,7 @@ def breaker_open(reviews: int) -> Any:
     from twisted.internet.protocol import Factory, Protocol
 
     from amp.deadline import Deadline
-    from amp.review import parse_review
+    from amp.admission_review import parse_review
     from amp.urls import parse_endpoint_url
 
     @inlineCallbacks
@@ -265,7 +270,7 @@ def healthy(calls: int, concurrency: int) -> Any:
     from twisted.internet.defer import gatherResults, inlineCallbacks
 
     from amp.deadline import Deadline
-    from amp.review import parse_review
+    from amp.admission_review import parse_review
     from amp.urls import parse_endpoint_url
 
     @inlineCallbacks
@@ -410,135 +415,6 @@ def in_memory(calls: int) -> None:
 
 #: What the hostile child endpoint sends, by path: a kind of reply amp must
 #: not let grow its memory.
-HOSTILE = {
-    # Short header lines, without end.
-    "/headers": (b"HTTP/1.1 200 OK\r\n", lambda i: b"".join(b"X-H%d: v\r\n" % n for n in range(i, i + 4096))),
-    # One header line, without end.
-    "/header": (b"HTTP/1.1 200 OK\r\nX-Big: ", lambda i: b"b" * 65536),
-    # A body without end, chunked (no length to refuse it by).
-    "/chunked": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
-                 lambda i: b"10000\r\n" + b" " * 65536 + b"\r\n"),
-    # A body of max_response (1 MiB) announced, all but 1 KiB of it sent, then
-    # nothing: held until the timeout.
-    "/held": (b"HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n", None),
-    # 1 MiB of nesting.
-    "/deep": (b"HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n" + b"[" * 1048576, None),
-}
-_HELD_BODY = b" " * (1024 * 1024 - 1024)
-
-
-def serve_hostile(ports: int) -> None:
-    """
-    The hostile endpoint: on C{ports} ports (one origin each), answer each
-    request as its path says (L{HOSTILE}), streaming while the connection
-    lasts and at most 64 MiB; print the ports as a JSON line.
-    """
-    from twisted.internet import reactor
-    from twisted.internet.protocol import Factory, Protocol
-
-    class Hostile(Protocol):
-        def connectionMade(self) -> None:
-            self.sent = 0
-            self.started = False
-            self.gone = False
-
-        def dataReceived(self, data: bytes) -> None:
-            if self.started:
-                return
-            self.started = True
-            path = data.split(b" ", 2)[1].decode("latin-1")
-            head, more = HOSTILE[path]
-            self.transport.write(head)
-            if path == "/held":
-                self.transport.write(_HELD_BODY)
-            if more is not None:
-                self._more(more)
-
-        def _more(self, more: Callable[[int], bytes]) -> None:
-            if self.gone or self.sent > 64 * 1024 * 1024:
-                return
-            chunk = more(self.sent)
-            self.sent += len(chunk)
-            self.transport.write(chunk)
-            reactor.callLater(0.001, self._more, more)
-
-        def connectionLost(self, reason: Any) -> None:
-            self.gone = True
-
-    listening = [reactor.listenTCP(0, Factory.forProtocol(Hostile), interface="127.0.0.1", backlog=512)
-                 for _ in range(ports)]
-    signal.signal(signal.SIGTERM, lambda *a: reactor.callFromThread(reactor.stop))
-    print(json.dumps({"ports": [p.getHost().port for p in listening]}), flush=True)
-    reactor.run()
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def hostile(origins: int, per_origin: int) -> Any:
-    """
-    C{per_origin} calls at once on each of C{origins} origins, every reply
-    hostile, one kind after the other, with amp's default limits (the
-    breaker kept closed so that every call goes out): amp's RSS at its peak
-    and what the client held of its reply budget.
-    """
-    from twisted.internet import reactor
-    from twisted.internet.defer import DeferredList, inlineCallbacks
-    from twisted.internet.task import LoopingCall
-
-    from amp.breaker import BreakerRegistry
-    from amp.config import parse_config
-    from amp.deadline import Deadline
-    from amp.endpoint import EndpointClient
-    from amp.metrics import Metrics
-    from amp.urls import parse_endpoint_url
-
-    @inlineCallbacks
-    def run() -> Any:
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-hostile", str(origins)],
-                                 stdout=subprocess.PIPE, text=True)
-        atexit.register(lambda: child.poll() is None and child.kill())
-        assert child.stdout is not None
-        ports = json.loads(child.stdout.readline())["ports"]
-        config = parse_config({"endpoints": {"allow": ["http://127.0.0.1:*/*"], "max_concurrent": per_origin,
-                                             "breaker": {"consecutive_failures": 1_000_000_000,
-                                                         "min_requests": 1_000_000_000}}})
-        settings = config.endpoints.defaults
-        client = EndpointClient(reactor, Metrics(), BreakerRegistry(reactor))
-        body = review_body()
-        print(f"5. hostile endpoints: {per_origin} calls at once on each of {origins} origins, per kind; "
-              f"endpoints.max_buffered {settings.max_buffered // 2**20} MiB, max_response "
-              f"{settings.max_response // 2**20} MiB, timeout {settings.timeout:g}s:")
-        print(f"   RSS before: {_rss() / 2**20:.1f} MiB")
-        for path in HOSTILE:
-            peak = [_rss()]
-            sampler = LoopingCall(lambda peak=peak: peak.__setitem__(0, max(peak[0], _rss())))
-            sampler.start(0.01)
-            client.budget.peak = 0
-            started = time.perf_counter()
-            calls = [client.call(parse_endpoint_url(f"http://127.0.0.1:{port}{path}"), settings, body, {},
-                                 Deadline.after(reactor.seconds(), 10.0))
-                     for port in ports for _ in range(per_origin)]
-            results = yield DeferredList(calls, consumeErrors=True)
-            elapsed = time.perf_counter() - started
-            sampler.stop()
-            reasons: dict[str, int] = {}
-            for ok, value in results:
-                reason = "ok" if ok else str(getattr(value.value, "reason", value.type.__name__))
-                reasons[reason] = reasons.get(reason, 0) + 1
-            print(f"   {path:<9} peak RSS {peak[0] / 2**20:6.1f} MiB  reply budget peak "
-                  f"{client.budget.peak / 2**20:5.1f} MiB  all ended in {elapsed:5.2f}s  "
-                  + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())))
-            yield client.close_idle_connections()
-        yield client.close()
-        child.send_signal(signal.SIGTERM)
-        child.wait(10)
-
-    return run()
-
-
 def deferToProcess(stop: Callable[[], int]) -> Any:
     from twisted.internet import reactor
     from twisted.internet.threads import deferToThreadPool
@@ -556,7 +432,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--reviews", type=int, default=20000, help="reviews timed with the breaker open")
     parser.add_argument("--memory-calls", type=int, default=5000, help="calls per in-memory run")
     parser.add_argument("--only-memory", action="store_true", help="run only the in-memory measurement")
-    parser.add_argument("--serve-hostile", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--hostile-origins", type=int, default=4, help="origins in the hostile run")
     parser.add_argument("--hostile-calls", type=int, default=64, help="calls at once per origin in the hostile run")
     parser.add_argument("--only-hostile", action="store_true", help="run only the hostile-endpoint measurement")
@@ -566,9 +441,6 @@ def main(argv: list[str]) -> int:
         return 0
     if args.only_memory:
         in_memory(args.memory_calls)
-        return 0
-    if args.serve_hostile:
-        serve_hostile(args.serve_hostile)
         return 0
 
     from twisted.internet import reactor
@@ -580,13 +452,13 @@ def main(argv: list[str]) -> int:
     def everything() -> Any:
         try:
             if args.only_hostile:
-                yield hostile(args.hostile_origins, args.hostile_calls)
+                yield hostile(args.hostile_origins, args.hostile_calls, review_body())
                 return
             yield hung(args.budget, args.rounds, 50)
             yield breaker_open(args.reviews)
             yield healthy(args.calls, args.concurrency)
             in_memory(args.memory_calls)
-            yield hostile(args.hostile_origins, args.hostile_calls)
+            yield hostile(args.hostile_origins, args.hostile_calls, review_body())
         except Exception:
             import traceback
 

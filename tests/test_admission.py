@@ -24,6 +24,7 @@ from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
 from amp.admission import LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION, Admitter, Outcome
+from amp.admission_review import parse_review
 from amp.breaker import BreakerRegistry
 from amp.config import Config
 from amp.deadline import Deadline
@@ -31,7 +32,6 @@ from amp.endpoint import EndpointClient
 from amp_examples.server import build_root
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
-from amp.review import parse_review
 from tests.endpointhelpers import ResourceConnector
 from tests.helpers import (
     FakeSource,

@@ -30,7 +30,7 @@ from amp.cli.audit_owners import Owners, WorkloadKey, restart_command
 from amp.cli.audit_paths import compare, touched_places
 from amp.cli.audit_pipeline import Pacer
 from amp.config import KubernetesConfig, parse_config
-from amp.record import MISSING
+from amp.poddiff import MISSING
 from tests.endpointhelpers import ResourceConnector
 
 STATUS = "amp.txn2.com/status"

@@ -1,5 +1,5 @@
 """
-The benchmark's profile summary (bench.harness.summarise_collapsed): its
+The benchmark's profile summary (bench.profile_summary.summarise_collapsed): its
 rows of where the time goes stand for functions on a review's path, and
 count the stacks that pass through them.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bench import bodies
-from bench.harness import BREAKDOWN, summarise_collapsed
+from bench.profile_summary import BREAKDOWN, summarise_collapsed
 from bench.review_path import ReviewPath, check_answer, request_pieces
 
 _NAMED = [(label, name) for label, _, names in BREAKDOWN for name in names]
@@ -84,4 +84,4 @@ def test_a_stack_counts_for_every_row_it_passes_through_and_no_other(tmp_path: P
     assert rows["endpoint call set-up (amp.endpoint.EndpointClient.ask_into)"] == 30.0
     assert rows["the endpoint's reply read (amp.http's client llhttp callbacks and head count)"] == 10.0
     assert rows["patch checks (amp.patch.check_patch)"] == 40.0
-    assert rows["AdmissionReview parsing (amp.review.parse_review)"] == 0.0
+    assert rows["AdmissionReview parsing (amp.admission_review.parse_review)"] == 0.0

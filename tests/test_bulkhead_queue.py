@@ -20,13 +20,13 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from amp.admission import Admitter
+from amp.admission_review import parse_review
 from amp.breaker import OPEN, BreakerRegistry
 from amp.config import BreakerConfig, EndpointSettings, parse_config
 from amp.deadline import Deadline
 from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
-from amp.review import parse_review
 from tests.endpointhelpers import FailureAssertions, Harness, Hung, ResourceConnector, requests_total, review_body
 from tests.helpers import decode_answer
 

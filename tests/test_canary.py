@@ -14,7 +14,7 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 
-from amp.canary import Canary, CanaryResult, canary_plan
+from amp.canary import Canary, CanaryResult, LiveStep, canary_plan
 from amp.deadline import Deadline
 from amp.metrics import Metrics
 from amp.namespaces import NamespaceInfo
@@ -176,7 +176,8 @@ def _run(annotate: Any = None) -> tuple[Any, Clock, Metrics, _HeldCalls, dict]:
     the_pod = pod("web")
     options = dict(denied=config.patch.denied_paths, allowed=config.patch.allowed_paths,
                    repair=config.patch.repair, max_operations=config.patch.max_operations)
-    run = canary.start(plan, "mesh", "u1", "web", r.steps[0], the_pod, b"{}", {}, Deadline.after(0, 10), options)
+    live = LiveStep("mesh", "u1", "web", r.steps[0], the_pod, b"{}", {}, Deadline.after(0, 10), options)
+    run = canary.start(plan, live)
     return run, clock, metrics, client, the_pod
 
 

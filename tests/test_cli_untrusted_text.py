@@ -25,7 +25,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from amp.cli import dispatch
 from amp.metrics import Metrics
 from amp.record import decode_line
-from amp.record.replay import UNREADABLE_SAMPLE, ReplayOptions, read_recording, replay
+from amp.cli.replay_run import UNREADABLE_SAMPLE, ReplayOptions, read_recording, replay
 from amp.text import terminal
 from tests.helpers import make_config, pod
 from tests.test_explain import ENV_OP, Files, config_text, ns, run_sync
@@ -137,7 +137,7 @@ def _hostile_recording() -> bytes:
 
 
 def _replay(argv: list[str], stdin: bytes = b"", client: Any = None) -> tuple[int, str, str]:
-    from amp.record._command import run
+    from amp.cli.replay import run
 
     out, err = io.StringIO(), io.StringIO()
     done = run(argv, MemoryReactorClock(), stdin=io.BytesIO(stdin), stdout=out, stderr=err, endpoint_client=client)
@@ -212,7 +212,7 @@ class MalformedRecordingTests(SynchronousTestCase):
                       report["unreadable"][list(BAD_LINES).index("a lone surrogate in the review")])
 
     def test_a_line_over_the_limit_is_named_and_skipped_unread(self) -> None:
-        import amp.record.replay as module
+        import amp.cli.replay_run as module
 
         good = _good()
         self.patch(module, "LINE_LIMIT", len(good))
@@ -244,7 +244,7 @@ class MalformedRecordingTests(SynchronousTestCase):
                                             f"0 different, 0 failed, {count} unreadable")
 
     def test_a_line_whose_replay_fails_unforeseen_is_one_named_line(self) -> None:
-        from amp.record.replay import Replayer
+        from amp.cli.replay_run import Replayer
 
         real = Replayer.replay_one
 

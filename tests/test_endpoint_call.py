@@ -22,6 +22,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import Site
 
 from amp.admission import Admitter
+from amp.admission_review import parse_review
 from amp.breaker import CLOSED, HALF_OPEN, OPEN, BreakerRegistry
 from amp.config import BreakerConfig, EndpointSettings, parse_config
 from amp.deadline import Deadline
@@ -31,7 +32,6 @@ from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 from amp.reasons import ENDPOINT_REASONS
 from amp.reply import EndpointDecision
-from amp.review import parse_review
 from amp.urls import EndpointURL, parse_endpoint_url
 from tests.endpointhelpers import (
     Endpoint,

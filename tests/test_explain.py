@@ -35,7 +35,7 @@ from amp.cli import dispatch
 from amp.cli.explain import (
     EXIT_ADMITTED, EXIT_DENIED, EXIT_FAILURE_POLICY, EXIT_NOT_IDEMPOTENT, EXIT_USAGE, run,
 )
-from amp.cli.replay import recorded_reply
+from amp.cli.recorded_reply import recorded_reply
 from amp.cli.workloads import InputError, load_documents, pod_for, select_object
 from amp.trace import Step
 from tests.endpointhelpers import ResourceConnector
@@ -1002,7 +1002,7 @@ class TraceInPipelineTests(SynchronousTestCase):
     def test_trace_observes_without_changing_the_answer(self) -> None:
         from amp.config import parse_config
         from amp.deadline import Deadline
-        from amp.review import parse_review
+        from amp.admission_review import parse_review
         from amp.trace import RecordedTrace
         from tests.helpers import review_bytes
 

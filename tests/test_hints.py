@@ -7,8 +7,9 @@ Pod; a config key's closest known key.
 from __future__ import annotations
 
 from amp.config import KubernetesConfig, StaticNamespace
-from amp.hints import AmpKeys, closest, did_you_mean, near_miss_news
+from amp.hints import AmpKeys, near_miss_news
 from amp.namespaces import StaticNamespaceSource
+from amp.suggest import closest, did_you_mean
 
 KEYS = AmpKeys(KubernetesConfig())
 

@@ -1,9 +1,12 @@
 """
 The shape of the C{amp} package, read from its source: no import cycle
-between its modules (every import that runs counted, those inside functions
-too: a cycle hidden behind a late import is still a cycle; an import under
-C{if TYPE_CHECKING:} never runs, and names a type only), and no module over
-600 lines (a module that grows past that is split by concern).
+between its modules (every import counted, those inside functions too: a
+cycle hidden behind a late import is still a cycle; and those under C{if
+TYPE_CHECKING:}: a type-only import never runs, but two modules that name
+each other's types are still one concern in two files), no cycle between
+its packages and top-level modules (C{amp.x}: the graph collapsed to them),
+and no module over 600 lines (a module that grows past that is split by
+concern).
 """
 
 from __future__ import annotations
@@ -35,12 +38,8 @@ def imported(tree: ast.AST, name: str, is_package: bool, known: set[str]) -> set
     own packages, already being imported, do not).
     """
     package = name if is_package else name.rpartition(".")[0]
-    typing_only = {id(n) for block in ast.walk(tree) if _is_type_checking(block)
-                   for stmt in block.body for n in ast.walk(stmt)}
     targets: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -61,15 +60,6 @@ def imported(tree: ast.AST, name: str, is_package: bool, known: set[str]) -> set
             if prefix in known and prefix != name and not name.startswith(prefix + "."):
                 out.add(prefix)
     return out
-
-
-def _is_type_checking(node: ast.AST) -> bool:
-    """C{if TYPE_CHECKING:} (or C{typing.TYPE_CHECKING}), whose body never runs."""
-    if not isinstance(node, ast.If):
-        return False
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -107,9 +97,28 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
+def top_level(name: str) -> str:
+    """The package or top-level module of C{amp} that module C{name} is in: C{amp.x} of C{amp.x.y}."""
+    return ".".join(name.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """C{graph} collapsed to C{amp}'s packages and top-level modules; an import inside one is no edge."""
+    out: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        node = top_level(name)
+        out.setdefault(node, set()).update(top_level(t) for t in targets if top_level(t) != node)
+    return out
+
+
 def test_no_import_cycle_in_amp() -> None:
     cycle = find_cycle(import_graph())
     assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_cycle_between_packages_of_amp() -> None:
+    cycle = find_cycle(package_graph(import_graph()))
+    assert not cycle, "import cycle between packages: " + " -> ".join(cycle)
 
 
 def test_the_cycle_check_sees_a_cycle_behind_a_late_import() -> None:
@@ -121,10 +130,27 @@ def test_the_cycle_check_sees_a_cycle_behind_a_late_import() -> None:
     assert find_cycle(graph) == ["amp.a", "amp.b", "amp.a"]
 
 
-def test_an_import_for_type_checking_only_is_not_an_edge() -> None:
+def test_the_cycle_check_sees_a_cycle_through_type_checking_imports() -> None:
+    """An import under C{if TYPE_CHECKING:} is an edge: two modules naming each other's types are a cycle."""
     known = {"amp.a", "amp.b"}
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from amp.b import B\n")
-    assert imported(tree, "amp.a", False, known) == set()
+    a = ast.parse("import amp.b\n")
+    b = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from amp.a import A\n")
+    graph = {"amp.a": imported(a, "amp.a", False, known), "amp.b": imported(b, "amp.b", False, known)}
+    assert find_cycle(graph) == ["amp.a", "amp.b", "amp.a"]
+
+
+def test_the_package_check_sees_a_cycle_between_packages() -> None:
+    """
+    Modules with no cycle between them (C{amp.p._one} -> C{amp.q} ->
+    C{amp.p._two}) still make one between their packages.
+    """
+    known = {"amp.p", "amp.p._one", "amp.p._two", "amp.q"}
+    one = ast.parse("from amp import q\n")
+    q = ast.parse("from amp.p._two import f\n")
+    graph = {"amp.p": set(), "amp.p._one": imported(one, "amp.p._one", False, known),
+             "amp.p._two": set(), "amp.q": imported(q, "amp.q", False, known)}
+    assert find_cycle(graph) == []
+    assert find_cycle(package_graph(graph)) == ["amp.p", "amp.q", "amp.p"]
 
 
 def test_the_graph_sees_the_known_layers() -> None:

@@ -46,7 +46,7 @@ def lines_of(buf: io.StringIO) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-def logger(fmt: str = "json", level: str = "info", namespace: str = "amp.web.AdmissionResource") -> tuple:
+def logger(fmt: str = "json", level: str = "info", namespace: str = "amp.web.ReviewHandler") -> tuple:
     buf = io.StringIO()
     return Logger(namespace=namespace, observer=make_observer(fmt, level, buf)), buf
 
@@ -65,7 +65,7 @@ class JSONLineTests(TestCase):
         [line] = lines_of(buf)
         self.assertEqual(line["message"], "review u-1 team-a/web-* patched")
         self.assertEqual(line["level"], "info")
-        self.assertEqual(line["logger"], "amp.web.AdmissionResource")
+        self.assertEqual(line["logger"], "amp.web.ReviewHandler")
         self.assertRegex(line["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
         self.assertEqual({k: line[k] for k in REVIEW_FIELDS}, {
             "uid": "u-1", "namespace": "team-a", "pod": "web-*", "endpoint": "http://ep.team-a.svc:8080",
@@ -158,7 +158,7 @@ class JSONLineTests(TestCase):
         text = buf.getvalue()
         self.assertEqual(len(text.splitlines()), 1)
         self.assertIn("review u-3 ignored", text)
-        self.assertIn("[amp.web.AdmissionResource#info]", text)
+        self.assertIn("[amp.web.ReviewHandler#info]", text)
         self.assertFalse(text.lstrip().startswith("{"))
 
 
@@ -206,7 +206,7 @@ class ReviewLogTests(TestCase):
 
     def review_line(self, uid: str) -> dict[str, Any]:
         found = [line for line in lines_of(self.buf)
-                 if line["logger"] == "amp.web.AdmissionResource" and line.get("uid") == uid]
+                 if line["logger"] == "amp.web.ReviewHandler" and line.get("uid") == uid]
         self.assertEqual(len(found), 1, self.buf.getvalue())
         return found[0]
 
@@ -382,8 +382,8 @@ def test_the_hot_path_logger_emits_what_twisteds_does() -> None:
 
     theirs: list[dict[str, Any]] = []
     ours: list[dict[str, Any]] = []
-    Logger(namespace="amp.web.AdmissionResource", observer=theirs.append).info("review {uid}", uid="u-1", n=2)
-    HotPathLogger(namespace="amp.web.AdmissionResource", observer=ours.append).info("review {uid}", uid="u-1", n=2)
+    Logger(namespace="amp.web.ReviewHandler", observer=theirs.append).info("review {uid}", uid="u-1", n=2)
+    HotPathLogger(namespace="amp.web.ReviewHandler", observer=ours.append).info("review {uid}", uid="u-1", n=2)
     [a], [b] = theirs, ours
     assert set(a) == set(b)
     for key in a:

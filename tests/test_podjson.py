@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from amp.admission_review import ReviewError, parse_review
 from amp.patch import PatchError, check_patch
 from amp.podjson import RAW, MemberError, member, whole
-from amp.record import pod_differences
-from amp.review import ReviewError, parse_review
+from amp.poddiff import pod_differences
 from tests.helpers import pod, review
 
 JSON = st.recursive(

@@ -21,13 +21,13 @@ from twisted.internet.task import Clock
 from twisted.web.resource import Resource
 
 from amp.admission import Admitter
+from amp.admission_review import ReviewError, parse_review
 from amp.breaker import BreakerRegistry
 from amp.config import ConfigError, parse_config
 from amp.deadline import Deadline
 from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
-from amp.review import ReviewError, parse_review
 from tests.endpointhelpers import ResourceConnector
 from tests.helpers import make_config, namespace, pod, review
 

@@ -16,9 +16,10 @@ from twisted.logger import LogLevel, globalLogPublisher
 
 from amp.config import ConfigError, RecordConfig
 from amp.metrics import Metrics
+from amp.poddiff import MISSING, pod_differences
 from amp.record import (
-    MARKER_PREFIX, MISSING, Capture, RecordFiles, Recorder, RecordingError, Redactor, decode_line, encode_line,
-    pod_differences, recording_files)
+    MARKER_PREFIX, Capture, RecordFiles, Recorder, RecordingError, Redactor, decode_line, encode_line,
+    recording_files)
 from tests.helpers import make_config, pod, review_bytes
 from tests.recordhelpers import InlineWriters, recorded_lines
 
@@ -243,8 +244,7 @@ def finish(recorder: Recorder, reactor: InlineWriters) -> None:
 
 def offer(recorder: Recorder, namespace: str = "team-a", annotations: Any = None) -> None:
     c = _capture()
-    recorder.offer(c.time, c.uid, namespace, annotations if annotations is not None else {}, c.labels,
-                   c.endpoints, c.failure_policy, c.mode, c.request_body, c.answer_body, c.result, c.reason)
+    recorder.offer(replace(c, namespace=namespace, annotations=annotations if annotations is not None else {}))
 
 
 def settings(tmp_path: Any, **kw: Any) -> RecordConfig:
@@ -420,8 +420,7 @@ def test_a_review_the_writer_cannot_encode_is_counted_and_the_writer_goes_on(tmp
     recorder = Recorder(settings(tmp_path, redact=True), reactor, metrics)
     recorder.startService()
     c = _capture()
-    recorder.offer(c.time, "odd", "team-a", {}, {}, c.endpoints, c.failure_policy, c.mode, b"[]", c.answer_body,
-                   c.result, c.reason)
+    recorder.offer(replace(c, uid="odd", namespace="team-a", labels={}, annotations={}, request_body=b"[]"))
     offer(recorder)
     finish(recorder, reactor)
     text = metrics.render()
@@ -437,8 +436,7 @@ def test_the_queue_holds_a_bounded_number_of_bytes(tmp_path: Any) -> None:
     big = review_bytes(pod("big", annotations={"note": "x" * (512 * 1024)}))
     c = _capture()
     for i in range(40):
-        recorder.offer(c.time, f"u{i}", "team-a", {}, {}, c.endpoints, c.failure_policy, c.mode, big,
-                       c.answer_body, c.result, c.reason)
+        recorder.offer(replace(c, uid=f"u{i}", namespace="team-a", labels={}, annotations={}, request_body=big))
     held = 4 * file_size // (len(big) + len(c.answer_body))
     assert recorder._writer is not None and recorder._writer.reviews == held
     finish(recorder, reactor)

@@ -86,8 +86,8 @@ class WriterProcessTests(TestCase):
 
     def offer(self, recorder: Recorder, uid: str, body: Optional[bytes] = None) -> None:
         c = _capture()
-        recorder.offer(c.time, uid, "team-a", {}, {}, c.endpoints, c.failure_policy, c.mode,
-                       body if body is not None else c.request_body, c.answer_body, c.result, c.reason)
+        recorder.offer(replace(c, uid=uid, namespace="team-a", labels={}, annotations={},
+                               request_body=body if body is not None else c.request_body))
 
     def uids(self) -> list[str]:
         out = []

@@ -24,7 +24,7 @@ from twisted.internet.testing import MemoryReactorClock
 from amp.cli import dispatch
 from amp.metrics import Metrics
 from amp.record import decode_line, encode_line, recording_files
-from amp.record.replay import ReplayOptions, replay
+from amp.cli.replay_run import ReplayOptions, replay
 from tests.candidates import CANDIDATE_IMAGE, start_live_and_candidate
 from tests.helpers import WebhookClient, decode_answer, make_config, namespace, pod, review_bytes, start_amp
 
@@ -246,7 +246,7 @@ def test_against_replaces_the_chain_step_a_canary_stands_in_for(annotations: dic
 
 
 def test_endpoint_takes_a_chain_in_the_annotations_form(tmp_path: Any) -> None:
-    from amp.record._command import run
+    from amp.cli.replay import run
 
     config = tmp_path / "amp.yaml"
     config.write_text('endpoints:\n  allow: ["http://127.0.0.1:*/*"]\n')
@@ -262,9 +262,9 @@ def test_endpoint_takes_a_chain_in_the_annotations_form(tmp_path: Any) -> None:
 
 def test_a_traced_reviews_difference_names_its_recorded_trace() -> None:
     """amp replay's differences name the trace the recorded review had: where its time went then."""
-    from amp.record._command import render_json, render_text
-    from amp.record._compare import Difference
-    from amp.record.replay import ReplayedReview, ReplayReport, Side
+    from amp.cli.replay import render_json, render_text
+    from amp.poddiff import Difference
+    from amp.cli.replay_run import ReplayedReview, ReplayReport, Side
 
     trace = "0af7651916cd43dd8448eb211c80319c"
     line = json.loads(encode_line(_traced_capture(trace)))

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from amp.admission_review import nesting_exceeds
 from amp.reply import MAX_DEPTH, EndpointDecision, ReplyError, parse_reply
-from amp.review import nesting_exceeds
 
 OPS = [{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]
 

@@ -1,5 +1,5 @@
 """
-Tests for amp.review: AdmissionReview parsing (v1 and v1beta1, every 400,
+Tests for amp.admission_review: AdmissionReview parsing (v1 and v1beta1, every 400,
 nesting, NaN and out-of-range numbers, and a fuzzer that finds no other
 outcome), the answer's envelope and patch encoding, warning clipping and
 audit keys.
@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 import pytest
 
-import amp.review as review_module
-from amp.review import (
+import amp.admission_review as review_module
+from amp.admission_review import (
     MAX_DEPTH,
     WARNINGS_TOTAL,
     AdmissionRequest,

@@ -33,12 +33,13 @@ from twisted.internet.testing import StringTransportWithDisconnection
 from twisted.logger import globalLogPublisher
 
 from amp.admission import Admitter
+from amp.admission._state import IllegalReviewTransition, ReviewState, check_review
+from amp.admission_review import parse_review
 from amp.breaker import BreakerRegistry
 from amp.deadline import Deadline
 from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
-from amp.review import parse_review
 from tests.endpointhelpers import ClientTransport, MemoryNet, SlowCloseTransport, http_reply
 from tests.helpers import FakeSource, make_config, namespace, review_bytes
 
@@ -201,8 +202,11 @@ class ReviewStates(RuleBasedStateMachine):
             review = reviewed.review
             if review is None or review.done:
                 assert reviewed.answers == 1, "a review ended without an answer"
+                assert review is None or review.state is ReviewState.ANSWERED
             else:
                 assert reviewed.answers == 0
+                # At rest, a review not answered waits on exactly one step.
+                assert review.state in (ReviewState.LOOKING_UP, ReviewState.CALLING), review.state
                 assert id(review) in timed, "a review waits with no timer for its deadline"
         assert not self.failures, self.failures[0]
 
@@ -231,3 +235,15 @@ class ReviewStates(RuleBasedStateMachine):
 
 ReviewStates.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 ReviewStatesTests = ReviewStates.TestCase
+
+
+def test_a_review_transition_not_in_the_table_is_refused_by_name() -> None:
+    """An answered review goes nowhere; a review waits on one step at a time."""
+    assert check_review(ReviewState.CALLING, ReviewState.TIMED_OUT) is ReviewState.TIMED_OUT
+    for old, new in [(ReviewState.ANSWERED, ReviewState.CALLING), (ReviewState.LOOKING_UP, ReviewState.CALLING)]:
+        try:
+            check_review(old, new)
+        except IllegalReviewTransition as e:
+            assert f"{old.name} -> {new.name}" in str(e)
+        else:
+            raise AssertionError(f"{old.name} -> {new.name} allowed")

@@ -1,7 +1,7 @@
 """
 Strings that are not valid Unicode in a review (lone surrogate escapes such
 as C{"\\udc80"}, which Python's C{json} reads but no UTF-8 encoder writes):
-the one rule (L{amp.text}, applied in L{amp.review.parse_review}) is a 400
+the one rule (L{amp.text}, applied in L{amp.admission_review.parse_review}) is a 400
 that names the field, since an API server never sends one.
 
 The property: any review the parser accepts can be encoded for the
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from amp.review import ReviewError, parse_review
+from amp.admission_review import ReviewError, parse_review
 from amp.text import lone_surrogate, may_hold_surrogate
 from tests.helpers import pod, review
 from tests.test_properties import Reply, _admitter, _answer

@@ -29,6 +29,7 @@ from twisted.web.server import Site
 from zope.interface import implementer
 
 from amp.admission import STATUS_ANNOTATION, Admitter
+from amp.admission_review import parse_review
 from amp.breaker import BreakerRegistry
 from amp.config import ConfigError, parse_config
 from amp.deadline import Deadline
@@ -37,7 +38,6 @@ from amp.endpoint._connect import Resolution
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 from amp.urls import parse_endpoint_url, shown_url, step_names
-from amp.review import parse_review
 from amp.urls import NAMED_NETWORKS, denied_network, parse_networks
 from tests.endpointhelpers import ConnectionCounter
 from tests.helpers import WebhookClient, decode_answer, make_config, namespace, review_bytes, start_amp

@@ -31,7 +31,7 @@ from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from amp.canary import CANARY_ANNOTATION
-from amp.cli.replay import recorded_reply
+from amp.cli.recorded_reply import recorded_reply
 from amp.logs import ConfigurableObserver
 from amp.metrics import Metrics
 from amp.service import AmpService, namespace_source, serving_certificate

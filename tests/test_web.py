@@ -271,7 +271,7 @@ def test_each_request_gets_the_timeout_of_its_own_query() -> None:
 
     from amp.http import HTTPServerFactory
     from amp.metrics import Metrics
-    from amp.web import _QUERIES_KEPT, AdmissionResource
+    from amp.web import _QUERIES_KEPT, ReviewHandler
     from tests.helpers import review_bytes
 
     asked: list[Optional[str]] = []
@@ -285,7 +285,7 @@ def test_each_request_gets_the_timeout_of_its_own_query() -> None:
             return None
 
     clock = Clock()
-    resource = AdmissionResource(Admitter(), clock, Metrics(), validation=False)  # type: ignore[arg-type]
+    resource = ReviewHandler(Admitter(), clock, Metrics(), validation=False)  # type: ignore[arg-type]
     factory = HTTPServerFactory({b"/mutate": resource}, reactor=clock, metrics=Metrics(), max_body=1 << 20,
                                 max_connections=1000, request_timeout=10.0, idle_timeout=60.0)
     body = review_bytes()

@@ -15,21 +15,22 @@ from amp import answers
 from amp.admission._answering import told
 from amp.admission._parts import Parts
 from amp.admission._review import Review
+from amp.admission_review import AdmissionRequest
 from amp.answers import Answer
 from amp.config import Config
 from amp.deadline import Deadline, review_deadline
 from amp.endpoint import EndpointClient
 from amp.http import DeferredReceiver
+from amp.memo import Memo
 from amp.metrics import Metrics
 from amp.namespaces import INamespaceSource, NamespaceInfo
 from amp.reasons import Reason
-from amp.review import AdmissionRequest
 from amp.rules import opted_out, own_pods_warning, protected_namespaces
 from amp.trace import NO_TRACE, IReviewTrace
 from amp.tracing import ReviewSpans
 
 #: Namespaces whose last configuration problem is remembered.
-_PROBLEMS_LIMIT = 4096
+_PROBLEMS_KEPT = 4096
 
 
 class Admitter:
@@ -60,7 +61,7 @@ class Admitter:
         #: What every review under this configuration works with.
         self._parts = Parts(config, namespaces, endpoints, clock, metrics, self._note_problem, recorder, canary)
         #: The configuration problem last reported for each namespace.
-        self._problems: dict[str, tuple[str, str]] = {}
+        self._problems: Memo[str, tuple[str, str]] = Memo(_PROBLEMS_KEPT)
         self._protected = protected_namespaces(config.kubernetes)
         #: Protected namespaces amp has said it leaves alone (said once each).
         self._protected_told: set[str] = set()
@@ -160,8 +161,6 @@ class Admitter:
             return
         if problems.get(namespace) == problem:
             return
-        if len(problems) >= _PROBLEMS_LIMIT:
-            problems.clear()
         problems[namespace] = problem
         kind, message = problem
         self.log.warn("Namespace {namespace}: {problem}", namespace=namespace, problem=message, kind=kind)

@@ -13,12 +13,12 @@ from twisted.logger import Logger
 from amp import answers
 from amp.admission._chain import Chain, Stamper
 from amp.admission._parts import Parts
+from amp.admission_review import AdmissionRequest, clip, dumps
 from amp.answers import AUDIT_ERROR_KEY, Answer
 from amp.namespaces import NamespaceInfo
 from amp.patch import CheckedPatch, PatchError
 from amp.policy import FAIL, IGNORE, SHADOW, Route, failure_policy, route
 from amp.reasons import Reason, Status
-from amp.review import AdmissionRequest, clip, dumps
 from amp.trace import Answered, IReviewTrace, Refused
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
+from amp.admission_review import AUDIT_VALUE_LIMIT, AdmissionRequest, clip
 from amp.patch import CheckedPatch, annotate, compose, unchanged
 from amp.policy import Route
 from amp.reasons import Reason, Status
-from amp.review import AUDIT_VALUE_LIMIT, AdmissionRequest, clip
 from amp.rules import LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION
 from amp.stamp import next_stamp, pod_stamp
 from amp.trace import IReviewTrace, Stamped

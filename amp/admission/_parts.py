@@ -14,6 +14,7 @@ from twisted.internet.interfaces import IReactorTime
 from amp.canary import canary_plan
 from amp.config import Config
 from amp.endpoint import EndpointClient
+from amp.memo import Memo
 from amp.metrics import Metrics
 from amp.namespaces import INamespaceSource, NamespaceInfo
 from amp.policy import Route, route
@@ -22,10 +23,13 @@ from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_
 #: All a C{pods/ephemeralcontainers} update may change.
 EPHEMERAL_CONTAINERS = "/spec/ephemeralContainers"
 
+#: Distinct endpoint annotation values whose resolution is remembered
+#: (L{amp.policy.route}'s cache).
+_ANNOTATIONS_KEPT = 4096
 #: Canary plans remembered (by the annotations they come from).
-_PLANS_LIMIT = 4096
+_PLANS_KEPT = 4096
 #: Routes remembered (by namespace object, see L{Parts.route}).
-_ROUTES_LIMIT = 4096
+_ROUTES_KEPT = 4096
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,11 +54,11 @@ class Parts:
     note_problem: Callable[[str, Optional[tuple[str, str]]], None]
     recorder: Optional[Any] = None
     canary: Optional[Any] = None
-    routes: dict[str, tuple] = field(default_factory=dict)
+    routes: Memo[str, tuple] = field(default_factory=lambda: Memo(_ANNOTATIONS_KEPT))
     #: Each canary's plan, by the annotations it comes from.
-    canary_plans: dict[tuple, Any] = field(default_factory=dict)
+    canary_plans: Memo[tuple, Any] = field(default_factory=lambda: Memo(_PLANS_KEPT))
     #: The route of each namespace as the cache holds it (L{route}).
-    routes_by_namespace: dict[tuple, tuple] = field(default_factory=dict)
+    routes_by_namespace: Memo[tuple, tuple] = field(default_factory=lambda: Memo(_ROUTES_KEPT))
     #: L{amp.patch.check_patch}'s options from C{patch.*}.
     check_options: Mapping[str, Any] = field(init=False)
 
@@ -81,8 +85,6 @@ class Parts:
         if known is not None and known[0] is ns:
             return known[1]
         r = route(ns, self.config, cluster_policy, validation=validation, cache=self.routes)
-        if len(self.routes_by_namespace) >= _ROUTES_LIMIT:
-            self.routes_by_namespace.clear()
         self.routes_by_namespace[key] = (ns, r)
         return r
 
@@ -100,8 +102,6 @@ class Parts:
                ns.annotations.get(CANARY_STEP_ANNOTATION), len(r.steps))
         plan = self.canary_plans.get(key)
         if plan is None:
-            if len(self.canary_plans) >= _PLANS_LIMIT:
-                self.canary_plans.clear()
             plan = self.canary_plans[key] = canary_plan(ns, r, self.config)
         return plan
 

@@ -26,37 +26,43 @@ from twisted.python.failure import Failure
 
 from amp import answers
 from amp.admission._answering import Answering, patch_bytes, told
+from amp.admission._attributes import call_attributes, call_ended_attributes, route_attributes
 from amp.admission._chain import Chain
 from amp.admission._parts import EPHEMERAL_CONTAINERS, Parts
+from amp.admission._state import ENDING, IllegalReviewTransition, ReviewState, check_review
 from amp.answers import Answer
+from amp.canary import LiveStep
 from amp.deadline import Deadline
 from amp.endpoint import OK, Call, CallReply, EndpointFailure
 from amp.namespaces import UNKNOWN, NamespaceInfo, NamespaceLookupError
 from amp.patch import PatchError, check_patch, unchanged
 from amp.policy import FAIL, SHADOW, Route
 from amp.reasons import Reason, Status
+from amp.record._entry import Capture
 from amp.reply import EndpointDecision
-from amp.review import AdmissionRequest, clean_audit_annotations, dumps
+from amp.admission_review import AdmissionRequest, clean_audit_annotations, dumps
 from amp.trace import BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped
 from amp.tracing import ReviewSpans
 from amp.urls import shown_url
 
 _CANCELLED = "the review was cancelled: the client went away"
+_WORKING, _LOOKING_UP, _CALLING, _TIMED_OUT, _CANCELLED_STATE, _ANSWERED = ReviewState
 #: A timer may fire this much before the time it was set for (floats).
 _EARLY = 1e-6
 
 
 class Review:
     """
-    One review in progress: the step it waits on, the deadline's timer, the
-    route once known, the chain once routed.
+    One review in progress: its state (a L{ReviewState}; the transitions
+    are L{amp.admission._state}'s), the step it waits on, the deadline's
+    timer, the route once known, the chain once routed.
 
     @param answered: called once with the review's L{Answer} (a review
         never fails); L{cancel} ends the review at once, as C{cancelled}.
     """
 
-    __slots__ = ("_parts", "_req", "_deadline", "_validation", "_route", "_pending", "_call", "_timer", "_ending",
-                 "_done", "_answered", "_chain", "_trace", "_call_started", "_answering", "_namespace", "_canary_plan",
+    __slots__ = ("_parts", "_req", "_deadline", "_validation", "_route", "_pending", "_call", "_timer", "_state",
+                 "_answered", "_chain", "_trace", "_call_started", "_answering", "_namespace", "_canary_plan",
                  "_canary_run", "_spans", "_lookup_started")
 
     log = Logger()
@@ -81,14 +87,12 @@ class Review:
         #: The namespace's canary (L{amp.canary.CanaryPlan}) and its run in progress.
         self._canary_plan: Any = None
         self._canary_run: Any = None
-        #: The step waited on: a namespace lookup, or an endpoint call
-        #: (whose end the review is told, L{replied}, L{failed}).
+        self._state = _WORKING
+        #: The step waited on: a namespace lookup (LOOKING_UP), or an endpoint
+        #: call (CALLING; its end is told, L{replied}, L{failed}).
         self._pending: Optional[Deferred] = None
         self._call: Optional[Call] = None
         self._timer: Optional[IDelayedCall] = None
-        #: Why the review is being ended early: DEADLINE or CANCELLED.
-        self._ending: Optional[Reason] = None
-        self._done = False
         #: The endpoint chain in progress, once routed.
         self._chain: Optional[Chain] = None
         self._answered = answered
@@ -98,7 +102,20 @@ class Review:
     @property
     def done(self) -> bool:
         """The review has been answered."""
-        return self._done
+        return self._state is _ANSWERED
+
+    @property
+    def state(self) -> ReviewState:
+        """Where the review is (L{amp.admission._state})."""
+        return self._state
+
+    def _become(self, state: ReviewState) -> None:
+        """Go to C{state}; one L{amp.admission._state.REVIEW_NEXT} does not allow is logged as amp's bug."""
+        try:
+            self._state = check_review(self._state, state)
+        except IllegalReviewTransition:
+            self.log.failure("amp internal error: review {uid}", Failure(), uid=self._req.uid)
+            self._state = state
 
     def start(self) -> None:
         namespaces = self._parts.namespaces
@@ -124,6 +141,7 @@ class Review:
         timer if it is not armed yet and C{d} has not fired already.
         """
         self._pending = d
+        self._become(_LOOKING_UP)
         d.addBoth(self._resume, d, then)
         if self._pending is d:
             self._arm()
@@ -163,6 +181,8 @@ class Review:
                 result.settle(OK)
             return None
         self._pending = None
+        if self._state is _LOOKING_UP:
+            self._become(_WORKING)
         try:
             if isinstance(result, Failure):
                 self._step_failed(result)
@@ -251,8 +271,8 @@ class Review:
         plan = self._canary_plan
         if plan is not None and plan.index == chain.index:
             self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]
-                plan, req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers, self._deadline,
-                self._parts.check_options, self._spans)
+                plan, LiveStep(req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers,
+                               self._deadline, self._parts.check_options), self._spans)
         spans = self._spans
         if spans is not None:
             self._trace_call(spans, step, headers, chain.index)
@@ -262,6 +282,7 @@ class Review:
             # Not ended at once (a refusal is told before ask_into returns,
             # and the chain may have gone on from it).
             self._call = call
+            self._become(_CALLING)
             self._arm()
 
     def _trace_call(self, spans: ReviewSpans, step: Any, headers: dict[bytes, bytes], index: int) -> None:
@@ -290,7 +311,9 @@ class Review:
         if spans is not None and spans.sampled:
             self._call_ended(spans, self._call, None)
         self._call = None
-        if self._done:
+        if self._state is _CALLING:
+            self._become(_WORKING)
+        elif self._state is _ANSWERED:
             # The review was answered without this step; its reply is
             # settled as it is: nobody judges it.
             reply.settle(OK)
@@ -308,7 +331,9 @@ class Review:
             self._call_ended(spans, self._call, f"{e.reason}: {e.message}" if isinstance(e, EndpointFailure)
                              else failure.getErrorMessage() or "cancelled")
         self._call = None
-        if self._done:
+        if self._state is _CALLING:
+            self._become(_WORKING)
+        elif self._state is _ANSWERED:
             return
         try:
             self._step_failed(failure)
@@ -419,13 +444,13 @@ class Review:
     # ------------------------------------------------------------ ending
 
     def _answer(self, answer: Answer) -> None:
-        if self._done:
+        if self._state is _ANSWERED:
             return
         told(self._trace, answer)
         spans = self._spans
         if spans is not None and spans.sampled:
             spans.stamp = self._answering.stamper.value
-        self._done = True
+        self._become(_ANSWERED)
         self._pending = self._call = None
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
@@ -447,12 +472,13 @@ class Review:
         try:
             ns, r, req, outcome = self._namespace, self._route, self._req, answer.outcome
             assert r is not None
-            recorder.offer(
-                self._parts.clock.seconds(), req.uid, req.namespace,
-                ns.annotations if ns is not None else {}, ns.labels if ns is not None else {},
-                [step.name for step in r.steps], r.failure_policy, r.mode, req.body, answer.body,
-                str(outcome.result), str(outcome.reason),
-                self._spans.trace_hex if self._spans is not None and self._spans.sampled else "")
+            if req.body is None:
+                return
+            recorder.offer(Capture(
+                self._parts.clock.seconds(), req.uid, req.namespace, ns.labels if ns is not None else {},
+                ns.annotations if ns is not None else {}, tuple(step.name for step in r.steps),
+                str(r.failure_policy), str(r.mode), req.body, answer.body, str(outcome.result),
+                str(outcome.reason), self._spans.trace_hex if self._spans is not None and self._spans.sampled else ""))
         except Exception:
             self.log.failure("Could not offer a review for recording")
 
@@ -469,7 +495,7 @@ class Review:
             try:
                 call.time_out()
             finally:
-                if self._timer is None and not self._done:
+                if self._timer is None and self._state is not _ANSWERED:
                     # Not answered, and no next step armed the timer (or
                     # a bug of amp's raised while the call ended): the
                     # deadline still holds.
@@ -492,9 +518,9 @@ class Review:
         End the review now (its deadline passed, or the client went away):
         cancel the step in progress, which then ends through L{_resume}.
         """
-        if self._done:
+        if self._state is _ANSWERED:
             return
-        self._ending = why
+        self._become(_TIMED_OUT if why is Reason.DEADLINE else _CANCELLED_STATE)
         pending = self._pending
         if pending is not None:
             pending.cancel()
@@ -503,7 +529,7 @@ class Review:
             # Tells failed: a timeout when the deadline passed, else
             # CancelledError.
             call.cancel()
-        if not self._done:
+        if self._state is not _ANSWERED:
             # The step did not end when cancelled: answer without it.
             self._pending = None
             self._step_failed(Failure(CancelledError()))
@@ -517,7 +543,8 @@ class Review:
         """
         chain = self._chain
         calling = chain is not None and not chain.done
-        if self._ending is Reason.CANCELLED:
+        state = self._state
+        if state is _CANCELLED_STATE:
             # The API server hung up (see amp.web): nobody reads this
             # answer, and it is not an error of amp's.
             reason, message = Reason.CANCELLED, _CANCELLED
@@ -527,9 +554,9 @@ class Review:
             reason, message = e.reason, e.message
             if calling and self._trace.recording:
                 self._record_call(reason, message)
-            if calling and self._ending is None:
+            if calling and state not in ENDING:
                 return self._step_ended(reason, message)
-        elif self._ending is Reason.DEADLINE:
+        elif state is _TIMED_OUT:
             reason, message = Reason.DEADLINE, f"review deadline of {self._deadline.budget:.3g}s passed"
         elif failure.check(NamespaceLookupError):
             reason = Reason.NAMESPACE_LOOKUP
@@ -540,7 +567,7 @@ class Review:
             self.log.failure("Internal error reviewing {uid}", failure, uid=self._req.uid)
             error = failure.getErrorMessage() or getattr(failure.type, "__name__", "unknown error")
             reason, message = Reason.INTERNAL_ERROR, f"amp internal error: {error}"
-        if calling and self._ending is Reason.DEADLINE:
+        if calling and state is _TIMED_OUT:
             assert chain is not None
             r = chain.route
             origin = r.steps[chain.index].name
@@ -555,31 +582,3 @@ class Review:
             return self._answer(self._answering.chain_done(chain))
         self._answer(self._answering.failed(self._route, chain, reason, message))
 
-
-def route_attributes(r: Route) -> dict[str, Any]:
-    """What a traced review's route span says: enabled, the chain's length, the failure policy and mode."""
-    return {"amp.enabled": r.enabled, "amp.chain.length": len(r.steps), "amp.failure_policy": str(r.failure_policy),
-            "amp.mode": str(r.mode)}
-
-
-def call_attributes(step: Any, index: int) -> dict[str, Any]:
-    """
-    An endpoint call's span attributes as it begins (the semantic
-    conventions' HTTP client ones and amp's), the URL shown as amp shows
-    every URL: never its query, user information or fragment.
-    """
-    url = step.url
-    shown = shown_url(url)
-    return {"http.request.method": "POST", "url.full": shown, "server.address": url.host, "server.port": url.port,
-            "amp.endpoint": shown, "amp.chain.position": index + 1}
-
-
-def call_ended_attributes(call: Optional[Call]) -> dict[str, Any]:
-    """What a traced call's span learns at its end: its connection's reuse and the request's resends."""
-    attributes: dict[str, Any] = {}
-    exchange = call.exchange if call is not None else None
-    if exchange is not None:
-        attributes["amp.connection"] = "reused" if exchange.reused else "new"
-        if exchange.resends:
-            attributes["http.request.resend_count"] = exchange.resends
-    return attributes

@@ -1,7 +1,7 @@
 """
 The C{amp} console script: C{amp explain} (L{amp.cli.explain}) runs amp's own
 review pipeline on one Pod and prints the decision; C{amp replay}
-(L{amp.record.replay}) runs recorded reviews through it again and compares;
+(L{amp.cli.replay}) runs recorded reviews through it again and compares;
 C{amp check} (L{amp.cli.check}) checks amp's webhook registration against
 what its config needs; C{amp audit} (L{amp.cli.audit}) finds running Pods
 whose mutation is stale, missing or failed.
@@ -47,7 +47,7 @@ def dispatch(argv: Sequence[str], reactor: IAmpReactor, *, stdin: Any = None, st
 
         return run(argv[1:], reactor, stdin=stdin, stdout=out, stderr=err, log_publisher=log_publisher)
     if argv and argv[0] == "replay":
-        from amp.record._command import run as replay
+        from amp.cli.replay import run as replay
 
         return replay(argv[1:], reactor, stdin=stdin, stdout=out, stderr=err)
     if argv and argv[0] == "check":

@@ -29,8 +29,8 @@ from typing import Any, Optional
 from amp.cli.audit_owners import WorkloadKey, restart_command
 from amp.cli.audit_paths import Place, compare
 from amp.config import KubernetesConfig
+from amp.poddiff import Difference
 from amp.podjson import json_object
-from amp.record import Difference
 from amp.rules import LEGACY_SKIPPED_ANNOTATION, opted_out
 from amp.stamp import parse_stamp, pod_stamp
 

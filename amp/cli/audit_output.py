@@ -17,7 +17,7 @@ import yaml
 
 from amp.text import terminal
 from amp.cli.audit_judge import PodState, WorkloadAudit
-from amp.record import MISSING, Difference
+from amp.poddiff import MISSING, Difference
 
 __all__ = ["render_json", "render_policy_reports", "render_table", "policy_reports"]
 

@@ -31,8 +31,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
+from amp.poddiff import MISSING, Difference, pod_differences
 from amp.pointer import escape_pointer_token
-from amp.record import MISSING, Difference, pod_differences
 from amp.rules import STAMP_ANNOTATIONS
 
 __all__ = ["Named", "Like", "Place", "Step", "compare", "touched_places"]

@@ -8,7 +8,7 @@ parser, the namespace source of the config (or the namespace the command
 line describes), L{amp.admission.Admitter} with its route, allow-list,
 failure policy and status stamp, L{amp.endpoint.EndpointClient} (a live
 call, or the recorded reply of C{--reply} served in memory, see
-L{amp.cli.replay}) and the patch checks.  Nothing here decides anything
+L{amp.cli.recorded_reply}) and the patch checks.  Nothing here decides anything
 about the review: it collects the decisions (L{amp.trace}), the answer and
 amp's log lines, and prints them.
 
@@ -43,19 +43,13 @@ from zope.interface import implementer
 
 from amp import rules
 from amp.admission import Admitter
+from amp.admission_review import parse_review
 from amp.breaker import BreakerRegistry
 from amp.cli._command_line import Exit, ExplainOptions, UsageError, command_line_parser, parse_command_line
 from amp.cli._explanation import (
-    EXIT_ADMITTED,
-    EXIT_DENIED,
-    EXIT_FAILURE_POLICY,
-    EXIT_NOT_IDEMPOTENT,
-    EXIT_USAGE,
-    Explanation,
-    Round,
-    exit_status,
-)
-from amp.cli.replay import recorded_reply
+    EXIT_ADMITTED, EXIT_DENIED, EXIT_FAILURE_POLICY, EXIT_NOT_IDEMPOTENT, EXIT_USAGE, Explanation, Round,
+    exit_status)
+from amp.cli.recorded_reply import recorded_reply
 from amp.cli.report import render_json, render_text
 from amp.cli.workloads import PodInput, without_stamps
 from amp.config import Config, KubernetesConfig
@@ -67,7 +61,6 @@ from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInf
 from amp.patch import PatchError, check_patch
 from amp.podjson import json_object
 from amp.reasons import FailurePolicy, NamespaceSource, Result
-from amp.review import parse_review
 from amp.text import terminal
 from amp.trace import NO_TRACE, IReviewTrace, NamespaceFound, RecordedTrace, Stamped
 from amp.tracing import Ids, ReviewSpans, Tracing

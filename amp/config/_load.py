@@ -22,8 +22,8 @@ from amp.config._sections import (
 )
 from amp.config._values import MAPPING
 from amp.files import CONFIG_LIMIT, FileError, config_document, read_file
-from amp.hints import did_you_mean
 from amp.reasons import NamespaceSource
+from amp.suggest import did_you_mean
 from amp.urls import URLPattern
 
 

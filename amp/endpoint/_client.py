@@ -23,14 +23,15 @@ from amp.endpoint._failures import EndpointFailure, LocalFailure
 from amp.endpoint._pool import Connector, Profile, request_bytes
 from amp.endpoint._types import IEndpointReactor
 from amp.http import Charge, ClientConnection, DeferredReceiver, ReplyBudget
+from amp.memo import Memo
 from amp.metrics import Metrics
 from amp.reasons import Reason, Verdict
 from amp.reply import EndpointDecision
 from amp.shedding import SHED, LatencyBudget
 from amp.urls import EndpointURL
 
-# Bound on the cache of settings objects seen (by identity).
-_CACHE_LIMIT = 4096
+# Bound on the memo of settings objects seen (by identity).
+_SETTINGS_KEPT = 4096
 
 log = Logger()
 
@@ -114,7 +115,7 @@ class EndpointClient:
         self._breakers = breakers
         self._connector = connector
         self._profiles: dict[EndpointSettings, Profile] = {}
-        self._by_id: dict[int, tuple[EndpointSettings, Profile]] = {}
+        self._by_id: Memo[int, tuple[EndpointSettings, Profile]] = Memo(_SETTINGS_KEPT)
         self._origins: dict[str, Origin] = {}
         self._live: set[Call] = set()
         self._open: set[ClientConnection] = set()
@@ -170,8 +171,6 @@ class EndpointClient:
                 self.reactor, settings, self._resolver, self.budget, self._connector, self._connection_opened,
                 self._connection_lost)
             profile.keep = not self._closing
-        if len(self._by_id) >= _CACHE_LIMIT:
-            self._by_id.clear()
         self._by_id[id(settings)] = (settings, profile)
         return profile
 

@@ -27,6 +27,7 @@ from amp.endpoint._connect import connect_endpoint, denied_literal
 from amp.endpoint._failures import LocalFailure
 from amp.endpoint._types import IEndpointReactor
 from amp.http import Charge, ClientConnection, Exchange, IReceiver, OriginPool, ReplyBudget, ReplyLimits
+from amp.memo import Memo
 from amp.reasons import Reason
 from amp.urls import EndpointURL
 
@@ -37,8 +38,8 @@ _URL_SAFE = "".join(chr(c) for c in range(0x21, 0x7F))
 
 _DEFAULT_PORTS = {b"http": 80, b"https": 443}
 
-# Bound on the per-profile cache of encoded URLs.
-CACHE_LIMIT = 4096
+# Bound on the per-profile memo of encoded URLs.
+TARGETS_KEPT = 4096
 
 #: Gives the connect endpoint for a scheme, host and port instead of amp's
 #: own SSRF-checked TCP and TLS ones (in-memory replies: C{amp explain
@@ -151,7 +152,7 @@ class Profile:
         self._connector = connector
         self._opened = opened
         self._lost = lost
-        self._targets: dict[str, Target] = {}
+        self._targets: Memo[str, Target] = Memo(TARGETS_KEPT)
         self.pools: dict[tuple[bytes, bytes, int], OriginPool] = {}
         #: New pools keep idle connections (False once the client closes).
         self.keep = True
@@ -165,8 +166,6 @@ class Profile:
         t = self._targets.get(url.url)
         if t is None:
             t = Target(url, self.settings)
-            if len(self._targets) >= CACHE_LIMIT:
-                self._targets.clear()
             self._targets[url.url] = t
         return t
 

@@ -27,7 +27,7 @@ from amp.http._client import (
     Reply,
     ReplyFailed,
 )
-from amp.http._factory import Handler, HTTPServerFactory
+from amp.http._factory import HTTPServerFactory
 from amp.http._limits import (
     CLOSE_GRACE,
     LINGER_BYTES,
@@ -40,7 +40,7 @@ from amp.http._limits import (
 )
 from amp.http._pool import DeferredReceiver, Exchange, IReceiver, OriginPool
 from amp.http._replyhead import Charge, ReplyBudget, ReplyLimits
-from amp.http._request import TEXT, Request, query_parameter
+from amp.http._request import TEXT, Handler, IChannel, IConnection, IListener, Request, query_parameter
 from amp.http._server import HTTPServerProtocol
 
 __all__ = [
@@ -56,6 +56,9 @@ __all__ = [
     "HTTPServerFactory",
     "HTTPServerProtocol",
     "HeadTooLarge",
+    "IChannel",
+    "IConnection",
+    "IListener",
     "IReceiver",
     "LINGER_BYTES",
     "MAX_HEAD_BYTES",

@@ -23,14 +23,10 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger, LogLevel
 
 from amp.http._limits import WARNING_BURST, WARNING_INTERVAL, WARNING_KINDS
-from amp.http._request import Request
+from amp.http._request import Handler, IConnection, Request
 from amp.http._server import HTTPServerProtocol
 from amp.logs import RepeatLimiter
 from amp.metrics import Metrics
-
-#: A handler: answers the request it is given (L{Request.respond}), now or
-#: later.
-Handler = Callable[[Request], None]
 
 
 def _not_found(request: Request) -> None:
@@ -71,17 +67,17 @@ class HTTPServerFactory(Factory):
         self.warnings = RepeatLimiter(self.logger, reactor, WARNING_KINDS, burst=WARNING_BURST,
                                       interval=WARNING_INTERVAL)
         #: The connections counted in C{open_connections}.
-        self.connections: set[HTTPServerProtocol] = set()
+        self.connections: set[IConnection] = set()
         #: Set by L{drain}: every answer closes its connection, and a
         #: connection accepted now is closed at once.
         self.draining = False
         self._drained: Optional[Deferred[int]] = None
         self._drain_timer: Any = None
 
-    def buildProtocol(self, addr: IAddress) -> HTTPServerProtocol:
+    def buildProtocol(self, addr: Optional[IAddress]) -> HTTPServerProtocol:
         return HTTPServerProtocol(self)
 
-    def connection_made(self, connection: HTTPServerProtocol) -> bool:
+    def connection_made(self, connection: IConnection) -> bool:
         """
         Count C{connection} in, or say it must be closed at once (the
         listener is draining, or C{listen.max_connections} are open).
@@ -100,7 +96,7 @@ class HTTPServerFactory(Factory):
         self._count(1)
         return True
 
-    def connection_lost(self, connection: HTTPServerProtocol) -> None:
+    def connection_lost(self, connection: IConnection) -> None:
         self.connections.discard(connection)
         self._count(-1)
         if self._drained is not None and not self.connections and self._drain_timer.active():
@@ -113,7 +109,7 @@ class HTTPServerFactory(Factory):
         if self.on_connections is not None:
             self.on_connections(self.open_connections)
 
-    def no_request(self, connection: HTTPServerProtocol) -> None:
+    def no_request(self, connection: IConnection) -> None:
         """C{connection} sent no request within C{listen.request_timeout}."""
         self.metrics.connections_dropped.labels("no-request").inc()
         self.warnings.emit("timed-out", LogLevel.info, "Closed a connection that sent no request within "

@@ -13,14 +13,21 @@ L{Request.respond} does nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Protocol as TypingProtocol
+from typing import Callable, Mapping, Optional
+from typing import Protocol as TypingProtocol
 from urllib.parse import unquote_to_bytes
 
-if TYPE_CHECKING:
-    from amp.http._server import HTTPServerProtocol
+from twisted.internet.interfaces import IReactorTime
+
+from amp.logs import RepeatLimiter
+from amp.metrics import Metrics
 
 #: The Content-Type of amp's plain-text answers.
 TEXT = b"text/plain; charset=utf-8"
+
+#: A handler: answers the request it is given (L{Request.respond}), now or
+#: later.
+Handler = Callable[["Request"], None]
 
 
 class ICancellable(TypingProtocol):
@@ -28,6 +35,80 @@ class ICancellable(TypingProtocol):
 
     def cancel(self) -> None:
         """The client went away: stop, the answer is not read."""
+
+
+class IConnection(TypingProtocol):
+    """What the listener needs of a connection it counts (L{amp.http.HTTPServerProtocol})."""
+
+    def drain(self) -> None:
+        """The listener is shutting down: finish what was asked, then close."""
+
+    def abort(self) -> None:
+        """The drain's time is up: abort now."""
+
+
+class IListener(TypingProtocol):
+    """
+    What a connection needs of its listener (L{amp.http.HTTPServerFactory}),
+    and all it may reach: the connection names no listener class, and the
+    listener's module imports the connection's, never the other way.
+    """
+
+    @property
+    def reactor(self) -> IReactorTime:
+        """The clock of every timer of the connection's."""
+
+    @property
+    def metrics(self) -> Metrics:
+        """Where refusals are counted."""
+
+    @property
+    def warnings(self) -> RepeatLimiter:
+        """The listener's repeated warnings, limited."""
+
+    @property
+    def routes(self) -> Mapping[bytes, Handler]:
+        """Path (without its query) -> its handler."""
+
+    @property
+    def not_found(self) -> Handler:
+        """The handler of any other path."""
+
+    @property
+    def max_body(self) -> int:
+        """C{listen.max_body}."""
+
+    @property
+    def request_timeout(self) -> float:
+        """C{listen.request_timeout}, seconds."""
+
+    @property
+    def idle_timeout(self) -> float:
+        """C{listen.idle_timeout}, seconds."""
+
+    @property
+    def draining(self) -> bool:
+        """The listener is shutting down: every answer closes its connection."""
+
+    def connection_made(self, connection: IConnection) -> bool:
+        """Count C{connection} in; False if it must be closed at once."""
+
+    def connection_lost(self, connection: IConnection) -> None:
+        """C{connection}, counted in, is gone."""
+
+    def no_request(self, connection: IConnection) -> None:
+        """C{connection} sent no request within C{request_timeout}."""
+
+
+class IChannel(TypingProtocol):
+    """What a request needs of the connection it arrived on."""
+
+    @property
+    def factory(self) -> IListener:
+        """The listener the connection belongs to."""
+
+    def respond(self, request: Request, code: int, body: bytes, content_type: bytes, headers: bytes) -> None:
+        """Write C{request}'s answer in its turn (only its first counts)."""
 
 
 class Request:
@@ -50,7 +131,7 @@ class Request:
     __slots__ = ("method", "path", "query", "content_type", "body", "keep_alive", "http10",
                  "expect_continue", "refusal", "review", "disconnected", "channel", "traceparent", "tracestate")
 
-    def __init__(self, channel: "HTTPServerProtocol") -> None:
+    def __init__(self, channel: IChannel) -> None:
         self.channel = channel
         self.method = b""
         self.path = b""
@@ -82,8 +163,8 @@ class Request:
         self.channel.respond(self, code, message.encode("utf-8") + b"\n", TEXT, headers)
 
     @property
-    def server(self) -> Any:
-        """The L{amp.http.HTTPServerFactory} this request arrived on."""
+    def server(self) -> IListener:
+        """The listener (L{amp.http.HTTPServerFactory}) this request arrived on."""
         return self.channel.factory
 
 

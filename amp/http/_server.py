@@ -38,34 +38,31 @@ head arrives (L{amp.http._target}): one valid Host, a target in origin or
 absolute form, C{chunked} alone as the transfer coding (else 501), values
 read without the whitespace around them.
 
-An upgrade (C{Connection: upgrade}, C{CONNECT}) is not followed: the request
-is answered and the connection closed.  One timer per connection serves
-every deadline: a deadline that moves later only updates a number, and the
-timer, when it fires early, sets itself again for the rest.
+An upgrade (C{Connection: upgrade}, C{CONNECT}) is answered, not followed,
+and the connection closed.  One timer serves every deadline: one that moves
+later only updates a number; the timer, firing early, sets itself again.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Optional
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from amp.http._limits import CLOSE_GRACE, LINGER_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_LINE, status_line
-from amp.http._request import TEXT, Request
+from amp.http._request import TEXT, IListener, Request
+from amp.http._state import Link, Receiving, Timer, check_link, check_receiving, delay_until
 from amp.http._target import OWS, absolute_target, head_problem, spaced, transfer_coding_problem
 
-if TYPE_CHECKING:
-    from amp.http._factory import HTTPServerFactory
-
-#: What the connection's one timer is for.
-_NONE, _READ, _IDLE, _LINGER = range(4)
+_FRESH, _OPEN, _CLOSING, _CLOSED, _REJECTED, _LOST = Link
+_NOTHING, _LINE, _FIELDS, _BODY = Receiving
+_NONE, _READ, _IDLE, _LINGER = Timer
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CLOSE = b"Connection: close\r\n"
@@ -80,11 +77,17 @@ class _Refused(Exception):
 class HTTPServerProtocol(Protocol):
     """
     One connection to the webhook listener (see the module docstring).
+
+    Its state (L{amp.http._state}: the transitions, an illegal one raises):
+    C{_link}, a L{Link}; C{_receiving}, a L{Receiving} (C{_incoming} is set
+    exactly when it is not C{NOTHING}); C{_kind}, the timer's L{Timer}.
+    Beside it, flow control (C{_write_paused}, C{_read_paused}) and
+    C{_running}, which keeps L{_run_queue} from running inside itself.
     """
 
     log = Logger()
 
-    def __init__(self, factory: "HTTPServerFactory") -> None:
+    def __init__(self, factory: IListener) -> None:
         self.factory = factory
         self._parser = HttpRequestParser(self)
         # A request with Connection: close followed by more bytes: answer
@@ -96,19 +99,15 @@ class HTTPServerProtocol(Protocol):
         self._current: Optional[Request] = None
         #: The request being received (its first byte has arrived).
         self._incoming: Optional[Request] = None
-        self._head_done = False
-        #: No request has been received in full yet.
-        self._fresh = True
-        #: No more input is parsed (refused, upgraded, closing).
-        self._closing = False
-        #: The connection is being closed by amp (or was aborted).
-        self._closed = False
-        self._counted = False
+        self._link = _FRESH
+        self._receiving = _NOTHING
+        #: Requests received whole (a read that completes one is not checked as a partial head).
+        self._received = 0
         self._write_paused = False
         self._read_paused = False
         self._running = False
         self._dropped = 0
-        self._timer: Any = None
+        self._timer: Optional[IDelayedCall] = None
         self._kind = _NONE
         self._deadline = 0.0
         # The head of the incoming request, as it arrives.
@@ -117,7 +116,6 @@ class HTTPServerProtocol(Protocol):
         self._head = 0
         self._head_fed = 0
         self._line = 0
-        self._line_done = False
         self._length = 0
         self._body: list[bytes] = []
         self._body_size = 0
@@ -126,7 +124,6 @@ class HTTPServerProtocol(Protocol):
         self._chunks = 0
         self._framing = 0
         self._read_body = 0
-        self._completed = False
         # The Host fields and Transfer-Encoding of the incoming request.
         self._hosts = 0
         self._host = b""
@@ -134,17 +131,26 @@ class HTTPServerProtocol(Protocol):
 
     # ------------------------------------------------------------ connection
 
+    def _become(self, link: Link) -> None:
+        """Go to C{link} (L{amp.http._state.LINK_NEXT} says whether it may)."""
+        self._link = check_link(self._link, link)
+
+    def _receive(self, receiving: Receiving, request: Optional[Request]) -> None:
+        """C{request} arriving, read as far as C{receiving} (see L{amp.http._state.RECEIVING_NEXT})."""
+        self._receiving = check_receiving(self._receiving, receiving)
+        self._incoming = request
+
     def connectionMade(self) -> None:
         if not self.factory.connection_made(self):
-            self._closing = self._closed = True
+            self._become(_REJECTED)
             self.transport.abortConnection()
             return
-        self._counted = True
         self.transport.registerProducer(self, True)
         self._arm(_READ, self.factory.request_timeout)
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
-        self._closing = self._closed = True
+        counted = self._link is not _REJECTED
+        self._become(_LOST)
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
             timer.cancel()
@@ -158,18 +164,17 @@ class HTTPServerProtocol(Protocol):
             review, request.review = request.review, None
             if review is not None:
                 review.cancel()
-        if self._counted:
-            self._counted = False
+        if counted:
             self.factory.connection_lost(self)
 
     def dataReceived(self, data: bytes) -> None:
-        if self._closing:
+        if self._link >= _CLOSING:
             self._dropped += len(data)
             if self._dropped > LINGER_BYTES:
                 self._abort()
             return
-        self._completed = False
-        in_body = self._incoming is not None and self._head_done
+        received = self._received
+        in_body = self._receiving is _BODY
         if not in_body and data.find(b"\t", 0, MAX_HEAD_BYTES) >= 0:
             data = spaced(data)
         self._read_body = 0
@@ -178,15 +183,16 @@ class HTTPServerProtocol(Protocol):
         except HttpParserUpgrade:
             self._upgraded()
         except HttpParserError as e:
-            if not self._closing:
+            if self._link < _CLOSING:
                 cause = e.__context__
                 if isinstance(e, HttpParserCallbackError) and cause is not None:
                     # Not the client's doing: one of the callbacks below.
                     self.log.failure("amp internal error parsing a request", Failure(cause))
                 reason = str(e) or type(e).__name__
                 self.refuse(400, f"request is not valid HTTP/1.1: {reason}")
-        if self._incoming is not None and not self._closing and not self._completed:
-            if not self._head_done:
+        receiving = self._receiving
+        if receiving is not _NOTHING and self._received == received and self._link < _CLOSING:
+            if receiving is not _BODY:
                 self._check_partial_head(data)
             elif in_body:
                 self._check_framing(len(data) - self._read_body)
@@ -206,9 +212,10 @@ class HTTPServerProtocol(Protocol):
             self._line += len(data)
         else:
             self._line = len(data) - end - 1
-            self._line_done = True
+            if self._receiving is _LINE:
+                self._receive(_FIELDS, self._incoming)
         if self._line > MAX_LINE:
-            if self._line_done or self._fields:
+            if self._receiving is _FIELDS or self._fields:
                 self.refuse(431, f"a header line is over {MAX_LINE} bytes")
             else:
                 self.refuse(414, f"request line is over {MAX_LINE} bytes")
@@ -230,22 +237,19 @@ class HTTPServerProtocol(Protocol):
         llhttp stopped at an upgrade (or CONNECT): amp speaks nothing else,
         so the request is answered and the connection closed after it.
         """
-        self._closing = True
+        self._become(_CLOSING)
         if self._queue:
             self._queue[-1].keep_alive = False
 
     # ------------------------------------------------------------ llhttp callbacks
 
     def on_message_begin(self) -> None:
-        request = Request(self)
-        self._incoming = request
-        self._head_done = False
+        self._receive(_LINE, Request(self))
         self._url = b""
         self._fields = self._head = self._head_fed = self._line = self._length = self._body_size = 0
         self._chunks = self._framing = self._hosts = 0
         self._te = None
-        self._line_done = False
-        if not self._fresh:
+        if self._link is not _FRESH:
             self._arm(_READ, self.factory.request_timeout)
 
     def on_url(self, url: bytes) -> None:
@@ -267,7 +271,7 @@ class HTTPServerProtocol(Protocol):
         if self._head + len(self._url) > MAX_HEAD_BYTES:
             self.refuse(431, f"request headers are over {MAX_HEAD_BYTES} bytes")
             raise _Refused()
-        if self._head_done:
+        if self._receiving is _BODY:
             # A trailer: counted, never read as one of the head's fields.
             return
         # Only these names matter here: compare lengths before case.
@@ -304,7 +308,7 @@ class HTTPServerProtocol(Protocol):
     def on_headers_complete(self) -> None:
         request = self._incoming
         assert request is not None
-        self._head_done = True
+        self._receive(_BODY, request)
         parser = self._parser
         version = parser.get_http_version()
         if version != "1.1":
@@ -320,10 +324,11 @@ class HTTPServerProtocol(Protocol):
             raise _Refused()
         url = self._url
         if not url.startswith(b"/") and b"://" in url:
-            url, message = absolute_target(url)
-            if url is None:
+            target, message = absolute_target(url)
+            if target is None:
                 self.refuse(400, f"request is not valid HTTP/1.1: {message}")
                 raise _Refused()
+            url = target
         mark = url.find(b"?")
         if mark < 0:
             request.path = url
@@ -351,15 +356,16 @@ class HTTPServerProtocol(Protocol):
     def on_message_complete(self) -> None:
         request = self._incoming
         assert request is not None
-        self._incoming = None
+        self._receive(_NOTHING, None)
         body = self._body
         if body:
             request.body = body[0] if len(body) == 1 else b"".join(body)
             self._body = []
         request.keep_alive = self._parser.should_keep_alive()
         self._queue.append(request)
-        self._fresh = False
-        self._completed = True
+        if self._link is _FRESH:
+            self._become(_OPEN)
+        self._received += 1
         self._kind = _NONE
 
     # ------------------------------------------------------------ answering
@@ -374,7 +380,7 @@ class HTTPServerProtocol(Protocol):
         self._running = True
         try:
             queue = self._queue
-            while self._current is None and queue and not self._write_paused and not self._closed:
+            while self._current is None and queue and not self._write_paused and self._link < _CLOSED:
                 request = queue.popleft()
                 if request.refusal is not None:
                     self._write_refusal(*request.refusal)
@@ -383,12 +389,13 @@ class HTTPServerProtocol(Protocol):
                 self._dispatch(request)
         finally:
             self._running = False
-        if self._closed:
+        link = self._link
+        if link >= _CLOSED:
             return
         if self._current is None:
             incoming = self._incoming
             if incoming is None:
-                if not self._queue and self._closing:
+                if not self._queue and link is _CLOSING:
                     # Upgraded, and every request answered.
                     self._close(abort_after=CLOSE_GRACE)
                     return
@@ -397,7 +404,7 @@ class HTTPServerProtocol(Protocol):
                     # read deadline still runs): bytes that begin no
                     # request do not move it.
                     self._arm(_IDLE, self.factory.idle_timeout)
-            elif incoming.expect_continue and self._head_done and not self._queue:
+            elif incoming.expect_continue and self._receiving is _BODY and not self._queue:
                 incoming.expect_continue = False
                 self.transport.write(_CONTINUE)
         self._set_reading(not self._queue and not self._write_paused)
@@ -422,13 +429,13 @@ class HTTPServerProtocol(Protocol):
         Write C{request}'s answer (L{Request.respond}), then go on with the
         next request or close.
         """
-        if request is not self._current or self._closed:
+        if request is not self._current or self._link >= _CLOSED:
             return
         self._current = None
         # The last answer on this connection: the client asked for it, or
         # amp is shutting down and nothing more of the client's is here.
         close = not request.keep_alive or (
-            (self.factory.draining or self._closing) and not self._queue and self._incoming is None)
+            (self.factory.draining or self._link is _CLOSING) and not self._queue and self._incoming is None)
         if close:
             connection = _CLOSE
         elif request.http10:
@@ -453,10 +460,10 @@ class HTTPServerProtocol(Protocol):
         nothing more is parsed (see the module docstring).  The refusal is
         written by the next L{_run_queue}.
         """
-        if self._closing:
+        if self._link >= _CLOSING:
             return
-        self._closing = True
-        self._incoming = None
+        self._become(_CLOSING)
+        self._receive(_NOTHING, None)
         # Its deadline is over; waiting to write the refusal (behind an
         # answer, or for a client that does not read) is idle time.
         self._kind = _NONE
@@ -483,9 +490,10 @@ class HTTPServerProtocol(Protocol):
         An idle kept-alive connection is closed now, with L{CLOSE_GRACE} to
         take it.
         """
-        if self._closed:
+        link = self._link
+        if link >= _CLOSED:
             return
-        if self._current is not None or self._queue or self._incoming is not None or self._fresh:
+        if self._current is not None or self._queue or self._incoming is not None or link is _FRESH:
             return
         self._close(abort_after=CLOSE_GRACE)
 
@@ -495,9 +503,9 @@ class HTTPServerProtocol(Protocol):
         client has not taken the close after that many seconds, and read
         and drop its input meanwhile.
         """
-        self._closing = self._closed = True
+        self._become(_CLOSED)
         self._queue.clear()
-        self._incoming = None
+        self._receive(_NOTHING, None)
         transport = self.transport
         if self._read_paused:
             self._read_paused = False
@@ -511,7 +519,7 @@ class HTTPServerProtocol(Protocol):
         transport.loseConnection()
 
     def _abort(self) -> None:
-        self._closing = self._closed = True
+        self._become(_CLOSED)
         self._kind = _NONE
         self.transport.abortConnection()
 
@@ -533,12 +541,12 @@ class HTTPServerProtocol(Protocol):
     def pauseProducing(self) -> None:
         """The transport's buffer is full: stop reading and answering."""
         self._write_paused = True
-        if not self._closed:
+        if self._link < _CLOSED:
             self._set_reading(False)
 
     def resumeProducing(self) -> None:
         self._write_paused = False
-        if not self._closed:
+        if self._link < _CLOSED:
             self._run_queue()
 
     def stopProducing(self) -> None:
@@ -546,7 +554,7 @@ class HTTPServerProtocol(Protocol):
 
     # ------------------------------------------------------------ the timer
 
-    def _arm(self, kind: int, delay: float) -> None:
+    def _arm(self, kind: Timer, delay: float) -> None:
         """
         The one timer, for C{kind}, C{delay} seconds from now.  A timer
         already set to fire no later is kept (it sets itself again when it
@@ -559,9 +567,9 @@ class HTTPServerProtocol(Protocol):
         self._deadline = when
         timer = self._timer
         if timer is None:
-            self._timer = clock.callLater(_delay_until(now, when), self._expired)
+            self._timer = clock.callLater(delay_until(now, when), self._expired)
         elif timer.getTime() > when:
-            timer.reset(_delay_until(now, when))
+            timer.reset(delay_until(now, when))
 
     def _expired(self) -> None:
         self._timer = None
@@ -571,7 +579,7 @@ class HTTPServerProtocol(Protocol):
         clock = self.factory.reactor
         now = clock.seconds()
         if now + 1e-9 < self._deadline:
-            self._timer = clock.callLater(_delay_until(now, self._deadline), self._expired)
+            self._timer = clock.callLater(delay_until(now, self._deadline), self._expired)
             return
         self._kind = _NONE
         if kind == _LINGER:
@@ -588,13 +596,3 @@ class HTTPServerProtocol(Protocol):
                              f"(listen.request_timeout)")
             self._run_queue()
 
-
-def _delay_until(now: float, when: float) -> float:
-    """
-    A delay from C{now} that does not overshoot C{when} once added back
-    (a timer must not fire after the deadline it stands for).
-    """
-    delay = when - now
-    while delay > 0 and now + delay > when:
-        delay = math.nextafter(delay, 0.0)
-    return max(delay, 0.0)

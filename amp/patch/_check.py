@@ -23,7 +23,8 @@ __all__ = ["ALL_PARTS", "DEFAULT_DENIED", "CheckedPatch", "check_patch", "unchan
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through
-# object.__setattr__ (0.63 -> 0.17 us a construction, measured); three are made for every review,
+# object.__setattr__, several times the cost of a plain one (bench/README.md, "Figures behind the code");
+# three are made for every review,
 # and nothing changes it once made.
 @dataclass(slots=True)
 class CheckedPatch:

@@ -12,8 +12,8 @@ bytes (big-endian) telling how many follow, a kind byte, then the body:
    holds them.
 
 The head is built on the reactor thread for every review recorded:
-L{marshal} does it in 0.7 us where C{json.dumps} took 4.2 us (a typical
-review's fields).  Its format is the interpreter's own and it is not meant
+L{marshal} does it in a fifth of the time C{json.dumps} takes (a typical
+review's fields; bench/README.md, "Figures behind the code").  Its format is the interpreter's own and it is not meant
 for data from elsewhere; here it only crosses a pipe from amp to a child
 amp started with the same interpreter, and the writer checks the shape of
 what it reads.

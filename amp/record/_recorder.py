@@ -10,8 +10,8 @@ review's and the answer's bytes as amp holds them, and the small fields);
 the frames of L{FLUSH_DELAY} are written together to the pipe on the
 writer's standard input by the reactor, which never blocks on it (one
 write and one wake of the writer per batch, not per review: at one
-connection, amp's own CPU per review went from +0.05 ms over not
-recording to +0.02 ms).  What the writer has not yet reported done is bounded
+connection, amp's own CPU per review over not recording fell by more
+than half; bench/README.md, "Figures behind the code").  What the writer has not yet reported done is bounded
 in reviews (C{record.queue}) and in bytes (L{QUEUE_FILES} files' worth):
 past either, the review is counted as C{dropped} and nothing waits (a
 writer that stopped reading cannot make amp hold more).
@@ -54,7 +54,7 @@ import os
 import random
 import site
 import sys
-from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
@@ -65,7 +65,8 @@ from twisted.python.failure import Failure
 
 import amp
 from amp.metrics import RECORD_RESULTS
-from amp.record._pipe import FrameError, LineReader, Problem, WriterSettings, decode_report, review_frame, settings_frame
+from amp.record._entry import Capture
+from amp.record._pipe import FrameError, LineReader, Problem, WriterSettings, capture_frame, decode_report, settings_frame
 from amp.record._redact import KeptAnnotations
 from amp.rules import RECORD_ANNOTATION
 
@@ -210,19 +211,15 @@ class _Writer:
         child.transport.write(self._frame)
         self.flush()
 
-    def offer(self, time: float, uid: str, namespace: str, annotations: Mapping[str, str],
-              labels: Mapping[str, str], endpoints: Iterable[str], failure_policy: str, mode: str,
-              request_body: bytes, answer_body: bytes, result: str, reason: str, trace_id: str = "") -> bool:
+    def offer(self, capture: Capture) -> bool:
         """
         Queue a review's frame for the next flush (at most L{FLUSH_DELAY}
         from now, when a writer runs); False when what waits is full.
         """
-        size = len(request_body) + len(answer_body)
+        size = len(capture.request_body) + len(capture.answer_body)
         if self.reviews >= self.limit or self.bytes + size > self.byte_limit:
             return False
-        self._outbox.append(review_frame(time, uid, namespace, labels, annotations, tuple(endpoints),
-                                         failure_policy, mode, request_body, answer_body, result, reason,
-                                         trace_id))
+        self._outbox.append(capture_frame(capture))
         self._outbox_bytes += size
         self.reviews += 1
         self.bytes += size
@@ -365,22 +362,19 @@ class Recorder(Service):
         """A writer runs: reviews offered may be recorded (a review asks before it gathers its facts)."""
         return self._writer is not None
 
-    def offer(self, time: float, uid: str, namespace: str, annotations: Mapping[str, str],
-              labels: Mapping[str, str], endpoints: Iterable[str], failure_policy: str, mode: str,
-              request_body: Optional[bytes], answer_body: bytes, result: str, reason: str,
-              trace_id: str = "") -> None:
+    def offer(self, capture: Capture) -> None:
         """
-        Record this review if it is chosen; never blocks, never raises.
+        Record this review (L{Capture}: references only, nothing copied) if
+        it is chosen; never blocks, never raises.
         """
         writer = self._writer
-        if writer is None or request_body is None or not self._chosen(namespace, annotations):
+        if writer is None or not self._chosen(capture.namespace, capture.annotations):
             return
         sample = self.settings.sample
         if sample < 1.0 and self._draw() >= sample:
             return
         try:
-            sent = writer.offer(time, uid, namespace, annotations, labels, endpoints, failure_policy, mode,
-                                request_body, answer_body, result, reason, trace_id)
+            sent = writer.offer(capture)
         except Exception as e:
             self._counter.labels("failed").inc()
             self.log.warn("Not recorded: {problem}", problem=f"{type(e).__name__}: {e}")

@@ -16,11 +16,10 @@ one, else at the lowest priority (nice 19): it takes only CPU time
 nothing else wants, and amp, woken for a review while the writer runs on
 its core, gets the core at once.  A writer of normal or merely lowered
 priority keeps the core for up to the kernel's minimum slice (about a
-millisecond): measured at one connection with amp and its writer pinned
-to one core, the p99 of the answer was 1.5 to 1.7 times that of amp not
-recording, as with the writer thread, and 1.2 to 1.35 times in the idle
-class; with the writer free to run on another core, 0.9 to 1.2 times,
-the run-to-run noise.  A writer that finds no spare CPU falls behind (on
+millisecond): with amp and its writer pinned to one core, the answer's
+p99 grew as much as with a writer thread, and much less in the idle
+class; with the writer free to run on another core, not beyond the
+run-to-run noise (bench/README.md, "Figures behind the code").  A writer that finds no spare CPU falls behind (on
 that one busy core, four reviews in five), and amp counts the reviews
 that do not fit what waits for it as dropped.
 

@@ -1,5 +1,6 @@
 """
-C{amp replay}: recorded reviews through amp's own pipeline again, compared.
+The run of C{amp replay} (L{amp.cli.replay} is its command line): recorded
+reviews through amp's own pipeline again, compared.
 
 Each line of a recording (L{amp.record}) is reviewed by an L{Admitter}, the
 daemon's own review core (the one C{amp explain} uses), against the
@@ -38,8 +39,8 @@ from zope.interface import implementer
 from amp.canary import CANARY_STEP_ANNOTATION
 from amp.config import Config
 from amp.namespaces import INamespaceSource, NamespaceInfo
+from amp.poddiff import Difference, pod_differences
 from amp.policy import chain_pieces
-from amp.record._compare import Difference, pod_differences
 from amp.record._entry import LINE_LIMIT, RecordedReview, RecordingError, decode_line
 from amp.rules import STAMP_ANNOTATIONS
 
@@ -251,7 +252,7 @@ class Replayer:
     def _review(self, recorded: RecordedReview, endpoint: Optional[str], against: Optional[str] = None) -> Any:
         from amp.admission import Admitter
         from amp.deadline import Deadline
-        from amp.review import ReviewError, parse_review
+        from amp.admission_review import ReviewError, parse_review
 
         config = self._options.config
         info = _namespace(recorded, config, endpoint, against)
