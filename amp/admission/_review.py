@@ -17,7 +17,7 @@ ended; an answered review is offered for recording (L{amp.record}).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar, Union
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall
@@ -44,6 +44,8 @@ from amp.admission_review import AdmissionRequest, clean_audit_annotations, dump
 from amp.trace import BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped
 from amp.tracing import ReviewSpans
 from amp.urls import shown_url
+
+_T = TypeVar("_T")
 
 _CANCELLED = "the review was cancelled: the client went away"
 _WORKING, _LOOKING_UP, _CALLING, _TIMED_OUT, _CANCELLED_STATE, _ANSWERED = ReviewState
@@ -90,7 +92,7 @@ class Review:
         self._state = _WORKING
         #: The step waited on: a namespace lookup (LOOKING_UP), or an endpoint
         #: call (CALLING; its end is told, L{replied}, L{failed}).
-        self._pending: Optional[Deferred] = None
+        self._pending: Optional[Deferred[Any]] = None
         self._call: Optional[Call] = None
         self._timer: Optional[IDelayedCall] = None
         #: The endpoint chain in progress, once routed.
@@ -135,7 +137,7 @@ class Review:
             # A bug, a broken source or client: still an answer.
             self._step_failed(Failure())
 
-    def _wait(self, d: Deferred, then: Callable[[Any], None]) -> None:
+    def _wait(self, d: Deferred[_T], then: Callable[[_T], None]) -> None:
         """
         Wait for C{d}, then pass its result to C{then}; arm the deadline's
         timer if it is not armed yet and C{d} has not fired already.
@@ -173,7 +175,7 @@ class Review:
             return call.expires
         return None
 
-    def _resume(self, result: Any, d: Deferred, then: Callable[[Any], None]) -> None:
+    def _resume(self, result: Union[_T, Failure], d: Deferred[_T], then: Callable[[_T], None]) -> None:
         if self._pending is not d:
             # The review was answered without this step; its result is
             # dropped (a reply is settled as it is: nobody judges it).
@@ -340,7 +342,7 @@ class Review:
         except Exception:
             self._step_failed(Failure())
 
-    def _tell_canary(self, pod_after: Optional[dict] = None, skipped: bool = False) -> None:
+    def _tell_canary(self, pod_after: Optional[dict[str, Any]] = None, skipped: bool = False) -> None:
         """Tell the canary in progress how the live step it stands beside ended."""
         run, self._canary_run = self._canary_run, None
         if run is not None:
@@ -416,7 +418,7 @@ class Review:
         chain.ok(origin, changed)
         self._call_next()
 
-    def _step_ended(self, reason: str, message: str) -> None:
+    def _step_ended(self, reason: Reason, message: str) -> None:
         """
         The chain's current endpoint failed with C{reason}: under C{Ignore}
         (not in shadow mode) its step is skipped and the chain goes on with
@@ -548,7 +550,7 @@ class Review:
             # The API server hung up (see amp.web): nobody reads this
             # answer, and it is not an error of amp's.
             reason, message = Reason.CANCELLED, _CANCELLED
-        elif failure.check(EndpointFailure):
+        elif isinstance(failure.value, EndpointFailure):
             # Including the call cut off by the review's deadline: C{timeout}.
             e = failure.value
             reason, message = e.reason, e.message

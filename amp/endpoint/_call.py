@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol as TypingProtocol
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -200,7 +200,7 @@ class Call:
     )
 
     def __init__(
-        self, reactor: Any, request: CallRequest, guard: CallGuard,
+        self, reactor: IReactorTime, request: CallRequest, guard: CallGuard,
         settled: Callable[["Call", str, float, Verdict], None], receiver: "ICallReceiver", caller_times: bool = False,
     ) -> None:
         self._reactor = reactor
@@ -212,7 +212,7 @@ class Call:
         #: The call resolved to a reply: only its caller settles it now.
         self._replied = False
         self._done = False
-        self._waiters: Optional[list[Deferred]] = None
+        self._waiters: Optional[list[Deferred[None]]] = None
         #: The request through the pool, until its outcome came.
         self._pending: Optional[Exchange] = None
         self._timer: Optional[IDelayedCall] = None
@@ -446,13 +446,13 @@ class Call:
         for d in waiters or ():
             d.callback(None)
 
-    def settled(self) -> Deferred:
+    def settled(self) -> Deferred[None]:
         """
         A Deferred that fires when this call has ended.
         """
         if self._done:
             return succeed(None)
-        d: Deferred = Deferred()
+        d: Deferred[None] = Deferred()
         if self._waiters is None:
             self._waiters = []
         self._waiters.append(d)

@@ -49,11 +49,11 @@ from collections import deque
 from typing import Optional
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
-from twisted.internet.interfaces import IDelayedCall, IPushProducer
+from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, ITCPTransport
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
-from zope.interface import implementer
+from zope.interface import Interface, implementer
 
 from amp.http._limits import CLOSE_GRACE, LINGER_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_LINE, status_line
 from amp.http._request import TEXT, IListener, Request
@@ -73,6 +73,14 @@ class _Refused(Exception):
     """Raised from a parser callback to stop parsing after a refusal."""
 
 
+class IServerTransport(ITCPTransport, IPushProducer, IConsumer):
+    """
+    A webhook connection's transport (TCP, or TLS over it): one amp writes
+    to, aborts, pauses while its answers wait (it is their producer's
+    consumer) and stops reading from while amp's own writes wait.
+    """
+
+
 @implementer(IPushProducer)
 class HTTPServerProtocol(Protocol):
     """
@@ -86,6 +94,9 @@ class HTTPServerProtocol(Protocol):
     """
 
     log = Logger()
+
+    #: Set by C{makeConnection} before anything here uses it.
+    transport: IServerTransport
 
     def __init__(self, factory: IListener) -> None:
         self.factory = factory
