@@ -30,6 +30,7 @@ from amp.admission._attributes import call_attributes, call_ended_attributes, ro
 from amp.admission._chain import Chain
 from amp.admission._parts import EPHEMERAL_CONTAINERS, Parts
 from amp.admission._state import ENDING, IllegalReviewTransition, ReviewState, check_review
+from amp.admission_review import AdmissionRequest, clean_audit_annotations, dumps
 from amp.answers import Answer
 from amp.canary import LiveStep
 from amp.deadline import Deadline
@@ -40,7 +41,6 @@ from amp.policy import FAIL, SHADOW, Route
 from amp.reasons import Reason, Status
 from amp.record._entry import Capture
 from amp.reply import EndpointDecision
-from amp.admission_review import AdmissionRequest, clean_audit_annotations, dumps
 from amp.trace import BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped
 from amp.tracing import ReviewSpans
 from amp.urls import shown_url
@@ -272,7 +272,7 @@ class Review:
                                latency_budget=settings.latency_budget)
         plan = self._canary_plan
         if plan is not None and plan.index == chain.index:
-            self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]
+            self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]  # a plan implies a canary
                 plan, LiveStep(req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers,
                                self._deadline, self._parts.check_options), self._spans)
         spans = self._spans

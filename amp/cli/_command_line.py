@@ -55,7 +55,7 @@ class Exit(Exception):
         self.status = status
 
 
-class _TextOut(Protocol):
+class TextOut(Protocol):
     """Where help is written (what argparse's print_help takes)."""
 
     def write(self, text: str, /) -> object:
@@ -75,7 +75,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
 
-    def print_help(self, file: Optional[_TextOut] = None) -> None:
+    def print_help(self, file: Optional[TextOut] = None) -> None:
         (file or self.out).write(self.format_help())
 
     def exit(self, status: int = 0, message: Optional[str] = None) -> NoReturn:

@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from amp.cli.audit_owners import controller_of
+from amp.cli.replay_run import read_recording
 from amp.podjson import json_object
 from amp.record import recording_files
-from amp.cli.replay_run import read_recording
 
 __all__ = ["bare_pod_reviews"]
 

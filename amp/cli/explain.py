@@ -47,8 +47,15 @@ from amp.admission_review import parse_review
 from amp.breaker import BreakerRegistry
 from amp.cli._command_line import Exit, ExplainOptions, UsageError, command_line_parser, parse_command_line
 from amp.cli._explanation import (
-    EXIT_ADMITTED, EXIT_DENIED, EXIT_FAILURE_POLICY, EXIT_NOT_IDEMPOTENT, EXIT_USAGE, Explanation, Round,
-    exit_status)
+    EXIT_ADMITTED,
+    EXIT_DENIED,
+    EXIT_FAILURE_POLICY,
+    EXIT_NOT_IDEMPOTENT,
+    EXIT_USAGE,
+    Explanation,
+    Round,
+    exit_status,
+)
 from amp.cli.recorded_reply import recorded_reply
 from amp.cli.report import render_json, render_text
 from amp.cli.workloads import PodInput, without_stamps

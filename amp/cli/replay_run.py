@@ -251,8 +251,8 @@ class Replayer:
     @inlineCallbacks
     def _review(self, recorded: RecordedReview, endpoint: Optional[str], against: Optional[str] = None) -> Any:
         from amp.admission import Admitter
-        from amp.deadline import Deadline
         from amp.admission_review import ReviewError, parse_review
+        from amp.deadline import Deadline
 
         config = self._options.config
         info = _namespace(recorded, config, endpoint, against)

@@ -62,7 +62,8 @@ of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol as TypingProtocol
+from typing import Any, Callable, Optional
+from typing import Protocol as TypingProtocol
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -70,7 +71,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from amp.breaker import CircuitBreaker, Ticket
-from amp.shedding import LatencyBudget
 from amp.config import EndpointSettings
 from amp.deadline import Deadline
 from amp.endpoint._failures import EXPECTED, EndpointFailure, LocalFailure, classify, first_line, retriable
@@ -78,6 +78,7 @@ from amp.endpoint._pool import Profile, Target
 from amp.http import Charge, Exchange, Reply
 from amp.reasons import Reason, Verdict
 from amp.reply import EndpointDecision, ReplyError, parse_reply
+from amp.shedding import LatencyBudget
 
 log = Logger()
 
