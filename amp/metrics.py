@@ -283,6 +283,14 @@ class Metrics:
         self.registration_repairs = Counter(
             "amp_registration_repairs", "Applies of the managed MutatingWebhookConfiguration that changed it "
             "(registration.managed), by the Lease holder.", registry=r)
+        self.certificate_steps = Counter(
+            "amp_certificate_steps", "Changes the Lease holder made to amp's own certificates (registration.secret),"
+            " by step.", ["step"], registry=r)
+        for step in ("create", "add-ca", "issue", "retire-ca"):
+            self.certificate_steps.labels(step=step)
+        self.certificate_authorities = Gauge(
+            "amp_certificate_authorities", "CAs in the caBundle of amp's own Secret as this replica last read it "
+            "(2 during a CA rotation).", registry=r)
         self.namespace_misses = Counter(
             "amp_namespace_cache_misses", "Lookups the cache could not answer, by result.", ["result"], registry=r)
         self.bypassed_pods = Counter(

@@ -73,6 +73,12 @@ def value_schema(kind: Kind) -> Schema:
         return {"type": "array", "items": {"type": "string", "pattern": "^(/.*)?$"}}
     if name == "mapping":
         return dict(_STRING_MAP)
+    if name == "list of matchExpressions":
+        return {"type": ["array", "null"], "items": {
+            "type": "object", "additionalProperties": False, "required": ["key", "operator"],
+            "properties": {"key": {"type": "string", "minLength": 1},
+                           "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                           "values": dict(_STRINGS)}}}
     raise ValueError(f"no schema for values of kind {name!r}; say in amp.schema what it accepts")
 
 

@@ -138,14 +138,20 @@ class ListenerService(Service):
         return None
 
 
-def serving_certificate(
-    config: TLSConfig, clock: IReactorTime, metrics: Optional[Metrics] = None
-) -> ReloadingCertificate:
+def serving_certificate(config: TLSConfig, clock: IReactorTime, metrics: Optional[Metrics] = None,
+                        secret: Optional[str] = None) -> ReloadingCertificate:
     """
-    The serving certificate named by C{tls.*}, loaded.
+    The serving certificate named by C{tls.*}, loaded; with C{secret} (amp's
+    own certificates, C{registration.secret}: that Secret's name, shown), in
+    memory mode and not loaded yet (L{amp.registration.SecretCertificates}
+    gives it the pair).
 
     @raises amp.tls.CertificateError: naming the file and the problem.
     """
+    if secret is not None:
+        return ReloadingCertificate(f"Secret {secret} tls.crt", f"Secret {secret} tls.key", clock=clock,
+                                    client_ca=config.client_ca, min_version=config.min_version, metrics=metrics,
+                                    memory=True)
     certificate = ReloadingCertificate(
         config.cert, config.key, clock=clock, client_ca=config.client_ca, min_version=config.min_version,
         metrics=metrics)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import sys
 from typing import TYPE_CHECKING, Any, Optional, cast
 
@@ -167,7 +168,8 @@ def makeService(options: Options, reactor: Optional[IAmpReactor] = None) -> Any:
     observer = ConfigurableObserver(config.log.format, config.log.level, sys.stdout)
     metrics = Metrics()
     try:
-        certificate = serving_certificate(config.tls, reactor, metrics)
+        own_secret = config.registration.secret if config.registration.managed else None
+        certificate = serving_certificate(config.tls, reactor, metrics, secret=own_secret)
     except CertificateError as e:
         raise SystemExit(f"{stop}{certificate_key(str(e))}: {e}") from None
     listen = config.listen
@@ -202,15 +204,33 @@ def makeService(options: Options, reactor: Optional[IAmpReactor] = None) -> Any:
     # With registration.managed, the Lease holder also applies it (and
     # repairs it when the watch sees it drift).
     keeper = None
+    own_certificates = None
     if registration is not None and config.registration.managed:
         from amp.kube._client import service_account_namespace
         from amp.registration import RegistrationKeeper
 
-        keeper = RegistrationKeeper(config, reactor=reactor, clock=reactor, metrics=metrics,
-                                    own_namespace=config.kubernetes.own_namespace or service_account_namespace())
+        own = config.kubernetes.own_namespace or service_account_namespace()
+        # With registration.secret, amp's own CA and serving certificate:
+        # every replica serves the Secret's pair; the Lease holder rotates it.
+        if own_secret is not None and not own:
+            raise SystemExit(f"{stop}registration.secret: amp's own namespace (the Secret's) is unknown: set "
+                             "kubernetes.own_namespace")
+        if own_secret is not None and own:
+            from amp.kube._client import KubeClient
+            from amp.registration import SecretCertificates
+
+            own_certificates = SecretCertificates(
+                config, reactor=reactor, clock=reactor, certificate=certificate,
+                client=KubeClient.from_config(config.kubernetes), namespace=own,
+                identity=f"{socket.gethostname()}-{os.getpid()}", metrics=metrics)
+        keeper = RegistrationKeeper(config, reactor=reactor, clock=reactor, metrics=metrics, own_namespace=own,
+                                    bundle=(lambda: own_certificates.bundle) if own_certificates is not None else None)
         certificate.on_install.append(keeper.refresh)
+        if own_certificates is not None:
+            own_certificates.on_bundle.append(keeper.refresh)
     told = [f for f in (registration.seen if registration is not None else None,
-                        keeper.seen if keeper is not None else None) if f is not None]
+                        keeper.seen if keeper is not None else None,
+                        own_certificates.seen if own_certificates is not None else None) if f is not None]
 
     def on_webhook(obj: Any) -> None:
         for tell in told:
@@ -223,13 +243,15 @@ def makeService(options: Options, reactor: Optional[IAmpReactor] = None) -> Any:
         metrics_endpoint=metrics_endpoint,
         namespaces=namespace_source(config, reactor, metrics, on_first_list=first_list,
                                     on_webhook=on_webhook if told else None,
-                                    terms=(keeper,) if keeper is not None else ()),
+                                    terms=tuple(t for t in (keeper, own_certificates) if t is not None)),
         metrics=metrics, log_observer=observer, freeze_gc=True, config_path=options["config"],
         on_connections=shared.connections_changed if shared is not None else None)
     if registration is not None:
         service.on_apply.append(registration.config_changed)
     if keeper is not None:
         service.on_apply.append(keeper.config_changed)
+    if own_certificates is not None:
+        own_certificates.setServiceParent(service)  # type: ignore[no-untyped-call]
     if options["check"]:
         print_effective_config(config)
         raise SystemExit(0)

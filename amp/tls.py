@@ -45,6 +45,7 @@ polling; C{SIGHUP} (L{ReloadingCertificate.reload}) always re-reads.
 from __future__ import annotations
 
 import datetime
+import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -207,6 +208,7 @@ class ReloadingCertificate:
         client_ca: Optional[str] = None,
         min_version: str = "1.2",
         metrics: Optional[Metrics] = None,
+        memory: bool = False,
     ) -> None:
         """
         @param cert_path: PEM certificate chain, the serving certificate
@@ -218,6 +220,10 @@ class ReloadingCertificate:
             watched and reloaded together with the pair.
         @param min_version: C{"1.2"} or C{"1.3"}.
         @param metrics: where reloads and the expiry time are reported.
+        @param memory: the pair is not read from files but given
+            (L{offer}, amp's own certificates from their Secret:
+            L{amp.registration.SecretCertificates}); C{cert_path} and
+            C{key_path} then only name where it came from.
         """
         if min_version not in _MIN_VERSIONS:
             raise ValueError(f"min_version: expected 1.2 or 1.3, got {min_version!r}")
@@ -228,6 +234,10 @@ class ReloadingCertificate:
         self._clock = clock
         self._metrics = metrics
         self._current: Optional[_Loaded] = None
+        self.memory = memory
+        #: In memory mode, the pair to load (the last one offered that loaded, or being tried).
+        self._pem: Optional[tuple[bytes, bytes]] = None
+        self._refused: Optional[tuple[bytes, bytes]] = None
         #: Called (no arguments) each time a certificate is put into service.
         self.on_install: list[Callable[[], object]] = []
 
@@ -282,17 +292,46 @@ class ReloadingCertificate:
 
     def fingerprint(self) -> tuple[Observed, ...]:
         """
-        The current on-disk state of the certificate, key and client CA files.
+        The current on-disk state of the certificate, key and client CA files
+        (in memory mode: the digest of the pair, and the client CA file).
         """
+        if self.memory:
+            digest: Any = ("memory", hashlib.sha256(b"\0".join(self._pem or (b"", b""))).hexdigest())
+            return (digest, *(observe(p) for p in self._paths()[2:]))
         return tuple(observe(p) for p in self._paths())
+
+    def offer(self, cert_pem: bytes, key_pem: bytes, trigger: str = "the Secret changed") -> bool:
+        """
+        In memory mode: put this pair in service unless it is the one in
+        service.  A pair that does not load (key of another certificate,
+        expired, not PEM) never replaces a good one; it is logged and
+        counted once, and offering it again does nothing.
+
+        @return: whether a new certificate was put into service.
+        """
+        pair = (cert_pem, key_pem)
+        if not self.memory or pair == self._pem or pair == self._refused:
+            return False
+        previous, self._pem = self._pem, pair
+        if self._attempt(trigger):
+            self._refused = None
+            return True
+        self._pem, self._refused = previous, pair
+        return False
 
     def _build(self) -> _Loaded:
         """
         Read, check and turn the files into a context; raises
         L{CertificateError}.  Nothing is changed here.
         """
-        cert_data, cert_state = _read(self.cert_path, "certificate file")
-        key_data, key_state = _read(self.key_path, "key file")
+        if self.memory:
+            if self._pem is None:
+                raise CertificateError(f"certificate {self.cert_path}: none given yet")
+            cert_data, key_data = self._pem
+            cert_state, key_state = self.fingerprint()[0], None
+        else:
+            cert_data, cert_state = _read(self.cert_path, "certificate file")
+            key_data, key_state = _read(self.key_path, "key file")
         chain = _parse_certificates(cert_data, self.cert_path, "certificate file")
         key = _parse_key(key_data, self.key_path)
         leaf = chain[0]
@@ -307,7 +346,7 @@ class ReloadingCertificate:
                 f"certificate file {self.cert_path}: certificate serial {leaf.serial_number:#x} "
                 f"expired at {_utc(not_after)}"
             )
-        states: tuple[Observed, ...] = (cert_state, key_state)
+        states: tuple[Observed, ...] = (cert_state, key_state) if key_state is not None else (cert_state,)
         client_cas: list[x509.Certificate] = []
         if self.client_ca is not None:
             ca_data, ca_state = _read(self.client_ca, "client CA file")
@@ -384,6 +423,8 @@ class ReloadingCertificate:
         @return: whether a new certificate was put into service.
         """
         current = self._current
+        if self.memory and self._pem is None:
+            return False
         if current is not None and self.fingerprint() == current.fingerprint:
             return False
         return self._attempt("files changed")
@@ -394,6 +435,8 @@ class ReloadingCertificate:
 
         @return: whether a new certificate was put into service.
         """
+        if self.memory and self._pem is None:
+            return False
         return self._attempt("reload requested")
 
     def _attempt(self, trigger: str) -> bool:

@@ -183,6 +183,12 @@ class MemoryKube:
         self.webhook_objects: dict[str, dict[str, Any]] = {}
         #: When set, every apply raises it.
         self.apply_error: Optional[BaseException] = None
+        #: Secrets (amp's own certificates) by (namespace, name); their writes and reports, in order.
+        self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.secret_rv = 0
+        self.secret_writes: list[str] = []
+        #: When set, every Secret call raises it.
+        self.secret_error: Optional[BaseException] = None
 
     def add_namespace(self, name: str, **kwargs: Any) -> None:
         self.namespace_objects[name] = namespace(name, **kwargs)
@@ -265,6 +271,53 @@ class MemoryKube:
             raise self.apply_error
         self.webhook_objects[body["metadata"]["name"]] = json.loads(json.dumps(body))
         return json.loads(json.dumps(body))
+
+    def _secret_call(self, what: str) -> None:
+        self._check_open()
+        self.secret_writes.append(what)
+        if self.secret_error is not None:
+            raise self.secret_error
+
+    def _keep_secret(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.secret_rv += 1
+        stored = json.loads(json.dumps(body))
+        stored["metadata"]["resourceVersion"] = str(self.secret_rv)
+        self.secrets[(namespace, name)] = stored
+        return json.loads(json.dumps(stored))
+
+    def read_secret(self, namespace: str, name: str, timeout: float) -> Optional[dict[str, Any]]:
+        self._secret_call("read")
+        secret = self.secrets.get((namespace, name))
+        return json.loads(json.dumps(secret)) if secret is not None else None
+
+    def create_secret(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self._secret_call("create")
+        if (namespace, body["metadata"]["name"]) in self.secrets:
+            raise Conflict("HTTP 409 Conflict")
+        return self._keep_secret(namespace, body["metadata"]["name"], body)
+
+    def replace_secret(self, namespace: str, name: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self._secret_call("replace")
+        current = self.secrets.get((namespace, name))
+        if current is None:
+            raise api_error(404)
+        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise Conflict("HTTP 409 Conflict")
+        return self._keep_secret(namespace, name, body)
+
+    def annotate_secret(self, namespace: str, name: str, annotations: dict[str, Optional[str]],
+                        timeout: float) -> None:
+        self._secret_call("annotate")
+        current = self.secrets.get((namespace, name))
+        if current is None:
+            raise api_error(404)
+        kept = current["metadata"].setdefault("annotations", {})
+        for key, value in annotations.items():
+            if value is None:
+                kept.pop(key, None)
+            else:
+                kept[key] = value
+        self._keep_secret(namespace, name, current)
 
     def holder(self, namespace: str = "amp-system", name: str = "amp-bypass-reporter") -> Optional[str]:
         lease = self.leases.get((namespace, name))

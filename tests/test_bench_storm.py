@@ -70,3 +70,39 @@ def test_bench_runs_rewrite_keeps_the_storm_section() -> None:
     # a new storm run replaces its section only
     newer = with_section(rewritten, f"{STORM_BEGIN}\n## Storm\nnewer\n{STORM_END}\n")
     assert "new table" in newer and "newer" in newer and newer.count(STORM_BEGIN) == 1
+
+
+# The API server's own exposition of one webhook's admission metrics, as its
+# /metrics writes them: the counters keep the names they were registered
+# with (``..._count``, no ``_total``).
+_HOOK = 'name="w.amp",operation="CREATE",rejected="false",type="admit"'
+_LATENCY = "apiserver_admission_webhook_admission_duration_seconds"
+_REJECTED = 'error_type="calling_webhook_error",name="w.amp",operation="CREATE",rejection_code="500",type="admit"'
+APISERVER = "\n".join([
+    f"# TYPE {_LATENCY} histogram",
+    f'{_LATENCY}_bucket{{{{{_HOOK},le="0.005"}}}} {{fast}}',
+    f'{_LATENCY}_bucket{{{{{_HOOK},le="+Inf"}}}} {{calls}}',
+    f"{_LATENCY}_sum{{{{{_HOOK}}}}} {{seconds}}",
+    f"{_LATENCY}_count{{{{{_HOOK}}}}} {{calls}}",
+    "# HELP apiserver_admission_webhook_fail_open_count [ALPHA] Admission webhook fail open count",
+    "# TYPE apiserver_admission_webhook_fail_open_count counter",
+    'apiserver_admission_webhook_fail_open_count{{name="w.amp",type="admit"}} {fail_open}',
+    'apiserver_admission_webhook_fail_open_count{{name="other.amp",type="admit"}} 7',
+    "# TYPE apiserver_admission_webhook_rejection_count counter",
+    f"apiserver_admission_webhook_rejection_count{{{{{_REJECTED}}}}} {{rejections}}",
+]) + "\n"
+
+
+def test_the_api_servers_fail_open_and_rejection_counts_are_read_for_the_webhook() -> None:
+    # A storm test's "no fail-open" must be able to fail: a Pod the API
+    # server admitted without amp's answer (its own timeout, under Ignore)
+    # is counted here and nowhere in amp.
+    from tests.e2e.workloads import admission
+
+    before = Scrape(APISERVER.format(fast=10, calls=10, seconds=0.02, fail_open=1, rejections=0))
+    after = Scrape(APISERVER.format(fast=400, calls=510, seconds=900.5, fail_open=6, rejections=2))
+    seen = admission(before, after, "w.amp")
+    assert (seen.calls, seen.rejections, seen.fail_open) == (500, 2, 5)
+    assert abs(seen.seconds - 900.48) < 1e-6
+    assert seen.within == {0.005: 390}
+    assert admission(before, after, "none.amp").fail_open == 0

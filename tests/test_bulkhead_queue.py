@@ -373,6 +373,32 @@ class ReviewQueueTests(SynchronousTestCase):
         self.assertEqual(str(self.successResultOf(second)[1].result), "patched")
         self.assertEqual(clock.getDelayedCalls(), [])
 
+    def test_a_review_given_a_slot_is_answered_at_its_calls_own_timeout(self) -> None:
+        # An endpoint that holds its calls: the review that waited for a slot
+        # gets the failure policy when its call's own timeout passes, not at
+        # its latest start (4.25 s here), which an API server that saw the
+        # review late may not wait for.
+        clock = Clock()
+        endpoint = MutatingOnce()
+        a, metrics, connector = admitter(clock, endpoint, max_concurrent=1, timeout="2s")
+        first = self.review(a, clock, budget=4.5)
+        waiting = self.review(a, clock, budget=4.5)
+        clock.advance(0.5)
+        endpoint.answer()
+        connector.flush()
+        self.assertEqual(str(self.successResultOf(first)[1].result), "patched")
+        # The waiting review's call went out at 0.5 s, with 2 s of its own.
+        self.assertEqual(len(endpoint.held), 1)
+        self.assertEqual([c.getTime() for c in clock.getDelayedCalls() if c.active()], [2.5])
+        clock.advance(1.999)
+        self.assertNoResult(waiting)
+        clock.advance(0.001)
+        answer, outcome = self.successResultOf(waiting)
+        self.assertEqual(str(outcome.reason), "timeout")
+        self.assertEqual(stamp(answer).split(" ")[:2], ["skipped", "timeout"])
+        self.assertEqual(requests_total(metrics, ORIGIN, "timeout"), 1)
+        self.assertEqual(clock.getDelayedCalls(), [])
+
     def test_a_cancelled_review_leaves_the_queue(self) -> None:
         clock = Clock()
         endpoint = MutatingOnce()

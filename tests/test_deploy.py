@@ -267,8 +267,8 @@ def test_kustomization_lists_every_manifest(directory: str) -> None:
     assert files | generated | patches == {p.name for p in here.iterdir()
                                            if p.suffix in (".yaml", ".json") and p.name != "kustomization.yaml"}
     dirs = [e for e in kustomization["resources"] if (here / e).is_dir()]
-    assert dirs == (["../base"] if directory in OVERLAYS else ["../cert-manager"] if directory in ("tracing", "managed")
-                    else [])
+    assert dirs == (["../base"] if directory in (*OVERLAYS, "managed")
+                    else ["../cert-manager"] if directory == "tracing" else [])
 
 
 def test_amp_yaml_is_generated_so_an_edit_rolls_the_deployment(tmp_path: Path) -> None:
@@ -402,10 +402,11 @@ def test_the_security_notes_name_every_grant() -> None:
     # the managed mode's grants, only in its overlay and with its chart value
     in_overlay = [d for d in build("managed") if d["kind"] in ("ClusterRole", "Role")]
     assert _granted(iter(in_overlay)) == documented | managed
-    on = [d for d in helm_template("--set", "registration.managed=true") if d["kind"] in ("ClusterRole", "Role")]
+    on = [d for d in helm_template("--set", "registration.managed=true", "--set", "certManager.enabled=false")
+          if d["kind"] in ("ClusterRole", "Role")]
     assert _granted(iter(on)) == documented | managed
     # the Lease stays granted for the managed mode without the bypass report
-    alone = [d for d in helm_template("--set", "registration.managed=true",
+    alone = [d for d in helm_template("--set", "registration.managed=true", "--set", "certManager.enabled=false",
                                       "--set", "config.kubernetes.bypass.enabled=false")
              if d["kind"] in ("ClusterRole", "Role")]
     leases = {g for g in with_report if g[1] == "leases"}
@@ -782,35 +783,56 @@ def test_each_overlay_passes_amp_check(overlay: str) -> None:
 # ---------------------------------------------------------------- the managed registration
 
 
-def test_the_managed_overlay_is_cert_manager_with_amp_keeping_its_registration() -> None:
+def test_the_managed_overlay_is_the_base_with_amp_keeping_its_registration_and_certificates() -> None:
     """
-    deploy/managed: ../cert-manager plus the managed mode (amp's config says
-    so, the CA is mounted where amp reads it, amp may patch its one
-    configuration by name); what amp applies is what the overlay ships, so
-    neither a fresh install nor amp's first apply changes the other's work.
+    deploy/managed: ../base plus the managed mode without cert-manager (amp's
+    config says so and names the Secret of its own certificates, no
+    certificate is mounted or issued by anyone else, amp may patch its one
+    configuration by name and keep that one Secret); what amp applies is
+    what the overlay ships, but the caBundle amp writes itself.
     """
     from amp_dev.devcert import make_ca, pem_cert
 
     from amp.registration import desired, drifted
 
-    managed, plain = objects("managed"), objects("cert-manager")
-    # amp's ConfigMap is replaced (a new hash in its name), the rest kept
-    assert {k for k in set(managed) ^ set(plain) if k[0] != "ConfigMap"} == {
-        ("ClusterRole", "amp-registration"), ("ClusterRoleBinding", "amp-registration")}
-    assert [k[0] for k in managed if k[0] == "ConfigMap"] == ["ConfigMap"]
+    managed, base = objects("managed"), objects("base")
+    assert {k for k in set(managed) - set(base) if k[0] != "ConfigMap"} == {
+        ("ClusterRole", "amp-registration"), ("ClusterRoleBinding", "amp-registration"),
+        ("MutatingWebhookConfiguration", "amp.txn2.com")}
+    assert not {k for k in managed if k[0] in ("Certificate", "Issuer", "Secret")}
     config = parse_config(yaml.safe_load(only("managed", "ConfigMap")["data"]["amp.yaml"]))
     assert config.registration.managed and not amp_yaml().registration.managed
+    assert config.registration.secret == "amp-certificates"
     deployment = only("managed", "Deployment")
     [volume] = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if "projected" in v]
-    paths = {i["path"] for src in volume["projected"]["sources"] if "secret" in src for i in src["secret"]["items"]}
-    assert "tls/ca.crt" in paths and config.registration.ca_bundle == "/etc/amp/tls/ca.crt"
-    secret = plain[("Certificate", "amp-tls")]["spec"]["secretName"]
-    assert [src["secret"]["name"] for src in volume["projected"]["sources"] if "secret" in src] == [secret]
+    assert [src for src in volume["projected"]["sources"] if "secret" in src] == []
+    [role] = [d for d in build("managed") if d["kind"] == "Role"]
+    by_name = [r for r in role["rules"] if r.get("resources") == ["secrets"] and r.get("resourceNames")]
+    assert by_name == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["amp-certificates"],
+                        "verbs": ["get", "update", "patch"]}]
     shipped = only("managed", "MutatingWebhookConfiguration")
+    assert all("caBundle" not in e["clientConfig"] for e in shipped["webhooks"])
     want = desired(config, pem_cert(make_ca("ca")[0]))
     for entry in want["webhooks"]:
-        del entry["clientConfig"]["caBundle"]  # cert-manager's to inject, amp's to apply
+        del entry["clientConfig"]["caBundle"]  # amp's to apply
     assert drifted(shipped, want) is None
     service = only("managed", "Service")
     assert (config.registration.service, config.registration.service_port) == (
         service["metadata"]["name"], service["spec"]["ports"][0]["port"])
+
+
+def test_the_chart_refuses_the_managed_mode_with_cert_manager() -> None:
+    result = subprocess.run([tool("helm"), "template", "amp", str(DEPLOY / "chart" / "amp"), "--set",
+                             "registration.managed=true", "--set", "certManager.enabled=true"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "registration.managed keeps amp's own CA" in result.stderr and "certManager.enabled=false" in result.stderr
+
+
+def test_the_chart_applies_its_selector_requirements_in_the_managed_mode_too() -> None:
+    extra = [{"key": "team", "operator": "In", "values": ["a"]}]
+    docs = helm_template("--set", "registration.managed=true", "--set", "certManager.enabled=false",
+                         "--set-json", f"webhook.namespaceSelector.matchExpressions={json.dumps(extra)}")
+    [configmap] = [d for d in docs if d["kind"] == "ConfigMap" and "amp.yaml" in d.get("data", {})]
+    config = parse_config(yaml.safe_load(configmap["data"]["amp.yaml"]))
+    assert config.registration.match_expressions == (("team", "In", ("a",)),)

@@ -124,3 +124,37 @@ def test_drift_is_found_where_it_is(pki: Any) -> None:
         "webhooks[ignore.mutate.amp.txn2.com].clientConfig.caBundle")
     assert edit(lambda o: o["webhooks"].pop()) == "webhooks[fail.mutate.amp.txn2.com] (missing)"
     assert edit(lambda o: o["webhooks"].append({"name": "extra"})) == "webhooks[extra] (not amp's)"
+
+
+def test_the_operators_selector_requirements_apply_in_the_managed_mode_too(pki: Any) -> None:
+    """registration.match_expressions narrows every managed entry, as webhook.namespaceSelector does the chart's."""
+    extra = [{"key": "team", "operator": "In", "values": ["a", "b"]}, {"key": "legacy", "operator": "DoesNotExist"}]
+    obj = desired(config(**{"registration.match_expressions": extra}), pki[2])
+    for entry in obj["webhooks"]:
+        assert entry["namespaceSelector"]["matchExpressions"][-2:] == extra
+
+    def called(**labels: str) -> list[str]:
+        labels = {"kubernetes.io/metadata.name": "ns", "amp.txn2.com/enabled": "true", **labels}
+        return [e["name"] for e in obj["webhooks"] if selects(e["namespaceSelector"], labels)]
+
+    assert called(team="a") == ["ignore.mutate.amp.txn2.com"]
+    assert called(team="c") == []
+    assert called(team="a", legacy="yes") == []
+    assert called(team="b", **{"amp.txn2.com/failure-class": "Fail"}) == ["fail.mutate.amp.txn2.com"]
+
+
+def test_a_bad_selector_requirement_is_named() -> None:
+    for bad, words in (([{"key": "team", "operator": "Has"}], "operator must be one of"),
+                       ([{"key": "team", "operator": "In"}], "In needs values"),
+                       ([{"key": "team", "operator": "Exists", "values": ["x"]}], "takes no values"),
+                       ([{"operator": "Exists"}], "with a key"),
+                       ([{"key": "t", "operator": "In", "values": [True]}], "list of strings")):
+        with pytest.raises(ConfigError, match="registration.match_expressions") as info:
+            config(**{"registration.match_expressions": bad})
+        assert words in str(info.value)
+
+
+def test_a_url_replaces_the_service(pki: Any) -> None:
+    obj = desired(config(**{"registration.url": "https://127.0.0.1:8443/mutate"}), pki[2])
+    assert {e["clientConfig"].get("url") for e in obj["webhooks"]} == {"https://127.0.0.1:8443/mutate"}
+    assert all("service" not in e["clientConfig"] for e in obj["webhooks"])

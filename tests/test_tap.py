@@ -279,3 +279,28 @@ def test_the_managed_registration_is_wired_to_the_lease_and_the_watch(tmp_path: 
     raw["registration"] = {"managed": False}
     path = write_config(tmp_path, yaml.safe_dump(raw))
     assert makeService(options_for(path), reactor=MemoryReactorClock()).namespaces._terms == ()
+
+
+def test_amps_own_certificates_are_wired_to_the_lease_the_watch_and_the_keeper(tmp_path: Path) -> None:
+    """With registration.secret: no certificate file is read, every replica serves the Secret's, the holder rotates."""
+    from amp.registration import RegistrationKeeper, SecretCertificates
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: [{name: f, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+                          "users: [{name: amp, user: {token: t}}]\n"
+                          "contexts: [{name: f, context: {cluster: f, user: amp}}]\ncurrent-context: f\n")
+    raw = raw_config(None)
+    raw["tls"] = {"cert": str(tmp_path / "absent.crt"), "key": str(tmp_path / "absent.key")}
+    raw["kubernetes"] = {"source": "kubeconfig", "kubeconfig": str(kubeconfig), "own_namespace": "amp-system",
+                         "webhook_configuration": "amp.txn2.com"}
+    raw["registration"] = {"managed": True, "secret": "amp-certificates"}
+    service = makeService(options_for(write_config(tmp_path, yaml.safe_dump(raw))), reactor=MemoryReactorClock())
+    keeper, certs = service.namespaces._terms
+    assert isinstance(keeper, RegistrationKeeper) and isinstance(certs, SecretCertificates)
+    assert certs.parent is service and (certs.namespace, certs.name) == ("amp-system", "amp-certificates")
+    assert service.certificate.memory and not service.certificate.loaded
+    assert keeper.refresh in certs.on_bundle
+    certs.bundle = b"PEM"
+    assert keeper._bundle is not None and keeper._bundle() == b"PEM"
+    service.namespaces._on_webhook({"webhooks": []})  # the watch's news reaches the rotation too
+    assert certs._cluster == {}

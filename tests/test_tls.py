@@ -553,6 +553,50 @@ class ClientCertificateTests(TLSTestCase):
         self.assertRefused((yield self.fetch(RawClient(self.pki.ca, client_cert=ours))), hits + 1)
 
 
+class MemoryTests(TLSTestCase):
+    """amp's own certificates: the pair is given (from their Secret), never read from files."""
+
+    def memory(self) -> ReloadingCertificate:
+        return ReloadingCertificate("secret amp-system/amp-tls tls.crt", "secret amp-system/amp-tls tls.key",
+                                    clock=self.clock, metrics=self.metrics, memory=True)
+
+    @inlineCallbacks
+    def test_a_given_pair_is_served_and_replaced_without_a_restart(self) -> Any:
+        cert = self.memory()
+        self.assertEqual(cert.readiness(), (False, "no TLS certificate loaded"))
+        self.poller(cert)
+        self.clock.advance(INTERVAL)
+        self.assertEqual((self.reloads("success"), self.reloads("error")), (0, 0), "nothing given: nothing tried")
+        old, new = self.pki.server(), self.pki.server()
+        self.assertTrue(cert.offer(old.cert, old.key))
+        self.assertFalse(cert.offer(old.cert, old.key), "the pair in service is not loaded again")
+        yield self.serve(cert)
+        in_flight = yield self.connect(auto_get=False)
+        self.assertEqual((yield in_flight.handshake), old.serial)
+        self.assertTrue(cert.offer(new.cert, new.key))
+        self.assertEqual((yield self.fetch()).serial, new.serial)
+        self.clock.advance(INTERVAL)
+        self.assertEqual(self.reloads("success"), 2, "polling finds no change of a given pair")
+        in_flight.request()
+        yield in_flight.finished
+        self.assertTrue(in_flight.answered_ok, in_flight.received)
+
+    @inlineCallbacks
+    def test_a_pair_that_does_not_belong_together_never_replaces_a_good_one(self) -> Any:
+        cert = self.memory()
+        good, other = self.pki.server(), self.pki.server()
+        cert.offer(good.cert, good.key)
+        yield self.serve(cert)
+        self.assertFalse(cert.offer(other.cert, good.key))
+        self.assertFalse(cert.offer(other.cert, good.key), "refused once, not tried again")
+        self.assertEqual(self.reloads("error"), 1)
+        self.clock.advance(INTERVAL)
+        self.assertEqual(self.reloads("error"), 1)
+        self.assertEqual((yield self.fetch()).serial, good.serial)
+        self.assertTrue(cert.offer(other.cert, other.key))
+        self.assertEqual((yield self.fetch()).serial, other.serial)
+
+
 class ProtocolTests(TLSTestCase):
     @inlineCallbacks
     def _serve(self, **kw: Any) -> Any:

@@ -13,7 +13,7 @@ from twisted.logger import Logger
 
 from amp import answers
 from amp.admission._answering import told
-from amp.admission._parts import Parts
+from amp.admission._parts import IRecorder, Parts
 from amp.admission._review import Review
 from amp.admission_review import AdmissionRequest
 from amp.answers import Answer
@@ -47,7 +47,7 @@ class Admitter:
         endpoints: EndpointClient,
         clock: IReactorTime,
         metrics: Metrics,
-        recorder: Optional[Any] = None,
+        recorder: Optional[IRecorder] = None,
         canary: Optional[Any] = None,
     ) -> None:
         """

@@ -7,7 +7,7 @@ state of the admitter.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -18,10 +18,8 @@ from amp.memo import Memo
 from amp.metrics import Metrics
 from amp.namespaces import INamespaceSource, NamespaceInfo
 from amp.policy import ResolvedChain, Route, route
+from amp.record._entry import Capture
 from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION
-
-if TYPE_CHECKING:
-    from amp.record import Recorder
 
 #: All a C{pods/ephemeralcontainers} update may change.
 EPHEMERAL_CONTAINERS = "/spec/ephemeralContainers"
@@ -33,6 +31,17 @@ _ANNOTATIONS_KEPT = 4096
 _PLANS_KEPT = 4096
 #: Routes remembered (by namespace object, see L{Parts.route}).
 _ROUTES_KEPT = 4096
+
+
+class IRecorder(Protocol):
+    """What a review needs of the recorder (L{amp.record.Recorder})."""
+
+    @property
+    def recording(self) -> bool:
+        """Reviews are being recorded (else none is offered)."""
+
+    def offer(self, capture: Capture) -> None:
+        """Record this answered review if it is chosen; never blocks, never raises."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,7 +64,7 @@ class Parts:
     clock: IReactorTime
     metrics: Metrics
     note_problem: Callable[[str, Optional[tuple[str, str]]], None]
-    recorder: Optional[Recorder] = None
+    recorder: Optional[IRecorder] = None
     canary: Optional[Canary] = None
     routes: Memo[str, ResolvedChain] = field(default_factory=lambda: Memo(_ANNOTATIONS_KEPT))
     #: Each canary's plan, by the annotations it comes from.

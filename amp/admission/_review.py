@@ -28,8 +28,8 @@ from amp import answers
 from amp.admission._answering import Answering, patch_bytes, told
 from amp.admission._attributes import call_attributes, call_ended_attributes, route_attributes
 from amp.admission._chain import Chain
-from amp.admission._parts import EPHEMERAL_CONTAINERS, Parts
-from amp.admission._state import ENDING, IllegalReviewTransition, ReviewState, check_review
+from amp.admission._parts import EPHEMERAL_CONTAINERS, IRecorder, Parts
+from amp.admission._state import ENDING, REVIEW_NEXT, IllegalReviewTransition, ReviewState, check_review
 from amp.admission_review import AdmissionRequest, clean_audit_annotations, dumps
 from amp.answers import Answer
 from amp.canary import LiveStep
@@ -113,8 +113,11 @@ class Review:
 
     def _become(self, state: ReviewState) -> None:
         """Go to C{state}; one L{amp.admission._state.REVIEW_NEXT} does not allow is logged as amp's bug."""
+        if state in REVIEW_NEXT[self._state]:
+            self._state = state
+            return
         try:
-            self._state = check_review(self._state, state)
+            check_review(self._state, state)
         except IllegalReviewTransition:
             self.log.failure("amp internal error: review {uid}", Failure(), uid=self._req.uid)
             self._state = state
@@ -342,6 +345,15 @@ class Review:
         except Exception:
             self._step_failed(Failure())
 
+    def started(self) -> None:
+        """
+        The endpoint call in progress waited for a slot and goes out now
+        (L{amp.endpoint.ICallReceiver}): the one timer, set for its latest
+        start, is set for its own timeout (or the deadline) instead.
+        """
+        if self._state is _CALLING and self._call is not None:
+            self._arm()
+
     def _tell_canary(self, pod_after: Optional[dict[str, Any]] = None, skipped: bool = False) -> None:
         """Tell the canary in progress how the live step it stands beside ended."""
         run, self._canary_run = self._canary_run, None
@@ -469,7 +481,7 @@ class Review:
                 self._offer(recorder, answer)
         self._answered(answer)
 
-    def _offer(self, recorder: Any, answer: Answer) -> None:
+    def _offer(self, recorder: IRecorder, answer: Answer) -> None:
         """Offer the answered review for recording (never blocks or raises)."""
         try:
             ns, r, req, outcome = self._namespace, self._route, self._req, answer.outcome
@@ -504,8 +516,8 @@ class Review:
                     self._arm()
             return
         if not self._deadline.passed(now):
-            # The call waited for a slot when the timer was set (for its
-            # latest start) and has one now: the timer waits for its own
+            # Early (floats), or a call that got its slot without the
+            # review being told: the timer waits for the call's own
             # timeout, or the deadline, instead.
             self._arm()
             return

@@ -284,6 +284,10 @@ def parse_config(raw: Any) -> Config:
     return config
 
 
+#: The shortest life of a serving certificate amp issues itself (registration.cert_validity).
+MIN_CERT_VALIDITY = 30.0
+
+
 def _managed(config: Config) -> None:
     """What the managed registration (C{registration.managed}) needs of the rest of the config."""
     kube = config.kubernetes
@@ -294,6 +298,16 @@ def _managed(config: Config) -> None:
     if kube.source == NamespaceSource.KUBECONFIG and not kube.own_namespace:
         raise ConfigError("registration.managed: needs kubernetes.own_namespace with kubernetes.source: kubeconfig "
                           "(the Service's namespace and the Lease's)")
+    reg = config.registration
+    if reg.cert_validity < MIN_CERT_VALIDITY:
+        raise ConfigError(f"registration.cert_validity: {reg.cert_validity:g}s is shorter than "
+                          f"{MIN_CERT_VALIDITY:g}s: the certificate would be renewed before every replica read it")
+    if reg.ca_validity < 2 * reg.cert_validity:
+        raise ConfigError(f"registration.ca_validity: {reg.ca_validity:g}s is shorter than twice "
+                          f"registration.cert_validity ({reg.cert_validity:g}s): a CA must outlive the certificates "
+                          "it issues through its rotation")
+    if reg.url is not None and not reg.url.startswith("https://"):
+        raise ConfigError(f"registration.url: {reg.url!r} is no https:// URL (the API server calls webhooks over TLS)")
     timeout = config.deadline.default_timeout
     if timeout != int(timeout) or not 1 <= timeout <= 30:
         raise ConfigError(f"registration.managed: deadline.default_timeout {timeout:g}s is the entries' "

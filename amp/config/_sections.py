@@ -14,7 +14,8 @@ from typing import Any, Mapping, Optional
 from amp.config._declare import Key, Restart, declare, declared_keys, section
 from amp.config._values import (
     BOOL, DURATION, NETWORKS, NONNEG_INT, OPT_STR, OVERRIDES, POINTERS, PORT, POSITIVE_DURATION, POSITIVE_INT,
-    POSITIVE_SIZE, RATIO, SHARE, MAPPING, STATIC_NAMESPACES, STR, STR_LIST, TLS_VERSION, URL_PATTERNS, choice,
+    POSITIVE_SIZE, RATIO, SHARE, MAPPING, EXPRESSIONS, STATIC_NAMESPACES, STR, STR_LIST, TLS_VERSION, URL_PATTERNS,
+    choice,
 )
 from amp.patch import DEFAULT_DENIED
 from amp.reasons import FailurePolicy, NamespaceSource
@@ -490,8 +491,32 @@ class RegistrationConfig:
         "With `failure_policy: auto`, the failure class of enabled namespaces without the failure-class label in "
         "the managed registration (otherwise `failure_policy` is)."))
     ca_bundle: str = declare(STR, "/etc/amp/tls/ca.crt", restart=Restart.ALWAYS, doc=(
-        "PEM file of the CA(s) the managed registration's `caBundle` holds (cert-manager's `ca.crt` in the "
-        "serving certificate's Secret); read again on every apply, so a CA that changes is applied."))
+        "Without `registration.secret`: PEM file of the CA(s) the managed registration's `caBundle` holds (a CA "
+        "made elsewhere, e.g. the `ca.crt` of a mounted Secret); read again on every apply, so a CA that changes is "
+        "applied."))
+    match_expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = declare(
+        EXPRESSIONS, (), restart=Restart.ALWAYS, doc=(
+            "Label selector requirements (`{key, operator, values}`) added to every managed entry's "
+            "`namespaceSelector.matchExpressions`, after amp's own (the chart sets them from "
+            "`webhook.namespaceSelector.matchExpressions`, as in its static registration)."))
+    url: Optional[str] = declare(OPT_STR, None, restart=Restart.ALWAYS, doc=(
+        "`https://host:port/mutate`: the managed entries call amp at this URL (`clientConfig.url`: amp outside the "
+        "cluster) instead of the Service `registration.service`; with `registration.secret` the serving "
+        "certificate names its host as well. `null`: the Service."))
+    secret: Optional[str] = declare(OPT_STR, None, restart=Restart.ALWAYS, doc=(
+        "With `registration.managed`: the Secret (in amp's own namespace) where amp keeps its own CA and serving "
+        "certificate ([operations.md](operations.md#managed-certificates)): the Lease holder creates it when "
+        "missing, renews the serving certificate at two thirds of its life and rotates the CA with an overlap "
+        "(old and new CA both in the `caBundle` until every replica serves a certificate of the new one); every "
+        "replica serves the certificate the Secret holds, read every `tls.reload_interval`, and `tls.cert`, "
+        "`tls.key` and `registration.ca_bundle` are not read. `null`: amp serves `tls.cert` and the caBundle is "
+        "`registration.ca_bundle` (cert-manager, or certificates made elsewhere). Restart-only."))
+    ca_validity: float = declare(POSITIVE_DURATION, 365 * 24 * 3600.0, restart=Restart.ALWAYS, doc=(
+        "With `registration.secret`: the life of amp's own CA; a new CA is made at two thirds of it (or when the "
+        "Secret is annotated `amp.txn2.com/rotate-ca`). At least twice `registration.cert_validity`."))
+    cert_validity: float = declare(POSITIVE_DURATION, 90 * 24 * 3600.0, restart=Restart.ALWAYS, doc=(
+        "With `registration.secret`: the life of the serving certificate amp issues itself (never beyond its CA's);"
+        " it is renewed at two thirds of it. At least 30s (short lives are for tests)."))
     repair_interval: float = declare(POSITIVE_DURATION, 10.0, restart=Restart.ALWAYS, doc=(
         "Least time between two applies: drift is repaired at most this often (a controller fighting amp over "
         "the object costs one apply per interval). Failed applies are retried with `kubernetes.backoff_initial` "

@@ -24,7 +24,7 @@ from amp.urls import URLPattern, parse_networks
 
 __all__ = [
     "Kind", "parse_duration", "parse_size", "show_duration", "show_size",
-    "BOOL", "DURATION", "INT", "MAPPING", "NETWORKS", "NONNEG_INT", "OPT_STR", "POINTERS", "PORT",
+    "BOOL", "DURATION", "EXPRESSIONS", "INT", "MAPPING", "NETWORKS", "NONNEG_INT", "OPT_STR", "POINTERS", "PORT",
     "POSITIVE_DURATION", "SHARE",
     "POSITIVE_INT", "POSITIVE_SIZE", "RATIO", "STR", "STR_LIST", "TLS_VERSION", "URL_PATTERNS", "choice",
     "OVERRIDES", "STATIC_NAMESPACES",
@@ -269,6 +269,41 @@ def _str_map(value: Any) -> Mapping[str, str]:
     return dict(value)
 
 
+_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def _expressions(value: Any) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """A label selector's C{matchExpressions}: (key, operator, values) each."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of matchExpressions ({{key, operator, values}}), got {value!r}")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str) or not item["key"]:
+            raise ValueError(f"[{i}]: expected {{key, operator, values}} with a key, got {item!r}")
+        unknown = sorted(set(item) - {"key", "operator", "values"})
+        if unknown:
+            raise ValueError(f"[{i}]: unknown field(s) {', '.join(map(str, unknown))} (key, operator, values)")
+        operator = item.get("operator")
+        if operator not in _SELECTOR_OPERATORS:
+            raise ValueError(f"[{i}]: operator must be one of {', '.join(_SELECTOR_OPERATORS)}, got {operator!r}")
+        values = item.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise ValueError(f"[{i}]: values must be a list of strings (quote \"true\"), got {values!r}")
+        if operator in ("In", "NotIn") and not values:
+            raise ValueError(f"[{i}]: operator {operator} needs values")
+        if operator in ("Exists", "DoesNotExist") and values:
+            raise ValueError(f"[{i}]: operator {operator} takes no values")
+        out.append((item["key"], operator, tuple(values)))
+    return tuple(out)
+
+
+def _show_expressions(value: Any) -> str:
+    return "[" + ", ".join("{key: %s, operator: %s%s}" % (_scalar(k), o, f", values: {_show_list(v)}" if v else "")
+                           for k, o, v in value) + "]"
+
+
 def _show_map(value: Mapping[Any, Any]) -> str:
     return "{}" if not value else "{" + ", ".join(f"{k}: {_scalar(v)}" for k, v in value.items()) + "}"
 
@@ -309,6 +344,7 @@ URL_PATTERNS = Kind("list of URL patterns", _patterns, _show_list)
 POINTERS = Kind("list of JSON pointers", _pointers, _show_list)
 NETWORKS = Kind("list of networks", _networks, _show_list)
 MAPPING = Kind("mapping", _str_map, _show_map)
+EXPRESSIONS = Kind("list of matchExpressions", _expressions, _show_expressions)
 #: Namespace name -> labels and annotations (the static source).
 STATIC_NAMESPACES = Kind("mapping of namespaces", None, _show_map)
 #: C{{match: <URL pattern>, <setting>: <value>, ...}} items.

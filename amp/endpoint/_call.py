@@ -37,7 +37,8 @@ endpoint's timeout is the verdict, C{timeout}, and it counts against the
 breaker.  The call runs that timer itself, or, when its caller has a timer
 anyway (a review: L{amp.endpoint.EndpointClient.ask_into} with
 C{caller_times}), the caller's one timer fires at the earlier of the two
-and calls L{Call.time_out} at the call's L{Call.expires}.
+and calls L{Call.time_out} at the call's L{Call.expires} (told when a call
+that waited for a slot goes out, L{ICallReceiver.started}, as that moves it).
 Otherwise the deadline's timer is the one timer, and it is the caller's
 (L{amp.admission}, which owns the review's L{amp.deadline.Deadline}): the
 caller cancels the call (L{Call.cancel}) when the deadline passes.  The call then
@@ -113,6 +114,14 @@ class ICallReceiver(TypingProtocol):
 
     def failed(self, failure: Failure) -> None:
         """No usable reply: an L{EndpointFailure}, or C{CancelledError}."""
+
+    def started(self) -> None:
+        """
+        The call, which waited for a slot, goes out now: its L{Call.expires}
+        is its own timeout from now (or None).  A caller that times the
+        call sets its timer for it; told before anything is sent, so the
+        call may still end (and be told) right after.
+        """
 
 
 # Not frozen: a frozen dataclass of many fields costs a microsecond a call
@@ -276,7 +285,8 @@ class Call:
 
     def start(self) -> None:
         reactor = self._reactor
-        if self.queued:
+        waited = self.queued
+        if waited:
             self.queued = False
             self.expires = None
             if self._timer is not None:
@@ -288,6 +298,10 @@ class Call:
             self.expires = self._started + timeout
             if not self._caller_times:
                 self._timer = reactor.callLater(timeout, self._timed_out)
+        if waited and self._caller_times:
+            # The caller's timer was set for the latest start: it now times
+            # the call's own timeout, not that.
+            self._receiver.started()
         self._send()
 
     def _send(self) -> None:

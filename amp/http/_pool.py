@@ -85,6 +85,9 @@ class DeferredReceiver(Generic[_T]):
     def failed(self, failure: Failure) -> None:
         self.result.errback(failure)
 
+    def started(self) -> None:
+        """An endpoint call that waited for a slot went out: nothing to do (its own timer times it)."""
+
 
 class _ConnectionFactory(Factory):
     """

@@ -57,7 +57,7 @@ from zope.interface import implementer
 
 from amp.http._limits import CLOSE_GRACE, LINGER_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_LINE, status_line
 from amp.http._request import TEXT, IListener, IServerTransport, Request
-from amp.http._state import Link, Receiving, Timer, check_link, check_receiving, delay_until
+from amp.http._state import LINK_NEXT, RECEIVING_NEXT, Link, Receiving, Timer, check_link, check_receiving, delay_until
 from amp.http._target import OWS, absolute_target, head_problem, spaced, transfer_coding_problem
 
 _FRESH, _OPEN, _CLOSING, _CLOSED, _REJECTED, _LOST = Link
@@ -135,11 +135,12 @@ class HTTPServerProtocol(Protocol):
 
     def _become(self, link: Link) -> None:
         """Go to C{link} (L{amp.http._state.LINK_NEXT} says whether it may)."""
-        self._link = check_link(self._link, link)
+        self._link = link if link in LINK_NEXT[self._link] else check_link(self._link, link)
 
     def _receive(self, receiving: Receiving, request: Optional[Request]) -> None:
         """C{request} arriving, read as far as C{receiving} (see L{amp.http._state.RECEIVING_NEXT})."""
-        self._receiving = check_receiving(self._receiving, receiving)
+        old = self._receiving
+        self._receiving = receiving if receiving in RECEIVING_NEXT[old] else check_receiving(old, receiving)
         self._incoming = request
 
     def connectionMade(self) -> None:

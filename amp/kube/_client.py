@@ -398,6 +398,41 @@ class KubeClient:
                 raise Conflict(describe(e)) from None
             raise
 
+    def _secrets(self, namespace: str) -> str:
+        return f"/api/v1/namespaces/{_segment(namespace)}/secrets"
+
+    def read_secret(self, namespace: str, name: str, timeout: float) -> Optional[dict[str, Any]]:
+        """The Secret (amp's own certificates), or None when it does not exist."""
+        try:
+            secret: dict[str, Any] = json.loads(
+                self.request("GET", f"{self._secrets(namespace)}/{_segment(name)}", timeout=timeout))
+            return secret
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create_secret(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """
+        @raise Conflict: it exists already.
+        """
+        return self._write_lease("POST", self._secrets(namespace), body, timeout)
+
+    def replace_secret(self, namespace: str, name: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """
+        Replace the Secret if it is still at C{body}'s resourceVersion.
+
+        @raise Conflict: it changed since it was read.
+        """
+        return self._write_lease("PUT", f"{self._secrets(namespace)}/{_segment(name)}", body, timeout)
+
+    def annotate_secret(self, namespace: str, name: str, annotations: dict[str, Optional[str]],
+                        timeout: float) -> None:
+        """Set (None: remove) annotations of the Secret, by a merge patch (no resourceVersion: no conflict)."""
+        self.request("PATCH", f"{self._secrets(namespace)}/{_segment(name)}",
+                     body={"metadata": {"annotations": annotations}},
+                     content_type="application/merge-patch+json", timeout=timeout)
+
     def cut(self) -> None:
         """Shut down every socket, now and from now on (any thread)."""
         self._connections.cut()

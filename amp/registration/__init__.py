@@ -13,7 +13,12 @@ manifest.
     L{amp.registration._check} (the check: selectors judged on probe
     namespaces, timeouts, rules, sideEffects, reinvocationPolicy, caBundle);
   - reactor side: L{amp.registration._report}, and the managed mode's
-    L{amp.registration._keeper} (the Lease holder applies and repairs it).
+    L{amp.registration._keeper} (the Lease holder applies and repairs it);
+  - amp's own CA and serving certificate (C{registration.secret}): pure,
+    L{amp.registration._pki} (making them, the Secret's content, the
+    replicas' reports) and L{amp.registration._rotation} (the next step);
+    reactor side, L{amp.registration._secret} (every replica serves the
+    Secret's pair and reports it; the Lease holder rotates).
 """
 
 from amp.registration._check import bundle_certificates, check, selects, verifies
@@ -21,6 +26,8 @@ from amp.registration._desired import desired, drifted
 from amp.registration._keeper import RegistrationKeeper
 from amp.registration._needs import Needs, Problem, RegistrationProblem, needs
 from amp.registration._report import RegistrationReport
+from amp.registration._secret import SecretCertificates
 
-__all__ = ["Needs", "Problem", "RegistrationKeeper", "RegistrationProblem", "RegistrationReport", "bundle_certificates",
+__all__ = ["Needs", "Problem", "RegistrationKeeper", "RegistrationProblem", "RegistrationReport", "SecretCertificates",
+           "bundle_certificates",
            "check", "desired", "drifted", "needs", "selects", "verifies"]

@@ -62,6 +62,8 @@ def desired(config: Config, ca_bundle: bytes, own_namespace: Optional[str] = Non
     if need.ephemeral:
         rules.append({"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
                       "resources": ["pods/ephemeralcontainers"], "scope": "Namespaced"})
+    where: dict[str, Any] = {"url": reg.url} if reg.url else {"service": {
+        "name": reg.service, "namespace": need.own_namespace, "path": "/mutate", "port": reg.service_port}}
     entries = []
     for name, policy, on_class in _entry_names(config, need):
         expressions: list[dict[str, Any]] = []
@@ -69,6 +71,9 @@ def desired(config: Config, ca_bundle: bytes, own_namespace: Optional[str] = Non
             expressions.append({"key": NAME_LABEL, "operator": "NotIn", "values": list(need.excluded)})
         if on_class is not None and need.class_label is not None:
             expressions.append({"key": need.class_label, "operator": on_class[0], "values": [on_class[1]]})
+        # The operator's own requirements, after amp's (as the chart's static entries have them).
+        for key, operator, values in reg.match_expressions:
+            expressions.append({"key": key, "operator": operator, **({"values": list(values)} if values else {})})
         selector: dict[str, Any] = {"matchLabels": {need.enabled_label: need.enabled_value}}
         if expressions:
             selector["matchExpressions"] = expressions
@@ -84,11 +89,7 @@ def desired(config: Config, ca_bundle: bytes, own_namespace: Optional[str] = Non
             "objectSelector": {"matchExpressions": [
                 {"key": kube.enabled_label, "operator": "NotIn", "values": [kube.opt_out_value]}]},
             "rules": rules,
-            "clientConfig": {
-                "caBundle": base64.b64encode(ca_bundle).decode("ascii"),
-                "service": {"name": reg.service, "namespace": need.own_namespace, "path": "/mutate",
-                            "port": reg.service_port},
-            },
+            "clientConfig": {"caBundle": base64.b64encode(ca_bundle).decode("ascii"), **where},
         })
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",

@@ -46,13 +46,17 @@ class RegistrationKeeper:
     @param clock: for the rate limit and the backoff.
     @param own_namespace: amp's namespace (its Service's).
     @param read: reads the CA file (in the thread).
+    @param bundle: when given, the caBundle (PEM) comes from it instead of
+        C{registration.ca_bundle} (amp's own CA, L{amp.registration.SecretCertificates});
+        None from it: none yet, nothing is applied until L{refresh}.
     """
 
     log = Logger()
 
     def __init__(self, config: Config, *, reactor: IAmpReactor, clock: IReactorTime, metrics: Metrics,
                  own_namespace: Optional[str], random: Callable[[], float] = _random.random,
-                 read: Callable[[str], bytes] = _read) -> None:
+                 read: Callable[[str], bytes] = _read,
+                 bundle: Optional[Callable[[], Optional[bytes]]] = None) -> None:
         self._config = config
         self._reactor = reactor
         self._clock = clock
@@ -60,6 +64,7 @@ class RegistrationKeeper:
         self._own = own_namespace
         self._random = random
         self._read = read
+        self._bundle = bundle
         self._client: Optional[KubeClient] = None
         self.active = False
         self._term = 0
@@ -130,6 +135,9 @@ class RegistrationKeeper:
             return
         if not self._force and (self.want is None or drifted(self._obj, self.want) is None):
             return
+        given = self._bundle() if self._bundle is not None else None
+        if self._bundle is not None and given is None:
+            return  # amp's own CA is not made yet: refresh() when it is
         self._force = False
         self._busy = True
         self._next = self._clock.seconds() + self._config.registration.repair_interval
@@ -138,7 +146,7 @@ class RegistrationKeeper:
         timeout = config.kubernetes.request_timeout
 
         def work() -> dict[str, Any]:
-            want = desired(config, read(config.registration.ca_bundle), own)
+            want = desired(config, given if given is not None else read(config.registration.ca_bundle), own)
             client.apply_webhook_configuration(want, timeout)
             return want
 

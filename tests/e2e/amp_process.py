@@ -269,6 +269,14 @@ class AmpProcess(TwistdProcess):
         return der
 
 
+class _ThreadingServer(http.server.ThreadingHTTPServer):
+    #: The listen backlog.  socketserver's default of 5 drops the SYNs of a
+    #: burst of new connections beyond it (amp opens up to
+    #: endpoints.max_concurrent at once in a storm): they are retried a
+    #: second later, and amp's calls time out connecting.
+    request_queue_size = 1024
+
+
 class LoopbackServer(ABC):
     """A threaded HTTP/1.1 server on 127.0.0.1 (TLS when given a context)
     whose ``answer(path, headers, body)`` returns ``(status, body)``."""
@@ -291,7 +299,7 @@ class LoopbackServer(ABC):
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._server = http.server.ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        self._server = _ThreadingServer((LOOPBACK, 0), Handler)
         self._server.daemon_threads = True
         if context is not None:
             # The handshake happens in the request's thread, not the accepting one.

@@ -181,6 +181,22 @@ def summed(scrape: Scrape, metric: str, labels: dict[str, str]) -> float:
     return sum(v for (n, ls), v in scrape.samples.items() if n == metric and wanted <= ls)
 
 
+def counted(scrape: Scrape, counter: str, labels: dict[str, str]) -> float:
+    """The sum of the counter ``counter`` (as the API server names it) over
+    the series whose labels include ``labels``.
+
+    The text parser names every sample of a counter ``<family>_total``,
+    whatever the exposition wrote: the API server's
+    ``apiserver_admission_webhook_fail_open_count`` is read back as
+    ``apiserver_admission_webhook_fail_open_count_total``, so its samples are
+    taken from the family, never by the exposition's name."""
+    family = scrape.families.get(counter[:-len("_total")] if counter.endswith("_total") else counter)
+    if family is None or family.type != "counter":
+        return 0.0
+    wanted = labels.items()
+    return sum(s.value for s in family.samples if s.name.endswith("_total") and wanted <= s.labels.items())
+
+
 def _webhook_samples(scrape: Scrape, metric: str, webhook: str) -> Iterable[tuple[dict[str, str], float]]:
     return [(dict(ls), v) for (n, ls), v in scrape.samples.items() if n == metric and ("name", webhook) in ls]
 
@@ -193,14 +209,18 @@ def admission(before: Scrape, after: Scrape, webhook: str) -> Admission:
         wanted = {"name": webhook, **labels}
         return summed(after, metric, wanted) - summed(before, metric, wanted)
 
+    def counter_delta(counter: str) -> float:
+        wanted = {"name": webhook}
+        return counted(after, counter, wanted) - counted(before, counter, wanted)
+
     bounds = sorted({float(ls["le"]) for ls, _ in _webhook_samples(after, base + "_bucket", webhook)
                      if ls.get("le") not in (None, "+Inf")})
     return Admission(
         calls=delta(base + "_count"),
         seconds=delta(base + "_sum"),
         within={b: delta(base + "_bucket", le=_le(after, base, webhook, b)) for b in bounds},
-        rejections=delta("apiserver_admission_webhook_rejection_count"),
-        fail_open=delta("apiserver_admission_webhook_fail_open_count"),
+        rejections=counter_delta("apiserver_admission_webhook_rejection_count"),
+        fail_open=counter_delta("apiserver_admission_webhook_fail_open_count"),
     )
 
 

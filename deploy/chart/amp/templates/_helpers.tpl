@@ -47,6 +47,11 @@ app.kubernetes.io/component: webhook
 {{- include "amp.fullname" . }}-tls
 {{- end -}}
 
+{{/* amp's own CA and serving certificate, with registration.managed. */}}
+{{- define "amp.ownCertificates" -}}
+{{- include "amp.fullname" . }}-certificates
+{{- end -}}
+
 {{- define "amp.image" -}}
 {{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
 {{- if .Values.image.digest -}}
@@ -121,7 +126,10 @@ amp follows, and the default deadline (the webhook's timeoutSeconds).
 {{- $_ := set $registration "service_port" (int .Values.service.port) -}}
 {{- $_ := set $registration "entry_name" .Values.webhook.name -}}
 {{- $_ := set $registration "default_class" .Values.webhook.failurePolicy -}}
-{{- $_ := set $registration "ca_bundle" "/etc/amp/tls/ca.crt" -}}
+{{- $_ := set $registration "secret" (include "amp.ownCertificates" .) -}}
+{{- if not (hasKey $registration "match_expressions") -}}
+{{- $_ := set $registration "match_expressions" (.Values.webhook.namespaceSelector.matchExpressions | default list) -}}
+{{- end -}}
 {{- $_ := set $config "registration" $registration -}}
 {{- end -}}
 {{- $deadline := deepCopy ($config.deadline | default dict) -}}
