@@ -86,7 +86,6 @@ class HTTPServerProtocol(Protocol):
     """
 
     log = Logger()
-
     transport: IServerTransport  # set by makeConnection, before anything here uses it
 
     def __init__(self, factory: IListener) -> None:
