@@ -89,7 +89,7 @@ demo: $(STAMP)
 test: $(STAMP) tools
 	$(PY) -m pytest -n auto --dist loadgroup
 
-# The static checks alone (tests/test_static_checks.py runs the same in
+# The static checks alone (tests/unit/repo/test_static_checks.py runs the same in
 # make test): mypy strict on amp/ (mypy.ini), ruff's lint and its format
 # check on the whole repository (ruff.toml).  All three run even when one fails.
 check: $(STAMP)
