@@ -31,7 +31,7 @@ from amp.deadline import Deadline
 from amp.endpoint import EndpointClient
 from amp_examples.server import build_root
 from amp.metrics import Metrics
-from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
+from amp.namespaces import INamespaceSource, NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
 from tests.endpointhelpers import ResourceConnector
 from tests.helpers import (
     FakeSource,
