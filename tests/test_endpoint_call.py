@@ -71,14 +71,17 @@ class ReasonCoverageTests(SynchronousTestCase):
         "http-5xx": "test_endpoint_reading.LoopbackReplyTests.test_http_5xx",
         "response-too-large": "test_endpoint_reading.LoopbackReplyTests.test_content_length_over_the_limit_fails_fast",
         "response-headers-too-large":
-            "test_endpoint_reading.LoopbackHeadTests.test_an_endpoint_streaming_header_lines_is_refused_long_before_its_timeout",
+            "test_endpoint_reading.LoopbackHeadTests."
+            "test_an_endpoint_streaming_header_lines_is_refused_long_before_its_timeout",
         "reply-buffer-full": "test_endpoint_reading.ReplyBudgetTests.test_concurrent_bodies_stay_within_the_budget",
         "invalid-json": "test_endpoint_reading.LoopbackReplyTests.test_non_json",
         "invalid-reply": "test_endpoint_reading.LoopbackReplyTests.test_json_of_the_wrong_shape",
         "breaker-open": "test_endpoint_call.BreakerIntegrationTests.test_trip_refuse_trial_close",
         "queue-full": "test_bulkhead_queue.QueueTests.test_calls_over_max_concurrent_and_max_queued_fail_fast",
-        "queue-timeout": "test_bulkhead_queue.QueueTests.test_a_waiter_fails_when_its_deadline_leaves_too_little_for_the_call",
-        "latency-budget": "test_bulkhead_queue.LatencyBudgetTests.test_an_origin_over_its_budget_is_shed_then_probed_back",
+        "queue-timeout":
+            "test_bulkhead_queue.QueueTests.test_a_waiter_fails_when_its_deadline_leaves_too_little_for_the_call",
+        "latency-budget":
+            "test_bulkhead_queue.LatencyBudgetTests.test_an_origin_over_its_budget_is_shed_then_probed_back",
     }
 
     def test_every_reason_has_a_test(self) -> None:
