@@ -78,10 +78,10 @@ class ReasonCoverageTests(SynchronousTestCase):
         "invalid-reply": "test_endpoint_reading.LoopbackReplyTests.test_json_of_the_wrong_shape",
         "breaker-open": "test_endpoint_call.BreakerIntegrationTests.test_trip_refuse_trial_close",
         "queue-full": "test_bulkhead_queue.QueueTests.test_calls_over_max_concurrent_and_max_queued_fail_fast",
-        "queue-timeout":
-            "test_bulkhead_queue.QueueTests.test_a_waiter_fails_when_its_deadline_leaves_too_little_for_the_call",
-        "latency-budget":
-            "test_bulkhead_queue.LatencyBudgetTests.test_an_origin_over_its_budget_is_shed_then_probed_back",
+        "queue-timeout": ("test_bulkhead_queue.QueueTests."
+                          "test_a_waiter_fails_when_its_deadline_leaves_too_little_for_the_call"),
+        "latency-budget": ("test_bulkhead_queue.LatencyBudgetTests."
+                           "test_an_origin_over_its_budget_is_shed_then_probed_back"),
     }
 
     def test_every_reason_has_a_test(self) -> None:

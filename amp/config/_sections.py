@@ -150,8 +150,8 @@ class KubernetesConfig:
     failure_policy_annotation: str = declare(STR, "amp.txn2.com/failure-policy", restart=Restart.KUBERNETES, doc=(
         "Namespace annotation, `Ignore` or `Fail`, that overrides `failure_policy` for that namespace when the "
         "namespace has no `failure_class_label`. Deprecated: the API server does not read annotations, "
-        "so while amp cannot be reached it does not apply it; a namespace that sets only the annotation, or one that disagrees "
-        "with the label, is a namespace problem. Any other value is ignored."))
+        "so while amp cannot be reached it does not apply it; a namespace that sets only the annotation, "
+        "or one that disagrees with the label, is a namespace problem. Any other value is ignored."))
     mode_annotation: str = declare(STR, "amp.txn2.com/mode", restart=Restart.KUBERNETES, doc=(
         "Namespace annotation; `shadow` calls the endpoint and checks its answer but never applies it "
         "([failure-modes.md](failure-modes.md#shadow-mode))."))
