@@ -9,8 +9,9 @@ The checks the build runs on the source itself, as the suite runs them
 
 Each runs as a subprocess from this Python's environment and must exit
 cleanly; on failure the test shows what the tool found.  The three take
-about 25 s together, so they share one xdist group (one worker runs them,
-one after another, and mypy's cache is written by one process only).
+about 25 s together with a warm mypy cache (about a minute cold), so they
+share one xdist group: one worker runs them, one after another, and
+mypy's cache is written by one process only.
 """
 
 from __future__ import annotations
