@@ -251,7 +251,7 @@ def makeService(options: Options, reactor: Optional[IAmpReactor] = None) -> Any:
     if keeper is not None:
         service.on_apply.append(keeper.config_changed)
     if own_certificates is not None:
-        own_certificates.setServiceParent(service)  # type: ignore[no-untyped-call]
+        adopt(own_certificates, service)
     if options["check"]:
         print_effective_config(config)
         raise SystemExit(0)
