@@ -27,7 +27,7 @@ UV_VENV := .venv-uv
 UV := $(UV_VENV)/bin/uv
 LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --custom-compile-command "make lock" -q
 
-.PHONY: demo test test-pythons venv lock schema tools bench clean image image-check
+.PHONY: demo test test-pythons check venv lock schema tools bench clean image image-check
 
 # The locked dependencies with their hashes (pip refuses anything else),
 # then amp and the examples themselves without dependencies.
@@ -90,6 +90,16 @@ demo: $(STAMP)
 test: $(STAMP) tools
 	$(PY) -m pytest -n auto --dist loadgroup
 
+# The static checks alone (tests/unit/repo/test_static_checks.py runs the same in
+# make test): mypy strict on amp/ (mypy.ini), ruff's lint and its format
+# check on the whole repository (ruff.toml).  All three run even when one fails.
+check: $(STAMP)
+	@status=0; \
+	$(PY) -m mypy --config-file mypy.ini || status=1; \
+	$(PY) -m ruff check . || status=1; \
+	$(PY) -m ruff format --check . || status=1; \
+	exit $$status
+
 # The unit suite (no end-to-end, bench or deploy-tool tests) on each of
 # $(PYTHONS) that pyenv has here, each in a venv of its own from the lock.
 test-pythons:
@@ -105,4 +115,4 @@ bench: $(STAMP) tools
 	$(PY) bench/run
 
 clean:
-	rm -rf $(VENV) $(UV_VENV) $(foreach v,$(PYTHONS),.venv-$(v)) dev-tls .pytest_cache
+	rm -rf $(VENV) $(UV_VENV) $(foreach v,$(PYTHONS),.venv-$(v)) dev-tls .pytest_cache .mypy_cache .ruff_cache

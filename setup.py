@@ -88,7 +88,7 @@ setup(
             "setuptools>=70.1",
             "promql-parser>=0.10",
             # the build's checks of amp's own code: types (strict, with Twisted's zope
-            # interfaces understood) and lint + format (tests/test_static_checks.py)
+            # interfaces understood) and lint + format (tests/unit/repo/test_static_checks.py)
             "mypy>=1.13",
             "mypy-zope>=1.0.9",
             "types-PyYAML>=6.0",

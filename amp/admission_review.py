@@ -455,7 +455,7 @@ def _parse_careful(body: bytes) -> AdmissionRequest:
                     request.get("object") if isinstance(request, dict) else None, None)
 
 
-def _checked(api_version: Any, kind_of_review: Any, request: Optional[dict], pod: Any,
+def _checked(api_version: Any, kind_of_review: Any, request: Optional[dict[str, Any]], pod: Any,
              object_json: Optional[bytes]) -> AdmissionRequest:
     """
     The fields amp uses, checked; C{object_json} is the object's JSON as
@@ -553,7 +553,7 @@ def encode_response(
     uid: str,
     *,
     allowed: bool = True,
-    patch: Optional[list] = None,
+    patch: Optional[list[Any]] = None,
     patch_bytes: Optional[bytes] = None,
     warnings: Iterable[str] = (),
     audit: Optional[Mapping[str, str]] = None,

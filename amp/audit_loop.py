@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import socket
 import uuid
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Union
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
@@ -32,17 +32,33 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from amp.config import Config
+
+if TYPE_CHECKING:
+    from amp.cli.audit import AuditRun
+    from amp.kube import KubeClient
+    from amp.namespaces import INamespaceSource
+    from amp.reactors import IAmpReactor
 from amp.metrics import Metrics
 
-__all__ = ["AuditService", "ContinuousAudit", "cluster_audit"]
+__all__ = ["AuditService", "ContinuousAudit", "Elector", "cluster_audit"]
 
 
-def cluster_audit(reactor: Any, client: Any) -> Callable[[Config], Deferred]:
+class Elector(Protocol):
+    """The Lease loop the audit runs under (an L{amp.kube.LeaseElector})."""
+
+    def start(self) -> None:
+        """Take part in the election."""
+
+    def stop(self) -> Deferred[None]:
+        """Stop; a leader steps down; fires once the Lease is released (or that failed)."""
+
+
+def cluster_audit(reactor: IAmpReactor, client: KubeClient) -> Callable[[Config], Deferred[AuditRun]]:
     """The audit of every managed namespace through C{client} (an L{amp.kube.KubeClient})."""
     from amp.cli.audit import AuditOptions, audit
     from amp.cli.audit_cluster import PagedLists, kube_getter
 
-    def run(config: Config) -> Deferred:
+    def run(config: Config) -> Deferred[AuditRun]:
         options = AuditOptions(config=config, concurrency=config.audit.concurrency, rate=config.audit.rate,
                                page_size=config.audit.page_size)
         lists = PagedLists(kube_getter(client, config.kubernetes.request_timeout), config.audit.page_size, reactor)
@@ -62,8 +78,8 @@ class ContinuousAudit:
     log = Logger()
 
     def __init__(self, *, clock: IReactorTime, config: Config, metrics: Metrics,
-                 run_audit: Callable[[Config], Deferred],
-                 elector_factory: Callable[[Callable[[], None], Callable[[], None]], Any]) -> None:
+                 run_audit: Callable[[Config], Deferred[AuditRun]],
+                 elector_factory: Callable[[Callable[[], None], Callable[[], None]], Elector]) -> None:
         self._clock = clock
         self._config = config
         self._metrics = metrics
@@ -71,7 +87,7 @@ class ContinuousAudit:
         self.elector = elector_factory(self._elected, self._deposed)
         self.leader = False
         self._timer: Optional[IDelayedCall] = None
-        self._running: Optional[Deferred] = None
+        self._running: Optional[Deferred[AuditRun]] = None
         self._again = False
         self._last_start: Optional[float] = None
         self._series: set[tuple[str, str]] = set()
@@ -81,10 +97,9 @@ class ContinuousAudit:
     def start(self) -> None:
         self.elector.start()
 
-    def stop(self) -> Deferred:
+    def stop(self) -> Deferred[None]:
         self._deposed()
-        d: Deferred = self.elector.stop()
-        return d
+        return self.elector.stop()
 
     def set_config(self, config: Config) -> None:
         """A reloaded config: the next audit uses it, soon (see L{poke})."""
@@ -123,6 +138,7 @@ class ContinuousAudit:
             return
         self._last_start = self._clock.seconds()
         self._again = False
+        running: Deferred[AuditRun]
         try:
             running = self._run_audit(self._config)
         except Exception:
@@ -131,7 +147,7 @@ class ContinuousAudit:
         self._running = running
         running.addBoth(self._finished, running)
 
-    def _finished(self, result: Any, running: Deferred) -> None:
+    def _finished(self, result: Union[AuditRun, Failure], running: Deferred[AuditRun]) -> None:
         if self._running is not running:
             return  # deposed while it ran: its result is not this replica's to show
         self._running = None
@@ -145,7 +161,7 @@ class ContinuousAudit:
             now = self._clock.seconds()
             self._schedule(self._earliest() if self._again else now + self._config.audit.interval)
 
-    def _publish(self, found: Any) -> None:
+    def _publish(self, found: AuditRun) -> None:
         counts: dict[tuple[str, str], int] = {}
         for w in found.workloads:
             for pod in w.pods:
@@ -195,7 +211,7 @@ class AuditService(Service):
 
     log = Logger()
 
-    def __init__(self, config: Config, reactor: Any, metrics: Metrics, namespaces: Any,
+    def __init__(self, config: Config, reactor: IAmpReactor, metrics: Metrics, namespaces: INamespaceSource,
                  identity: Optional[str] = None) -> None:
         super().__init__()
         self._config = config
@@ -203,11 +219,11 @@ class AuditService(Service):
         self._metrics = metrics
         self._namespaces = namespaces
         self._identity = identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-        self._client: Any = None
+        self._client: Optional[KubeClient] = None
         self.audit: Optional[ContinuousAudit] = None
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         from amp.kube import KubeClient, LeaseElector
         from amp.kube._client import service_account_namespace
 
@@ -223,7 +239,7 @@ class AuditService(Service):
             self.log.error("The continuous audit is off: {error}", error=str(e) or type(e).__name__)
             return
 
-        def elector(on_elected: Callable[[], None], on_deposed: Callable[[], None]) -> Any:
+        def elector(on_elected: Callable[[], None], on_deposed: Callable[[], None]) -> Elector:
             return LeaseElector(client=client, reactor=self._reactor, clock=self._reactor, namespace=lease_namespace,
                                 name=self._config.audit.lease_name, identity=self._identity,
                                 duration=kube.bypass.lease_duration, request_timeout=kube.request_timeout,
@@ -242,13 +258,13 @@ class AuditService(Service):
         if self.audit is not None:
             self.audit.set_config(config)
 
-    def stopService(self) -> Optional[Deferred]:
-        super().stopService()
-        if self.audit is None:
-            return None
+    def stopService(self) -> Optional[Deferred[None]]:
+        Service.stopService(self)
         client = self._client
+        if self.audit is None or client is None:  # an audit has its client
+            return None
 
-        def closed(result: Any) -> Any:
+        def closed(result: object) -> object:
             client.close()
             return result
 

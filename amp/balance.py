@@ -74,7 +74,7 @@ import errno
 import os
 import socket
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from twisted.internet import address
 from twisted.internet.defer import Deferred, fail, succeed
@@ -93,8 +93,12 @@ from zope.interface import implementer
 from amp._load_table import HEARTBEAT, SLOT, STALE, LoadTable
 from amp.logs import RepeatLimiter
 
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
+
 __all__ = [
-    "ERROR_PAUSE", "HEARTBEAT", "RECHECK", "SLOT", "STALE", "STOP_ACCEPTS", "BalancedPort", "LoadTable", "WorkerListener",
+    "ERROR_PAUSE", "HEARTBEAT", "RECHECK", "SLOT", "STALE", "STOP_ACCEPTS",
+    "BalancedPort", "LoadTable", "WorkerListener",
 ]
 
 #: Seconds between decisions while this worker is not the least loaded.
@@ -133,7 +137,7 @@ class BalancedPort:
 
     log = Logger()
 
-    def __init__(self, reactor: Any, sock: socket.socket, factory: IProtocolFactory, table: LoadTable) -> None:
+    def __init__(self, reactor: IAmpReactor, sock: socket.socket, factory: IProtocolFactory, table: LoadTable) -> None:
         self.reactor = reactor
         self.socket = sock
         self.factory = factory
@@ -323,7 +327,8 @@ class BalancedPort:
         """
         try:
             connection.setblocking(False)
-            self.reactor.adoptStreamConnection(connection.fileno(), self.family, self.factory)
+            self.reactor.adoptStreamConnection(
+                connection.fileno(), self.family, self.factory)  # type: ignore[arg-type]  # any protocol factory
         except OSError as e:
             if e.errno in _SHORTAGE:
                 if hold:
@@ -383,7 +388,7 @@ class WorkerListener:
     @ivar connections: the webhook listener's last reported open connections.
     """
 
-    def __init__(self, reactor: Any, worker: int, opener: Callable[[], tuple[socket.socket, LoadTable]], *,
+    def __init__(self, reactor: IAmpReactor, worker: int, opener: Callable[[], tuple[socket.socket, LoadTable]], *,
                  interface: str = "", port: int = 0) -> None:
         self.reactor = reactor
         self.worker = worker
@@ -398,7 +403,7 @@ class WorkerListener:
         self.connections = 0
 
     @classmethod
-    def bind(cls, reactor: Any, interface: str, port: int, workers: int, backlog: int = 128,
+    def bind(cls, reactor: IAmpReactor, interface: str, port: int, workers: int, backlog: int = 128,
              now: Callable[[], float] = time.monotonic) -> "WorkerListener":
         """
         Worker 0's: binds C{interface:port} (IPv6 when C{interface} holds a
@@ -424,7 +429,7 @@ class WorkerListener:
         return listener
 
     @classmethod
-    def inherit(cls, reactor: Any, worker: int, listen_fd: int, table_fd: int,
+    def inherit(cls, reactor: IAmpReactor, worker: int, listen_fd: int, table_fd: int,
                 now: Callable[[], float] = time.monotonic) -> "WorkerListener":
         """
         A child's: takes over, at once, the listening socket C{listen_fd}

@@ -133,7 +133,7 @@ class CircuitBreaker:
         self,
         settings: BreakerConfig,
         clock: SecondsClock,
-        on_change: Optional[Callable[[str], None]] = None,
+        on_change: Optional[Callable[[BreakerState], None]] = None,
         *,
         random: Optional[Callable[[], float]] = None,
     ) -> None:
@@ -164,7 +164,7 @@ class CircuitBreaker:
         return self._settings
 
     @property
-    def state(self) -> str:
+    def state(self) -> BreakerState:
         """
         C{closed}, C{open} or C{half_open}.  Reading it moves an open breaker
         whose cool-down has passed to half-open.
@@ -311,7 +311,7 @@ class CircuitBreaker:
         self._clear_window()
         self._transition(CLOSED)
 
-    def _transition(self, state: str) -> None:
+    def _transition(self, state: BreakerState) -> None:
         self._state = state
         self._epoch += 1
         if self._on_change is not None:
@@ -342,7 +342,7 @@ class BreakerRegistry:
     def __init__(
         self,
         clock: SecondsClock,
-        on_change: Optional[Callable[[str, str], None]] = None,
+        on_change: Optional[Callable[[str, BreakerState], None]] = None,
         *,
         random: Optional[Callable[[], float]] = None,
     ) -> None:
@@ -351,7 +351,7 @@ class BreakerRegistry:
         self._random = random
         self._breakers: dict[str, CircuitBreaker] = {}
 
-    def state_of(self, origin: str) -> Optional[str]:
+    def state_of(self, origin: str) -> Optional[BreakerState]:
         """The state of C{origin}'s breaker, or None when it has none yet."""
         breaker = self._breakers.get(origin)
         return breaker.state if breaker is not None else None
@@ -379,8 +379,8 @@ class BreakerRegistry:
         return breaker
 
     @staticmethod
-    def _reporter(origin: str, on_change: Callable[[str, str], None]) -> Callable[[str], None]:
-        def report(state: str) -> None:
+    def _reporter(origin: str, on_change: Callable[[str, BreakerState], None]) -> Callable[[BreakerState], None]:
+        def report(state: BreakerState) -> None:
             on_change(origin, state)
 
         return report

@@ -48,8 +48,9 @@ from amp.namespaces import NamespaceInfo
 from amp.patch import PatchError, check_patch
 from amp.poddiff import pod_differences
 from amp.policy import EndpointStep, Route, resolve_chain
-from amp.urls import shown_url
+from amp.reply import EndpointDecision
 from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION
+from amp.urls import shown_url
 
 __all__ = ["CANARY_ANNOTATION", "CANARY_PERCENT_ANNOTATION", "CANARY_STEP_ANNOTATION", "Canary", "CanaryPlan",
            "CanaryResult", "canary_plan"]
@@ -228,7 +229,7 @@ class CanaryRun:
         self._live: Any = _PENDING
         self._candidate: Any = _PENDING
         self._done = False
-        self._call: Optional[Deferred] = None
+        self._call: Optional[Deferred[EndpointDecision]] = None
         clock = canary._clock
         self._starter: Any = None
         #: The live review's spans when it is traced (the candidate's call a linked span).

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
+from enum import Enum
+from typing import Final, Optional
 
 from amp.config import DeadlineConfig
 from amp.memo import Memo
@@ -91,7 +92,15 @@ def parse_timeout(value: Optional[str]) -> Optional[float]:
 
 #: Timeouts read already: an API server sends its webhook's one value.
 _PARSED: Memo[str, Optional[float]] = Memo(256)
-_UNKNOWN = object()
+
+
+class _Missing(Enum):
+    """Not read yet (an enum member, so that a type checker narrows C{is not _UNKNOWN})."""
+
+    MISSING = 0
+
+
+_UNKNOWN: Final = _Missing.MISSING
 
 
 def review_budget(timeout: Optional[float], default_timeout: float, margin: float) -> float:

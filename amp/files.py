@@ -49,12 +49,17 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import IO, Any, Union
+from typing import IO, Any, Optional, Union
 
 import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.events import (
-    AliasEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent, ScalarEvent, SequenceEndEvent,
+    AliasEvent,
+    DocumentStartEvent,
+    MappingEndEvent,
+    MappingStartEvent,
+    ScalarEvent,
+    SequenceEndEvent,
     SequenceStartEvent,
 )
 
@@ -245,7 +250,7 @@ def _construct_float(loader: SafeConstructor, node: yaml.ScalarNode) -> float:
     return value
 
 
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]  # libyaml's when built with it
     """
     YAML as amp reads it: only what JSON can say, numbers in range
     (libyaml's parser when PyYAML has it).
@@ -286,7 +291,7 @@ def _bound_yaml(text: str, label: str, *, aliases: bool) -> None:
     Each anchored node's size and height are remembered when it ends, so an
     alias adds what it would expand to in constant time.
     """
-    anchors: dict[str, tuple[int, int]] = {}  # name -> (nodes, height) of the anchored node
+    anchors: dict[Optional[str], tuple[int, int]] = {}  # name -> (nodes, height) of the anchored node
     unfinished: set[str] = set()  # anchors of collections still open
     stack: list[list[Any]] = []  # per open collection: [nodes before it, anchor, height of its tallest child]
     total = 0
@@ -294,13 +299,13 @@ def _bound_yaml(text: str, label: str, *, aliases: bool) -> None:
         anchor = getattr(event, "anchor", None)
         if anchor is not None and not aliases:
             sign = "*" if isinstance(event, AliasEvent) else "&"
-            raise FileError(f"{label}, line {event.start_mark.line + 1}: anchors and aliases are not allowed "
+            raise FileError(f"{label}, line {_line(event)}: anchors and aliases are not allowed "
                             f"in amp's config (found {sign}{anchor})")
         if isinstance(event, (SequenceStartEvent, MappingStartEvent)):
             stack.append([total, anchor, 0])
             total += 1
             if len(stack) > MAX_DEPTH:
-                raise FileError(f"{label}, line {event.start_mark.line + 1}: nests more than {MAX_DEPTH} "
+                raise FileError(f"{label}, line {_line(event)}: nests more than {MAX_DEPTH} "
                                 f"levels deep, the limit")
             if anchor is not None:
                 unfinished.add(anchor)
@@ -315,12 +320,12 @@ def _bound_yaml(text: str, label: str, *, aliases: bool) -> None:
             total += 1
         elif isinstance(event, AliasEvent):
             if anchor in unfinished:
-                raise FileError(f"{label}, line {event.start_mark.line + 1}: alias *{anchor} refers to the node "
+                raise FileError(f"{label}, line {_line(event)}: alias *{anchor} refers to the node "
                                 f"it is in")
             nodes, height = anchors.get(anchor, (1, 0))
             total += nodes
             if len(stack) + height > MAX_DEPTH:
-                raise FileError(f"{label}, line {event.start_mark.line + 1}: alias *{anchor} nests it more than "
+                raise FileError(f"{label}, line {_line(event)}: alias *{anchor} nests it more than "
                                 f"{MAX_DEPTH} levels deep, the limit")
         else:
             if isinstance(event, DocumentStartEvent):
@@ -331,8 +336,14 @@ def _bound_yaml(text: str, label: str, *, aliases: bool) -> None:
         if stack and height > stack[-1][2]:
             stack[-1][2] = height
         if total > MAX_NODES:
-            raise FileError(f"{label}, line {event.start_mark.line + 1}: has more than {MAX_NODES} nodes "
+            raise FileError(f"{label}, line {_line(event)}: has more than {MAX_NODES} nodes "
                             f"with its aliases expanded, the limit")
+
+
+def _line(event: yaml.Event) -> int:
+    """The line C{event} starts on, from 1 (0: unknown; the parser always knows)."""
+    mark = event.start_mark
+    return mark.line + 1 if mark is not None else 0
 
 
 def _load_yaml(data: bytes, label: str, *, aliases: bool, many: bool) -> Any:
@@ -371,4 +382,5 @@ def parse_documents(data: bytes, label: str) -> list[Any]:
     text = text_of(data, label)
     if text.lstrip().startswith(("{", "[")):
         return [parse_json(data, label)]
-    return _load_yaml(data, label, aliases=True, many=True)
+    documents: list[Any] = _load_yaml(data, label, aliases=True, many=True)
+    return documents

@@ -20,18 +20,19 @@ from __future__ import annotations
 
 import json
 import math
-from functools import lru_cache
 import time
+from functools import lru_cache
 from string import Formatter
 from threading import get_ident
 from typing import IO, Any, Callable, Optional
 
 import msgspec
-
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import (
     ILogObserver,
-    LogLevel,
+    LogEvent,
     Logger,
+    LogLevel,
     formatEvent,
 )
 from twisted.python.failure import Failure
@@ -83,7 +84,7 @@ def _plain(fmt: str) -> bool:
                for _, field, spec, conversion in parsed)
 
 
-def format_event(event: dict) -> str:
+def format_event(event: LogEvent) -> str:
     """
     The event's message, as C{twisted.logger.formatEvent} would write it,
     without its general formatter's cost for the common plain formats
@@ -144,7 +145,7 @@ class HotPathLogger(Logger):
         kwargs.update(log_logger=self, log_level=level, log_namespace=self.namespace, log_source=self.source,
                       log_format=format, log_time=time.time())
         if "log_trace" in kwargs:
-            kwargs["log_trace"].append((self, self.observer))  # type: ignore[attr-defined]
+            kwargs["log_trace"].append((self, self.observer))  # type: ignore[attr-defined]  # a list, by Twisted's contract
         self.observer(kwargs)
 
 
@@ -221,7 +222,7 @@ class TextLinesObserver:
     def __init__(self, out: IO[str]) -> None:
         self._out = (out.write, out.flush)
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: LogEvent) -> None:
         text = format_event(event)
         failure = event.get("log_failure")
         if isinstance(failure, Failure):
@@ -234,7 +235,7 @@ class TextLinesObserver:
         _held.write(self._out, line)
 
 
-def event_as_json(event: dict) -> str:
+def event_as_json(event: LogEvent) -> str:
     """
     One log event as a single line of JSON.
     """
@@ -266,7 +267,7 @@ def event_as_json(event: dict) -> str:
         return json.dumps(out, separators=(",", ":"), allow_nan=False)
 
 
-def _fallback(event: dict, error: Exception) -> str:
+def _fallback(event: LogEvent, error: Exception) -> str:
     """
     The line written for an event that could not be turned into JSON.
     """
@@ -289,7 +290,7 @@ class JSONLinesObserver:
     def __init__(self, out: IO[str]) -> None:
         self._out = (out.write, out.flush)
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: LogEvent) -> None:
         try:
             line = event_as_json(event)
         except Exception as e:
@@ -313,7 +314,7 @@ class _LevelFilter:
         self._kept = frozenset(each for each in LogLevel.iterconstants() if each >= lowest)
         self._quiet = level != "debug"
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: LogEvent) -> None:
         level = event.get("log_level")
         if level not in self._kept or event.get("log_namespace") is None:
             return
@@ -347,7 +348,7 @@ class ConfigurableObserver:
         self.level = level
         self._observer = make_observer(fmt, level, self._out)
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: LogEvent) -> None:
         self._observer(event)
 
 
@@ -361,7 +362,7 @@ class _Kind:
         self.logged = 0
         self.suppressed = 0
         self.flooding = False
-        self.timer: Any = None
+        self.timer: Optional[IDelayedCall] = None
 
 
 class RepeatLimiter:
@@ -382,7 +383,7 @@ class RepeatLimiter:
         reads C{"<count> more <subject> in the last <interval>s (...)"}.
     """
 
-    def __init__(self, logger: Any, clock: Any, summaries: dict[str, str], *, burst: int = 5,
+    def __init__(self, logger: Logger, clock: IReactorTime, summaries: dict[str, str], *, burst: int = 5,
                  interval: float = 60.0) -> None:
         self._logger = logger
         self._clock = clock

@@ -35,10 +35,10 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 from twisted.web.resource import Resource
+from twisted.web.server import Request
 
 from amp import __version__
 from amp.reasons import BreakerState
-from twisted.web.server import Request
 
 #: Buckets for admission and endpoint latency: webhook budgets are
 #: milliseconds to a few seconds.
@@ -71,7 +71,8 @@ OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 KIND_LIMIT = 16
 
 
-def _label_key(name: str, labelnames: tuple[str, ...], values: tuple, named: dict) -> tuple[str, ...]:
+def _label_key(name: str, labelnames: tuple[str, ...], values: tuple[object, ...], named: dict[str, object]
+               ) -> tuple[str, ...]:
     """The label values of a child, given by position or by name, as strings."""
     if named:
         if values or set(named) != set(labelnames):
@@ -204,7 +205,8 @@ class HotHistogram(_HotFamily):
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
         for key, child in list(self._children.items()):
-            cumulative, buckets = 0, []
+            cumulative = 0
+            buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
             exemplars = child.exemplars
             for i, (le, count) in enumerate(zip(self._les, child.counts)):
                 cumulative += count
@@ -375,9 +377,8 @@ class Metrics:
         The registry in the Prometheus text exposition format, or in
         OpenMetrics' (which carries the latency histogram's exemplars).
         """
-        if openmetrics:
-            return generate_openmetrics(self.registry)
-        return generate_latest(self.registry)
+        text: bytes = generate_openmetrics(self.registry) if openmetrics else generate_latest(self.registry)
+        return text
 
 
 class MetricsResource(Resource):
@@ -390,7 +391,7 @@ class MetricsResource(Resource):
     isLeaf = True
 
     def __init__(self, metrics: Metrics) -> None:
-        super().__init__()
+        Resource.__init__(self)
         self._metrics = metrics
 
     def render_GET(self, request: Request) -> bytes:

@@ -12,7 +12,8 @@ L{amp.kube}.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Union
+from enum import Enum
+from typing import Final, Literal, Mapping, Optional, Union
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
@@ -47,15 +48,19 @@ class NamespaceInfo:
     near_misses: tuple[str, ...] = ()
 
 
-class _Unknown:
+class _Unknown(Enum):
+    """The one value of L{UNKNOWN} (an enum, so that a type checker narrows C{is UNKNOWN})."""
+
+    UNKNOWN = "UNKNOWN"
+
     def __repr__(self) -> str:
         return "UNKNOWN"
 
 
 #: L{INamespaceSource.cached} has no answer: call L{INamespaceSource.fetch}.
-UNKNOWN = _Unknown()
+UNKNOWN: Final = _Unknown.UNKNOWN
 
-CachedAnswer = Union[NamespaceInfo, None, _Unknown]
+CachedAnswer = Union[NamespaceInfo, None, Literal[_Unknown.UNKNOWN]]
 
 
 class NamespaceLookupError(Exception):

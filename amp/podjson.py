@@ -35,7 +35,7 @@ import msgspec
 
 from amp.admission_review import RAW_IN_METADATA, decode_bounded, long_digits
 
-__all__ = ["MemberError", "RAW", "RAW_IN_METADATA", "decoded", "member", "read", "read_all", "whole"]
+__all__ = ["MemberError", "RAW", "RAW_IN_METADATA", "decoded", "json_object", "member", "read", "read_all", "whole"]
 
 #: The type of a member kept as raw JSON.
 RAW = msgspec.Raw
@@ -51,7 +51,16 @@ class MemberError(ValueError):
     """
 
 
-def member(pod: dict, key: str, default: Any = None) -> Any:
+def json_object(value: object) -> dict[str, Any]:
+    """
+    C{value} when it is a JSON object (a dict), else an empty one: an
+    optional member (C{metadata}, C{status}) read without a check at every
+    use.
+    """
+    return value if isinstance(value, dict) else {}
+
+
+def member(pod: dict[str, Any], key: str, default: Any = None) -> Any:
     """
     C{pod[key]} decoded (C{default} when absent); a raw member is decoded
     once and kept decoded in C{pod}.
@@ -77,7 +86,7 @@ def read(container: Any, key: Any, where: str) -> Any:
     return value
 
 
-def read_all(container: dict, where: str = "") -> dict:
+def read_all(container: dict[str, Any], where: str = "") -> dict[str, Any]:
     """
     C{container} with its raw members decoded in place (the Pod's, or the
     metadata's when the metadata itself is read as a value); C{where} is

@@ -16,7 +16,8 @@ from amp.config import BreakerConfig, Config, EndpointSettings
 from amp.memo import Memo
 from amp.namespaces import NamespaceInfo
 from amp.reasons import FailurePolicy, Mode, Reason
-from amp.rules import is_enabled, mode as namespace_mode
+from amp.rules import is_enabled
+from amp.rules import mode as namespace_mode
 from amp.trace import AllowChecked, Event, PolicyChosen, RouteDecided
 from amp.urls import CHAIN_SEPARATORS, BadURL, EndpointURL, escaped, parse_endpoint_url, shown_url, step_names
 
@@ -134,14 +135,14 @@ def failure_policy(ns: Optional[NamespaceInfo], config: Config, cluster_policy: 
         kube = config.kubernetes
         label = kube.failure_class_label
         if label is not None:
-            choice = _CLASSES.get(ns.labels.get(label))  # type: ignore[arg-type]
+            choice = _CLASSES.get(ns.labels.get(label, ""))
             if choice is not None:
                 return choice
-        choice = _CLASSES.get(ns.annotations.get(kube.failure_policy_annotation))  # type: ignore[arg-type]
+        choice = _CLASSES.get(ns.annotations.get(kube.failure_policy_annotation, ""))
         if choice is not None:
             return choice
     if config.failure_policy == FailurePolicy.AUTO:
-        return _POLICIES[cluster_policy] if cluster_policy in (IGNORE, FAIL) else FAIL  # type: ignore[index]
+        return _POLICIES[cluster_policy] if cluster_policy in (IGNORE, FAIL) else FAIL
     return _POLICIES[config.failure_policy]
 
 
@@ -238,7 +239,7 @@ def failure_policy_why(ns: Optional[NamespaceInfo], config: Config, cluster_poli
 
 def route(
     ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str], *, validation: bool = False,
-    cache: Optional[Memo[str, tuple]] = None, explain: bool = False,
+    cache: Optional[Memo[str, ResolvedChain]] = None, explain: bool = False,
 ) -> Route:
     """
     Decide what to do for a review in namespace C{ns} (None: no such
@@ -277,9 +278,12 @@ def chain_pieces(raw: str) -> list[str]:
     return [piece for piece in CHAIN_SEPARATORS.split(raw) if piece]
 
 
-def resolve_chain(raw: str, config: Config) -> tuple[
-    tuple[EndpointStep, ...], Optional[EndpointURL], str, Optional[tuple[Reason, str]]
-]:
+#: An annotation's chain resolved (L{resolve_chain}): its steps, its one URL,
+#: what was wrong with it, and the reason and message of an unusable one.
+ResolvedChain = tuple[tuple[EndpointStep, ...], Optional[EndpointURL], str, Optional[tuple[Reason, str]]]
+
+
+def resolve_chain(raw: str, config: Config) -> ResolvedChain:
     """
     The endpoint annotation C{raw}, one URL or several separated by
     whitespace (a YAML block scalar with one URL per line reads naturally),

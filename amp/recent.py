@@ -197,7 +197,7 @@ class RecentDecisionsResource(Resource):
     isLeaf = True
 
     def __init__(self, recent: RecentDecisions) -> None:
-        super().__init__()
+        Resource.__init__(self)
         self._recent = recent
 
     def render_GET(self, request: Request) -> bytes:

@@ -37,7 +37,7 @@ import signal
 from collections import OrderedDict
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, maybeDeferred
@@ -50,6 +50,9 @@ from zope.interface import Interface, implementer
 from amp.config import Config, ConfigError, config_digest, for_reload, parse_config
 from amp.files import CONFIG_LIMIT, FileError, Observed, config_document, observe, read_file
 from amp.metrics import Metrics
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 _SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, None]
 
@@ -90,7 +93,7 @@ class ReloadService(Service):
         self,
         target: IReloadable,
         *,
-        reactor: Any,
+        reactor: IAmpReactor,
         interval: float = 5.0,
         clock: Optional[IReactorTime] = None,
     ) -> None:
@@ -106,7 +109,7 @@ class ReloadService(Service):
         self._loop: Optional[LoopingCall] = None
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         self._start_polling()
 
     def _start_polling(self) -> None:
@@ -131,7 +134,8 @@ class ReloadService(Service):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
-        return super().stopService()
+        Service.stopService(self)
+        return None
 
     def _tick(self) -> "Deferred[None]":
         # The loop waits for a load in a thread before its next poll, and an
@@ -160,7 +164,7 @@ class SighupService(Service):
 
     log = Logger()
 
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: IAmpReactor) -> None:
         """
         @param reactor: the reactor the reloaders run on
             (C{callFromThread} from the signal handler).
@@ -203,7 +207,7 @@ class SighupService(Service):
                 self.log.failure("Unexpected error while reloading {what} on SIGHUP", what=what)
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         try:
             previous = signal.getsignal(signal.SIGHUP)
             signal.signal(signal.SIGHUP, self.handle)
@@ -223,7 +227,8 @@ class SighupService(Service):
                     signal.signal(signal.SIGHUP, previous if previous is not None else signal.SIG_DFL)
             except ValueError as e:
                 self.log.warn("Could not restore the previous SIGHUP handler: {error}", error=str(e))
-        return super().stopService()
+        Service.stopService(self)
+        return None
 
 
 #: Runs a blocking callable away from the reactor thread and fires with its
@@ -231,7 +236,7 @@ class SighupService(Service):
 InThread = Callable[[Callable[[], Any]], "Deferred[Any]"]
 
 
-def in_thread_pool(reactor: Any) -> InThread:
+def in_thread_pool(reactor: IAmpReactor) -> InThread:
     """
     Run callables in C{reactor}'s thread pool; the result crosses back to
     the reactor thread (C{deferToThreadPool}).

@@ -70,7 +70,7 @@ class ReplyError(ValueError):
 # and nothing changes it once made.
 @dataclass(slots=True)
 class EndpointDecision:
-    patch: list = field(default_factory=list)
+    patch: list[Any] = field(default_factory=list)
     allowed: bool = True
     code: int = 403
     message: str = ""

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CANARY_ANNOTATION", "CANARY_PERCENT_ANNOTATION", "CANARY_STEP_ANNOTATION", "NAMESPACE_FEATURE_ANNOTATIONS",
-    "KnownNamespace", "Namespace", "RECORD_ANNOTATION", "LEGACY_SKIPPED_ANNOTATION", "STAMP_ANNOTATIONS", "STATUS_ANNOTATION", "is_enabled", "labels_opt_out", "mode",
+    "KnownNamespace", "Namespace", "RECORD_ANNOTATION", "LEGACY_SKIPPED_ANNOTATION", "STAMP_ANNOTATIONS",
+    "STATUS_ANNOTATION", "is_enabled", "labels_opt_out", "mode",
     "opted_out", "own_pods_warning", "protected_namespaces",
 ]
 

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import gc
 import random
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, cast
 
-from twisted.application.service import IService, MultiService, Service
+from twisted.application.service import IService, IServiceCollection, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
-from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IReactorTime, IStreamServerEndpoint
 from twisted.logger import ILogObserver, Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
@@ -48,7 +48,7 @@ from amp.http import HTTPServerFactory
 from amp.logs import ConfigurableObserver
 from amp.metrics import BREAKER_STATE_VALUES, Metrics, MetricsResource
 from amp.namespaces import INamespaceSource, NamespaceInfo, StaticNamespaceSource
-from amp.reasons import NamespaceSource
+from amp.reasons import BreakerState, NamespaceSource
 from amp.recent import RecentDecisions, RecentDecisionsResource
 from amp.record import KeptAnnotations, Recorder
 from amp.reload import ConfigFile, ConfigReloadService, InThread, SighupService, in_thread_pool
@@ -56,8 +56,21 @@ from amp.tls import CertificateReloadService, ReloadingCertificate
 from amp.tracing import Tracing
 from amp.web import ReviewHandler, not_found, webhook_routes
 
+if TYPE_CHECKING:
+    from amp.audit_loop import AuditService
+    from amp.kube._report import LeaseTerm
+    from amp.reactors import IAmpReactor
+
 #: The log of what this module reports itself (the services have their own).
 _log = Logger()
+
+
+def adopt(child: IService, parent: IServiceCollection) -> None:
+    """
+    Make C{child} a child service of C{parent} (C{child.setServiceParent}),
+    called through L{IService}, which declares it.
+    """
+    child.setServiceParent(parent)
 
 
 class EndpointClientService(Service):
@@ -68,8 +81,8 @@ class EndpointClientService(Service):
     def __init__(self, client: EndpointClient) -> None:
         self.client = client
 
-    def stopService(self) -> Optional[Deferred]:
-        super().stopService()
+    def stopService(self) -> Deferred[None]:
+        Service.stopService(self)
         return self.client.close()
 
 
@@ -90,10 +103,10 @@ class ListenerService(Service):
         self.endpoint = endpoint
         self.factory = factory
         self.port: Optional[IListeningPort] = None
-        self._listening: Optional[Deferred] = None
+        self._listening: Optional[Deferred[Any]] = None
 
     def privilegedStartService(self) -> None:
-        super().privilegedStartService()
+        Service.privilegedStartService(self)
         outcome: list[Any] = []
         d = self.endpoint.listen(self.factory)
         d.addBoth(outcome.append)
@@ -111,20 +124,21 @@ class ListenerService(Service):
         self.port = result
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         if self._listening is None:
             self.privilegedStartService()
 
-    def stopService(self) -> Optional[Deferred]:
-        super().stopService()
+    def stopService(self) -> Optional[Deferred[None]]:
+        Service.stopService(self)
         self._listening = None
         port, self.port = self.port, None
         if port is not None:
-            return port.stopListening()  # type: ignore[no-any-return]
+            stopped: Optional[Deferred[None]] = port.stopListening()
+            return stopped
         return None
 
 
-def serving_certificate(config: TLSConfig, clock: Any, metrics: Optional[Metrics] = None,
+def serving_certificate(config: TLSConfig, clock: IReactorTime, metrics: Optional[Metrics] = None,
                         secret: Optional[str] = None) -> ReloadingCertificate:
     """
     The serving certificate named by C{tls.*}, loaded; with C{secret} (amp's
@@ -146,8 +160,8 @@ def serving_certificate(config: TLSConfig, clock: Any, metrics: Optional[Metrics
 
 
 def namespace_source(
-    config: Config, reactor: Any, metrics: Metrics, on_first_list: Optional[Callable[[], None]] = None,
-    on_webhook: Optional[Callable[[Any], None]] = None, terms: Sequence[Any] = (),
+    config: Config, reactor: IAmpReactor, metrics: Metrics, on_first_list: Optional[Callable[[], None]] = None,
+    on_webhook: Optional[Callable[[Any], None]] = None, terms: Sequence[LeaseTerm] = (),
 ) -> INamespaceSource:
     """
     The namespace source named by C{kubernetes.source}; C{on_webhook} is
@@ -190,7 +204,7 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def metrics_site(metrics: Metrics, reactor: Any, recent: Optional[RecentDecisions] = None) -> Site:
+def metrics_site(metrics: Metrics, reactor: IAmpReactor, recent: Optional[RecentDecisions] = None) -> Site:
     """
     The plain-HTTP site serving C{/metrics} and, given C{recent},
     C{/debug/reviews} (L{amp.recent}), without an access log.
@@ -202,7 +216,7 @@ def metrics_site(metrics: Metrics, reactor: Any, recent: Optional[RecentDecision
         debug.putChild(b"reviews", RecentDecisionsResource(recent))
         root.putChild(b"debug", debug)
     site = Site(root, reactor=reactor)
-    site.log = lambda request: None  # type: ignore[method-assign]
+    site.log = lambda request: None  # type: ignore[method-assign]  # no access log: a line per scrape
     return site
 
 
@@ -221,7 +235,7 @@ class AmpService(MultiService):
     def __init__(
         self,
         config: Config,
-        reactor: Any,
+        reactor: IAmpReactor,
         *,
         certificate: ReloadingCertificate,
         webhook_endpoint: IStreamServerEndpoint,
@@ -267,7 +281,7 @@ class AmpService(MultiService):
         @param environ: the environment whose C{OTEL_*} variables tracing
             reads (L{amp.tracing}); None: the process's.
         """
-        super().__init__()
+        MultiService.__init__(self)
         self._drain_with: list[IService] = []
         #: Set when the drain begins: C{/readyz} fails from then on.
         self.draining = False
@@ -278,9 +292,9 @@ class AmpService(MultiService):
         self.metrics = metrics
         self.certificate = certificate
         self.namespaces = namespaces
-        self.namespaces.setServiceParent(self)  # type: ignore[attr-defined]
+        adopt(cast(IService, self.namespaces), self)  # every namespace source is a service
 
-        def breaker_changed(origin: str, state: str) -> None:
+        def breaker_changed(origin: str, state: BreakerState) -> None:
             metrics.breaker_state.labels(origin).set(BREAKER_STATE_VALUES[state])
             # Opening is the news; half-open and closed follow on their own.
             emit = self.log.warn if state == "open" else self.log.info
@@ -288,26 +302,26 @@ class AmpService(MultiService):
 
         self.breakers = BreakerRegistry(reactor, breaker_changed, random=random.random)
         self.endpoint_client = EndpointClient(reactor, metrics, self.breakers, connector=connector)
-        EndpointClientService(self.endpoint_client).setServiceParent(self)
+        adopt(EndpointClientService(self.endpoint_client), self)
         #: The one SIGHUP handler: it asks the certificate, the config and
         #: (with workers) the workers to reload, in that order.
         self.sighup = SighupService(reactor)
         if install_sighup:
-            self.sighup.setServiceParent(self)
+            adopt(self.sighup, self)
         certificate_reload = CertificateReloadService(certificate, reactor=reactor, interval=config.tls.reload_interval)
-        certificate_reload.setServiceParent(self)
+        adopt(certificate_reload, self)
         self.sighup.add(certificate_reload.what, certificate_reload.reload_now)
         #: Records chosen reviews when C{record.enabled} (L{amp.record}).
         self.recorder = Recorder(config.record, reactor, metrics,
                                  keep_annotation=_amp_annotation(config))
-        self.recorder.setServiceParent(self)
+        adopt(self.recorder, self)
         #: The last decisions, served on the metrics port (C{metrics.debug_reviews}).
         self.recent = RecentDecisions(config.metrics.debug_reviews)
         # Candidates have an endpoint client of their own: their own pools,
         # bulkheads and breakers, and metrics apart from the live endpoints'.
         self.canary_client = EndpointClient(reactor, Metrics(), BreakerRegistry(reactor, random=random.random),
                                             connector=connector)
-        EndpointClientService(self.canary_client).setServiceParent(self)
+        adopt(EndpointClientService(self.canary_client), self)
         self.canary = Canary(self.canary_client, reactor, metrics,
                              annotate=lambda uid, result, paths: self.recent.annotate(uid, result, paths))
         self.admitter = self._admitter(config, self.namespaces)
@@ -321,7 +335,7 @@ class AmpService(MultiService):
         self.tracing = Tracing(config.tracing, reactor,
                                lambda count, reason: metrics.trace_spans_dropped.labels(reason=reason).inc(count),
                                environ=environ)
-        self.tracing.setServiceParent(self)
+        adopt(self.tracing, self)
         for handler in self._admission:
             handler.tracing = self.tracing
         listen = config.listen
@@ -331,20 +345,20 @@ class AmpService(MultiService):
             max_connections=listen.max_connections, request_timeout=listen.request_timeout,
             idle_timeout=listen.idle_timeout, not_found=not_found, on_connections=on_connections)
         self.webhook = ListenerService(webhook_endpoint, self.webhook_server)
-        self.webhook.setServiceParent(self)
+        adopt(self.webhook, self)
         self.metrics_listener: Optional[ListenerService] = None
         if metrics_endpoint is not None:
             self.metrics_listener = ListenerService(metrics_endpoint, metrics_site(metrics, reactor, self.recent))
-            self.metrics_listener.setServiceParent(self)
+            adopt(self.metrics_listener, self)
         #: Told each config put in force by L{apply} (the registration check).
-        self.on_apply: list[Callable[[Config], None]] = []
+        self.on_apply: list[Callable[[Config], object]] = []
         #: The continuous audit (C{audit.continuous}), or None.
-        self.audit: Optional[Any] = None
+        self.audit: Optional[AuditService] = None
         if config.audit.continuous and config.kubernetes.source != NamespaceSource.STATIC:
             from amp.audit_loop import AuditService
 
             self.audit = AuditService(config, reactor, metrics, self.namespaces)
-            self.audit.setServiceParent(self)
+            adopt(self.audit, self)
             self.on_apply.append(self.audit.apply)
         self.config_file: Optional[ConfigFile] = None
         self.config_reload: Optional[ConfigReloadService] = None
@@ -352,7 +366,7 @@ class AmpService(MultiService):
             self.config_file = ConfigFile(config_path, config, self.apply, metrics,
                                           in_thread=in_thread if in_thread is not None else in_thread_pool(reactor))
             self.config_reload = ConfigReloadService(self.config_file, reactor=reactor, interval=config.reload_interval)
-            self.config_reload.setServiceParent(self)
+            adopt(self.config_reload, self)
             self.sighup.add(self.config_reload.what, self.config_reload.reload_now)
 
     def apply(self, config: Config) -> None:
@@ -375,8 +389,8 @@ class AmpService(MultiService):
         # Everything is built: swap.
         if namespaces is not self.namespaces:
             old, self.namespaces = self.namespaces, namespaces
-            namespaces.setServiceParent(self)  # type: ignore[attr-defined]
-            old.disownServiceParent()  # type: ignore[attr-defined]
+            adopt(cast(IService, namespaces), self)  # every namespace source is a service
+            cast(IService, old).disownServiceParent()
         self.admitter = admitter
         for handler in self._admission:
             handler.admitter = admitter
@@ -384,8 +398,10 @@ class AmpService(MultiService):
         self.recent.resize(config.metrics.debug_reviews)
         self.recorder.apply(config.record)
         self.tracing.apply(config.tracing)
-        if isinstance(self.log_observer, ConfigurableObserver):
-            self.log_observer.configure(config.log.format, config.log.level)
+        # As an object: mypy-zope cannot narrow an interface to a class that implements it.
+        observer: object = self.log_observer
+        if isinstance(observer, ConfigurableObserver):
+            observer.configure(config.log.format, config.log.level)
         if self.config_reload is not None:
             self.config_reload.set_interval(config.reload_interval)
         self.config = config
@@ -407,7 +423,7 @@ class AmpService(MultiService):
         the listener's drain, rather than after it (worker 0's monitor: its
         workers drain themselves at the same time).
         """
-        service.setServiceParent(self)
+        adopt(service, self)
         self._drain_with.append(service)
 
     def stopService(self) -> Deferred[None]:
@@ -423,8 +439,8 @@ class AmpService(MultiService):
             "Shutting down: not ready, not accepting connections; answering the reviews in flight on "
             "{count} open connections within {timeout:g}s (listen.drain_timeout)",
             count=self.webhook_server.open_connections, timeout=timeout)
-        drained = maybeDeferred(self.webhook.stopService)
-        drained.addCallback(lambda _: self.webhook_server.drain(timeout))
+        drained: Deferred[int] = maybeDeferred(self.webhook.stopService).addCallback(
+            lambda _: self.webhook_server.drain(timeout))
 
         def report(aborted: int) -> None:
             if not aborted:
@@ -435,7 +451,7 @@ class AmpService(MultiService):
         done = DeferredList(first, consumeErrors=True)
         done.addCallback(self._log_stop_errors)
 
-        def stop_the_rest(_: Any) -> Deferred:
+        def stop_the_rest(_: object) -> Deferred[None]:
             rest = [s for s in reversed(list(self)) if s is not self.webhook and s not in self._drain_with]
             return DeferredList([maybeDeferred(s.stopService) for s in rest], consumeErrors=True).addCallback(
                 self._log_stop_errors)
@@ -451,7 +467,7 @@ class AmpService(MultiService):
     def startService(self) -> None:
         self.log.info("amp {version} starting: {summary}", version=__version__,
                       summary=config_summary(self.config))
-        super().startService()
+        MultiService.startService(self)
         try:
             ready = self.namespaces.readiness()[0]
         except Exception:
@@ -473,4 +489,4 @@ class AmpService(MultiService):
         if self.log_observer is not None and hasattr(parent, "setComponent"):
             if parent.getComponent(ILogObserver, None) is None:
                 parent.setComponent(ILogObserver, self.log_observer)
-        super().setServiceParent(parent)
+        MultiService.setServiceParent(self, parent)

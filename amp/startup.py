@@ -74,7 +74,9 @@ def kubernetes_problem(
     if config.source == "static":
         return None
     if load is None:
-        from amp.kube import load_client_configuration as load
+        from amp.kube import load_client_configuration
+
+        load = load_client_configuration
     try:
         load(config)
     except Exception as e:

@@ -14,13 +14,16 @@ import dataclasses
 import os
 import socket
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from twisted.python import usage
 
 from amp.config import Config, ConfigError, load_config
 from amp.logs import ConfigurableObserver
 from amp.reasons import NamespaceSource
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 
 class Options(usage.Options):
@@ -129,7 +132,7 @@ def print_effective_config(config: Config, out: Any = None) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
+def makeService(options: Options, reactor: Optional[IAmpReactor] = None) -> Any:
     """
     Build amp's service from parsed options: the one place that reaches for
     the global reactor (when none is given) and builds the real listening
@@ -143,12 +146,13 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     if reactor is None:
         from twisted.internet import reactor as global_reactor
 
-        reactor = global_reactor
+        # Twisted types the global one as the parts every reactor has; amp's run on epoll/poll/select have all.
+        reactor = cast("IAmpReactor", global_reactor)
     from twisted.internet.endpoints import serverFromString
 
     from amp.balance import WorkerListener
     from amp.metrics import Metrics
-    from amp.service import AmpService, freeze_startup_objects, namespace_source, serving_certificate
+    from amp.service import AmpService, adopt, freeze_startup_objects, namespace_source, serving_certificate
     from amp.startup import certificate_key, kubernetes_problem, port_problem
     from amp.tls import CertificateError, tcp_description, tls_endpoint
     from amp.workers import ParentWatch, supervise
@@ -247,7 +251,7 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
     if keeper is not None:
         service.on_apply.append(keeper.config_changed)
     if own_certificates is not None:
-        own_certificates.setServiceParent(service)  # type: ignore[no-untyped-call]
+        adopt(own_certificates, service)
     if options["check"]:
         print_effective_config(config)
         raise SystemExit(0)
@@ -257,5 +261,5 @@ def makeService(options: Options, reactor: Optional[Any] = None) -> Any:
         service.drain_with(monitor)
         service.sighup.add("the workers", monitor.signal_workers)
     elif worker > 0:
-        ParentWatch(reactor).setServiceParent(service)
+        adopt(ParentWatch(reactor), service)
     return service

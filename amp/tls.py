@@ -47,11 +47,12 @@ from __future__ import annotations
 import datetime
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from OpenSSL import SSL, crypto
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
@@ -68,7 +69,10 @@ from zope.interface import implementer
 
 from amp.files import PEM_LIMIT, FileError, FileState, Observed, observe, read_file
 from amp.metrics import Metrics
-from amp.reload import ReloadService
+from amp.reload import IReloadable, ReloadService
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 #: TLS 1.2 cipher suites: Mozilla's "intermediate" list without the
 #: finite-field DHE suites, i.e. ECDHE key exchange with AES-GCM or
@@ -153,7 +157,7 @@ def _parse_key(data: bytes, path: str) -> Any:
         raise CertificateError(f"{what} {path}: not a valid PEM private key (malformed or truncated)") from None
 
 
-def _spki(public_key: Any) -> bytes:
+def _spki(public_key: PublicKeyTypes) -> bytes:
     return public_key.public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
@@ -182,7 +186,7 @@ class _Loaded:
     chain: tuple[x509.Certificate, ...] = ()
 
 
-@implementer(IOpenSSLServerConnectionCreator)
+@implementer(IOpenSSLServerConnectionCreator, IReloadable)
 class ReloadingCertificate:
     """
     The serving certificate, reloadable while connections are open.
@@ -235,7 +239,7 @@ class ReloadingCertificate:
         self._pem: Optional[tuple[bytes, bytes]] = None
         self._refused: Optional[tuple[bytes, bytes]] = None
         #: Called (no arguments) each time a certificate is put into service.
-        self.on_install: list[Callable[[], None]] = []
+        self.on_install: list[Callable[[], object]] = []
 
     # ------------------------------------------------------------ state
 
@@ -538,7 +542,7 @@ def tcp_description(port: int, interface: str, backlog: Optional[int] = None) ->
 
 
 def tls_endpoint(
-    reactor: Any,
+    reactor: IAmpReactor,
     port: int,
     interface: str,
     creator: ReloadingCertificate,

@@ -281,7 +281,7 @@ class IReviewTrace(Interface):
 
     recording = Attribute("Whether events are kept: the facts only a kept event needs are gathered only then.")
 
-    def record(kind: type[Event], **facts: Any) -> None:
+    def record(kind: type[Event], /, **facts: Any) -> None:
         """
         One decision: its kind of event and the event's facts (a trace
         that keeps it makes C{kind(**facts)}).

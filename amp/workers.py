@@ -41,11 +41,11 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IReactorProcess, IReactorTime
+from twisted.internet.interfaces import IReactorProcess, IReactorTime, IReadDescriptor
 from twisted.internet.main import CONNECTION_DONE
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import LoopingCall
@@ -53,6 +53,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.runner.procmon import ProcessMonitor
 from zope.interface import implementer
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 
 #: How often the monitor looks whether its stopped children have exited.
@@ -89,7 +92,7 @@ class _Ending(ProcessProtocol):
         self.on_end = on_end
 
     def makeConnection(self, transport: Any) -> None:
-        super().makeConnection(transport)
+        ProcessProtocol.makeConnection(self, transport)
         self.inner.makeConnection(transport)
 
     def childDataReceived(self, childFD: int, data: bytes) -> None:
@@ -118,7 +121,7 @@ class _InheritOutput:
     called with a process's name as soon as it has ended.
     """
 
-    def __init__(self, reactor: Any, inherit: Callable[[], dict[int, int]] = dict,
+    def __init__(self, reactor: IAmpReactor, inherit: Callable[[], dict[int, int]] = dict,
                  on_exit: Optional[Callable[[str], None]] = None) -> None:
         self._reactor = reactor
         self._inherit = inherit
@@ -154,7 +157,7 @@ class WorkerMonitor(ProcessMonitor):
 
     log = Logger()
 
-    def __init__(self, reactor: Any, inherit: Callable[[], dict[int, int]] = dict,
+    def __init__(self, reactor: IAmpReactor, inherit: Callable[[], dict[int, int]] = dict,
                  on_exit: Optional[Callable[[str], None]] = None) -> None:
         """
         @param inherit: the descriptors every child gets besides standard
@@ -175,7 +178,8 @@ class WorkerMonitor(ProcessMonitor):
             if transport is not None and transport.pid is not None:
                 transport.signalProcess(signal_name)
 
-    def stopService(self) -> Deferred[None]:  # type: ignore[override]
+    # IService lets stopService return a Deferred; ProcessMonitor's annotation says None.
+    def stopService(self) -> Deferred[None]:  # type: ignore[override]  # see above
         super().stopService()
         if not self.protocols:
             return succeed(None)
@@ -194,7 +198,7 @@ class WorkerMonitor(ProcessMonitor):
         return done
 
 
-def supervise(config_path: str, workers: int, reactor: Any, drain_timeout: float,
+def supervise(config_path: str, workers: int, reactor: IAmpReactor, drain_timeout: float,
               shared: Optional[Callable[[], tuple[int, int]]] = None,
               on_exit: Optional[Callable[[int], None]] = None) -> WorkerMonitor:
     """
@@ -220,7 +224,7 @@ def supervise(config_path: str, workers: int, reactor: Any, drain_timeout: float
             on_exit(numbers[name])
 
     monitor = WorkerMonitor(reactor, inherit=inherit, on_exit=exited)
-    monitor.killTime = drain_timeout + 1
+    monitor.killTime = drain_timeout + 1  # type: ignore[assignment]  # int only by its default; used as a delay
     config_path = os.path.abspath(config_path)
     for worker in range(1, workers):
         name = f"amp-worker-{worker}"
@@ -229,12 +233,13 @@ def supervise(config_path: str, workers: int, reactor: Any, drain_timeout: float
     return monitor
 
 
+@implementer(IReadDescriptor)
 class _StdinReader:
     """
     Reads and discards standard input; end-of-file calls C{on_eof}.
     """
 
-    def __init__(self, fd: int, on_eof: Any) -> None:
+    def __init__(self, fd: int, on_eof: Callable[[], None]) -> None:
         self.fd = fd
         self.on_eof = on_eof
 
@@ -252,7 +257,7 @@ class _StdinReader:
         except OSError:
             data = b""
         if not data:
-            return CONNECTION_DONE  # type: ignore[no-any-return]
+            return CONNECTION_DONE  # type: ignore[return-value]  # an exception, as Twisted's own descriptors return
         return None
 
     def connectionLost(self, reason: Failure) -> None:
@@ -268,13 +273,13 @@ class ParentWatch(Service):
 
     log = Logger()
 
-    def __init__(self, reactor: Any, fd: int = 0) -> None:
+    def __init__(self, reactor: IAmpReactor, fd: int = 0) -> None:
         self.reactor = reactor
         self.fd = fd
         self._reader: Optional[_StdinReader] = None
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         try:
             if not stat.S_ISFIFO(os.fstat(self.fd).st_mode):
                 return
@@ -288,7 +293,8 @@ class ParentWatch(Service):
         if self._reader is not None:
             self.reactor.removeReader(self._reader)
             self._reader = None
-        return super().stopService()
+        Service.stopService(self)
+        return None
 
     def _parent_gone(self) -> None:
         self._reader = None

@@ -112,11 +112,9 @@ def fleet(pods: int, per_workload: int, endpoint: str) -> MemoryAPI:
 
 @inlineCallbacks
 def measure(reactor: Any, pods: int, per_workload: int, page_size: int, rate: int, concurrency: int) -> Any:
-    from amp_examples import server
     from amp.cli.audit import run
     from amp.cli.audit_cluster import PagedLists
-
-    from amp_examples import serving
+    from amp_examples import server, serving
 
     options = server.Options()
     options.parseOptions(["--sidecar-image", NEW])
@@ -137,7 +135,8 @@ def measure(reactor: Any, pods: int, per_workload: int, page_size: int, rate: in
     yield listening.stopListening()
     report = json.loads(out.getvalue())
     return {
-        "pods": pods, "rate": rate, "concurrency": concurrency, "workloads": len(report["workloads"]), "seconds": round(seconds, 3),
+        "pods": pods, "rate": rate, "concurrency": concurrency, "workloads": len(report["workloads"]),
+        "seconds": round(seconds, 3),
         "endpoint_calls": report["endpoint_calls"], "states": {k: v for k, v in report["totals"].items() if v},
         "list_requests": api.requests, "exit_status": status,
         "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -160,7 +159,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     found: dict[str, Any] = {}
 
     def go(r: Any) -> Any:
-        return measure(r, args.pods, args.per_workload, args.page_size, args.rate, args.concurrency).addCallback(found.update)
+        return measure(r, args.pods, args.per_workload, args.page_size, args.rate, args.concurrency).addCallback(
+            found.update)
 
     try:
         react(go)

@@ -26,6 +26,7 @@ import os
 import statistics
 import tempfile
 import time
+from functools import partial
 from typing import Any, Callable
 
 from twisted.internet.defer import Deferred, inlineCallbacks
@@ -116,9 +117,9 @@ def run(reactor: Any, args: argparse.Namespace) -> Any:
             ratios, stalls, took = [], [], []
             for _ in range(args.repeat):
                 if how == "thread":
-                    load = lambda: deferToThreadPool(reactor, pool, load_config_file, path, None)  # noqa: E731
+                    load = partial(deferToThreadPool, reactor, pool, load_config_file, path, None)
                 else:
-                    load = lambda: deferLater(reactor, 0, load_config_file, path, None)  # noqa: E731
+                    load = partial(deferLater, reactor, 0, load_config_file, path, None)
                 idle, longest, seconds = yield measure(reactor, gaps, load)
                 ratios.append(longest / idle if idle else float("inf"))
                 stalls.append(longest * 1000)
@@ -133,7 +134,8 @@ def run(reactor: Any, args: argparse.Namespace) -> Any:
     gaps.loop.stop()
     elapsed = time.monotonic() - wall_before
     other = 100 * (busy_seconds() - busy_before) / elapsed if elapsed else 0.0
-    print(f"{'file':14} {'bytes':>9}  {'in a thread: stall ms (x idle)':>31}  {'on the reactor: stall ms (x idle)':>34}  "
+    print(f"{'file':14} {'bytes':>9}  {'in a thread: stall ms (x idle)':>31}  "
+          f"{'on the reactor: stall ms (x idle)':>34}  "
           f"{'peak RSS MiB':>12}  result")
     for r in rows:
         t, o = r["thread"], r["reactor"]

@@ -115,12 +115,14 @@ def goals(s: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[str, str, str]]
     if none.get("ready_s") and amp.get("ready_s"):
         ratio = amp["ready_s"] / none["ready_s"]
         rows.append(("scale-up time to all ready <= 1.1x no mutation",
-                     f"{ratio:.2f}x ({amp['ready_s']:.2f} s vs {none['ready_s']:.2f} s)", "yes" if ratio <= 1.1 else "no"))
+                     f"{ratio:.2f}x ({amp['ready_s']:.2f} s vs {none['ready_s']:.2f} s)",
+                     "yes" if ratio <= 1.1 else "no"))
     per_review = run_cpu_per_review()
     if amp.get("amp_cpu_ms_per_pod") is not None and per_review:
         cpu = amp["amp_cpu_ms_per_pod"]
         rows.append(("amp CPU per Pod in the storm <= CPU per review in bench/run",
-                     f"{cpu:.3f} ms vs {per_review:.3f} ms (bench/run (b), typical)", "yes" if cpu <= per_review else "no"))
+                     f"{cpu:.3f} ms vs {per_review:.3f} ms (bench/run (b), typical)",
+                     "yes" if cpu <= per_review else "no"))
     return rows
 
 
@@ -163,10 +165,12 @@ def markdown(result: dict[str, Any], picture: Optional[str]) -> str:
             within = r.get("within") or {}
             lines.append(
                 f"| {name} | {_f(r['ready_s'])} | {_ratio(r['ready_s'], none.get('ready_s'))} | "
-                f"{_ratio(r['ready_s'], policy.get('ready_s'))} | {_f(r['creates'], '{:.0f}')} | {_f(r['create_ms'])} | "
+                f"{_ratio(r['ready_s'], policy.get('ready_s'))} | {_f(r['creates'], '{:.0f}')} | "
+                f"{_f(r['create_ms'])} | "
                 f"{_f(_minus(r['create_ms'], none.get('create_ms')))} | {_f(r.get('webhook_mean_ms'))} | "
                 f"{_f(within.get('5'), '{:.1f}%')} | {_f(within.get('25'), '{:.1f}%')} | "
-                f"{_f(r.get('rejections'), '{:.0f}')} | {_f(r.get('fail_open'), '{:.0f}')} | {_f(r.get('amp_p99_ms'))} | "
+                f"{_f(r.get('rejections'), '{:.0f}')} | {_f(r.get('fail_open'), '{:.0f}')} | "
+                f"{_f(r.get('amp_p99_ms'))} | "
                 f"{_f(r.get('amp_cpu_ms_per_pod'), '{:.3f}')} | {_stamps(r['stamps'])} |")
         lines.append("")
     turned = [(sc, name, r) for sc in ("slow", "fail") for name, r in (s.get(sc) or {}).items()]
@@ -176,7 +180,8 @@ def markdown(result: dict[str, Any], picture: Optional[str]) -> str:
                   f"{st['slow']:g} s (slow) or with HTTP 500 (fail). *amp-slow-budget* is amp with "
                   f"`endpoints.latency_budget: {st.get('budget')}` (off in the others).",
                   "",
-                  "| scenario | target | ready s | webhook ms | ≤25 ms | rejections | fail-open | amp p99 ms | stamps |",
+                  "| scenario | target | ready s | webhook ms | ≤25 ms | rejections | fail-open | amp p99 ms "
+                  "| stamps |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---|"]
         for sc, name, r in turned:
             within = r.get("within") or {}

@@ -82,7 +82,7 @@ class Sampler(threading.Thread):
         self._done.set()
         self.join()
         series = []
-        for (t0, c0, s0, w0, ws0), (t1, c1, s1, w1, ws1) in zip(self.points, self.points[1:]):
+        for (_t0, c0, s0, w0, ws0), (t1, c1, s1, w1, ws1) in zip(self.points, self.points[1:]):
             series.append({"t": round(t1, 2), "creates": c1 - c0,
                            "create_ms": round(1000 * (s1 - s0) / (c1 - c0), 2) if c1 > c0 else None,
                            "webhook_calls": w1 - w0,
@@ -251,6 +251,8 @@ class Runner:
 
 
 def _counted(before: Scrape, after: Scrape) -> dict[str, Any]:
-    count = after.total("apiserver_request_duration_seconds_count") - before.total("apiserver_request_duration_seconds_count")
-    total = after.total("apiserver_request_duration_seconds_sum") - before.total("apiserver_request_duration_seconds_sum")
+    count = (after.total("apiserver_request_duration_seconds_count")
+             - before.total("apiserver_request_duration_seconds_count"))
+    total = (after.total("apiserver_request_duration_seconds_sum")
+             - before.total("apiserver_request_duration_seconds_sum"))
     return {"count": count, "mean_ms": round(1000 * total / count, 3) if count else None}

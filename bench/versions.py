@@ -34,7 +34,15 @@ from typing import Any
 
 from bench import bodies
 from bench.harness import (
-    OFF, ON, REPO, Amp, Proc, cpu_seconds, ensure_wrk, run_wrk, say,
+    OFF,
+    ON,
+    REPO,
+    Amp,
+    Proc,
+    cpu_seconds,
+    ensure_wrk,
+    run_wrk,
+    say,
 )
 
 AMP_CPU = {0}
@@ -97,7 +105,7 @@ def main() -> None:
                 targets[name] = (amp.pid, amp.url)
             for body in bodies.BODIES:
                 body_file = body_files[f"{body}-on"]
-                for pid, url in targets.values():
+                for _pid, url in targets.values():
                     run_wrk(url, body_file, connections=16, duration=2, cpus=LOAD_CPU)
                 cpu: dict[str, list[float]] = {name: [] for name in targets}
                 for n in range(args.rounds):

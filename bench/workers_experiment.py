@@ -52,10 +52,20 @@ import tempfile
 from typing import Any, Optional
 
 from bench import bodies
-from tests.support.waiting import WaitTimeout, poll_until
 from bench.harness import (
-    ON, WRK_MISSING, Proc, WrkMissing, busy_seconds, cpu_seconds, ensure_wrk, free_port, machine, run_wrk, say,
+    ON,
+    WRK_MISSING,
+    Proc,
+    WrkMissing,
+    busy_seconds,
+    cpu_seconds,
+    ensure_wrk,
+    free_port,
+    machine,
+    run_wrk,
+    say,
 )
+from tests.support.waiting import WaitTimeout, poll_until
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
@@ -305,7 +315,7 @@ def report(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         one = base.get(r["share"])
         ratio = f"{r['reviews_per_s'] / one['reviews_per_s']:.2f}" if one else "—"
-        def over(key: str) -> str:
+        def over(key: str, r: dict[str, Any] = r, one: Optional[dict[str, Any]] = one) -> str:
             return f"{r[key] / one[key]:.2f}" if one and one.get(key) and r.get(key) else "—"
 
         lines.append(f"| {r['share']} | {r['workers']} | {r['reviews_per_s']:.0f} | {ratio} | "

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import IO, Iterator, NamedTuple, Optional
 
@@ -195,7 +196,7 @@ def read_filesystem(stream: IO[bytes]) -> dict[str, Entry]:
                 fileobj = tar.extractfile(member)
                 assert fileobj is not None
                 digest = hashlib.sha256()
-                for chunk in iter(lambda: fileobj.read(1 << 20), b""):
+                for chunk in iter(partial(fileobj.read, 1 << 20), b""):
                     digest.update(chunk)
                 entry = Entry("f", member.mode, member.uid, member.gid, member.size, digest.hexdigest())
             elif member.isdir():

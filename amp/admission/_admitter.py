@@ -83,7 +83,7 @@ class Admitter:
         fails.  Cancelling the result (the client went away) answers at
         once, as C{cancelled}.  C{trace}, if given, is told each decision.
         """
-        receiver = DeferredReceiver()
+        receiver: DeferredReceiver[Answer] = DeferredReceiver()
         receiver.cancels = self.review_into(receiver.replied, req, deadline, validation=validation, trace=trace,
                                             spans=spans)
         return receiver.result

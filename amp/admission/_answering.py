@@ -89,6 +89,7 @@ class Answering:
             self._log_failure(origin, reason, message, f"endpoint {origin} failed ({reason}): {message}", IGNORE,
                               "admits it without the endpoint's patch")
         done = " ".join(chain.answered)
+        patch: Optional[bytes]
         if checked.operations:
             patch = dumps(self.stamper.stamp(checked, chain.outcomes).operations)
             if len(patch) > self._parts.config.patch.max_size:
@@ -132,7 +133,7 @@ class Answering:
             namespace=req.namespace, ops=0 if denied else len(checked.operations))
         return answers.shadow(req, where, shadow_patch_size=size)
 
-    def failed(self, r: Optional[Route], chain: Optional[Chain], reason: str, message: str,
+    def failed(self, r: Optional[Route], chain: Optional[Chain], reason: Reason, message: str,
                endpoint: Optional[str] = None) -> Answer:
         """
         The failure policy: the one place every failure ends, on route

@@ -7,12 +7,12 @@ they said and what each did; and amp's status stamp on the Pod
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from amp.admission_review import AUDIT_VALUE_LIMIT, AdmissionRequest, clip
 from amp.patch import CheckedPatch, annotate, compose, unchanged
 from amp.policy import Route
-from amp.reasons import Status
+from amp.reasons import Reason, Status
 from amp.rules import LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION
 from amp.stamp import next_stamp, pod_stamp
 from amp.trace import IReviewTrace, Stamped
@@ -47,7 +47,7 @@ class Chain:
         #: Origins of the endpoints that answered (not skipped).
         self.answered: list[str] = []
         #: C{(origin, reason, message)} of each skipped step.
-        self.skipped: list[tuple[str, str, str]] = []
+        self.skipped: list[tuple[str, Reason, str]] = []
         #: C{(origin, status, reason)} of each step called (or skipped), for
         #: the status stamp (L{amp.stamp.next_stamp}).
         self.outcomes: list[tuple[str, Status, str]] = []
@@ -85,20 +85,20 @@ class Chain:
         self.outcomes.append((origin, Status.MUTATED if changed else Status.UNCHANGED, ""))
         self.index += 1
 
-    def skip(self, origin: str, reason: str, message: str) -> None:
+    def skip(self, origin: str, reason: Reason, message: str) -> None:
         self.called.append(origin)
         self.skipped.append((origin, reason, message))
         self.outcomes.append((origin, Status.SKIPPED, reason))
         self.index += 1
 
-    def composed(self, pod: dict, options: Mapping[str, object]) -> CheckedPatch:
+    def composed(self, pod: dict[str, Any], options: Mapping[str, object]) -> CheckedPatch:
         """
         The steps' checked patches as the one patch for C{pod} (the Pod as
         it came), checked as a whole (L{compose}).
 
         @raise amp.patch.PatchError: the whole does not check.
         """
-        return compose(pod, self.patches, **options)  # type: ignore[arg-type]
+        return compose(pod, self.patches, **options)  # type: ignore[arg-type]  # compose's keywords (Parts.compose_options)
 
 
 class Stamper:

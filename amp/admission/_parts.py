@@ -11,13 +11,13 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 
 from twisted.internet.interfaces import IReactorTime
 
-from amp.canary import canary_plan
+from amp.canary import Canary, CanaryPlan, canary_plan
 from amp.config import Config
 from amp.endpoint import EndpointClient
 from amp.memo import Memo
 from amp.metrics import Metrics
 from amp.namespaces import INamespaceSource, NamespaceInfo
-from amp.policy import Route, route
+from amp.policy import ResolvedChain, Route, route
 from amp.record._entry import Capture
 from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION
 
@@ -65,12 +65,14 @@ class Parts:
     metrics: Metrics
     note_problem: Callable[[str, Optional[tuple[str, str]]], None]
     recorder: Optional[IRecorder] = None
-    canary: Optional[Any] = None
-    routes: Memo[str, tuple] = field(default_factory=lambda: Memo(_ANNOTATIONS_KEPT))
+    canary: Optional[Canary] = None
+    routes: Memo[str, ResolvedChain] = field(default_factory=lambda: Memo(_ANNOTATIONS_KEPT))
     #: Each canary's plan, by the annotations it comes from.
-    canary_plans: Memo[tuple, Any] = field(default_factory=lambda: Memo(_PLANS_KEPT))
+    canary_plans: Memo[tuple[Optional[str], Optional[str], Optional[str], int], Optional[CanaryPlan]] = field(
+        default_factory=lambda: Memo(_PLANS_KEPT))
     #: The route of each namespace as the cache holds it (L{route}).
-    routes_by_namespace: Memo[tuple, tuple] = field(default_factory=lambda: Memo(_ROUTES_KEPT))
+    routes_by_namespace: Memo[tuple[int, Optional[str], bool], tuple[Optional[NamespaceInfo], Route]] = field(
+        default_factory=lambda: Memo(_ROUTES_KEPT))
     #: L{amp.patch.check_patch}'s options from C{patch.*}.
     check_options: Mapping[str, Any] = field(init=False)
 
@@ -106,7 +108,7 @@ class Parts:
         return dict(denied=patch.denied_paths, allowed=patch.allowed_paths,
                     max_operations=patch.max_operations * max(steps, 1))
 
-    def canary_plan(self, ns: Optional[NamespaceInfo], r: Route) -> Any:
+    def canary_plan(self, ns: Optional[NamespaceInfo], r: Route) -> Optional[CanaryPlan]:
         """The namespace's canary plan (L{amp.canary.canary_plan}), kept per annotation values."""
         if ns is None or CANARY_ANNOTATION not in ns.annotations:
             return None

@@ -17,7 +17,7 @@ ended; an answered review is offered for recording (L{amp.record}).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar, Union
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall
@@ -30,6 +30,7 @@ from amp.admission._attributes import call_attributes, call_ended_attributes, ro
 from amp.admission._chain import Chain
 from amp.admission._parts import EPHEMERAL_CONTAINERS, IRecorder, Parts
 from amp.admission._state import ENDING, REVIEW_NEXT, IllegalReviewTransition, ReviewState, check_review
+from amp.admission_review import AdmissionRequest, clean_audit_annotations, dumps
 from amp.answers import Answer
 from amp.canary import LiveStep
 from amp.deadline import Deadline
@@ -40,10 +41,11 @@ from amp.policy import FAIL, SHADOW, Route
 from amp.reasons import Reason, Status
 from amp.record._entry import Capture
 from amp.reply import EndpointDecision
-from amp.admission_review import AdmissionRequest, clean_audit_annotations, dumps
 from amp.trace import BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped
 from amp.tracing import ReviewSpans
 from amp.urls import shown_url
+
+_T = TypeVar("_T")
 
 _CANCELLED = "the review was cancelled: the client went away"
 _WORKING, _LOOKING_UP, _CALLING, _TIMED_OUT, _CANCELLED_STATE, _ANSWERED = ReviewState
@@ -90,7 +92,7 @@ class Review:
         self._state = _WORKING
         #: The step waited on: a namespace lookup (LOOKING_UP), or an endpoint
         #: call (CALLING; its end is told, L{replied}, L{failed}).
-        self._pending: Optional[Deferred] = None
+        self._pending: Optional[Deferred[Any]] = None
         self._call: Optional[Call] = None
         self._timer: Optional[IDelayedCall] = None
         #: The endpoint chain in progress, once routed.
@@ -138,7 +140,7 @@ class Review:
             # A bug, a broken source or client: still an answer.
             self._step_failed(Failure())
 
-    def _wait(self, d: Deferred, then: Callable[[Any], None]) -> None:
+    def _wait(self, d: Deferred[_T], then: Callable[[_T], None]) -> None:
         """
         Wait for C{d}, then pass its result to C{then}; arm the deadline's
         timer if it is not armed yet and C{d} has not fired already.
@@ -176,7 +178,7 @@ class Review:
             return call.expires
         return None
 
-    def _resume(self, result: Any, d: Deferred, then: Callable[[Any], None]) -> None:
+    def _resume(self, result: Union[_T, Failure], d: Deferred[_T], then: Callable[[_T], None]) -> None:
         if self._pending is not d:
             # The review was answered without this step; its result is
             # dropped (a reply is settled as it is: nobody judges it).
@@ -273,7 +275,7 @@ class Review:
                                latency_budget=settings.latency_budget)
         plan = self._canary_plan
         if plan is not None and plan.index == chain.index:
-            self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]
+            self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]  # a plan implies a canary
                 plan, LiveStep(req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers,
                                self._deadline, self._parts.check_options), self._spans)
         spans = self._spans
@@ -352,7 +354,7 @@ class Review:
         if self._state is _CALLING and self._call is not None:
             self._arm()
 
-    def _tell_canary(self, pod_after: Optional[dict] = None, skipped: bool = False) -> None:
+    def _tell_canary(self, pod_after: Optional[dict[str, Any]] = None, skipped: bool = False) -> None:
         """Tell the canary in progress how the live step it stands beside ended."""
         run, self._canary_run = self._canary_run, None
         if run is not None:
@@ -428,7 +430,7 @@ class Review:
         chain.ok(origin, changed)
         self._call_next()
 
-    def _step_ended(self, reason: str, message: str) -> None:
+    def _step_ended(self, reason: Reason, message: str) -> None:
         """
         The chain's current endpoint failed with C{reason}: under C{Ignore}
         (not in shadow mode) its step is skipped and the chain goes on with
@@ -560,7 +562,7 @@ class Review:
             # The API server hung up (see amp.web): nobody reads this
             # answer, and it is not an error of amp's.
             reason, message = Reason.CANCELLED, _CANCELLED
-        elif failure.check(EndpointFailure):
+        elif isinstance(failure.value, EndpointFailure):
             # Including the call cut off by the review's deadline: C{timeout}.
             e = failure.value
             reason, message = e.reason, e.message

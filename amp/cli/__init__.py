@@ -13,9 +13,12 @@ command under C{twisted.internet.task.react}.
 from __future__ import annotations
 
 import sys
-from typing import Any, IO, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Any, Optional, Sequence
 
 from amp import __version__
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 __all__ = ["main", "dispatch"]
 
@@ -30,7 +33,7 @@ Run 'amp explain --help', 'amp replay --help', 'amp check --help' or 'amp audit 
 """
 
 
-def dispatch(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
+def dispatch(argv: Sequence[str], reactor: IAmpReactor, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
              stderr: Optional[IO[str]] = None, log_publisher: Any = None) -> Any:
     """
     Run the command C{argv} names; a Deferred that fires with the exit status.
@@ -77,7 +80,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     args = list(sys.argv[1:] if argv is None else argv)
 
-    def command(reactor: Any) -> Any:
+    def command(reactor: IAmpReactor) -> Any:
         return dispatch(args, reactor, log_publisher=globalLogPublisher).addCallback(_exit_with)
 
     react(command)

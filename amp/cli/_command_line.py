@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from typing import IO, Any, Mapping, Optional, Sequence
+from typing import IO, Any, Mapping, NoReturn, Optional, Protocol, Sequence
 
 from amp.cli.workloads import InputError, PodInput, load_documents, names_namespace, pod_for, select_object
 from amp.config import Config, ConfigError, command_config
 from amp.files import INPUT_LIMIT, FileError, read_file, read_stream
 from amp.reasons import NamespaceSource
+
 
 class UsageError(Exception):
     """
@@ -54,6 +55,13 @@ class Exit(Exception):
         self.status = status
 
 
+class TextOut(Protocol):
+    """Where help is written (what argparse's print_help takes)."""
+
+    def write(self, text: str, /) -> object:
+        """Write C{text}."""
+
+
 class _Parser(argparse.ArgumentParser):
     """
     argparse that reports a usage error as one line (L{UsageError}) and
@@ -64,13 +72,13 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.out = out
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
 
-    def print_help(self, file: Optional[IO[str]] = None) -> None:
+    def print_help(self, file: Optional[TextOut] = None) -> None:
         (file or self.out).write(self.format_help())
 
-    def exit(self, status: int = 0, message: Optional[str] = None) -> Any:  # type: ignore[override]
+    def exit(self, status: int = 0, message: Optional[str] = None) -> NoReturn:
         if message:
             raise UsageError(message.strip())
         raise Exit(status)

@@ -24,24 +24,36 @@ import dataclasses
 import os
 import sys
 import time
-from typing import IO, Any, Callable, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from twisted.internet.defer import gatherResults, inlineCallbacks
 from twisted.internet.threads import deferToThreadPool
 
+from amp import rules
 from amp.cli._command_line import Exit, UsageError, _Parser
-from amp.text import terminal
 from amp.cli.audit_cluster import ClusterError, PagedLists, kube_getter
 from amp.cli.audit_judge import (
-    EXIT_USAGE, PodAudit, Prediction, WorkloadAudit, exit_status, judge_pod, needs_prediction, running)
+    EXIT_USAGE,
+    PodAudit,
+    Prediction,
+    WorkloadAudit,
+    exit_status,
+    judge_pod,
+    needs_prediction,
+    running,
+)
 from amp.cli.audit_output import render_json, render_policy_reports, render_table
 from amp.cli.audit_owners import Owners, WorkloadKey, controller_of
 from amp.cli.audit_pipeline import TemplatePipeline
 from amp.config import Config, ConfigError, KubernetesConfig, StaticNamespace, command_config
 from amp.endpoint import Connector
 from amp.namespaces import StaticNamespaceSource
+from amp.podjson import json_object
 from amp.reasons import Mode, NamespaceSource
-from amp import rules
+from amp.text import terminal
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 __all__ = ["AuditOptions", "AuditRun", "audit", "run"]
 
@@ -107,7 +119,7 @@ def _audited_namespaces(listed: list[dict[str, Any]], wanted: tuple[str, ...], k
     protected = rules.protected_namespaces(kube)
     enabled: dict[str, StaticNamespace] = {}
     for ns in listed:
-        meta = ns.get("metadata") if isinstance(ns.get("metadata"), dict) else {}
+        meta = json_object(ns.get("metadata"))
         name = meta.get("name")
         if isinstance(name, str):
             labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
@@ -128,7 +140,7 @@ def _audited_namespaces(listed: list[dict[str, Any]], wanted: tuple[str, ...], k
 
 
 @inlineCallbacks
-def audit(reactor: Any, options: AuditOptions, lists: PagedLists, *, connector: Optional[Connector] = None,
+def audit(reactor: IAmpReactor, options: AuditOptions, lists: PagedLists, *, connector: Optional[Connector] = None,
           progress: Optional[Progress] = None, where: str = "the cluster",
           read_recordings: Optional[Callable[[str], Any]] = None,
           blocking: Optional[Callable[..., Any]] = None) -> Any:
@@ -329,8 +341,8 @@ def render(found: AuditRun, options: AuditOptions, now: float) -> str:
 
 
 @inlineCallbacks
-def run(argv: Sequence[str], reactor: Any, *, stdout: Optional[IO[str]] = None, stderr: Optional[IO[str]] = None,
-        connector: Optional[Connector] = None, lists: Optional[PagedLists] = None,
+def run(argv: Sequence[str], reactor: IAmpReactor, *, stdout: Optional[IO[str]] = None,
+        stderr: Optional[IO[str]] = None, connector: Optional[Connector] = None, lists: Optional[PagedLists] = None,
         blocking: Optional[Callable[..., Any]] = None) -> Any:
     """
     C{amp audit ARGV}: audit, print, and fire with the exit status.

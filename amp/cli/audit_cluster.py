@@ -15,10 +15,16 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.threads import deferToThreadPool
+
+from amp.podjson import json_object
+
+if TYPE_CHECKING:
+    from amp.kube import KubeClient
+    from amp.reactors import IAmpReactor
 
 __all__ = ["ClusterError", "PagedLists", "Page", "kube_getter"]
 
@@ -53,7 +59,7 @@ def _path(kind: str, namespace: Optional[str]) -> str:
 Getter = Callable[[str, list[tuple[str, str]]], bytes]
 
 
-def kube_getter(client: Any, timeout: float) -> Getter:
+def kube_getter(client: KubeClient, timeout: float) -> Getter:
     """A L{Getter} on an L{amp.kube.KubeClient} (each GET bounded by C{timeout})."""
     def get(path: str, query: list[tuple[str, str]]) -> bytes:
         return bytes(client.request("GET", path, query=query, timeout=timeout))
@@ -66,7 +72,7 @@ class PagedLists:
     C{reactor}'s thread pool (or, with no reactor, at once: the tests).
     """
 
-    def __init__(self, get: Getter, page_size: int, reactor: Any = None) -> None:
+    def __init__(self, get: Getter, page_size: int, reactor: Optional[IAmpReactor] = None) -> None:
         self._get = get
         self._page_size = page_size
         self._reactor = reactor
@@ -85,14 +91,14 @@ class PagedLists:
         if not isinstance(body, dict) or not isinstance(body.get("items") or [], list):
             raise ClusterError(f"{where}: the answer is not a list")
         items = [dict(i, kind=kind) for i in body.get("items") or [] if isinstance(i, dict)]
-        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        meta = json_object(body.get("metadata"))
         return items, (str(meta["continue"]) if meta.get("continue") else None)
 
-    def page(self, kind: str, namespace: Optional[str], selector: str, token: Optional[str]) -> Deferred:
+    def page(self, kind: str, namespace: Optional[str], selector: str, token: Optional[str]) -> Deferred[Page]:
         """One page; fires with a L{Page}."""
         if self._reactor is None:
             try:
-                d: Deferred = Deferred()
+                d: Deferred[Page] = Deferred()
                 d.callback(self._fetch(kind, namespace, selector, token))
                 return d
             except ClusterError:

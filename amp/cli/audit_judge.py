@@ -30,6 +30,7 @@ from amp.cli.audit_owners import WorkloadKey, restart_command
 from amp.cli.audit_paths import Place, compare
 from amp.config import KubernetesConfig
 from amp.poddiff import Difference
+from amp.podjson import json_object
 from amp.rules import LEGACY_SKIPPED_ANNOTATION, opted_out
 from amp.stamp import parse_stamp, pod_stamp
 
@@ -98,20 +99,20 @@ def needs_prediction(pod: dict[str, Any], kube: KubernetesConfig) -> bool:
 
 def running(pod: dict[str, Any]) -> bool:
     """Whether C{pod} still runs or waits to (not finished, not being deleted)."""
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
-    status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
+    meta = json_object(pod.get("metadata"))
+    status = json_object(pod.get("status"))
     return not meta.get("deletionTimestamp") and status.get("phase") not in ("Succeeded", "Failed")
 
 
 def judge_pod(pod: dict[str, Any], prediction: Optional[Prediction], kube: KubernetesConfig) -> PodAudit:
     """The state of the running C{pod}, given what its workload's template gets now (None: nothing)."""
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    meta = json_object(pod.get("metadata"))
     name = str(meta.get("name") or "")
     uid = str(meta.get("uid") or "")
     if opted_out(pod, kube):
         return PodAudit(name, PodState.OPTED_OUT, f"label {kube.enabled_label}={kube.opt_out_value}", uid=uid)
     stamp = pod_stamp(pod)
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    annotations = json_object(meta.get("annotations"))
     if stamp is None:
         legacy = annotations.get(LEGACY_SKIPPED_ANNOTATION)
         if isinstance(legacy, str):

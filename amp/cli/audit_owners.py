@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from amp.podjson import json_object
+
 __all__ = ["Owners", "WorkloadKey", "controller_of", "restart_command"]
 
 #: The kinds whose template amp audits, by the API group of their owner
@@ -86,7 +88,7 @@ class Owners:
         """The workload whose template C{pod} was made from (itself when bare)."""
         owner = controller_of(pod)
         if owner is None or owner not in self._known:
-            meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+            meta = json_object(pod.get("metadata"))
             return WorkloadKey(self.namespace, "Pod", str(meta.get("name") or ""))
         parent = self._parent.get(owner)
         if owner[0] in ("ReplicaSet", "Job") and parent is not None and parent in self._known \

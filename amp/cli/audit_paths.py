@@ -86,9 +86,8 @@ def _unescape(token: str) -> str:
 
 
 def _named(element: Any) -> Optional[str]:
-    if isinstance(element, dict) and isinstance(element.get("name"), str):
-        return element["name"]
-    return None
+    name = element.get("name") if isinstance(element, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _place_of(pointer: str, template: Any, admitted: Any) -> Place:

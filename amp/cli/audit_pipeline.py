@@ -16,9 +16,10 @@ error, for that workload only.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from twisted.internet.defer import Deferred, DeferredSemaphore, inlineCallbacks
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
 from amp.admission import Admitter
@@ -35,6 +36,9 @@ from amp.namespaces import INamespaceSource
 from amp.reasons import Result
 from amp.trace import Called
 
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
+
 __all__ = ["Pacer", "TemplatePipeline"]
 
 
@@ -44,17 +48,17 @@ class Pacer:
     next one may start (each a C{1/rate} after the one before).
     """
 
-    def __init__(self, clock: Any, rate: float) -> None:
+    def __init__(self, clock: IReactorTime, rate: float) -> None:
         self._clock = clock
         self._gap = 1.0 / rate
         self._next = 0.0
 
-    def wait(self) -> Deferred:
+    def wait(self) -> Deferred[None]:
         now = self._clock.seconds()
         at = max(now, self._next)
         self._next = at + self._gap
         if at <= now:
-            d: Deferred = Deferred()
+            d: Deferred[None] = Deferred()
             d.callback(None)
             return d
         return deferLater(self._clock, at - now, lambda: None)
@@ -74,7 +78,7 @@ class TemplatePipeline:
     @ivar templates: templates reviewed so far.
     """
 
-    def __init__(self, reactor: Any, config: Config, namespaces: INamespaceSource, *, where: str,
+    def __init__(self, reactor: IAmpReactor, config: Config, namespaces: INamespaceSource, *, where: str,
                  concurrency: int, rate: float, connector: Optional[Connector] = None) -> None:
         self._reactor = reactor
         self._config = config
@@ -97,7 +101,7 @@ class TemplatePipeline:
             self._admitters[namespace] = (admitter, source)
         return self._admitters[namespace]
 
-    def predict_workload(self, namespace: str, obj: dict[str, Any]) -> Deferred:
+    def predict_workload(self, namespace: str, obj: dict[str, Any]) -> Deferred[Prediction]:
         """What amp does now to the Pod C{obj} (a workload) would create; fires with a L{Prediction}."""
         kind = obj.get("kind")
         name = (obj.get("metadata") or {}).get("name")
@@ -105,12 +109,12 @@ class TemplatePipeline:
         try:
             pod = pod_for(obj, namespace, now=self._reactor.seconds()).pod
         except InputError as e:
-            d: Deferred = Deferred()
+            d: Deferred[Prediction] = Deferred()
             d.callback(Prediction(None, error=f"{source}: {e}", source=source))
             return d
         return self.predict_pod(namespace, pod, source)
 
-    def predict_pod(self, namespace: str, pod: dict[str, Any], source: str) -> Deferred:
+    def predict_pod(self, namespace: str, pod: dict[str, Any], source: str) -> Deferred[Prediction]:
         """What amp does now to C{pod} (as the API server would send it); fires with a L{Prediction}."""
         return self._semaphore.run(self._paced, namespace, pod, source)
 
@@ -135,5 +139,5 @@ class TemplatePipeline:
         return Prediction(None, endpoints=endpoints, error=f"amp's review of {source} {what}{message}",
                           source=source)
 
-    def close(self) -> Deferred:
+    def close(self) -> Deferred[None]:
         return self._client.close()

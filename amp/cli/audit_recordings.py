@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from amp.cli.audit_owners import controller_of
-from amp.record import recording_files
 from amp.cli.replay_run import read_recording
+from amp.podjson import json_object
+from amp.record import recording_files
 
 __all__ = ["bare_pod_reviews"]
 
@@ -48,7 +49,7 @@ def bare_pod_reviews(directory: str) -> tuple[dict[tuple[str, str], dict[str, An
                 pod = recorded.pod
                 if not isinstance(request, dict) or request.get("operation") != "CREATE" or not isinstance(pod, dict):
                     continue
-                meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+                meta = json_object(pod.get("metadata"))
                 name = meta.get("name") or request.get("name")
                 if not isinstance(name, str) or not name or controller_of(pod) is not None:
                     continue

@@ -20,7 +20,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from typing import IO, Any, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Any, Optional, Sequence, cast
 
 from cryptography import x509
 from twisted.internet.defer import Deferred, succeed
@@ -29,6 +29,9 @@ from twisted.internet.threads import deferToThreadPool
 from amp.config import Config, ConfigError, load_config, parse_config
 from amp.files import INPUT_LIMIT, PEM_LIMIT, FileError, config_document, parse_documents, read_file, read_stream
 from amp.registration import Problem, check, needs
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "find_registration", "run"]
 
@@ -111,7 +114,8 @@ def _chain(path: Optional[str]) -> list[x509.Certificate]:
 def _from_cluster(config: Config, options: argparse.Namespace) -> Optional[dict[str, Any]]:
     """One GET of amp's configuration (blocking: run in a thread). None when it does not exist."""
     import kubernetes.client
-    from kubernetes.client.rest import ApiException
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
 
     from amp.kube import load_client_configuration
     from amp.reasons import NamespaceSource
@@ -124,8 +128,10 @@ def _from_cluster(config: Config, options: argparse.Namespace) -> Optional[dict[
         raise _Usage("kubernetes.webhook_configuration is not set: which configuration is amp's?")
     api = kubernetes.client.ApiClient(load_client_configuration(kube))
     try:
-        response = kubernetes.client.AdmissionregistrationV1Api(api).read_mutating_webhook_configuration(
-            name, _request_timeout=kube.request_timeout, _preload_content=False)
+        # _preload_content=False: the raw urllib3 response, not the model the client's annotation names.
+        response = cast(urllib3.BaseHTTPResponse,
+                        kubernetes.client.AdmissionregistrationV1Api(api).read_mutating_webhook_configuration(
+                            name, _request_timeout=kube.request_timeout, _preload_content=False))
     except ApiException as e:
         if e.status == 404:
             return None
@@ -148,7 +154,7 @@ def render(problems: Sequence[Problem], where: str, output: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
+def run(argv: Sequence[str], reactor: IAmpReactor, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
         stderr: Optional[IO[str]] = None) -> "Deferred[int]":
     """C{amp check ARGV}: check, print, and fire with the exit status."""
     stdin = stdin if stdin is not None else sys.stdin

@@ -32,21 +32,30 @@ import json
 import os
 import sys
 import uuid
-from typing import IO, Any, Mapping, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Any, Mapping, Optional, Protocol, Sequence, cast
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.threads import deferToThreadPool
-from twisted.logger import ILogObserver, LogLevel, formatEvent
+from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent
 from zope.interface import implementer
 
+from amp import rules
 from amp.admission import Admitter
 from amp.admission_review import parse_review
 from amp.breaker import BreakerRegistry
 from amp.cli._command_line import Exit, ExplainOptions, UsageError, command_line_parser, parse_command_line
 from amp.cli._explanation import (
-    EXIT_ADMITTED, EXIT_DENIED, EXIT_FAILURE_POLICY, EXIT_NOT_IDEMPOTENT, EXIT_USAGE, Explanation, Round,
-    exit_status)
+    EXIT_ADMITTED,
+    EXIT_DENIED,
+    EXIT_FAILURE_POLICY,
+    EXIT_NOT_IDEMPOTENT,
+    EXIT_USAGE,
+    Explanation,
+    Round,
+    exit_status,
+)
 from amp.cli.recorded_reply import recorded_reply
 from amp.cli.report import render_json, render_text
 from amp.cli.workloads import PodInput, without_stamps
@@ -57,11 +66,14 @@ from amp.hints import AmpKeys
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, StaticNamespaceSource
 from amp.patch import PatchError, check_patch
+from amp.podjson import json_object
 from amp.reasons import FailurePolicy, NamespaceSource, Result
-from amp.tracing import Ids, ReviewSpans, Tracing
-from amp import rules
 from amp.text import terminal
 from amp.trace import NO_TRACE, IReviewTrace, NamespaceFound, RecordedTrace, Stamped
+from amp.tracing import Ids, ReviewSpans, Tracing
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 __all__ = [
     "EXIT_ADMITTED", "EXIT_FAILURE_POLICY", "EXIT_USAGE", "EXIT_DENIED", "EXIT_NOT_IDEMPOTENT",
@@ -108,8 +120,9 @@ class ExplainedNamespace(Service):
     def cached(self, name: str) -> CachedAnswer:
         if name != self._name:
             return self._inner.cached(name)
-        if self._known is not UNKNOWN:
-            return self._record(self._known, f"{self._where}, as in the first review")
+        known = self._known
+        if known is None or isinstance(known, NamespaceInfo):
+            return self._record(known, f"{self._where}, as in the first review")
         answer = self._inner.cached(name)
         if answer is UNKNOWN:
             return UNKNOWN
@@ -128,8 +141,9 @@ class ExplainedNamespace(Service):
         return self._cluster_policy
 
     def _overlay(self, answer: Any) -> Optional[NamespaceInfo]:
-        self._known = answer = self._merged(answer)
-        return answer
+        merged = self._merged(answer)
+        self._known = merged
+        return merged
 
     def _merged(self, answer: Any) -> Optional[NamespaceInfo]:
         if not (self._labels or self._annotations):
@@ -172,7 +186,9 @@ def _describe_cluster(kube: KubernetesConfig) -> str:
     return f"the cluster (kubeconfig {where}" + (f", context {kube.context})" if kube.context else ")")
 
 
-def _webhook_policy(reactor: Any, kube: KubernetesConfig, name: str, webhook: Optional[str]) -> Deferred:
+def _webhook_policy(
+    reactor: IAmpReactor, kube: KubernetesConfig, name: str, webhook: Optional[str]
+) -> Deferred[tuple[Optional[str], str, Any]]:
     """
     The C{failurePolicy} of amp's MutatingWebhookConfiguration C{name}
     (what C{failure_policy: auto} follows): one GET in the reactor's
@@ -184,12 +200,14 @@ def _webhook_policy(reactor: Any, kube: KubernetesConfig, name: str, webhook: Op
 
     def get() -> tuple[Optional[str], str, Any]:
         import kubernetes.client
+        import urllib3
 
         try:
             api = kubernetes.client.ApiClient(load_client_configuration(kube))
             adm = kubernetes.client.AdmissionregistrationV1Api(api)
-            response = adm.read_mutating_webhook_configuration(
-                name, _request_timeout=kube.request_timeout, _preload_content=False)
+            # _preload_content=False: the raw urllib3 response, not the model the client's annotation names.
+            response = cast(urllib3.BaseHTTPResponse, adm.read_mutating_webhook_configuration(
+                name, _request_timeout=kube.request_timeout, _preload_content=False))
             obj = json.loads(response.data)
             policy = webhook_failure_policy(obj, webhook)
         except Exception as e:
@@ -224,6 +242,14 @@ def _first_line(error: BaseException) -> str:
 # ---------------------------------------------------------------- running
 
 
+class CollectedLines(Protocol):
+    """Where amp's log lines are collected, for L{review_round}."""
+
+    @property
+    def lines(self) -> list[str]:
+        """The lines so far, oldest first."""
+
+
 @implementer(ILogObserver)
 class _LogLines:
     """
@@ -233,7 +259,7 @@ class _LogLines:
     def __init__(self) -> None:
         self.lines: list[str] = []
 
-    def __call__(self, event: Mapping[str, Any]) -> None:
+    def __call__(self, event: LogEvent) -> None:
         namespace = str(event.get("log_namespace", ""))
         level = event.get("log_level")
         if not namespace.startswith("amp.") or level is None or level < LogLevel.info:
@@ -251,7 +277,7 @@ def _review_bytes(pod: dict[str, Any], namespace: str, dry_run: bool = True) -> 
     """
     The AdmissionReview the API server would send for creating C{pod}.
     """
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    meta = json_object(pod.get("metadata"))
     request = {
         "uid": str(uuid.uuid4()),
         "kind": {"group": "", "version": "v1", "kind": "Pod"},
@@ -300,8 +326,8 @@ def _decode(body: bytes) -> dict[str, Any]:
 
 @inlineCallbacks
 def review_round(
-    admitter: Admitter, clock: Any, source: ExplainedNamespace, log: _LogLines, pod: dict[str, Any],
-    namespace: str, budget: float, tracing: Any = None,
+    admitter: Admitter, clock: IReactorTime, source: ExplainedNamespace, log: CollectedLines, pod: dict[str, Any],
+    namespace: str, budget: float, tracing: Optional[Tracing] = None,
 ) -> Any:
     """
     One review of C{pod} in C{namespace} through C{admitter}; fires with
@@ -334,7 +360,7 @@ def review_round(
 
 @inlineCallbacks
 def explain(
-    reactor: Any, options: ExplainOptions, pod_input: PodInput, *, connector: Optional[Connector] = None,
+    reactor: IAmpReactor, options: ExplainOptions, pod_input: PodInput, *, connector: Optional[Connector] = None,
     log_publisher: Any = None, recorded: Optional[str] = None,
 ) -> Any:
     """
@@ -362,10 +388,10 @@ def explain(
         kube = _cluster_kube(options)
         where = _describe_cluster(kube)
         inner = KubernetesNamespaceSource(kube, reactor=reactor, metrics=metrics)
-        inner.startService()  # type: ignore[attr-defined]
+        inner.startService()
         ok, detail = inner.readiness()
         if not ok:
-            yield inner.stopService()  # type: ignore[attr-defined]
+            yield inner.stopService()
             raise UsageError(detail)
         full = config.kubernetes
         if full.webhook_configuration:
@@ -412,12 +438,12 @@ def explain(
         if tracing is not None:
             yield tracing.stopService()
         if options.cluster:
-            yield inner.stopService()  # type: ignore[attr-defined]
+            yield inner.stopService()
 
 
 @inlineCallbacks
 def run(
-    argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
+    argv: Sequence[str], reactor: IAmpReactor, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
     stderr: Optional[IO[str]] = None, log_publisher: Any = None, connector: Optional[Connector] = None,
 ) -> Any:
     """

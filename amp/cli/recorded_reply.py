@@ -16,9 +16,9 @@ from typing import Any
 
 from httptools import HttpParserError, HttpRequestParser
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred, succeed
-from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IProtocolFactory, IStreamClientEndpoint, ITransport
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.error import ConnectionDone, NoProtocol
+from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint, ITransport
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 from zope.interface import implementer
@@ -87,8 +87,10 @@ class _Endpoint:
     def __init__(self, served: "RecordedReply") -> None:
         self._served = served
 
-    def connect(self, factory: IProtocolFactory) -> Deferred:
+    def connect(self, factory: IProtocolFactory) -> Deferred[IProtocol]:
         protocol = factory.buildProtocol(_ADDRESS)
+        if protocol is None:
+            return fail(NoProtocol())
         protocol.makeConnection(_Transport(self._served, protocol))
         return succeed(protocol)
 

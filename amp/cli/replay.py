@@ -10,10 +10,11 @@ import argparse
 import io
 import json
 import sys
-from typing import IO, Any, Iterator, Optional, Sequence
+from typing import IO, Any, Iterator, NoReturn, Optional, Sequence
 
 from twisted.internet.defer import FirstError, inlineCallbacks
 
+from amp.cli._command_line import TextOut
 from amp.cli.replay_run import ReplayedReview, ReplayOptions, ReplayReport, Verdict, read_recording, replay
 from amp.poddiff import MISSING, Difference
 from amp.record._entry import RecordedReview, RecordingError
@@ -52,13 +53,13 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._out = out
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
-    def print_help(self, file: Optional[IO[str]] = None) -> None:
+    def print_help(self, file: Optional[TextOut] = None) -> None:
         super().print_help(self._out)
 
-    def exit(self, status: int = 0, message: Optional[str] = None) -> Any:  # type: ignore[override]
+    def exit(self, status: int = 0, message: Optional[str] = None) -> NoReturn:
         raise _Exit(status)
 
 
@@ -75,7 +76,8 @@ def _parser(out: IO[str]) -> _Parser:
                    "endpoint")
     p.add_argument("--against", metavar="URL", help="compare with the endpoint at URL instead of the recording "
                    "(in a chain, in place of the step amp.txn2.com/canary-step names, default 1)")
-    p.add_argument("--config", metavar="FILE", help="amp's configuration (allow-list, patch rules; default: amp's defaults)")
+    p.add_argument("--config", metavar="FILE",
+                   help="amp's configuration (allow-list, patch rules; default: amp's defaults)")
     p.add_argument("--concurrency", type=int, default=8, help="reviews at a time (default 8)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
     return p

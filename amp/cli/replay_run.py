@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks, succeed
@@ -42,8 +41,13 @@ from amp.config import Config
 from amp.namespaces import INamespaceSource, NamespaceInfo
 from amp.poddiff import Difference, pod_differences
 from amp.policy import chain_pieces
-from amp.record._entry import RecordedReview, RecordingError, decode_line, LINE_LIMIT
+from amp.record._entry import LINE_LIMIT, RecordedReview, RecordingError, decode_line
 from amp.rules import STAMP_ANNOTATIONS
+
+if TYPE_CHECKING:
+    from amp.endpoint import EndpointClient
+    from amp.metrics import Metrics
+    from amp.reactors import IAmpReactor
 
 __all__ = ["ReplayOptions", "ReplayedReview", "ReplayReport", "read_recording", "replay", "Verdict",
            "UNREADABLE_SAMPLE"]
@@ -115,7 +119,7 @@ class ReplayReport:
     same: int = 0
     different: int = 0
     failed: int = 0
-    failed_reasons: Counter = field(default_factory=Counter)
+    failed_reasons: Counter[str] = field(default_factory=Counter)
 
     def add_unreadable(self, message: str) -> None:
         self.unreadable_count += 1
@@ -237,7 +241,8 @@ class Replayer:
     shared by every review) and compares.
     """
 
-    def __init__(self, reactor: Any, options: ReplayOptions, endpoint_client: Any, metrics: Any) -> None:
+    def __init__(self, reactor: IAmpReactor, options: ReplayOptions, endpoint_client: EndpointClient,
+                 metrics: Metrics) -> None:
         self._reactor = reactor
         self._options = options
         self._client = endpoint_client
@@ -246,8 +251,8 @@ class Replayer:
     @inlineCallbacks
     def _review(self, recorded: RecordedReview, endpoint: Optional[str], against: Optional[str] = None) -> Any:
         from amp.admission import Admitter
-        from amp.deadline import Deadline
         from amp.admission_review import ReviewError, parse_review
+        from amp.deadline import Deadline
 
         config = self._options.config
         info = _namespace(recorded, config, endpoint, against)
@@ -321,8 +326,8 @@ def _slim(done: ReplayedReview) -> ReplayedReview:
                                after=dataclasses.replace(done.after, pod=None))
 
 
-def replay(reactor: Any, options: ReplayOptions, recordings: Iterable[RecordedReview | RecordingError],
-           endpoint_client: Any, metrics: Any, progress: Any = None,
+def replay(reactor: IAmpReactor, options: ReplayOptions, recordings: Iterable[RecordedReview | RecordingError],
+           endpoint_client: EndpointClient, metrics: Metrics, progress: Any = None,
            emit: Optional[Callable[[ReplayedReview], None]] = None) -> "Deferred[ReplayReport]":
     """
     Replay C{recordings}, at most C{options.concurrency} reviews at a time,
@@ -343,7 +348,7 @@ def replay(reactor: Any, options: ReplayOptions, recordings: Iterable[RecordedRe
     source = iter(recordings)
     window = 4 * max(1, options.concurrency)
     finished: dict[int, Optional[ReplayedReview]] = {}
-    waiting: list[Deferred] = []
+    waiting: list[Deferred[None]] = []
     state = {"taken": 0, "shown": 0}
     out = emit if emit is not None else report.reviews.append
 
@@ -369,7 +374,7 @@ def replay(reactor: Any, options: ReplayOptions, recordings: Iterable[RecordedRe
     def worker() -> Any:
         while True:
             while state["taken"] - state["shown"] >= window:
-                wait: Deferred = Deferred()
+                wait: Deferred[None] = Deferred()
                 waiting.append(wait)
                 yield wait
             item = take()

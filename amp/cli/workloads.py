@@ -373,11 +373,13 @@ def without_stamps(pod: Optional[dict[str, Any]], stamps: Any) -> Optional[dict[
     if pod is None:
         return None
     meta = pod.get("metadata")
-    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict):
+        return pod
+    annotations = meta.get("annotations")
     if not isinstance(annotations, dict) or not any(k in annotations for k in stamps):
         return pod
     kept = {k: v for k, v in annotations.items() if k not in stamps}
-    meta = dict(meta)  # type: ignore[arg-type]
+    meta = dict(meta)
     if kept:
         meta["annotations"] = kept
     else:

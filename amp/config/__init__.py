@@ -24,9 +24,25 @@ from amp.config._load import ConfigError, command_config, load_config, parse_con
 from amp.config._reference import reference_row, rewrite_reference
 from amp.config._running import RESTART_ONLY, config_digest, config_summary, effective_config, for_reload
 from amp.config._sections import (
-    KEYS, AuditConfig, BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings,
-    EndpointsConfig, KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig,
-    RegistrationConfig, StaticNamespace, TLSConfig, TracingConfig,
+    KEYS,
+    AuditConfig,
+    BreakerConfig,
+    BypassConfig,
+    Config,
+    DeadlineConfig,
+    EndpointOverride,
+    EndpointsConfig,
+    EndpointSettings,
+    KubernetesConfig,
+    ListenConfig,
+    LogConfig,
+    MetricsConfig,
+    PatchConfig,
+    RecordConfig,
+    RegistrationConfig,
+    StaticNamespace,
+    TLSConfig,
+    TracingConfig,
 )
 from amp.config._values import Kind, parse_duration, parse_size
 
@@ -35,6 +51,7 @@ __all__ = [
     "EndpointOverride", "EndpointSettings", "EndpointsConfig", "Key", "Kind", "KubernetesConfig", "ListenConfig",
     "LogConfig", "MetricsConfig", "PatchConfig", "RecordConfig", "RegistrationConfig", "Restart", "StaticNamespace",
     "TLSConfig", "TracingConfig",
-    "command_config", "config_digest", "config_summary", "declared_kinds", "effective_config", "for_reload", "load_config", "parse_config",
+    "command_config", "config_digest", "config_summary", "declared_kinds", "effective_config", "for_reload",
+    "load_config", "parse_config",
     "parse_duration", "parse_size", "reference_row", "rewrite_reference",
 ]

@@ -12,13 +12,28 @@ from __future__ import annotations
 
 import dataclasses
 from fnmatch import fnmatchcase
-from typing import Any, Optional
+from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar
 
 from amp.config._declare import parsers
 from amp.config._sections import (
-    AuditConfig, BreakerConfig, BypassConfig, Config, DeadlineConfig, EndpointOverride, EndpointSettings,
-    EndpointsConfig, KubernetesConfig, ListenConfig, LogConfig, MetricsConfig, PatchConfig, RecordConfig,
-    RegistrationConfig, StaticNamespace, TLSConfig, TracingConfig,
+    AuditConfig,
+    BreakerConfig,
+    BypassConfig,
+    Config,
+    DeadlineConfig,
+    EndpointOverride,
+    EndpointsConfig,
+    EndpointSettings,
+    KubernetesConfig,
+    ListenConfig,
+    LogConfig,
+    MetricsConfig,
+    PatchConfig,
+    RecordConfig,
+    RegistrationConfig,
+    StaticNamespace,
+    TLSConfig,
+    TracingConfig,
 )
 from amp.config._values import MAPPING
 from amp.files import CONFIG_LIMIT, FileError, config_document, read_file
@@ -33,6 +48,15 @@ class ConfigError(ValueError):
     """
 
 
+class _Dataclass(Protocol):
+    """A config section: a dataclass."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+_D = TypeVar("_D", bound=_Dataclass)
+
+
 def _keyname(name: Any) -> str:
     """
     A key as it appears in an error message: as written, or quoted when it
@@ -43,8 +67,8 @@ def _keyname(name: Any) -> str:
     return repr(name)
 
 
-def _section(cls: type, raw: Any, key: str, base: Any = None, extra: tuple[str, ...] = (),
-             exclude: tuple[str, ...] = ()) -> Any:
+def _section(cls: type[_D], raw: Any, key: str, base: Optional[_D] = None, extra: tuple[str, ...] = (),
+             exclude: tuple[str, ...] = ()) -> _D:
     """
     Build dataclass C{cls} from mapping C{raw}, on top of C{base} (defaults),
     each key read by the parser of its declaration.  Keys in C{extra} are
@@ -55,7 +79,7 @@ def _section(cls: type, raw: Any, key: str, base: Any = None, extra: tuple[str, 
     if not isinstance(raw, dict):
         raise ConfigError(f"{key}: expected a mapping, got {type(raw).__name__}")
     readers = parsers(cls)
-    values = {}
+    values: dict[str, Any] = {}
     for name, value in raw.items():
         if name in extra:
             continue
@@ -71,7 +95,7 @@ def _section(cls: type, raw: Any, key: str, base: Any = None, extra: tuple[str, 
     return dataclasses.replace(base, **values)
 
 
-def _read(cls: type, name: str, raw: dict, key: str) -> Any:
+def _read(cls: type, name: str, raw: dict[str, Any], key: str) -> Any:
     """C{raw[name]} read by the parser of C{cls}'s declaration of C{name}."""
     try:
         return parsers(cls)[name](raw[name])
@@ -79,7 +103,9 @@ def _read(cls: type, name: str, raw: dict, key: str) -> Any:
         raise ConfigError(f"{key}.{name}: {e}") from None
 
 
-def _endpoint_settings(raw: dict, key: str, base: EndpointSettings, extra: tuple[str, ...]) -> EndpointSettings:
+def _endpoint_settings(
+    raw: dict[str, Any], key: str, base: EndpointSettings, extra: tuple[str, ...]
+) -> EndpointSettings:
     # endpoints.max_buffered is one bound for every call: set at the top only.
     settings = _section(EndpointSettings, raw, key, base, extra=extra + ("breaker",), exclude=("max_buffered",))
     if "breaker" in raw:
@@ -150,12 +176,14 @@ def _kubernetes(raw: Any) -> KubernetesConfig:
             first = str(sorted(unknown, key=str)[0])
             raise ConfigError(f"{nkey}.{first}: unknown key{did_you_mean(first, ('annotations', 'labels'))} "
                               "(known keys: annotations, labels)")
+        parse_map = MAPPING.parse
+        assert parse_map is not None  # a mapping's kind parses
         try:
-            labels = MAPPING.parse(spec.get("labels"))
+            labels = parse_map(spec.get("labels"))
         except ValueError as e:
             raise ConfigError(f"{nkey}.labels: {e}") from None
         try:
-            annotations = MAPPING.parse(spec.get("annotations"))
+            annotations = parse_map(spec.get("annotations"))
         except ValueError as e:
             raise ConfigError(f"{nkey}.annotations: {e}") from None
         namespaces[str(name)] = StaticNamespace(labels, annotations)
@@ -206,7 +234,7 @@ def parse_config(raw: Any) -> Config:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"(top level): expected a mapping of sections, got {type(raw).__name__}")
-    sections = {
+    sections: dict[str, Callable[[Any], object]] = {
         "listen": lambda v: _section(ListenConfig, v, "listen"),
         "tls": lambda v: _section(TLSConfig, v, "tls"),
         "metrics": lambda v: _section(MetricsConfig, v, "metrics"),

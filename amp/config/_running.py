@@ -19,7 +19,6 @@ from amp.config._sections import KEYS, Config, EndpointSettings
 from amp.reasons import NamespaceSource
 from amp.urls import URLPattern, shown_url
 
-
 # ---------------------------------------------------------------- reloading
 
 #: Keys only a restart can change (L{Restart.ALWAYS}): the listening
@@ -114,7 +113,7 @@ def _mask_url_secrets(value: str) -> str:
 
 
 def _settings(settings: EndpointSettings) -> dict[str, Any]:
-    out = _canonical(settings)
+    out: dict[str, Any] = _canonical(settings)
     # Not a key of its own: endpoints.deny_networks, carried in every settings.
     del out["deny_networks"]
     return out
@@ -128,7 +127,7 @@ def effective_config(config: Config) -> dict[str, Any]:
     shown without their credentials and queries (L{amp.urls.shown_url}).  Paths are shown, never what the files
     hold.
     """
-    out = _canonical(config)
+    out: dict[str, Any] = _canonical(config)
     endpoints = config.endpoints
     out["endpoints"] = {
         "allow": [p.text for p in endpoints.allow],

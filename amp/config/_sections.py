@@ -142,16 +142,16 @@ class KubernetesConfig:
         "this annotation is not a `no-endpoint` failure on `/mutate`."))
     failure_class_label: Optional[str] = declare(OPT_STR, "amp.txn2.com/failure-class", restart=Restart.KUBERNETES,
                                                  doc=(
-        "Namespace label, `Fail` or `Ignore`, that chooses the namespace's failure class: what amp does when a review"
-        " cannot be completed, and, through the webhook entry of that class (one per class, selecting on this label),"
-        " what the API server does when amp cannot be reached "
+        "Namespace label, `Fail` or `Ignore`, that chooses the namespace's failure class: what amp does "
+        "when a review cannot be completed, and, through the webhook entry of that class (one per class, "
+        "selecting on this label), what the API server does when amp cannot be reached "
         "([operations.md](operations.md#choosing-a-failure-class)). It wins over `failure_policy_annotation`. "
         "`null`: no label is read (a registration with a single webhook entry)."))
     failure_policy_annotation: str = declare(STR, "amp.txn2.com/failure-policy", restart=Restart.KUBERNETES, doc=(
         "Namespace annotation, `Ignore` or `Fail`, that overrides `failure_policy` for that namespace when the "
-        "namespace has no `failure_class_label`. Deprecated: the API server does not read annotations, so while amp "
-        "cannot be reached it does not apply it; a namespace that sets only the annotation, or one that disagrees "
-        "with the label, is a namespace problem. Any other value is ignored."))
+        "namespace has no `failure_class_label`. Deprecated: the API server does not read annotations, "
+        "so while amp cannot be reached it does not apply it; a namespace that sets only the annotation, "
+        "or one that disagrees with the label, is a namespace problem. Any other value is ignored."))
     mode_annotation: str = declare(STR, "amp.txn2.com/mode", restart=Restart.KUBERNETES, doc=(
         "Namespace annotation; `shadow` calls the endpoint and checks its answer but never applies it "
         "([failure-modes.md](failure-modes.md#shadow-mode))."))
@@ -492,8 +492,8 @@ class RegistrationConfig:
         "the managed registration (otherwise `failure_policy` is)."))
     ca_bundle: str = declare(STR, "/etc/amp/tls/ca.crt", restart=Restart.ALWAYS, doc=(
         "Without `registration.secret`: PEM file of the CA(s) the managed registration's `caBundle` holds (a CA "
-        "made elsewhere, e.g. the `ca.crt` of a mounted Secret); read again on every apply, so a CA that changes is "
-        "applied."))
+        "made elsewhere, e.g. the `ca.crt` of a mounted Secret); read again on every apply, so a CA "
+        "that changes is applied."))
     match_expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = declare(
         EXPRESSIONS, (), restart=Restart.ALWAYS, doc=(
             "Label selector requirements (`{key, operator, values}`) added to every managed entry's "

@@ -252,10 +252,10 @@ def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def _tls_version(value: Any) -> str:
-    value = str(value)
-    if value not in ("1.2", "1.3"):
-        raise ValueError(f"expected 1.2 or 1.3, got {value!r}")
-    return value
+    text = str(value)
+    if text not in ("1.2", "1.3"):
+        raise ValueError(f"expected 1.2 or 1.3, got {text!r}")
+    return text
 
 
 def _str_map(value: Any) -> Mapping[str, str]:

@@ -63,15 +63,15 @@ of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol as TypingProtocol
+from typing import Any, Callable, Optional
+from typing import Protocol as TypingProtocol
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from amp.breaker import CircuitBreaker, Ticket
-from amp.shedding import LatencyBudget
 from amp.config import EndpointSettings
 from amp.deadline import Deadline
 from amp.endpoint._failures import EXPECTED, EndpointFailure, LocalFailure, classify, first_line, retriable
@@ -79,6 +79,7 @@ from amp.endpoint._pool import Profile, Target
 from amp.http import Charge, Exchange, Reply
 from amp.reasons import Reason, Verdict
 from amp.reply import EndpointDecision, ReplyError, parse_reply
+from amp.shedding import LatencyBudget
 
 log = Logger()
 
@@ -209,7 +210,7 @@ class Call:
     )
 
     def __init__(
-        self, reactor: Any, request: CallRequest, guard: CallGuard,
+        self, reactor: IReactorTime, request: CallRequest, guard: CallGuard,
         settled: Callable[["Call", str, float, Verdict], None], receiver: "ICallReceiver", caller_times: bool = False,
     ) -> None:
         self._reactor = reactor
@@ -221,7 +222,7 @@ class Call:
         #: The call resolved to a reply: only its caller settles it now.
         self._replied = False
         self._done = False
-        self._waiters: Optional[list[Deferred]] = None
+        self._waiters: Optional[list[Deferred[None]]] = None
         #: The request through the pool, until its outcome came.
         self._pending: Optional[Exchange] = None
         self._timer: Optional[IDelayedCall] = None
@@ -460,13 +461,13 @@ class Call:
         for d in waiters or ():
             d.callback(None)
 
-    def settled(self) -> Deferred:
+    def settled(self) -> Deferred[None]:
         """
         A Deferred that fires when this call has ended.
         """
         if self._done:
             return succeed(None)
-        d: Deferred = Deferred()
+        d: Deferred[None] = Deferred()
         if self._waiters is None:
             self._waiters = []
         self._waiters.append(d)

@@ -311,7 +311,7 @@ class EndpointClient:
         or fails with L{EndpointFailure}; cancelling it is the call's
         L{Call.cancel}.
         """
-        receiver = DeferredReceiver()
+        receiver: DeferredReceiver[CallReply] = DeferredReceiver()
         receiver.cancels = self.ask_into(receiver, url, settings, body, headers, deadline, breaker_config)
         return receiver.result
 
@@ -354,22 +354,25 @@ class EndpointClient:
         breaker = self._breaker(origin)
         ticket = breaker.allow()
         if ticket is None:
-            return self._refuse(receiver, origin, Reason.BREAKER_OPEN,
+            self._refuse(receiver, origin, Reason.BREAKER_OPEN,
                                 f"circuit breaker open, next try in {breaker.reopens_in():.1f}s")
+            return None
         latency = None if settings.latency_budget <= 0 and origin.latency is None else origin.latency_for(settings)
         token = 0
         if latency is not None:
             token = latency.allow()
             if token == SHED:
                 breaker.release(ticket)
-                return self._refuse(receiver, origin, Reason.LATENCY_BUDGET, _shed_message(latency))
+                self._refuse(receiver, origin, Reason.LATENCY_BUDGET, _shed_message(latency))
+                return None
         now = self.reactor.seconds()
         remaining = deadline.remaining(now)
         if remaining <= 0:
             breaker.release(ticket)
             if latency is not None:
                 latency.forget(token)
-            return self._refuse(receiver, origin, Reason.TIMEOUT, "no time left in the review's deadline")
+            self._refuse(receiver, origin, Reason.TIMEOUT, "no time left in the review's deadline")
+            return None
         bulkhead = origin.bulkhead
         slot = bulkhead.enter(settings.max_concurrent)
         if not slot:
@@ -380,13 +383,15 @@ class EndpointClient:
                 latency.forget(token)
             latest = deadline.at - settings.min_call_time
             if now >= latest:
-                return self._refuse(receiver, origin, Reason.QUEUE_TIMEOUT, (
+                self._refuse(receiver, origin, Reason.QUEUE_TIMEOUT, (
                     f"{bulkhead.in_flight} calls in flight (endpoints.max_concurrent) and {remaining:.3g}s left, "
                     "too little to wait for a slot (endpoints.min_call_time)"))
+                return None
             if bulkhead.queued >= settings.max_queued:
-                return self._refuse(receiver, origin, Reason.QUEUE_FULL, (
+                self._refuse(receiver, origin, Reason.QUEUE_FULL, (
                     f"{bulkhead.in_flight} calls in flight (endpoints.max_concurrent) and {bulkhead.queued} "
                     "waiting for a slot (endpoints.max_queued)"))
+                return None
         # A timer of the call's own only when the endpoint's timeout ends
         # before the caller's deadline: that deadline is the caller's timer.
         timeout = settings.timeout if settings.timeout < remaining else None
@@ -400,11 +405,13 @@ class EndpointClient:
                 raise LocalFailure(Reason.DENIED_ADDRESS, target.denied)
         except LocalFailure as e:
             self._unwind(origin, breaker, ticket, latency, token, slot)
-            return self._refuse(receiver, origin, e.reason, e.message)
+            self._refuse(receiver, origin, e.reason, e.message)
+            return None
         except Exception:
             self._unwind(origin, breaker, ticket, latency, token, slot)
             log.failure("Could not build the request to {endpoint}", endpoint=origin.name)
-            return self._refuse(receiver, origin, Reason.CONNECTION_FAILED, "amp could not build the request")
+            self._refuse(receiver, origin, Reason.CONNECTION_FAILED, "amp could not build the request")
+            return None
         # One bound for all calls; a reloaded configuration may change it.
         self.budget.limit = settings.max_buffered
         request = CallRequest(origin.name, target, profile, settings, data, timeout, deadline,
@@ -448,7 +455,7 @@ class EndpointClient:
 
     # ------------------------------------------------------------ shutdown
 
-    def close(self) -> Deferred:
+    def close(self) -> Deferred[None]:
         """
         Shut down: stop keeping connections, wait for the calls in flight
         (each is bounded by its timer or its caller's deadline), close the
@@ -464,14 +471,14 @@ class EndpointClient:
         calls = [c.settled() for c in list(self._live)]
         return gatherResults(calls).addCallback(self._close_connections)
 
-    def close_idle_connections(self) -> Deferred:
+    def close_idle_connections(self) -> Deferred[None]:
         """
         Close every idle pooled connection; fires when they have closed.
         """
         return gatherResults([pool.close_idle() for profile in list(self._profiles.values())
                               for pool in list(profile.pools.values())]).addCallback(lambda _: None)
 
-    def _close_connections(self, ignored: Any) -> Deferred:
+    def _close_connections(self, ignored: object) -> Deferred[None]:
         # Every call has ended: what is open is idle or closing.  Abort it
         # all rather than wait on peers to answer a graceful close.
         waits = [c.when_lost() for c in list(self._open)]

@@ -33,8 +33,10 @@ from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import (
+    IAddress,
     IHostnameResolver,
     IHostResolution,
+    IProtocol,
     IProtocolFactory,
     IReactorPluggableNameResolver,
     IResolutionReceiver,
@@ -106,13 +108,13 @@ class _Addresses:
     """
 
     def __init__(self) -> None:
-        self.addresses: list[Any] = []
-        self.done: Deferred = Deferred()
+        self.addresses: list[IAddress] = []
+        self.done: Deferred[list[IAddress]] = Deferred()
 
     def resolutionBegan(self, resolution: IHostResolution) -> None:
         pass
 
-    def addressResolved(self, address: Any) -> None:
+    def addressResolved(self, address: IAddress) -> None:
         self.addresses.append(address)
 
     def resolutionComplete(self) -> None:
@@ -126,7 +128,7 @@ class _Answered:
     asked about, it reports exactly these addresses (with the asked port).
     """
 
-    def __init__(self, addresses: list[Any]) -> None:
+    def __init__(self, addresses: list[IPv4Address | IPv6Address]) -> None:
         self._addresses = addresses
 
     def resolveHostName(self, receiver: IResolutionReceiver, hostName: str, portNumber: int = 0,
@@ -150,7 +152,7 @@ class _AnsweredReactor:
     addresses and cannot look the name up again.
     """
 
-    def __init__(self, reactor: IEndpointReactor, addresses: list[Any]) -> None:
+    def __init__(self, reactor: IEndpointReactor, addresses: list[IPv4Address | IPv6Address]) -> None:
         self._reactor = reactor
         self.nameResolver = _Answered(addresses)
 
@@ -188,7 +190,7 @@ class CheckedHostEndpoint:
         self._timeout = timeout
         self._deny = deny
 
-    def connect(self, factory: IProtocolFactory) -> Deferred:
+    def connect(self, factory: IProtocolFactory) -> Deferred[IProtocol]:
         receiver = _Addresses()
         resolver = self._resolver if self._resolver is not None else self._reactor.nameResolver
         resolver.resolveHostName(receiver, self._host, portNumber=self._port)
@@ -196,8 +198,8 @@ class CheckedHostEndpoint:
         # then dropped (a Deferred cancelled without a canceller ignores it).
         return receiver.done.addCallback(self._connect_checked, factory)
 
-    def _connect_checked(self, addresses: list[Any], factory: IProtocolFactory) -> Deferred:
-        addresses = [a for a in addresses if isinstance(a, (IPv4Address, IPv6Address)) and _is_ip(a.host)]
+    def _connect_checked(self, resolved: list[IAddress], factory: IProtocolFactory) -> Deferred[IProtocol]:
+        addresses = [a for a in resolved if isinstance(a, (IPv4Address, IPv6Address)) and _is_ip(a.host)]
         if not addresses:
             raise ierror.DNSLookupError(f"no addresses for {self._host}")
         for a in addresses:

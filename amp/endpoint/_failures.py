@@ -21,7 +21,7 @@ from amp.reasons import Reason
 try:
     from service_identity import VerificationError
 except ImportError:  # pragma: no cover - service_identity is a dependency
-    VerificationError = SSL.Error  # type: ignore[misc,assignment]
+    VerificationError = SSL.Error  # type: ignore[misc,assignment]  # a stand-in class, never raised
 
 
 class EndpointFailure(Exception):
@@ -62,10 +62,11 @@ def classify(failure: Failure, settings: Optional[EndpointSettings] = None) -> E
     L{EndpointFailure} is returned as it is, so that a L{LocalFailure} stays
     one.
     """
-    if failure.check(EndpointFailure):
-        return failure.value
-    if failure.check(ReplyFailed):
-        return _reply_failure(failure.value)
+    value = failure.value
+    if isinstance(value, EndpointFailure):
+        return value
+    if isinstance(value, ReplyFailed):
+        return _reply_failure(value)
     if failure.check(ierror.ConnectionRefusedError):
         return EndpointFailure(Reason.CONNECTION_REFUSED, "connection refused")
     if failure.check(ierror.TimeoutError, ierror.TCPTimedOutError):

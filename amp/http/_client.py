@@ -47,15 +47,16 @@ which is what decides the one retry (L{amp.http._pool}).
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional, Protocol as TypingProtocol
+from typing import Any, Callable, Optional
+from typing import Protocol as TypingProtocol
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpResponseParser
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.protocol import Protocol
+from twisted.internet.interfaces import ITCPTransport
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 
 from amp.http._replyhead import Charge, HeadCounter, ReplyLimits
-
 
 #: An obs-fold: a line end followed by spaces or tabs (RFC 9112 section 5.2).
 _FOLD = re.compile(rb"\r?\n[ \t]+")
@@ -167,6 +168,10 @@ class ClientConnection(Protocol):
     @ivar idle_since: when it last became idle (the pool's clock).
     """
 
+    #: A TCP or TLS connection, set by C{makeConnection} before anything
+    #: here uses it.
+    transport: ITCPTransport
+
     def __init__(self, limits: ReplyLimits, opened: Callable[["ClientConnection"], None],
                  lost: Callable[["ClientConnection"], None]) -> None:
         self._limits = limits
@@ -181,7 +186,7 @@ class ClientConnection(Protocol):
         # on_message_begin) instead of being a parse error.
         self._parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True, lenient_keep_alive=True)
         self._exchange: Optional[IExchange] = None
-        self._lost_waiters: Optional[list[Any]] = None
+        self._lost_waiters: Optional[list[Deferred[None]]] = None
         self.connected = False
         self.reusable = False
         self.idle_since = 0.0
@@ -243,13 +248,13 @@ class ClientConnection(Protocol):
         self.reusable = False
         self.transport.loseConnection()
 
-    def when_lost(self) -> Deferred:
+    def when_lost(self) -> Deferred[None]:
         """
         A Deferred that fires once this connection has closed.
         """
         if not self.connected:
             return succeed(None)
-        d: Deferred = Deferred()
+        d: Deferred[None] = Deferred()
         if self._lost_waiters is None:
             self._lost_waiters = []
         self._lost_waiters.append(d)
@@ -392,7 +397,7 @@ class ClientConnection(Protocol):
             if length > limit:
                 self._refusal = BodyTooLarge(f"reply of {length} bytes is larger than the {limit} byte limit")
                 raise _Stop()
-            if not self._exchange.charge.take(length):  # type: ignore[union-attr]
+            if not self._exchange.charge.take(length):  # type: ignore[union-attr]  # set while a reply is read
                 self._refusal = BufferFull(self._limits.budget.full())
                 raise _Stop()
             self._prepaid = True
@@ -406,7 +411,7 @@ class ClientConnection(Protocol):
         if size > limit:
             self._refusal = BodyTooLarge(f"reply is larger than the {limit} byte limit")
             raise _Stop()
-        if not self._prepaid and not self._exchange.charge.take(len(data)):  # type: ignore[union-attr]
+        if not self._prepaid and not self._exchange.charge.take(len(data)):  # type: ignore[union-attr]  # as above
             self._refusal = BufferFull(self._limits.budget.full())
             raise _Stop()
         self._chunks.append(data)
@@ -434,7 +439,7 @@ class ClientConnection(Protocol):
                 self.transport.abortConnection()
             else:
                 self.transport.loseConnection()
-        exchange.replied(reply)  # type: ignore[union-attr]
+        exchange.replied(reply)  # type: ignore[union-attr]  # a reply ends the exchange it was read for
 
     def _fail(self, failure: ReplyFailed) -> None:
         exchange = self._exchange
@@ -445,7 +450,7 @@ class ClientConnection(Protocol):
         if exchange is not None:
             exchange.failed(failure, self._replying)
 
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.connected = False
         self.reusable = False
         if self._exchange is not None:

@@ -22,10 +22,11 @@ sees one outcome.  A request on a new connection is never sent twice.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol as TypingProtocol
+from typing import Callable, Generic, Optional, TypeVar, cast
+from typing import Protocol as TypingProtocol
 
 from twisted.internet.defer import Deferred, gatherResults
-from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Factory
 from twisted.python.failure import Failure
 
@@ -47,7 +48,17 @@ class IReceiver(TypingProtocol):
         """No reply: a L{ReplyFailed}, or why no connection could be made."""
 
 
-class DeferredReceiver:
+_T = TypeVar("_T")
+
+
+class Cancellable(TypingProtocol):
+    """What a L{DeferredReceiver} cancels: an L{Exchange}, an endpoint call, a review."""
+
+    def cancel(self) -> None:
+        """Stop; tell the receiver nothing more."""
+
+
+class DeferredReceiver(Generic[_T]):
     """
     The Deferred form of a receiver: C{result} fires with the reply or
     fails with the failure, and cancelling it cancels C{cancels} (what the
@@ -61,14 +72,14 @@ class DeferredReceiver:
 
     def __init__(self) -> None:
         #: What to cancel with the result; set once the receiver waits on it.
-        self.cancels: Optional[Any] = None
-        self.result: Deferred = Deferred(self._cancel)
+        self.cancels: Optional[Cancellable] = None
+        self.result: Deferred[_T] = Deferred(self._cancel)
 
-    def _cancel(self, result: Deferred) -> None:
+    def _cancel(self, result: Deferred[_T]) -> None:
         if self.cancels is not None:
             self.cancels.cancel()
 
-    def replied(self, reply: Any) -> None:
+    def replied(self, reply: _T) -> None:
         self.result.callback(reply)
 
     def failed(self, failure: Failure) -> None:
@@ -88,7 +99,7 @@ class _ConnectionFactory(Factory):
     def __init__(self, pool: "OriginPool") -> None:
         self._pool = pool
 
-    def buildProtocol(self, addr: Any) -> ClientConnection:
+    def buildProtocol(self, addr: Optional[IAddress]) -> ClientConnection:
         pool = self._pool
         conn = ClientConnection(pool.limits, pool.opened, pool.lost)
         conn.pool = pool
@@ -131,7 +142,7 @@ class OriginPool:
         from C{charge}.  Fails with a L{ReplyFailed}, or with why no
         connection could be made; cancelling it closes the connection.
         """
-        receiver = DeferredReceiver()
+        receiver: DeferredReceiver[Reply] = DeferredReceiver()
         receiver.cancels = self.send(data, charge, receiver)
         return receiver.result
 
@@ -151,11 +162,12 @@ class OriginPool:
         exchange.connect()
         return exchange
 
-    def connect(self) -> Deferred:
+    def connect(self) -> Deferred[ClientConnection]:
         """
         A new connection (fires with its L{ClientConnection}).
         """
-        return self._endpoint.connect(self._factory)
+        # The factory builds ClientConnections; the endpoint's interface says IProtocol.
+        return cast("Deferred[ClientConnection]", self._endpoint.connect(self._factory))
 
     def idle_count(self) -> int:
         return len(self._idle)
@@ -197,7 +209,7 @@ class OriginPool:
         if idle:
             self._sweep = self._clock.callLater(idle[0].idle_since + self._timeout - now, self._expire)
 
-    def close_idle(self) -> Deferred:
+    def close_idle(self) -> Deferred[list[None]]:
         """
         Close every idle connection; fires when they have closed.
         """
@@ -228,7 +240,7 @@ class Exchange:
         #: The receiver was told the outcome (or the exchange was cancelled).
         self.finished = False
         self._conn: Optional[ClientConnection] = None
-        self._connecting: Optional[Deferred] = None
+        self._connecting: Optional[Deferred[ClientConnection]] = None
         self._reused = False
         self._cancelled = False
         #: Times the request was sent again on a new connection (the one retry below).

@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Optional
 from typing import Protocol as TypingProtocol
 from urllib.parse import unquote_to_bytes
 
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IConsumer, IPushProducer, IReactorTime, ITCPTransport
 
 from amp.logs import RepeatLimiter
 from amp.metrics import Metrics
@@ -109,6 +109,14 @@ class IChannel(TypingProtocol):
 
     def respond(self, request: Request, code: int, body: bytes, content_type: bytes, headers: bytes) -> None:
         """Write C{request}'s answer in its turn (only its first counts)."""
+
+
+class IServerTransport(ITCPTransport, IPushProducer, IConsumer):
+    """
+    A webhook connection's transport (TCP, or TLS over it): one amp writes
+    to, aborts, pauses while its answers wait (it is their producer's
+    consumer) and stops reading from while amp's own writes wait.
+    """
 
 
 class Request:

@@ -50,13 +50,13 @@ from typing import Optional
 
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
 from twisted.internet.interfaces import IDelayedCall, IPushProducer
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from amp.http._limits import CLOSE_GRACE, LINGER_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_LINE, status_line
-from amp.http._request import TEXT, IListener, Request
+from amp.http._request import TEXT, IListener, IServerTransport, Request
 from amp.http._state import LINK_NEXT, RECEIVING_NEXT, Link, Receiving, Timer, check_link, check_receiving, delay_until
 from amp.http._target import OWS, absolute_target, head_problem, spaced, transfer_coding_problem
 
@@ -86,6 +86,7 @@ class HTTPServerProtocol(Protocol):
     """
 
     log = Logger()
+    transport: IServerTransport  # set by makeConnection, before anything here uses it
 
     def __init__(self, factory: IListener) -> None:
         self.factory = factory
@@ -149,7 +150,7 @@ class HTTPServerProtocol(Protocol):
         self.transport.registerProducer(self, True)
         self._arm(_READ, self.factory.request_timeout)
 
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         counted = self._link is not _REJECTED
         self._become(_LOST)
         timer, self._timer = self._timer, None
@@ -279,7 +280,7 @@ class HTTPServerProtocol(Protocol):
         length = len(name)
         if length == 12:
             if name.lower() == b"content-type":
-                self._incoming.content_type = value.rstrip(OWS)  # type: ignore[union-attr]
+                self._incoming.content_type = value.rstrip(OWS)  # type: ignore[union-attr]  # set in a head
         elif length == 14:
             if name.lower() == b"content-length":
                 # llhttp has checked it is all digits (and the only one).
@@ -297,14 +298,14 @@ class HTTPServerProtocol(Protocol):
                     self.refuse(*refusal)
                     raise _Refused()
         elif length == 6 and name.lower() == b"expect" and value.rstrip(OWS).lower() == b"100-continue":
-            self._incoming.expect_continue = True  # type: ignore[union-attr]
+            self._incoming.expect_continue = True  # type: ignore[union-attr]  # set in a head
         elif length == 11:
             if name.lower() == b"traceparent":
                 # W3C trace context (amp.tracing reads it when tracing is on).
-                self._incoming.traceparent = value  # type: ignore[union-attr]
+                self._incoming.traceparent = value  # type: ignore[union-attr]  # set in a head
         # (User-Agent and Connection have ten letters too: their first is not t.)
         elif length == 10 and name[0] | 0x20 == 0x74 and name.lower() == b"tracestate":
-            self._incoming.tracestate = value  # type: ignore[union-attr]
+            self._incoming.tracestate = value  # type: ignore[union-attr]  # set in a head
 
     def on_headers_complete(self) -> None:
         request = self._incoming

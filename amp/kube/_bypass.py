@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -61,6 +61,7 @@ from amp.kube._events import Changed, Crashed, Replaced, Restarting, WatchEvent
 from amp.kube._keep import PodSeen
 from amp.kube._verdict import REASON, Enabled, Judge, Verdict, event_body, event_name, log_line
 from amp.metrics import Metrics
+from amp.namespaces import INamespaceSource
 from amp.rules import STATUS_ANNOTATION
 
 #: Seconds between seeing a Pod and judging it.
@@ -113,10 +114,10 @@ class BypassReporter:
         self,
         *,
         config: KubernetesConfig,
-        namespaces: Any,
+        namespaces: INamespaceSource,
         clock: IReactorTime,
         metrics: Metrics,
-        post_event: Callable[[str, dict[str, Any]], Deferred],
+        post_event: Callable[[str, dict[str, Any]], Deferred[bool]],
         own_namespace: str,
         identity: str,
         enables: Callable[[str], Optional[Enabled]] = lambda name: None,
@@ -275,12 +276,13 @@ class BypassReporter:
         body = event_body(pod, claim.verdict, identity=self._identity, now=self._clock.seconds())
         self._post_event(pod.namespace, body).addBoth(self._sent, claim)
 
-    def _sent(self, result: Any, claim: _Claim) -> None:
+    def _sent(self, result: Union[bool, Failure], claim: _Claim) -> None:
         self._posting = False
         pod = claim.pod
         uid = pod.uid
         if isinstance(result, Failure):
             error = result.value
+            assert error is not None  # a Failure holds its exception
             if not _permanent(error):
                 if _may_have_landed(error):
                     if len(self._uncertain) >= MAX_QUEUED_EVENTS:

@@ -311,7 +311,8 @@ class KubeClient:
         response = self.open(method, path, query=query, accept=accept, body=body, timeout=timeout,
                              content_type=content_type)
         try:
-            return response.data
+            data: bytes = response.data
+            return data
         finally:
             response.release_conn()
 
@@ -354,10 +355,11 @@ class KubeClient:
         object as stored.
         """
         name = body["metadata"]["name"]
-        return json.loads(self.request(
+        stored: dict[str, Any] = json.loads(self.request(
             "PATCH", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{_segment(name)}",
             query=(("fieldManager", FIELD_MANAGER), ("force", "true")), body=json.dumps(body),
             content_type="application/apply-patch+yaml", timeout=timeout))
+        return stored
 
     def _leases(self, namespace: str) -> str:
         return f"/apis/coordination.k8s.io/v1/namespaces/{_segment(namespace)}/leases"
@@ -365,7 +367,9 @@ class KubeClient:
     def read_lease(self, namespace: str, name: str, timeout: float) -> Optional[dict[str, Any]]:
         """The Lease, or None when it does not exist."""
         try:
-            return json.loads(self.request("GET", f"{self._leases(namespace)}/{_segment(name)}", timeout=timeout))
+            lease: dict[str, Any] = json.loads(
+                self.request("GET", f"{self._leases(namespace)}/{_segment(name)}", timeout=timeout))
+            return lease
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -387,7 +391,8 @@ class KubeClient:
 
     def _write_lease(self, method: str, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         try:
-            return json.loads(self.request(method, path, body=body, timeout=timeout))
+            written: dict[str, Any] = json.loads(self.request(method, path, body=body, timeout=timeout))
+            return written
         except ApiException as e:
             if e.status == 409:
                 raise Conflict(describe(e)) from None
@@ -399,7 +404,9 @@ class KubeClient:
     def read_secret(self, namespace: str, name: str, timeout: float) -> Optional[dict[str, Any]]:
         """The Secret (amp's own certificates), or None when it does not exist."""
         try:
-            return json.loads(self.request("GET", f"{self._secrets(namespace)}/{_segment(name)}", timeout=timeout))
+            secret: dict[str, Any] = json.loads(
+                self.request("GET", f"{self._secrets(namespace)}/{_segment(name)}", timeout=timeout))
+            return secret
         except ApiException as e:
             if e.status == 404:
                 return None

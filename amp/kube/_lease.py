@@ -23,7 +23,7 @@ after the lease duration.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, ParamSpec, TypeVar
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -31,8 +31,14 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from amp.kube._client import Conflict, describe
+from amp.kube._client import Conflict, KubeClient, describe
 from amp.kube._keep import format_time
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 class LeaseElector:
@@ -54,8 +60,8 @@ class LeaseElector:
     def __init__(
         self,
         *,
-        client: Any,
-        reactor: Any,
+        client: KubeClient,
+        reactor: IAmpReactor,
         clock: IReactorTime,
         namespace: str,
         name: str,
@@ -92,7 +98,7 @@ class LeaseElector:
         self._running = True
         self._tick()
 
-    def stop(self) -> Deferred:
+    def stop(self) -> Deferred[None]:
         """
         Stop the loop; a leader steps down and releases the Lease.  The
         Deferred fires once the release is written (or failed).
@@ -123,8 +129,8 @@ class LeaseElector:
 
     # ------------------------------------------------------------ the loop
 
-    def _in_pool(self, f: Callable[..., Any], *args: Any) -> Deferred:
-        return deferToThreadPool(self._reactor, self._reactor.getThreadPool(), f, *args)
+    def _in_pool(self, f: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> Deferred[_T]:
+        return deferToThreadPool(self._reactor, self._reactor.getThreadPool(), f, *args, **kwargs)
 
     def _tick(self) -> None:
         self._tick_call = None
@@ -139,7 +145,7 @@ class LeaseElector:
         if self._running:
             self._tick_call = self._clock.callLater(self.retry, self._tick)
 
-    def _read(self, lease: Optional[dict[str, Any]]) -> Optional[Deferred]:
+    def _read(self, lease: Optional[dict[str, Any]]) -> Optional[Deferred[None]]:
         if not self._running:
             return None
         now = self._clock.seconds()

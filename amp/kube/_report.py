@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -28,13 +28,28 @@ from twisted.internet.threads import deferToThreadPool
 from amp.config import KubernetesConfig
 from amp.kube._bridge import Bridge
 from amp.kube._bypass import BypassReporter
+from amp.kube._client import KubeClient
 from amp.kube._keep import PodKeep
 from amp.kube._lease import LeaseElector
 from amp.kube._verdict import EnableRevisions
 from amp.metrics import Metrics
+from amp.namespaces import INamespaceSource
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 #: Pods per page of the Pod list.
 POD_PAGE = 500
+
+
+class LeaseTerm(Protocol):
+    """Another user of the Lease's terms (the managed registration's L{amp.registration.RegistrationKeeper})."""
+
+    def start_term(self, client: KubeClient) -> None:
+        """This replica holds the Lease from now on; C{client} is the Lease loop's."""
+
+    def end_term(self) -> None:
+        """This replica no longer holds it (or amp stops)."""
 
 
 @dataclass(eq=False)
@@ -43,7 +58,7 @@ class _PodWatch:
 
     stop: threading.Event
     bridge: Bridge
-    client: Any
+    client: KubeClient
 
 
 class BypassReport:
@@ -65,18 +80,18 @@ class BypassReport:
         self,
         *,
         config: KubernetesConfig,
-        client: Any,
-        reactor: Any,
+        client: KubeClient,
+        reactor: IAmpReactor,
         clock: IReactorTime,
         metrics: Metrics,
         identity: str,
-        namespaces: Any,
+        namespaces: INamespaceSource,
         enables: EnableRevisions,
         own_namespace: str,
         lease_namespace: str,
         watch: Callable[..., Bridge],
         wall: Callable[[], float],
-        terms: Sequence[Any] = (),
+        terms: Sequence[LeaseTerm] = (),
         pods: bool = True,
     ) -> None:
         self._config = config
@@ -88,7 +103,7 @@ class BypassReport:
         self._stopped = False
         self._pods: Optional[_PodWatch] = None
 
-        def post_event(namespace: str, body: dict[str, Any]) -> Deferred:
+        def post_event(namespace: str, body: dict[str, Any]) -> Deferred[bool]:
             return deferToThreadPool(reactor, reactor.getThreadPool(), client.create_event,
                                      namespace, body, config.request_timeout)
 
@@ -103,7 +118,7 @@ class BypassReport:
     def start(self) -> None:
         self.elector.start()
 
-    def stop(self) -> Deferred:
+    def stop(self) -> Deferred[None]:
         """Step down and release the Lease; fires once it is released (or failed)."""
         self._stopped = True
         return self.elector.stop()

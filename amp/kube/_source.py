@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail, succeed
@@ -57,12 +57,15 @@ from amp.kube._client import KubeClient, Lister, describe, get_namespace, servic
 from amp.kube._events import Bookmark, Changed, Crashed, Replaced, Restarting, WatchEvent
 from amp.kube._keep import Keep, WebhookPolicy
 from amp.kube._lease import LeaseElector
-from amp.kube._report import BypassReport
+from amp.kube._report import BypassReport, LeaseTerm
 from amp.kube._verdict import EnableRevisions
 from amp.kube._watch import ListWatch
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, NamespaceLookupError
 from amp.reasons import NamespaceSource
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 #: How long C{stopService} waits for the threads before giving up on them
 #: (they are daemon threads; after a socket shutdown they end at once).
@@ -75,13 +78,13 @@ _NEGATIVE_PRUNE_AT = 1024
 class _Run:
     """One start of the service: its stop flag, threads and bridges."""
 
-    watch_client: Any
+    watch_client: Optional[KubeClient]
     stop: threading.Event = field(default_factory=threading.Event)
-    threads: list[Any] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
     watches: dict[str, ListWatch] = field(default_factory=dict)
     bridges: list[Bridge] = field(default_factory=list)
     running: int = 0
-    all_ended: Optional[Deferred] = None
+    all_ended: Optional[Deferred[None]] = None
     bypass: Optional[BypassReport] = None
 
     def ended(self) -> None:
@@ -95,7 +98,7 @@ class _Run:
 class _Pending:
     """One GET in flight and the callers waiting for it."""
 
-    waiters: list[Deferred] = field(default_factory=list)
+    waiters: list[Deferred[Optional[NamespaceInfo]]] = field(default_factory=list)
     superseded: bool = False
 
 
@@ -137,17 +140,17 @@ class KubernetesNamespaceSource(Service):
         self,
         config: KubernetesConfig,
         *,
-        reactor: Any,
+        reactor: IAmpReactor,
         metrics: Optional[Metrics] = None,
         clock: Optional[IReactorTime] = None,
         random: Callable[[], float] = _random.random,
         on_first_list: Optional[Callable[[], None]] = None,
         client_factory: Callable[[KubernetesConfig], Any] = KubeClient.from_config,
-        spawn: Callable[[str, Callable[[], None]], Any] = start_thread,
+        spawn: Callable[[str, Callable[[], None]], threading.Thread] = start_thread,
         identity: Optional[str] = None,
         wall: Callable[[], float] = time.time,
         on_webhook: Optional[Callable[[Optional[Any]], None]] = None,
-        terms: Sequence[Any] = (),
+        terms: Sequence[LeaseTerm] = (),
     ) -> None:
         self._config = config
         self._terms = tuple(terms)
@@ -186,7 +189,7 @@ class KubernetesNamespaceSource(Service):
     # ------------------------------------------------------------ lifecycle
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         self._reset()
         config = self._config
         try:
@@ -201,10 +204,10 @@ class KubernetesNamespaceSource(Service):
         self.client = client
         watches = client.fork() if not config.per_review_get or config.webhook_configuration else None
         run = self._run = self._last_run = _Run(watches)
-        if not config.per_review_get:
+        if watches is not None and not config.per_review_get:
             self._watch(run, "namespaces", "amp-namespace-watch", watches.namespaces(),
                         parse=self._keep.namespace, collect=self._keep.namespaces, handler=self._namespace_news)
-        if config.webhook_configuration:
+        if watches is not None and config.webhook_configuration:
             webhook = WebhookPolicy(config.webhook_configuration, config.webhook_name)
             self._watch(run, "webhook", "amp-webhook-watch", watches.webhook_configuration(webhook.name),
                         parse=webhook.parse, collect=webhook.collect, handler=self._webhook_news)
@@ -242,7 +245,7 @@ class KubernetesNamespaceSource(Service):
 
     # ------------------------------------------------------------ the bypass report
 
-    def _start_bypass(self, run: _Run, client: Any) -> None:
+    def _start_bypass(self, run: _Run, client: KubeClient) -> None:
         config = self._config
         own = config.own_namespace or service_account_namespace()
         lease_namespace = config.bypass.lease_namespace or own
@@ -260,7 +263,7 @@ class KubernetesNamespaceSource(Service):
             run.bypass.reporter.namespaces_listed(self._listed_at)
         run.bypass.start()
 
-    def stopService(self) -> Optional[Deferred]:
+    def stopService(self) -> Optional[Deferred[None]]:
         """
         Stop the threads: set their stop flag, drop their undelivered news
         and shut down the watch client's sockets so any blocked read
@@ -268,7 +271,7 @@ class KubernetesNamespaceSource(Service):
         has said it ended and the Lease is released, or after L{STOP_WAIT}
         seconds with a warning.
         """
-        super().stopService()
+        Service.stopService(self)
         run, self._run = self._run, None
         client, self.client = self.client, None
         if run is None:
@@ -280,12 +283,12 @@ class KubernetesNamespaceSource(Service):
         assert client is not None
         if run.watch_client is not None:
             run.watch_client.cut()
-        ended: Deferred = Deferred()
+        ended: Deferred[None] = Deferred()
         if run.running == 0:
             ended.callback(None)
         else:
             run.all_ended = ended
-        done: Deferred = Deferred()
+        done: Deferred[None] = Deferred()
 
         def finished(_: Any) -> None:
             if timer.active():
@@ -325,7 +328,7 @@ class KubernetesNamespaceSource(Service):
         self._metrics.namespace_cache_size.set(0)
 
     @property
-    def threads(self) -> tuple[Any, ...]:
+    def threads(self) -> tuple[threading.Thread, ...]:
         """The watch threads of the current or last run (for tooling and tests)."""
         return tuple(self._last_run.threads) if self._last_run is not None else ()
 
@@ -486,7 +489,7 @@ class KubernetesNamespaceSource(Service):
             d = self._get(name, bound)
             d.addCallbacks(self._counted, self._lookup_failed, errbackArgs=(name, 1))
             return d
-        waiter: Deferred = Deferred(self._cancelled)
+        waiter: Deferred[Optional[NamespaceInfo]] = Deferred(self._cancelled)
         pending = self._pending.get(name)
         if pending is not None:
             pending.waiters.append(waiter)
@@ -524,7 +527,7 @@ class KubernetesNamespaceSource(Service):
 
     # ------------------------------------------------------------ cache misses
 
-    def _get(self, name: str, timeout: float) -> Deferred:
+    def _get(self, name: str, timeout: float) -> Deferred[Optional[NamespaceInfo]]:
         client = self.client
         if client is None:
             detail = self._config_error or "the Kubernetes namespace source is not running"
@@ -538,7 +541,7 @@ class KubernetesNamespaceSource(Service):
         self._metrics.namespace_misses.labels("found" if info is not None else "not-found").inc()
         return info
 
-    def _cancelled(self, waiter: Deferred) -> None:
+    def _cancelled(self, waiter: Deferred[Optional[NamespaceInfo]]) -> None:
         self._metrics.namespace_misses.labels("cancelled").inc()
 
     def _lookup_failed(self, failure: Failure, name: str, callers: int) -> Failure:
@@ -548,7 +551,7 @@ class KubernetesNamespaceSource(Service):
             self._metrics.namespace_misses.labels("cancelled").inc(callers)
             return failure
         self._metrics.namespace_misses.labels("error").inc(callers)
-        error = failure.getErrorMessage() or failure.type.__name__
+        error = failure.getErrorMessage() or type(failure.value).__name__
         self.log.warn("Namespace lookup for {namespace} failed: {error}", namespace=name, error=error)
         if not failure.check(NamespaceLookupError):
             return Failure(NamespaceLookupError(f"namespace {name}: {error}"))

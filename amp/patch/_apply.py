@@ -18,7 +18,7 @@ import re
 from typing import Any, Optional, Sequence
 
 from amp.patch._ops import Op, PatchError, show
-from amp.patch._paths import refusal
+from amp.patch._paths import PathRules, refusal
 from amp.podjson import RAW, MemberError, member, read, read_all
 from amp.pointer import json_type, pointer
 from amp.reasons import Reason
@@ -39,7 +39,7 @@ class Fail(Exception):
     @ivar depth: the index of the missing token.
     """
 
-    def __init__(self, message: str, node: Optional[dict] = None, depth: int = -1) -> None:
+    def __init__(self, message: str, node: Optional[dict[str, Any]] = None, depth: int = -1) -> None:
         super().__init__(message)
         self.message = message
         self.node = node
@@ -99,7 +99,8 @@ def _json_equal(a: Any, b: Any) -> bool:
         return True
     if t is list:
         return len(a) == len(b) and all(map(_json_equal, a, b))
-    return a == b
+    equal: bool = a == b
+    return equal
 
 
 def _unstable_string(value: Any) -> Optional[str]:
@@ -109,7 +110,8 @@ def _unstable_string(value: Any) -> Optional[str]:
         t = type(v)
         if t is str:
             if _UNSTABLE.search(v):
-                return v
+                found: str = v
+                return found
         elif t is dict:
             stack.extend(v.values())
         elif t is list:
@@ -132,7 +134,7 @@ class Doc:
 
     __slots__ = ("root", "source", "owned", "warnings")
 
-    def __init__(self, root: dict) -> None:
+    def __init__(self, root: dict[str, Any]) -> None:
         self.root = root
         #: The caller's Pod: a raw member (L{amp.podjson}) read here is
         #: decoded into it too, once for every later reader.
@@ -206,7 +208,7 @@ class Doc:
         return node
 
     def get(self, tokens: tuple[str, ...]) -> Any:
-        node = self.root
+        node: Any = self.root
         for depth, tok in enumerate(tokens):
             t = type(node)
             if t is dict:
@@ -332,7 +334,7 @@ def _repair_plan(tokens: tuple[str, ...], depth: int) -> list[tuple[tuple[str, .
     return plan
 
 
-def repair_parents(doc: Doc, op: Op, fail: Fail, rules: tuple, out: list[dict]) -> int:
+def repair_parents(doc: Doc, op: Op, fail: Fail, rules: PathRules, out: list[dict[str, Any]]) -> int:
     plan = _repair_plan(op.tokens, fail.depth)
     for tokens, _ in plan:
         why = refusal(tokens, rules)

@@ -41,13 +41,13 @@ class CheckedPatch:
         parts with the Pod given to L{check_patch}: treat it as read-only.
     """
 
-    operations: list[dict]
+    operations: list[dict[str, Any]]
     repaired: int
     warnings: tuple[str, ...]
-    pod: dict
+    pod: dict[str, Any]
 
 
-def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, allowed: Sequence[str] = (),
+def check_patch(pod: dict[str, Any], ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, allowed: Sequence[str] = (),
                 repair: bool = True, max_operations: int = 1000, trace: IReviewTrace = NO_TRACE,
                 confined: Optional[str] = None) -> CheckedPatch:
     """
@@ -90,12 +90,12 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
         if why is not None:
             raise PatchError(Reason.REFUSED_PATH, f"{op.label}: path {why}")
         if op.op == "move":
-            why = refusal(op.ftokens, rules)
+            why = refusal(op.ftokens, rules)  # type: ignore[arg-type]  # a move has its from (parse_ops)
             if why is not None:
                 raise PatchError(Reason.REFUSED_PATH, f"{op.label}: from {why}")
 
     doc = Doc(pod)
-    operations: list[dict] = []
+    operations: list[dict[str, Any]] = []
     repaired = 0
     recording = trace.recording
     for op in parsed:
@@ -122,14 +122,14 @@ def check_patch(pod: dict, ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, 
     return CheckedPatch(operations, repaired, tuple(doc.warnings), doc.root)
 
 
-def _trace_repair(trace: IReviewTrace, op: Op, fail: Fail, inserted: list[dict]) -> None:
+def _trace_repair(trace: IReviewTrace, op: Op, fail: Fail, inserted: list[dict[str, Any]]) -> None:
     paths = ", ".join(i["path"] for i in inserted)
     trace.record(Repaired, index=op.index, message=f"{op.label}: {fail.message}; amp inserted add {paths}")
     for i in inserted:
         trace.record(OperationApplied, index=None, op=i["op"], path=i["path"], from_=None, repair=True)
 
 
-def unchanged(pod: dict) -> CheckedPatch:
+def unchanged(pod: dict[str, Any]) -> CheckedPatch:
     """
     The L{CheckedPatch} of a patch that changes nothing: C{pod} as it is.
     """

@@ -12,7 +12,7 @@ from amp.patch._check import DEFAULT_DENIED, CheckedPatch, check_patch, unchange
 from amp.pointer import escape_pointer_token
 
 
-def compose(pod: dict, steps: Sequence[CheckedPatch], *, denied: Sequence[str] = DEFAULT_DENIED,
+def compose(pod: dict[str, Any], steps: Sequence[CheckedPatch], *, denied: Sequence[str] = DEFAULT_DENIED,
             allowed: Sequence[str] = (), max_operations: int = 1000) -> CheckedPatch:
     """
     The one patch of a chain: C{steps}, each checked by L{check_patch}
@@ -41,7 +41,7 @@ def compose(pod: dict, steps: Sequence[CheckedPatch], *, denied: Sequence[str] =
     return CheckedPatch(whole.operations, sum(step.repaired for step in steps), warnings, whole.pod)
 
 
-def annotation_ops(pod: Any, changes: Mapping[str, Optional[str]]) -> list[dict]:
+def annotation_ops(pod: Any, changes: Mapping[str, Optional[str]]) -> list[dict[str, Any]]:
     """
     The operations that make C{pod}'s C{metadata.annotations} hold each key
     of C{changes} set to its value, or without it where the value is None:
@@ -66,7 +66,7 @@ def annotate(checked: CheckedPatch, changes: Mapping[str, Optional[str]]) -> Che
     return CheckedPatch(checked.operations + ops, checked.repaired, checked.warnings, pod)
 
 
-def _annotated(pod: Any, changes: Mapping[str, Optional[str]], build: bool) -> tuple[list[dict], Any]:
+def _annotated(pod: Any, changes: Mapping[str, Optional[str]], build: bool) -> tuple[list[dict[str, Any]], Any]:
     """
     L{annotation_ops} for C{pod} and, with C{build}, the Pod they leave,
     copied on write (what applying them does, without parsing and walking
@@ -85,7 +85,7 @@ def _annotated(pod: Any, changes: Mapping[str, Optional[str]], build: bool) -> t
             return [], None
         return ([{"op": "add", "path": "/metadata/annotations", "value": sets}],
                 {**pod, "metadata": {**metadata, "annotations": dict(sets)}} if build else None)
-    ops: list[dict] = []
+    ops: list[dict[str, Any]] = []
     after = dict(annotations) if build else annotations
     for key, value in changes.items():
         path = "/metadata/annotations/" + escape_pointer_token(key)

@@ -52,8 +52,8 @@ def show(s: str) -> str:
 class Op:
     __slots__ = ("index", "op", "path", "tokens", "frm", "ftokens", "value", "out")
 
-    def __init__(self, index: int, op: str, path: str, tokens: tuple, frm: Optional[str],
-                 ftokens: Optional[tuple], value: Any, out: dict) -> None:
+    def __init__(self, index: int, op: str, path: str, tokens: tuple[str, ...], frm: Optional[str],
+                 ftokens: Optional[tuple[str, ...]], value: Any, out: dict[str, Any]) -> None:
         self.index = index
         self.op = op
         self.path = path
@@ -126,7 +126,8 @@ def parse_ops(ops: Any, max_operations: int) -> list[Op]:
             frm = raw.get("from")
             if type(frm) is not str:
                 got = "missing" if "from" not in raw else f"a {json_type(frm)}"
-                raise PatchError(Reason.INVALID_PATCH, f"operation {i} ({op} {show(path)}): \"from\" must be a string; it is {got}")
+                raise PatchError(Reason.INVALID_PATCH,
+                                 f"operation {i} ({op} {show(path)}): \"from\" must be a string; it is {got}")
             try:
                 ftokens = parse_pointer(frm)
             except ValueError as e:

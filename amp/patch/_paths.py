@@ -10,10 +10,16 @@ from typing import Optional
 
 from amp.pointer import parse_pointer
 
+#: A JSON pointer's reference tokens (L{amp.pointer.parse_pointer}).
+Tokens = tuple[str, ...]
+
+#: The denied paths (tokens and as written) and the allowed ones (tokens).
+PathRules = tuple[tuple[tuple[Tokens, str], ...], tuple[Tokens, ...]]
+
 
 @lru_cache(maxsize=64)
-def path_rules(denied: tuple[str, ...], allowed: tuple[str, ...]) -> tuple[tuple, tuple]:
-    def parse(key: str, paths: tuple[str, ...]) -> tuple:
+def path_rules(denied: tuple[str, ...], allowed: tuple[str, ...]) -> PathRules:
+    def parse(key: str, paths: tuple[str, ...]) -> tuple[tuple[Tokens, str], ...]:
         out = []
         for p in paths:
             try:
@@ -25,7 +31,7 @@ def path_rules(denied: tuple[str, ...], allowed: tuple[str, ...]) -> tuple[tuple
     return parse("denied_paths", denied), tuple(t for t, _ in parse("allowed_paths", allowed))
 
 
-def refusal(tokens: tuple[str, ...], rules: tuple[tuple, tuple]) -> Optional[str]:
+def refusal(tokens: Tokens, rules: PathRules) -> Optional[str]:
     """
     Why changing C{tokens} is refused, or L{None} when it is not.
 

@@ -7,7 +7,7 @@ rejected by the API server whatever the failure policy.
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Any, Sequence
 
 from amp.patch._ops import Op, PatchError
 from amp.podjson import MemberError, member
@@ -53,7 +53,7 @@ def parts_changed(ops: Sequence[Op]) -> frozenset[str]:
     return frozenset(parts)
 
 
-def _pod_problems(pod: dict, parts: frozenset[str] = ALL_PARTS) -> list[tuple[str, str]]:
+def _pod_problems(pod: dict[str, Any], parts: frozenset[str] = ALL_PARTS) -> list[tuple[str, str]]:
     """
     Structural problems of C{pod} that make the API server refuse it, as
     (check, message) pairs, in C{parts} of it (L{ALL_PARTS}).
@@ -95,7 +95,7 @@ def _pod_problems(pod: dict, parts: frozenset[str] = ALL_PARTS) -> list[tuple[st
     if not volumes_changed and "containers" not in parts:
         return out
 
-    volume_names: set[str] = set()
+    volume_names: set[object] = set()
     volumes = spec.get("volumes")
     if volumes is not None and not volumes_changed:
         # Only the names, for the mounts below: the volumes did not change.
@@ -134,7 +134,8 @@ def _pod_problems(pod: dict, parts: frozenset[str] = ALL_PARTS) -> list[tuple[st
             if type(name) is not str or not name:
                 out.append(("container-name", f"{where}.name must be a non-empty string"))
             elif name in seen:
-                out.append(("container-name-unique", f"container name {q(name)} is used by both {seen[name]} and {where}"))
+                out.append(("container-name-unique",
+                            f"container name {q(name)} is used by both {seen[name]} and {where}"))
             else:
                 seen[name] = where
             image = c.get("image")
@@ -149,12 +150,12 @@ def _pod_problems(pod: dict, parts: frozenset[str] = ALL_PARTS) -> list[tuple[st
                 if type(env) is not list:
                     out.append(("env", f"{where}.env must be a list, not {json_type(env)}"))
                 else:
-                    for j, e in enumerate(env):
-                        ename = e.get("name") if type(e) is dict else None
+                    for j, var in enumerate(env):
+                        ename = var.get("name") if type(var) is dict else None
                         if type(ename) is not str or not ename:
                             out.append(("env", f"{where}.env[{j}] must be an object with a non-empty string name"))
                             continue
-                        value = e.get("value")
+                        value = var.get("value")
                         if value is not None and type(value) is not str:
                             out.append(("env-value", f"{where}.env[{j}].value ({ename}) must be a string, "
                                                      f"not {json_type(value)}"))
@@ -166,19 +167,20 @@ def _pod_problems(pod: dict, parts: frozenset[str] = ALL_PARTS) -> list[tuple[st
                     for j, m in enumerate(mounts):
                         mname = m.get("name") if type(m) is dict else None
                         if type(mname) is not str:
-                            out.append(("volume-mount", f"{where}.volumeMounts[{j}] must be an object with a string name"))
+                            out.append(("volume-mount",
+                                        f"{where}.volumeMounts[{j}] must be an object with a string name"))
                         elif mname not in volume_names:
                             out.append(("volume-mount", f"{where}.volumeMounts[{j}] mounts volume {q(mname)}, "
                                                         "which is not in spec.volumes"))
     return out
 
 
-def check_pod(original: dict, patched: dict, parts: frozenset[str] = ALL_PARTS) -> None:
+def check_pod(original: dict[str, Any], patched: dict[str, Any], parts: frozenset[str] = ALL_PARTS) -> None:
     problems = _pod_problems(patched, parts)
     if not problems:
         return
     already = {check for check, _ in _pod_problems(original, parts)}
-    problems = [message for check, message in problems if check not in already]
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise PatchError(Reason.INVALID_POD, f"the patched Pod would be invalid: {problems[0]}{more}")
+    new = [message for check, message in problems if check not in already]
+    if new:
+        more = f" (and {len(new) - 1} more)" if len(new) > 1 else ""
+        raise PatchError(Reason.INVALID_POD, f"the patched Pod would be invalid: {new[0]}{more}")

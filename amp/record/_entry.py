@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from amp.files import FileError, parse_json
+from amp.podjson import json_object
 from amp.record._redact import Redactor
 from amp.rules import STATUS_ANNOTATION
 from amp.timestamps import rfc3339
@@ -123,7 +124,7 @@ class RecordedReview:
     @property
     def pod_name(self) -> str:
         pod = self.pod if isinstance(self.pod, dict) else {}
-        meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+        meta = json_object(pod.get("metadata"))
         return str(meta.get("name") or meta.get("generateName") or "")
 
     def review_bytes(self) -> bytes:
@@ -137,8 +138,9 @@ def stamp_of(patch: Optional[list[Any]]) -> Optional[str]:
         if not isinstance(op, dict) or op.get("op") not in ("add", "replace"):
             continue
         path = op.get("path")
-        if path == "/metadata/annotations/amp.txn2.com~1status" and isinstance(op.get("value"), str):
-            return op["value"]
+        value = op.get("value")
+        if path == "/metadata/annotations/amp.txn2.com~1status" and isinstance(value, str):
+            return value
         if path == "/metadata/annotations" and isinstance(op.get("value"), dict):
             value = op["value"].get(STATUS_ANNOTATION)
             if isinstance(value, str):

@@ -6,8 +6,9 @@ process (every call here may block on the disk).
 Files are named C{amp-reviews-<UTC time>-<pid>-<n>.jsonl}, C{<pid>} the
 writer's and C{n} counting up across its process, so that their names sort
 by age and writers sharing a directory (a reload's new one while the old
-one finishes, other workers and replicas) never write the same file; each is created new (never through a name already there, a
-link included) C{0600} in a directory created C{0700} (and made so if it
+one finishes, other workers and replicas) never write the same file;
+each is created new (never through a name already there, a link
+included) C{0600} in a directory created C{0700} (and made so if it
 is amp's own and looser).  The budget covers every recording file in the
 directory: when a file is rotated, the oldest files are removed until the
 rest fit; a writer whose current file another one removed so starts a new

@@ -88,7 +88,8 @@ def settings_frame(settings: WriterSettings) -> bytes:
     """The first frame a writer reads."""
     body = json.dumps({
         "directory": settings.directory, "file_size": settings.file_size, "max_size": settings.max_size,
-        "queue": settings.queue, "queue_bytes": settings.queue_bytes, "redact": settings.redact, "key": settings.key.hex(),
+        "queue": settings.queue, "queue_bytes": settings.queue_bytes, "redact": settings.redact,
+        "key": settings.key.hex(),
         "keep_prefixes": list(settings.keep_prefixes), "keep_names": list(settings.keep_names),
     }).encode()
     return _LENGTH.pack(1 + len(body)) + SETTINGS + body
@@ -99,7 +100,8 @@ def decode_settings(body: bytes) -> WriterSettings:
         data = json.loads(body)
         return WriterSettings(
             directory=str(data["directory"]), file_size=int(data["file_size"]), max_size=int(data["max_size"]),
-            queue=int(data["queue"]), queue_bytes=int(data["queue_bytes"]), redact=bool(data["redact"]), key=bytes.fromhex(data["key"]),
+            queue=int(data["queue"]), queue_bytes=int(data["queue_bytes"]), redact=bool(data["redact"]),
+            key=bytes.fromhex(data["key"]),
             keep_prefixes=tuple(str(p) for p in data["keep_prefixes"]),
             keep_names=tuple(str(n) for n in data["keep_names"]))
     except (ValueError, KeyError, TypeError) as e:

@@ -59,6 +59,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.interfaces import IProcessTransport
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -99,14 +100,22 @@ ERROR_TAIL = 2000
 class RecordSettings(Protocol):
     """The C{record} section of the config (L{amp.config.RecordConfig})."""
 
-    enabled: bool
-    directory: str
-    namespaces: tuple[str, ...]
-    sample: float
-    max_size: int
-    file_size: int
-    queue: int
-    redact: bool
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def directory(self) -> str: ...
+    @property
+    def namespaces(self) -> tuple[str, ...]: ...
+    @property
+    def sample(self) -> float: ...
+    @property
+    def max_size(self) -> int: ...
+    @property
+    def file_size(self) -> int: ...
+    @property
+    def queue(self) -> int: ...
+    @property
+    def redact(self) -> bool: ...
 
 
 def writer_argv() -> list[str]:
@@ -142,6 +151,9 @@ def _chooses(settings: RecordSettings) -> Callable[[str, Mapping[str, str]], boo
 
 class _Child(ProcessProtocol):
     """One writer process, as its L{_Writer} sees it."""
+
+    #: Set by C{spawnProcess}, before the writer uses it.
+    transport: IProcessTransport
 
     def __init__(self, writer: "_Writer") -> None:
         self.writer = writer
@@ -384,11 +396,11 @@ class Recorder(Service):
             self._counter.labels("dropped").inc()
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         self._start()
 
     def stopService(self) -> "Deferred[None]":
-        super().stopService()
+        Service.stopService(self)
         return self._stop()
 
     def apply(self, settings: RecordSettings) -> "Deferred[None]":

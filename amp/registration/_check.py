@@ -18,9 +18,9 @@ import datetime
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from cryptography import x509
-from cryptography.x509.oid import ExtensionOID
 
-from amp.registration._needs import CLASSES, Needs, Problem, RegistrationProblem as P
+from amp.registration._needs import CLASSES, Needs, Problem
+from amp.registration._needs import RegistrationProblem as P
 
 __all__ = ["check", "selects"]
 
@@ -326,8 +326,8 @@ def _ca_bundle(name: str, client: Mapping[str, Any], service: Optional[Mapping[s
     if service is not None and service.get("name") and service.get("namespace"):
         host = f"{service['name']}.{service['namespace']}.svc"
         try:
-            names = chain[0].extensions.get_extension_for_oid(
-                ExtensionOID.SUBJECT_ALTERNATIVE_NAME).value.get_values_for_type(x509.DNSName)
+            names = chain[0].extensions.get_extension_for_class(
+                x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
         except x509.ExtensionNotFound:
             names = []
         if host not in names:

@@ -13,7 +13,7 @@ logged and retried with backoff; none of it makes amp unready.
 from __future__ import annotations
 
 import random as _random
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.threads import deferToThreadPool
@@ -23,6 +23,10 @@ from amp.config import Config
 from amp.kube import backoff_delay, describe
 from amp.metrics import Metrics
 from amp.registration._desired import desired, drifted
+
+if TYPE_CHECKING:
+    from amp.kube import KubeClient
+    from amp.reactors import IAmpReactor
 
 __all__ = ["RegistrationKeeper"]
 
@@ -49,7 +53,7 @@ class RegistrationKeeper:
 
     log = Logger()
 
-    def __init__(self, config: Config, *, reactor: Any, clock: IReactorTime, metrics: Metrics,
+    def __init__(self, config: Config, *, reactor: IAmpReactor, clock: IReactorTime, metrics: Metrics,
                  own_namespace: Optional[str], random: Callable[[], float] = _random.random,
                  read: Callable[[str], bytes] = _read,
                  bundle: Optional[Callable[[], Optional[bytes]]] = None) -> None:
@@ -61,7 +65,7 @@ class RegistrationKeeper:
         self._random = random
         self._read = read
         self._bundle = bundle
-        self._client: Any = None
+        self._client: Optional[KubeClient] = None
         self.active = False
         self._term = 0
         self._obj: Any = _UNSEEN
@@ -75,7 +79,7 @@ class RegistrationKeeper:
 
     # ------------------------------------------------------------ what the daemon tells it
 
-    def start_term(self, client: Any) -> None:
+    def start_term(self, client: KubeClient) -> None:
         """This replica holds the Lease: apply now, with C{client} (blocking; used in the thread pool)."""
         self._client = client
         self.active = True
@@ -127,7 +131,7 @@ class RegistrationKeeper:
 
     def _fire(self) -> None:
         self._timer = None
-        if not self.active or self._busy:
+        if not self.active or self._busy or self._client is None:  # a term has its client
             return
         if not self._force and (self.want is None or drifted(self._obj, self.want) is None):
             return

@@ -31,6 +31,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = ["CA_BUNDLE", "CA_KEY", "Held", "REPORT_PREFIX", "ROTATE_ANNOTATION", "TLS_CERT", "TLS_KEY",
@@ -59,8 +60,8 @@ def pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-def key_pem(key: Any) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,  # type: ignore[no-any-return]
+def key_pem(key: PrivateKeyTypes) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
 
 
@@ -206,9 +207,8 @@ class Held:
         return cls(cas, ca_key, cert, key)
 
 
-def _spki(public: Any) -> bytes:
-    return public.public_bytes(serialization.Encoding.DER,  # type: ignore[no-any-return]
-                               serialization.PublicFormat.SubjectPublicKeyInfo)
+def _spki(public: PublicKeyTypes) -> bytes:
+    return public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def _load_key(data: Optional[bytes], cert: Optional[x509.Certificate]) -> Any:

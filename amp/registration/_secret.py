@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
@@ -48,6 +48,10 @@ from amp.registration._pki import (
 )
 from amp.registration._rotation import Plan, Step, carry_out, plan
 from amp.tls import ReloadingCertificate
+
+if TYPE_CHECKING:
+    from amp.kube import KubeClient
+    from amp.reactors import IAmpReactor
 
 __all__ = ["SecretCertificates", "report_ttl"]
 
@@ -85,8 +89,8 @@ class SecretCertificates(Service):
 
     log = Logger()
 
-    def __init__(self, config: Config, *, reactor: Any, clock: IReactorTime, certificate: ReloadingCertificate,
-                 client: Any, namespace: str, identity: str, metrics: Optional[Metrics] = None) -> None:
+    def __init__(self, config: Config, *, reactor: IAmpReactor, clock: IReactorTime, certificate: ReloadingCertificate,
+                 client: KubeClient, namespace: str, identity: str, metrics: Optional[Metrics] = None) -> None:
         reg = config.registration
         assert reg.secret is not None
         self._config = config
@@ -95,7 +99,7 @@ class SecretCertificates(Service):
         self._certificate = certificate
         self._client = client
         self.namespace = namespace
-        self.name = reg.secret
+        self.name: str = reg.secret
         self.identity = identity
         self._metrics = metrics
         self.names = serving_names(reg.service, namespace, reg.url)
@@ -118,18 +122,18 @@ class SecretCertificates(Service):
     # ------------------------------------------------------------ what the daemon tells it
 
     def startService(self) -> None:
-        super().startService()  # type: ignore[no-untyped-call]
+        Service.startService(self)
         self._soon(0)
 
     def stopService(self) -> Any:
-        super().stopService()  # type: ignore[no-untyped-call]
+        Service.stopService(self)
         self.end_term()
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
         return None
 
-    def start_term(self, client: Any) -> None:
+    def start_term(self, client: KubeClient) -> None:
         """This replica holds the Lease: it keeps the Secret (with its own client)."""
         self.active = True
         self._term += 1
@@ -257,11 +261,11 @@ class SecretCertificates(Service):
                     "metadata": {"name": self.name, "namespace": self.namespace,
                                  "labels": {"app.kubernetes.io/managed-by": "amp"}},
                     "data": new.data()}
-            return self._client.create_secret(self.namespace, body, timeout)  # type: ignore[no-any-return]
+            return self._client.create_secret(self.namespace, body, timeout)
         body = dict(obj)
         body["metadata"] = {**obj["metadata"], "annotations": annotations}
         body["data"] = new.data()
-        return self._client.replace_secret(self.namespace, self.name, body, timeout)  # type: ignore[no-any-return]
+        return self._client.replace_secret(self.namespace, self.name, body, timeout)
 
     def _serve(self, obj: Optional[Mapping[str, Any]]) -> None:
         """Serve the Secret's pair; tell the keeper of a new caBundle."""

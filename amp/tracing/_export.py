@@ -16,7 +16,7 @@ when dropping begins, and when exports succeed again.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
@@ -24,9 +24,13 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
+from twisted.python.threadpool import ThreadPool
 
 from amp import __version__
 from amp.tracing._settings import Exporting
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 log = Logger()
 
@@ -41,7 +45,7 @@ def make_exporter(exporting: Exporting) -> SpanExporter:
     timeout = exporting.export_timeout
     if exporting.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPCExporter
-        return GRPCExporter(endpoint=exporting.endpoint, headers=headers, timeout=timeout)  # type: ignore[arg-type]
+        return GRPCExporter(endpoint=exporting.endpoint, headers=headers, timeout=timeout)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
     return HTTPExporter(endpoint=exporting.endpoint, headers=headers, timeout=timeout)
 
@@ -91,7 +95,7 @@ class Pipeline:
     """
 
     def __init__(
-        self, exporting: Exporting, reactor: Any, dropped: Callable[[int, str], None],
+        self, exporting: Exporting, reactor: IAmpReactor, dropped: Callable[[int, str], None],
         exporter: Optional[SpanExporter] = None,
     ) -> None:
         self.exporting = exporting
@@ -144,7 +148,7 @@ class Pipeline:
                 log.warn("Dropping spans: an export to {endpoint} failed (counted in amp_trace_spans_dropped_total)",
                          endpoint=self.exporting.endpoint or "(OTEL_EXPORTER_OTLP_*ENDPOINT)")
 
-    def shutdown(self, threadpool: Any) -> Deferred:
+    def shutdown(self, threadpool: ThreadPool) -> Deferred[None]:
         """
         Stop taking spans; export what waits (within the export timeout)
         and stop the exporter, in C{threadpool}: never on the reactor thread.

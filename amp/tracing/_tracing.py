@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
@@ -23,6 +23,10 @@ from amp.config import TracingConfig
 from amp.tracing._context import Ids, Sampler, parse_traceparent
 from amp.tracing._settings import Settings, resolve
 from amp.tracing._spans import ReviewSpans
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
+    from amp.tracing._export import Pipeline
 
 
 class _Off:
@@ -56,7 +60,7 @@ class Tracing(Service):
     log = Logger()
 
     def __init__(
-        self, config: TracingConfig, reactor: Any, dropped: Callable[[int, str], None],
+        self, config: TracingConfig, reactor: IAmpReactor, dropped: Callable[[int, str], None],
         environ: Optional[Mapping[str, str]] = None, ids: Optional[Ids] = None,
         exporter: Optional[Callable[[Any], Any]] = None, threadpool: Any = None,
     ) -> None:
@@ -70,8 +74,8 @@ class Tracing(Service):
         self.enabled = False
         self._sampler = Sampler(1.0)
         #: The exporter pipeline while on (L{amp.tracing._export.Pipeline}).
-        self.pipeline: Any = None
-        self._closing: list[Deferred] = []
+        self.pipeline: Optional[Pipeline] = None
+        self._closing: list[Deferred[None]] = []
         self.settings: Optional[Settings] = None
         self.apply(config)
 
@@ -166,9 +170,9 @@ class Tracing(Service):
         except Exception:
             self.log.failure("Tracing: could not make a linked span")
 
-    def stopService(self) -> Deferred:
+    def stopService(self) -> Deferred[None]:
         """Shut the exporter down, exporting what it holds (within its export timeout)."""
-        super().stopService()
+        Service.stopService(self)
         if self.pipeline is not None:
             self._retire(self.pipeline)
             self.pipeline = None

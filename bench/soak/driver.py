@@ -30,8 +30,23 @@ from bench.soak.configswap import HOSTILE_CONFIGS, ConfigSwapper
 from bench.soak.reconcile import scan_log
 from bench.soak.report import busy_machine, evaluate, text_report
 from bench.soak.settings import (
-    BROKEN, DELAY_MS, ENABLED_LABEL, ENDPOINT_ANNOTATION, ENDPOINT_IDLE_TIMEOUT, FAILED, FD_SLACK, MAX_RESPONSE,
-    NAMESPACES, NEVER_OPENS, OPENS_OFTEN, OVERSIZE, PASSED, POLICY_ANNOTATION, QUICK_DURATION, QUICK_RATE, RSS_LIMIT_MIB,
+    BROKEN,
+    DELAY_MS,
+    ENABLED_LABEL,
+    ENDPOINT_ANNOTATION,
+    ENDPOINT_IDLE_TIMEOUT,
+    FAILED,
+    FD_SLACK,
+    MAX_RESPONSE,
+    NAMESPACES,
+    NEVER_OPENS,
+    OPENS_OFTEN,
+    OVERSIZE,
+    PASSED,
+    POLICY_ANNOTATION,
+    QUICK_DURATION,
+    QUICK_RATE,
+    RSS_LIMIT_MIB,
     TIMING_CRITERIA,
 )
 from tests.support.helpers import SecretVolume

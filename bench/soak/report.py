@@ -137,7 +137,8 @@ def evaluate(soak: Any, run: dict[str, Any], after: dict[str, Any], log: dict[st
     criterion("tls", reloads.get("success", 0) == soak.rotations and soak.rotations > 0
               and after["final_serial"] == after["last_serial"] and len(seen) >= 2 and seen <= issued,
               rotations=soak.rotations, reloads=reloads, certificates_served=len(seen),
-              served_unknown=sorted(seen - issued), serves_last_certificate=after["final_serial"] == after["last_serial"])
+              served_unknown=sorted(seen - issued),
+              serves_last_certificate=after["final_serial"] == after["last_serial"])
 
     # 6. The watch faults happened and the cache caught up.
     m = after["metrics"]

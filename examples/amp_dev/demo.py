@@ -36,7 +36,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys

@@ -137,7 +137,8 @@ def sidecar(share: Share) -> dict[str, Any]:
         ],
         "envFrom": [{"secretRef": {"name": f"filer-{share.filer}-credentials"}}],
         "securityContext": {"privileged": True},
-        "volumeMounts": [{"name": share.container, "mountPath": SIDECAR_MOUNT_PATH, "mountPropagation": "Bidirectional"}],
+        "volumeMounts": [{"name": share.container, "mountPath": SIDECAR_MOUNT_PATH,
+                          "mountPropagation": "Bidirectional"}],
     }
 
 
@@ -160,7 +161,8 @@ def filer_patch(pod: Mapping[str, Any], namespace: str, config: ShareConfig = DE
         if share.container in container_names(b.doc):
             continue
         b.add_volume({"name": share.container, "emptyDir": {}})
-        b.add_mount(user, {"name": share.container, "mountPath": share.mount_path, "mountPropagation": "HostToContainer"})
+        b.add_mount(user, {"name": share.container, "mountPath": share.mount_path,
+                           "mountPropagation": "HostToContainer"})
         b.append(["spec", "containers"], sidecar(share))
     b.set_env(user, MOUNTS_ENV, ":".join(share.mount_path for share in shares))
     return b.ops

@@ -336,7 +336,7 @@ def main(
         try:
             port = yield serverFromString(reactor, listen_description(options)).listen(site)
         except CannotListenError as e:
-            raise SystemExit(f"cannot listen on {options['interface']}:{options['port']}: {e.socketError}")
+            raise SystemExit(f"cannot listen on {options['interface']}:{options['port']}: {e.socketError}") from None
         address = port.getHost()
         for path in handlers:
             log.info("serving {url}", url=f"http://{address.host}:{address.port}/{path}")

@@ -208,7 +208,7 @@ def test_no_child_outlives_the_demo_however_it_stops(demos, tmp_path: Path) -> N
         children = one.children()
         assert len(children) == 2, one.output()
         poll_until(f"exit of the children of the demo stopped by {name}",
-                   lambda: not any(alive(pid) for pid in children), DEADLINE, one.output)
+                   lambda children=children: not any(alive(pid) for pid in children), DEADLINE, one.output)
         assert not (one.directory / "twistd.pid").exists()
     for name in ("SIGTERM", "SIGHUP", "Ctrl-C"):
         assert "demo: stopped twistd amp-example (pid" in running[name].output()

@@ -34,7 +34,8 @@ DEMO_USES = {("amp_dev/demo.py", "amp.ports")}
 def test_the_examples_import_nothing_from_amp() -> None:
     """The endpoints, the plugin and the dev certificates import nothing from amp; the demo only its port check."""
     found = set()
-    for path in [*EXAMPLES.glob("amp_examples/*.py"), *EXAMPLES.glob("amp_dev/*.py"), *EXAMPLES.glob("twisted/**/*.py")]:
+    sources = [*EXAMPLES.glob("amp_examples/*.py"), *EXAMPLES.glob("amp_dev/*.py"), *EXAMPLES.glob("twisted/**/*.py")]
+    for path in sources:
         for node in ast.walk(ast.parse(path.read_text())):
             modules = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])

@@ -6,12 +6,12 @@ import json
 from typing import Any
 
 import pytest
+from podfixtures import apply, bare_pod, env_of
 from treq.testing import StubTreq
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
 from amp_examples import filer, server
-from podfixtures import apply, bare_pod, env_of
 
 SHARES_YAML = """
 filers:
@@ -85,12 +85,14 @@ def test_a_share_added_later_is_mounted_next_to_the_first():
     pod = apply(notebook(), filer.filer_patch(notebook(), "ns", one))
     pod = apply(pod, filer.filer_patch(pod, "ns", two))
     assert len(pod["spec"]["containers"]) == 4
-    assert env_of(pod["spec"]["containers"][1])["FILER_MOUNTS"] == "/home/jovyan/filers/fld9/a:/home/jovyan/filers/fld9/b"
+    mounts = env_of(pod["spec"]["containers"][1])["FILER_MOUNTS"]
+    assert mounts == "/home/jovyan/filers/fld9/a:/home/jovyan/filers/fld9/b"
     assert filer.filer_patch(pod, "ns", two) == []
 
 
 def test_names_are_dns_labels_and_distinct_for_distinct_paths():
-    shares = [filer.Share("fld9", path, "http://f") for path in ("Projects/Alpha Team", "projects/alpha-team", "x" * 200)]
+    shares = [filer.Share("fld9", path, "http://f")
+              for path in ("Projects/Alpha Team", "projects/alpha-team", "x" * 200)]
     assert len({s.container for s in shares}) == len({s.bucket for s in shares}) == 3
     for share in shares:
         assert len(share.container) <= 63 and share.container.replace("-", "").isalnum()
@@ -145,5 +147,6 @@ class HTTPTests(SynchronousTestCase):
     def test_pod_namespace_without_the_header(self) -> None:
         pod = notebook()
         pod["metadata"]["namespace"] = "team-a"
-        self.assertEqual(len(self.post(pod, {})["patch"]), len(self.post(notebook(), {"X-Amp-Namespace": "team-a"})["patch"]))
+        self.assertEqual(len(self.post(pod, {})["patch"]),
+                         len(self.post(notebook(), {"X-Amp-Namespace": "team-a"})["patch"]))
         self.assertEqual(self.post(notebook(), {})["auditAnnotations"], {"filer-shares": "fld9/common"})

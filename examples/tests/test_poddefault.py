@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from podfixtures import apply, bare_pod, env_of, jupyter_pod
 
 from amp_examples import poddefault
-from podfixtures import apply, bare_pod, env_of, jupyter_pod
 
 
 @pytest.mark.parametrize(
@@ -187,7 +187,8 @@ def test_file_preset_replaces_builtin_of_same_name():
     )
     presets = poddefault.combine_presets(poddefault.DEFAULT_PRESETS, override)
     assert len(presets) == 1
-    assert poddefault.poddefault_reply(bare_pod({"name": "a"}, labels={"add-gcp-secret": "true"}), presets)["patch"] == []
+    pod = bare_pod({"name": "a"}, labels={"add-gcp-secret": "true"})
+    assert poddefault.poddefault_reply(pod, presets)["patch"] == []
     out = apply(
         bare_pod({"name": "a"}, labels={"gcp": "yes"}),
         poddefault.poddefault_reply(bare_pod({"name": "a"}, labels={"gcp": "yes"}), presets)["patch"],

@@ -20,7 +20,7 @@ import random
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import pytest
 from kubernetes import client

@@ -100,8 +100,11 @@ class InlineWriters(Clock):
     def adopt(reactor: Any) -> list[InlineWriter]:
         """Give C{reactor} (a memory reactor) this C{spawnProcess} and C{run_writers()}."""
         writers: list[InlineWriter] = []
-        reactor.spawnProcess = lambda protocol, executable, args=(), env=None, path=None, uid=None, gid=None, \
-            usePTY=False, childFDs=None: spawn_inline(writers, protocol, args, childFDs)
+        def spawn(protocol: Any, executable: Any, args: Any = (), env: Any = None, path: Any = None, uid: Any = None,
+                  gid: Any = None, usePTY: bool = False, childFDs: Any = None) -> InlineWriter:
+            return spawn_inline(writers, protocol, args, childFDs)
+
+        reactor.spawnProcess = spawn
         reactor.run_writers = lambda: run_all(writers)
         return writers
 

@@ -458,7 +458,7 @@ class AcceptErrorTests(TestCase):
         assert one.reading()
         one.port.stopListening()
         assert any(e.get("count") == 2 and e.get("subject") == "failed accepts on the shared webhook socket"
-                   for e in self.events), "the summary of what was not logged" 
+                   for e in self.events), "the summary of what was not logged"
 
     def test_a_connection_accepted_without_a_descriptor_to_spare_is_held_not_dropped(self) -> None:
         one = _Listener(self)

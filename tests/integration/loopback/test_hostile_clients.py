@@ -314,7 +314,7 @@ class NonReaderTests(HostileTestCase):
         other = yield self.client(amp)
         for n in range(1, 4):
             other.send(post_head(len(body)) + body)
-            yield wait_until(lambda: other.received.count(b"HTTP/1.1 200 OK") == n)
+            yield wait_until(lambda n=n: other.received.count(b"HTTP/1.1 200 OK") == n)
         self.assertEqual(other.received.count(b'"uid"'), 3)
         # amp closes the greedy one within idle_timeout plus the close grace
         # (a client that does not read does not see that until it reads).

@@ -449,7 +449,7 @@ class AnyBytesTests(ServerTestCase):
         c.channel.resumeProducing()
         while self.source.lookups:
             self.source.answer()
-        for status, headers, _ in responses(c.received()):
+        for status, _headers, _ in responses(c.received()):
             self.assertIn(status, {100, 200, 400, 404, 405, 408, 413, 414, 415, 431, 503})
         self.clock.advance(service.config.listen.request_timeout + service.config.listen.idle_timeout
                            + http.CLOSE_GRACE)

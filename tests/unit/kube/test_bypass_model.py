@@ -36,7 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from amp.config import BypassConfig, KubernetesConfig
 from amp.kube._bypass import RETRY_MAX, SETTLE
 from amp.kube._events import Changed, Replaced
-from amp.kube._keep import Keep, PodKeep, format_time
+from amp.kube._keep import Keep, format_time
 from amp.kube._report import BypassReport
 from amp.kube._verdict import EnableRevisions
 from amp.metrics import Metrics

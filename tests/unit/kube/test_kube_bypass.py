@@ -8,7 +8,6 @@ against a real API server.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any, Optional
 
@@ -464,8 +463,8 @@ class OrderTests(ReporterTestCase):
     def test_a_namespace_seen_created_enabled_came_before_all_its_pods(self) -> None:
         ns = enabled_ns("team-a", since=-30)
         created = Enabled(100, at_creation=True)
-        for pod in (PodSeen("team-a", "p", "u", T0 - 30, "", 500), PodSeen("team-a", "p", "u", T0 - 30)):
-            self.assertEqual(self.judge(pod, ns, created, exact=False), Verdict.BYPASSED)
+        for seen in (PodSeen("team-a", "p", "u", T0 - 30, "", 500), PodSeen("team-a", "p", "u", T0 - 30)):
+            self.assertEqual(self.judge(seen, ns, created, exact=False), Verdict.BYPASSED)
 
     def test_the_namespace_watch_records_what_it_saw_enable(self) -> None:
         enables = EnableRevisions(kube_config())
@@ -504,8 +503,8 @@ class OrderTests(ReporterTestCase):
         uid = "3f1c2a9e-6d7b-4f3e-9a51-0c2b8d7e6f10"
         long = PodSeen("a", "x" * 188 + "-.y" + "z" * 60, uid, T0)
         odd = PodSeen("a", "web", "Not A Label!", T0)
-        for pod in (long, odd, PodSeen("a", "web-1", uid, T0)):
-            name = event_name(pod)
+        for seen in (long, odd, PodSeen("a", "web-1", uid, T0)):
+            name = event_name(seen)
             self.assertTrue(dns.match(name) and len(name) <= 253, name)
         self.assertEqual(event_name(PodSeen("a", "web-1", uid, T0)), f"web-1.amp-bypassed.{uid}")
         self.assertNotEqual(event_name(PodSeen("a", "web-1", uid.replace("3", "4"), T0)),

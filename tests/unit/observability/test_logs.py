@@ -100,7 +100,7 @@ class JSONLineTests(TestCase):
         keeps its traceback and drops the legacy bookkeeping keys.
         """
         try:
-            1 / 0
+            _ = 1 / 0
         except ZeroDivisionError:
             failure = Failure()
         event = {
@@ -165,7 +165,7 @@ def test_text_lines_are_twisteds_classic_form() -> None:
     observer({"log_format": "review {uid} done", "uid": "u-1", "log_time": 1763735342.25,
               "log_namespace": "amp.web", "log_level": LogLevel.info})
     try:
-        1 / 0
+        _ = 1 / 0
     except ZeroDivisionError:
         failure = Failure()
     observer({"log_format": "boom", "log_time": 1763735343.0, "log_namespace": "amp.x",

@@ -214,7 +214,7 @@ def test_a_bad_line_is_named_by_file_and_line(line: bytes, problem: str) -> None
 def test_files_are_private_rotate_and_keep_within_the_budget(tmp_path: Any) -> None:
     directory = tmp_path / "rec"
     files = RecordFiles(str(directory), file_bytes=100, total_bytes=300, now=lambda: 0.0, pid=7)
-    for i in range(20):
+    for _ in range(20):
         files.write(b"x" * 39 + b"\n")
     files.close()
     names = recording_files(str(directory))

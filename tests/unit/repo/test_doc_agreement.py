@@ -22,7 +22,8 @@ DEPLOY = [p for p in sorted((ROOT / "deploy").rglob("*")) if p.is_file() and p.s
 AMPS_NAMESPACE = [
     # (not `kubectl amp explain -n <ns>`: that is the Pod's namespace; nor
     # amp audit's restart commands, which name a workload's)
-    re.compile(r"\b(?:kubectl(?! amp\b)(?! rollout restart\b)(?! delete pod\b)|helm)\b[^\n`]*?\s(?:-n|--namespace)[ =]([a-z0-9][a-z0-9-]*)"),
+    re.compile(r"\b(?:kubectl(?! amp\b)(?! rollout restart\b)(?! delete pod\b)|helm)\b"
+               r"[^\n`]*?\s(?:-n|--namespace)[ =]([a-z0-9][a-z0-9-]*)"),
     re.compile(r"\bamp\.([a-z0-9][a-z0-9-]*)\.svc\b"),
     re.compile(r"\bname: amp[a-z0-9-]*, namespace: ([a-z0-9][a-z0-9-]*)"),
 ]

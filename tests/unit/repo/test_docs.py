@@ -300,7 +300,8 @@ MESSAGES = [
     ("(listen.request_timeout)", "http/_server.py", None),
     ("connections open (listen.max_connections)", "http/_factory.py", None),
     ("Bad\nAdmissionReview: ", "web.py", "Bad AdmissionReview: "),
-    ("Review <uid> of <ns>/<pod>: endpoint <endpoint> failed (<reason>): <message>; failure policy <policy> <effect>",
+    ("Review <uid> of <ns>/<pod>: endpoint <endpoint> failed (<reason>): <message>; "
+     "failure policy <policy> <effect>",
      "admission/_answering.py", ("Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
                       'f"endpoint {where} failed ({reason}): {message}"')),
     ("admits it without the endpoint's patch", "admission/_answering.py", None),

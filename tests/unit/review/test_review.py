@@ -410,7 +410,7 @@ def test_object_bytes_are_cut_from_the_body_as_sent() -> None:
            b'"object":{"metadata":{"name":"p"},  "spec":{"containers":[{"name":"c", "image":"i"}]}},' \
            b'"oldObject":null,"dryRun":false}}'
     for lazy in (False, True):
-        req = _forwarded(body)
+        _forwarded(body)
         assert parse_review(body, lazy=lazy).object_json == (
             b'{"metadata":{"name":"p"},"spec":{"containers":[{"name":"c", "image":"i"}]}}')
 
