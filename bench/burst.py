@@ -31,19 +31,25 @@ import sys
 import time
 from typing import Any
 
+import treq
 from twisted.internet import task
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.endpoints import TCP4ServerEndpoint
+from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
-
-import treq
-from twisted.web.client import Agent, HTTPConnectionPool
 
 from amp.metrics import Metrics
 from amp.service import AmpService, namespace_source, serving_certificate
 from tests.support.helpers import (
-    RecordingEndpoint, apply_patch, decode_answer, make_config, namespace, pod, review_bytes, wait_all,
+    RecordingEndpoint,
+    apply_patch,
+    decode_answer,
+    make_config,
+    namespace,
+    pod,
+    review_bytes,
+    wait_all,
 )
 
 PATCH = json.dumps([{"op": "add", "path": "/metadata/labels/mutated", "value": "yes"}]).encode()

@@ -182,8 +182,8 @@ def hung(budget: float, rounds: int, burst: int) -> Any:
     from twisted.internet.defer import gatherResults, inlineCallbacks
     from twisted.internet.protocol import Factory, Protocol
 
-    from amp.deadline import Deadline
     from amp.admission_review import parse_review
+    from amp.deadline import Deadline
 
     @inlineCallbacks
     def run() -> Any:
@@ -221,8 +221,8 @@ def breaker_open(reviews: int) -> Any:
     from twisted.internet.defer import inlineCallbacks
     from twisted.internet.protocol import Factory, Protocol
 
-    from amp.deadline import Deadline
     from amp.admission_review import parse_review
+    from amp.deadline import Deadline
     from amp.urls import parse_endpoint_url
 
     @inlineCallbacks
@@ -269,8 +269,8 @@ def healthy(calls: int, concurrency: int) -> Any:
     from twisted.internet import reactor
     from twisted.internet.defer import gatherResults, inlineCallbacks
 
-    from amp.deadline import Deadline
     from amp.admission_review import parse_review
+    from amp.deadline import Deadline
     from amp.urls import parse_endpoint_url
 
     @inlineCallbacks

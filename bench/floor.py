@@ -266,7 +266,6 @@ class StackProxy:
     def resource(self) -> Any:
         from twisted.web import server
         from twisted.web.client import readBody
-
         from twisted.web.http_headers import Headers
         from twisted.web.resource import Resource
 

@@ -172,8 +172,9 @@ def machine() -> dict[str, Any]:
         wrk = subprocess.run([ensure_wrk(), "-v"], capture_output=True, text=True).stdout.split("\n")[0].strip()
     except (OSError, WrkMissing):
         wrk = ""
-    import twisted
     import OpenSSL
+
+    import twisted
 
     return {
         "nproc": os.cpu_count(),

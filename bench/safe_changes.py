@@ -40,7 +40,7 @@ import tempfile
 from typing import Any, Optional
 
 from bench import bodies
-from bench.harness import ON, OFF, Amp, Proc, child_pids, cpu_seconds_with_children, machine, run_wrk, say
+from bench.harness import OFF, ON, Amp, Proc, child_pids, cpu_seconds_with_children, machine, run_wrk, say
 from tests.support.prometheus import Scrape
 from tests.support.waiting import poll_until
 

@@ -15,9 +15,9 @@ from typing import Any, Iterable
 
 import yaml
 
-from amp.text import terminal
 from amp.cli.audit_judge import PodState, WorkloadAudit
 from amp.poddiff import MISSING, Difference
+from amp.text import terminal
 
 __all__ = ["render_json", "render_policy_reports", "render_table", "policy_reports"]
 

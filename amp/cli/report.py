@@ -23,8 +23,20 @@ from amp.cli.workloads import without_stamps
 from amp.reasons import Result
 from amp.text import terminal
 from amp.trace import (
-    AllowChecked, Answered, BudgetGiven, Called, Event, NamespaceFound, OperationApplied, PolicyChosen, Refused,
-    Repaired, Replied, RouteDecided, Skipped, Stamped,
+    AllowChecked,
+    Answered,
+    BudgetGiven,
+    Called,
+    Event,
+    NamespaceFound,
+    OperationApplied,
+    PolicyChosen,
+    Refused,
+    Repaired,
+    Replied,
+    RouteDecided,
+    Skipped,
+    Stamped,
 )
 
 __all__ = ["render_json", "render_text", "pod_yaml"]

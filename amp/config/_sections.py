@@ -13,8 +13,26 @@ from typing import Any, Mapping, Optional
 
 from amp.config._declare import Key, Restart, declare, declared_keys, section
 from amp.config._values import (
-    BOOL, DURATION, NETWORKS, NONNEG_INT, OPT_STR, OVERRIDES, POINTERS, PORT, POSITIVE_DURATION, POSITIVE_INT,
-    POSITIVE_SIZE, RATIO, SHARE, MAPPING, EXPRESSIONS, STATIC_NAMESPACES, STR, STR_LIST, TLS_VERSION, URL_PATTERNS,
+    BOOL,
+    DURATION,
+    EXPRESSIONS,
+    MAPPING,
+    NETWORKS,
+    NONNEG_INT,
+    OPT_STR,
+    OVERRIDES,
+    POINTERS,
+    PORT,
+    POSITIVE_DURATION,
+    POSITIVE_INT,
+    POSITIVE_SIZE,
+    RATIO,
+    SHARE,
+    STATIC_NAMESPACES,
+    STR,
+    STR_LIST,
+    TLS_VERSION,
+    URL_PATTERNS,
     choice,
 )
 from amp.patch import DEFAULT_DENIED

@@ -68,7 +68,14 @@ import amp
 from amp.metrics import RECORD_RESULTS
 from amp.record._entry import Capture
 from amp.record._pipe import (
-    FrameError, LineReader, Problem, WriterSettings, capture_frame, decode_report, settings_frame)
+    FrameError,
+    LineReader,
+    Problem,
+    WriterSettings,
+    capture_frame,
+    decode_report,
+    settings_frame,
+)
 from amp.record._redact import KeptAnnotations
 from amp.rules import RECORD_ANNOTATION
 

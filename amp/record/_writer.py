@@ -53,8 +53,16 @@ from typing import Callable, Optional
 from amp.record._entry import Capture, encode_line
 from amp.record._files import LineTooLarge, RecordFiles
 from amp.record._pipe import (
-    CAPTURE, SETTINGS, FrameError, FrameReader, WriterSettings, decode_capture, decode_settings, problem_line,
-    report_line)
+    CAPTURE,
+    SETTINGS,
+    FrameError,
+    FrameReader,
+    WriterSettings,
+    decode_capture,
+    decode_settings,
+    problem_line,
+    report_line,
+)
 from amp.record._redact import KeptAnnotations, Redactor
 
 __all__ = ["NICE", "PIPE_SIZE", "REPORT_INTERVAL", "WriterLoop", "main"]

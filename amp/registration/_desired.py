@@ -15,7 +15,8 @@ from typing import Any, Mapping, Optional
 
 from amp.config import Config
 from amp.registration._check import NAME_LABEL
-from amp.registration._needs import Needs, needs as needs_of
+from amp.registration._needs import Needs
+from amp.registration._needs import needs as needs_of
 
 __all__ = ["desired", "drifted"]
 

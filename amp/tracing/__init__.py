@@ -14,7 +14,14 @@ on, off, reload).
 """
 
 from amp.tracing._context import (
-    MAX_TRACESTATE, Ids, Parent, Sampler, clean_tracestate, format_traceparent, parse_traceparent, sampled_by_ratio,
+    MAX_TRACESTATE,
+    Ids,
+    Parent,
+    Sampler,
+    clean_tracestate,
+    format_traceparent,
+    parse_traceparent,
+    sampled_by_ratio,
     trace_id_hex,
 )
 from amp.tracing._settings import Exporting, Settings, resolve

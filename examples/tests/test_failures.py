@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import jsonpatch
 import pytest
+from podfixtures import apply, bare_pod, jupyter_pod
 
 from amp_examples import failures
-from podfixtures import apply, bare_pod, jupyter_pod
 
 
 def test_deny_reply():

@@ -13,9 +13,9 @@ from typing import Any, Callable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from podfixtures import apply, bare_pod
 
 from amp_examples import filer, poddefault, registry, sidecar, user_env
-from podfixtures import apply, bare_pod
 
 Mutation = Callable[[dict[str, Any]], "list[dict[str, Any]] | None"]
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from podfixtures import apply
 
 from amp_examples.patching import PatchBuilder
-from podfixtures import apply
 
 
 def test_builder_creates_missing_lists_and_objects_then_appends():

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from podfixtures import apply, bare_pod, jupyter_pod
 
 from amp_examples import registry
-from podfixtures import apply, bare_pod, jupyter_pod
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import test_poddefault
+from podfixtures import apply, bare_pod, env_of, jupyter_pod, mesh_pod
 from treq.testing import StubTreq
 from twisted.internet import defer
 from twisted.internet.error import ConnectionDone
@@ -26,7 +27,6 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
 from zope.interface import implementer
 
 from amp_examples import failures, poddefault, registry, server, serving
-from podfixtures import apply, bare_pod, env_of, jupyter_pod, mesh_pod
 
 
 class HTTPTests(SynchronousTestCase):
@@ -285,8 +285,8 @@ class LoopbackTests(TestCase):
     """The real Site on a loopback socket: the body cap holds for real uploads."""
 
     def setUp(self):
-        from twisted.internet import reactor
         import treq
+        from twisted.internet import reactor
 
         self.reactor = reactor
         self.treq = treq

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from podfixtures import apply, bare_pod, env_of, jupyter_pod, mesh_pod
 
 from amp_examples import sidecar
-from podfixtures import apply, bare_pod, env_of, jupyter_pod, mesh_pod
 
 
 def test_sidecar_injection_on_a_bare_pod():

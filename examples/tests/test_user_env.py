@@ -5,9 +5,9 @@ from __future__ import annotations
 import copy
 
 import pytest
+from podfixtures import apply, bare_pod, env_of, jupyter_pod
 
 from amp_examples import user_env
-from podfixtures import apply, bare_pod, env_of, jupyter_pod
 
 
 def test_user_env_on_a_bare_pod_with_two_containers():

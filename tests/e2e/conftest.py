@@ -20,9 +20,9 @@ from typing import Any, Callable, Iterator, NoReturn
 import pytest
 import yaml
 
-from . import build
 from ..support.otlp import GRPCReceiver
 from ..support.waiting import poll_until
+from . import build
 from .amp_process import REPO_ROOT, AmpInstance, ExampleEndpoints
 from .cluster import ControlPlane
 from .controllers import Controllers

@@ -23,8 +23,9 @@ from cryptography import x509
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from ..support.stdlib_endpoints import StdlibEndpoint, Style
+from ..support.waiting import poll_until
 from .amp_process import (
-    unique,
     ENABLED_LABEL,
     ENDPOINT_ANNOTATION,
     FAILURE_POLICY_ANNOTATION,
@@ -37,10 +38,9 @@ from .amp_process import (
     free_port,
     parse_warning,
     pod_manifest,
+    unique,
     webhook_configuration,
 )
-from ..support.stdlib_endpoints import StdlibEndpoint, Style
-from ..support.waiting import poll_until
 from .cluster import ControlPlane
 from .conftest import AmpFactory, deploy_amp_config
 

@@ -34,7 +34,6 @@ from kubernetes.client.rest import ApiException
 
 from ..support.waiting import poll_until
 from .amp_process import (
-    unique,
     ENABLED_LABEL,
     LOOPBACK,
     AmpInstance,
@@ -43,6 +42,7 @@ from .amp_process import (
     closed_port,
     free_port,
     pod_manifest,
+    unique,
 )
 from .cluster import ControlPlane
 from .conftest import LEASE_NAME

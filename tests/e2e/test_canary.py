@@ -21,7 +21,15 @@ from kubernetes import client
 
 from ..support.candidates import CANDIDATE_IMAGE, candidate_reply
 from ..support.waiting import poll_until
-from .amp_process import STATUS_ANNOTATION, AmpInstance, ExampleEndpoints, LoopbackServer, free_port, pod_manifest, unique
+from .amp_process import (
+    STATUS_ANNOTATION,
+    AmpInstance,
+    ExampleEndpoints,
+    LoopbackServer,
+    free_port,
+    pod_manifest,
+    unique,
+)
 from .cluster import ControlPlane
 from .conftest import AmpFactory
 

@@ -17,16 +17,16 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from ..support.waiting import poll_until
 from .amp_process import (
-    unique,
     ENABLED_LABEL,
     STATUS_ANNOTATION,
     AmpInstance,
     ExampleEndpoints,
     parse_warning,
     pod_manifest,
+    unique,
 )
-from ..support.waiting import poll_until
 from .cluster import ControlPlane
 from .conftest import AmpFactory
 

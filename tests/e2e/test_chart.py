@@ -44,12 +44,16 @@ NOT_APPLIED = {
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
 
 
-
-
 def apply(dyn: dynamic.DynamicClient, doc: dict[str, Any], dry_run: Optional[str]) -> Any:
     resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-    return dyn.server_side_apply(resource, body=doc, namespace=doc["metadata"].get("namespace"),
-                                 field_manager="amp-e2e", force_conflicts=True, dry_run=dry_run)
+    return dyn.server_side_apply(
+        resource,
+        body=doc,
+        namespace=doc["metadata"].get("namespace"),
+        field_manager="amp-e2e",
+        force_conflicts=True,
+        dry_run=dry_run,
+    )
 
 
 def apply_all(api: client.ApiClient, docs: list[dict[str, Any]], *, for_real: bool) -> tuple[list[str], list[str]]:
@@ -92,27 +96,45 @@ def no_cert_manager_overlay(ca_pem: bytes) -> list[dict[str, Any]]:
     return docs
 
 
-BASE_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment",
-              "Service", "PodDisruptionBudget", "MutatingWebhookConfiguration"}
+BASE_KINDS = {
+    "Namespace",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ConfigMap",
+    "Deployment",
+    "Service",
+    "PodDisruptionBudget",
+    "MutatingWebhookConfiguration",
+}
 
 
 @pytest.mark.parametrize("overlay", ["cert-manager", "no-cert-manager"])
 def test_kustomize_overlays_pass_a_server_side_dry_run_apply(control_plane: ControlPlane, overlay: str) -> None:
-    docs = (no_cert_manager_overlay(control_plane.ca_pem) if overlay == "no-cert-manager"
-            else kustomize_build(DEPLOY / overlay))
+    docs = (
+        no_cert_manager_overlay(control_plane.ca_pem)
+        if overlay == "no-cert-manager"
+        else kustomize_build(DEPLOY / overlay)
+    )
     applied, skipped = apply_all(control_plane.admin_client(), docs, for_real=False)
     assert BASE_KINDS <= {where.split("/")[0] for where in applied}, applied
     if overlay == "cert-manager":
         assert sorted(s.split(":")[0] for s in skipped) == [
-            "Certificate/amp-ca", "Certificate/amp-tls", "Issuer/amp-ca", "Issuer/amp-selfsigned"]
+            "Certificate/amp-ca",
+            "Certificate/amp-tls",
+            "Issuer/amp-ca",
+            "Issuer/amp-selfsigned",
+        ]
     else:
         assert skipped == []
 
 
 def test_monitoring_kustomization_passes_a_server_side_dry_run_apply(control_plane: ControlPlane) -> None:
-    applied, skipped = apply_all(control_plane.admin_client(),
-                                 kustomize_build(DEPLOY / "base") + kustomize_build(DEPLOY / "monitoring"),
-                                 for_real=False)
+    applied, skipped = apply_all(
+        control_plane.admin_client(),
+        kustomize_build(DEPLOY / "base") + kustomize_build(DEPLOY / "monitoring"),
+        for_real=False,
+    )
     assert "ConfigMap/amp-dashboard" in applied
     assert sorted(s.split(":")[0] for s in skipped) == ["PrometheusRule/amp", "ServiceMonitor/amp"]
 
@@ -136,8 +158,15 @@ def test_chart_installs_for_real(control_plane: ControlPlane, chart_namespace: s
     and what is stored is what the chart rendered (the config checksum on
     the Pod template, the certificate in the Secret the Deployment mounts).
     """
-    docs = helm_template("--set", "certManager.enabled=false", "--set", "namespace.create=true",
-                         "--set", "priorityClassName=system-cluster-critical", namespace=chart_namespace)
+    docs = helm_template(
+        "--set",
+        "certManager.enabled=false",
+        "--set",
+        "namespace.create=true",
+        "--set",
+        "priorityClassName=system-cluster-critical",
+        namespace=chart_namespace,
+    )
     applied, skipped = apply_all(control_plane.admin_client(), docs, for_real=True)
     assert skipped == []
     assert BASE_KINDS | {"Secret"} <= {where.split("/")[0] for where in applied}, applied
@@ -146,23 +175,38 @@ def test_chart_installs_for_real(control_plane: ControlPlane, chart_namespace: s
     apps = client.AppsV1Api(api)
     stored = apps.read_namespaced_deployment("amp", chart_namespace)
     [rendered] = [d for d in docs if d["kind"] == "Deployment"]
-    assert (stored.spec.template.metadata.annotations["checksum/config"]
-            == rendered["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
+    assert (
+        stored.spec.template.metadata.annotations["checksum/config"]
+        == rendered["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    )
     assert stored.spec.template.spec.priority_class_name == "system-cluster-critical"
     secret = client.CoreV1Api(api).read_namespaced_secret("amp-tls", chart_namespace)
     [mwc] = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
     assert secret.data["ca.crt"] == mwc["webhooks"][0]["clientConfig"]["caBundle"]
 
     # Applying the same release again (helm upgrade) changes nothing stored but the certificate.
-    again = helm_template("--set", "certManager.enabled=false", "--set", "namespace.create=true",
-                          "--set", "priorityClassName=system-cluster-critical", namespace=chart_namespace)
+    again = helm_template(
+        "--set",
+        "certManager.enabled=false",
+        "--set",
+        "namespace.create=true",
+        "--set",
+        "priorityClassName=system-cluster-critical",
+        namespace=chart_namespace,
+    )
     apply_all(api, again, for_real=True)
     assert apps.read_namespaced_deployment("amp", chart_namespace).metadata.generation == stored.metadata.generation
 
 
 def test_chart_with_monitoring_passes_a_server_side_dry_run_apply(control_plane: ControlPlane) -> None:
-    docs = helm_template("--set", "monitoring.enabled=true", "--set", "namespace.create=true",
-                         "--set", "webhook.ephemeralContainers=true")
+    docs = helm_template(
+        "--set",
+        "monitoring.enabled=true",
+        "--set",
+        "namespace.create=true",
+        "--set",
+        "webhook.ephemeralContainers=true",
+    )
     applied, skipped = apply_all(control_plane.admin_client(), docs, for_real=False)
     assert BASE_KINDS <= {where.split("/")[0] for where in applied}, applied
     assert {s.split(":")[0] for s in skipped} >= {"PrometheusRule/amp", "ServiceMonitor/amp", "Certificate/amp-tls"}
@@ -191,9 +235,12 @@ def test_pod_template_is_admitted_under_its_namespace_pod_security(control_plane
         if exc.status != 409:
             raise
 
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"generateName": "amp-", "labels": template["metadata"].get("labels")},
-           "spec": template["spec"]}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "amp-", "labels": template["metadata"].get("labels")},
+        "spec": template["spec"],
+    }
     try:
         response = core.create_namespaced_pod(ns, pod, dry_run="All", _preload_content=False)
     except ApiException as exc:
@@ -222,14 +269,18 @@ def exposed(scrape: Scrape, name: str, webhook: str) -> list[str]:
 def of_webhook(scrape: Scrape, sample: str, webhook: str) -> list[tuple[dict[str, str], float]]:
     """The samples named C{sample} whose label C{name} is C{webhook} (a label
     Scrape's keyword filters cannot take)."""
-    return [(dict(labels), value) for (n, labels), value in scrape.samples.items()
-            if n == sample and ("name", webhook) in labels]
+    return [
+        (dict(labels), value)
+        for (n, labels), value in scrape.samples.items()
+        if n == sample and ("name", webhook) in labels
+    ]
 
 
 def fail_opens(api: client.ApiClient, webhook: str) -> float:
     # prometheus_client's parser names the counter's samples with _total.
-    return sum(v for _, v in of_webhook(apiserver_metrics(api), "apiserver_admission_webhook_fail_open_count_total",
-                                        webhook))
+    return sum(
+        v for _, v in of_webhook(apiserver_metrics(api), "apiserver_admission_webhook_fail_open_count_total", webhook)
+    )
 
 
 @pytest.fixture
@@ -237,7 +288,8 @@ def kube_system_default_account(control_plane: ControlPlane) -> None:
     """kube-system's ``default`` ServiceAccount (no controller-manager makes it here)."""
     try:
         client.CoreV1Api(control_plane.admin_client()).create_namespaced_service_account(
-            "kube-system", {"metadata": {"name": "default"}})
+            "kube-system", {"metadata": {"name": "default"}}
+        )
     except ApiException as exc:
         if exc.status != 409:
             raise
@@ -272,8 +324,10 @@ def test_shipped_selectors_keep_amp_off_its_namespace_kube_system_and_opted_out_
         assert hook["name"] == f"{policy.lower()}.mutate.amp.txn2.com"
         hook["name"] = f"{policy.lower()}-{instance}.amp.txn2.com"
         hook["namespaceSelector"]["matchLabels"][INSTANCE_LABEL] = instance
-        hook["clientConfig"] = {"url": f"https://127.0.0.1:{closed_port()}/mutate",
-                                "caBundle": base64.b64encode(control_plane.ca_pem).decode()}
+        hook["clientConfig"] = {
+            "url": f"https://127.0.0.1:{closed_port()}/mutate",
+            "caBundle": base64.b64encode(control_plane.ca_pem).decode(),
+        }
         hook["timeoutSeconds"] = 2
     webhook = hooks["Ignore"]["name"]
     enabled = {**mwc["webhooks"][0]["namespaceSelector"]["matchLabels"], INSTANCE_LABEL: instance}
@@ -288,6 +342,7 @@ def test_shipped_selectors_keep_amp_off_its_namespace_kube_system_and_opted_out_
     core.patch_namespace("kube-system", {"metadata": {"labels": fail_class}})
     admission.create_mutating_webhook_configuration(registration)
     try:
+
         def created(namespace: str, name: str, labels: Optional[dict[str, str]] = None) -> float:
             """Create a Pod; how many calls to amp failed open for it."""
             before = fail_opens(api, webhook)
@@ -297,8 +352,11 @@ def test_shipped_selectors_keep_amp_off_its_namespace_kube_system_and_opted_out_
         # The registration has reached the API server's webhook cache once a
         # Pod of an enabled namespace fails open.
         attempts = iter(range(10_000))
-        poll_until("the webhook registration to reach the API server",
-                   lambda: created(team, f"warm-{next(attempts)}") or None, 60.0)
+        poll_until(
+            "the webhook registration to reach the API server",
+            lambda: created(team, f"warm-{next(attempts)}") or None,
+            60.0,
+        )
 
         assert created(team, "sent") == 1
         assert created(team, "opted-out", {"amp.txn2.com/enabled": "false"}) == 0
@@ -313,8 +371,10 @@ def test_shipped_selectors_keep_amp_off_its_namespace_kube_system_and_opted_out_
         scrape = apiserver_metrics(api)
         for name in APISERVER_METRICS:
             assert exposed(scrape, name, webhook), f"the API server exposes no {name} for {webhook}"
-        codes = {labels["code"] for labels, _ in of_webhook(scrape, "apiserver_admission_webhook_request_total", webhook)}
-        assert codes and "200" not in codes, f"the alert's code!=\"200\" sees the failed calls: {codes}"
+        codes = {
+            labels["code"] for labels, _ in of_webhook(scrape, "apiserver_admission_webhook_request_total", webhook)
+        }
+        assert codes and "200" not in codes, f'the alert\'s code!="200" sees the failed calls: {codes}'
     finally:
         admission.delete_mutating_webhook_configuration(registration["metadata"]["name"])
         labels = {k: None for k in fail_class if k not in kube_system}

@@ -16,8 +16,8 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from . import build
 from ..support.waiting import poll_until
+from . import build
 from .cluster import ControlPlane, ControlPlaneError
 
 pytestmark = pytest.mark.e2e

@@ -19,13 +19,26 @@ from kubernetes.client.rest import ApiException
 
 from ..support.helpers import SecretVolume
 from ..support.imagerun import (
-    ConfigVolume, Container, built_image, chart_container, chart_deployment, run_flags, wait_answering,
+    ConfigVolume,
+    Container,
+    built_image,
+    chart_container,
+    chart_deployment,
+    run_flags,
+    wait_answering,
 )
 from ..support.ports import free_port
 from ..support.waiting import poll_until
 from .amp_process import (
-    ENABLED_LABEL, ENDPOINT_ANNOTATION, INSTANCE_LABEL, STATUS_ANNOTATION, ExampleEndpoints, amp_config,
-    pod_manifest, unique, webhook_configuration,
+    ENABLED_LABEL,
+    ENDPOINT_ANNOTATION,
+    INSTANCE_LABEL,
+    STATUS_ANNOTATION,
+    ExampleEndpoints,
+    amp_config,
+    pod_manifest,
+    unique,
+    webhook_configuration,
 )
 from .cluster import ControlPlane
 

@@ -41,14 +41,14 @@ from kubernetes import client
 
 from ..support.waiting import poll_until
 from .amp_process import (
-    unique,
     LOOPBACK,
-    LoopbackServer,
     STATUS_ANNOTATION,
     AmpInstance,
     ExampleEndpoints,
+    LoopbackServer,
     parse_warning,
     pod_manifest,
+    unique,
     webhook_configuration,
 )
 from .cluster import ControlPlane

@@ -37,11 +37,16 @@ SERVER, CLIENT = 2, 3
 
 
 @pytest.fixture(scope="module")
-def traced_examples(otlp_receiver: GRPCReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleEndpoints]:
+def traced_examples(
+    otlp_receiver: GRPCReceiver, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ExampleEndpoints]:
     """The example endpoints in a process of their own that exports its spans to ``otlp_receiver``."""
     examples = ExampleEndpoints(tmp_path_factory.mktemp("traced-example"))
-    examples.env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint, "OTEL_SERVICE_NAME": "amp-example",
-                    "OTEL_TRACES_SAMPLER": "parentbased_always_off"}
+    examples.env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint,
+        "OTEL_SERVICE_NAME": "amp-example",
+        "OTEL_TRACES_SAMPLER": "parentbased_always_off",
+    }
     try:
         examples.start_and_wait()
         yield examples
@@ -51,11 +56,21 @@ def traced_examples(otlp_receiver: GRPCReceiver, tmp_path_factory: pytest.TempPa
 
 @pytest.fixture(scope="module")
 def amp(start_module_amp: AmpFactory, otlp_receiver: GRPCReceiver) -> AmpInstance:
-    return start_module_amp("tracing", overrides={
-        "tracing": {"enabled": True, "endpoint": otlp_receiver.endpoint, "sampling_ratio": 0.0,
-                    "interval": "100ms", "export_timeout": "1s", "queue": 64, "batch": 32},
-        "metrics": {"port": free_port(), "debug_reviews": 64},
-    })
+    return start_module_amp(
+        "tracing",
+        overrides={
+            "tracing": {
+                "enabled": True,
+                "endpoint": otlp_receiver.endpoint,
+                "sampling_ratio": 0.0,
+                "interval": "100ms",
+                "export_timeout": "1s",
+                "queue": 64,
+                "batch": 32,
+            },
+            "metrics": {"port": free_port(), "debug_reviews": 64},
+        },
+    )
 
 
 def traced_create(control_plane: ControlPlane, namespace: str, name: str) -> tuple[str, float]:
@@ -64,8 +79,7 @@ def traced_create(control_plane: ControlPlane, namespace: str, name: str) -> tup
     header = f"00-{trace_id}-{'%016x' % random.getrandbits(64)}-01"
     core = client.CoreV1Api(control_plane.admin_client())
     started = time.monotonic()
-    core.create_namespaced_pod(namespace, pod_manifest(name), _headers={"traceparent": header},
-                               _preload_content=False)
+    core.create_namespaced_pod(namespace, pod_manifest(name), _headers={"traceparent": header}, _preload_content=False)
     return trace_id, time.monotonic() - started
 
 
@@ -98,7 +112,10 @@ def show(spans: list[ReceivedSpan]) -> str:
 
 
 def test_one_trace_crosses_the_api_server_amp_and_the_endpoint(
-    amp: AmpInstance, traced_examples: ExampleEndpoints, control_plane: ControlPlane, otlp_receiver: GRPCReceiver,
+    amp: AmpInstance,
+    traced_examples: ExampleEndpoints,
+    control_plane: ControlPlane,
+    otlp_receiver: GRPCReceiver,
 ) -> None:
     ns = amp.namespace(unique("traced"), traced_examples.url("user-env"))
     trace_id, _ = traced_create(control_plane, ns, "traced")
@@ -108,8 +125,12 @@ def test_one_trace_crosses_the_api_server_amp_and_the_endpoint(
         services = {s.service for s in spans}
         return spans if {"amp", "amp-example", "apiserver"} <= services else None
 
-    spans = poll_until("the trace from all three programs", complete, 20.0,
-                       details=lambda: show(otlp_receiver.spans.of_trace(trace_id)))
+    spans = poll_until(
+        "the trace from all three programs",
+        complete,
+        20.0,
+        details=lambda: show(otlp_receiver.spans.of_trace(trace_id)),
+    )
     by_id = tree(spans)
     shown = show(spans)
     review = next(s for s in spans if s.service == "amp" and s.kind == SERVER)
@@ -135,7 +156,10 @@ def test_one_trace_crosses_the_api_server_amp_and_the_endpoint(
 
 
 def test_with_the_receiver_stopped_reviews_go_on_and_drops_are_counted(
-    amp: AmpInstance, traced_examples: ExampleEndpoints, control_plane: ControlPlane, otlp_receiver: GRPCReceiver,
+    amp: AmpInstance,
+    traced_examples: ExampleEndpoints,
+    control_plane: ControlPlane,
+    otlp_receiver: GRPCReceiver,
 ) -> None:
     ns = amp.namespace(unique("untraced"), traced_examples.url("user-env"))
     core = client.CoreV1Api(control_plane.admin_client())
@@ -149,9 +173,12 @@ def test_with_the_receiver_stopped_reviews_go_on_and_drops_are_counted(
             stored = json.loads(core.read_namespaced_pod(f"pod-{i}", ns, _preload_content=False).data)
             env = stored["spec"]["containers"][0].get("env") or []
             assert any(e.get("name") == "AMP_USER" for e in env), stored
-        poll_until("amp to count the spans it could not export",
-                   lambda: (amp.process.metric("amp_trace_spans_dropped_total", reason="export_failed") or 0) > before,
-                   15.0, details=amp.process.describe)
+        poll_until(
+            "amp to count the spans it could not export",
+            lambda: (amp.process.metric("amp_trace_spans_dropped_total", reason="export_failed") or 0) > before,
+            15.0,
+            details=amp.process.describe,
+        )
         assert "Dropping spans" in amp.process.log_text()
     finally:
         otlp_receiver.start()

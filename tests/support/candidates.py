@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.endpoints import TCP4ServerEndpoint
+
 from amp_examples import serving
 from amp_examples.sidecar import SIDECAR_IMAGE, sidecar_reply
-from twisted.internet.endpoints import TCP4ServerEndpoint
-from twisted.internet.defer import inlineCallbacks
-
 from tests.support.helpers import ConnectionTracker, RunningExample
 
 CANDIDATE_IMAGE = "envoyproxy/envoy:v1.28.0"

@@ -48,7 +48,10 @@ import jsonpatch
 import treq
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks, succeed
 from twisted.internet.endpoints import (
-    TCP4ClientEndpoint, TCP4ServerEndpoint, connectProtocol, wrapClientTLS,
+    TCP4ClientEndpoint,
+    TCP4ServerEndpoint,
+    connectProtocol,
+    wrapClientTLS,
 )
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
 from twisted.internet.protocol import Factory, Protocol
@@ -60,12 +63,12 @@ from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
 from amp.config import Config, parse_config
-from amp_dev.devcert import write_dev_tls
-from amp_examples.server import build_site
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo
 from amp.service import AmpService, namespace_source, serving_certificate
 from amp.tls import tls_endpoint
+from amp_dev.devcert import write_dev_tls
+from amp_examples.server import build_site
 
 #: The uid every review built here carries unless told otherwise.
 UID = "705ab4f5-6393-11e8-b7cc-42010a800002"

@@ -39,11 +39,9 @@ from typing import Any, Mapping, Optional
 
 import pytest
 import yaml
-
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from amp_dev.devcert import issue_cert, make_ca, pem_cert, pem_key
-
 from tests.support.helpers import SecretVolume
 from tests.support.waiting import poll_until
 

@@ -28,7 +28,13 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from bench.chaos_endpoint import (
-    DEEP_JSON_DEPTH, EXPECTED_OUTCOMES, FAULT_KINDS, HOSTILE_KINDS, Chaos, ChaosResource, QuietSite,
+    DEEP_JSON_DEPTH,
+    EXPECTED_OUTCOMES,
+    FAULT_KINDS,
+    HOSTILE_KINDS,
+    Chaos,
+    ChaosResource,
+    QuietSite,
 )
 from bench.soak.load import Violation, check_answer
 from bench.soak.reconcile import outcome_keys, reconcile

@@ -53,17 +53,22 @@ def checksum(docs: list[dict[str, Any]]) -> str:
 
 def refused(*args: str) -> str:
     """C{helm template} with C{args} fails: its standard error."""
-    result = subprocess.run([tool("helm"), "template", "amp", str(CHART), *args], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [tool("helm"), "template", "amp", str(CHART), *args], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0, result.stdout
     return result.stderr
 
 
-@pytest.mark.parametrize("args", [
-    [],
-    ["--set", "certManager.enabled=false"],
-    ["--set", "monitoring.enabled=true", "--set", "namespace.create=true"],
-], ids=["defaults", "self-signed", "monitoring"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--set", "certManager.enabled=false"],
+        ["--set", "monitoring.enabled=true", "--set", "namespace.create=true"],
+    ],
+    ids=["defaults", "self-signed", "monitoring"],
+)
 def test_helm_lint(args: list[str]) -> None:
     result = run([tool("helm"), "lint", str(CHART), "--strict", "--namespace", "amp-system", *args])
     assert "0 chart(s) failed" in result.stdout
@@ -74,24 +79,31 @@ def test_helm_lint_refuses_a_broken_chart(tmp_path: Path) -> None:
     broken = tmp_path / "amp"
     shutil.copytree(CHART, broken)
     (broken / "templates" / "broken.yaml").write_text("kind: ConfigMap\nmetadata: [\n")
-    result = subprocess.run([tool("helm"), "lint", str(broken), "--strict"], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [tool("helm"), "lint", str(broken), "--strict"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0
     assert "broken.yaml" in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("value, message", [
-    ("webhook.failurePolicy=ignore", "at '/webhook/failurePolicy': value must be one of 'Ignore', 'Fail'"),
-    ("webhook.timeoutSeconds=60", "at '/webhook/timeoutSeconds': maximum: got 60, want 30"),
-    ("webhook.reinvocationPolicy=Always", "at '/webhook/reinvocationPolicy': value must be one of 'Never', 'IfNeeded'"),
-    ("replicas=0", "at '/replicas': minimum: got 0, want 1"),
-    # Every level is closed, amp's config too: a misspelt key would
-    # otherwise be ignored, or stop amp at start-up.
-    ("replica=3", "at '': additional properties 'replica' not allowed"),
-    ("config.endpoint.timeout=3s", "at '/config': additional properties 'endpoint' not allowed"),
-    ("image.tga=1", "at '/image': additional properties 'tga' not allowed"),
-    ("config.endpoints.timout=3s", "at '/config/endpoints': additional properties 'timout' not allowed"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("webhook.failurePolicy=ignore", "at '/webhook/failurePolicy': value must be one of 'Ignore', 'Fail'"),
+        ("webhook.timeoutSeconds=60", "at '/webhook/timeoutSeconds': maximum: got 60, want 30"),
+        (
+            "webhook.reinvocationPolicy=Always",
+            "at '/webhook/reinvocationPolicy': value must be one of 'Never', 'IfNeeded'",
+        ),
+        ("replicas=0", "at '/replicas': minimum: got 0, want 1"),
+        # Every level is closed, amp's config too: a misspelt key would
+        # otherwise be ignored, or stop amp at start-up.
+        ("replica=3", "at '': additional properties 'replica' not allowed"),
+        ("config.endpoint.timeout=3s", "at '/config': additional properties 'endpoint' not allowed"),
+        ("image.tga=1", "at '/image': additional properties 'tga' not allowed"),
+        ("config.endpoints.timout=3s", "at '/config/endpoints': additional properties 'timout' not allowed"),
+    ],
+)
 def test_wrong_values_are_refused_naming_the_value(value: str, message: str) -> None:
     """The chart's schema refuses a value amp or the API server would refuse later, and says which."""
     assert message in refused("--set", value)
@@ -144,9 +156,18 @@ def test_the_chart_decides_what_the_manifests_fix() -> None:
     values say: the certificate files, the webhook names, the deadline; the
     container ports follow amp's configured ports.
     """
-    docs = helm_template("--set", "config.tls.cert=/elsewhere.crt", "--set", "webhook.timeoutSeconds=7",
-                         "--set", "webhook.name=mutate.example.com", "--set", "config.listen.port=9443",
-                         "--set", "config.metrics.port=9100")
+    docs = helm_template(
+        "--set",
+        "config.tls.cert=/elsewhere.crt",
+        "--set",
+        "webhook.timeoutSeconds=7",
+        "--set",
+        "webhook.name=mutate.example.com",
+        "--set",
+        "config.listen.port=9443",
+        "--set",
+        "config.metrics.port=9100",
+    )
     config = parse_config(amp_config(docs))
     assert config.tls.cert == "/etc/amp/tls/tls.crt"
     assert config.deadline.default_timeout == 7 == hook(docs)["timeoutSeconds"]
@@ -161,10 +182,25 @@ def test_the_chart_decides_what_the_manifests_fix() -> None:
 
 def test_workload_values() -> None:
     docs = helm_template(
-        "--set", "replicas=3", "--set", "resources.limits.memory=512Mi", "--set", "image.repository=registry.example/amp",
-        "--set", "image.tag=1.2.3", "--set", "priorityClassName=amp-critical", "--set", "podDisruptionBudget.minAvailable=2",
-        "--set", "terminationGracePeriodSeconds=45", "--set", "preStopSleepSeconds=8",
-        "--set-json", 'topologySpread=[{"topologyKey":"topology.kubernetes.io/zone","maxSkew":2,"whenUnsatisfiable":"DoNotSchedule"}]')
+        "--set",
+        "replicas=3",
+        "--set",
+        "resources.limits.memory=512Mi",
+        "--set",
+        "image.repository=registry.example/amp",
+        "--set",
+        "image.tag=1.2.3",
+        "--set",
+        "priorityClassName=amp-critical",
+        "--set",
+        "podDisruptionBudget.minAvailable=2",
+        "--set",
+        "terminationGracePeriodSeconds=45",
+        "--set",
+        "preStopSleepSeconds=8",
+        "--set-json",
+        'topologySpread=[{"topologyKey":"topology.kubernetes.io/zone","maxSkew":2,"whenUnsatisfiable":"DoNotSchedule"}]',
+    )
     d = deployment(docs)
     pod = d["spec"]["template"]["spec"]
     [c] = pod["containers"]
@@ -199,6 +235,7 @@ def test_grace_period_leaves_room_for_prestop_and_amps_drain() -> None:
     (listen.drain_timeout, amp's own default when unset) + 5 s, and refuses
     an explicit value that leaves no room for both.
     """
+
     def grace(*args: str) -> int:
         return deployment(helm_template(*args))["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
 
@@ -212,33 +249,55 @@ def test_grace_period_leaves_room_for_prestop_and_amps_drain() -> None:
 
 def test_webhook_values() -> None:
     docs = helm_template(
-        "--set", "webhook.failurePolicy=Fail", "--set", "webhook.timeoutSeconds=5",
-        "--set", "webhook.reinvocationPolicy=IfNeeded", "--set", "webhook.ephemeralContainers=true",
-        "--set-json", 'webhook.excludeNamespaces=["kube-system","monitoring"]',
-        "--set-json", 'webhook.namespaceSelector={"matchLabels":{"team":"a"},"matchExpressions":[{"key":"tier","operator":"Exists"}]}',
-        "--set-json", 'webhook.objectSelector={"matchExpressions":[{"key":"inject","operator":"In","values":["yes"]}]}',
-        namespace="platform")
+        "--set",
+        "webhook.failurePolicy=Fail",
+        "--set",
+        "webhook.timeoutSeconds=5",
+        "--set",
+        "webhook.reinvocationPolicy=IfNeeded",
+        "--set",
+        "webhook.ephemeralContainers=true",
+        "--set-json",
+        'webhook.excludeNamespaces=["kube-system","monitoring"]',
+        "--set-json",
+        'webhook.namespaceSelector={"matchLabels":{"team":"a"},"matchExpressions":[{"key":"tier","operator":"Exists"}]}',
+        "--set-json",
+        'webhook.objectSelector={"matchExpressions":[{"key":"inject","operator":"In","values":["yes"]}]}',
+        namespace="platform",
+    )
     h = hook(docs)
     # Fail is the class of namespaces without the label: its entry takes
     # every namespace but those labelled Ignore, which the other entry takes
     assert (h["name"], h["failurePolicy"], h["timeoutSeconds"], h["reinvocationPolicy"]) == (
-        "fail.mutate.amp.txn2.com", "Fail", 5, "IfNeeded")
+        "fail.mutate.amp.txn2.com",
+        "Fail",
+        5,
+        "IfNeeded",
+    )
     # Helm merges maps into the defaults (lists replace them): the enabled
     # label stays unless set to null.
     assert h["namespaceSelector"] == {
         "matchLabels": {"amp.txn2.com/enabled": "true", "team": "a"},
         "matchExpressions": [
-            {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-             "values": ["platform", "kube-system", "monitoring"]},
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["platform", "kube-system", "monitoring"],
+            },
             {"key": "amp.txn2.com/failure-class", "operator": "NotIn", "values": ["Ignore"]},
             {"key": "tier", "operator": "Exists"},
-        ]}
+        ],
+    }
     other = hooks(docs)[1]
     assert (other["name"], other["failurePolicy"]) == ("ignore.mutate.amp.txn2.com", "Ignore")
     assert other["namespaceSelector"]["matchExpressions"][1] == {
-        "key": "amp.txn2.com/failure-class", "operator": "In", "values": ["Ignore"]}
+        "key": "amp.txn2.com/failure-class",
+        "operator": "In",
+        "values": ["Ignore"],
+    }
     assert {k: v for k, v in other.items() if k not in ("name", "failurePolicy", "namespaceSelector")} == {
-        k: v for k, v in h.items() if k not in ("name", "failurePolicy", "namespaceSelector")}
+        k: v for k, v in h.items() if k not in ("name", "failurePolicy", "namespaceSelector")
+    }
     assert parse_config(amp_config(docs)).kubernetes.webhook_name == "fail.mutate.amp.txn2.com"
     assert h["objectSelector"] == {"matchExpressions": [{"key": "inject", "operator": "In", "values": ["yes"]}]}
     assert [r["resources"] for r in h["rules"]] == [["pods"], ["pods/ephemeralcontainers"]]
@@ -285,8 +344,7 @@ def test_self_signed_certificate_verifies_for_the_service() -> None:
     cert = x509.load_pem_x509_certificate(tls["tls.crt"])
     cert.verify_directly_issued_by(ca)
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-        x509.DNSName)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
     service = one(docs, "Service")
     assert f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc" in names
     key = serialization.load_pem_private_key(tls["tls.key"], password=None)
@@ -340,8 +398,16 @@ def test_no_autoscaler_by_default() -> None:
 
 
 def test_the_autoscaler_replaces_the_fixed_replicas() -> None:
-    docs = helm_template("--set", "autoscaling.enabled=true", "--set", "config.workers=2",
-                         "--set", "resources.requests.cpu=1", "--set", "resources.limits.cpu=2")
+    docs = helm_template(
+        "--set",
+        "autoscaling.enabled=true",
+        "--set",
+        "config.workers=2",
+        "--set",
+        "resources.requests.cpu=1",
+        "--set",
+        "resources.limits.cpu=2",
+    )
     hpa = one(docs, "HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "amp"}
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
@@ -349,21 +415,28 @@ def test_the_autoscaler_replaces_the_fixed_replicas() -> None:
     assert "replicas" not in deployment(docs)["spec"]
 
 
-@pytest.mark.parametrize("args, message", [
-    # 70% of 2 cores is 1.4 cores: one worker uses at most one.
-    (["--set", "resources.requests.cpu=2"], "which one Pod never reaches: it uses at most 1000m (config.workers 1"),
-    (["--set", "resources.requests.cpu=1", "--set", "config.workers=4", "--set", "resources.limits.cpu=500m"],
-     "it uses at most 500m"),
-    (["--set", "autoscaling.minReplicas=1"], "podDisruptionBudget.minAvailable 1 would let no replica be evicted"),
-    (["--set", "autoscaling.minReplicas=7"], "autoscaling.minReplicas 7 is above autoscaling.maxReplicas 6"),
-], ids=["above-one-worker", "above-the-limit", "pdb", "min-above-max"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # 70% of 2 cores is 1.4 cores: one worker uses at most one.
+        (["--set", "resources.requests.cpu=2"], "which one Pod never reaches: it uses at most 1000m (config.workers 1"),
+        (
+            ["--set", "resources.requests.cpu=1", "--set", "config.workers=4", "--set", "resources.limits.cpu=500m"],
+            "it uses at most 500m",
+        ),
+        (["--set", "autoscaling.minReplicas=1"], "podDisruptionBudget.minAvailable 1 would let no replica be evicted"),
+        (["--set", "autoscaling.minReplicas=7"], "autoscaling.minReplicas 7 is above autoscaling.maxReplicas 6"),
+    ],
+    ids=["above-one-worker", "above-the-limit", "pdb", "min-above-max"],
+)
 def test_an_autoscaler_that_cannot_work_is_refused(args: list[str], message: str) -> None:
     assert message in refused("--set", "autoscaling.enabled=true", *args)
 
 
 def test_an_autoscaler_lints_strictly() -> None:
-    result = run([tool("helm"), "lint", str(CHART), "--strict", "--namespace", "amp-system",
-                  "--set", "autoscaling.enabled=true"])
+    result = run(
+        [tool("helm"), "lint", str(CHART), "--strict", "--namespace", "amp-system", "--set", "autoscaling.enabled=true"]
+    )
     assert "0 chart(s) failed" in result.stdout
 
 
@@ -374,14 +447,24 @@ def amp_check(rendered: str, *args: str) -> tuple[int, str]:
     """C{amp check --manifest -} on C{rendered}: its status and output."""
     import sys
 
-    result = subprocess.run([sys.executable, "-c", "from amp.cli import main; main()", "check", "--manifest", "-",
-                             *args], input=rendered, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", "from amp.cli import main; main()", "check", "--manifest", "-", *args],
+        input=rendered,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return result.returncode, result.stdout + result.stderr
 
 
 def rendered(*args: str) -> str:
-    result = subprocess.run([tool("helm"), "template", "amp", str(CHART), "--namespace", "amp-system", *args],
-                            capture_output=True, text=True, timeout=120, check=True)
+    result = subprocess.run(
+        [tool("helm"), "template", "amp", str(CHART), "--namespace", "amp-system", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return result.stdout
 
 
@@ -389,11 +472,16 @@ def test_one_entry_per_failure_class_by_default() -> None:
     docs = helm_template()
     entries = {h["name"]: h for h in hooks(docs)}
     assert {n: h["failurePolicy"] for n, h in entries.items()} == {
-        "ignore.mutate.amp.txn2.com": "Ignore", "fail.mutate.amp.txn2.com": "Fail"}
+        "ignore.mutate.amp.txn2.com": "Ignore",
+        "fail.mutate.amp.txn2.com": "Fail",
+    }
     kube = parse_config(amp_config(docs)).kubernetes
     assert (kube.failure_class_label, kube.webhook_name) == ("amp.txn2.com/failure-class", "ignore.mutate.amp.txn2.com")
     assert entries["fail.mutate.amp.txn2.com"]["namespaceSelector"]["matchExpressions"][1] == {
-        "key": "amp.txn2.com/failure-class", "operator": "In", "values": ["Fail"]}
+        "key": "amp.txn2.com/failure-class",
+        "operator": "In",
+        "values": ["Fail"],
+    }
 
 
 def test_the_single_entry_mode() -> None:
@@ -405,13 +493,24 @@ def test_the_single_entry_mode() -> None:
     assert (kube.failure_class_label, kube.webhook_name) == (None, "mutate.amp.txn2.com")
 
 
-@pytest.mark.parametrize("args", [
-    [],
-    ["--set", "webhook.failurePolicy=Fail"],
-    ["--set", "webhook.failureClasses.enabled=false"],
-    ["--set", "webhook.ephemeralContainers=true", "--set", "config.ephemeral_containers=true",
-     "--set", "webhook.timeoutSeconds=20", "--set-json", 'webhook.excludeNamespaces=["kube-system","monitoring"]'],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--set", "webhook.failurePolicy=Fail"],
+        ["--set", "webhook.failureClasses.enabled=false"],
+        [
+            "--set",
+            "webhook.ephemeralContainers=true",
+            "--set",
+            "config.ephemeral_containers=true",
+            "--set",
+            "webhook.timeoutSeconds=20",
+            "--set-json",
+            'webhook.excludeNamespaces=["kube-system","monitoring"]',
+        ],
+    ],
+)
 def test_every_rendering_passes_amp_check(args: list[str]) -> None:
     """What the chart renders is what amp's own check needs: CI can run amp check on it."""
     status, out = amp_check(rendered(*args))
@@ -421,14 +520,20 @@ def test_every_rendering_passes_amp_check(args: list[str]) -> None:
 def test_amp_check_names_what_a_values_change_breaks() -> None:
     status, out = amp_check(rendered("--set", "webhook.timeoutSeconds=3"))
     assert status == 1
-    assert "timeout-below-endpoints: entry fail.mutate.amp.txn2.com: timeoutSeconds 3 less deadline.margin 0.5s " \
-           "leaves amp 2.5s, less than endpoints.timeout 5s" in out
+    assert (
+        "timeout-below-endpoints: entry fail.mutate.amp.txn2.com: timeoutSeconds 3 less deadline.margin 0.5s "
+        "leaves amp 2.5s, less than endpoints.timeout 5s" in out
+    )
 
 
 def test_the_self_signed_ca_bundle_verifies_the_served_certificate(tmp_path: Path) -> None:
     """amp check --cert with the chart's own Secret: the caBundle verifies it."""
     text = rendered("--set", "certManager.enabled=false")
-    [secret] = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "Secret" and d["metadata"]["name"] == "amp-tls"]
+    [secret] = [
+        d for d in yaml.safe_load_all(text) if d and d["kind"] == "Secret" and d["metadata"]["name"] == "amp-tls"
+    ]
     (tmp_path / "tls.crt").write_bytes(base64.b64decode(secret["data"]["tls.crt"]))
     assert amp_check(text, "--cert", str(tmp_path / "tls.crt")) == (
-        0, "MutatingWebhookConfiguration amp.txn2.com: no registration problem\n")
+        0,
+        "MutatingWebhookConfiguration amp.txn2.com: no registration problem\n",
+    )

@@ -57,14 +57,36 @@ BUILDS = ("base", *OVERLAYS, "monitoring", "tracing")
 CHART_RENDERS = {
     "chart-defaults": [],
     "chart-self-signed": ["--set", "certManager.enabled=false"],
-    "chart-everything": ["--set", "monitoring.enabled=true", "--set", "namespace.create=true",
-                         "--set", "priorityClassName=system-cluster-critical", "--set", "webhook.ephemeralContainers=true",
-                         "--set", "webhook.reinvocationPolicy=IfNeeded", "--set", "image.digest=sha256:" + "0" * 64,
-                         "--set-json", 'tolerations=[{"key":"dedicated","operator":"Exists"}]',
-                         "--set-json", 'nodeSelector={"kubernetes.io/os":"linux"}'],
-    "chart-minimal": ["--set", "podDisruptionBudget.enabled=false", "--set", "preStopSleepSeconds=0",
-                      "--set", "monitoring.podAnnotations=false", "--set", "configChecksum=false",
-                      "--set-json", "topologySpread=[]"],
+    "chart-everything": [
+        "--set",
+        "monitoring.enabled=true",
+        "--set",
+        "namespace.create=true",
+        "--set",
+        "priorityClassName=system-cluster-critical",
+        "--set",
+        "webhook.ephemeralContainers=true",
+        "--set",
+        "webhook.reinvocationPolicy=IfNeeded",
+        "--set",
+        "image.digest=sha256:" + "0" * 64,
+        "--set-json",
+        'tolerations=[{"key":"dedicated","operator":"Exists"}]',
+        "--set-json",
+        'nodeSelector={"kubernetes.io/os":"linux"}',
+    ],
+    "chart-minimal": [
+        "--set",
+        "podDisruptionBudget.enabled=false",
+        "--set",
+        "preStopSleepSeconds=0",
+        "--set",
+        "monitoring.podAnnotations=false",
+        "--set",
+        "configChecksum=false",
+        "--set-json",
+        "topologySpread=[]",
+    ],
 }
 
 
@@ -137,8 +159,13 @@ def test_kustomize_manifests_are_the_chart_rendered() -> None:
     or the chart without rendering again.
     """
     tool("helm")
-    result = subprocess.run([sys.executable, str(DEPLOY / "render"), "--check"], capture_output=True, text=True,
-                            timeout=120, env=dict(os.environ, AMP_HELM=tool("helm")))
+    result = subprocess.run(
+        [sys.executable, str(DEPLOY / "render"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, AMP_HELM=tool("helm")),
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -149,8 +176,13 @@ def test_render_check_notices_a_hand_edit(tmp_path: Path) -> None:
     deployment = copy_ / "base" / "deployment.yaml"
     deployment.write_text(deployment.read_text().replace("replicas: 2", "replicas: 3"))
     (copy_ / "monitoring" / "old.yaml").write_text("{}\n")
-    result = subprocess.run([sys.executable, str(DEPLOY / "render"), "--check", "--out", str(copy_)],
-                            capture_output=True, text=True, timeout=120, env=dict(os.environ, AMP_HELM=tool("helm")))
+    result = subprocess.run(
+        [sys.executable, str(DEPLOY / "render"), "--check", "--out", str(copy_)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, AMP_HELM=tool("helm")),
+    )
     assert result.returncode == 1
     assert "differs: base/deployment.yaml" in result.stderr
     assert "not rendered any more: monitoring/old.yaml" in result.stderr
@@ -228,8 +260,17 @@ def test_cert_manager_objects_shape() -> None:
             assert set(spec["ca"]) == {"secretName"}
     for name, cert in certificates.items():
         spec = cert["spec"]
-        assert set(spec) <= {"secretName", "dnsNames", "isCA", "commonName", "duration", "renewBefore",
-                             "privateKey", "usages", "issuerRef"}, name
+        assert set(spec) <= {
+            "secretName",
+            "dnsNames",
+            "isCA",
+            "commonName",
+            "duration",
+            "renewBefore",
+            "privateKey",
+            "usages",
+            "issuerRef",
+        }, name
         assert spec["secretName"]
         assert _hours(spec["renewBefore"]) < _hours(spec["duration"]), name
         key = spec["privateKey"]
@@ -244,7 +285,9 @@ def test_cert_manager_objects_shape() -> None:
     [ca] = [c for c in certificates.values() if c["spec"].get("isCA")]
     assert "selfSigned" in issuers[ca["spec"]["issuerRef"]["name"]]["spec"]
     assert ca["spec"]["privateKey"]["rotationPolicy"] == "Never", "a renewed CA must keep its key"
-    ca_issuers = [n for n, i in issuers.items() if i["spec"].get("ca", {}).get("secretName") == ca["spec"]["secretName"]]
+    ca_issuers = [
+        n for n, i in issuers.items() if i["spec"].get("ca", {}).get("secretName") == ca["spec"]["secretName"]
+    ]
     assert len(ca_issuers) == 1
     serving = certificates["amp-tls"]["spec"]
     assert serving["issuerRef"]["name"] == ca_issuers[0]
@@ -264,11 +307,13 @@ def test_kustomization_lists_every_manifest(directory: str) -> None:
     files = {e for e in kustomization["resources"] if not (here / e).is_dir()}
     generated = {f for g in kustomization.get("configMapGenerator", []) for f in g["files"]}
     patches = {p["path"] for p in kustomization.get("patches", [])}
-    assert files | generated | patches == {p.name for p in here.iterdir()
-                                           if p.suffix in (".yaml", ".json") and p.name != "kustomization.yaml"}
+    assert files | generated | patches == {
+        p.name for p in here.iterdir() if p.suffix in (".yaml", ".json") and p.name != "kustomization.yaml"
+    }
     dirs = [e for e in kustomization["resources"] if (here / e).is_dir()]
-    assert dirs == (["../base"] if directory in (*OVERLAYS, "managed")
-                    else ["../cert-manager"] if directory == "tracing" else [])
+    assert dirs == (
+        ["../base"] if directory in (*OVERLAYS, "managed") else ["../cert-manager"] if directory == "tracing" else []
+    )
 
 
 def test_amp_yaml_is_generated_so_an_edit_rolls_the_deployment(tmp_path: Path) -> None:
@@ -300,8 +345,19 @@ def test_amp_yaml_is_generated_so_an_edit_rolls_the_deployment(tmp_path: Path) -
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_has_everything_an_installation_needs(overlay: str) -> None:
     kinds = sorted(kind for kind, _ in objects(overlay))
-    expected = ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "MutatingWebhookConfiguration",
-                "Namespace", "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    expected = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "MutatingWebhookConfiguration",
+        "Namespace",
+        "PodDisruptionBudget",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    ]
     if overlay == "cert-manager":
         expected += ["Certificate", "Certificate", "Issuer", "Issuer"]
     assert kinds == sorted(expected)
@@ -321,11 +377,14 @@ def test_rbac_is_exactly_least_privilege() -> None:
     namespace (by name once it exists); nothing else anywhere in deploy/:
     no other role, no other verb, no wildcard.
     """
+
     def rules_of(role: dict[str, Any]) -> list[tuple]:
         for rule in role["rules"]:
             assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, "no nonResourceURLs"
-        return sorted((tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])),
-                       tuple(r.get("resourceNames", ()))) for r in role["rules"])
+        return sorted(
+            (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])), tuple(r.get("resourceNames", ())))
+            for r in role["rules"]
+        )
 
     roles = [d for d in all_docs() if d["kind"] in ("ClusterRole", "Role")]
     assert sorted(r["kind"] for r in roles) == ["ClusterRole", "Role"], [r["metadata"]["name"] for r in roles]
@@ -335,8 +394,7 @@ def test_rbac_is_exactly_least_privilege() -> None:
         (("",), ("events",), ("create",), ()),
         (("",), ("namespaces",), ("get", "list", "watch"), ()),
         (("",), ("pods",), ("list", "watch"), ()),
-        (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("get", "list", "watch"),
-         (webhook,)),
+        (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("get", "list", "watch"), (webhook,)),
     ]
     config = amp_yaml()
     assert config.kubernetes.webhook_configuration == webhook, "amp watches the one it may read"
@@ -346,26 +404,39 @@ def test_rbac_is_exactly_least_privilege() -> None:
     ]
     account = only("cert-manager", "ServiceAccount")
     assert by_kind["Role"]["metadata"]["namespace"] == account["metadata"]["namespace"], "amp's own namespace"
-    assert config.kubernetes.bypass.enabled and config.kubernetes.bypass.lease_namespace is None, \
+    assert config.kubernetes.bypass.enabled and config.kubernetes.bypass.lease_namespace is None, (
         "the report is on, its Lease in the namespace amp runs in"
+    )
 
     bindings = [d for d in all_docs() if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
     assert sorted(b["kind"] for b in bindings) == ["ClusterRoleBinding", "RoleBinding"]
     for binding in bindings:
         kind = binding["kind"].removesuffix("Binding")
-        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": kind,
-                                      "name": by_kind[kind]["metadata"]["name"]}
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                                        "namespace": account["metadata"]["namespace"]}]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": kind,
+            "name": by_kind[kind]["metadata"]["name"],
+        }
+        assert binding["subjects"] == [
+            {
+                "kind": "ServiceAccount",
+                "name": account["metadata"]["name"],
+                "namespace": account["metadata"]["namespace"],
+            }
+        ]
     assert pod_spec()["serviceAccountName"] == account["metadata"]["name"]
 
 
 def _granted(roles: Iterator[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
     """(ClusterRole or Role, resource, verb, resource name or "") for every grant of C{roles}."""
-    return {(role["kind"], resource, verb, name)
-            for role in roles for rule in role["rules"]
-            for resource in rule["resources"] for verb in rule["verbs"]
-            for name in rule.get("resourceNames") or ("",)}
+    return {
+        (role["kind"], resource, verb, name)
+        for role in roles
+        for rule in role["rules"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+        for name in rule.get("resourceNames") or ("",)
+    }
 
 
 def test_the_security_notes_name_every_grant() -> None:
@@ -375,7 +446,7 @@ def test_the_security_notes_name_every_grant() -> None:
     grant, by name where a grant is by name, and nothing they do not.
     """
     text = (ROOT / "docs" / "operations.md").read_text()
-    notes = text[text.index("## Security notes"):]
+    notes = text[text.index("## Security notes") :]
     documented: set[tuple[str, str, str, str]] = set()
     with_report: set[tuple[str, str, str, str]] = set()
     managed: set[tuple[str, str, str, str]] = set()
@@ -386,8 +457,7 @@ def test_the_security_notes_name_every_grant() -> None:
         resource, *names = re.findall(r"`([^`]+)`", cells[0])
         kind = "ClusterRole" if cells[2].startswith("cluster") else "Role"
         assert cells[2].startswith(("cluster", "amp's namespace")), cells[2]
-        rows = {(kind, resource, verb, name) for verb in re.findall(r"`([^`]+)`", cells[1])
-                for name in names or [""]}
+        rows = {(kind, resource, verb, name) for verb in re.findall(r"`([^`]+)`", cells[1]) for name in names or [""]}
         if "managed registration" in cells[3] and "bypass report" not in cells[3]:
             managed |= rows
             continue
@@ -402,17 +472,32 @@ def test_the_security_notes_name_every_grant() -> None:
     # the managed mode's grants, only in its overlay and with its chart value
     in_overlay = [d for d in build("managed") if d["kind"] in ("ClusterRole", "Role")]
     assert _granted(iter(in_overlay)) == documented | managed
-    on = [d for d in helm_template("--set", "registration.managed=true", "--set", "certManager.enabled=false")
-          if d["kind"] in ("ClusterRole", "Role")]
+    on = [
+        d
+        for d in helm_template("--set", "registration.managed=true", "--set", "certManager.enabled=false")
+        if d["kind"] in ("ClusterRole", "Role")
+    ]
     assert _granted(iter(on)) == documented | managed
     # the Lease stays granted for the managed mode without the bypass report
-    alone = [d for d in helm_template("--set", "registration.managed=true", "--set", "certManager.enabled=false",
-                                      "--set", "config.kubernetes.bypass.enabled=false")
-             if d["kind"] in ("ClusterRole", "Role")]
+    alone = [
+        d
+        for d in helm_template(
+            "--set",
+            "registration.managed=true",
+            "--set",
+            "certManager.enabled=false",
+            "--set",
+            "config.kubernetes.bypass.enabled=false",
+        )
+        if d["kind"] in ("ClusterRole", "Role")
+    ]
     leases = {g for g in with_report if g[1] == "leases"}
     assert _granted(iter(alone)) == (documented - with_report) | leases | managed
-    off = [d for d in helm_template("--set", "config.kubernetes.bypass.enabled=false")
-           if d["kind"] in ("ClusterRole", "Role")]
+    off = [
+        d
+        for d in helm_template("--set", "config.kubernetes.bypass.enabled=false")
+        if d["kind"] in ("ClusterRole", "Role")
+    ]
     assert _granted(iter(off)) == documented - with_report
 
 
@@ -463,7 +548,9 @@ def test_config_paths_and_ports_match_the_deployment() -> None:
     config = amp_yaml()
     c = container()
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {
-        "webhook": config.listen.port, "metrics": config.metrics.port}
+        "webhook": config.listen.port,
+        "metrics": config.metrics.port,
+    }
     assert (config.listen.port, config.metrics.port) == (8443, 9090)
     [mount] = [m for m in c["volumeMounts"] if m["mountPath"] == "/etc/amp"]
     assert mount["readOnly"] is True
@@ -554,7 +641,9 @@ def test_webhook_registration(overlay: str) -> None:
     assert mwc["metadata"]["name"] == "amp.txn2.com"
     entries = {hook["failurePolicy"]: hook for hook in mwc["webhooks"]}
     assert {p: h["name"] for p, h in entries.items()} == {
-        "Ignore": "ignore.mutate.amp.txn2.com", "Fail": "fail.mutate.amp.txn2.com"}
+        "Ignore": "ignore.mutate.amp.txn2.com",
+        "Fail": "fail.mutate.amp.txn2.com",
+    }
     assert amp_yaml().kubernetes.webhook_name == "ignore.mutate.amp.txn2.com", "auto follows the unlabelled's entry"
     for policy, hook in entries.items():
         selector = hook["namespaceSelector"]
@@ -563,10 +652,20 @@ def test_webhook_registration(overlay: str) -> None:
         assert names["key"] == "kubernetes.io/metadata.name"
         assert names["operator"] == "NotIn"
         assert sorted(names["values"]) == ["amp-system", "kube-system"]
-        assert chosen == {"key": "amp.txn2.com/failure-class", "operator": "NotIn" if policy == "Ignore" else "In",
-                          "values": ["Fail"]}
-        assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                                  "resources": ["pods"], "scope": "Namespaced"}]
+        assert chosen == {
+            "key": "amp.txn2.com/failure-class",
+            "operator": "NotIn" if policy == "Ignore" else "In",
+            "values": ["Fail"],
+        }
+        assert hook["rules"] == [
+            {
+                "operations": ["CREATE"],
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["pods"],
+                "scope": "Namespaced",
+            }
+        ]
         assert hook["sideEffects"] == "None"
         assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
         assert hook["timeoutSeconds"] == 10
@@ -574,8 +673,11 @@ def test_webhook_registration(overlay: str) -> None:
         assert hook["reinvocationPolicy"] == "Never"
         service = only(overlay, "Service")
         assert hook["clientConfig"]["service"] == {
-            "name": service["metadata"]["name"], "namespace": service["metadata"]["namespace"],
-            "path": "/mutate", "port": 443}
+            "name": service["metadata"]["name"],
+            "namespace": service["metadata"]["namespace"],
+            "path": "/mutate",
+            "port": 443,
+        }
 
 
 def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -584,10 +686,12 @@ def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
         return False
     for e in selector.get("matchExpressions", []):
         key, op, values = e["key"], e["operator"], e.get("values", [])
-        ok = {"In": key in labels and labels[key] in values,
-              "NotIn": key not in labels or labels[key] not in values,
-              "Exists": key in labels,
-              "DoesNotExist": key not in labels}[op]
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
         if not ok:
             return False
     return True
@@ -717,11 +821,23 @@ def test_install_script_without_cert_manager(tmp_path: Path) -> None:
     kubectl.write_text(FAKE_KUBECTL.format(python=sys.executable))
     kubectl.chmod(0o755)
     log = tmp_path / "applied.jsonl"
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", PYTHON=sys.executable,
-               PYTHONPATH=str(ROOT), FAKE_KUBECTL_LOG=str(log), FAKE_KUBECTL_KUSTOMIZE=tool("kustomize"))
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        PYTHON=sys.executable,
+        PYTHONPATH=str(ROOT),
+        FAKE_KUBECTL_LOG=str(log),
+        FAKE_KUBECTL_KUSTOMIZE=tool("kustomize"),
+    )
     tls_dir = tmp_path / "amp-tls"
-    result = subprocess.run(["sh", str(DEPLOY / "no-cert-manager" / "install.sh"), str(tls_dir)],
-                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["sh", str(DEPLOY / "no-cert-manager" / "install.sh"), str(tls_dir)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     applied = [json.loads(line) for line in log.read_text().splitlines()]
     by_kind: dict[str, list[dict[str, Any]]] = {}
@@ -730,8 +846,13 @@ def test_install_script_without_cert_manager(tmp_path: Path) -> None:
 
     assert {d["kind"] for d in build("base")} <= set(by_kind)
     [secret] = by_kind["Secret"]
-    projected = [s["secret"]["name"] for v in pod_spec()["volumes"] if "projected" in v
-                 for s in v["projected"]["sources"] if "secret" in s]
+    projected = [
+        s["secret"]["name"]
+        for v in pod_spec()["volumes"]
+        if "projected" in v
+        for s in v["projected"]["sources"]
+        if "secret" in s
+    ]
     assert secret["metadata"]["name"] in projected
     assert secret["type"] == "kubernetes.io/tls"
     cert_pem = base64.b64decode(secret["data"]["tls.crt"])
@@ -745,14 +866,19 @@ def test_install_script_without_cert_manager(tmp_path: Path) -> None:
     ca = x509.load_pem_x509_certificate(ca_pem)
     cert = x509.load_pem_x509_certificate(cert_pem)
     cert.verify_directly_issued_by(ca)
-    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-        x509.DNSName)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
     assert "amp.amp-system.svc" in names
 
     # Run again (renewal): same CA, new serving certificate.
     log.unlink()
-    result = subprocess.run(["sh", str(DEPLOY / "no-cert-manager" / "install.sh"), str(tls_dir)],
-                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["sh", str(DEPLOY / "no-cert-manager" / "install.sh"), str(tls_dir)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     again = [json.loads(line) for line in log.read_text().splitlines()]
     [secret2] = [d for d in again if d["kind"] == "Secret"]
@@ -774,10 +900,18 @@ def test_each_overlay_passes_amp_check(overlay: str) -> None:
     import sys
 
     built = yaml.safe_dump_all(build(overlay))
-    result = subprocess.run([sys.executable, "-c", "from amp.cli import main; main()", "check", "--manifest", "-"],
-                            input=built, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", "from amp.cli import main; main()", "check", "--manifest", "-"],
+        input=built,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (result.returncode, result.stdout, result.stderr) == (
-        0, "MutatingWebhookConfiguration amp.txn2.com: no registration problem\n", "")
+        0,
+        "MutatingWebhookConfiguration amp.txn2.com: no registration problem\n",
+        "",
+    )
 
 
 # ---------------------------------------------------------------- the managed registration
@@ -791,14 +925,15 @@ def test_the_managed_overlay_is_the_base_with_amp_keeping_its_registration_and_c
     configuration by name and keep that one Secret); what amp applies is
     what the overlay ships, but the caBundle amp writes itself.
     """
-    from amp_dev.devcert import make_ca, pem_cert
-
     from amp.registration import desired, drifted
+    from amp_dev.devcert import make_ca, pem_cert
 
     managed, base = objects("managed"), objects("base")
     assert {k for k in set(managed) - set(base) if k[0] != "ConfigMap"} == {
-        ("ClusterRole", "amp-registration"), ("ClusterRoleBinding", "amp-registration"),
-        ("MutatingWebhookConfiguration", "amp.txn2.com")}
+        ("ClusterRole", "amp-registration"),
+        ("ClusterRoleBinding", "amp-registration"),
+        ("MutatingWebhookConfiguration", "amp.txn2.com"),
+    }
     assert not {k for k in managed if k[0] in ("Certificate", "Issuer", "Secret")}
     config = parse_config(yaml.safe_load(only("managed", "ConfigMap")["data"]["amp.yaml"]))
     assert config.registration.managed and not amp_yaml().registration.managed
@@ -808,8 +943,14 @@ def test_the_managed_overlay_is_the_base_with_amp_keeping_its_registration_and_c
     assert [src for src in volume["projected"]["sources"] if "secret" in src] == []
     [role] = [d for d in build("managed") if d["kind"] == "Role"]
     by_name = [r for r in role["rules"] if r.get("resources") == ["secrets"] and r.get("resourceNames")]
-    assert by_name == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["amp-certificates"],
-                        "verbs": ["get", "update", "patch"]}]
+    assert by_name == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["amp-certificates"],
+            "verbs": ["get", "update", "patch"],
+        }
+    ]
     shipped = only("managed", "MutatingWebhookConfiguration")
     assert all("caBundle" not in e["clientConfig"] for e in shipped["webhooks"])
     want = desired(config, pem_cert(make_ca("ca")[0]))
@@ -818,21 +959,41 @@ def test_the_managed_overlay_is_the_base_with_amp_keeping_its_registration_and_c
     assert drifted(shipped, want) is None
     service = only("managed", "Service")
     assert (config.registration.service, config.registration.service_port) == (
-        service["metadata"]["name"], service["spec"]["ports"][0]["port"])
+        service["metadata"]["name"],
+        service["spec"]["ports"][0]["port"],
+    )
 
 
 def test_the_chart_refuses_the_managed_mode_with_cert_manager() -> None:
-    result = subprocess.run([tool("helm"), "template", "amp", str(DEPLOY / "chart" / "amp"), "--set",
-                             "registration.managed=true", "--set", "certManager.enabled=true"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            tool("helm"),
+            "template",
+            "amp",
+            str(DEPLOY / "chart" / "amp"),
+            "--set",
+            "registration.managed=true",
+            "--set",
+            "certManager.enabled=true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0
     assert "registration.managed keeps amp's own CA" in result.stderr and "certManager.enabled=false" in result.stderr
 
 
 def test_the_chart_applies_its_selector_requirements_in_the_managed_mode_too() -> None:
     extra = [{"key": "team", "operator": "In", "values": ["a"]}]
-    docs = helm_template("--set", "registration.managed=true", "--set", "certManager.enabled=false",
-                         "--set-json", f"webhook.namespaceSelector.matchExpressions={json.dumps(extra)}")
+    docs = helm_template(
+        "--set",
+        "registration.managed=true",
+        "--set",
+        "certManager.enabled=false",
+        "--set-json",
+        f"webhook.namespaceSelector.matchExpressions={json.dumps(extra)}",
+    )
     [configmap] = [d for d in docs if d["kind"] == "ConfigMap" and "amp.yaml" in d.get("data", {})]
     config = parse_config(yaml.safe_load(configmap["data"]["amp.yaml"]))
     assert config.registration.match_expressions == (("team", "In", ("a",)),)

@@ -29,10 +29,16 @@ import pytest
 from packaging.markers import Marker
 
 from amp.config import parse_config
-
 from tests.support.helpers import apply_patch, decode_answer, pod, review
 from tests.support.imagerun import (
-    NAMESPACE, ChartContainer, Pair, built_image, chart_container, chart_deployment, container_config, https_get,
+    NAMESPACE,
+    ChartContainer,
+    Pair,
+    built_image,
+    chart_container,
+    chart_deployment,
+    container_config,
+    https_get,
     imagetool,
 )
 from tests.support.waiting import poll_until

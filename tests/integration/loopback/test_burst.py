@@ -25,7 +25,15 @@ from twisted.web.server import NOT_DONE_YET, Site
 
 from amp.admission import STATUS_ANNOTATION
 from tests.support.helpers import (
-    WebhookClient, apply_patch, decode_answer, make_config, namespace, pod, review_bytes, start_amp, wait_all,
+    WebhookClient,
+    apply_patch,
+    decode_answer,
+    make_config,
+    namespace,
+    pod,
+    review_bytes,
+    start_amp,
+    wait_all,
 )
 from tests.support.waiting import wait_until
 

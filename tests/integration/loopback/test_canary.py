@@ -22,7 +22,16 @@ from amp.policy import route
 from amp.reply import EndpointDecision
 from tests.support.candidates import CANDIDATE_IMAGE, start_live_and_candidate
 from tests.support.helpers import (
-    WAIT, WebhookClient, closed_port, decode_answer, make_config, namespace, pod, review_bytes, start_amp)
+    WAIT,
+    WebhookClient,
+    closed_port,
+    decode_answer,
+    make_config,
+    namespace,
+    pod,
+    review_bytes,
+    start_amp,
+)
 from tests.support.prometheus import Scrape
 from tests.support.waiting import wait_until
 

@@ -109,7 +109,8 @@ def connect(port: int) -> Deferred:
     """A L{RawClient} connected over TLS (development CA, IP checked) to amp."""
     endpoint = wrapClientTLS(
         optionsForClientTLS("127.0.0.1", trustRoot=Certificate.loadPEM(ca_pem())),
-        TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=5))
+        TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=5),
+    )
     return connectProtocol(endpoint, RawClient())
 
 
@@ -318,7 +319,9 @@ class NonReaderTests(HostileTestCase):
         self.assertEqual(other.received.count(b'"uid"'), 3)
         # amp closes the greedy one within idle_timeout plus the close grace
         # (a client that does not read does not see that until it reads).
-        yield wait_until(lambda: amp.service.webhook_server.open_connections == 1, timeout=0.3 + http.CLOSE_GRACE + 10.0)
+        yield wait_until(
+            lambda: amp.service.webhook_server.open_connections == 1, timeout=0.3 + http.CLOSE_GRACE + 10.0
+        )
         self.assertIsNone(greedy.closed_at)
         greedy.transport.resumeProducing()
         yield self.closed(greedy)

@@ -28,9 +28,9 @@ from twisted.trial.unittest import TestCase
 
 from amp.config import BreakerConfig, EndpointSettings
 from amp.http._target import _HOST, OWS, host_problem, transfer_coding_problem
+from tests.integration.loopback.test_hostile_clients import HostileTestCase
 from tests.support.endpoint_harness import PATCH, PATCH_BYTES, FailureAssertions, LoopbackServer, RealHarness
 from tests.support.helpers import UID, decode_answer, parse_raw_response, review_bytes
-from tests.integration.loopback.test_hostile_clients import HostileTestCase
 
 # ---------------------------------------------------------------- the listener
 

@@ -17,7 +17,6 @@ from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, Deferred, inlineCallbacks
 from twisted.trial.unittest import TestCase
 from twisted.web._newclient import ResponseNeverReceived
-
 from zope.interface import implementer
 
 from amp.admission import STATUS_ANNOTATION

@@ -16,13 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from cryptography import x509
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import TestCase
 
+from amp import __version__
+from amp.config import parse_config
+from amp.metrics import BREAKER_STATE_VALUES, KIND_LIMIT, Metrics
+from amp.service import namespace_source
+from amp_dev.devcert import write_dev_tls
 from tests.support.helpers import (
     WebhookClient,
     closed_port,
@@ -37,11 +42,6 @@ from tests.support.helpers import (
 )
 from tests.support.prometheus import Scrape
 from tests.support.waiting import wait_until
-from amp import __version__
-from amp.config import parse_config
-from amp_dev.devcert import write_dev_tls
-from amp.metrics import BREAKER_STATE_VALUES, KIND_LIMIT, Metrics
-from amp.service import namespace_source
 
 #: The metrics the operator documentation and alerts rely on, with their
 #: Prometheus type and label names.
@@ -93,9 +93,14 @@ class ScrapeTests(TestCase):
                 "down": namespace(f"{self.refused_origin}/mutate"),
             },
             tls={"cert": str(self.tls["cert"]), "key": str(self.tls["key"])},
-            endpoints={"overrides": [{"match": f"{self.refused_origin}/*",
-                                      "breaker": {"consecutive_failures": 1, "cooldown": "1m",
-                                                  "max_cooldown": "1m"}}]},
+            endpoints={
+                "overrides": [
+                    {
+                        "match": f"{self.refused_origin}/*",
+                        "breaker": {"consecutive_failures": 1, "cooldown": "1m", "max_cooldown": "1m"},
+                    }
+                ]
+            },
         )
         self.amp = yield start_amp(parse_config(raw), reactor, metrics_listener=True)
         self.addCleanup(self.amp.stop)
@@ -104,8 +109,9 @@ class ScrapeTests(TestCase):
 
     @inlineCallbacks
     def admit(self, ns: str, obj: Any = None, **kwargs: Any) -> Any:
-        response, body = yield self.client.post(self.amp.url(query="timeout=10s"),
-                                                review_bytes(obj, namespace=ns, **kwargs))
+        response, body = yield self.client.post(
+            self.amp.url(query="timeout=10s"), review_bytes(obj, namespace=ns, **kwargs)
+        )
         self.assertEqual(response.code, 200, body)
         return decode_answer(body)["response"]
 
@@ -174,8 +180,11 @@ class ScrapeTests(TestCase):
         API server was told, filterable; never the Pod, its annotation
         values or its env.
         """
-        secret_pod = pod("web-1", annotations={"team.example/token": "s3cr3t-annotation"},
-                         containers=[{"name": "app", "image": "nginx", "env": [{"name": "PW", "value": "s3cr3t-env"}]}])
+        secret_pod = pod(
+            "web-1",
+            annotations={"team.example/token": "s3cr3t-annotation"},
+            containers=[{"name": "app", "image": "nginx", "env": [{"name": "PW", "value": "s3cr3t-env"}]}],
+        )
         yield self.admit("patched", secret_pod, uid="uid-patched")
         ignored = yield self.admit("ignored", pod("web-2"), uid="uid-ignored")
         denied = yield self.admit("fail-closed", pod("web-3"), uid="uid-fail")
@@ -186,10 +195,13 @@ class ScrapeTests(TestCase):
         decisions = json.loads(body)
         self.assertEqual([d["uid"] for d in decisions], ["uid-patched", "uid-ignored", "uid-fail"])
         patched, ignored_d, failed = decisions
-        self.assertEqual(set(patched), {"uid", "time", "namespace", "pod", "endpoint", "result", "reason", "message",
-                                        "duration_ms"})
-        self.assertEqual((patched["namespace"], patched["pod"], patched["endpoint"], patched["result"]),
-                         ("patched", "web-1", self.origin, "patched"))
+        self.assertEqual(
+            set(patched), {"uid", "time", "namespace", "pod", "endpoint", "result", "reason", "message", "duration_ms"}
+        )
+        self.assertEqual(
+            (patched["namespace"], patched["pod"], patched["endpoint"], patched["result"]),
+            ("patched", "web-1", self.origin, "patched"),
+        )
         self.assertRegex(patched["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
         self.assertGreater(patched["duration_ms"], 0)
         self.assertEqual(ignored_d["result"], "ignored")
@@ -214,8 +226,9 @@ class ScrapeTests(TestCase):
         is reloadable.
         """
         config = self.amp.service.config
-        self.amp.service.apply(dataclasses.replace(
-            config, metrics=dataclasses.replace(config.metrics, debug_reviews=0)))
+        self.amp.service.apply(
+            dataclasses.replace(config, metrics=dataclasses.replace(config.metrics, debug_reviews=0))
+        )
         yield self.admit("patched")
         response, body = yield self.debug_reviews()
         self.assertEqual(response.code, 404)
@@ -242,7 +255,9 @@ class ScrapeTests(TestCase):
         self.assertEqual(scrape.value(calls, endpoint=self.origin, outcome="http-5xx"), 1)
         self.assertEqual(scrape.value(calls, endpoint=self.origin, outcome="invalid-json"), 1)
         self.assertEqual(scrape.value("amp_endpoint_duration_seconds_count", endpoint=self.origin), 4)
-        endpoints = {dict(labels).get("endpoint") for (name, labels) in scrape.samples if name.startswith("amp_endpoint_")}
+        endpoints = {
+            dict(labels).get("endpoint") for (name, labels) in scrape.samples if name.startswith("amp_endpoint_")
+        }
         self.assertEqual(endpoints, {self.origin}, "the endpoint label is the origin, never a path")
 
     @inlineCallbacks
@@ -272,8 +287,9 @@ class ScrapeTests(TestCase):
         """
         scrape = yield self.scrape()
         self.assertEqual(scrape.value("amp_build_info", version=__version__), 1)
-        self.assertEqual([dict(labels) for name, labels in scrape.samples if name == "amp_build_info"],
-                         [{"version": __version__}])
+        self.assertEqual(
+            [dict(labels) for name, labels in scrape.samples if name == "amp_build_info"], [{"version": __version__}]
+        )
 
     @inlineCallbacks
     def test_tls_expiry_and_reloads(self) -> Any:
@@ -282,6 +298,7 @@ class ScrapeTests(TestCase):
         a new certificate counts a success and moves the gauge, a broken key
         counts an error and leaves the gauge on the certificate in service.
         """
+
         def not_after(path: Path) -> float:
             return x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc.timestamp()
 
@@ -341,8 +358,7 @@ def test_static_namespace_count_is_exposed() -> None:
     With C{kubernetes.source: static} the cache gauge is the number of
     configured namespaces.
     """
-    config = make_config({"a": namespace("http://127.0.0.1:1/x"), "b": namespace(enabled=False),
-                          "c": namespace()})
+    config = make_config({"a": namespace("http://127.0.0.1:1/x"), "b": namespace(enabled=False), "c": namespace()})
     metrics = Metrics()
     namespace_source(config, reactor, metrics)
     assert metrics.registry.get_sample_value("amp_namespace_cache_namespaces") == 3
@@ -360,21 +376,34 @@ def test_review_kinds_and_operations_from_clients_cannot_grow_the_registry() -> 
     for i in range(KIND_LIMIT + 50):
         metrics.count_review(f"Kind{i}", f"VERB{i % 3}" if i % 2 else "CREATE", "skipped", "", 0.001)
     metrics.count_review("Pod", "CREATE", "patched", "", 0.001)
-    samples = [s for family in metrics.registry.collect() if family.name == "amp_admission_requests"
-               for s in family.samples if s.name == "amp_admission_requests_total"]
+    samples = [
+        s
+        for family in metrics.registry.collect()
+        if family.name == "amp_admission_requests"
+        for s in family.samples
+        if s.name == "amp_admission_requests_total"
+    ]
     kinds = {s.labels["kind"] for s in samples}
     assert len(kinds) <= KIND_LIMIT + 1 and "other" in kinds
     assert {s.labels["operation"] for s in samples} <= {"CREATE", "other"}
     assert sum(s.value for s in samples) == KIND_LIMIT + 51
     # Reviews of a kind named before the limit keep their own series.
-    assert metrics.registry.get_sample_value(
-        "amp_admission_requests_total",
-        {"kind": "Kind0", "operation": "CREATE", "result": "skipped", "reason": ""}) == 1
+    assert (
+        metrics.registry.get_sample_value(
+            "amp_admission_requests_total", {"kind": "Kind0", "operation": "CREATE", "result": "skipped", "reason": ""}
+        )
+        == 1
+    )
 
 
-@given(st.lists(st.sampled_from([0.0, 0.0005, 0.0007, 0.001, 0.003, 0.5, 1.0, 7.5, 30.0, 31.0, 1e6])
-                | st.floats(min_value=0, max_value=100, allow_nan=False), max_size=30),
-       st.sampled_from([(), ("https://a.example:443",)]))
+@given(
+    st.lists(
+        st.sampled_from([0.0, 0.0005, 0.0007, 0.001, 0.003, 0.5, 1.0, 7.5, 30.0, 31.0, 1e6])
+        | st.floats(min_value=0, max_value=100, allow_nan=False),
+        max_size=30,
+    ),
+    st.sampled_from([(), ("https://a.example:443",)]),
+)
 @settings(max_examples=60, deadline=None)
 def test_hot_metrics_expose_what_prometheus_client_would(observations: list[float], labels: tuple) -> None:
     """

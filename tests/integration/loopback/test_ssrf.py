@@ -146,7 +146,7 @@ class LoopbackSSRFTests(LoopbackTestCase):
         try:
             evil, _ = self.serve(Patcher(), interface="127.0.0.2", port=port)
         except Exception as e:  # pragma: no cover - the port is taken on 127.0.0.2
-            raise SkipTest(f"cannot listen on 127.0.0.2:{port}: {e}")
+            raise SkipTest(f"cannot listen on 127.0.0.2:{port}: {e}") from e
         resolver = ScriptedResolver(["127.0.0.1"], ["127.0.0.2"])
         r = self.reviewer(f"http://rebind.team-a.svc:{port}/mutate", allow=EVERYWHERE, deny=["127.0.0.2/32"],
                           resolver=resolver)
@@ -173,7 +173,7 @@ class LoopbackSSRFTests(LoopbackTestCase):
         try:
             second, _ = self.serve(Patcher(), interface="127.0.0.2", port=port)
         except Exception as e:  # pragma: no cover
-            raise SkipTest(f"cannot listen on 127.0.0.2:{port}: {e}")
+            raise SkipTest(f"cannot listen on 127.0.0.2:{port}: {e}") from e
         resolver = ScriptedResolver(["127.0.0.1"], ["127.0.0.2"])
         r = self.reviewer(f"http://moving.team-a.svc:{port}/mutate", allow=EVERYWHERE, resolver=resolver)
         yield r.review()

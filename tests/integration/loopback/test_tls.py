@@ -36,7 +36,6 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 from zope.interface import implementer
 
-from amp_dev.devcert import issue_cert, make_ca, pem_cert, pem_key
 from amp.metrics import Metrics
 from amp.reload import SighupService
 from amp.tls import (
@@ -46,6 +45,7 @@ from amp.tls import (
     ReloadingCertificate,
     tls_endpoint,
 )
+from amp_dev.devcert import issue_cert, make_ca, pem_cert, pem_key
 from tests.support.helpers import ConnectionTracker, SecretVolume
 
 INTERVAL = 5.0

@@ -27,8 +27,17 @@ from twisted.web.server import Site
 from amp.config import parse_config
 from amp.namespaces import NamespaceInfo
 from tests.support.helpers import (
-    ENABLED_LABEL, EP_ANNOTATION, UID, FakeSource, WebhookClient, closed_port, decode_answer, namespace, raw_config,
-    review_bytes, start_amp,
+    ENABLED_LABEL,
+    EP_ANNOTATION,
+    UID,
+    FakeSource,
+    WebhookClient,
+    closed_port,
+    decode_answer,
+    namespace,
+    raw_config,
+    review_bytes,
+    start_amp,
 )
 from tests.support.otlp import HTTPReceiver
 from tests.support.waiting import wait_until

@@ -24,8 +24,8 @@ from twisted.trial.unittest import TestCase
 from twisted.web._newclient import RequestTransmissionFailed, ResponseNeverReceived
 from zope.interface import implementer
 
-from amp_dev.devcert import make_ca, pem_cert
 from amp.namespaces import INamespaceSource, StaticNamespaceSource
+from amp_dev.devcert import make_ca, pem_cert
 from tests.support.helpers import (
     UID,
     WebhookClient,

@@ -78,7 +78,7 @@ def test_a_running_amp_keeps_answering_while_hostile_configs_are_swapped_in(tmp_
                 new = write_hostile(tmp_path, kind, "amp.yaml.new")
                 os.replace(new, amp.config_path)
                 swaps += 1
-                poll_until(f"the {kind} config refused", lambda: errors() >= swaps or None, 30, amp.output)
+                poll_until(f"the {kind} config refused", lambda swaps=swaps: errors() >= swaps or None, 30, amp.output)
                 assert amp.process.poll() is None, amp.output()
         amp.config_path.with_suffix(".new").write_bytes(good)
         os.replace(amp.config_path.with_suffix(".new"), amp.config_path)

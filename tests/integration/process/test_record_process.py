@@ -33,8 +33,8 @@ from amp.record import Recorder, recording_files
 from amp.record._pipe import WriterSettings, capture_frame, decode_report, settings_frame
 from amp.record._recorder import writer_argv
 from tests.support.helpers import make_config, pod, review_bytes
-from tests.unit.record.test_record import _capture
 from tests.support.waiting import wait_until
+from tests.unit.record.test_record import _capture
 
 ANSWER = _capture().answer_body
 
@@ -86,8 +86,16 @@ class WriterProcessTests(TestCase):
 
     def offer(self, recorder: Recorder, uid: str, body: Optional[bytes] = None) -> None:
         c = _capture()
-        recorder.offer(replace(c, uid=uid, namespace="team-a", labels={}, annotations={},
-                               request_body=body if body is not None else c.request_body))
+        recorder.offer(
+            replace(
+                c,
+                uid=uid,
+                namespace="team-a",
+                labels={},
+                annotations={},
+                request_body=body if body is not None else c.request_body,
+            )
+        )
 
     def uids(self) -> list[str]:
         out = []
@@ -138,11 +146,19 @@ class WriterProcessTests(TestCase):
         self.stop_process(first)
         for i in range(3):
             self.offer(recorder, f"lost-{i}")
-        yield wait_until(lambda: recorder._writer is not None and recorder._writer._child is not None
-                         and recorder._writer._child.reviews == 3, 10, "the reviews written to its pipe")
+        yield wait_until(
+            lambda: (
+                recorder._writer is not None
+                and recorder._writer._child is not None
+                and recorder._writer._child.reviews == 3
+            ),
+            10,
+            "the reviews written to its pipe",
+        )
         os.kill(first, signal.SIGKILL)
-        yield wait_until(lambda: recorder._writer is not None and recorder._writer.pid not in (None, first), 30,
-                         "a new writer")
+        yield wait_until(
+            lambda: recorder._writer is not None and recorder._writer.pid not in (None, first), 30, "a new writer"
+        )
         self.assertEqual(self.count("failed"), 3)
         self.assertEqual(self.metrics.registry.get_sample_value("amp_record_writer_restarts_total"), 1)
         [error] = self.logged(LogLevel.error, "The recording's writer")
@@ -192,9 +208,17 @@ def _read_line(proc: subprocess.Popen, timeout: float = 30) -> bytes:
 
 
 def test_the_writer_ends_when_its_input_does_and_not_on_a_signal_to_the_group(tmp_path: Path) -> None:
-    settings = WriterSettings(directory=str(tmp_path / "rec"), file_size=1024 * 1024, max_size=8 * 1024 * 1024,
-                              queue=1, queue_bytes=1024 * 1024, redact=False, key=b"k" * 32,
-                              keep_prefixes=("amp.txn2.com/",), keep_names=())
+    settings = WriterSettings(
+        directory=str(tmp_path / "rec"),
+        file_size=1024 * 1024,
+        max_size=8 * 1024 * 1024,
+        queue=1,
+        queue_bytes=1024 * 1024,
+        redact=False,
+        key=b"k" * 32,
+        keep_prefixes=("amp.txn2.com/",),
+        keep_names=(),
+    )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3]))
     proc = subprocess.Popen(writer_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     try:
@@ -217,8 +241,10 @@ def test_the_writer_ends_when_its_input_does_and_not_on_a_signal_to_the_group(tm
 
 def test_the_writer_imports_neither_twisted_nor_the_metrics_library() -> None:
     """The writer's modules stay its own: amp.record's names are imported when first used."""
-    code = ("import sys, amp.record._writer; print(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'twisted', 'prometheus_client', 'zope'}))")
+    code = (
+        "import sys, amp.record._writer; print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'twisted', 'prometheus_client', 'zope'}))"
+    )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3]))
     done = subprocess.run([*writer_argv()[:2], "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
@@ -239,8 +265,17 @@ def test_the_writer_takes_only_cpu_time_nothing_else_wants(tmp_path: Path) -> No
     proc = subprocess.Popen(writer_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     try:
         assert proc.stdin is not None
-        settings = WriterSettings(directory=str(tmp_path / "rec"), file_size=64 * 1024, max_size=1024 * 1024,
-                                  queue=1, queue_bytes=1024, redact=False, key=b"k" * 32, keep_prefixes=(), keep_names=())
+        settings = WriterSettings(
+            directory=str(tmp_path / "rec"),
+            file_size=64 * 1024,
+            max_size=1024 * 1024,
+            queue=1,
+            queue_bytes=1024,
+            redact=False,
+            key=b"k" * 32,
+            keep_prefixes=(),
+            keep_names=(),
+        )
         proc.stdin.write(settings_frame(settings) + b"".join(capture_frame(_capture())))
         proc.stdin.flush()
         _read_line(proc)  # it is past its start

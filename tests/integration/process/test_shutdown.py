@@ -36,9 +36,9 @@ from typing import Any, Iterator, Optional
 import pytest
 import yaml
 
-from tests.support.prometheus import Scrape
 from tests.support.helpers import ca_pem, namespace, raw_config, review_bytes
 from tests.support.ports import free_port, free_ports, listening
+from tests.support.prometheus import Scrape
 from tests.support.waiting import poll_until
 
 REPO = Path(__file__).resolve().parents[3]

@@ -74,13 +74,22 @@ def test_each_workers_metrics_port_is_checked_by_worker_zero() -> None:
         assert problem.startswith(f"metrics.port: port {base + 1} (metrics of worker 1) is in use by pid {os.getpid()}")
         # A worker above 0 inherits the webhook socket and checks only its own metrics port.
         assert port_problem(config, worker=1) is not None
-        assert port_problem(make_config(workers=2, listen={"port": base + 1},
-                                        metrics={"port": free_ports()[1], "interface": "127.0.0.1"}), worker=1) is None
+        assert (
+            port_problem(
+                make_config(
+                    workers=2, listen={"port": base + 1}, metrics={"port": free_ports()[1], "interface": "127.0.0.1"}
+                ),
+                worker=1,
+            )
+            is None
+        )
 
 
 def test_free_ports_have_no_problem() -> None:
     webhook, metrics = free_ports()
-    assert port_problem(make_config(listen={"port": webhook}, metrics={"port": metrics, "interface": "127.0.0.1"})) is None
+    assert (
+        port_problem(make_config(listen={"port": webhook}, metrics={"port": metrics, "interface": "127.0.0.1"})) is None
+    )
 
 
 @pytest.mark.parametrize("which, key", [("cert", "tls.cert"), ("key", "tls.key"), ("client_ca", "tls.client_ca")])
@@ -120,16 +129,24 @@ def test_outside_a_cluster_source_cluster_says_what_to_use_instead() -> None:
         raise RuntimeError("Service host/port is not set.")
 
     problem = kubernetes_problem(KubernetesConfig(source="cluster"), load)
-    assert problem == ("kubernetes.source: cluster, but the in-cluster service account cannot be loaded "
-                       "(RuntimeError: Service host/port is not set.); outside a cluster use source: kubeconfig "
-                       "or static")
+    assert problem == (
+        "kubernetes.source: cluster, but the in-cluster service account cannot be loaded "
+        "(RuntimeError: Service host/port is not set.); outside a cluster use source: kubeconfig "
+        "or static"
+    )
 
 
 def _twistd_amp(tmp_path: Path, **sections: object) -> tuple[str, subprocess.CompletedProcess]:
     path = tmp_path / "amp.yaml"
     path.write_text(yaml.safe_dump(raw_config(**sections)))
-    result = subprocess.run([str(TWISTD), "--nodaemon", "--pidfile=", "amp", "--config", str(path)], cwd=tmp_path,
-                            env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(TWISTD), "--nodaemon", "--pidfile=", "amp", "--config", str(path)],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return str(path), result
 
 
@@ -142,7 +159,8 @@ def _one_line(result: subprocess.CompletedProcess) -> str:
 def test_twistd_amp_on_a_taken_port_prints_one_line_naming_the_holder(tmp_path: Path, taken: int) -> None:
     path, result = _twistd_amp(tmp_path, listen={"port": taken})
     assert _one_line(result).startswith(
-        f"amp: config {path}: listen.port: port {taken} (webhook) is in use by pid {os.getpid()} (")
+        f"amp: config {path}: listen.port: port {taken} (webhook) is in use by pid {os.getpid()} ("
+    )
 
 
 def test_twistd_amp_on_a_taken_metrics_port_prints_one_line(tmp_path: Path, taken: int) -> None:

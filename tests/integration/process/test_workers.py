@@ -29,9 +29,9 @@ from twisted.runner.procmon import ProcessMonitor
 from amp.balance import SLOT, LoadTable, WorkerListener
 from amp.tap import Options, makeService
 from amp.workers import LISTEN_FD, LOAD_TABLE_FD, ParentWatch, worker_argv
-from tests.support.prometheus import Scrape
 from tests.support.helpers import ca_pem, decode_answer, raw_config, review_bytes
 from tests.support.ports import free_ports
+from tests.support.prometheus import Scrape
 from tests.support.waiting import poll_until
 
 REPO = Path(__file__).resolve().parents[3]

@@ -29,14 +29,14 @@ from amp.breaker import BreakerRegistry
 from amp.config import Config
 from amp.deadline import Deadline
 from amp.endpoint import EndpointClient
-from amp_examples.server import build_root
 from amp.metrics import Metrics
-from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
+from amp.namespaces import INamespaceSource, NamespaceInfo, NamespaceLookupError, StaticNamespaceSource
+from amp_examples.server import build_root
 from tests.support.endpoint_harness import ResourceConnector
 from tests.support.helpers import (
-    FakeSource,
     UID,
     V1BETA1,
+    FakeSource,
     apply_patch,
     decode_answer,
     make_config,

@@ -18,8 +18,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from amp.patch import PatchError, check_patch, compose
 from amp_examples.registry import registry_reply
 from amp_examples.sidecar import sidecar_reply
-from tests.support.helpers import apply_patch, make_config, namespace, pod, review_bytes
 from tests.support.endpoint_harness import Hung
+from tests.support.helpers import apply_patch, make_config, namespace, pod, review_bytes
 from tests.unit.admission.test_admission import Canned, Harness, answered, stamp
 
 A = "http://127.0.0.1:8091"

@@ -21,7 +21,6 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 
 from amp.cli import dispatch
-from amp.text import terminal
 from amp.cli.audit import run
 from amp.cli.audit_cluster import PagedLists
 from amp.cli.audit_judge import PodState, Prediction, judge_pod
@@ -31,6 +30,7 @@ from amp.cli.audit_paths import compare, touched_places
 from amp.cli.audit_pipeline import Pacer
 from amp.config import KubernetesConfig, parse_config
 from amp.poddiff import MISSING
+from amp.text import terminal
 from tests.support.endpoint_harness import ResourceConnector
 
 STATUS = "amp.txn2.com/status"
@@ -65,16 +65,37 @@ class Sidecar(Resource):
         spec = pod["spec"]
         ops: list[dict[str, Any]] = []
         mount = {"name": "shared", "mountPath": "/var/run/proxy"}
-        ops.append({"op": "add", "path": "/spec/volumes" + ("/-" if spec.get("volumes") else ""),
-                    "value": {"name": "shared", "emptyDir": {}} if spec.get("volumes")
-                    else [{"name": "shared", "emptyDir": {}}]})
+        ops.append(
+            {
+                "op": "add",
+                "path": "/spec/volumes" + ("/-" if spec.get("volumes") else ""),
+                "value": {"name": "shared", "emptyDir": {}}
+                if spec.get("volumes")
+                else [{"name": "shared", "emptyDir": {}}],
+            }
+        )
         first = spec["containers"][0]
-        ops.append({"op": "add", "path": "/spec/containers/0/volumeMounts" + ("/-" if first.get("volumeMounts") else ""),
-                    "value": mount if first.get("volumeMounts") else [mount]})
-        ops.append({"op": "add", "path": "/spec/containers/-",
-                    "value": {"name": "proxy", "image": self.image, "args": ["--port", "15001"]}})
-        ops.append({"op": "add", "path": "/spec/tolerations",
-                    "value": [{"key": "proxy", "operator": "Exists", "effect": "NoSchedule"}]})
+        ops.append(
+            {
+                "op": "add",
+                "path": "/spec/containers/0/volumeMounts" + ("/-" if first.get("volumeMounts") else ""),
+                "value": mount if first.get("volumeMounts") else [mount],
+            }
+        )
+        ops.append(
+            {
+                "op": "add",
+                "path": "/spec/containers/-",
+                "value": {"name": "proxy", "image": self.image, "args": ["--port", "15001"]},
+            }
+        )
+        ops.append(
+            {
+                "op": "add",
+                "path": "/spec/tolerations",
+                "value": [{"key": "proxy", "operator": "Exists", "effect": "NoSchedule"}],
+            }
+        )
         request.setHeader(b"content-type", b"application/json")
         return json.dumps(ops).encode()
 
@@ -86,8 +107,14 @@ def template(app: str, image: str = "app:1") -> dict[str, Any]:
     return {"metadata": {"labels": {"app": app}}, "spec": {"containers": [{"name": "app", "image": image}]}}
 
 
-def admitted_pod(tmpl: dict[str, Any], name: str, owner: Optional[tuple[str, str, str]], sidecar: Optional[str],
-                 stamp: Optional[str] = None, **extra_labels: str) -> dict[str, Any]:
+def admitted_pod(
+    tmpl: dict[str, Any],
+    name: str,
+    owner: Optional[tuple[str, str, str]],
+    sidecar: Optional[str],
+    stamp: Optional[str] = None,
+    **extra_labels: str,
+) -> dict[str, Any]:
     """
     A Pod as the API server stores it: the template, the API server's
     defaults and service account volume (before amp), the sidecar of image
@@ -101,8 +128,9 @@ def admitted_pod(tmpl: dict[str, Any], name: str, owner: Optional[tuple[str, str
     meta["uid"] = f"uid-{name}"
     meta["labels"] = {**meta.get("labels", {}), "policy.example/added": "yes", **extra_labels}
     if owner is not None:
-        meta["ownerReferences"] = [{"apiVersion": owner[0], "kind": owner[1], "name": owner[2], "uid": "x",
-                                    "controller": True}]
+        meta["ownerReferences"] = [
+            {"apiVersion": owner[0], "kind": owner[1], "name": owner[2], "uid": "x", "controller": True}
+        ]
     spec = pod["spec"]
     for c in spec["containers"]:
         c.update(imagePullPolicy="IfNotPresent", terminationMessagePath="/dev/termination-log")
@@ -113,8 +141,9 @@ def admitted_pod(tmpl: dict[str, Any], name: str, owner: Optional[tuple[str, str
     if sidecar is not None:
         spec["volumes"].append({"name": "shared", "emptyDir": {}})
         spec["containers"][0]["volumeMounts"].append({"name": "shared", "mountPath": "/var/run/proxy"})
-        spec["containers"].append({"name": "proxy", "image": sidecar, "args": ["--port", "15001"],
-                                   "imagePullPolicy": "IfNotPresent"})
+        spec["containers"].append(
+            {"name": "proxy", "image": sidecar, "args": ["--port", "15001"], "imagePullPolicy": "IfNotPresent"}
+        )
         spec["tolerations"].append({"key": "proxy", "operator": "Exists", "effect": "NoSchedule"})
         stamp = stamp or f"mutated {EP}"
     if stamp is not None:
@@ -142,7 +171,8 @@ class FakeCluster:
     def namespace(self, name: str, *, enabled: bool = True, **annotations: str) -> None:
         labels = {"amp.txn2.com/enabled": "true"} if enabled else {}
         self.objects.setdefault(("namespaces", ""), []).append(
-            {"metadata": {"name": name, "labels": labels, "annotations": {"amp.txn2.com/ep": EP, **annotations}}})
+            {"metadata": {"name": name, "labels": labels, "annotations": {"amp.txn2.com/ep": EP, **annotations}}}
+        )
 
     def get(self, path: str, query: list[tuple[str, str]]) -> bytes:
         q = parse_qs("&".join(f"{k}={v}" for k, v in query))
@@ -159,19 +189,30 @@ class FakeCluster:
             items = self.objects.get((resource, ns), [])
         limit = int(q["limit"][0])
         start = int(q.get("continue", ["0"])[0])
-        page = items[start:start + limit]
+        page = items[start : start + limit]
         more = start + limit < len(items)
         return json.dumps({"items": page, "metadata": {"continue": str(start + limit) if more else ""}}).encode()
 
 
 def deployment(cluster: FakeCluster, ns: str, name: str, tmpl: dict[str, Any]) -> str:
     """A Deployment and its ReplicaSet; the ReplicaSet's name."""
-    cluster.add("deployments", ns, {"apiVersion": "apps/v1", "metadata": {"name": name},
-                                    "spec": {"selector": {}, "template": tmpl}})
+    cluster.add(
+        "deployments",
+        ns,
+        {"apiVersion": "apps/v1", "metadata": {"name": name}, "spec": {"selector": {}, "template": tmpl}},
+    )
     rs = f"{name}-5d8f9"
-    cluster.add("replicasets", ns, {"metadata": {"name": rs, "ownerReferences": [
-        {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "controller": True}]},
-        "spec": {"template": tmpl}})
+    cluster.add(
+        "replicasets",
+        ns,
+        {
+            "metadata": {
+                "name": rs,
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "controller": True}],
+            },
+            "spec": {"template": tmpl},
+        },
+    )
     return rs
 
 
@@ -189,17 +230,36 @@ class _Tty(io.StringIO):
         return True
 
 
-def audit_sync(case: SynchronousTestCase, cluster: FakeCluster, endpoint: Resource, argv: list[str],
-               page_size: int = 500, stderr: Optional[io.StringIO] = None) -> Ran:
+def audit_sync(
+    case: SynchronousTestCase,
+    cluster: FakeCluster,
+    endpoint: Resource,
+    argv: list[str],
+    page_size: int = 500,
+    stderr: Optional[io.StringIO] = None,
+) -> Ran:
     """C{amp audit ARGV} on a L{Clock}, against C{cluster} and C{endpoint} in memory."""
     clock = Clock()
     out, err = io.StringIO(), stderr if stderr is not None else io.StringIO()
     config = case.mktemp()
     with open(config, "w") as f:
-        yaml.safe_dump({"kubernetes": {"source": "kubeconfig", "kubeconfig": "/nonexistent"},
-                        "endpoints": {"allow": ["http://127.0.0.1:*/*"]}, "failure_policy": "Ignore"}, f)
-    d = run(["--config", config, *argv], clock, stdout=out, stderr=err, connector=ResourceConnector(endpoint),
-            lists=PagedLists(cluster.get, page_size), blocking=lambda f, *a: succeed(f(*a)))
+        yaml.safe_dump(
+            {
+                "kubernetes": {"source": "kubeconfig", "kubeconfig": "/nonexistent"},
+                "endpoints": {"allow": ["http://127.0.0.1:*/*"]},
+                "failure_policy": "Ignore",
+            },
+            f,
+        )
+    d = run(
+        ["--config", config, *argv],
+        clock,
+        stdout=out,
+        stderr=err,
+        connector=ResourceConnector(endpoint),
+        lists=PagedLists(cluster.get, page_size),
+        blocking=lambda f, *a: succeed(f(*a)),
+    )
     for _ in range(1000):
         if d.called:
             break
@@ -223,9 +283,15 @@ class PlacesTests(SynchronousTestCase):
 
     def test_places_name_list_elements_and_leave_out_the_stamp(self) -> None:
         places, _ = self.places()
-        self.assertEqual(sorted(str(p) for p in places), [
-            "/spec/containers[name=app]/volumeMounts", "/spec/containers[name=proxy]", "/spec/tolerations",
-            "/spec/volumes"])
+        self.assertEqual(
+            sorted(str(p) for p in places),
+            [
+                "/spec/containers[name=app]/volumeMounts",
+                "/spec/containers[name=proxy]",
+                "/spec/tolerations",
+                "/spec/volumes",
+            ],
+        )
 
     def test_defaults_and_other_plugins_do_not_count(self) -> None:
         places, admitted = self.places()
@@ -244,8 +310,10 @@ class PlacesTests(SynchronousTestCase):
         running = admitted_pod(template("web"), "web-1", None, "envoy:1.28")
         running["spec"]["volumes"].pop()
         running["spec"]["containers"][1]["args"] = ["--port", "15000"]
-        found = {(d.path, json.dumps(d.before) if d.before is not MISSING else None) for d in
-                 compare(running, admitted, places)}
+        found = {
+            (d.path, json.dumps(d.before) if d.before is not MISSING else None)
+            for d in compare(running, admitted, places)
+        }
         self.assertEqual(found, {("/spec/volumes/-", None), ("/spec/containers/1/args", '["--port", "15000"]')})
 
     def test_a_place_the_endpoint_removes_must_be_absent(self) -> None:
@@ -333,8 +401,9 @@ class JudgeTests(SynchronousTestCase):
         self.assertEqual((failed.state, failed.detail), (PodState.UNKNOWN, "amp's review failed (endpoint-error)"))
 
     def test_a_stamp_with_one_endpoint_skipped_is_failed(self) -> None:
-        pod = admitted_pod(template("web"), "a", None, "envoy:1.28",
-                           stamp=f"skipped endpoint-timeout http://b/x; mutated {EP}")
+        pod = admitted_pod(
+            template("web"), "a", None, "envoy:1.28", stamp=f"skipped endpoint-timeout http://b/x; mutated {EP}"
+        )
         self.assertEqual(self.judge(pod).state, PodState.FAILED)
 
 
@@ -343,12 +412,33 @@ class OwnerTests(SynchronousTestCase):
         owners = Owners("ns")
         owners.add("Deployment", [{"metadata": {"name": "web"}}])
         owners.add("CronJob", [{"metadata": {"name": "nightly"}}])
-        owners.add("ReplicaSet", [
-            {"metadata": {"name": "web-1", "ownerReferences": [
-                {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "controller": True}]}},
-            {"metadata": {"name": "lone"}}])
-        owners.add("Job", [{"metadata": {"name": "nightly-1", "ownerReferences": [
-            {"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "controller": True}]}}])
+        owners.add(
+            "ReplicaSet",
+            [
+                {
+                    "metadata": {
+                        "name": "web-1",
+                        "ownerReferences": [
+                            {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "controller": True}
+                        ],
+                    }
+                },
+                {"metadata": {"name": "lone"}},
+            ],
+        )
+        owners.add(
+            "Job",
+            [
+                {
+                    "metadata": {
+                        "name": "nightly-1",
+                        "ownerReferences": [
+                            {"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "controller": True}
+                        ],
+                    }
+                }
+            ],
+        )
 
         def pod(kind: Optional[str], name: str, group: str = "apps/v1") -> dict[str, Any]:
             refs = [{"apiVersion": group, "kind": kind, "name": name, "controller": True}] if kind else []
@@ -356,19 +446,25 @@ class OwnerTests(SynchronousTestCase):
 
         self.assertEqual(owners.workload_of(pod("ReplicaSet", "web-1")), WorkloadKey("ns", "Deployment", "web"))
         self.assertEqual(owners.workload_of(pod("ReplicaSet", "lone")), WorkloadKey("ns", "ReplicaSet", "lone"))
-        self.assertEqual(owners.workload_of(pod("Job", "nightly-1", "batch/v1")), WorkloadKey("ns", "CronJob", "nightly"))
+        self.assertEqual(
+            owners.workload_of(pod("Job", "nightly-1", "batch/v1")), WorkloadKey("ns", "CronJob", "nightly")
+        )
         self.assertEqual(owners.workload_of(pod(None, "")), WorkloadKey("ns", "Pod", "p"))
         # An owner of a kind amp does not know, or one not listed: a bare Pod.
         self.assertEqual(owners.workload_of(pod("Rollout", "r", "argoproj.io/v1alpha1")).kind, "Pod")
         self.assertEqual(owners.workload_of(pod("StatefulSet", "gone")).kind, "Pod")
 
     def test_restart_commands(self) -> None:
-        self.assertEqual(restart_command(WorkloadKey("a", "Deployment", "web")),
-                         "kubectl rollout restart deployment/web -n a")
-        self.assertEqual(restart_command(WorkloadKey("a", "DaemonSet", "agent")),
-                         "kubectl rollout restart daemonset/agent -n a")
-        self.assertIn("kubectl delete pod p2 p1 -n a".replace("p2 p1", "p1 p2"),
-                      restart_command(WorkloadKey("a", "ReplicaSet", "r"), ["p2", "p1"]))
+        self.assertEqual(
+            restart_command(WorkloadKey("a", "Deployment", "web")), "kubectl rollout restart deployment/web -n a"
+        )
+        self.assertEqual(
+            restart_command(WorkloadKey("a", "DaemonSet", "agent")), "kubectl rollout restart daemonset/agent -n a"
+        )
+        self.assertIn(
+            "kubectl delete pod p2 p1 -n a".replace("p2 p1", "p1 p2"),
+            restart_command(WorkloadKey("a", "ReplicaSet", "r"), ["p2", "p1"]),
+        )
         self.assertIn("kubectl delete pod solo -n a", restart_command(WorkloadKey("a", "Pod", "solo")))
 
 
@@ -377,8 +473,10 @@ class OutputTests(SynchronousTestCase):
         self.assertEqual(terminal("a\x1b[2J\rb\u202e"), "a\\x1b[2J\\x0db\\u202e")
         from amp.cli.audit_judge import PodAudit, WorkloadAudit
 
-        w = WorkloadAudit(WorkloadKey("ns", "Pod", "evil\x1b]0;x\x07"),
-                          pods=[PodAudit("evil\x1b]0;x\x07", PodState.NEVER_MUTATED, "no stamp")])
+        w = WorkloadAudit(
+            WorkloadKey("ns", "Pod", "evil\x1b]0;x\x07"),
+            pods=[PodAudit("evil\x1b]0;x\x07", PodState.NEVER_MUTATED, "no stamp")],
+        )
         text = render_table([w])
         self.assertNotIn("\x1b", text)
         self.assertIn("pod/evil\\x1b]0;x\\x07", text)
@@ -405,8 +503,11 @@ class AuditTests(SynchronousTestCase):
         c.add("pods", "team-a", admitted_pod(web, "web-bypassed", owner, None))
         c.add("pods", "team-a", admitted_pod(web, "web-failed", owner, None, stamp=f"skipped endpoint-timeout {EP}"))
         db = template("db", "postgres:16")
-        c.add("statefulsets", "team-a", {"apiVersion": "apps/v1", "metadata": {"name": "db"},
-                                         "spec": {"template": db, "serviceName": "db"}})
+        c.add(
+            "statefulsets",
+            "team-a",
+            {"apiVersion": "apps/v1", "metadata": {"name": "db"}, "spec": {"template": db, "serviceName": "db"}},
+        )
         c.add("pods", "team-a", admitted_pod(db, "db-0", ("apps/v1", "StatefulSet", "db"), "envoy:1.28"))
         c.add("pods", "team-a", admitted_pod(template("solo"), "solo", None, "envoy:1.27"))
         done = admitted_pod(web, "web-done", owner, "envoy:1.27")
@@ -421,12 +522,20 @@ class AuditTests(SynchronousTestCase):
         self.assertEqual(ran.status, 1, ran.err)
         found = {(w["kind"], w["name"]): w for w in ran.json["workloads"]}
         web = found[("Deployment", "web")]
-        self.assertEqual({p["name"]: p["state"] for p in web["pods"]}, {
-            "web-old1": "stale", "web-old2": "stale", "web-new": "current", "web-bypassed": "never-mutated",
-            "web-failed": "failed"})
+        self.assertEqual(
+            {p["name"]: p["state"] for p in web["pods"]},
+            {
+                "web-old1": "stale",
+                "web-old2": "stale",
+                "web-new": "current",
+                "web-bypassed": "never-mutated",
+                "web-failed": "failed",
+            },
+        )
         stale = next(p for p in web["pods"] if p["name"] == "web-old1")
-        self.assertEqual(stale["differences"],
-                         [{"path": "/spec/containers/1/image", "before": "envoy:1.27", "after": "envoy:1.28"}])
+        self.assertEqual(
+            stale["differences"], [{"path": "/spec/containers/1/image", "before": "envoy:1.27", "after": "envoy:1.28"}]
+        )
         self.assertEqual(web["command"], "kubectl rollout restart deployment/web -n team-a")
         self.assertEqual(found[("StatefulSet", "db")]["counts"]["current"], 1)
         self.assertIsNone(found[("StatefulSet", "db")]["command"])
@@ -467,8 +576,9 @@ class AuditTests(SynchronousTestCase):
         other = Sidecar()
         root = Resource()
         root.putChild(b"sidecar", endpoint)
-        cluster.objects[("namespaces", "")][-1]["metadata"]["annotations"]["amp.txn2.com/ep"] = \
+        cluster.objects[("namespaces", "")][-1]["metadata"]["annotations"]["amp.txn2.com/ep"] = (
             "http://127.0.0.1:8090/down"
+        )
         other.fail = True
         root.putChild(b"down", other)
         api = template("api")
@@ -485,8 +595,10 @@ class AuditTests(SynchronousTestCase):
         cluster, endpoint = self.cluster()
         ran = audit_sync(self, cluster, endpoint, ["-o", "policyreport"])
         [report] = list(yaml.safe_load_all(ran.out))
-        self.assertEqual((report["apiVersion"], report["kind"], report["metadata"]["namespace"]),
-                         ("wgpolicyk8s.io/v1alpha2", "PolicyReport", "team-a"))
+        self.assertEqual(
+            (report["apiVersion"], report["kind"], report["metadata"]["namespace"]),
+            ("wgpolicyk8s.io/v1alpha2", "PolicyReport", "team-a"),
+        )
         results = {r["resources"][0]["name"]: r for r in report["results"]}
         self.assertEqual(results["web"]["result"], "fail")
         self.assertEqual(results["web"]["resources"][0]["kind"], "Deployment")
@@ -511,16 +623,43 @@ class AuditTests(SynchronousTestCase):
         cluster, endpoint = self.cluster()
         directory = self.mktemp()
         import os
+
         os.makedirs(directory)
         request_pod = template("solo")
         request_pod["metadata"]["name"] = "solo"
-        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-            "uid": "u1", "operation": "CREATE", "namespace": "team-a", "name": "solo",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"}, "object": request_pod}}
-        answer = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                  "response": {"uid": "u1", "allowed": True}}
-        line = encode_line(Capture(1.0, "u1", "team-a", {}, {}, (EP,), "Ignore", "normal",
-                                   json.dumps(review).encode(), json.dumps(answer).encode(), "allowed", ""))
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u1",
+                "operation": "CREATE",
+                "namespace": "team-a",
+                "name": "solo",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "object": request_pod,
+            },
+        }
+        answer = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {"uid": "u1", "allowed": True},
+        }
+        line = encode_line(
+            Capture(
+                1.0,
+                "u1",
+                "team-a",
+                {},
+                {},
+                (EP,),
+                "Ignore",
+                "normal",
+                json.dumps(review).encode(),
+                json.dumps(answer).encode(),
+                "allowed",
+                "",
+            )
+        )
         with open(os.path.join(directory, "amp-reviews-20260101T000000Z-1-0.jsonl"), "wb") as f:
             f.write(line)
         ran = audit_sync(self, cluster, endpoint, ["-o", "json", "--recordings", directory])
@@ -531,8 +670,11 @@ class AuditTests(SynchronousTestCase):
 
     def test_usage(self) -> None:
         cluster, endpoint = self.cluster()
-        for argv, message in ((["-A", "-n", "x"], "give -A or -n"), (["--rate", "0"], "--rate: must be at least 1"),
-                              (["-o", "yaml"], "invalid choice")):
+        for argv, message in (
+            (["-A", "-n", "x"], "give -A or -n"),
+            (["--rate", "0"], "--rate: must be at least 1"),
+            (["-o", "yaml"], "invalid choice"),
+        ):
             ran = audit_sync(self, cluster, endpoint, argv)
             self.assertEqual(ran.status, 2, argv)
             self.assertIn(message, ran.err)
@@ -566,11 +708,22 @@ class PacingTests(SynchronousTestCase):
         endpoint = Sidecar("envoy:1.28")
         config = self.mktemp()
         with open(config, "w") as f:
-            yaml.safe_dump({"kubernetes": {"source": "kubeconfig", "kubeconfig": "/x"},
-                            "endpoints": {"allow": ["http://127.0.0.1:*/*"]}}, f)
-        d = run(["--config", config, "--rate", "2", "-o", "json"], clock, stdout=io.StringIO(), stderr=io.StringIO(),
-                connector=ResourceConnector(endpoint), lists=PagedLists(c.get, 500),
-                blocking=lambda f, *a: succeed(f(*a)))
+            yaml.safe_dump(
+                {
+                    "kubernetes": {"source": "kubeconfig", "kubeconfig": "/x"},
+                    "endpoints": {"allow": ["http://127.0.0.1:*/*"]},
+                },
+                f,
+            )
+        d = run(
+            ["--config", config, "--rate", "2", "-o", "json"],
+            clock,
+            stdout=io.StringIO(),
+            stderr=io.StringIO(),
+            connector=ResourceConnector(endpoint),
+            lists=PagedLists(c.get, 500),
+            blocking=lambda f, *a: succeed(f(*a)),
+        )
         seen = []
         for _ in range(6):
             seen.append(endpoint.calls)
@@ -592,13 +745,32 @@ class OwnerKindsAuditTests(SynchronousTestCase):
         c = FakeCluster()
         c.namespace("ops")
         nightly, agent, lone, once = (template(n) for n in ("nightly", "agent", "lone", "once"))
-        c.add("cronjobs", "ops", {"metadata": {"name": "nightly"},
-                                  "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": nightly}}}})
-        c.add("jobs", "ops", {"metadata": {"name": "nightly-29000000", "ownerReferences": [
-            {"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "controller": True}]},
-            "spec": {"template": nightly}})
-        c.add("pods", "ops", admitted_pod(nightly, "nightly-29000000-x", ("batch/v1", "Job", "nightly-29000000"),
-                                          "envoy:1.27"))
+        c.add(
+            "cronjobs",
+            "ops",
+            {
+                "metadata": {"name": "nightly"},
+                "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": nightly}}},
+            },
+        )
+        c.add(
+            "jobs",
+            "ops",
+            {
+                "metadata": {
+                    "name": "nightly-29000000",
+                    "ownerReferences": [
+                        {"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "controller": True}
+                    ],
+                },
+                "spec": {"template": nightly},
+            },
+        )
+        c.add(
+            "pods",
+            "ops",
+            admitted_pod(nightly, "nightly-29000000-x", ("batch/v1", "Job", "nightly-29000000"), "envoy:1.27"),
+        )
         c.add("daemonsets", "ops", {"metadata": {"name": "agent"}, "spec": {"template": agent}})
         c.add("pods", "ops", admitted_pod(agent, "agent-x", ("apps/v1", "DaemonSet", "agent"), "envoy:1.28"))
         c.add("replicasets", "ops", {"metadata": {"name": "lone"}, "spec": {"template": lone}})
@@ -608,10 +780,18 @@ class OwnerKindsAuditTests(SynchronousTestCase):
         endpoint = Sidecar("envoy:1.28")
         ran = audit_sync(self, c, endpoint, ["-o", "json"])
         found = {(w["kind"], w["name"]): w for w in ran.json["workloads"]}
-        self.assertEqual({k: w["pods"][0]["state"] for k, w in found.items()}, {
-            ("CronJob", "nightly"): "stale", ("DaemonSet", "agent"): "current", ("ReplicaSet", "lone"): "stale",
-            ("Job", "once"): "stale"})
+        self.assertEqual(
+            {k: w["pods"][0]["state"] for k, w in found.items()},
+            {
+                ("CronJob", "nightly"): "stale",
+                ("DaemonSet", "agent"): "current",
+                ("ReplicaSet", "lone"): "stale",
+                ("Job", "once"): "stale",
+            },
+        )
         self.assertIn("kubectl create job --from=cronjob/nightly", found[("CronJob", "nightly")]["command"])
         self.assertIn("kubectl delete pod lone-x -n ops", found[("ReplicaSet", "lone")]["command"])
-        self.assertIn("kubectl get job once -n ops -o yaml | kubectl replace --force", found[("Job", "once")]["command"])
+        self.assertIn(
+            "kubectl get job once -n ops -o yaml | kubectl replace --force", found[("Job", "once")]["command"]
+        )
         self.assertEqual(endpoint.calls, 4)

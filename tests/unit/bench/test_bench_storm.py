@@ -36,21 +36,50 @@ def test_stamps_are_counted_by_outcome_and_reason() -> None:
     def pod(stamp: Any) -> dict[str, Any]:
         return {"metadata": {"annotations": {"amp.txn2.com/status": stamp} if stamp else {}}}
 
-    pods = [pod("mutated"), pod("mutated"), pod("skipped timeout http://127.0.0.1:1"), pod("mutated http://127.0.0.1:1"), pod(None)]
+    pods = [
+        pod("mutated"),
+        pod("mutated"),
+        pod("skipped timeout http://127.0.0.1:1"),
+        pod("mutated http://127.0.0.1:1"),
+        pod(None),
+    ]
     assert stamps(pods) == {"mutated": 3, "skipped timeout": 1, "(none)": 1}
 
 
 def run(scenario: str, target: str, ready: float, create_ms: float, **extra: Any) -> dict[str, Any]:
-    return {"scenario": scenario, "target": target, "round": 1, "pods": 500, "ready_s": ready,
-            "creates": {"count": 500, "mean_ms": create_ms}, "stamps": {"mutated": 500}, "series": [], **extra}
+    return {
+        "scenario": scenario,
+        "target": target,
+        "round": 1,
+        "pods": 500,
+        "ready_s": ready,
+        "creates": {"count": 500, "mean_ms": create_ms},
+        "stamps": {"mutated": 500},
+        "series": [],
+        **extra,
+    }
 
 
 def test_the_goals_compare_amp_with_both_floors() -> None:
-    hook = {"calls": 500, "mean_ms": 1.8, "within_ms": {"5": 496, "25": 500, "100": 500},
-            "rejections": 0, "fail_open": 0}
-    runs = [run("scale-up", "none", 20.0, 4.0), run("scale-up", "policy", 20.5, 5.0),
-            run("scale-up", "amp", 21.0, 7.0, webhook=hook,
-                amp={"cpu_ms_per_pod": 0.3, "answer_p99_ms": 2.5, "answer_mean_ms": 1.5, "endpoint_mean_ms": 0.8})]
+    hook = {
+        "calls": 500,
+        "mean_ms": 1.8,
+        "within_ms": {"5": 496, "25": 500, "100": 500},
+        "rejections": 0,
+        "fail_open": 0,
+    }
+    runs = [
+        run("scale-up", "none", 20.0, 4.0),
+        run("scale-up", "policy", 20.5, 5.0),
+        run(
+            "scale-up",
+            "amp",
+            21.0,
+            7.0,
+            webhook=hook,
+            amp={"cpu_ms_per_pod": 0.3, "answer_p99_ms": 2.5, "answer_mean_ms": 1.5, "endpoint_mean_ms": 0.8},
+        ),
+    ]
     s = summary(runs)
     assert s["scale-up"]["amp"]["webhook_p99_bound_ms"] == 5.0  # 99.2% of calls within the 5 ms bucket
     met = {goal.split(" <=")[0]: (measured, ok) for goal, measured, ok in goals(s)}
@@ -78,19 +107,24 @@ def test_bench_runs_rewrite_keeps_the_storm_section() -> None:
 _HOOK = 'name="w.amp",operation="CREATE",rejected="false",type="admit"'
 _LATENCY = "apiserver_admission_webhook_admission_duration_seconds"
 _REJECTED = 'error_type="calling_webhook_error",name="w.amp",operation="CREATE",rejection_code="500",type="admit"'
-APISERVER = "\n".join([
-    f"# TYPE {_LATENCY} histogram",
-    f'{_LATENCY}_bucket{{{{{_HOOK},le="0.005"}}}} {{fast}}',
-    f'{_LATENCY}_bucket{{{{{_HOOK},le="+Inf"}}}} {{calls}}',
-    f"{_LATENCY}_sum{{{{{_HOOK}}}}} {{seconds}}",
-    f"{_LATENCY}_count{{{{{_HOOK}}}}} {{calls}}",
-    "# HELP apiserver_admission_webhook_fail_open_count [ALPHA] Admission webhook fail open count",
-    "# TYPE apiserver_admission_webhook_fail_open_count counter",
-    'apiserver_admission_webhook_fail_open_count{{name="w.amp",type="admit"}} {fail_open}',
-    'apiserver_admission_webhook_fail_open_count{{name="other.amp",type="admit"}} 7',
-    "# TYPE apiserver_admission_webhook_rejection_count counter",
-    f"apiserver_admission_webhook_rejection_count{{{{{_REJECTED}}}}} {{rejections}}",
-]) + "\n"
+APISERVER = (
+    "\n".join(
+        [
+            f"# TYPE {_LATENCY} histogram",
+            f'{_LATENCY}_bucket{{{{{_HOOK},le="0.005"}}}} {{fast}}',
+            f'{_LATENCY}_bucket{{{{{_HOOK},le="+Inf"}}}} {{calls}}',
+            f"{_LATENCY}_sum{{{{{_HOOK}}}}} {{seconds}}",
+            f"{_LATENCY}_count{{{{{_HOOK}}}}} {{calls}}",
+            "# HELP apiserver_admission_webhook_fail_open_count [ALPHA] Admission webhook fail open count",
+            "# TYPE apiserver_admission_webhook_fail_open_count counter",
+            'apiserver_admission_webhook_fail_open_count{{name="w.amp",type="admit"}} {fail_open}',
+            'apiserver_admission_webhook_fail_open_count{{name="other.amp",type="admit"}} 7',
+            "# TYPE apiserver_admission_webhook_rejection_count counter",
+            f"apiserver_admission_webhook_rejection_count{{{{{_REJECTED}}}}} {{rejections}}",
+        ]
+    )
+    + "\n"
+)
 
 
 def test_the_api_servers_fail_open_and_rejection_counts_are_read_for_the_webhook() -> None:

@@ -23,9 +23,9 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from amp.cli import dispatch
+from amp.cli.replay_run import UNREADABLE_SAMPLE, ReplayOptions, read_recording, replay
 from amp.metrics import Metrics
 from amp.record import decode_line
-from amp.cli.replay_run import UNREADABLE_SAMPLE, ReplayOptions, read_recording, replay
 from amp.text import terminal
 from tests.support.helpers import make_config, pod
 from tests.unit.cli.test_explain import ENV_OP, Files, config_text, ns, run_sync

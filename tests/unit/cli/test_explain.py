@@ -28,13 +28,18 @@ from twisted.web.resource import Resource
 
 from amp.cli import dispatch
 from amp.cli.explain import (
-    EXIT_ADMITTED, EXIT_DENIED, EXIT_FAILURE_POLICY, EXIT_NOT_IDEMPOTENT, EXIT_USAGE, run,
+    EXIT_ADMITTED,
+    EXIT_DENIED,
+    EXIT_FAILURE_POLICY,
+    EXIT_NOT_IDEMPOTENT,
+    EXIT_USAGE,
+    run,
 )
 from amp.cli.recorded_reply import recorded_reply
 from amp.cli.workloads import InputError, load_documents, pod_for, select_object
 from amp.trace import Step
 from tests.support.endpoint_harness import ResourceConnector
-from tests.support.helpers import EP_ANNOTATION, ENABLED_LABEL, pod
+from tests.support.helpers import ENABLED_LABEL, EP_ANNOTATION, pod
 
 STATUS = "amp.txn2.com/status"
 ENV_OP = {"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "TEAM", "value": "a"}}
@@ -664,9 +669,9 @@ class TraceInPipelineTests(SynchronousTestCase):
         return Admitter(config, StaticNamespaceSource(config.kubernetes), client, clock, metrics), clock
 
     def test_trace_observes_without_changing_the_answer(self) -> None:
+        from amp.admission_review import parse_review
         from amp.config import parse_config
         from amp.deadline import Deadline
-        from amp.admission_review import parse_review
         from amp.trace import RecordedTrace
         from tests.support.helpers import review_bytes
 

@@ -18,8 +18,8 @@ import pytest
 from twisted.internet.testing import MemoryReactorClock
 
 from amp.cli import dispatch
-from amp.metrics import Metrics
 from amp.cli.replay_run import ReplayOptions, replay
+from amp.metrics import Metrics
 from amp.record import decode_line, encode_line
 from tests.support.helpers import make_config, pod, review_bytes
 
@@ -158,8 +158,8 @@ def test_endpoint_takes_a_chain_in_the_annotations_form(tmp_path: Any) -> None:
 def test_a_traced_reviews_difference_names_its_recorded_trace() -> None:
     """amp replay's differences name the trace the recorded review had: where its time went then."""
     from amp.cli.replay import render_json, render_text
-    from amp.poddiff import Difference
     from amp.cli.replay_run import ReplayedReview, ReplayReport, Side
+    from amp.poddiff import Difference
 
     trace = "0af7651916cd43dd8448eb211c80319c"
     line = json.loads(encode_line(_traced_capture(trace)))

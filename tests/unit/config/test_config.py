@@ -86,11 +86,18 @@ def test_empty_config_is_all_defaults(raw: Any) -> None:
 
 def test_defaults_of_every_section() -> None:
     c = Config()
-    assert c.listen == ListenConfig(port=8443, interface="0.0.0.0", max_body=3 * 1024 * 1024,
-                                    max_connections=1024, request_timeout=10.0, idle_timeout=60.0,
-                                    drain_timeout=30.0)
-    assert c.tls == TLSConfig(cert="/etc/amp/tls/tls.crt", key="/etc/amp/tls/tls.key", client_ca=None,
-                              min_version="1.2", reload_interval=5.0)
+    assert c.listen == ListenConfig(
+        port=8443,
+        interface="0.0.0.0",
+        max_body=3 * 1024 * 1024,
+        max_connections=1024,
+        request_timeout=10.0,
+        idle_timeout=60.0,
+        drain_timeout=30.0,
+    )
+    assert c.tls == TLSConfig(
+        cert="/etc/amp/tls/tls.crt", key="/etc/amp/tls/tls.key", client_ca=None, min_version="1.2", reload_interval=5.0
+    )
     assert c.metrics == MetricsConfig(port=9090, interface="0.0.0.0", debug_reviews=256)
     k = c.kubernetes
     assert k.source == "cluster"
@@ -102,18 +109,38 @@ def test_defaults_of_every_section() -> None:
     assert k.mode_annotation == "amp.txn2.com/mode"
     assert k == KubernetesConfig()
     e = c.endpoints.defaults
-    assert e == EndpointSettings(connect_timeout=1.0, timeout=5.0, max_response=1024 * 1024, pool_size=32,
-                                 idle_timeout=60.0, max_concurrent=64, retry=False, ca_bundle=None,
-                                 client_cert=None, client_key=None, breaker=BreakerConfig())
-    assert BreakerConfig() == BreakerConfig(consecutive_failures=5, failure_ratio=0.5, window=30.0,
-                                            min_requests=20, cooldown=5.0, max_cooldown=120.0,
-                                            half_open_requests=1)
+    assert e == EndpointSettings(
+        connect_timeout=1.0,
+        timeout=5.0,
+        max_response=1024 * 1024,
+        pool_size=32,
+        idle_timeout=60.0,
+        max_concurrent=64,
+        retry=False,
+        ca_bundle=None,
+        client_cert=None,
+        client_key=None,
+        breaker=BreakerConfig(),
+    )
+    assert BreakerConfig() == BreakerConfig(
+        consecutive_failures=5,
+        failure_ratio=0.5,
+        window=30.0,
+        min_requests=20,
+        cooldown=5.0,
+        max_cooldown=120.0,
+        half_open_requests=1,
+    )
     assert c.endpoints.overrides == ()
     assert c.endpoints.deny_networks == ()
     assert c.deadline == DeadlineConfig(default_timeout=10.0, margin=0.5)
     assert c.patch.denied_paths == ("/metadata/name", "/metadata/namespace", "/metadata/uid", "/status")
     assert (c.patch.allowed_paths, c.patch.repair, c.patch.max_size, c.patch.max_operations) == (
-        (), True, 1024 * 1024, 1000)
+        (),
+        True,
+        1024 * 1024,
+        1000,
+    )
     assert c.log == LogConfig(format="text", level="info")
     assert (c.failure_policy, c.annotate_status, c.workers) == ("auto", True, 1)
 
@@ -139,13 +166,19 @@ def test_default_allow_list_is_in_cluster_services_only(url: str, allowed: bool)
 
 
 def test_overrides_take_the_first_match_and_inherit_the_defaults() -> None:
-    config = parse_config({"endpoints": {
-        "timeout": "3s", "pool_size": 8, "breaker": {"cooldown": "7s"},
-        "overrides": [
-            {"match": "http://slow.team-a.svc:*/*", "timeout": "9s", "breaker": {"consecutive_failures": 2}},
-            {"match": "http://*.svc:*/*", "timeout": "1s"},
-        ],
-    }})
+    config = parse_config(
+        {
+            "endpoints": {
+                "timeout": "3s",
+                "pool_size": 8,
+                "breaker": {"cooldown": "7s"},
+                "overrides": [
+                    {"match": "http://slow.team-a.svc:*/*", "timeout": "9s", "breaker": {"consecutive_failures": 2}},
+                    {"match": "http://*.svc:*/*", "timeout": "1s"},
+                ],
+            }
+        }
+    )
     slow = config.endpoints.settings_for(parse_endpoint_url("http://slow.team-a.svc:8080/m"))
     assert (slow.timeout, slow.pool_size) == (9.0, 8)
     assert (slow.breaker.consecutive_failures, slow.breaker.cooldown) == (2, 7.0)
@@ -170,15 +203,25 @@ def test_yaml_number_for_min_version_is_accepted() -> None:
 
 @pytest.mark.parametrize(
     "value, seconds",
-    [("250ms", 0.25), ("2s", 2.0), ("1m", 60.0), ("1h", 3600.0), ("1.5s", 1.5), ("10", 10.0), (3, 3.0),
-     (0.5, 0.5), (" 2s ", 2.0)],
+    [
+        ("250ms", 0.25),
+        ("2s", 2.0),
+        ("1m", 60.0),
+        ("1h", 3600.0),
+        ("1.5s", 1.5),
+        ("10", 10.0),
+        (3, 3.0),
+        (0.5, 0.5),
+        (" 2s ", 2.0),
+    ],
 )
 def test_parse_duration(value: Any, seconds: float) -> None:
     assert parse_duration(value) == seconds
 
 
-@pytest.mark.parametrize("value", ["2 seconds", "1m30s", "-1s", "s", "", True, None, [], -1,
-                                   float("nan"), float("inf"), ".inf"])
+@pytest.mark.parametrize(
+    "value", ["2 seconds", "1m30s", "-1s", "s", "", True, None, [], -1, float("nan"), float("inf"), ".inf"]
+)
 def test_parse_duration_rejects(value: Any) -> None:
     with pytest.raises(ValueError):
         parse_duration(value)
@@ -186,8 +229,15 @@ def test_parse_duration_rejects(value: Any) -> None:
 
 @pytest.mark.parametrize(
     "value, size",
-    [("3MiB", 3 * 1024 * 1024), ("512KiB", 512 * 1024), ("1MB", 1000 * 1000), ("1G", 1024 ** 3),
-     (1048576, 1048576), ("100", 100), ("100B", 100)],
+    [
+        ("3MiB", 3 * 1024 * 1024),
+        ("512KiB", 512 * 1024),
+        ("1MB", 1000 * 1000),
+        ("1G", 1024**3),
+        (1048576, 1048576),
+        ("100", 100),
+        ("100B", 100),
+    ],
 )
 def test_parse_size(value: Any, size: int) -> None:
     assert parse_size(value) == size
@@ -214,8 +264,11 @@ ERRORS = [
     ({"listen": {"port": 70000}}, "listen.port", "expected a port number 0-65535"),
     ({"listen": {"port": True}}, "listen.port", "expected a whole number"),
     ({"listen": {"port": 8443.5}}, "listen.port", "expected a whole number"),
-    ({"listen": {"prot": 8443}}, "listen.prot",
-     "unknown key (did you mean port?) (known keys: drain_timeout, idle_timeout, interface"),
+    (
+        {"listen": {"prot": 8443}},
+        "listen.prot",
+        "unknown key (did you mean port?) (known keys: drain_timeout, idle_timeout, interface",
+    ),
     ({"listen": {"interface": ""}}, "listen.interface", "non-empty string"),
     ({"listen": {"max_body": "3 megabytes"}}, "listen.max_body", "expected a size"),
     ({"listen": {"max_body": 0}}, "listen.max_body", "greater than zero"),
@@ -236,11 +289,17 @@ ERRORS = [
     ({"metrics": {"debug_reviews": "lots"}}, "metrics.debug_reviews", "whole number"),
     ({"kubernetes": {"source": "etcd"}}, "kubernetes.source", "expected one of cluster, kubeconfig, static"),
     ({"kubernetes": {"source": "kubeconfig"}}, "kubernetes.kubeconfig", "required"),
-    ({"kubernetes": {"endpoint_annotations": "amp.txn2.com/ep"}}, "kubernetes.endpoint_annotations",
-     "expected a list of strings"),
+    (
+        {"kubernetes": {"endpoint_annotations": "amp.txn2.com/ep"}},
+        "kubernetes.endpoint_annotations",
+        "expected a list of strings",
+    ),
     ({"kubernetes": {"endpoint_annotations": ["a", ""]}}, "kubernetes.endpoint_annotations", "item 1"),
-    ({"kubernetes": {"backoff_initial": "10s", "backoff_max": "1s"}}, "kubernetes.backoff_max",
-     "at least backoff_initial"),
+    (
+        {"kubernetes": {"backoff_initial": "10s", "backoff_max": "1s"}},
+        "kubernetes.backoff_max",
+        "at least backoff_initial",
+    ),
     ({"kubernetes": {"per_review_get": "yes"}}, "kubernetes.per_review_get", "expected true or false"),
     ({"kubernetes": {"namespaces": {"team-a": {}}}}, "kubernetes.namespaces", "only used with"),
     ({"kubernetes": {"source": "static", "namespaces": ["team-a"]}}, "kubernetes.namespaces", "expected a mapping"),
@@ -254,7 +313,11 @@ ERRORS = [
     ({"endpoints": {"max_response": -1}}, "endpoints.max_response", "must not be negative"),
     ({"endpoints": {"pool_size": 0}}, "endpoints.pool_size", "greater than zero"),
     ({"endpoints": {"retry": 1}}, "endpoints.retry", "expected true or false"),
-    ({"endpoints": {"timeot": "1s"}}, "endpoints.timeot", "unknown key (did you mean timeout?) (known keys: allow, breaker"),
+    (
+        {"endpoints": {"timeot": "1s"}},
+        "endpoints.timeot",
+        "unknown key (did you mean timeout?) (known keys: allow, breaker",
+    ),
     ({"endpoints": {"allow": "http://127.0.0.1:*/*"}}, "endpoints.allow", "expected a list of strings"),
     ({"endpoints": {"allow": ["http://127.0.0.1:*/*", ""]}}, "endpoints.allow", "item 1"),
     ({"endpoints": {"allow": ["ftp://127.0.0.1/*"]}}, "endpoints.allow", "item 0: URL pattern 'ftp://127.0.0.1/*'"),
@@ -263,21 +326,36 @@ ERRORS = [
     ({"endpoints": {"client_cert": "c.crt"}}, "endpoints.client_cert", "must be set together"),
     ({"endpoints": {"client_key": "c.key"}}, "endpoints.client_cert", "must be set together"),
     ({"endpoints": {"breaker": {"failure_ratio": 2}}}, "endpoints.breaker.failure_ratio", "(0, 1]"),
-    ({"endpoints": {"breaker": {"cooldown": "10s", "max_cooldown": "1s"}}}, "endpoints.breaker.max_cooldown",
-     "at least breaker.cooldown"),
+    (
+        {"endpoints": {"breaker": {"cooldown": "10s", "max_cooldown": "1s"}}},
+        "endpoints.breaker.max_cooldown",
+        "at least breaker.cooldown",
+    ),
     ({"endpoints": {"breaker": {"open": True}}}, "endpoints.breaker.open", "unknown key"),
     ({"endpoints": {"overrides": {"match": "x"}}}, "endpoints.overrides", "expected a list"),
     ({"endpoints": {"overrides": [{"timeout": "1s"}]}}, "endpoints.overrides[0]", "'match' URL pattern"),
     ({"endpoints": {"overrides": [{"match": "http://a:*/*"}, "x"]}}, "endpoints.overrides[1]", "'match'"),
     ({"endpoints": {"overrides": [{"match": "nope"}]}}, "endpoints.overrides[0].match", "scheme://"),
-    ({"endpoints": {"overrides": [{"match": "http://a:*/*", "timeout": "x"}]}}, "endpoints.overrides[0].timeout",
-     "expected a duration"),
-    ({"endpoints": {"overrides": [{"match": "http://a:*/*", "allow": []}]}}, "endpoints.overrides[0].allow",
-     "unknown key"),
-    ({"endpoints": {"overrides": [{"match": "http://a:*/*", "client_key": "k"}]}},
-     "endpoints.overrides[0].client_cert", "must be set together"),
-    ({"endpoints": {"overrides": [{"match": "http://a:*/*", "breaker": {"window": "soon"}}]}},
-     "endpoints.overrides[0].breaker.window", "expected a duration"),
+    (
+        {"endpoints": {"overrides": [{"match": "http://a:*/*", "timeout": "x"}]}},
+        "endpoints.overrides[0].timeout",
+        "expected a duration",
+    ),
+    (
+        {"endpoints": {"overrides": [{"match": "http://a:*/*", "allow": []}]}},
+        "endpoints.overrides[0].allow",
+        "unknown key",
+    ),
+    (
+        {"endpoints": {"overrides": [{"match": "http://a:*/*", "client_key": "k"}]}},
+        "endpoints.overrides[0].client_cert",
+        "must be set together",
+    ),
+    (
+        {"endpoints": {"overrides": [{"match": "http://a:*/*", "breaker": {"window": "soon"}}]}},
+        "endpoints.overrides[0].breaker.window",
+        "expected a duration",
+    ),
     ({"deadline": {"margin": "-1s"}}, "deadline.margin", "expected a duration"),
     ({"deadline": {"default_timeout": 0}}, "deadline.default_timeout", "greater than zero"),
     ({"patch": {"repair": "yes"}}, "patch.repair", "expected true or false"),
@@ -290,7 +368,11 @@ ERRORS = [
     ({"annotate_status": "no"}, "annotate_status", "expected true or false"),
     ({"annotate_status": False, "annotate_skipped": False}, "annotate_skipped", "renamed to annotate_status"),
     ({"workers": 0}, "workers", "greater than zero"),
-    ({"listne": {}}, "listne", "unknown key (did you mean listen?) (known keys: annotate_status, audit, deadline, endpoints"),
+    (
+        {"listne": {}},
+        "listne",
+        "unknown key (did you mean listen?) (known keys: annotate_status, audit, deadline, endpoints",
+    ),
     ({"zzz": {}}, "zzz", "unknown key (known keys: annotate_status,"),
 ]
 
@@ -350,10 +432,8 @@ def test_breaker_settings_need_an_override_that_covers_the_origin() -> None:
     override would silently not apply, so the config refuses them.
     """
     with pytest.raises(ConfigError, match=r"^endpoints\.overrides\[0\]\.breaker: .*covers '/'"):
-        parse_config({"endpoints": {"overrides": [
-            {"match": "http://a.svc:80/hang*", "breaker": {"cooldown": "1s"}}]}})
-    config = parse_config({"endpoints": {"overrides": [
-        {"match": "http://a.svc:80/*", "breaker": {"cooldown": "1s"}}]}})
+        parse_config({"endpoints": {"overrides": [{"match": "http://a.svc:80/hang*", "breaker": {"cooldown": "1s"}}]}})
+    config = parse_config({"endpoints": {"overrides": [{"match": "http://a.svc:80/*", "breaker": {"cooldown": "1s"}}]}})
     assert config.endpoints.overrides[0].settings.breaker.cooldown == 1.0
 
 
@@ -362,9 +442,12 @@ def test_effective_config_loads_back_to_the_same_config() -> None:
 
     raw = {
         "listen": {"port": 9443},
-        "endpoints": {"timeout": "2s", "deny_networks": ["link-local", "10.0.0.0/8"], "chain_limit": 2,
-                      "overrides": [{"match": "https://*.svc:*/*", "max_response": "2MiB",
-                                     "breaker": {"cooldown": "10s"}}]},
+        "endpoints": {
+            "timeout": "2s",
+            "deny_networks": ["link-local", "10.0.0.0/8"],
+            "chain_limit": 2,
+            "overrides": [{"match": "https://*.svc:*/*", "max_response": "2MiB", "breaker": {"cooldown": "10s"}}],
+        },
         "kubernetes": {"source": "static", "namespaces": {"a": {"labels": {"x": "y"}, "annotations": {"k": "v"}}}},
         "patch": {"denied_paths": ["/status"]},
         "metrics": {"debug_reviews": 0},
@@ -377,21 +460,42 @@ def test_effective_config_loads_back_to_the_same_config() -> None:
 def test_effective_config_masks_credentials_in_annotation_values() -> None:
     from amp.config import effective_config
 
-    config = parse_config({"kubernetes": {"source": "static", "namespaces": {"a": {"annotations": {
-        "amp.txn2.com/ep": "https://me:pw@ep.team.svc:8443/m?key=abc,http://ep2.svc:80/x",
-        "plain": "no url here"}}}}})
+    config = parse_config(
+        {
+            "kubernetes": {
+                "source": "static",
+                "namespaces": {
+                    "a": {
+                        "annotations": {
+                            "amp.txn2.com/ep": "https://me:pw@ep.team.svc:8443/m?key=abc,http://ep2.svc:80/x",
+                            "plain": "no url here",
+                        }
+                    }
+                },
+            }
+        }
+    )
     annotations = effective_config(config)["kubernetes"]["namespaces"]["a"]["annotations"]
-    assert annotations == {"amp.txn2.com/ep": "https://***@ep.team.svc:8443/m,http://ep2.svc:80/x",
-                           "plain": "no url here"}
+    assert annotations == {
+        "amp.txn2.com/ep": "https://***@ep.team.svc:8443/m,http://ep2.svc:80/x",
+        "plain": "no url here",
+    }
 
 
 def test_config_summary_names_what_an_operator_checks_first() -> None:
-    from amp.config import config_summary, config_digest
+    from amp.config import config_digest, config_summary
 
-    static = parse_config({"listen": {"port": 9443, "interface": "127.0.0.1"}, "failure_policy": "Fail",
-                           "workers": 2, "kubernetes": {"source": "static", "namespaces": {"a": {}, "b": {}}},
-                           "endpoints": {"allow": ["http://*.svc:*/*"]}})
+    static = parse_config(
+        {
+            "listen": {"port": 9443, "interface": "127.0.0.1"},
+            "failure_policy": "Fail",
+            "workers": 2,
+            "kubernetes": {"source": "static", "namespaces": {"a": {}, "b": {}}},
+            "endpoints": {"allow": ["http://*.svc:*/*"]},
+        }
+    )
     assert config_summary(static) == (
         "listen 127.0.0.1:9443, namespaces from static (2 namespaces), failure policy Fail, "
-        f"endpoints.allow 1 patterns, workers 2, config {config_digest(static)}")
+        f"endpoints.allow 1 patterns, workers 2, config {config_digest(static)}"
+    )
     assert "namespaces from cluster (all namespaces, watched)" in config_summary(Config())

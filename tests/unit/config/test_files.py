@@ -28,7 +28,13 @@ from amp.config import Config, ConfigError, EndpointSettings, KubernetesConfig, 
 from amp.endpoint._failures import LocalFailure
 from amp.endpoint._tls import client_tls
 from amp.files import (
-    INPUT_LIMIT, MAX_DEPTH, MAX_NODES, FileError, config_document, parse_documents, parse_json,
+    INPUT_LIMIT,
+    MAX_DEPTH,
+    MAX_NODES,
+    FileError,
+    config_document,
+    parse_documents,
+    parse_json,
     read_stream,
 )
 from amp.kube import load_client_configuration

@@ -23,19 +23,27 @@ def test_the_issues_typos_are_named_with_the_key_meant() -> None:
 
 def test_known_and_foreign_keys_give_no_hint() -> None:
     labels = {"amp.txn2.com/enabled": "true", "app": "web", "example.com/amp": "x"}
-    annotations = {"amp.txn2.com/ep": "u", "mutation.amp.txn2.com/ep": "u", "amp.txn2.com/failure-policy": "Fail",
-                   "amp.txn2.com/mode": "shadow", "validation.amp.txn2.com/ep": "u", "notamp.txn2.com/x": "y"}
+    annotations = {
+        "amp.txn2.com/ep": "u",
+        "mutation.amp.txn2.com/ep": "u",
+        "amp.txn2.com/failure-policy": "Fail",
+        "amp.txn2.com/mode": "shadow",
+        "validation.amp.txn2.com/ep": "u",
+        "notamp.txn2.com/x": "y",
+    }
     assert KEYS.near_misses(labels, annotations) == ()
 
 
 def test_a_subdomain_and_a_misspelt_subdomain_are_amps() -> None:
     assert KEYS.near_misses({}, {"mutaton.amp.txn2.com/ep": "u"}) == (
-        "annotation mutaton.amp.txn2.com/ep is not read by amp (did you mean mutation.amp.txn2.com/ep?)",)
+        "annotation mutaton.amp.txn2.com/ep is not read by amp (did you mean mutation.amp.txn2.com/ep?)",
+    )
 
 
 def test_a_label_given_as_an_annotation_says_so() -> None:
     assert KEYS.near_misses({}, {"amp.txn2.com/enabled": "true"}) == (
-        "annotation amp.txn2.com/enabled is not read by amp: it is a label",)
+        "annotation amp.txn2.com/enabled is not read by amp: it is a label",
+    )
 
 
 def test_a_key_like_none_amp_reads_is_named_without_a_guess() -> None:
@@ -44,24 +52,35 @@ def test_a_key_like_none_amp_reads_is_named_without_a_guess() -> None:
 
 def test_pod_keys_are_amps_stamps() -> None:
     assert KEYS.near_misses({}, {"amp.txn2.com/stauts": "x", "amp.txn2.com/status": "mutated"}, pod=True) == (
-        "annotation amp.txn2.com/stauts is not read by amp (did you mean amp.txn2.com/status?)",)
+        "annotation amp.txn2.com/stauts is not read by amp (did you mean amp.txn2.com/status?)",
+    )
 
 
 def test_configured_keys_set_the_domain() -> None:
-    keys = AmpKeys(KubernetesConfig(enabled_label="mutate.example.org/on", endpoint_annotations=("mutate.example.org/url",),
-                                    validation_annotation="mutate.example.org/check",
-                                    failure_policy_annotation="mutate.example.org/policy",
-                                    mode_annotation="mutate.example.org/mode"))
+    keys = AmpKeys(
+        KubernetesConfig(
+            enabled_label="mutate.example.org/on",
+            endpoint_annotations=("mutate.example.org/url",),
+            validation_annotation="mutate.example.org/check",
+            failure_policy_annotation="mutate.example.org/policy",
+            mode_annotation="mutate.example.org/mode",
+        )
+    )
     # amp.txn2.com stays amp's: its status stamp on Pods is always amp.txn2.com/status.
     assert keys.domains == ("amp.txn2.com", "mutate.example.org")
     assert keys.near_misses({}, {"mutate.example.org/ulr": "x", "amp.txn2.com/ep": "x"}) == (
         "annotation amp.txn2.com/ep is not read by amp",
-        "annotation mutate.example.org/ulr is not read by amp (did you mean mutate.example.org/url?)")
+        "annotation mutate.example.org/ulr is not read by amp (did you mean mutate.example.org/url?)",
+    )
 
 
 def test_static_namespaces_carry_their_hints() -> None:
-    source = StaticNamespaceSource(KubernetesConfig(source="static", namespaces={
-        "a": StaticNamespace({"amp.txn2.com/enabled": "true"}, {"amp.txn2.com/endpoint": "u"})}))
+    source = StaticNamespaceSource(
+        KubernetesConfig(
+            source="static",
+            namespaces={"a": StaticNamespace({"amp.txn2.com/enabled": "true"}, {"amp.txn2.com/endpoint": "u"})},
+        )
+    )
     info = source.cached("a")
     assert info.near_misses == ("annotation amp.txn2.com/endpoint is not read by amp (did you mean amp.txn2.com/ep?)",)
 
@@ -93,5 +112,7 @@ def test_static_namespaces_hints_are_logged_and_counted_at_start() -> None:
     with capturedLogs() as events:
         namespace_source(config, Clock(), metrics)
     warnings = [formatEvent(e) for e in events if e["log_level"] == LogLevel.warn]
-    assert warnings == ["Namespace a: label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)"]
+    assert warnings == [
+        "Namespace a: label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)"
+    ]
     assert metrics.registry.get_sample_value("amp_namespace_problems_total", {"problem": "unknown-key"}) == 1

@@ -37,8 +37,8 @@ from amp.record import recording_files
 from amp.reload import ConfigFile, ConfigReloadService, SighupService
 from amp.service import AmpService, namespace_source, serving_certificate
 from tests.support.helpers import decode_answer, namespace, parse_raw_response, raw_config, review_bytes
-from tests.unit.http.test_channel import Connection, HeldSource, ListeningAtOnce, Transport, post_head
 from tests.support.inline_writer import InlineWriters
+from tests.unit.http.test_channel import Connection, HeldSource, ListeningAtOnce, Transport, post_head
 
 INTERVAL = 5.0
 

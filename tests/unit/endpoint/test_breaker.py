@@ -10,7 +10,9 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
 from amp.breaker import CLOSED, HALF_OPEN, OPEN, BreakerRegistry, CircuitBreaker

@@ -27,7 +27,14 @@ from amp.deadline import Deadline
 from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
-from tests.support.endpoint_harness import FailureAssertions, Harness, Hung, ResourceConnector, requests_total, review_body
+from tests.support.endpoint_harness import (
+    FailureAssertions,
+    Harness,
+    Hung,
+    ResourceConnector,
+    requests_total,
+    review_body,
+)
 from tests.support.helpers import decode_answer
 
 URL = "http://127.0.0.1:8090/mutate"

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from amp.shedding import PROBE, SHED, LatencyBudget, over_allowed
 

@@ -33,8 +33,7 @@ from amp.endpoint import EndpointClient
 from amp.endpoint._connect import Resolution
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
-from amp.urls import parse_endpoint_url, shown_url, step_names
-from amp.urls import NAMED_NETWORKS, denied_network, parse_networks
+from amp.urls import NAMED_NETWORKS, denied_network, parse_endpoint_url, parse_networks, shown_url, step_names
 from tests.support.helpers import decode_answer, make_config, namespace, review_bytes
 
 EVERYWHERE = ["http://*:*/*", "https://*:*/*"]

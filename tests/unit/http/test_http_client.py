@@ -21,9 +21,9 @@ from tests.support.endpoint_harness import (
     PATCH,
     PATCH_BYTES,
     FailureAssertions,
-    SlowCloseTransport,
     Harness,
     MemoryNet,
+    SlowCloseTransport,
     answered_once,
     http_reply,
 )

@@ -57,8 +57,11 @@ def responses(data: bytes) -> list[tuple[int, dict[bytes, bytes], bytes]]:
 
 class ServerTestCase(ChannelTestCase):
     def uids(self, c: Connection) -> list[str]:
-        return [decode_answer(body)["response"]["uid"] for status, headers, body in responses(c.received())
-                if headers.get(b"content-type") == b"application/json"]
+        return [
+            decode_answer(body)["response"]["uid"]
+            for status, headers, body in responses(c.received())
+            if headers.get(b"content-type") == b"application/json"
+        ]
 
 
 class KeepAliveTests(ServerTestCase):
@@ -245,8 +248,10 @@ class ContinueTests(ServerTestCase):
 
     def test_no_100_over_http_10(self) -> None:
         c = self.connect(self.site())
-        c.send(b"POST /mutate HTTP/1.0\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
-               b"Content-Length: 10\r\n\r\n")
+        c.send(
+            b"POST /mutate HTTP/1.0\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 10\r\n\r\n"
+        )
         self.assertEqual(c.received(), b"")
 
 
@@ -254,9 +259,11 @@ class ContinueTests(ServerTestCase):
 #: differently, each refused with a 400 naming what is wrong.
 SMUGGLING = {
     "Content-Length and Transfer-Encoding": (
-        b"POST /mutate HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+        b"POST /mutate HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    ),
     "Transfer-Encoding and Content-Length": (
-        b"POST /mutate HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"),
+        b"POST /mutate HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"
+    ),
     "two Content-Lengths": b"POST /mutate HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
     "two equal Content-Lengths": b"POST /mutate HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
     "a Content-Length list": b"POST /mutate HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\nhello",
@@ -270,7 +277,8 @@ SMUGGLING = {
     "Transfer-Encoding: identity": b"POST /mutate HTTP/1.1\r\nTransfer-Encoding: identity\r\n\r\n",
     "Transfer-Encoding: gzip": b"POST /mutate HTTP/1.1\r\nHost: amp\r\nTransfer-Encoding: gzip\r\n\r\n",
     "two Transfer-Encodings": (
-        b"POST /mutate HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+        b"POST /mutate HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    ),
     "bare LF line ends": b"POST /mutate HTTP/1.1\nContent-Length: 0\n\n",
     "a space before the colon": b"POST /mutate HTTP/1.1\r\nContent-Length : 0\r\n\r\n",
     "a NUL in a header value": b"POST /mutate HTTP/1.1\r\nX-A: a\x00b\r\nContent-Length: 0\r\n\r\n",
@@ -294,7 +302,9 @@ class SmugglingTests(ServerTestCase):
 
 
 class ChunkedTests(ServerTestCase):
-    CHUNKED = b"POST /mutate HTTP/1.1\r\nHost: amp\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    CHUNKED = (
+        b"POST /mutate HTTP/1.1\r\nHost: amp\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
 
     def test_a_chunked_review_with_trailers_is_answered(self) -> None:
         c = self.connect(self.site())
@@ -328,7 +338,7 @@ class ChunkedTests(ServerTestCase):
         body = review_bytes()
         c.send(self.CHUNKED)
         for i in range(0, len(body), 7):
-            c.send(b"%x\r\n%s\r\n" % (len(body[i:i + 7]), body[i:i + 7]))
+            c.send(b"%x\r\n%s\r\n" % (len(body[i : i + 7]), body[i : i + 7]))
         c.send(b"0\r\n\r\n")
         self.assertEqual(self.uids(c), [UID])
 
@@ -336,8 +346,10 @@ class ChunkedTests(ServerTestCase):
 class UpgradeTests(ServerTestCase):
     def test_an_upgrade_is_answered_and_closed_and_what_follows_is_not_parsed(self) -> None:
         c = self.connect(self.site())
-        c.send(b"GET /healthz HTTP/1.1\r\nHost: amp\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
-               b"GET /readyz HTTP/1.1\r\n\r\n")
+        c.send(
+            b"GET /healthz HTTP/1.1\r\nHost: amp\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+            b"GET /readyz HTTP/1.1\r\n\r\n"
+        )
         [(status, headers, body)] = responses(c.received())
         self.assertEqual((status, headers[b"connection"], body), (200, b"close", b"ok\n"))
         self.assertTrue(c.transport.disconnecting)
@@ -371,17 +383,36 @@ class DisconnectTests(ServerTestCase):
 #: Pieces of real requests, so that generated streams reach past the first
 #: line as often as they fail on it.
 PIECES = [
-    b"POST /mutate?timeout=10s HTTP/1.1\r\n", b"GET /healthz HTTP/1.1\r\n", b"GET /readyz HTTP/1.0\r\n",
-    b"POST /validate HTTP/1.1\r\n", b"Host: amp\r\n", b"Content-Type: application/json\r\n",
-    b"Content-Length: 10\r\n", b"Content-Length: 999999\r\n", b"Transfer-Encoding: chunked\r\n",
-    b"Expect: 100-continue\r\n", b"Connection: close\r\n", b"Connection: keep-alive\r\n",
-    b"Connection: Upgrade\r\nUpgrade: h2c\r\n", b"\r\n", b"5\r\nhello\r\n", b"0\r\n\r\n", b"{}", b" ",
-    b"\t", b"\n", review_bytes(),
+    b"POST /mutate?timeout=10s HTTP/1.1\r\n",
+    b"GET /healthz HTTP/1.1\r\n",
+    b"GET /readyz HTTP/1.0\r\n",
+    b"POST /validate HTTP/1.1\r\n",
+    b"Host: amp\r\n",
+    b"Content-Type: application/json\r\n",
+    b"Content-Length: 10\r\n",
+    b"Content-Length: 999999\r\n",
+    b"Transfer-Encoding: chunked\r\n",
+    b"Expect: 100-continue\r\n",
+    b"Connection: close\r\n",
+    b"Connection: keep-alive\r\n",
+    b"Connection: Upgrade\r\nUpgrade: h2c\r\n",
+    b"\r\n",
+    b"5\r\nhello\r\n",
+    b"0\r\n\r\n",
+    b"{}",
+    b" ",
+    b"\t",
+    b"\n",
+    review_bytes(),
 ]
 
 #: Whole requests, for the streams that pipeline them.
-WHOLE = [post_head(len(review_bytes())) + review_bytes(), HEALTHZ,
-         post_head(len(review_bytes()), extra=b"Expect: 100-continue\r\n"), review_bytes()]
+WHOLE = [
+    post_head(len(review_bytes())) + review_bytes(),
+    HEALTHZ,
+    post_head(len(review_bytes()), extra=b"Expect: 100-continue\r\n"),
+    review_bytes(),
+]
 
 streams = st.one_of(
     st.binary(max_size=4096),
@@ -421,15 +452,23 @@ class AnyBytesTests(ServerTestCase):
         responses(c.received())
         c.lose()
         self.assertEqual(self.server.open_connections, 0)
-        failures = [e for e in self.logged if "log_failure" in e or e.get("log_level") in (LogLevel.error,
-                                                                                          LogLevel.critical)]
+        failures = [
+            e for e in self.logged if "log_failure" in e or e.get("log_level") in (LogLevel.error, LogLevel.critical)
+        ]
         self.assertEqual(failures, [], [formatEvent(e) for e in failures])
         self.logged.clear()
 
     @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(st.lists(st.tuples(st.sampled_from(["send", "answer", "tick", "pause", "resume"]),
-                              st.one_of(st.lists(st.sampled_from(WHOLE), min_size=1, max_size=4).map(b"".join),
-                                        streams)), min_size=1, max_size=12))
+    @given(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["send", "answer", "tick", "pause", "resume"]),
+                st.one_of(st.lists(st.sampled_from(WHOLE), min_size=1, max_size=4).map(b"".join), streams),
+            ),
+            min_size=1,
+            max_size=12,
+        )
+    )
     def test_any_stream_while_reviews_wait_and_the_client_stops_reading(self, steps: list[tuple[str, bytes]]) -> None:
         """The same with reviews in flight (answered at any point) and the
         transport's buffer filling and emptying at any point."""
@@ -451,12 +490,14 @@ class AnyBytesTests(ServerTestCase):
             self.source.answer()
         for status, _headers, _ in responses(c.received()):
             self.assertIn(status, {100, 200, 400, 404, 405, 408, 413, 414, 415, 431, 503})
-        self.clock.advance(service.config.listen.request_timeout + service.config.listen.idle_timeout
-                           + http.CLOSE_GRACE)
+        self.clock.advance(
+            service.config.listen.request_timeout + service.config.listen.idle_timeout + http.CLOSE_GRACE
+        )
         self.assertTrue(c.transport.disconnecting or c.transport.aborted_times, c.received()[-200:])
         c.lose()
         self.assertEqual(service.webhook_server.open_connections, 0)
-        failures = [e for e in self.logged if "log_failure" in e or e.get("log_level") in (LogLevel.error,
-                                                                                          LogLevel.critical)]
+        failures = [
+            e for e in self.logged if "log_failure" in e or e.get("log_level") in (LogLevel.error, LogLevel.critical)
+        ]
         self.assertEqual(failures, [], [formatEvent(e) for e in failures])
         self.logged.clear()

@@ -23,10 +23,9 @@ from urllib3.exceptions import MaxRetryError, ProtocolError, ReadTimeoutError
 
 from amp.config import Config, KubernetesConfig
 from amp.kube import STOP_WAIT, KubernetesNamespaceSource, backoff_delay, webhook_failure_policy
-from amp.kube._keep import WebhookSeen
 from amp.kube._bridge import Bridge
 from amp.kube._events import Bookmark, Changed, Crashed, Replaced, Restarting
-from amp.kube._keep import Keep
+from amp.kube._keep import Keep, WebhookSeen
 from amp.kube._watch import ListWatch
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, INamespaceSource, NamespaceInfo, NamespaceLookupError
@@ -34,8 +33,8 @@ from amp.policy import FAIL, IGNORE, failure_policy, route
 from tests.support.memory_kube_client import (
     MemoryKube,
     ScriptedLister,
-    Threads,
     ThreadReactor,
+    Threads,
     api_error,
     bookmark,
     event,
@@ -51,8 +50,15 @@ EP_B = "http://ep-b.team.svc:8080/mutate"
 
 def kube_config(**overrides: Any) -> KubernetesConfig:
     values: dict[str, Any] = dict(
-        source="kubeconfig", kubeconfig="/nonexistent", watch_timeout=30.0, request_timeout=2.0,
-        backoff_initial=1.0, backoff_max=8.0, miss_timeout=2.0, miss_negative_ttl=5.0)
+        source="kubeconfig",
+        kubeconfig="/nonexistent",
+        watch_timeout=30.0,
+        request_timeout=2.0,
+        backoff_initial=1.0,
+        backoff_max=8.0,
+        miss_timeout=2.0,
+        miss_negative_ttl=5.0,
+    )
     values.update(overrides)
     return KubernetesConfig(**values)
 
@@ -68,8 +74,9 @@ class LogCapture:
         case.addCleanup(globalLogPublisher.removeObserver, self.events.append)
 
     def at(self, level: LogLevel) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("log_level") == level and
-                e.get("log_namespace", "").startswith("amp.kube")]
+        return [
+            e for e in self.events if e.get("log_level") == level and e.get("log_namespace", "").startswith("amp.kube")
+        ]
 
 
 # ====================================================================== the thread side
@@ -87,6 +94,7 @@ class Monotonic:
     def advance(self, seconds: float) -> Callable[[], None]:
         def step() -> None:
             self.now += seconds
+
         return step
 
 
@@ -104,15 +112,22 @@ class ListWatchTests(SynchronousTestCase):
         self.clock = Monotonic()
         self.keep = Keep(kube_config())
 
-    def run_watch(self, random: Iterable[float] = (), wait: Optional[Callable[[float], Any]] = None,
-                  **options: Any) -> ListWatch:
+    def run_watch(
+        self, random: Iterable[float] = (), wait: Optional[Callable[[float], Any]] = None, **options: Any
+    ) -> ListWatch:
         values = iter(random)
         options.setdefault("parse", self.keep.namespace)
         options.setdefault("collect", self.keep.namespaces)
         watch = ListWatch(
-            lister=self.lister, emit=self.emitted.append, stop=self.stop,
-            config=kube_config(**options.pop("config", {})), random=lambda: next(values),
-            monotonic=self.clock, wait=wait or self.waits.append, **options)
+            lister=self.lister,
+            emit=self.emitted.append,
+            stop=self.stop,
+            config=kube_config(**options.pop("config", {})),
+            random=lambda: next(values),
+            monotonic=self.clock,
+            wait=wait or self.waits.append,
+            **options,
+        )
         watch.run()
         return watch
 
@@ -125,11 +140,13 @@ class ListWatchTests(SynchronousTestCase):
 
     def test_lists_then_watches_from_the_list_version(self) -> None:
         self.lister.lists.append(list_body([namespace("a", "3", ENABLED), namespace("b", "4")], "10"))
-        self.lister.watches.append([
-            event("ADDED", namespace("c", "11")),
-            event("MODIFIED", namespace("a", "12", ENABLED, {"amp.txn2.com/ep": EP_A})),
-            event("DELETED", namespace("b", "13")),
-        ])
+        self.lister.watches.append(
+            [
+                event("ADDED", namespace("c", "11")),
+                event("MODIFIED", namespace("a", "12", ENABLED, {"amp.txn2.com/ep": EP_A})),
+                event("DELETED", namespace("b", "13")),
+            ]
+        )
         watch = self.run_watch()
 
         replaced, added, modified, deleted, restart = self.emitted
@@ -151,10 +168,12 @@ class ListWatchTests(SynchronousTestCase):
 
     def test_server_timeout_resumes_from_the_last_event_at_once(self) -> None:
         self.lister.lists.append(list_body([], "10"))
-        self.lister.watches.extend([
-            [event("ADDED", namespace("a", "11")), self.timeout()],
-            [self.timeout()],
-        ])
+        self.lister.watches.extend(
+            [
+                [event("ADDED", namespace("a", "11")), self.timeout()],
+                [self.timeout()],
+            ]
+        )
         self.run_watch()
         self.assertEqual([w["resource_version"] for w in self.lister.requests("watch")], ["10", "11", "11"])
         self.assertEqual(self.restarts(), [Restarting("timeout", "", 0.0)] * 2)
@@ -163,10 +182,11 @@ class ListWatchTests(SynchronousTestCase):
 
     def test_bookmark_moves_the_resume_point_of_a_dropped_stream(self) -> None:
         self.lister.lists.append(list_body([namespace("a", "5")], "10"))
-        self.lister.watches.extend([
-            [event("MODIFIED", namespace("a", "11")), bookmark("20"),
-             ProtocolError("Response ended prematurely")],
-        ])
+        self.lister.watches.extend(
+            [
+                [event("MODIFIED", namespace("a", "11")), bookmark("20"), ProtocolError("Response ended prematurely")],
+            ]
+        )
         self.run_watch(random=[0.5])
         self.assertIn(Bookmark("20"), self.emitted)
         [restart] = self.restarts()
@@ -176,17 +196,20 @@ class ListWatchTests(SynchronousTestCase):
         self.assertEqual(len(self.lister.requests("list")), 1, "resumed, not relisted")
 
     def test_410_answer_to_the_watch_relists_at_once_then_backs_off(self) -> None:
-        self.lister.lists.extend([
-            list_body([namespace("a", "5"), namespace("b", "6")], "10"),
-            list_body([namespace("a", "5")], "30"),
-            list_body([namespace("a", "5")], "31"),
-        ])
+        self.lister.lists.extend(
+            [
+                list_body([namespace("a", "5"), namespace("b", "6")], "10"),
+                list_body([namespace("a", "5")], "30"),
+                list_body([namespace("a", "5")], "31"),
+            ]
+        )
         self.lister.watches.extend([api_error(410), api_error(410), [self.timeout()]])
         self.run_watch(random=[0.25])
 
         lists = [e for e in self.emitted if isinstance(e, Replaced)]
-        self.assertEqual([(sorted(e.items), e.resource_version) for e in lists],
-                         [(["a", "b"], "10"), (["a"], "30"), (["a"], "31")])
+        self.assertEqual(
+            [(sorted(e.items), e.resource_version) for e in lists], [(["a", "b"], "10"), (["a"], "30"), (["a"], "31")]
+        )
         first, second, _ = self.restarts()
         self.assertEqual((first.reason, first.error, first.delay), ("expired", "HTTP 410 Gone", 0.0))
         # a second 410 in a row is not retried at once
@@ -200,28 +223,35 @@ class ListWatchTests(SynchronousTestCase):
         restart = self.restarts()[0]
         self.assertEqual(restart, Restarting("expired", "Expired: too old resource version: 5 (8)", 0.0))
         self.assertEqual(len(self.lister.requests("list")), 2)
-        self.assertEqual(self.emitted[-2:], [Restarting("expired", "Expired: too old resource version: 5 (8)", 0.0),
-                                             Replaced({}, "40")])
+        self.assertEqual(
+            self.emitted[-2:],
+            [Restarting("expired", "Expired: too old resource version: 5 (8)", 0.0), Replaced({}, "40")],
+        )
         self.assertEqual([w["resource_version"] for w in self.lister.requests("watch")], ["10", "40"])
 
     def test_other_error_event_backs_off_and_resumes_without_relisting(self) -> None:
         self.lister.lists.append(list_body([], "10"))
-        failure = {"type": "ERROR", "object": {"kind": "Status", "code": 500, "reason": "InternalError",
-                                               "message": "etcd is sad"}}
+        failure = {
+            "type": "ERROR",
+            "object": {"kind": "Status", "code": 500, "reason": "InternalError", "message": "etcd is sad"},
+        }
         self.lister.watches.extend([[event("ADDED", namespace("a", "11")), failure]])
         self.run_watch(random=[0.5])
-        self.assertEqual(self.restarts(), [Restarting("error", "_WatchError: ERROR event 500 InternalError: etcd is sad",
-                                                      0.5)])
+        self.assertEqual(
+            self.restarts(), [Restarting("error", "_WatchError: ERROR event 500 InternalError: etcd is sad", 0.5)]
+        )
         self.assertEqual(self.waits, [0.5])
         self.assertEqual([w["resource_version"] for w in self.lister.requests("watch")], ["10", "11"])
         self.assertEqual(len(self.lister.requests("list")), 1)
 
     def test_backoff_is_exponential_capped_fully_jittered_and_reset_by_progress(self) -> None:
         self.lister.lists.extend([api_error(503)] * 5 + [list_body([], "10")])
-        self.lister.watches.extend([
-            [event("ADDED", namespace("a", "11")), ProtocolError("cut")],
-            ProtocolError("refused"),
-        ])
+        self.lister.watches.extend(
+            [
+                [event("ADDED", namespace("a", "11")), ProtocolError("cut")],
+                ProtocolError("refused"),
+            ]
+        )
         # initial 1s, cap 8s: ceilings 1, 2, 4, 8, 8; then progress resets to 1, 2
         self.run_watch(random=[1.0, 0.5, 1.0, 0.25, 1.0, 1.0, 0.75])
         self.assertEqual(self.waits, [1.0, 1.0, 4.0, 2.0, 8.0, 1.0, 1.5])
@@ -230,10 +260,12 @@ class ListWatchTests(SynchronousTestCase):
 
     def test_stalled_stream_restarts_from_the_last_version(self) -> None:
         self.lister.lists.append(list_body([], "10"))
-        self.lister.watches.extend([
-            [event("ADDED", namespace("a", "11")), ReadTimeoutError(None, "/api/v1/namespaces", "Read timed out.")],
-            MaxRetryError(None, "/api/v1/namespaces", ReadTimeoutError(None, "/", "Read timed out.")),
-        ])
+        self.lister.watches.extend(
+            [
+                [event("ADDED", namespace("a", "11")), ReadTimeoutError(None, "/api/v1/namespaces", "Read timed out.")],
+                MaxRetryError(None, "/api/v1/namespaces", ReadTimeoutError(None, "/", "Read timed out.")),
+            ]
+        )
         self.run_watch(random=[0.5, 0.5])
         first, second = self.restarts()
         self.assertEqual((first.reason, first.delay), ("stalled", 0.5))
@@ -245,8 +277,13 @@ class ListWatchTests(SynchronousTestCase):
         self.lister.lists.append(list_body([], "10"))
         self.lister.watches.extend([[], []])
         self.run_watch(random=[0.5, 0.5])
-        self.assertEqual(self.restarts(), [Restarting("timeout", "the watch ended early without events", 0.5),
-                                           Restarting("timeout", "the watch ended early without events", 1.0)])
+        self.assertEqual(
+            self.restarts(),
+            [
+                Restarting("timeout", "the watch ended early without events", 0.5),
+                Restarting("timeout", "the watch ended early without events", 1.0),
+            ],
+        )
 
     def test_unreadable_line_backs_off_and_resumes(self) -> None:
         self.lister.lists.append(list_body([], "10"))
@@ -259,9 +296,11 @@ class ListWatchTests(SynchronousTestCase):
 
     def test_stop_mid_stream_ends_the_loop_without_a_restart(self) -> None:
         self.lister.lists.append(list_body([], "10"))
-        self.lister.watches.extend([
-            [event("ADDED", namespace("a", "11")), self.stop.set, event("ADDED", namespace("b", "12"))],
-        ])
+        self.lister.watches.extend(
+            [
+                [event("ADDED", namespace("a", "11")), self.stop.set, event("ADDED", namespace("b", "12"))],
+            ]
+        )
         self.run_watch()
         self.assertEqual([type(e) for e in self.emitted], [Replaced, Changed])
         self.assertEqual(len(self.lister.requests("watch")), 1)
@@ -294,23 +333,34 @@ class ListWatchTests(SynchronousTestCase):
         def broken(delay: float) -> None:
             raise RuntimeError("bug")
 
-        watch = ListWatch(lister=self.lister, parse=self.keep.namespace, emit=self.emitted.append,
-                          stop=self.stop, config=kube_config(), random=lambda: 0.5, wait=broken)
+        watch = ListWatch(
+            lister=self.lister,
+            parse=self.keep.namespace,
+            emit=self.emitted.append,
+            stop=self.stop,
+            config=kube_config(),
+            random=lambda: 0.5,
+            wait=broken,
+        )
         watch.run_guarded()
         self.assertEqual(self.emitted[-1], Crashed("RuntimeError: bug"))
 
     def test_pages_are_joined_and_an_expired_continue_token_relists(self) -> None:
-        self.lister.lists.extend([
-            list_body([namespace("a", "1"), namespace("b", "2")], "10", continue_token="t1"),
-            api_error(410),
-            list_body([namespace("a", "1"), namespace("b", "2")], "20", continue_token="t2"),
-            list_body([namespace("c", "3")], "20"),
-        ])
+        self.lister.lists.extend(
+            [
+                list_body([namespace("a", "1"), namespace("b", "2")], "10", continue_token="t1"),
+                api_error(410),
+                list_body([namespace("a", "1"), namespace("b", "2")], "20", continue_token="t2"),
+                list_body([namespace("c", "3")], "20"),
+            ]
+        )
         self.run_watch(page_size=2)
         lists = [e for e in self.emitted if isinstance(e, Replaced)]
         self.assertEqual([(sorted(e.items), e.resource_version) for e in lists], [(["a", "b", "c"], "20")])
-        self.assertEqual([(r["limit"], r["continue"]) for r in self.lister.requests("list")],
-                         [(2, None), (2, "t1"), (2, None), (2, "t2")])
+        self.assertEqual(
+            [(r["limit"], r["continue"]) for r in self.lister.requests("list")],
+            [(2, None), (2, "t1"), (2, None), (2, "t2")],
+        )
         self.assertEqual(self.restarts()[0].reason, "expired")
 
     def test_only_wanted_kinds_and_kept_objects_are_emitted_but_all_move_the_version(self) -> None:
@@ -319,10 +369,16 @@ class ListWatchTests(SynchronousTestCase):
             return None if name.startswith("skip") else name
 
         self.lister.lists.append(list_body([namespace("a", "1"), namespace("skip-1", "2")], "10"))
-        self.lister.watches.extend([
-            [event("ADDED", namespace("b", "11")), event("ADDED", namespace("skip-2", "12")),
-             event("MODIFIED", namespace("b", "13")), self.timeout()],
-        ])
+        self.lister.watches.extend(
+            [
+                [
+                    event("ADDED", namespace("b", "11")),
+                    event("ADDED", namespace("skip-2", "12")),
+                    event("MODIFIED", namespace("b", "13")),
+                    self.timeout(),
+                ],
+            ]
+        )
         self.run_watch(parse=parse, collect=tuple, kinds={"ADDED"})
         self.assertEqual(self.emitted[0], Replaced(("a",), "10"))
         self.assertEqual([e for e in self.emitted if isinstance(e, Changed)], [Changed("ADDED", "b", "11")])
@@ -338,12 +394,20 @@ def test_backoff_is_exponential_capped_and_fully_jittered() -> None:
 
 
 class KeepTests(SynchronousTestCase):
-
     def test_only_the_label_and_amps_annotations_are_kept(self) -> None:
         keep = Keep(kube_config())
-        info = keep.namespace(namespace("team-a", "7", {**ENABLED, "team": "a"}, {
-            "amp.txn2.com/ep": EP_A, "amp.txn2.com/failure-policy": "Ignore",
-            "kubectl.kubernetes.io/last-applied-configuration": "{" + "x" * 500 + "}"}))
+        info = keep.namespace(
+            namespace(
+                "team-a",
+                "7",
+                {**ENABLED, "team": "a"},
+                {
+                    "amp.txn2.com/ep": EP_A,
+                    "amp.txn2.com/failure-policy": "Ignore",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{" + "x" * 500 + "}",
+                },
+            )
+        )
         self.assertIsInstance(info, NamespaceInfo)
         self.assertEqual((info.name, info.resource_version), ("team-a", "7"))
         self.assertEqual(dict(info.labels), ENABLED)
@@ -365,7 +429,6 @@ class KeepTests(SynchronousTestCase):
 
 
 class BridgeTests(SynchronousTestCase):
-
     def test_events_reach_the_handler_only_through_call_from_thread_in_order(self) -> None:
         reactor = ThreadReactor(queue_from_threads=True)
         seen: list[Any] = []
@@ -415,9 +478,15 @@ class SourceTestCase(SynchronousTestCase):
 
     def start(self, on_webhook: Optional[Callable[[Any], None]] = None, **overrides: Any) -> KubernetesNamespaceSource:
         source = KubernetesNamespaceSource(
-            kube_config(**overrides), reactor=self.reactor, metrics=self.metrics, random=lambda: 0.5,
-            on_first_list=lambda: self.first_lists.append(True), client_factory=lambda config: self.kube,
-            spawn=self.threads, on_webhook=on_webhook)
+            kube_config(**overrides),
+            reactor=self.reactor,
+            metrics=self.metrics,
+            random=lambda: 0.5,
+            on_first_list=lambda: self.first_lists.append(True),
+            client_factory=lambda config: self.kube,
+            spawn=self.threads,
+            on_webhook=on_webhook,
+        )
         source.startService()
         self.addCleanup(self._stop, source)
         return source
@@ -450,7 +519,6 @@ class SourceTestCase(SynchronousTestCase):
 
 
 class SourceWatchTests(SourceTestCase):
-
     def test_first_list_fills_the_cache_and_makes_it_ready(self) -> None:
         source = self.start()
         self.assertTrue(INamespaceSource.providedBy(source))
@@ -459,8 +527,17 @@ class SourceWatchTests(SourceTestCase):
         self.assertIs(source.cached("team-a"), UNKNOWN)
 
         self.reactor.advance(100)
-        self.send(source, Replaced(self.infos(namespace("team-a", "3", ENABLED, {"amp.txn2.com/ep": EP_A}),
-                                              namespace("team-b", "4"), namespace("kube-system", "5")), "10"))
+        self.send(
+            source,
+            Replaced(
+                self.infos(
+                    namespace("team-a", "3", ENABLED, {"amp.txn2.com/ep": EP_A}),
+                    namespace("team-b", "4"),
+                    namespace("kube-system", "5"),
+                ),
+                "10",
+            ),
+        )
         self.reactor.advance(42)
         self.assertEqual(source.readiness(), (True, "3 namespaces, last event 42s ago"))
         self.assertEqual(source.count, 3)
@@ -478,8 +555,10 @@ class SourceWatchTests(SourceTestCase):
         self.send(source, Replaced(self.infos(namespace("team-a", "3", ENABLED, {"amp.txn2.com/ep": EP_A})), "10"))
         self.assertEqual(route(source.cached("team-a"), config, None).raw_url, EP_A)
 
-        self.send(source, Changed("MODIFIED", self.info("team-a", "11", labels=ENABLED,
-                                                        annotations={"amp.txn2.com/ep": EP_B}), "11"))
+        self.send(
+            source,
+            Changed("MODIFIED", self.info("team-a", "11", labels=ENABLED, annotations={"amp.txn2.com/ep": EP_B}), "11"),
+        )
         self.assertEqual(route(source.cached("team-a"), config, None).url.origin, "http://ep-b.team.svc:8080")
         self.send(source, Changed("MODIFIED", self.info("team-a", "12"), "12"))
         self.assertFalse(route(source.cached("team-a"), config, None).enabled)
@@ -501,18 +580,24 @@ class SourceWatchTests(SourceTestCase):
         typo = {"amp.txn2.com/endpoint": EP_A}
         self.send(source, Replaced(self.infos(namespace("team-a", "3", ENABLED, typo), namespace("team-b", "4")), "10"))
         warnings = [formatEvent(e) for e in self.logs.at(LogLevel.warn)]
-        self.assertEqual(warnings, ["Namespace team-a: annotation amp.txn2.com/endpoint is not read by amp "
-                                    "(did you mean amp.txn2.com/ep?)"])
+        self.assertEqual(
+            warnings,
+            ["Namespace team-a: annotation amp.txn2.com/endpoint is not read by amp (did you mean amp.txn2.com/ep?)"],
+        )
         problems = lambda: sample(self.metrics, "amp_namespace_problems_total", problem="unknown-key")  # noqa: E731
         self.assertEqual(problems(), 1)
-        self.send(source, Changed("MODIFIED", self.info("team-a", "11", labels=ENABLED,
-                                                        annotations={**typo, "other": "x"}), "11"))
+        self.send(
+            source,
+            Changed("MODIFIED", self.info("team-a", "11", labels=ENABLED, annotations={**typo, "other": "x"}), "11"),
+        )
         self.send(source, Replaced(self.infos(namespace("team-a", "12", ENABLED, typo)), "12"))
         self.assertEqual(problems(), 1)
         self.send(source, Changed("MODIFIED", self.info("team-a", "13", labels={"amp.txn2.com/enable": "true"}), "13"))
         self.assertEqual(problems(), 2)
-        self.assertIn("label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)",
-                      formatEvent(self.logs.at(LogLevel.warn)[-1]))
+        self.assertIn(
+            "label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)",
+            formatEvent(self.logs.at(LogLevel.warn)[-1]),
+        )
         self.assertEqual(source.cached("team-a").labels, {}, "the unknown keys themselves are not kept")
 
     def test_bookmark_moves_the_resource_version(self) -> None:
@@ -543,8 +628,10 @@ class SourceWatchTests(SourceTestCase):
     def test_restarts_show_in_readiness_metrics_and_the_log(self) -> None:
         source = self.start()
         self.send(source, Restarting("error", "HTTP 403 Forbidden", 0.5))
-        self.assertEqual(source.readiness(),
-                         (False, "waiting for the first namespace list (last attempt: error: HTTP 403 Forbidden)"))
+        self.assertEqual(
+            source.readiness(),
+            (False, "waiting for the first namespace list (last attempt: error: HTTP 403 Forbidden)"),
+        )
         self.send(source, Replaced({}, "10"), Restarting("stalled", "ReadTimeoutError: read timed out", 1.5))
         ready, detail = source.readiness()
         self.assertTrue(ready)
@@ -565,9 +652,10 @@ class SourceWatchTests(SourceTestCase):
     def test_a_crashed_thread_shows_in_readiness(self) -> None:
         source = self.start()
         self.send(source, Crashed("RuntimeError: bug"))
-        self.assertEqual(source.readiness(),
-                         (False, "waiting for the first namespace list (last attempt: watch thread failed: "
-                                 "RuntimeError: bug)"))
+        self.assertEqual(
+            source.readiness(),
+            (False, "waiting for the first namespace list (last attempt: watch thread failed: RuntimeError: bug)"),
+        )
         [critical] = self.logs.at(LogLevel.critical)
         self.assertEqual(critical["error"], "RuntimeError: bug")
 
@@ -613,21 +701,26 @@ class SourceWatchTests(SourceTestCase):
         def factory(config: KubernetesConfig) -> Any:
             raise FileNotFoundError("no such kubeconfig")
 
-        source = KubernetesNamespaceSource(kube_config(kubeconfig="/etc/missing"), reactor=self.reactor,
-                                           client_factory=factory, spawn=self.threads)
+        source = KubernetesNamespaceSource(
+            kube_config(kubeconfig="/etc/missing"), reactor=self.reactor, client_factory=factory, spawn=self.threads
+        )
         source.startService()
         ready, detail = source.readiness()
         self.assertFalse(ready)
-        self.assertEqual(detail, "cannot load the Kubernetes client configuration from kubeconfig /etc/missing: "
-                                 "FileNotFoundError: no such kubeconfig")
+        self.assertEqual(
+            detail,
+            "cannot load the Kubernetes client configuration from kubeconfig /etc/missing: "
+            "FileNotFoundError: no such kubeconfig",
+        )
         self.assertEqual(source.threads, ())
         failure = self.failureResultOf(source.fetch("a", 1.0), NamespaceLookupError)
         self.assertIn("cannot load", str(failure.value))
         self.assertIsNone(source.stopService())
 
     def test_in_cluster_outside_a_cluster_is_a_readiness_error(self) -> None:
-        source = KubernetesNamespaceSource(kube_config(source="cluster", kubeconfig=None), reactor=self.reactor,
-                                           spawn=self.threads)
+        source = KubernetesNamespaceSource(
+            kube_config(source="cluster", kubeconfig=None), reactor=self.reactor, spawn=self.threads
+        )
         source.startService()
         ready, detail = source.readiness()
         self.assertFalse(ready)
@@ -636,7 +729,6 @@ class SourceWatchTests(SourceTestCase):
 
 
 class WebhookConfigurationTests(SourceTestCase):
-
     def test_auto_failure_policy_follows_the_webhook_configuration(self) -> None:
         source = self.start(webhook_configuration="amp", webhook_name="pods.amp.txn2.com")
         config = Config(kubernetes=kube_config(), failure_policy="auto")
@@ -669,8 +761,9 @@ class WebhookConfigurationTests(SourceTestCase):
         """
         from amp.registration import RegistrationReport, needs
 
-        report = RegistrationReport(needs(Config(kubernetes=kube_config(webhook_configuration="amp"))), self.metrics,
-                                    self.reactor)
+        report = RegistrationReport(
+            needs(Config(kubernetes=kube_config(webhook_configuration="amp"))), self.metrics, self.reactor
+        )
         seen: list[Any] = []
 
         def told(obj: Any) -> None:
@@ -680,8 +773,11 @@ class WebhookConfigurationTests(SourceTestCase):
         source = self.start(on_webhook=told, webhook_configuration="amp", webhook_name="pods.amp.txn2.com")
         entry = {"name": "pods.amp.txn2.com", "failurePolicy": "Ignore", "sideEffects": "Some"}
         self.send(source, Replaced(WebhookSeen(IGNORE, (entry,)), "20"), kind="webhook")
-        self.send(source, Changed("MODIFIED", ("amp", WebhookSeen(FAIL, ({**entry, "failurePolicy": "Fail"},))),
-                                  "21"), kind="webhook")
+        self.send(
+            source,
+            Changed("MODIFIED", ("amp", WebhookSeen(FAIL, ({**entry, "failurePolicy": "Fail"},))), "21"),
+            kind="webhook",
+        )
         self.send(source, Changed("DELETED", ("amp", WebhookSeen(FAIL)), "22"), kind="webhook")
         self.assertEqual(seen, [{"webhooks": [entry]}, {"webhooks": [{**entry, "failurePolicy": "Fail"}]}, None])
         self.assertEqual([p.name.value for p in report.problems], ["configuration-missing"])
@@ -693,18 +789,37 @@ class WebhookConfigurationTests(SourceTestCase):
 
     def test_the_webhook_list_keeps_only_the_named_configuration(self) -> None:
         stop = threading.Event()
-        lister = ScriptedLister(stop, lists=[list_body([
-            {"metadata": {"name": "someone-else"}, "webhooks": [{"name": "x", "failurePolicy": "Fail"}]},
-            {"metadata": {"name": "amp"}, "webhooks": [{"name": "pods.amp.txn2.com", "failurePolicy": "Ignore"}]},
-        ], "10")])
+        lister = ScriptedLister(
+            stop,
+            lists=[
+                list_body(
+                    [
+                        {"metadata": {"name": "someone-else"}, "webhooks": [{"name": "x", "failurePolicy": "Fail"}]},
+                        {
+                            "metadata": {"name": "amp"},
+                            "webhooks": [{"name": "pods.amp.txn2.com", "failurePolicy": "Ignore"}],
+                        },
+                    ],
+                    "10",
+                )
+            ],
+        )
         from amp.kube._keep import WebhookPolicy
 
         policy = WebhookPolicy("amp", "pods.amp.txn2.com")
         emitted: list[Any] = []
-        ListWatch(lister=lister, parse=policy.parse, collect=policy.collect, emit=emitted.append, stop=stop,
-                  config=kube_config(), random=lambda: 0.0).run()
-        self.assertEqual(emitted[0], Replaced(WebhookSeen(IGNORE, ({"name": "pods.amp.txn2.com",
-                                                                     "failurePolicy": "Ignore"},)), "10"))
+        ListWatch(
+            lister=lister,
+            parse=policy.parse,
+            collect=policy.collect,
+            emit=emitted.append,
+            stop=stop,
+            config=kube_config(),
+            random=lambda: 0.0,
+        ).run()
+        self.assertEqual(
+            emitted[0], Replaced(WebhookSeen(IGNORE, ({"name": "pods.amp.txn2.com", "failurePolicy": "Ignore"},)), "10")
+        )
 
 
 class FetchTests(SourceTestCase):

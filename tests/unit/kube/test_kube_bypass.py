@@ -21,8 +21,8 @@ from amp.kube._bypass import MAX_QUEUED_EVENTS, RETRY_FIRST, SETTLE, BypassRepor
 from amp.kube._client import KubeClient
 from amp.kube._events import Changed, Replaced, Restarting
 from amp.kube._keep import Keep, PodKeep, PodSeen, format_time, parse_time
-from amp.kube._verdict import Enabled, EnableRevisions, Judge, Verdict, event_name
 from amp.kube._lease import LeaseElector
+from amp.kube._verdict import Enabled, EnableRevisions, Judge, Verdict, event_name
 from amp.kube._watch import ListWatch
 from amp.metrics import Metrics
 from amp.namespaces import UNKNOWN, NamespaceInfo

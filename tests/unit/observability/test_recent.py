@@ -18,9 +18,16 @@ from amp.recent import FIELD_LIMIT, MESSAGE_LIMIT, Decision, RecentDecisions, Re
 
 def decision(uid: str = "u1", namespace: str = "team-a", pod: str = "web-1", **kw: Any) -> Decision:
     fields: dict[str, Any] = dict(
-        uid=uid, time=1_795_000_000.25, namespace=namespace, pod=pod, endpoint="http://ep.svc:8080",
-        result="ignored", reason="apply-failed", message="endpoint http://ep.svc:8080 failed (apply-failed): no",
-        duration_ms=12.345)
+        uid=uid,
+        time=1_795_000_000.25,
+        namespace=namespace,
+        pod=pod,
+        endpoint="http://ep.svc:8080",
+        result="ignored",
+        reason="apply-failed",
+        message="endpoint http://ep.svc:8080 failed (apply-failed): no",
+        duration_ms=12.345,
+    )
     fields.update(kw)
     return Decision(**fields)
 
@@ -97,9 +104,16 @@ def test_resize_keeps_the_newest() -> None:
 def test_json_form_has_rfc3339_time_and_rounded_duration() -> None:
     out = decision().as_json()
     assert out == {
-        "uid": "u1", "time": "2026-11-18T11:06:40.250Z", "namespace": "team-a", "pod": "web-1",
-        "endpoint": "http://ep.svc:8080", "result": "ignored", "reason": "apply-failed",
-        "message": "endpoint http://ep.svc:8080 failed (apply-failed): no", "duration_ms": 12.3}
+        "uid": "u1",
+        "time": "2026-11-18T11:06:40.250Z",
+        "namespace": "team-a",
+        "pod": "web-1",
+        "endpoint": "http://ep.svc:8080",
+        "result": "ignored",
+        "reason": "apply-failed",
+        "message": "endpoint http://ep.svc:8080 failed (apply-failed): no",
+        "duration_ms": 12.3,
+    }
 
 
 def test_rfc3339_is_utc_with_milliseconds() -> None:
@@ -166,4 +180,7 @@ def test_resource_refuses_an_unknown_parameter_naming_the_known_ones() -> None:
     recent.record(decision(namespace="team-a"))
     request = get(RecentDecisionsResource(recent), namspace="x")
     assert request.responseCode == 400
-    assert body(request) == "'namspace': unknown parameter (did you mean namespace?) (known: format, namespace, pod, uid, trace_id)\n"
+    assert (
+        body(request)
+        == "'namspace': unknown parameter (did you mean namespace?) (known: format, namespace, pod, uid, trace_id)\n"
+    )

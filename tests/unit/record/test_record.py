@@ -18,15 +18,23 @@ from amp.config import ConfigError, RecordConfig
 from amp.metrics import Metrics
 from amp.poddiff import MISSING, pod_differences
 from amp.record import (
-    MARKER_PREFIX, Capture, RecordFiles, Recorder, RecordingError, Redactor, decode_line, encode_line,
-    recording_files)
+    MARKER_PREFIX,
+    Capture,
+    Recorder,
+    RecordFiles,
+    RecordingError,
+    Redactor,
+    decode_line,
+    encode_line,
+    recording_files,
+)
 from tests.support.helpers import make_config, pod, review_bytes
 from tests.support.inline_writer import InlineWriters, recorded_lines
+from tests.support.prometheus import Scrape
 
 
 def sample(text: bytes, name: str, **labels: str) -> float:
     return Scrape(text.decode()).total(name, **labels)
-from tests.support.prometheus import Scrape
 
 
 # ---------------------------------------------------------------- comparing Pods
@@ -51,8 +59,12 @@ def test_keys_are_escaped_and_the_stamp_is_not_compared() -> None:
     after = pod(annotations={"amp.txn2.com/status": "mutated http://b/x", "x~y/z": "2"})
     found = pod_differences(before, after, ignore_annotations=("amp.txn2.com/status",))
     assert [d.path for d in found] == ["/metadata/annotations/x~0y~1z"]
-    assert pod_differences(pod(annotations={"amp.txn2.com/status": "a"}), pod(),
-                           ignore_annotations=("amp.txn2.com/status",)) == ()
+    assert (
+        pod_differences(
+            pod(annotations={"amp.txn2.com/status": "a"}), pod(), ignore_annotations=("amp.txn2.com/status",)
+        )
+        == ()
+    )
 
 
 def test_a_denied_side_differs_at_the_root_and_types_matter() -> None:
@@ -76,11 +88,20 @@ def test_deep_documents_compare_without_recursion() -> None:
 
 
 def _env_pod() -> dict[str, Any]:
-    return pod(annotations={"secret-ish": "s3cr3t", "amp.txn2.com/record": "true"},
-               containers=[{"name": "app", "image": "app", "env": [
-                   {"name": "TOKEN", "value": "hunter2"},
-                   {"name": "REF", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}],
-               initContainers=[{"name": "init", "image": "i", "env": [{"name": "T", "value": "hunter2"}]}])
+    return pod(
+        annotations={"secret-ish": "s3cr3t", "amp.txn2.com/record": "true"},
+        containers=[
+            {
+                "name": "app",
+                "image": "app",
+                "env": [
+                    {"name": "TOKEN", "value": "hunter2"},
+                    {"name": "REF", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+                ],
+            }
+        ],
+        initContainers=[{"name": "init", "image": "i", "env": [{"name": "T", "value": "hunter2"}]}],
+    )
 
 
 def test_redaction_replaces_env_and_annotation_values_with_stable_markers() -> None:
@@ -136,17 +157,48 @@ def test_a_patch_replacing_containers_the_spec_or_the_whole_pod_holds_no_secret(
 
 
 def _capture(**kw: Any) -> Capture:
-    answer = kw.pop("answer", None) or json.dumps({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "response": {"uid": "u1", "allowed": True, "patchType": "JSONPatch",
-                     "patch": __import__("base64").b64encode(json.dumps([
-                         {"op": "add", "path": "/metadata/annotations", "value": {
-                             "amp.txn2.com/status": "mutated http://127.0.0.1:1/x"}}]).encode()).decode(),
-                     "warnings": ["w"]}}).encode()
-    values = dict(time=1764169445.5, uid="u1", namespace="team-a", labels={"amp.txn2.com/enabled": "true"},
-                  annotations={"amp.txn2.com/ep": "http://127.0.0.1:1/x?token=t"},
-                  endpoints=("http://127.0.0.1:1/x",), failure_policy="Ignore", mode="normal",
-                  request_body=review_bytes(_env_pod()), answer_body=answer, result="patched", reason="")
+    answer = (
+        kw.pop("answer", None)
+        or json.dumps(
+            {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "response": {
+                    "uid": "u1",
+                    "allowed": True,
+                    "patchType": "JSONPatch",
+                    "patch": __import__("base64")
+                    .b64encode(
+                        json.dumps(
+                            [
+                                {
+                                    "op": "add",
+                                    "path": "/metadata/annotations",
+                                    "value": {"amp.txn2.com/status": "mutated http://127.0.0.1:1/x"},
+                                }
+                            ]
+                        ).encode()
+                    )
+                    .decode(),
+                    "warnings": ["w"],
+                },
+            }
+        ).encode()
+    )
+    values = dict(
+        time=1764169445.5,
+        uid="u1",
+        namespace="team-a",
+        labels={"amp.txn2.com/enabled": "true"},
+        annotations={"amp.txn2.com/ep": "http://127.0.0.1:1/x?token=t"},
+        endpoints=("http://127.0.0.1:1/x",),
+        failure_policy="Ignore",
+        mode="normal",
+        request_body=review_bytes(_env_pod()),
+        answer_body=answer,
+        result="patched",
+        reason="",
+    )
     values.update(kw)
     return Capture(**values)
 
@@ -187,21 +239,23 @@ def test_a_traced_reviews_trace_id_is_recorded_through_the_pipe_and_read_back() 
 
 
 def test_a_redacted_line_holds_no_secret_value() -> None:
-    line = encode_line(_capture(annotations={"amp.txn2.com/ep": "http://e/x", "team-secret": "hunter2"}),
-                       Redactor())
+    line = encode_line(_capture(annotations={"amp.txn2.com/ep": "http://e/x", "team-secret": "hunter2"}), Redactor())
     assert b"hunter2" not in line and b"s3cr3t" not in line
     assert decode_line(line, "x:1").redacted
 
 
-@pytest.mark.parametrize("line, problem", [
-    (b"not json", "not valid JSON"),
-    (b'{"amp_recording": 1, "x": NaN}', "NaN is not a JSON number"),
-    (b"[" * 200 + b"]" * 200, "more than 104 deep, the limit"),
-    (b'{"amp_recording": 2}', "not a line of an amp recording"),
-    (b'{"amp_recording": 1, "review": {}}', "review.request is missing"),
-    (b'{"amp_recording": 1, "review": {"request": {}}}', "missing or malformed field"),
-    (b"\xff\xfe", "not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        (b"not json", "not valid JSON"),
+        (b'{"amp_recording": 1, "x": NaN}', "NaN is not a JSON number"),
+        (b"[" * 200 + b"]" * 200, "more than 104 deep, the limit"),
+        (b'{"amp_recording": 2}', "not a line of an amp recording"),
+        (b'{"amp_recording": 1, "review": {}}', "review.request is missing"),
+        (b'{"amp_recording": 1, "review": {"request": {}}}', "missing or malformed field"),
+        (b"\xff\xfe", "not UTF-8"),
+    ],
+)
 def test_a_bad_line_is_named_by_file_and_line(line: bytes, problem: str) -> None:
     with pytest.raises(RecordingError) as e:
         decode_line(line, "rec.jsonl:7")
@@ -254,15 +308,18 @@ def settings(tmp_path: Any, **kw: Any) -> RecordConfig:
 def test_chosen_namespaces_are_recorded(tmp_path: Any) -> None:
     for chosen, expected in [(("*",), {"a", "b", "c"}), (("b",), {"b"}), (("annotated",), {"c"})]:
         reactor, metrics = InlineWriters(), Metrics()
-        recorder = Recorder(settings(tmp_path / "-".join(chosen).replace("*", "all"), namespaces=chosen),
-                            reactor, metrics)
+        recorder = Recorder(
+            settings(tmp_path / "-".join(chosen).replace("*", "all"), namespaces=chosen), reactor, metrics
+        )
         recorder.startService()
         offer(recorder, "a")
         offer(recorder, "b", {"amp.txn2.com/record": "false"})
         offer(recorder, "c", {"amp.txn2.com/record": "true"})
         finish(recorder, reactor)
-        found = {json.loads(line)["namespace"]["name"]
-                 for line in recorded_lines(tmp_path / "-".join(chosen).replace("*", "all"))}
+        found = {
+            json.loads(line)["namespace"]["name"]
+            for line in recorded_lines(tmp_path / "-".join(chosen).replace("*", "all"))
+        }
         assert found == expected
         assert sample(metrics.render(), "amp_recorded_reviews_total", result="written") == len(expected)
 
@@ -464,7 +521,7 @@ def test_a_writer_that_ends_unasked_is_started_again_later_and_later(tmp_path: A
         delays.append(reactor.getDelayedCalls()[0].getTime() - reactor.seconds())
         reactor.advance(delays[-1])
         assert len(reactor.writers) == n + 2
-    assert delays == pytest.approx([min(RESTART_DELAY * 2 ** n, RESTART_DELAY_MAX) for n in range(8)])
+    assert delays == pytest.approx([min(RESTART_DELAY * 2**n, RESTART_DELAY_MAX) for n in range(8)])
     # One that has run as long as the longest delay is started again soon once more.
     reactor.advance(RESTART_DELAY_MAX)
     reactor.writers[-1].end(Failure(ProcessTerminated(exitCode=1)))
@@ -512,4 +569,6 @@ def test_the_reviews_of_a_few_milliseconds_reach_the_writer_in_one_write(tmp_pat
     offer(recorder)
     finish(recorder, reactor)  # stopping writes what waits at once
     assert writer.writes == 3
-    assert sample(metrics.render(), "amp_recorded_reviews_total", result="written") == 6 == len(recorded_lines(tmp_path))
+    assert (
+        sample(metrics.render(), "amp_recorded_reviews_total", result="written") == 6 == len(recorded_lines(tmp_path))
+    )

@@ -15,11 +15,25 @@ import pytest
 
 from amp.record import Redactor, decode_line, recording_files
 from amp.record._pipe import (
-    FRAME_LIMIT, LINE_LIMIT, FrameError, FrameReader, LineReader, Problem, Report, WriterSettings, capture_frame,
-    decode_capture, decode_report, decode_settings, problem_line, report_line, settings_frame)
+    FRAME_LIMIT,
+    LINE_LIMIT,
+    FrameError,
+    FrameReader,
+    LineReader,
+    Problem,
+    Report,
+    WriterSettings,
+    capture_frame,
+    decode_capture,
+    decode_report,
+    decode_settings,
+    problem_line,
+    report_line,
+    settings_frame,
+)
 from amp.record._writer import REPORT_INTERVAL, WriterLoop
-from tests.unit.record.test_record import _capture
 from tests.support.inline_writer import recorded_lines
+from tests.unit.record.test_record import _capture
 
 
 def writer_settings(tmp_path: Any, **kw: Any) -> WriterSettings:

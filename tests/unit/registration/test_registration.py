@@ -17,7 +17,6 @@ from typing import Any, Optional
 
 import pytest
 import yaml
-from amp_dev.devcert import issue_cert, make_ca, pem_cert
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs, formatEvent
 from twisted.python.threadpool import ThreadPool
@@ -27,6 +26,7 @@ from amp.config import Config, parse_config
 from amp.metrics import Metrics
 from amp.registration import RegistrationProblem as P
 from amp.registration import RegistrationReport, check, needs, selects
+from amp_dev.devcert import issue_cert, make_ca, pem_cert
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = ROOT / "deploy" / "cert-manager" / "mutatingwebhookconfiguration.yaml"
@@ -66,7 +66,9 @@ def test_the_shipped_registration_has_one_entry_per_failure_class() -> None:
     obj = shipped()
     by_name = {h["name"]: h for h in obj["webhooks"]}
     assert {n: h["failurePolicy"] for n, h in by_name.items()} == {
-        "ignore.mutate.amp.txn2.com": "Ignore", "fail.mutate.amp.txn2.com": "Fail"}
+        "ignore.mutate.amp.txn2.com": "Ignore",
+        "fail.mutate.amp.txn2.com": "Fail",
+    }
     config = shipped_config()
     assert config.kubernetes.webhook_name == "ignore.mutate.amp.txn2.com"
     assert config.kubernetes.failure_class_label == "amp.txn2.com/failure-class"
@@ -76,16 +78,25 @@ def test_the_shipped_registration_meets_the_shipped_config() -> None:
     assert check(shipped(), needs(shipped_config())) == ()
 
 
-@pytest.mark.parametrize("labels, selected", [
-    ({"amp.txn2.com/enabled": "true", "amp.txn2.com/failure-class": "Fail"}, ["fail.mutate.amp.txn2.com"]),
-    ({"amp.txn2.com/enabled": "true", "amp.txn2.com/failure-class": "Ignore"}, ["ignore.mutate.amp.txn2.com"]),
-    ({"amp.txn2.com/enabled": "true"}, ["ignore.mutate.amp.txn2.com"]),
-    ({"amp.txn2.com/enabled": "true", "amp.txn2.com/failure-class": "fail"}, ["ignore.mutate.amp.txn2.com"]),
-    ({"amp.txn2.com/enabled": "false", "amp.txn2.com/failure-class": "Fail"}, []),
-    ({"amp.txn2.com/enabled": "true", "amp.txn2.com/failure-class": "Fail",
-      "kubernetes.io/metadata.name": "kube-system"}, []),
-    ({"amp.txn2.com/enabled": "true", "kubernetes.io/metadata.name": "amp-system"}, []),
-])
+@pytest.mark.parametrize(
+    "labels, selected",
+    [
+        ({"amp.txn2.com/enabled": "true", "amp.txn2.com/failure-class": "Fail"}, ["fail.mutate.amp.txn2.com"]),
+        ({"amp.txn2.com/enabled": "true", "amp.txn2.com/failure-class": "Ignore"}, ["ignore.mutate.amp.txn2.com"]),
+        ({"amp.txn2.com/enabled": "true"}, ["ignore.mutate.amp.txn2.com"]),
+        ({"amp.txn2.com/enabled": "true", "amp.txn2.com/failure-class": "fail"}, ["ignore.mutate.amp.txn2.com"]),
+        ({"amp.txn2.com/enabled": "false", "amp.txn2.com/failure-class": "Fail"}, []),
+        (
+            {
+                "amp.txn2.com/enabled": "true",
+                "amp.txn2.com/failure-class": "Fail",
+                "kubernetes.io/metadata.name": "kube-system",
+            },
+            [],
+        ),
+        ({"amp.txn2.com/enabled": "true", "kubernetes.io/metadata.name": "amp-system"}, []),
+    ],
+)
 def test_the_shipped_selectors(labels: dict[str, str], selected: list[str]) -> None:
     """Each enabled namespace is sent by exactly the entry of its class; protected ones by none."""
     labels = {"kubernetes.io/metadata.name": "team-a", **labels}
@@ -128,7 +139,8 @@ def test_the_fail_entry_turned_to_ignore_is_a_class_not_enforced() -> None:
     assert problem.message == (
         "enabled namespaces labelled amp.txn2.com/failure-class=Fail are sent by entry fail.mutate.amp.txn2.com, "
         "whose failurePolicy is Ignore while they chose Fail: when amp cannot be reached the API server applies "
-        "Ignore to them")
+        "Ignore to them"
+    )
 
 
 def test_a_deleted_class_entry_leaves_its_namespaces_uncalled() -> None:
@@ -140,6 +152,7 @@ def test_a_selector_without_the_class_expression_overlaps() -> None:
     def drop(o: dict[str, Any]) -> None:
         exprs = entry(o, "fail.")["namespaceSelector"]["matchExpressions"]
         exprs[:] = [e for e in exprs if e["key"] != "amp.txn2.com/failure-class"]
+
     assert edited(drop) == [P.ENTRIES_OVERLAP]
 
 
@@ -148,6 +161,7 @@ def test_a_selector_that_now_catches_kube_system() -> None:
         for e in entry(o, "ignore.")["namespaceSelector"]["matchExpressions"]:
             if e["key"] == "kubernetes.io/metadata.name":
                 e["values"] = ["amp-system"]
+
     obj = shipped()
     open_up(obj)
     [problem] = check(obj, needs(shipped_config()))
@@ -161,6 +175,7 @@ def test_amp_own_namespace_must_be_excluded() -> None:
             for e in h["namespaceSelector"]["matchExpressions"]:
                 if e["key"] == "kubernetes.io/metadata.name":
                     e["values"] = ["kube-system"]
+
     obj = shipped()
     open_up(obj)
     [problem] = check(obj, needs(shipped_config()))
@@ -173,8 +188,10 @@ def test_a_timeout_shorter_than_the_endpoints() -> None:
     problems = check(obj, needs(shipped_config()))
     assert names(problems) == [P.DEADLINE_DIFFERS, P.TIMEOUT_BELOW_ENDPOINTS]
     [short] = [p for p in problems if p.name == P.TIMEOUT_BELOW_ENDPOINTS]
-    assert short.message == ("entry fail.mutate.amp.txn2.com: timeoutSeconds 3 less deadline.margin 0.5s leaves amp "
-                             "2.5s, less than endpoints.timeout 5s")
+    assert short.message == (
+        "entry fail.mutate.amp.txn2.com: timeoutSeconds 3 less deadline.margin 0.5s leaves amp "
+        "2.5s, less than endpoints.timeout 5s"
+    )
 
 
 def test_an_endpoint_override_longer_than_the_budget() -> None:
@@ -187,27 +204,34 @@ def test_an_endpoint_override_longer_than_the_budget() -> None:
 def test_rules_side_effects_path_versions_and_reinvocation() -> None:
     def rules(o: dict[str, Any]) -> None:
         entry(o, "fail.")["rules"][0]["operations"] = ["UPDATE"]
+
     assert edited(rules) == [P.RULES_EXTRA, P.RULES_MISSING]
 
     def wide(o: dict[str, Any]) -> None:
-        entry(o, "ignore.")["rules"].append({"operations": ["CREATE"], "apiGroups": ["apps"], "apiVersions": ["v1"],
-                                             "resources": ["deployments"]})
+        entry(o, "ignore.")["rules"].append(
+            {"operations": ["CREATE"], "apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments"]}
+        )
+
     assert edited(wide) == [P.RULES_EXTRA]
 
     def side(o: dict[str, Any]) -> None:
         entry(o, "ignore.")["sideEffects"] = "Some"
+
     assert edited(side) == [P.SIDE_EFFECTS]
 
     def path(o: dict[str, Any]) -> None:
         entry(o, "ignore.")["clientConfig"]["service"]["path"] = "/validate"
+
     assert edited(path) == [P.WRONG_PATH]
 
     def versions(o: dict[str, Any]) -> None:
         entry(o, "ignore.")["admissionReviewVersions"] = ["v2"]
+
     assert edited(versions) == [P.REVIEW_VERSIONS]
 
     def reinvocation(o: dict[str, Any]) -> None:
         entry(o, "ignore.")["reinvocationPolicy"] = "IfNeeded"
+
     assert edited(reinvocation) == [P.REINVOCATION_DIFFERS]
 
 
@@ -235,11 +259,14 @@ def test_a_single_entry_registration_for_a_config_without_the_label() -> None:
     exprs = single["namespaceSelector"]["matchExpressions"]
     exprs[:] = [e for e in exprs if e["key"] != "amp.txn2.com/failure-class"]
     obj["webhooks"] = [single]
-    config = shipped_config(**{"kubernetes.failure_class_label": None, "kubernetes.webhook_name": "mutate.amp.txn2.com"})
+    config = shipped_config(
+        **{"kubernetes.failure_class_label": None, "kubernetes.webhook_name": "mutate.amp.txn2.com"}
+    )
     assert check(obj, needs(config)) == ()
     # the config with the label needs an entry per class
-    assert P.CLASS_NOT_ENFORCED in names(check(obj, needs(shipped_config(**{
-        "kubernetes.webhook_name": "mutate.amp.txn2.com"}))))
+    assert P.CLASS_NOT_ENFORCED in names(
+        check(obj, needs(shipped_config(**{"kubernetes.webhook_name": "mutate.amp.txn2.com"})))
+    )
 
 
 # ---------------------------------------------------------------- the caBundle
@@ -307,8 +334,10 @@ def test_the_report_logs_once_per_change_and_sets_the_gauge() -> None:
     lines = [formatEvent(e) for e in events]
     assert len(lines) == 3, lines
     assert lines[0] == "MutatingWebhookConfiguration amp.txn2.com: no registration problem"  # the first check
-    assert lines[1].startswith("MutatingWebhookConfiguration amp.txn2.com: 1 registration problem(s): "
-                               "class-not-enforced: enabled namespaces labelled")
+    assert lines[1].startswith(
+        "MutatingWebhookConfiguration amp.txn2.com: 1 registration problem(s): "
+        "class-not-enforced: enabled namespaces labelled"
+    )
     assert lines[2] == "MutatingWebhookConfiguration amp.txn2.com: no registration problem"
     assert sample(metrics, "class-not-enforced") == 0
     report.seen(broken)
@@ -364,8 +393,12 @@ def amp_check(*argv: str, stdin: str = "") -> tuple[int, str, str]:
 
 def rendered(obj: dict[str, Any]) -> str:
     """A rendered manifest as CI has it: amp's ConfigMap (amp.yaml) and the registration."""
-    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "amp-config"},
-                 "data": {"amp.yaml": SHIPPED_CONFIG.read_text()}}
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "amp-config"},
+        "data": {"amp.yaml": SHIPPED_CONFIG.read_text()},
+    }
     return yaml.safe_dump_all([configmap, obj])
 
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import yaml
-from amp_dev.devcert import issue_cert, make_ca, pem_cert
 
 from amp.config import ConfigError
 from amp.registration import check, desired, drifted, needs, selects
+from amp_dev.devcert import issue_cert, make_ca, pem_cert
 from tests.unit.registration.test_registration import shipped_config
 
 ROOT = Path(__file__).resolve().parents[3]

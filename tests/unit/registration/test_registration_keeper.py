@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from amp_dev.devcert import make_ca, pem_cert
 from kubernetes.client.exceptions import ApiException
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
@@ -25,6 +24,7 @@ from amp.config import BypassConfig, Config, parse_config
 from amp.kube import KubernetesNamespaceSource
 from amp.metrics import Metrics
 from amp.registration import RegistrationKeeper, desired
+from amp_dev.devcert import make_ca, pem_cert
 from tests.support.memory_kube_client import MemoryKube, ThreadReactor, Threads
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -22,9 +22,9 @@ import yaml
 
 import amp.endpoint
 from amp.config import KEYS, Config, EndpointsConfig, parse_config, reference_row, rewrite_reference
-from amp_examples.server import build_root
 from amp.metrics import Metrics
 from amp.reasons import ENDPOINT_OUTCOMES, FAILURE_REASONS, SKIP_REASONS, Reason, Result
+from amp_examples.server import build_root
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
@@ -95,8 +95,16 @@ def table_rows(text: str) -> list[tuple[str, str, str]]:
 def test_the_key_list_is_complete() -> None:
     """The helper sees every section (guards the tests below)."""
     keys = expected_keys()
-    assert {"listen.port", "endpoints.timeout", "endpoints.breaker.cooldown", "endpoints.allow",
-            "kubernetes.namespaces", "failure_policy", "workers", "log.level"} <= keys
+    assert {
+        "listen.port",
+        "endpoints.timeout",
+        "endpoints.breaker.cooldown",
+        "endpoints.allow",
+        "kubernetes.namespaces",
+        "failure_policy",
+        "workers",
+        "log.level",
+    } <= keys
     assert not any(k.startswith("endpoints.defaults") for k in keys)
 
 
@@ -110,7 +118,8 @@ def test_reference_table_lists_every_key_once() -> None:
     keys = [k for k, _, _ in table_rows(doc("config.md"))]
     assert len(keys) == len(set(keys)), "a key is listed twice"
     assert set(keys) == expected_keys(), (
-        f"missing: {sorted(expected_keys() - set(keys))}, extra: {sorted(set(keys) - expected_keys())}")
+        f"missing: {sorted(expected_keys() - set(keys))}, extra: {sorted(set(keys) - expected_keys())}"
+    )
 
 
 CONFIG_ROWS = table_rows((DOCS / "config.md").read_text())
@@ -181,8 +190,8 @@ def test_metrics_page_lists_exactly_the_registry() -> None:
     documented = metric_rows()
     defined = registry_metrics()
     assert set(documented) == set(defined), (
-        f"undocumented: {sorted(set(defined) - set(documented))}, "
-        f"not defined: {sorted(set(documented) - set(defined))}")
+        f"undocumented: {sorted(set(defined) - set(documented))}, not defined: {sorted(set(documented) - set(defined))}"
+    )
     for name, (kind, labels, meaning) in documented.items():
         defined_kind, collector = defined[name]
         assert kind == defined_kind, name
@@ -212,8 +221,18 @@ def test_metrics_page_names_every_endpoint_outcome() -> None:
 
 def test_the_vocabulary_is_complete() -> None:
     """The reasons the tests below go through (guards them)."""
-    assert {"timeout", "http-5xx", "apply-failed", "no-endpoint", "not-allowed", "bad-url", "deadline",
-            "internal-error", "cancelled", "endpoint-denied"} <= set(Reason)
+    assert {
+        "timeout",
+        "http-5xx",
+        "apply-failed",
+        "no-endpoint",
+        "not-allowed",
+        "bad-url",
+        "deadline",
+        "internal-error",
+        "cancelled",
+        "endpoint-denied",
+    } <= set(Reason)
     assert len(FAILURE_REASONS) >= 25
     assert set(Reason) - FAILURE_REASONS == {Reason.ENDPOINT_DENIED} | SKIP_REASONS
 
@@ -227,14 +246,14 @@ def reason_sections() -> set[str]:
 def test_every_reason_has_a_troubleshooting_section() -> None:
     headings = reason_sections()
     reasons = set(Reason)
-    assert headings == reasons, (
-        f"missing: {sorted(reasons - headings)}, not a reason: {sorted(headings - reasons)}")
+    assert headings == reasons, f"missing: {sorted(reasons - headings)}, not a reason: {sorted(headings - reasons)}"
 
 
 def test_every_failure_reason_is_in_the_failure_modes_tables() -> None:
     rows = set(re.findall(r"^\| `([a-z0-9-]+)` \|", doc("failure-modes.md"), re.M))
     assert rows == FAILURE_REASONS, (
-        f"missing: {sorted(FAILURE_REASONS - rows)}, not a reason: {sorted(rows - FAILURE_REASONS)}")
+        f"missing: {sorted(FAILURE_REASONS - rows)}, not a reason: {sorted(rows - FAILURE_REASONS)}"
+    )
 
 
 def test_failure_modes_says_a_deny_is_not_a_failure() -> None:
@@ -263,8 +282,11 @@ MESSAGES = [
     ("circuit breaker open, next try in", "endpoint/_client.py", None),
     ("waiting for a slot (endpoints.max_queued)", "endpoint/_client.py", None),
     ("too little to wait for a slot (endpoints.min_call_time)", "endpoint/_client.py", None),
-    ("for a slot (endpoints.max_concurrent calls in flight)", "endpoint/_call.py",
-     ("for a slot (endpoints.max_concurrent ", "calls in flight); ")),
+    (
+        "for a slot (endpoints.max_concurrent calls in flight)",
+        "endpoint/_call.py",
+        ("for a slot (endpoints.max_concurrent ", "calls in flight); "),
+    ),
     ("one probe call at a time until one is back within it", "endpoint/_client.py", None),
     ("is within its latency budget again", "endpoint/_client.py", None),
     ("no time left in the review's deadline", "endpoint/_client.py", None),
@@ -275,7 +297,11 @@ MESSAGES = [
     ("certificate does not match the host", "endpoint/_failures.py", None),
     ("is not an unencrypted PEM private key", "endpoint/_tls.py", None),
     ("does not belong to client_cert", "endpoint/_tls.py", None),
-    ("redirect to <location> not followed", "endpoint/_call.py", ("redirect{to} not followed", 'f" to {first_line(where)}"')),
+    (
+        "redirect to <location> not followed",
+        "endpoint/_call.py",
+        ("redirect{to} not followed", 'f" to {first_line(where)}"'),
+    ),
     ("is larger than the <limit> byte limit", "http/_client.py", "is larger than the {limit} byte limit"),
     ("is not a reply", "endpoint/_call.py", None),
     ("reply is not valid HTTP/1.1: <reason>", "http/_client.py", "reply is not valid HTTP/1.1: {e}"),
@@ -294,31 +320,55 @@ MESSAGES = [
     ("Namespace lookup for <ns> failed", "kube/_source.py", "Namespace lookup for {namespace} failed"),
     ("waiting for the first namespace list", "kube/_source.py", None),
     ("waiting for the first list of MutatingWebhookConfiguration", "kube/_source.py", None),
-    ("cannot load the Kubernetes client\n  configuration from", "kube/_source.py", "cannot load the Kubernetes client configuration from"),
+    (
+        "cannot load the Kubernetes client\n  configuration from",
+        "kube/_source.py",
+        "cannot load the Kubernetes client configuration from",
+    ),
     ("Refused a request: ", "http/_server.py", None),
     ("(listen.max_body)", "http/_server.py", None),
     ("(listen.request_timeout)", "http/_server.py", None),
     ("connections open (listen.max_connections)", "http/_factory.py", None),
     ("Bad\nAdmissionReview: ", "web.py", "Bad AdmissionReview: "),
-    ("Review <uid> of <ns>/<pod>: endpoint <endpoint> failed (<reason>): <message>; "
-     "failure policy <policy> <effect>",
-     "admission/_answering.py", ("Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
-                      'f"endpoint {where} failed ({reason}): {message}"')),
+    (
+        "Review <uid> of <ns>/<pod>: endpoint <endpoint> failed (<reason>): <message>; "
+        "failure policy <policy> <effect>",
+        "admission/_answering.py",
+        (
+            "Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
+            'f"endpoint {where} failed ({reason}): {message}"',
+        ),
+    ),
     ("admits it without the endpoint's patch", "admission/_answering.py", None),
-    ("is not Ignore or Fail; failure policy <policy> (from <where>) applies", "policy.py",
-     ("is not {IGNORE} or {FAIL}; ", "failure policy {policy} (from {source}) applies")),
-    ("nests arrays and objects more than 100\ndeep; an AdmissionReview never does", "admission_review.py",
-     ("nests arrays and objects more than {MAX_DEPTH} deep; ", "an AdmissionReview never does", "MAX_DEPTH = 100")),
-    ("is not JSON an API\nserver sends: NaN is not a JSON number", "admission_review.py",
-     ("is not JSON an API server sends: ", "is not a JSON number")),
+    (
+        "is not Ignore or Fail; failure policy <policy> (from <where>) applies",
+        "policy.py",
+        ("is not {IGNORE} or {FAIL}; ", "failure policy {policy} (from {source}) applies"),
+    ),
+    (
+        "nests arrays and objects more than 100\ndeep; an AdmissionReview never does",
+        "admission_review.py",
+        ("nests arrays and objects more than {MAX_DEPTH} deep; ", "an AdmissionReview never does", "MAX_DEPTH = 100"),
+    ),
+    (
+        "is not JSON an API\nserver sends: NaN is not a JSON number",
+        "admission_review.py",
+        ("is not JSON an API server sends: ", "is not a JSON number"),
+    ),
     ("is out of range", "admission_review.py", None),
     ("(webhook) is in use by pid", "startup.py", ('"webhook"', '"listen.port: {problem}"')),
     ("is in use by", "ports.py", "is in use by {port_holder(port)}"),
-    ("a process of another user (try: sudo ss\n-ltnp 'sport = :<n>')", "ports.py",
-     "a process of another user (try: sudo ss -ltnp 'sport = :{port}')"),
+    (
+        "a process of another user (try: sudo ss\n-ltnp 'sport = :<n>')",
+        "ports.py",
+        "a process of another user (try: sudo ss -ltnp 'sport = :{port}')",
+    ),
     ("kubernetes.kubeconfig: cannot load <path>: <error>", "startup.py", "kubernetes.kubeconfig"),
-    ("in-cluster service account cannot be loaded (...); outside a cluster use\nsource: kubeconfig or static",
-     "startup.py", ("in-cluster service account cannot be loaded (", "outside a cluster use source: kubeconfig or static")),
+    (
+        "in-cluster service account cannot be loaded (...); outside a cluster use\nsource: kubeconfig or static",
+        "startup.py",
+        ("in-cluster service account cannot be loaded (", "outside a cluster use source: kubeconfig or static"),
+    ),
     ("is not read by amp (did you mean", "hints.py", ("is not read by amp", "(did you mean {match}?)")),
 ]
 
@@ -331,7 +381,7 @@ def _squash(text: str) -> str:
 def test_quoted_messages_are_the_ones_amp_emits(on_page: str, source: str, in_code: Any) -> None:
     assert _squash(on_page) in _squash(doc("troubleshooting.md")), f"troubleshooting.md does not quote {on_page!r}"
     code = (AMP / source).read_text()
-    for phrase in (in_code if isinstance(in_code, tuple) else (in_code or on_page,)):
+    for phrase in in_code if isinstance(in_code, tuple) else (in_code or on_page,):
         assert phrase in code, f"amp/{source} no longer says {phrase!r}"
 
 
@@ -412,5 +462,7 @@ def test_relative_links_resolve(page: Path) -> None:
 
 def test_slugs_follow_github() -> None:
     assert _slug("`/readyz` is not ready") == "readyz-is-not-ready"
-    assert _slug("`Warning: amp: <endpoint> <reason>; admitted without the endpoint's patch`") == \
-        "warning-amp-endpoint-reason-admitted-without-the-endpoints-patch"
+    assert (
+        _slug("`Warning: amp: <endpoint> <reason>; admitted without the endpoint's patch`")
+        == "warning-amp-endpoint-reason-admitted-without-the-endpoints-patch"
+    )

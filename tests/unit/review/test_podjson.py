@@ -18,12 +18,15 @@ from hypothesis import strategies as st
 
 from amp.admission_review import ReviewError, parse_review
 from amp.patch import PatchError, check_patch
-from amp.podjson import RAW, MemberError, member, whole
 from amp.poddiff import pod_differences
+from amp.podjson import RAW, MemberError, member, whole
 from tests.support.helpers import pod, review
 
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
     max_leaves=20,
@@ -52,15 +55,34 @@ def test_only_the_metadata_is_decoded_and_the_rest_forwarded_as_it_came() -> Non
 
 #: What an API server puts in a controller's Pod before admission (over
 #: a kilobyte, as a real one is: smaller metadata is decoded whole).
-MANAGED_FIELDS = [{
-    "manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
-    "time": "2026-11-27T10:00:00Z", "fieldsType": "FieldsV1",
-    "fieldsV1": {"f:metadata": {"f:generateName": {}, "f:labels": {".": {}, "f:app": {}}},
-                 "f:spec": {"f:containers": {'k:{"name":"app"}': {
-                     ".": {}, "f:image": {}, "f:name": {},
-                     "f:env": {".": {}, **{f'k:{{"name":"SETTING_{i:02d}"}}': {".": {}, "f:name": {}, "f:value": {}}
-                                           for i in range(16)}}}}}},
-}]
+MANAGED_FIELDS = [
+    {
+        "manager": "kube-controller-manager",
+        "operation": "Update",
+        "apiVersion": "v1",
+        "time": "2026-11-27T10:00:00Z",
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {
+            "f:metadata": {"f:generateName": {}, "f:labels": {".": {}, "f:app": {}}},
+            "f:spec": {
+                "f:containers": {
+                    'k:{"name":"app"}': {
+                        ".": {},
+                        "f:image": {},
+                        "f:name": {},
+                        "f:env": {
+                            ".": {},
+                            **{
+                                f'k:{{"name":"SETTING_{i:02d}"}}': {".": {}, "f:name": {}, "f:value": {}}
+                                for i in range(16)
+                            },
+                        },
+                    }
+                }
+            },
+        },
+    }
+]
 
 
 def test_the_metadata_is_decoded_but_its_managed_fields() -> None:
@@ -87,8 +109,10 @@ def test_the_metadata_is_decoded_but_its_managed_fields() -> None:
     with pytest.raises(MemberError, match="metadata.managedFields"):
         whole(bad.object)
     # A patch that reads inside it, or takes the metadata whole, fails there.
-    for ops in ([{"op": "test", "path": "/metadata/managedFields/0/manager", "value": "x"}],
-                [{"op": "copy", "from": "/metadata", "path": "/spec/copied"}]):
+    for ops in (
+        [{"op": "test", "path": "/metadata/managedFields/0/manager", "value": "x"}],
+        [{"op": "copy", "from": "/metadata", "path": "/spec/copied"}],
+    ):
         with pytest.raises(PatchError) as caught:
             check_patch(bad.object, ops)
         assert caught.value.reason == "apply-failed" and "metadata.managedFields cannot be read" in str(caught.value)
@@ -106,10 +130,12 @@ def test_a_patch_never_changes_the_lazy_pod_it_checks() -> None:
     the managedFields decoded into the caller's Pod must not be taken for
     the patch's own copy and changed in place (twice over, checked twice).
     """
-    ops = [{"op": "add", "path": "/spec/containers/-", "value": {"name": "s", "image": "e"}},
-           {"op": "replace", "path": "/spec/containers", "value": [{"name": "app", "image": "nginx:1.25"}]},
-           {"op": "test", "path": "/metadata/managedFields/0/manager", "value": "kube-controller-manager"},
-           {"op": "add", "path": "/metadata/managedFields/-", "value": {"manager": "x"}}]
+    ops = [
+        {"op": "add", "path": "/spec/containers/-", "value": {"name": "s", "image": "e"}},
+        {"op": "replace", "path": "/spec/containers", "value": [{"name": "app", "image": "nginx:1.25"}]},
+        {"op": "test", "path": "/metadata/managedFields/0/manager", "value": "kube-controller-manager"},
+        {"op": "add", "path": "/metadata/managedFields/-", "value": {"manager": "x"}},
+    ]
     body = _managed_body()
     lazy = parse_review(body, lazy=True).object
     before = json.loads(msgspec.json.encode(lazy))
@@ -134,8 +160,12 @@ def test_metadata_that_is_not_an_object_is_forwarded_as_it_came() -> None:
 
 
 @settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(extra=JSON, where=st.sampled_from(["spec", "status", "metadata", "managedFields", "request", "new member"]),
-       indent=st.sampled_from([None, 2]), ascii=st.booleans())
+@given(
+    extra=JSON,
+    where=st.sampled_from(["spec", "status", "metadata", "managedFields", "request", "new member"]),
+    indent=st.sampled_from([None, 2]),
+    ascii=st.booleans(),
+)
 def test_the_lazy_pod_decides_as_the_decoded_one(extra: Any, where: str, indent: Any, ascii: bool) -> None:
     """
     Any review decides as when all of it is decoded, but for one thing: a
@@ -175,7 +205,12 @@ def test_the_lazy_pod_decides_as_the_decoded_one(extra: Any, where: str, indent:
         return
     assert not isinstance(lazy, tuple)
     assert (lazy.uid, lazy.kind, lazy.operation, lazy.namespace, lazy.pod_name) == (
-        eager.uid, eager.kind, eager.operation, eager.namespace, eager.pod_name)
+        eager.uid,
+        eager.kind,
+        eager.operation,
+        eager.namespace,
+        eager.pod_name,
+    )
     if eager.object_json is not None:
         assert lazy.object_json == eager.object_json
     if lazy.object_json is not None:
@@ -218,7 +253,9 @@ def test_a_number_out_of_range_in_a_raw_member_fails_where_it_is_read(number: by
     assert "spec cannot be read" in str(caught.value) and "out of range" in str(caught.value)
     with pytest.raises(MemberError):
         whole(req.object)
-    in_metadata = json.dumps(review(pod(labels={"a": "b"}))).encode().replace(b'"labels"', b'"n": %s, "labels"' % number)
+    in_metadata = (
+        json.dumps(review(pod(labels={"a": "b"}))).encode().replace(b'"labels"', b'"n": %s, "labels"' % number)
+    )
     assert _decided(in_metadata, True) == _decided(in_metadata, False)
     assert _decided(in_metadata, True)[0] == 400
 
@@ -231,17 +268,50 @@ def test_integers_in_range_however_long_are_read_from_a_raw_member() -> None:
     assert whole(req.object) == parse_review(body).object
 
 
-PATHS = ["/metadata/labels/x", "/metadata/annotations", "/metadata/name", "/metadata", "/metadata/managedFields",
-         "/metadata/managedFields/0/manager", "/metadata/managedFields/-", "/spec/containers/-",
-         "/spec/containers/0/image", "/spec/containers/0", "/spec/volumes/-", "/spec/volumes", "/spec",
-         "/status", "/status/phase", "/extra", "/extra/a", "/spec/nodeName", "/kind", "/nope/x"]
-OPS = st.lists(st.fixed_dictionaries({
-    "op": st.sampled_from(["add", "replace", "remove", "move", "copy", "test"]),
-    "path": st.sampled_from(PATHS),
-    "from": st.sampled_from(PATHS),
-    "value": st.sampled_from([{"name": "side", "image": "envoy"}, "x", [], {}, {"a": "b"}, 1,
-                              [{"name": "app", "image": "nginx:1.25"}]]),
-}), min_size=1, max_size=4)
+PATHS = [
+    "/metadata/labels/x",
+    "/metadata/annotations",
+    "/metadata/name",
+    "/metadata",
+    "/metadata/managedFields",
+    "/metadata/managedFields/0/manager",
+    "/metadata/managedFields/-",
+    "/spec/containers/-",
+    "/spec/containers/0/image",
+    "/spec/containers/0",
+    "/spec/volumes/-",
+    "/spec/volumes",
+    "/spec",
+    "/status",
+    "/status/phase",
+    "/extra",
+    "/extra/a",
+    "/spec/nodeName",
+    "/kind",
+    "/nope/x",
+]
+OPS = st.lists(
+    st.fixed_dictionaries(
+        {
+            "op": st.sampled_from(["add", "replace", "remove", "move", "copy", "test"]),
+            "path": st.sampled_from(PATHS),
+            "from": st.sampled_from(PATHS),
+            "value": st.sampled_from(
+                [
+                    {"name": "side", "image": "envoy"},
+                    "x",
+                    [],
+                    {},
+                    {"a": "b"},
+                    1,
+                    [{"name": "app", "image": "nginx:1.25"}],
+                ]
+            ),
+        }
+    ),
+    min_size=1,
+    max_size=4,
+)
 
 
 def _checked(the_pod: dict, ops: list) -> Any:
@@ -254,8 +324,9 @@ def _checked(the_pod: dict, ops: list) -> Any:
 
 @settings(max_examples=400, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=OPS, status=st.booleans(), extra=st.booleans(), managed=st.booleans())
-def test_a_patch_on_the_lazy_pod_is_checked_as_on_the_decoded_one(ops: list, status: bool, extra: bool,
-                                                                    managed: bool) -> None:
+def test_a_patch_on_the_lazy_pod_is_checked_as_on_the_decoded_one(
+    ops: list, status: bool, extra: bool, managed: bool
+) -> None:
     """
     Any patch: the same operations, repairs and warnings, the same Pod
     after it (as JSON), or the same refusal; the lazy Pod itself is the
@@ -278,11 +349,14 @@ def test_a_patch_on_the_lazy_pod_is_checked_as_on_the_decoded_one(ops: list, sta
     # Checked again, now with what the first check decoded: the same.
     assert _checked(lazy, ops) == eager
     assert json.loads(msgspec.json.encode(lazy)) == before
-    touched = {op["path"].split("/")[1] for op in ops} | {op["from"].split("/")[1] for op in ops
-                                                          if op["op"] in ("move", "copy")}
-    if any(op["op"] != "test" and (op["path"] in ("/metadata", "/spec")
-                                   or (op["op"] == "move" and op["from"] in ("/metadata", "/spec")))
-           for op in ops):
+    touched = {op["path"].split("/")[1] for op in ops} | {
+        op["from"].split("/")[1] for op in ops if op["op"] in ("move", "copy")
+    }
+    if any(
+        op["op"] != "test"
+        and (op["path"] in ("/metadata", "/spec") or (op["op"] == "move" and op["from"] in ("/metadata", "/spec")))
+        for op in ops
+    ):
         # A whole metadata or spec changed: the patched Pod is checked all
         # through (amp.patch parts_changed), its spec included.
         touched.add("spec")
@@ -321,10 +395,13 @@ def test_a_patch_that_reads_an_unreadable_member_ends_in_the_failure_policy(poli
     from tests.unit.admission.test_properties import Reply, _admitter, _answer
 
     reply = Reply()
-    reply.body = json.dumps([{"op": "add", "path": "/spec/containers/-", "value": {"name": "s", "image": "i"}}]).encode()
+    reply.body = json.dumps(
+        [{"op": "add", "path": "/spec/containers/-", "value": {"name": "s", "image": "i"}}]
+    ).encode()
     admitter, clock = _admitter(reply, policy)
-    body = json.dumps(review(pod(priority=1), namespace="team-a")).encode().replace(b'"priority": 1',
-                                                                                  b'"priority": 1e999')
+    body = (
+        json.dumps(review(pod(priority=1), namespace="team-a")).encode().replace(b'"priority": 1', b'"priority": 1e999')
+    )
     response = _answer(admitter, clock, body)
     assert response["allowed"] is allowed
     said = json.dumps(response)

@@ -25,10 +25,15 @@ def test_empty_array_means_no_change() -> None:
 
 
 def test_object_form_with_every_field() -> None:
-    body = json.dumps({
-        "patch": OPS, "allowed": True, "status": {"code": 200, "message": "fine"},
-        "warnings": ["w1", "w2"], "auditAnnotations": {"k": "v"},
-    }).encode()
+    body = json.dumps(
+        {
+            "patch": OPS,
+            "allowed": True,
+            "status": {"code": 200, "message": "fine"},
+            "warnings": ["w1", "w2"],
+            "auditAnnotations": {"k": "v"},
+        }
+    ).encode()
     decision = parse_reply(body)
     assert decision.patch == OPS
     assert decision.allowed is True
@@ -53,8 +58,7 @@ def test_object_form_defaults(body: bytes) -> None:
     assert parse_reply(body) == EndpointDecision()
 
 
-@pytest.mark.parametrize("body", [b"", b"  \n", b"not json", b"<html></html>", b"[", b"\xff\xfe\xfd",
-                                  b'{"patch": [}'])
+@pytest.mark.parametrize("body", [b"", b"  \n", b"not json", b"<html></html>", b"[", b"\xff\xfe\xfd", b'{"patch": [}'])
 def test_invalid_json(body: bytes) -> None:
     with pytest.raises(ReplyError) as e:
         parse_reply(body)
@@ -104,16 +108,23 @@ def test_not_a_number_and_out_of_range_numbers_are_not_json(body: bytes) -> None
 
 
 def test_numbers_in_range_are_kept() -> None:
-    assert parse_reply(b'[{"op": "add", "path": "/x", "value": [1.5, 1e300, -2]}]').patch[0]["value"] == [1.5, 1e300, -2]
+    assert parse_reply(b'[{"op": "add", "path": "/x", "value": [1.5, 1e300, -2]}]').patch[0]["value"] == [
+        1.5,
+        1e300,
+        -2,
+    ]
 
 
-@pytest.mark.parametrize("body", [
-    b"[" * 100_000,
-    b"[" * 100_000 + b"]" * 100_000,
-    b'{"a":' * 5000 + b"1" + b"}" * 5000,
-    b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1),
-    b'{"patch": ' + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"}",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000,
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"a":' * 5000 + b"1" + b"}" * 5000,
+        b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1),
+        b'{"patch": ' + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"}",
+    ],
+)
 def test_nesting_over_the_bound_is_invalid_json_not_a_crash(body: bytes) -> None:
     with pytest.raises(ReplyError) as e:
         parse_reply(body)
@@ -133,19 +144,27 @@ def test_nesting_at_the_bound_is_parsed() -> None:
 DEEP = b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1)
 
 
-@pytest.mark.parametrize("body, deeper", [
-    # Brackets in strings are not structure, whatever escapes come before them.
-    (b'["' + b"[" * 500 + b'"]', False),
-    (b'["\\"' + b"[" * 500 + b'"]', False),
-    (b'["\\\\", ' + b"[" * 500 + b"]" * 500 + b"]", True),
-    (b'["a", "", "b", ' + b'"]", ' * 300 + DEEP + b"]", True),
-    (b'["a", "", "b", ' + b'"]", ' * 300 + DEEP[2:-2] + b"]", False),
-    # Wide is not deep; depth counts arrays and objects alike.
-    (b"[" + b"[[1, {}], [2]], " * 1000 + b"[]]", False),
-    (b'{"a": ' * (MAX_DEPTH // 2) + b"[" * (MAX_DEPTH // 2 + 1) + b"]" * (MAX_DEPTH // 2 + 1)
-     + b"}" * (MAX_DEPTH // 2), True),
-    (b"[" + b"[1, " * MAX_DEPTH + b"]" * MAX_DEPTH + b"]", True),
-])
+@pytest.mark.parametrize(
+    "body, deeper",
+    [
+        # Brackets in strings are not structure, whatever escapes come before them.
+        (b'["' + b"[" * 500 + b'"]', False),
+        (b'["\\"' + b"[" * 500 + b'"]', False),
+        (b'["\\\\", ' + b"[" * 500 + b"]" * 500 + b"]", True),
+        (b'["a", "", "b", ' + b'"]", ' * 300 + DEEP + b"]", True),
+        (b'["a", "", "b", ' + b'"]", ' * 300 + DEEP[2:-2] + b"]", False),
+        # Wide is not deep; depth counts arrays and objects alike.
+        (b"[" + b"[[1, {}], [2]], " * 1000 + b"[]]", False),
+        (
+            b'{"a": ' * (MAX_DEPTH // 2)
+            + b"[" * (MAX_DEPTH // 2 + 1)
+            + b"]" * (MAX_DEPTH // 2 + 1)
+            + b"}" * (MAX_DEPTH // 2),
+            True,
+        ),
+        (b"[" + b"[1, " * MAX_DEPTH + b"]" * MAX_DEPTH + b"]", True),
+    ],
+)
 def test_depth_is_found_without_parsing(body: bytes, deeper: bool) -> None:
     assert nesting_exceeds(body, MAX_DEPTH) is deeper
     # The same as parsing it and measuring, for what is JSON.

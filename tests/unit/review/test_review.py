@@ -12,10 +12,9 @@ import json
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import pytest
 
 import amp.admission_review as review_module
 from amp.admission_review import (

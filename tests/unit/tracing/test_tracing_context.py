@@ -13,7 +13,14 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from amp.config import ConfigError, parse_config
 from amp.tracing import (
-    MAX_TRACESTATE, Ids, Parent, ReviewSpans, Sampler, format_traceparent, parse_traceparent, resolve,
+    MAX_TRACESTATE,
+    Ids,
+    Parent,
+    ReviewSpans,
+    Sampler,
+    format_traceparent,
+    parse_traceparent,
+    resolve,
     sampled_by_ratio,
 )
 
