@@ -1,6 +1,6 @@
 """
 The checks the build runs on the source itself, as the suite runs them
-(C{make test}; C{make check} runs the same three without pytest):
+(C{make test}; C{make check} runs the same two without pytest):
 
   - mypy, strict on C{amp/} with Twisted's zope interfaces understood
     (C{mypy.ini});
