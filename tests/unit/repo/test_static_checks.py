@@ -43,7 +43,7 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-#: How much of a tool's findings a failure shows .
+#: How much of a tool's findings a failure shows.
 SHOWN = 30_000
 
 
