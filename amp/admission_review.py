@@ -6,6 +6,8 @@ amp answers in the same C{apiVersion} it was asked in
 C{patchType: JSONPatch} with a base64 patch only when there is a change.
 Warnings are clipped to L{WARNING_LIMIT} characters each and
 L{WARNINGS_TOTAL} in all, so the API server never truncates them itself.
+The answer's side lives in L{amp.admission_response} (its names are
+importable from here too); this module owns the request's.
 
 A request body is refused with a 400 that names the problem when it is not
 JSON an API server could have sent: nested deeper than L{MAX_DEPTH} (checked
@@ -27,34 +29,37 @@ with nineteen digits in a row (an integer that may be out of 64-bit range,
 which msgspec would read as a Python int), goes the careful way: Python's
 C{json} with the API server's limits, which also writes the 400's message.
 Either way the answer is the same (a property test holds them to it).
-Answers are encoded with msgspec too.
+Answers are encoded with msgspec too (L{amp.admission_response}).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from array import array
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Optional
 
 import msgspec
 
+from amp.admission_response import (
+    AUDIT_VALUE_LIMIT,
+    WARNING_LIMIT,
+    WARNINGS_TOTAL,
+    clean_audit_annotations,
+    clip,
+    clip_warnings,
+    dumps,
+    encode_response,
+)
 from amp.text import lone_surrogate, may_hold_surrogate
 
-API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+__all__ = ["API_VERSIONS", "AUDIT_VALUE_LIMIT", "MAX_DEPTH", "RAW_IN_METADATA", "WARNINGS_TOTAL", "WARNING_LIMIT",
+           "AdmissionRequest", "ReviewError", "clean_audit_annotations", "clip", "clip_warnings", "decode_bounded",
+           "dumps", "encode_response", "long_digits", "nesting_exceeds", "parse_review"]
 
-#: The API server cuts warnings at 256 characters; amp keeps each one under
-#: 120, well below that.
-WARNING_LIMIT = 119
-#: ... and at 4 KiB in total.
-WARNINGS_TOTAL = 4000
-#: Audit annotation keys are prefixed by the API server with the webhook name
-#: and a slash, so ours must be a bare name part (no slash).
-_AUDIT_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
-AUDIT_VALUE_LIMIT = 1024
+API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
 #: Compact UTF-8 JSON, encoded in C.
 _encode = msgspec.json.encode
@@ -504,96 +509,3 @@ def _text(body: bytes) -> str:
     with bytes).
     """
     return body.decode(json.detect_encoding(body), "surrogatepass")
-
-
-def clip(text: str, limit: int = WARNING_LIMIT) -> str:
-    """
-    Shorten C{text} to at most C{limit} characters, on one line.
-    """
-    text = " ".join(str(text).split())
-    if len(text) <= limit:
-        return text
-    return text[: limit - 3] + "..."
-
-
-def clip_warnings(warnings: Iterable[str]) -> list[str]:
-    """
-    Clip each warning and keep the list under L{WARNINGS_TOTAL} characters.
-    """
-    out: list[str] = []
-    total = 0
-    for w in warnings:
-        w = clip(w)
-        if not w:
-            continue
-        if total + len(w) > WARNINGS_TOTAL:
-            break
-        out.append(w)
-        total += len(w)
-    return out
-
-
-def clean_audit_annotations(annotations: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
-    """
-    Keep the audit annotations the API server will accept; return them and
-    a list of problems with the rest.
-    """
-    good: dict[str, str] = {}
-    problems: list[str] = []
-    for key, value in annotations.items():
-        if not isinstance(key, str) or not _AUDIT_KEY.match(key):
-            problems.append(f"audit annotation key {str(key)[:40]!r} dropped (must be a name without '/')")
-            continue
-        good[key] = clip(str(value), AUDIT_VALUE_LIMIT)
-    return good, problems
-
-
-def encode_response(
-    request_api_version: str,
-    uid: str,
-    *,
-    allowed: bool = True,
-    patch: Optional[list[Any]] = None,
-    patch_bytes: Optional[bytes] = None,
-    warnings: Iterable[str] = (),
-    audit: Optional[Mapping[str, str]] = None,
-    code: int = 403,
-    message: str = "",
-    reason: str = "",
-) -> bytes:
-    """
-    Serialise the AdmissionReview answer.
-
-    C{patch} (a list of operations) or C{patch_bytes} (its JSON) is sent only
-    when C{allowed} and non-empty.
-    """
-    response: dict[str, Any] = {"uid": uid, "allowed": allowed}
-    if allowed:
-        if patch_bytes is None and patch:
-            patch_bytes = _encode(patch)
-        if patch_bytes and patch_bytes != b"[]":
-            response["patchType"] = "JSONPatch"
-            # msgspec writes bytes as standard base64, padded: in C, with
-            # no string between (half the time of base64 then a string;
-            # bench/README.md, "Figures behind the code").
-            response["patch"] = patch_bytes
-    else:
-        status: dict[str, Any] = {"status": "Failure", "code": code, "message": message}
-        if reason:
-            status["reason"] = reason
-        response["status"] = status
-    if warnings:
-        clipped = clip_warnings(warnings)
-        if clipped:
-            response["warnings"] = clipped
-    if audit:
-        response["auditAnnotations"] = dict(audit)
-    review = {"apiVersion": request_api_version, "kind": "AdmissionReview", "response": response}
-    return _encode(review)
-
-
-def dumps(value: Any) -> bytes:
-    """
-    Compact JSON, as amp sends it everywhere.
-    """
-    return _encode(value)

@@ -58,7 +58,7 @@ BREAKDOWN: tuple[tuple[str, "re.Pattern[str]", tuple[str, ...]], ...] = (
     ("the answer with its stamp (amp.admission's Answering.chain_done)", re.compile(r"^Answering\.chain_done "),
      ("amp.admission._answering:Answering.chain_done",)),
     ("JSON encoding (msgspec, json.dumps)", re.compile(r"\(json/encoder\.py|^encode_response \(amp/"),
-     ("amp.admission_review:encode_response",)),
+     ("amp.admission_response:encode_response",)),
     ("writing the answer (HTTPServerProtocol.respond)", re.compile(r"^HTTPServerProtocol\.respond "),
      ("amp.http._server:HTTPServerProtocol.respond",)),
     ("accounting after the answer (ReviewHandler._account: log line, metrics, recent decisions)",

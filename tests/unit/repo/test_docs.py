@@ -269,7 +269,7 @@ MESSAGES = [
     ("failure policy Fail denies the Pod", "answers.py", None),
     ("denied the Pod: ", "answers.py", None),
     ("denied by the endpoint without a message", "answers.py", None),
-    ("dropped (must be a name without '/')", "admission_review.py", None),
+    ("dropped (must be a name without '/')", "admission_response.py", None),
     ("replaced an existing list of", "patch/_apply.py", None),
     ("namespace is enabled but has no endpoint annotation", "admission/_review.py", None),
     ("is not in endpoints.allow", "policy.py", None),
