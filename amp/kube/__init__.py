@@ -11,8 +11,9 @@ thread:
     loop: resume, relist on 410 Gone, backoff with jitter, stop);
   - the crossing: L{amp.kube._events} (typed, immutable news) and
     L{amp.kube._bridge} (the one C{reactor.callFromThread});
-  - reactor side: L{amp.kube._source} (the cache, the service, cache misses
-    through the reactor's thread pool), and the bypassed-Pod report:
+  - reactor side: L{amp.kube._source} (the cache, the service),
+    L{amp.kube._misses} (cache misses through the reactor's thread pool),
+    and the bypassed-Pod report:
     L{amp.kube._report} (its terms), L{amp.kube._lease} (the Lease that
     picks the reporting replica), L{amp.kube._bypass} (the reporter);
   - pure: L{amp.kube._keep} (what is kept of each object, parsed in the

@@ -19,7 +19,7 @@ L{KubernetesNamespaceSource} owns:
     thread's news arrives through its L{amp.kube._bridge.Bridge} as typed
     events;
   - cache misses: one bounded GET in the reactor's thread pool, shared by
-    concurrent callers, with 404s remembered briefly;
+    concurrent callers, with 404s remembered briefly (L{amp.kube._misses});
   - with C{kubernetes.bypass.enabled}, the bypassed-Pod report
     (L{amp.kube._report}: a Lease loop and, while this replica holds the
     Lease, a Pod watch), fed with the namespace cache and the enablings the
@@ -42,26 +42,25 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from twisted.application.service import Service
-from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail, succeed
+from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from amp.config import KubernetesConfig
 from amp.hints import NEAR_MISS_PROBLEM, near_miss_news
 from amp.kube._bridge import Bridge, start_thread
 from amp.kube._bypass import BypassReporter
-from amp.kube._client import KubeClient, Lister, describe, get_namespace, service_account_namespace
+from amp.kube._client import KubeClient, Lister, describe, service_account_namespace
 from amp.kube._events import Bookmark, Changed, Crashed, Replaced, Restarting, WatchEvent
 from amp.kube._keep import Keep, WebhookPolicy
 from amp.kube._lease import LeaseElector
+from amp.kube._misses import CacheMisses
 from amp.kube._report import BypassReport, LeaseTerm
 from amp.kube._verdict import EnableRevisions
 from amp.kube._watch import ListWatch
 from amp.metrics import Metrics
-from amp.namespaces import UNKNOWN, CachedAnswer, INamespaceSource, NamespaceInfo, NamespaceLookupError
+from amp.namespaces import INamespaceSource, NamespaceInfo
 from amp.reasons import NamespaceSource
 
 if TYPE_CHECKING:
@@ -70,9 +69,6 @@ if TYPE_CHECKING:
 #: How long C{stopService} waits for the threads before giving up on them
 #: (they are daemon threads; after a socket shutdown they end at once).
 STOP_WAIT = 2.0
-
-_NEGATIVE_PRUNE_AT = 1024
-
 
 @dataclass(eq=False)
 class _Run:
@@ -94,16 +90,8 @@ class _Run:
             d.callback(None)
 
 
-@dataclass(eq=False)
-class _Pending:
-    """One GET in flight and the callers waiting for it."""
-
-    waiters: list[Deferred[Optional[NamespaceInfo]]] = field(default_factory=list)
-    superseded: bool = False
-
-
 @implementer(INamespaceSource)
-class KubernetesNamespaceSource(Service):
+class KubernetesNamespaceSource(CacheMisses, Service):
     """
     Namespaces from the Kubernetes API, cached in memory and kept current by
     a watch (see the module docstring).
@@ -168,7 +156,7 @@ class KubernetesNamespaceSource(Service):
         self._enables = EnableRevisions(config)
         self._cache: dict[str, NamespaceInfo] = {}
         self._negative: dict[str, float] = {}
-        self._pending: dict[str, _Pending] = {}
+        self._pending = {}
         self._listed = False
         self._listed_at: Optional[float] = None
         self._last_event: Optional[float] = None
@@ -458,46 +446,6 @@ class KubernetesNamespaceSource(Service):
         """The first namespace list has landed (the cache is complete)."""
         return self._listed
 
-    def cached(self, name: str) -> CachedAnswer:
-        if self._config.per_review_get:
-            return UNKNOWN
-        info = self._cache.get(name)
-        if info is not None:
-            return info
-        until = self._negative.get(name)
-        if until is not None:
-            if self._clock.seconds() < until:
-                return None
-            del self._negative[name]
-        return UNKNOWN
-
-    def fetch(self, name: str, timeout: float) -> "Deferred[Optional[NamespaceInfo]]":
-        """
-        One GET of the namespace, bounded by C{timeout} (and
-        C{kubernetes.miss_timeout}), in the reactor's thread pool.  Callers
-        asking for the same name meanwhile share it; each gets its own
-        Deferred, so cancelling one leaves the others waiting.
-
-        A caller that cancels its Deferred (the API server hung up) gets
-        C{CancelledError}: it is counted as C{cancelled}, not as a failed
-        lookup.
-
-        @raise NamespaceLookupError: (in the Deferred) when the GET fails.
-        """
-        bound = max(0.001, min(timeout, self._config.miss_timeout))
-        if self._config.per_review_get:
-            d = self._get(name, bound)
-            d.addCallbacks(self._counted, self._lookup_failed, errbackArgs=(name, 1))
-            return d
-        waiter: Deferred[Optional[NamespaceInfo]] = Deferred(self._cancelled)
-        pending = self._pending.get(name)
-        if pending is not None:
-            pending.waiters.append(waiter)
-            return waiter
-        pending = self._pending[name] = _Pending([waiter])
-        self._get(name, bound).addBoth(self._fetched, name, pending)
-        return waiter
-
     def readiness(self) -> tuple[bool, str]:
         if self._config_error is not None:
             return False, self._config_error
@@ -524,67 +472,3 @@ class KubernetesNamespaceSource(Service):
 
     def cluster_failure_policy(self) -> Optional[str]:
         return self._webhook_policy
-
-    # ------------------------------------------------------------ cache misses
-
-    def _get(self, name: str, timeout: float) -> Deferred[Optional[NamespaceInfo]]:
-        client = self.client
-        if client is None:
-            detail = self._config_error or "the Kubernetes namespace source is not running"
-            return fail(NamespaceLookupError(detail))
-        if not name:
-            return succeed(None)
-        return deferToThreadPool(self._reactor, self._reactor.getThreadPool(), get_namespace,
-                                 client, self._keep.namespace_body, name, timeout)
-
-    def _counted(self, info: Optional[NamespaceInfo]) -> Optional[NamespaceInfo]:
-        self._metrics.namespace_misses.labels("found" if info is not None else "not-found").inc()
-        return info
-
-    def _cancelled(self, waiter: Deferred[Optional[NamespaceInfo]]) -> None:
-        self._metrics.namespace_misses.labels("cancelled").inc()
-
-    def _lookup_failed(self, failure: Failure, name: str, callers: int) -> Failure:
-        if failure.check(CancelledError):
-            # The caller gave up (per-review GET mode: its Deferred is the
-            # GET's): not a failure of the lookup.
-            self._metrics.namespace_misses.labels("cancelled").inc(callers)
-            return failure
-        self._metrics.namespace_misses.labels("error").inc(callers)
-        error = failure.getErrorMessage() or type(failure.value).__name__
-        self.log.warn("Namespace lookup for {namespace} failed: {error}", namespace=name, error=error)
-        if not failure.check(NamespaceLookupError):
-            return Failure(NamespaceLookupError(f"namespace {name}: {error}"))
-        return failure
-
-    def _fetched(self, result: Any, name: str, pending: _Pending) -> None:
-        if self._pending.get(name) is pending:
-            del self._pending[name]
-        waiters = [w for w in pending.waiters if not w.called]
-        if isinstance(result, Failure):
-            result = self._lookup_failed(result, name, len(waiters))
-            for waiter in waiters:
-                waiter.errback(result)
-            return
-        info: Optional[NamespaceInfo] = result
-        if pending.superseded and name in self._cache:
-            # The watch saw this namespace change while the GET was out:
-            # its view is the newer one.
-            info = self._cache[name]
-        elif not pending.superseded and self._run is not None:
-            if info is not None:
-                self._cache.setdefault(name, info)
-                self._metrics.namespace_cache_size.set(len(self._cache))
-            elif self._config.miss_negative_ttl > 0:
-                self._remember_missing(name)
-        label = "found" if info is not None else "not-found"
-        self._metrics.namespace_misses.labels(label).inc(len(waiters))
-        for waiter in waiters:
-            waiter.callback(info)
-
-    def _remember_missing(self, name: str) -> None:
-        now = self._clock.seconds()
-        if len(self._negative) >= _NEGATIVE_PRUNE_AT:
-            for stale in [n for n, until in self._negative.items() if until <= now]:
-                del self._negative[stale]
-        self._negative[name] = now + self._config.miss_negative_ttl

@@ -317,7 +317,7 @@ MESSAGES = [
     ("still serving serial", "tls.py", None),
     ("no TLS certificate loaded", "tls.py", None),
     ("The namespace watch restarts (<reason>)", "kube/_source.py", "watch restarts ({reason})"),
-    ("Namespace lookup for <ns> failed", "kube/_source.py", "Namespace lookup for {namespace} failed"),
+    ("Namespace lookup for <ns> failed", "kube/_misses.py", "Namespace lookup for {namespace} failed"),
     ("waiting for the first namespace list", "kube/_source.py", None),
     ("waiting for the first list of MutatingWebhookConfiguration", "kube/_source.py", None),
     (
