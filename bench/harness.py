@@ -3,13 +3,12 @@ The benchmark's moving parts, shared by C{bench/run}, the soak and
 C{bench/workers_experiment.py}: child processes pinned to CPUs and stopped by
 pid, CPU time and peak RSS from /proc, wrk (installed by the project's set-up
 step, C{tools/install}) and its summary, amp's bench configuration and a
-running C{twistd amp}, and the answer checks (the summary of py-spy's collapsed stacks is
-L{bench.profile_summary}'s).
+running C{twistd amp}; the answer checks are L{bench._checks}'s, re-exported
+here (the summary of py-spy's collapsed stacks is L{bench.profile_summary}'s).
 """
 
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 import os
@@ -25,7 +24,10 @@ import sys
 import time
 from typing import Any, Optional
 
-from bench import bodies
+from bench._checks import EXPECTED_RESULT as EXPECTED_RESULT
+from bench._checks import ModeFailed as ModeFailed
+from bench._checks import check_answer as check_answer
+from bench._checks import post_review as post_review
 from tests.support.prometheus import Scrape
 from tests.support.waiting import poll_until
 
@@ -45,10 +47,6 @@ LUA = os.path.join(BENCH, "lua", "review.lua")
 
 
 class WrkMissing(Exception):
-    pass
-
-
-class ModeFailed(Exception):
     pass
 
 
@@ -445,54 +443,3 @@ class Amp:
     def stop(self, timeout: float = 10.0) -> None:
         self.proc.stop(timeout=timeout)
         self.log.close()
-
-
-# ------------------------------------------------------------------ checks
-
-
-def post_review(port: int, ca: str, body_file: str, who: str) -> dict[str, Any]:
-    """
-    POST one review to C{https://127.0.0.1:port/mutate} (trusting C{ca});
-    the decoded C{response} of the answer.
-    """
-    with open(body_file, "rb") as f:
-        data = f.read()
-    context = ssl.create_default_context(cafile=ca)
-    context.check_hostname = False
-    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=15)
-    try:
-        conn.request("POST", "/mutate?timeout=10s", body=data, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        text = resp.read()
-    finally:
-        conn.close()
-    if resp.status != 200:
-        raise ModeFailed(f"{who} answered HTTP {resp.status}: {text[:300]!r}")
-    return json.loads(text)["response"]
-
-
-def _patch_of(response: dict[str, Any]) -> list[Any]:
-    if "patch" not in response:
-        return []
-    return json.loads(base64.b64decode(response["patch"]))
-
-
-def check_answer(mode: str, response: dict[str, Any]) -> None:
-    """
-    The answer a mode must give: (b), (c), (t), (u) and the floors (f),
-    (g) the patch, (d) an unchanged Pod.
-    """
-    label_path = "/metadata/labels/" + bodies.PATCH_LABEL.replace("/", "~1")
-    if not response.get("allowed"):
-        raise ModeFailed(f"mode ({mode}): amp denied the Pod: {response.get('status')}")
-    patch = _patch_of(response)
-    if mode in ("b", "c", "f", "g", "t", "u"):
-        if not any(op.get("path") == label_path for op in patch) or response.get("warnings"):
-            raise ModeFailed(f"mode ({mode}): expected the endpoint's patch, got {patch} "
-                             f"with warnings {response.get('warnings')}")
-    elif patch:
-        raise ModeFailed(f"mode ({mode}): expected no patch for a namespace that is not enabled, got {patch}")
-
-
-EXPECTED_RESULT = {"b": "result=patched", "c": "result=patched", "d": "result=skipped", "t": "result=patched",
-                   "u": "result=patched"}

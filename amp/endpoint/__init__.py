@@ -18,6 +18,8 @@ concern each:
 
   - L{amp.endpoint._client}: L{EndpointClient}: admitting a call (breaker,
     bulkhead, time left), building its request, shutting down.
+  - L{amp.endpoint._origin}: the state kept per origin (L{amp.endpoint._origin.Origin}):
+    bulkhead and queue, latency budget, breaker thresholds, metric children.
   - L{amp.endpoint._call}: one call's state machine: its one timer, retries,
     the reply's settle handle (L{CallReply}), settling the outcome, the metric
     and the breaker ticket exactly once, and telling its end to its

@@ -21,7 +21,10 @@ written to C{bench/results/soak-<UTC timestamp>.json}.
 
 Modules, one concern each:
 
-  - L{bench.soak.driver}: the processes, the run, the faults, the samples;
+  - L{bench.soak.driver}: the processes, the run, the faults, the samples,
+    with its options in L{bench.soak._args}, what it reads off amp in
+    L{bench.soak._probes}, and the certificate it rotates in
+    L{bench.soak._certificate};
   - L{bench.soak.load}: the load generator (treq over TLS keep-alive), and
     L{check_answer <bench.soak.load.check_answer>}, the API server's view
     of one answer;

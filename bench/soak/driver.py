@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import http.client
 import json
 import os
 import resource
 import shutil
-import socket
-import ssl
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 from bench.chaos_endpoint import FAULT_KINDS, HOSTILE_KINDS
 from bench.harness import START_TIMEOUT, Amp, Proc, busy_seconds, cpu_seconds, machine, wait_quiet
+from bench.soak._args import parse_args
+from bench.soak._certificate import RotatingCertificate
+from bench.soak._probes import config_hash, fd_count, http_json, rss_kib, served_serial, thread_count
 from bench.soak.configswap import HOSTILE_CONFIGS, ConfigSwapper
 from bench.soak.reconcile import scan_log
 from bench.soak.report import busy_machine, evaluate, text_report
@@ -34,7 +33,6 @@ from bench.soak.settings import (
     DELAY_MS,
     ENABLED_LABEL,
     ENDPOINT_ANNOTATION,
-    ENDPOINT_IDLE_TIMEOUT,
     FAILED,
     FD_SLACK,
     MAX_RESPONSE,
@@ -44,121 +42,15 @@ from bench.soak.settings import (
     OVERSIZE,
     PASSED,
     POLICY_ANNOTATION,
-    QUICK_DURATION,
-    QUICK_RATE,
-    RSS_LIMIT_MIB,
     TIMING_CRITERIA,
+    amp_overlay,
 )
-from tests.support.helpers import SecretVolume
 from tests.support.prometheus import Scrape
 from tests.support.waiting import WaitTimeout, poll_until
-
-BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def say(message: str) -> None:
     print(f"soak: {message}", file=sys.stderr, flush=True)
-
-
-class RotatingCertificate:
-    """
-    amp's serving certificate in a directory laid out like a Kubernetes
-    Secret volume (L{tests.support.helpers.SecretVolume}: C{tls.crt} and C{tls.key}
-    are links into C{..data}, swapped atomically as the kubelet does);
-    L{rotate} issues a new one from the same CA.  The generation before the
-    current one is kept until the next rotation, so a reload that resolved
-    the old link a moment before the swap still finds its files.
-    """
-
-    def __init__(self, directory: str, ca_cert_path: str, ca_key_path: str) -> None:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import serialization
-
-        with open(ca_cert_path, "rb") as f:
-            self.ca_cert = x509.load_pem_x509_certificate(f.read())
-        with open(ca_key_path, "rb") as f:
-            self.ca_key = serialization.load_pem_private_key(f.read(), None)
-        self.serials: list[int] = []
-        self.volume = SecretVolume(Path(directory), self._issue(), keep=1)
-        self.cert = self.volume.path("tls.crt")
-        self.key = self.volume.path("tls.key")
-
-    def _issue(self) -> dict[str, bytes]:
-        from amp_dev.devcert import DEFAULT_HOSTS, issue_cert, pem_cert, pem_key
-
-        cert, key = issue_cert(self.ca_cert, self.ca_key, "amp", DEFAULT_HOSTS, days=1)
-        self.serials.append(cert.serial_number)
-        return {"tls.key": pem_key(key), "tls.crt": pem_cert(cert)}
-
-    def rotate(self) -> int:
-        """Issue a new serving certificate and swap it in; returns its serial."""
-        self.volume.swap(self._issue())
-        return self.serials[-1]
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
-def fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def thread_count(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    return 0
-
-
-def http_json(port: int, path: str, method: str = "GET", timeout: float = 10.0) -> Any:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request(method, path)
-        resp = conn.getresponse()
-        data = resp.read()
-    finally:
-        conn.close()
-    return json.loads(data)
-
-
-def served_serial(port: int, ca: str) -> int:
-    """
-    The serial of the certificate amp presents to a new connection.
-    """
-    ctx = ssl.create_default_context(cafile=ca)
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-            return int(tls.getpeercert()["serialNumber"], 16)
-
-
-def amp_overlay(ports: dict[str, int]) -> dict[str, Any]:
-    steady, flaky = ports["steady"], ports["flaky"]
-    return {
-        "tls": {"reload_interval": "1s"},
-        "endpoints": {
-            "allow": ["http://127.0.0.1:*/*"],
-            "timeout": "300ms",
-            "max_response": MAX_RESPONSE,
-            "pool_size": 16,
-            # Pooled connections close soon after the load, so that the fd
-            # check after it sees amp back where it started.
-            "idle_timeout": ENDPOINT_IDLE_TIMEOUT,
-            # The defaults' breaker is the steady origin's (no override of
-            # its root path): a path-scoped override may not set a breaker.
-            "breaker": NEVER_OPENS,
-            "overrides": [
-                {"match": f"http://127.0.0.1:{steady}/t1000/*", "timeout": "1s"},
-                {"match": f"http://127.0.0.1:{flaky}/*", "breaker": OPENS_OFTEN},
-            ],
-        },
-        "failure_policy": "Ignore",
-    }
 
 
 class Soak:
@@ -463,48 +355,7 @@ class Soak:
                 "hash_before": self.config_hash_before, "hash_after": config_hash(port), "refusals_logged": logged}
 
 
-def config_hash(port: int) -> Optional[str]:
-    """The hash label of amp's C{amp_config_info}."""
-    hashes = Scrape.get(port).by("amp_config_info", "hash")
-    return next(iter(hashes)) if len(hashes) == 1 else None
-
-
 # ---------------------------------------------------------------------- main
-
-
-def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.soak",
-                                description="amp's soak under injected faults (see bench/README.md)")
-    p.add_argument("--quick", action="store_true",
-                   help=f"a {QUICK_DURATION:g}-second run that judges behaviour only (what the test suite runs)")
-    p.add_argument("--minutes", type=float, help="minutes of load (default 10)")
-    p.add_argument("--duration", type=float, help="seconds of load (instead of --minutes)")
-    p.add_argument("--rate", type=float,
-                   help=f"reviews per second (default 150, quick {QUICK_RATE:g})")
-    p.add_argument("--seed", type=int, default=20240501, help="seed of the chaos endpoint and the client")
-    p.add_argument("--rotate-every", type=float, default=3.0, help="seconds between certificate rotations")
-    p.add_argument("--fault-every", type=float, default=5.0,
-                   help="seconds between watch faults (a drop and a forced 410 in turn)")
-    p.add_argument("--rss-limit-mib", type=float, default=RSS_LIMIT_MIB,
-                   help=f"amp's RSS must stay under this many MiB (default {RSS_LIMIT_MIB:g}, the shipped limit)")
-    p.add_argument("--hostile", action="store_true",
-                   help="mix hostile endpoints in with the faults: header floods, one huge header line, deeply "
-                        "nested JSON, slow-drip bodies (see bench/chaos_endpoint.py)")
-    p.add_argument("--config-every", type=float, default=2.0,
-                   help="with --hostile: seconds between swaps of amp's config file (hostile and good in turn)")
-    p.add_argument("--flood-mib", type=int, default=8,
-                   help="MiB of head a hostile header-flood or huge-header call sends at most (default 8)")
-    p.add_argument("--out", default=os.path.join(BENCH, "results"), help="results directory")
-    p.add_argument("--keep-logs", action="store_true", help="copy amp's log and the call logs to the results")
-    p.add_argument("--no-pin", action="store_true", help="do not give amp a CPU of its own")
-    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
-                   help="first wait up to this long for other processes to use under 15%% of a CPU")
-    a = p.parse_args(argv)
-    if a.rate is None:
-        a.rate = QUICK_RATE if a.quick else 150.0
-    if a.duration is None:
-        a.duration = QUICK_DURATION if a.quick and a.minutes is None else 60.0 * (a.minutes or 10.0)
-    return a
 
 
 def main(argv: Optional[list[str]] = None) -> int:

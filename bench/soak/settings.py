@@ -1,9 +1,12 @@
 """
 The soak's fixed settings: the namespaces reviews go to, amp's endpoint and
-breaker settings, the chaos endpoint's faults, and the pass thresholds.
+breaker settings (L{amp_overlay}, the config amp runs under), the chaos
+endpoint's faults, and the pass thresholds.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from bench.chaos_endpoint import HEADER_REASONS
 
@@ -92,3 +95,27 @@ ENDPOINT_IDLE_TIMEOUT = "2s"
 #: only reported in a --quick run (the test suite's, on a machine that may
 #: be busy), since a busy machine can fail them on its own.
 TIMING_CRITERIA = ("deadlines", "endpoint_timing")
+
+
+def amp_overlay(ports: dict[str, int]) -> dict[str, Any]:
+    steady, flaky = ports["steady"], ports["flaky"]
+    return {
+        "tls": {"reload_interval": "1s"},
+        "endpoints": {
+            "allow": ["http://127.0.0.1:*/*"],
+            "timeout": "300ms",
+            "max_response": MAX_RESPONSE,
+            "pool_size": 16,
+            # Pooled connections close soon after the load, so that the fd
+            # check after it sees amp back where it started.
+            "idle_timeout": ENDPOINT_IDLE_TIMEOUT,
+            # The defaults' breaker is the steady origin's (no override of
+            # its root path): a path-scoped override may not set a breaker.
+            "breaker": NEVER_OPENS,
+            "overrides": [
+                {"match": f"http://127.0.0.1:{steady}/t1000/*", "timeout": "1s"},
+                {"match": f"http://127.0.0.1:{flaky}/*", "breaker": OPENS_OFTEN},
+            ],
+        },
+        "failure_policy": "Ignore",
+    }
