@@ -325,7 +325,7 @@ MESSAGES = [
         "kube/_source.py",
         "cannot load the Kubernetes client configuration from",
     ),
-    ("Refused a request: ", "http/_server.py", None),
+    ("Refused a request: ", "http/_refusal.py", None),
     ("(listen.max_body)", "http/_server.py", None),
     ("(listen.request_timeout)", "http/_server.py", None),
     ("connections open (listen.max_connections)", "http/_factory.py", None),
