@@ -24,6 +24,9 @@ only the ones after it:
     judges the reply's patch (L{amp.patch.check_patch}) and settles the
     call with the verdict, so a reply amp refuses is counted under its
     reason, not as C{ok}.
+  - L{amp.admission._observing} and L{amp.admission._failing}: what a
+    review tells its trace, spans, recorder and canary, and how it names
+    a failed step: off its hot path.
   - L{amp.admission._chain}: the chain's state, its patches composed into
     one (L{amp.patch.compose}) and amp's status stamp on the Pod.
   - L{amp.admission._answering}: how a review ends: the answer of a chain,

@@ -25,29 +25,27 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from amp import answers
+from amp.admission import _observing
 from amp.admission._answering import Answering, patch_bytes, told
-from amp.admission._attributes import call_attributes, call_ended_attributes, route_attributes
+from amp.admission._attributes import route_attributes
 from amp.admission._chain import Chain
-from amp.admission._parts import EPHEMERAL_CONTAINERS, IRecorder, Parts
+from amp.admission._failing import CANCELLED, deadline_passed, failure_named
+from amp.admission._parts import EPHEMERAL_CONTAINERS, Parts
 from amp.admission._state import ENDING, REVIEW_NEXT, IllegalReviewTransition, ReviewState, check_review
 from amp.admission_review import AdmissionRequest, clean_audit_annotations, dumps
 from amp.answers import Answer
-from amp.canary import LiveStep
 from amp.deadline import Deadline
 from amp.endpoint import OK, Call, CallReply, EndpointFailure
-from amp.namespaces import UNKNOWN, NamespaceInfo, NamespaceLookupError
+from amp.namespaces import UNKNOWN, NamespaceInfo
 from amp.patch import PatchError, check_patch, unchanged
 from amp.policy import FAIL, SHADOW, Route
 from amp.reasons import Reason, Status
-from amp.record._entry import Capture
 from amp.reply import EndpointDecision
-from amp.trace import BudgetGiven, Called, IReviewTrace, Refused, Replied, Skipped
+from amp.trace import IReviewTrace, Refused, Skipped
 from amp.tracing import ReviewSpans
-from amp.urls import shown_url
 
 _T = TypeVar("_T")
 
-_CANCELLED = "the review was cancelled: the client went away"
 _WORKING, _LOOKING_UP, _CALLING, _TIMED_OUT, _CANCELLED_STATE, _ANSWERED = ReviewState
 #: A timer may fire this much before the time it was set for (floats).
 _EARLY = 1e-6
@@ -201,8 +199,7 @@ class Review:
         """The namespace the cache did not know, fetched (a traced review's span of it)."""
         spans = self._spans
         assert spans is not None
-        spans.step("namespace lookup", self._lookup_started, self._parts.clock.seconds(),
-                   {"k8s.namespace.name": self._req.namespace, "amp.namespace.found": ns is not None})
+        _observing.lookup_span(spans, self._lookup_started, self._parts.clock, self._req.namespace, ns)
         self._routed(ns)
 
     def _routed(self, ns: Optional[NamespaceInfo]) -> None:
@@ -267,20 +264,14 @@ class Review:
         if self._trace.recording:
             # Facts only a kept event needs (a review's hot path gathers none).
             now = self._call_started = self._parts.clock.seconds()
-            left = self._deadline.remaining(now)
-            settings = step.settings
-            self._trace.record(BudgetGiven, seconds=round(left, 4), timeout=round(min(settings.timeout, left), 4),
-                               position=chain.index + 1, chain_length=len(chain.route.steps),
-                               max_concurrent=settings.max_concurrent, min_call_time=settings.min_call_time,
-                               latency_budget=settings.latency_budget)
+            _observing.record_budget(self._trace, self._deadline.remaining(now), step, chain)
         plan = self._canary_plan
         if plan is not None and plan.index == chain.index:
-            self._canary_run = self._parts.canary.start(  # type: ignore[union-attr]  # a plan implies a canary
-                plan, LiveStep(req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers,
-                               self._deadline, self._parts.check_options), self._spans)
+            self._canary_run = _observing.start_canary(self._parts, plan, req, step, chain, pod_json, headers,
+                                                       self._deadline, self._spans)
         spans = self._spans
         if spans is not None:
-            self._trace_call(spans, step, headers, chain.index)
+            _observing.trace_call(spans, self._parts.clock, step, headers, chain.index)
         call = self._parts.endpoints.ask_into(self, step.url, step.settings, pod_json, headers, self._deadline,
                                               step.breaker, caller_times=True)
         if call is not None and not call.told:
@@ -290,31 +281,11 @@ class Review:
             self._become(_CALLING)
             self._arm()
 
-    def _trace_call(self, spans: ReviewSpans, step: Any, headers: dict[bytes, bytes], index: int) -> None:
-        """The trace context an endpoint call carries, and (sampled) its span begun."""
-        attributes = call_attributes(step, index) if spans.sampled else {}
-        headers[b"traceparent"] = spans.call_started(self._parts.clock.seconds(), attributes)
-        state = spans.tracestate
-        if state:
-            headers[b"tracestate"] = state
-
-    def _call_ended(self, spans: ReviewSpans, call: Optional[Call], error: Optional[str]) -> None:
-        """A traced endpoint call ended: its span's end, connection and resends, breaker state."""
-        chain = self._chain
-        attributes = call_ended_attributes(call)
-        if chain is not None and not chain.done:
-            state = self._parts.endpoints.breaker_state(chain.route.steps[chain.index].url)
-            if state is not None:
-                attributes["amp.breaker.state"] = state
-        if error is not None:
-            attributes["error.type"] = error.split(":", 1)[0]
-        spans.call_ended(self._parts.clock.seconds(), error, **attributes)
-
     def replied(self, reply: CallReply) -> None:
         """The endpoint call in progress answered (L{amp.endpoint.ICallReceiver})."""
         spans = self._spans
         if spans is not None and spans.sampled:
-            self._call_ended(spans, self._call, None)
+            _observing.call_ended(spans, self._parts.clock, self._parts.endpoints, self._chain, self._call, None)
         self._call = None
         if self._state is _CALLING:
             self._become(_WORKING)
@@ -332,9 +303,7 @@ class Review:
         """The endpoint call in progress failed (L{amp.endpoint.ICallReceiver})."""
         spans = self._spans
         if spans is not None and spans.sampled:
-            e = failure.value
-            self._call_ended(spans, self._call, f"{e.reason}: {e.message}" if isinstance(e, EndpointFailure)
-                             else failure.getErrorMessage() or "cancelled")
+            _observing.call_failed(spans, self._parts.clock, self._parts.endpoints, self._chain, self._call, failure)
         self._call = None
         if self._state is _CALLING:
             self._become(_WORKING)
@@ -370,17 +339,12 @@ class Review:
         try:
             if self._trace.recording:
                 self._record_call(OK, "")
-                self._trace.record(
-                    Replied, allowed=decision.allowed, operations=len(decision.patch),
-                    warnings=list(decision.warnings), code=None if decision.allowed else decision.code,
-                    message=decision.message)
+                _observing.record_replied(self._trace, decision)
             spans = self._spans
             if spans is not None and spans.sampled and decision.patch:
                 began = self._parts.clock.seconds()
                 judged = self._judge(decision)
-                spans.step("patch check", began, self._parts.clock.seconds(),
-                           {"amp.patch.operations": len(decision.patch)},
-                           f"{judged.reason}: {judged}" if isinstance(judged, PatchError) else None)
+                _observing.patch_span(spans, began, self._parts.clock, decision, judged)
             else:
                 judged = self._judge(decision)
         finally:
@@ -450,10 +414,7 @@ class Review:
     def _record_call(self, outcome: str, message: str) -> None:
         chain = self._chain
         assert chain is not None
-        step = chain.route.steps[chain.index]
-        seconds = self._parts.clock.seconds() - self._call_started
-        self._trace.record(Called, endpoint=step.name, url=shown_url(step.url), outcome=outcome,
-                           seconds=round(seconds, 6), message=message)
+        _observing.record_called(self._trace, chain, self._parts.clock.seconds() - self._call_started, outcome, message)
 
     # ------------------------------------------------------------ ending
 
@@ -472,29 +433,9 @@ class Review:
         self._tell_canary(skipped=True)
         recorder = self._parts.recorder
         if recorder is not None and recorder.recording and self._route is not None and not self._validation:
-            spans = self._spans
-            if spans is not None and spans.sampled:
-                began = self._parts.clock.seconds()
-                self._offer(recorder, answer)
-                spans.linked("record", began, self._parts.clock.seconds(), {"amp.review.uid": self._req.uid})
-            else:
-                self._offer(recorder, answer)
+            _observing.offer(recorder, self._parts.clock, self._namespace, self._route, self._req, answer,
+                             self._spans, self.log)
         self._answered(answer)
-
-    def _offer(self, recorder: IRecorder, answer: Answer) -> None:
-        """Offer the answered review for recording (never blocks or raises)."""
-        try:
-            ns, r, req, outcome = self._namespace, self._route, self._req, answer.outcome
-            assert r is not None
-            if req.body is None:
-                return
-            recorder.offer(Capture(
-                self._parts.clock.seconds(), req.uid, req.namespace, ns.labels if ns is not None else {},
-                ns.annotations if ns is not None else {}, tuple(step.name for step in r.steps),
-                str(r.failure_policy), str(r.mode), req.body, answer.body, str(outcome.result),
-                str(outcome.reason), self._spans.trace_hex if self._spans is not None and self._spans.sampled else ""))
-        except Exception:
-            self.log.failure("Could not offer a review for recording")
 
     def _expired(self) -> None:
         self._timer = None
@@ -561,7 +502,7 @@ class Review:
         if state is _CANCELLED_STATE:
             # The API server hung up (see amp.web): nobody reads this
             # answer, and it is not an error of amp's.
-            reason, message = Reason.CANCELLED, _CANCELLED
+            reason, message = Reason.CANCELLED, CANCELLED
         elif isinstance(failure.value, EndpointFailure):
             # Including the call cut off by the review's deadline: C{timeout}.
             e = failure.value
@@ -570,29 +511,10 @@ class Review:
                 self._record_call(reason, message)
             if calling and state not in ENDING:
                 return self._step_ended(reason, message)
-        elif state is _TIMED_OUT:
-            reason, message = Reason.DEADLINE, f"review deadline of {self._deadline.budget:.3g}s passed"
-        elif failure.check(NamespaceLookupError):
-            reason = Reason.NAMESPACE_LOOKUP
-            message = failure.getErrorMessage() or f"namespace {self._req.namespace}: the lookup failed"
-        elif failure.check(CancelledError):
-            reason, message = Reason.CANCELLED, _CANCELLED
         else:
-            self.log.failure("Internal error reviewing {uid}", failure, uid=self._req.uid)
-            error = failure.getErrorMessage() or getattr(failure.type, "__name__", "unknown error")
-            reason, message = Reason.INTERNAL_ERROR, f"amp internal error: {error}"
+            reason, message = failure_named(failure, state is _TIMED_OUT, self._deadline.budget, self._req, self.log)
         if calling and state is _TIMED_OUT:
             assert chain is not None
-            r = chain.route
-            origin = r.steps[chain.index].name
-            if r.failure_policy == FAIL or r.mode == SHADOW:
-                return self._answer(self._answering.failed(r, chain, reason, message, origin))
-            # Under Ignore: this step and the ones after it are skipped; the
-            # steps that answered keep their patches.
-            chain.skip(origin, reason, message)
-            while not chain.done:
-                chain.skip(r.steps[chain.index].name, Reason.DEADLINE,
-                           f"review deadline of {self._deadline.budget:.3g}s passed before the call")
-            return self._answer(self._answering.chain_done(chain))
+            return self._answer(deadline_passed(self._answering, chain, reason, message, self._deadline.budget))
         self._answer(self._answering.failed(self._route, chain, reason, message))
 

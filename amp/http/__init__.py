@@ -5,8 +5,9 @@ C{httptools} package): the hot path of every review.
 The webhook listener (L{HTTPServerFactory}, L{HTTPServerProtocol}) answers
 the API server; a handler gets each L{Request} received in full and answers
 it with L{Request.respond}.  The machinery is in the private modules beside
-this one: C{_server} (a connection), C{_factory} (the listener, its counts
-and drain), C{_request} (a request), C{_limits} (the fixed limits).
+this one: C{_server} (a connection), C{_refusal} (its refusals),
+C{_factory} (the listener, its counts and drain), C{_request} (a request),
+C{_limits} (the fixed limits).
 
 The endpoint client's side: L{ClientConnection} (C{_client}), one
 connection's requests and their replies, read within their limits while

@@ -13,6 +13,7 @@ L{Request.respond} does nothing.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Callable, Mapping, Optional
 from typing import Protocol as TypingProtocol
 from urllib.parse import unquote_to_bytes
@@ -174,6 +175,23 @@ class Request:
     def server(self) -> IListener:
         """The listener (L{amp.http.HTTPServerFactory}) this request arrived on."""
         return self.channel.factory
+
+
+def client_gone(current: Optional[Request], waiting: deque[Request]) -> None:
+    """
+    The connection is lost: the request being answered (C{current}) and
+    those C{waiting} (emptied) are L{Request.disconnected}, and what answers
+    each (L{Request.review}) is cancelled.
+    """
+    pending = list(waiting)
+    waiting.clear()
+    if current is not None:
+        pending.insert(0, current)
+    for request in pending:
+        request.disconnected = True
+        review, request.review = request.review, None
+        if review is not None:
+            review.cancel()
 
 
 def query_parameter(query: bytes, name: bytes) -> Optional[bytes]:

@@ -48,15 +48,16 @@ from __future__ import annotations
 from collections import deque
 from typing import Optional
 
-from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade, HttpRequestParser
+from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.internet.protocol import Protocol, connectionDone
-from twisted.logger import Logger, LogLevel
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from amp.http._limits import CLOSE_GRACE, LINGER_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_LINE, status_line
-from amp.http._request import TEXT, IListener, IServerTransport, Request
+from amp.http._refusal import framing_over, head_over, parser_error, refusal, refused
+from amp.http._request import TEXT, IListener, IServerTransport, Request, client_gone
 from amp.http._state import LINK_NEXT, RECEIVING_NEXT, Link, Receiving, Timer, check_link, check_receiving, delay_until
 from amp.http._target import OWS, absolute_target, head_problem, spaced, transfer_coding_problem
 
@@ -156,16 +157,8 @@ class HTTPServerProtocol(Protocol):
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
             timer.cancel()
-        pending = list(self._queue)
-        self._queue.clear()
         current, self._current = self._current, None
-        if current is not None:
-            pending.insert(0, current)
-        for request in pending:
-            request.disconnected = True
-            review, request.review = request.review, None
-            if review is not None:
-                review.cancel()
+        client_gone(current, self._queue)
         if counted:
             self.factory.connection_lost(self)
 
@@ -186,12 +179,7 @@ class HTTPServerProtocol(Protocol):
             self._upgraded()
         except HttpParserError as e:
             if self._link < _CLOSING:
-                cause = e.__context__
-                if isinstance(e, HttpParserCallbackError) and cause is not None:
-                    # Not the client's doing: one of the callbacks below.
-                    self.log.failure("amp internal error parsing a request", Failure(cause))
-                reason = str(e) or type(e).__name__
-                self.refuse(400, f"request is not valid HTTP/1.1: {reason}")
+                self.refuse(400, parser_error(e, self.log))
         receiving = self._receiving
         if receiving is not _NOTHING and self._received == received and self._link < _CLOSING:
             if receiving is not _BODY:
@@ -216,22 +204,13 @@ class HTTPServerProtocol(Protocol):
             self._line = len(data) - end - 1
             if self._receiving is _LINE:
                 self._receive(_FIELDS, self._incoming)
-        if self._line > MAX_LINE:
-            if self._receiving is _FIELDS or self._fields:
-                self.refuse(431, f"a header line is over {MAX_LINE} bytes")
-            else:
-                self.refuse(414, f"request line is over {MAX_LINE} bytes")
-        elif self._head_fed > MAX_HEAD_BYTES:
-            self.refuse(431, f"request headers are over {MAX_HEAD_BYTES} bytes")
+        if self._line > MAX_LINE or self._head_fed > MAX_HEAD_BYTES:
+            self.refuse(*head_over(self._line, self._receiving is _FIELDS or bool(self._fields)))
 
     def _check_framing(self, size: int) -> None:
-        """
-        C{size} bytes of this read were chunk framing or trailers, which
-        llhttp skips (chunk extensions) or httptools holds (trailers) without
-        a limit: at most L{MAX_HEAD_BYTES} and 32 bytes per chunk.
-        """
+        """C{size} bytes of this read were chunk framing or trailers: refused over amp's limit (L{framing_over})."""
         self._framing += size
-        if self._framing > MAX_HEAD_BYTES + 32 * self._chunks:
+        if framing_over(self._framing, self._chunks):
             self.refuse(431, f"chunk extensions and trailers are over {MAX_HEAD_BYTES} bytes")
 
     def _upgraded(self) -> None:
@@ -469,18 +448,13 @@ class HTTPServerProtocol(Protocol):
         # Its deadline is over; waiting to write the refusal (behind an
         # answer, or for a client that does not read) is idle time.
         self._kind = _NONE
-        factory = self.factory
-        factory.metrics.bad_requests.labels(str(code)).inc()
-        factory.warnings.emit("timed-out" if code == 408 else "refused", LogLevel.warn,
-                              "Refused a request: {code} {message}", code=code, message=message)
+        refused(self.factory, code, message)
         request = Request(self)
         request.refusal = (code, message)
         self._queue.append(request)
 
     def _write_refusal(self, code: int, message: str) -> None:
-        body = message.encode("utf-8") + b"\n"
-        self.transport.write(b"%sContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
-                             b"Connection: close\r\n\r\n%s" % (status_line(code), len(body), body))
+        self.transport.write(refusal(code, message))
         self._close(abort_after=CLOSE_GRACE)
 
     def drain(self) -> None:
