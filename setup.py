@@ -26,8 +26,9 @@ from setuptools import find_packages, setup
 
 # The version is defined once, in amp/__init__.py (tests/unit/repo/test_version.py
 # finds every other place that names it).
-VERSION = re.search(r'^__version__ = "([^"]+)"$', (Path(__file__).parent / "amp" / "__init__.py").read_text(),
-                    re.M).group(1)
+VERSION = re.search(
+    r'^__version__ = "([^"]+)"$', (Path(__file__).parent / "amp" / "__init__.py").read_text(), re.M
+).group(1)
 
 setup(
     name="amp",

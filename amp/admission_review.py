@@ -55,9 +55,25 @@ from amp.admission_response import (
 )
 from amp.text import lone_surrogate, may_hold_surrogate
 
-__all__ = ["API_VERSIONS", "AUDIT_VALUE_LIMIT", "MAX_DEPTH", "RAW_IN_METADATA", "WARNINGS_TOTAL", "WARNING_LIMIT",
-           "AdmissionRequest", "ReviewError", "clean_audit_annotations", "clip", "clip_warnings", "decode_bounded",
-           "dumps", "encode_response", "long_digits", "nesting_exceeds", "parse_review"]
+__all__ = [
+    "API_VERSIONS",
+    "AUDIT_VALUE_LIMIT",
+    "MAX_DEPTH",
+    "RAW_IN_METADATA",
+    "WARNINGS_TOTAL",
+    "WARNING_LIMIT",
+    "AdmissionRequest",
+    "ReviewError",
+    "clean_audit_annotations",
+    "clip",
+    "clip_warnings",
+    "decode_bounded",
+    "dumps",
+    "encode_response",
+    "long_digits",
+    "nesting_exceeds",
+    "parse_review",
+]
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
@@ -71,7 +87,7 @@ _encode = msgspec.json.encode
 MAX_DEPTH = 100
 
 #: The integers a review may hold: 64 bits, signed or not.
-_INT_RANGE = (-(2 ** 63), 2 ** 64 - 1)
+_INT_RANGE = (-(2**63), 2**64 - 1)
 
 
 class ReviewError(Exception):
@@ -200,6 +216,7 @@ def decode_bounded(text: str) -> Any:
     """
     return _DECODER.decode(text)
 
+
 # For the depth check: brackets and quotes kept ({ and } as [ and ]), then
 # each [ as +1 and each ] as -1.
 _STRUCTURE = bytes(range(256)).translate(None, b'[]{}"')
@@ -259,7 +276,7 @@ def nesting_exceeds(body: bytes, limit: int = MAX_DEPTH) -> bool:
     # as soon as it passes the limit.
     depth = 0
     for start in range(0, len(structure), _CHUNK):
-        steps = array("b", structure[start:start + _CHUNK].translate(_STEPS))
+        steps = array("b", structure[start : start + _CHUNK].translate(_STEPS))
         if max(accumulate(steps, initial=depth)) > limit:
             return True
         depth += sum(steps)
@@ -363,8 +380,10 @@ def _decode_fast(body: bytes, lazy: bool) -> Optional[tuple[_FastReview, Any, Op
                         # A Pod from an API server: its managedFields stay
                         # raw, the metadata's other members are decoded one
                         # by one.
-                        pod[key] = {name: value if name in RAW_IN_METADATA else _fast_any(value)
-                                    for name, value in _fast_members(raw).items()}
+                        pod[key] = {
+                            name: value if name in RAW_IN_METADATA else _fast_any(value)
+                            for name, value in _fast_members(raw).items()
+                        }
                         continue
                 pod[key] = _fast_any(raw)
         return review, pod, _encode(members)
@@ -413,8 +432,9 @@ def parse_review(body: bytes, *, lazy: bool = False) -> AdmissionRequest:
     @raise ReviewError: 400 with a message that says what is wrong.
     """
     if nesting_exceeds(body):
-        raise ReviewError(400, f"request body nests arrays and objects more than {MAX_DEPTH} deep; "
-                               "an AdmissionReview never does")
+        raise ReviewError(
+            400, f"request body nests arrays and objects more than {MAX_DEPTH} deep; an AdmissionReview never does"
+        )
     fast = _decode_fast(body, lazy)
     if fast is not None:
         review, pod, object_json = fast
@@ -422,10 +442,15 @@ def parse_review(body: bytes, *, lazy: bool = False) -> AdmissionRequest:
         if request is None:
             return _checked(review.apiVersion, review.kind, None, None, None)
         kind = request.kind
-        fields = {"uid": request.uid, "operation": request.operation,
-                  "kind": None if kind is None else {"group": kind.group, "version": kind.version, "kind": kind.kind},
-                  "namespace": request.namespace, "name": request.name, "subResource": request.subResource,
-                  "dryRun": request.dryRun}
+        fields = {
+            "uid": request.uid,
+            "operation": request.operation,
+            "kind": None if kind is None else {"group": kind.group, "version": kind.version, "kind": kind.kind},
+            "namespace": request.namespace,
+            "name": request.name,
+            "subResource": request.subResource,
+            "dryRun": request.dryRun,
+        }
         req = _checked(review.apiVersion, review.kind, fields, pod, object_json)
     else:
         req = _parse_careful(body)
@@ -453,15 +478,24 @@ def _parse_careful(body: bytes) -> AdmissionRequest:
     # msgspec refuses lone surrogates; Python's json reads them (L{amp.text}).
     surrogate = lone_surrogate(doc) if may_hold_surrogate(body) else None
     if surrogate is not None:
-        raise ReviewError(400, f"request body holds a string that is not valid Unicode (a lone surrogate "
-                               f"escape) at {surrogate}; an API server never sends one")
+        raise ReviewError(
+            400,
+            f"request body holds a string that is not valid Unicode (a lone surrogate "
+            f"escape) at {surrogate}; an API server never sends one",
+        )
     request = doc.get("request")
-    return _checked(doc.get("apiVersion"), doc.get("kind"), request if isinstance(request, dict) else None,
-                    request.get("object") if isinstance(request, dict) else None, None)
+    return _checked(
+        doc.get("apiVersion"),
+        doc.get("kind"),
+        request if isinstance(request, dict) else None,
+        request.get("object") if isinstance(request, dict) else None,
+        None,
+    )
 
 
-def _checked(api_version: Any, kind_of_review: Any, request: Optional[dict[str, Any]], pod: Any,
-             object_json: Optional[bytes]) -> AdmissionRequest:
+def _checked(
+    api_version: Any, kind_of_review: Any, request: Optional[dict[str, Any]], pod: Any, object_json: Optional[bytes]
+) -> AdmissionRequest:
     """
     The fields amp uses, checked; C{object_json} is the object's JSON as
     it came, when it was kept.

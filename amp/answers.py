@@ -79,25 +79,38 @@ def skipped(req: AdmissionRequest, *, patch: Optional[bytes] = None, reason: str
     endpoint only, on C{/mutate}).  C{reason} (one of
     L{amp.reasons.SKIP_REASONS}) says why when it is not the obvious one.
     """
-    return Answer(encode_response(req.api_version, req.uid, patch_bytes=patch),
-                  Outcome(Result.SKIPPED, reason, patch_size=len(patch) if patch else 0))
+    return Answer(
+        encode_response(req.api_version, req.uid, patch_bytes=patch),
+        Outcome(Result.SKIPPED, reason, patch_size=len(patch) if patch else 0),
+    )
 
 
 def allowed(
-    req: AdmissionRequest, endpoint: str, *, warnings: Iterable[str] = (),
-    audit: Optional[Mapping[str, str]] = None, patch: Optional[bytes] = None,
+    req: AdmissionRequest,
+    endpoint: str,
+    *,
+    warnings: Iterable[str] = (),
+    audit: Optional[Mapping[str, str]] = None,
+    patch: Optional[bytes] = None,
 ) -> Answer:
     """
     The endpoint answered with no change (or allowed the Pod on
     C{/validate}); C{patch} holds amp's status annotation only.
     """
-    return Answer(encode_response(req.api_version, req.uid, patch_bytes=patch, warnings=warnings, audit=audit),
-                  Outcome(Result.ALLOWED, endpoint=endpoint, patch_size=len(patch) if patch else 0))
+    return Answer(
+        encode_response(req.api_version, req.uid, patch_bytes=patch, warnings=warnings, audit=audit),
+        Outcome(Result.ALLOWED, endpoint=endpoint, patch_size=len(patch) if patch else 0),
+    )
 
 
 def patched(
-    req: AdmissionRequest, endpoint: str, patch: bytes, *, warnings: Iterable[str] = (),
-    audit: Optional[Mapping[str, str]] = None, reason: str = "",
+    req: AdmissionRequest,
+    endpoint: str,
+    patch: bytes,
+    *,
+    warnings: Iterable[str] = (),
+    audit: Optional[Mapping[str, str]] = None,
+    reason: str = "",
 ) -> Answer:
     """
     The endpoint's patch (checked, dry-applied, serialised, with amp's
@@ -107,28 +120,44 @@ def patched(
     """
     return Answer(
         encode_response(req.api_version, req.uid, patch_bytes=patch, warnings=warnings, audit=audit),
-        Outcome(Result.PATCHED, reason, endpoint=endpoint, patch_size=len(patch)))
+        Outcome(Result.PATCHED, reason, endpoint=endpoint, patch_size=len(patch)),
+    )
 
 
 def denied(
-    req: AdmissionRequest, endpoint: str, code: int, message: str, *, warnings: Iterable[str] = (),
+    req: AdmissionRequest,
+    endpoint: str,
+    code: int,
+    message: str,
+    *,
+    warnings: Iterable[str] = (),
     audit: Optional[Mapping[str, str]] = None,
 ) -> Answer:
     """
     The endpoint denied the Pod (whatever the failure policy): C{code} and
     its message, with the endpoint named.
     """
-    message = clip(f"amp: endpoint {endpoint} denied the Pod: "
-                   f"{message or 'denied by the endpoint without a message'}", MESSAGE_LIMIT)
+    message = clip(
+        f"amp: endpoint {endpoint} denied the Pod: {message or 'denied by the endpoint without a message'}",
+        MESSAGE_LIMIT,
+    )
     return Answer(
         encode_response(
-            req.api_version, req.uid, allowed=False, code=code, message=message, warnings=warnings, audit=audit),
-        Outcome(Result.DENIED, Reason.ENDPOINT_DENIED, endpoint, message=message))
+            req.api_version, req.uid, allowed=False, code=code, message=message, warnings=warnings, audit=audit
+        ),
+        Outcome(Result.DENIED, Reason.ENDPOINT_DENIED, endpoint, message=message),
+    )
 
 
 def ignored(
-    req: AdmissionRequest, endpoint: str, where: str, reason: Reason, text: str, *,
-    patch: Optional[bytes] = None, warnings: Iterable[str] = (),
+    req: AdmissionRequest,
+    endpoint: str,
+    where: str,
+    reason: Reason,
+    text: str,
+    *,
+    patch: Optional[bytes] = None,
+    warnings: Iterable[str] = (),
 ) -> Answer:
     """
     A failure under C{Ignore}: the Pod is admitted without the endpoint's
@@ -139,10 +168,14 @@ def ignored(
     """
     return Answer(
         encode_response(
-            req.api_version, req.uid, patch_bytes=patch,
+            req.api_version,
+            req.uid,
+            patch_bytes=patch,
             warnings=[f"amp: {where} {reason}; admitted without the endpoint's patch", *warnings],
-            audit={AUDIT_ERROR_KEY: clip(text, MESSAGE_LIMIT)}),
-        Outcome(Result.IGNORED, reason, endpoint, len(patch) if patch else 0, message=clip(text, MESSAGE_LIMIT)))
+            audit={AUDIT_ERROR_KEY: clip(text, MESSAGE_LIMIT)},
+        ),
+        Outcome(Result.IGNORED, reason, endpoint, len(patch) if patch else 0, message=clip(text, MESSAGE_LIMIT)),
+    )
 
 
 def errored(req: AdmissionRequest, endpoint: str, reason: Reason, text: str) -> Answer:
@@ -153,19 +186,20 @@ def errored(req: AdmissionRequest, endpoint: str, reason: Reason, text: str) -> 
     message = clip(f"amp: {text}; failure policy Fail denies the Pod", MESSAGE_LIMIT)
     return Answer(
         encode_response(req.api_version, req.uid, allowed=False, code=500, reason="InternalError", message=message),
-        Outcome(Result.FAILED, reason, endpoint, message=message))
+        Outcome(Result.FAILED, reason, endpoint, message=message),
+    )
 
 
-def shadow(
-    req: AdmissionRequest, endpoint: str, *, reason: str = "", shadow_patch_size: int = -1
-) -> Answer:
+def shadow(req: AdmissionRequest, endpoint: str, *, reason: str = "", shadow_patch_size: int = -1) -> Answer:
     """
     Shadow mode: the Pod is admitted as it is, whatever the endpoint
     answered or however it failed; the outcome records what would have
     happened.
     """
-    return Answer(encode_response(req.api_version, req.uid),
-                  Outcome(Result.SHADOW, reason, endpoint, shadow_patch_size=shadow_patch_size))
+    return Answer(
+        encode_response(req.api_version, req.uid),
+        Outcome(Result.SHADOW, reason, endpoint, shadow_patch_size=shadow_patch_size),
+    )
 
 
 def unheard(answer: Answer) -> Answer:

@@ -59,8 +59,12 @@ def cluster_audit(reactor: IAmpReactor, client: KubeClient) -> Callable[[Config]
     from amp.cli.audit_cluster import PagedLists, kube_getter
 
     def run(config: Config) -> Deferred[AuditRun]:
-        options = AuditOptions(config=config, concurrency=config.audit.concurrency, rate=config.audit.rate,
-                               page_size=config.audit.page_size)
+        options = AuditOptions(
+            config=config,
+            concurrency=config.audit.concurrency,
+            rate=config.audit.rate,
+            page_size=config.audit.page_size,
+        )
         lists = PagedLists(kube_getter(client, config.kubernetes.request_timeout), config.audit.page_size, reactor)
         return audit(reactor, options, lists, where="the namespace cache")
 
@@ -77,9 +81,15 @@ class ContinuousAudit:
 
     log = Logger()
 
-    def __init__(self, *, clock: IReactorTime, config: Config, metrics: Metrics,
-                 run_audit: Callable[[Config], Deferred[AuditRun]],
-                 elector_factory: Callable[[Callable[[], None], Callable[[], None]], Elector]) -> None:
+    def __init__(
+        self,
+        *,
+        clock: IReactorTime,
+        config: Config,
+        metrics: Metrics,
+        run_audit: Callable[[Config], Deferred[AuditRun]],
+        elector_factory: Callable[[Callable[[], None], Callable[[], None]], Elector],
+    ) -> None:
         self._clock = clock
         self._config = config
         self._metrics = metrics
@@ -172,9 +182,13 @@ class ContinuousAudit:
         for (namespace, state), n in counts.items():
             self._metrics.audit_pods.labels(namespace, state).set(n)
         self._series = set(counts)
-        self.log.info("Audited {pods} Pods in {workloads} workloads ({calls} endpoint calls): {summary}",
-                      pods=sum(counts.values()), workloads=len(found.workloads), calls=found.endpoint_calls,
-                      summary=", ".join(f"{n} {s}" for s, n in sorted(_by_state(counts).items())) or "none")
+        self.log.info(
+            "Audited {pods} Pods in {workloads} workloads ({calls} endpoint calls): {summary}",
+            pods=sum(counts.values()),
+            workloads=len(found.workloads),
+            calls=found.endpoint_calls,
+            summary=", ".join(f"{n} {s}" for s, n in sorted(_by_state(counts).items())) or "none",
+        )
 
     # ------------------------------------------------------------ the Lease
 
@@ -211,8 +225,14 @@ class AuditService(Service):
 
     log = Logger()
 
-    def __init__(self, config: Config, reactor: IAmpReactor, metrics: Metrics, namespaces: INamespaceSource,
-                 identity: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        reactor: IAmpReactor,
+        metrics: Metrics,
+        namespaces: INamespaceSource,
+        identity: Optional[str] = None,
+    ) -> None:
         super().__init__()
         self._config = config
         self._reactor = reactor
@@ -230,8 +250,10 @@ class AuditService(Service):
         kube = self._config.kubernetes
         lease_namespace = kube.bypass.lease_namespace or kube.own_namespace or service_account_namespace()
         if not lease_namespace:
-            self.log.error("The continuous audit is off: set kubernetes.bypass.lease_namespace (or "
-                           "kubernetes.own_namespace) when amp does not run in a cluster")
+            self.log.error(
+                "The continuous audit is off: set kubernetes.bypass.lease_namespace (or "
+                "kubernetes.own_namespace) when amp does not run in a cluster"
+            )
             return
         try:
             self._client = client = KubeClient.from_config(kube)
@@ -240,13 +262,26 @@ class AuditService(Service):
             return
 
         def elector(on_elected: Callable[[], None], on_deposed: Callable[[], None]) -> Elector:
-            return LeaseElector(client=client, reactor=self._reactor, clock=self._reactor, namespace=lease_namespace,
-                                name=self._config.audit.lease_name, identity=self._identity,
-                                duration=kube.bypass.lease_duration, request_timeout=kube.request_timeout,
-                                on_elected=on_elected, on_deposed=on_deposed)
+            return LeaseElector(
+                client=client,
+                reactor=self._reactor,
+                clock=self._reactor,
+                namespace=lease_namespace,
+                name=self._config.audit.lease_name,
+                identity=self._identity,
+                duration=kube.bypass.lease_duration,
+                request_timeout=kube.request_timeout,
+                on_elected=on_elected,
+                on_deposed=on_deposed,
+            )
 
-        self.audit = ContinuousAudit(clock=self._reactor, config=self._config, metrics=self._metrics,
-                                     run_audit=cluster_audit(self._reactor, client), elector_factory=elector)
+        self.audit = ContinuousAudit(
+            clock=self._reactor,
+            config=self._config,
+            metrics=self._metrics,
+            run_audit=cluster_audit(self._reactor, client),
+            elector_factory=elector,
+        )
         if hasattr(self._namespaces, "on_namespace_changed"):
             audit = self.audit
             self._namespaces.on_namespace_changed = lambda name: audit.poke(f"namespace {name} changed")

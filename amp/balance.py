@@ -97,8 +97,15 @@ if TYPE_CHECKING:
     from amp.reactors import IAmpReactor
 
 __all__ = [
-    "ERROR_PAUSE", "HEARTBEAT", "RECHECK", "SLOT", "STALE", "STOP_ACCEPTS",
-    "BalancedPort", "LoadTable", "WorkerListener",
+    "ERROR_PAUSE",
+    "HEARTBEAT",
+    "RECHECK",
+    "SLOT",
+    "STALE",
+    "STOP_ACCEPTS",
+    "BalancedPort",
+    "LoadTable",
+    "WorkerListener",
 ]
 
 #: Seconds between decisions while this worker is not the least loaded.
@@ -114,11 +121,24 @@ STOP_ACCEPTS = 4096
 
 #: accept() errors of one connection that went away before it was
 #: accepted (accept(2): "treat them like EAGAIN"): try the next.
-_SKIP = frozenset({
-    errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, errno.ECONNABORTED, errno.EPROTO, errno.EPERM,
-    errno.ENETDOWN, errno.ENOPROTOOPT, errno.EHOSTDOWN, errno.ENONET, errno.EHOSTUNREACH,
-    errno.EOPNOTSUPP, errno.ENETUNREACH, errno.ETIMEDOUT,
-})
+_SKIP = frozenset(
+    {
+        errno.EAGAIN,
+        errno.EWOULDBLOCK,
+        errno.EINTR,
+        errno.ECONNABORTED,
+        errno.EPROTO,
+        errno.EPERM,
+        errno.ENETDOWN,
+        errno.ENOPROTOOPT,
+        errno.EHOSTDOWN,
+        errno.ENONET,
+        errno.EHOSTUNREACH,
+        errno.EOPNOTSUPP,
+        errno.ENETUNREACH,
+        errno.ETIMEDOUT,
+    }
+)
 #: Errors of a process short of descriptors or memory: pause.
 _SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -160,9 +180,13 @@ class BalancedPort:
         self.listening = True
         self.factory.doStart()
         host = self.getHost()
-        self.log.info("Accepting webhook connections on {host}:{port}, shared by {workers} workers (each new "
-                      "connection to the one with the fewest)", host=host.host, port=host.port,
-                      workers=self.table.workers)
+        self.log.info(
+            "Accepting webhook connections on {host}:{port}, shared by {workers} workers (each new "
+            "connection to the one with the fewest)",
+            host=host.host,
+            port=host.port,
+            workers=self.table.workers,
+        )
         self.table.beat()
         self._heartbeat = LoopingCall(self._beat)
         self._heartbeat.clock = self.reactor
@@ -327,8 +351,7 @@ class BalancedPort:
         """
         try:
             connection.setblocking(False)
-            self.reactor.adoptStreamConnection(
-                connection.fileno(), self.family, self.factory)  # type: ignore[arg-type]  # any protocol factory
+            self.reactor.adoptStreamConnection(connection.fileno(), self.family, self.factory)  # type: ignore[arg-type]  # any protocol factory
         except OSError as e:
             if e.errno in _SHORTAGE:
                 if hold:
@@ -354,10 +377,14 @@ class BalancedPort:
         withdraw from the table and pause for L{ERROR_PAUSE} seconds.
         """
         self.warnings.emit(
-            "accept-failed", LogLevel.error,
+            "accept-failed",
+            LogLevel.error,
             "Could not accept a connection on the webhook port: {error}; not accepting for {pause:g}s "
-            "(the other workers take new connections)", error=os.strerror(error.errno or 0) or str(error),
-            errno=errno.errorcode.get(error.errno or 0, str(error.errno)), pause=ERROR_PAUSE)
+            "(the other workers take new connections)",
+            error=os.strerror(error.errno or 0) or str(error),
+            errno=errno.errorcode.get(error.errno or 0, str(error.errno)),
+            pause=ERROR_PAUSE,
+        )
         self._stop_reading()
         if self._recheck is not None and self._recheck.active():
             self._recheck.cancel()
@@ -388,8 +415,15 @@ class WorkerListener:
     @ivar connections: the webhook listener's last reported open connections.
     """
 
-    def __init__(self, reactor: IAmpReactor, worker: int, opener: Callable[[], tuple[socket.socket, LoadTable]], *,
-                 interface: str = "", port: int = 0) -> None:
+    def __init__(
+        self,
+        reactor: IAmpReactor,
+        worker: int,
+        opener: Callable[[], tuple[socket.socket, LoadTable]],
+        *,
+        interface: str = "",
+        port: int = 0,
+    ) -> None:
         self.reactor = reactor
         self.worker = worker
         self.interface = interface
@@ -403,8 +437,15 @@ class WorkerListener:
         self.connections = 0
 
     @classmethod
-    def bind(cls, reactor: IAmpReactor, interface: str, port: int, workers: int, backlog: int = 128,
-             now: Callable[[], float] = time.monotonic) -> "WorkerListener":
+    def bind(
+        cls,
+        reactor: IAmpReactor,
+        interface: str,
+        port: int,
+        workers: int,
+        backlog: int = 128,
+        now: Callable[[], float] = time.monotonic,
+    ) -> "WorkerListener":
         """
         Worker 0's: binds C{interface:port} (IPv6 when C{interface} holds a
         C{:}) and creates the table of C{workers} slots when it first
@@ -429,8 +470,9 @@ class WorkerListener:
         return listener
 
     @classmethod
-    def inherit(cls, reactor: IAmpReactor, worker: int, listen_fd: int, table_fd: int,
-                now: Callable[[], float] = time.monotonic) -> "WorkerListener":
+    def inherit(
+        cls, reactor: IAmpReactor, worker: int, listen_fd: int, table_fd: int, now: Callable[[], float] = time.monotonic
+    ) -> "WorkerListener":
         """
         A child's: takes over, at once, the listening socket C{listen_fd}
         and the table C{table_fd} that worker 0 passed it.
@@ -476,8 +518,7 @@ class WorkerListener:
 
     def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
         if self.port is not None:
-            return fail(CannotListenError(self.interface, self.port_number,
-                                          OSError(errno.EBUSY, "already listening")))
+            return fail(CannotListenError(self.interface, self.port_number, OSError(errno.EBUSY, "already listening")))
         try:
             sock, table = self._open()
         except OSError as e:

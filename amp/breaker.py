@@ -97,8 +97,7 @@ class SecondsClock(Protocol):
     Anything that tells the time: a reactor or C{twisted.internet.task.Clock}.
     """
 
-    def seconds(self) -> float:
-        ...
+    def seconds(self) -> float: ...
 
 
 class Ticket:

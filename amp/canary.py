@@ -52,9 +52,15 @@ from amp.reply import EndpointDecision
 from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION
 from amp.urls import shown_url
 
-__all__ = ["CANARY_ANNOTATION", "CANARY_PERCENT_ANNOTATION", "CANARY_STEP_ANNOTATION", "Canary", "CanaryPlan",
-           "CanaryResult", "canary_plan"]
-
+__all__ = [
+    "CANARY_ANNOTATION",
+    "CANARY_PERCENT_ANNOTATION",
+    "CANARY_STEP_ANNOTATION",
+    "Canary",
+    "CanaryPlan",
+    "CanaryResult",
+    "canary_plan",
+]
 
 
 class CanaryResult(StrEnum):
@@ -98,8 +104,9 @@ def canary_plan(ns: Optional[NamespaceInfo], route: Route, config: Config) -> Op
         return CanaryPlan(None, problem=f"{CANARY_PERCENT_ANNOTATION} {percent_text!r} is not a number from 0 to 100")
     step_text = ns.annotations.get(CANARY_STEP_ANNOTATION, "1")
     if not step_text.isdigit() or not 1 <= int(step_text) <= len(route.steps):
-        return CanaryPlan(None, problem=f"{CANARY_STEP_ANNOTATION} {step_text!r} is not a step of the chain "
-                                        f"(1 to {len(route.steps)})")
+        return CanaryPlan(
+            None, problem=f"{CANARY_STEP_ANNOTATION} {step_text!r} is not a step of the chain (1 to {len(route.steps)})"
+        )
     steps, _, _, error = resolve_chain(raw, config)
     if error is not None or len(steps) != 1:
         why = error[1] if error is not None else "name one URL"
@@ -140,9 +147,15 @@ class Canary:
 
     log = Logger()
 
-    def __init__(self, client: Any, clock: Any, metrics: Any, *,
-                 annotate: Optional[Callable[[str, str, tuple[str, ...]], None]] = None,
-                 draw: Callable[[], float] = random.random) -> None:
+    def __init__(
+        self,
+        client: Any,
+        clock: Any,
+        metrics: Any,
+        *,
+        annotate: Optional[Callable[[str, str, tuple[str, ...]], None]] = None,
+        draw: Callable[[], float] = random.random,
+    ) -> None:
         self._client = client
         self._clock = clock
         self._counter = metrics.canary_reviews
@@ -186,12 +199,24 @@ class Canary:
         if result is CanaryResult.DIFFERS:
             self.log.info(
                 "Canary {candidate} differs from {endpoint} for Pod {namespace}/{pod} ({uid}): {paths}",
-                candidate=run.candidate.name, endpoint=run.live.name, namespace=run.namespace, pod=run.pod_name,
-                uid=run.uid, paths=" ".join(paths), result=str(result))
+                candidate=run.candidate.name,
+                endpoint=run.live.name,
+                namespace=run.namespace,
+                pod=run.pod_name,
+                uid=run.uid,
+                paths=" ".join(paths),
+                result=str(result),
+            )
         elif result is CanaryResult.FAILED:
-            self.log.info("Canary {candidate} failed for Pod {namespace}/{pod} ({uid}): {problem}",
-                          candidate=run.candidate.name, namespace=run.namespace, pod=run.pod_name, uid=run.uid,
-                          problem=detail, result=str(result))
+            self.log.info(
+                "Canary {candidate} failed for Pod {namespace}/{pod} ({uid}): {problem}",
+                candidate=run.candidate.name,
+                namespace=run.namespace,
+                pod=run.pod_name,
+                uid=run.uid,
+                problem=detail,
+                result=str(result),
+            )
         if self._annotate is not None:
             self._annotate(run.uid, str(result), paths)
 
@@ -259,8 +284,9 @@ class CanaryRun:
         if self.spans is not None:
             self._span = self.spans.begin_linked("canary", self._canary._clock.seconds())
             self._headers[b"traceparent"] = b"00-%032x-%016x-01" % (self._span.trace_id, self._span.span_id)
-        self._call = self._canary._client.call(candidate.url, candidate.settings, self._body, self._headers,
-                                               self._deadline, candidate.breaker)
+        self._call = self._canary._client.call(
+            candidate.url, candidate.settings, self._body, self._headers, self._deadline, candidate.breaker
+        )
         self._call.addCallbacks(self._answered, self._failed)
 
     def _expired(self) -> None:
@@ -291,8 +317,10 @@ class CanaryRun:
             self._candidate = ("failed", "timeout: the review's deadline passed")
         else:
             error = failure.value
-            self._candidate = ("failed", f"{getattr(error, 'reason', type(error).__name__)}: "
-                                         f"{getattr(error, 'message', error)}")
+            self._candidate = (
+                "failed",
+                f"{getattr(error, 'reason', type(error).__name__)}: {getattr(error, 'message', error)}",
+            )
         self._compare()
 
     def _compare(self) -> None:
@@ -307,9 +335,12 @@ class CanaryRun:
         span, self._span = self._span, None
         try:
             if span is not None:
-                self.spans.end_linked(span, canary._clock.seconds(), {
-                    "amp.endpoint": shown_url(self.candidate.url), "amp.canary.live": shown_url(self.live.url)},
-                    value if kind == "failed" else None)
+                self.spans.end_linked(
+                    span,
+                    canary._clock.seconds(),
+                    {"amp.endpoint": shown_url(self.candidate.url), "amp.canary.live": shown_url(self.live.url)},
+                    value if kind == "failed" else None,
+                )
             if live_kind == "skipped":
                 canary._finished(self, CanaryResult.SKIPPED, (), "")
             elif kind == "failed":
@@ -320,5 +351,9 @@ class CanaryRun:
         except Exception:
             # Called from the live review's own steps: nothing of the
             # canary's may fail or delay the live answer.
-            canary.log.failure("Canary comparison for Pod {namespace}/{pod} ({uid}) failed",
-                               namespace=self.namespace, pod=self.pod_name, uid=self.uid)
+            canary.log.failure(
+                "Canary comparison for Pod {namespace}/{pod} ({uid}) failed",
+                namespace=self.namespace,
+                pod=self.pod_name,
+                uid=self.uid,
+            )

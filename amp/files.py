@@ -66,9 +66,23 @@ from yaml.events import (
 from amp.admission_review import MAX_DEPTH, decode_bounded, nesting_exceeds
 from amp.text import lone_surrogate, may_hold_surrogate
 
-__all__ = ["CONFIG_LIMIT", "FileError", "FileState", "INPUT_LIMIT", "MAX_DEPTH", "MAX_NODES", "Observed",
-           "PEM_LIMIT", "config_document", "observe", "parse_documents", "parse_json", "read_file",
-           "read_stream", "text_of"]
+__all__ = [
+    "CONFIG_LIMIT",
+    "FileError",
+    "FileState",
+    "INPUT_LIMIT",
+    "MAX_DEPTH",
+    "MAX_NODES",
+    "Observed",
+    "PEM_LIMIT",
+    "config_document",
+    "observe",
+    "parse_documents",
+    "parse_json",
+    "read_file",
+    "read_stream",
+    "text_of",
+]
 
 _MIB = 1024 * 1024
 
@@ -84,7 +98,7 @@ INPUT_LIMIT = 16 * _MIB
 MAX_NODES = 1_000_000
 
 #: The integers a file may hold: 64 bits, signed or not (as in reviews).
-_INT_RANGE = (-(2 ** 63), 2 ** 64 - 1)
+_INT_RANGE = (-(2**63), 2**64 - 1)
 #: Longer than any 64-bit integer YAML can write (0b and 64 digits, with
 #: a sign and some underscores): refused before it is converted.
 _INT_TEXT_MAX = 80
@@ -234,8 +248,9 @@ _UNRESOLVED = {f"{_TAG}timestamp", f"{_TAG}value"}
 
 def _construct_int(loader: SafeConstructor, node: yaml.ScalarNode) -> int:
     if len(str(node.value)) > _INT_TEXT_MAX:
-        raise ConstructorError(None, None, f"integer {str(node.value)[:40]}... is out of range (64 bits)",
-                               node.start_mark)
+        raise ConstructorError(
+            None, None, f"integer {str(node.value)[:40]}... is out of range (64 bits)", node.start_mark
+        )
     value = SafeConstructor.construct_yaml_int(loader, node)
     if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
         raise ConstructorError(None, None, f"integer {node.value} is out of range (64 bits)", node.start_mark)
@@ -245,8 +260,9 @@ def _construct_int(loader: SafeConstructor, node: yaml.ScalarNode) -> int:
 def _construct_float(loader: SafeConstructor, node: yaml.ScalarNode) -> float:
     value = SafeConstructor.construct_yaml_float(loader, node)
     if not math.isfinite(value):
-        raise ConstructorError(None, None, f"{str(node.value)[:40]} is not a finite number "
-                                           "(NaN and Infinity are refused)", node.start_mark)
+        raise ConstructorError(
+            None, None, f"{str(node.value)[:40]} is not a finite number (NaN and Infinity are refused)", node.start_mark
+        )
     return value
 
 
@@ -299,14 +315,15 @@ def _bound_yaml(text: str, label: str, *, aliases: bool) -> None:
         anchor = getattr(event, "anchor", None)
         if anchor is not None and not aliases:
             sign = "*" if isinstance(event, AliasEvent) else "&"
-            raise FileError(f"{label}, line {_line(event)}: anchors and aliases are not allowed "
-                            f"in amp's config (found {sign}{anchor})")
+            raise FileError(
+                f"{label}, line {_line(event)}: anchors and aliases are not allowed "
+                f"in amp's config (found {sign}{anchor})"
+            )
         if isinstance(event, (SequenceStartEvent, MappingStartEvent)):
             stack.append([total, anchor, 0])
             total += 1
             if len(stack) > MAX_DEPTH:
-                raise FileError(f"{label}, line {_line(event)}: nests more than {MAX_DEPTH} "
-                                f"levels deep, the limit")
+                raise FileError(f"{label}, line {_line(event)}: nests more than {MAX_DEPTH} levels deep, the limit")
             if anchor is not None:
                 unfinished.add(anchor)
             continue
@@ -320,13 +337,14 @@ def _bound_yaml(text: str, label: str, *, aliases: bool) -> None:
             total += 1
         elif isinstance(event, AliasEvent):
             if anchor in unfinished:
-                raise FileError(f"{label}, line {_line(event)}: alias *{anchor} refers to the node "
-                                f"it is in")
+                raise FileError(f"{label}, line {_line(event)}: alias *{anchor} refers to the node it is in")
             nodes, height = anchors.get(anchor, (1, 0))
             total += nodes
             if len(stack) + height > MAX_DEPTH:
-                raise FileError(f"{label}, line {_line(event)}: alias *{anchor} nests it more than "
-                                f"{MAX_DEPTH} levels deep, the limit")
+                raise FileError(
+                    f"{label}, line {_line(event)}: alias *{anchor} nests it more than "
+                    f"{MAX_DEPTH} levels deep, the limit"
+                )
         else:
             if isinstance(event, DocumentStartEvent):
                 anchors.clear()
@@ -336,8 +354,9 @@ def _bound_yaml(text: str, label: str, *, aliases: bool) -> None:
         if stack and height > stack[-1][2]:
             stack[-1][2] = height
         if total > MAX_NODES:
-            raise FileError(f"{label}, line {_line(event)}: has more than {MAX_NODES} nodes "
-                            f"with its aliases expanded, the limit")
+            raise FileError(
+                f"{label}, line {_line(event)}: has more than {MAX_NODES} nodes with its aliases expanded, the limit"
+            )
 
 
 def _line(event: yaml.Event) -> int:
@@ -358,8 +377,9 @@ def _load_yaml(data: bytes, label: str, *, aliases: bool, many: bool) -> Any:
         if mark is not None and "maximum nesting depth" in str(getattr(e, "problem", "")):
             # libyaml's own bound (1000 flow levels), met before the events
             # reach the count above: the same refusal, with amp's limit.
-            raise FileError(f"{label}, line {mark.line + 1}: nests more than {MAX_DEPTH} levels deep, "
-                            f"the limit") from None
+            raise FileError(
+                f"{label}, line {mark.line + 1}: nests more than {MAX_DEPTH} levels deep, the limit"
+            ) from None
         raise FileError(f"{label} is not valid YAML: {_yaml_problem(e)}") from None
 
 

@@ -37,11 +37,22 @@ class AmpKeys:
     """
 
     def __init__(self, config: "KubernetesConfig") -> None:
-        self.namespace_labels = tuple(dict.fromkeys(
-            (config.enabled_label, *((config.failure_class_label,) if config.failure_class_label else ()))))
-        self.namespace_annotations = tuple(dict.fromkeys((
-            *config.endpoint_annotations, config.validation_annotation,
-            config.failure_policy_annotation, config.mode_annotation, *NAMESPACE_FEATURE_ANNOTATIONS)))
+        self.namespace_labels = tuple(
+            dict.fromkeys(
+                (config.enabled_label, *((config.failure_class_label,) if config.failure_class_label else ()))
+            )
+        )
+        self.namespace_annotations = tuple(
+            dict.fromkeys(
+                (
+                    *config.endpoint_annotations,
+                    config.validation_annotation,
+                    config.failure_policy_annotation,
+                    config.mode_annotation,
+                    *NAMESPACE_FEATURE_ANNOTATIONS,
+                )
+            )
+        )
         self.pod_labels = (config.enabled_label,)
         self.pod_annotations = STAMP_ANNOTATIONS
         every = (*self.namespace_labels, *self.namespace_annotations, *self.pod_annotations)
@@ -55,8 +66,9 @@ class AmpKeys:
         prefix, slash, _ = key.partition("/")
         return bool(slash) and any(prefix == d or prefix.endswith("." + d) for d in self.domains)
 
-    def near_misses(self, labels: Mapping[str, str], annotations: Mapping[str, str], pod: bool = False
-                    ) -> tuple[str, ...]:
+    def near_misses(
+        self, labels: Mapping[str, str], annotations: Mapping[str, str], pod: bool = False
+    ) -> tuple[str, ...]:
         """
         One hint per label or annotation in amp's domain that amp does not
         read on a Namespace (or a Pod), e.g. C{annotation
@@ -66,8 +78,10 @@ class AmpKeys:
         known_labels = self.pod_labels if pod else self.namespace_labels
         known_annotations = self.pod_annotations if pod else self.namespace_annotations
         hints = []
-        for kind, keys, known, other in (("label", labels, known_labels, known_annotations),
-                                         ("annotation", annotations, known_annotations, known_labels)):
+        for kind, keys, known, other in (
+            ("label", labels, known_labels, known_annotations),
+            ("annotation", annotations, known_annotations, known_labels),
+        ):
             for key in keys:
                 if not isinstance(key, str) or key in known or not self.ours(key):
                     continue
@@ -79,7 +93,6 @@ class AmpKeys:
                     hints.append(f"{kind} {key} is not read by amp" + (f" (did you mean {match}?)" if match else ""))
         return tuple(sorted(hints))
 
-
     def namespace_hints(self, info: KnownNamespace) -> list[str]:
         """
         A namespace's hints: those its source kept (the keys themselves may
@@ -90,8 +103,10 @@ class AmpKeys:
     def pod_hints(self, pod: Mapping[str, Any]) -> list[str]:
         """A Pod's hints, each starting C{Pod: }."""
         meta = pod.get("metadata") or {}
-        return [f"Pod: {hint}" for hint in self.near_misses(meta.get("labels") or {}, meta.get("annotations") or {},
-                                                           pod=True)]
+        return [
+            f"Pod: {hint}"
+            for hint in self.near_misses(meta.get("labels") or {}, meta.get("annotations") or {}, pod=True)
+        ]
 
 
 def near_miss_news(before: Optional[tuple[str, ...]], after: tuple[str, ...]) -> Optional[str]:

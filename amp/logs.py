@@ -43,12 +43,14 @@ _encode = msgspec.json.encode
 _LEVELS = {"debug": LogLevel.debug, "info": LogLevel.info, "warn": LogLevel.warn, "error": LogLevel.error}
 
 #: Formats of Twisted's own per-connection messages, written only at debug.
-CHATTER_FORMATS = frozenset({
-    "Starting factory {factory!r}",
-    "Stopping factory {factory!r}",
-    "Starting protocol {protocol!r}",
-    "Stopping protocol {protocol!r}",
-})
+CHATTER_FORMATS = frozenset(
+    {
+        "Starting factory {factory!r}",
+        "Stopping factory {factory!r}",
+        "Starting protocol {protocol!r}",
+        "Stopping protocol {protocol!r}",
+    }
+)
 
 #: Keys of legacy (C{twisted.python.log}) events that carry nothing useful
 #: beside the JSON line's own fields.
@@ -80,8 +82,10 @@ def _plain(fmt: str) -> bool:
         parsed = list(Formatter().parse(fmt))
     except ValueError:
         return False
-    return all(field is None or (field.isidentifier() and not conversion and "{" not in (spec or ""))
-               for _, field, spec, conversion in parsed)
+    return all(
+        field is None or (field.isidentifier() and not conversion and "{" not in (spec or ""))
+        for _, field, spec, conversion in parsed
+    )
 
 
 def format_event(event: LogEvent) -> str:
@@ -142,8 +146,14 @@ class HotPathLogger(Logger):
         if level not in _ALL_LEVELS:
             # Twisted's own says what is wrong with it.
             return super().emit(level, format, **kwargs)
-        kwargs.update(log_logger=self, log_level=level, log_namespace=self.namespace, log_source=self.source,
-                      log_format=format, log_time=time.time())
+        kwargs.update(
+            log_logger=self,
+            log_level=level,
+            log_namespace=self.namespace,
+            log_source=self.source,
+            log_format=format,
+            log_time=time.time(),
+        )
         if "log_trace" in kwargs:
             kwargs["log_trace"].append((self, self.observer))  # type: ignore[attr-defined]  # a list, by Twisted's contract
         self.observer(kwargs)
@@ -228,8 +238,10 @@ class TextLinesObserver:
         if isinstance(failure, Failure):
             text = f"{text}\n{failure.getTraceback()}"
         level = event.get("log_level")
-        line = (f"{_timestamp(event.get('log_time', time.time()))} "
-                f"[{event.get('log_namespace', '-')}#{level.name if level is not None else 'info'}] {text}\n")
+        line = (
+            f"{_timestamp(event.get('log_time', time.time()))} "
+            f"[{event.get('log_namespace', '-')}#{level.name if level is not None else 'info'}] {text}\n"
+        )
         if "\n" in text:
             line = line[:-1].replace("\n", "\n\t") + "\n"
         _held.write(self._out, line)
@@ -272,13 +284,16 @@ def _fallback(event: LogEvent, error: Exception) -> str:
     The line written for an event that could not be turned into JSON.
     """
     level = event.get("log_level")
-    return json.dumps({
-        "time": _timestamp(time.time()),
-        "level": level.name if isinstance(level, LogLevel) else "info",
-        "logger": str(event.get("log_namespace", "")),
-        "message": "log event could not be written as JSON",
-        "error": repr(error),
-    }, separators=(",", ":"))
+    return json.dumps(
+        {
+            "time": _timestamp(time.time()),
+            "level": level.name if isinstance(level, LogLevel) else "info",
+            "logger": str(event.get("log_namespace", "")),
+            "message": "log event could not be written as JSON",
+            "error": repr(error),
+        },
+        separators=(",", ":"),
+    )
 
 
 @implementer(ILogObserver)
@@ -383,8 +398,9 @@ class RepeatLimiter:
         reads C{"<count> more <subject> in the last <interval>s (...)"}.
     """
 
-    def __init__(self, logger: Logger, clock: IReactorTime, summaries: dict[str, str], *, burst: int = 5,
-                 interval: float = 60.0) -> None:
+    def __init__(
+        self, logger: Logger, clock: IReactorTime, summaries: dict[str, str], *, burst: int = 5, interval: float = 60.0
+    ) -> None:
         self._logger = logger
         self._clock = clock
         self.burst = burst
@@ -418,7 +434,11 @@ class RepeatLimiter:
     def _summarise(self, state: _Kind) -> None:
         self._logger.warn(
             "{count} more {subject} in the last {interval:g}s (only the first {burst} of a burst are logged)",
-            count=state.suppressed, subject=state.summary, interval=self.interval, burst=self.burst)
+            count=state.suppressed,
+            subject=state.summary,
+            interval=self.interval,
+            burst=self.burst,
+        )
         state.suppressed = 0
 
     def flush(self) -> None:

@@ -71,8 +71,9 @@ OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 KIND_LIMIT = 16
 
 
-def _label_key(name: str, labelnames: tuple[str, ...], values: tuple[object, ...], named: dict[str, object]
-               ) -> tuple[str, ...]:
+def _label_key(
+    name: str, labelnames: tuple[str, ...], values: tuple[object, ...], named: dict[str, object]
+) -> tuple[str, ...]:
     """The label values of a child, given by position or by name, as strings."""
     if named:
         if values or set(named) != set(labelnames):
@@ -140,8 +141,7 @@ class _HotFamily(Collector):
     one.  A subclass says how a child is made (L{_child}).
     """
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
-                 registry: CollectorRegistry) -> None:
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry) -> None:
         self._name = name
         self._documentation = documentation
         self._labelnames = tuple(labelnames)
@@ -180,8 +180,14 @@ class HotCounter(_HotFamily):
 class HotHistogram(_HotFamily):
     """A histogram of every review's path (L{_HotFamily})."""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float],
-                 registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
         self._bounds = tuple(float(b) for b in buckets)
         self._les = [floatToGoString(b) for b in self._bounds] + ["+Inf"]
         super().__init__(name, documentation, labelnames, registry)
@@ -235,116 +241,187 @@ class Metrics:
         # The four metrics every review touches are amp's own (HotCounter,
         # HotHistogram): plain numbers on the reactor thread, no lock.
         self.admission_requests = HotCounter(
-            "amp_admission_requests", "Admission reviews answered, by result and reason.",
-            ["kind", "operation", "result", "reason"], registry=r)
+            "amp_admission_requests",
+            "Admission reviews answered, by result and reason.",
+            ["kind", "operation", "result", "reason"],
+            registry=r,
+        )
         self._review_counters: dict[tuple[str, str, str, str], Any] = {}
         self._review_kinds: set[str] = set()
         self.admission_duration = HotHistogram(
-            "amp_admission_duration_seconds", "Time from request to answer for a review.", [],
-            buckets=LATENCY_BUCKETS, registry=r)
+            "amp_admission_duration_seconds",
+            "Time from request to answer for a review.",
+            [],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.bad_requests = Counter(
-            "amp_bad_requests", "Requests refused before review, by HTTP status.", ["code"], registry=r)
+            "amp_bad_requests", "Requests refused before review, by HTTP status.", ["code"], registry=r
+        )
         self.endpoint_requests = HotCounter(
-            "amp_endpoint_requests", "Endpoint calls by outcome.", ["endpoint", "outcome"], registry=r)
+            "amp_endpoint_requests", "Endpoint calls by outcome.", ["endpoint", "outcome"], registry=r
+        )
         self.endpoint_duration = HotHistogram(
-            "amp_endpoint_duration_seconds", "Endpoint call latency.", ["endpoint"],
-            buckets=LATENCY_BUCKETS, registry=r)
+            "amp_endpoint_duration_seconds", "Endpoint call latency.", ["endpoint"], buckets=LATENCY_BUCKETS, registry=r
+        )
         self.breaker_state = Gauge(
-            "amp_circuit_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
-            ["endpoint"], registry=r)
+            "amp_circuit_breaker_state",
+            "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
+            ["endpoint"],
+            registry=r,
+        )
         self.endpoint_queued = Gauge(
-            "amp_endpoint_queued", "Reviews waiting for a slot of the origin's max_concurrent calls.",
-            ["endpoint"], registry=r)
+            "amp_endpoint_queued",
+            "Reviews waiting for a slot of the origin's max_concurrent calls.",
+            ["endpoint"],
+            registry=r,
+        )
         self.endpoint_queue_refused = Counter(
-            "amp_endpoint_queue_refused", "Calls not made because the origin's bulkhead was full, by reason.",
-            ["endpoint", "reason"], registry=r)
+            "amp_endpoint_queue_refused",
+            "Calls not made because the origin's bulkhead was full, by reason.",
+            ["endpoint", "reason"],
+            registry=r,
+        )
         self.endpoint_shed = Counter(
-            "amp_endpoint_shed", "Reviews shed (failure policy at once) for the origin's latency budget.",
-            ["endpoint"], registry=r)
+            "amp_endpoint_shed",
+            "Reviews shed (failure policy at once) for the origin's latency budget.",
+            ["endpoint"],
+            registry=r,
+        )
         self.endpoint_shedding = Gauge(
-            "amp_endpoint_shedding", "1 while the origin is over its latency budget and sheds, else 0.",
-            ["endpoint"], registry=r)
+            "amp_endpoint_shedding",
+            "1 while the origin is over its latency budget and sheds, else 0.",
+            ["endpoint"],
+            registry=r,
+        )
         self.shadow_patches = Counter(
-            "amp_shadow_patches", "Patches computed in shadow mode and not applied.", ["endpoint"], registry=r)
+            "amp_shadow_patches", "Patches computed in shadow mode and not applied.", ["endpoint"], registry=r
+        )
         self.patch_repairs = Counter(
-            "amp_patch_repairs", "Operations amp inserted to create missing parents.", registry=r)
-        self.namespace_cache_size = Gauge(
-            "amp_namespace_cache_namespaces", "Namespaces held in the cache.", registry=r)
+            "amp_patch_repairs", "Operations amp inserted to create missing parents.", registry=r
+        )
+        self.namespace_cache_size = Gauge("amp_namespace_cache_namespaces", "Namespaces held in the cache.", registry=r)
         self.namespace_watch_restarts = Counter(
-            "amp_namespace_watch_restarts", "Watch restarts, by reason.", ["reason"], registry=r)
-        self.namespace_events = Counter(
-            "amp_namespace_events", "Watch events applied, by type.", ["type"], registry=r)
+            "amp_namespace_watch_restarts", "Watch restarts, by reason.", ["reason"], registry=r
+        )
+        self.namespace_events = Counter("amp_namespace_events", "Watch events applied, by type.", ["type"], registry=r)
         self.namespace_problems = Counter(
-            "amp_namespace_problems", "Unusable namespace configuration found, once per change of a namespace, "
-            "by problem.", ["problem"], registry=r)
+            "amp_namespace_problems",
+            "Unusable namespace configuration found, once per change of a namespace, by problem.",
+            ["problem"],
+            registry=r,
+        )
         self.registration_problems = Gauge(
-            "amp_registration_problems", "Problems of amp's MutatingWebhookConfiguration against what amp needs "
-            "(amp.registration), by problem: how many now.", ["problem"], registry=r)
+            "amp_registration_problems",
+            "Problems of amp's MutatingWebhookConfiguration against what amp needs "
+            "(amp.registration), by problem: how many now.",
+            ["problem"],
+            registry=r,
+        )
         self.registration_repairs = Counter(
-            "amp_registration_repairs", "Applies of the managed MutatingWebhookConfiguration that changed it "
-            "(registration.managed), by the Lease holder.", registry=r)
+            "amp_registration_repairs",
+            "Applies of the managed MutatingWebhookConfiguration that changed it "
+            "(registration.managed), by the Lease holder.",
+            registry=r,
+        )
         self.certificate_steps = Counter(
-            "amp_certificate_steps", "Changes the Lease holder made to amp's own certificates (registration.secret),"
-            " by step.", ["step"], registry=r)
+            "amp_certificate_steps",
+            "Changes the Lease holder made to amp's own certificates (registration.secret), by step.",
+            ["step"],
+            registry=r,
+        )
         for step in ("create", "add-ca", "issue", "retire-ca"):
             self.certificate_steps.labels(step=step)
         self.certificate_authorities = Gauge(
-            "amp_certificate_authorities", "CAs in the caBundle of amp's own Secret as this replica last read it "
-            "(2 during a CA rotation).", registry=r)
+            "amp_certificate_authorities",
+            "CAs in the caBundle of amp's own Secret as this replica last read it (2 during a CA rotation).",
+            registry=r,
+        )
         self.namespace_misses = Counter(
-            "amp_namespace_cache_misses", "Lookups the cache could not answer, by result.", ["result"], registry=r)
+            "amp_namespace_cache_misses", "Lookups the cache could not answer, by result.", ["result"], registry=r
+        )
         self.bypassed_pods = Counter(
-            "amp_bypassed_pods", "Pods created in an enabled namespace without amp's review (no status stamp).",
-            ["namespace"], registry=r)
+            "amp_bypassed_pods",
+            "Pods created in an enabled namespace without amp's review (no status stamp).",
+            ["namespace"],
+            registry=r,
+        )
         self.audit_pods = Gauge(
-            "amp_audit_pods", "Pods by the continuous audit's last finding (only on the replica that audits).",
-            ["namespace", "state"], registry=r)
-        self.audit_runs = Counter(
-            "amp_audit_runs", "Continuous audits, by result (ok, error).", ["result"], registry=r)
+            "amp_audit_pods",
+            "Pods by the continuous audit's last finding (only on the replica that audits).",
+            ["namespace", "state"],
+            registry=r,
+        )
+        self.audit_runs = Counter("amp_audit_runs", "Continuous audits, by result (ok, error).", ["result"], registry=r)
         self.tls_not_after = Gauge(
             "amp_tls_certificate_not_after_timestamp_seconds",
-            "Expiry of the serving certificate (unix time).", registry=r)
-        self.tls_reloads = Counter(
-            "amp_tls_reloads", "Serving certificate reloads by result.", ["result"], registry=r)
+            "Expiry of the serving certificate (unix time).",
+            registry=r,
+        )
+        self.tls_reloads = Counter("amp_tls_reloads", "Serving certificate reloads by result.", ["result"], registry=r)
         for result in TLS_RELOAD_RESULTS:
             self.tls_reloads.labels(result=result)
         self.open_connections = Gauge(
-            "amp_open_connections", "Open client connections on the webhook listener.", registry=r)
+            "amp_open_connections", "Open client connections on the webhook listener.", registry=r
+        )
         self.connections_dropped = Counter(
-            "amp_connections_dropped", "Connections closed before any answer, by reason.", ["reason"], registry=r)
+            "amp_connections_dropped", "Connections closed before any answer, by reason.", ["reason"], registry=r
+        )
         for reason in CONNECTION_DROP_REASONS:
             self.connections_dropped.labels(reason=reason)
         self.config_reloads = Counter(
-            "amp_config_reloads", "Config file reloads (file changed or SIGHUP) by result.", ["result"], registry=r)
+            "amp_config_reloads", "Config file reloads (file changed or SIGHUP) by result.", ["result"], registry=r
+        )
         for result in CONFIG_RELOAD_RESULTS:
             self.config_reloads.labels(result=result)
         self.config_info = Gauge(
-            "amp_config_info", "1 for the hash of the configuration in force.", ["hash"], registry=r)
+            "amp_config_info", "1 for the hash of the configuration in force.", ["hash"], registry=r
+        )
         self.recorded_reviews = Counter(
-            "amp_recorded_reviews", "Reviews offered for recording (record section), by result: written, "
+            "amp_recorded_reviews",
+            "Reviews offered for recording (record section), by result: written, "
             "dropped (what waits for the writer process was full) or failed (the disk refused, too large, or the "
             "writer ended before writing it).",
-            ["result"], registry=r)
+            ["result"],
+            registry=r,
+        )
         for result in RECORD_RESULTS:
             self.recorded_reviews.labels(result=result)
         self.record_writer_restarts = Counter(
-            "amp_record_writer_restarts", "Times the recording's writer process ended without being asked and "
-            "was started again.", registry=r)
+            "amp_record_writer_restarts",
+            "Times the recording's writer process ended without being asked and was started again.",
+            registry=r,
+        )
         self.canary_reviews = Counter(
-            "amp_canary_reviews", "Reviews whose candidate endpoint (amp.txn2.com/canary) was compared with the "
-            "live one, by namespace and result: same, differs, failed, skipped.", ["namespace", "result"],
-            registry=r)
+            "amp_canary_reviews",
+            "Reviews whose candidate endpoint (amp.txn2.com/canary) was compared with the "
+            "live one, by namespace and result: same, differs, failed, skipped.",
+            ["namespace", "result"],
+            registry=r,
+        )
         self.trace_spans_dropped = Counter(
-            "amp_trace_spans_dropped", "Spans amp made and did not export (tracing section), by reason: "
+            "amp_trace_spans_dropped",
+            "Spans amp made and did not export (tracing section), by reason: "
             "queue_full (tracing.queue spans were waiting already) or export_failed (the collector is down, slow "
-            "past tracing.export_timeout, or refused them).", ["reason"], registry=r)
+            "past tracing.export_timeout, or refused them).",
+            ["reason"],
+            registry=r,
+        )
         for reason in TRACE_DROP_REASONS:
             self.trace_spans_dropped.labels(reason=reason)
         self.build_info = Gauge("amp_build_info", "1, labelled with amp's version.", ["version"], registry=r)
         self.build_info.labels(version=__version__).set(1)
 
-    def count_review(self, kind: str, operation: str, result: str, reason: str, seconds: float,
-                     trace_id: Optional[str] = None, when: float = 0.0) -> None:
+    def count_review(
+        self,
+        kind: str,
+        operation: str,
+        result: str,
+        reason: str,
+        seconds: float,
+        trace_id: Optional[str] = None,
+        when: float = 0.0,
+    ) -> None:
         """
         One review answered: C{amp_admission_requests_total} and
         C{amp_admission_duration_seconds}.  The counter's children are kept

@@ -113,8 +113,12 @@ class StaticNamespaceSource(Service):
     def __init__(self, config: KubernetesConfig) -> None:
         keys = AmpKeys(config)
         self._namespaces = {
-            name: NamespaceInfo(name, dict(spec.labels), dict(spec.annotations),
-                                near_misses=keys.near_misses(spec.labels, spec.annotations))
+            name: NamespaceInfo(
+                name,
+                dict(spec.labels),
+                dict(spec.annotations),
+                near_misses=keys.near_misses(spec.labels, spec.annotations),
+            )
             for name, spec in config.namespaces.items()
         }
 

@@ -81,8 +81,11 @@ def without_annotations(pod: Mapping[str, Any], keys: Iterable[str]) -> Mapping[
 
 
 def pod_differences(
-    before: Optional[Mapping[str, Any]], after: Optional[Mapping[str, Any]], *,
-    ignore_annotations: Iterable[str] = (), limit: int = 100,
+    before: Optional[Mapping[str, Any]],
+    after: Optional[Mapping[str, Any]],
+    *,
+    ignore_annotations: Iterable[str] = (),
+    limit: int = 100,
 ) -> tuple[Difference, ...]:
     """
     Where C{before} and C{after} part, by JSON pointer, in document order;
@@ -95,8 +98,7 @@ def pod_differences(
     if before is None or after is None:
         if before is None and after is None:
             return ()
-        return (Difference("", MISSING if before is None else "admitted",
-                           MISSING if after is None else "admitted"),)
+        return (Difference("", MISSING if before is None else "admitted", MISSING if after is None else "admitted"),)
     keys = tuple(ignore_annotations)
     if keys:
         before, after = without_annotations(before, keys), without_annotations(after, keys)
@@ -122,8 +124,7 @@ def _walk(path: str, a: Any, b: Any) -> Iterator[Difference]:
             # holds: a Pod whose spec one patch read (and so decoded) and
             # another did not is still the same.
             name = where[1:].replace("/", ".")
-            stack.append((where, decoded(x, name) if type(x) is RAW else x,
-                          decoded(y, name) if type(y) is RAW else y))
+            stack.append((where, decoded(x, name) if type(x) is RAW else x, decoded(y, name) if type(y) is RAW else y))
             continue
         if isinstance(x, dict) and isinstance(y, dict):
             pending = []
@@ -137,8 +138,7 @@ def _walk(path: str, a: Any, b: Any) -> Iterator[Difference]:
         elif isinstance(x, list) and isinstance(y, list):
             pending = []
             for i in range(max(len(x), len(y))):
-                pending.append((f"{where}/{i}", x[i] if i < len(x) else MISSING,
-                                y[i] if i < len(y) else MISSING))
+                pending.append((f"{where}/{i}", x[i] if i < len(x) else MISSING, y[i] if i < len(y) else MISSING))
             stack.extend(reversed(pending))
         elif x is MISSING or y is MISSING or x != y or type(x) is not type(y):
             yield Difference(where, x, y)

@@ -40,11 +40,11 @@ def parse_pointer(pointer: str) -> tuple[str, ...]:
     if not pointer:
         return ()
     if pointer[0] != "/":
-        raise ValueError("is not a JSON pointer (must be empty or start with \"/\")")
+        raise ValueError('is not a JSON pointer (must be empty or start with "/")')
     if "~" not in pointer:
         tokens = tuple(pointer[1:].split("/"))
     elif _BAD_ESCAPE.search(pointer):
-        raise ValueError("is not a JSON pointer (\"~\" must be followed by 0 or 1)")
+        raise ValueError('is not a JSON pointer ("~" must be followed by 0 or 1)')
     else:
         tokens = tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
     if len(pointer) <= _PARSED_LENGTH:

@@ -177,7 +177,8 @@ def failure_policy_problem(ns: NamespaceInfo, config: Config, policy: str) -> Op
     if value is not None and not _valid(value):
         return FAILURE_CLASS_PROBLEM, (
             _unusable("label", label, value, policy, config)
-            + f"; fix: kubectl label namespace {ns.name} {label}=Fail --overwrite (or =Ignore)")
+            + f"; fix: kubectl label namespace {ns.name} {label}=Fail --overwrite (or =Ignore)"
+        )
     if annotation is None:
         return None
     if value is None:
@@ -185,24 +186,29 @@ def failure_policy_problem(ns: NamespaceInfo, config: Config, policy: str) -> Op
             return FAILURE_POLICY_PROBLEM, (
                 _unusable("annotation", key, annotation, policy, config)
                 + f"; fix: kubectl label namespace {ns.name} {label}=Fail (or =Ignore) "
-                f"&& kubectl annotate namespace {ns.name} {key}-")
+                f"&& kubectl annotate namespace {ns.name} {key}-"
+            )
         return ANNOTATION_ONLY_PROBLEM, (
             f"the deprecated annotation {key}={annotation} chooses amp's failure policy, but the API server reads "
             f"labels only: while amp cannot be reached it applies the webhook entry for namespaces without the label "
             f"{label}; fix: kubectl label namespace {ns.name} {label}={annotation} "
-            f"&& kubectl annotate namespace {ns.name} {key}-")
+            f"&& kubectl annotate namespace {ns.name} {key}-"
+        )
     if annotation != value:
         return DISAGREE_PROBLEM, (
             f"the label {label}={value} and the deprecated annotation {key}={escaped(repr(annotation), 40)} "
             f"disagree; amp and the API server follow the label ({value}); fix: kubectl annotate namespace "
-            f"{ns.name} {key}-")
+            f"{ns.name} {key}-"
+        )
     return None
 
 
 def _unusable(kind: str, key: str, value: str, policy: str, config: Config) -> str:
     source = "the webhook's failurePolicy" if config.failure_policy == FailurePolicy.AUTO else "failure_policy"
-    return (f"{kind} {key}: {escaped(repr(value), 40)} is not {IGNORE} or {FAIL}; "
-            f"failure policy {policy} (from {source}) applies")
+    return (
+        f"{kind} {key}: {escaped(repr(value), 40)} is not {IGNORE} or {FAIL}; "
+        f"failure policy {policy} (from {source}) applies"
+    )
 
 
 def failure_policy_why(ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str]) -> tuple[str, str]:
@@ -224,12 +230,18 @@ def failure_policy_why(ns: Optional[NamespaceInfo], config: Config, cluster_poli
     if _valid(value):
         return policy, f"the namespace's annotation {key}" + note
     if label is not None:
-        why = (f"the label {label}={class_value!r} is not Ignore or Fail, so " if class_value is not None
-               else f"no label {label}, so ")
+        why = (
+            f"the label {label}={class_value!r} is not Ignore or Fail, so "
+            if class_value is not None
+            else f"no label {label}, so "
+        )
     else:
         why = ""
-    why += (f"the annotation {key}={value!r} is not Ignore or Fail, so " if value is not None
-            else (f"no annotation {key}, so " if label is None else ""))
+    why += (
+        f"the annotation {key}={value!r} is not Ignore or Fail, so "
+        if value is not None
+        else (f"no annotation {key}, so " if label is None else "")
+    )
     if config.failure_policy != FailurePolicy.AUTO:
         return policy, why + f"the config's failure_policy {config.failure_policy}" + note
     if cluster_policy in (IGNORE, FAIL):
@@ -238,8 +250,13 @@ def failure_policy_why(ns: Optional[NamespaceInfo], config: Config, cluster_poli
 
 
 def route(
-    ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str], *, validation: bool = False,
-    cache: Optional[Memo[str, ResolvedChain]] = None, explain: bool = False,
+    ns: Optional[NamespaceInfo],
+    config: Config,
+    cluster_policy: Optional[str],
+    *,
+    validation: bool = False,
+    cache: Optional[Memo[str, ResolvedChain]] = None,
+    explain: bool = False,
 ) -> Route:
     """
     Decide what to do for a review in namespace C{ns} (None: no such
@@ -268,8 +285,9 @@ def route(
             if cache is not None:
                 cache[raw] = resolved
         steps, url, bad, error = resolved
-        r = Route(True, policy, mode, url=url, raw_url=raw, steps=steps, error=error, bad_url=bad,
-                  policy_problem=problem)
+        r = Route(
+            True, policy, mode, url=url, raw_url=raw, steps=steps, error=error, bad_url=bad, policy_problem=problem
+        )
     return _explained(r, ns, config, cluster_policy, keys, key) if explain else r
 
 
@@ -297,8 +315,15 @@ def resolve_chain(raw: str, config: Config) -> ResolvedChain:
     pieces = chain_pieces(raw) or [raw]
     limit = config.endpoints.chain_limit
     if len(pieces) > limit:
-        return (), None, "", (Reason.CHAIN_TOO_LONG, f"the endpoint annotation names {len(pieces)} endpoints, "
-                                                     f"more than endpoints.chain_limit ({limit})")
+        return (
+            (),
+            None,
+            "",
+            (
+                Reason.CHAIN_TOO_LONG,
+                f"the endpoint annotation names {len(pieces)} endpoints, more than endpoints.chain_limit ({limit})",
+            ),
+        )
     for piece in pieces:
         # Before any parsing: a piece that still holds whitespace or a
         # control character (a CR, a tab, U+2028) is refused by name, as a
@@ -321,8 +346,14 @@ def resolve_chain(raw: str, config: Config) -> ResolvedChain:
     return steps_tuple, steps_tuple[0].url, "", None
 
 
-def _explained(r: Route, ns: Optional[NamespaceInfo], config: Config, cluster_policy: Optional[str],
-               keys: Sequence[str], key: Optional[str]) -> Route:
+def _explained(
+    r: Route,
+    ns: Optional[NamespaceInfo],
+    config: Config,
+    cluster_policy: Optional[str],
+    keys: Sequence[str],
+    key: Optional[str],
+) -> Route:
     """
     C{r} with its explanation: what L{route} decided for C{ns} and why, from
     what it decided with (the annotation C{key} it read of C{keys}, the
@@ -330,26 +361,60 @@ def _explained(r: Route, ns: Optional[NamespaceInfo], config: Config, cluster_po
     """
     kube = config.kubernetes
     labels = ns.labels if ns is not None else {}
-    events: list[Event] = [RouteDecided(
-        enabled=r.enabled, label=kube.enabled_label, value=kube.enabled_value, got=labels.get(kube.enabled_label),
-        exists=ns is not None, annotation=key, annotations=list(keys),
-        url=shown_url(r.raw_url) if r.raw_url else "", mode=r.mode, steps=[step.name for step in r.steps])]
+    events: list[Event] = [
+        RouteDecided(
+            enabled=r.enabled,
+            label=kube.enabled_label,
+            value=kube.enabled_value,
+            got=labels.get(kube.enabled_label),
+            exists=ns is not None,
+            annotation=key,
+            annotations=list(keys),
+            url=shown_url(r.raw_url) if r.raw_url else "",
+            mode=r.mode,
+            steps=[step.name for step in r.steps],
+        )
+    ]
     if r.enabled:
         allow = config.endpoints.allow
         patterns = [p.text for p in allow]
         if r.error is not None and r.raw_url:
             reason, message = r.error
             if r.url is None:
-                events.append(AllowChecked(url=shown_url(r.bad_url or r.raw_url), allowed=False, pattern=None,
-                                           reason=reason, error=message, patterns=patterns))
+                events.append(
+                    AllowChecked(
+                        url=shown_url(r.bad_url or r.raw_url),
+                        allowed=False,
+                        pattern=None,
+                        reason=reason,
+                        error=message,
+                        patterns=patterns,
+                    )
+                )
             else:
                 pattern = next((p.text for p in allow if p.matches(r.url)), None)
-                events.append(AllowChecked(url=shown_url(r.url), allowed=pattern is not None, pattern=pattern,
-                                           reason=reason, error=message, patterns=patterns))
+                events.append(
+                    AllowChecked(
+                        url=shown_url(r.url),
+                        allowed=pattern is not None,
+                        pattern=pattern,
+                        reason=reason,
+                        error=message,
+                        patterns=patterns,
+                    )
+                )
         for step in r.steps:
             pattern = next((p.text for p in allow if p.matches(step.url)), None)
-            events.append(AllowChecked(url=shown_url(step.url), allowed=pattern is not None, pattern=pattern, reason="",
-                                       error="", patterns=patterns))
+            events.append(
+                AllowChecked(
+                    url=shown_url(step.url),
+                    allowed=pattern is not None,
+                    pattern=pattern,
+                    reason="",
+                    error="",
+                    patterns=patterns,
+                )
+            )
         _, why = failure_policy_why(ns, config, cluster_policy)
         events.append(PolicyChosen(policy=r.failure_policy, why=why))
     return replace(r, explanation=tuple(events))

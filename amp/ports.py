@@ -67,7 +67,7 @@ def _processes_holding(inodes: set[str], proc: Path = Path("/proc")) -> Iterator
             except OSError:  # closed meanwhile (or the process is gone)
                 continue
             command = " ".join(" ".join(a.decode(errors="replace") for a in argv).split())
-            yield int(entry.name), command if len(command) <= _COMMAND_SHOWN else command[:_COMMAND_SHOWN - 3] + "..."
+            yield int(entry.name), command if len(command) <= _COMMAND_SHOWN else command[: _COMMAND_SHOWN - 3] + "..."
             break
 
 

@@ -117,18 +117,40 @@ class Reason(StrEnum):
 ROUTE_REASONS = frozenset({Reason.NO_ENDPOINT, Reason.BAD_URL, Reason.NOT_ALLOWED, Reason.CHAIN_TOO_LONG})
 
 #: Named failures of one endpoint call.
-ENDPOINT_REASONS = frozenset({
-    Reason.TIMEOUT, Reason.CONNECTION_REFUSED, Reason.CONNECTION_RESET, Reason.CONNECTION_FAILED,
-    Reason.DENIED_ADDRESS, Reason.TLS_ERROR, Reason.REDIRECT, Reason.HTTP_4XX, Reason.HTTP_5XX,
-    Reason.RESPONSE_TOO_LARGE, Reason.RESPONSE_HEADERS_TOO_LARGE, Reason.REPLY_BUFFER_FULL, Reason.INVALID_JSON,
-    Reason.INVALID_REPLY, Reason.BREAKER_OPEN, Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT, Reason.LATENCY_BUDGET,
-})
+ENDPOINT_REASONS = frozenset(
+    {
+        Reason.TIMEOUT,
+        Reason.CONNECTION_REFUSED,
+        Reason.CONNECTION_RESET,
+        Reason.CONNECTION_FAILED,
+        Reason.DENIED_ADDRESS,
+        Reason.TLS_ERROR,
+        Reason.REDIRECT,
+        Reason.HTTP_4XX,
+        Reason.HTTP_5XX,
+        Reason.RESPONSE_TOO_LARGE,
+        Reason.RESPONSE_HEADERS_TOO_LARGE,
+        Reason.REPLY_BUFFER_FULL,
+        Reason.INVALID_JSON,
+        Reason.INVALID_REPLY,
+        Reason.BREAKER_OPEN,
+        Reason.QUEUE_FULL,
+        Reason.QUEUE_TIMEOUT,
+        Reason.LATENCY_BUDGET,
+    }
+)
 
 #: Why amp refused an endpoint's patch.
-PATCH_REASONS = frozenset({
-    Reason.INVALID_PATCH, Reason.REFUSED_PATH, Reason.APPLY_FAILED, Reason.TOO_MANY_OPERATIONS,
-    Reason.INVALID_POD, Reason.PATCH_TOO_LARGE,
-})
+PATCH_REASONS = frozenset(
+    {
+        Reason.INVALID_PATCH,
+        Reason.REFUSED_PATH,
+        Reason.APPLY_FAILED,
+        Reason.TOO_MANY_OPERATIONS,
+        Reason.INVALID_POD,
+        Reason.PATCH_TOO_LARGE,
+    }
+)
 
 #: Why amp did not act on a Pod it was asked about (the Pod opted out with
 #: the enable label, or it is in amp's own or a protected namespace).
@@ -147,8 +169,9 @@ REFUSED_REPLY_REASONS = PATCH_REASONS - {Reason.PATCH_TOO_LARGE}
 #: Values of C{amp_endpoint_requests_total{outcome}}: C{ok}, every endpoint
 #: reason, the reason amp refused a reply the endpoint gave, and
 #: C{cancelled} (the caller gave up before the call ended).
-ENDPOINT_OUTCOMES = (("ok",) + tuple(sorted(ENDPOINT_REASONS)) + tuple(sorted(REFUSED_REPLY_REASONS))
-                     + (Reason.CANCELLED.value,))
+ENDPOINT_OUTCOMES = (
+    ("ok",) + tuple(sorted(ENDPOINT_REASONS)) + tuple(sorted(REFUSED_REPLY_REASONS)) + (Reason.CANCELLED.value,)
+)
 
 
 class FailurePolicy(StrEnum):
@@ -214,4 +237,3 @@ class Verdict(StrEnum):
     #: Nothing was learned about the endpoint (cancelled, amp's own limit
     #: or the review's deadline): the breaker counts nothing.
     RELEASE = "release"
-

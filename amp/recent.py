@@ -132,11 +132,17 @@ class RecentDecisions:
             if canary is not None:
                 d = replace(d, canary=canary[0], canary_paths=canary[1])
         if max(len(d.uid), len(d.namespace), len(d.pod), len(d.endpoint), len(d.reason)) > FIELD_LIMIT or (
-                len(d.message) > MESSAGE_LIMIT):
+            len(d.message) > MESSAGE_LIMIT
+        ):
             d = replace(
-                d, uid=_clip(d.uid, FIELD_LIMIT), namespace=_clip(d.namespace, FIELD_LIMIT),
-                pod=_clip(d.pod, FIELD_LIMIT), endpoint=_clip(d.endpoint, FIELD_LIMIT),
-                reason=_clip(d.reason, FIELD_LIMIT), message=_clip(d.message, MESSAGE_LIMIT))
+                d,
+                uid=_clip(d.uid, FIELD_LIMIT),
+                namespace=_clip(d.namespace, FIELD_LIMIT),
+                pod=_clip(d.pod, FIELD_LIMIT),
+                endpoint=_clip(d.endpoint, FIELD_LIMIT),
+                reason=_clip(d.reason, FIELD_LIMIT),
+                message=_clip(d.message, MESSAGE_LIMIT),
+            )
         self._decisions.append(d)
 
     def annotate(self, uid: str, canary: str, paths: tuple[str, ...]) -> None:
@@ -158,16 +164,24 @@ class RecentDecisions:
         self._early[_clip(uid, FIELD_LIMIT)] = (canary, paths)
 
     def select(
-        self, *, namespace: Optional[str] = None, pod: Optional[str] = None, uid: Optional[str] = None,
+        self,
+        *,
+        namespace: Optional[str] = None,
+        pod: Optional[str] = None,
+        uid: Optional[str] = None,
         trace_id: Optional[str] = None,
     ) -> list[Decision]:
         """
         The decisions held, oldest first, that match every filter given.
         """
         return [
-            d for d in self._decisions
-            if (namespace is None or d.namespace == namespace) and (pod is None or d.pod == pod)
-            and (uid is None or d.uid == uid) and (trace_id is None or d.trace_id == trace_id)]
+            d
+            for d in self._decisions
+            if (namespace is None or d.namespace == namespace)
+            and (pod is None or d.pod == pod)
+            and (uid is None or d.uid == uid)
+            and (trace_id is None or d.trace_id == trace_id)
+        ]
 
     def __len__(self) -> int:
         return len(self._decisions)
@@ -218,8 +232,11 @@ class RecentDecisionsResource(Resource):
             request.setHeader(b"content-type", b"text/plain; charset=utf-8")
             return f"format: expected json or jsonl, got {fmt!r}\n".encode("utf-8")
         decisions = self._recent.select(
-            namespace=_arg(request, b"namespace"), pod=_arg(request, b"pod"), uid=_arg(request, b"uid"),
-            trace_id=_arg(request, b"trace_id"))
+            namespace=_arg(request, b"namespace"),
+            pod=_arg(request, b"pod"),
+            uid=_arg(request, b"uid"),
+            trace_id=_arg(request, b"trace_id"),
+        )
         request.setHeader(b"content-type", b"application/x-ndjson" if fmt == "jsonl" else b"application/json")
         request.setHeader(b"cache-control", b"no-store")
         return _encode(decisions, fmt == "jsonl")

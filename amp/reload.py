@@ -309,9 +309,16 @@ class ConfigFile:
 
     log = Logger()
 
-    def __init__(self, path: str, running: Config, apply: Callable[[Config], None],
-                 metrics: Optional[Metrics] = None, seen: Optional[Observed] = None, *,
-                 in_thread: InThread) -> None:
+    def __init__(
+        self,
+        path: str,
+        running: Config,
+        apply: Callable[[Config], None],
+        metrics: Optional[Metrics] = None,
+        seen: Optional[Observed] = None,
+        *,
+        in_thread: InThread,
+    ) -> None:
         """
         @param path: the file C{running} was loaded from.
         @param apply: puts a new configuration in force; called with the
@@ -361,8 +368,13 @@ class ConfigFile:
 
     def _unexpected(self, failure: Any, trigger: str) -> bool:
         self._count("error")
-        self.log.failure("Config {path} not reloaded ({trigger}), still running config {hash}", failure,
-                         path=self.path, trigger=trigger, hash=self.digest)
+        self.log.failure(
+            "Config {path} not reloaded ({trigger}), still running config {hash}",
+            failure,
+            path=self.path,
+            trigger=trigger,
+            hash=self.digest,
+        )
         return False
 
     def _settle(self, loaded: Loaded, trigger: str) -> bool:
@@ -377,34 +389,56 @@ class ConfigFile:
                 self._refused[loaded.content] = None
                 if len(self._refused) > REFUSED_REMEMBERED:
                     self._refused.popitem(last=False)
-                self.log.warn("Config {path} not reloaded ({trigger}), still running config {hash}: {error}",
-                              path=self.path, trigger=trigger, hash=self.digest, error=loaded.error)
+                self.log.warn(
+                    "Config {path} not reloaded ({trigger}), still running config {hash}: {error}",
+                    path=self.path,
+                    trigger=trigger,
+                    hash=self.digest,
+                    error=loaded.error,
+                )
             return False
         effective, kept = for_reload(self.running, loaded.config)
         if kept:
             self.log.warn(
                 "Config {path}: {keys} changed but only take effect on a restart; running with the old "
-                "values of these keys", path=self.path, keys=", ".join(kept), kept=kept)
+                "values of these keys",
+                path=self.path,
+                keys=", ".join(kept),
+                kept=kept,
+            )
         digest = config_digest(effective)
         if digest == self.digest:
             self._count("success")
-            self.log.info("Config {path} reloaded ({trigger}): no change in force ({hash})",
-                          path=self.path, trigger=trigger, hash=digest)
+            self.log.info(
+                "Config {path} reloaded ({trigger}): no change in force ({hash})",
+                path=self.path,
+                trigger=trigger,
+                hash=digest,
+            )
             return False
         try:
             self._apply(effective)
         except Exception:
             self._count("error")
-            self.log.failure("Config {path} not reloaded ({trigger}), still running config {hash}",
-                             path=self.path, trigger=trigger, hash=self.digest)
+            self.log.failure(
+                "Config {path} not reloaded ({trigger}), still running config {hash}",
+                path=self.path,
+                trigger=trigger,
+                hash=self.digest,
+            )
             return False
         previous, self.running, self.digest = self.digest, effective, digest
         if self._metrics is not None:
             self._metrics.config_info.remove(previous)
             self._metrics.config_info.labels(hash=digest).set(1)
         self._count("success")
-        self.log.info("Config {path} reloaded ({trigger}): config {hash} replaces {previous}",
-                      path=self.path, trigger=trigger, hash=digest, previous=previous)
+        self.log.info(
+            "Config {path} reloaded ({trigger}): config {hash} replaces {previous}",
+            path=self.path,
+            trigger=trigger,
+            hash=digest,
+            previous=previous,
+        )
         return True
 
     def _count(self, result: str) -> None:

@@ -110,8 +110,10 @@ def _decode(body: bytes) -> Any:
     # could not encode its answer with one (L{amp.text}).
     surrogate = lone_surrogate(doc) if may_hold_surrogate(body) else None
     if surrogate is not None:
-        raise ReplyError("invalid-json", f"endpoint reply holds a string that is not valid Unicode (a lone "
-                                         f"surrogate escape) at {surrogate}")
+        raise ReplyError(
+            "invalid-json",
+            f"endpoint reply holds a string that is not valid Unicode (a lone surrogate escape) at {surrogate}",
+        )
     return doc
 
 
@@ -134,8 +136,10 @@ def parse_reply(body: bytes) -> EndpointDecision:
     if isinstance(doc, list):
         return EndpointDecision(patch=doc)
     if not isinstance(doc, dict):
-        raise ReplyError("invalid-reply", f"endpoint reply is a JSON {_json_type(doc)}, "
-                                          "expected an array of patch operations or an object")
+        raise ReplyError(
+            "invalid-reply",
+            f"endpoint reply is a JSON {_json_type(doc)}, expected an array of patch operations or an object",
+        )
     unknown = set(doc) - _OBJECT_KEYS
     if unknown:
         raise ReplyError("invalid-reply", f"endpoint reply has unknown key {sorted(unknown)[0]!r}")

@@ -22,10 +22,22 @@ if TYPE_CHECKING:
     from amp.config import KubernetesConfig
 
 __all__ = [
-    "CANARY_ANNOTATION", "CANARY_PERCENT_ANNOTATION", "CANARY_STEP_ANNOTATION", "NAMESPACE_FEATURE_ANNOTATIONS",
-    "KnownNamespace", "Namespace", "RECORD_ANNOTATION", "LEGACY_SKIPPED_ANNOTATION", "STAMP_ANNOTATIONS",
-    "STATUS_ANNOTATION", "is_enabled", "labels_opt_out", "mode",
-    "opted_out", "own_pods_warning", "protected_namespaces",
+    "CANARY_ANNOTATION",
+    "CANARY_PERCENT_ANNOTATION",
+    "CANARY_STEP_ANNOTATION",
+    "NAMESPACE_FEATURE_ANNOTATIONS",
+    "KnownNamespace",
+    "Namespace",
+    "RECORD_ANNOTATION",
+    "LEGACY_SKIPPED_ANNOTATION",
+    "STAMP_ANNOTATIONS",
+    "STATUS_ANNOTATION",
+    "is_enabled",
+    "labels_opt_out",
+    "mode",
+    "opted_out",
+    "own_pods_warning",
+    "protected_namespaces",
 ]
 
 #: The status stamp on every Pod amp reviews: C{<status> [<reason>] <endpoint>}.
@@ -46,8 +58,12 @@ CANARY_STEP_ANNOTATION = "amp.txn2.com/canary-step"
 RECORD_ANNOTATION = "amp.txn2.com/record"
 #: Namespace annotations of amp's features beyond routing, which the
 #: namespace source keeps.
-NAMESPACE_FEATURE_ANNOTATIONS = (CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION,
-                                 RECORD_ANNOTATION)
+NAMESPACE_FEATURE_ANNOTATIONS = (
+    CANARY_ANNOTATION,
+    CANARY_PERCENT_ANNOTATION,
+    CANARY_STEP_ANNOTATION,
+    RECORD_ANNOTATION,
+)
 
 
 class Namespace(Protocol):
@@ -123,11 +139,15 @@ def own_pods_warning(ns: Optional[Namespace], kube: KubernetesConfig) -> Optiona
         return None
     assert ns is not None
     if ns.name in protected_namespaces(kube):
-        return (f"amp's own namespace {ns.name} is enabled ({kube.enabled_label}); amp will not "
-                "change its Pods (kubernetes.allow_protected_namespaces is off)")
-    return (f"amp's own namespace {ns.name} is enabled ({kube.enabled_label}) and "
-            "kubernetes.allow_protected_namespaces is on: amp reviews its own Pods, so while no replica is ready "
-            "new ones may not start")
+        return (
+            f"amp's own namespace {ns.name} is enabled ({kube.enabled_label}); amp will not "
+            "change its Pods (kubernetes.allow_protected_namespaces is off)"
+        )
+    return (
+        f"amp's own namespace {ns.name} is enabled ({kube.enabled_label}) and "
+        "kubernetes.allow_protected_namespaces is on: amp reviews its own Pods, so while no replica is ready "
+        "new ones may not start"
+    )
 
 
 def stamps(annotations: Mapping[str, Any]) -> bool:

@@ -74,17 +74,24 @@ def value_schema(kind: Kind) -> Schema:
     if name == "mapping":
         return dict(_STRING_MAP)
     if name == "list of matchExpressions":
-        return {"type": ["array", "null"], "items": {
-            "type": "object", "additionalProperties": False, "required": ["key", "operator"],
-            "properties": {"key": {"type": "string", "minLength": 1},
-                           "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
-                           "values": dict(_STRINGS)}}}
+        return {
+            "type": ["array", "null"],
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["key", "operator"],
+                "properties": {
+                    "key": {"type": "string", "minLength": 1},
+                    "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                    "values": dict(_STRINGS),
+                },
+            },
+        }
     raise ValueError(f"no schema for values of kind {name!r}; say in amp.schema what it accepts")
 
 
 def _closed(properties: dict[str, Schema]) -> Schema:
-    return {"type": ["object", "null"], "additionalProperties": False,
-            "properties": dict(sorted(properties.items()))}
+    return {"type": ["object", "null"], "additionalProperties": False, "properties": dict(sorted(properties.items()))}
 
 
 def _section(cls: type, leave_out: Sequence[str] = ()) -> dict[str, Schema]:
@@ -100,24 +107,28 @@ def _endpoints() -> Schema:
     override["required"] = ["match"]
     override["type"] = "object"
     kinds = declared_kinds(c.EndpointsConfig)
-    return _closed({
-        **settings,
-        "allow": value_schema(kinds["allow"]),
-        "deny_networks": value_schema(kinds["deny_networks"]),
-        "chain_limit": value_schema(kinds["chain_limit"]),
-        "max_buffered": value_schema(declared_kinds(c.EndpointSettings)["max_buffered"]),
-        "overrides": {"type": ["array", "null"], "items": override},
-    })
+    return _closed(
+        {
+            **settings,
+            "allow": value_schema(kinds["allow"]),
+            "deny_networks": value_schema(kinds["deny_networks"]),
+            "chain_limit": value_schema(kinds["chain_limit"]),
+            "max_buffered": value_schema(declared_kinds(c.EndpointSettings)["max_buffered"]),
+            "overrides": {"type": ["array", "null"], "items": override},
+        }
+    )
 
 
 def _kubernetes() -> Schema:
     # A static namespace: its labels and annotations, strings each.
     namespace = _closed({"labels": dict(_STRING_MAP), "annotations": dict(_STRING_MAP)})
-    return _closed({
-        **_section(c.KubernetesConfig, ("namespaces",)),
-        "bypass": _closed(_section(c.BypassConfig)),
-        "namespaces": {"type": ["object", "null"], "additionalProperties": namespace},
-    })
+    return _closed(
+        {
+            **_section(c.KubernetesConfig, ("namespaces",)),
+            "bypass": _closed(_section(c.BypassConfig)),
+            "namespaces": {"type": ["object", "null"], "additionalProperties": namespace},
+        }
+    )
 
 
 def config_schema() -> Schema:
@@ -138,8 +149,10 @@ def config_schema() -> Schema:
         else:
             properties[name] = _closed(_section(type(getattr(defaults, name))))
     schema = _closed(properties)
-    schema["description"] = ("amp's configuration (amp.yaml), generated from amp.config by "
-                             "`python -m amp.schema`: every key is in docs/config.md.")
+    schema["description"] = (
+        "amp's configuration (amp.yaml), generated from amp.config by "
+        "`python -m amp.schema`: every key is in docs/config.md."
+    )
     return schema
 
 
@@ -165,8 +178,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     old, new = _with_config(path, schema)
     if args.check is not None:
         if old != new:
-            sys.stderr.write(f"{path}: properties.config differs from amp's config declaration; "
-                             f"run: python -m amp.schema --write {path}\n")
+            sys.stderr.write(
+                f"{path}: properties.config differs from amp's config declaration; "
+                f"run: python -m amp.schema --write {path}\n"
+            )
             return 1
         return 0
     with open(path, "w", encoding="utf-8") as f:

@@ -116,7 +116,8 @@ class ListenerService(Service):
             return
         # An endpoint that listens later: report a failure when it comes.
         self._listening = d.addCallback(self._listened).addErrback(
-            lambda f: self.log.failure("Could not listen on {endpoint!r}", f, endpoint=self.endpoint))
+            lambda f: self.log.failure("Could not listen on {endpoint!r}", f, endpoint=self.endpoint)
+        )
 
     def _listened(self, result: Any) -> None:
         if isinstance(result, Failure):
@@ -138,8 +139,9 @@ class ListenerService(Service):
         return None
 
 
-def serving_certificate(config: TLSConfig, clock: IReactorTime, metrics: Optional[Metrics] = None,
-                        secret: Optional[str] = None) -> ReloadingCertificate:
+def serving_certificate(
+    config: TLSConfig, clock: IReactorTime, metrics: Optional[Metrics] = None, secret: Optional[str] = None
+) -> ReloadingCertificate:
     """
     The serving certificate named by C{tls.*}, loaded; with C{secret} (amp's
     own certificates, C{registration.secret}: that Secret's name, shown), in
@@ -149,19 +151,34 @@ def serving_certificate(config: TLSConfig, clock: IReactorTime, metrics: Optiona
     @raises amp.tls.CertificateError: naming the file and the problem.
     """
     if secret is not None:
-        return ReloadingCertificate(f"Secret {secret} tls.crt", f"Secret {secret} tls.key", clock=clock,
-                                    client_ca=config.client_ca, min_version=config.min_version, metrics=metrics,
-                                    memory=True)
+        return ReloadingCertificate(
+            f"Secret {secret} tls.crt",
+            f"Secret {secret} tls.key",
+            clock=clock,
+            client_ca=config.client_ca,
+            min_version=config.min_version,
+            metrics=metrics,
+            memory=True,
+        )
     certificate = ReloadingCertificate(
-        config.cert, config.key, clock=clock, client_ca=config.client_ca, min_version=config.min_version,
-        metrics=metrics)
+        config.cert,
+        config.key,
+        clock=clock,
+        client_ca=config.client_ca,
+        min_version=config.min_version,
+        metrics=metrics,
+    )
     certificate.load()
     return certificate
 
 
 def namespace_source(
-    config: Config, reactor: IAmpReactor, metrics: Metrics, on_first_list: Optional[Callable[[], None]] = None,
-    on_webhook: Optional[Callable[[Any], None]] = None, terms: Sequence[LeaseTerm] = (),
+    config: Config,
+    reactor: IAmpReactor,
+    metrics: Metrics,
+    on_first_list: Optional[Callable[[], None]] = None,
+    on_webhook: Optional[Callable[[Any], None]] = None,
+    terms: Sequence[LeaseTerm] = (),
 ) -> INamespaceSource:
     """
     The namespace source named by C{kubernetes.source}; C{on_webhook} is
@@ -180,15 +197,20 @@ def namespace_source(
         return static
     from amp.kube import KubernetesNamespaceSource
 
-    return KubernetesNamespaceSource(config.kubernetes, reactor=reactor, metrics=metrics,
-                                     on_first_list=on_first_list, on_webhook=on_webhook, terms=terms)
+    return KubernetesNamespaceSource(
+        config.kubernetes,
+        reactor=reactor,
+        metrics=metrics,
+        on_first_list=on_first_list,
+        on_webhook=on_webhook,
+        terms=terms,
+    )
 
 
 def _amp_annotation(config: Config) -> KeptAnnotations:
     """Annotation keys that are amp's own (recording's redaction keeps their values)."""
     kube = config.kubernetes
-    own = {*kube.endpoint_annotations, kube.validation_annotation, kube.failure_policy_annotation,
-           kube.mode_annotation}
+    own = {*kube.endpoint_annotations, kube.validation_annotation, kube.failure_policy_annotation, kube.mode_annotation}
     return KeptAnnotations(("amp.txn2.com/",), frozenset(own))
 
 
@@ -312,38 +334,58 @@ class AmpService(MultiService):
         adopt(certificate_reload, self)
         self.sighup.add(certificate_reload.what, certificate_reload.reload_now)
         #: Records chosen reviews when C{record.enabled} (L{amp.record}).
-        self.recorder = Recorder(config.record, reactor, metrics,
-                                 keep_annotation=_amp_annotation(config))
+        self.recorder = Recorder(config.record, reactor, metrics, keep_annotation=_amp_annotation(config))
         adopt(self.recorder, self)
         #: The last decisions, served on the metrics port (C{metrics.debug_reviews}).
         self.recent = RecentDecisions(config.metrics.debug_reviews)
         # Candidates have an endpoint client of their own: their own pools,
         # bulkheads and breakers, and metrics apart from the live endpoints'.
-        self.canary_client = EndpointClient(reactor, Metrics(), BreakerRegistry(reactor, random=random.random),
-                                            connector=connector)
+        self.canary_client = EndpointClient(
+            reactor, Metrics(), BreakerRegistry(reactor, random=random.random), connector=connector
+        )
         adopt(EndpointClientService(self.canary_client), self)
-        self.canary = Canary(self.canary_client, reactor, metrics,
-                             annotate=lambda uid, result, paths: self.recent.annotate(uid, result, paths))
+        self.canary = Canary(
+            self.canary_client,
+            reactor,
+            metrics,
+            annotate=lambda uid, result, paths: self.recent.annotate(uid, result, paths),
+        )
         self.admitter = self._admitter(config, self.namespaces)
-        routes = webhook_routes(self.admitter, reactor, metrics, {
-            "listener": self._listener_readiness,
-            "certificate": certificate.readiness,
-            "namespaces": lambda: self.namespaces.readiness(),
-        }, recent=self.recent)
+        routes = webhook_routes(
+            self.admitter,
+            reactor,
+            metrics,
+            {
+                "listener": self._listener_readiness,
+                "certificate": certificate.readiness,
+                "namespaces": lambda: self.namespaces.readiness(),
+            },
+            recent=self.recent,
+        )
         self._admission = [h for h in routes.values() if isinstance(h, ReviewHandler)]
         #: OpenTelemetry tracing of reviews (C{tracing}; off by default).
-        self.tracing = Tracing(config.tracing, reactor,
-                               lambda count, reason: metrics.trace_spans_dropped.labels(reason=reason).inc(count),
-                               environ=environ)
+        self.tracing = Tracing(
+            config.tracing,
+            reactor,
+            lambda count, reason: metrics.trace_spans_dropped.labels(reason=reason).inc(count),
+            environ=environ,
+        )
         adopt(self.tracing, self)
         for handler in self._admission:
             handler.tracing = self.tracing
         listen = config.listen
         #: The webhook listener's factory: its connections, limits and drain.
         self.webhook_server = HTTPServerFactory(
-            routes, reactor=reactor, metrics=metrics, max_body=listen.max_body,
-            max_connections=listen.max_connections, request_timeout=listen.request_timeout,
-            idle_timeout=listen.idle_timeout, not_found=not_found, on_connections=on_connections)
+            routes,
+            reactor=reactor,
+            metrics=metrics,
+            max_body=listen.max_body,
+            max_connections=listen.max_connections,
+            request_timeout=listen.request_timeout,
+            idle_timeout=listen.idle_timeout,
+            not_found=not_found,
+            on_connections=on_connections,
+        )
         self.webhook = ListenerService(webhook_endpoint, self.webhook_server)
         adopt(self.webhook, self)
         self.metrics_listener: Optional[ListenerService] = None
@@ -363,8 +405,13 @@ class AmpService(MultiService):
         self.config_file: Optional[ConfigFile] = None
         self.config_reload: Optional[ConfigReloadService] = None
         if config_path is not None:
-            self.config_file = ConfigFile(config_path, config, self.apply, metrics,
-                                          in_thread=in_thread if in_thread is not None else in_thread_pool(reactor))
+            self.config_file = ConfigFile(
+                config_path,
+                config,
+                self.apply,
+                metrics,
+                in_thread=in_thread if in_thread is not None else in_thread_pool(reactor),
+            )
             self.config_reload = ConfigReloadService(self.config_file, reactor=reactor, interval=config.reload_interval)
             adopt(self.config_reload, self)
             self.sighup.add(self.config_reload.what, self.config_reload.reload_now)
@@ -409,8 +456,9 @@ class AmpService(MultiService):
             applied(config)
 
     def _admitter(self, config: Config, namespaces: INamespaceSource) -> Admitter:
-        return Admitter(config, namespaces, self.endpoint_client, self.reactor, self.metrics, self.recorder,
-                        self.canary)
+        return Admitter(
+            config, namespaces, self.endpoint_client, self.reactor, self.metrics, self.recorder, self.canary
+        )
 
     def _listener_readiness(self) -> tuple[bool, str]:
         if self.draining:
@@ -438,9 +486,12 @@ class AmpService(MultiService):
         self.log.info(
             "Shutting down: not ready, not accepting connections; answering the reviews in flight on "
             "{count} open connections within {timeout:g}s (listen.drain_timeout)",
-            count=self.webhook_server.open_connections, timeout=timeout)
+            count=self.webhook_server.open_connections,
+            timeout=timeout,
+        )
         drained: Deferred[int] = maybeDeferred(self.webhook.stopService).addCallback(
-            lambda _: self.webhook_server.drain(timeout))
+            lambda _: self.webhook_server.drain(timeout)
+        )
 
         def report(aborted: int) -> None:
             if not aborted:
@@ -454,7 +505,8 @@ class AmpService(MultiService):
         def stop_the_rest(_: object) -> Deferred[None]:
             rest = [s for s in reversed(list(self)) if s is not self.webhook and s not in self._drain_with]
             return DeferredList([maybeDeferred(s.stopService) for s in rest], consumeErrors=True).addCallback(
-                self._log_stop_errors)
+                self._log_stop_errors
+            )
 
         done.addCallback(stop_the_rest)
         return done.addCallback(lambda _: None)
@@ -465,8 +517,7 @@ class AmpService(MultiService):
                 self.log.failure("A part of amp failed to stop", result)
 
     def startService(self) -> None:
-        self.log.info("amp {version} starting: {summary}", version=__version__,
-                      summary=config_summary(self.config))
+        self.log.info("amp {version} starting: {summary}", version=__version__, summary=config_summary(self.config))
         MultiService.startService(self)
         try:
             ready = self.namespaces.readiness()[0]

@@ -66,8 +66,19 @@ class LatencyBudget:
     @param window: the calls the objective is taken over.
     """
 
-    __slots__ = ("budget", "window", "_allowed", "_bits", "_next", "_seen", "_over", "_shedding", "_probing",
-                 "_epoch", "shed")
+    __slots__ = (
+        "budget",
+        "window",
+        "_allowed",
+        "_bits",
+        "_next",
+        "_seen",
+        "_over",
+        "_shedding",
+        "_probing",
+        "_epoch",
+        "shed",
+    )
 
     def __init__(self, budget: float, window: int) -> None:
         if budget <= 0 or window < 1:

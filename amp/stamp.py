@@ -136,14 +136,15 @@ def render_stamp(marks: dict[str, Mark]) -> str:
         elif not mark.skipped:
             unchanged.append(name)
     clauses = [" ".join((Status.SKIPPED, reason, *names)) for reason, names in skipped.items()]
-    clauses += [" ".join((status, *names)) for status, names in ((Status.MUTATED, mutated),
-                                                                  (Status.UNCHANGED, unchanged)) if names]
+    clauses += [
+        " ".join((status, *names))
+        for status, names in ((Status.MUTATED, mutated), (Status.UNCHANGED, unchanged))
+        if names
+    ]
     return _CLAUSES.join(clauses)
 
 
-def next_stamp(
-    incoming: Optional[str], outcomes: Iterable[tuple[str, Status, str]], limit: int = STATUS_LIMIT
-) -> str:
+def next_stamp(incoming: Optional[str], outcomes: Iterable[tuple[str, Status, str]], limit: int = STATUS_LIMIT) -> str:
     """
     The stamp after a round: C{incoming} (the stamp the Pod came with)
     merged with this round's C{outcomes}, C{(endpoint, status, reason)}

@@ -82,8 +82,10 @@ def kubernetes_problem(
     except Exception as e:
         detail = " ".join(f"{type(e).__name__}: {e}".split())
         if config.source == "cluster":
-            return (f"kubernetes.source: cluster, but the in-cluster service account cannot be loaded ({detail}); "
-                    f"outside a cluster use source: kubeconfig or static")
+            return (
+                f"kubernetes.source: cluster, but the in-cluster service account cannot be loaded ({detail}); "
+                f"outside a cluster use source: kubeconfig or static"
+            )
         context = f" (context {config.context})" if config.context else ""
         key = "kubernetes.context" if config.context and "context" in detail.lower() else "kubernetes.kubeconfig"
         return f"{key}: cannot load {config.kubeconfig}{context}: {detail}"

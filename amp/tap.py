@@ -31,16 +31,29 @@ class Options(usage.Options):
     longdesc = "Run amp, the admission mutation proxy for Kubernetes."
     optParameters = [
         ["config", "c", "etc/amp.yaml", "Path to amp's YAML configuration."],
-        ["worker", None, 0, "Which worker this process is (0 to workers-1); set by worker 0 for its children.",
-         int],
-        ["listen-fd", None, None, "Workers above 0: the descriptor of the webhook socket worker 0 shares; "
-                                  "set by worker 0.", int],
-        ["load-table-fd", None, None, "Workers above 0: the descriptor of the workers' load table; "
-                                      "set by worker 0.", int],
+        ["worker", None, 0, "Which worker this process is (0 to workers-1); set by worker 0 for its children.", int],
+        [
+            "listen-fd",
+            None,
+            None,
+            "Workers above 0: the descriptor of the webhook socket worker 0 shares; set by worker 0.",
+            int,
+        ],
+        [
+            "load-table-fd",
+            None,
+            None,
+            "Workers above 0: the descriptor of the workers' load table; set by worker 0.",
+            int,
+        ],
     ]
     optFlags = [
-        ["check", None, "Check the configuration and certificate, print the effective configuration "
-                        "(defaults filled in, as YAML), then exit."],
+        [
+            "check",
+            None,
+            "Check the configuration and certificate, print the effective configuration "
+            "(defaults filled in, as YAML), then exit.",
+        ],
     ]
 
     config: Config
@@ -71,19 +84,21 @@ class Options(usage.Options):
         if workers > 1 and self.config.listen.port == 0:
             raise SystemExit(
                 f"amp: config {path}: listen.port: workers share the webhook port, so it cannot be 0 "
-                f"(workers: {workers})")
+                f"(workers: {workers})"
+            )
         metrics_port = self.config.metrics.port
         if metrics_port and metrics_port + workers - 1 > 65535:
             raise SystemExit(
-                f"amp: config {path}: metrics.port: {metrics_port} + one port per worker "
-                f"({workers}) goes past 65535")
+                f"amp: config {path}: metrics.port: {metrics_port} + one port per worker ({workers}) goes past 65535"
+            )
         if not 0 <= self["worker"] < workers:
             raise usage.UsageError(f"--worker: expected 0 to {workers - 1} (workers: {workers}), got {self['worker']}")
         inherited = self["listen-fd"] is not None, self["load-table-fd"] is not None
         if self["worker"] > 0 and not all(inherited):
             raise usage.UsageError(
                 f"--worker {self['worker']}: needs --listen-fd and --load-table-fd (worker 0 starts the other "
-                f"workers with the webhook socket and load table they share)")
+                f"workers with the webhook socket and load table they share)"
+            )
         if self["worker"] == 0 and any(inherited):
             raise usage.UsageError("--listen-fd and --load-table-fd: only for workers above 0")
 
@@ -187,7 +202,8 @@ def makeService(options: Options, reactor: Optional[IAmpReactor] = None) -> Any:
     metrics_endpoint = None
     if config.metrics.port:
         metrics_endpoint = serverFromString(
-            reactor, tcp_description(config.metrics.port + worker, config.metrics.interface))
+            reactor, tcp_description(config.metrics.port + worker, config.metrics.interface)
+        )
 
     def first_list() -> None:
         freeze_startup_objects()
@@ -213,39 +229,69 @@ def makeService(options: Options, reactor: Optional[IAmpReactor] = None) -> Any:
         # With registration.secret, amp's own CA and serving certificate:
         # every replica serves the Secret's pair; the Lease holder rotates it.
         if own_secret is not None and not own:
-            raise SystemExit(f"{stop}registration.secret: amp's own namespace (the Secret's) is unknown: set "
-                             "kubernetes.own_namespace")
+            raise SystemExit(
+                f"{stop}registration.secret: amp's own namespace (the Secret's) is unknown: set "
+                "kubernetes.own_namespace"
+            )
         if own_secret is not None and own:
             from amp.kube._client import KubeClient
             from amp.registration import SecretCertificates
 
             own_certificates = SecretCertificates(
-                config, reactor=reactor, clock=reactor, certificate=certificate,
-                client=KubeClient.from_config(config.kubernetes), namespace=own,
-                identity=f"{socket.gethostname()}-{os.getpid()}", metrics=metrics)
-        keeper = RegistrationKeeper(config, reactor=reactor, clock=reactor, metrics=metrics, own_namespace=own,
-                                    bundle=(lambda: own_certificates.bundle) if own_certificates is not None else None)
+                config,
+                reactor=reactor,
+                clock=reactor,
+                certificate=certificate,
+                client=KubeClient.from_config(config.kubernetes),
+                namespace=own,
+                identity=f"{socket.gethostname()}-{os.getpid()}",
+                metrics=metrics,
+            )
+        keeper = RegistrationKeeper(
+            config,
+            reactor=reactor,
+            clock=reactor,
+            metrics=metrics,
+            own_namespace=own,
+            bundle=(lambda: own_certificates.bundle) if own_certificates is not None else None,
+        )
         certificate.on_install.append(keeper.refresh)
         if own_certificates is not None:
             own_certificates.on_bundle.append(keeper.refresh)
-    told = [f for f in (registration.seen if registration is not None else None,
-                        keeper.seen if keeper is not None else None,
-                        own_certificates.seen if own_certificates is not None else None) if f is not None]
+    told = [
+        f
+        for f in (
+            registration.seen if registration is not None else None,
+            keeper.seen if keeper is not None else None,
+            own_certificates.seen if own_certificates is not None else None,
+        )
+        if f is not None
+    ]
 
     def on_webhook(obj: Any) -> None:
         for tell in told:
             tell(obj)
 
     service = AmpService(
-        config, reactor,
+        config,
+        reactor,
         certificate=certificate,
         webhook_endpoint=tls_endpoint(reactor, listen.port, listen.interface, certificate, inner=shared),
         metrics_endpoint=metrics_endpoint,
-        namespaces=namespace_source(config, reactor, metrics, on_first_list=first_list,
-                                    on_webhook=on_webhook if told else None,
-                                    terms=tuple(t for t in (keeper, own_certificates) if t is not None)),
-        metrics=metrics, log_observer=observer, freeze_gc=True, config_path=options["config"],
-        on_connections=shared.connections_changed if shared is not None else None)
+        namespaces=namespace_source(
+            config,
+            reactor,
+            metrics,
+            on_first_list=first_list,
+            on_webhook=on_webhook if told else None,
+            terms=tuple(t for t in (keeper, own_certificates) if t is not None),
+        ),
+        metrics=metrics,
+        log_observer=observer,
+        freeze_gc=True,
+        config_path=options["config"],
+        on_connections=shared.connections_changed if shared is not None else None,
+    )
     if registration is not None:
         service.on_apply.append(registration.config_changed)
     if keeper is not None:
@@ -256,8 +302,14 @@ def makeService(options: Options, reactor: Optional[IAmpReactor] = None) -> Any:
         print_effective_config(config)
         raise SystemExit(0)
     if worker == 0 and shared is not None:
-        monitor = supervise(options["config"], config.workers, reactor, listen.drain_timeout,
-                            shared=shared.descriptors, on_exit=shared.worker_exited)
+        monitor = supervise(
+            options["config"],
+            config.workers,
+            reactor,
+            listen.drain_timeout,
+            shared=shared.descriptors,
+            on_exit=shared.worker_exited,
+        )
         service.drain_with(monitor)
         service.sighup.add("the workers", monitor.signal_workers)
     elif worker > 0:

@@ -94,11 +94,7 @@ ALPN_PROTOCOL = b"http/1.1"
 
 _MIN_VERSIONS = {"1.2": SSL.TLS1_2_VERSION, "1.3": SSL.TLS1_3_VERSION}
 
-_OPTIONS = (
-    SSL.OP_NO_COMPRESSION
-    | SSL.OP_CIPHER_SERVER_PREFERENCE
-    | getattr(SSL, "OP_NO_RENEGOTIATION", 0)
-)
+_OPTIONS = SSL.OP_NO_COMPRESSION | SSL.OP_CIPHER_SERVER_PREFERENCE | getattr(SSL, "OP_NO_RENEGOTIATION", 0)
 
 _PEM_BEGIN_CERT = b"-----BEGIN CERTIFICATE-----"
 _PEM_END_CERT = b"-----END CERTIFICATE-----"
@@ -131,17 +127,13 @@ def _parse_certificates(data: bytes, path: str, what: str) -> list[x509.Certific
     if begins == 0:
         raise CertificateError(f"{what} {path}: not a PEM certificate (no '{_PEM_BEGIN_CERT.decode()}' line)")
     if begins != ends:
-        raise CertificateError(
-            f"{what} {path}: truncated PEM certificate ({begins} BEGIN and {ends} END lines)"
-        )
+        raise CertificateError(f"{what} {path}: truncated PEM certificate ({begins} BEGIN and {ends} END lines)")
     try:
         certs = x509.load_pem_x509_certificates(data)
     except ValueError:
         raise CertificateError(f"{what} {path}: not a valid PEM certificate (malformed or truncated)") from None
     if len(certs) != begins:
-        raise CertificateError(
-            f"{what} {path}: only {len(certs)} of {begins} PEM certificates could be parsed"
-        )
+        raise CertificateError(f"{what} {path}: only {len(certs)} of {begins} PEM certificates could be parsed")
     return certs
 
 
@@ -158,9 +150,7 @@ def _parse_key(data: bytes, path: str) -> Any:
 
 
 def _spki(public_key: PublicKeyTypes) -> bytes:
-    return public_key.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
+    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def _utc(when: datetime.datetime) -> str:
@@ -468,8 +458,7 @@ class ReloadingCertificate:
         self._install(new)
         self._count("success")
         self.log.info(
-            "TLS certificate reloaded ({trigger}): serial {serial} replaces {previous_serial}, "
-            "expires {not_after}",
+            "TLS certificate reloaded ({trigger}): serial {serial} replaces {previous_serial}, expires {not_after}",
             trigger=trigger,
             serial=f"{new.serial:#x}",
             previous_serial=old_serial,
@@ -489,9 +478,7 @@ class ReloadingCertificate:
         """
         current = self._current
         if current is None:
-            raise CertificateError(
-                f"certificate file {self.cert_path}: no TLS certificate loaded; call load() first"
-            )
+            raise CertificateError(f"certificate file {self.cert_path}: no TLS certificate loaded; call load() first")
         return SSL.Connection(current.context, None)
 
 

@@ -37,9 +37,27 @@ from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar
 from zope.interface import Attribute, Interface, implementer
 
 __all__ = [
-    "NO_TRACE", "AllowChecked", "Answered", "BudgetGiven", "Called", "Event", "IReviewTrace", "NamespaceFound",
-    "NoTrace", "OperationApplied", "PolicyChosen", "RecordedEvent", "RecordedTrace", "Refused", "Repaired", "Replied",
-    "RouteDecided", "Skipped", "Stamped", "Step", "answer_message",
+    "NO_TRACE",
+    "AllowChecked",
+    "Answered",
+    "BudgetGiven",
+    "Called",
+    "Event",
+    "IReviewTrace",
+    "NamespaceFound",
+    "NoTrace",
+    "OperationApplied",
+    "PolicyChosen",
+    "RecordedEvent",
+    "RecordedTrace",
+    "Refused",
+    "Repaired",
+    "Replied",
+    "RouteDecided",
+    "Skipped",
+    "Stamped",
+    "Step",
+    "answer_message",
 ]
 
 

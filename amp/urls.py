@@ -174,8 +174,9 @@ def escaped(text: str, limit: int = 200) -> str:
 
 
 def _escape(text: str) -> str:
-    return "".join(c if 0x20 < ord(c) < 0x7F else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
-                   for c in text)
+    return "".join(
+        c if 0x20 < ord(c) < 0x7F else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}") for c in text
+    )
 
 
 def _clipped(text: str, limit: int) -> str:
@@ -251,8 +252,12 @@ NAMED_NETWORKS: dict[str, tuple[str, ...]] = {
     # link-local ranges: AWS's IPv6 instance metadata and EKS Pod Identity
     # (fd00:ec2::/...), ECS task metadata, Alibaba Cloud (100.100.100.200).
     "metadata": (
-        "169.254.169.254/32", "169.254.170.2/32", "169.254.170.23/32",
-        "fd00:ec2::254/128", "fd00:ec2::23/128", "100.100.100.200/32",
+        "169.254.169.254/32",
+        "169.254.170.2/32",
+        "169.254.170.23/32",
+        "fd00:ec2::254/128",
+        "fd00:ec2::23/128",
+        "100.100.100.200/32",
     ),
     # RFC 1918 and IPv6 unique local addresses.
     "private": ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"),
@@ -279,8 +284,9 @@ def parse_networks(items: Iterable[str]) -> tuple[Network, ...]:
                 nets = [ipaddress.ip_network(item.strip(), strict=False)]
             except ValueError:
                 names = ", ".join(NAMED_NETWORKS)
-                raise ValueError(f"item {i}: {item!r} is not a CIDR (like 10.0.0.0/8 or fd00::/8) "
-                                 f"or one of {names}") from None
+                raise ValueError(
+                    f"item {i}: {item!r} is not a CIDR (like 10.0.0.0/8 or fd00::/8) or one of {names}"
+                ) from None
         else:
             nets = [ipaddress.ip_network(t) for t in texts]
         out.extend(n for n in nets if n not in out)

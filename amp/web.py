@@ -43,7 +43,8 @@ _ALLOW_GET = b"Allow: GET, HEAD\r\n"
 
 _REVIEW_LINE = "review {uid} {namespace}/{pod} {result} endpoint={endpoint} patch={patch_size}B in {duration_ms:.1f}ms"
 _REVIEW_LINE_WITH_REASON = (
-    "review {uid} {namespace}/{pod} {result} ({reason}) endpoint={endpoint} patch={patch_size}B in {duration_ms:.1f}ms")
+    "review {uid} {namespace}/{pod} {result} ({reason}) endpoint={endpoint} patch={patch_size}B in {duration_ms:.1f}ms"
+)
 # A traced review's line names its trace.
 _TRACED_LINE = _REVIEW_LINE + " trace={trace_id}"
 _TRACED_LINE_WITH_REASON = _REVIEW_LINE_WITH_REASON + " trace={trace_id}"
@@ -70,7 +71,12 @@ class ReviewHandler:
     log = HotPathLogger()
 
     def __init__(
-        self, admitter: Admitter, clock: IReactorTime, metrics: Metrics, *, validation: bool,
+        self,
+        admitter: Admitter,
+        clock: IReactorTime,
+        metrics: Metrics,
+        *,
+        validation: bool,
         recent: Optional[RecentDecisions] = None,
     ) -> None:
         #: Where each decision is recorded for C{/debug/reviews}, if anywhere.
@@ -114,8 +120,7 @@ class ReviewHandler:
         except Exception as e:
             # Whatever else the body makes the parser raise, it is the
             # body's fault: a 400 naming it, never a 500.
-            self._bad(request, 400, f"request body is not a valid AdmissionReview "
-                                    f"({type(e).__name__}: {str(e)[:200]})")
+            self._bad(request, 400, f"request body is not a valid AdmissionReview ({type(e).__name__}: {str(e)[:200]})")
             return
         # The review's one deadline, computed here once and carried down.
         admitter = self.admitter
@@ -131,13 +136,19 @@ class ReviewHandler:
         tracing = self.tracing
         if tracing.enabled:
             spans = tracing.begin(request.traceparent, request.tracestate, started)
-            request.review = admitter.review_into(partial(self._respond, request, req, started, spans), req,
-                                                  deadline, validation=self._validation, spans=spans)
+            request.review = admitter.review_into(
+                partial(self._respond, request, req, started, spans),
+                req,
+                deadline,
+                validation=self._validation,
+                spans=spans,
+            )
             return
         # The review while it waits (the listener cancels it if the client
         # goes away); None when it was answered at once.
-        request.review = admitter.review_into(partial(self._respond, request, req, started, None), req, deadline,
-                                              validation=self._validation)
+        request.review = admitter.review_into(
+            partial(self._respond, request, req, started, None), req, deadline, validation=self._validation
+        )
 
     def _timeout_of(self, query: bytes) -> Optional[str]:
         """
@@ -154,15 +165,17 @@ class ReviewHandler:
         request.server.warnings.emit("bad-reviews", LogLevel.info, "Bad AdmissionReview: {error}", error=message)
         request.plain(code, message)
 
-    def _respond(self, request: Request, req: AdmissionRequest, started: float, spans: Optional[ReviewSpans],
-                 answer: Answer) -> None:
+    def _respond(
+        self, request: Request, req: AdmissionRequest, started: float, spans: Optional[ReviewSpans], answer: Answer
+    ) -> None:
         try:
             self._answer(request, req, started, spans, answer)
         except Exception:
             self._write_failed(Failure(), request)
 
-    def _answer(self, request: Request, req: AdmissionRequest, started: float, spans: Optional[ReviewSpans],
-                answer: Answer) -> None:
+    def _answer(
+        self, request: Request, req: AdmissionRequest, started: float, spans: Optional[ReviewSpans], answer: Answer
+    ) -> None:
         request.review = None
         if request.disconnected:
             # Answered as the client went away.
@@ -180,8 +193,15 @@ class ReviewHandler:
         # turns later, so it never delays the answer; the reviews answered in
         # one turn are accounted together.
         unaccounted = self._unaccounted
-        unaccounted.append((_Accounted(req.uid, req.namespace, req.pod_name, req.kind, req.operation, req.dry_run),
-                            outcome, answered - started, answered, spans))
+        unaccounted.append(
+            (
+                _Accounted(req.uid, req.namespace, req.pod_name, req.kind, req.operation, req.dry_run),
+                outcome,
+                answered - started,
+                answered,
+                spans,
+            )
+        )
         if len(unaccounted) == 1:
             self._clock.callLater(0, self._clock.callLater, 0, self._account)
 
@@ -197,36 +217,78 @@ class ReviewHandler:
                     self._traced(req, outcome, elapsed, answered, spans)
                     continue
                 if recent is not None:
-                    recent.record(Decision(
-                        req.uid, answered, req.namespace, req.pod_name, outcome.endpoint, str(outcome.result),
-                        str(outcome.reason), outcome.message, elapsed * 1000))
+                    recent.record(
+                        Decision(
+                            req.uid,
+                            answered,
+                            req.namespace,
+                            req.pod_name,
+                            outcome.endpoint,
+                            str(outcome.result),
+                            str(outcome.reason),
+                            outcome.message,
+                            elapsed * 1000,
+                        )
+                    )
                 count(req.kind, req.operation, outcome.result, outcome.reason, elapsed)
-                info(_REVIEW_LINE_WITH_REASON if outcome.reason else _REVIEW_LINE,
-                     uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=outcome.endpoint or "-",
-                     result=outcome.result, reason=outcome.reason, patch_size=outcome.patch_size,
-                     duration_ms=elapsed * 1000, dry_run=req.dry_run, kind=req.kind, operation=req.operation)
+                info(
+                    _REVIEW_LINE_WITH_REASON if outcome.reason else _REVIEW_LINE,
+                    uid=req.uid,
+                    namespace=req.namespace,
+                    pod=req.pod_name,
+                    endpoint=outcome.endpoint or "-",
+                    result=outcome.result,
+                    reason=outcome.reason,
+                    patch_size=outcome.patch_size,
+                    duration_ms=elapsed * 1000,
+                    dry_run=req.dry_run,
+                    kind=req.kind,
+                    operation=req.operation,
+                )
 
-    def _traced(self, req: _Accounted, outcome: Outcome, elapsed: float, answered: float,
-                spans: ReviewSpans) -> None:
+    def _traced(self, req: _Accounted, outcome: Outcome, elapsed: float, answered: float, spans: ReviewSpans) -> None:
         """
         A traced review's accounting: its spans made and exported, and its
         trace id in the log line, C{/debug/reviews} and the latency
         histogram's exemplar.
         """
         trace_id = spans.trace_hex
-        self.tracing.finish(spans, answered, review_attributes(req, outcome, self._validation, spans.stamp),
-                            review_error(outcome))
+        self.tracing.finish(
+            spans, answered, review_attributes(req, outcome, self._validation, spans.stamp), review_error(outcome)
+        )
         if self.recent is not None:
-            self.recent.record(Decision(
-                req.uid, answered, req.namespace, req.pod_name, outcome.endpoint, str(outcome.result),
-                str(outcome.reason), outcome.message, elapsed * 1000, trace_id=trace_id))
-        self._metrics.count_review(req.kind, req.operation, outcome.result, outcome.reason, elapsed,
-                                   trace_id=trace_id, when=answered)
-        self._info(_TRACED_LINE_WITH_REASON if outcome.reason else _TRACED_LINE,
-                   uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=outcome.endpoint or "-",
-                   result=outcome.result, reason=outcome.reason, patch_size=outcome.patch_size,
-                   duration_ms=elapsed * 1000, dry_run=req.dry_run, kind=req.kind, operation=req.operation,
-                   trace_id=trace_id)
+            self.recent.record(
+                Decision(
+                    req.uid,
+                    answered,
+                    req.namespace,
+                    req.pod_name,
+                    outcome.endpoint,
+                    str(outcome.result),
+                    str(outcome.reason),
+                    outcome.message,
+                    elapsed * 1000,
+                    trace_id=trace_id,
+                )
+            )
+        self._metrics.count_review(
+            req.kind, req.operation, outcome.result, outcome.reason, elapsed, trace_id=trace_id, when=answered
+        )
+        self._info(
+            _TRACED_LINE_WITH_REASON if outcome.reason else _TRACED_LINE,
+            uid=req.uid,
+            namespace=req.namespace,
+            pod=req.pod_name,
+            endpoint=outcome.endpoint or "-",
+            result=outcome.result,
+            reason=outcome.reason,
+            patch_size=outcome.patch_size,
+            duration_ms=elapsed * 1000,
+            dry_run=req.dry_run,
+            kind=req.kind,
+            operation=req.operation,
+            trace_id=trace_id,
+        )
 
     def _write_failed(self, failure: Failure, request: Request) -> None:
         """
@@ -249,10 +311,18 @@ def review_attributes(req: Any, outcome: Outcome, validation: bool, stamp: str =
     """
     route = "/validate" if validation else "/mutate"
     attributes: dict[str, Any] = {
-        "http.request.method": "POST", "http.route": route, "url.path": route, "url.scheme": "https",
-        "http.response.status_code": 200, "k8s.namespace.name": req.namespace, "k8s.pod.name": req.pod_name,
-        "amp.review.uid": req.uid, "amp.review.operation": req.operation, "amp.review.dry_run": req.dry_run,
-        "amp.result": str(outcome.result), "amp.patch.size": outcome.patch_size,
+        "http.request.method": "POST",
+        "http.route": route,
+        "url.path": route,
+        "url.scheme": "https",
+        "http.response.status_code": 200,
+        "k8s.namespace.name": req.namespace,
+        "k8s.pod.name": req.pod_name,
+        "amp.review.uid": req.uid,
+        "amp.review.operation": req.operation,
+        "amp.review.dry_run": req.dry_run,
+        "amp.result": str(outcome.result),
+        "amp.patch.size": outcome.patch_size,
     }
     if outcome.reason:
         attributes["amp.reason"] = str(outcome.reason)
@@ -313,7 +383,10 @@ def not_found(request: Request) -> None:
 
 
 def webhook_routes(
-    admitter: Admitter, clock: IReactorTime, metrics: Metrics, ready_checks: dict[str, Callable[[], tuple[bool, str]]],
+    admitter: Admitter,
+    clock: IReactorTime,
+    metrics: Metrics,
+    ready_checks: dict[str, Callable[[], tuple[bool, str]]],
     recent: Optional[RecentDecisions] = None,
 ) -> dict[bytes, Handler]:
     """

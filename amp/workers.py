@@ -75,9 +75,20 @@ def worker_argv(config_path: str, worker: int) -> list[str]:
     where its shared socket and load table are.
     """
     return [
-        sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
-        "--nodaemon", "--pidfile=", "amp", "--config", config_path, "--worker", str(worker),
-        "--listen-fd", str(LISTEN_FD), "--load-table-fd", str(LOAD_TABLE_FD),
+        sys.executable,
+        "-c",
+        "from twisted.scripts.twistd import run; run()",
+        "--nodaemon",
+        "--pidfile=",
+        "amp",
+        "--config",
+        config_path,
+        "--worker",
+        str(worker),
+        "--listen-fd",
+        str(LISTEN_FD),
+        "--load-table-fd",
+        str(LOAD_TABLE_FD),
     ]
 
 
@@ -121,22 +132,36 @@ class _InheritOutput:
     called with a process's name as soon as it has ended.
     """
 
-    def __init__(self, reactor: IAmpReactor, inherit: Callable[[], dict[int, int]] = dict,
-                 on_exit: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(
+        self,
+        reactor: IAmpReactor,
+        inherit: Callable[[], dict[int, int]] = dict,
+        on_exit: Optional[Callable[[str], None]] = None,
+    ) -> None:
         self._reactor = reactor
         self._inherit = inherit
         self._on_exit = on_exit
 
-    def spawnProcess(self, processProtocol: Any, executable: Any, args: Any = (), env: Any = None,
-                     path: Any = None, uid: Any = None, gid: Any = None, usePTY: bool = False,
-                     childFDs: Any = None) -> Any:
+    def spawnProcess(
+        self,
+        processProtocol: Any,
+        executable: Any,
+        args: Any = (),
+        env: Any = None,
+        path: Any = None,
+        uid: Any = None,
+        gid: Any = None,
+        usePTY: bool = False,
+        childFDs: Any = None,
+    ) -> Any:
         fds: dict[int, Any] = {0: "w", 1: 1, 2: 2}
         fds.update(self._inherit())
         if self._on_exit is not None:
             on_exit, name = self._on_exit, processProtocol.name
             processProtocol = _Ending(processProtocol, lambda: on_exit(name))
         return self._reactor.spawnProcess(
-            processProtocol, executable, args, env=env, path=path, uid=uid, gid=gid, childFDs=fds)
+            processProtocol, executable, args, env=env, path=path, uid=uid, gid=gid, childFDs=fds
+        )
 
     def callLater(self, delay: float, callable: Any, *args: Any, **kw: Any) -> Any:
         return self._reactor.callLater(delay, callable, *args, **kw)
@@ -157,8 +182,12 @@ class WorkerMonitor(ProcessMonitor):
 
     log = Logger()
 
-    def __init__(self, reactor: IAmpReactor, inherit: Callable[[], dict[int, int]] = dict,
-                 on_exit: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(
+        self,
+        reactor: IAmpReactor,
+        inherit: Callable[[], dict[int, int]] = dict,
+        on_exit: Optional[Callable[[str], None]] = None,
+    ) -> None:
         """
         @param inherit: the descriptors every child gets besides standard
             input, output and error, asked for at each start
@@ -198,9 +227,14 @@ class WorkerMonitor(ProcessMonitor):
         return done
 
 
-def supervise(config_path: str, workers: int, reactor: IAmpReactor, drain_timeout: float,
-              shared: Optional[Callable[[], tuple[int, int]]] = None,
-              on_exit: Optional[Callable[[int], None]] = None) -> WorkerMonitor:
+def supervise(
+    config_path: str,
+    workers: int,
+    reactor: IAmpReactor,
+    drain_timeout: float,
+    shared: Optional[Callable[[], tuple[int, int]]] = None,
+    on_exit: Optional[Callable[[int], None]] = None,
+) -> WorkerMonitor:
     """
     A L{WorkerMonitor} that runs workers 1 .. C{workers}-1 on C{config_path}
     with this process's environment.  C{shared()} names the descriptors of

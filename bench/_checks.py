@@ -58,11 +58,17 @@ def check_answer(mode: str, response: dict[str, Any]) -> None:
     patch = _patch_of(response)
     if mode in ("b", "c", "f", "g", "t", "u"):
         if not any(op.get("path") == label_path for op in patch) or response.get("warnings"):
-            raise ModeFailed(f"mode ({mode}): expected the endpoint's patch, got {patch} "
-                             f"with warnings {response.get('warnings')}")
+            raise ModeFailed(
+                f"mode ({mode}): expected the endpoint's patch, got {patch} with warnings {response.get('warnings')}"
+            )
     elif patch:
         raise ModeFailed(f"mode ({mode}): expected no patch for a namespace that is not enabled, got {patch}")
 
 
-EXPECTED_RESULT = {"b": "result=patched", "c": "result=patched", "d": "result=skipped", "t": "result=patched",
-                   "u": "result=patched"}
+EXPECTED_RESULT = {
+    "b": "result=patched",
+    "c": "result=patched",
+    "d": "result=skipped",
+    "t": "result=patched",
+    "u": "result=patched",
+}

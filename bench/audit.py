@@ -57,28 +57,42 @@ class MemoryAPI:
         items = self.objects.get(key, [])
         limit, start = int(q["limit"][0]), int(q.get("continue", ["0"])[0])
         more = start + limit < len(items)
-        return json.dumps({"items": items[start:start + limit],
-                           "metadata": {"continue": str(start + limit) if more else ""}}).encode()
+        return json.dumps(
+            {"items": items[start : start + limit], "metadata": {"continue": str(start + limit) if more else ""}}
+        ).encode()
 
 
 def stored_pod(template: dict[str, Any], name: str, rs: str, image: str, endpoint: str) -> dict[str, Any]:
     """A Pod as the API server stores it after amp injected the sidecar of C{image}."""
     pod = copy.deepcopy(template)
     meta = pod["metadata"]
-    meta.update(name=name, uid=f"uid-{name}", annotations={"amp.txn2.com/status": f"mutated {endpoint}"},
-                ownerReferences=[{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs, "uid": "u",
-                                  "controller": True}])
+    meta.update(
+        name=name,
+        uid=f"uid-{name}",
+        annotations={"amp.txn2.com/status": f"mutated {endpoint}"},
+        ownerReferences=[{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs, "uid": "u", "controller": True}],
+    )
     meta["labels"] = {**meta["labels"], "pod-template-hash": "7c9d8", "policy.example/added": "yes"}
     spec = pod["spec"]
     mount = {"name": "amp-shared", "mountPath": "/var/run/amp"}
     for c in spec["containers"]:
-        c.update(imagePullPolicy="IfNotPresent", terminationMessagePath="/dev/termination-log",
-                 volumeMounts=[{"name": "kube-api-access-x", "mountPath": "/var/run/secrets"}, mount])
-    spec["volumes"] = [{"name": "kube-api-access-x", "projected": {"sources": []}},
-                       {"name": "amp-shared", "emptyDir": {}}]
-    spec["initContainers"] = [{"name": "amp-proxy-init", "image": "alpine:3.12.0",
-                               "command": ["sh", "-c", 'echo "proxying ports: $APP_PORTS"'],
-                               "env": [{"name": "APP_PORTS", "value": "8080"}]}]
+        c.update(
+            imagePullPolicy="IfNotPresent",
+            terminationMessagePath="/dev/termination-log",
+            volumeMounts=[{"name": "kube-api-access-x", "mountPath": "/var/run/secrets"}, mount],
+        )
+    spec["volumes"] = [
+        {"name": "kube-api-access-x", "projected": {"sources": []}},
+        {"name": "amp-shared", "emptyDir": {}},
+    ]
+    spec["initContainers"] = [
+        {
+            "name": "amp-proxy-init",
+            "image": "alpine:3.12.0",
+            "command": ["sh", "-c", 'echo "proxying ports: $APP_PORTS"'],
+            "env": [{"name": "APP_PORTS", "value": "8080"}],
+        }
+    ]
     spec["containers"].append({"name": "amp-proxy", "image": image, "volumeMounts": [dict(mount)]})
     pod["status"] = {"phase": "Running"}
     return pod
@@ -88,21 +102,52 @@ def fleet(pods: int, per_workload: int, endpoint: str) -> MemoryAPI:
     api = MemoryAPI()
     namespaces = ("team-a", "team-b")
     for ns in namespaces:
-        api.add("namespaces", "", {"metadata": {"name": ns, "labels": {"amp.txn2.com/enabled": "true"},
-                                                "annotations": {"amp.txn2.com/ep": endpoint}}})
+        api.add(
+            "namespaces",
+            "",
+            {
+                "metadata": {
+                    "name": ns,
+                    "labels": {"amp.txn2.com/enabled": "true"},
+                    "annotations": {"amp.txn2.com/ep": endpoint},
+                }
+            },
+        )
     workloads = max(1, pods // per_workload)
     made = 0
     for w in range(workloads):
         ns = namespaces[w % len(namespaces)]
         name = f"app{w}"
-        template = {"metadata": {"labels": {"app": name}},
-                    "spec": {"containers": [{"name": name, "image": f"registry.example/{name}:1",
-                                             "ports": [{"containerPort": 8080}]}]}}
-        api.add("deployments", ns, {"metadata": {"name": name, "namespace": ns},
-                                    "spec": {"selector": {"matchLabels": {"app": name}}, "template": template}})
+        template = {
+            "metadata": {"labels": {"app": name}},
+            "spec": {
+                "containers": [
+                    {"name": name, "image": f"registry.example/{name}:1", "ports": [{"containerPort": 8080}]}
+                ]
+            },
+        }
+        api.add(
+            "deployments",
+            ns,
+            {
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"selector": {"matchLabels": {"app": name}}, "template": template},
+            },
+        )
         rs = f"{name}-7c9d8"
-        api.add("replicasets", ns, {"metadata": {"name": rs, "namespace": ns, "ownerReferences": [
-            {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "controller": True}]}})
+        api.add(
+            "replicasets",
+            ns,
+            {
+                "metadata": {
+                    "name": rs,
+                    "namespace": ns,
+                    "ownerReferences": [
+                        {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "controller": True}
+                    ],
+                }
+            },
+        )
         count = per_workload if w < workloads - 1 else pods - made
         for i in range(count):
             api.add("pods", ns, stored_pod(template, f"{rs}-{i}", rs, OLD if w % 2 else NEW, endpoint))
@@ -118,27 +163,53 @@ def measure(reactor: Any, pods: int, per_workload: int, page_size: int, rate: in
 
     options = server.Options()
     options.parseOptions(["--sidecar-image", NEW])
-    listening = reactor.listenTCP(0, serving.build_site(serving.build_root(server.handlers(options),
-                                                                            serving.MAX_BODY)),
-                                  interface="127.0.0.1")
+    listening = reactor.listenTCP(
+        0, serving.build_site(serving.build_root(server.handlers(options), serving.MAX_BODY)), interface="127.0.0.1"
+    )
     endpoint = f"http://127.0.0.1:{listening.getHost().port}/sidecar"
     api = fleet(pods, per_workload, endpoint)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump({"kubernetes": {"source": "kubeconfig", "kubeconfig": "/unused"},
-                        "endpoints": {"allow": ["http://127.0.0.1:*/*"]}, "failure_policy": "Ignore"}, f)
+        yaml.safe_dump(
+            {
+                "kubernetes": {"source": "kubeconfig", "kubeconfig": "/unused"},
+                "endpoints": {"allow": ["http://127.0.0.1:*/*"]},
+                "failure_policy": "Ignore",
+            },
+            f,
+        )
     out = io.StringIO()
     started = time.perf_counter()
-    status = yield run(["--config", f.name, "-o", "json", "--page-size", str(page_size), "--rate", str(rate),
-                        "--concurrency", str(concurrency)], reactor, stdout=out, stderr=io.StringIO(),
-                       lists=PagedLists(api.get, page_size, reactor))
+    status = yield run(
+        [
+            "--config",
+            f.name,
+            "-o",
+            "json",
+            "--page-size",
+            str(page_size),
+            "--rate",
+            str(rate),
+            "--concurrency",
+            str(concurrency),
+        ],
+        reactor,
+        stdout=out,
+        stderr=io.StringIO(),
+        lists=PagedLists(api.get, page_size, reactor),
+    )
     seconds = time.perf_counter() - started
     yield listening.stopListening()
     report = json.loads(out.getvalue())
     return {
-        "pods": pods, "rate": rate, "concurrency": concurrency, "workloads": len(report["workloads"]),
+        "pods": pods,
+        "rate": rate,
+        "concurrency": concurrency,
+        "workloads": len(report["workloads"]),
         "seconds": round(seconds, 3),
-        "endpoint_calls": report["endpoint_calls"], "states": {k: v for k, v in report["totals"].items() if v},
-        "list_requests": api.requests, "exit_status": status,
+        "endpoint_calls": report["endpoint_calls"],
+        "states": {k: v for k, v in report["totals"].items() if v},
+        "list_requests": api.requests,
+        "exit_status": status,
         "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 
@@ -160,7 +231,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
     def go(r: Any) -> Any:
         return measure(r, args.pods, args.per_workload, args.page_size, args.rate, args.concurrency).addCallback(
-            found.update)
+            found.update
+        )
 
     try:
         react(go)

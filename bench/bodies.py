@@ -25,8 +25,13 @@ _UID = "9b1c2d3e-4f50-4a6b-8c7d-0e1f2a3b4c5d"
 
 
 def _container(name: str, image: str, env_count: int, index: int) -> dict[str, Any]:
-    env = [{"name": f"{name.upper().replace('-', '_')}_SETTING_{i:03d}",
-            "value": f"value-{index}-{i:03d}-abcdefghijklmnopqrstuvwxyz"} for i in range(env_count)]
+    env = [
+        {
+            "name": f"{name.upper().replace('-', '_')}_SETTING_{i:03d}",
+            "value": f"value-{index}-{i:03d}-abcdefghijklmnopqrstuvwxyz",
+        }
+        for i in range(env_count)
+    ]
     env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}})
     env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}})
     return {
@@ -36,21 +41,30 @@ def _container(name: str, image: str, env_count: int, index: int) -> dict[str, A
         "args": ["--port=8080", "--log-format=json", f"--instance={index}"],
         "ports": [{"name": "http", "containerPort": 8080 + index, "protocol": "TCP"}],
         "env": env,
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
-                      "limits": {"cpu": "500m", "memory": "512Mi"}},
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}},
         "volumeMounts": [
             {"name": "config", "mountPath": "/etc/app", "readOnly": True},
-            {"name": "kube-api-access-x7k2p", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
-             "readOnly": True},
+            {
+                "name": "kube-api-access-x7k2p",
+                "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                "readOnly": True,
+            },
         ],
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8080 + index, "scheme": "HTTP"},
-                           "periodSeconds": 10, "timeoutSeconds": 1, "successThreshold": 1,
-                           "failureThreshold": 3},
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080 + index, "scheme": "HTTP"},
-                          "periodSeconds": 10, "timeoutSeconds": 1, "successThreshold": 1,
-                          "failureThreshold": 3},
-        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
-                            "capabilities": {"drop": ["ALL"]}},
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": 8080 + index, "scheme": "HTTP"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 1,
+            "successThreshold": 1,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": 8080 + index, "scheme": "HTTP"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 1,
+            "successThreshold": 1,
+            "failureThreshold": 3,
+        },
+        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "File",
     }
@@ -68,26 +82,55 @@ def make_pod(containers: int, env_count: int, namespace: str) -> dict[str, Any]:
         "metadata": {
             "generateName": "checkout-api-7d9f8b6c5-",
             "namespace": namespace,
-            "labels": {"app.kubernetes.io/name": "checkout-api", "app.kubernetes.io/part-of": "shop",
-                       "pod-template-hash": "7d9f8b6c5", "team": "payments"},
-            "annotations": {"kubectl.kubernetes.io/restartedAt": "2024-05-01T10:00:00Z",
-                            "prometheus.io/scrape": "true", "prometheus.io/port": "9090"},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                 "name": "checkout-api-7d9f8b6c5",
-                                 "uid": "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9",
-                                 "controller": True, "blockOwnerDeletion": True}],
+            "labels": {
+                "app.kubernetes.io/name": "checkout-api",
+                "app.kubernetes.io/part-of": "shop",
+                "pod-template-hash": "7d9f8b6c5",
+                "team": "payments",
+            },
+            "annotations": {
+                "kubectl.kubernetes.io/restartedAt": "2024-05-01T10:00:00Z",
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": "9090",
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "checkout-api-7d9f8b6c5",
+                    "uid": "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
         },
         "spec": {
-            "containers": [_container(f"app-{i}" if i else "app", f"registry.example.com/shop/checkout:{i}.4.2",
-                                      env_count, i) for i in range(containers)],
+            "containers": [
+                _container(f"app-{i}" if i else "app", f"registry.example.com/shop/checkout:{i}.4.2", env_count, i)
+                for i in range(containers)
+            ],
             "volumes": [
                 {"name": "config", "configMap": {"name": "checkout-api-config", "defaultMode": 420}},
-                {"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [
-                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-                    {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {
-                        "apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
-                ]}},
+                {
+                    "name": "kube-api-access-x7k2p",
+                    "projected": {
+                        "defaultMode": 420,
+                        "sources": [
+                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                            {
+                                "downwardAPI": {
+                                    "items": [
+                                        {
+                                            "path": "namespace",
+                                            "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
+                                        }
+                                    ]
+                                }
+                            },
+                        ],
+                    },
+                },
             ],
             "restartPolicy": "Always",
             "terminationGracePeriodSeconds": 30,
@@ -97,10 +140,18 @@ def make_pod(containers: int, env_count: int, namespace: str) -> dict[str, Any]:
             "securityContext": {"runAsUser": 10001, "fsGroup": 10001},
             "schedulerName": "default-scheduler",
             "tolerations": [
-                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
-                 "tolerationSeconds": 300},
-                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
-                 "tolerationSeconds": 300},
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
+                {
+                    "key": "node.kubernetes.io/unreachable",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
             ],
             "priority": 0,
             "enableServiceLinks": True,
@@ -125,10 +176,11 @@ def make_review(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
             "requestResource": {"group": "", "version": "v1", "resource": "pods"},
             "namespace": namespace,
             "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
-                         "uid": "0a1b2c3d-4e5f-4061-8293-a4b5c6d7e8f9",
-                         "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system",
-                                    "system:authenticated"]},
+            "userInfo": {
+                "username": "system:serviceaccount:kube-system:replicaset-controller",
+                "uid": "0a1b2c3d-4e5f-4061-8293-a4b5c6d7e8f9",
+                "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"],
+            },
             "object": pod,
             "oldObject": None,
             "dryRun": False,
@@ -144,6 +196,7 @@ def managed_fields(pod: dict[str, Any]) -> list[dict[str, Any]]:
     controller set, as FieldsV1): what a real review's Pod carries and the
     benchmark's bodies otherwise leave out.
     """
+
     def keys(values: Any) -> dict[str, Any]:
         return {".": {}, **{f"f:{key}": {} for key in values}}
 
@@ -154,30 +207,71 @@ def managed_fields(pod: dict[str, Any]) -> list[dict[str, Any]]:
     containers = {}
     for c in pod["spec"]["containers"]:
         containers[f'k:{{"name":"{c["name"]}"}}'] = {
-            ".": {}, "f:args": {}, "f:image": {}, "f:imagePullPolicy": {}, "f:name": {},
+            ".": {},
+            "f:args": {},
+            "f:image": {},
+            "f:imagePullPolicy": {},
+            "f:name": {},
             "f:env": {".": {}, **{f'k:{{"name":"{v["name"]}"}}': env(v) for v in c["env"]}},
-            "f:ports": {".": {}, **{f'k:{{"containerPort":{p["containerPort"]},"protocol":"TCP"}}':
-                                    {".": {}, "f:containerPort": {}, "f:name": {}, "f:protocol": {}}
-                                    for p in c["ports"]}},
-            "f:resources": {".": {}, "f:limits": keys(c["resources"]["limits"]),
-                            "f:requests": keys(c["resources"]["requests"])},
-            "f:terminationMessagePath": {}, "f:terminationMessagePolicy": {},
+            "f:ports": {
+                ".": {},
+                **{
+                    f'k:{{"containerPort":{p["containerPort"]},"protocol":"TCP"}}': {
+                        ".": {},
+                        "f:containerPort": {},
+                        "f:name": {},
+                        "f:protocol": {},
+                    }
+                    for p in c["ports"]
+                },
+            },
+            "f:resources": {
+                ".": {},
+                "f:limits": keys(c["resources"]["limits"]),
+                "f:requests": keys(c["resources"]["requests"]),
+            },
+            "f:terminationMessagePath": {},
+            "f:terminationMessagePolicy": {},
         }
     metadata = pod["metadata"]
     owner = metadata["ownerReferences"][0]["uid"]
     fields = {
-        "f:metadata": {"f:generateName": {}, "f:labels": keys(metadata["labels"]),
-                       "f:annotations": keys(metadata["annotations"]),
-                       "f:ownerReferences": {".": {}, f'k:{{"uid":"{owner}"}}': {}}},
-        "f:spec": {"f:containers": containers, "f:dnsPolicy": {}, "f:enableServiceLinks": {},
-                   "f:restartPolicy": {}, "f:schedulerName": {}, "f:securityContext": {".": {}, "f:fsGroup": {},
-                                                                                     "f:runAsUser": {}},
-                   "f:serviceAccount": {}, "f:serviceAccountName": {}, "f:terminationGracePeriodSeconds": {},
-                   "f:volumes": {".": {}, 'k:{"name":"config"}': {".": {}, "f:configMap": {
-                       ".": {}, "f:defaultMode": {}, "f:name": {}}, "f:name": {}}}},
+        "f:metadata": {
+            "f:generateName": {},
+            "f:labels": keys(metadata["labels"]),
+            "f:annotations": keys(metadata["annotations"]),
+            "f:ownerReferences": {".": {}, f'k:{{"uid":"{owner}"}}': {}},
+        },
+        "f:spec": {
+            "f:containers": containers,
+            "f:dnsPolicy": {},
+            "f:enableServiceLinks": {},
+            "f:restartPolicy": {},
+            "f:schedulerName": {},
+            "f:securityContext": {".": {}, "f:fsGroup": {}, "f:runAsUser": {}},
+            "f:serviceAccount": {},
+            "f:serviceAccountName": {},
+            "f:terminationGracePeriodSeconds": {},
+            "f:volumes": {
+                ".": {},
+                'k:{"name":"config"}': {
+                    ".": {},
+                    "f:configMap": {".": {}, "f:defaultMode": {}, "f:name": {}},
+                    "f:name": {},
+                },
+            },
+        },
     }
-    return [{"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
-             "time": "2024-05-01T10:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": fields}]
+    return [
+        {
+            "manager": "kube-controller-manager",
+            "operation": "Update",
+            "apiVersion": "v1",
+            "time": "2024-05-01T10:00:00Z",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": fields,
+        }
+    ]
 
 
 def _encode(doc: Any) -> bytes:

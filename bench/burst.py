@@ -94,17 +94,25 @@ def burst(reactor: Any, options: argparse.Namespace) -> Any:
     # Twisted's default, drops the SYNs of a burst of new connections.
     port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1", backlog=1024).listen(Site(endpoint))
     origin = f"http://127.0.0.1:{port.getHost().port}"
-    config = make_config({"storm": namespace(f"{origin}/mutate")},
-                         endpoints={"timeout": "5s", "max_queued": options.max_queued},
-                         listen={"max_connections": max(1024, options.reviews + 16)})
+    config = make_config(
+        {"storm": namespace(f"{origin}/mutate")},
+        endpoints={"timeout": "5s", "max_queued": options.max_queued},
+        listen={"max_connections": max(1024, options.reviews + 16)},
+    )
     # amp's webhook over plain HTTP on loopback: the client's TLS would
     # otherwise share amp's one core (the API server's does not).
     metrics = Metrics()
     webhook = RecordingEndpoint(TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1", backlog=1024), reactor)
-    service = AmpService(config, reactor, certificate=serving_certificate(config.tls, reactor, metrics),
-                         webhook_endpoint=webhook, metrics_endpoint=None,
-                         namespaces=namespace_source(config, reactor, metrics), metrics=metrics,
-                         install_sighup=False)
+    service = AmpService(
+        config,
+        reactor,
+        certificate=serving_certificate(config.tls, reactor, metrics),
+        webhook_endpoint=webhook,
+        metrics_endpoint=None,
+        namespaces=namespace_source(config, reactor, metrics),
+        metrics=metrics,
+        install_sighup=False,
+    )
     service.startService()
     listening = yield webhook.listening
     url = f"http://127.0.0.1:{listening.getHost().port}/mutate?timeout={options.timeout:g}s".encode()
@@ -122,8 +130,11 @@ def burst(reactor: Any, options: argparse.Namespace) -> Any:
     def one(n: int) -> Any:
         the_pod = pod(name=f"web-{n}")
         started = reactor.seconds()
-        response = yield client.post(url, data=review_bytes(the_pod, namespace="storm", uid=f"uid-{n}"),
-                                     headers={b"content-type": [b"application/json"]})
+        response = yield client.post(
+            url,
+            data=review_bytes(the_pod, namespace="storm", uid=f"uid-{n}"),
+            headers={b"content-type": [b"application/json"]},
+        )
         content = yield treq.content(response)
         seconds.append(reactor.seconds() - started)
         answer = decode_answer(content)["response"]

@@ -34,15 +34,30 @@ from amp.endpoint import EndpointClient
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 
-POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "labels": {"app": "web"}},
-       "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1"}]}}
+POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "web", "labels": {"app": "web"}},
+    "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1"}]},
+}
 
 
 def review_body(namespace: str, n: int) -> bytes:
-    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": f"bench-{n}", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": namespace,
-        "operation": "CREATE", "object": POD, "dryRun": False}}).encode()
+    return json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": f"bench-{n}",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": namespace,
+                "operation": "CREATE",
+                "object": POD,
+                "dryRun": False,
+            },
+        }
+    ).encode()
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -64,14 +79,19 @@ def start_endpoint() -> tuple[subprocess.Popen, int]:
 def measure(reactor: Any, port: int, reviews: int, warmup: int) -> Any:
     base = f"http://127.0.0.1:{port}"
     enabled = {"amp.txn2.com/enabled": "true"}
-    config = parse_config({
-        "kubernetes": {"source": "static", "namespaces": {
-            "one": {"labels": enabled, "annotations": {"amp.txn2.com/ep": f"{base}/a"}},
-            "two": {"labels": enabled, "annotations": {"amp.txn2.com/ep": f"{base}/a\n{base}/b"}},
-        }},
-        "endpoints": {"allow": ["http://127.0.0.1:*/*"], "timeout": "2s"},
-        "failure_policy": "Fail",
-    })
+    config = parse_config(
+        {
+            "kubernetes": {
+                "source": "static",
+                "namespaces": {
+                    "one": {"labels": enabled, "annotations": {"amp.txn2.com/ep": f"{base}/a"}},
+                    "two": {"labels": enabled, "annotations": {"amp.txn2.com/ep": f"{base}/a\n{base}/b"}},
+                },
+            },
+            "endpoints": {"allow": ["http://127.0.0.1:*/*"], "timeout": "2s"},
+            "failure_policy": "Fail",
+        }
+    )
     metrics = Metrics()
     client = EndpointClient(reactor, metrics, BreakerRegistry(reactor))
     admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), client, reactor, metrics)
@@ -113,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     endpoint, port = start_endpoint()
     result: dict[str, Any] = {}
     try:
+
         def run(reactor: Any) -> Any:
             d = measure(reactor, port, args.reviews, args.warmup)
             d.addCallback(lambda times: result.update(report(times)))
@@ -127,10 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for label in ("one_endpoint", "two_endpoint_chain"):
             r = result[label]
-            print(f"{label:20} p50 {r['p50_ms']:.3f} ms  p90 {r['p90_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms"
-                  f"  ({r['reviews']} reviews)")
-        print(f"a second endpoint adds {result['added_p50_ms']:.3f} ms at p50: "
-              f"ratio {result['ratio_p50']:.2f}x one endpoint")
+            print(
+                f"{label:20} p50 {r['p50_ms']:.3f} ms  p90 {r['p90_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms"
+                f"  ({r['reviews']} reviews)"
+            )
+        print(
+            f"a second endpoint adds {result['added_p50_ms']:.3f} ms at p50: "
+            f"ratio {result['ratio_p50']:.2f}x one endpoint"
+        )
     return 0
 
 

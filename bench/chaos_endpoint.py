@@ -83,8 +83,20 @@ HOSTILE_KINDS = ("header-flood", "huge-header", "deep-json", "drip")
 KINDS = FAULT_KINDS + HOSTILE_KINDS
 
 #: Default share of each kind, in percent.
-DEFAULT_WEIGHTS = {"ok": 40, "delay": 20, "error": 8, "garbage": 6, "wrong-shape": 4, "reset": 7, "hang": 6,
-                   "oversized": 9, "header-flood": 0, "huge-header": 0, "deep-json": 0, "drip": 0}
+DEFAULT_WEIGHTS = {
+    "ok": 40,
+    "delay": 20,
+    "error": 8,
+    "garbage": 6,
+    "wrong-shape": 4,
+    "reset": 7,
+    "hang": 6,
+    "oversized": 9,
+    "header-flood": 0,
+    "huge-header": 0,
+    "deep-json": 0,
+    "drip": 0,
+}
 #: The hostile kinds' shares with C{--hostile}, added to the others.
 HOSTILE_WEIGHTS = {"header-flood": 3, "huge-header": 2, "deep-json": 3, "drip": 2}
 
@@ -147,8 +159,16 @@ class Chaos:
     The shared state of every port: the generator, the counts, the log.
     """
 
-    def __init__(self, reactor: Any, seed: int, weights: dict[str, int], delay_ms: tuple[float, float],
-                 oversize: int, log: Optional[IO[str]], flood_bytes: int = 8 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        reactor: Any,
+        seed: int,
+        weights: dict[str, int],
+        delay_ms: tuple[float, float],
+        oversize: int,
+        log: Optional[IO[str]],
+        flood_bytes: int = 8 * 1024 * 1024,
+    ) -> None:
         self.reactor = reactor
         self.rng = random.Random(seed)
         self.kinds = [k for k in KINDS if weights.get(k, 0) > 0]
@@ -266,10 +286,9 @@ class ChaosResource(Resource):
             return body  # twisted.web sends it with a Content-Length
         step = 16 * 1024
         for i in range(0, len(body), step):
-            request.write(body[i:i + step])
+            request.write(body[i : i + step])
         request.finish()
         return server.NOT_DONE_YET
-
 
     # ------------------------------------------------------------ the hostile kinds
 
@@ -363,18 +382,32 @@ class QuietSite(server.Site):
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--port", action="append", dest="ports", default=[], metavar="NAME",
-                        help="listen on a free port for this name (repeat for several origins)")
+    parser.add_argument(
+        "--port",
+        action="append",
+        dest="ports",
+        default=[],
+        metavar="NAME",
+        help="listen on a free port for this name (repeat for several origins)",
+    )
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--weights", default="", help="kind=percent,... (default %s)" % ",".join(
-        f"{k}={v}" for k, v in DEFAULT_WEIGHTS.items()))
+    parser.add_argument(
+        "--weights",
+        default="",
+        help="kind=percent,... (default %s)" % ",".join(f"{k}={v}" for k, v in DEFAULT_WEIGHTS.items()),
+    )
     parser.add_argument("--delay-ms", default="5:80", help="range of the delay kind, LOW:HIGH milliseconds")
     parser.add_argument("--oversize", type=int, default=80 * 1024, help="bytes of an oversized reply")
     parser.add_argument("--log", help="write one line per call (uid, port name, kind) to this file")
-    parser.add_argument("--hostile", action="store_true",
-                        help="also answer like a hostile endpoint (%s)" % ", ".join(HOSTILE_KINDS))
-    parser.add_argument("--flood-bytes", type=int, default=8 * 1024 * 1024,
-                        help="bytes of head a header-flood or huge-header call sends at most")
+    parser.add_argument(
+        "--hostile", action="store_true", help="also answer like a hostile endpoint (%s)" % ", ".join(HOSTILE_KINDS)
+    )
+    parser.add_argument(
+        "--flood-bytes",
+        type=int,
+        default=8 * 1024 * 1024,
+        help="bytes of head a header-flood or huge-header call sends at most",
+    )
     args = parser.parse_args(argv)
     from twisted.internet import reactor as _reactor
 
@@ -383,8 +416,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     weights = parse_weights(args.weights)
     if args.hostile:
         weights.update({k: v for k, v in HOSTILE_WEIGHTS.items() if not weights.get(k)})
-    chaos = Chaos(_reactor, args.seed, weights, (float(low), float(high or low)), args.oversize, log,
-                  args.flood_bytes)
+    chaos = Chaos(_reactor, args.seed, weights, (float(low), float(high or low)), args.oversize, log, args.flood_bytes)
     ports = {}
     for name in args.ports or ["chaos"]:
         site = QuietSite(ChaosResource(chaos, name))

@@ -21,8 +21,9 @@ import ssl
 import sys
 
 
-async def _reviews(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes, count: int,
-                   tally: list[int]) -> None:
+async def _reviews(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes, count: int, tally: list[int]
+) -> None:
     for _ in range(count):
         writer.write(request)
         head = await reader.readuntil(b"\r\n\r\n")
@@ -41,8 +42,10 @@ async def _main(port: int, body_file: str, connections: int, ca: str) -> None:
     context.check_hostname = False
     with open(body_file, "rb") as f:
         body = f.read()
-    request = (b"POST /mutate?timeout=10s HTTP/1.1\r\nHost: amp\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    request = (
+        b"POST /mutate?timeout=10s HTTP/1.1\r\nHost: amp\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    ) + body
     streams = [await asyncio.open_connection("127.0.0.1", port, ssl=context) for _ in range(connections)]
     loop = asyncio.get_running_loop()
     while True:

@@ -124,9 +124,11 @@ def run(reactor: Any, args: argparse.Namespace) -> Any:
                 ratios.append(longest / idle if idle else float("inf"))
                 stalls.append(longest * 1000)
                 took.append(seconds * 1000)
-            row[how] = {"stall_ms": round(statistics.median(stalls), 2),
-                        "stall_vs_idle": round(statistics.median(ratios), 2),
-                        "load_ms": round(statistics.median(took), 2)}
+            row[how] = {
+                "stall_ms": round(statistics.median(stalls), 2),
+                "stall_vs_idle": round(statistics.median(ratios), 2),
+                "load_ms": round(statistics.median(took), 2),
+            }
         loaded = load_config_file(path, None)
         row["result"] = "loaded" if loaded.config is not None else f"refused: {loaded.error}"[:100]
         row["peak_rss_mib"] = round(peak_rss_kib() / 1024, 1)
@@ -134,22 +136,38 @@ def run(reactor: Any, args: argparse.Namespace) -> Any:
     gaps.loop.stop()
     elapsed = time.monotonic() - wall_before
     other = 100 * (busy_seconds() - busy_before) / elapsed if elapsed else 0.0
-    print(f"{'file':14} {'bytes':>9}  {'in a thread: stall ms (x idle)':>31}  "
-          f"{'on the reactor: stall ms (x idle)':>34}  "
-          f"{'peak RSS MiB':>12}  result")
+    print(
+        f"{'file':14} {'bytes':>9}  {'in a thread: stall ms (x idle)':>31}  "
+        f"{'on the reactor: stall ms (x idle)':>34}  "
+        f"{'peak RSS MiB':>12}  result"
+    )
     for r in rows:
         t, o = r["thread"], r["reactor"]
-        print(f"{r['kind']:14} {r['bytes']:>9}  {t['stall_ms']:>20} ({t['stall_vs_idle']:>6}x)  "
-              f"{o['stall_ms']:>23} ({o['stall_vs_idle']:>6}x)  {r['peak_rss_mib']:>12}  {r['result'][:60]}")
-    print(f"(median of {args.repeat}; the machine's CPUs were busy {other:.0f}% of one CPU over the run, this "
-          f"process included)")
+        print(
+            f"{r['kind']:14} {r['bytes']:>9}  {t['stall_ms']:>20} ({t['stall_vs_idle']:>6}x)  "
+            f"{o['stall_ms']:>23} ({o['stall_vs_idle']:>6}x)  {r['peak_rss_mib']:>12}  {r['result'][:60]}"
+        )
+    print(
+        f"(median of {args.repeat}; the machine's CPUs were busy {other:.0f}% of one CPU over the run, this "
+        f"process included)"
+    )
     out = args.out
     os.makedirs(out, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = os.path.join(out, f"config-reload-{stamp}.json")
     with open(path, "w") as f:
-        json.dump({"date": stamp, "machine": machine(), "repeat": args.repeat, "tick_s": TICK, "rows": rows,
-                   "busy_cpu_pct": round(other, 1)}, f, indent=2)
+        json.dump(
+            {
+                "date": stamp,
+                "machine": machine(),
+                "repeat": args.repeat,
+                "tick_s": TICK,
+                "rows": rows,
+                "busy_cpu_pct": round(other, 1),
+            },
+            f,
+            indent=2,
+        )
     print(f"wrote {path}")
 
 

@@ -54,8 +54,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     with ThreadPoolExecutor(2) as pool:
         times = [one_run(pool) for _ in range(args.runs)]
-    print(f"SIGTERM -> exit with a review in flight (the endpoint answers {ANSWER_AFTER:g}s after the signal): "
-          + ", ".join(f"{t:.3f}s" for t in times) + f"; median {statistics.median(times):.3f}s")
+    print(
+        f"SIGTERM -> exit with a review in flight (the endpoint answers {ANSWER_AFTER:g}s after the signal): "
+        + ", ".join(f"{t:.3f}s" for t in times)
+        + f"; median {statistics.median(times):.3f}s"
+    )
     return 0
 
 

@@ -26,13 +26,16 @@ from twisted.internet.protocol import Factory, Protocol
 
 from bench.bodies import PATCH_LABEL
 
-PATCH = json.dumps([{"op": "add", "path": "/metadata/labels/" + PATCH_LABEL.replace("/", "~1"),
-                     "value": "true"}], separators=(",", ":")).encode("ascii")
+PATCH = json.dumps(
+    [{"op": "add", "path": "/metadata/labels/" + PATCH_LABEL.replace("/", "~1"), "value": "true"}],
+    separators=(",", ":"),
+).encode("ascii")
 
-_OK = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-       % (len(PATCH), PATCH))
-_OK_CLOSE = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-             b"Connection: close\r\n\r\n%s" % (len(PATCH), PATCH))
+_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(PATCH), PATCH)
+_OK_CLOSE = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+    b"Connection: close\r\n\r\n%s" % (len(PATCH), PATCH)
+)
 _LENGTH_REQUIRED = b"HTTP/1.1 411 Length Required\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 _BAD = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 _MAX_HEAD = 64 * 1024
@@ -55,7 +58,7 @@ class FixedPatch(Protocol):
                 if self._skip == 0:
                     self._answer()
                 return
-            data = data[self._skip:]
+            data = data[self._skip :]
             self._skip = 0
             self._answer()
             if self._close:
@@ -136,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"port": port.getHost().port}), flush=True)
     if args.stats:
         reactor.addSystemEventTrigger(
-            "after", "shutdown", lambda: print(json.dumps({"requests": factory.counter[0]}), flush=True))
+            "after", "shutdown", lambda: print(json.dumps({"requests": factory.counter[0]}), flush=True)
+        )
     reactor.run()
     return 0
 

@@ -49,8 +49,10 @@ else:  # run as a script (python bench/endpoints.py): bench/ is the first path e
 
 
 _REPLY_BODY = b'[{"op":"add","path":"/metadata/labels/bench","value":"true"}]'
-_REPLY = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-          % (len(_REPLY_BODY), _REPLY_BODY))
+_REPLY = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+    len(_REPLY_BODY),
+    _REPLY_BODY,
+)
 
 
 # ---------------------------------------------------------------- the child endpoint
@@ -81,15 +83,15 @@ def serve() -> None:
                         self._skip -= len(buffer)
                         buffer = b""
                         break
-                    buffer = buffer[self._skip:]
+                    buffer = buffer[self._skip :]
                     self._skip = 0
                     replies.append(_REPLY)
                 end = buffer.find(b"\r\n\r\n")
                 if end < 0:
                     break
-                head, buffer = buffer[:end].lower(), buffer[end + 4:]
+                head, buffer = buffer[:end].lower(), buffer[end + 4 :]
                 at = head.find(b"content-length:")
-                length = int(head[at + 15:].split(b"\r\n", 1)[0]) if at >= 0 else 0
+                length = int(head[at + 15 :].split(b"\r\n", 1)[0]) if at >= 0 else 0
                 if length:
                     self._skip = length
                 else:
@@ -108,7 +110,8 @@ def serve() -> None:
 class ChildEndpoint:
     def __init__(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--serve"], stdout=subprocess.PIPE, text=True)
+            [sys.executable, os.path.abspath(__file__), "--serve"], stdout=subprocess.PIPE, text=True
+        )
         atexit.register(self._kill)
         assert self.process.stdout is not None
         self.port = json.loads(self.process.stdout.readline())["port"]
@@ -127,16 +130,26 @@ class ChildEndpoint:
 
 
 def review_body(i: int = 0) -> bytes:
-    return json.dumps({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {
-            "uid": f"bench-{i}", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE", "namespace": "bench", "name": "web",
-            "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "labels": {"app": "web"}},
-                       "spec": {"containers": [{"name": "c", "image": "nginx"}]}},
-        },
-    }).encode()
+    return json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": f"bench-{i}",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "CREATE",
+                "namespace": "bench",
+                "name": "web",
+                "object": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "web", "labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "c", "image": "nginx"}]},
+                },
+            },
+        }
+    ).encode()
 
 
 def build(url: str, *, endpoints: dict[str, Any], failure_policy: str = "Ignore") -> tuple[Any, Any, Any]:
@@ -153,12 +166,18 @@ def build(url: str, *, endpoints: dict[str, Any], failure_policy: str = "Ignore"
     from amp.metrics import Metrics
     from amp.namespaces import StaticNamespaceSource
 
-    config = parse_config({
-        "failure_policy": failure_policy,
-        "kubernetes": {"source": "static", "namespaces": {"bench": {
-            "labels": {"amp.txn2.com/enabled": "true"}, "annotations": {"amp.txn2.com/ep": url}}}},
-        "endpoints": dict({"allow": ["http://127.0.0.1:*/*"]}, **endpoints),
-    })
+    config = parse_config(
+        {
+            "failure_policy": failure_policy,
+            "kubernetes": {
+                "source": "static",
+                "namespaces": {
+                    "bench": {"labels": {"amp.txn2.com/enabled": "true"}, "annotations": {"amp.txn2.com/ep": url}}
+                },
+            },
+            "endpoints": dict({"allow": ["http://127.0.0.1:*/*"]}, **endpoints),
+        }
+    )
     metrics = Metrics()
     client = EndpointClient(reactor, metrics, BreakerRegistry(reactor))
     admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), client, reactor, metrics)
@@ -197,10 +216,12 @@ def hung(budget: float, rounds: int, burst: int) -> Any:
             _, outcome = yield admitter.review(request, Deadline.after(reactor.seconds(), budget))
             times.append(time.perf_counter() - started)
         assert outcome.reason == "timeout", outcome
+
         def timed_review() -> Any:
             started = time.perf_counter()
             return admitter.review(request, Deadline.after(reactor.seconds(), budget)).addCallback(
-                lambda answer: (answer[1].reason, time.perf_counter() - started))
+                lambda answer: (answer[1].reason, time.perf_counter() - started)
+            )
 
         answers = yield gatherResults([timed_review() for _ in range(burst)])
         assert all(reason == "timeout" for reason, _ in answers)
@@ -208,10 +229,14 @@ def hung(budget: float, rounds: int, burst: int) -> Any:
         yield client.close()
         yield port.stopListening()
         print(f"1. hung endpoint, budget {ms(budget)} (endpoint timeout 30 s), {rounds} reviews one after another:")
-        print(f"   answer time min {ms(min(times))}  median {ms(statistics.median(times))}  max {ms(max(times))}"
-              f"  (worst overshoot {ms(max(times) - budget)})")
-        print(f"   {burst} reviews at once: answer time min {ms(min(burst_times))}"
-              f"  median {ms(statistics.median(burst_times))}  max {ms(max(burst_times))}")
+        print(
+            f"   answer time min {ms(min(times))}  median {ms(statistics.median(times))}  max {ms(max(times))}"
+            f"  (worst overshoot {ms(max(times) - budget)})"
+        )
+        print(
+            f"   {burst} reviews at once: answer time min {ms(min(burst_times))}"
+            f"  median {ms(statistics.median(burst_times))}  max {ms(max(burst_times))}"
+        )
 
     return run()
 
@@ -231,8 +256,9 @@ def breaker_open(reviews: int) -> Any:
         number = port.getHost().port
         yield port.stopListening()
         url = f"http://127.0.0.1:{number}/mutate"
-        admitter, client, config = build(url, endpoints={"breaker": {"consecutive_failures": 1, "cooldown": "10m",
-                                                                     "max_cooldown": "10m"}})
+        admitter, client, config = build(
+            url, endpoints={"breaker": {"consecutive_failures": 1, "cooldown": "10m", "max_cooldown": "10m"}}
+        )
         request = parse_review(review_body())
         _, outcome = yield admitter.review(request, Deadline.after(reactor.seconds(), 5.0))
         assert outcome.reason == "connection-refused", outcome
@@ -287,14 +313,19 @@ def healthy(calls: int, concurrency: int) -> Any:
         target = parse_endpoint_url(url)
         settings = config.endpoints.settings_for(target)
         body = review_body()
-        headers = {b"x-amp-namespace": b"bench", b"x-amp-operation": b"CREATE", b"x-amp-uid": b"bench",
-                   b"x-amp-dry-run": b"false"}
+        headers = {
+            b"x-amp-namespace": b"bench",
+            b"x-amp-operation": b"CREATE",
+            b"x-amp-uid": b"bench",
+            b"x-amp-dry-run": b"false",
+        }
         latencies: list[float] = []
 
         def one() -> Any:
             started = time.perf_counter()
             return client.call(target, settings, body, headers, Deadline.after(reactor.seconds(), 10.0)).addCallback(
-                lambda _: latencies.append(time.perf_counter() - started))
+                lambda _: latencies.append(time.perf_counter() - started)
+            )
 
         left = [calls]
 
@@ -317,10 +348,12 @@ def healthy(calls: int, concurrency: int) -> Any:
         yield client.close()
         accepted = yield deferToProcess(child.stop)
         kind = "waves " if waves else "steady"
-        print(f"   {kind} pool_size {pool_size:>3}: {len(latencies) / elapsed:6.0f} calls/s"
-              f"  amp CPU {cpu / len(latencies) * 1e6:5.0f} us/call"
-              f"  p50 {ms(percentile(latencies, 0.5))}  p99 {ms(percentile(latencies, 0.99))}"
-              f"  connections opened {opened} (endpoint accepted {accepted})")
+        print(
+            f"   {kind} pool_size {pool_size:>3}: {len(latencies) / elapsed:6.0f} calls/s"
+            f"  amp CPU {cpu / len(latencies) * 1e6:5.0f} us/call"
+            f"  p50 {ms(percentile(latencies, 0.5))}  p99 {ms(percentile(latencies, 0.99))}"
+            f"  connections opened {opened} (endpoint accepted {accepted})"
+        )
 
     @inlineCallbacks
     def through_admitter() -> Any:
@@ -346,9 +379,11 @@ def healthy(calls: int, concurrency: int) -> Any:
         yield client.close()
         accepted = yield deferToProcess(child.stop)
         patched = results.count("patched")
-        print(f"   whole reviews through the Admitter: {calls / elapsed:8.0f} reviews/s"
-              f"  amp CPU {cpu / calls * 1e6:5.0f} us/review"
-              f"  ({patched}/{len(results)} patched, endpoint accepted {accepted} connections)")
+        print(
+            f"   whole reviews through the Admitter: {calls / elapsed:8.0f} reviews/s"
+            f"  amp CPU {cpu / calls * 1e6:5.0f} us/review"
+            f"  ({patched}/{len(results)} patched, endpoint accepted {accepted} connections)"
+        )
 
     @inlineCallbacks
     def run() -> Any:
@@ -384,8 +419,12 @@ def in_memory(calls: int) -> None:
     client = EndpointClient(memory, Metrics(), BreakerRegistry(memory))
     target = parse_endpoint_url("http://127.0.0.1:8090/mutate")
     body = review_body()
-    headers = {b"x-amp-namespace": b"bench", b"x-amp-operation": b"CREATE", b"x-amp-uid": b"bench",
-               b"x-amp-dry-run": b"false"}
+    headers = {
+        b"x-amp-namespace": b"bench",
+        b"x-amp-operation": b"CREATE",
+        b"x-amp-uid": b"bench",
+        b"x-amp-dry-run": b"false",
+    }
     deadline = Deadline.after(memory.seconds(), 10.0)
     first = client.call(target, settings, body, headers, deadline)
     host, port, factory = memory.tcpClients[0][:3]
@@ -412,6 +451,7 @@ def in_memory(calls: int) -> None:
 
 
 # ---------------------------------------------------------------- hostile endpoints
+
 
 #: What the hostile child endpoint sends, by path: a kind of reply amp must
 #: not let grow its memory.

@@ -33,25 +33,35 @@ def kubeconfig_text(url: str) -> str:
     """
     A kubeconfig for a plain-HTTP API server at C{url} with a dummy token.
     """
-    return json.dumps({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "bench", "cluster": {"server": url}}],
-        "users": [{"name": "bench", "user": {"token": "bench-token"}}],
-        "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
-        "current-context": "bench",
-    }, indent=2)
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "bench", "cluster": {"server": url}}],
+            "users": [{"name": "bench", "user": {"token": "bench-token"}}],
+            "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
+            "current-context": "bench",
+        },
+        indent=2,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kubeconfig", required=True, help="where to write the kubeconfig")
-    parser.add_argument("--enabled", action="append", default=[], metavar="NAME=URL",
-                        help="an amp-enabled namespace and its endpoint URL")
-    parser.add_argument("--disabled", action="append", default=[], metavar="NAME",
-                        help="a namespace without amp's label")
-    parser.add_argument("--filler", type=int, default=0,
-                        help="this many other namespaces, so the cache is not trivially small")
+    parser.add_argument(
+        "--enabled",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="an amp-enabled namespace and its endpoint URL",
+    )
+    parser.add_argument(
+        "--disabled", action="append", default=[], metavar="NAME", help="a namespace without amp's label"
+    )
+    parser.add_argument(
+        "--filler", type=int, default=0, help="this many other namespaces, so the cache is not trivially small"
+    )
     args = parser.parse_args(argv)
 
     kube = FakeKube(request_log_limit=1000)
@@ -59,8 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         labels = {"team": f"team-{i % 17}"}
         if i % 3 == 0:
             labels[ENABLED_LABEL] = "true"
-        kube.add_namespace(f"filler-{i:04d}", labels=labels,
-                           annotations={ENDPOINT_ANNOTATION: f"http://127.0.0.1:1/filler-{i}"} if i % 3 == 0 else {})
+        kube.add_namespace(
+            f"filler-{i:04d}",
+            labels=labels,
+            annotations={ENDPOINT_ANNOTATION: f"http://127.0.0.1:1/filler-{i}"} if i % 3 == 0 else {},
+        )
     for spec in args.enabled:
         name, _, url = spec.partition("=")
         kube.add_namespace(name, labels={ENABLED_LABEL: "true"}, annotations={ENDPOINT_ANNOTATION: url})

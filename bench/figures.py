@@ -86,29 +86,49 @@ def metrics_figures(number: int, rounds: int) -> dict[str, Any]:
     hot_counter = HotCounter("bench_hc", "c", ["a"], registry=registry).labels("x")
     hot_histogram = HotHistogram("bench_hh", "h", ["a"], Histogram.DEFAULT_BUCKETS, registry=registry).labels("x")
     return {
-        "inc": {"prometheus_client_us": best_us(counter.inc, number, rounds),
-                "amp_us": best_us(hot_counter.inc, number, rounds)},
-        "observe": {"prometheus_client_us": best_us(lambda: histogram.observe(0.012), number, rounds),
-                    "amp_us": best_us(lambda: hot_histogram.observe(0.012), number, rounds)},
+        "inc": {
+            "prometheus_client_us": best_us(counter.inc, number, rounds),
+            "amp_us": best_us(hot_counter.inc, number, rounds),
+        },
+        "observe": {
+            "prometheus_client_us": best_us(lambda: histogram.observe(0.012), number, rounds),
+            "amp_us": best_us(lambda: hot_histogram.observe(0.012), number, rounds),
+        },
     }
 
 
 def pipe_figures(number: int, rounds: int) -> dict[str, Any]:
-    head = (1764372000.123, "705ab4f5-6b7e-4f1e-9a39-0d5a3c1c0f42", "team-a",
-            {"amp.txn2.com/enabled": "true", "team": "a"}, {"amp.txn2.com/ep": "http://user-env.platform.svc:8080"},
-            ("http://user-env.platform.svc:8080/",), "Ignore", "normal", "patched", "", "")
-    return {"marshal_us": best_us(lambda: marshal.dumps(head), number, rounds),
-            "json_us": best_us(lambda: json.dumps(head).encode(), number, rounds)}
+    head = (
+        1764372000.123,
+        "705ab4f5-6b7e-4f1e-9a39-0d5a3c1c0f42",
+        "team-a",
+        {"amp.txn2.com/enabled": "true", "team": "a"},
+        {"amp.txn2.com/ep": "http://user-env.platform.svc:8080"},
+        ("http://user-env.platform.svc:8080/",),
+        "Ignore",
+        "normal",
+        "patched",
+        "",
+        "",
+    )
+    return {
+        "marshal_us": best_us(lambda: marshal.dumps(head), number, rounds),
+        "json_us": best_us(lambda: json.dumps(head).encode(), number, rounds),
+    }
 
 
 def base64_figures(number: int, rounds: int) -> dict[str, Any]:
-    patch = json.dumps([{"op": "add", "path": f"/metadata/labels/bench-{i}", "value": "x" * 20}
-                        for i in range(5)]).encode()[:300]
+    patch = json.dumps(
+        [{"op": "add", "path": f"/metadata/labels/bench-{i}", "value": "x" * 20} for i in range(5)]
+    ).encode()[:300]
     encode = msgspec.json.Encoder().encode
-    return {"patch_bytes": len(patch),
-            "msgspec_bytes_us": best_us(lambda: encode({"patch": patch}), number, rounds),
-            "b64encode_then_str_us": best_us(
-                lambda: encode({"patch": base64.b64encode(patch).decode("ascii")}), number, rounds)}
+    return {
+        "patch_bytes": len(patch),
+        "msgspec_bytes_us": best_us(lambda: encode({"patch": patch}), number, rounds),
+        "b64encode_then_str_us": best_us(
+            lambda: encode({"patch": base64.b64encode(patch).decode("ascii")}), number, rounds
+        ),
+    }
 
 
 def digits_figures(number: int, rounds: int) -> dict[str, Any]:
@@ -116,9 +136,11 @@ def digits_figures(number: int, rounds: int) -> dict[str, Any]:
     table = bytes(0x31 if 0x30 <= c <= 0x39 else 0x30 for c in range(256))
     ones = b"1" * 19
     pattern = re.compile(rb"[0-9]{19}")
-    return {"body_bytes": len(body),
-            "translate_find_us": best_us(lambda: body.translate(table).find(ones), number, rounds),
-            "regex_us": best_us(lambda: pattern.search(body), number, rounds)}
+    return {
+        "body_bytes": len(body),
+        "translate_find_us": best_us(lambda: body.translate(table).find(ones), number, rounds),
+        "regex_us": best_us(lambda: pattern.search(body), number, rounds),
+    }
 
 
 def lines_figures(number: int, rounds: int) -> dict[str, Any]:
@@ -145,14 +167,19 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=20000, help="calls per round")
     args = parser.parse_args()
     n, r = args.number, args.rounds
-    print(json.dumps({
-        "dataclass": dataclass_figures(n, r),
-        "metrics": metrics_figures(n, r),
-        "pipe": pipe_figures(n, r),
-        "base64": base64_figures(n, r),
-        "digits": digits_figures(max(n // 100, 10), r),
-        "lines": lines_figures(n, r),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "dataclass": dataclass_figures(n, r),
+                "metrics": metrics_figures(n, r),
+                "pipe": pipe_figures(n, r),
+                "base64": base64_figures(n, r),
+                "digits": digits_figures(max(n // 100, 10), r),
+                "lines": lines_figures(n, r),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

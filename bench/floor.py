@@ -55,11 +55,15 @@ def _codec() -> tuple[str, Callable[[bytes], tuple[str, str, bytes]], Callable[[
     try:
         import msgspec
     except ImportError:
+
         def split(body: bytes) -> tuple[str, str, bytes]:
             review = json.loads(body)
             request = review["request"]
-            return review["apiVersion"], request["uid"], json.dumps(
-                request["object"], separators=(",", ":")).encode("utf-8")
+            return (
+                review["apiVersion"],
+                request["uid"],
+                json.dumps(request["object"], separators=(",", ":")).encode("utf-8"),
+            )
 
         return "json", split, lambda doc: json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
@@ -122,8 +126,8 @@ class EndpointConnection(Protocol):
         if len(self.buffer) < start + length:
             return
         status = self.buffer[9:12]
-        body = self.buffer[start:start + length]
-        self.buffer = self.buffer[start + length:]
+        body = self.buffer[start : start + length]
+        self.buffer = self.buffer[start + length :]
         waiting, self.waiting = self.waiting, None
         if close:
             self.transport.loseConnection()
@@ -149,8 +153,10 @@ class EndpointPool:
     def __init__(self, reactor: Any, url: str) -> None:
         parts = urlsplit(url)
         self.endpoint = TCP4ClientEndpoint(reactor, parts.hostname or "127.0.0.1", parts.port or 80)
-        self.prefix = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: "
-                       % ((parts.path or "/").encode("ascii"), parts.netloc.encode("ascii")))
+        self.prefix = b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: " % (
+            (parts.path or "/").encode("ascii"),
+            parts.netloc.encode("ascii"),
+        )
         self.idle: list[EndpointConnection] = []
 
     def post(self, body: bytes) -> Deferred:
@@ -158,7 +164,8 @@ class EndpointPool:
         if self.idle:
             return self.idle.pop().call(request)
         return connectProtocol(self.endpoint, EndpointConnection(self)).addCallback(
-            lambda connection: connection.call(request))
+            lambda connection: connection.call(request)
+        )
 
 
 class FloorProxy(Protocol):
@@ -186,8 +193,8 @@ class FloorProxy(Protocol):
         start, length, _ = head
         if len(self.buffer) < start + length:
             return
-        body = self.buffer[start:start + length]
-        self.buffer = self.buffer[start + length:]
+        body = self.buffer[start : start + length]
+        self.buffer = self.buffer[start + length :]
         self.busy = True
         try:
             version, uid, pod = split_review(body)
@@ -197,9 +204,18 @@ class FloorProxy(Protocol):
         self.pool.post(pod).addCallbacks(self._answer, self._fail, callbackArgs=(version, uid))
 
     def _answer(self, patch: bytes, version: str, uid: str) -> None:
-        answer = encode({"apiVersion": version, "kind": "AdmissionReview",
-                         "response": {"uid": uid, "allowed": True, "patchType": "JSONPatch",
-                                      "patch": base64.b64encode(patch).decode("ascii")}})
+        answer = encode(
+            {
+                "apiVersion": version,
+                "kind": "AdmissionReview",
+                "response": {
+                    "uid": uid,
+                    "allowed": True,
+                    "patchType": "JSONPatch",
+                    "patch": base64.b64encode(patch).decode("ascii"),
+                },
+            }
+        )
         self.transport.write(_OK_HEAD % len(answer) + answer)
         self.busy = False
         self._next()
@@ -276,17 +292,27 @@ class StackProxy:
 
             def render_POST(self, request: Any) -> Any:
                 api_version, uid, pod = split_review(request.content.read())
-                d = proxy.agent.request(b"POST", proxy.endpoint,
-                                        Headers({b"content-type": [b"application/json"]}), BytesProducer(pod))
+                d = proxy.agent.request(
+                    b"POST", proxy.endpoint, Headers({b"content-type": [b"application/json"]}), BytesProducer(pod)
+                )
                 d.addCallback(readBody)
                 d.addCallback(self._answer, request, api_version, uid)
                 d.addErrback(lambda _: request.channel.loseConnection())
                 return server.NOT_DONE_YET
 
             def _answer(self, patch: bytes, request: Any, api_version: str, uid: str) -> None:
-                body = encode({"apiVersion": api_version, "kind": "AdmissionReview", "response": {
-                    "uid": uid, "allowed": True, "patchType": "JSONPatch",
-                    "patch": base64.b64encode(patch).decode("ascii")}})
+                body = encode(
+                    {
+                        "apiVersion": api_version,
+                        "kind": "AdmissionReview",
+                        "response": {
+                            "uid": uid,
+                            "allowed": True,
+                            "patchType": "JSONPatch",
+                            "patch": base64.b64encode(patch).decode("ascii"),
+                        },
+                    }
+                )
                 request.setHeader(b"content-type", b"application/json")
                 request.setHeader(b"content-length", b"%d" % len(body))
                 request.write(body)
@@ -302,9 +328,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--cert", required=True, help="serving certificate (PEM)")
     parser.add_argument("--key", required=True, help="its private key (PEM)")
     parser.add_argument("--endpoint", required=True, help="the endpoint's URL, plain HTTP")
-    parser.add_argument("--stack", action="store_true",
-                        help="the stack floor: twisted.web's Site and Twisted's Agent and pool (StackProxy) "
-                             "instead of raw protocols")
+    parser.add_argument(
+        "--stack",
+        action="store_true",
+        help="the stack floor: twisted.web's Site and Twisted's Agent and pool (StackProxy) instead of raw protocols",
+    )
     args = parser.parse_args(argv)
     from twisted.internet import reactor
     from twisted.internet.ssl import PrivateCertificate

@@ -130,8 +130,10 @@ def wait_quiet(max_wait: float, threshold_pct: float = 15.0, quiet: bool = False
         if pct < threshold_pct or time.monotonic() >= deadline:
             waited = time.monotonic() - started
             if waited > 1.5 or not quiet:
-                say(f"other processes use {pct:.0f}% of a CPU after waiting {waited:.0f}s"
-                    + ("" if pct < threshold_pct else "; going ahead anyway"))
+                say(
+                    f"other processes use {pct:.0f}% of a CPU after waiting {waited:.0f}s"
+                    + ("" if pct < threshold_pct else "; going ahead anyway")
+                )
             return round(pct, 1)
 
 
@@ -210,14 +212,29 @@ class Proc:
     A child process started by the benchmark, stopped by its pid.
     """
 
-    def __init__(self, name: str, argv: list[str], *, cpus: Optional[set[int]] = None,
-                 env: Optional[dict[str, str]] = None, stdout: Any = subprocess.PIPE,
-                 cwd: Optional[str] = None, pass_fds: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        cpus: Optional[set[int]] = None,
+        env: Optional[dict[str, str]] = None,
+        stdout: Any = subprocess.PIPE,
+        cwd: Optional[str] = None,
+        pass_fds: tuple[int, ...] = (),
+    ) -> None:
         self.name = name
         self.argv = argv
-        self.popen = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE if stdout is subprocess.PIPE
-                                      else subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_pinned(cpus),
-                                      text=True, pass_fds=pass_fds)
+        self.popen = subprocess.Popen(
+            argv,
+            stdout=stdout,
+            stderr=subprocess.PIPE if stdout is subprocess.PIPE else subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            preexec_fn=_pinned(cpus),
+            text=True,
+            pass_fds=pass_fds,
+        )
         self.pid = self.popen.pid
 
     def first_line(self, timeout: float = START_TIMEOUT) -> dict[str, Any]:
@@ -273,28 +290,47 @@ def ensure_wrk() -> str:
     """
     found = find_tool("wrk")
     if found is None:
-        raise WrkMissing(f"wrk is missing: run 'make tools' (tools/install wrk), which unpacks the Debian "
-                         f"package into {TOOLS_BIN}, or put wrk on PATH")
+        raise WrkMissing(
+            f"wrk is missing: run 'make tools' (tools/install wrk), which unpacks the Debian "
+            f"package into {TOOLS_BIN}, or put wrk on PATH"
+        )
     return found
 
 
-def run_wrk(url: str, body_file: str, *, connections: int, duration: float, cpus: Optional[set[int]],
-            threads: int = 1, timeout_s: int = 10) -> dict[str, Any]:
+def run_wrk(
+    url: str,
+    body_file: str,
+    *,
+    connections: int,
+    duration: float,
+    cpus: Optional[set[int]],
+    threads: int = 1,
+    timeout_s: int = 10,
+) -> dict[str, Any]:
     """
     One wrk run; its summary (requests, latency percentiles in microseconds,
     errors) plus the CPU seconds wrk itself used.
     """
     threads = max(1, min(threads, connections))
-    argv = [ensure_wrk(), f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s",
-            f"--timeout={timeout_s}s", "-s", LUA, url, "--", body_file]
+    argv = [
+        ensure_wrk(),
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{max(1, round(duration))}s",
+        f"--timeout={timeout_s}s",
+        "-s",
+        LUA,
+        url,
+        "--",
+        body_file,
+    ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(argv, capture_output=True, text=True, preexec_fn=_pinned(cpus),
-                          timeout=duration + 60)
+    done = subprocess.run(argv, capture_output=True, text=True, preexec_fn=_pinned(cpus), timeout=duration + 60)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     summary = None
     for line in done.stdout.splitlines():
         if line.startswith("AMPBENCH "):
-            summary = json.loads(line[len("AMPBENCH "):])
+            summary = json.loads(line[len("AMPBENCH ") :])
     if done.returncode != 0 or summary is None:
         raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
     summary["wrk_cpu_s"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
@@ -304,9 +340,18 @@ def run_wrk(url: str, body_file: str, *, connections: int, duration: float, cpus
 # ------------------------------------------------------------------ amp
 
 
-def amp_config(path: str, *, port: int, metrics_port: int, tls: dict[str, Any], endpoint_url: str,
-               source: str, kubeconfig: Optional[str], per_review_get: bool,
-               overlay: Optional[dict[str, Any]] = None) -> None:
+def amp_config(
+    path: str,
+    *,
+    port: int,
+    metrics_port: int,
+    tls: dict[str, Any],
+    endpoint_url: str,
+    source: str,
+    kubeconfig: Optional[str],
+    per_review_get: bool,
+    overlay: Optional[dict[str, Any]] = None,
+) -> None:
     """
     Write amp's benchmark configuration to C{path}; C{overlay} is laid over
     it section by section (a mapping updates the section's keys, anything
@@ -345,10 +390,23 @@ class Amp:
     One C{twistd -n amp} process and how to reach it.
     """
 
-    def __init__(self, name: str, workdir: str, tls: dict[str, Any], *, endpoint_url: str, source: str,
-                 kubeconfig: Optional[str], per_review_get: bool, cpus: Optional[set[int]],
-                 extra_twistd: tuple[str, ...] = (), overlay: Optional[dict[str, Any]] = None,
-                 prefix: tuple[str, ...] = (), env: Optional[dict[str, str]] = None, preamble: str = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        workdir: str,
+        tls: dict[str, Any],
+        *,
+        endpoint_url: str,
+        source: str,
+        kubeconfig: Optional[str],
+        per_review_get: bool,
+        cpus: Optional[set[int]],
+        extra_twistd: tuple[str, ...] = (),
+        overlay: Optional[dict[str, Any]] = None,
+        prefix: tuple[str, ...] = (),
+        env: Optional[dict[str, str]] = None,
+        preamble: str = "",
+    ) -> None:
         """
         @param prefix: what the command runs under (C{valgrind ...}).
         @param env: the process's environment (by default this one's).
@@ -359,12 +417,30 @@ class Amp:
         self.metrics_port = free_port()
         self.config_path = os.path.join(workdir, f"{name}.yaml")
         self.log_path = os.path.join(workdir, f"{name}.log")
-        amp_config(self.config_path, port=self.port, metrics_port=self.metrics_port, tls=tls,
-                   endpoint_url=endpoint_url, source=source, kubeconfig=kubeconfig,
-                   per_review_get=per_review_get, overlay=overlay)
+        amp_config(
+            self.config_path,
+            port=self.port,
+            metrics_port=self.metrics_port,
+            tls=tls,
+            endpoint_url=endpoint_url,
+            source=source,
+            kubeconfig=kubeconfig,
+            per_review_get=per_review_get,
+            overlay=overlay,
+        )
         self.ca = str(tls["ca_cert"])
-        argv = [*prefix, sys.executable, "-c", f"{preamble}from twisted.scripts.twistd import run; run()",
-                "-n", "--pidfile=", *extra_twistd, "amp", "--config", self.config_path]
+        argv = [
+            *prefix,
+            sys.executable,
+            "-c",
+            f"{preamble}from twisted.scripts.twistd import run; run()",
+            "-n",
+            "--pidfile=",
+            *extra_twistd,
+            "amp",
+            "--config",
+            self.config_path,
+        ]
         self.log = open(self.log_path, "w")
         self.proc = Proc(f"amp ({name})", argv, cpus=cpus, stdout=self.log, cwd=workdir, env=env)
         self.pid = self.proc.pid
@@ -394,8 +470,13 @@ class Amp:
                 last = str(e)
                 return False
 
-        poll_until(f"amp ({self.name}) to be ready", ready, timeout, interval=0.1,
-                   details=lambda: f"last /readyz answer: {last.strip()}")
+        poll_until(
+            f"amp ({self.name}) to be ready",
+            ready,
+            timeout,
+            interval=0.1,
+            details=lambda: f"last /readyz answer: {last.strip()}",
+        )
 
     def review(self, body_file: str) -> dict[str, Any]:
         """
@@ -410,9 +491,11 @@ class Amp:
         """
         scrape = Scrape.get(self.metrics_port, timeout=5)
         out: dict[str, float] = {}
-        for key, name, label in (("result", "amp_admission_requests_total", "result"),
-                                 ("endpoint", "amp_endpoint_requests_total", "outcome"),
-                                 ("miss", "amp_namespace_cache_misses_total", "result")):
+        for key, name, label in (
+            ("result", "amp_admission_requests_total", "result"),
+            ("endpoint", "amp_endpoint_requests_total", "outcome"),
+            ("miss", "amp_namespace_cache_misses_total", "result"),
+        ):
             for value, count in scrape.by(name, label).items():
                 out[f"{key}={value}"] = count
         return out

@@ -29,8 +29,10 @@ HOSTILE = {
     # One header line, without end.
     "/header": (b"HTTP/1.1 200 OK\r\nX-Big: ", lambda i: b"b" * 65536),
     # A body without end, chunked (no length to refuse it by).
-    "/chunked": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
-                 lambda i: b"10000\r\n" + b" " * 65536 + b"\r\n"),
+    "/chunked": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+        lambda i: b"10000\r\n" + b" " * 65536 + b"\r\n",
+    ),
     # A body of max_response (1 MiB) announced, all but 1 KiB of it sent, then
     # nothing: held until the timeout.
     "/held": (b"HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n", None),
@@ -78,8 +80,9 @@ def serve_hostile(ports: int) -> None:
         def connectionLost(self, reason: Any) -> None:
             self.gone = True
 
-    listening = [reactor.listenTCP(0, Factory.forProtocol(Hostile), interface="127.0.0.1", backlog=512)
-                 for _ in range(ports)]
+    listening = [
+        reactor.listenTCP(0, Factory.forProtocol(Hostile), interface="127.0.0.1", backlog=512) for _ in range(ports)
+    ]
     signal.signal(signal.SIGTERM, lambda *a: reactor.callFromThread(reactor.stop))
     print(json.dumps({"ports": [p.getHost().port for p in listening]}), flush=True)
     reactor.run()
@@ -110,19 +113,28 @@ def hostile(origins: int, per_origin: int, body: bytes) -> Any:
 
     @inlineCallbacks
     def run() -> Any:
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(origins)],
-                                 stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), str(origins)], stdout=subprocess.PIPE, text=True
+        )
         atexit.register(lambda: child.poll() is None and child.kill())
         assert child.stdout is not None
         ports = json.loads(child.stdout.readline())["ports"]
-        config = parse_config({"endpoints": {"allow": ["http://127.0.0.1:*/*"], "max_concurrent": per_origin,
-                                             "breaker": {"consecutive_failures": 1_000_000_000,
-                                                         "min_requests": 1_000_000_000}}})
+        config = parse_config(
+            {
+                "endpoints": {
+                    "allow": ["http://127.0.0.1:*/*"],
+                    "max_concurrent": per_origin,
+                    "breaker": {"consecutive_failures": 1_000_000_000, "min_requests": 1_000_000_000},
+                }
+            }
+        )
         settings = config.endpoints.defaults
         client = EndpointClient(reactor, Metrics(), BreakerRegistry(reactor))
-        print(f"5. hostile endpoints: {per_origin} calls at once on each of {origins} origins, per kind; "
-              f"endpoints.max_buffered {settings.max_buffered // 2**20} MiB, max_response "
-              f"{settings.max_response // 2**20} MiB, timeout {settings.timeout:g}s:")
+        print(
+            f"5. hostile endpoints: {per_origin} calls at once on each of {origins} origins, per kind; "
+            f"endpoints.max_buffered {settings.max_buffered // 2**20} MiB, max_response "
+            f"{settings.max_response // 2**20} MiB, timeout {settings.timeout:g}s:"
+        )
         print(f"   RSS before: {_rss() / 2**20:.1f} MiB")
         for path in HOSTILE:
             peak = [_rss()]
@@ -130,9 +142,17 @@ def hostile(origins: int, per_origin: int, body: bytes) -> Any:
             sampler.start(0.01)
             client.budget.peak = 0
             started = time.perf_counter()
-            calls = [client.call(parse_endpoint_url(f"http://127.0.0.1:{port}{path}"), settings, body, {},
-                                 Deadline.after(reactor.seconds(), 10.0))
-                     for port in ports for _ in range(per_origin)]
+            calls = [
+                client.call(
+                    parse_endpoint_url(f"http://127.0.0.1:{port}{path}"),
+                    settings,
+                    body,
+                    {},
+                    Deadline.after(reactor.seconds(), 10.0),
+                )
+                for port in ports
+                for _ in range(per_origin)
+            ]
             results = yield DeferredList(calls, consumeErrors=True)
             elapsed = time.perf_counter() - started
             sampler.stop()
@@ -140,9 +160,11 @@ def hostile(origins: int, per_origin: int, body: bytes) -> Any:
             for ok, value in results:
                 reason = "ok" if ok else str(getattr(value.value, "reason", value.type.__name__))
                 reasons[reason] = reasons.get(reason, 0) + 1
-            print(f"   {path:<9} peak RSS {peak[0] / 2**20:6.1f} MiB  reply budget peak "
-                  f"{client.budget.peak / 2**20:5.1f} MiB  all ended in {elapsed:5.2f}s  "
-                  + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())))
+            print(
+                f"   {path:<9} peak RSS {peak[0] / 2**20:6.1f} MiB  reply budget peak "
+                f"{client.budget.peak / 2**20:5.1f} MiB  all ended in {elapsed:5.2f}s  "
+                + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+            )
             yield client.close_idle_connections()
         yield client.close()
         child.send_signal(signal.SIGTERM)

@@ -43,8 +43,10 @@ def main(argv: list[str]) -> int:
     engine = Path(imagetool.engine()).name
     print(f"- image {image} ({engine}): {size / 1e6:.0f} MB")
     print(f"- warm build (nothing changed): {warm:.1f} s")
-    print(f"- start-up to ready (`{engine} run` to /readyz 200), median of {len(starts)}: "
-          f"{statistics.median(starts):.2f} s (min {min(starts):.2f}, max {max(starts):.2f})")
+    print(
+        f"- start-up to ready (`{engine} run` to /readyz 200), median of {len(starts)}: "
+        f"{statistics.median(starts):.2f} s (min {min(starts):.2f}, max {max(starts):.2f})"
+    )
     print(f"- SBOM (CycloneDX, cyclonedx-py {imagetool.CYCLONEDX_VERSION}): {packages} Python packages")
     return 0
 

@@ -52,8 +52,12 @@ def _child(body_name: str, reviews: int) -> None:
 
 
 def _functions(out_file: str) -> collections.Counter[str]:
-    annotated = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=100", out_file],
-                               capture_output=True, text=True, check=True).stdout
+    annotated = subprocess.run(
+        ["callgrind_annotate", "--inclusive=no", "--threshold=100", out_file],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     functions: collections.Counter[str] = collections.Counter()
     for line in annotated.splitlines():
         match = _FUNCTION.match(line)
@@ -65,9 +69,21 @@ def _functions(out_file: str) -> collections.Counter[str]:
 
 def _count(body_name: str, reviews: int, workdir: str) -> tuple[int, collections.Counter[str]]:
     out_file = os.path.join(workdir, f"callgrind.{body_name}.{reviews}")
-    done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", sys.executable,
-                           "-m", "bench.instructions", "--child", body_name, str(reviews)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out_file}",
+            sys.executable,
+            "-m",
+            "bench.instructions",
+            "--child",
+            body_name,
+            str(reviews),
+        ],
+        capture_output=True,
+        text=True,
+    )
     match = _COLLECTED.search(done.stderr)
     if done.returncode != 0 or match is None:
         raise SystemExit(f"valgrind failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -82,8 +98,10 @@ def measure(body_name: str, few: int, many: int, top: int) -> dict[str, Any]:
     result: dict[str, Any] = {"instructions_per_review": round(per_review)}
     if top:
         costs = {name: (high_functions[name] - low_functions[name]) / (many - few) for name in high_functions}
-        result["top"] = [{"function": name, "per_review": round(cost), "percent": round(100 * cost / per_review, 1)}
-                         for name, cost in sorted(costs.items(), key=lambda kv: -kv[1])[:top]]
+        result["top"] = [
+            {"function": name, "per_review": round(cost), "percent": round(100 * cost / per_review, 1)}
+            for name, cost in sorted(costs.items(), key=lambda kv: -kv[1])[:top]
+        ]
     return result
 
 
@@ -92,8 +110,9 @@ def main() -> None:
     parser.add_argument("--few", type=int, default=20, help="reviews of the shorter run (default 20)")
     parser.add_argument("--many", type=int, default=220, help="reviews of the longer run (default 220)")
     parser.add_argument("--top", type=int, default=0, help="also list the C functions that cost most")
-    parser.add_argument("--body", choices=("typical", "large"), action="append",
-                        help="the bodies to measure (default both)")
+    parser.add_argument(
+        "--body", choices=("typical", "large"), action="append", help="the bodies to measure (default both)"
+    )
     parser.add_argument("--child", nargs=2, metavar=("BODY", "REVIEWS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -103,8 +122,11 @@ def main() -> None:
         raise SystemExit("bench.instructions needs valgrind (callgrind and callgrind_annotate)")
     if args.many <= args.few:
         parser.error("--many must be more than --few")
-    print(json.dumps({name: measure(name, args.few, args.many, args.top) for name in args.body or ("typical", "large")},
-                     indent=2))
+    print(
+        json.dumps(
+            {name: measure(name, args.few, args.many, args.top) for name in args.body or ("typical", "large")}, indent=2
+        )
+    )
 
 
 if __name__ == "__main__":

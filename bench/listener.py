@@ -28,9 +28,11 @@ from amp.http import HTTPServerFactory, Request
 from amp.metrics import Metrics
 from bench import bodies
 
-_HEAD = (b"POST /mutate?timeout=10s HTTP/1.1\r\nHost: amp.amp.svc:443\r\nUser-Agent: kube-apiserver-admission\r\n"
-         b"Content-Type: application/json\r\nAccept: application/json, */*\r\nAccept-Encoding: gzip\r\n"
-         b"Content-Length: %d\r\n\r\n")
+_HEAD = (
+    b"POST /mutate?timeout=10s HTTP/1.1\r\nHost: amp.amp.svc:443\r\nUser-Agent: kube-apiserver-admission\r\n"
+    b"Content-Type: application/json\r\nAccept: application/json, */*\r\nAccept-Encoding: gzip\r\n"
+    b"Content-Length: %d\r\n\r\n"
+)
 
 
 class _Echo(Resource):
@@ -50,8 +52,15 @@ def factories(clock: MemoryReactorClock) -> dict[str, Any]:
     site = Site(_Echo(), reactor=clock)
     site.log = lambda request: None  # type: ignore[method-assign]
     return {
-        "amp.http": HTTPServerFactory({b"/mutate": _echo}, reactor=clock, metrics=Metrics(), max_body=1 << 20,
-                                      max_connections=100, request_timeout=10.0, idle_timeout=60.0),
+        "amp.http": HTTPServerFactory(
+            {b"/mutate": _echo},
+            reactor=clock,
+            metrics=Metrics(),
+            max_body=1 << 20,
+            max_connections=100,
+            request_timeout=10.0,
+            idle_timeout=60.0,
+        ),
         "twisted.web": site,
     }
 
@@ -59,7 +68,7 @@ def factories(clock: MemoryReactorClock) -> dict[str, Any]:
 def cpu_per_request(factory: Any, body: bytes, requests: int) -> float:
     """Microseconds of CPU per request (best of three rounds)."""
     request = _HEAD % len(body) + body
-    pieces = [request[i:i + 16384] for i in range(0, len(request), 16384)]
+    pieces = [request[i : i + 16384] for i in range(0, len(request), 16384)]
     transport = StringTransport()
     protocol = factory.buildProtocol(None)
     protocol.makeConnection(transport)
@@ -86,10 +95,12 @@ def main() -> None:
     results: dict[str, Any] = {}
     for name in ("typical", "large"):
         body = bodies.review_body(name, "bench")
-        us = {listener: cpu_per_request(factory, body, args.requests)
-              for listener, factory in factories(clock).items()}
-        results[name] = {"body_bytes": len(body), **{f"{k} us/request": round(v, 1) for k, v in us.items()},
-                         "amp.http / twisted.web": round(us["amp.http"] / us["twisted.web"], 3)}
+        us = {listener: cpu_per_request(factory, body, args.requests) for listener, factory in factories(clock).items()}
+        results[name] = {
+            "body_bytes": len(body),
+            **{f"{k} us/request": round(v, 1) for k, v in us.items()},
+            "amp.http / twisted.web": round(us["amp.http"] / us["twisted.web"], 3),
+        }
     print(json.dumps(results, indent=2))
 
 

@@ -39,9 +39,16 @@ from tests.support.fake_apiserver import FakeKube
 from tests.support.waiting import wait_until
 
 NS_PATH = "/api/v1/namespaces"
-LAST_APPLIED = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {
-    "labels": {"team": "x", "env": "prod", "cost-center": "1234"},
-    "annotations": {"owner": "someone@example.com", "description": "a namespace " * 20}}})
+LAST_APPLIED = json.dumps(
+    {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "labels": {"team": "x", "env": "prod", "cost-center": "1234"},
+            "annotations": {"owner": "someone@example.com", "description": "a namespace " * 20},
+        },
+    }
+)
 
 
 def populate(fake: FakeKube, n: int) -> None:
@@ -221,8 +228,12 @@ current-context: fake
         produce = yield in_thread(reactor, updates(fake, names, m))
         finished = yield done
         live = finished - started
-        rows.append((f"live: {m} updates, server commit -> cache",
-                     f"{m / live:,.0f} events/s  (server alone commits {m / produce:,.0f}/s)"))
+        rows.append(
+            (
+                f"live: {m} updates, server commit -> cache",
+                f"{m / live:,.0f} events/s  (server alone commits {m / produce:,.0f}/s)",
+            )
+        )
 
         # backlog: hold the resumed watch at the server while changes pile up
         hold = produce * 2 + 1.0
@@ -235,9 +246,12 @@ current-context: fake
         committed = yield in_thread(reactor, updates(fake, names, m))
         assert source.applied == source.target - m, "the watch resumed before the backlog was complete"
         finished = yield done
-        rows.append((f"backlog: resumed watch replays {m} events",
-                     f"{m / (finished - source.first_at):,.0f} events/s  (held {hold:.1f}s, "
-                     f"commit took {committed:.1f}s)"))
+        rows.append(
+            (
+                f"backlog: resumed watch replays {m} events",
+                f"{m / (finished - source.first_at):,.0f} events/s  (held {hold:.1f}s, commit took {committed:.1f}s)",
+            )
+        )
         rows += stages(keep, source, fake, 20000)
         rows += lookups(source, names, options.rounds)
         rows.append(("namespaces held", f"{source.count}"))

@@ -44,7 +44,8 @@ def main() -> None:
     port = reactor.listenTCP(0, site, interface="127.0.0.1")  # type: ignore[attr-defined]
     print(json.dumps({"port": port.getHost().port}), flush=True)
     reactor.addSystemEventTrigger(  # type: ignore[attr-defined]
-        "after", "shutdown", lambda: print(json.dumps({"exports": sink.exports, "bytes": sink.bytes}), flush=True))
+        "after", "shutdown", lambda: print(json.dumps({"exports": sink.exports, "bytes": sink.bytes}), flush=True)
+    )
     reactor.run()  # type: ignore[attr-defined]
 
 

@@ -45,24 +45,47 @@ _SUMMARY = re.compile(r"^summary: (\d+)", re.M)
 CONNECTIONS = 16
 
 
-def measure(which: str, body: str, reviews: int, workdir: str, tls: dict[str, str], body_files: dict[str, str],
-            endpoint_url: str) -> dict[str, Any]:
+def measure(
+    which: str,
+    body: str,
+    reviews: int,
+    workdir: str,
+    tls: dict[str, str],
+    body_files: dict[str, str],
+    endpoint_url: str,
+) -> dict[str, Any]:
     """Instructions per review of one proxy (C{amp} or C{floor}) for C{body}."""
     out = os.path.join(workdir, f"callgrind.{which}.{body}")
     valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     py = sys.executable
     proc: Proc | Amp
     if which == "floor":
-        proc = Proc("floor", valgrind + [py, "-m", "bench.floor", "--cert", tls["cert"], "--key", tls["key"],
-                                         "--endpoint", endpoint_url])
+        proc = Proc(
+            "floor",
+            valgrind
+            + [py, "-m", "bench.floor", "--cert", tls["cert"], "--key", tls["key"], "--endpoint", endpoint_url],
+        )
         port = proc.first_line()["port"]
     else:
-        proc = Amp(f"amp-{body}", workdir, tls, endpoint_url=endpoint_url, source="static", kubeconfig=None,
-                   per_review_get=False, cpus=None, prefix=tuple(valgrind))
+        proc = Amp(
+            f"amp-{body}",
+            workdir,
+            tls,
+            endpoint_url=endpoint_url,
+            source="static",
+            kubeconfig=None,
+            per_review_get=False,
+            cpus=None,
+            prefix=tuple(valgrind),
+        )
         proc.wait_ready(timeout=600)
         port = proc.port
-    client = subprocess.Popen([py, "-m", "bench.closed_loop", str(port), body_files[f"{body}-on"], str(CONNECTIONS),
-                               tls["ca_cert"]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    client = subprocess.Popen(
+        [py, "-m", "bench.closed_loop", str(port), body_files[f"{body}-on"], str(CONNECTIONS), tls["ca_cert"]],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert client.stdin is not None and client.stdout is not None
     try:
         client.stdin.write("3\n")
@@ -94,8 +117,12 @@ def measure(which: str, body: str, reviews: int, workdir: str, tls: dict[str, st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reviews", type=int, default=15,
-                        help=f"reviews per connection in the counted round ({CONNECTIONS} connections; default 15)")
+    parser.add_argument(
+        "--reviews",
+        type=int,
+        default=15,
+        help=f"reviews per connection in the counted round ({CONNECTIONS} connections; default 15)",
+    )
     parser.add_argument("--body", choices=bodies.BODIES, action="append", help="the bodies (default both)")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -110,13 +137,18 @@ def main() -> None:
         try:
             endpoint_url = f"http://127.0.0.1:{endpoint.first_line()['port']}/patch"
             for body in args.body or bodies.BODIES:
-                figures = {which: measure(which, body, args.reviews, workdir, tls, body_files, endpoint_url)
-                           for which in ("floor", "amp")}
-                figures["amp_vs_floor"] = round(figures["amp"]["instructions_per_review"]
-                                                / figures["floor"]["instructions_per_review"], 2)
-                say(f"{body}: amp {figures['amp']['instructions_per_review']}, floor "
+                figures = {
+                    which: measure(which, body, args.reviews, workdir, tls, body_files, endpoint_url)
+                    for which in ("floor", "amp")
+                }
+                figures["amp_vs_floor"] = round(
+                    figures["amp"]["instructions_per_review"] / figures["floor"]["instructions_per_review"], 2
+                )
+                say(
+                    f"{body}: amp {figures['amp']['instructions_per_review']}, floor "
                     f"{figures['floor']['instructions_per_review']} instructions per review: "
-                    f"{figures['amp_vs_floor']}x")
+                    f"{figures['amp_vs_floor']}x"
+                )
                 result[body] = figures
         finally:
             endpoint.stop()

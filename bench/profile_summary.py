@@ -39,35 +39,68 @@ def _frame_key(frame: str) -> str:
 #: taken off the path, fails them instead of leaving a row that reads 0%.
 BREAKDOWN: tuple[tuple[str, "re.Pattern[str]", tuple[str, ...]], ...] = (
     ("TLS record layer (pyOpenSSL)", re.compile(r"\(OpenSSL/"), ()),
-    ("the webhook's HTTP parsing (amp.http's llhttp callbacks; amp/http/ in the own time per file has the rest)",
-     re.compile(r"^HTTPServerProtocol\.(on_\w+|_check_partial_head) "),
-     ("amp.http._server:HTTPServerProtocol.on_header",)),
-    ("AdmissionReview parsing (amp.admission_review.parse_review)", re.compile(r"^parse_review \(amp/"),
-     ("amp.admission_review:parse_review",)),
-    ("JSON decoding (msgspec, or json.loads on the careful path)",
-     re.compile(r"\(json/decoder\.py|^_decode_fast \(amp/|^_decode \(amp/reply"),
-     ("amp.admission_review:_decode_fast", "amp.reply:_decode")),
-    ("the depth scan (amp.admission_review.nesting_exceeds, of the review and of the reply)",
-     re.compile(r"^nesting_exceeds \(amp/"), ("amp.admission_review:nesting_exceeds",)),
-    ("endpoint call set-up (amp.endpoint.EndpointClient.ask_into)", re.compile(r"^EndpointClient\.ask_into "),
-     ("amp.endpoint._client:EndpointClient.ask_into",)),
-    ("the endpoint's reply read (amp.http's client llhttp callbacks and head count)",
-     re.compile(r"^(ClientConnection\.on_\w+|HeadCounter\.count) "),
-     ("amp.http._client:ClientConnection.on_header", "amp.http._replyhead:HeadCounter.count")),
+    (
+        "the webhook's HTTP parsing (amp.http's llhttp callbacks; amp/http/ in the own time per file has the rest)",
+        re.compile(r"^HTTPServerProtocol\.(on_\w+|_check_partial_head) "),
+        ("amp.http._server:HTTPServerProtocol.on_header",),
+    ),
+    (
+        "AdmissionReview parsing (amp.admission_review.parse_review)",
+        re.compile(r"^parse_review \(amp/"),
+        ("amp.admission_review:parse_review",),
+    ),
+    (
+        "JSON decoding (msgspec, or json.loads on the careful path)",
+        re.compile(r"\(json/decoder\.py|^_decode_fast \(amp/|^_decode \(amp/reply"),
+        ("amp.admission_review:_decode_fast", "amp.reply:_decode"),
+    ),
+    (
+        "the depth scan (amp.admission_review.nesting_exceeds, of the review and of the reply)",
+        re.compile(r"^nesting_exceeds \(amp/"),
+        ("amp.admission_review:nesting_exceeds",),
+    ),
+    (
+        "endpoint call set-up (amp.endpoint.EndpointClient.ask_into)",
+        re.compile(r"^EndpointClient\.ask_into "),
+        ("amp.endpoint._client:EndpointClient.ask_into",),
+    ),
+    (
+        "the endpoint's reply read (amp.http's client llhttp callbacks and head count)",
+        re.compile(r"^(ClientConnection\.on_\w+|HeadCounter\.count) "),
+        ("amp.http._client:ClientConnection.on_header", "amp.http._replyhead:HeadCounter.count"),
+    ),
     ("patch checks (amp.patch.check_patch)", re.compile(r"^check_patch \(amp/"), ("amp.patch._check:check_patch",)),
-    ("the answer with its stamp (amp.admission's Answering.chain_done)", re.compile(r"^Answering\.chain_done "),
-     ("amp.admission._answering:Answering.chain_done",)),
-    ("JSON encoding (msgspec, json.dumps)", re.compile(r"\(json/encoder\.py|^encode_response \(amp/"),
-     ("amp.admission_response:encode_response",)),
-    ("writing the answer (HTTPServerProtocol.respond)", re.compile(r"^HTTPServerProtocol\.respond "),
-     ("amp.http._server:HTTPServerProtocol.respond",)),
-    ("accounting after the answer (ReviewHandler._account: log line, metrics, recent decisions)",
-     re.compile(r"^ReviewHandler\._account "), ("amp.web:ReviewHandler._account",)),
+    (
+        "the answer with its stamp (amp.admission's Answering.chain_done)",
+        re.compile(r"^Answering\.chain_done "),
+        ("amp.admission._answering:Answering.chain_done",),
+    ),
+    (
+        "JSON encoding (msgspec, json.dumps)",
+        re.compile(r"\(json/encoder\.py|^encode_response \(amp/"),
+        ("amp.admission_response:encode_response",),
+    ),
+    (
+        "writing the answer (HTTPServerProtocol.respond)",
+        re.compile(r"^HTTPServerProtocol\.respond "),
+        ("amp.http._server:HTTPServerProtocol.respond",),
+    ),
+    (
+        "accounting after the answer (ReviewHandler._account: log line, metrics, recent decisions)",
+        re.compile(r"^ReviewHandler\._account "),
+        ("amp.web:ReviewHandler._account",),
+    ),
     ("per-review log line (Logger.info in ReviewHandler._account)", re.compile(r"^Logger\.(info|emit) "), ()),
-    ("metrics (amp.metrics; prometheus_client off the hot path)", re.compile(r"\(amp/metrics\.py|\(prometheus_client/"),
-     ("amp.metrics:Metrics.count_review",)),
-    ("timers (reactor.callLater / DelayedCall.cancel)", re.compile(r"^(ReactorBase\.callLater|DelayedCall\.cancel) "),
-     ()),
+    (
+        "metrics (amp.metrics; prometheus_client off the hot path)",
+        re.compile(r"\(amp/metrics\.py|\(prometheus_client/"),
+        ("amp.metrics:Metrics.count_review",),
+    ),
+    (
+        "timers (reactor.callLater / DelayedCall.cancel)",
+        re.compile(r"^(ReactorBase\.callLater|DelayedCall\.cancel) "),
+        (),
+    ),
     ("socket send (Connection.writeSomeData)", re.compile(r"^Connection\.writeSomeData "), ()),
 )
 
@@ -120,14 +153,28 @@ def summarise_collapsed(path: str, top_n: int = 15) -> dict[str, Any]:
     top = sorted(own.items(), key=lambda kv: kv[1], reverse=True)[:top_n]
     return {
         "samples": samples,
-        "top": [{"function": k, "own_pct": round(100 * v / samples, 1) if samples else 0.0,
-                 "total_pct": round(100 * total[k] / samples, 1) if samples else 0.0} for k, v in top],
-        "breakdown": [{"part": label, "total_pct": round(100 * v / samples, 1) if samples else 0.0}
-                      for label, v in sorted(parts.items(), key=lambda kv: kv[1], reverse=True)],
-        "own_by_package": [{"package": k, "own_pct": round(100 * v / samples, 1) if samples else 0.0}
-                           for k, v in sorted(packages.items(), key=lambda kv: kv[1], reverse=True)[:top_n]],
-        "own_by_file": [{"file": k, "own_pct": round(100 * v / samples, 1) if samples else 0.0}
-                        for k, v in sorted(files.items(), key=lambda kv: kv[1], reverse=True)[:top_n]],
-        "top_total": [{"function": k, "total_pct": round(100 * v / samples, 1) if samples else 0.0}
-                      for k, v in sorted(total.items(), key=lambda kv: kv[1], reverse=True)[:top_n]],
+        "top": [
+            {
+                "function": k,
+                "own_pct": round(100 * v / samples, 1) if samples else 0.0,
+                "total_pct": round(100 * total[k] / samples, 1) if samples else 0.0,
+            }
+            for k, v in top
+        ],
+        "breakdown": [
+            {"part": label, "total_pct": round(100 * v / samples, 1) if samples else 0.0}
+            for label, v in sorted(parts.items(), key=lambda kv: kv[1], reverse=True)
+        ],
+        "own_by_package": [
+            {"package": k, "own_pct": round(100 * v / samples, 1) if samples else 0.0}
+            for k, v in sorted(packages.items(), key=lambda kv: kv[1], reverse=True)[:top_n]
+        ],
+        "own_by_file": [
+            {"file": k, "own_pct": round(100 * v / samples, 1) if samples else 0.0}
+            for k, v in sorted(files.items(), key=lambda kv: kv[1], reverse=True)[:top_n]
+        ],
+        "top_total": [
+            {"function": k, "total_pct": round(100 * v / samples, 1) if samples else 0.0}
+            for k, v in sorted(total.items(), key=lambda kv: kv[1], reverse=True)[:top_n]
+        ],
     }

@@ -53,11 +53,12 @@ from amp.web import webhook_routes
 from bench import bodies
 from bench.endpoint import PATCH
 
-_HEAD = (b"POST /mutate?timeout=10s HTTP/1.1\r\nHost: amp.amp.svc:443\r\nUser-Agent: kube-apiserver-admission\r\n"
-         b"Content-Type: application/json\r\nAccept: application/json, */*\r\nAccept-Encoding: gzip\r\n"
-         b"Content-Length: %d\r\n\r\n")
-_REPLY = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-          % (len(PATCH), PATCH))
+_HEAD = (
+    b"POST /mutate?timeout=10s HTTP/1.1\r\nHost: amp.amp.svc:443\r\nUser-Agent: kube-apiserver-admission\r\n"
+    b"Content-Type: application/json\r\nAccept: application/json, */*\r\nAccept-Encoding: gzip\r\n"
+    b"Content-Length: %d\r\n\r\n"
+)
+_REPLY = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(PATCH), PATCH)
 
 
 class ReviewPath:
@@ -68,18 +69,33 @@ class ReviewPath:
 
     def __init__(self) -> None:
         self.clock = MemoryReactorClock()
-        config = parse_config({
-            "kubernetes": {"source": "static", "namespaces": {"bench": {
-                "labels": {"amp.txn2.com/enabled": "true"},
-                "annotations": {"amp.txn2.com/ep": "http://127.0.0.1:8090/mutate"}}}},
-            "endpoints": {"allow": ["http://127.0.0.1:*/*"], "timeout": "2s"},
-        })
+        config = parse_config(
+            {
+                "kubernetes": {
+                    "source": "static",
+                    "namespaces": {
+                        "bench": {
+                            "labels": {"amp.txn2.com/enabled": "true"},
+                            "annotations": {"amp.txn2.com/ep": "http://127.0.0.1:8090/mutate"},
+                        }
+                    },
+                },
+                "endpoints": {"allow": ["http://127.0.0.1:*/*"], "timeout": "2s"},
+            }
+        )
         metrics = Metrics()
         self.client = EndpointClient(self.clock, metrics, BreakerRegistry(self.clock))
         admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), self.client, self.clock, metrics)
         routes = webhook_routes(admitter, self.clock, metrics, {})
-        factory = HTTPServerFactory(routes, reactor=self.clock, metrics=metrics, max_body=config.listen.max_body,
-                                    max_connections=100, request_timeout=10.0, idle_timeout=60.0)
+        factory = HTTPServerFactory(
+            routes,
+            reactor=self.clock,
+            metrics=metrics,
+            max_body=config.listen.max_body,
+            max_connections=100,
+            request_timeout=10.0,
+            idle_timeout=60.0,
+        )
         self.factory = factory
         #: Connections and endpoint connections for L{reviews}.
         self.more: list[tuple[Any, StringTransport]] = []
@@ -141,7 +157,7 @@ class ReviewPath:
 def request_pieces(body: bytes) -> list[bytes]:
     """A review of C{body} as the listener receives it: the request in reads of at most 16 KiB."""
     request = _HEAD % len(body) + body
-    return [request[i:i + 16384] for i in range(0, len(request), 16384)]
+    return [request[i : i + 16384] for i in range(0, len(request), 16384)]
 
 
 def check_answer(answer: bytes) -> None:
@@ -184,10 +200,14 @@ def main() -> None:
     parser.add_argument("--reviews", type=int, default=2000, help="reviews per round (median of five rounds)")
     parser.add_argument("--profile", choices=("typical", "large"), help="profile this body instead")
     parser.add_argument("--top", type=int, default=30, help="functions shown by --profile")
-    parser.add_argument("--in-flight", type=int, default=1,
-                        help="reviews in flight together, each on its own connections (default 1)")
-    parser.add_argument("--managed-fields", action="store_true",
-                        help="the Pods carry the managedFields a real API server adds (bench.bodies.managed_fields)")
+    parser.add_argument(
+        "--in-flight", type=int, default=1, help="reviews in flight together, each on its own connections (default 1)"
+    )
+    parser.add_argument(
+        "--managed-fields",
+        action="store_true",
+        help="the Pods carry the managedFields a real API server adds (bench.bodies.managed_fields)",
+    )
     args = parser.parse_args()
     # The review log lines go nowhere (not into the start-up buffer, which
     # would keep them).

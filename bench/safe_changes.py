@@ -49,13 +49,28 @@ VARIANTS = ("plain", "control", "canary", "record")
 
 def _overlay(variant: str, endpoint: str, candidate: str, workdir: str) -> Optional[dict[str, Any]]:
     if variant == "canary":
-        return {"kubernetes": {"source": "static", "namespaces": {
-            ON: {"labels": {"amp.txn2.com/enabled": "true"},
-                 "annotations": {"amp.txn2.com/ep": endpoint, "amp.txn2.com/canary": candidate}},
-            OFF: {"labels": {"team": "other"}}}}}
+        return {
+            "kubernetes": {
+                "source": "static",
+                "namespaces": {
+                    ON: {
+                        "labels": {"amp.txn2.com/enabled": "true"},
+                        "annotations": {"amp.txn2.com/ep": endpoint, "amp.txn2.com/canary": candidate},
+                    },
+                    OFF: {"labels": {"team": "other"}},
+                },
+            }
+        }
     if variant == "record":
-        return {"record": {"enabled": True, "directory": os.path.join(workdir, "recordings"),
-                           "namespaces": ["*"], "max_size": "256MiB", "file_size": "16MiB"}}
+        return {
+            "record": {
+                "enabled": True,
+                "directory": os.path.join(workdir, "recordings"),
+                "namespaces": ["*"],
+                "max_size": "256MiB",
+                "file_size": "16MiB",
+            }
+        }
     return None
 
 
@@ -64,8 +79,12 @@ def measure(amp: Amp, body: str, connections: int, duration: float) -> dict[str,
     summary = run_wrk(amp.url, body, connections=connections, duration=duration, cpus=None)
     cpu = cpu_seconds_with_children(amp.pid) - before
     requests = max(summary["requests"], 1)
-    return {"rps": summary["requests"] / duration, "cpu_ms": 1000 * cpu / requests,
-            "p99_ms": summary["latency_us"]["p99"] / 1000, "errors": sum(summary["errors"].values())}
+    return {
+        "rps": summary["requests"] / duration,
+        "cpu_ms": 1000 * cpu / requests,
+        "p99_ms": summary["latency_us"]["p99"] / 1000,
+        "errors": sum(summary["errors"].values()),
+    }
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -74,8 +93,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=None, help="write safe-changes.json there")
-    p.add_argument("--writer-with-amp", action="store_true",
-                   help="leave amp's child processes (the recording's writer) on amp's CPU")
+    p.add_argument(
+        "--writer-with-amp",
+        action="store_true",
+        help="leave amp's child processes (the recording's writer) on amp's CPU",
+    )
     args = p.parse_args(argv)
     rounds, duration = (1, 1.0) if args.quick else (args.rounds, args.duration)
     cpus = sorted(os.sched_getaffinity(0))
@@ -95,13 +117,22 @@ def main(argv: Optional[list[str]] = None) -> int:
                 urls.append(f"http://127.0.0.1:{proc.first_line()['port']}/patch")
             amps = {}
             for variant in VARIANTS:
-                amp = Amp(variant, workdir, tls, endpoint_url=urls[0], source="static", kubeconfig=None,
-                          per_review_get=False, cpus=amp_cpus, overlay=_overlay(variant, urls[0], urls[1], workdir))
+                amp = Amp(
+                    variant,
+                    workdir,
+                    tls,
+                    endpoint_url=urls[0],
+                    source="static",
+                    kubeconfig=None,
+                    per_review_get=False,
+                    cpus=amp_cpus,
+                    overlay=_overlay(variant, urls[0], urls[1], workdir),
+                )
                 procs.append(amp)
                 amps[variant] = amp
             for amp in amps.values():
                 amp.wait_ready()
-                for child in ([] if args.writer_with_amp else child_pids(amp.pid)):  # see the module docstring
+                for child in [] if args.writer_with_amp else child_pids(amp.pid):  # see the module docstring
                     os.sched_setaffinity(child, cpus)
                 amp.review(files["typical-on"])  # warm up: TLS, pools
             rows: list[dict[str, Any]] = []
@@ -111,8 +142,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                         row = measure(amps[variant], files["typical-on"], connections, duration)
                         row.update(variant=variant, connections=connections, round=r)
                         rows.append(row)
-                        say(f"round {r + 1} {variant} c={connections}: {row['rps']:.0f} reviews/s, "
-                            f"{row['cpu_ms']:.3f} ms CPU/review, p99 {row['p99_ms']:.2f} ms")
+                        say(
+                            f"round {r + 1} {variant} c={connections}: {row['rps']:.0f} reviews/s, "
+                            f"{row['cpu_ms']:.3f} ms CPU/review, p99 {row['p99_ms']:.2f} ms"
+                        )
             sent = {v: sum(round(r["rps"] * duration) for r in rows if r["variant"] == v) for v in VARIANTS}
 
             def settled(variant: str, name: str) -> Optional[dict[str, float]]:
@@ -126,10 +159,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         finally:
             for proc in reversed(procs):
                 proc.stop()
-        recordings = os.listdir(os.path.join(workdir, "recordings")) if os.path.isdir(
-            os.path.join(workdir, "recordings")) else []
-    result = {"machine": machine(), "rows": rows, "canary": canary, "recorded": recorded,
-              "recording_files": len(recordings), "summary": summarise(rows)}
+        recordings = (
+            os.listdir(os.path.join(workdir, "recordings"))
+            if os.path.isdir(os.path.join(workdir, "recordings"))
+            else []
+        )
+    result = {
+        "machine": machine(),
+        "rows": rows,
+        "canary": canary,
+        "recorded": recorded,
+        "recording_files": len(recordings),
+        "summary": summarise(rows),
+    }
     print(markdown(result))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
@@ -167,9 +209,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any]) -> str:
     s = result["summary"]
-    lines = ["| variant | CPU ms/review (c=16) | ÷ plain | reviews/s (c=16) | p99 ms (c=1), median | ÷ plain "
-             "| p99 ms (c=1), rounds | within noise | p99 ms (c=16) | ÷ plain |",
-             "|---|---:|---:|---:|---:|---:|---|---|---:|---:|"]
+    lines = [
+        "| variant | CPU ms/review (c=16) | ÷ plain | reviews/s (c=16) | p99 ms (c=1), median | ÷ plain "
+        "| p99 ms (c=1), rounds | within noise | p99 ms (c=16) | ÷ plain |",
+        "|---|---:|---:|---:|---:|---:|---|---|---:|---:|",
+    ]
+
     def ratio(value: Optional[float]) -> str:
         # None where plain measured nothing (a starved machine served no review in a round).
         return "n/a" if value is None else f"{value:.2f}"
@@ -177,15 +222,18 @@ def markdown(result: dict[str, Any]) -> str:
     for v in VARIANTS:
         x = s[v]
         rounds = " / ".join(f"{p:.2f}" for p in x["p99_ms_c1_rounds"])
-        lines.append(f"| {v} | {x['cpu_ms_c16']:.3f} | {ratio(x['cpu_c16_ratio'])} | {x['rps_c16']:.0f} | "
-                     f"{x['p99_ms_c1']:.2f} | {ratio(x['p99_c1_ratio'])} | {rounds} | "
-                     f"{'yes' if x['p99_c1_within_noise'] else 'no'} | {x['p99_ms_c16']:.2f} | "
-                     f"{ratio(x['p99_c16_ratio'])} |")
+        lines.append(
+            f"| {v} | {x['cpu_ms_c16']:.3f} | {ratio(x['cpu_c16_ratio'])} | {x['rps_c16']:.0f} | "
+            f"{x['p99_ms_c1']:.2f} | {ratio(x['p99_c1_ratio'])} | {rounds} | "
+            f"{'yes' if x['p99_c1_within_noise'] else 'no'} | {x['p99_ms_c16']:.2f} | "
+            f"{ratio(x['p99_c16_ratio'])} |"
+        )
     low, high = s["noise_band_p99_ms_c1"]
     lines.append("")
     lines.append(f"noise band of p99 at c=1 (every round of plain and control): {low:.2f}–{high:.2f} ms")
-    lines.append(f"canary comparisons: {result['canary']}; recorded: {result['recorded']} "
-                 f"in {result['recording_files']} file(s)")
+    lines.append(
+        f"canary comparisons: {result['canary']}; recorded: {result['recorded']} in {result['recording_files']} file(s)"
+    )
     return "\n".join(lines)
 
 

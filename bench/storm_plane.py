@@ -64,14 +64,30 @@ def policy_objects(version: str) -> list[dict[str, Any]]:
         f'value: {{"{STATUS}": "mutated"}}}}]'
     )
     return [
-        {"apiVersion": api, "kind": "MutatingAdmissionPolicy", "metadata": {"name": "storm-floor"},
-         "spec": {"matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                                                          "operations": ["CREATE"], "resources": ["pods"]}]},
-                  "failurePolicy": "Fail", "reinvocationPolicy": "Never",
-                  "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}]}},
-        {"apiVersion": api, "kind": "MutatingAdmissionPolicyBinding", "metadata": {"name": "storm-floor"},
-         "spec": {"policyName": "storm-floor",
-                  "matchResources": {"namespaceSelector": {"matchLabels": {POLICY_LABEL: "true"}}}}},
+        {
+            "apiVersion": api,
+            "kind": "MutatingAdmissionPolicy",
+            "metadata": {"name": "storm-floor"},
+            "spec": {
+                "matchConstraints": {
+                    "resourceRules": [
+                        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+                    ]
+                },
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": "Never",
+                "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}],
+            },
+        },
+        {
+            "apiVersion": api,
+            "kind": "MutatingAdmissionPolicyBinding",
+            "metadata": {"name": "storm-floor"},
+            "spec": {
+                "policyName": "storm-floor",
+                "matchResources": {"namespaceSelector": {"matchLabels": {POLICY_LABEL: "true"}}},
+            },
+        },
     ]
 
 
@@ -125,8 +141,9 @@ class StormCluster:
         say("starting etcd, kube-apiserver")
         self.plane.start()
         say(f"starting kwok, kube-scheduler, kube-controller-manager (client qps {self.qps:g}, burst {self.burst})")
-        self.controllers = Controllers(self.plane, controller_binaries, self.workdir / "controllers",
-                                       qps=self.qps, burst=self.burst)
+        self.controllers = Controllers(
+            self.plane, controller_binaries, self.workdir / "controllers", qps=self.qps, burst=self.burst
+        )
         self.controllers.start()
         self.examples = ExampleEndpoints(self.workdir / "examples").start_and_wait()
         for name in names:
@@ -147,16 +164,25 @@ class StormCluster:
         workers = 2 if name == "amp-w2" else 1
         return self.amp_target(name, self.examples.url("user-env"), workers=workers)
 
-    def amp_target(self, name: str, endpoint: str, *, workers: int = 1,
-                   overrides: Optional[dict[str, Any]] = None) -> Target:
+    def amp_target(
+        self, name: str, endpoint: str, *, workers: int = 1, overrides: Optional[dict[str, Any]] = None
+    ) -> Target:
         """An amp process registered for namespaces of its own, calling C{endpoint}."""
         assert self.plane is not None and self.examples is not None
         options: dict[str, Any] = {"metrics": {"port": free_port(), "interface": "127.0.0.1"}, **(overrides or {})}
         if workers > 1:
             options["workers"] = workers
-        amp = AmpInstance(self.plane, self.plane.kubeconfig_path, self.examples, self.workdir / "amp", name,
-                          webhook_name=f"{name}.storm.amp.txn2.com", webhook_failure_policy="Ignore",
-                          webhook_timeout_seconds=WEBHOOK_TIMEOUT, overrides=options)
+        amp = AmpInstance(
+            self.plane,
+            self.plane.kubeconfig_path,
+            self.examples,
+            self.workdir / "amp",
+            name,
+            webhook_name=f"{name}.storm.amp.txn2.com",
+            webhook_failure_policy="Ignore",
+            webhook_timeout_seconds=WEBHOOK_TIMEOUT,
+            overrides=options,
+        )
         self._amps.append(amp)
         say(f"starting amp target {name} ({workers} worker{'s' if workers > 1 else ''})")
         amp.start(timeout=60)
@@ -182,6 +208,10 @@ class StormCluster:
             self.plane.stop()
 
     def versions(self) -> dict[str, str]:
-        return {"kubernetes": build.kubernetes_version(), "etcd": build.etcd_version(),
-                "kwok": build.kwok_version(), "policy_api": f"{ADMISSION_GROUP}/{self.policy_version}",
-                "machine_cpus": str(os.cpu_count())}
+        return {
+            "kubernetes": build.kubernetes_version(),
+            "etcd": build.etcd_version(),
+            "kwok": build.kwok_version(),
+            "policy_api": f"{ADMISSION_GROUP}/{self.policy_version}",
+            "machine_cpus": str(os.cpu_count()),
+        }

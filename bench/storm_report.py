@@ -19,8 +19,15 @@ from bench.harness import say
 BENCH = os.path.dirname(os.path.abspath(__file__))
 STORM_BEGIN = "<!-- storm:begin -->"
 STORM_END = "<!-- storm:end -->"
-COLORS = {"none": "tab:gray", "policy": "tab:green", "amp": "tab:blue", "amp-w2": "tab:orange",
-          "amp-slow": "tab:red", "amp-slow-budget": "tab:brown", "amp-fail": "tab:purple"}
+COLORS = {
+    "none": "tab:gray",
+    "policy": "tab:green",
+    "amp": "tab:blue",
+    "amp-w2": "tab:orange",
+    "amp-slow": "tab:red",
+    "amp-slow-budget": "tab:brown",
+    "amp-fail": "tab:purple",
+}
 
 
 def _median(values: list[Optional[float]]) -> Optional[float]:
@@ -47,8 +54,10 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
             if hooks:
                 calls = sum(h["calls"] for h in hooks)
                 row["webhook_mean_ms"] = _median([h["mean_ms"] for h in hooks])
-                row["within"] = {b: 100 * sum(h["within_ms"].get(b, 0) for h in hooks) / calls if calls else None
-                                 for b in ("5", "25", "100")}
+                row["within"] = {
+                    b: 100 * sum(h["within_ms"].get(b, 0) for h in hooks) / calls if calls else None
+                    for b in ("5", "25", "100")
+                }
                 row["rejections"] = sum(h["rejections"] for h in hooks)
                 row["fail_open"] = sum(h["fail_open"] for h in hooks)
                 row["webhook_calls"] = calls
@@ -106,23 +115,34 @@ def goals(s: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[str, str, str]]
         # The API server's buckets (5/25/100 ms) hold no p99; its exact mean less amp's own
         # mean is what the call costs around amp's answer (TLS, HTTP, the API server's side).
         estimate = own + max(0.0, seen - mean) if None not in (own, mean, seen) else None
-        rows.append((
-            "amp's p99 webhook latency (scale-up) <= policy's added latency + endpoint time + 1 ms",
-            f"{_f(estimate)} ms (amp's own p99 {_f(own)} + the API server's mean {_f(seen)} - amp's own mean "
-            f"{_f(mean)}) vs {added:.2f} + {amp.get('endpoint_mean_ms') or 0:.2f} + 1 = {budget:.2f} ms; the API "
-            f"server's buckets hold 99% of calls within {_f(bound, '{:g}')} ms",
-            "yes" if estimate is not None and estimate <= budget + 1e-9 else "no"))
+        rows.append(
+            (
+                "amp's p99 webhook latency (scale-up) <= policy's added latency + endpoint time + 1 ms",
+                f"{_f(estimate)} ms (amp's own p99 {_f(own)} + the API server's mean {_f(seen)} - amp's own mean "
+                f"{_f(mean)}) vs {added:.2f} + {amp.get('endpoint_mean_ms') or 0:.2f} + 1 = {budget:.2f} ms; the API "
+                f"server's buckets hold 99% of calls within {_f(bound, '{:g}')} ms",
+                "yes" if estimate is not None and estimate <= budget + 1e-9 else "no",
+            )
+        )
     if none.get("ready_s") and amp.get("ready_s"):
         ratio = amp["ready_s"] / none["ready_s"]
-        rows.append(("scale-up time to all ready <= 1.1x no mutation",
-                     f"{ratio:.2f}x ({amp['ready_s']:.2f} s vs {none['ready_s']:.2f} s)",
-                     "yes" if ratio <= 1.1 else "no"))
+        rows.append(
+            (
+                "scale-up time to all ready <= 1.1x no mutation",
+                f"{ratio:.2f}x ({amp['ready_s']:.2f} s vs {none['ready_s']:.2f} s)",
+                "yes" if ratio <= 1.1 else "no",
+            )
+        )
     per_review = run_cpu_per_review()
     if amp.get("amp_cpu_ms_per_pod") is not None and per_review:
         cpu = amp["amp_cpu_ms_per_pod"]
-        rows.append(("amp CPU per Pod in the storm <= CPU per review in bench/run",
-                     f"{cpu:.3f} ms vs {per_review:.3f} ms (bench/run (b), typical)",
-                     "yes" if cpu <= per_review else "no"))
+        rows.append(
+            (
+                "amp CPU per Pod in the storm <= CPU per review in bench/run",
+                f"{cpu:.3f} ms vs {per_review:.3f} ms (bench/run (b), typical)",
+                "yes" if cpu <= per_review else "no",
+            )
+        )
     return rows
 
 
@@ -154,10 +174,13 @@ def markdown(result: dict[str, Any], picture: Optional[str]) -> str:
         if not rows:
             continue
         none, policy = rows.get("none", {}), rows.get("policy", {})
-        lines += [f"### {scenario}", "",
-                  "| target | ready s | ÷ none | ÷ policy | creates | create ms | + vs none ms | webhook ms | ≤5 ms | "
-                  "≤25 ms | rejections | fail-open | amp p99 ms | amp CPU ms/Pod | stamps |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        lines += [
+            f"### {scenario}",
+            "",
+            "| target | ready s | ÷ none | ÷ policy | creates | create ms | + vs none ms | webhook ms | ≤5 ms | "
+            "≤25 ms | rejections | fail-open | amp p99 ms | amp CPU ms/Pod | stamps |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
         for name in ("none", "policy", "amp", "amp-w2"):
             r = rows.get(name)
             if not r:
@@ -171,23 +194,28 @@ def markdown(result: dict[str, Any], picture: Optional[str]) -> str:
                 f"{_f(within.get('5'), '{:.1f}%')} | {_f(within.get('25'), '{:.1f}%')} | "
                 f"{_f(r.get('rejections'), '{:.0f}')} | {_f(r.get('fail_open'), '{:.0f}')} | "
                 f"{_f(r.get('amp_p99_ms'))} | "
-                f"{_f(r.get('amp_cpu_ms_per_pod'), '{:.3f}')} | {_stamps(r['stamps'])} |")
+                f"{_f(r.get('amp_cpu_ms_per_pod'), '{:.3f}')} | {_stamps(r['stamps'])} |"
+            )
         lines.append("")
     turned = [(sc, name, r) for sc in ("slow", "fail") for name, r in (s.get(sc) or {}).items()]
     if turned:
-        lines += ["### Scale-up with the endpoint turning halfway", "",
-                  f"The endpoint answers the first {st['pods'] // 2} calls at once, then each call after "
-                  f"{st['slow']:g} s (slow) or with HTTP 500 (fail). *amp-slow-budget* is amp with "
-                  f"`endpoints.latency_budget: {st.get('budget')}` (off in the others).",
-                  "",
-                  "| scenario | target | ready s | webhook ms | ≤25 ms | rejections | fail-open | amp p99 ms "
-                  "| stamps |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+        lines += [
+            "### Scale-up with the endpoint turning halfway",
+            "",
+            f"The endpoint answers the first {st['pods'] // 2} calls at once, then each call after "
+            f"{st['slow']:g} s (slow) or with HTTP 500 (fail). *amp-slow-budget* is amp with "
+            f"`endpoints.latency_budget: {st.get('budget')}` (off in the others).",
+            "",
+            "| scenario | target | ready s | webhook ms | ≤25 ms | rejections | fail-open | amp p99 ms | stamps |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
         for sc, name, r in turned:
             within = r.get("within") or {}
-            lines.append(f"| {sc} | {name} | {_f(r['ready_s'])} | {_f(r.get('webhook_mean_ms'))} | "
-                         f"{_f(within.get('25'), '{:.1f}%')} | {_f(r.get('rejections'), '{:.0f}')} | "
-                         f"{_f(r.get('fail_open'), '{:.0f}')} | {_f(r.get('amp_p99_ms'))} | {_stamps(r['stamps'])} |")
+            lines.append(
+                f"| {sc} | {name} | {_f(r['ready_s'])} | {_f(r.get('webhook_mean_ms'))} | "
+                f"{_f(within.get('25'), '{:.1f}%')} | {_f(r.get('rejections'), '{:.0f}')} | "
+                f"{_f(r.get('fail_open'), '{:.0f}')} | {_f(r.get('amp_p99_ms'))} | {_stamps(r['stamps'])} |"
+            )
         lines.append("")
     g = goals(s)
     if g:
@@ -232,8 +260,13 @@ def chart(result: dict[str, Any], path: str) -> bool:
         series = run["series"]
         color = COLORS.get(key, "black")
         xs = [p["t"] for p in series if p["create_ms"] is not None]
-        top.plot(xs, [p["create_ms"] for p in series if p["create_ms"] is not None], "-", color=color,
-                 label=f"{key}: {run['pods']} Pods ready in {run['ready_s']:.1f} s")
+        top.plot(
+            xs,
+            [p["create_ms"] for p in series if p["create_ms"] is not None],
+            "-",
+            color=color,
+            label=f"{key}: {run['pods']} Pods ready in {run['ready_s']:.1f} s",
+        )
         ws = [p for p in series if p["webhook_ms"] is not None]
         if ws:
             bottom.plot([p["t"] for p in ws], [p["webhook_ms"] for p in ws], "-", color=color, label=key)
@@ -244,8 +277,10 @@ def chart(result: dict[str, Any], path: str) -> bool:
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    top.set_title(f"The API server's latencies during a 0 → {result['settings']['pods']} scale-up "
-                  f"({result['date'][:10]})", fontsize=10)
+    top.set_title(
+        f"The API server's latencies during a 0 → {result['settings']['pods']} scale-up ({result['date'][:10]})",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

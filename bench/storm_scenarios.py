@@ -33,9 +33,13 @@ from tests.support.prometheus import Scrape
 
 SCENARIOS = ("scale-up", "rolling", "jobs", "slow", "fail")
 #: The only series bench/storm reads, so a scrape is cheap to parse.
-PREFIXES = ("apiserver_admission_webhook_", "apiserver_request_duration_seconds_count{",
-            "apiserver_request_duration_seconds_sum{", "apiserver_admission_controller_admission_duration_seconds_",
-            "apiserver_admission_step_admission_duration_seconds_")
+PREFIXES = (
+    "apiserver_admission_webhook_",
+    "apiserver_request_duration_seconds_count{",
+    "apiserver_request_duration_seconds_sum{",
+    "apiserver_admission_controller_admission_duration_seconds_",
+    "apiserver_admission_step_admission_duration_seconds_",
+)
 POD_CREATE = ('resource="pods"', 'verb="POST"', 'subresource=""')
 SETTLE = 600.0
 
@@ -45,8 +49,12 @@ def scrape(cluster: StormCluster) -> Scrape:
     the request metrics)."""
     assert cluster.plane is not None
     text = cluster.plane.get("/metrics").decode()
-    keep = [line for line in text.splitlines() if line.startswith(PREFIXES)
-            and (not line.startswith("apiserver_request_") or all(p in line for p in POD_CREATE))]
+    keep = [
+        line
+        for line in text.splitlines()
+        if line.startswith(PREFIXES)
+        and (not line.startswith("apiserver_request_") or all(p in line for p in POD_CREATE))
+    ]
     return Scrape("\n".join(keep) + "\n")
 
 
@@ -65,10 +73,13 @@ class Sampler(threading.Thread):
         s = scrape(self.cluster)
         base = "apiserver_admission_webhook_admission_duration_seconds"
         hook = {"name": self.webhook} if self.webhook else None
-        return (time.monotonic() - self.started,
-                s.total("apiserver_request_duration_seconds_count"), s.total("apiserver_request_duration_seconds_sum"),
-                workloads.summed(s, base + "_count", hook) if hook else 0.0,
-                workloads.summed(s, base + "_sum", hook) if hook else 0.0)
+        return (
+            time.monotonic() - self.started,
+            s.total("apiserver_request_duration_seconds_count"),
+            s.total("apiserver_request_duration_seconds_sum"),
+            workloads.summed(s, base + "_count", hook) if hook else 0.0,
+            workloads.summed(s, base + "_sum", hook) if hook else 0.0,
+        )
 
     def run(self) -> None:
         while not self._done.is_set():
@@ -83,10 +94,15 @@ class Sampler(threading.Thread):
         self.join()
         series = []
         for (_t0, c0, s0, w0, ws0), (t1, c1, s1, w1, ws1) in zip(self.points, self.points[1:]):
-            series.append({"t": round(t1, 2), "creates": c1 - c0,
-                           "create_ms": round(1000 * (s1 - s0) / (c1 - c0), 2) if c1 > c0 else None,
-                           "webhook_calls": w1 - w0,
-                           "webhook_ms": round(1000 * (ws1 - ws0) / (w1 - w0), 2) if w1 > w0 else None})
+            series.append(
+                {
+                    "t": round(t1, 2),
+                    "creates": c1 - c0,
+                    "create_ms": round(1000 * (s1 - s0) / (c1 - c0), 2) if c1 > c0 else None,
+                    "webhook_calls": w1 - w0,
+                    "webhook_ms": round(1000 * (ws1 - ws0) / (w1 - w0), 2) if w1 > w0 else None,
+                }
+            )
         return series
 
 
@@ -120,9 +136,11 @@ def _mean_ms(before: Scrape, after: Scrape, name: str, **labels: str) -> Optiona
 def amp_figures(target: Target, before: Scrape, after: Scrape, cpu: float, pods: int) -> dict[str, Any]:
     """amp's own view of a run: its answer latency and its endpoint calls."""
     review, call = "amp_admission_duration_seconds", "amp_endpoint_duration_seconds"
-    results = {r: after.total("amp_admission_requests_total", result=r) -
-               before.total("amp_admission_requests_total", result=r)
-               for r in ("patched", "allowed", "ignored", "failed", "skipped")}
+    results = {
+        r: after.total("amp_admission_requests_total", result=r)
+        - before.total("amp_admission_requests_total", result=r)
+        for r in ("patched", "allowed", "ignored", "failed", "skipped")
+    }
     return {
         "cpu_s": round(cpu, 3),
         "cpu_ms_per_pod": round(1000 * cpu / pods, 3) if pods else None,
@@ -169,6 +187,7 @@ class Runner:
             workloads.scale(self.apps, ns, "web", self.pods)
             workloads.wait_rolled_out(self.apps, ns, "web", self.pods, SETTLE)
             return self.pods
+
         return setup, act
 
     def _rolling(self, ns: str) -> tuple[Callable[[], None], Callable[[], int]]:
@@ -177,10 +196,14 @@ class Runner:
             workloads.wait_rolled_out(self.apps, ns, "web", self.rolling, SETTLE)
 
         def act() -> int:
-            self.apps.patch_namespaced_deployment("web", ns, {"spec": {"template": {"metadata": {
-                "annotations": {"bench.amp.txn2.com/rollout": str(self.serial)}}}}})
+            self.apps.patch_namespaced_deployment(
+                "web",
+                ns,
+                {"spec": {"template": {"metadata": {"annotations": {"bench.amp.txn2.com/rollout": str(self.serial)}}}}},
+            )
             workloads.wait_rolled_out(self.apps, ns, "web", self.rolling, SETTLE)
             return self.rolling
+
         return setup, act
 
     def _jobs(self, ns: str) -> tuple[Callable[[], None], Callable[[], int]]:
@@ -188,9 +211,15 @@ class Runner:
             for i in range(self.jobs):
                 self.batch.create_namespaced_job(ns, workloads.job(f"job-{i}"))
             from tests.support.waiting import poll_until
-            poll_until(f"{self.jobs} Jobs to succeed",
-                       lambda: workloads.jobs_complete(self.batch, ns) == self.jobs or None, SETTLE, interval=0.1)
+
+            poll_until(
+                f"{self.jobs} Jobs to succeed",
+                lambda: workloads.jobs_complete(self.batch, ns) == self.jobs or None,
+                SETTLE,
+                interval=0.1,
+            )
             return self.jobs
+
         return (lambda: None), act
 
     # -- one run
@@ -200,8 +229,13 @@ class Runner:
         self.serial += 1
         ns = f"storm-{self.serial}-{scenario}-{target.name}"
         self.cluster.plane.create_namespace(ns, labels=target.labels or None, annotations=target.annotations or None)
-        setup, act = {"scale-up": self._scale_up, "slow": self._scale_up, "fail": self._scale_up,
-                      "rolling": self._rolling, "jobs": self._jobs}[scenario](ns)
+        setup, act = {
+            "scale-up": self._scale_up,
+            "slow": self._scale_up,
+            "fail": self._scale_up,
+            "rolling": self._rolling,
+            "jobs": self._jobs,
+        }[scenario](ns)
         try:
             setup()
             if target.prepare is not None:
@@ -219,7 +253,10 @@ class Runner:
             after = scrape(self.cluster)
             pods = workloads.pods(self.core, ns)
             result: dict[str, Any] = {
-                "scenario": scenario, "target": target.name, "round": round_no, "pods": made,
+                "scenario": scenario,
+                "target": target.name,
+                "round": round_no,
+                "pods": made,
                 "ready_s": round(ready_s, 3),
                 "creates": _counted(before, after),
                 "stamps": stamps(pods),
@@ -227,14 +264,20 @@ class Runner:
             }
             if target.webhook:
                 seen = workloads.admission(before, after, target.webhook)
-                result["webhook"] = {"calls": seen.calls, "mean_ms": round(seen.mean_ms, 3) if seen.mean_ms else None,
-                                     "within_ms": {f"{1000 * b:g}": v for b, v in seen.within.items()},
-                                     "rejections": seen.rejections, "fail_open": seen.fail_open}
+                result["webhook"] = {
+                    "calls": seen.calls,
+                    "mean_ms": round(seen.mean_ms, 3) if seen.mean_ms else None,
+                    "within_ms": {f"{1000 * b:g}": v for b, v in seen.within.items()},
+                    "rejections": seen.rejections,
+                    "fail_open": seen.fail_open,
+                }
             if amp_before is not None:
                 result["amp"] = amp_figures(target, amp_before, target.amp_metrics(), cpu, made)
-            say(f"{scenario} on {target.name} (round {round_no}): {made} Pods ready in {ready_s:.2f}s, "
+            say(
+                f"{scenario} on {target.name} (round {round_no}): {made} Pods ready in {ready_s:.2f}s, "
                 f"create mean {result['creates']['mean_ms']} ms, stamps {result['stamps']}"
-                + (f", webhook mean {result['webhook']['mean_ms']} ms" if target.webhook else ""))
+                + (f", webhook mean {result['webhook']['mean_ms']} ms" if target.webhook else "")
+            )
             return result
         finally:
             self.delete(ns)
@@ -246,13 +289,19 @@ class Runner:
         from tests.support.waiting import poll_until
 
         workloads.remove_namespace(self.core, ns)
-        poll_until(f"the Pods of namespace {ns} to be deleted",
-                   lambda: not self.core.list_namespaced_pod(ns, limit=1).items or None, SETTLE, interval=0.5)
+        poll_until(
+            f"the Pods of namespace {ns} to be deleted",
+            lambda: not self.core.list_namespaced_pod(ns, limit=1).items or None,
+            SETTLE,
+            interval=0.5,
+        )
 
 
 def _counted(before: Scrape, after: Scrape) -> dict[str, Any]:
-    count = (after.total("apiserver_request_duration_seconds_count")
-             - before.total("apiserver_request_duration_seconds_count"))
-    total = (after.total("apiserver_request_duration_seconds_sum")
-             - before.total("apiserver_request_duration_seconds_sum"))
+    count = after.total("apiserver_request_duration_seconds_count") - before.total(
+        "apiserver_request_duration_seconds_count"
+    )
+    total = after.total("apiserver_request_duration_seconds_sum") - before.total(
+        "apiserver_request_duration_seconds_sum"
+    )
     return {"count": count, "mean_ms": round(1000 * total / count, 3) if count else None}

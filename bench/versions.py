@@ -64,9 +64,18 @@ def _checkout(rev: str, into: str) -> str:
 
 def _amp(name: str, source: str, workdir: str, tls: dict[str, str], endpoint_url: str) -> Amp:
     """One C{twistd -n amp} importing amp from C{source}, ready."""
-    amp = Amp(name, workdir, tls, endpoint_url=endpoint_url, source="static", kubeconfig=None, per_review_get=False,
-              cpus=AMP_CPU, env=dict(os.environ, PYTHONPATH=source),
-              preamble="import amp; print('amp from', amp.__file__, flush=True); ")
+    amp = Amp(
+        name,
+        workdir,
+        tls,
+        endpoint_url=endpoint_url,
+        source="static",
+        kubeconfig=None,
+        per_review_get=False,
+        cpus=AMP_CPU,
+        env=dict(os.environ, PYTHONPATH=source),
+        preamble="import amp; print('amp from', amp.__file__, flush=True); ",
+    )
     amp.wait_ready()
     with open(amp.log_path) as f:
         first = f.readline()
@@ -95,8 +104,21 @@ def main() -> None:
             endpoint = Proc("endpoint", [sys.executable, "-m", "bench.endpoint"], cpus=LOAD_CPU)
             procs.append(endpoint)
             endpoint_url = f"http://127.0.0.1:{endpoint.first_line()['port']}/patch"
-            floor = Proc("floor", [sys.executable, "-m", "bench.floor", "--cert", tls["cert"], "--key", tls["key"],
-                                   "--endpoint", endpoint_url], cpus=AMP_CPU)
+            floor = Proc(
+                "floor",
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.floor",
+                    "--cert",
+                    tls["cert"],
+                    "--key",
+                    tls["key"],
+                    "--endpoint",
+                    endpoint_url,
+                ],
+                cpus=AMP_CPU,
+            )
             procs.append(floor)
             targets = {"floor": (floor.pid, f"https://127.0.0.1:{floor.first_line()['port']}/mutate?timeout=10s")}
             for name, source in (("before", before), ("after", REPO)):
@@ -109,7 +131,7 @@ def main() -> None:
                     run_wrk(url, body_file, connections=16, duration=2, cpus=LOAD_CPU)
                 cpu: dict[str, list[float]] = {name: [] for name in targets}
                 for n in range(args.rounds):
-                    for name in (list(targets) if n % 2 == 0 else list(reversed(targets))):
+                    for name in list(targets) if n % 2 == 0 else list(reversed(targets)):
                         pid, url = targets[name]
                         start = cpu_seconds(pid)
                         summary = run_wrk(url, body_file, connections=16, duration=args.duration, cpus=LOAD_CPU)
@@ -125,9 +147,11 @@ def main() -> None:
                     "after_vs_before": [round(x, 3) for x in change],
                     "after_vs_before_median": round(statistics.median(change), 3),
                 }
-                say(f"{body}: amp ÷ floor {result[body]['before_vs_floor_median']}x before, "
+                say(
+                    f"{body}: amp ÷ floor {result[body]['before_vs_floor_median']}x before, "
                     f"{result[body]['after_vs_floor_median']}x after; after ÷ before "
-                    f"{result[body]['after_vs_before_median']}")
+                    f"{result[body]['after_vs_before_median']}"
+                )
         finally:
             for proc in reversed(procs):
                 proc.stop()

@@ -94,8 +94,9 @@ def worker(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     log = open(args.log, "w")
-    globalLogBeginner.beginLoggingTo([make_observer(config.log.format, config.log.level, log)],
-                                     redirectStandardIO=False)
+    globalLogBeginner.beginLoggingTo(
+        [make_observer(config.log.format, config.log.level, log)], redirectStandardIO=False
+    )
     inner: Any
     publish: Any = None
     if args.share == "balanced":
@@ -125,23 +126,32 @@ def worker(args: argparse.Namespace) -> int:
     certificate = serving_certificate(config.tls, reactor, metrics)
     # amp's TLS listener on the socket that is already listening.
     webhook = TLSServerEndpoint(inner, certificate, reactor)
-    service = AmpService(config, reactor, certificate=certificate, webhook_endpoint=webhook, metrics_endpoint=None,
-                         namespaces=namespace_source(config, reactor, metrics), metrics=metrics,
-                         install_sighup=False, on_connections=on_connections)
+    service = AmpService(
+        config,
+        reactor,
+        certificate=certificate,
+        webhook_endpoint=webhook,
+        metrics_endpoint=None,
+        namespaces=namespace_source(config, reactor, metrics),
+        metrics=metrics,
+        install_sighup=False,
+        on_connections=on_connections,
+    )
     service.startService()
 
     def reviews() -> int:
-        return int(sum(s.value for m in metrics.admission_requests.collect() for s in m.samples
-                       if s.name.endswith("_total")))
+        return int(
+            sum(s.value for m in metrics.admission_requests.collect() for s in m.samples if s.name.endswith("_total"))
+        )
 
     def report() -> None:
-        print(json.dumps({"reviews": reviews(), "open": connections["open"], "peak": connections["peak"]}),
-              flush=True)
+        print(json.dumps({"reviews": reviews(), "open": connections["open"], "peak": connections["peak"]}), flush=True)
         connections["peak"] = connections["open"]
 
     signal.signal(signal.SIGUSR1, lambda *_: reactor.callFromThread(report))
     reactor.addSystemEventTrigger(
-        "before", "shutdown", lambda: print(json.dumps({"pid": os.getpid(), "reviews": reviews()}), flush=True))
+        "before", "shutdown", lambda: print(json.dumps({"pid": os.getpid(), "reviews": reviews()}), flush=True)
+    )
     reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
     reactor.callWhenRunning(lambda: print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True))
     reactor.run()
@@ -188,8 +198,12 @@ def write_config(path: str, tls: dict[str, Any], endpoint_url: str) -> None:
         "listen": {"port": 0, "interface": "127.0.0.1"},
         "tls": {"cert": tls["cert"], "key": tls["key"]},
         "metrics": {"port": 0},
-        "kubernetes": {"source": "static", "namespaces": {
-            ON: {"labels": {"amp.txn2.com/enabled": "true"}, "annotations": {"amp.txn2.com/ep": endpoint_url}}}},
+        "kubernetes": {
+            "source": "static",
+            "namespaces": {
+                ON: {"labels": {"amp.txn2.com/enabled": "true"}, "annotations": {"amp.txn2.com/ep": endpoint_url}}
+            },
+        },
         "endpoints": {"allow": ["http://127.0.0.1:*/*"]},
         "failure_policy": "Ignore",
     }
@@ -197,8 +211,9 @@ def write_config(path: str, tls: dict[str, Any], endpoint_url: str) -> None:
         yaml.safe_dump(config, f)
 
 
-def measure(n: int, share: str, workdir: str, config: str, body: str, endpoint: Proc,
-            args: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    n: int, share: str, workdir: str, config: str, body: str, endpoint: Proc, args: argparse.Namespace
+) -> dict[str, Any]:
     argv = [sys.executable, os.path.abspath(__file__), "--worker", "--config", config, "--share", share]
     listener: Optional[socket.socket] = None
     table_fd: Optional[int] = None
@@ -290,11 +305,13 @@ def measure(n: int, share: str, workdir: str, config: str, body: str, endpoint: 
         "wrk_cpu_pct": round(100 * summary["wrk_cpu_s"] / seconds, 1),
         "other_cpu_pct": round(max(0.0, 100 * (busy_after - busy_before - ours) / seconds), 1),
     }
-    say(f"{share:9} N={n}: {row['reviews_per_s']:7.0f}/s p50 {row['latency_ms']['p50']:.2f}ms "
+    say(
+        f"{share:9} N={n}: {row['reviews_per_s']:7.0f}/s p50 {row['latency_ms']['p50']:.2f}ms "
         f"p99 {row['latency_ms']['p99']:.2f}ms workers cpu% {row['worker_cpu_pct']} reviews {window} "
         f"connections {row['worker_connections']} capacity {row['capacity_per_s']}/s "
         f"(at the connections' split {row['split_capacity_per_s']}/s) "
-        f"endpoint {row['endpoint_cpu_pct']}% wrk {row['wrk_cpu_pct']}% other {row['other_cpu_pct']}%")
+        f"endpoint {row['endpoint_cpu_pct']}% wrk {row['wrk_cpu_pct']}% other {row['other_cpu_pct']}%"
+    )
     return row
 
 
@@ -315,18 +332,21 @@ def report(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         one = base.get(r["share"])
         ratio = f"{r['reviews_per_s'] / one['reviews_per_s']:.2f}" if one else "—"
+
         def over(key: str, r: dict[str, Any] = r, one: Optional[dict[str, Any]] = one) -> str:
             return f"{r[key] / one[key]:.2f}" if one and one.get(key) and r.get(key) else "—"
 
-        lines.append(f"| {r['share']} | {r['workers']} | {r['reviews_per_s']:.0f} | {ratio} | "
-                     f"{r['latency_ms']['p50']:.2f} | {r['latency_ms']['p99']:.2f} | "
-                     f"{' + '.join(f'{c:.0f}' for c in r['worker_cpu_pct'])} | "
-                     f"{' + '.join(str(c) for c in r['worker_reviews'])} | "
-                     f"{' + '.join(str(c) for c in r['worker_connections'])} | "
-                     f"{r['capacity_per_s'] or 0:.0f} | {over('capacity_per_s')} | "
-                     f"{r.get('split_capacity_per_s') or 0:.0f} | {over('split_capacity_per_s')} | "
-                     f"{r['amp_cpu_ms_per_review'] or 0:.3f} | {r['endpoint_cpu_pct']:.0f} | "
-                     f"{r['wrk_cpu_pct']:.0f} | {r['other_cpu_pct']:.0f} |")
+        lines.append(
+            f"| {r['share']} | {r['workers']} | {r['reviews_per_s']:.0f} | {ratio} | "
+            f"{r['latency_ms']['p50']:.2f} | {r['latency_ms']['p99']:.2f} | "
+            f"{' + '.join(f'{c:.0f}' for c in r['worker_cpu_pct'])} | "
+            f"{' + '.join(str(c) for c in r['worker_reviews'])} | "
+            f"{' + '.join(str(c) for c in r['worker_connections'])} | "
+            f"{r['capacity_per_s'] or 0:.0f} | {over('capacity_per_s')} | "
+            f"{r.get('split_capacity_per_s') or 0:.0f} | {over('split_capacity_per_s')} | "
+            f"{r['amp_cpu_ms_per_review'] or 0:.3f} | {r['endpoint_cpu_pct']:.0f} | "
+            f"{r['wrk_cpu_pct']:.0f} | {r['other_cpu_pct']:.0f} |"
+        )
     lines += [
         "",
         "*capacity/s* = reviews ÷ CPU seconds of the busiest worker: what the N workers would answer per second "
@@ -364,8 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     from amp_dev.devcert import write_dev_tls
 
     now = datetime.datetime.now(datetime.timezone.utc)
-    result: dict[str, Any] = {"date": now.isoformat(timespec="seconds"), "machine": machine(),
-                              "connections": args.connections, "duration_s": args.duration, "rows": []}
+    result: dict[str, Any] = {
+        "date": now.isoformat(timespec="seconds"),
+        "machine": machine(),
+        "connections": args.connections,
+        "duration_s": args.duration,
+        "rows": [],
+    }
     with tempfile.TemporaryDirectory(prefix="amp-workers-") as workdir:
         tls = {k: str(v) for k, v in write_dev_tls(os.path.join(workdir, "tls")).items()}
         files = bodies.write_bodies(os.path.join(workdir, "bodies"), {"on": ON})

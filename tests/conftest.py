@@ -50,4 +50,5 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid:
             raise pytest.UsageError(
                 f"pytest-xdist did not group {item.nodeid} (--dist loadgroup); this pytest "
-                f"({pytest.__version__}) breaks it: install amp's test extra (pytest < 9.2)")
+                f"({pytest.__version__}) breaks it: install amp's test extra (pytest < 9.2)"
+            )

@@ -73,8 +73,15 @@ def _git(*args: str) -> str:
 
 #: What the image is built from (the Dockerfile and what it copies, per
 #: .dockerignore's allow-list); tests/unit/deploy/test_image_tool.py checks the list.
-CONTEXT = ("Dockerfile", ".dockerignore", "requirements/amp.lock", "requirements/build.lock", "setup.py", "amp",
-           "twisted")
+CONTEXT = (
+    "Dockerfile",
+    ".dockerignore",
+    "requirements/amp.lock",
+    "requirements/build.lock",
+    "setup.py",
+    "amp",
+    "twisted",
+)
 
 
 def revision() -> str:
@@ -111,8 +118,11 @@ def engine() -> str:
             tried.append(f"{name}: `{name} info` fails (no engine running?)")
         else:
             return path
-    raise EngineMissing("no container engine runs here (" + "; ".join(tried) +
-                        "): `tools/install image` installs podman from the distribution's packages")
+    raise EngineMissing(
+        "no container engine runs here ("
+        + "; ".join(tried)
+        + "): `tools/install image` installs podman from the distribution's packages"
+    )
 
 
 def ulimits() -> list[str]:
@@ -137,8 +147,17 @@ def build_ca() -> Optional[Path]:
 def build_command(command: str, tag: str, *, no_cache: bool = False) -> list[str]:
     """The engine's build command line for ``tag`` from this checkout."""
     labels = {"version": version(), "revision": revision(), "title": "amp"}
-    args = [command, "build", "--tag", tag, "--file", str(DOCKERFILE),
-            "--build-arg", f"SOURCE_DATE_EPOCH={source_date_epoch()}", *ulimits()]
+    args = [
+        command,
+        "build",
+        "--tag",
+        tag,
+        "--file",
+        str(DOCKERFILE),
+        "--build-arg",
+        f"SOURCE_DATE_EPOCH={source_date_epoch()}",
+        *ulimits(),
+    ]
     for key, value in labels.items():
         args += ["--label", f"{LABEL_PREFIX}{key}={value}"]
     if Path(command).name == "podman":
@@ -160,14 +179,17 @@ def build(tag: Optional[str] = None, *, no_cache: bool = False, quiet: bool = Fa
     started = time.monotonic()
     result = subprocess.run(args, cwd=ROOT, capture_output=quiet, text=True)
     if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} exited {result.returncode}" +
-                           (f"\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}" if quiet else ""))
+        raise RuntimeError(
+            f"{' '.join(args)} exited {result.returncode}"
+            + (f"\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}" if quiet else "")
+        )
     return time.monotonic() - started
 
 
 def inspect(tag: Optional[str] = None) -> dict:
-    out = subprocess.run([engine(), "image", "inspect", tag or image_name()], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [engine(), "image", "inspect", tag or image_name()], capture_output=True, text=True, check=True
+    ).stdout
     return json.loads(out)[0]
 
 
@@ -214,8 +236,11 @@ def read_filesystem(stream: IO[bytes]) -> dict[str, Entry]:
 def filesystem(tag: Optional[str] = None) -> dict[str, Entry]:
     """The image's files, read from a container created (never started) from it."""
     command = engine()
-    container = subprocess.run([command, "create", tag or image_name()], capture_output=True, text=True,
-                               check=True).stdout.strip().splitlines()[-1]
+    container = (
+        subprocess.run([command, "create", tag or image_name()], capture_output=True, text=True, check=True)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     try:
         export = subprocess.Popen([command, "export", container], stdout=subprocess.PIPE)
         assert export.stdout is not None
@@ -231,8 +256,21 @@ def filesystem(tag: Optional[str] = None) -> dict[str, Entry]:
 
 #: What two builds of one commit may differ in: when they were made, and
 #: what names or hashes their dated layers or where the engine stores them.
-NOT_COMPARED = ("Created", "Id", "Digest", "RepoDigests", "RepoTags", "History", "NamesHistory", "Parent",
-                "Size", "VirtualSize", "Metadata", "RootFS", "GraphDriver")
+NOT_COMPARED = (
+    "Created",
+    "Id",
+    "Digest",
+    "RepoDigests",
+    "RepoTags",
+    "History",
+    "NamesHistory",
+    "Parent",
+    "Size",
+    "VirtualSize",
+    "Metadata",
+    "RootFS",
+    "GraphDriver",
+)
 
 
 def config_without_times(inspected: dict) -> dict:
@@ -245,8 +283,9 @@ def config_without_times(inspected: dict) -> dict:
     # buildah's digest of the base's manifest as it wrote it for this build:
     # two builds on one local base image get two (the base's name stays compared).
     if isinstance(config.get("Annotations"), dict):
-        config["Annotations"] = {k: v for k, v in config["Annotations"].items()
-                                 if k != "org.opencontainers.image.base.digest"}
+        config["Annotations"] = {
+            k: v for k, v in config["Annotations"].items() if k != "org.opencontainers.image.base.digest"
+        }
     return config
 
 
@@ -322,10 +361,12 @@ def cyclonedx_dir() -> Path:
 #: Runs cyclonedx-py from a read-only mount without putting it on the
 #: analysed interpreter's path (PYTHONPATH would be inherited and list the
 #: tool's own packages).
-_SBOM_SCRIPT = ("import runpy, sys; sys.path.insert(0, '/sbom-tool'); "
-                "sys.argv = ['cyclonedx-py', 'environment', '/opt/amp/bin/python', '--output-format', 'JSON', "
-                "'--output-reproducible', '--mc-type', 'application']; "
-                "runpy.run_module('cyclonedx_py', run_name='__main__')")
+_SBOM_SCRIPT = (
+    "import runpy, sys; sys.path.insert(0, '/sbom-tool'); "
+    "sys.argv = ['cyclonedx-py', 'environment', '/opt/amp/bin/python', '--output-format', 'JSON', "
+    "'--output-reproducible', '--mc-type', 'application']; "
+    "runpy.run_module('cyclonedx_py', run_name='__main__')"
+)
 
 
 def sbom(tag: Optional[str] = None) -> dict:
@@ -336,11 +377,32 @@ def sbom(tag: Optional[str] = None) -> dict:
     if not (tool / "cyclonedx_py").is_dir():
         raise RuntimeError(f"cyclonedx-py is not installed in {tool}: run `tools/install image`")
     result = subprocess.run(
-        [engine(), "run", "--rm", "--read-only", "--network", "none", "--cap-drop", "ALL",
-         "--security-opt", "no-new-privileges", "--user", "65532:65532", *ulimits(),
-         "--volume", f"{tool}:/sbom-tool:ro", "--entrypoint", "python", tag or image_name(),
-         "-I", "-c", _SBOM_SCRIPT],
-        capture_output=True, text=True)
+        [
+            engine(),
+            "run",
+            "--rm",
+            "--read-only",
+            "--network",
+            "none",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "--user",
+            "65532:65532",
+            *ulimits(),
+            "--volume",
+            f"{tool}:/sbom-tool:ro",
+            "--entrypoint",
+            "python",
+            tag or image_name(),
+            "-I",
+            "-c",
+            _SBOM_SCRIPT,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"cyclonedx-py in the image exited {result.returncode}:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout)
@@ -374,8 +436,11 @@ def main(argv: list[str]) -> int:
         if what == "build":
             seconds = build()
             labels = inspect().get("Labels") or inspect().get("Config", {}).get("Labels") or {}
-            print(f"tools/image: built {image_name()} in {seconds:.1f} s "
-                  f"(revision {labels.get(LABEL_PREFIX + 'revision')})", file=sys.stderr)
+            print(
+                f"tools/image: built {image_name()} in {seconds:.1f} s "
+                f"(revision {labels.get(LABEL_PREFIX + 'revision')})",
+                file=sys.stderr,
+            )
         elif what == "reproducible":
             found = reproducible()
             if found:
@@ -390,8 +455,7 @@ def main(argv: list[str]) -> int:
                 Path(argv[1]).write_text(text)
             else:
                 sys.stdout.write(text)
-            print(f"tools/image: SBOM lists {len(document.get('components', []))} Python packages",
-                  file=sys.stderr)
+            print(f"tools/image: SBOM lists {len(document.get('components', []))} Python packages", file=sys.stderr)
         elif what == "contents":
             found = forbidden(filesystem())
             for what_, paths in found.items():

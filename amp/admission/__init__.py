@@ -64,5 +64,11 @@ from amp.answers import AUDIT_ERROR_KEY, Answer, Outcome, unheard
 from amp.rules import LEGACY_SKIPPED_ANNOTATION, STATUS_ANNOTATION
 
 __all__ = [
-    "AUDIT_ERROR_KEY", "LEGACY_SKIPPED_ANNOTATION", "STATUS_ANNOTATION", "Admitter", "Answer", "Outcome", "unheard",
+    "AUDIT_ERROR_KEY",
+    "LEGACY_SKIPPED_ANNOTATION",
+    "STATUS_ANNOTATION",
+    "Admitter",
+    "Answer",
+    "Outcome",
+    "unheard",
 ]

@@ -75,8 +75,13 @@ class Admitter:
         return review_deadline(timeout, started, self.config.deadline)
 
     def review(
-        self, req: AdmissionRequest, deadline: Deadline, *, validation: bool = False,
-        trace: Optional[IReviewTrace] = None, spans: Optional[ReviewSpans] = None,
+        self,
+        req: AdmissionRequest,
+        deadline: Deadline,
+        *,
+        validation: bool = False,
+        trace: Optional[IReviewTrace] = None,
+        spans: Optional[ReviewSpans] = None,
     ) -> "Deferred[Answer]":
         """
         Answer C{req} before C{deadline}.  Resolves to an L{Answer}; never
@@ -84,13 +89,20 @@ class Admitter:
         once, as C{cancelled}.  C{trace}, if given, is told each decision.
         """
         receiver: DeferredReceiver[Answer] = DeferredReceiver()
-        receiver.cancels = self.review_into(receiver.replied, req, deadline, validation=validation, trace=trace,
-                                            spans=spans)
+        receiver.cancels = self.review_into(
+            receiver.replied, req, deadline, validation=validation, trace=trace, spans=spans
+        )
         return receiver.result
 
     def review_into(
-        self, answered: Callable[[Answer], None], req: AdmissionRequest, deadline: Deadline, *,
-        validation: bool = False, trace: Optional[IReviewTrace] = None, spans: Optional[ReviewSpans] = None,
+        self,
+        answered: Callable[[Answer], None],
+        req: AdmissionRequest,
+        deadline: Deadline,
+        *,
+        validation: bool = False,
+        trace: Optional[IReviewTrace] = None,
+        spans: Optional[ReviewSpans] = None,
     ) -> Optional[Review]:
         """
         L{review}, its answer given to C{answered} (once, possibly before
@@ -125,7 +137,9 @@ class Admitter:
                 self.log.warn(
                     "Asked to review a Pod in {namespace}, amp's own or a protected namespace: amp leaves Pods "
                     "there unchanged (kubernetes.protected_namespaces, allow_protected_namespaces); the "
-                    "webhook configuration's namespaceSelector should exclude it", namespace=name)
+                    "webhook configuration's namespaceSelector should exclude it",
+                    namespace=name,
+                )
             return Reason.PROTECTED_NAMESPACE
         if opted_out(req.object, self.config.kubernetes):
             return Reason.OPTED_OUT

@@ -86,21 +86,34 @@ class Answering:
         first_origin, first_reason, _ = chain.skipped[0]
         text = "; ".join(f"endpoint {origin} failed ({reason}): {message}" for origin, reason, message in chain.skipped)
         for origin, reason, message in chain.skipped:
-            self._log_failure(origin, reason, message, f"endpoint {origin} failed ({reason}): {message}", IGNORE,
-                              "admits it without the endpoint's patch")
+            self._log_failure(
+                origin,
+                reason,
+                message,
+                f"endpoint {origin} failed ({reason}): {message}",
+                IGNORE,
+                "admits it without the endpoint's patch",
+            )
         done = " ".join(chain.answered)
         patch: Optional[bytes]
         if checked.operations:
             patch = dumps(self.stamper.stamp(checked, chain.outcomes).operations)
             if len(patch) > self._parts.config.patch.max_size:
-                return self.failed(chain.route, chain, Reason.PATCH_TOO_LARGE,
-                                   f"patch of {len(patch)} bytes is over patch.max_size", done)
+                return self.failed(
+                    chain.route,
+                    chain,
+                    Reason.PATCH_TOO_LARGE,
+                    f"patch of {len(patch)} bytes is over patch.max_size",
+                    done,
+                )
             audit = dict(chain.audit)
             audit[AUDIT_ERROR_KEY] = clip(text, answers.MESSAGE_LIMIT)
-            notes = [f"amp: {origin} {reason}; the chain went on without its patch"
-                     for origin, reason, _ in chain.skipped]
-            return answers.patched(req, ",".join(chain.called), patch, warnings=notes + warnings, audit=audit,
-                                   reason=first_reason)
+            notes = [
+                f"amp: {origin} {reason}; the chain went on without its patch" for origin, reason, _ in chain.skipped
+            ]
+            return answers.patched(
+                req, ",".join(chain.called), patch, warnings=notes + warnings, audit=audit, reason=first_reason
+            )
         try:
             patch = patch_bytes(self.stamper.stamp(checked, chain.outcomes))
         except Exception:
@@ -108,10 +121,10 @@ class Answering:
             self.log.failure("Internal error stamping {uid}", uid=req.uid)
             patch = None
         where = " ".join(origin for origin, _, _ in chain.skipped)
-        more = [f"amp: {origin} {reason}; admitted without the endpoint's patch"
-                for origin, reason, _ in chain.skipped[1:]]
-        return answers.ignored(req, first_origin, where, first_reason, text, patch=patch,
-                               warnings=more + warnings)
+        more = [
+            f"amp: {origin} {reason}; admitted without the endpoint's patch" for origin, reason, _ in chain.skipped[1:]
+        ]
+        return answers.ignored(req, first_origin, where, first_reason, text, patch=patch, warnings=more + warnings)
 
     def shadow(self, chain: Chain, where: str, *, denied: bool = False) -> Answer:
         """
@@ -129,12 +142,17 @@ class Answering:
         self._parts.metrics.shadow_patches.labels(where).inc()
         self.log.info(
             "Shadow mode: {endpoint} would have {verdict} pod {pod} in {namespace} ({ops} operations)",
-            endpoint=where, verdict="denied" if denied else "patched", pod=req.pod_name,
-            namespace=req.namespace, ops=0 if denied else len(checked.operations))
+            endpoint=where,
+            verdict="denied" if denied else "patched",
+            pod=req.pod_name,
+            namespace=req.namespace,
+            ops=0 if denied else len(checked.operations),
+        )
         return answers.shadow(req, where, shadow_patch_size=size)
 
-    def failed(self, r: Optional[Route], chain: Optional[Chain], reason: Reason, message: str,
-               endpoint: Optional[str] = None) -> Answer:
+    def failed(
+        self, r: Optional[Route], chain: Optional[Chain], reason: Reason, message: str, endpoint: Optional[str] = None
+    ) -> Answer:
         """
         The failure policy: the one place every failure ends, on route
         C{r} (None: the review failed before it had one) with the endpoint
@@ -161,8 +179,14 @@ class Answering:
             self.log.info("Shadow mode: {text}", text=text)
             return answers.shadow(req, endpoint, reason=reason)
         fail = r.failure_policy == FAIL
-        self._log_failure(where, reason, message, text, r.failure_policy,
-                          "denies the Pod" if fail else "admits it without the endpoint's patch")
+        self._log_failure(
+            where,
+            reason,
+            message,
+            text,
+            r.failure_policy,
+            "denies the Pod" if fail else "admits it without the endpoint's patch",
+        )
         if fail:
             return answers.errored(req, endpoint, reason, text)
         try:
@@ -181,9 +205,18 @@ class Answering:
         """
         req = self._req
         emit = self.log.info if reason == Reason.CANCELLED else self.log.warn
-        emit("Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
-             uid=req.uid, namespace=req.namespace, pod=req.pod_name, endpoint=where, reason=reason,
-             message=message, text=text, policy=policy, effect=effect)
+        emit(
+            "Review {uid} of {namespace}/{pod}: {text}; failure policy {policy} {effect}",
+            uid=req.uid,
+            namespace=req.namespace,
+            pod=req.pod_name,
+            endpoint=where,
+            reason=reason,
+            message=message,
+            text=text,
+            policy=policy,
+            effect=effect,
+        )
 
     def _route_without_namespace(self) -> Route:
         """

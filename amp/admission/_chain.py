@@ -31,8 +31,7 @@ class Chain:
     the status stamp.
     """
 
-    __slots__ = ("route", "index", "pod", "patches", "warnings", "audit", "called", "answered", "skipped",
-                 "outcomes")
+    __slots__ = ("route", "index", "pod", "patches", "warnings", "audit", "called", "answered", "skipped", "outcomes")
 
     def __init__(self, route: Route, pod: CheckedPatch) -> None:
         self.route = route
@@ -113,8 +112,7 @@ class Stamper:
 
     __slots__ = ("_req", "_off", "_trace", "value")
 
-    def __init__(self, req: AdmissionRequest, *, validation: bool, annotate_status: bool,
-                 trace: IReviewTrace) -> None:
+    def __init__(self, req: AdmissionRequest, *, validation: bool, annotate_status: bool, trace: IReviewTrace) -> None:
         self._req = req
         # An ephemeral container update may change nothing but
         # spec.ephemeralContainers: the Pod keeps its stamp from its creation.

@@ -22,8 +22,9 @@ from amp.reasons import Reason
 CANCELLED = "the review was cancelled: the client went away"
 
 
-def failure_named(failure: Failure, timed_out: bool, budget: float, req: AdmissionRequest,
-                  log: Logger) -> tuple[Reason, str]:
+def failure_named(
+    failure: Failure, timed_out: bool, budget: float, req: AdmissionRequest, log: Logger
+) -> tuple[Reason, str]:
     """
     The reason and message of a step that failed, other than as an endpoint
     call, in a review not cancelled by its client: the deadline passed, the
@@ -54,6 +55,7 @@ def deadline_passed(answering: Answering, chain: Chain, reason: Reason, message:
     # steps that answered keep their patches.
     chain.skip(origin, reason, message)
     while not chain.done:
-        chain.skip(r.steps[chain.index].name, Reason.DEADLINE,
-                   f"review deadline of {budget:.3g}s passed before the call")
+        chain.skip(
+            r.steps[chain.index].name, Reason.DEADLINE, f"review deadline of {budget:.3g}s passed before the call"
+        )
     return answering.chain_done(chain)

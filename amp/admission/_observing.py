@@ -35,25 +35,36 @@ from amp.urls import shown_url
 def record_budget(trace: IReviewTrace, left: float, step: Any, chain: Chain) -> None:
     """The budget the chain's current endpoint call is given (C{left} of the deadline), for the trace."""
     settings = step.settings
-    trace.record(BudgetGiven, seconds=round(left, 4), timeout=round(min(settings.timeout, left), 4),
-                 position=chain.index + 1, chain_length=len(chain.route.steps),
-                 max_concurrent=settings.max_concurrent, min_call_time=settings.min_call_time,
-                 latency_budget=settings.latency_budget)
+    trace.record(
+        BudgetGiven,
+        seconds=round(left, 4),
+        timeout=round(min(settings.timeout, left), 4),
+        position=chain.index + 1,
+        chain_length=len(chain.route.steps),
+        max_concurrent=settings.max_concurrent,
+        min_call_time=settings.min_call_time,
+        latency_budget=settings.latency_budget,
+    )
 
 
 def record_called(trace: IReviewTrace, chain: Chain, seconds: float, outcome: str, message: str) -> None:
     """How the chain's current endpoint call went, taking C{seconds}, for the trace."""
     step = chain.route.steps[chain.index]
-    trace.record(Called, endpoint=step.name, url=shown_url(step.url), outcome=outcome,
-                 seconds=round(seconds, 6), message=message)
+    trace.record(
+        Called, endpoint=step.name, url=shown_url(step.url), outcome=outcome, seconds=round(seconds, 6), message=message
+    )
 
 
 def record_replied(trace: IReviewTrace, decision: EndpointDecision) -> None:
     """What the endpoint replied, for the trace."""
     trace.record(
-        Replied, allowed=decision.allowed, operations=len(decision.patch),
-        warnings=list(decision.warnings), code=None if decision.allowed else decision.code,
-        message=decision.message)
+        Replied,
+        allowed=decision.allowed,
+        operations=len(decision.patch),
+        warnings=list(decision.warnings),
+        code=None if decision.allowed else decision.code,
+        message=decision.message,
+    )
 
 
 def trace_call(spans: ReviewSpans, clock: Any, step: Any, headers: dict[bytes, bytes], index: int) -> None:
@@ -65,8 +76,9 @@ def trace_call(spans: ReviewSpans, clock: Any, step: Any, headers: dict[bytes, b
         headers[b"tracestate"] = state
 
 
-def call_ended(spans: ReviewSpans, clock: Any, endpoints: Any, chain: Optional[Chain], call: Optional[Call],
-               error: Optional[str]) -> None:
+def call_ended(
+    spans: ReviewSpans, clock: Any, endpoints: Any, chain: Optional[Chain], call: Optional[Call], error: Optional[str]
+) -> None:
     """A traced endpoint call ended: its span's end, connection and resends, breaker state."""
     attributes = call_ended_attributes(call)
     if chain is not None and not chain.done:
@@ -78,8 +90,16 @@ def call_ended(spans: ReviewSpans, clock: Any, endpoints: Any, chain: Optional[C
     spans.call_ended(clock.seconds(), error, **attributes)
 
 
-def offer(recorder: IRecorder, clock: Any, ns: Optional[NamespaceInfo], r: Route, req: AdmissionRequest,
-          answer: Answer, spans: Optional[ReviewSpans], log: Logger) -> None:
+def offer(
+    recorder: IRecorder,
+    clock: Any,
+    ns: Optional[NamespaceInfo],
+    r: Route,
+    req: AdmissionRequest,
+    answer: Answer,
+    spans: Optional[ReviewSpans],
+    log: Logger,
+) -> None:
     """Offer the answered review for recording (never blocks or raises); a traced review's span of it, linked."""
     if spans is not None and spans.sampled:
         began = clock.seconds()
@@ -89,8 +109,16 @@ def offer(recorder: IRecorder, clock: Any, ns: Optional[NamespaceInfo], r: Route
         _offer(recorder, clock, ns, r, req, answer, spans, log)
 
 
-def _offer(recorder: IRecorder, clock: Any, ns: Optional[NamespaceInfo], r: Route, req: AdmissionRequest,
-           answer: Answer, spans: Optional[ReviewSpans], log: Logger) -> None:
+def _offer(
+    recorder: IRecorder,
+    clock: Any,
+    ns: Optional[NamespaceInfo],
+    r: Route,
+    req: AdmissionRequest,
+    answer: Answer,
+    spans: Optional[ReviewSpans],
+    log: Logger,
+) -> None:
     try:
         offered = capture(clock, ns, r, req, answer, spans)
         if offered is not None:
@@ -101,40 +129,85 @@ def _offer(recorder: IRecorder, clock: Any, ns: Optional[NamespaceInfo], r: Rout
 
 def lookup_span(spans: ReviewSpans, began: float, clock: Any, namespace: str, ns: Optional[NamespaceInfo]) -> None:
     """A traced review's span of the namespace lookup the cache could not answer."""
-    spans.step("namespace lookup", began, clock.seconds(),
-               {"k8s.namespace.name": namespace, "amp.namespace.found": ns is not None})
+    spans.step(
+        "namespace lookup",
+        began,
+        clock.seconds(),
+        {"k8s.namespace.name": namespace, "amp.namespace.found": ns is not None},
+    )
 
 
 def patch_span(spans: ReviewSpans, began: float, clock: Any, decision: EndpointDecision, judged: Any) -> None:
     """A traced review's span of a reply's patch checked (L{amp.patch.PatchError} when amp refused it)."""
-    spans.step("patch check", began, clock.seconds(), {"amp.patch.operations": len(decision.patch)},
-               f"{judged.reason}: {judged}" if isinstance(judged, PatchError) else None)
+    spans.step(
+        "patch check",
+        began,
+        clock.seconds(),
+        {"amp.patch.operations": len(decision.patch)},
+        f"{judged.reason}: {judged}" if isinstance(judged, PatchError) else None,
+    )
 
 
-def call_failed(spans: ReviewSpans, clock: Any, endpoints: Any, chain: Optional[Chain], call: Optional[Call],
-                failure: Failure) -> None:
+def call_failed(
+    spans: ReviewSpans, clock: Any, endpoints: Any, chain: Optional[Chain], call: Optional[Call], failure: Failure
+) -> None:
     """A traced endpoint call failed: its span's end (L{call_ended}), naming the failure."""
     e = failure.value
-    call_ended(spans, clock, endpoints, chain, call, f"{e.reason}: {e.message}" if isinstance(e, EndpointFailure)
-               else failure.getErrorMessage() or "cancelled")
+    call_ended(
+        spans,
+        clock,
+        endpoints,
+        chain,
+        call,
+        f"{e.reason}: {e.message}" if isinstance(e, EndpointFailure) else failure.getErrorMessage() or "cancelled",
+    )
 
 
-def start_canary(parts: Parts, plan: Any, req: AdmissionRequest, step: Any, chain: Chain, pod_json: bytes,
-                 headers: dict[bytes, bytes], deadline: Deadline, spans: Optional[ReviewSpans]) -> Any:
+def start_canary(
+    parts: Parts,
+    plan: Any,
+    req: AdmissionRequest,
+    step: Any,
+    chain: Chain,
+    pod_json: bytes,
+    headers: dict[bytes, bytes],
+    deadline: Deadline,
+    spans: Optional[ReviewSpans],
+) -> Any:
     """The namespace's canary started beside the live step about to be called (L{amp.canary}): its run."""
     return parts.canary.start(  # type: ignore[union-attr]  # a plan implies a canary
-        plan, LiveStep(req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers,
-                       deadline, parts.check_options), spans)
+        plan,
+        LiveStep(
+            req.namespace, req.uid, req.pod_name, step, chain.pod.pod, pod_json, headers, deadline, parts.check_options
+        ),
+        spans,
+    )
 
 
-def capture(clock: Any, ns: Optional[NamespaceInfo], r: Route, req: AdmissionRequest, answer: Answer,
-            spans: Optional[ReviewSpans]) -> Optional[Capture]:
+def capture(
+    clock: Any,
+    ns: Optional[NamespaceInfo],
+    r: Route,
+    req: AdmissionRequest,
+    answer: Answer,
+    spans: Optional[ReviewSpans],
+) -> Optional[Capture]:
     """The answered review as the recorder is offered it; None when the request's body is not kept."""
     outcome = answer.outcome
     if req.body is None:
         return None
     return Capture(
-        clock.seconds(), req.uid, req.namespace, ns.labels if ns is not None else {},
-        ns.annotations if ns is not None else {}, tuple(step.name for step in r.steps),
-        str(r.failure_policy), str(r.mode), req.body, answer.body, str(outcome.result),
-        str(outcome.reason), spans.trace_hex if spans is not None and spans.sampled else "")
+        clock.seconds(),
+        req.uid,
+        req.namespace,
+        ns.labels if ns is not None else {},
+        ns.annotations if ns is not None else {},
+        tuple(step.name for step in r.steps),
+        str(r.failure_policy),
+        str(r.mode),
+        req.body,
+        answer.body,
+        str(outcome.result),
+        str(outcome.reason),
+        spans.trace_hex if spans is not None and spans.sampled else "",
+    )

@@ -69,19 +69,28 @@ class Parts:
     routes: Memo[str, ResolvedChain] = field(default_factory=lambda: Memo(_ANNOTATIONS_KEPT))
     #: Each canary's plan, by the annotations it comes from.
     canary_plans: Memo[tuple[Optional[str], Optional[str], Optional[str], int], Optional[CanaryPlan]] = field(
-        default_factory=lambda: Memo(_PLANS_KEPT))
+        default_factory=lambda: Memo(_PLANS_KEPT)
+    )
     #: The route of each namespace as the cache holds it (L{route}).
     routes_by_namespace: Memo[tuple[int, Optional[str], bool], tuple[Optional[NamespaceInfo], Route]] = field(
-        default_factory=lambda: Memo(_ROUTES_KEPT))
+        default_factory=lambda: Memo(_ROUTES_KEPT)
+    )
     #: L{amp.patch.check_patch}'s options from C{patch.*}.
     check_options: Mapping[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
         patch = self.config.patch
         # A frozen dataclass sets what it derives through object.__setattr__.
-        object.__setattr__(self, "check_options", dict(
-            denied=patch.denied_paths, allowed=patch.allowed_paths, repair=patch.repair,
-            max_operations=patch.max_operations))
+        object.__setattr__(
+            self,
+            "check_options",
+            dict(
+                denied=patch.denied_paths,
+                allowed=patch.allowed_paths,
+                repair=patch.repair,
+                max_operations=patch.max_operations,
+            ),
+        )
 
     def route(self, ns: Optional[NamespaceInfo], *, validation: bool, explain: bool) -> Route:
         """
@@ -105,15 +114,20 @@ class Parts:
     def compose_options(self, steps: int) -> dict[str, Any]:
         """L{amp.patch.compose}'s options for a chain of C{steps}: each may send C{patch.max_operations}."""
         patch = self.config.patch
-        return dict(denied=patch.denied_paths, allowed=patch.allowed_paths,
-                    max_operations=patch.max_operations * max(steps, 1))
+        return dict(
+            denied=patch.denied_paths, allowed=patch.allowed_paths, max_operations=patch.max_operations * max(steps, 1)
+        )
 
     def canary_plan(self, ns: Optional[NamespaceInfo], r: Route) -> Optional[CanaryPlan]:
         """The namespace's canary plan (L{amp.canary.canary_plan}), kept per annotation values."""
         if ns is None or CANARY_ANNOTATION not in ns.annotations:
             return None
-        key = (ns.annotations.get(CANARY_ANNOTATION), ns.annotations.get(CANARY_PERCENT_ANNOTATION),
-               ns.annotations.get(CANARY_STEP_ANNOTATION), len(r.steps))
+        key = (
+            ns.annotations.get(CANARY_ANNOTATION),
+            ns.annotations.get(CANARY_PERCENT_ANNOTATION),
+            ns.annotations.get(CANARY_STEP_ANNOTATION),
+            len(r.steps),
+        )
         plan = self.canary_plans.get(key)
         if plan is None:
             plan = self.canary_plans[key] = canary_plan(ns, r, self.config)

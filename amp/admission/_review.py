@@ -61,15 +61,39 @@ class Review:
         never fails); L{cancel} ends the review at once, as C{cancelled}.
     """
 
-    __slots__ = ("_parts", "_req", "_deadline", "_validation", "_route", "_pending", "_call", "_timer", "_state",
-                 "_answered", "_chain", "_trace", "_call_started", "_answering", "_namespace", "_canary_plan",
-                 "_canary_run", "_spans", "_lookup_started")
+    __slots__ = (
+        "_parts",
+        "_req",
+        "_deadline",
+        "_validation",
+        "_route",
+        "_pending",
+        "_call",
+        "_timer",
+        "_state",
+        "_answered",
+        "_chain",
+        "_trace",
+        "_call_started",
+        "_answering",
+        "_namespace",
+        "_canary_plan",
+        "_canary_run",
+        "_spans",
+        "_lookup_started",
+    )
 
     log = Logger()
 
     def __init__(
-        self, parts: Parts, req: AdmissionRequest, deadline: Deadline, validation: bool, trace: IReviewTrace,
-        answered: Callable[[Answer], None], spans: Optional[ReviewSpans] = None,
+        self,
+        parts: Parts,
+        req: AdmissionRequest,
+        deadline: Deadline,
+        validation: bool,
+        trace: IReviewTrace,
+        answered: Callable[[Answer], None],
+        spans: Optional[ReviewSpans] = None,
     ) -> None:
         #: The review's spans (L{amp.tracing}) when it is traced, else None.
         self._spans = spans
@@ -230,8 +254,11 @@ class Review:
                 # it is not taken for one that bypassed amp.
                 stamped = self._answering.stamper.stamp(None, [(r.where, Status.UNCHANGED, "")])
                 return self._answer(answers.skipped(req, patch=patch_bytes(stamped)))
-            return self._answer(self._answering.failed(
-                r, None, Reason.NO_ENDPOINT, "namespace is enabled but has no endpoint annotation"))
+            return self._answer(
+                self._answering.failed(
+                    r, None, Reason.NO_ENDPOINT, "namespace is enabled but has no endpoint annotation"
+                )
+            )
         if parts.canary is not None and r.mode != SHADOW and not self._validation and not req.is_ephemeral_update:
             self._canary_plan = parts.canary_plan(ns, r)
         self._chain = Chain(r, unchanged(req.object))
@@ -267,13 +294,15 @@ class Review:
             _observing.record_budget(self._trace, self._deadline.remaining(now), step, chain)
         plan = self._canary_plan
         if plan is not None and plan.index == chain.index:
-            self._canary_run = _observing.start_canary(self._parts, plan, req, step, chain, pod_json, headers,
-                                                       self._deadline, self._spans)
+            self._canary_run = _observing.start_canary(
+                self._parts, plan, req, step, chain, pod_json, headers, self._deadline, self._spans
+            )
         spans = self._spans
         if spans is not None:
             _observing.trace_call(spans, self._parts.clock, step, headers, chain.index)
-        call = self._parts.endpoints.ask_into(self, step.url, step.settings, pod_json, headers, self._deadline,
-                                              step.breaker, caller_times=True)
+        call = self._parts.endpoints.ask_into(
+            self, step.url, step.settings, pod_json, headers, self._deadline, step.breaker, caller_times=True
+        )
         if call is not None and not call.told:
             # Not ended at once (a refusal is told before ask_into returns,
             # and the chain may have gone on from it).
@@ -362,8 +391,13 @@ class Review:
         if not decision.allowed or self._validation or not decision.patch:
             return None
         try:
-            return check_patch(chain.pod.pod, decision.patch, **self._parts.check_options, trace=self._trace,
-                               confined=EPHEMERAL_CONTAINERS if self._req.is_ephemeral_update else None)
+            return check_patch(
+                chain.pod.pod,
+                decision.patch,
+                **self._parts.check_options,
+                trace=self._trace,
+                confined=EPHEMERAL_CONTAINERS if self._req.is_ephemeral_update else None,
+            )
         except PatchError as e:
             return e
 
@@ -382,8 +416,9 @@ class Review:
             self._tell_canary(None)
             if chain.route.mode == SHADOW:
                 return self._answer(self._answering.shadow(chain, origin, denied=True))
-            return self._answer(answers.denied(req, origin, decision.code, decision.message,
-                                               warnings=chain.warnings, audit=chain.audit))
+            return self._answer(
+                answers.denied(req, origin, decision.code, decision.message, warnings=chain.warnings, audit=chain.audit)
+            )
         if isinstance(judged, PatchError):
             self._trace.record(Refused, reason=judged.reason, message=str(judged))
             return self._step_ended(judged.reason, str(judged))
@@ -433,8 +468,9 @@ class Review:
         self._tell_canary(skipped=True)
         recorder = self._parts.recorder
         if recorder is not None and recorder.recording and self._route is not None and not self._validation:
-            _observing.offer(recorder, self._parts.clock, self._namespace, self._route, self._req, answer,
-                             self._spans, self.log)
+            _observing.offer(
+                recorder, self._parts.clock, self._namespace, self._route, self._req, answer, self._spans, self.log
+            )
         self._answered(answer)
 
     def _expired(self) -> None:
@@ -517,4 +553,3 @@ class Review:
             assert chain is not None
             return self._answer(deadline_passed(self._answering, chain, reason, message, self._deadline.budget))
         self._answer(self._answering.failed(self._route, chain, reason, message))
-

@@ -33,8 +33,15 @@ Run 'amp explain --help', 'amp replay --help', 'amp check --help' or 'amp audit 
 """
 
 
-def dispatch(argv: Sequence[str], reactor: IAmpReactor, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
-             stderr: Optional[IO[str]] = None, log_publisher: Any = None) -> Any:
+def dispatch(
+    argv: Sequence[str],
+    reactor: IAmpReactor,
+    *,
+    stdin: Any = None,
+    stdout: Optional[IO[str]] = None,
+    stderr: Optional[IO[str]] = None,
+    log_publisher: Any = None,
+) -> Any:
     """
     Run the command C{argv} names; a Deferred that fires with the exit status.
     """

@@ -23,7 +23,6 @@ class UsageError(Exception):
     """
 
 
-
 @dataclass(frozen=True)
 class ExplainOptions:
     """
@@ -47,7 +46,6 @@ class ExplainOptions:
     reply_path: Optional[str] = None
     twice: bool = False
     cluster: bool = False
-
 
 
 class Exit(Exception):
@@ -119,21 +117,42 @@ example:
 
 
 def command_line_parser(out: IO[str]) -> _Parser:
-    p = _Parser(prog="amp explain", description=DESCRIPTION, epilog=EPILOG, out=out,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(
+        prog="amp explain",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        out=out,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("file", metavar="FILE", help="the Pod or workload, YAML or JSON; - reads stdin")
     p.add_argument("-n", "--namespace", help="the namespace (default: the object's own, else default)")
     p.add_argument("--config", metavar="FILE", help="amp's configuration (default: amp's defaults)")
-    p.add_argument("--set-label", metavar="KEY=VALUE", action="append", default=[],
-                   help="set a label of the namespace (repeatable)")
-    p.add_argument("--set-annotation", metavar="KEY=VALUE", action="append", default=[],
-                   help="set an annotation of the namespace (repeatable)")
-    p.add_argument("--reply", metavar="FILE",
-                   help="use this recorded endpoint reply (a JSON array of operations or the reply object) "
-                        "instead of calling the endpoint")
-    p.add_argument("--twice", action="store_true",
-                   help="review the admitted Pod again, as the API server does when it reinvokes amp, and "
-                        "report whether that changes it (idempotency); the status stamp tells both reviews")
+    p.add_argument(
+        "--set-label",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="set a label of the namespace (repeatable)",
+    )
+    p.add_argument(
+        "--set-annotation",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="set an annotation of the namespace (repeatable)",
+    )
+    p.add_argument(
+        "--reply",
+        metavar="FILE",
+        help="use this recorded endpoint reply (a JSON array of operations or the reply object) "
+        "instead of calling the endpoint",
+    )
+    p.add_argument(
+        "--twice",
+        action="store_true",
+        help="review the admitted Pod again, as the API server does when it reinvokes amp, and "
+        "report whether that changes it (idempotency); the status stamp tells both reviews",
+    )
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
     return p
 
@@ -191,6 +210,14 @@ def parse_command_line(argv: Sequence[str], stdin: Any, stdout: IO[str]) -> tupl
         cluster = config.kubernetes.source != NamespaceSource.STATIC
     else:
         cluster = not (labels or annotations)
-    options = ExplainOptions(config=config, config_path=args.config, labels=labels, annotations=annotations,
-                             reply=reply, reply_path=args.reply, twice=args.twice, cluster=cluster)
+    options = ExplainOptions(
+        config=config,
+        config_path=args.config,
+        labels=labels,
+        annotations=annotations,
+        reply=reply,
+        reply_path=args.reply,
+        twice=args.twice,
+        cluster=cluster,
+    )
     return options, pod_input, args.output

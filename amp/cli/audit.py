@@ -113,8 +113,9 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
-def _audited_namespaces(listed: list[dict[str, Any]], wanted: tuple[str, ...], kube: KubernetesConfig,
-                        notes: list[str]) -> dict[str, StaticNamespace]:
+def _audited_namespaces(
+    listed: list[dict[str, Any]], wanted: tuple[str, ...], kube: KubernetesConfig, notes: list[str]
+) -> dict[str, StaticNamespace]:
     """The namespaces to audit, from the enabled ones listed, with a note for each one named and passed over."""
     protected = rules.protected_namespaces(kube)
     enabled: dict[str, StaticNamespace] = {}
@@ -126,7 +127,7 @@ def _audited_namespaces(listed: list[dict[str, Any]], wanted: tuple[str, ...], k
             annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
             enabled[name] = StaticNamespace(labels, annotations)
     out: dict[str, StaticNamespace] = {}
-    for name in (wanted or sorted(enabled)):
+    for name in wanted or sorted(enabled):
         info = enabled.get(name)
         if info is None:
             notes.append(f"namespace {terminal(name)}: not enabled for amp ({kube.enabled_label}), passed over")
@@ -140,10 +141,17 @@ def _audited_namespaces(listed: list[dict[str, Any]], wanted: tuple[str, ...], k
 
 
 @inlineCallbacks
-def audit(reactor: IAmpReactor, options: AuditOptions, lists: PagedLists, *, connector: Optional[Connector] = None,
-          progress: Optional[Progress] = None, where: str = "the cluster",
-          read_recordings: Optional[Callable[[str], Any]] = None,
-          blocking: Optional[Callable[..., Any]] = None) -> Any:
+def audit(
+    reactor: IAmpReactor,
+    options: AuditOptions,
+    lists: PagedLists,
+    *,
+    connector: Optional[Connector] = None,
+    progress: Optional[Progress] = None,
+    where: str = "the cluster",
+    read_recordings: Optional[Callable[[str], Any]] = None,
+    blocking: Optional[Callable[..., Any]] = None,
+) -> Any:
     """
     Audit the namespaces of C{options}; fires with an L{AuditRun}.
 
@@ -166,8 +174,9 @@ def audit(reactor: IAmpReactor, options: AuditOptions, lists: PagedLists, *, con
         recorded, problems = yield blocking(read_recordings, options.recordings)
         notes.extend(problems[:20])
     source = StaticNamespaceSource(dataclasses.replace(kube, namespaces=namespaces))
-    pipeline = TemplatePipeline(reactor, config, source, where=where, concurrency=options.concurrency,
-                                rate=options.rate, connector=connector)
+    pipeline = TemplatePipeline(
+        reactor, config, source, where=where, concurrency=options.concurrency, rate=options.rate, connector=connector
+    )
     result = AuditRun([], notes)
     try:
         for namespace in namespaces:
@@ -182,9 +191,16 @@ def audit(reactor: IAmpReactor, options: AuditOptions, lists: PagedLists, *, con
 
 
 @inlineCallbacks
-def _audit_namespace(namespace: str, lists: PagedLists, pipeline: TemplatePipeline, kube: KubernetesConfig,
-                     recorded: dict[tuple[str, str], dict[str, Any]], result: AuditRun, progress: Progress,
-                     blocking: Callable[..., Any]) -> Any:
+def _audit_namespace(
+    namespace: str,
+    lists: PagedLists,
+    pipeline: TemplatePipeline,
+    kube: KubernetesConfig,
+    recorded: dict[tuple[str, str], dict[str, Any]],
+    result: AuditRun,
+    progress: Progress,
+    blocking: Callable[..., Any],
+) -> Any:
     owners = Owners(namespace)
     templates: dict[tuple[str, str], dict[str, Any]] = {}
     parents: set[tuple[str, str]] = set()
@@ -233,15 +249,18 @@ def _audit_namespace(namespace: str, lists: PagedLists, pipeline: TemplatePipeli
                 w.prediction = known.get(key)
             w.pods.append(audited)
             result.pods += 1
-        progress.show(f"amp audit: namespace {terminal(namespace, 60)}: {result.pods} Pods, "
-                      f"{pipeline.templates} templates, {pipeline.calls} endpoint calls")
+        progress.show(
+            f"amp audit: namespace {terminal(namespace, 60)}: {result.pods} Pods, "
+            f"{pipeline.templates} templates, {pipeline.calls} endpoint calls"
+        )
 
     yield lists.each_page("Pod", namespace, on_page)
     return sorted(workloads.values(), key=lambda w: w.key)
 
 
-def _judge_page(page: list[tuple[dict[str, Any], WorkloadKey]], predictions: dict[WorkloadKey, Prediction],
-                kube: KubernetesConfig) -> list[tuple[WorkloadKey, PodAudit]]:
+def _judge_page(
+    page: list[tuple[dict[str, Any], WorkloadKey]], predictions: dict[WorkloadKey, Prediction], kube: KubernetesConfig
+) -> list[tuple[WorkloadKey, PodAudit]]:
     """Each Pod of a page judged (pure; run in a thread)."""
     return [(key, judge_pod(pod, predictions.get(key), kube)) for pod, key in page]
 
@@ -284,20 +303,28 @@ example:
 
 
 def command_line_parser(out: IO[str]) -> _Parser:
-    p = _Parser(prog="amp audit", description=DESCRIPTION, epilog=EPILOG, out=out,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(
+        prog="amp audit",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        out=out,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("-n", "--namespace", action="append", default=[], help="a namespace to audit (repeatable)")
-    p.add_argument("-A", "--all-namespaces", action="store_true",
-                   help="every namespace amp manages (the default without -n)")
+    p.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="every namespace amp manages (the default without -n)"
+    )
     p.add_argument("--config", metavar="FILE", help="amp's configuration (default: amp's defaults)")
-    p.add_argument("--kubeconfig", metavar="FILE", help="the kubeconfig (default: the config's, $KUBECONFIG, "
-                                                         "~/.kube/config)")
+    p.add_argument(
+        "--kubeconfig", metavar="FILE", help="the kubeconfig (default: the config's, $KUBECONFIG, ~/.kube/config)"
+    )
     p.add_argument("--context", help="the kubeconfig's context")
     p.add_argument("--concurrency", type=int, help="templates reviewed at once (default: audit.concurrency)")
     p.add_argument("--rate", type=int, help="templates reviewed per second at most (default: audit.rate)")
     p.add_argument("--page-size", type=int, help="objects per list request (default: audit.page_size)")
-    p.add_argument("--recordings", metavar="DIR", help="amp's recordings: bare Pods are compared with their "
-                                                        "recorded review")
+    p.add_argument(
+        "--recordings", metavar="DIR", help="amp's recordings: bare Pods are compared with their recorded review"
+    )
     p.add_argument("-o", "--output", choices=("table", "json", "policyreport"), default="table")
     p.add_argument("-v", "--verbose", action="store_true", help="list every Pod that is not current")
     return p
@@ -313,8 +340,12 @@ def parse_command_line(argv: Sequence[str], stdout: IO[str]) -> AuditOptions:
         raise UsageError(str(e)) from None
     kube = config.kubernetes
     if args.kubeconfig or args.context:
-        kube = dataclasses.replace(kube, source=NamespaceSource.KUBECONFIG,
-                                   kubeconfig=args.kubeconfig or kube.kubeconfig, context=args.context or kube.context)
+        kube = dataclasses.replace(
+            kube,
+            source=NamespaceSource.KUBECONFIG,
+            kubeconfig=args.kubeconfig or kube.kubeconfig,
+            context=args.context or kube.context,
+        )
     elif kube.source == NamespaceSource.STATIC:
         raise UsageError("amp audit reads the cluster: the config's kubernetes.source is static; give --kubeconfig")
     elif kube.source == NamespaceSource.CLUSTER and not os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -324,10 +355,15 @@ def parse_command_line(argv: Sequence[str], stdout: IO[str]) -> AuditOptions:
         if value is not None and value < 1:
             raise UsageError(f"{flag}: must be at least 1, got {value}")
     return AuditOptions(
-        config=config, namespaces=tuple(dict.fromkeys(args.namespace)),
-        concurrency=args.concurrency or config.audit.concurrency, rate=args.rate or config.audit.rate,
-        page_size=args.page_size or config.audit.page_size, recordings=args.recordings, output=args.output,
-        verbose=args.verbose)
+        config=config,
+        namespaces=tuple(dict.fromkeys(args.namespace)),
+        concurrency=args.concurrency or config.audit.concurrency,
+        rate=args.rate or config.audit.rate,
+        page_size=args.page_size or config.audit.page_size,
+        recordings=args.recordings,
+        output=args.output,
+        verbose=args.verbose,
+    )
 
 
 def render(found: AuditRun, options: AuditOptions, now: float) -> str:
@@ -337,13 +373,20 @@ def render(found: AuditRun, options: AuditOptions, now: float) -> str:
         return render_policy_reports(found.workloads, int(now))
     text = render_table(found.workloads, verbose=options.verbose)
     notes = "".join(f"note: {n}\n" for n in found.notes)
-    return (notes + text + f"{found.templates} templates reviewed, {found.endpoint_calls} endpoint calls\n")
+    return notes + text + f"{found.templates} templates reviewed, {found.endpoint_calls} endpoint calls\n"
 
 
 @inlineCallbacks
-def run(argv: Sequence[str], reactor: IAmpReactor, *, stdout: Optional[IO[str]] = None,
-        stderr: Optional[IO[str]] = None, connector: Optional[Connector] = None, lists: Optional[PagedLists] = None,
-        blocking: Optional[Callable[..., Any]] = None) -> Any:
+def run(
+    argv: Sequence[str],
+    reactor: IAmpReactor,
+    *,
+    stdout: Optional[IO[str]] = None,
+    stderr: Optional[IO[str]] = None,
+    connector: Optional[Connector] = None,
+    lists: Optional[PagedLists] = None,
+    blocking: Optional[Callable[..., Any]] = None,
+) -> Any:
     """
     C{amp audit ARGV}: audit, print, and fire with the exit status.
 
@@ -365,8 +408,15 @@ def run(argv: Sequence[str], reactor: IAmpReactor, *, stdout: Optional[IO[str]] 
             except Exception as e:
                 raise UsageError(f"cannot use the kubeconfig: {str(e).strip() or type(e).__name__}") from None
             lists = PagedLists(kube_getter(client, kube.request_timeout), options.page_size, reactor)
-        found = yield audit(reactor, options, lists, connector=connector, progress=Progress(stderr),
-                            read_recordings=bare_pod_reviews, blocking=blocking)
+        found = yield audit(
+            reactor,
+            options,
+            lists,
+            connector=connector,
+            progress=Progress(stderr),
+            read_recordings=bare_pod_reviews,
+            blocking=blocking,
+        )
     except Exit as e:
         return e.status
     except (UsageError, ClusterError) as e:

@@ -61,8 +61,10 @@ Getter = Callable[[str, list[tuple[str, str]]], bytes]
 
 def kube_getter(client: KubeClient, timeout: float) -> Getter:
     """A L{Getter} on an L{amp.kube.KubeClient} (each GET bounded by C{timeout})."""
+
     def get(path: str, query: list[tuple[str, str]]) -> bytes:
         return bytes(client.request("GET", path, query=query, timeout=timeout))
+
     return get
 
 
@@ -105,12 +107,14 @@ class PagedLists:
                 from twisted.internet.defer import fail
 
                 return fail()
-        return deferToThreadPool(self._reactor, self._reactor.getThreadPool(), self._fetch, kind, namespace,
-                                 selector, token)
+        return deferToThreadPool(
+            self._reactor, self._reactor.getThreadPool(), self._fetch, kind, namespace, selector, token
+        )
 
     @inlineCallbacks
-    def each_page(self, kind: str, namespace: Optional[str], on_page: Callable[[list[dict[str, Any]]], Any],
-                  selector: str = "") -> Any:
+    def each_page(
+        self, kind: str, namespace: Optional[str], on_page: Callable[[list[dict[str, Any]]], Any], selector: str = ""
+    ) -> Any:
         """
         Call C{on_page} with each page's items in turn (waiting for the
         Deferred it may return before reading the next page).

@@ -34,8 +34,19 @@ from amp.podjson import json_object
 from amp.rules import LEGACY_SKIPPED_ANNOTATION, opted_out
 from amp.stamp import parse_stamp, pod_stamp
 
-__all__ = ["EXIT_ALL_CURRENT", "EXIT_NEEDS_ACTION", "EXIT_USAGE", "PodAudit", "PodState", "Prediction",
-           "WorkloadAudit", "exit_status", "judge_pod", "needs_prediction", "running"]
+__all__ = [
+    "EXIT_ALL_CURRENT",
+    "EXIT_NEEDS_ACTION",
+    "EXIT_USAGE",
+    "PodAudit",
+    "PodState",
+    "Prediction",
+    "WorkloadAudit",
+    "exit_status",
+    "judge_pod",
+    "needs_prediction",
+    "running",
+]
 
 EXIT_ALL_CURRENT = 0
 EXIT_NEEDS_ACTION = 1
@@ -117,8 +128,7 @@ def judge_pod(pod: dict[str, Any], prediction: Optional[Prediction], kube: Kuber
         legacy = annotations.get(LEGACY_SKIPPED_ANNOTATION)
         if isinstance(legacy, str):
             return PodAudit(name, PodState.FAILED, f"skipped: {legacy}", uid=uid)
-        return PodAudit(name, PodState.NEVER_MUTATED, "no amp.txn2.com/status stamp: amp did not review it",
-                        uid=uid)
+        return PodAudit(name, PodState.NEVER_MUTATED, "no amp.txn2.com/status stamp: amp did not review it", uid=uid)
     skipped = [(endpoint, mark.skipped) for endpoint, mark in parse_stamp(stamp).items() if mark.skipped]
     if skipped:
         detail = "; ".join(f"skipped {reason} {endpoint}" for endpoint, reason in skipped)

@@ -46,8 +46,7 @@ def render_table(workloads: Iterable[WorkloadAudit], *, verbose: bool = False) -
     workloads = list(workloads)
     states = [s for s in PodState]
     header = ["NAMESPACE", "WORKLOAD", *(s.value.upper() for s in states)]
-    rows = [[terminal(w.key.namespace), terminal(str(w.key)), *(str(w.counts()[s]) for s in states)]
-            for w in workloads]
+    rows = [[terminal(w.key.namespace), terminal(str(w.key)), *(str(w.counts()[s]) for s in states)] for w in workloads]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     out = ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in [header, *rows]]
     details: list[str] = []
@@ -61,8 +60,10 @@ def render_table(workloads: Iterable[WorkloadAudit], *, verbose: bool = False) -
         out.extend(details)
     total = {s: sum(w.counts()[s] for w in workloads) for s in states}
     out.append("")
-    out.append(f"{sum(total.values())} Pods in {len(workloads)} workloads: "
-               + ", ".join(f"{n} {s.value}" for s, n in total.items() if n))
+    out.append(
+        f"{sum(total.values())} Pods in {len(workloads)} workloads: "
+        + ", ".join(f"{n} {s.value}" for s, n in total.items() if n)
+    )
     return "\n".join(out) + "\n"
 
 
@@ -78,8 +79,7 @@ def _workload_details(w: WorkloadAudit, verbose: bool) -> list[str]:
     for line, pods in seen.items():
         lines.append(f"  stale {len(pods)} Pod(s): {line}")
     for pod in w.pods:
-        if pod.state in (PodState.NEVER_MUTATED, PodState.FAILED) or (
-                verbose and pod.state != PodState.CURRENT):
+        if pod.state in (PodState.NEVER_MUTATED, PodState.FAILED) or (verbose and pod.state != PodState.CURRENT):
             lines.append(f"  {pod.state.value} pod/{terminal(pod.name)}: {terminal(pod.detail)}")
         elif pod.state == PodState.UNKNOWN and not w.error:
             lines.append(f"  unknown pod/{terminal(pod.name)}: {terminal(pod.detail)}")
@@ -92,22 +92,36 @@ def _workload_details(w: WorkloadAudit, verbose: bool) -> list[str]:
 def as_json(w: WorkloadAudit) -> dict[str, Any]:
     p = w.prediction
     return {
-        "namespace": w.key.namespace, "kind": w.key.kind, "name": w.key.name,
+        "namespace": w.key.namespace,
+        "kind": w.key.kind,
+        "name": w.key.name,
         "endpoints": list(p.endpoints) if p else [],
         "places": [str(place) for place in p.places] if p else [],
         "error": w.error or None,
         "counts": {s.value: n for s, n in w.counts().items()},
         "command": w.command() or None,
-        "pods": [{"name": pod.name, "uid": pod.uid or None, "state": pod.state.value, "detail": pod.detail or None,
-                  "differences": [d.as_json() for d in pod.differences]} for pod in w.pods],
+        "pods": [
+            {
+                "name": pod.name,
+                "uid": pod.uid or None,
+                "state": pod.state.value,
+                "detail": pod.detail or None,
+                "differences": [d.as_json() for d in pod.differences],
+            }
+            for pod in w.pods
+        ],
     }
 
 
 def render_json(workloads: Iterable[WorkloadAudit], *, endpoint_calls: int = 0, notes: Iterable[str] = ()) -> str:
     items = [as_json(w) for w in workloads]
     totals = {s.value: sum(i["counts"][s.value] for i in items) for s in PodState}
-    return json.dumps({"workloads": items, "totals": totals, "endpoint_calls": endpoint_calls,
-                       "notes": list(notes)}, indent=2) + "\n"
+    return (
+        json.dumps(
+            {"workloads": items, "totals": totals, "endpoint_calls": endpoint_calls, "notes": list(notes)}, indent=2
+        )
+        + "\n"
+    )
 
 
 def _result(w: WorkloadAudit, timestamp: int) -> dict[str, Any]:
@@ -116,15 +130,22 @@ def _result(w: WorkloadAudit, timestamp: int) -> dict[str, Any]:
         result, message = "error", f"could not audit: {w.error}"
     elif w.needs_action:
         result = "fail"
-        parts = [f"{counts[s]} {s.value}" for s in (PodState.STALE, PodState.NEVER_MUTATED, PodState.FAILED)
-                 if counts[s]]
+        parts = [
+            f"{counts[s]} {s.value}" for s in (PodState.STALE, PodState.NEVER_MUTATED, PodState.FAILED) if counts[s]
+        ]
         message = f"{', '.join(parts)} of {len(w.pods)} Pods; to update: {w.command()}"
     elif counts[PodState.CURRENT]:
         result, message = "pass", f"{counts[PodState.CURRENT]} Pods current"
     else:
         result, message = "skip", ", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "no Pods"
-    group = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1", "ReplicaSet": "apps/v1",
-             "Job": "batch/v1", "CronJob": "batch/v1"}.get(w.key.kind, "v1")
+    group = {
+        "Deployment": "apps/v1",
+        "StatefulSet": "apps/v1",
+        "DaemonSet": "apps/v1",
+        "ReplicaSet": "apps/v1",
+        "Job": "batch/v1",
+        "CronJob": "batch/v1",
+    }.get(w.key.kind, "v1")
     properties = {s.value: str(n) for s, n in counts.items() if n}
     stale = {difference_line(d) for pod in w.pods for d in pod.differences}
     if stale:
@@ -152,12 +173,19 @@ def policy_reports(workloads: Iterable[WorkloadAudit], timestamp: int) -> list[d
     reports = []
     for namespace, results in sorted(by_namespace.items()):
         summary = {k: sum(1 for r in results if r["result"] == k) for k in ("pass", "fail", "warn", "error", "skip")}
-        reports.append({
-            "apiVersion": "wgpolicyk8s.io/v1alpha2", "kind": "PolicyReport",
-            "metadata": {"name": "amp-audit", "namespace": namespace,
-                         "labels": {"app.kubernetes.io/managed-by": "amp"}},
-            "summary": summary, "results": results,
-        })
+        reports.append(
+            {
+                "apiVersion": "wgpolicyk8s.io/v1alpha2",
+                "kind": "PolicyReport",
+                "metadata": {
+                    "name": "amp-audit",
+                    "namespace": namespace,
+                    "labels": {"app.kubernetes.io/managed-by": "amp"},
+                },
+                "summary": summary,
+                "results": results,
+            }
+        )
     return reports
 
 

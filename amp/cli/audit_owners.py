@@ -25,8 +25,14 @@ __all__ = ["Owners", "WorkloadKey", "controller_of", "restart_command"]
 
 #: The kinds whose template amp audits, by the API group of their owner
 #: references.
-_KINDS = {("apps", "Deployment"), ("apps", "StatefulSet"), ("apps", "DaemonSet"), ("apps", "ReplicaSet"),
-          ("batch", "Job"), ("batch", "CronJob")}
+_KINDS = {
+    ("apps", "Deployment"),
+    ("apps", "StatefulSet"),
+    ("apps", "DaemonSet"),
+    ("apps", "ReplicaSet"),
+    ("batch", "Job"),
+    ("batch", "CronJob"),
+}
 
 #: The kinds whose Pods C{kubectl rollout restart} replaces.
 _ROLLOUT = {"Deployment": "deployment", "StatefulSet": "statefulset", "DaemonSet": "daemonset"}
@@ -91,8 +97,12 @@ class Owners:
             meta = json_object(pod.get("metadata"))
             return WorkloadKey(self.namespace, "Pod", str(meta.get("name") or ""))
         parent = self._parent.get(owner)
-        if owner[0] in ("ReplicaSet", "Job") and parent is not None and parent in self._known \
-                and parent[0] == ("Deployment" if owner[0] == "ReplicaSet" else "CronJob"):
+        if (
+            owner[0] in ("ReplicaSet", "Job")
+            and parent is not None
+            and parent in self._known
+            and parent[0] == ("Deployment" if owner[0] == "ReplicaSet" else "CronJob")
+        ):
             owner = parent
         return WorkloadKey(self.namespace, *owner)
 
@@ -109,8 +119,7 @@ def restart_command(workload: WorkloadKey, pods: Iterable[str] = ()) -> str:
         names = " ".join(sorted(pods)) or "<pods>"
         return f"kubectl delete pod {names} -n {ns}  # the ReplicaSet creates them again"
     if workload.kind == "Job":
-        return (f"kubectl get job {workload.name} -n {ns} -o yaml | kubectl replace --force -f -  "
-                "# runs the Job again")
+        return f"kubectl get job {workload.name} -n {ns} -o yaml | kubectl replace --force -f -  # runs the Job again"
     if workload.kind == "CronJob":
         return f"kubectl create job --from=cronjob/{workload.name} {workload.name}-audit -n {ns}  # or the next run"
     # Not `kubectl replace --force` of the running Pod: it carries the old

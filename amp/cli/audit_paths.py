@@ -98,7 +98,7 @@ def _place_of(pointer: str, template: Any, admitted: Any) -> Place:
     """
     steps: list[Step] = []
     a, b = template, admitted
-    for token in (pointer.split("/")[1:] if pointer else ()):
+    for token in pointer.split("/")[1:] if pointer else ():
         key = _unescape(token)
         if isinstance(b, dict) or isinstance(a, dict):
             steps.append(key)
@@ -125,8 +125,9 @@ def _place_of(pointer: str, template: Any, admitted: Any) -> Place:
     return Place(tuple(steps))
 
 
-def touched_places(template: dict[str, Any], admitted: dict[str, Any],
-                   ignore_annotations: Iterable[str] = STAMP_ANNOTATIONS) -> tuple[Place, ...]:
+def touched_places(
+    template: dict[str, Any], admitted: dict[str, Any], ignore_annotations: Iterable[str] = STAMP_ANNOTATIONS
+) -> tuple[Place, ...]:
     """
     The places where the admitted Pod differs from the template Pod it
     was made from (amp's stamps left out), outermost first, none inside
@@ -134,8 +135,9 @@ def touched_places(template: dict[str, Any], admitted: dict[str, Any],
     """
     differences = pod_differences(template, admitted, ignore_annotations=tuple(ignore_annotations), limit=10_000)
     places: list[Place] = []
-    for place in sorted({_place_of(d.path, template, admitted) for d in differences},
-                        key=lambda p: (len(p.steps), str(p))):
+    for place in sorted(
+        {_place_of(d.path, template, admitted) for d in differences}, key=lambda p: (len(p.steps), str(p))
+    ):
         if not any(place.within(outer) for outer in places):
             places.append(place)
     return tuple(places)
@@ -191,8 +193,9 @@ def _same_json(a: Any, b: Any) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def _differences(pointer: str, have: Any, want: Any, limit: int,
-                 names: tuple[Any, Any] = (MISSING, MISSING)) -> list[Difference]:
+def _differences(
+    pointer: str, have: Any, want: Any, limit: int, names: tuple[Any, Any] = (MISSING, MISSING)
+) -> list[Difference]:
     """
     Where C{have} (the running Pod's value) lacks what C{want} (the
     endpoint's) says: every member of a mapping, every named or mapping
@@ -238,8 +241,9 @@ def _differences(pointer: str, have: Any, want: Any, limit: int,
     return out
 
 
-def compare(running: dict[str, Any], admitted: dict[str, Any], places: Iterable[Place],
-            limit: int = 50) -> tuple[Difference, ...]:
+def compare(
+    running: dict[str, Any], admitted: dict[str, Any], places: Iterable[Place], limit: int = 50
+) -> tuple[Difference, ...]:
     """
     Where C{running} differs from C{admitted} (what the endpoint would
     give now) at C{places}, by C{running}'s JSON pointers: its value now

@@ -78,8 +78,17 @@ class TemplatePipeline:
     @ivar templates: templates reviewed so far.
     """
 
-    def __init__(self, reactor: IAmpReactor, config: Config, namespaces: INamespaceSource, *, where: str,
-                 concurrency: int, rate: float, connector: Optional[Connector] = None) -> None:
+    def __init__(
+        self,
+        reactor: IAmpReactor,
+        config: Config,
+        namespaces: INamespaceSource,
+        *,
+        where: str,
+        concurrency: int,
+        rate: float,
+        connector: Optional[Connector] = None,
+    ) -> None:
         self._reactor = reactor
         self._config = config
         self._namespaces = namespaces
@@ -136,8 +145,7 @@ class TemplatePipeline:
             return Prediction(round_.pod, places, endpoints, source=source)
         what = f"{round_.result} ({round_.reason})" if round_.reason else str(round_.result)
         message = f": {round_.message}" if round_.message else ""
-        return Prediction(None, endpoints=endpoints, error=f"amp's review of {source} {what}{message}",
-                          source=source)
+        return Prediction(None, endpoints=endpoints, error=f"amp's review of {source} {what}{message}", source=source)
 
     def close(self) -> Deferred[None]:
         return self._client.close()

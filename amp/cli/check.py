@@ -44,14 +44,21 @@ class _Usage(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="amp check", description=(
-        "Check amp's MutatingWebhookConfiguration against what amp's config needs (failure classes, "
-        "selectors, timeouts, rules, sideEffects, reinvocationPolicy, caBundle)."))
+    parser = argparse.ArgumentParser(
+        prog="amp check",
+        description=(
+            "Check amp's MutatingWebhookConfiguration against what amp's config needs (failure classes, "
+            "selectors, timeouts, rules, sideEffects, reinvocationPolicy, caBundle)."
+        ),
+    )
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--manifest", metavar="FILE", help="rendered manifests (YAML or JSON; - for stdin)")
     where.add_argument("--cluster", action="store_true", help="read the configuration from the cluster")
-    parser.add_argument("--config", metavar="FILE", help="amp's config (default: amp.yaml of the manifests' "
-                                                         "ConfigMap, else amp's defaults)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="amp's config (default: amp.yaml of the manifests' ConfigMap, else amp's defaults)",
+    )
     parser.add_argument("--cert", metavar="FILE", help="the PEM certificate chain amp serves: check the caBundle")
     parser.add_argument("--own-namespace", metavar="NS", help="amp's namespace (default: kubernetes.own_namespace)")
     parser.add_argument("--kubeconfig", metavar="FILE", help="with --cluster: the kubeconfig")
@@ -67,8 +74,10 @@ def find_registration(documents: Sequence[Any], name: Optional[str]) -> Optional
         found = [d for d in found if (d.get("metadata") or {}).get("name") == name]
     if name is None and len(found) > 1:
         names = ", ".join(str((d.get("metadata") or {}).get("name")) for d in found)
-        raise _Usage(f"the manifests hold {len(found)} MutatingWebhookConfigurations ({names}): name amp's in "
-                     "kubernetes.webhook_configuration")
+        raise _Usage(
+            f"the manifests hold {len(found)} MutatingWebhookConfigurations ({names}): name amp's in "
+            "kubernetes.webhook_configuration"
+        )
     return found[0] if found else None
 
 
@@ -120,18 +129,24 @@ def _from_cluster(config: Config, options: argparse.Namespace) -> Optional[dict[
     from amp.kube import load_client_configuration
     from amp.reasons import NamespaceSource
 
-    kube = dataclasses.replace(config.kubernetes, source=NamespaceSource.KUBECONFIG,
-                               kubeconfig=options.kubeconfig or config.kubernetes.kubeconfig,
-                               context=options.context or config.kubernetes.context)
+    kube = dataclasses.replace(
+        config.kubernetes,
+        source=NamespaceSource.KUBECONFIG,
+        kubeconfig=options.kubeconfig or config.kubernetes.kubeconfig,
+        context=options.context or config.kubernetes.context,
+    )
     name = kube.webhook_configuration
     if not name:
         raise _Usage("kubernetes.webhook_configuration is not set: which configuration is amp's?")
     api = kubernetes.client.ApiClient(load_client_configuration(kube))
     try:
         # _preload_content=False: the raw urllib3 response, not the model the client's annotation names.
-        response = cast(urllib3.BaseHTTPResponse,
-                        kubernetes.client.AdmissionregistrationV1Api(api).read_mutating_webhook_configuration(
-                            name, _request_timeout=kube.request_timeout, _preload_content=False))
+        response = cast(
+            urllib3.BaseHTTPResponse,
+            kubernetes.client.AdmissionregistrationV1Api(api).read_mutating_webhook_configuration(
+                name, _request_timeout=kube.request_timeout, _preload_content=False
+            ),
+        )
     except ApiException as e:
         if e.status == 404:
             return None
@@ -145,8 +160,16 @@ def _from_cluster(config: Config, options: argparse.Namespace) -> Optional[dict[
 def render(problems: Sequence[Problem], where: str, output: str) -> str:
     """What C{amp check} prints."""
     if output == "json":
-        return json.dumps({"registration": where, "problems": [
-            {"problem": p.name.value, "message": p.message} for p in problems]}, indent=2) + "\n"
+        return (
+            json.dumps(
+                {
+                    "registration": where,
+                    "problems": [{"problem": p.name.value, "message": p.message} for p in problems],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     if not problems:
         return f"{where}: no registration problem\n"
     lines = [f"{where}: {len(problems)} registration problem(s)"]
@@ -154,8 +177,14 @@ def render(problems: Sequence[Problem], where: str, output: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(argv: Sequence[str], reactor: IAmpReactor, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
-        stderr: Optional[IO[str]] = None) -> "Deferred[int]":
+def run(
+    argv: Sequence[str],
+    reactor: IAmpReactor,
+    *,
+    stdin: Any = None,
+    stdout: Optional[IO[str]] = None,
+    stderr: Optional[IO[str]] = None,
+) -> "Deferred[int]":
     """C{amp check ARGV}: check, print, and fire with the exit status."""
     stdin = stdin if stdin is not None else sys.stdin
     out = stdout if stdout is not None else sys.stdout
@@ -184,8 +213,10 @@ def run(argv: Sequence[str], reactor: IAmpReactor, *, stdin: Any = None, stdout:
 
     def judged(obj: Optional[dict[str, Any]]) -> int:
         name = config.kubernetes.webhook_configuration or (obj or {}).get("metadata", {}).get("name") or "?"
-        wanted = needs(dataclasses.replace(config, kubernetes=dataclasses.replace(
-            config.kubernetes, webhook_configuration=name)), options.own_namespace)
+        wanted = needs(
+            dataclasses.replace(config, kubernetes=dataclasses.replace(config.kubernetes, webhook_configuration=name)),
+            options.own_namespace,
+        )
         problems = check(obj, wanted, chain, reactor.seconds())
         out.write(render(problems, f"{KIND} {name}", options.output))
         out.flush()
@@ -204,4 +235,3 @@ def run(argv: Sequence[str], reactor: IAmpReactor, *, stdin: Any = None, stdout:
         return usage(str(error) if isinstance(error, _Usage) else f"the cluster could not be read: {error}")
 
     return d.addCallbacks(judged, failed)
-

@@ -76,9 +76,21 @@ if TYPE_CHECKING:
     from amp.reactors import IAmpReactor
 
 __all__ = [
-    "EXIT_ADMITTED", "EXIT_FAILURE_POLICY", "EXIT_USAGE", "EXIT_DENIED", "EXIT_NOT_IDEMPOTENT",
-    "ExplainOptions", "Explanation", "Round", "UsageError", "command_line_parser", "exit_status",
-    "explain", "parse_command_line", "review_round", "run",
+    "EXIT_ADMITTED",
+    "EXIT_FAILURE_POLICY",
+    "EXIT_USAGE",
+    "EXIT_DENIED",
+    "EXIT_NOT_IDEMPOTENT",
+    "ExplainOptions",
+    "Explanation",
+    "Round",
+    "UsageError",
+    "command_line_parser",
+    "exit_status",
+    "explain",
+    "parse_command_line",
+    "review_round",
+    "run",
 ]
 
 #: Annotations amp stamps on the Pods it reviews (left out when --twice
@@ -100,8 +112,14 @@ class ExplainedNamespace(Service):
     """
 
     def __init__(
-        self, inner: INamespaceSource, name: str, labels: Mapping[str, str], annotations: Mapping[str, str],
-        where: str, cluster_policy: Optional[str] = None, keys: Optional[AmpKeys] = None,
+        self,
+        inner: INamespaceSource,
+        name: str,
+        labels: Mapping[str, str],
+        annotations: Mapping[str, str],
+        where: str,
+        cluster_policy: Optional[str] = None,
+        keys: Optional[AmpKeys] = None,
     ) -> None:
         self._inner = inner
         self._keys = keys
@@ -149,19 +167,25 @@ class ExplainedNamespace(Service):
         if not (self._labels or self._annotations):
             return answer if isinstance(answer, NamespaceInfo) else None
         if isinstance(answer, NamespaceInfo):
-            return dataclasses.replace(answer, labels={**answer.labels, **self._labels},
-                                       annotations={**answer.annotations, **self._annotations})
+            return dataclasses.replace(
+                answer,
+                labels={**answer.labels, **self._labels},
+                annotations={**answer.annotations, **self._annotations},
+            )
         return NamespaceInfo(self._name, dict(self._labels), dict(self._annotations))
 
     def _record(self, answer: Optional[NamespaceInfo], where: str) -> Optional[NamespaceInfo]:
         set_by = sorted([*(f"label {k}" for k in self._labels), *(f"annotation {k}" for k in self._annotations)])
         self.trace.record(
             NamespaceFound,
-            name=self._name, found=answer is not None, source=where,
+            name=self._name,
+            found=answer is not None,
+            source=where,
             labels=dict(answer.labels) if answer is not None else {},
             annotations=dict(answer.annotations) if answer is not None else {},
             set_by_command_line=set_by,
-            near_misses=self._keys.namespace_hints(answer) if answer is not None and self._keys else [])
+            near_misses=self._keys.namespace_hints(answer) if answer is not None and self._keys else [],
+        )
         return answer
 
 
@@ -206,14 +230,21 @@ def _webhook_policy(
             api = kubernetes.client.ApiClient(load_client_configuration(kube))
             adm = kubernetes.client.AdmissionregistrationV1Api(api)
             # _preload_content=False: the raw urllib3 response, not the model the client's annotation names.
-            response = cast(urllib3.BaseHTTPResponse, adm.read_mutating_webhook_configuration(
-                name, _request_timeout=kube.request_timeout, _preload_content=False))
+            response = cast(
+                urllib3.BaseHTTPResponse,
+                adm.read_mutating_webhook_configuration(
+                    name, _request_timeout=kube.request_timeout, _preload_content=False
+                ),
+            )
             obj = json.loads(response.data)
             policy = webhook_failure_policy(obj, webhook)
         except Exception as e:
             missing = getattr(e, "status", None) == 404
-            return None, f"MutatingWebhookConfiguration {name} could not be read: {_first_line(e)}", (
-                None if missing else _UNREAD)
+            return (
+                None,
+                f"MutatingWebhookConfiguration {name} could not be read: {_first_line(e)}",
+                (None if missing else _UNREAD),
+            )
         if policy is None:
             return None, f"MutatingWebhookConfiguration {name} has no webhook {webhook or ''}".rstrip(), obj
         return policy, f"MutatingWebhookConfiguration {name}", obj
@@ -326,8 +357,14 @@ def _decode(body: bytes) -> dict[str, Any]:
 
 @inlineCallbacks
 def review_round(
-    admitter: Admitter, clock: IReactorTime, source: ExplainedNamespace, log: CollectedLines, pod: dict[str, Any],
-    namespace: str, budget: float, tracing: Optional[Tracing] = None,
+    admitter: Admitter,
+    clock: IReactorTime,
+    source: ExplainedNamespace,
+    log: CollectedLines,
+    pod: dict[str, Any],
+    namespace: str,
+    budget: float,
+    tracing: Optional[Tracing] = None,
 ) -> Any:
     """
     One review of C{pod} in C{namespace} through C{admitter}; fires with
@@ -345,23 +382,41 @@ def review_round(
     body, outcome = yield admitter.review(req, Deadline.after(started, budget), trace=trace, spans=spans)
     if tracing is not None:
         from amp.web import review_attributes, review_error
-        tracing.finish(spans, clock.seconds(), review_attributes(req, outcome, False, spans.stamp),
-                       review_error(outcome))
+
+        tracing.finish(
+            spans, clock.seconds(), review_attributes(req, outcome, False, spans.stamp), review_error(outcome)
+        )
     answer = _decode(body)
     message = answer["message"] or answer["audit"].get("error", "")
     patch = answer["patch"]
     admitted = apply_answer_patch(pod, patch) if answer["allowed"] else None
     return Round(
-        request_pod=pod, result=str(outcome.result), reason=str(outcome.reason), message=message,
-        allowed=answer["allowed"], code=answer["code"], patch=patch, warnings=answer["warnings"],
-        audit=answer["audit"], pod=admitted, endpoint=outcome.endpoint, trace=trace, log=log.lines[start:],
-        trace_id=spans.trace_hex)
+        request_pod=pod,
+        result=str(outcome.result),
+        reason=str(outcome.reason),
+        message=message,
+        allowed=answer["allowed"],
+        code=answer["code"],
+        patch=patch,
+        warnings=answer["warnings"],
+        audit=answer["audit"],
+        pod=admitted,
+        endpoint=outcome.endpoint,
+        trace=trace,
+        log=log.lines[start:],
+        trace_id=spans.trace_hex,
+    )
 
 
 @inlineCallbacks
 def explain(
-    reactor: IAmpReactor, options: ExplainOptions, pod_input: PodInput, *, connector: Optional[Connector] = None,
-    log_publisher: Any = None, recorded: Optional[str] = None,
+    reactor: IAmpReactor,
+    options: ExplainOptions,
+    pod_input: PodInput,
+    *,
+    connector: Optional[Connector] = None,
+    log_publisher: Any = None,
+    recorded: Optional[str] = None,
 ) -> Any:
     """
     Review C{pod_input} as amp would; fires with an L{Explanation}.
@@ -396,7 +451,8 @@ def explain(
         full = config.kubernetes
         if full.webhook_configuration:
             policy, note, registration = yield _webhook_policy(
-                reactor, kube, full.webhook_configuration, full.webhook_name)
+                reactor, kube, full.webhook_configuration, full.webhook_name
+            )
             if config.failure_policy == FailurePolicy.AUTO:
                 cluster_policy, policy_note = policy, note
             cluster_notes = registration_notes(config, registration)
@@ -422,8 +478,15 @@ def explain(
     tracing = Tracing(config.tracing, reactor, lambda count, reason: None) if config.tracing.enabled else None
     try:
         first = yield review_round(admitter, reactor, source, log, pod_input.pod, namespace, budget, tracing)
-        result = Explanation(pod_input, first, namespace_source=where, cluster_policy=policy_note,
-                             twice=options.twice, recorded=recorded, notes=notes)
+        result = Explanation(
+            pod_input,
+            first,
+            namespace_source=where,
+            cluster_policy=policy_note,
+            twice=options.twice,
+            recorded=recorded,
+            notes=notes,
+        )
         if options.twice and first.pod is not None and first.result in (Result.PATCHED, Result.ALLOWED):
             second = yield review_round(admitter, reactor, source, log, first.pod, namespace, budget, tracing)
             result.second = second
@@ -443,8 +506,14 @@ def explain(
 
 @inlineCallbacks
 def run(
-    argv: Sequence[str], reactor: IAmpReactor, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
-    stderr: Optional[IO[str]] = None, log_publisher: Any = None, connector: Optional[Connector] = None,
+    argv: Sequence[str],
+    reactor: IAmpReactor,
+    *,
+    stdin: Any = None,
+    stdout: Optional[IO[str]] = None,
+    stderr: Optional[IO[str]] = None,
+    log_publisher: Any = None,
+    connector: Optional[Connector] = None,
 ) -> Any:
     """
     C{amp explain ARGV}: explain, print, and fire with the exit status.
@@ -461,8 +530,9 @@ def run(
         options, pod_input, output = parse_command_line(argv, stdin, stdout)
         if options.reply is not None:
             connector = recorded_reply(options.reply)
-        explanation = yield explain(reactor, options, pod_input, connector=connector, log_publisher=log_publisher,
-                                    recorded=options.reply_path)
+        explanation = yield explain(
+            reactor, options, pod_input, connector=connector, log_publisher=log_publisher, recorded=options.reply_path
+        )
     except Exit as e:
         return e.status
     except UsageError as e:

@@ -108,8 +108,12 @@ class RecordedReply:
         self.requests: list[bytes] = []
         phrase = RESPONSES.get(code, b"Reply")
         #: The reply's bytes on the wire.
-        self.reply = (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                      % (code, phrase, len(body), body))
+        self.reply = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+            code,
+            phrase,
+            len(body),
+            body,
+        )
 
     def __call__(self, scheme: bytes, host: str, port: int) -> IStreamClientEndpoint:
         return _Endpoint(self)

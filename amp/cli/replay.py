@@ -69,15 +69,26 @@ class _Exit(Exception):
 
 
 def _parser(out: IO[str]) -> _Parser:
-    p = _Parser(prog="amp replay", description=DESCRIPTION, epilog=EPILOG, out=out,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(
+        prog="amp replay",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        out=out,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("files", metavar="FILE", nargs="+", help="recording files (JSON lines); - reads stdin")
-    p.add_argument("--endpoint", metavar="URL", help="call URL (or a chain, 'URL URL...') instead of the recorded "
-                   "endpoint")
-    p.add_argument("--against", metavar="URL", help="compare with the endpoint at URL instead of the recording "
-                   "(in a chain, in place of the step amp.txn2.com/canary-step names, default 1)")
-    p.add_argument("--config", metavar="FILE",
-                   help="amp's configuration (allow-list, patch rules; default: amp's defaults)")
+    p.add_argument(
+        "--endpoint", metavar="URL", help="call URL (or a chain, 'URL URL...') instead of the recorded endpoint"
+    )
+    p.add_argument(
+        "--against",
+        metavar="URL",
+        help="compare with the endpoint at URL instead of the recording "
+        "(in a chain, in place of the step amp.txn2.com/canary-step names, default 1)",
+    )
+    p.add_argument(
+        "--config", metavar="FILE", help="amp's configuration (allow-list, patch rules; default: amp's defaults)"
+    )
     p.add_argument("--concurrency", type=int, default=8, help="reviews at a time (default 8)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
     return p
@@ -105,8 +116,13 @@ def _options(args: argparse.Namespace) -> ReplayOptions:
                 raise UsageError(f"--{flag}: {e}") from None
     if args.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
-    return ReplayOptions(config=config, endpoint=args.endpoint, against=args.against,
-                         concurrency=args.concurrency, timeout=config.deadline.default_timeout)
+    return ReplayOptions(
+        config=config,
+        endpoint=args.endpoint,
+        against=args.against,
+        concurrency=args.concurrency,
+        timeout=config.deadline.default_timeout,
+    )
 
 
 def _recordings(paths: Sequence[str], stdin: Any) -> Iterator[RecordedReview | RecordingError]:
@@ -179,12 +195,16 @@ def review_lines(r: ReplayedReview) -> list[str]:
     if r.verdict == Verdict.DIFFERENT:
         lines.append(f"different  {who}")
         if (r.before.result, r.before.reason) != (r.after.result, r.after.reason):
-            lines.append(f"    result: {r.before.result} {r.before.reason}".rstrip()
-                         + f" -> {r.after.result} {r.after.reason}".rstrip())
+            lines.append(
+                f"    result: {r.before.result} {r.before.reason}".rstrip()
+                + f" -> {r.after.result} {r.after.reason}".rstrip()
+            )
         lines.extend(_difference(d) for d in r.differences)
     elif r.verdict == Verdict.FAILED:
-        lines.append(f"failed     {who}: {r.after.reason or r.after.result}"
-                     + (f": {r.after.message}" if r.after.message else ""))
+        lines.append(
+            f"failed     {who}: {r.after.reason or r.after.result}"
+            + (f": {r.after.message}" if r.after.message else "")
+        )
     return lines
 
 
@@ -198,11 +218,15 @@ def summary_lines(report: ReplayReport, against: Optional[str]) -> list[str]:
     failed_text = f" ({', '.join(f'{k}: {v}' for k, v in failed.items())})" if failed else ""
     lines = [f"unreadable {problem}" for problem in report.unreadable]
     if report.unreadable_not_shown:
-        lines.append(f"unreadable ... and {report.unreadable_not_shown} more lines (the first "
-                     f"{len(report.unreadable)} are shown)")
-    lines.append(f"replayed {counts['reviews']} reviews {compared}: {counts['same']} same, "
-                 f"{counts['different']} different, {counts['failed']} failed{failed_text}, "
-                 f"{counts['unreadable']} unreadable")
+        lines.append(
+            f"unreadable ... and {report.unreadable_not_shown} more lines (the first "
+            f"{len(report.unreadable)} are shown)"
+        )
+    lines.append(
+        f"replayed {counts['reviews']} reviews {compared}: {counts['same']} same, "
+        f"{counts['different']} different, {counts['failed']} failed{failed_text}, "
+        f"{counts['unreadable']} unreadable"
+    )
     return lines
 
 
@@ -258,15 +282,26 @@ class _JSONSink:
         self.stream.flush()
 
     def close(self, report: ReplayReport) -> None:
-        tail = {"unreadable": report.unreadable, "unreadable_not_shown": report.unreadable_not_shown,
-                "summary": report.counts(), "failed_by_reason": report.failed_by_reason()}
+        tail = {
+            "unreadable": report.unreadable,
+            "unreadable_not_shown": report.unreadable_not_shown,
+            "summary": report.counts(),
+            "failed_by_reason": report.failed_by_reason(),
+        }
         members = json.dumps(tail, indent=2)[1:-2]  # without the braces
         self.stream.write(("],\n" if self._first else "\n  ],\n") + members.lstrip("\n") + "\n}\n")
 
 
 @inlineCallbacks
-def run(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optional[IO[str]] = None,
-        stderr: Optional[IO[str]] = None, endpoint_client: Any = None) -> Any:
+def run(
+    argv: Sequence[str],
+    reactor: Any,
+    *,
+    stdin: Any = None,
+    stdout: Optional[IO[str]] = None,
+    stderr: Optional[IO[str]] = None,
+    endpoint_client: Any = None,
+) -> Any:
     """
     C{amp replay ARGV}: replay, print, and fire with the exit status.
     """
@@ -290,13 +325,13 @@ def run(argv: Sequence[str], reactor: Any, *, stdin: Any = None, stdout: Optiona
         stderr.write(f"amp replay: {terminal(e)}\n")
         return EXIT_USAGE
     metrics = Metrics()
-    client = endpoint_client if endpoint_client is not None else EndpointClient(
-        reactor, metrics, BreakerRegistry(reactor))
+    client = (
+        endpoint_client if endpoint_client is not None else EndpointClient(reactor, metrics, BreakerRegistry(reactor))
+    )
     progress = _Progress(stderr, total) if getattr(stderr, "isatty", lambda: False)() else None
     sink: Any = _JSONSink(stdout) if args.output == "json" else _TextSink(stdout, args.against, progress)
     try:
-        report = yield replay(reactor, options, _recordings(args.files, stdin), client, metrics, progress,
-                              emit=sink)
+        report = yield replay(reactor, options, _recordings(args.files, stdin), client, metrics, progress, emit=sink)
     except FirstError as e:
         # A file that could not be read after all (a worker reading it failed).
         error = e.subFailure.value

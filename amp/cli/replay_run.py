@@ -49,8 +49,15 @@ if TYPE_CHECKING:
     from amp.metrics import Metrics
     from amp.reactors import IAmpReactor
 
-__all__ = ["ReplayOptions", "ReplayedReview", "ReplayReport", "read_recording", "replay", "Verdict",
-           "UNREADABLE_SAMPLE"]
+__all__ = [
+    "ReplayOptions",
+    "ReplayedReview",
+    "ReplayReport",
+    "read_recording",
+    "replay",
+    "Verdict",
+    "UNREADABLE_SAMPLE",
+]
 
 #: Results that admit the Pod as the endpoint intended.
 _ADMITTED_AS_INTENDED = frozenset({"patched", "allowed", "skipped"})
@@ -87,7 +94,10 @@ class ReplayedReview:
     def as_json(self) -> dict[str, Any]:
         r = self.recorded
         return {
-            "where": r.where, "uid": r.uid, "namespace": r.namespace, "pod": r.pod_name,
+            "where": r.where,
+            "uid": r.uid,
+            "namespace": r.namespace,
+            "pod": r.pod_name,
             "verdict": self.verdict,
             "before": {"result": self.before.result, "reason": self.before.reason},
             "after": {"result": self.after.result, "reason": self.after.reason, "message": self.after.message},
@@ -142,8 +152,13 @@ class ReplayReport:
             self.failed_reasons[review.failed_reason] += 1
 
     def counts(self) -> dict[str, int]:
-        return {"reviews": self.same + self.different + self.failed + self.unreadable_count, "same": self.same,
-                "different": self.different, "failed": self.failed, "unreadable": self.unreadable_count}
+        return {
+            "reviews": self.same + self.different + self.failed + self.unreadable_count,
+            "same": self.same,
+            "different": self.different,
+            "failed": self.failed,
+            "unreadable": self.unreadable_count,
+        }
 
     def failed_by_reason(self) -> dict[str, int]:
         return dict(sorted(self.failed_reasons.items()))
@@ -211,8 +226,9 @@ class _RecordedNamespace(Service):
         return self._policy
 
 
-def _namespace(recorded: RecordedReview, config: Config, endpoint: Optional[str],
-               against: Optional[str] = None) -> NamespaceInfo:
+def _namespace(
+    recorded: RecordedReview, config: Config, endpoint: Optional[str], against: Optional[str] = None
+) -> NamespaceInfo:
     """
     The recorded namespace, its chain replaced by C{endpoint} (a chain in
     the annotation's form), then its step C{amp.txn2.com/canary-step}
@@ -226,7 +242,7 @@ def _namespace(recorded: RecordedReview, config: Config, endpoint: Optional[str]
         pieces = chain_pieces(chain)
         step = annotations.get(CANARY_STEP_ANNOTATION, "1")
         at = int(step) - 1 if step.isdigit() and 1 <= int(step) <= len(pieces) else 0
-        pieces[at:at + 1] = [against]
+        pieces[at : at + 1] = [against]
         chain = " ".join(pieces)
     if endpoint is not None or against is not None:
         for k in present[1:]:
@@ -241,8 +257,9 @@ class Replayer:
     shared by every review) and compares.
     """
 
-    def __init__(self, reactor: IAmpReactor, options: ReplayOptions, endpoint_client: EndpointClient,
-                 metrics: Metrics) -> None:
+    def __init__(
+        self, reactor: IAmpReactor, options: ReplayOptions, endpoint_client: EndpointClient, metrics: Metrics
+    ) -> None:
         self._reactor = reactor
         self._options = options
         self._client = endpoint_client
@@ -272,14 +289,21 @@ class Replayer:
     def replay_one(self, recorded: RecordedReview) -> Any:
         options = self._options
         if options.against is None:
-            before = Side(recorded.result, recorded.reason,
-                          _admitted(recorded.pod, recorded.patch) if recorded.allowed else None, recorded.message)
+            before = Side(
+                recorded.result,
+                recorded.reason,
+                _admitted(recorded.pod, recorded.patch) if recorded.allowed else None,
+                recorded.message,
+            )
         else:
             before = yield self._review(recorded, options.endpoint)
         after = yield self._review(recorded, options.endpoint, options.against)
         differences = pod_differences(before.pod, after.pod, ignore_annotations=STAMP_ANNOTATIONS)
-        if after.result not in _ADMITTED_AS_INTENDED and after.result != "denied" and (
-                before.result != after.result or before.reason != after.reason):
+        if (
+            after.result not in _ADMITTED_AS_INTENDED
+            and after.result != "denied"
+            and (before.result != after.result or before.reason != after.reason)
+        ):
             verdict = Verdict.FAILED
         elif differences or before.result != after.result:
             verdict = Verdict.DIFFERENT
@@ -315,20 +339,33 @@ def _admitted(pod: Any, patch: Optional[list[Any]]) -> Optional[dict[str, Any]]:
 def _named_only(recorded: RecordedReview) -> RecordedReview:
     """C{recorded} with what names it (its line, uid, namespace, Pod name), not its Pod."""
     return dataclasses.replace(
-        recorded, review={"request": {"object": {"metadata": {"name": recorded.pod_name}}}}, labels={},
-        annotations={}, patch=None)
+        recorded,
+        review={"request": {"object": {"metadata": {"name": recorded.pod_name}}}},
+        labels={},
+        annotations={},
+        patch=None,
+    )
 
 
 def _slim(done: ReplayedReview) -> ReplayedReview:
     """C{done} with what names it and its differences, not its Pods."""
-    return dataclasses.replace(done, recorded=_named_only(done.recorded),
-                               before=dataclasses.replace(done.before, pod=None),
-                               after=dataclasses.replace(done.after, pod=None))
+    return dataclasses.replace(
+        done,
+        recorded=_named_only(done.recorded),
+        before=dataclasses.replace(done.before, pod=None),
+        after=dataclasses.replace(done.after, pod=None),
+    )
 
 
-def replay(reactor: IAmpReactor, options: ReplayOptions, recordings: Iterable[RecordedReview | RecordingError],
-           endpoint_client: EndpointClient, metrics: Metrics, progress: Any = None,
-           emit: Optional[Callable[[ReplayedReview], None]] = None) -> "Deferred[ReplayReport]":
+def replay(
+    reactor: IAmpReactor,
+    options: ReplayOptions,
+    recordings: Iterable[RecordedReview | RecordingError],
+    endpoint_client: EndpointClient,
+    metrics: Metrics,
+    progress: Any = None,
+    emit: Optional[Callable[[ReplayedReview], None]] = None,
+) -> "Deferred[ReplayReport]":
     """
     Replay C{recordings}, at most C{options.concurrency} reviews at a time,
     reading the next line only when a review finishes (a long recording is

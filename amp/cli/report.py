@@ -106,8 +106,9 @@ def pod_yaml(pod: Mapping[str, Any]) -> str:
 
 
 def _diff(before: Mapping[str, Any], after: Mapping[str, Any], a: str, b: str) -> str:
-    lines = difflib.unified_diff(pod_yaml(before).splitlines(keepends=True), pod_yaml(after).splitlines(keepends=True),
-                                 fromfile=a, tofile=b)
+    lines = difflib.unified_diff(
+        pod_yaml(before).splitlines(keepends=True), pod_yaml(after).splitlines(keepends=True), fromfile=a, tofile=b
+    )
     return "".join(lines)
 
 
@@ -126,9 +127,11 @@ def _event_lines(e: Event, recorded: Optional[str]) -> list[tuple[str, str]]:
         case NamespaceFound(found=False):
             return [("namespace", f"{e.name}: not found in {e.source}")]
         case NamespaceFound():
-            out = [("namespace", f"{e.name} (from {e.source})"),
-                   ("", f"labels: {_pairs(e.labels)}"),
-                   ("", f"annotations: {_pairs(e.annotations)}")]
+            out = [
+                ("namespace", f"{e.name} (from {e.source})"),
+                ("", f"labels: {_pairs(e.labels)}"),
+                ("", f"annotations: {_pairs(e.annotations)}"),
+            ]
             if e.set_by_command_line:
                 out.append(("", "set by the command line: " + ", ".join(e.set_by_command_line)))
             return out + [("", hint) for hint in e.near_misses]
@@ -150,12 +153,22 @@ def _event_lines(e: Event, recorded: Optional[str]) -> list[tuple[str, str]]:
                 text += f"; the call may take {e.timeout:.3g}s (the endpoint's timeout, or what is left)"
             out = [("budget", text)]
             if e.max_concurrent:
-                out.append(("", f"past {e.max_concurrent} calls at once to the endpoint (endpoints.max_concurrent)"
-                                f", a review waits for a slot until {e.min_call_time:.3g}s before its deadline "
-                                "(queue-timeout)"))
+                out.append(
+                    (
+                        "",
+                        f"past {e.max_concurrent} calls at once to the endpoint (endpoints.max_concurrent)"
+                        f", a review waits for a slot until {e.min_call_time:.3g}s before its deadline "
+                        "(queue-timeout)",
+                    )
+                )
             if e.latency_budget:
-                out.append(("", f"latency budget {e.latency_budget:.3g}s: while the p90 of the endpoint's recent "
-                                "calls is over it, reviews are shed (latency-budget), but for one probe at a time"))
+                out.append(
+                    (
+                        "",
+                        f"latency budget {e.latency_budget:.3g}s: while the p90 of the endpoint's recent "
+                        "calls is over it, reviews are shed (latency-budget), but for one probe at a time",
+                    )
+                )
             return out
         case Called():
             text = f"POST {e.url}: {e.outcome} in {_ms(e.seconds)}"
@@ -181,8 +194,9 @@ def _event_lines(e: Event, recorded: Optional[str]) -> list[tuple[str, str]]:
         case Refused():
             return [("refused", f"{e.reason}: {e.message}")]
         case Skipped():
-            return [("skipped", f"{e.endpoint} ({e.reason}): {e.message}; under Ignore the chain "
-                                "goes on without its patch")]
+            return [
+                ("skipped", f"{e.endpoint} ({e.reason}): {e.message}; under Ignore the chain goes on without its patch")
+            ]
         case Answered():
             fields = e.fields()
             text = str(e.result)
@@ -247,7 +261,6 @@ def _pod_change(r: "Round", before: str, after: str) -> list[str]:
     return diff.rstrip("\n").split("\n")
 
 
-
 def render_text(x: "Explanation") -> str:
     """
     The decision trace, the warnings, audit annotations and log lines of
@@ -255,8 +268,11 @@ def render_text(x: "Explanation") -> str:
     """
     first = x.first
     name = _pod_name(first.request_pod)
-    origin = f" (from {x.input.source})" if not x.input.source.startswith("Pod") else (
-        " (from an AdmissionReview)" if "AdmissionReview" in x.input.source else "")
+    origin = (
+        f" (from {x.input.source})"
+        if not x.input.source.startswith("Pod")
+        else (" (from an AdmissionReview)" if "AdmissionReview" in x.input.source else "")
+    )
     lines = [f"Pod {name}{origin} in namespace {x.input.namespace}"]
     if x.cluster_policy:
         lines.append(f"failure_policy auto follows {x.cluster_policy}")
@@ -290,4 +306,3 @@ def render_text(x: "Explanation") -> str:
         meaning = "the failure policy decided: patched without a failed endpoint's patch"
     lines.append(f"{summary} -> exit {status}: {meaning}".rstrip(": "))
     return "\n".join(map(terminal, lines)) + "\n"
-

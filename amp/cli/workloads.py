@@ -29,8 +29,7 @@ from typing import Any, Optional
 
 from amp.files import FileError, parse_documents
 
-__all__ = ["InputError", "PodInput", "WORKLOAD_KINDS", "load_documents", "pod_for", "select_object",
-           "without_stamps"]
+__all__ = ["InputError", "PodInput", "WORKLOAD_KINDS", "load_documents", "pod_for", "select_object", "without_stamps"]
 
 #: The kinds whose Pod template amp explain reviews, by kind.
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")
@@ -39,8 +38,16 @@ _REVIEWABLE = frozenset(("Pod", "AdmissionReview", *WORKLOAD_KINDS))
 
 #: Metadata only the API server sets; a file copied from
 #: C{kubectl get -o yaml} has them, a create never sends them.
-_SERVER_METADATA = ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp",
-                    "deletionGracePeriodSeconds", "managedFields", "generation", "selfLink")
+_SERVER_METADATA = (
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "managedFields",
+    "generation",
+    "selfLink",
+)
 
 #: Kubernetes' C{rand.SafeEncodeString} alphabet (no vowels, no 0, 1, 3).
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"
@@ -120,10 +127,17 @@ def select_object(docs: list[Any], name: str) -> dict[str, Any]:
     if found:
         names = ", ".join(_describe(d) for d in found)
         raise InputError(f"{name} holds {len(found)} objects amp could review ({names}); give it one")
-    kinds = sorted({(f"kind {d['kind']}" if d.get("kind") is not None else "a mapping without kind")
-                    if isinstance(d, dict) else type(d).__name__ for d in docs})
-    raise InputError(f"{name} holds no Pod, workload ({', '.join(WORKLOAD_KINDS)}) or AdmissionReview; "
-                     f"found {', '.join(kinds)}")
+    kinds = sorted(
+        {
+            (f"kind {d['kind']}" if d.get("kind") is not None else "a mapping without kind")
+            if isinstance(d, dict)
+            else type(d).__name__
+            for d in docs
+        }
+    )
+    raise InputError(
+        f"{name} holds no Pod, workload ({', '.join(WORKLOAD_KINDS)}) or AdmissionReview; found {', '.join(kinds)}"
+    )
 
 
 def _describe(obj: dict[str, Any]) -> str:
@@ -310,10 +324,16 @@ def _job_pod(template: dict[str, Any], job: str, namespace: str, spec: dict[str,
 
 
 def _owner(meta: dict[str, Any], api_version: str, kind: str, name: str, namespace: str) -> None:
-    meta["ownerReferences"] = [{
-        "apiVersion": api_version, "kind": kind, "name": name, "uid": _uid(namespace, kind, name),
-        "controller": True, "blockOwnerDeletion": True,
-    }]
+    meta["ownerReferences"] = [
+        {
+            "apiVersion": api_version,
+            "kind": kind,
+            "name": name,
+            "uid": _uid(namespace, kind, name),
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
 
 
 def _uid(namespace: str, kind: str, name: str) -> str:

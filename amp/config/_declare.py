@@ -116,8 +116,11 @@ def parsers(cls: type) -> dict[str, Callable[[Any], Any]]:
     loader reads one by one (its sections, and keys whose kind has no
     parser of its own, are the loader's).
     """
-    return {f.name: f.metadata[_KEY].kind.parse for f in dataclasses.fields(cls)
-            if _KEY in f.metadata and f.metadata[_KEY].kind.parse is not None}
+    return {
+        f.name: f.metadata[_KEY].kind.parse
+        for f in dataclasses.fields(cls)
+        if _KEY in f.metadata and f.metadata[_KEY].kind.parse is not None
+    }
 
 
 def declared_kinds(cls: type) -> dict[str, Kind]:

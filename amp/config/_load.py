@@ -67,8 +67,14 @@ def _keyname(name: Any) -> str:
     return repr(name)
 
 
-def _section(cls: type[_D], raw: Any, key: str, base: Optional[_D] = None, extra: tuple[str, ...] = (),
-             exclude: tuple[str, ...] = ()) -> _D:
+def _section(
+    cls: type[_D],
+    raw: Any,
+    key: str,
+    base: Optional[_D] = None,
+    extra: tuple[str, ...] = (),
+    exclude: tuple[str, ...] = (),
+) -> _D:
     """
     Build dataclass C{cls} from mapping C{raw}, on top of C{base} (defaults),
     each key read by the parser of its declaration.  Keys in C{extra} are
@@ -85,8 +91,9 @@ def _section(cls: type[_D], raw: Any, key: str, base: Optional[_D] = None, extra
             continue
         if name not in readers or name in exclude:
             known = sorted([n for n in readers if n not in exclude] + list(extra))
-            raise ConfigError(f"{key}.{_keyname(name)}: unknown key{did_you_mean(str(name), known)} "
-                              f"(known keys: {', '.join(known)})")
+            raise ConfigError(
+                f"{key}.{_keyname(name)}: unknown key{did_you_mean(str(name), known)} (known keys: {', '.join(known)})"
+            )
         try:
             values[name] = readers[name](value)
         except ValueError as e:
@@ -153,7 +160,8 @@ def _endpoints(raw: Any) -> EndpointsConfig:
         if "breaker" in item and not fnmatchcase("/", pattern.path):
             raise ConfigError(
                 f"{okey}.breaker: a circuit breaker guards a whole endpoint origin (scheme://host:port), "
-                f"so breaker settings need a match whose path covers '/', not {pattern.path!r}")
+                f"so breaker settings need a match whose path covers '/', not {pattern.path!r}"
+            )
         compiled.append(EndpointOverride(pattern, _endpoint_settings(item, okey, defaults, ("match",))))
     return dataclasses.replace(out, overrides=tuple(compiled))
 
@@ -174,8 +182,10 @@ def _kubernetes(raw: Any) -> KubernetesConfig:
         unknown = set(spec) - {"labels", "annotations"}
         if unknown:
             first = str(sorted(unknown, key=str)[0])
-            raise ConfigError(f"{nkey}.{first}: unknown key{did_you_mean(first, ('annotations', 'labels'))} "
-                              "(known keys: annotations, labels)")
+            raise ConfigError(
+                f"{nkey}.{first}: unknown key{did_you_mean(first, ('annotations', 'labels'))} "
+                "(known keys: annotations, labels)"
+            )
         parse_map = MAPPING.parse
         assert parse_map is not None  # a mapping's kind parses
         try:
@@ -198,17 +208,21 @@ def _kubernetes(raw: Any) -> KubernetesConfig:
         if kube.per_review_get:
             raise ConfigError(f"{key}.bypass.enabled: needs the namespace watch (kubernetes.per_review_get: false)")
         if kube.source == NamespaceSource.KUBECONFIG and not (bypass.lease_namespace or kube.own_namespace):
-            raise ConfigError(f"{key}.bypass.lease_namespace: required with kubernetes.source: kubeconfig "
-                              "unless kubernetes.own_namespace is set (in a cluster it defaults to amp's own "
-                              "namespace)")
+            raise ConfigError(
+                f"{key}.bypass.lease_namespace: required with kubernetes.source: kubeconfig "
+                "unless kubernetes.own_namespace is set (in a cluster it defaults to amp's own "
+                "namespace)"
+            )
     return kube
 
 
 def _record(raw: Any) -> RecordConfig:
     record = _section(RecordConfig, raw, "record")
     if record.file_size > record.max_size:
-        raise ConfigError(f"record.file_size: {record.file_size} bytes is more than record.max_size "
-                          f"({record.max_size} bytes), the budget of every recording file together")
+        raise ConfigError(
+            f"record.file_size: {record.file_size} bytes is more than record.max_size "
+            f"({record.max_size} bytes), the budget of every recording file together"
+        )
     if not record.namespaces:
         raise ConfigError('record.namespaces: name at least one namespace, or "*" (all) or "annotated"')
     return record
@@ -217,8 +231,10 @@ def _record(raw: Any) -> RecordConfig:
 def _tracing(raw: Any) -> TracingConfig:
     tracing = _section(TracingConfig, raw, "tracing")
     if tracing.batch > tracing.queue:
-        raise ConfigError(f"tracing.batch: {tracing.batch} spans is more than tracing.queue ({tracing.queue}), "
-                          f"the spans that wait at most")
+        raise ConfigError(
+            f"tracing.batch: {tracing.batch} spans is more than tracing.queue ({tracing.queue}), "
+            f"the spans that wait at most"
+        )
     if tracing.endpoint is not None and not tracing.endpoint.startswith(("http://", "https://")):
         raise ConfigError(f"tracing.endpoint: expected an http:// or https:// URL, got {tracing.endpoint!r}")
     return tracing
@@ -268,17 +284,22 @@ def parse_config(raw: Any) -> Config:
                 raise ConfigError(f"{key}: {e}") from None
         else:
             known = sorted(list(sections) + list(scalars))
-            raise ConfigError(f"{_keyname(name)}: unknown key{did_you_mean(str(name), known)} "
-                              f"(known keys: {', '.join(known)})")
+            raise ConfigError(
+                f"{_keyname(name)}: unknown key{did_you_mean(str(name), known)} (known keys: {', '.join(known)})"
+            )
     config = Config(**values)
     if config.kubernetes.source != NamespaceSource.STATIC and config.kubernetes.namespaces:
         raise ConfigError("kubernetes.namespaces: only used with kubernetes.source: static")
     if config.audit.continuous and config.kubernetes.source == NamespaceSource.STATIC:
-        raise ConfigError("audit.continuous: needs kubernetes.source cluster or kubeconfig (it lists the cluster's "
-                          "Pods and workloads)")
+        raise ConfigError(
+            "audit.continuous: needs kubernetes.source cluster or kubeconfig (it lists the cluster's "
+            "Pods and workloads)"
+        )
     if config.kubernetes.bypass.enabled and not config.annotate_status:
-        raise ConfigError("kubernetes.bypass.enabled: needs amp's stamp on reviewed Pods (annotate_status: true); "
-                          "without it every Pod would look bypassed")
+        raise ConfigError(
+            "kubernetes.bypass.enabled: needs amp's stamp on reviewed Pods (annotate_status: true); "
+            "without it every Pod would look bypassed"
+        )
     if config.registration.managed:
         _managed(config)
     return config
@@ -296,22 +317,30 @@ def _managed(config: Config) -> None:
     if not kube.webhook_configuration:
         raise ConfigError("registration.managed: needs kubernetes.webhook_configuration (the object amp applies)")
     if kube.source == NamespaceSource.KUBECONFIG and not kube.own_namespace:
-        raise ConfigError("registration.managed: needs kubernetes.own_namespace with kubernetes.source: kubeconfig "
-                          "(the Service's namespace and the Lease's)")
+        raise ConfigError(
+            "registration.managed: needs kubernetes.own_namespace with kubernetes.source: kubeconfig "
+            "(the Service's namespace and the Lease's)"
+        )
     reg = config.registration
     if reg.cert_validity < MIN_CERT_VALIDITY:
-        raise ConfigError(f"registration.cert_validity: {reg.cert_validity:g}s is shorter than "
-                          f"{MIN_CERT_VALIDITY:g}s: the certificate would be renewed before every replica read it")
+        raise ConfigError(
+            f"registration.cert_validity: {reg.cert_validity:g}s is shorter than "
+            f"{MIN_CERT_VALIDITY:g}s: the certificate would be renewed before every replica read it"
+        )
     if reg.ca_validity < 2 * reg.cert_validity:
-        raise ConfigError(f"registration.ca_validity: {reg.ca_validity:g}s is shorter than twice "
-                          f"registration.cert_validity ({reg.cert_validity:g}s): a CA must outlive the certificates "
-                          "it issues through its rotation")
+        raise ConfigError(
+            f"registration.ca_validity: {reg.ca_validity:g}s is shorter than twice "
+            f"registration.cert_validity ({reg.cert_validity:g}s): a CA must outlive the certificates "
+            "it issues through its rotation"
+        )
     if reg.url is not None and not reg.url.startswith("https://"):
         raise ConfigError(f"registration.url: {reg.url!r} is no https:// URL (the API server calls webhooks over TLS)")
     timeout = config.deadline.default_timeout
     if timeout != int(timeout) or not 1 <= timeout <= 30:
-        raise ConfigError(f"registration.managed: deadline.default_timeout {timeout:g}s is the entries' "
-                          "timeoutSeconds, which must be a whole number of seconds from 1 to 30")
+        raise ConfigError(
+            f"registration.managed: deadline.default_timeout {timeout:g}s is the entries' "
+            "timeoutSeconds, which must be a whole number of seconds from 1 to 30"
+        )
 
 
 def load_config(path: str) -> Config:

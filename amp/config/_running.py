@@ -30,8 +30,9 @@ RESTART_ONLY = tuple(key.path for key in KEYS if key.restart is Restart.ALWAYS)
 #: built from (its client, its watches and what it keeps of each
 #: namespace; L{Restart.KUBERNETES}), a subsection as one: restart-only
 #: unless the source is the static one, which is rebuilt from the new config.
-_KUBERNETES_SOURCE_KEYS = tuple(dict.fromkeys(
-    ".".join(key.path.split(".")[:2]) for key in KEYS if key.restart is Restart.KUBERNETES))
+_KUBERNETES_SOURCE_KEYS = tuple(
+    dict.fromkeys(".".join(key.path.split(".")[:2]) for key in KEYS if key.restart is Restart.KUBERNETES)
+)
 
 
 def _get(config: Config, dotted: str) -> Any:
@@ -135,8 +136,10 @@ def effective_config(config: Config) -> dict[str, Any]:
         "chain_limit": endpoints.chain_limit,
         **_settings(endpoints.defaults),
         # max_buffered is one bound for all calls: set at the top only.
-        "overrides": [{"match": o.match.text, **{k: v for k, v in _settings(o.settings).items() if k != "max_buffered"}}
-                      for o in endpoints.overrides],
+        "overrides": [
+            {"match": o.match.text, **{k: v for k, v in _settings(o.settings).items() if k != "max_buffered"}}
+            for o in endpoints.overrides
+        ],
     }
     for ns in out["kubernetes"]["namespaces"].values():
         ns["annotations"] = {k: _mask_url_secrets(v) for k, v in ns["annotations"].items()}
@@ -157,6 +160,8 @@ def config_summary(config: Config) -> str:
         where = f"kubeconfig {kube.kubeconfig}" if kube.source == NamespaceSource.KUBECONFIG else "cluster"
         source = f"{where} (all namespaces, {how})"
     listen = config.listen
-    return (f"listen {listen.interface}:{listen.port}, namespaces from {source}, "
-            f"failure policy {config.failure_policy}, endpoints.allow {len(config.endpoints.allow)} patterns, "
-            f"workers {config.workers}, config {config_digest(config)}")
+    return (
+        f"listen {listen.interface}:{listen.port}, namespaces from {source}, "
+        f"failure policy {config.failure_policy}, endpoints.allow {len(config.endpoints.allow)} patterns, "
+        f"workers {config.workers}, config {config_digest(config)}"
+    )

@@ -23,19 +23,51 @@ from amp.pointer import parse_pointer
 from amp.urls import URLPattern, parse_networks
 
 __all__ = [
-    "Kind", "parse_duration", "parse_size", "show_duration", "show_size",
-    "BOOL", "DURATION", "EXPRESSIONS", "INT", "MAPPING", "NETWORKS", "NONNEG_INT", "OPT_STR", "POINTERS", "PORT",
-    "POSITIVE_DURATION", "SHARE",
-    "POSITIVE_INT", "POSITIVE_SIZE", "RATIO", "STR", "STR_LIST", "TLS_VERSION", "URL_PATTERNS", "choice",
-    "OVERRIDES", "STATIC_NAMESPACES",
+    "Kind",
+    "parse_duration",
+    "parse_size",
+    "show_duration",
+    "show_size",
+    "BOOL",
+    "DURATION",
+    "EXPRESSIONS",
+    "INT",
+    "MAPPING",
+    "NETWORKS",
+    "NONNEG_INT",
+    "OPT_STR",
+    "POINTERS",
+    "PORT",
+    "POSITIVE_DURATION",
+    "SHARE",
+    "POSITIVE_INT",
+    "POSITIVE_SIZE",
+    "RATIO",
+    "STR",
+    "STR_LIST",
+    "TLS_VERSION",
+    "URL_PATTERNS",
+    "choice",
+    "OVERRIDES",
+    "STATIC_NAMESPACES",
 ]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|K|M|G)?\s*$")
 _SIZE_UNITS = {
-    None: 1, "B": 1, "k": 1024, "K": 1024, "KiB": 1024, "KB": 1000,
-    "M": 1024**2, "MiB": 1024**2, "MB": 1000**2, "G": 1024**3, "GiB": 1024**3, "GB": 1000**3,
+    None: 1,
+    "B": 1,
+    "k": 1024,
+    "K": 1024,
+    "KiB": 1024,
+    "KB": 1000,
+    "M": 1024**2,
+    "MiB": 1024**2,
+    "MB": 1000**2,
+    "G": 1024**3,
+    "GiB": 1024**3,
+    "GB": 1000**3,
 }
 
 
@@ -265,7 +297,7 @@ def _str_map(value: Any) -> Mapping[str, str]:
         raise ValueError(f"expected a mapping of strings, got {value!r}")
     for k, v in value.items():
         if not isinstance(k, str) or not isinstance(v, str):
-            raise ValueError(f"{k!r}: keys and values must be strings (quote \"true\"), got {v!r}")
+            raise ValueError(f'{k!r}: keys and values must be strings (quote "true"), got {v!r}')
     return dict(value)
 
 
@@ -290,7 +322,7 @@ def _expressions(value: Any) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
             raise ValueError(f"[{i}]: operator must be one of {', '.join(_SELECTOR_OPERATORS)}, got {operator!r}")
         values = item.get("values") or []
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise ValueError(f"[{i}]: values must be a list of strings (quote \"true\"), got {values!r}")
+            raise ValueError(f'[{i}]: values must be a list of strings (quote "true"), got {values!r}')
         if operator in ("In", "NotIn") and not values:
             raise ValueError(f"[{i}]: operator {operator} needs values")
         if operator in ("Exists", "DoesNotExist") and values:
@@ -300,8 +332,14 @@ def _expressions(value: Any) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
 
 
 def _show_expressions(value: Any) -> str:
-    return "[" + ", ".join("{key: %s, operator: %s%s}" % (_scalar(k), o, f", values: {_show_list(v)}" if v else "")
-                           for k, o, v in value) + "]"
+    return (
+        "["
+        + ", ".join(
+            "{key: %s, operator: %s%s}" % (_scalar(k), o, f", values: {_show_list(v)}" if v else "")
+            for k, o, v in value
+        )
+        + "]"
+    )
 
 
 def _show_map(value: Mapping[Any, Any]) -> str:

@@ -128,7 +128,14 @@ from amp.endpoint._pool import USER_AGENT, Connector
 from amp.endpoint._types import IEndpointReactor
 
 __all__ = [
-    "OK", "Call", "CallReply", "Connector", "EndpointClient", "ICallReceiver", "EndpointFailure", "DeniedAddress",
+    "OK",
+    "Call",
+    "CallReply",
+    "Connector",
+    "EndpointClient",
+    "ICallReceiver",
+    "EndpointFailure",
+    "DeniedAddress",
     "IEndpointReactor",
     "USER_AGENT",
 ]

@@ -205,13 +205,33 @@ class Call:
     """
 
     __slots__ = (
-        "_reactor", "_request", "guard", "_on_settled", "_started", "_timer", "_pending", "_retry",
-        "_replied", "_done", "_waiters", "_receiver", "told", "expires", "_caller_times", "queued", "exchange",
+        "_reactor",
+        "_request",
+        "guard",
+        "_on_settled",
+        "_started",
+        "_timer",
+        "_pending",
+        "_retry",
+        "_replied",
+        "_done",
+        "_waiters",
+        "_receiver",
+        "told",
+        "expires",
+        "_caller_times",
+        "queued",
+        "exchange",
     )
 
     def __init__(
-        self, reactor: IReactorTime, request: CallRequest, guard: CallGuard,
-        settled: Callable[["Call", str, float, Verdict], None], receiver: "ICallReceiver", caller_times: bool = False,
+        self,
+        reactor: IReactorTime,
+        request: CallRequest,
+        guard: CallGuard,
+        settled: Callable[["Call", str, float, Verdict], None],
+        receiver: "ICallReceiver",
+        caller_times: bool = False,
     ) -> None:
         self._reactor = reactor
         self._request = request
@@ -276,9 +296,12 @@ class Call:
             return
         now = self._reactor.seconds()
         left = self._request.deadline.remaining(now)
-        self.refuse(Reason.QUEUE_TIMEOUT, f"waited {now - self._started:.3g}s for a slot (endpoints.max_concurrent "
-                                          f"calls in flight); {left:.3g}s left is too little for the call "
-                                          f"(endpoints.min_call_time)")
+        self.refuse(
+            Reason.QUEUE_TIMEOUT,
+            f"waited {now - self._started:.3g}s for a slot (endpoints.max_concurrent "
+            f"calls in flight); {left:.3g}s left is too little for the call "
+            f"(endpoints.min_call_time)",
+        )
         #: The last request through the pool (its connection's reuse and
         #: resends, for a trace), once sent.
         self.exchange: Optional[Exchange] = None
@@ -338,8 +361,9 @@ class Call:
         if self._retry and not self._done and retriable(failure):
             self._retry = False
             if self._reactor.seconds() - self._started < self._request.allowed / 2:
-                log.info("Retrying {endpoint} after {error}", endpoint=self._request.name,
-                         error=first_line(failure.value))
+                log.info(
+                    "Retrying {endpoint} after {error}", endpoint=self._request.name, error=first_line(failure.value)
+                )
                 self._send()
                 return
         self._ended(failure)

@@ -116,8 +116,14 @@ class EndpointClient:
         profile = self._profiles.get(settings)
         if profile is None:
             profile = self._profiles[settings] = Profile(
-                self.reactor, settings, self._resolver, self.budget, self._connector, self._connection_opened,
-                self._connection_lost)
+                self.reactor,
+                settings,
+                self._resolver,
+                self.budget,
+                self._connector,
+                self._connection_opened,
+                self._connection_lost,
+            )
             profile.keep = not self._closing
         self._by_id[id(settings)] = (settings, profile)
         return profile
@@ -160,8 +166,9 @@ class EndpointClient:
         if bulkhead.waiters:
             self._admit(origin)
 
-    def _measured(self, origin: Origin, latency: LatencyBudget, token: int, outcome: str, duration: float,
-                  verdict: Verdict) -> None:
+    def _measured(
+        self, origin: Origin, latency: LatencyBudget, token: int, outcome: str, duration: float, verdict: Verdict
+    ) -> None:
         """
         Tell the origin's latency budget how long a call took: a reply, a
         failure of the endpoint's, or a call the review's deadline cut off
@@ -175,13 +182,23 @@ class EndpointClient:
             return
         self._metrics.endpoint_shedding.labels(origin.name).set(1 if changed else 0)
         if changed:
-            log.warn("Shedding {endpoint}: {over} of its last {window} calls took longer than its latency budget of"
-                     " {budget}s; new reviews get the failure policy (latency-budget) while one probe call at a "
-                     "time goes out", endpoint=origin.name, over=latency.over if latency.seen else latency.window,
-                     window=latency.window, budget=latency.budget)
+            log.warn(
+                "Shedding {endpoint}: {over} of its last {window} calls took longer than its latency budget of"
+                " {budget}s; new reviews get the failure policy (latency-budget) while one probe call at a "
+                "time goes out",
+                endpoint=origin.name,
+                over=latency.over if latency.seen else latency.window,
+                window=latency.window,
+                budget=latency.budget,
+            )
         else:
-            log.info("{endpoint} is within its latency budget again: a probe took {seconds:.3f}s (budget {budget}s);"
-                     " no longer shedding", endpoint=origin.name, seconds=duration, budget=latency.budget)
+            log.info(
+                "{endpoint} is within its latency budget again: a probe took {seconds:.3f}s (budget {budget}s);"
+                " no longer shedding",
+                endpoint=origin.name,
+                seconds=duration,
+                budget=latency.budget,
+            )
 
     def _admit(self, origin: Origin) -> None:
         """Hand the origin's free slots to its waiters, in arrival order."""
@@ -217,8 +234,11 @@ class EndpointClient:
         request = call.request
         now = self.reactor.seconds()
         if call.expires is not None and now >= call.expires:
-            return (Reason.QUEUE_TIMEOUT, f"waited {call.waited(now):.3g}s for a slot; too little time left for "
-                                          "the call (endpoints.min_call_time)")
+            return (
+                Reason.QUEUE_TIMEOUT,
+                f"waited {call.waited(now):.3g}s for a slot; too little time left for "
+                "the call (endpoints.min_call_time)",
+            )
         guard = call.guard
         breaker = guard.breaker
         ticket = breaker.allow()
@@ -241,8 +261,13 @@ class EndpointClient:
     # ------------------------------------------------------------ calls
 
     def call(
-        self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes],
-        deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
+        self,
+        url: EndpointURL,
+        settings: EndpointSettings,
+        body: bytes,
+        headers: dict[bytes, bytes],
+        deadline: Deadline,
+        breaker_config: Optional[BreakerConfig] = None,
     ) -> "Deferred[EndpointDecision]":
         """
         L{ask}, the reply used as it is: resolves to the endpoint's
@@ -251,8 +276,13 @@ class EndpointClient:
         return self.ask(url, settings, body, headers, deadline, breaker_config).addCallback(_used)
 
     def ask(
-        self, url: EndpointURL, settings: EndpointSettings, body: bytes, headers: dict[bytes, bytes],
-        deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
+        self,
+        url: EndpointURL,
+        settings: EndpointSettings,
+        body: bytes,
+        headers: dict[bytes, bytes],
+        deadline: Deadline,
+        breaker_config: Optional[BreakerConfig] = None,
     ) -> "Deferred[CallReply]":
         """
         L{ask_into}, told to a Deferred: it resolves to the L{CallReply},
@@ -264,8 +294,14 @@ class EndpointClient:
         return receiver.result
 
     def ask_into(
-        self, receiver: ICallReceiver, url: EndpointURL, settings: EndpointSettings, body: bytes,
-        headers: dict[bytes, bytes], deadline: Deadline, breaker_config: Optional[BreakerConfig] = None,
+        self,
+        receiver: ICallReceiver,
+        url: EndpointURL,
+        settings: EndpointSettings,
+        body: bytes,
+        headers: dict[bytes, bytes],
+        deadline: Deadline,
+        breaker_config: Optional[BreakerConfig] = None,
         caller_times: bool = False,
     ) -> Optional[Call]:
         """
@@ -302,8 +338,9 @@ class EndpointClient:
         breaker = self._breaker(origin)
         ticket = breaker.allow()
         if ticket is None:
-            self._refuse(receiver, origin, Reason.BREAKER_OPEN,
-                                f"circuit breaker open, next try in {breaker.reopens_in():.1f}s")
+            self._refuse(
+                receiver, origin, Reason.BREAKER_OPEN, f"circuit breaker open, next try in {breaker.reopens_in():.1f}s"
+            )
             return None
         latency = None if settings.latency_budget <= 0 and origin.latency is None else origin.latency_for(settings)
         token = 0
@@ -331,14 +368,26 @@ class EndpointClient:
                 latency.forget(token)
             latest = deadline.at - settings.min_call_time
             if now >= latest:
-                self._refuse(receiver, origin, Reason.QUEUE_TIMEOUT, (
-                    f"{bulkhead.in_flight} calls in flight (endpoints.max_concurrent) and {remaining:.3g}s left, "
-                    "too little to wait for a slot (endpoints.min_call_time)"))
+                self._refuse(
+                    receiver,
+                    origin,
+                    Reason.QUEUE_TIMEOUT,
+                    (
+                        f"{bulkhead.in_flight} calls in flight (endpoints.max_concurrent) and {remaining:.3g}s left, "
+                        "too little to wait for a slot (endpoints.min_call_time)"
+                    ),
+                )
                 return None
             if bulkhead.queued >= settings.max_queued:
-                self._refuse(receiver, origin, Reason.QUEUE_FULL, (
-                    f"{bulkhead.in_flight} calls in flight (endpoints.max_concurrent) and {bulkhead.queued} "
-                    "waiting for a slot (endpoints.max_queued)"))
+                self._refuse(
+                    receiver,
+                    origin,
+                    Reason.QUEUE_FULL,
+                    (
+                        f"{bulkhead.in_flight} calls in flight (endpoints.max_concurrent) and {bulkhead.queued} "
+                        "waiting for a slot (endpoints.max_queued)"
+                    ),
+                )
                 return None
         # A timer of the call's own only when the endpoint's timeout ends
         # before the caller's deadline: that deadline is the caller's timer.
@@ -362,11 +411,25 @@ class EndpointClient:
             return None
         # One bound for all calls; a reloaded configuration may change it.
         self.budget.limit = settings.max_buffered
-        request = CallRequest(origin.name, target, profile, settings, data, timeout, deadline,
-                              timeout if timeout is not None else remaining)
+        request = CallRequest(
+            origin.name,
+            target,
+            profile,
+            settings,
+            data,
+            timeout,
+            deadline,
+            timeout if timeout is not None else remaining,
+        )
         if not slot:
-            c = Call(self.reactor, request, CallGuard(Charge(self.budget), breaker, None),
-                     partial(self._settled, origin), receiver, caller_times)
+            c = Call(
+                self.reactor,
+                request,
+                CallGuard(Charge(self.budget), breaker, None),
+                partial(self._settled, origin),
+                receiver,
+                caller_times,
+            )
             self._live.add(c)
             bulkhead.wait(c, settings.max_concurrent, settings.max_queued)
             c.queue(deadline.at - settings.min_call_time)
@@ -380,8 +443,15 @@ class EndpointClient:
         c.start()
         return c
 
-    def _unwind(self, origin: Origin, breaker: CircuitBreaker, ticket: Any, latency: Optional[LatencyBudget],
-                token: int, slot: bool) -> None:
+    def _unwind(
+        self,
+        origin: Origin,
+        breaker: CircuitBreaker,
+        ticket: Any,
+        latency: Optional[LatencyBudget],
+        token: int,
+        slot: bool,
+    ) -> None:
         """Give back what a call that will not be made took (a call refused before it was made)."""
         if slot:
             breaker.release(ticket)
@@ -423,8 +493,9 @@ class EndpointClient:
         """
         Close every idle pooled connection; fires when they have closed.
         """
-        return gatherResults([pool.close_idle() for profile in list(self._profiles.values())
-                              for pool in list(profile.pools.values())]).addCallback(lambda _: None)
+        return gatherResults(
+            [pool.close_idle() for profile in list(self._profiles.values()) for pool in list(profile.pools.values())]
+        ).addCallback(lambda _: None)
 
     def _close_connections(self, ignored: object) -> Deferred[None]:
         # Every call has ended: what is open is idle or closing.  Abort it
@@ -441,8 +512,10 @@ _REFUSALS = frozenset({Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT, Reason.LATENCY_B
 
 
 def _shed_message(latency: LatencyBudget) -> str:
-    return (f"shed: the endpoint's recent calls are over its latency budget of {latency.budget:.3g}s (p90 of the "
-            f"last {latency.window}); one probe call at a time until one is back within it")
+    return (
+        f"shed: the endpoint's recent calls are over its latency budget of {latency.budget:.3g}s (p90 of the "
+        f"last {latency.window}); one probe call at a time until one is back within it"
+    )
 
 
 def _used(reply: CallReply) -> EndpointDecision:

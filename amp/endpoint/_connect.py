@@ -69,8 +69,9 @@ class DeniedAddress(LocalFailure):
     """
 
     def __init__(self, host: str, address: str, network: Any) -> None:
-        super().__init__(Reason.DENIED_ADDRESS, f"host {host} resolves to {address}, which is in "
-                                                f"endpoints.deny_networks ({network})")
+        super().__init__(
+            Reason.DENIED_ADDRESS, f"host {host} resolves to {address}, which is in endpoints.deny_networks ({network})"
+        )
         self.host = host
         self.address = address
 
@@ -131,8 +132,14 @@ class _Answered:
     def __init__(self, addresses: list[IPv4Address | IPv6Address]) -> None:
         self._addresses = addresses
 
-    def resolveHostName(self, receiver: IResolutionReceiver, hostName: str, portNumber: int = 0,
-                        addressTypes: Any = None, transportSemantics: str = "TCP") -> IHostResolution:
+    def resolveHostName(
+        self,
+        receiver: IResolutionReceiver,
+        hostName: str,
+        portNumber: int = 0,
+        addressTypes: Any = None,
+        transportSemantics: str = "TCP",
+    ) -> IHostResolution:
         resolution = Resolution(hostName)
         receiver.resolutionBegan(resolution)
         for a in self._addresses:
@@ -181,8 +188,15 @@ class CheckedHostEndpoint:
         C{nameResolver} (looked up on each connect).
     """
 
-    def __init__(self, reactor: IEndpointReactor, resolver: Optional[IHostnameResolver], host: str, port: int,
-                 timeout: float, deny: tuple[Any, ...]) -> None:
+    def __init__(
+        self,
+        reactor: IEndpointReactor,
+        resolver: Optional[IHostnameResolver],
+        host: str,
+        port: int,
+        timeout: float,
+        deny: tuple[Any, ...],
+    ) -> None:
         self._reactor = reactor
         self._resolver = resolver
         self._host = host
@@ -205,16 +219,31 @@ class CheckedHostEndpoint:
         for a in addresses:
             net = denied_network(a.host, self._deny)
             if net is not None:
-                log.warn("Not calling {host}: it resolves to {address}, in endpoints.deny_networks ({network})",
-                         host=self._host, address=a.host, network=str(net))
+                log.warn(
+                    "Not calling {host}: it resolves to {address}, in endpoints.deny_networks ({network})",
+                    host=self._host,
+                    address=a.host,
+                    network=str(net),
+                )
                 raise DeniedAddress(self._host, a.host, net)
-        endpoint = HostnameEndpoint(_AnsweredReactor(self._reactor, addresses), self._host, self._port,
-                                    timeout=self._timeout, attemptDelay=ATTEMPT_DELAY)
+        endpoint = HostnameEndpoint(
+            _AnsweredReactor(self._reactor, addresses),
+            self._host,
+            self._port,
+            timeout=self._timeout,
+            attemptDelay=ATTEMPT_DELAY,
+        )
         return endpoint.connect(factory)
 
 
-def connect_endpoint(reactor: IEndpointReactor, resolver: Optional[IHostnameResolver], settings: EndpointSettings,
-                     scheme: bytes, host: str, port: int) -> IStreamClientEndpoint:
+def connect_endpoint(
+    reactor: IEndpointReactor,
+    resolver: Optional[IHostnameResolver],
+    settings: EndpointSettings,
+    scheme: bytes,
+    host: str,
+    port: int,
+) -> IStreamClientEndpoint:
     """
     The connect endpoint for one endpoint host and port under C{settings}:
     C{connect_timeout}, the deny list for host names, and for https the

@@ -111,8 +111,7 @@ def _tls_failure(failure: Failure) -> Optional[EndpointFailure]:
     if failure.check(SSL.Error):
         return EndpointFailure(Reason.TLS_ERROR, f"TLS failed: {_ssl_text(failure.value)}")
     if failure.check(VerificationError):
-        return EndpointFailure(Reason.TLS_ERROR,
-                               f"certificate does not match the host: {first_line(failure.value)}")
+        return EndpointFailure(Reason.TLS_ERROR, f"certificate does not match the host: {first_line(failure.value)}")
     return None
 
 
@@ -129,13 +128,20 @@ def retriable(failure: Failure) -> bool:
     Whether a retry may follow C{failure}: only failures where the endpoint
     cannot have seen the request, and never a timeout.
     """
-    return bool(failure.check(ierror.ConnectError)) and not failure.check(
-        ierror.TimeoutError, ierror.TCPTimedOutError)
+    return bool(failure.check(ierror.ConnectError)) and not failure.check(ierror.TimeoutError, ierror.TCPTimedOutError)
 
 
 #: Failures a call can end in without anything being wrong in amp; anything
 #: else is logged with its traceback.
 EXPECTED = (
-    EndpointFailure, ReplyFailed, ierror.ConnectError, ierror.ConnectionLost, ierror.ConnectionDone,
-    ierror.DNSLookupError, ierror.ConnectingCancelledError, CancelledError, SSL.Error, VerificationError,
+    EndpointFailure,
+    ReplyFailed,
+    ierror.ConnectError,
+    ierror.ConnectionLost,
+    ierror.ConnectionDone,
+    ierror.DNSLookupError,
+    ierror.ConnectingCancelledError,
+    CancelledError,
+    SSL.Error,
+    VerificationError,
 )

@@ -72,7 +72,8 @@ class Target:
             host = url.host.encode("ascii")
         except UnicodeEncodeError:
             raise LocalFailure(
-                Reason.CONNECTION_FAILED, f"host name {url.host!r} is not ASCII (use punycode)") from None
+                Reason.CONNECTION_FAILED, f"host name {url.host!r} is not ASCII (use punycode)"
+            ) from None
         scheme = url.scheme.encode("ascii")
         path = quote(url.path, safe=_URL_SAFE).encode("ascii")
         netloc = b"[" + host + b"]" if b":" in host else host
@@ -82,9 +83,11 @@ class Target:
         self.port = url.port
         self.key = (scheme, host, url.port)
         #: The request line and the headers every call sends.
-        self.head = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                     b"Accept: application/json\r\nUser-Agent: %s\r\n"
-                     % (path or b"/", host_header(scheme, host, url.port), USER_AGENT))
+        self.head = (
+            b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+            b"Accept: application/json\r\nUser-Agent: %s\r\n"
+            % (path or b"/", host_header(scheme, host, url.port), USER_AGENT)
+        )
         #: Why this target may not be called (an IP literal in a denied
         #: network), or None.  Host names are checked when they resolve.
         self.denied: Optional[str] = denied_literal(url.host, settings)
@@ -123,8 +126,15 @@ def request_bytes(target: Target, headers: dict[bytes, bytes], body: bytes, clos
     fields = b"".join(parts)
     if fields.count(b"\n") != len(headers) or fields.count(b"\r") != len(headers):
         raise LocalFailure(Reason.CONNECTION_FAILED, "a request header holds a line break")
-    return b"".join((target.head, fields, b"Connection: close\r\n" if close else b"",
-                     b"Content-Length: %d\r\n\r\n" % len(body), body))
+    return b"".join(
+        (
+            target.head,
+            fields,
+            b"Connection: close\r\n" if close else b"",
+            b"Content-Length: %d\r\n\r\n" % len(body),
+            body,
+        )
+    )
 
 
 class Profile:
@@ -140,13 +150,19 @@ class Profile:
     """
 
     def __init__(
-        self, reactor: IEndpointReactor, settings: EndpointSettings, resolver: Optional[IHostnameResolver],
-        budget: ReplyBudget, connector: Optional[Connector], opened: Callable[[ClientConnection], None],
+        self,
+        reactor: IEndpointReactor,
+        settings: EndpointSettings,
+        resolver: Optional[IHostnameResolver],
+        budget: ReplyBudget,
+        connector: Optional[Connector],
+        opened: Callable[[ClientConnection], None],
         lost: Callable[[ClientConnection], None],
     ) -> None:
         self.settings = settings
-        self.limits = ReplyLimits(settings.max_response_header_size, settings.max_response_headers,
-                                  settings.max_response, budget)
+        self.limits = ReplyLimits(
+            settings.max_response_header_size, settings.max_response_headers, settings.max_response, budget
+        )
         self._reactor = reactor
         self._resolver = resolver
         self._connector = connector
@@ -191,11 +207,19 @@ class Profile:
             if self._connector is not None:
                 endpoint = self._connector(target.scheme, target.host, target.port)
             else:
-                endpoint = connect_endpoint(self._reactor, self._resolver, self.settings, target.scheme,
-                                            target.host, target.port)
+                endpoint = connect_endpoint(
+                    self._reactor, self._resolver, self.settings, target.scheme, target.host, target.port
+                )
             settings = self.settings
-            pool = OriginPool(self._reactor, endpoint, self.limits, settings.pool_size, settings.idle_timeout,
-                              self._opened, self._lost)
+            pool = OriginPool(
+                self._reactor,
+                endpoint,
+                self.limits,
+                settings.pool_size,
+                settings.idle_timeout,
+                self._opened,
+                self._lost,
+            )
             pool.keep = self.keep
             # Not bounded: the origins are those of the configuration.
             self.pools[target.key] = pool

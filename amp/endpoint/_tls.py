@@ -64,18 +64,22 @@ def client_tls(settings: EndpointSettings, host: str) -> IOpenSSLClientConnectio
             chain = x509.load_pem_x509_certificates(_read_file(settings.client_cert, "client_cert"))
         except ValueError:
             raise LocalFailure(
-                Reason.TLS_ERROR, f"client_cert {settings.client_cert} holds no PEM certificate") from None
+                Reason.TLS_ERROR, f"client_cert {settings.client_cert} holds no PEM certificate"
+            ) from None
         try:
             key = serialization.load_pem_private_key(_read_file(settings.client_key, "client_key"), None)
         except (ValueError, TypeError):
             raise LocalFailure(
-                Reason.TLS_ERROR, f"client_key {settings.client_key} is not an unencrypted PEM private key") from None
+                Reason.TLS_ERROR, f"client_key {settings.client_key} is not an unencrypted PEM private key"
+            ) from None
         public = serialization.PublicFormat.SubjectPublicKeyInfo
         if key.public_key().public_bytes(serialization.Encoding.DER, public) != chain[0].public_key().public_bytes(
-                serialization.Encoding.DER, public):
+            serialization.Encoding.DER, public
+        ):
             raise LocalFailure(
                 Reason.TLS_ERROR,
-                f"client_key {settings.client_key} does not belong to client_cert {settings.client_cert}")
+                f"client_key {settings.client_key} does not belong to client_cert {settings.client_cert}",
+            )
         extra["privateKey"] = key
         extra["certificate"] = chain[0]
         if len(chain) > 1:

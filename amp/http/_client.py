@@ -172,8 +172,12 @@ class ClientConnection(Protocol):
     #: here uses it.
     transport: ITCPTransport
 
-    def __init__(self, limits: ReplyLimits, opened: Callable[["ClientConnection"], None],
-                 lost: Callable[["ClientConnection"], None]) -> None:
+    def __init__(
+        self,
+        limits: ReplyLimits,
+        opened: Callable[["ClientConnection"], None],
+        lost: Callable[["ClientConnection"], None],
+    ) -> None:
         self._limits = limits
         self._opened = opened
         self._lost = lost
@@ -339,8 +343,10 @@ class ClientConnection(Protocol):
         self._framing += size
         limit = self._limits.head_size
         if self._head.size + self._framing > limit + _FRAMING_PER_CHUNK * self._chunk_count:
-            self._refusal = HeadTooLarge(f"reply headers and trailers are larger than the {limit} byte limit "
-                                         f"(endpoints.max_response_header_size)")
+            self._refusal = HeadTooLarge(
+                f"reply headers and trailers are larger than the {limit} byte limit "
+                f"(endpoints.max_response_header_size)"
+            )
 
     # ------------------------------------------------------------ llhttp callbacks
 
@@ -356,8 +362,9 @@ class ClientConnection(Protocol):
             self._trailers += 1
             limit = self._limits.head_count
             if self._head.lines + self._trailers > limit:
-                self._refusal = HeadTooLarge(f"reply has more than {limit} header and trailer lines "
-                                             f"(endpoints.max_response_headers)")
+                self._refusal = HeadTooLarge(
+                    f"reply has more than {limit} header and trailer lines (endpoints.max_response_headers)"
+                )
                 raise _Stop()
             return
         n = name.lower()
@@ -388,8 +395,8 @@ class ClientConnection(Protocol):
             if codings != ["chunked"]:
                 unknown = next((c for c in codings if c != "chunked"), "chunked")
                 self._refusal = MalformedReply(
-                    f"reply's Transfer-Encoding is {', '.join(codings)!r}: amp decodes chunked alone, "
-                    f"not {unknown!r}")
+                    f"reply's Transfer-Encoding is {', '.join(codings)!r}: amp decodes chunked alone, not {unknown!r}"
+                )
                 raise _Stop()
         length = self._length
         if length is not None:
@@ -454,8 +461,14 @@ class ClientConnection(Protocol):
         self.connected = False
         self.reusable = False
         if self._exchange is not None:
-            if (self._code >= 200 and not self._interim and not self._complete and self._refusal is None
-                    and self._length is None and not _chunked(self._te)):
+            if (
+                self._code >= 200
+                and not self._interim
+                and not self._complete
+                and self._refusal is None
+                and self._length is None
+                and not _chunked(self._te)
+            ):
                 # A body delimited by the connection's end: it has ended.
                 self._done(Reply(self._code, self._location, b"".join(self._chunks)), reuse=False)
             else:

@@ -43,9 +43,17 @@ class HTTPServerFactory(Factory):
     logger = Logger()
 
     def __init__(
-        self, routes: dict[bytes, Handler], *, reactor: IReactorTime, metrics: Metrics, max_body: int,
-        max_connections: int, request_timeout: float, idle_timeout: float,
-        not_found: Handler = _not_found, on_connections: Optional[Callable[[int], None]] = None,
+        self,
+        routes: dict[bytes, Handler],
+        *,
+        reactor: IReactorTime,
+        metrics: Metrics,
+        max_body: int,
+        max_connections: int,
+        request_timeout: float,
+        idle_timeout: float,
+        not_found: Handler = _not_found,
+        on_connections: Optional[Callable[[int], None]] = None,
     ) -> None:
         """
         @param on_connections: called with L{open_connections} every time
@@ -64,8 +72,9 @@ class HTTPServerFactory(Factory):
         self.open_connections = 0
         self.on_connections = on_connections
         #: The listener's repeated warnings, limited.
-        self.warnings = RepeatLimiter(self.logger, reactor, WARNING_KINDS, burst=WARNING_BURST,
-                                      interval=WARNING_INTERVAL)
+        self.warnings = RepeatLimiter(
+            self.logger, reactor, WARNING_KINDS, burst=WARNING_BURST, interval=WARNING_INTERVAL
+        )
         #: The connections counted in C{open_connections}.
         self.connections: set[IConnection] = set()
         #: Set by L{drain}: every answer closes its connection, and a
@@ -88,9 +97,12 @@ class HTTPServerFactory(Factory):
             return False
         if self.open_connections >= self.max_connections:
             self.metrics.connections_dropped.labels("max-connections").inc()
-            self.warnings.emit("connections-refused", LogLevel.warn,
-                               "Connection refused: {count} connections open (listen.max_connections)",
-                               count=self.open_connections)
+            self.warnings.emit(
+                "connections-refused",
+                LogLevel.warn,
+                "Connection refused: {count} connections open (listen.max_connections)",
+                count=self.open_connections,
+            )
             return False
         self.connections.add(connection)
         self._count(1)
@@ -112,8 +124,12 @@ class HTTPServerFactory(Factory):
     def no_request(self, connection: IConnection) -> None:
         """C{connection} sent no request within C{listen.request_timeout}."""
         self.metrics.connections_dropped.labels("no-request").inc()
-        self.warnings.emit("timed-out", LogLevel.info, "Closed a connection that sent no request within "
-                           "{timeout:g}s (listen.request_timeout)", timeout=self.request_timeout)
+        self.warnings.emit(
+            "timed-out",
+            LogLevel.info,
+            "Closed a connection that sent no request within {timeout:g}s (listen.request_timeout)",
+            timeout=self.request_timeout,
+        )
 
     def drain(self, timeout: float) -> "Deferred[int]":
         """
@@ -137,7 +153,9 @@ class HTTPServerFactory(Factory):
         left = list(self.connections)
         self.logger.warn(
             "Drain: {count} connections still open after {timeout:g}s (listen.drain_timeout), aborted",
-            count=len(left), timeout=timeout)
+            count=len(left),
+            timeout=timeout,
+        )
         for connection in left:
             connection.abort()
         assert self._drained is not None

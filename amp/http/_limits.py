@@ -46,8 +46,7 @@ WARNING_INTERVAL = 60.0
 
 #: The status line of every code, built once.
 STATUS_LINES = {
-    status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode("ascii"))
-    for status in HTTPStatus
+    status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode("ascii")) for status in HTTPStatus
 }
 # RFC 9110's name (older Pythons still say "Request Entity Too Large").
 STATUS_LINES[413] = b"HTTP/1.1 413 Content Too Large\r\n"

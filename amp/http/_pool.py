@@ -120,9 +120,16 @@ class OriginPool:
         back, and requests ask the peer to close too.
     """
 
-    def __init__(self, clock: IReactorTime, endpoint: IStreamClientEndpoint, limits: ReplyLimits, size: int,
-                 idle_timeout: float, opened: Callable[[ClientConnection], None],
-                 lost: Callable[[ClientConnection], None]) -> None:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        endpoint: IStreamClientEndpoint,
+        limits: ReplyLimits,
+        size: int,
+        idle_timeout: float,
+        opened: Callable[[ClientConnection], None],
+        lost: Callable[[ClientConnection], None],
+    ) -> None:
         self._clock = clock
         self._endpoint = endpoint
         self.limits = limits
@@ -229,8 +236,18 @@ class Exchange:
     retry, and where its outcome goes (an L{IReceiver}).
     """
 
-    __slots__ = ("_pool", "data", "charge", "_receiver", "_conn", "_connecting", "_reused", "_cancelled", "finished",
-                 "resends")
+    __slots__ = (
+        "_pool",
+        "data",
+        "charge",
+        "_receiver",
+        "_conn",
+        "_connecting",
+        "_reused",
+        "_cancelled",
+        "finished",
+        "resends",
+    )
 
     def __init__(self, pool: OriginPool, data: bytes, charge: Charge, receiver: IReceiver) -> None:
         self._pool = pool

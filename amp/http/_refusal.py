@@ -50,12 +50,20 @@ def parser_error(e: HttpParserError, log: Logger) -> str:
 def refused(factory: IListener, code: int, message: str) -> None:
     """A refusal counted (C{bad_requests}) and warned of (repeats limited)."""
     factory.metrics.bad_requests.labels(str(code)).inc()
-    factory.warnings.emit("timed-out" if code == 408 else "refused", LogLevel.warn,
-                          "Refused a request: {code} {message}", code=code, message=message)
+    factory.warnings.emit(
+        "timed-out" if code == 408 else "refused",
+        LogLevel.warn,
+        "Refused a request: {code} {message}",
+        code=code,
+        message=message,
+    )
 
 
 def refusal(code: int, message: str) -> bytes:
     """The answer that refuses with C{code} and C{message}, closing the connection."""
     body = message.encode("utf-8") + b"\n"
-    return (b"%sContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
-            b"Connection: close\r\n\r\n%s" % (status_line(code), len(body), body))
+    return b"%sContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (
+        status_line(code),
+        len(body),
+        body,
+    )

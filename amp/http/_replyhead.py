@@ -64,8 +64,7 @@ class ReplyBudget:
         """
         What to say when taking more would pass the bound.
         """
-        return (f"amp already holds {self.held} bytes of endpoint replies "
-                f"(endpoints.max_buffered: {self.limit})")
+        return f"amp already holds {self.held} bytes of endpoint replies (endpoints.max_buffered: {self.limit})"
 
 
 class Charge:
@@ -120,8 +119,7 @@ class HeadCounter:
     would pass the reply budget.
     """
 
-    __slots__ = ("_limits", "in_head", "ended_at", "_held", "_lines", "_line", "_line_start", "_at_status",
-                 "_interim")
+    __slots__ = ("_limits", "in_head", "ended_at", "_held", "_lines", "_line", "_line_start", "_at_status", "_interim")
 
     def __init__(self, limits: ReplyLimits) -> None:
         self._limits = limits
@@ -187,8 +185,14 @@ class HeadCounter:
         handles everything else (and refuses what is over a limit).
         """
         blank = data.find(b"\n\r\n")
-        if (blank < 0 or not data.startswith(b"HTTP/1.") or data[9:10] == b"1" or not data[9:12].isdigit()
-                or data[12:13] not in (b" ", b"\r") or data.find(b"\n\n", 0, blank) >= 0):
+        if (
+            blank < 0
+            or not data.startswith(b"HTTP/1.")
+            or data[9:10] == b"1"
+            or not data[9:12].isdigit()
+            or data[12:13] not in (b" ", b"\r")
+            or data.find(b"\n\n", 0, blank) >= 0
+        ):
             return False
         size = blank + 3
         limits = self._limits
@@ -219,10 +223,12 @@ class HeadCounter:
             # the blank line that ends a head.
             keep = MAX_LINE + 1 if self._at_status else 2
             if len(self._line_start) < keep:
-                self._line_start += data[pos:min(end, pos + keep - len(self._line_start))]
+                self._line_start += data[pos : min(end, pos + keep - len(self._line_start))]
             if self._held + counted > limits.head_size:
-                return (f"reply headers are larger than the {limits.head_size} byte limit "
-                        f"(endpoints.max_response_header_size)")
+                return (
+                    f"reply headers are larger than the {limits.head_size} byte limit "
+                    f"(endpoints.max_response_header_size)"
+                )
             if self._line > MAX_LINE:
                 return f"a reply header line is longer than {MAX_LINE} bytes"
             pos = end

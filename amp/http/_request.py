@@ -137,8 +137,22 @@ class Request:
     @ivar tracestate: the W3C C{tracestate} header's value, or None.
     """
 
-    __slots__ = ("method", "path", "query", "content_type", "body", "keep_alive", "http10",
-                 "expect_continue", "refusal", "review", "disconnected", "channel", "traceparent", "tracestate")
+    __slots__ = (
+        "method",
+        "path",
+        "query",
+        "content_type",
+        "body",
+        "keep_alive",
+        "http10",
+        "expect_continue",
+        "refusal",
+        "review",
+        "disconnected",
+        "channel",
+        "traceparent",
+        "tracestate",
+    )
 
     def __init__(self, channel: IChannel) -> None:
         self.channel = channel
@@ -202,7 +216,7 @@ def query_parameter(query: bytes, name: bytes) -> Optional[bytes]:
     prefix = name + b"="
     for part in query.split(b"&"):
         if part.startswith(prefix):
-            value = part[len(prefix):]
+            value = part[len(prefix) :]
             if b"%" in value or b"+" in value:
                 value = unquote_to_bytes(value.replace(b"+", b" "))
             return value

@@ -314,7 +314,7 @@ class HTTPServerProtocol(Protocol):
         if mark < 0:
             request.path = url
         else:
-            request.path, request.query = url[:mark], url[mark + 1:]
+            request.path, request.query = url[:mark], url[mark + 1 :]
         limit = self.factory.max_body
         if self._length > limit:
             self.refuse(413, f"request body of {self._length} bytes is over the {limit} byte limit (listen.max_body)")
@@ -399,8 +399,7 @@ class HTTPServerProtocol(Protocol):
             else:
                 handler(request)
         except Exception:
-            self.log.failure("amp internal error answering {method} {path}", method=request.method,
-                             path=request.path)
+            self.log.failure("amp internal error answering {method} {path}", method=request.method, path=request.path)
             if self._current is request:
                 request.keep_alive = False
                 self.respond(request, 500, b"amp internal error\n", TEXT, b"")
@@ -416,7 +415,8 @@ class HTTPServerProtocol(Protocol):
         # The last answer on this connection: the client asked for it, or
         # amp is shutting down and nothing more of the client's is here.
         close = not request.keep_alive or (
-            (self.factory.draining or self._link is _CLOSING) and not self._queue and self._incoming is None)
+            (self.factory.draining or self._link is _CLOSING) and not self._queue and self._incoming is None
+        )
         if close:
             connection = _CLOSE
         elif request.http10:
@@ -424,7 +424,12 @@ class HTTPServerProtocol(Protocol):
         else:
             connection = b""
         head = b"%sContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
-            status_line(code), content_type, len(body), headers, connection)
+            status_line(code),
+            content_type,
+            len(body),
+            headers,
+            connection,
+        )
         self.transport.write(head if request.method == b"HEAD" else head + body)
         if self._incoming is None:
             # Idle again from this answer on (see _run_queue).
@@ -568,7 +573,5 @@ class HTTPServerProtocol(Protocol):
             self.factory.no_request(self)
             self._abort()
         else:
-            self.refuse(408, f"request not received within {self.factory.request_timeout:g}s "
-                             f"(listen.request_timeout)")
+            self.refuse(408, f"request not received within {self.factory.request_timeout:g}s (listen.request_timeout)")
             self._run_queue()
-

@@ -36,8 +36,7 @@ OWS = b" \t"
 #: C{uri-host [":" port]}: an IP literal in brackets, or a reg-name (an
 #: IPv4 address is one) of unreserved characters, sub-delims and
 #: percent-escapes; then an optional port of digits.
-_HOST = re.compile(
-    rb"(?:\[[0-9A-Za-z:._~!$&'()*+,;=-]+\]|(?:[A-Za-z0-9._~!$&'()*+,;=-]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?")
+_HOST = re.compile(rb"(?:\[[0-9A-Za-z:._~!$&'()*+,;=-]+\]|(?:[A-Za-z0-9._~!$&'()*+,;=-]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?")
 
 #: A reg-name's characters without percent-escapes, and the port's colon.
 _NAME_OR_COLON = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:"
@@ -75,9 +74,8 @@ def absolute_target(url: bytes) -> tuple[Optional[bytes], Optional[str]]:
     lowered = url[:8].lower()
     scheme = next((s for s in _SCHEMES if lowered.startswith(s)), None)
     if scheme is None:
-        return None, (f"request target {_shown(url)} is neither a path nor an http(s) URL "
-                      f"(RFC 9112 section 3.2)")
-    rest = url[len(scheme):]
+        return None, (f"request target {_shown(url)} is neither a path nor an http(s) URL (RFC 9112 section 3.2)")
+    rest = url[len(scheme) :]
     cut = len(rest)
     for mark in (b"/", b"?", b"#"):
         at = rest.find(mark)
@@ -105,11 +103,15 @@ def transfer_coding_problem(value: bytes) -> Optional[tuple[int, str]]:
     shown = ", ".join(c.decode("ascii", "replace") for c in codings)
     if codings[-1:] != [b"chunked"] or codings.count(b"chunked") > 1:
         # The body's end cannot be known (section 6.3): a 400 that closes.
-        return 400, (f"request is not valid HTTP/1.1: Transfer-Encoding {shown!r}: chunked must be applied "
-                     f"once, last (RFC 9112 section 6.3)")
+        return 400, (
+            f"request is not valid HTTP/1.1: Transfer-Encoding {shown!r}: chunked must be applied "
+            f"once, last (RFC 9112 section 6.3)"
+        )
     unknown = next(c for c in codings if c != b"chunked").decode("ascii", "replace")
-    return 501, (f"Transfer-Encoding {shown!r}: amp does not implement the transfer coding {unknown!r}, "
-                 f"only chunked (RFC 9112 section 6.1)")
+    return 501, (
+        f"Transfer-Encoding {shown!r}: amp does not implement the transfer coding {unknown!r}, "
+        f"only chunked (RFC 9112 section 6.1)"
+    )
 
 
 def head_problem(hosts: int, host: bytes, te: Optional[bytes], http10: bool) -> Optional[tuple[int, str]]:
@@ -121,8 +123,10 @@ def head_problem(hosts: int, host: bytes, te: Optional[bytes], http10: bool) -> 
     """
     if hosts != 1:
         if hosts or not http10:
-            return 400, (f"request is not valid HTTP/1.1: {hosts or 'no'} Host header fields, "
-                         f"exactly one is required (RFC 9112 section 3.2)")
+            return 400, (
+                f"request is not valid HTTP/1.1: {hosts or 'no'} Host header fields, "
+                f"exactly one is required (RFC 9112 section 3.2)"
+            )
     else:
         problem = host_problem(host)
         if problem is not None:

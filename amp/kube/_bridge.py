@@ -29,8 +29,12 @@ class Bridge:
         ended.
     """
 
-    def __init__(self, reactor: IReactorFromThreads, handler: Callable[[WatchEvent], None],
-                 on_finished: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self,
+        reactor: IReactorFromThreads,
+        handler: Callable[[WatchEvent], None],
+        on_finished: Optional[Callable[[], None]] = None,
+    ) -> None:
         self._call = reactor.callFromThread
         self._handler = handler
         self._on_finished = on_finished

@@ -213,8 +213,12 @@ class BypassReporter:
                 self._seen(event.obj, event.kind == "ADDED")
         elif isinstance(event, Restarting):
             if event.reason != "timeout" or event.error:
-                self.log.warn("The Pod watch restarts ({reason}): {error}; next attempt in {delay:.2f}s",
-                              reason=event.reason, error=event.error or "-", delay=event.delay)
+                self.log.warn(
+                    "The Pod watch restarts ({reason}): {error}; next attempt in {delay:.2f}s",
+                    reason=event.reason,
+                    error=event.error or "-",
+                    delay=event.delay,
+                )
         elif isinstance(event, Crashed):
             self.log.critical("Pod watch thread failed: {error}", error=event.error)
 
@@ -248,17 +252,26 @@ class BypassReporter:
         """Why C{pod} (no stamp, not opted out) is to be reported, or None."""
         if pod.uid in self._claimed or pod.uid in self._queued:
             return None
-        return self._judge(pod, self._namespaces.cached(pod.namespace), self._enables(pod.namespace),
-                           exact=exact, now=self._clock.seconds())
+        return self._judge(
+            pod,
+            self._namespaces.cached(pod.namespace),
+            self._enables(pod.namespace),
+            exact=exact,
+            now=self._clock.seconds(),
+        )
 
     def _judged(self, pod: PodSeen, exact: bool) -> None:
         verdict = self.verdict(pod, exact)
         if verdict is None:
             return
         if len(self._claims) >= MAX_QUEUED_EVENTS:
-            self.log.warn("Pod {namespace}/{pod} not reported yet: {count} Events are waiting to be sent; "
-                          "the next list of Pods judges it again", namespace=pod.namespace, pod=pod.name,
-                          count=len(self._claims))
+            self.log.warn(
+                "Pod {namespace}/{pod} not reported yet: {count} Events are waiting to be sent; "
+                "the next list of Pods judges it again",
+                namespace=pod.namespace,
+                pod=pod.name,
+                count=len(self._claims),
+            )
             return
         self._claims.append(_Claim(pod, verdict))
         self._queued.add(pod.uid)
@@ -290,20 +303,30 @@ class BypassReporter:
                     self._uncertain.add(uid)
                 if self.active:
                     self._claims.appendleft(claim)
-                    delay = min(RETRY_MAX, RETRY_FIRST * 2 ** self._failures)
+                    delay = min(RETRY_MAX, RETRY_FIRST * 2**self._failures)
                     self._failures += 1
-                    self.log.warn("Event {reason} for Pod {namespace}/{pod} not created ({error}); "
-                                  "trying again in {delay:g}s", reason=REASON, namespace=pod.namespace,
-                                  pod=pod.name, error=describe(error), delay=delay)
+                    self.log.warn(
+                        "Event {reason} for Pod {namespace}/{pod} not created ({error}); trying again in {delay:g}s",
+                        reason=REASON,
+                        namespace=pod.namespace,
+                        pod=pod.name,
+                        error=describe(error),
+                        delay=delay,
+                    )
                     self._retry = self._clock.callLater(delay, self._retried)
                 return
             self._queued.discard(uid)
             self._uncertain.discard(uid)
             self._remember(pod)
             self._reported(claim)
-            self.log.warn("Event {reason} for Pod {namespace}/{pod} not created: {error}; the next reporter "
-                          "reports the Pod again", reason=REASON, namespace=pod.namespace, pod=pod.name,
-                          error=describe(error))
+            self.log.warn(
+                "Event {reason} for Pod {namespace}/{pod} not created: {error}; the next reporter "
+                "reports the Pod again",
+                reason=REASON,
+                namespace=pod.namespace,
+                pod=pod.name,
+                error=describe(error),
+            )
         else:
             self._failures = 0
             self._queued.discard(uid)
@@ -311,8 +334,12 @@ class BypassReporter:
             if result or uid in self._uncertain:
                 self._reported(claim)
             else:
-                self.log.debug("Pod {namespace}/{pod} was reported already (Event {event})",
-                               namespace=pod.namespace, pod=pod.name, event=event_name(pod))
+                self.log.debug(
+                    "Pod {namespace}/{pod} was reported already (Event {event})",
+                    namespace=pod.namespace,
+                    pod=pod.name,
+                    event=event_name(pod),
+                )
             self._uncertain.discard(uid)
         self._send()
 
@@ -323,8 +350,13 @@ class BypassReporter:
     def _reported(self, claim: _Claim) -> None:
         pod = claim.pod
         self._metrics.bypassed_pods.labels(pod.namespace).inc()
-        self.log.warn(log_line(claim.verdict), namespace=pod.namespace, pod=pod.name,
-                      annotation=STATUS_ANNOTATION, verdict=str(claim.verdict))
+        self.log.warn(
+            log_line(claim.verdict),
+            namespace=pod.namespace,
+            pod=pod.name,
+            annotation=STATUS_ANNOTATION,
+            verdict=str(claim.verdict),
+        )
 
     def _remember(self, pod: PodSeen) -> None:
         claimed = self._claimed

@@ -53,8 +53,8 @@ def load_client_configuration(config: KubernetesConfig) -> kubernetes.client.Con
             data, _ = read_file(config.kubeconfig, f"kubeconfig {config.kubeconfig}", INPUT_LIMIT)
             config_document(data, f"kubeconfig {config.kubeconfig}")
         kubernetes.config.load_kube_config(
-            config_file=config.kubeconfig, context=config.context,
-            client_configuration=cfg, persist_config=False)
+            config_file=config.kubeconfig, context=config.context, client_configuration=cfg, persist_config=False
+        )
     cfg.retries = urllib3.util.Retry(total=0, connect=0, read=0, redirect=False, status=0, other=0)
     return cfg
 
@@ -151,12 +151,10 @@ class Lister(Protocol):
     C{ApiException} for an HTTP error answer (410 Gone included).
     """
 
-    def list(self, *, limit: Optional[int], continue_token: Optional[str],
-             timeout: tuple[float, float]) -> bytes:
+    def list(self, *, limit: Optional[int], continue_token: Optional[str], timeout: tuple[float, float]) -> bytes:
         """The body of one list (or one page of it)."""
 
-    def watch(self, *, resource_version: str, timeout_seconds: int,
-              timeout: tuple[float, float]) -> "Stream":
+    def watch(self, *, resource_version: str, timeout_seconds: int, timeout: tuple[float, float]) -> "Stream":
         """
         Open a watch from C{resource_version} (returns once the server has
         answered); the stream yields its lines as they arrive.
@@ -166,11 +164,9 @@ class Lister(Protocol):
 class Stream(Protocol):
     """An open watch: its lines (one JSON event each), and a way to close it."""
 
-    def __iter__(self) -> Iterator[bytes]:
-        ...
+    def __iter__(self) -> Iterator[bytes]: ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 class _PathLister:
@@ -180,16 +176,22 @@ class _PathLister:
     ask for.
     """
 
-    def __init__(self, client: "KubeClient", path: str, *, query: tuple[tuple[str, str], ...] = (),
-                 list_accept: str = "application/json", watch_accept: str = "application/json") -> None:
+    def __init__(
+        self,
+        client: "KubeClient",
+        path: str,
+        *,
+        query: tuple[tuple[str, str], ...] = (),
+        list_accept: str = "application/json",
+        watch_accept: str = "application/json",
+    ) -> None:
         self._client = client
         self._path = path
         self._query = query
         self._list_accept = list_accept
         self._watch_accept = watch_accept
 
-    def list(self, *, limit: Optional[int], continue_token: Optional[str],
-             timeout: tuple[float, float]) -> bytes:
+    def list(self, *, limit: Optional[int], continue_token: Optional[str], timeout: tuple[float, float]) -> bytes:
         query = list(self._query)
         if limit:
             query.append(("limit", str(limit)))
@@ -197,12 +199,17 @@ class _PathLister:
             query.append(("continue", continue_token))
         return self._client.request("GET", self._path, query=query, accept=self._list_accept, timeout=timeout)
 
-    def watch(self, *, resource_version: str, timeout_seconds: int,
-              timeout: tuple[float, float]) -> "_ResponseStream":
-        query = [*self._query, ("watch", "true"), ("resourceVersion", resource_version),
-                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout_seconds))]
-        return _ResponseStream(self._client.open("GET", self._path, query=query, accept=self._watch_accept,
-                                                 timeout=timeout))
+    def watch(self, *, resource_version: str, timeout_seconds: int, timeout: tuple[float, float]) -> "_ResponseStream":
+        query = [
+            *self._query,
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        return _ResponseStream(
+            self._client.open("GET", self._path, query=query, accept=self._watch_accept, timeout=timeout)
+        )
 
 
 class _ResponseStream:
@@ -286,8 +293,17 @@ class KubeClient:
 
     # ------------------------------------------------------------ requests
 
-    def open(self, method: str, path: str, *, query: Iterable[tuple[str, str]] = (), accept: str = "application/json",
-             body: Any = None, timeout: Any, content_type: str = "application/json") -> Any:
+    def open(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Iterable[tuple[str, str]] = (),
+        accept: str = "application/json",
+        body: Any = None,
+        timeout: Any,
+        content_type: str = "application/json",
+    ) -> Any:
         """
         Send one request; the response, its body not read yet.
 
@@ -296,20 +312,35 @@ class KubeClient:
         headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type
-        request = self.api.param_serialize(method=method, resource_path=path, query_params=list(query),
-                                           header_params=headers, body=body, auth_settings=["BearerToken"])
+        request = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list(query),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
         response = self.api.call_api(*request, _request_timeout=timeout)
         if not 200 <= response.status <= 299:
             response.read()
             raise ApiException.from_response(http_resp=response, body=None, data=None)
         return response.response
 
-    def request(self, method: str, path: str, *, query: Iterable[tuple[str, str]] = (),
-                accept: str = "application/json", body: Any = None, timeout: Any,
-                content_type: str = "application/json") -> bytes:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Iterable[tuple[str, str]] = (),
+        accept: str = "application/json",
+        body: Any = None,
+        timeout: Any,
+        content_type: str = "application/json",
+    ) -> bytes:
         """One request; its body."""
-        response = self.open(method, path, query=query, accept=accept, body=body, timeout=timeout,
-                             content_type=content_type)
+        response = self.open(
+            method, path, query=query, accept=accept, body=body, timeout=timeout, content_type=content_type
+        )
         try:
             data: bytes = response.data
             return data
@@ -322,8 +353,11 @@ class KubeClient:
         return _PathLister(self, "/api/v1/namespaces")
 
     def webhook_configuration(self, name: str) -> Lister:
-        return _PathLister(self, "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
-                           query=(("fieldSelector", f"metadata.name={name}"),))
+        return _PathLister(
+            self,
+            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+            query=(("fieldSelector", f"metadata.name={name}"),),
+        )
 
     def pod_metadata(self) -> Lister:
         """Every Pod of the cluster, metadata only."""
@@ -355,10 +389,16 @@ class KubeClient:
         object as stored.
         """
         name = body["metadata"]["name"]
-        stored: dict[str, Any] = json.loads(self.request(
-            "PATCH", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{_segment(name)}",
-            query=(("fieldManager", FIELD_MANAGER), ("force", "true")), body=json.dumps(body),
-            content_type="application/apply-patch+yaml", timeout=timeout))
+        stored: dict[str, Any] = json.loads(
+            self.request(
+                "PATCH",
+                f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{_segment(name)}",
+                query=(("fieldManager", FIELD_MANAGER), ("force", "true")),
+                body=json.dumps(body),
+                content_type="application/apply-patch+yaml",
+                timeout=timeout,
+            )
+        )
         return stored
 
     def _leases(self, namespace: str) -> str:
@@ -368,7 +408,8 @@ class KubeClient:
         """The Lease, or None when it does not exist."""
         try:
             lease: dict[str, Any] = json.loads(
-                self.request("GET", f"{self._leases(namespace)}/{_segment(name)}", timeout=timeout))
+                self.request("GET", f"{self._leases(namespace)}/{_segment(name)}", timeout=timeout)
+            )
             return lease
         except ApiException as e:
             if e.status == 404:
@@ -405,7 +446,8 @@ class KubeClient:
         """The Secret (amp's own certificates), or None when it does not exist."""
         try:
             secret: dict[str, Any] = json.loads(
-                self.request("GET", f"{self._secrets(namespace)}/{_segment(name)}", timeout=timeout))
+                self.request("GET", f"{self._secrets(namespace)}/{_segment(name)}", timeout=timeout)
+            )
             return secret
         except ApiException as e:
             if e.status == 404:
@@ -426,12 +468,15 @@ class KubeClient:
         """
         return self._write_lease("PUT", f"{self._secrets(namespace)}/{_segment(name)}", body, timeout)
 
-    def annotate_secret(self, namespace: str, name: str, annotations: dict[str, Optional[str]],
-                        timeout: float) -> None:
+    def annotate_secret(self, namespace: str, name: str, annotations: dict[str, Optional[str]], timeout: float) -> None:
         """Set (None: remove) annotations of the Secret, by a merge patch (no resourceVersion: no conflict)."""
-        self.request("PATCH", f"{self._secrets(namespace)}/{_segment(name)}",
-                     body={"metadata": {"annotations": annotations}},
-                     content_type="application/merge-patch+json", timeout=timeout)
+        self.request(
+            "PATCH",
+            f"{self._secrets(namespace)}/{_segment(name)}",
+            body={"metadata": {"annotations": annotations}},
+            content_type="application/merge-patch+json",
+            timeout=timeout,
+        )
 
     def cut(self) -> None:
         """Shut down every socket, now and from now on (any thread)."""
@@ -446,8 +491,9 @@ def _segment(name: str) -> str:
     return urllib.parse.quote(name, safe="")
 
 
-def get_namespace(client: Any, parse: Callable[[bytes], NamespaceInfo], name: str,
-                  timeout: float) -> Optional[NamespaceInfo]:
+def get_namespace(
+    client: Any, parse: Callable[[bytes], NamespaceInfo], name: str, timeout: float
+) -> Optional[NamespaceInfo]:
     """
     One bounded GET of a namespace (in the reactor's thread pool).
 

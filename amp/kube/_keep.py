@@ -95,10 +95,14 @@ class Keep:
                 if isinstance(v, str):
                     kept[key] = v
         since = label_set_at(meta, self.label) if value == self.enabled_value else None
-        hints = self.keys.near_misses(labels, annotations) if isinstance(labels, dict) and isinstance(
-            annotations, dict) else ()
-        return NamespaceInfo(str(meta.get("name", "")), kept_labels, kept or _EMPTY,
-                             str(meta.get("resourceVersion", "")), since, hints)
+        hints = (
+            self.keys.near_misses(labels, annotations)
+            if isinstance(labels, dict) and isinstance(annotations, dict)
+            else ()
+        )
+        return NamespaceInfo(
+            str(meta.get("name", "")), kept_labels, kept or _EMPTY, str(meta.get("resourceVersion", "")), since, hints
+        )
 
     def namespaces(self, items: Iterable[NamespaceInfo]) -> dict[str, NamespaceInfo]:
         """A list's namespaces by name (the collector of the namespace watch)."""
@@ -207,8 +211,15 @@ class PodKeep:
         created = parse_time(meta.get("creationTimestamp"))
         if created is None or created < self.cutoff():
             return None
-        controller = next((str(o.get("kind") or "") for o in meta.get("ownerReferences") or ()
-                           if o.get("controller")), "")
+        controller = next(
+            (str(o.get("kind") or "") for o in meta.get("ownerReferences") or () if o.get("controller")), ""
+        )
         rv = meta.get("resourceVersion")
-        return PodSeen(str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")),
-                       created, controller, int(rv) if isinstance(rv, str) and rv.isdigit() else None)
+        return PodSeen(
+            str(meta.get("namespace", "")),
+            str(meta.get("name", "")),
+            str(meta.get("uid", "")),
+            created,
+            controller,
+            int(rv) if isinstance(rv, str) and rv.isdigit() else None,
+        )

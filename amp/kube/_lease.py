@@ -120,8 +120,12 @@ class LeaseElector:
 
         def released(result: Any) -> None:
             if isinstance(result, Failure):
-                self.log.info("Lease {namespace}/{name} not released ({error}); it expires on its own",
-                              namespace=self.namespace, name=self.name, error=_text(result))
+                self.log.info(
+                    "Lease {namespace}/{name} not released ({error}); it expires on its own",
+                    namespace=self.namespace,
+                    name=self.name,
+                    error=_text(result),
+                )
             else:
                 self.log.info("Released Lease {namespace}/{name}", namespace=self.namespace, name=self.name)
 
@@ -166,19 +170,34 @@ class LeaseElector:
         held_for = spec.get("leaseDurationSeconds") or self.duration
         if holder == self.identity or not holder or now - self._observed_at >= held_for:
             # Free, expired, or ours from before a step-down: take it.
-            body = self._body(lease, now, holder=self.identity, acquired=True,
-                              transitions=int(spec.get("leaseTransitions") or 0) + (holder != self.identity))
+            body = self._body(
+                lease,
+                now,
+                holder=self.identity,
+                acquired=True,
+                transitions=int(spec.get("leaseTransitions") or 0) + (holder != self.identity),
+            )
             d = self._in_pool(self._client.replace_lease, self.namespace, self.name, body, self._timeout)
             return d.addCallbacks(self._won, self._lost)
         if self.leader:
             self._depose(f"the Lease is held by {holder}")
         return None
 
-    def _body(self, lease: Optional[dict[str, Any]], now: float, *, holder: Optional[str],
-              acquired: bool = False, transitions: Optional[int] = None) -> dict[str, Any]:
+    def _body(
+        self,
+        lease: Optional[dict[str, Any]],
+        now: float,
+        *,
+        holder: Optional[str],
+        acquired: bool = False,
+        transitions: Optional[int] = None,
+    ) -> dict[str, Any]:
         spec = dict((lease or {}).get("spec") or {})
-        spec.update(holderIdentity=holder, leaseDurationSeconds=int(math.ceil(self.duration)),
-                    renewTime=format_time(now, micro=True))
+        spec.update(
+            holderIdentity=holder,
+            leaseDurationSeconds=int(math.ceil(self.duration)),
+            renewTime=format_time(now, micro=True),
+        )
         if acquired or "acquireTime" not in spec:
             spec["acquireTime"] = format_time(now, micro=True)
         if transitions is not None:
@@ -200,8 +219,9 @@ class LeaseElector:
         self._last_error = ""
         if self._deadline_call is not None and self._deadline_call.active():
             self._deadline_call.cancel()
-        self._deadline_call = self._clock.callLater(self.renew_deadline, self._depose,
-                                                    f"no renewal for {self.renew_deadline:g}s")
+        self._deadline_call = self._clock.callLater(
+            self.renew_deadline, self._depose, f"no renewal for {self.renew_deadline:g}s"
+        )
 
     def _won(self, lease: dict[str, Any]) -> None:
         if not self._running:
@@ -209,21 +229,30 @@ class LeaseElector:
         self._renewed(lease)
         if not self.leader:
             self.leader = True
-            self.log.info("This replica ({identity}) now leads through Lease {namespace}/{name}",
-                          identity=self.identity, namespace=self.namespace, name=self.name)
+            self.log.info(
+                "This replica ({identity}) now leads through Lease {namespace}/{name}",
+                identity=self.identity,
+                namespace=self.namespace,
+                name=self.name,
+            )
             self._on_elected()
 
     def _lost(self, failure: Failure) -> None:
         failure.trap(Conflict)
-        self.log.debug("Lease {namespace}/{name}: another replica wrote it first", namespace=self.namespace,
-                       name=self.name)
+        self.log.debug(
+            "Lease {namespace}/{name}: another replica wrote it first", namespace=self.namespace, name=self.name
+        )
 
     def _failed(self, failure: Failure) -> None:
         error = _text(failure)
         if error != self._last_error:
             self._last_error = error
-            self.log.warn("Lease {namespace}/{name} could not be read or written: {error}",
-                          namespace=self.namespace, name=self.name, error=error)
+            self.log.warn(
+                "Lease {namespace}/{name} could not be read or written: {error}",
+                namespace=self.namespace,
+                name=self.name,
+                error=error,
+            )
 
     def _depose(self, why: str) -> None:
         if self._deadline_call is not None and self._deadline_call.active():
@@ -231,8 +260,13 @@ class LeaseElector:
         self._deadline_call = None
         if self.leader:
             self.leader = False
-            self.log.info("This replica ({identity}) no longer leads through Lease {namespace}/{name}: {why}",
-                          identity=self.identity, namespace=self.namespace, name=self.name, why=why)
+            self.log.info(
+                "This replica ({identity}) no longer leads through Lease {namespace}/{name}: {why}",
+                identity=self.identity,
+                namespace=self.namespace,
+                name=self.name,
+                why=why,
+            )
             self._on_deposed()
 
 

@@ -104,8 +104,15 @@ class CacheMisses:
             return fail(NamespaceLookupError(detail))
         if not name:
             return succeed(None)
-        return deferToThreadPool(self._reactor, self._reactor.getThreadPool(), get_namespace,
-                                 client, self._keep.namespace_body, name, timeout)
+        return deferToThreadPool(
+            self._reactor,
+            self._reactor.getThreadPool(),
+            get_namespace,
+            client,
+            self._keep.namespace_body,
+            name,
+            timeout,
+        )
 
     def _counted(self, info: Optional[NamespaceInfo]) -> Optional[NamespaceInfo]:
         self._metrics.namespace_misses.labels("found" if info is not None else "not-found").inc()

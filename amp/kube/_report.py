@@ -104,16 +104,32 @@ class BypassReport:
         self._pods: Optional[_PodWatch] = None
 
         def post_event(namespace: str, body: dict[str, Any]) -> Deferred[bool]:
-            return deferToThreadPool(reactor, reactor.getThreadPool(), client.create_event,
-                                     namespace, body, config.request_timeout)
+            return deferToThreadPool(
+                reactor, reactor.getThreadPool(), client.create_event, namespace, body, config.request_timeout
+            )
 
-        self.reporter = BypassReporter(config=config, namespaces=namespaces, clock=clock, metrics=metrics,
-                                       post_event=post_event, own_namespace=own_namespace, identity=identity,
-                                       enables=enables.get)
+        self.reporter = BypassReporter(
+            config=config,
+            namespaces=namespaces,
+            clock=clock,
+            metrics=metrics,
+            post_event=post_event,
+            own_namespace=own_namespace,
+            identity=identity,
+            enables=enables.get,
+        )
         self.elector = LeaseElector(
-            client=client, reactor=reactor, clock=clock, namespace=lease_namespace, name=config.bypass.lease_name,
-            identity=identity, duration=config.bypass.lease_duration, request_timeout=config.request_timeout,
-            on_elected=self._elected, on_deposed=self._deposed)
+            client=client,
+            reactor=reactor,
+            clock=clock,
+            namespace=lease_namespace,
+            name=config.bypass.lease_name,
+            identity=identity,
+            duration=config.bypass.lease_duration,
+            request_timeout=config.request_timeout,
+            on_elected=self._elected,
+            on_deposed=self._deposed,
+        )
 
     def start(self) -> None:
         self.elector.start()
@@ -136,9 +152,17 @@ class BypassReport:
         client = self._client.fork()
         keep = PodKeep(self._config, cutoff=lambda: self._wall() - horizon)
         stop = threading.Event()
-        bridge = self._watch("pods", "amp-pod-watch", client.pod_metadata(), parse=keep.pod,
-                             handler=self.reporter.news, stop=stop, on_finished=client.close,
-                             kinds=("ADDED", "DELETED"), page_size=POD_PAGE)
+        bridge = self._watch(
+            "pods",
+            "amp-pod-watch",
+            client.pod_metadata(),
+            parse=keep.pod,
+            handler=self.reporter.news,
+            stop=stop,
+            on_finished=client.close,
+            kinds=("ADDED", "DELETED"),
+            page_size=POD_PAGE,
+        )
         self._pods = _PodWatch(stop, bridge, client)
 
     def _deposed(self) -> None:

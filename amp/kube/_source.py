@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 #: (they are daemon threads; after a socket shutdown they end at once).
 STOP_WAIT = 2.0
 
+
 @dataclass(eq=False)
 class _Run:
     """One start of the service: its stop flag, threads and bridges."""
@@ -183,9 +184,14 @@ class KubernetesNamespaceSource(CacheMisses, Service):
         try:
             client = self._client_factory(config)
         except Exception as e:
-            where = "in-cluster service account" if config.source == NamespaceSource.CLUSTER else (
-                f"kubeconfig {config.kubeconfig or '(default)'}"
-                + (f" context {config.context}" if config.context else ""))
+            where = (
+                "in-cluster service account"
+                if config.source == NamespaceSource.CLUSTER
+                else (
+                    f"kubeconfig {config.kubeconfig or '(default)'}"
+                    + (f" context {config.context}" if config.context else "")
+                )
+            )
             self._config_error = f"cannot load the Kubernetes client configuration from {where}: {describe(e)}"
             self.log.error("{detail}", detail=self._config_error)
             return
@@ -193,21 +199,48 @@ class KubernetesNamespaceSource(CacheMisses, Service):
         watches = client.fork() if not config.per_review_get or config.webhook_configuration else None
         run = self._run = self._last_run = _Run(watches)
         if watches is not None and not config.per_review_get:
-            self._watch(run, "namespaces", "amp-namespace-watch", watches.namespaces(),
-                        parse=self._keep.namespace, collect=self._keep.namespaces, handler=self._namespace_news)
+            self._watch(
+                run,
+                "namespaces",
+                "amp-namespace-watch",
+                watches.namespaces(),
+                parse=self._keep.namespace,
+                collect=self._keep.namespaces,
+                handler=self._namespace_news,
+            )
         if watches is not None and config.webhook_configuration:
             webhook = WebhookPolicy(config.webhook_configuration, config.webhook_name)
-            self._watch(run, "webhook", "amp-webhook-watch", watches.webhook_configuration(webhook.name),
-                        parse=webhook.parse, collect=webhook.collect, handler=self._webhook_news)
-        self.log.info("Kubernetes namespace source on {host} ({mode})", host=client.host,
-                      mode="per-review GET" if config.per_review_get else "watch")
+            self._watch(
+                run,
+                "webhook",
+                "amp-webhook-watch",
+                watches.webhook_configuration(webhook.name),
+                parse=webhook.parse,
+                collect=webhook.collect,
+                handler=self._webhook_news,
+            )
+        self.log.info(
+            "Kubernetes namespace source on {host} ({mode})",
+            host=client.host,
+            mode="per-review GET" if config.per_review_get else "watch",
+        )
         if config.bypass.enabled or self._terms:
             self._start_bypass(run, client)
 
-    def _watch(self, run: _Run, name: str, thread_name: str, lister: Lister, *, parse: Callable[..., Any],
-               collect: Callable[..., Any] = tuple, handler: Callable[[WatchEvent], None],
-               stop: Optional[threading.Event] = None, on_finished: Optional[Callable[[], None]] = None,
-               **options: Any) -> Bridge:
+    def _watch(
+        self,
+        run: _Run,
+        name: str,
+        thread_name: str,
+        lister: Lister,
+        *,
+        parse: Callable[..., Any],
+        collect: Callable[..., Any] = tuple,
+        handler: Callable[[WatchEvent], None],
+        stop: Optional[threading.Event] = None,
+        on_finished: Optional[Callable[[], None]] = None,
+        **options: Any,
+    ) -> Bridge:
         """Start one list/watch thread whose events reach C{handler} on the reactor."""
 
         def finished() -> None:
@@ -216,8 +249,16 @@ class KubernetesNamespaceSource(CacheMisses, Service):
             run.ended()
 
         bridge = Bridge(self._reactor, handler, on_finished=finished)
-        watch = ListWatch(lister=lister, parse=parse, collect=collect, emit=bridge, stop=stop or run.stop,
-                          config=self._config, random=self._random, **options)
+        watch = ListWatch(
+            lister=lister,
+            parse=parse,
+            collect=collect,
+            emit=bridge,
+            stop=stop or run.stop,
+            config=self._config,
+            random=self._random,
+            **options,
+        )
 
         def target() -> None:
             try:
@@ -238,15 +279,28 @@ class KubernetesNamespaceSource(CacheMisses, Service):
         own = config.own_namespace or service_account_namespace()
         lease_namespace = config.bypass.lease_namespace or own
         if not lease_namespace:
-            self.log.error("The bypassed-Pod report and the managed registration are off: set "
-                           "kubernetes.bypass.lease_namespace (or kubernetes.own_namespace) when amp does not run "
-                           "in a cluster")
+            self.log.error(
+                "The bypassed-Pod report and the managed registration are off: set "
+                "kubernetes.bypass.lease_namespace (or kubernetes.own_namespace) when amp does not run "
+                "in a cluster"
+            )
             return
         run.bypass = BypassReport(
-            config=config, client=client, reactor=self._reactor, clock=self._clock, metrics=self._metrics,
-            identity=self._identity, namespaces=self, enables=self._enables, own_namespace=own or lease_namespace,
-            lease_namespace=lease_namespace, watch=functools.partial(self._watch, run), wall=self._wall,
-            terms=self._terms, pods=config.bypass.enabled)
+            config=config,
+            client=client,
+            reactor=self._reactor,
+            clock=self._clock,
+            metrics=self._metrics,
+            identity=self._identity,
+            namespaces=self,
+            enables=self._enables,
+            own_namespace=own or lease_namespace,
+            lease_namespace=lease_namespace,
+            watch=functools.partial(self._watch, run),
+            wall=self._wall,
+            terms=self._terms,
+            pods=config.bypass.enabled,
+        )
         if self._listed:
             run.bypass.reporter.namespaces_listed(self._listed_at)
         run.bypass.start()
@@ -290,8 +344,11 @@ class KubernetesNamespaceSource(CacheMisses, Service):
             run.all_ended = None
             alive = [getattr(t, "name", "?") for t in run.threads if getattr(t, "is_alive", lambda: False)()]
             if alive or run.running:
-                self.log.warn("Kubernetes watch threads still running after {seconds}s: {names}",
-                              seconds=STOP_WAIT, names=", ".join(alive) or "?")
+                self.log.warn(
+                    "Kubernetes watch threads still running after {seconds}s: {names}",
+                    seconds=STOP_WAIT,
+                    names=", ".join(alive) or "?",
+                )
             else:
                 self.log.warn("The Lease was not released within {seconds}s", seconds=STOP_WAIT)
             done.callback(None)
@@ -348,8 +405,11 @@ class KubernetesNamespaceSource(CacheMisses, Service):
                 pending.superseded = True
             before = self._cache.get(name)
             self._enables.changed(kind, before, info, rv)
-            if self.on_namespace_changed is not None and kind != "DELETED" and (
-                    before is None or before.labels != info.labels or before.annotations != info.annotations):
+            if (
+                self.on_namespace_changed is not None
+                and kind != "DELETED"
+                and (before is None or before.labels != info.labels or before.annotations != info.annotations)
+            ):
                 self.on_namespace_changed(name)
             if kind == "DELETED":
                 self._cache.pop(name, None)
@@ -376,8 +436,12 @@ class KubernetesNamespaceSource(CacheMisses, Service):
             self._listed, self._last_event, self._rv, self._last_error = True, now, rv, ""
             self._listed_at = now
             self._metrics.namespace_cache_size.set(len(items))
-            self.log.info("{what} {count} namespaces at resourceVersion {rv}",
-                          what="Listed" if first else "Relisted", count=len(items), rv=rv)
+            self.log.info(
+                "{what} {count} namespaces at resourceVersion {rv}",
+                what="Listed" if first else "Relisted",
+                count=len(items),
+                rv=rv,
+            )
             if first and self._on_first_list is not None:
                 self._on_first_list()
             if self._run is not None and self._run.bypass is not None:
@@ -408,8 +472,11 @@ class KubernetesNamespaceSource(CacheMisses, Service):
             if self._on_webhook is not None:
                 self._on_webhook(seen.obj if seen is not None else None)
             if policy != self._webhook_policy:
-                self.log.info("MutatingWebhookConfiguration {name}: failurePolicy is now {policy}",
-                              name=self._config.webhook_configuration, policy=policy or "unknown")
+                self.log.info(
+                    "MutatingWebhookConfiguration {name}: failurePolicy is now {policy}",
+                    name=self._config.webhook_configuration,
+                    policy=policy or "unknown",
+                )
             self._webhook_policy = policy
         elif isinstance(event, Restarting):
             self._restarted("webhook configuration", "webhook-", event)
@@ -427,8 +494,13 @@ class KubernetesNamespaceSource(CacheMisses, Service):
             self._webhook_error = f"{reason}: {error}" if error else reason
         else:
             self._last_error = f"{reason}: {error}" if error else reason
-        self.log.warn("The {what} watch restarts ({reason}): {error}; next attempt in {delay:.2f}s",
-                      what=what, reason=reason, error=error or "-", delay=event.delay)
+        self.log.warn(
+            "The {what} watch restarts ({reason}): {error}; next attempt in {delay:.2f}s",
+            what=what,
+            reason=reason,
+            error=error or "-",
+            delay=event.delay,
+        )
 
     # ------------------------------------------------------------ INamespaceSource
 

@@ -145,8 +145,9 @@ class Judge:
         # webhook's namespaceSelector leaves them out).
         self._ignored = protected_namespaces(config, own_namespace)
 
-    def __call__(self, pod: PodSeen, ns: Any, enabled: Optional[Enabled], *, exact: bool,
-                 now: float) -> Optional[Verdict]:
+    def __call__(
+        self, pod: PodSeen, ns: Any, enabled: Optional[Enabled], *, exact: bool, now: float
+    ) -> Optional[Verdict]:
         """
         The verdict on C{pod} (no stamp, not opted out), or None when it did
         not bypass amp or is not reported.
@@ -199,24 +200,38 @@ def event_message(pod: PodSeen, verdict: Verdict) -> str:
         recover = "Delete and create the Pod again so that amp reviews it."
     stamp = f"it has no {STATUS_ANNOTATION} annotation, so amp did not review it"
     if verdict is Verdict.BYPASSED:
-        return (f"Pod was admitted without amp: {stamp} (amp was unreachable and the webhook's failurePolicy "
-                f"Ignore let the Pod in unchanged). {recover}")
-    why = ("it was created in the same second as its namespace was enabled, and the API server's times do "
-           "not tell which came first" if verdict is Verdict.SAME_SECOND else
-           "the namespace's managed fields do not say when it was enabled")
-    return (f"Pod was possibly admitted without amp: {stamp}, and {why}. If the namespace was enabled first, "
-            f"amp was unreachable and the webhook's failurePolicy Ignore let the Pod in unchanged: {recover}")
+        return (
+            f"Pod was admitted without amp: {stamp} (amp was unreachable and the webhook's failurePolicy "
+            f"Ignore let the Pod in unchanged). {recover}"
+        )
+    why = (
+        "it was created in the same second as its namespace was enabled, and the API server's times do "
+        "not tell which came first"
+        if verdict is Verdict.SAME_SECOND
+        else "the namespace's managed fields do not say when it was enabled"
+    )
+    return (
+        f"Pod was possibly admitted without amp: {stamp}, and {why}. If the namespace was enabled first, "
+        f"amp was unreachable and the webhook's failurePolicy Ignore let the Pod in unchanged: {recover}"
+    )
 
 
 def log_line(verdict: Verdict) -> str:
     """The warning logged with each report (fields: namespace, pod, annotation)."""
     if verdict is Verdict.BYPASSED:
-        return ("Pod {namespace}/{pod} was created without amp's review (no {annotation} annotation): "
-                "amp was unreachable and the API server admitted it unchanged")
-    why = ("in the same second as its namespace was enabled" if verdict is Verdict.SAME_SECOND else
-           "in a namespace whose enable time is unknown")
-    return ("Pod {namespace}/{pod} was possibly created without amp's review (no {annotation} annotation): "
-            "it was created " + why + ", so which came first cannot be told")
+        return (
+            "Pod {namespace}/{pod} was created without amp's review (no {annotation} annotation): "
+            "amp was unreachable and the API server admitted it unchanged"
+        )
+    why = (
+        "in the same second as its namespace was enabled"
+        if verdict is Verdict.SAME_SECOND
+        else "in a namespace whose enable time is unknown"
+    )
+    return (
+        "Pod {namespace}/{pod} was possibly created without amp's review (no {annotation} annotation): "
+        "it was created " + why + ", so which came first cannot be told"
+    )
 
 
 def event_body(pod: PodSeen, verdict: Verdict, *, identity: str, now: float) -> dict[str, Any]:
@@ -226,8 +241,13 @@ def event_body(pod: PodSeen, verdict: Verdict, *, identity: str, now: float) -> 
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"name": event_name(pod), "namespace": pod.namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name,
-                           "uid": pod.uid},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": pod.namespace,
+            "name": pod.name,
+            "uid": pod.uid,
+        },
         "reason": REASON,
         "type": "Warning",
         "message": event_message(pod, verdict),

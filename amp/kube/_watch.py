@@ -166,8 +166,7 @@ class ListWatch:
                 delay = 0.0
                 failures += 1
             else:
-                delay = backoff_delay(failures, self._config.backoff_initial, self._config.backoff_max,
-                                      self._random)
+                delay = backoff_delay(failures, self._config.backoff_initial, self._config.backoff_max, self._random)
                 failures += 1
             self.emit(Restarting(reason, error, delay))
             if delay > 0:
@@ -207,8 +206,9 @@ class ListWatch:
         ends the stream, raises otherwise.
         """
         assert self.resource_version is not None
-        stream = self._lister.watch(resource_version=self.resource_version, timeout_seconds=self._server_timeout,
-                                    timeout=self._watch_timeout)
+        stream = self._lister.watch(
+            resource_version=self.resource_version, timeout_seconds=self._server_timeout, timeout=self._watch_timeout
+        )
         self._streaming = True
         events = 0
         try:

@@ -35,6 +35,14 @@ from amp.patch._ops import PatchError
 from amp.pointer import escape_pointer_token, parse_pointer
 
 __all__ = [
-    "DEFAULT_DENIED", "PatchError", "CheckedPatch", "check_patch", "compose", "unchanged", "annotation_ops", "annotate",
-    "escape_pointer_token", "parse_pointer",
+    "DEFAULT_DENIED",
+    "PatchError",
+    "CheckedPatch",
+    "check_patch",
+    "compose",
+    "unchanged",
+    "annotation_ops",
+    "annotate",
+    "escape_pointer_token",
+    "parse_pointer",
 ]

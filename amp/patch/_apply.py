@@ -54,15 +54,15 @@ def _index(tokens: Sequence[str], depth: int, size: int, append: bool) -> int:
     if tok == "-":
         if append:
             return size
-        raise Fail(f"{show(pointer(tokens[:depth + 1]))}: \"-\" (past the end of the list) "
-                    "names no element here")
+        raise Fail(f'{show(pointer(tokens[: depth + 1]))}: "-" (past the end of the list) names no element here')
     if not (tok.isascii() and tok.isdigit()) or (len(tok) > 1 and tok[0] == "0"):
-        raise Fail(f"{show(pointer(tokens[:depth + 1]))}: {show(tok)} is not a list index")
+        raise Fail(f"{show(pointer(tokens[: depth + 1]))}: {show(tok)} is not a list index")
     i = int(tok)
     if i > size or (i == size and not append):
         raise Fail(
-            f"{show(pointer(tokens[:depth + 1]))} does not exist "
-            f"({show(pointer(tokens[:depth]))} has {size} item{'' if size == 1 else 's'})")
+            f"{show(pointer(tokens[: depth + 1]))} does not exist "
+            f"({show(pointer(tokens[:depth]))} has {size} item{'' if size == 1 else 's'})"
+        )
     return i
 
 
@@ -165,7 +165,7 @@ class Doc:
         """
         if depth == 0:
             return self._member(key)
-        return read(node, key, ".".join(tokens[:depth + 1]))
+        return read(node, key, ".".join(tokens[: depth + 1]))
 
     def _whole(self, value: Any, tokens: tuple[str, ...]) -> Any:
         """
@@ -193,14 +193,13 @@ class Doc:
                     child = self._read(node, tok, tokens, depth)
                 if child is None:
                     what = "does not exist" if tok not in node else "is null"
-                    raise Fail(f"{show(pointer(tokens[:depth + 1]))} {what}", node, depth)
+                    raise Fail(f"{show(pointer(tokens[: depth + 1]))} {what}", node, depth)
             else:
                 key = _index(tokens, depth, len(node), False)
                 child = node[key]
             t = type(child)
             if t is not dict and t is not list:
-                raise Fail(f"{show(pointer(tokens[:depth + 1]))} is a {json_type(child)}, "
-                            "not an object or a list")
+                raise Fail(f"{show(pointer(tokens[: depth + 1]))} is a {json_type(child)}, not an object or a list")
             if id(child) not in owned:
                 child = self._own(child)
                 node[key] = child
@@ -214,15 +213,14 @@ class Doc:
             if t is dict:
                 child = node.get(tok, _MISSING)
                 if child is _MISSING:
-                    raise Fail(f"{show(pointer(tokens[:depth + 1]))} does not exist")
+                    raise Fail(f"{show(pointer(tokens[: depth + 1]))} does not exist")
                 if type(child) is RAW:
                     child = self._read(node, tok, tokens, depth)
                 node = child
             elif t is list:
                 node = node[_index(tokens, depth, len(node), False)]
             else:
-                raise Fail(f"{show(pointer(tokens[:depth]))} is a {json_type(node)}, "
-                            "not an object or a list")
+                raise Fail(f"{show(pointer(tokens[:depth]))} is a {json_type(node)}, not an object or a list")
         return self._whole(node, tokens)
 
     def add(self, op: Op, tokens: tuple[str, ...], value: Any) -> None:
@@ -234,9 +232,12 @@ class Doc:
                 # Whether it was a list is in what the raw JSON holds.
                 old = self._read(node, key, tokens, len(tokens) - 1)
             if type(old) is list and old and type(value) is list:
-                self.warnings.append(_short(
-                    f"operation {op.index} ({op.op} {show(op.path)}) replaced an existing list of "
-                    f"{len(old)} item{'' if len(old) == 1 else 's'}"))
+                self.warnings.append(
+                    _short(
+                        f"operation {op.index} ({op.op} {show(op.path)}) replaced an existing list of "
+                        f"{len(old)} item{'' if len(old) == 1 else 's'}"
+                    )
+                )
             node[key] = value
         else:
             node.insert(_index(tokens, len(tokens) - 1, len(node), True), value)
@@ -265,7 +266,7 @@ class Doc:
 
 
 def _short(s: str) -> str:
-    return s if len(s) <= _WARNING_MAX else s[:_WARNING_MAX - 3] + "..."
+    return s if len(s) <= _WARNING_MAX else s[: _WARNING_MAX - 3] + "..."
 
 
 def apply_op(doc: Doc, op: Op) -> None:
@@ -281,7 +282,7 @@ def apply_op(doc: Doc, op: Op) -> None:
         if not tokens:
             # The API server's JSON Patch implementation cannot address the whole
             # document; an operation on "" fails there even where RFC 6902 allows it.
-            raise Fail("the API server does not apply operations to the whole document (path \"\")")
+            raise Fail('the API server does not apply operations to the whole document (path "")')
         if name == "add":
             doc.add(op, tokens, op.value)
         elif name == "replace":
@@ -291,20 +292,21 @@ def apply_op(doc: Doc, op: Op) -> None:
         elif name == "test":
             actual = doc.get(tokens)
             if not _json_equal(actual, op.value):
-                raise Fail(f"test failed: the Pod has {show(json.dumps(actual))[:80]} "
-                            f"at {show(op.path)}")
+                raise Fail(f"test failed: the Pod has {show(json.dumps(actual))[:80]} at {show(op.path)}")
             unstable = _unstable_string(op.value)
             if unstable is not None:
                 # The API server compares the encoded bytes of scalar values, and Go
                 # encodes these characters differently from Python.
-                raise Fail(f"the test value {show(json.dumps(unstable))[:60]} has characters (<, >, &, "
-                            "non-ASCII or control) that the API server may compare differently")
+                raise Fail(
+                    f"the test value {show(json.dumps(unstable))[:60]} has characters (<, >, &, "
+                    "non-ASCII or control) that the API server may compare differently"
+                )
         else:
             ftokens = op.ftokens
             if not ftokens:
-                raise Fail("the API server does not apply operations to the whole document (from \"\")")
+                raise Fail('the API server does not apply operations to the whole document (from "")')
             if name == "move":
-                if len(tokens) > len(ftokens) and tokens[:len(ftokens)] == ftokens:
+                if len(tokens) > len(ftokens) and tokens[: len(ftokens)] == ftokens:
                     raise Fail("cannot move a value into itself")
                 value = doc.remove(ftokens)
                 doc.add(op, tokens, value)
@@ -328,9 +330,11 @@ def _repair_plan(tokens: tuple[str, ...], depth: int) -> list[tuple[tuple[str, .
         nxt = tokens[j + 1]
         is_list = nxt == "-" or (nxt.isascii() and nxt.isdigit())
         if is_list and (j + 1 < last or nxt not in ("-", "0")):
-            raise Fail(f"{show(pointer(tokens[:j + 1]))} does not exist, and amp does not create "
-                        f"list elements ({show(pointer(tokens[:j + 2]))})")
-        plan.append((tokens[:j + 1], is_list))
+            raise Fail(
+                f"{show(pointer(tokens[: j + 1]))} does not exist, and amp does not create "
+                f"list elements ({show(pointer(tokens[: j + 2]))})"
+            )
+        plan.append((tokens[: j + 1], is_list))
     return plan
 
 
@@ -339,8 +343,9 @@ def repair_parents(doc: Doc, op: Op, fail: Fail, rules: PathRules, out: list[dic
     for tokens, _ in plan:
         why = refusal(tokens, rules)
         if why is not None:
-            raise PatchError(Reason.REFUSED_PATH, f"{op.label}: {fail.message}, and creating it "
-                                           f"({show(pointer(tokens))}) {why}")
+            raise PatchError(
+                Reason.REFUSED_PATH, f"{op.label}: {fail.message}, and creating it ({show(pointer(tokens))}) {why}"
+            )
     node: Any = fail.node
     for tokens, is_list in plan:
         child: Any = [] if is_list else {}

@@ -47,9 +47,17 @@ class CheckedPatch:
     pod: dict[str, Any]
 
 
-def check_patch(pod: dict[str, Any], ops: Any, *, denied: Sequence[str] = DEFAULT_DENIED, allowed: Sequence[str] = (),
-                repair: bool = True, max_operations: int = 1000, trace: IReviewTrace = NO_TRACE,
-                confined: Optional[str] = None) -> CheckedPatch:
+def check_patch(
+    pod: dict[str, Any],
+    ops: Any,
+    *,
+    denied: Sequence[str] = DEFAULT_DENIED,
+    allowed: Sequence[str] = (),
+    repair: bool = True,
+    max_operations: int = 1000,
+    trace: IReviewTrace = NO_TRACE,
+    confined: Optional[str] = None,
+) -> CheckedPatch:
     """
     Check an endpoint's patch against C{pod}, dry-apply it and repair it.
 
@@ -78,9 +86,11 @@ def check_patch(pod: dict[str, Any], ops: Any, *, denied: Sequence[str] = DEFAUL
         inside = parse_pointer(confined)
         for op in parsed:
             for which, tokens in (("path", op.tokens), ("from", op.ftokens)):
-                if tokens is not None and op.op != "test" and tokens[:len(inside)] != inside:
-                    raise PatchError(Reason.REFUSED_PATH, f"{op.label}: {which} is not under {confined}, the only "
-                                                          "part of the Pod this review may change")
+                if tokens is not None and op.op != "test" and tokens[: len(inside)] != inside:
+                    raise PatchError(
+                        Reason.REFUSED_PATH,
+                        f"{op.label}: {which} is not under {confined}, the only part of the Pod this review may change",
+                    )
     modifies = False
     for op in parsed:
         if op.op == "test":

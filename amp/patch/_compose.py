@@ -12,8 +12,14 @@ from amp.patch._check import DEFAULT_DENIED, CheckedPatch, check_patch, unchange
 from amp.pointer import escape_pointer_token
 
 
-def compose(pod: dict[str, Any], steps: Sequence[CheckedPatch], *, denied: Sequence[str] = DEFAULT_DENIED,
-            allowed: Sequence[str] = (), max_operations: int = 1000) -> CheckedPatch:
+def compose(
+    pod: dict[str, Any],
+    steps: Sequence[CheckedPatch],
+    *,
+    denied: Sequence[str] = DEFAULT_DENIED,
+    allowed: Sequence[str] = (),
+    max_operations: int = 1000,
+) -> CheckedPatch:
     """
     The one patch of a chain: C{steps}, each checked by L{check_patch}
     against the Pod as the steps before it left it (step I{n} against
@@ -35,8 +41,7 @@ def compose(pod: dict[str, Any], steps: Sequence[CheckedPatch], *, denied: Seque
     if len(steps) == 1:
         return steps[0]
     operations = [op for step in steps for op in step.operations]
-    whole = check_patch(pod, operations, denied=denied, allowed=allowed, repair=False,
-                        max_operations=max_operations)
+    whole = check_patch(pod, operations, denied=denied, allowed=allowed, repair=False, max_operations=max_operations)
     warnings = tuple(w for step in steps for w in step.warnings)
     return CheckedPatch(whole.operations, sum(step.repaired for step in steps), warnings, whole.pod)
 
@@ -77,14 +82,18 @@ def _annotated(pod: Any, changes: Mapping[str, Optional[str]], build: bool) -> t
     if type(metadata) is not dict:
         if not sets:
             return [], None
-        return ([{"op": "add", "path": "/metadata", "value": {"annotations": sets}}],
-                {**pod, "metadata": {"annotations": dict(sets)}} if build else None)
+        return (
+            [{"op": "add", "path": "/metadata", "value": {"annotations": sets}}],
+            {**pod, "metadata": {"annotations": dict(sets)}} if build else None,
+        )
     annotations = metadata.get("annotations")
     if type(annotations) is not dict:
         if not sets:
             return [], None
-        return ([{"op": "add", "path": "/metadata/annotations", "value": sets}],
-                {**pod, "metadata": {**metadata, "annotations": dict(sets)}} if build else None)
+        return (
+            [{"op": "add", "path": "/metadata/annotations", "value": sets}],
+            {**pod, "metadata": {**metadata, "annotations": dict(sets)}} if build else None,
+        )
     ops: list[dict[str, Any]] = []
     after = dict(annotations) if build else annotations
     for key, value in changes.items():

@@ -52,8 +52,17 @@ def show(s: str) -> str:
 class Op:
     __slots__ = ("index", "op", "path", "tokens", "frm", "ftokens", "value", "out")
 
-    def __init__(self, index: int, op: str, path: str, tokens: tuple[str, ...], frm: Optional[str],
-                 ftokens: Optional[tuple[str, ...]], value: Any, out: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        index: int,
+        op: str,
+        path: str,
+        tokens: tuple[str, ...],
+        frm: Optional[str],
+        ftokens: Optional[tuple[str, ...]],
+        value: Any,
+        out: dict[str, Any],
+    ) -> None:
         self.index = index
         self.op = op
         self.path = path
@@ -102,8 +111,10 @@ def parse_ops(ops: Any, max_operations: int) -> list[Op]:
     if type(ops) is not list:
         raise PatchError(Reason.INVALID_PATCH, f"the patch must be a JSON array of operations, not {json_type(ops)}")
     if len(ops) > max_operations:
-        raise PatchError(Reason.TOO_MANY_OPERATIONS,
-            f"the patch has {len(ops)} operations, more than patch.max_operations ({max_operations})")
+        raise PatchError(
+            Reason.TOO_MANY_OPERATIONS,
+            f"the patch has {len(ops)} operations, more than patch.max_operations ({max_operations})",
+        )
     parsed = []
     for i, raw in enumerate(ops):
         if type(raw) is not dict:
@@ -111,31 +122,32 @@ def parse_ops(ops: Any, max_operations: int) -> list[Op]:
         op = raw.get("op")
         if type(op) is not str or op not in _OPS:
             got = "missing" if "op" not in raw else f"got {show(json.dumps(op, default=repr))}"
-            raise PatchError(Reason.INVALID_PATCH, f"operation {i}: \"op\" must be one of {', '.join(_OPS)}; {got}")
+            raise PatchError(Reason.INVALID_PATCH, f'operation {i}: "op" must be one of {", ".join(_OPS)}; {got}')
         path = raw.get("path")
         if type(path) is not str:
             got = "missing" if "path" not in raw else f"a {json_type(path)}"
-            raise PatchError(Reason.INVALID_PATCH, f"operation {i} ({op}): \"path\" must be a string; it is {got}")
+            raise PatchError(Reason.INVALID_PATCH, f'operation {i} ({op}): "path" must be a string; it is {got}')
         try:
             tokens = parse_pointer(path)
         except ValueError as e:
-            raise PatchError(Reason.INVALID_PATCH, f"operation {i} ({op} {show(path)}): \"path\" {e}") from None
+            raise PatchError(Reason.INVALID_PATCH, f'operation {i} ({op} {show(path)}): "path" {e}') from None
         out = {"op": op, "path": path}
         frm = ftokens = value = None
         if op in _NEEDS_FROM:
             frm = raw.get("from")
             if type(frm) is not str:
                 got = "missing" if "from" not in raw else f"a {json_type(frm)}"
-                raise PatchError(Reason.INVALID_PATCH,
-                                 f"operation {i} ({op} {show(path)}): \"from\" must be a string; it is {got}")
+                raise PatchError(
+                    Reason.INVALID_PATCH, f'operation {i} ({op} {show(path)}): "from" must be a string; it is {got}'
+                )
             try:
                 ftokens = parse_pointer(frm)
             except ValueError as e:
-                raise PatchError(Reason.INVALID_PATCH, f"operation {i} ({op} {show(path)}): \"from\" {e}") from None
+                raise PatchError(Reason.INVALID_PATCH, f'operation {i} ({op} {show(path)}): "from" {e}') from None
             out["from"] = frm
         elif op in _NEEDS_VALUE:
             if "value" not in raw:
-                raise PatchError(Reason.INVALID_PATCH, f"operation {i} ({op} {show(path)}): \"value\" is missing")
+                raise PatchError(Reason.INVALID_PATCH, f'operation {i} ({op} {show(path)}): "value" is missing')
             value = raw["value"]
             problem = check_json(value, "value")
             if problem is not None:

@@ -46,11 +46,11 @@ def refusal(tokens: Tokens, rules: PathRules) -> Optional[str]:
         if n >= m:
             if tokens[:m] != dtokens:
                 continue
-            if any(tokens[:len(a)] == a for a in allowed):
+            if any(tokens[: len(a)] == a for a in allowed):
                 return None
             how = "is refused by amp" if n == m else f"is under {dpath}, which is refused by amp"
         elif dtokens[:n] == tokens:
-            if any(dtokens[:len(a)] == a for a in allowed):
+            if any(dtokens[: len(a)] == a for a in allowed):
                 continue
             how = f"contains {dpath}, which is refused by amp"
         else:

@@ -134,8 +134,9 @@ def _pod_problems(pod: dict[str, Any], parts: frozenset[str] = ALL_PARTS) -> lis
             if type(name) is not str or not name:
                 out.append(("container-name", f"{where}.name must be a non-empty string"))
             elif name in seen:
-                out.append(("container-name-unique",
-                            f"container name {q(name)} is used by both {seen[name]} and {where}"))
+                out.append(
+                    ("container-name-unique", f"container name {q(name)} is used by both {seen[name]} and {where}")
+                )
             else:
                 seen[name] = where
             image = c.get("image")
@@ -157,8 +158,12 @@ def _pod_problems(pod: dict[str, Any], parts: frozenset[str] = ALL_PARTS) -> lis
                             continue
                         value = var.get("value")
                         if value is not None and type(value) is not str:
-                            out.append(("env-value", f"{where}.env[{j}].value ({ename}) must be a string, "
-                                                     f"not {json_type(value)}"))
+                            out.append(
+                                (
+                                    "env-value",
+                                    f"{where}.env[{j}].value ({ename}) must be a string, not {json_type(value)}",
+                                )
+                            )
             mounts = c.get("volumeMounts")
             if mounts is not None:
                 if type(mounts) is not list:
@@ -167,11 +172,16 @@ def _pod_problems(pod: dict[str, Any], parts: frozenset[str] = ALL_PARTS) -> lis
                     for j, m in enumerate(mounts):
                         mname = m.get("name") if type(m) is dict else None
                         if type(mname) is not str:
-                            out.append(("volume-mount",
-                                        f"{where}.volumeMounts[{j}] must be an object with a string name"))
+                            out.append(
+                                ("volume-mount", f"{where}.volumeMounts[{j}] must be an object with a string name")
+                            )
                         elif mname not in volume_names:
-                            out.append(("volume-mount", f"{where}.volumeMounts[{j}] mounts volume {q(mname)}, "
-                                                        "which is not in spec.volumes"))
+                            out.append(
+                                (
+                                    "volume-mount",
+                                    f"{where}.volumeMounts[{j}] mounts volume {q(mname)}, which is not in spec.volumes",
+                                )
+                            )
     return out
 
 

@@ -27,9 +27,19 @@ if TYPE_CHECKING:
     from amp.record._redact import MARKER_PREFIX, KeptAnnotations, Redactor
 
 __all__ = [
-    "Capture", "KeptAnnotations", "MARKER_PREFIX", "RECORD_ANNOTATION", "RECORD_RESULTS",
-    "RecordFiles", "RecordedReview", "Recorder", "RecordingError", "Redactor", "decode_line",
-    "encode_line", "recording_files",
+    "Capture",
+    "KeptAnnotations",
+    "MARKER_PREFIX",
+    "RECORD_ANNOTATION",
+    "RECORD_RESULTS",
+    "RecordFiles",
+    "RecordedReview",
+    "Recorder",
+    "RecordingError",
+    "Redactor",
+    "decode_line",
+    "encode_line",
+    "recording_files",
 ]
 
 

@@ -37,8 +37,7 @@ from amp.record._redact import Redactor
 from amp.rules import STATUS_ANNOTATION
 from amp.timestamps import rfc3339
 
-__all__ = ["Capture", "RecordedReview", "RecordingError", "FORMAT", "encode_line", "decode_line",
-           "stamp_of"]
+__all__ = ["Capture", "RecordedReview", "RecordingError", "FORMAT", "encode_line", "decode_line", "stamp_of"]
 
 #: The format of the lines this version writes and reads.
 FORMAT = 1
@@ -51,7 +50,6 @@ LINE_LIMIT = 16 * 1024 * 1024
 #: How deep a recorded line may nest (a review's own limit, plus the
 #: envelope's two levels).
 DEPTH_LIMIT = 104
-
 
 
 class RecordingError(ValueError):
@@ -193,13 +191,17 @@ def encode_line(capture: Capture, redactor: Optional[Redactor] = None) -> bytes:
         "amp_recording": FORMAT,
         "time": rfc3339(capture.time),
         "uid": capture.uid,
-        "namespace": {"name": capture.namespace, "labels": dict(capture.labels),
-                      "annotations": dict(annotations)},
-        "route": {"endpoints": list(capture.endpoints), "failure_policy": capture.failure_policy,
-                  "mode": capture.mode},
-        "answer": {"result": capture.result, "reason": capture.reason, "allowed": answer["allowed"],
-                   "patch": answer["patch"], "stamp": stamp_of(answer["patch"]),
-                   "warnings": answer["warnings"], "message": answer["message"]},
+        "namespace": {"name": capture.namespace, "labels": dict(capture.labels), "annotations": dict(annotations)},
+        "route": {"endpoints": list(capture.endpoints), "failure_policy": capture.failure_policy, "mode": capture.mode},
+        "answer": {
+            "result": capture.result,
+            "reason": capture.reason,
+            "allowed": answer["allowed"],
+            "patch": answer["patch"],
+            "stamp": stamp_of(answer["patch"]),
+            "warnings": answer["warnings"],
+            "message": answer["message"],
+        },
         "redacted": redactor is not None,
     }
     if capture.trace_id:
@@ -242,14 +244,22 @@ def decode_line(line: bytes, where: str) -> RecordedReview:
         if patch is not None and not isinstance(patch, list):
             raise RecordingError(f"{where}: answer.patch is not a list")
         return RecordedReview(
-            where=where, time=str(data.get("time") or ""), uid=str(data.get("uid") or ""), review=review,
-            namespace=str(namespace["name"]), labels=_strings(namespace.get("labels"), "namespace.labels", where),
+            where=where,
+            time=str(data.get("time") or ""),
+            uid=str(data.get("uid") or ""),
+            review=review,
+            namespace=str(namespace["name"]),
+            labels=_strings(namespace.get("labels"), "namespace.labels", where),
             annotations=_strings(namespace.get("annotations"), "namespace.annotations", where),
             endpoints=tuple(str(e) for e in route.get("endpoints") or ()),
-            result=str(answer["result"]), reason=str(answer.get("reason") or ""),
-            allowed=bool(answer.get("allowed")), patch=patch, stamp=answer.get("stamp"),
+            result=str(answer["result"]),
+            reason=str(answer.get("reason") or ""),
+            allowed=bool(answer.get("allowed")),
+            patch=patch,
+            stamp=answer.get("stamp"),
             warnings=tuple(str(w) for w in answer.get("warnings") or ()),
-            message=str(answer.get("message") or ""), redacted=bool(data.get("redacted")),
+            message=str(answer.get("message") or ""),
+            redacted=bool(data.get("redacted")),
             failure_policy=str(route.get("failure_policy") or ""),
             trace_id=str(data.get("trace_id") or ""),
         )

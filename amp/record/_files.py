@@ -56,8 +56,14 @@ class RecordFiles:
     C{total_bytes}.
     """
 
-    def __init__(self, directory: str, file_bytes: int, total_bytes: int,
-                 now: Callable[[], float] = time.time, pid: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        directory: str,
+        file_bytes: int,
+        total_bytes: int,
+        now: Callable[[], float] = time.time,
+        pid: Optional[int] = None,
+    ) -> None:
         self.directory = directory
         self.file_bytes = file_bytes
         self.total_bytes = total_bytes
@@ -69,8 +75,9 @@ class RecordFiles:
     def write(self, line: bytes) -> None:
         """Append C{line}; C{OSError} when the disk refuses, L{LineTooLarge}."""
         if len(line) > self.file_bytes:
-            raise LineTooLarge(f"a recorded review of {len(line)} bytes is larger than "
-                               f"record.file_size ({self.file_bytes} bytes)")
+            raise LineTooLarge(
+                f"a recorded review of {len(line)} bytes is larger than record.file_size ({self.file_bytes} bytes)"
+            )
         if self._fd is None or self._size + len(line) > self.file_bytes or self._removed():
             self._rotate()
         assert self._fd is not None

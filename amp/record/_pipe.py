@@ -39,9 +39,22 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 
 from amp.record._entry import Capture
 
-__all__ = ["FrameError", "FrameReader", "LineReader", "Problem", "Report", "WriterSettings", "capture_frame",
-           "decode_capture", "decode_report", "decode_settings", "problem_line", "report_line", "review_frame",
-           "settings_frame"]
+__all__ = [
+    "FrameError",
+    "FrameReader",
+    "LineReader",
+    "Problem",
+    "Report",
+    "WriterSettings",
+    "capture_frame",
+    "decode_capture",
+    "decode_report",
+    "decode_settings",
+    "problem_line",
+    "report_line",
+    "review_frame",
+    "settings_frame",
+]
 
 SETTINGS = b"S"
 CAPTURE = b"C"
@@ -86,12 +99,19 @@ class WriterSettings:
 
 def settings_frame(settings: WriterSettings) -> bytes:
     """The first frame a writer reads."""
-    body = json.dumps({
-        "directory": settings.directory, "file_size": settings.file_size, "max_size": settings.max_size,
-        "queue": settings.queue, "queue_bytes": settings.queue_bytes, "redact": settings.redact,
-        "key": settings.key.hex(),
-        "keep_prefixes": list(settings.keep_prefixes), "keep_names": list(settings.keep_names),
-    }).encode()
+    body = json.dumps(
+        {
+            "directory": settings.directory,
+            "file_size": settings.file_size,
+            "max_size": settings.max_size,
+            "queue": settings.queue,
+            "queue_bytes": settings.queue_bytes,
+            "redact": settings.redact,
+            "key": settings.key.hex(),
+            "keep_prefixes": list(settings.keep_prefixes),
+            "keep_names": list(settings.keep_names),
+        }
+    ).encode()
     return _LENGTH.pack(1 + len(body)) + SETTINGS + body
 
 
@@ -99,36 +119,82 @@ def decode_settings(body: bytes) -> WriterSettings:
     try:
         data = json.loads(body)
         return WriterSettings(
-            directory=str(data["directory"]), file_size=int(data["file_size"]), max_size=int(data["max_size"]),
-            queue=int(data["queue"]), queue_bytes=int(data["queue_bytes"]), redact=bool(data["redact"]),
+            directory=str(data["directory"]),
+            file_size=int(data["file_size"]),
+            max_size=int(data["max_size"]),
+            queue=int(data["queue"]),
+            queue_bytes=int(data["queue_bytes"]),
+            redact=bool(data["redact"]),
             key=bytes.fromhex(data["key"]),
             keep_prefixes=tuple(str(p) for p in data["keep_prefixes"]),
-            keep_names=tuple(str(n) for n in data["keep_names"]))
+            keep_names=tuple(str(n) for n in data["keep_names"]),
+        )
     except (ValueError, KeyError, TypeError) as e:
         raise FrameError(f"settings frame: {type(e).__name__}: {e}") from None
 
 
-def review_frame(time: float, uid: str, namespace: str, labels: Mapping[str, str],
-                 annotations: Mapping[str, str], endpoints: Sequence[str], failure_policy: str, mode: str,
-                 request_body: bytes, answer_body: bytes, result: str, reason: str,
-                 trace_id: str = "") -> tuple[bytes, ...]:
+def review_frame(
+    time: float,
+    uid: str,
+    namespace: str,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    endpoints: Sequence[str],
+    failure_policy: str,
+    mode: str,
+    request_body: bytes,
+    answer_body: bytes,
+    result: str,
+    reason: str,
+    trace_id: str = "",
+) -> tuple[bytes, ...]:
     """
     The frame of one review (a L{Capture}'s fields), in four pieces for
     C{writeSequence}: the two bodies are passed on as they are, never
     copied into one string here.
     """
-    head = marshal.dumps((float(time), uid, namespace, dict(labels), dict(annotations), tuple(endpoints),
-                          str(failure_policy), str(mode), str(result), str(reason), str(trace_id)))
+    head = marshal.dumps(
+        (
+            float(time),
+            uid,
+            namespace,
+            dict(labels),
+            dict(annotations),
+            tuple(endpoints),
+            str(failure_policy),
+            str(mode),
+            str(result),
+            str(reason),
+            str(trace_id),
+        )
+    )
     size = _CAPTURE_HEAD.size - _LENGTH.size + len(head) + len(request_body) + len(answer_body)
-    return (_CAPTURE_HEAD.pack(size, CAPTURE, len(head), len(request_body), len(answer_body)), head,
-            request_body, answer_body)
+    return (
+        _CAPTURE_HEAD.pack(size, CAPTURE, len(head), len(request_body), len(answer_body)),
+        head,
+        request_body,
+        answer_body,
+    )
 
 
 def capture_frame(capture: Capture) -> tuple[bytes, ...]:
     """The frame of C{capture} (L{review_frame})."""
     c = capture
-    return review_frame(c.time, c.uid, c.namespace, c.labels, c.annotations, c.endpoints, c.failure_policy,
-                        c.mode, c.request_body, c.answer_body, c.result, c.reason, c.trace_id)
+    return review_frame(
+        c.time,
+        c.uid,
+        c.namespace,
+        c.labels,
+        c.annotations,
+        c.endpoints,
+        c.failure_policy,
+        c.mode,
+        c.request_body,
+        c.answer_body,
+        c.result,
+        c.reason,
+        c.trace_id,
+    )
 
 
 def _strings(value: Any) -> dict[str, str]:
@@ -146,21 +212,38 @@ def decode_capture(body: bytes) -> Capture:
     if at + head_size + request_size + answer_size != len(body):
         raise FrameError("capture frame: lengths do not add up")
     try:
-        head = marshal.loads(body[at:at + head_size])
+        head = marshal.loads(body[at : at + head_size])
     except (ValueError, EOFError, TypeError) as e:
         raise FrameError(f"capture frame: {e}") from None
     if not isinstance(head, tuple) or len(head) != 11:
         raise FrameError("capture frame: the head is not eleven fields")
     time, uid, namespace, labels, annotations, endpoints, failure_policy, mode, result, reason, trace_id = head
     texts = (uid, namespace, failure_policy, mode, result, reason, trace_id)
-    if not isinstance(time, float) or not all(isinstance(t, str) for t in texts) or not isinstance(
-            endpoints, tuple) or not all(isinstance(e, str) for e in endpoints):
+    if (
+        not isinstance(time, float)
+        or not all(isinstance(t, str) for t in texts)
+        or not isinstance(endpoints, tuple)
+        or not all(isinstance(e, str) for e in endpoints)
+    ):
         raise FrameError("capture frame: a field of the wrong type")
     at += head_size
-    request = body[at:at + request_size]
-    answer = body[at + request_size:]
-    return Capture(time, uid, namespace, _strings(labels), _strings(annotations), endpoints, failure_policy, mode,
-                   request, answer, result, reason, trace_id)
+    request = body[at : at + request_size]
+    answer = body[at + request_size :]
+    return Capture(
+        time,
+        uid,
+        namespace,
+        _strings(labels),
+        _strings(annotations),
+        endpoints,
+        failure_policy,
+        mode,
+        request,
+        answer,
+        result,
+        reason,
+        trace_id,
+    )
 
 
 class FrameReader:
@@ -187,7 +270,7 @@ class FrameReader:
                 raise FrameError(f"a frame of {size} bytes")
             if end - at - 4 < size:
                 break
-            frames.append((bytes(buffer[at + 4:at + 5]), bytes(buffer[at + 5:at + 4 + size])))
+            frames.append((bytes(buffer[at + 4 : at + 5]), bytes(buffer[at + 5 : at + 4 + size])))
             at += 4 + size
         del buffer[:at]
         return frames
@@ -218,11 +301,11 @@ def _one_line(text: str) -> str:
 
 
 def report_line(written: int, failed: int, done: int, state: str) -> bytes:
-    return f"R {written} {failed} {done} {_one_line(state)}".encode("utf-8", "replace")[:LINE_LIMIT - 1] + b"\n"
+    return f"R {written} {failed} {done} {_one_line(state)}".encode("utf-8", "replace")[: LINE_LIMIT - 1] + b"\n"
 
 
 def problem_line(message: str) -> bytes:
-    return f"P {_one_line(message)}".encode("utf-8", "replace")[:LINE_LIMIT - 1] + b"\n"
+    return f"P {_one_line(message)}".encode("utf-8", "replace")[: LINE_LIMIT - 1] + b"\n"
 
 
 def decode_report(line: bytes) -> Union[Report, Problem]:

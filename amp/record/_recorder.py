@@ -187,8 +187,7 @@ class _Writer:
     again when it ends unasked, stopped (see the module docstring).
     """
 
-    def __init__(self, recorder: "Recorder", settings: RecordSettings, reactor: Any,
-                 frame: bytes) -> None:
+    def __init__(self, recorder: "Recorder", settings: RecordSettings, reactor: Any, frame: bytes) -> None:
         self.limit = settings.queue
         #: The most bytes of reviews waiting for the writer.
         self.byte_limit = QUEUE_FILES * settings.file_size
@@ -222,8 +221,9 @@ class _Writer:
         child = _Child(self)
         self._started = self._reactor.seconds()
         try:
-            self._reactor.spawnProcess(child, sys.executable, writer_argv(), env=_writer_environment(),
-                                       childFDs={0: "w", 1: "r", 2: "r"})
+            self._reactor.spawnProcess(
+                child, sys.executable, writer_argv(), env=_writer_environment(), childFDs={0: "w", 1: "r", 2: "r"}
+            )
         except Exception as e:
             self._died(child, f"could not be started: {type(e).__name__}: {e}")
             return
@@ -317,7 +317,10 @@ class _Writer:
             if child.reviews:
                 Recorder.log.warn(
                     "The recording's writer did not finish within {timeout:g}s: {lost} reviews it was sent "
-                    "are counted as failed", timeout=STOP_TIMEOUT, lost=child.reviews)
+                    "are counted as failed",
+                    timeout=STOP_TIMEOUT,
+                    lost=child.reviews,
+                )
             self._lost(child.reviews, child.bytes)
             self.stopped.callback(None)
             return
@@ -334,8 +337,12 @@ class _Writer:
         errors = child.errors.decode("utf-8", "replace").strip()
         Recorder.log.error(
             "The recording's writer {why}; {lost} reviews it had not written are counted as failed; starting "
-            "it again in {delay:g}s{errors}", why=why, lost=lost, delay=delay,
-            errors=f"; it said: {errors}" if errors else "")
+            "it again in {delay:g}s{errors}",
+            why=why,
+            lost=lost,
+            delay=delay,
+            errors=f"; it said: {errors}" if errors else "",
+        )
         self._recorder.restarted()
         self._restart = self._reactor.callLater(delay, self.start)
 
@@ -360,9 +367,15 @@ class Recorder(Service):
 
     log = Logger()
 
-    def __init__(self, settings: RecordSettings, reactor: Any, metrics: Any, *,
-                 draw: Callable[[], float] = random.random,
-                 keep_annotation: Optional[KeptAnnotations] = None) -> None:
+    def __init__(
+        self,
+        settings: RecordSettings,
+        reactor: Any,
+        metrics: Any,
+        *,
+        draw: Callable[[], float] = random.random,
+        keep_annotation: Optional[KeptAnnotations] = None,
+    ) -> None:
         self.settings = settings
         self._reactor = reactor
         self._counter = metrics.recorded_reviews
@@ -424,15 +437,28 @@ class Recorder(Service):
     def _start(self) -> None:
         if self.settings.enabled and self._writer is None:
             s = self.settings
-            frame = settings_frame(WriterSettings(
-                directory=s.directory, file_size=s.file_size, max_size=s.max_size, queue=s.queue,
-                queue_bytes=QUEUE_FILES * s.file_size, redact=s.redact, key=self._key,
-                keep_prefixes=self._keep.prefixes, keep_names=tuple(sorted(self._keep.names))))
+            frame = settings_frame(
+                WriterSettings(
+                    directory=s.directory,
+                    file_size=s.file_size,
+                    max_size=s.max_size,
+                    queue=s.queue,
+                    queue_bytes=QUEUE_FILES * s.file_size,
+                    redact=s.redact,
+                    key=self._key,
+                    keep_prefixes=self._keep.prefixes,
+                    keep_names=tuple(sorted(self._keep.names)),
+                )
+            )
             self._writer = _Writer(self, s, self._reactor, frame)
             self._writer.start()
-            self.log.info("Recording reviews into {directory} ({namespaces}, sample {sample}) by a writer "
-                          "process, pid {pid}", directory=s.directory, namespaces=",".join(s.namespaces),
-                          sample=s.sample, pid=self._writer.pid)
+            self.log.info(
+                "Recording reviews into {directory} ({namespaces}, sample {sample}) by a writer process, pid {pid}",
+                directory=s.directory,
+                namespaces=",".join(s.namespaces),
+                sample=s.sample,
+                pid=self._writer.pid,
+            )
 
     def _stop(self) -> "Deferred[None]":
         writer, self._writer = self._writer, None
@@ -446,9 +472,12 @@ class Recorder(Service):
             self._counter.labels("failed").inc(failed)
         if state is not None and state != self._state:
             if state:
-                self.log.error("Recording reviews into {directory} fails: {problem}; reviews are "
-                               "answered as ever, their recording is counted as failed",
-                               directory=self.settings.directory, problem=state)
+                self.log.error(
+                    "Recording reviews into {directory} fails: {problem}; reviews are "
+                    "answered as ever, their recording is counted as failed",
+                    directory=self.settings.directory,
+                    problem=state,
+                )
             else:
                 self.log.info("Recording reviews into {directory} works again", directory=self.settings.directory)
             self._state = state

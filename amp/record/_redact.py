@@ -64,8 +64,7 @@ class Redactor:
     @param key: the HMAC key; random when not given.
     """
 
-    def __init__(self, keep_annotation: Optional[Callable[[str], bool]] = None,
-                 key: Optional[bytes] = None) -> None:
+    def __init__(self, keep_annotation: Optional[Callable[[str], bool]] = None, key: Optional[bytes] = None) -> None:
         self._key = key if key is not None else os.urandom(32)
         self._keep = keep_annotation or (lambda name: name.startswith("amp.txn2.com/"))
 
@@ -141,7 +140,7 @@ class Redactor:
                 value = self.marker(value)
         elif "env" in tokens:
             at = tokens.index("env")
-            rest = tokens[at + 1:]
+            rest = tokens[at + 1 :]
             if not rest:
                 value = self._env(value)
             elif len(rest) == 1:

@@ -90,9 +90,11 @@ class WriterLoop:
     @param files: makes the L{RecordFiles} of the settings.
     """
 
-    def __init__(self, now: Callable[[], float] = time.monotonic,
-                 files: Callable[[WriterSettings], RecordFiles] = lambda s: RecordFiles(
-                     s.directory, s.file_size, s.max_size)) -> None:
+    def __init__(
+        self,
+        now: Callable[[], float] = time.monotonic,
+        files: Callable[[WriterSettings], RecordFiles] = lambda s: RecordFiles(s.directory, s.file_size, s.max_size),
+    ) -> None:
         self._frames = FrameReader()
         self._now = now
         self._make_files = files
@@ -178,8 +180,11 @@ class WriterLoop:
             self._failed += 1
             state = self._state
             out.append(problem_line(f"{type(e).__name__}: {e}"))
-        if (state != self._state or self._written + self._failed >= self._early_reviews
-                or self._done >= self._early_bytes):
+        if (
+            state != self._state
+            or self._written + self._failed >= self._early_reviews
+            or self._done >= self._early_bytes
+        ):
             self._state = state
             out.append(self.flush())
 
@@ -189,7 +194,7 @@ def _send(data: bytes) -> None:
     view = memoryview(data)
     while view:
         try:
-            view = view[os.write(1, view):]
+            view = view[os.write(1, view) :]
         except BrokenPipeError:
             return
 

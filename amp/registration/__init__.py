@@ -28,6 +28,18 @@ from amp.registration._needs import Needs, Problem, RegistrationProblem, needs
 from amp.registration._report import RegistrationReport
 from amp.registration._secret import SecretCertificates
 
-__all__ = ["Needs", "Problem", "RegistrationKeeper", "RegistrationProblem", "RegistrationReport", "SecretCertificates",
-           "bundle_certificates",
-           "check", "desired", "drifted", "needs", "selects", "verifies"]
+__all__ = [
+    "Needs",
+    "Problem",
+    "RegistrationKeeper",
+    "RegistrationProblem",
+    "RegistrationReport",
+    "SecretCertificates",
+    "bundle_certificates",
+    "check",
+    "desired",
+    "drifted",
+    "needs",
+    "selects",
+    "verifies",
+]

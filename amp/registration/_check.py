@@ -77,8 +77,9 @@ def _timeout(entry: Mapping[str, Any]) -> int:
     return timeout if isinstance(timeout, int) and not isinstance(timeout, bool) else _DEFAULT_TIMEOUT
 
 
-def check(obj: Optional[Mapping[str, Any]], needs: Needs, chain: Sequence[x509.Certificate] = (),
-          now: Optional[float] = None) -> tuple[Problem, ...]:
+def check(
+    obj: Optional[Mapping[str, Any]], needs: Needs, chain: Sequence[x509.Certificate] = (), now: Optional[float] = None
+) -> tuple[Problem, ...]:
     """
     The problems of C{obj} (the MutatingWebhookConfiguration, None when it
     does not exist) for C{needs}, sorted by name.  C{chain} is the
@@ -86,8 +87,13 @@ def check(obj: Optional[Mapping[str, Any]], needs: Needs, chain: Sequence[x509.C
     judged); C{now} (seconds since the epoch) is when, for expiry.
     """
     if not obj:
-        return (Problem(P.CONFIGURATION_MISSING, f"the MutatingWebhookConfiguration {needs.configuration or '?'} "
-                                                 "does not exist: the API server sends amp nothing"),)
+        return (
+            Problem(
+                P.CONFIGURATION_MISSING,
+                f"the MutatingWebhookConfiguration {needs.configuration or '?'} "
+                "does not exist: the API server sends amp nothing",
+            ),
+        )
     entries = [e for e in obj.get("webhooks") or () if isinstance(e, Mapping)]
     named = [(_name(e, i), e) for i, e in enumerate(entries)]
     found: list[Problem] = []
@@ -97,9 +103,14 @@ def check(obj: Optional[Mapping[str, Any]], needs: Needs, chain: Sequence[x509.C
         found += _entry(name, entry, needs, chain, now)
     policies = {str(e.get("reinvocationPolicy") or "Never") for _, e in named}
     if len(policies) > 1:
-        found.append(Problem(P.REINVOCATION_DIFFERS, "the entries' reinvocationPolicy differ ("
-                             + ", ".join(f"{n}: {e.get('reinvocationPolicy') or 'Never'}" for n, e in named)
-                             + "): Pods of one failure class are reviewed differently from the other's"))
+        found.append(
+            Problem(
+                P.REINVOCATION_DIFFERS,
+                "the entries' reinvocationPolicy differ ("
+                + ", ".join(f"{n}: {e.get('reinvocationPolicy') or 'Never'}" for n, e in named)
+                + "): Pods of one failure class are reviewed differently from the other's",
+            )
+        )
     return tuple(sorted(set(found)))
 
 
@@ -146,20 +157,35 @@ def _classes(named: Sequence[tuple[str, Mapping[str, Any]]], needs: Needs) -> li
     by_name = dict(named)
     default = needs.default_entry
     if default is not None and default not in by_name:
-        out.append(Problem(P.DEFAULT_ENTRY_MISSING, f"no entry is named {default} (kubernetes.webhook_name), the one "
-                                                    "failure_policy auto follows: amp's failure policy is Fail"))
+        out.append(
+            Problem(
+                P.DEFAULT_ENTRY_MISSING,
+                f"no entry is named {default} (kubernetes.webhook_name), the one "
+                "failure_policy auto follows: amp's failure policy is Fail",
+            )
+        )
     label = needs.class_label
     narrowing = _narrowing(named, needs)
     for chosen in (None, *(CLASSES if label is not None else ())):
-        who = (f"enabled namespaces labelled {label}={chosen}" if chosen is not None else
-               f"enabled namespaces without the label {label}" if label is not None else "enabled namespaces")
+        who = (
+            f"enabled namespaces labelled {label}={chosen}"
+            if chosen is not None
+            else f"enabled namespaces without the label {label}"
+            if label is not None
+            else "enabled namespaces"
+        )
         selecting = _selecting(named, _probe(needs, PROBE_NAMESPACE, chosen, narrowing))
         if not selecting:
             out.append(Problem(P.CLASS_NOT_CALLED, f"{who} are sent to amp by no entry: amp never sees their Pods"))
             continue
         if len(selecting) > 1:
-            out.append(Problem(P.ENTRIES_OVERLAP, f"{who} are sent to amp by {len(selecting)} entries "
-                                                  f"({', '.join(selecting)}): each Pod is reviewed more than once"))
+            out.append(
+                Problem(
+                    P.ENTRIES_OVERLAP,
+                    f"{who} are sent to amp by {len(selecting)} entries "
+                    f"({', '.join(selecting)}): each Pod is reviewed more than once",
+                )
+            )
             continue
         [entry_name] = selecting
         got = _policy(by_name[entry_name])
@@ -169,14 +195,24 @@ def _classes(named: Sequence[tuple[str, Mapping[str, Any]]], needs: Needs) -> li
             want = needs.failure_policy
         else:
             if default is not None and default in by_name and entry_name != default:
-                out.append(Problem(P.DEFAULT_ENTRY_DIFFERS, f"{who} are sent by entry {entry_name}, but amp follows "
-                                                            f"entry {default} (kubernetes.webhook_name) for them"))
+                out.append(
+                    Problem(
+                        P.DEFAULT_ENTRY_DIFFERS,
+                        f"{who} are sent by entry {entry_name}, but amp follows "
+                        f"entry {default} (kubernetes.webhook_name) for them",
+                    )
+                )
             continue
         if got != want:
             where = f"amp applies {want}" if chosen is None else f"they chose {want}"
-            out.append(Problem(P.CLASS_NOT_ENFORCED, f"{who} are sent by entry {entry_name}, whose failurePolicy is "
-                                                     f"{got} while {where}: when amp cannot be reached the API "
-                                                     f"server applies {got} to them"))
+            out.append(
+                Problem(
+                    P.CLASS_NOT_ENFORCED,
+                    f"{who} are sent by entry {entry_name}, whose failurePolicy is "
+                    f"{got} while {where}: when amp cannot be reached the API "
+                    f"server applies {got} to them",
+                )
+            )
     return out
 
 
@@ -188,9 +224,14 @@ def _protected(named: Sequence[tuple[str, Mapping[str, Any]]], needs: Needs) -> 
         for chosen in (None, *(CLASSES if needs.class_label is not None else ())):
             selecting = _selecting(named, _probe(needs, namespace, chosen, narrowing))
             if selecting:
-                out.append(Problem(P.SELECTS_PROTECTED, f"entry {', '.join(selecting)} sends Pods of {namespace} "
-                                                        f"({what}) to amp if it is enabled: add it to the "
-                                                        f"{NAME_LABEL} NotIn list of the namespaceSelector"))
+                out.append(
+                    Problem(
+                        P.SELECTS_PROTECTED,
+                        f"entry {', '.join(selecting)} sends Pods of {namespace} "
+                        f"({what}) to amp if it is enabled: add it to the "
+                        f"{NAME_LABEL} NotIn list of the namespaceSelector",
+                    )
+                )
                 break
     return out
 
@@ -200,9 +241,13 @@ def _covers(values: Any, want: str) -> bool:
 
 
 def _rule_matches(rule: Mapping[str, Any], operation: str, resource: str) -> bool:
-    return (_covers(rule.get("operations"), operation) and _covers(rule.get("apiGroups"), "")
-            and _covers(rule.get("apiVersions"), "v1") and _covers(rule.get("resources"), resource)
-            and rule.get("scope") in (None, "*", "Namespaced"))
+    return (
+        _covers(rule.get("operations"), operation)
+        and _covers(rule.get("apiGroups"), "")
+        and _covers(rule.get("apiVersions"), "v1")
+        and _covers(rule.get("resources"), resource)
+        and rule.get("scope") in (None, "*", "Namespaced")
+    )
 
 
 def _rule_extra(rule: Mapping[str, Any], ephemeral: bool) -> Optional[str]:
@@ -216,40 +261,68 @@ def _rule_extra(rule: Mapping[str, Any], ephemeral: bool) -> Optional[str]:
     return None
 
 
-def _entry(name: str, entry: Mapping[str, Any], needs: Needs, chain: Sequence[x509.Certificate],
-           now: Optional[float]) -> list[Problem]:
+def _entry(
+    name: str, entry: Mapping[str, Any], needs: Needs, chain: Sequence[x509.Certificate], now: Optional[float]
+) -> list[Problem]:
     out: list[Problem] = []
     timeout = _timeout(entry)
     budget = needs.budget(timeout)
     for where, seconds in needs.endpoint_timeouts:
         if seconds > budget:
-            out.append(Problem(P.TIMEOUT_BELOW_ENDPOINTS, f"entry {name}: timeoutSeconds {timeout} less "
-                                                          f"deadline.margin {needs.margin:g}s leaves amp {budget:g}s, "
-                                                          f"less than {where} {seconds:g}s"))
+            out.append(
+                Problem(
+                    P.TIMEOUT_BELOW_ENDPOINTS,
+                    f"entry {name}: timeoutSeconds {timeout} less "
+                    f"deadline.margin {needs.margin:g}s leaves amp {budget:g}s, "
+                    f"less than {where} {seconds:g}s",
+                )
+            )
             break
     if needs.default_timeout != timeout:
-        out.append(Problem(P.DEADLINE_DIFFERS, f"entry {name}: timeoutSeconds {timeout} is not "
-                                               f"deadline.default_timeout {needs.default_timeout:g}s"))
+        out.append(
+            Problem(
+                P.DEADLINE_DIFFERS,
+                f"entry {name}: timeoutSeconds {timeout} is not deadline.default_timeout {needs.default_timeout:g}s",
+            )
+        )
     rules = [r for r in entry.get("rules") or () if isinstance(r, Mapping)]
     if not any(_rule_matches(r, "CREATE", "pods") for r in rules):
         out.append(Problem(P.RULES_MISSING, f"entry {name}: no rule sends Pod creations (CREATE pods, v1) to amp"))
     if needs.ephemeral and not any(_rule_matches(r, "UPDATE", "pods/ephemeralcontainers") for r in rules):
-        out.append(Problem(P.RULES_MISSING, f"entry {name}: ephemeral_containers is on, but no rule sends "
-                                            "UPDATE pods/ephemeralcontainers (kubectl debug) to amp"))
+        out.append(
+            Problem(
+                P.RULES_MISSING,
+                f"entry {name}: ephemeral_containers is on, but no rule sends "
+                "UPDATE pods/ephemeralcontainers (kubectl debug) to amp",
+            )
+        )
     for rule in rules:
         extra = _rule_extra(rule, needs.ephemeral)
         if extra is not None:
-            out.append(Problem(P.RULES_EXTRA, f"entry {name}: a rule sends {extra} to amp, which answers it "
-                                              "unchanged: a call on the admission path for nothing"))
+            out.append(
+                Problem(
+                    P.RULES_EXTRA,
+                    f"entry {name}: a rule sends {extra} to amp, which answers it "
+                    "unchanged: a call on the admission path for nothing",
+                )
+            )
             break
     side_effects = entry.get("sideEffects")
     if side_effects not in ("None", "NoneOnDryRun"):
-        out.append(Problem(P.SIDE_EFFECTS, f"entry {name}: sideEffects {side_effects or '(unset)'} is not None: "
-                                           "the API server refuses dry-run creations in amp's namespaces"))
+        out.append(
+            Problem(
+                P.SIDE_EFFECTS,
+                f"entry {name}: sideEffects {side_effects or '(unset)'} is not None: "
+                "the API server refuses dry-run creations in amp's namespaces",
+            )
+        )
     versions = entry.get("admissionReviewVersions") or ()
     if not any(v in ("v1", "v1beta1") for v in versions):
-        out.append(Problem(P.REVIEW_VERSIONS, f"entry {name}: admissionReviewVersions {list(versions)} has neither "
-                                              "v1 nor v1beta1"))
+        out.append(
+            Problem(
+                P.REVIEW_VERSIONS, f"entry {name}: admissionReviewVersions {list(versions)} has neither v1 nor v1beta1"
+            )
+        )
     client = entry.get("clientConfig") or {}
     service = client.get("service") if isinstance(client.get("service"), Mapping) else None
     path = (service or {}).get("path") if service is not None else _url_path(client.get("url"))
@@ -303,34 +376,60 @@ def verifies(cas: Iterable[x509.Certificate], chain: Sequence[x509.Certificate],
         if not valid(ca):
             continue
         for i, cert in enumerate(path):
-            if _issued_by(cert, ca) and all(valid(c) for c in path[:i + 1]) and all(
-                    _issued_by(path[j], path[j + 1]) for j in range(i)):
+            if (
+                _issued_by(cert, ca)
+                and all(valid(c) for c in path[: i + 1])
+                and all(_issued_by(path[j], path[j + 1]) for j in range(i))
+            ):
                 return True
     return False
 
 
-def _ca_bundle(name: str, client: Mapping[str, Any], service: Optional[Mapping[str, Any]],
-               chain: Sequence[x509.Certificate], now: Optional[float]) -> list[Problem]:
+def _ca_bundle(
+    name: str,
+    client: Mapping[str, Any],
+    service: Optional[Mapping[str, Any]],
+    chain: Sequence[x509.Certificate],
+    now: Optional[float],
+) -> list[Problem]:
     out: list[Problem] = []
     cas = bundle_certificates(client.get("caBundle"))
     if not cas:
         if service is not None or client.get("caBundle"):
-            out.append(Problem(P.CA_BUNDLE_MISSING, f"entry {name}: the caBundle holds no certificate: the API "
-                                                    "server cannot verify amp's serving certificate"))
+            out.append(
+                Problem(
+                    P.CA_BUNDLE_MISSING,
+                    f"entry {name}: the caBundle holds no certificate: the API "
+                    "server cannot verify amp's serving certificate",
+                )
+            )
     elif not verifies(cas, chain, now):
         leaf = chain[0]
-        out.append(Problem(P.CA_BUNDLE_MISMATCH, f"entry {name}: no CA of the caBundle "
-                                                 f"({', '.join(c.subject.rfc4514_string() for c in cas)}) signed the "
-                                                 f"certificate amp serves (serial {leaf.serial_number:#x}, issued by "
-                                                 f"{leaf.issuer.rfc4514_string()}), or one on the way has expired"))
+        out.append(
+            Problem(
+                P.CA_BUNDLE_MISMATCH,
+                f"entry {name}: no CA of the caBundle "
+                f"({', '.join(c.subject.rfc4514_string() for c in cas)}) signed the "
+                f"certificate amp serves (serial {leaf.serial_number:#x}, issued by "
+                f"{leaf.issuer.rfc4514_string()}), or one on the way has expired",
+            )
+        )
     if service is not None and service.get("name") and service.get("namespace"):
         host = f"{service['name']}.{service['namespace']}.svc"
         try:
-            names = chain[0].extensions.get_extension_for_class(
-                x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+            names = (
+                chain[0]
+                .extensions.get_extension_for_class(x509.SubjectAlternativeName)
+                .value.get_values_for_type(x509.DNSName)
+            )
         except x509.ExtensionNotFound:
             names = []
         if host not in names:
-            out.append(Problem(P.CERTIFICATE_NAME, f"entry {name}: the certificate amp serves does not name {host} "
-                                                   f"(its DNS names: {', '.join(names) or 'none'})"))
+            out.append(
+                Problem(
+                    P.CERTIFICATE_NAME,
+                    f"entry {name}: the certificate amp serves does not name {host} "
+                    f"(its DNS names: {', '.join(names) or 'none'})",
+                )
+            )
     return out

@@ -31,8 +31,10 @@ def _entry_names(config: Config, need: Needs) -> list[tuple[str, str, Optional[t
     other = "Fail" if default == "Ignore" else "Ignore"
     names = need.default_entry or f"{default.lower()}.{reg.entry_name}", f"{other.lower()}.{reg.entry_name}"
     if names[0] == names[1]:
-        raise ValueError(f"kubernetes.webhook_name {names[0]} names the entry of class {other}, but namespaces "
-                         f"without the label are of class {default}: unset it or name another entry")
+        raise ValueError(
+            f"kubernetes.webhook_name {names[0]} names the entry of class {other}, but namespaces "
+            f"without the label are of class {default}: unset it or name another entry"
+        )
     return [(names[0], default, ("NotIn", other)), (names[1], other, ("In", other))]
 
 
@@ -58,13 +60,36 @@ def desired(config: Config, ca_bundle: bytes, own_namespace: Optional[str] = Non
     kube = config.kubernetes
     reg = config.registration
     rules: list[dict[str, Any]] = [
-        {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-         "scope": "Namespaced"}]
+        {
+            "operations": ["CREATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
     if need.ephemeral:
-        rules.append({"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                      "resources": ["pods/ephemeralcontainers"], "scope": "Namespaced"})
-    where: dict[str, Any] = {"url": reg.url} if reg.url else {"service": {
-        "name": reg.service, "namespace": need.own_namespace, "path": "/mutate", "port": reg.service_port}}
+        rules.append(
+            {
+                "operations": ["UPDATE"],
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["pods/ephemeralcontainers"],
+                "scope": "Namespaced",
+            }
+        )
+    where: dict[str, Any] = (
+        {"url": reg.url}
+        if reg.url
+        else {
+            "service": {
+                "name": reg.service,
+                "namespace": need.own_namespace,
+                "path": "/mutate",
+                "port": reg.service_port,
+            }
+        }
+    )
     entries = []
     for name, policy, on_class in _entry_names(config, need):
         expressions: list[dict[str, Any]] = []
@@ -78,20 +103,25 @@ def desired(config: Config, ca_bundle: bytes, own_namespace: Optional[str] = Non
         selector: dict[str, Any] = {"matchLabels": {need.enabled_label: need.enabled_value}}
         if expressions:
             selector["matchExpressions"] = expressions
-        entries.append({
-            "name": name,
-            "admissionReviewVersions": ["v1", "v1beta1"],
-            "sideEffects": "None",
-            "timeoutSeconds": int(timeout),
-            "failurePolicy": policy,
-            "matchPolicy": "Equivalent",
-            "reinvocationPolicy": "Never",
-            "namespaceSelector": selector,
-            "objectSelector": {"matchExpressions": [
-                {"key": kube.enabled_label, "operator": "NotIn", "values": [kube.opt_out_value]}]},
-            "rules": rules,
-            "clientConfig": {"caBundle": base64.b64encode(ca_bundle).decode("ascii"), **where},
-        })
+        entries.append(
+            {
+                "name": name,
+                "admissionReviewVersions": ["v1", "v1beta1"],
+                "sideEffects": "None",
+                "timeoutSeconds": int(timeout),
+                "failurePolicy": policy,
+                "matchPolicy": "Equivalent",
+                "reinvocationPolicy": "Never",
+                "namespaceSelector": selector,
+                "objectSelector": {
+                    "matchExpressions": [
+                        {"key": kube.enabled_label, "operator": "NotIn", "values": [kube.opt_out_value]}
+                    ]
+                },
+                "rules": rules,
+                "clientConfig": {"caBundle": base64.b64encode(ca_bundle).decode("ascii"), **where},
+            }
+        )
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",

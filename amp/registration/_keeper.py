@@ -53,10 +53,18 @@ class RegistrationKeeper:
 
     log = Logger()
 
-    def __init__(self, config: Config, *, reactor: IAmpReactor, clock: IReactorTime, metrics: Metrics,
-                 own_namespace: Optional[str], random: Callable[[], float] = _random.random,
-                 read: Callable[[str], bytes] = _read,
-                 bundle: Optional[Callable[[], Optional[bytes]]] = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        reactor: IAmpReactor,
+        clock: IReactorTime,
+        metrics: Metrics,
+        own_namespace: Optional[str],
+        random: Callable[[], float] = _random.random,
+        read: Callable[[str], bytes] = _read,
+        bundle: Optional[Callable[[], Optional[bytes]]] = None,
+    ) -> None:
         self._config = config
         self._reactor = reactor
         self._clock = clock
@@ -85,8 +93,10 @@ class RegistrationKeeper:
         self.active = True
         self._term += 1
         self.failures = 0
-        self.log.info("Managing MutatingWebhookConfiguration {name} (registration.managed)",
-                      name=self._config.kubernetes.webhook_configuration)
+        self.log.info(
+            "Managing MutatingWebhookConfiguration {name} (registration.managed)",
+            name=self._config.kubernetes.webhook_configuration,
+        )
         self._poke(force=True)
 
     def end_term(self) -> None:
@@ -151,8 +161,9 @@ class RegistrationKeeper:
             return want
 
         d = deferToThreadPool(self._reactor, self._reactor.getThreadPool(), work)
-        d.addCallbacks(lambda want: self._applied(term, before, want),
-                       lambda failure: self._failed(term, failure.value))
+        d.addCallbacks(
+            lambda want: self._applied(term, before, want), lambda failure: self._failed(term, failure.value)
+        )
         d.addErrback(lambda failure: self.log.failure("The managed registration failed", failure))
 
     def _applied(self, term: int, before: Any, want: dict[str, Any]) -> None:
@@ -161,14 +172,21 @@ class RegistrationKeeper:
         self._busy = False
         self.want = want
         if self.failures:
-            self.log.info("MutatingWebhookConfiguration {name}: applied again after {failures} failure(s)",
-                          name=want["metadata"]["name"], failures=self.failures)
+            self.log.info(
+                "MutatingWebhookConfiguration {name}: applied again after {failures} failure(s)",
+                name=want["metadata"]["name"],
+                failures=self.failures,
+            )
         self.failures, self._last_error = 0, ""
         where = drifted(before, want) if before is not _UNSEEN else None
         if where is not None:
             self._metrics.registration_repairs.inc()
-            self.log.warn("MutatingWebhookConfiguration {name}: repaired {where} (registration.managed)",
-                          name=want["metadata"]["name"], where=where, registration_repair=where)
+            self.log.warn(
+                "MutatingWebhookConfiguration {name}: repaired {where} (registration.managed)",
+                name=want["metadata"]["name"],
+                where=where,
+                registration_repair=where,
+            )
         # An edit seen while the apply ran is judged against what was applied.
         if self._force or (self._obj is not before and drifted(self._obj, want) is not None):
             self._poke()
@@ -178,16 +196,22 @@ class RegistrationKeeper:
             return
         self._busy = False
         kube = self._config.kubernetes
-        delay = kube.backoff_initial + backoff_delay(self.failures, kube.backoff_initial, kube.backoff_max,
-                                                     self._random)
+        delay = kube.backoff_initial + backoff_delay(
+            self.failures, kube.backoff_initial, kube.backoff_max, self._random
+        )
         self.failures += 1
         text = describe(error)
         if getattr(error, "status", None) == 403 and self._obj is None:
-            text += (": the configuration does not exist and amp may only patch it (deploy/managed grants no create):"
-                     " apply it again from the chart or the overlay")
+            text += (
+                ": the configuration does not exist and amp may only patch it (deploy/managed grants no create):"
+                " apply it again from the chart or the overlay"
+            )
         if text != self._last_error:
-            self.log.warn("MutatingWebhookConfiguration {name}: the apply failed ({error}); retrying with backoff",
-                          name=kube.webhook_configuration, error=text)
+            self.log.warn(
+                "MutatingWebhookConfiguration {name}: the apply failed ({error}); retrying with backoff",
+                name=kube.webhook_configuration,
+                error=text,
+            )
         self._last_error = text
         self._next = self._clock.seconds() + delay
         self._poke(force=True)

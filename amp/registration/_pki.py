@@ -34,9 +34,25 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["CA_BUNDLE", "CA_KEY", "Held", "REPORT_PREFIX", "ROTATE_ANNOTATION", "TLS_CERT", "TLS_KEY",
-           "Report", "fingerprint", "issue", "issued_by", "make_ca", "pem", "read_reports", "report_key",
-           "report_value", "serving_names"]
+__all__ = [
+    "CA_BUNDLE",
+    "CA_KEY",
+    "Held",
+    "REPORT_PREFIX",
+    "ROTATE_ANNOTATION",
+    "TLS_CERT",
+    "TLS_KEY",
+    "Report",
+    "fingerprint",
+    "issue",
+    "issued_by",
+    "make_ca",
+    "pem",
+    "read_reports",
+    "report_key",
+    "report_value",
+    "serving_names",
+]
 
 TLS_CERT, TLS_KEY, CA_BUNDLE, CA_KEY = "tls.crt", "tls.key", "ca.crt", "ca.key"
 #: An operator's request for a new CA now (its value is not read):
@@ -61,8 +77,9 @@ def pem(cert: x509.Certificate) -> bytes:
 
 
 def key_pem(key: PrivateKeyTypes) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def fingerprint(cert: x509.Certificate) -> str:
@@ -75,20 +92,38 @@ def make_ca(now: float, validity: float, name: str = "amp CA") -> tuple[x509.Cer
     key = _key()
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} {int(now)}")])
     public = key.public_key()
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(_when(now - BACKDATE)).not_valid_after(_when(now + validity))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_when(now - BACKDATE))
+        .not_valid_after(_when(now + validity))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     return cert, key
 
 
-def issue(ca: x509.Certificate, ca_key: Any, names: Sequence[str], now: float,
-          validity: float) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+def issue(
+    ca: x509.Certificate, ca_key: Any, names: Sequence[str], now: float, validity: float
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     """
     A serving certificate for C{names} (DNS names; IP addresses as IP
     SANs) signed by C{ca}, valid for C{validity} seconds but never beyond
@@ -102,16 +137,20 @@ def issue(ca: x509.Certificate, ca_key: Any, names: Sequence[str], now: float,
         except ValueError:
             sans.append(x509.DNSName(name))
     not_after = min(now + validity, ca.not_valid_after_utc.timestamp())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0] if names else "amp")]))
-            .issuer_name(ca.subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(_when(now - BACKDATE)).not_valid_after(_when(not_after))
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0] if names else "amp")]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_when(now - BACKDATE))
+        .not_valid_after(_when(not_after))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     return cert, key
 
 
@@ -128,8 +167,12 @@ def issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
 
 def serving_names(service: str, namespace: str, url: Optional[str] = None) -> tuple[str, ...]:
     """The names amp's serving certificate carries: the Service's DNS names, and C{url}'s host."""
-    names = [f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local", f"{service}.{namespace}",
-             service]
+    names = [
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+        f"{service}.{namespace}",
+        service,
+    ]
     if url:
         host = urlsplit(url).hostname
         if host and host not in names:
@@ -143,8 +186,9 @@ def names_of(cert: x509.Certificate) -> frozenset[str]:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return frozenset()
-    return frozenset([*sans.get_values_for_type(x509.DNSName),
-                      *(str(ip) for ip in sans.get_values_for_type(x509.IPAddress))])
+    return frozenset(
+        [*sans.get_values_for_type(x509.DNSName), *(str(ip) for ip in sans.get_values_for_type(x509.IPAddress))]
+    )
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,13 @@ class RegistrationReport:
 
     log = Logger()
 
-    def __init__(self, needs: Needs, metrics: Metrics, clock: IReactorTime,
-                 chain: Callable[[], Sequence[x509.Certificate]] = tuple) -> None:
+    def __init__(
+        self,
+        needs: Needs,
+        metrics: Metrics,
+        clock: IReactorTime,
+        chain: Callable[[], Sequence[x509.Certificate]] = tuple,
+    ) -> None:
         self.needs = needs
         self._metrics = metrics
         self._clock = clock
@@ -81,11 +86,13 @@ class RegistrationReport:
         for name, count in counts.items():
             self._metrics.registration_problems.labels(name.value).set(count)
         if problems:
-            self.log.warn("MutatingWebhookConfiguration {name}: {count} registration problem(s): {problems}",
-                          name=self.needs.configuration, count=len(problems),
-                          problems="; ".join(str(p) for p in problems),
-                          registration_problems=[p.name.value for p in problems])
+            self.log.warn(
+                "MutatingWebhookConfiguration {name}: {count} registration problem(s): {problems}",
+                name=self.needs.configuration,
+                count=len(problems),
+                problems="; ".join(str(p) for p in problems),
+                registration_problems=[p.name.value for p in problems],
+            )
         else:
-            self.log.info("MutatingWebhookConfiguration {name}: no registration problem",
-                          name=self.needs.configuration)
+            self.log.info("MutatingWebhookConfiguration {name}: no registration problem", name=self.needs.configuration)
         return problems

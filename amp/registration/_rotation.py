@@ -75,8 +75,16 @@ def _valid(cert: x509.Certificate, now: float) -> bool:
     return start <= now < end
 
 
-def plan(held: Optional[Held], *, now: float, names: Sequence[str], cluster_holds: Optional[float],
-         reports: Mapping[str, Report], report_ttl: float, rotate_requested: bool = False) -> Plan:
+def plan(
+    held: Optional[Held],
+    *,
+    now: float,
+    names: Sequence[str],
+    cluster_holds: Optional[float],
+    reports: Mapping[str, Report],
+    report_ttl: float,
+    rotate_requested: bool = False,
+) -> Plan:
     """
     The next step for the Secret's content C{held} (None: none usable).
 
@@ -98,8 +106,13 @@ def plan(held: Optional[Held], *, now: float, names: Sequence[str], cluster_hold
     cert = held.cert
     wake = _due(newest) if len(held.cas) == 1 else now + report_ttl
     if len(held.cas) == 1 and (rotate_requested or now >= _due(newest)):
-        return Plan(Step.ADD_CA, "requested by the annotation" if rotate_requested and now < _due(newest)
-                    else "two thirds of the CA's life passed", now)
+        return Plan(
+            Step.ADD_CA,
+            "requested by the annotation"
+            if rotate_requested and now < _due(newest)
+            else "two thirds of the CA's life passed",
+            now,
+        )
     if cert is None or held.key is None:
         return Plan(Step.ISSUE, "no serving certificate (or its key is missing)", now)
     trusted = [ca for ca in held.cas if _valid(ca, now)]
@@ -107,8 +120,9 @@ def plan(held: Optional[Held], *, now: float, names: Sequence[str], cluster_hold
         return Plan(Step.ISSUE, "the serving certificate has expired or no CA of the bundle signed it", now)
     if not issued_by(cert, newest):
         if cluster_holds is None:
-            return Plan(Step.WAIT, "waiting for the caBundle in the cluster to hold the new CA",
-                        min(wake, now + SETTLE))
+            return Plan(
+                Step.WAIT, "waiting for the caBundle in the cluster to hold the new CA", min(wake, now + SETTLE)
+            )
         if now < cluster_holds + SETTLE:
             return Plan(Step.WAIT, "the caBundle in the cluster holds the new CA; settling", cluster_holds + SETTLE)
         return Plan(Step.ISSUE, "the caBundle in the cluster holds the new CA", now)
@@ -131,8 +145,9 @@ def plan(held: Optional[Held], *, now: float, names: Sequence[str], cluster_hold
     return Plan(Step.WAIT, "nothing due", wake)
 
 
-def carry_out(step: Step, held: Optional[Held], *, now: float, names: Sequence[str], ca_validity: float,
-              cert_validity: float) -> Optional[Held]:
+def carry_out(
+    step: Step, held: Optional[Held], *, now: float, names: Sequence[str], ca_validity: float, cert_validity: float
+) -> Optional[Held]:
     """The Secret's content after C{step} (None for L{Step.WAIT}); keys are made here."""
     if step is Step.WAIT:
         return None

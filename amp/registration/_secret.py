@@ -89,8 +89,18 @@ class SecretCertificates(Service):
 
     log = Logger()
 
-    def __init__(self, config: Config, *, reactor: IAmpReactor, clock: IReactorTime, certificate: ReloadingCertificate,
-                 client: KubeClient, namespace: str, identity: str, metrics: Optional[Metrics] = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        reactor: IAmpReactor,
+        clock: IReactorTime,
+        certificate: ReloadingCertificate,
+        client: KubeClient,
+        namespace: str,
+        identity: str,
+        metrics: Optional[Metrics] = None,
+    ) -> None:
         reg = config.registration
         assert reg.secret is not None
         self._config = config
@@ -138,8 +148,11 @@ class SecretCertificates(Service):
         self.active = True
         self._term += 1
         self._last_plan = ""
-        self.log.info("Keeping amp's certificates in Secret {namespace}/{name} (registration.secret)",
-                      namespace=self.namespace, name=self.name)
+        self.log.info(
+            "Keeping amp's certificates in Secret {namespace}/{name} (registration.secret)",
+            namespace=self.namespace,
+            name=self.name,
+        )
         self._soon(0)
 
     def end_term(self) -> None:
@@ -204,8 +217,13 @@ class SecretCertificates(Service):
             if isinstance(message, str):
                 text += f": {message[:300]}"
         if text != self._last_error:
-            self.log.warn("Secret {namespace}/{name}: {error}; amp's certificates are read again in {interval}s",
-                          namespace=self.namespace, name=self.name, error=text, interval=self.interval)
+            self.log.warn(
+                "Secret {namespace}/{name}: {error}; amp's certificates are read again in {interval}s",
+                namespace=self.namespace,
+                name=self.name,
+                error=text,
+                interval=self.interval,
+            )
         self._last_error = text
 
     def _got(self, obj: Optional[dict[str, Any]], term: int) -> Any:
@@ -220,9 +238,15 @@ class SecretCertificates(Service):
         held = Held.read((obj or {}).get("data"))
         now = self._clock.seconds()
         newest = fingerprint(held.cas[-1]) if held is not None else None
-        p = plan(held, now=now, names=self.names, cluster_holds=self._cluster.get(newest or ""),
-                 reports=read_reports(annotations), report_ttl=self.ttl,
-                 rotate_requested=ROTATE_ANNOTATION in annotations)
+        p = plan(
+            held,
+            now=now,
+            names=self.names,
+            cluster_holds=self._cluster.get(newest or ""),
+            reports=read_reports(annotations),
+            report_ttl=self.ttl,
+            rotate_requested=ROTATE_ANNOTATION in annotations,
+        )
         self.last_plan = p
         if p.step is Step.WAIT:
             if p.reason != self._last_plan:
@@ -238,8 +262,14 @@ class SecretCertificates(Service):
         level = self.log.warn if p.step is Step.CREATE and self.bundle is not None else self.log.info
         if self._metrics is not None:
             self._metrics.certificate_steps.labels(step=str(p.step)).inc()
-        level("Secret {namespace}/{name}: {step} ({reason})", namespace=self.namespace, name=self.name,
-              step=str(p.step), reason=p.reason, certificate_step=str(p.step))
+        level(
+            "Secret {namespace}/{name}: {step} ({reason})",
+            namespace=self.namespace,
+            name=self.name,
+            step=str(p.step),
+            reason=p.reason,
+            certificate_step=str(p.step),
+        )
         # What was just written may call for the next step: read again at once (L{_done}, p.wake is now).
         self._serve(obj)
         return self._report(obj)
@@ -247,20 +277,31 @@ class SecretCertificates(Service):
     def _write(self, obj: Optional[dict[str, Any]], held: Optional[Held], p: Plan, now: float) -> dict[str, Any]:
         """In the thread pool: the keys made, the Secret written."""
         reg = self._config.registration
-        new = carry_out(p.step, held, now=now, names=self.names, ca_validity=reg.ca_validity,
-                        cert_validity=reg.cert_validity)
+        new = carry_out(
+            p.step, held, now=now, names=self.names, ca_validity=reg.ca_validity, cert_validity=reg.cert_validity
+        )
         assert new is not None
         timeout = self._config.kubernetes.request_timeout
-        annotations = {k: v for k, v in ((obj or {}).get("metadata", {}).get("annotations") or {}).items()
-                       if k != ROTATE_ANNOTATION}
+        annotations = {
+            k: v
+            for k, v in ((obj or {}).get("metadata", {}).get("annotations") or {}).items()
+            if k != ROTATE_ANNOTATION
+        }
         stale = {k for k, r in read_reports(annotations).items() if now - r.at > self.ttl}
         for key in stale:
             annotations.pop(key)
         if obj is None:
-            body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-                    "metadata": {"name": self.name, "namespace": self.namespace,
-                                 "labels": {"app.kubernetes.io/managed-by": "amp"}},
-                    "data": new.data()}
+            body = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "kubernetes.io/tls",
+                "metadata": {
+                    "name": self.name,
+                    "namespace": self.namespace,
+                    "labels": {"app.kubernetes.io/managed-by": "amp"},
+                },
+                "data": new.data(),
+            }
             return self._client.create_secret(self.namespace, body, timeout)
         body = dict(obj)
         body["metadata"] = {**obj["metadata"], "annotations": annotations}
@@ -296,8 +337,12 @@ class SecretCertificates(Service):
         last = read_reports((obj.get("metadata") or {}).get("annotations")).get(key)
         if last is not None and last.fingerprint == serving and now - last.at < self.ttl / 4:
             return succeed(None)
-        d = self._in_thread(self._client.annotate_secret, self.namespace, self.name,
-                            {key: report_value(serving, now)}, self._config.kubernetes.request_timeout)
+        d = self._in_thread(
+            self._client.annotate_secret,
+            self.namespace,
+            self.name,
+            {key: report_value(serving, now)},
+            self._config.kubernetes.request_timeout,
+        )
         d.addErrback(self._failed)
         return d
-

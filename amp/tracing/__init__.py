@@ -29,7 +29,23 @@ from amp.tracing._spans import CLIENT, INTERNAL, SERVER, ReviewSpans, SpanRecord
 from amp.tracing._tracing import NO_TRACING, Tracing
 
 __all__ = [
-    "CLIENT", "INTERNAL", "MAX_TRACESTATE", "NO_TRACING", "SERVER", "Exporting", "Ids", "Parent", "ReviewSpans",
-    "Sampler", "Settings", "SpanRecord", "Tracing", "clean_tracestate", "format_traceparent", "parse_traceparent",
-    "resolve", "sampled_by_ratio", "trace_id_hex",
+    "CLIENT",
+    "INTERNAL",
+    "MAX_TRACESTATE",
+    "NO_TRACING",
+    "SERVER",
+    "Exporting",
+    "Ids",
+    "Parent",
+    "ReviewSpans",
+    "Sampler",
+    "Settings",
+    "SpanRecord",
+    "Tracing",
+    "clean_tracestate",
+    "format_traceparent",
+    "parse_traceparent",
+    "resolve",
+    "sampled_by_ratio",
+    "trace_id_hex",
 ]

@@ -70,7 +70,7 @@ def clean_tracestate(value: Optional[bytes]) -> bytes:
     """C{tracestate} as it came when it is within its limits, else C{b""}."""
     if not value or len(value) > MAX_TRACESTATE:
         return b""
-    if any(c < 0x20 or c > 0x7e for c in value):
+    if any(c < 0x20 or c > 0x7E for c in value):
         return b""
     return value.strip()
 

@@ -45,8 +45,10 @@ def make_exporter(exporting: Exporting) -> SpanExporter:
     timeout = exporting.export_timeout
     if exporting.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPCExporter
+
         return GRPCExporter(endpoint=exporting.endpoint, headers=headers, timeout=timeout)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
+
     return HTTPExporter(endpoint=exporting.endpoint, headers=headers, timeout=timeout)
 
 
@@ -95,7 +97,10 @@ class Pipeline:
     """
 
     def __init__(
-        self, exporting: Exporting, reactor: IAmpReactor, dropped: Callable[[int, str], None],
+        self,
+        exporting: Exporting,
+        reactor: IAmpReactor,
+        dropped: Callable[[int, str], None],
         exporter: Optional[SpanExporter] = None,
     ) -> None:
         self.exporting = exporting
@@ -110,9 +115,12 @@ class Pipeline:
         self._closed = False
         inner = exporter if exporter is not None else make_exporter(exporting)
         self._processor = BatchSpanProcessor(
-            _Reporting(inner, self._exported, reactor.callFromThread), max_queue_size=exporting.queue,
-            schedule_delay_millis=exporting.interval * 1000, max_export_batch_size=exporting.batch,
-            export_timeout_millis=exporting.export_timeout * 1000)
+            _Reporting(inner, self._exported, reactor.callFromThread),
+            max_queue_size=exporting.queue,
+            schedule_delay_millis=exporting.interval * 1000,
+            max_export_batch_size=exporting.batch,
+            export_timeout_millis=exporting.export_timeout * 1000,
+        )
 
     def submit(self, spans: list[ReadableSpan]) -> None:
         """Hand C{spans} to the exporter's thread, or drop them (the queue is full, or the pipeline closed)."""
@@ -141,12 +149,17 @@ class Pipeline:
         if self._dropping != reason:
             self._dropping = reason
             if reason == QUEUE_FULL:
-                log.warn("Dropping spans: {queue} are waiting for the exporter already (tracing.queue); the "
-                         "collector at {endpoint} is slow or down", queue=self.exporting.queue,
-                         endpoint=self.exporting.endpoint or "(OTEL_EXPORTER_OTLP_*ENDPOINT)")
+                log.warn(
+                    "Dropping spans: {queue} are waiting for the exporter already (tracing.queue); the "
+                    "collector at {endpoint} is slow or down",
+                    queue=self.exporting.queue,
+                    endpoint=self.exporting.endpoint or "(OTEL_EXPORTER_OTLP_*ENDPOINT)",
+                )
             else:
-                log.warn("Dropping spans: an export to {endpoint} failed (counted in amp_trace_spans_dropped_total)",
-                         endpoint=self.exporting.endpoint or "(OTEL_EXPORTER_OTLP_*ENDPOINT)")
+                log.warn(
+                    "Dropping spans: an export to {endpoint} failed (counted in amp_trace_spans_dropped_total)",
+                    endpoint=self.exporting.endpoint or "(OTEL_EXPORTER_OTLP_*ENDPOINT)",
+                )
 
     def shutdown(self, threadpool: ThreadPool) -> Deferred[None]:
         """

@@ -71,8 +71,8 @@ def _sampler(config: TracingConfig, environ: Mapping[str, str]) -> tuple[Sampler
         return Sampler(1.0, True), []
     if name not in _SAMPLERS:
         return Sampler(1.0, True), [
-            f"OTEL_TRACES_SAMPLER={name!r} is not one amp knows ({', '.join(_SAMPLERS)}): "
-            f"parentbased_always_on instead"]
+            f"OTEL_TRACES_SAMPLER={name!r} is not one amp knows ({', '.join(_SAMPLERS)}): parentbased_always_on instead"
+        ]
     parent_based, ratio = _SAMPLERS[name]
     problems = []
     if ratio is None:
@@ -92,12 +92,20 @@ def resolve(config: TracingConfig, environ: Mapping[str, str]) -> Settings:
     sampler, problems = _sampler(config, environ)
     disabled = environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
     service_name = config.service_name
-    if service_name is None and not environ.get("OTEL_SERVICE_NAME") and \
-            "service.name=" not in environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+    if (
+        service_name is None
+        and not environ.get("OTEL_SERVICE_NAME")
+        and "service.name=" not in environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    ):
         service_name = "amp"
     exporting = Exporting(
-        protocol=config.protocol, endpoint=config.endpoint,
+        protocol=config.protocol,
+        endpoint=config.endpoint,
         headers=tuple(sorted(config.headers.items())) if config.headers else None,
-        service_name=service_name, queue=config.queue, batch=config.batch, interval=config.interval,
-        export_timeout=config.export_timeout)
+        service_name=service_name,
+        queue=config.queue,
+        batch=config.batch,
+        interval=config.interval,
+        export_timeout=config.export_timeout,
+    )
     return Settings(config.enabled and not disabled, sampler, exporting, tuple(problems))

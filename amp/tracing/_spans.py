@@ -30,9 +30,17 @@ class SpanRecord:
 
     __slots__ = ("name", "kind", "span_id", "start", "end", "attributes", "error", "linked", "trace_id")
 
-    def __init__(self, name: str, kind: str, span_id: int, start: float, end: float,
-                 attributes: Optional[dict[str, Any]] = None, error: Optional[str] = None,
-                 linked: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        span_id: int,
+        start: float,
+        end: float,
+        attributes: Optional[dict[str, Any]] = None,
+        error: Optional[str] = None,
+        linked: bool = False,
+    ) -> None:
         self.name = name
         self.kind = kind
         self.span_id = span_id
@@ -56,8 +64,20 @@ class ReviewSpans:
     @ivar children: the child spans recorded so far, in order of their start.
     """
 
-    __slots__ = ("trace_id", "span_id", "parent", "start", "children", "_ids", "_call", "answer_write",
-                 "trace_hex", "sampled", "stamp", "late")
+    __slots__ = (
+        "trace_id",
+        "span_id",
+        "parent",
+        "start",
+        "children",
+        "_ids",
+        "_call",
+        "answer_write",
+        "trace_hex",
+        "sampled",
+        "stamp",
+        "late",
+    )
 
     def __init__(self, ids: Ids, parent: Optional[Parent], trace_id: int, start: float, sampled: bool = True) -> None:
         #: False: a review that is not sampled but whose caller sent a
@@ -80,8 +100,14 @@ class ReviewSpans:
         #: where a linked span that ends later goes, on its own.
         self.late: Optional[Callable[[SpanRecord], None]] = None
 
-    def step(self, name: str, start: float, end: float, attributes: Optional[dict[str, Any]] = None,
-             error: Optional[str] = None) -> None:
+    def step(
+        self,
+        name: str,
+        start: float,
+        end: float,
+        attributes: Optional[dict[str, Any]] = None,
+        error: Optional[str] = None,
+    ) -> None:
         """A step of the review that began at C{start} and ended at C{end}."""
         self.children.append(SpanRecord(name, INTERNAL, self._ids.span_id(), start, end, attributes, error))
 
@@ -113,8 +139,14 @@ class ReviewSpans:
         """The caller's C{tracestate}, passed on as it came."""
         return self.parent.tracestate if self.parent is not None else b""
 
-    def linked(self, name: str, start: float, end: float, attributes: Optional[dict[str, Any]] = None,
-               error: Optional[str] = None) -> None:
+    def linked(
+        self,
+        name: str,
+        start: float,
+        end: float,
+        attributes: Optional[dict[str, Any]] = None,
+        error: Optional[str] = None,
+    ) -> None:
         """A span beside the review that never delayed it (the canary's candidate), linked to it."""
         record = self.begin_linked(name, start)
         self.end_linked(record, end, attributes, error)
@@ -128,8 +160,9 @@ class ReviewSpans:
         record.trace_id = self._ids.trace_id()
         return record
 
-    def end_linked(self, record: SpanRecord, end: float, attributes: Optional[dict[str, Any]] = None,
-                   error: Optional[str] = None) -> None:
+    def end_linked(
+        self, record: SpanRecord, end: float, attributes: Optional[dict[str, Any]] = None, error: Optional[str] = None
+    ) -> None:
         """The linked span C{record} ended: kept with the review's, or, once those left, exported alone."""
         record.end = end
         record.error = error

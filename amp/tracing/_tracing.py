@@ -60,9 +60,14 @@ class Tracing(Service):
     log = Logger()
 
     def __init__(
-        self, config: TracingConfig, reactor: IAmpReactor, dropped: Callable[[int, str], None],
-        environ: Optional[Mapping[str, str]] = None, ids: Optional[Ids] = None,
-        exporter: Optional[Callable[[Any], Any]] = None, threadpool: Any = None,
+        self,
+        config: TracingConfig,
+        reactor: IAmpReactor,
+        dropped: Callable[[int, str], None],
+        environ: Optional[Mapping[str, str]] = None,
+        ids: Optional[Ids] = None,
+        exporter: Optional[Callable[[Any], Any]] = None,
+        threadpool: Any = None,
     ) -> None:
         self._reactor = reactor
         self._dropped = dropped
@@ -103,6 +108,7 @@ class Tracing(Service):
             return
         if pipeline is None or pipeline.exporting != settings.exporting:
             from amp.tracing._export import Pipeline
+
             exporter = self._exporter(settings.exporting) if self._exporter is not None else None
             self.pipeline = Pipeline(settings.exporting, self._reactor, self._dropped, exporter)
             if pipeline is not None:
@@ -110,11 +116,12 @@ class Tracing(Service):
         if not self.enabled or old is None or old.sampler != settings.sampler or pipeline is not self.pipeline:
             exporting = settings.exporting
             self.log.info(
-                "Tracing on: OTLP {protocol} to {endpoint}, sampling {ratio:g} of the reviews amp starts"
-                "{parent}", protocol=exporting.protocol,
+                "Tracing on: OTLP {protocol} to {endpoint}, sampling {ratio:g} of the reviews amp starts{parent}",
+                protocol=exporting.protocol,
                 endpoint=exporting.endpoint or "(OTEL_EXPORTER_OTLP_*ENDPOINT or the SDK's default)",
                 ratio=settings.sampler.ratio,
-                parent=" (and as the caller's traceparent says)" if settings.sampler.parent_based else "")
+                parent=" (and as the caller's traceparent says)" if settings.sampler.parent_based else "",
+            )
         self.enabled = True
 
     def _retire(self, pipeline: Any) -> None:
@@ -151,6 +158,7 @@ class Tracing(Service):
         if pipeline is None or not spans.sampled:
             return
         from amp.tracing._emit import review_spans
+
         try:
             made = review_spans(spans, pipeline.resource, end, attributes, error)
         except Exception:
@@ -165,6 +173,7 @@ class Tracing(Service):
         if pipeline is None:
             return
         from amp.tracing._emit import linked_span
+
         try:
             pipeline.submit([linked_span(spans, record, pipeline.resource)])
         except Exception:

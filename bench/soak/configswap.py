@@ -47,6 +47,7 @@ def _just_under_the_cap() -> bytes:
 def _bytes(data: bytes) -> Callable[[BinaryIO], None]:
     def write(f: BinaryIO) -> None:
         f.write(data)
+
     return write
 
 

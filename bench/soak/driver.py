@@ -92,12 +92,28 @@ class Soak:
         self.ca = str(ca["ca_cert"])
         self.volume = RotatingCertificate(os.path.join(w, "tls"), self.ca, str(ca["ca_key"]))
         self.chaos_log = os.path.join(w, "chaos-calls.txt")
-        self.chaos = Proc("chaos endpoint", [
-            py, "-m", "bench.chaos_endpoint", "--port", "steady", "--port", "flaky",
-            "--seed", str(self.args.seed), "--delay-ms", f"{DELAY_MS[0]}:{DELAY_MS[1]}",
-            "--oversize", str(OVERSIZE), "--log", self.chaos_log,
-            *(["--hostile", "--flood-bytes", str(self.args.flood_mib * 1024 * 1024)] if self.args.hostile else [])],
-            cpus=self.load_cpus)
+        self.chaos = Proc(
+            "chaos endpoint",
+            [
+                py,
+                "-m",
+                "bench.chaos_endpoint",
+                "--port",
+                "steady",
+                "--port",
+                "flaky",
+                "--seed",
+                str(self.args.seed),
+                "--delay-ms",
+                f"{DELAY_MS[0]}:{DELAY_MS[1]}",
+                "--oversize",
+                str(OVERSIZE),
+                "--log",
+                self.chaos_log,
+                *(["--hostile", "--flood-bytes", str(self.args.flood_mib * 1024 * 1024)] if self.args.hostile else []),
+            ],
+            cpus=self.load_cpus,
+        )
         self.procs.append(self.chaos)
         self.ports = self.chaos.first_line()["ports"]
         say(f"chaos endpoint on ports {self.ports} (pid {self.chaos.pid})")
@@ -106,8 +122,15 @@ class Soak:
         api_namespaces = []
         for name, policy, port, path, timeout, share in NAMESPACES:
             enabled = policy is not None
-            ns = {"name": name, "policy": policy, "enabled": enabled, "timeout": timeout, "share": share,
-                  "origin": f"http://127.0.0.1:{self.ports[port]}" if enabled else None, "port": port}
+            ns = {
+                "name": name,
+                "policy": policy,
+                "enabled": enabled,
+                "timeout": timeout,
+                "share": share,
+                "origin": f"http://127.0.0.1:{self.ports[port]}" if enabled else None,
+                "port": port,
+            }
             self.namespaces.append(ns)
             labels = {ENABLED_LABEL: "true"} if enabled else {"team": "other"}
             annotations = {ENDPOINT_ANNOTATION: f"{ns['origin']}{path}", POLICY_ANNOTATION: policy} if enabled else {}
@@ -126,16 +149,27 @@ class Soak:
         overlay = amp_overlay(self.ports)
         if self.args.hostile:
             overlay["reload_interval"] = "1s"
-        self.amp = Amp("soak", w, tls, endpoint_url="http://127.0.0.1:1/", source="kubeconfig",
-                       kubeconfig=self.kubeconfig, per_review_get=False, cpus=self.amp_cpus,
-                       overlay=overlay)
+        self.amp = Amp(
+            "soak",
+            w,
+            tls,
+            endpoint_url="http://127.0.0.1:1/",
+            source="kubeconfig",
+            kubeconfig=self.kubeconfig,
+            per_review_get=False,
+            cpus=self.amp_cpus,
+            overlay=overlay,
+        )
         self.procs.append(self.amp)
         self.amp.wait_ready()
         say(f"amp ready on port {self.amp.port}, metrics on {self.amp.metrics_port} (pid {self.amp.pid})")
         # What amp holds open before any load: the listeners, the log, the
         # watch connection; the load must leave nothing more behind.
-        poll_until("amp's namespace watch", lambda: Scrape.get(self.amp.metrics_port).value(
-            "amp_namespace_cache_namespaces") is not None, START_TIMEOUT)
+        poll_until(
+            "amp's namespace watch",
+            lambda: Scrape.get(self.amp.metrics_port).value("amp_namespace_cache_namespaces") is not None,
+            START_TIMEOUT,
+        )
         self.fds_before = fd_count(self.amp.pid)
         if self.args.hostile:
             self.configs = ConfigSwapper(self.amp.config_path)
@@ -145,20 +179,31 @@ class Soak:
         self.records = os.path.join(self.workdir, "reviews.jsonl")
         plan = os.path.join(self.workdir, "load.json")
         with open(plan, "w") as f:
-            json.dump({
-                "port": self.amp.port, "ca": self.ca, "rate": self.args.rate, "duration": self.args.duration,
-                "seed": self.args.seed, "namespaces": self.namespaces, "records": self.records,
-                # A review asks amp to close its connection now and then
-                # (one in 125 on average), so new handshakes keep meeting
-                # the rotated certificate; an idle connection is closed
-                # well before amp's own idle timeout would.
-                "v1beta1_share": 0.1, "close_share": 1 / 125, "idle_close": 20.0, "max_connections": 64,
-                # The client waits this long past the API server's timeout
-                # (from sending the request) before it calls a review
-                # unanswered: a late answer on a busy machine is timing, a
-                # missing one is a failure.
-                "grace": 30.0,
-            }, f)
+            json.dump(
+                {
+                    "port": self.amp.port,
+                    "ca": self.ca,
+                    "rate": self.args.rate,
+                    "duration": self.args.duration,
+                    "seed": self.args.seed,
+                    "namespaces": self.namespaces,
+                    "records": self.records,
+                    # A review asks amp to close its connection now and then
+                    # (one in 125 on average), so new handshakes keep meeting
+                    # the rotated certificate; an idle connection is closed
+                    # well before amp's own idle timeout would.
+                    "v1beta1_share": 0.1,
+                    "close_share": 1 / 125,
+                    "idle_close": 20.0,
+                    "max_connections": 64,
+                    # The client waits this long past the API server's timeout
+                    # (from sending the request) before it calls a review
+                    # unanswered: a late answer on a busy machine is timing, a
+                    # missing one is a failure.
+                    "grace": 30.0,
+                },
+                f,
+            )
         self.load = Proc("load generator", [sys.executable, "-m", "bench.soak.load", plan], cpus=self.load_cpus)
         self.procs.append(self.load)
         self.load.first_line()
@@ -192,8 +237,13 @@ class Soak:
         own = resource.getrusage(resource.RUSAGE_SELF)
         ours += own.ru_utime + own.ru_stime
         busy = busy_seconds()
-        sample = {"t": round(t, 2), "rss_kib": rss_kib(pid), "fds": fd_count(pid), "threads": thread_count(pid),
-                  "cpu_s": round(cpu_seconds(pid), 2)}
+        sample = {
+            "t": round(t, 2),
+            "rss_kib": rss_kib(pid),
+            "fds": fd_count(pid),
+            "threads": thread_count(pid),
+            "cpu_s": round(cpu_seconds(pid), 2),
+        }
         previous = self._last_busy
         self._last_busy = (t, busy, ours, sample["cpu_s"])
         if previous is not None and t > previous[0]:
@@ -263,8 +313,10 @@ class Soak:
             if now - last_report >= 30:
                 last_report = now
                 s = self.samples[-1] if self.samples else {}
-                say(f"{elapsed:.0f}s: amp RSS {s.get('rss_kib', 0) / 1024:.1f} MiB, {s.get('fds')} fds, "
-                    f"{self.rotations} rotations, {self.faults['drop']} drops, {self.faults['expire']} 410s")
+                say(
+                    f"{elapsed:.0f}s: amp RSS {s.get('rss_kib', 0) / 1024:.1f} MiB, {s.get('fds')} fds, "
+                    f"{self.rotations} rotations, {self.faults['drop']} drops, {self.faults['expire']} 410s"
+                )
             wake = min(next_sample, next_rotate, next_fault, next_touch, next_swap)
             time.sleep(max(0.01, min(0.25, wake - time.monotonic())))
         load_out = self.load.stop(timeout=30.0)
@@ -291,32 +343,59 @@ class Soak:
         last = self.volume.serials[-1]
         settle = 60.0
         try:
-            serial = poll_until("amp to serve the last certificate",
-                                lambda: served_serial(self.amp.port, self.ca) == last and last, settle, interval=0.2)
+            serial = poll_until(
+                "amp to serve the last certificate",
+                lambda: served_serial(self.amp.port, self.ca) == last and last,
+                settle,
+                interval=0.2,
+            )
         except WaitTimeout:
             serial = served_serial(self.amp.port, self.ca)
         self.served_serials.add(serial)
         listed = http_json(int(self.api_url.rsplit(":", 1)[1]), "/api/v1/namespaces")
         try:
-            poll_until("amp's cache to hold every namespace", lambda: Scrape.get(self.amp.metrics_port).value(
-                "amp_namespace_cache_namespaces") == len(listed["items"]), settle, interval=0.2)
-            poll_until("the endpoint to hold no call open",
-                       lambda: http_json(self.ports["steady"], "/stats")["hung_now"] == 0, settle, interval=0.2)
+            poll_until(
+                "amp's cache to hold every namespace",
+                lambda: (
+                    Scrape.get(self.amp.metrics_port).value("amp_namespace_cache_namespaces") == len(listed["items"])
+                ),
+                settle,
+                interval=0.2,
+            )
+            poll_until(
+                "the endpoint to hold no call open",
+                lambda: http_json(self.ports["steady"], "/stats")["hung_now"] == 0,
+                settle,
+                interval=0.2,
+            )
         except WaitTimeout as e:
             say(str(e))
         limit = self.fds_before + FD_SLACK
         try:
-            poll_until("amp's file descriptors to come back down", lambda: fd_count(self.amp.pid) <= limit
-                       and Scrape.get(self.amp.metrics_port).value("amp_open_connections") == 0, settle, interval=0.2)
+            poll_until(
+                "amp's file descriptors to come back down",
+                lambda: (
+                    fd_count(self.amp.pid) <= limit
+                    and Scrape.get(self.amp.metrics_port).value("amp_open_connections") == 0
+                ),
+                settle,
+                interval=0.2,
+            )
         except WaitTimeout as e:
             say(str(e))
         configs = self.config_reloads(settle)
         metrics = Scrape.get(self.amp.metrics_port)
-        return {"configs": configs,
-                "metrics": metrics, "api": http_json(self.control, "/stats"), "api_namespaces": len(listed["items"]),
-                "chaos": http_json(self.ports["steady"], "/stats"), "final_serial": serial, "last_serial": last,
-                "fds_idle": fd_count(self.amp.pid), "open_connections": metrics.value("amp_open_connections")}
-
+        return {
+            "configs": configs,
+            "metrics": metrics,
+            "api": http_json(self.control, "/stats"),
+            "api_namespaces": len(listed["items"]),
+            "chaos": http_json(self.ports["steady"], "/stats"),
+            "final_serial": serial,
+            "last_serial": last,
+            "fds_idle": fd_count(self.amp.pid),
+            "open_connections": metrics.value("amp_open_connections"),
+        }
 
     def config_reloads_seen(self) -> int:
         """How many config loads amp has counted, valid or not."""
@@ -336,23 +415,40 @@ class Soak:
         port = self.amp.metrics_port
         configs = self.configs
         try:
-            poll_until("amp to load the last config swapped in",
-                       lambda: self.config_reloads_seen() >= configs.hostile + configs.restored, settle, interval=0.2)
+            poll_until(
+                "amp to load the last config swapped in",
+                lambda: self.config_reloads_seen() >= configs.hostile + configs.restored,
+                settle,
+                interval=0.2,
+            )
         except WaitTimeout as e:
             say(str(e))
         self.configs.restore()
 
         def reloads() -> dict[str, int]:
             return {k: int(v) for k, v in Scrape.get(port).by("amp_config_reloads_total", "result").items()}
+
         try:
-            poll_until("amp to see every config swap", lambda: reloads().get("error", 0) >= configs.hostile
-                       and reloads().get("success", 0) >= configs.restored, settle, interval=0.2)
+            poll_until(
+                "amp to see every config swap",
+                lambda: (
+                    reloads().get("error", 0) >= configs.hostile and reloads().get("success", 0) >= configs.restored
+                ),
+                settle,
+                interval=0.2,
+            )
         except WaitTimeout as e:
             say(str(e))
         with open(self.amp.log_path, "rb") as f:
             logged = f.read().decode("utf-8", "replace").count("not reloaded (file changed)")
-        return {**self.configs.figures(), "kinds": len(HOSTILE_CONFIGS), "amp_reloads": reloads(),
-                "hash_before": self.config_hash_before, "hash_after": config_hash(port), "refusals_logged": logged}
+        return {
+            **self.configs.figures(),
+            "kinds": len(HOSTILE_CONFIGS),
+            "amp_reloads": reloads(),
+            "hash_before": self.config_hash_before,
+            "hash_after": config_hash(port),
+            "refusals_logged": logged,
+        }
 
 
 # ---------------------------------------------------------------------- main
@@ -362,20 +458,35 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
-    stem = "soak-" + now.strftime("%Y%m%dT%H%M%SZ") + ("-hostile" if args.hostile else "") + (
-        "-quick" if args.quick else "")
+    stem = (
+        "soak-"
+        + now.strftime("%Y%m%dT%H%M%SZ")
+        + ("-hostile" if args.hostile else "")
+        + ("-quick" if args.quick else "")
+    )
     started = time.monotonic()
     result: dict[str, Any] = {
         "date": now.isoformat(timespec="seconds"),
         "machine": machine(),
-        "settings": {"duration_s": args.duration, "rate": args.rate, "seed": args.seed, "quick": args.quick,
-                     "rotate_every_s": args.rotate_every, "fault_every_s": args.fault_every,
-                     "max_response": MAX_RESPONSE, "oversize": OVERSIZE, "delay_ms": DELAY_MS,
-                     "breakers": {"steady": NEVER_OPENS, "flaky": OPENS_OFTEN},
-                     "rss_limit_mib": args.rss_limit_mib, "fd_slack": FD_SLACK,
-                     "timing_judged": not args.quick, "timing_criteria": list(TIMING_CRITERIA),
-                     "hostile": args.hostile, "flood_mib": args.flood_mib if args.hostile else None,
-                     "config_every_s": args.config_every if args.hostile else None},
+        "settings": {
+            "duration_s": args.duration,
+            "rate": args.rate,
+            "seed": args.seed,
+            "quick": args.quick,
+            "rotate_every_s": args.rotate_every,
+            "fault_every_s": args.fault_every,
+            "max_response": MAX_RESPONSE,
+            "oversize": OVERSIZE,
+            "delay_ms": DELAY_MS,
+            "breakers": {"steady": NEVER_OPENS, "flaky": OPENS_OFTEN},
+            "rss_limit_mib": args.rss_limit_mib,
+            "fd_slack": FD_SLACK,
+            "timing_judged": not args.quick,
+            "timing_criteria": list(TIMING_CRITERIA),
+            "hostile": args.hostile,
+            "flood_mib": args.flood_mib if args.hostile else None,
+            "config_every_s": args.config_every if args.hostile else None,
+        },
     }
     if args.wait_quiet > 0:
         result["settings"]["other_cpu_pct_before"] = wait_quiet(args.wait_quiet)
@@ -390,8 +501,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 result["error"] = str(e)
                 status = BROKEN
             if status == PASSED:
-                result["settings"]["pinned"] = {"amp": sorted(soak.amp_cpus or []),
-                                                "others": sorted(soak.load_cpus or [])}
+                result["settings"]["pinned"] = {
+                    "amp": sorted(soak.amp_cpus or []),
+                    "others": sorted(soak.load_cpus or []),
+                }
                 run = soak.run()
                 try:
                     after = soak.collect()
@@ -416,8 +529,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             result["fake_api_at_exit"] = outs.get("fake API", "").strip().splitlines()[-1:]
             status = FAILED if result["failed"] else PASSED
             if args.keep_logs:
-                for src, name in ((soak.amp.log_path, "amp.log"), (soak.chaos_log, "chaos-calls.txt"),
-                                  (soak.records, "reviews.jsonl")):
+                for src, name in (
+                    (soak.amp.log_path, "amp.log"),
+                    (soak.chaos_log, "chaos-calls.txt"),
+                    (soak.records, "reviews.jsonl"),
+                ):
                     if os.path.exists(src):
                         shutil.copyfile(src, os.path.join(args.out, f"{stem}-{name}"))
     result["passed"] = status == PASSED

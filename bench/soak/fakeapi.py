@@ -101,10 +101,18 @@ def serve(plan_path: str) -> int:
 
         def do_GET(self) -> None:
             with lock:
-                self._json(200, dict(state, served=kube.served, errors=kube.errors[:5],
-                                     lists=kube.count("/api/v1/namespaces", watch=False, method="GET"),
-                                     watches=kube.count("/api/v1/namespaces", watch=True),
-                                     open_watches=kube.open_watches(), resource_version=kube.resource_version))
+                self._json(
+                    200,
+                    dict(
+                        state,
+                        served=kube.served,
+                        errors=kube.errors[:5],
+                        lists=kube.count("/api/v1/namespaces", watch=False, method="GET"),
+                        watches=kube.count("/api/v1/namespaces", watch=True),
+                        open_watches=kube.open_watches(),
+                        resource_version=kube.resource_version,
+                    ),
+                )
 
     control = ThreadingHTTPServer(("127.0.0.1", 0), Control)
     control.daemon_threads = True

@@ -44,8 +44,9 @@ class Violation(Exception):
     """An answer the API server would reject, or one that contradicts the namespace's policy."""
 
 
-def check_answer(ns: dict[str, Any], version: str, uid: str, status: int, headers: dict[str, str],
-                 data: bytes, pod: dict[str, Any]) -> tuple[str, str, str]:
+def check_answer(
+    ns: dict[str, Any], version: str, uid: str, status: int, headers: dict[str, str], data: bytes, pod: dict[str, Any]
+) -> tuple[str, str, str]:
     """
     Check one answer as the API server would, and say what it was:
     C{(outcome, reason, kind)} with outcome C{patched} (the endpoint's
@@ -208,8 +209,12 @@ class LoadGenerator:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         started = self.reactor.seconds()
-        record: dict[str, Any] = {"uid": uid, "ns": ns["name"], "v": version.rsplit("/", 1)[1],
-                                  "at": round(started - self.t0, 3)}
+        record: dict[str, Any] = {
+            "uid": uid,
+            "ns": ns["name"],
+            "v": version.rsplit("/", 1)[1],
+            "at": round(started - self.t0, 3),
+        }
         wait = ns["timeout"] + self.plan["grace"]
         try:
             yield self.slots.acquire()
@@ -283,10 +288,15 @@ class LoadGenerator:
             "violation_examples": self.examples["violations"],
             "late_examples": self.examples["late"],
             "counts": self.counts,
-            "latency_ms": {name: {"n": len(v), "p50": round(_percentile(v, 0.5) * 1000, 2),
-                                  "p99": round(_percentile(v, 0.99) * 1000, 2),
-                                  "max": round(max(v) * 1000, 2) if v else 0.0}
-                           for name, v in self.latencies.items()},
+            "latency_ms": {
+                name: {
+                    "n": len(v),
+                    "p50": round(_percentile(v, 0.5) * 1000, 2),
+                    "p99": round(_percentile(v, 0.99) * 1000, 2),
+                    "max": round(max(v) * 1000, 2) if v else 0.0,
+                }
+                for name, v in self.latencies.items()
+            },
             "max_in_flight": self.max_in_flight,
             "asked_to_close": self.asked_to_close,
             "scheduler_max_behind_ms": round(self.behind * 1000, 1),

@@ -63,8 +63,10 @@ def read_chaos_log(path: str) -> tuple[dict[str, tuple[str, str]], int]:
 
 #: amp's line for one review (amp.web): uid, namespace/pod, result, (reason),
 #: endpoint, patch size, amp's own time.
-_REVIEW_LINE = re.compile(r"\] review (\S+) ([^/\s]+)/\S* (\w+)(?: \(([^)]*)\))? endpoint=\S+ patch=\d+B "
-                          r"in ([\d.]+)ms")
+_REVIEW_LINE = re.compile(
+    r"\] review (\S+) ([^/\s]+)/\S* (\w+)(?: \(([^)]*)\))? endpoint=\S+ patch=\d+B "
+    r"in ([\d.]+)ms"
+)
 
 
 def scan_log(path: str) -> dict[str, Any]:
@@ -97,9 +99,15 @@ def scan_log(path: str) -> dict[str, Any]:
     return {"lines": lines, "problem_lines": n_bad, "problems": bad, "warnings": top, "reviews": reviews}
 
 
-def reconcile(namespaces: list[dict[str, Any]], ports: dict[str, int], records: dict[str, dict[str, Any]],
-              amp_reviews: dict[str, tuple[str, str, str, float]], calls: dict[str, tuple[str, str]],
-              injected: dict[str, dict[str, int]], endpoint_metrics: dict[str, dict[str, int]]) -> dict[str, Any]:
+def reconcile(
+    namespaces: list[dict[str, Any]],
+    ports: dict[str, int],
+    records: dict[str, dict[str, Any]],
+    amp_reviews: dict[str, tuple[str, str, str, float]],
+    calls: dict[str, tuple[str, str]],
+    injected: dict[str, dict[str, int]],
+    endpoint_metrics: dict[str, dict[str, int]],
+) -> dict[str, Any]:
     """
     Match what was injected with what amp did, for every review and in total.
 
@@ -179,8 +187,9 @@ def reconcile(namespaces: list[dict[str, Any]], ports: dict[str, int], records: 
                 unread[ns["port"]] += 1
                 timing_uids.append(uid)
                 if len(late_examples) < 10:
-                    late_examples.append(f"{uid} ({namespace}): the endpoint never read the call, amp said {said} "
-                                         f"after {amp_ms}ms")
+                    late_examples.append(
+                        f"{uid} ({namespace}): the endpoint never read the call, amp said {said} after {amp_ms}ms"
+                    )
             else:
                 mismatch(f"{uid} ({namespace}): never reached the endpoint, amp said {said}")
             continue
@@ -215,10 +224,13 @@ def reconcile(namespaces: list[dict[str, Any]], ports: dict[str, int], records: 
             disagree += 1
             mismatch(f"{uid} ({r['ns']}): the client got {r['out']}, amp did not log the review")
         elif (mine[1], mine[2]) != (r["out"], r.get("reason", "")) or (
-                r["out"] == "patched" and (call is None or call[1] != r.get("kind"))):
+            r["out"] == "patched" and (call is None or call[1] != r.get("kind"))
+        ):
             disagree += 1
-            mismatch(f"{uid} ({r['ns']}): the client got {r['out']} {r.get('reason') or r.get('kind')}, amp logged "
-                     f"{mine[1]} {mine[2]}, the endpoint did {call[1] if call else 'nothing'}")
+            mismatch(
+                f"{uid} ({r['ns']}): the client got {r['out']} {r.get('reason') or r.get('kind')}, amp logged "
+                f"{mine[1]} {mine[2]}, the endpoint did {call[1] if call else 'nothing'}"
+            )
     missing = sum(1 for uid in amp_reviews if uid not in records)
     if missing:
         problems.append(f"amp logged {missing} reviews the client has no record of")
@@ -252,19 +264,38 @@ def reconcile(namespaces: list[dict[str, Any]], ports: dict[str, int], records: 
             if n:
                 rows.append({"amp_outcome": outcome, "expected": 0, "amp_counted": n, "match": False})
                 problems.append(f"{port}: amp counted {n} calls as {outcome}, which nothing injected")
-        origins[port] = {"origin": origin, "injected": got, "late": late[port], "unread": unread[port],
-                         "bulkhead": bulkhead[port], "rows": rows, "breaker_open": refused,
-                         "reached_endpoint": sum(got.values())}
+        origins[port] = {
+            "origin": origin,
+            "injected": got,
+            "late": late[port],
+            "unread": unread[port],
+            "bulkhead": bulkhead[port],
+            "rows": rows,
+            "breaker_open": refused,
+            "reached_endpoint": sum(got.values()),
+        }
     unknown = sum(1 for uid in calls if uid not in records)
     if unknown:
         problems.append(f"{unknown} endpoint calls carry a uid the client never sent")
     if n_mismatch:
-        problems.append(f"{n_mismatch} reviews were answered otherwise than the endpoint's behaviour implies "
-                        f"({disagree} of them: the client got something else than amp logged)")
-    return {"origins": origins, "review_mismatches": n_mismatch, "mismatch_examples": mismatches,
-            "reviews_matched_to_calls": matched, "amp_reviews_logged": len(amp_reviews), "unknown_calls": unknown,
-            "endpoint_timing": {"late_answers": sum(sum(v.values()) for v in late.values()) - moved,
-                                "unread_calls": sum(unread.values()), "bulkhead_refusals": sum(bulkhead.values()),
-                                "cancelled_by_client": sum(gave_up.values())},
-            "late_examples": late_examples, "timing_uids": timing_uids,
-            "problems": problems}
+        problems.append(
+            f"{n_mismatch} reviews were answered otherwise than the endpoint's behaviour implies "
+            f"({disagree} of them: the client got something else than amp logged)"
+        )
+    return {
+        "origins": origins,
+        "review_mismatches": n_mismatch,
+        "mismatch_examples": mismatches,
+        "reviews_matched_to_calls": matched,
+        "amp_reviews_logged": len(amp_reviews),
+        "unknown_calls": unknown,
+        "endpoint_timing": {
+            "late_answers": sum(sum(v.values()) for v in late.values()) - moved,
+            "unread_calls": sum(unread.values()),
+            "bulkhead_refusals": sum(bulkhead.values()),
+            "cancelled_by_client": sum(gave_up.values()),
+        },
+        "late_examples": late_examples,
+        "timing_uids": timing_uids,
+        "problems": problems,
+    }

@@ -33,8 +33,14 @@ NAMESPACES = (
 #: A breaker that never opens, and one that opens after three failures in a
 #: row with a short cool-down, so that it keeps opening and closing.
 NEVER_OPENS = {"consecutive_failures": 1_000_000_000, "min_requests": 1_000_000_000}
-OPENS_OFTEN = {"consecutive_failures": 3, "failure_ratio": 0.5, "min_requests": 10, "window": "10s",
-               "cooldown": "200ms", "max_cooldown": "1s"}
+OPENS_OFTEN = {
+    "consecutive_failures": 3,
+    "failure_ratio": 0.5,
+    "min_requests": 10,
+    "window": "10s",
+    "cooldown": "200ms",
+    "max_cooldown": "1s",
+}
 
 #: amp's endpoint reply limit in the soak, and the chaos endpoint's
 #: oversized reply (bigger).

@@ -116,12 +116,20 @@ def read_plan(config_path: str) -> Plan:
     if kubernetes.get("source", "static") != "static":
         raise DemoError(f"the demo runs amp without a cluster; {path} has kubernetes.source {kubernetes['source']}")
     namespaces = kubernetes.get("namespaces") or {}
-    webhook = Port(int(listen.get("port", 8443)), str(listen.get("interface", "0.0.0.0")),
-                   f"amp's webhook, listen.port in {path.name}")
+    webhook = Port(
+        int(listen.get("port", 8443)),
+        str(listen.get("interface", "0.0.0.0")),
+        f"amp's webhook, listen.port in {path.name}",
+    )
     ports = [webhook]
     if int(metrics.get("port", 9090)):
-        ports.append(Port(int(metrics.get("port", 9090)), str(metrics.get("interface", "0.0.0.0")),
-                          f"amp's metrics, metrics.port in {path.name}"))
+        ports.append(
+            Port(
+                int(metrics.get("port", 9090)),
+                str(metrics.get("interface", "0.0.0.0")),
+                f"amp's metrics, metrics.port in {path.name}",
+            )
+        )
     examples = _examples_port(namespaces, path)
     ports.append(Port(examples, "127.0.0.1", f"the example endpoints, named by the endpoint URLs in {path.name}"))
     return Plan(
@@ -286,15 +294,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         examples = children.start("twistd amp-example", [*TWISTD, "amp-example", "--port", str(plan.ports[-1].number)])
         amp = children.start("twistd amp", [*TWISTD, "amp", "--config", str(plan.config)])
-        print(f"demo: example endpoints (pid {examples.pid}) on {plan.examples_url}, "
-              f"amp (pid {amp.pid}) on {plan.amp_url}", flush=True)
+        print(
+            f"demo: example endpoints (pid {examples.pid}) on {plan.examples_url}, "
+            f"amp (pid {amp.pid}) on {plan.amp_url}",
+            flush=True,
+        )
         context = ssl.create_default_context(cafile=str(paths["ca_cert"]))
         _wait_ready(f"{plan.examples_url}/healthz", None, children)
         _wait_ready(f"{plan.amp_url}/readyz", context, children)
         print(f"\namp is up on {plan.amp_url}, config {plan.config}\n", flush=True)
         send_samples(plan, template, context)
-        print(f"\nTry it yourself:\n  curl --cacert {paths['ca_cert']} -H 'Content-Type: application/json' "
-              f"--data @{args.review} '{plan.amp_url}/mutate?timeout=10s'\n", flush=True)
+        print(
+            f"\nTry it yourself:\n  curl --cacert {paths['ca_cert']} -H 'Content-Type: application/json' "
+            f"--data @{args.review} '{plan.amp_url}/mutate?timeout=10s'\n",
+            flush=True,
+        )
         if args.once:
             return 0
         print("Press Ctrl-C to stop.", flush=True)

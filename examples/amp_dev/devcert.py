@@ -207,9 +207,7 @@ def issue_cert(
         )
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
     )
     if names:
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
@@ -256,9 +254,7 @@ def _write(path: Path, data: bytes, mode: int) -> None:
         raise
 
 
-def _load_pair(
-    cert_path: Path, key_path: Path
-) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None:
+def _load_pair(cert_path: Path, key_path: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None:
     """Load a certificate and its key; None unless both parse and match."""
     try:
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
@@ -269,9 +265,7 @@ def _load_pair(
         return None
     if cert.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    ) != key.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    ):
+    ) != key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo):
         return None
     return cert, key
 
@@ -353,9 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="comma-separated DNS names / IP addresses for the serving certificate "
         "(replaces the default: %s)" % ",".join(DEFAULT_HOSTS),
     )
-    parser.add_argument(
-        "--days", type=int, default=DEFAULT_DAYS, help="validity of the issued certificates"
-    )
+    parser.add_argument("--days", type=int, default=DEFAULT_DAYS, help="validity of the issued certificates")
     parser.add_argument(
         "--keep",
         action="store_true",

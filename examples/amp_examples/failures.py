@@ -79,9 +79,7 @@ def endpoints(options: Mapping[str, Any]) -> dict[str, serving.Handler]:
         "validate-labels": lambda pod, call: validate_labels_reply(pod),
         "noop": lambda pod, call: [],
         "bad-patch": lambda pod, call: bad_patch(),
-        "error": lambda pod, call: serving.Answer(
-            http.INTERNAL_SERVER_ERROR, b'{"error":"example failure"}', "error"
-        ),
+        "error": lambda pod, call: serving.Answer(http.INTERNAL_SERVER_ERROR, b'{"error":"example failure"}', "error"),
         "garbage": lambda pod, call: serving.Answer(http.OK, GARBAGE, "garbage"),
         "hang": Hang(),
     }

@@ -132,13 +132,18 @@ def sidecar(share: Share) -> dict[str, Any]:
         "name": share.container,
         "image": SIDECAR_IMAGE,
         "args": [
-            "mount", f":s3:{share.bucket}", SIDECAR_MOUNT_PATH,
-            "--s3-provider=Other", f"--s3-endpoint={share.url}", "--allow-other",
+            "mount",
+            f":s3:{share.bucket}",
+            SIDECAR_MOUNT_PATH,
+            "--s3-provider=Other",
+            f"--s3-endpoint={share.url}",
+            "--allow-other",
         ],
         "envFrom": [{"secretRef": {"name": f"filer-{share.filer}-credentials"}}],
         "securityContext": {"privileged": True},
-        "volumeMounts": [{"name": share.container, "mountPath": SIDECAR_MOUNT_PATH,
-                          "mountPropagation": "Bidirectional"}],
+        "volumeMounts": [
+            {"name": share.container, "mountPath": SIDECAR_MOUNT_PATH, "mountPropagation": "Bidirectional"}
+        ],
     }
 
 
@@ -161,8 +166,9 @@ def filer_patch(pod: Mapping[str, Any], namespace: str, config: ShareConfig = DE
         if share.container in container_names(b.doc):
             continue
         b.add_volume({"name": share.container, "emptyDir": {}})
-        b.add_mount(user, {"name": share.container, "mountPath": share.mount_path,
-                           "mountPropagation": "HostToContainer"})
+        b.add_mount(
+            user, {"name": share.container, "mountPath": share.mount_path, "mountPropagation": "HostToContainer"}
+        )
         b.append(["spec", "containers"], sidecar(share))
     b.set_env(user, MOUNTS_ENV, ":".join(share.mount_path for share in shares))
     return b.ops

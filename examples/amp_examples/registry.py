@@ -95,8 +95,11 @@ def rewrite_image(image: str, registry_map: Mapping[str, str]) -> str | None:
     return None if rewritten == image else rewritten
 
 
-def registry_reply(pod: Mapping[str, Any], registry_map: Mapping[str, str] = DEFAULT_REGISTRY_MAP,
-                   kinds: Iterable[str] = CONTAINER_KINDS) -> dict[str, Any]:
+def registry_reply(
+    pod: Mapping[str, Any],
+    registry_map: Mapping[str, str] = DEFAULT_REGISTRY_MAP,
+    kinds: Iterable[str] = CONTAINER_KINDS,
+) -> dict[str, Any]:
     """``replace`` operations for every image to rewrite (of the container lists ``kinds``), and one warning
     listing them (none when nothing matched)."""
     ops: list[PatchOp] = []
@@ -137,6 +140,7 @@ class Options(serving.Options):
 
 def endpoints(options: Mapping[str, Any]) -> dict[str, serving.Handler]:
     registry_map = dict(options.get("registry_map", DEFAULT_REGISTRY_MAP))
+
     def registry(pod: serving.Pod, call: serving.Call) -> dict[str, Any]:
         # kubectl debug: only spec.ephemeralContainers may change.
         kinds = ("ephemeralContainers",) if call.subresource == "ephemeralcontainers" else CONTAINER_KINDS

@@ -226,9 +226,7 @@ class PodEndpoint(Resource):
         result, ops = _result_of(outcome)
         return self._send(request, call, Answer(http.OK, _json(outcome), result), ops)
 
-    def _finish_later(
-        self, outcome: Reply | Failure, request: server.Request, call: Call, gone: list[Failure]
-    ) -> None:
+    def _finish_later(self, outcome: Reply | Failure, request: server.Request, call: Call, gone: list[Failure]) -> None:
         if gone:
             self._log(request, call, "client-gone", 0)
             tracing.end_span(getattr(request, "span", None), 499, "client-gone")

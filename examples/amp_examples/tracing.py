@@ -38,8 +38,9 @@ def tracer() -> Any:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                                  os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"))
+        protocol = os.environ.get(
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        )
         if protocol == "http/protobuf":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         else:
@@ -65,12 +66,23 @@ def start_span(request: Any) -> Optional[Any]:
     from opentelemetry import propagate
     from opentelemetry.trace import SpanKind
 
-    carrier = {name.decode("latin-1").lower(): values[0].decode("latin-1")
-               for name, values in request.requestHeaders.getAllRawHeaders() if values}
+    carrier = {
+        name.decode("latin-1").lower(): values[0].decode("latin-1")
+        for name, values in request.requestHeaders.getAllRawHeaders()
+        if values
+    }
     path = request.path.decode("latin-1")
-    return t.start_span(f"POST {path}", context=propagate.extract(carrier), kind=SpanKind.SERVER,
-                        attributes={"http.request.method": "POST", "url.path": path, "http.route": path,
-                                    "k8s.namespace.name": carrier.get("x-amp-namespace", "")})
+    return t.start_span(
+        f"POST {path}",
+        context=propagate.extract(carrier),
+        kind=SpanKind.SERVER,
+        attributes={
+            "http.request.method": "POST",
+            "url.path": path,
+            "http.route": path,
+            "k8s.namespace.name": carrier.get("x-amp-namespace", ""),
+        },
+    )
 
 
 def end_span(span: Optional[Any], status: int, result: str) -> None:

@@ -68,8 +68,6 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in container.get("env", [])}
 
 
-
-
 def mesh_pod() -> dict[str, Any]:
     """Three app containers with overlapping ports and an ``app`` label."""
     return bare_pod(

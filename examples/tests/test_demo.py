@@ -80,11 +80,16 @@ def test_the_plan_of_the_shipped_config() -> None:
 
 def test_the_example_port_comes_from_the_endpoint_urls(tmp_path: Path) -> None:
     plan = demo.read_plan(str(write_config(tmp_path, 1111, 2222, 3333)))
-    assert [(p.number, p.interface) for p in plan.ports] == [(1111, "127.0.0.1"), (2222, "127.0.0.1"),
-                                                              (3333, "127.0.0.1")]
+    assert [(p.number, p.interface) for p in plan.ports] == [
+        (1111, "127.0.0.1"),
+        (2222, "127.0.0.1"),
+        (3333, "127.0.0.1"),
+    ]
     path = tmp_path / "two.yaml"
-    path.write_text("kubernetes: {namespaces: {a: {annotations: {amp.txn2.com/ep: 'http://127.0.0.1:1/x'}},"
-                    " b: {annotations: {amp.txn2.com/ep: 'http://127.0.0.1:2/x'}}}}\n")
+    path.write_text(
+        "kubernetes: {namespaces: {a: {annotations: {amp.txn2.com/ep: 'http://127.0.0.1:1/x'}},"
+        " b: {annotations: {amp.txn2.com/ep: 'http://127.0.0.1:2/x'}}}}\n"
+    )
     with pytest.raises(demo.DemoError, match=r"several example ports \(\[1, 2\]\)"):
         demo.read_plan(str(path))
 
@@ -113,13 +118,19 @@ def test_the_demo_refuses_to_start_on_a_taken_port(tmp_path: Path) -> None:
         listener.listen()
         metrics = listener.getsockname()[1]
         config = write_config(tmp_path, free_port(), metrics, free_port())
-        result = subprocess.run([sys.executable, "-m", "amp_dev.demo", "--config", str(config)],
-                                cwd=tmp_path, capture_output=True, text=True, timeout=DEADLINE)
+        result = subprocess.run(
+            [sys.executable, "-m", "amp_dev.demo", "--config", str(config)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+        )
     assert result.returncode == 1
     assert result.stdout == "", "nothing started"
     [line] = result.stderr.splitlines()
-    assert line.startswith(f"demo: port {metrics} (amp's metrics, metrics.port in demo.yaml) is in use by "
-                           f"pid {os.getpid()} (")
+    assert line.startswith(
+        f"demo: port {metrics} (amp's metrics, metrics.port in demo.yaml) is in use by pid {os.getpid()} ("
+    )
     assert not (tmp_path / "dev-tls").exists()
 
 
@@ -137,7 +148,10 @@ class RunningDemo:
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "amp_dev.demo", "--config", str(self.config), "--review", str(review)],
-                cwd=directory, stdout=out, stderr=subprocess.STDOUT)
+                cwd=directory,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -207,8 +221,12 @@ def test_no_child_outlives_the_demo_however_it_stops(demos, tmp_path: Path) -> N
             assert "KeyError: 'request'" in crashing.output()
         children = one.children()
         assert len(children) == 2, one.output()
-        poll_until(f"exit of the children of the demo stopped by {name}",
-                   lambda children=children: not any(alive(pid) for pid in children), DEADLINE, one.output)
+        poll_until(
+            f"exit of the children of the demo stopped by {name}",
+            lambda children=children: not any(alive(pid) for pid in children),
+            DEADLINE,
+            one.output,
+        )
         assert not (one.directory / "twistd.pid").exists()
     for name in ("SIGTERM", "SIGHUP", "Ctrl-C"):
         assert "demo: stopped twistd amp-example (pid" in running[name].output()

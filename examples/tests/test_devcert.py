@@ -35,7 +35,12 @@ def _server_verifier(ca: x509.Certificate, subject, when=None):
 def test_files_parse_and_keys_match(tmp_path):
     paths = devcert.write_dev_tls(tmp_path / "tls")
     assert {p.name for p in paths.values()} == {
-        "ca.crt", "ca.key", "tls.crt", "tls.key", "client.crt", "client.key",
+        "ca.crt",
+        "ca.key",
+        "tls.crt",
+        "tls.key",
+        "client.crt",
+        "client.key",
     }
     for cert_name, key_name in (("ca_cert", "ca_key"), ("cert", "key"), ("client_cert", "client_key")):
         cert = _load(paths, cert_name)
@@ -96,9 +101,7 @@ def test_extended_key_usages(tmp_path):
     assert list(server_eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
     assert list(client_eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
     ca = _load(paths, "ca_cert")
-    verified = PolicyBuilder().store(Store([ca])).build_client_verifier().verify(
-        _load(paths, "client_cert"), []
-    )
+    verified = PolicyBuilder().store(Store([ca])).build_client_verifier().verify(_load(paths, "client_cert"), [])
     assert verified.chain[-1] == ca
     # A serving certificate must not pass as a client certificate.
     with pytest.raises(VerificationError):
@@ -127,9 +130,7 @@ def test_rerun_keeps_ca_and_reissues_server_cert(tmp_path):
     assert _load(second, "cert").serial_number != serial
     assert _load(second, "client_cert").serial_number != client_serial
     # The new certificate still chains to the CA already in a caBundle.
-    _server_verifier(x509.load_pem_x509_certificate(ca_pem), DNSName("localhost")).verify(
-        _load(second, "cert"), []
-    )
+    _server_verifier(x509.load_pem_x509_certificate(ca_pem), DNSName("localhost")).verify(_load(second, "cert"), [])
 
 
 def test_keep_leaves_existing_certs_alone(tmp_path):
@@ -212,6 +213,8 @@ def test_client_certificate_with_groups_and_no_hosts() -> None:
     assert list(usages) == [ExtendedKeyUsageOID.CLIENT_AUTH]
     both, _ = devcert.issue_cert(ca_cert, ca_key, "peer", ["127.0.0.1"], client=True, server=True)
     assert set(both.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == {
-        ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        ExtendedKeyUsageOID.CLIENT_AUTH,
+    }
     with pytest.raises(ValueError, match="host"):
         devcert.issue_cert(ca_cert, ca_key, "server", ())

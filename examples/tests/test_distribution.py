@@ -37,20 +37,38 @@ def test_the_examples_import_nothing_from_amp() -> None:
     sources = [*EXAMPLES.glob("amp_examples/*.py"), *EXAMPLES.glob("amp_dev/*.py"), *EXAMPLES.glob("twisted/**/*.py")]
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text())):
-            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            modules = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            )
             found |= {(str(path.relative_to(EXAMPLES)), m) for m in modules if m == "amp" or m.startswith("amp.")}
     assert found == DEMO_USES
 
 
 def test_the_wheel_holds_every_program_and_the_plugin(tmp_path: Path) -> None:
     src = tmp_path / "src"
-    shutil.copytree(EXAMPLES, src, ignore=shutil.ignore_patterns("tests", "__pycache__", "*.egg-info", "build",
-                                                                   "dropin.cache"))
+    shutil.copytree(
+        EXAMPLES, src, ignore=shutil.ignore_patterns("tests", "__pycache__", "*.egg-info", "build", "dropin.cache")
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-         "-w", str(tmp_path / "out"), str(src)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(tmp_path / "out"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     [wheel] = (tmp_path / "out").glob("amp_examples-*.whl")
@@ -60,8 +78,11 @@ def test_the_wheel_holds_every_program_and_the_plugin(tmp_path: Path) -> None:
     assert {"twisted/plugins/amp_example_plugin.py", "amp_dev/devcert.py", "amp_dev/demo.py"} <= names
     assert not [n for n in names if n.startswith("amp/") or n == "twisted/plugins/amp_plugin.py"]
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/METADATA"))).decode()
-    requires = [line.split(":", 1)[1].split()[0] for line in metadata.splitlines()
-                if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    requires = [
+        line.split(":", 1)[1].split()[0]
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    ]
     assert "amp" not in requires
 
 
@@ -91,13 +112,22 @@ def _post(url: str, pod: dict) -> list:
 def test_each_program_runs_on_its_own() -> None:
     """All programs at once (each in its own process), so the test costs one start-up, not six."""
     processes = {
-        program: subprocess.Popen([sys.executable, "-m", program.__name__, "--port", "0"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        program: subprocess.Popen(
+            [sys.executable, "-m", program.__name__, "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for program in server.PROGRAMS
     }
-    pod = {"metadata": {"name": "p", "labels": {"app": "a", "notebook-name": "n", "add-gcp-secret": "true"},
-                        "annotations": {"hub.jupyter.org/username": "alice"}},
-           "spec": {"containers": [{"name": "c", "image": "gcr.io/x/y:1"}]}}
+    pod = {
+        "metadata": {
+            "name": "p",
+            "labels": {"app": "a", "notebook-name": "n", "add-gcp-secret": "true"},
+            "annotations": {"hub.jupyter.org/username": "alice"},
+        },
+        "spec": {"containers": [{"name": "c", "image": "gcr.io/x/y:1"}]},
+    }
     try:
         for program, process in processes.items():
             paths = list(program.endpoints({}))
@@ -119,8 +149,12 @@ def test_each_program_runs_on_its_own() -> None:
 
 
 def test_a_bad_option_is_one_line() -> None:
-    result = subprocess.run([sys.executable, "-m", "amp_examples.registry", "--registry-map", "nonsense"],
-                            capture_output=True, text=True, timeout=DEADLINE)
+    result = subprocess.run(
+        [sys.executable, "-m", "amp_examples.registry", "--registry-map", "nonsense"],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+    )
     assert result.returncode != 0
     [line] = result.stderr.strip().splitlines()
     assert line.endswith(": --registry-map: registry map entry 'nonsense' is not FROM=TO")

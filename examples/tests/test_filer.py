@@ -91,8 +91,9 @@ def test_a_share_added_later_is_mounted_next_to_the_first():
 
 
 def test_names_are_dns_labels_and_distinct_for_distinct_paths():
-    shares = [filer.Share("fld9", path, "http://f")
-              for path in ("Projects/Alpha Team", "projects/alpha-team", "x" * 200)]
+    shares = [
+        filer.Share("fld9", path, "http://f") for path in ("Projects/Alpha Team", "projects/alpha-team", "x" * 200)
+    ]
     assert len({s.container for s in shares}) == len({s.bucket for s in shares}) == 3
     for share in shares:
         assert len(share.container) <= 63 and share.container.replace("-", "").isalnum()
@@ -147,6 +148,7 @@ class HTTPTests(SynchronousTestCase):
     def test_pod_namespace_without_the_header(self) -> None:
         pod = notebook()
         pod["metadata"]["namespace"] = "team-a"
-        self.assertEqual(len(self.post(pod, {})["patch"]),
-                         len(self.post(notebook(), {"X-Amp-Namespace": "team-a"})["patch"]))
+        self.assertEqual(
+            len(self.post(pod, {})["patch"]), len(self.post(notebook(), {"X-Amp-Namespace": "team-a"})["patch"])
+        )
         self.assertEqual(self.post(notebook(), {})["auditAnnotations"], {"filer-shares": "fld9/common"})

@@ -36,8 +36,12 @@ MUTATIONS: dict[str, Mutation] = {
 _names = st.sampled_from(["a", "b", "user-home", "amp-shared", "secret-volume", "amp-proxy-init"])
 _images = st.sampled_from(["nginx", "gcr.io/proj/app:1", "quay.io/x/y", "mirror.local/library/nginx", "asia.gcr.io/a"])
 _env = st.lists(
-    st.fixed_dictionaries({"name": st.sampled_from(["AMP_USER", "X", "ADDED_VAR", "NB_PREFIX", "FILER_MOUNTS"]),
-                           "value": st.sampled_from(["1", "jovyan"])}),
+    st.fixed_dictionaries(
+        {
+            "name": st.sampled_from(["AMP_USER", "X", "ADDED_VAR", "NB_PREFIX", "FILER_MOUNTS"]),
+            "value": st.sampled_from(["1", "jovyan"]),
+        }
+    ),
     max_size=3,
 )
 _mounts = st.lists(
@@ -45,9 +49,16 @@ _mounts = st.lists(
     max_size=2,
 )
 _container = st.builds(
-    lambda image, env, mounts, port: {k: v for k, v in {
-        "image": image, "env": env, "volumeMounts": mounts,
-        "ports": [{"containerPort": port}] if port else None}.items() if v is not None},
+    lambda image, env, mounts, port: {
+        k: v
+        for k, v in {
+            "image": image,
+            "env": env,
+            "volumeMounts": mounts,
+            "ports": [{"containerPort": port}] if port else None,
+        }.items()
+        if v is not None
+    },
     _images,
     st.one_of(st.none(), _env),
     st.one_of(st.none(), _mounts),

@@ -97,14 +97,22 @@ def test_preset_already_applied_with_api_server_defaults_is_not_a_conflict():
 @pytest.mark.parametrize(
     "change, fragment",
     [
-        (lambda p: p["spec"].__setitem__("volumes", [{"name": "secret-volume", "emptyDir": {}}]),
-         "volume secret-volume already exists with a different definition"),
-        (lambda p: p["spec"]["containers"][0].__setitem__(
-            "env", [{"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": "/elsewhere.json"}]),
-         "env GOOGLE_APPLICATION_CREDENTIALS in container a"),
-        (lambda p: p["spec"]["containers"][0].__setitem__(
-            "volumeMounts", [{"name": "data", "mountPath": "/secret/gcp"}]),
-         "container a already mounts /secret/gcp differently"),
+        (
+            lambda p: p["spec"].__setitem__("volumes", [{"name": "secret-volume", "emptyDir": {}}]),
+            "volume secret-volume already exists with a different definition",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0].__setitem__(
+                "env", [{"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": "/elsewhere.json"}]
+            ),
+            "env GOOGLE_APPLICATION_CREDENTIALS in container a",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0].__setitem__(
+                "volumeMounts", [{"name": "data", "mountPath": "/secret/gcp"}]
+            ),
+            "container a already mounts /secret/gcp differently",
+        ),
     ],
 )
 def test_conflicts_deny_with_403(change, fragment):
@@ -215,7 +223,12 @@ def test_bad_preset_files_name_the_problem(text, fragment):
 
 
 def test_parse_presets_accepts_a_podefault_list_object():
-    text = json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-        {"metadata": {"name": "a"}, "spec": {"selector": {"matchLabels": {"a": "1"}}}}]})
+    text = json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [{"metadata": {"name": "a"}, "spec": {"selector": {"matchLabels": {"a": "1"}}}}],
+        }
+    )
     (preset,) = poddefault.parse_presets(text)
     assert preset.name == "a"

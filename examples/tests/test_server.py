@@ -61,15 +61,17 @@ class HTTPTests(SynchronousTestCase):
         pod = bare_pod({"name": "nginx", "image": "gcr.io/nginx:latest"})
         code, reply = self.post_json("/registry", pod)
         self.assertEqual(code, 200)
-        self.assertEqual(reply["patch"], [{"op": "replace", "path": "/spec/containers/0/image",
-                                           "value": "asia.gcr.io/nginx:latest"}])
+        self.assertEqual(
+            reply["patch"], [{"op": "replace", "path": "/spec/containers/0/image", "value": "asia.gcr.io/nginx:latest"}]
+        )
         self.assertTrue(reply["allowed"])
         self.assertIn("asia.gcr.io/nginx:latest", reply["warnings"][0])
 
     def test_registry_uses_the_configured_map(self) -> None:
         client = StubTreq(server.build_root(registry_map={"gcr.io": "eu.gcr.io"}))
-        response = self.successResultOf(client.post(
-            "http://x/registry", data=json.dumps(bare_pod({"name": "a", "image": "gcr.io/a"})).encode()))
+        response = self.successResultOf(
+            client.post("http://x/registry", data=json.dumps(bare_pod({"name": "a", "image": "gcr.io/a"})).encode())
+        )
         reply = json.loads(self.successResultOf(client.content(response)))
         self.assertEqual(reply["patch"][0]["value"], "eu.gcr.io/a")
 
@@ -88,8 +90,9 @@ class HTTPTests(SynchronousTestCase):
         self.assertEqual(reply["status"]["code"], 403)
 
     def test_poddefault_uses_configured_presets(self) -> None:
-        presets = poddefault.parse_presets("- name: p\n  selector: {matchLabels: {p: 'y'}}\n"
-                                        "  env: [{name: P, value: '1'}]\n")
+        presets = poddefault.parse_presets(
+            "- name: p\n  selector: {matchLabels: {p: 'y'}}\n  env: [{name: P, value: '1'}]\n"
+        )
         client = StubTreq(server.build_root(presets=presets))
         pod = bare_pod({"name": "a"}, labels={"p": "y", "add-gcp-secret": "true"})
         response = self.successResultOf(client.post("http://x/poddefault", data=json.dumps(pod).encode()))
@@ -97,8 +100,10 @@ class HTTPTests(SynchronousTestCase):
         self.assertEqual(reply["auditAnnotations"], {"poddefaults": "p"})
 
     def test_deny_noop_bad_patch_and_validate(self) -> None:
-        self.assertEqual(self.post_json("/deny", jupyter_pod()),
-                         (200, {"allowed": False, "status": {"code": 403, "message": "denied by example policy"}}))
+        self.assertEqual(
+            self.post_json("/deny", jupyter_pod()),
+            (200, {"allowed": False, "status": {"code": 403, "message": "denied by example policy"}}),
+        )
         self.assertEqual(self.post_json("/noop", jupyter_pod()), (200, []))
         self.assertEqual(self.post_json("/bad-patch", jupyter_pod()), (200, failures.bad_patch()))
         self.assertEqual(self.post_json("/validate-labels", jupyter_pod()), (200, {"patch": [], "allowed": True}))
@@ -119,7 +124,7 @@ class HTTPTests(SynchronousTestCase):
         self.assertEqual(len(self.root.children[b"hang"].handler.pending), 1)
 
     def test_non_json_and_non_object_bodies_get_400(self) -> None:
-        for body in (b"not json", b"\xff\xfe", b"[1, 2]", b"\"pod\"", b""):
+        for body in (b"not json", b"\xff\xfe", b"[1, 2]", b'"pod"', b""):
             response, content = self.post("/user-env", body, raw=True)
             self.assertEqual(response.code, 400, body)
             self.assertIn("error", json.loads(content))
@@ -148,15 +153,19 @@ class HTTPTests(SynchronousTestCase):
         pod = jupyter_pod()
         pod["metadata"]["annotations"]["secret-token"] = "s3cr3t-value"
         with capturedLogs() as events:
-            self.post_json("/user-env", pod, {"X-Amp-Namespace": "team-a", "X-Amp-Uid": "u-1",
-                                             "X-Amp-Operation": "CREATE"})
+            self.post_json(
+                "/user-env", pod, {"X-Amp-Namespace": "team-a", "X-Amp-Uid": "u-1", "X-Amp-Operation": "CREATE"}
+            )
             self.post_json("/deny", pod, {"X-Amp-Namespace": "team-b"})
             self.post("/user-env", b"{", raw=True)
         ours = [e for e in events if e.get("log_namespace") == "amp_examples.serving"]
         self.assertEqual(
             [(e["path"], e["namespace"], e["result"], e["status"]) for e in ours],
-            [("/user-env", "team-a", "patched", 200), ("/deny", "team-b", "denied", 200),
-             ("/user-env", "", "bad-request", 400)],
+            [
+                ("/user-env", "team-a", "patched", 200),
+                ("/deny", "team-b", "denied", 200),
+                ("/user-env", "", "bad-request", 400),
+            ],
         )
         self.assertEqual(ours[0]["uid"], "u-1")
         self.assertEqual(ours[0]["operation"], "CREATE")
@@ -182,8 +191,12 @@ class TapTests(SynchronousTestCase):
         self.assertEqual(options["registry_map"], {"gcr.io": "asia.gcr.io", "quay.io": "q.local"})
 
     def test_bad_options(self) -> None:
-        for argv in (["--registry-map", "nonsense"], ["--port", "70000"], ["--presets", "/nonexistent/p.yaml"],
-                     ["--max-body", "0"]):
+        for argv in (
+            ["--registry-map", "nonsense"],
+            ["--port", "70000"],
+            ["--presets", "/nonexistent/p.yaml"],
+            ["--max-body", "0"],
+        ):
             self.assertRaises(usage.UsageError, server.Options().parseOptions, argv)
 
     def test_make_service_listens_where_told(self) -> None:
@@ -222,9 +235,7 @@ class CappedRequestTests(SynchronousTestCase):
         return seen, transport
 
     def test_declared_length_over_the_cap_is_not_buffered(self) -> None:
-        seen, transport = self._serve(
-            b"POST /noop HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n", [b"x" * 500]
-        )
+        seen, transport = self._serve(b"POST /noop HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n", [b"x" * 500])
         (request,) = seen
         self.assertTrue(request.body_too_large)
         self.assertEqual(request.content.tell(), 0)
@@ -268,7 +279,7 @@ class _ChunkedBody:
 
     def startProducing(self, consumer):
         for i in range(0, len(self.data), 4096):
-            consumer.write(self.data[i:i + 4096])
+            consumer.write(self.data[i : i + 4096])
         return defer.succeed(None)
 
     def stopProducing(self) -> None:
@@ -297,8 +308,9 @@ class LoopbackTests(TestCase):
 
     @defer.inlineCallbacks
     def _post(self, path, body):
-        response = yield self.treq.post(self.url + path, data=body, pool=self.pool,
-                                        headers={"Content-Type": "application/json"})
+        response = yield self.treq.post(
+            self.url + path, data=body, pool=self.pool, headers={"Content-Type": "application/json"}
+        )
         content = yield self.treq.content(response)
         return response.code, content
 
@@ -333,15 +345,19 @@ class HandlerTests(SynchronousTestCase):
         transport = StringTransport()
         protocol.makeConnection(transport)
         body = b'{"metadata": {"name": "p"}}'
-        protocol.dataReceived(b"POST /h HTTP/1.1\r\nHost: x\r\nX-Amp-Namespace: team-a\r\nX-Amp-Uid: u-7\r\n"
-                              b"X-Amp-Dry-Run: true\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        protocol.dataReceived(
+            b"POST /h HTTP/1.1\r\nHost: x\r\nX-Amp-Namespace: team-a\r\nX-Amp-Uid: u-7\r\n"
+            b"X-Amp-Dry-Run: true\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         return protocol, transport
 
     def test_the_handler_gets_the_pod_and_amps_headers(self) -> None:
         seen: list[tuple[Any, serving.Call]] = []
         self.serve(lambda pod, call: seen.append((pod, call)) or [])
-        self.assertEqual(seen, [({"metadata": {"name": "p"}},
-                                 serving.Call(namespace="team-a", operation="", uid="u-7", dry_run=True))])
+        self.assertEqual(
+            seen,
+            [({"metadata": {"name": "p"}}, serving.Call(namespace="team-a", operation="", uid="u-7", dry_run=True))],
+        )
 
     def test_a_deferred_reply_is_sent_when_it_fires(self) -> None:
         d: defer.Deferred[Any] = defer.Deferred()

@@ -72,5 +72,7 @@ def test_sidecar_image_option():
     reply = server.handlers(options)["sidecar"](mesh_pod(), None)
     out = apply(mesh_pod(), reply["patch"])
     assert out["spec"]["containers"][-1]["image"] == "envoyproxy/envoy:v1.28.0"
-    assert apply(mesh_pod(), sidecar.sidecar_reply(mesh_pod())["patch"])["spec"]["containers"][:-1] == \
-        out["spec"]["containers"][:-1]
+    assert (
+        apply(mesh_pod(), sidecar.sidecar_reply(mesh_pod())["patch"])["spec"]["containers"][:-1]
+        == out["spec"]["containers"][:-1]
+    )

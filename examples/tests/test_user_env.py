@@ -30,8 +30,11 @@ def test_user_env_appends_to_existing_env_volumes_and_init_containers():
     pod["spec"]["containers"][0]["env"] = [{"name": "JUPYTERHUB_USER", "value": "jovyan"}]
     ops = user_env.user_env_patch(pod)
     # Existing lists are appended to with "-", as the Go amp example does.
-    assert {"op": "add", "path": "/spec/containers/0/env/-",
-            "value": {"name": "ADDED_VAR", "value": "something important"}} in ops
+    assert {
+        "op": "add",
+        "path": "/spec/containers/0/env/-",
+        "value": {"name": "ADDED_VAR", "value": "something important"},
+    } in ops
     out = apply(pod, ops)
     notebook = out["spec"]["containers"][0]
     assert [e["name"] for e in notebook["env"]] == ["JUPYTERHUB_USER", "AMP_USER", "ADDED_VAR"]
@@ -56,14 +59,20 @@ def test_user_env_is_idempotent_and_replaces_a_stale_value():
 @pytest.mark.parametrize(
     "metadata, user, home",
     [
-        ({"annotations": {"hub.jupyter.org/username": "jovyan"}, "labels": {"hub.jupyter.org/username": "x"}},
-         "jovyan", "/home/jovyan"),
+        (
+            {"annotations": {"hub.jupyter.org/username": "jovyan"}, "labels": {"hub.jupyter.org/username": "x"}},
+            "jovyan",
+            "/home/jovyan",
+        ),
         ({"labels": {"hub.jupyter.org/username": "bob"}}, "bob", "/home/bob"),
         ({}, "anonymous", "/home/anonymous"),
         ({"annotations": {"hub.jupyter.org/username": "../../etc"}}, "../../etc", "/home/..-..-etc"),
         ({"annotations": {"hub.jupyter.org/username": ".."}}, "..", "/home/anonymous"),
-        ({"annotations": {"hub.jupyter.org/username": "ann@user_env.org"}}, "ann@user_env.org",
-         "/home/ann-user_env.org"),
+        (
+            {"annotations": {"hub.jupyter.org/username": "ann@user_env.org"}},
+            "ann@user_env.org",
+            "/home/ann-user_env.org",
+        ),
     ],
 )
 def test_user_env_username_sources_and_safe_home(metadata, user, home):

@@ -107,9 +107,7 @@ class TwistdProcess:
 
     def start(self) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-        )
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env["PYTHONUNBUFFERED"] = "1"
         env.update(self.env)
         self.proc = spawn_logged(self.args, self.workdir, self.log_path, env)
@@ -140,8 +138,9 @@ class TwistdProcess:
             last[0] = f"last answer: {status} {body[-500:].decode(errors='replace')}"
             return None
 
-        poll_until(f"{self.name} {path} on port {port}", probe, timeout,
-                   details=lambda: f"{last[0]}\n{self.describe()}")
+        poll_until(
+            f"{self.name} {path} on port {port}", probe, timeout, details=lambda: f"{last[0]}\n{self.describe()}"
+        )
 
     def stop(self, grace: float = 10.0) -> Optional[int]:
         """SIGTERM the child and wait; SIGKILL its group if it outlives
@@ -304,7 +303,8 @@ class LoopbackServer(ABC):
         if context is not None:
             # The handshake happens in the request's thread, not the accepting one.
             self._server.socket = context.wrap_socket(
-                self._server.socket, server_side=True, do_handshake_on_connect=False)
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
         self.port = self._server.server_address[1]
         self._scheme = "https" if context is not None else "http"
         self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
@@ -325,7 +325,6 @@ class LoopbackServer(ABC):
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
-
 
 
 class RecordingEndpoint(LoopbackServer):

@@ -99,9 +99,7 @@ class ControllerBinaries:
 def required_version(module_dir: Path, module: str) -> str:
     """The version of ``module`` that ``module_dir/go.mod`` requires."""
     text = (module_dir / "go.mod").read_text()
-    match = re.search(
-        r"^\s*(?:require\s+)?" + re.escape(module) + r"\s+(v\S+)", text, re.M
-    )
+    match = re.search(r"^\s*(?:require\s+)?" + re.escape(module) + r"\s+(v\S+)", text, re.M)
     if match is None:
         raise BuildError(f"{module_dir / 'go.mod'} does not require {module}")
     return match.group(1)
@@ -124,9 +122,7 @@ def kwok_version() -> str:
 
 def cache_dir() -> Path:
     """Where the binaries for the pinned Kubernetes version are kept."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(
-        os.path.expanduser("~"), ".cache", "amp-e2e"
-    )
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "amp-e2e")
     return Path(root) / kubernetes_version()
 
 
@@ -164,14 +160,10 @@ def _go_env() -> dict[str, str]:
 
 
 def _go_version(go: str) -> tuple[int, int]:
-    out = subprocess.run(
-        [go, "env", "GOVERSION"], capture_output=True, text=True, env=_go_env()
-    )
+    out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, env=_go_env())
     match = re.match(r"go(\d+)\.(\d+)", out.stdout.strip())
     if out.returncode != 0 or match is None:
-        raise BuildError(
-            f"could not ask {go} for its version: {out.stderr.strip() or out.stdout.strip()}"
-        )
+        raise BuildError(f"could not ask {go} for its version: {out.stderr.strip() or out.stdout.strip()}")
     return int(match.group(1)), int(match.group(2))
 
 
@@ -190,9 +182,7 @@ _FETCH_FAILURE = re.compile(
 )
 
 
-def _run_go(
-    args: list[str], module_dir: Path, log_path: Path, what: str, phase: str
-) -> None:
+def _run_go(args: list[str], module_dir: Path, log_path: Path, what: str, phase: str) -> None:
     with open(log_path, "ab") as log:
         log.write(f"$ (cd {module_dir} && {' '.join(args)})\n".encode())
         log.flush()
@@ -281,9 +271,7 @@ def _no_go_reason() -> str:
     )
 
 
-def go_missing_outcome(
-    environ: Mapping[str, str], go: str | None, have_binaries: bool
-) -> tuple[str, str] | None:
+def go_missing_outcome(environ: Mapping[str, str], go: str | None, have_binaries: bool) -> tuple[str, str] | None:
     """What a test run does about Go: None when it can go ahead (Go is on
     PATH, or the binaries are already cached), ``("skip", reason)`` on a
     developer machine without Go, ``("fail", reason)`` when ``CI=true``,
@@ -300,9 +288,7 @@ def go_missing_outcome(
 def binaries_present(cache: Path | None = None) -> bool:
     """True when both binaries are cached and match the current go.mod files."""
     cache = cache or cache_dir()
-    return _is_current(cache / "kube-apiserver", KUBE_MODULE_DIR) and _is_current(
-        cache / "etcd", ETCD_MODULE_DIR
-    )
+    return _is_current(cache / "kube-apiserver", KUBE_MODULE_DIR) and _is_current(cache / "etcd", ETCD_MODULE_DIR)
 
 
 def controllers_present(cache: Path | None = None) -> bool:
@@ -333,7 +319,10 @@ def _module_dir_of(go: str, module_dir: Path, module: str) -> Path:
     """Where the Go module cache holds ``module`` as ``module_dir`` requires it."""
     out = subprocess.run(
         [go, "list", "-m", "-f", "{{.Dir}}", module],
-        cwd=module_dir, env=_go_env(), capture_output=True, text=True,
+        cwd=module_dir,
+        env=_go_env(),
+        capture_output=True,
+        text=True,
         stdin=subprocess.DEVNULL,
     )
     if out.returncode != 0 or not out.stdout.strip():
@@ -364,9 +353,7 @@ def same_kubernetes_release() -> None:
         )
 
 
-def build_controllers(
-    cache: Path | None = None, say: Callable[[str], None] | None = None
-) -> ControllerBinaries:
+def build_controllers(cache: Path | None = None, say: Callable[[str], None] | None = None) -> ControllerBinaries:
     """Build (or reuse) kube-controller-manager, kube-scheduler and kwok.
 
     Raises BuildError as ``build`` does, and when the controllers' module
@@ -402,9 +389,7 @@ def build_controllers(
     return binaries
 
 
-def build(
-    cache: Path | None = None, say: Callable[[str], None] | None = None
-) -> Binaries:
+def build(cache: Path | None = None, say: Callable[[str], None] | None = None) -> Binaries:
     """Build (or reuse) kube-apiserver and etcd; return their paths.
 
     Raises BuildError with a message naming what is missing when Go is absent
@@ -438,8 +423,13 @@ def main() -> int:
     except BuildError as exc:
         print(f"amp-e2e: {exc}", file=sys.stderr)
         return 1
-    for path in (binaries.kube_apiserver, binaries.etcd, controllers.kube_controller_manager,
-                 controllers.kube_scheduler, controllers.kwok):
+    for path in (
+        binaries.kube_apiserver,
+        binaries.etcd,
+        controllers.kube_controller_manager,
+        controllers.kube_scheduler,
+        controllers.kwok,
+    ):
         print(path)
     print(
         f"amp-e2e: kube-apiserver, kube-controller-manager and kube-scheduler "

@@ -94,8 +94,9 @@ class _Authority:
         client: bool = False,
     ) -> tuple[bytes, bytes]:
         """A leaf certificate and its key, both PEM."""
-        cert, key = issue_cert(self.cert, self.key, common_name, hosts, client=client, server=server,
-                               organizations=organizations, days=2)
+        cert, key = issue_cert(
+            self.cert, self.key, common_name, hosts, client=client, server=server, organizations=organizations, days=2
+        )
         return pem_cert(cert), pem_key(key)
 
 
@@ -341,6 +342,7 @@ class ControlPlane:
             ],
             self.etcd_log,
         )
+
         def healthy() -> bool:
             if self._etcd.poll() is not None:
                 raise self._failure(f"etcd exited with status {self._etcd.returncode}")
@@ -391,9 +393,7 @@ class ControlPlane:
         def ready() -> bool:
             nonlocal last
             if self._apiserver.poll() is not None:
-                raise self._failure(
-                    f"kube-apiserver exited with status {self._apiserver.returncode}"
-                )
+                raise self._failure(f"kube-apiserver exited with status {self._apiserver.returncode}")
             status, body = _http_get(f"{self.api_url}/readyz", context)
             last = f"last /readyz answer: {status} {body[-2000:].decode(errors='replace')}"
             return status == 200
@@ -401,9 +401,7 @@ class ControlPlane:
         try:
             poll_until("kube-apiserver to be ready", ready, self.start_timeout, interval=0.25)
         except WaitTimeout:
-            raise self._failure(
-                f"kube-apiserver was not ready within {self.start_timeout:.0f}s; {last}"
-            ) from None
+            raise self._failure(f"kube-apiserver was not ready within {self.start_timeout:.0f}s; {last}") from None
 
     def _tracing_flags(self) -> list[str]:
         """
@@ -416,12 +414,17 @@ class ControlPlane:
         """
         if self.tracing_endpoint is None:
             return []
-        path = _write(self.workdir / "tracing.yaml", yaml.safe_dump({
-            "apiVersion": "apiserver.config.k8s.io/v1",
-            "kind": "TracingConfiguration",
-            "endpoint": self.tracing_endpoint,
-            "samplingRatePerMillion": 0,
-        }).encode())
+        path = _write(
+            self.workdir / "tracing.yaml",
+            yaml.safe_dump(
+                {
+                    "apiVersion": "apiserver.config.k8s.io/v1",
+                    "kind": "TracingConfiguration",
+                    "endpoint": self.tracing_endpoint,
+                    "samplingRatePerMillion": 0,
+                }
+            ).encode(),
+        )
         return [f"--tracing-config-file={path}"]
 
     # -- clients and kubeconfigs -------------------------------------------
@@ -462,9 +465,7 @@ class ControlPlane:
         if self._admin_client is None:
             from kubernetes import config
 
-            self._admin_client = config.new_client_from_config(
-                config_file=str(self.kubeconfig_path)
-            )
+            self._admin_client = config.new_client_from_config(config_file=str(self.kubeconfig_path))
         return self._admin_client
 
     def create_namespace(
@@ -483,9 +484,7 @@ class ControlPlane:
         core = client.CoreV1Api(self.admin_client())
         namespace = core.create_namespace(
             client.V1Namespace(
-                metadata=client.V1ObjectMeta(
-                    name=name, labels=labels or None, annotations=annotations or None
-                )
+                metadata=client.V1ObjectMeta(name=name, labels=labels or None, annotations=annotations or None)
             )
         )
         self._ensure_service_account(core, name, "default")
@@ -505,9 +504,7 @@ class ControlPlane:
             if exc.status != 409:
                 raise
 
-    def service_account_kubeconfig(
-        self, namespace: str, name: str, *, expiration_seconds: int = 3600
-    ) -> Path:
+    def service_account_kubeconfig(self, namespace: str, name: str, *, expiration_seconds: int = 3600) -> Path:
         """Create ServiceAccount ``namespace/name`` and a kubeconfig that uses it.
 
         The namespace is created (with its default ServiceAccount) if missing.
@@ -529,9 +526,7 @@ class ControlPlane:
             name,
             namespace,
             client.AuthenticationV1TokenRequest(
-                spec=client.V1TokenRequestSpec(
-                    audiences=[], expiration_seconds=expiration_seconds
-                )
+                spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_seconds)
             ),
         ).status.token
         user = f"system:serviceaccount:{namespace}:{name}"

@@ -42,8 +42,10 @@ def _missing(what: str) -> NoReturn:
         action, reason = outcome
     else:
         action = "fail" if os.environ.get("CI") == "true" else "skip"
-        reason = (f"{what} are not built in {build.cache_dir()}: run `make tools` "
-                  "(tools/install e2e, i.e. python tests/e2e/build.py; a cold build takes several minutes)")
+        reason = (
+            f"{what} are not built in {build.cache_dir()}: run `make tools` "
+            "(tools/install e2e, i.e. python tests/e2e/build.py; a cold build takes several minutes)"
+        )
     if action == "fail":
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)
@@ -86,7 +88,9 @@ def otlp_receiver() -> Iterator[GRPCReceiver]:
 
 @pytest.fixture(scope="session")
 def control_plane(
-    e2e_binaries: build.Binaries, tmp_path_factory: pytest.TempPathFactory, otlp_receiver: GRPCReceiver,
+    e2e_binaries: build.Binaries,
+    tmp_path_factory: pytest.TempPathFactory,
+    otlp_receiver: GRPCReceiver,
 ) -> Iterator[ControlPlane]:
     """One running control plane shared by the whole test session.
 
@@ -96,8 +100,9 @@ def control_plane(
     server traces only requests that come with a sampled ``traceparent``
     (``ControlPlane.tracing_endpoint``), exporting to ``otlp_receiver``.
     """
-    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"), e2e_binaries,
-                         tracing_endpoint=f"127.0.0.1:{otlp_receiver.port}")
+    plane = ControlPlane(
+        tmp_path_factory.mktemp("control-plane"), e2e_binaries, tracing_endpoint=f"127.0.0.1:{otlp_receiver.port}"
+    )
     plane.start()
     try:
         yield plane
@@ -119,8 +124,9 @@ def controllers(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFa
     raised client limits) and kept for the rest of the session. Workloads
     for them: ``workloads.deployment`` and ``workloads.job``."""
     binaries = require_controllers()
-    running = Controllers(control_plane, binaries, tmp_path_factory.mktemp("controllers"),
-                          qps=CONTROLLER_QPS, burst=CONTROLLER_BURST)
+    running = Controllers(
+        control_plane, binaries, tmp_path_factory.mktemp("controllers"), qps=CONTROLLER_QPS, burst=CONTROLLER_BURST
+    )
     running.start()
     try:
         yield running
@@ -146,8 +152,11 @@ def deploy_documents(substitutions: dict[str, str] | None = None) -> list[tuple[
         for path in sorted(DEPLOY_DIR.rglob("*")):
             if path.suffix not in (".yaml", ".yml") or not path.is_file():
                 continue
-            if (DEPLOY_DIR / "chart" in path.parents or DEPLOY_DIR / "managed" in path.parents
-                    or path == DEPLOY_DIR / "base" / "amp.yaml"):
+            if (
+                DEPLOY_DIR / "chart" in path.parents
+                or DEPLOY_DIR / "managed" in path.parents
+                or path == DEPLOY_DIR / "base" / "amp.yaml"
+            ):
                 continue
             text = path.read_text()
             for name, value in (substitutions or {}).items():
@@ -186,14 +195,21 @@ def amp_kubeconfig(control_plane: ControlPlane) -> Iterator[Path]:
     path = control_plane.service_account_kubeconfig(namespace, name)
     rbac = client.RbacAuthorizationV1Api(control_plane.admin_client())
     rbac.create_cluster_role(
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": AMP_CLUSTER_ROLE}, "rules": rules}
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": AMP_CLUSTER_ROLE},
+            "rules": rules,
+        }
     )
     rbac.create_cluster_role_binding(
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": AMP_CLUSTER_ROLE},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": AMP_CLUSTER_ROLE},
-         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": AMP_CLUSTER_ROLE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": AMP_CLUSTER_ROLE},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        }
     )
     try:
         _poll_until_authorized(path, rules)
@@ -212,15 +228,30 @@ def _poll_until_authorized(kubeconfig: Path, rules: list[dict[str, Any]]) -> Non
     api = config.new_client_from_config(config_file=str(kubeconfig))
     checks = client.AuthorizationV1Api(api)
     try:
+
         def allowed() -> bool | None:
             review = checks.create_self_subject_rules_review(
-                {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview",
-                 "spec": {"namespace": "default"}})
+                {
+                    "apiVersion": "authorization.k8s.io/v1",
+                    "kind": "SelfSubjectRulesReview",
+                    "spec": {"namespace": "default"},
+                }
+            )
             granted = review.status.resource_rules or []
-            wanted = {(g, res, verb) for r in rules for g in r.get("apiGroups") or []
-                      for res in r.get("resources") or [] for verb in r.get("verbs") or []}
-            have = {(g, res, verb) for rule in granted for g in rule.api_groups or []
-                    for res in rule.resources or [] for verb in rule.verbs or []}
+            wanted = {
+                (g, res, verb)
+                for r in rules
+                for g in r.get("apiGroups") or []
+                for res in r.get("resources") or []
+                for verb in r.get("verbs") or []
+            }
+            have = {
+                (g, res, verb)
+                for rule in granted
+                for g in rule.api_groups or []
+                for res in rule.resources or []
+                for verb in rule.verbs or []
+            }
             return True if wanted <= have else None
 
         poll_until("amp's RBAC to take effect", allowed, 10.0)
@@ -243,14 +274,25 @@ def lease_rbac(control_plane: ControlPlane, amp_kubeconfig: Path) -> Iterator[st
     role = yaml.safe_load((DEPLOY_DIR / "base" / "role.yaml").read_text())
     rbac = client.RbacAuthorizationV1Api(control_plane.admin_client())
     name = "amp-e2e-bypass"
-    rbac.create_namespaced_role(namespace, {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": name, "namespace": namespace}, "rules": role["rules"]})
-    rbac.create_namespaced_role_binding(namespace, {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": name, "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]})
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace},
+            "rules": role["rules"],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+    )
     try:
         yield namespace
     finally:

@@ -85,8 +85,9 @@ class Controllers:
         self.burst = burst
         self.node_names = [f"amp-e2e-kwok-{i}" for i in range(nodes)]
         self.start_timeout = start_timeout
-        self.logs = {name: self.workdir / f"{name}.log"
-                     for name in ("kwok", "kube-scheduler", "kube-controller-manager")}
+        self.logs = {
+            name: self.workdir / f"{name}.log" for name in ("kwok", "kube-scheduler", "kube-controller-manager")
+        }
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- lifecycle ---------------------------------------------------------
@@ -137,8 +138,11 @@ class Controllers:
         parts = []
         for name, log in self.logs.items():
             proc = self._procs.get(name)
-            state = "not started" if proc is None else (
-                "running" if proc.poll() is None else f"exited with {proc.returncode}")
+            state = (
+                "not started"
+                if proc is None
+                else ("running" if proc.poll() is None else f"exited with {proc.returncode}")
+            )
             parts.append(f"--- {name} ({state}), {log} (tail) ---\n{_tail(log)}")
         return "\n".join(parts)
 
@@ -155,8 +159,7 @@ class Controllers:
         try:
             poll_until(what, checked, self.start_timeout, interval=0.2)
         except WaitTimeout:
-            raise ControllersError(
-                f"{what}: not within {self.start_timeout:.0f}s\n{self.describe()}") from None
+            raise ControllersError(f"{what}: not within {self.start_timeout:.0f}s\n{self.describe()}") from None
 
     def _start_kwok(self) -> None:
         config = self.workdir / "kwok.yaml"
@@ -176,11 +179,14 @@ class Controllers:
             },
         }
         config.write_text(yaml.safe_dump(options) + "---\n" + self.binaries.kwok_stages.read_text())
-        self._spawn("kwok", [
-            str(self.binaries.kwok),
-            f"--kubeconfig={self.plane.kubeconfig_path}",
-            f"--config={config}",
-        ])
+        self._spawn(
+            "kwok",
+            [
+                str(self.binaries.kwok),
+                f"--kubeconfig={self.plane.kubeconfig_path}",
+                f"--config={config}",
+            ],
+        )
 
     def _create_nodes(self) -> None:
         from kubernetes import client
@@ -189,12 +195,18 @@ class Controllers:
         core = client.CoreV1Api(self.plane.admin_client())
         for name in self.node_names:
             try:
-                core.create_node({
-                    "apiVersion": "v1", "kind": "Node",
-                    "metadata": {"name": name, "annotations": {KWOK_KEY: "fake"},
-                                 "labels": {"type": "kwok", "kubernetes.io/hostname": name}},
-                    "spec": {"taints": [TAINT]},
-                })
+                core.create_node(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "metadata": {
+                            "name": name,
+                            "annotations": {KWOK_KEY: "fake"},
+                            "labels": {"type": "kwok", "kubernetes.io/hostname": name},
+                        },
+                        "spec": {"taints": [TAINT]},
+                    }
+                )
             except ApiException as exc:
                 if exc.status != 409:  # left by an earlier start on this control plane
                     raise
@@ -215,31 +227,44 @@ class Controllers:
 
     def _start_scheduler(self) -> None:
         config = self.workdir / "kube-scheduler.yaml"
-        config.write_text(yaml.safe_dump({
-            "apiVersion": "kubescheduler.config.k8s.io/v1",
-            "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(self.plane.kubeconfig_path),
-                                 "qps": float(self.qps), "burst": int(self.burst)},
-            "leaderElection": {"leaderElect": False},
-        }))
-        self._spawn("kube-scheduler", [
-            str(self.binaries.kube_scheduler),
-            f"--config={config}",
-            "--secure-port=0",
-            "--v=1",
-        ])
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {
+                        "kubeconfig": str(self.plane.kubeconfig_path),
+                        "qps": float(self.qps),
+                        "burst": int(self.burst),
+                    },
+                    "leaderElection": {"leaderElect": False},
+                }
+            )
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.binaries.kube_scheduler),
+                f"--config={config}",
+                "--secure-port=0",
+                "--v=1",
+            ],
+        )
 
     def _start_controller_manager(self) -> None:
-        self._spawn("kube-controller-manager", [
-            str(self.binaries.kube_controller_manager),
-            f"--kubeconfig={self.plane.kubeconfig_path}",
-            f"--controllers={','.join(CONTROLLERS)}",
-            "--leader-elect=false",
-            "--secure-port=0",
-            f"--kube-api-qps={self.qps:g}",
-            f"--kube-api-burst={self.burst}",
-            "--v=1",
-        ])
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.binaries.kube_controller_manager),
+                f"--kubeconfig={self.plane.kubeconfig_path}",
+                f"--controllers={','.join(CONTROLLERS)}",
+                "--leader-elect=false",
+                "--secure-port=0",
+                f"--kube-api-qps={self.qps:g}",
+                f"--kube-api-burst={self.burst}",
+                "--v=1",
+            ],
+        )
 
     def _canary(self) -> None:
         """A one-replica Deployment whose Pod becomes Ready proves the chain
@@ -264,6 +289,8 @@ class Controllers:
             if exc.status != 404:
                 raise
         apps.create_namespaced_deployment(CANARY_NAMESPACE, deployment(name, 1))
-        self._wait("a canary Deployment's Pod to become Ready",
-                   lambda: True if ready_replicas(apps, CANARY_NAMESPACE, name) == 1 else None)
+        self._wait(
+            "a canary Deployment's Pod to become Ready",
+            lambda: True if ready_replicas(apps, CANARY_NAMESPACE, name) == 1 else None,
+        )
         apps.delete_namespaced_deployment(name, CANARY_NAMESPACE, propagation_policy="Background")

@@ -50,7 +50,6 @@ pytestmark = pytest.mark.e2e
 PROPAGATION_DEADLINE = 10.0
 
 
-
 def create_pod(
     core: client.CoreV1Api, namespace: str, body: dict[str, Any], *, dry_run: Optional[str] = None
 ) -> tuple[dict[str, Any], list[str]]:
@@ -153,8 +152,11 @@ def test_user_env_endpoint_adds_env_home_volume_and_init_container(
     body = pod_manifest(
         "notebook",
         containers=[
-            {"name": "notebook", "image": "registry.invalid/notebook:1",
-             "env": [{"name": "ADDED_VAR", "value": "stale"}, {"name": "KEEP", "value": "me"}]},
+            {
+                "name": "notebook",
+                "image": "registry.invalid/notebook:1",
+                "env": [{"name": "ADDED_VAR", "value": "stale"}, {"name": "KEEP", "value": "me"}],
+            },
             {"name": "helper", "image": "registry.invalid/helper:1"},
         ],
         annotations={"hub.jupyter.org/username": "alice"},
@@ -169,9 +171,7 @@ def test_user_env_endpoint_adds_env_home_volume_and_init_container(
     assert own_volumes(pod) == {"user-home": {"name": "user-home", "emptyDir": {}}}
     assert own_mounts(notebook) == {"user-home": "/home/alice"}
     assert own_mounts(helper) == {}
-    assert [(c["name"], c["image"]) for c in pod["spec"]["initContainers"]] == [
-        ("new-init-container", "alpine:3.12.0")
-    ]
+    assert [(c["name"], c["image"]) for c in pod["spec"]["initContainers"]] == [("new-init-container", "alpine:3.12.0")]
 
 
 def test_registry_endpoint_rewrites_images_and_warns(
@@ -210,8 +210,13 @@ def test_sidecar_endpoint_injects_proxy_and_init_container(
     ns = amp.namespace(unique("s2-sidecar"), example_endpoints.url("sidecar"))
     body = pod_manifest(
         "meshed",
-        containers=[{"name": "app", "image": "registry.invalid/app:1",
-                     "ports": [{"containerPort": 8080}, {"containerPort": 9090}]}],
+        containers=[
+            {
+                "name": "app",
+                "image": "registry.invalid/app:1",
+                "ports": [{"containerPort": 8080}, {"containerPort": 9090}],
+            }
+        ],
     )
 
     create_pod(core, ns, body)
@@ -249,9 +254,7 @@ def test_poddefault_endpoint_applies_matching_preset_only(
 # ---- 3. an endpoint that is down, under Ignore and under Fail
 
 
-def test_endpoint_down_under_ignore_admits_unchanged_with_warning(
-    amp: AmpInstance, core: client.CoreV1Api
-) -> None:
+def test_endpoint_down_under_ignore_admits_unchanged_with_warning(amp: AmpInstance, core: client.CoreV1Api) -> None:
     down = f"http://127.0.0.1:{closed_port()}"
     ns = amp.namespace(unique("s3-ignore"), f"{down}/mutate", failure_policy="Ignore")
 
@@ -263,8 +266,9 @@ def test_endpoint_down_under_ignore_admits_unchanged_with_warning(
     assert list(annotations) == [STATUS_ANNOTATION]
     assert annotations[STATUS_ANNOTATION].startswith("skipped ")
     assert annotations[STATUS_ANNOTATION].endswith(f" {down}")
-    assert any(w.startswith(f"amp: {down} ") and w.endswith("; admitted without the endpoint's patch")
-               for w in warnings), warnings
+    assert any(
+        w.startswith(f"amp: {down} ") and w.endswith("; admitted without the endpoint's patch") for w in warnings
+    ), warnings
     assert returned["metadata"]["uid"] == pod["metadata"]["uid"]
 
 
@@ -302,8 +306,9 @@ def test_namespace_annotation_change_reaches_amp_through_the_watch(
         names = [c["name"] for c in pod["spec"]["containers"]]
         return pod if "amp-proxy" in names else None
 
-    switched = poll_until("a Pod mutated by the new endpoint", next_pod_has_sidecar, PROPAGATION_DEADLINE,
-                          details=amp.process.describe)
+    switched = poll_until(
+        "a Pod mutated by the new endpoint", next_pod_has_sidecar, PROPAGATION_DEADLINE, details=amp.process.describe
+    )
 
     stored = read_pod(core, ns, switched["metadata"]["name"])
     assert [c["name"] for c in stored["spec"]["containers"]] == ["app", "amp-proxy"]
@@ -317,9 +322,7 @@ def test_namespace_annotation_change_reaches_amp_through_the_watch(
 # ---- 7. dry-run
 
 
-def test_dry_run_reaches_the_endpoint_marked_and_stores_nothing(
-    amp: AmpInstance, core: client.CoreV1Api
-) -> None:
+def test_dry_run_reaches_the_endpoint_marked_and_stores_nothing(amp: AmpInstance, core: client.CoreV1Api) -> None:
     label = [{"op": "add", "path": "/metadata/labels", "value": {"recorded": "yes"}}]
     with RecordingEndpoint(label) as endpoint:
         ns = amp.namespace(unique("s7-dry-run"), endpoint.url("record"))
@@ -419,13 +422,13 @@ def test_failure_policy_auto_follows_the_webhook_configuration(
             assert "failure policy Fail denies the Pod" in exc.body, exc.body
             return None
 
-    _, warnings = poll_until("amp to answer under Ignore", admitted, PROPAGATION_DEADLINE,
-                             details=amp.process.describe)
+    _, warnings = poll_until("amp to answer under Ignore", admitted, PROPAGATION_DEADLINE, details=amp.process.describe)
     pod = read_pod(core, ns, attempts[-1])
     assert_unchanged(pod)
     assert list(pod["metadata"]["annotations"]) == [STATUS_ANNOTATION]
-    assert any(w.startswith(f"amp: {down} ") and w.endswith("; admitted without the endpoint's patch")
-               for w in warnings), warnings
+    assert any(
+        w.startswith(f"amp: {down} ") and w.endswith("; admitted without the endpoint's patch") for w in warnings
+    ), warnings
 
     set_webhook_failure_policy(control_plane, amp.webhook_configuration_name, "Fail")
 
@@ -577,14 +580,17 @@ def test_v1beta1_admission_reviews_are_answered_in_kind(
     instance = unique("v1beta1")
     name = f"amp-e2e-{instance}"
     registrations.create_mutating_webhook_configuration(
-        webhook_configuration(name, amp.process.mutate_url, control_plane.ca_pem, instance,
-                              review_versions=("v1beta1",))
+        webhook_configuration(
+            name, amp.process.mutate_url, control_plane.ca_pem, instance, review_versions=("v1beta1",)
+        )
     )
     try:
         ns = unique("x-v1beta1")
         control_plane.create_namespace(
-            ns, labels={ENABLED_LABEL: "true", INSTANCE_LABEL: instance},
-            annotations={ENDPOINT_ANNOTATION: example_endpoints.url("user-env"), FAILURE_POLICY_ANNOTATION: "Fail"})
+            ns,
+            labels={ENABLED_LABEL: "true", INSTANCE_LABEL: instance},
+            annotations={ENDPOINT_ANNOTATION: example_endpoints.url("user-env"), FAILURE_POLICY_ANNOTATION: "Fail"},
+        )
         attempts: list[int] = []
 
         def mutated() -> Optional[dict[str, Any]]:
@@ -592,8 +598,12 @@ def test_v1beta1_admission_reviews_are_answered_in_kind(
             pod, _ = create_pod(core, ns, pod_manifest(f"old-review-{len(attempts)}"))
             return pod if "AMP_USER" in env_of(pod["spec"]["containers"][0]) else None
 
-        pod = poll_until("the API server to use the v1beta1 registration", mutated, PROPAGATION_DEADLINE,
-                         details=amp.process.describe)
+        pod = poll_until(
+            "the API server to use the v1beta1 registration",
+            mutated,
+            PROPAGATION_DEADLINE,
+            details=amp.process.describe,
+        )
     finally:
         registrations.delete_mutating_webhook_configuration(name)
     assert read_pod(core, ns, pod["metadata"]["name"])["spec"]["initContainers"][0]["name"] == "new-init-container"
@@ -608,9 +618,12 @@ def test_namespace_watch_resumes_after_the_server_ends_it(
     amp = start_amp("rewatch", overrides={"kubernetes": {"watch_timeout": "1s"}, "metrics": {"port": free_port()}})
     ns = amp.namespace(unique("x-rewatch"), example_endpoints.url("user-env"))
     restarts = "amp_namespace_watch_restarts_total"
-    poll_until("two watch restarts on the server's timeout",
-               lambda: (amp.process.metric(restarts, reason="timeout") or 0) >= 2 or None, 10.0,
-               details=amp.process.describe)
+    poll_until(
+        "two watch restarts on the server's timeout",
+        lambda: (amp.process.metric(restarts, reason="timeout") or 0) >= 2 or None,
+        10.0,
+        details=amp.process.describe,
+    )
     assert amp.process.metric(restarts, reason="expired") in (None, 0.0)
 
     core.patch_namespace(ns, {"metadata": {"annotations": {ENDPOINT_ANNOTATION: example_endpoints.url("sidecar")}}})

@@ -70,9 +70,10 @@ class SidecarEndpoint(ExampleEndpoints):
 
 
 def template(app: str) -> dict[str, Any]:
-    return {"metadata": {"labels": {"app": app}},
-            "spec": {"containers": [{"name": app, "image": "registry.invalid/app:1",
-                                     "ports": [{"containerPort": 8080}]}]}}
+    return {
+        "metadata": {"labels": {"app": app}},
+        "spec": {"containers": [{"name": app, "image": "registry.invalid/app:1", "ports": [{"containerPort": 8080}]}]},
+    }
 
 
 class Controllers:
@@ -88,28 +89,67 @@ class Controllers:
     def deployment(self, name: str) -> None:
         tmpl = template(name)
         selector = {"matchLabels": {"app": name}}
-        d = self.apps.create_namespaced_deployment(self.ns, {
-            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-            "spec": {"replicas": 1, "selector": selector, "template": tmpl}})
+        d = self.apps.create_namespaced_deployment(
+            self.ns,
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name},
+                "spec": {"replicas": 1, "selector": selector, "template": tmpl},
+            },
+        )
         rs_name = f"{name}-7c9d8"
         rs_template = json.loads(json.dumps(tmpl))
         rs_template["metadata"]["labels"]["pod-template-hash"] = "7c9d8"
-        rs = self.apps.create_namespaced_replica_set(self.ns, {
-            "apiVersion": "apps/v1", "kind": "ReplicaSet",
-            "metadata": {"name": rs_name, "labels": rs_template["metadata"]["labels"], "ownerReferences": [
-                {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": d.metadata.uid,
-                 "controller": True, "blockOwnerDeletion": True}]},
-            "spec": {"replicas": 1, "selector": {"matchLabels": rs_template["metadata"]["labels"]},
-                     "template": rs_template}})
+        rs = self.apps.create_namespaced_replica_set(
+            self.ns,
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "metadata": {
+                    "name": rs_name,
+                    "labels": rs_template["metadata"]["labels"],
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "apps/v1",
+                            "kind": "Deployment",
+                            "name": name,
+                            "uid": d.metadata.uid,
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
+                },
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": rs_template["metadata"]["labels"]},
+                    "template": rs_template,
+                },
+            },
+        )
         self.replicasets[name] = (rs_name, rs.metadata.uid, rs_template)
 
     def pod(self, deployment: str, name: str) -> dict[str, Any]:
         rs_name, uid, tmpl = self.replicasets[deployment]
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "labels": tmpl["metadata"]["labels"], "ownerReferences": [
-                   {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs_name, "uid": uid,
-                    "controller": True, "blockOwnerDeletion": True}]},
-               "spec": tmpl["spec"]}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "labels": tmpl["metadata"]["labels"],
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "ReplicaSet",
+                        "name": rs_name,
+                        "uid": uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": tmpl["spec"],
+        }
         return self.create(pod)
 
     def create(self, pod: dict[str, Any], dry_run: Optional[str] = None) -> dict[str, Any]:
@@ -125,20 +165,35 @@ def label_policy(control_plane: ControlPlane, namespace: str, probe: Controllers
     group, version = "admissionregistration.k8s.io", "v1"
     name = unique("audit-label")
     policy = {
-        "apiVersion": f"{group}/{version}", "kind": "MutatingAdmissionPolicy", "metadata": {"name": name},
+        "apiVersion": f"{group}/{version}",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name},
         "spec": {
-            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                                                    "operations": ["CREATE"], "resources": ["pods"]}]},
+            "matchConstraints": {
+                "resourceRules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+                ]
+            },
             "failurePolicy": "Fail",
             "reinvocationPolicy": "Never",
-            "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": (
-                f"Object{{metadata: Object.metadata{{labels: {{'{POLICY_LABEL}': 'added'}}}}}}")}}],
+            "mutations": [
+                {
+                    "patchType": "ApplyConfiguration",
+                    "applyConfiguration": {
+                        "expression": (f"Object{{metadata: Object.metadata{{labels: {{'{POLICY_LABEL}': 'added'}}}}}}")
+                    },
+                }
+            ],
         },
     }
     binding = {
-        "apiVersion": f"{group}/{version}", "kind": "MutatingAdmissionPolicyBinding", "metadata": {"name": name},
-        "spec": {"policyName": name, "matchResources": {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}},
+        "apiVersion": f"{group}/{version}",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
+        },
     }
     objects.create_cluster_custom_object(group, version, "mutatingadmissionpolicies", policy)
     try:
@@ -174,8 +229,9 @@ def amp_unreachable(amp: AmpInstance, probe: Controllers) -> Iterator[None]:
         adm.replace_mutating_webhook_configuration(name, config)
 
     def stamped() -> bool:
-        return STATUS_ANNOTATION in (probe.create(bare("reach-probe"), dry_run="All")["metadata"].get("annotations")
-                                     or {})
+        return STATUS_ANNOTATION in (
+            probe.create(bare("reach-probe"), dry_run="All")["metadata"].get("annotations") or {}
+        )
 
     point_at(f"https://127.0.0.1:{closed_port()}/mutate")
     try:
@@ -200,31 +256,49 @@ def audit_gauge(port: int, namespace: str) -> dict[str, float]:
     return found
 
 
-def run_audit(amp: AmpInstance, control_plane: ControlPlane, namespace: str, recordings: Path,
-              *extra: str) -> tuple[int, str, float]:
+def run_audit(
+    amp: AmpInstance, control_plane: ControlPlane, namespace: str, recordings: Path, *extra: str
+) -> tuple[int, str, float]:
     script = shutil.which("amp", path=os.path.dirname(sys.executable))
     assert script is not None, "the amp console script is not installed beside the interpreter"
     started = time.monotonic()
     done = subprocess.run(
-        [script, "audit", "--config", str(amp.process.config_path), "--kubeconfig", str(control_plane.kubeconfig_path),
-         "-n", namespace, "--recordings", str(recordings), *extra],
-        capture_output=True, timeout=120, check=False)
+        [
+            script,
+            "audit",
+            "--config",
+            str(amp.process.config_path),
+            "--kubeconfig",
+            str(control_plane.kubeconfig_path),
+            "-n",
+            namespace,
+            "--recordings",
+            str(recordings),
+            *extra,
+        ],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert done.stderr == b"", done.stderr
     return done.returncode, done.stdout.decode(), time.monotonic() - started
 
 
-def test_audit_after_a_sidecar_image_change(
-    start_amp: AmpFactory, control_plane: ControlPlane, tmp_path: Path
-) -> None:
+def test_audit_after_a_sidecar_image_change(start_amp: AmpFactory, control_plane: ControlPlane, tmp_path: Path) -> None:
     recordings = tmp_path / "recordings"
     lease_ns = unique("audit-lease")
     control_plane.create_namespace(lease_ns)
     metrics_port = free_port()
-    amp = start_amp("audit", webhook_failure_policy="Ignore", overrides={
-        "record": {"enabled": True, "directory": str(recordings)},
-        "metrics": {"port": metrics_port, "interface": LOOPBACK},
-        "kubernetes": {"kubeconfig": str(control_plane.kubeconfig_path), "bypass": {"lease_namespace": lease_ns}},
-        "audit": {"continuous": True, "interval": "10m", "min_interval": "1s"}})
+    amp = start_amp(
+        "audit",
+        webhook_failure_policy="Ignore",
+        overrides={
+            "record": {"enabled": True, "directory": str(recordings)},
+            "metrics": {"port": metrics_port, "interface": LOOPBACK},
+            "kubernetes": {"kubeconfig": str(control_plane.kubeconfig_path), "bypass": {"lease_namespace": lease_ns}},
+            "audit": {"continuous": True, "interval": "10m", "min_interval": "1s"},
+        },
+    )
     port = closed_port()
     endpoint = SidecarEndpoint(tmp_path / "v1", port, OLD).start_and_wait()
     try:
@@ -256,8 +330,13 @@ def test_audit_after_a_sidecar_image_change(
         report = json.loads(out)
         states = {(w["kind"], w["name"]): {p["name"]: p["state"] for p in w["pods"]} for w in report["workloads"]}
         assert states == {
-            ("Deployment", "web"): {"web-a": "stale", "web-b": "stale", "web-c": "never-mutated",
-                                    "web-d": "failed", "web-e": "current"},
+            ("Deployment", "web"): {
+                "web-a": "stale",
+                "web-b": "stale",
+                "web-c": "never-mutated",
+                "web-d": "failed",
+                "web-e": "current",
+            },
             ("Deployment", "api"): {"api-a": "stale"},
             ("Pod", "solo"): {"solo": "stale"},
         }, out
@@ -287,7 +366,11 @@ def test_audit_after_a_sidecar_image_change(
             found = audit_gauge(metrics_port, ns)
             return found if found == want else None
 
-        poll_until("the continuous audit to expose the namespace's Pods", audited, PROPAGATION,
-                   details=lambda: f"{audit_gauge(metrics_port, ns)}\n{amp.process.describe()}")
+        poll_until(
+            "the continuous audit to expose the namespace's Pods",
+            audited,
+            PROPAGATION,
+            details=lambda: f"{audit_gauge(metrics_port, ns)}\n{amp.process.describe()}",
+        )
     finally:
         endpoint.stop()

@@ -54,11 +54,24 @@ def test_a_rollout_restart_brings_every_pod_of_a_stale_deployment_up_to_date(
         assert status == 1
 
         # The command the audit gave, as kubectl runs it.
-        apps.patch_namespaced_deployment("web", ns, {"spec": {"template": {"metadata": {"annotations": {
-            "kubectl.kubernetes.io/restartedAt": "2026-11-29T00:00:00Z"}}}}})
+        apps.patch_namespaced_deployment(
+            "web",
+            ns,
+            {
+                "spec": {
+                    "template": {
+                        "metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-29T00:00:00Z"}}
+                    }
+                }
+            },
+        )
         workloads.wait_rolled_out(apps, ns, "web", REPLICAS, CONVERGE, amp.process.describe)
-        poll_until("the replaced Pods to be gone", lambda: len(workloads.pods(core, ns)) == REPLICAS or None,
-                   CONVERGE, interval=0.5)
+        poll_until(
+            "the replaced Pods to be gone",
+            lambda: len(workloads.pods(core, ns)) == REPLICAS or None,
+            CONVERGE,
+            interval=0.5,
+        )
 
         status, out, _ = run_audit(amp, control_plane, ns, recordings, "-o", "json")
         report = json.loads(out)

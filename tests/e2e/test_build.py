@@ -39,9 +39,7 @@ def test_cache_dir_follows_the_environment_and_the_pinned_version(
     assert build.etcd_version().startswith("v3.")
 
 
-def test_build_without_go_names_what_is_missing(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_build_without_go_names_what_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(build.BuildError, match="no `go` on PATH"):
         build.build(cache=tmp_path / "empty")
@@ -91,7 +89,11 @@ def test_kwoks_stages_come_from_its_module_as_one_stream(tmp_path: Path) -> None
         path.write_text(f"kind: Stage\nmetadata:\n  name: {path.stem}\n")
     docs = build.kwok_stages_text(tmp_path).split("---\n")
     assert [doc.splitlines()[-1].strip() for doc in docs] == [
-        "name: node-initialize", "name: pod-ready", "name: pod-complete", "name: pod-delete"]
+        "name: node-initialize",
+        "name: pod-ready",
+        "name: pod-complete",
+        "name: pod-delete",
+    ]
 
     (tmp_path / build.KWOK_STAGES[1]).unlink()
     with pytest.raises(build.BuildError, match="kwok's module has no kustomize/stage/pod/fast/pod-ready.yaml"):
@@ -99,8 +101,11 @@ def test_kwoks_stages_come_from_its_module_as_one_stream(tmp_path: Path) -> None
 
 
 def test_cached_controllers_are_current_only_with_their_stages(tmp_path: Path) -> None:
-    for name, module in (("kube-controller-manager", build.CONTROLLERS_MODULE_DIR),
-                         ("kube-scheduler", build.CONTROLLERS_MODULE_DIR), ("kwok", build.KWOK_MODULE_DIR)):
+    for name, module in (
+        ("kube-controller-manager", build.CONTROLLERS_MODULE_DIR),
+        ("kube-scheduler", build.CONTROLLERS_MODULE_DIR),
+        ("kwok", build.KWOK_MODULE_DIR),
+    ):
         binary = tmp_path / name
         binary.write_text("#!/bin/sh\n")
         binary.chmod(0o755)

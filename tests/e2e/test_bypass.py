@@ -53,7 +53,6 @@ REASON = "AmpBypassed"
 WAIT = 30.0
 
 
-
 @pytest.fixture
 def core(control_plane: ControlPlane) -> client.CoreV1Api:
     return client.CoreV1Api(control_plane.admin_client())
@@ -73,8 +72,15 @@ def reporting_amp(
 
     def make(instance: str, lease_duration: str, **overrides: Any) -> AmpInstance:
         bypass = {"enabled": True, "lease_namespace": lease_rbac, "lease_duration": lease_duration}
-        return AmpInstance(control_plane, amp_kubeconfig, example_endpoints, tmp_path, instance,
-                           webhook_failure_policy="Ignore", overrides={**overrides, "kubernetes": {"bypass": bypass}})
+        return AmpInstance(
+            control_plane,
+            amp_kubeconfig,
+            example_endpoints,
+            tmp_path,
+            instance,
+            webhook_failure_policy="Ignore",
+            overrides={**overrides, "kubernetes": {"bypass": bypass}},
+        )
 
     return make
 
@@ -115,8 +121,9 @@ def test_pods_created_while_amp_was_down_are_reported_once_after_it_restarts(
     try:
         amp.start()
 
-        first_holder = poll_until("amp to take the Lease", lambda: lease_holder(amp.admin, lease_rbac), WAIT,
-                                  details=process.describe)
+        first_holder = poll_until(
+            "amp to take the Lease", lambda: lease_holder(amp.admin, lease_rbac), WAIT, details=process.describe
+        )
 
         # amp up: it reviews (and stamps) this one; the other namespace is
         # not enabled yet, so nobody reviews its Pod
@@ -147,8 +154,7 @@ def test_pods_created_while_amp_was_down_are_reported_once_after_it_restarts(
         assert sorted(events) == ["bypassed-1", "bypassed-2"], sorted(events)
         for name in ("bypassed-1", "bypassed-2"):
             [event] = events[name]
-            assert (event.type, event.involved_object.kind, event.involved_object.namespace) == \
-                ("Warning", "Pod", team)
+            assert (event.type, event.involved_object.kind, event.involved_object.namespace) == ("Warning", "Pod", team)
             assert "admitted without amp" in event.message and "Delete and create the Pod again" in event.message
         # created before the namespace was enabled: not reported, unless in
         # the same second, where amp cannot tell the order and says so
@@ -169,11 +175,18 @@ def test_pods_created_while_amp_was_down_are_reported_once_after_it_restarts(
         assert process.stopped_cleanly(), process.describe()
         create(core, team, "bypassed-3")
         process.start()
-        events = poll_until("the third Event", lambda: (e := bypass_events(core, team)) and
-                            ("bypassed-3" in e and e or None), WAIT, details=process.describe)
+        events = poll_until(
+            "the third Event",
+            lambda: (e := bypass_events(core, team)) and ("bypassed-3" in e and e or None),
+            WAIT,
+            details=process.describe,
+        )
         process.wait_healthy(process.port, "/readyz", process.client_context(), WAIT)
-        assert {name: len(found) for name, found in events.items()} == \
-            {"bypassed-1": 1, "bypassed-2": 1, "bypassed-3": 1}
+        assert {name: len(found) for name, found in events.items()} == {
+            "bypassed-1": 1,
+            "bypassed-2": 1,
+            "bypassed-3": 1,
+        }
         assert process.metric("amp_bypassed_pods_total", namespace=team) == 1
         second_holder = lease_holder(amp.admin, lease_rbac)
         assert second_holder is not None and second_holder != first_holder
@@ -185,8 +198,11 @@ def test_pods_created_while_amp_was_down_are_reported_once_after_it_restarts(
 def label_second(core: client.CoreV1Api, namespace: str) -> int:
     """The whole second of the last write to the namespace's enable label (its managed fields)."""
     ns = core.read_namespace(namespace)
-    times = [entry.time for entry in ns.metadata.managed_fields or ()
-             if f"f:{ENABLED_LABEL}" in ((entry.fields_v1 or {}).get("f:metadata") or {}).get("f:labels", {})]
+    times = [
+        entry.time
+        for entry in ns.metadata.managed_fields or ()
+        if f"f:{ENABLED_LABEL}" in ((entry.fields_v1 or {}).get("f:metadata") or {}).get("f:labels", {})
+    ]
     return int(max(times).timestamp())
 
 
@@ -223,9 +239,13 @@ def test_two_replicas_a_kill_and_a_rolling_restart_report_each_bypassed_pod_once
         return process
 
     def new_holder(old: str) -> str:
-        return poll_until("another replica to take the Lease",
-                          lambda: (h := lease_holder(admin, lease_rbac)) and h != old and h or None, WAIT,
-                          interval=0.05, details=lambda: "\n".join(p.describe() for p in replicas))
+        return poll_until(
+            "another replica to take the Lease",
+            lambda: (h := lease_holder(admin, lease_rbac)) and h != old and h or None,
+            WAIT,
+            interval=0.05,
+            details=lambda: "\n".join(p.describe() for p in replicas),
+        )
 
     def enabled_namespace(name: str) -> str:
         return amp.namespace(name, endpoint)
@@ -238,24 +258,42 @@ def test_two_replicas_a_kill_and_a_rolling_restart_report_each_bypassed_pod_once
     try:
         amp.start()
         replicas[1].start_and_wait(WAIT)
-        holder = poll_until("a replica to take the Lease", lambda: lease_holder(admin, lease_rbac), WAIT,
-                            details=lambda: "\n".join(p.describe() for p in replicas))
+        holder = poll_until(
+            "a replica to take the Lease",
+            lambda: lease_holder(admin, lease_rbac),
+            WAIT,
+            details=lambda: "\n".join(p.describe() for p in replicas),
+        )
         mutated = create(core, team, "mutated")
         assert "amp.txn2.com/status" in mutated, mutated
 
         # amp unreachable while both replicas run: the API server fails open
         [hook] = hooks.read_mutating_webhook_configuration(amp.webhook_configuration_name).webhooks
-        hooks.patch_mutating_webhook_configuration(amp.webhook_configuration_name, {"webhooks": [
-            {"name": hook.name, "clientConfig": {"url": f"https://{LOOPBACK}:{closed_port()}/mutate"}}]})
-        poll_until("the API server to fail open", lambda: "amp.txn2.com/status" not in (
-            core.create_namespaced_pod(team, pod_manifest("probe"), dry_run="All").metadata.annotations or {})
-            or None, WAIT)
+        hooks.patch_mutating_webhook_configuration(
+            amp.webhook_configuration_name,
+            {"webhooks": [{"name": hook.name, "clientConfig": {"url": f"https://{LOOPBACK}:{closed_port()}/mutate"}}]},
+        )
+        poll_until(
+            "the API server to fail open",
+            lambda: (
+                "amp.txn2.com/status"
+                not in (
+                    core.create_namespaced_pod(team, pod_manifest("probe"), dry_run="All").metadata.annotations or {}
+                )
+                or None
+            ),
+            WAIT,
+        )
 
         # the holder watches: namespaces created enabled with their Pods in the same second
         bypassed = same_second_pods(core, enabled_namespace, "live", 2)
         expected = {ns: set(names) for ns, names in bypassed.items()}
-        poll_until("the holder's Events", lambda: all(
-            names <= set(bypass_events(core, ns)) for ns, names in expected.items()) or None, WAIT, interval=0.05)
+        poll_until(
+            "the holder's Events",
+            lambda: all(names <= set(bypass_events(core, ns)) for ns, names in expected.items()) or None,
+            WAIT,
+            interval=0.05,
+        )
 
         # the holder is killed; meanwhile more Pods bypass amp, in a namespace
         # created enabled and one enabled later, each in the same second
@@ -269,8 +307,12 @@ def test_two_replicas_a_kill_and_a_rolling_restart_report_each_bypassed_pod_once
         takeover = time.monotonic() - killed_at
         for made in (created, enabled):
             expected.update({ns: set(names) for ns, names in made.items()})
-        poll_until("the new holder's Events", lambda: all(
-            names <= set(bypass_events(core, ns)) for ns, names in expected.items()) or None, WAIT, interval=0.05)
+        poll_until(
+            "the new holder's Events",
+            lambda: all(names <= set(bypass_events(core, ns)) for ns, names in expected.items()) or None,
+            WAIT,
+            interval=0.05,
+        )
         reported = time.monotonic() - killed_at
 
         # the killed replica comes back; then a rolling restart of both,
@@ -285,15 +327,18 @@ def test_two_replicas_a_kill_and_a_rolling_restart_report_each_bypassed_pod_once
             holder = new_holder(holder)
             clean.append(time.monotonic() - stopped_at)
             process.start_and_wait(WAIT)
-        print(f"\nhand-over after the holder's kill: {takeover:.2f}s to the next holder, {reported:.2f}s to its "
-              f"Events; after a clean stop: " + ", ".join(f"{t:.2f}s" for t in clean))
+        print(
+            f"\nhand-over after the holder's kill: {takeover:.2f}s to the next holder, {reported:.2f}s to its "
+            f"Events; after a clean stop: " + ", ".join(f"{t:.2f}s" for t in clean)
+        )
 
         # a last bypassed Pod, seen after the new holder's list was judged
         [(sentinel_ns, _)] = list(created.items())[-1:]
         create(core, sentinel_ns, "sentinel")
         expected[sentinel_ns].add("sentinel")
-        poll_until("the last Event", lambda: "sentinel" in bypass_events(core, sentinel_ns) or None, WAIT,
-                   interval=0.05)
+        poll_until(
+            "the last Event", lambda: "sentinel" in bypass_events(core, sentinel_ns) or None, WAIT, interval=0.05
+        )
 
         for ns, names in expected.items():
             events = bypass_events(core, ns)

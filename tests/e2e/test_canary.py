@@ -53,15 +53,22 @@ def stored(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, Any]:
     """What amp's endpoint changes of a stored Pod (the service account
     token's volume, named at random by the API server, made comparable)."""
     pod = json.loads(core.read_namespaced_pod(name, namespace, _preload_content=False).data)
-    spec = {"containers": pod["spec"]["containers"], "initContainers": pod["spec"].get("initContainers"),
-            "volumes": pod["spec"].get("volumes"),
-            "stamp": (pod["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION)}
+    spec = {
+        "containers": pod["spec"]["containers"],
+        "initContainers": pod["spec"].get("initContainers"),
+        "volumes": pod["spec"].get("volumes"),
+        "stamp": (pod["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION),
+    }
     return json.loads(re.sub(r"kube-api-access-[a-z0-9]+", "kube-api-access", json.dumps(spec)))
 
 
 def replay(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from amp.cli import main; main()", "replay", *argv],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "from amp.cli import main; main()", "replay", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_canary_compares_a_candidate_on_live_traffic_and_replay_finds_the_same(
@@ -70,12 +77,19 @@ def test_a_canary_compares_a_candidate_on_live_traffic_and_replay_finds_the_same
     recordings = tmp_path / "recordings"
     metrics_port = free_port()
     with Candidate() as candidate:
-        amp: AmpInstance = start_amp("canary", overrides={
-            "metrics": {"port": metrics_port, "interface": "127.0.0.1"},
-            "record": {"enabled": True, "directory": str(recordings), "namespaces": ["annotated"]}})
+        amp: AmpInstance = start_amp(
+            "canary",
+            overrides={
+                "metrics": {"port": metrics_port, "interface": "127.0.0.1"},
+                "record": {"enabled": True, "directory": str(recordings), "namespaces": ["annotated"]},
+            },
+        )
         live = example_endpoints.url("sidecar")
-        ns = amp.namespace(unique("canary"), live, annotations={
-            "amp.txn2.com/canary": candidate.url("sidecar"), "amp.txn2.com/record": "true"})
+        ns = amp.namespace(
+            unique("canary"),
+            live,
+            annotations={"amp.txn2.com/canary": candidate.url("sidecar"), "amp.txn2.com/record": "true"},
+        )
         control = amp.namespace(unique("control"), live)
         core = client.CoreV1Api(control_plane.admin_client())
         for i, track in enumerate(TRACKS):
@@ -89,8 +103,10 @@ def test_a_canary_compares_a_candidate_on_live_traffic_and_replay_finds_the_same
             assert CANDIDATE_IMAGE not in json.dumps(with_canary) and with_canary["stamp"].startswith("mutated ")
 
         def counted() -> Any:
-            values = {r: amp.process.metric("amp_canary_reviews_total", namespace=ns, result=r) or 0
-                      for r in ("same", "differs", "failed", "skipped")}
+            values = {
+                r: amp.process.metric("amp_canary_reviews_total", namespace=ns, result=r) or 0
+                for r in ("same", "differs", "failed", "skipped")
+            }
             return values if sum(values.values()) >= len(TRACKS) else None
 
         counts = poll_until("the canary's comparisons", counted, 10.0)
@@ -98,7 +114,8 @@ def test_a_canary_compares_a_candidate_on_live_traffic_and_replay_finds_the_same
         log = amp.process.log_text()
         differing = [line for line in log.splitlines() if "Canary " in line and " differs " in line]
         assert sorted(line.split("Pod ")[1].split(" ")[0] for line in differing) == sorted(
-            f"{ns}/web-{i}" for i, t in enumerate(TRACKS) if t == "canary")
+            f"{ns}/web-{i}" for i, t in enumerate(TRACKS) if t == "canary"
+        )
         assert all(line.endswith(": /spec/containers/1/image") for line in differing), differing
 
         # The recording of that run, replayed.
@@ -113,7 +130,8 @@ def test_a_canary_compares_a_candidate_on_live_traffic_and_replay_finds_the_same
         against = replay(*files, "--config", str(config), "--against", candidate.url("sidecar"))
         assert against.returncode == 1, against.stdout + against.stderr
         assert against.stdout.splitlines()[-1].endswith(
-            f"{TRACKS.count('stable')} same, {TRACKS.count('canary')} different, 0 failed, 0 unreadable")
+            f"{TRACKS.count('stable')} same, {TRACKS.count('canary')} different, 0 failed, 0 unreadable"
+        )
         for i, track in enumerate(TRACKS):
             assert (f"different  {ns}/web-{i} " in against.stdout) == (track == "canary")
         assert f'/spec/containers/1/image: "envoyproxy/envoy:v1.27.0" -> "{CANDIDATE_IMAGE}"' in against.stdout

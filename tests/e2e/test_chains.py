@@ -36,9 +36,12 @@ pytestmark = pytest.mark.e2e
 PROPAGATION_DEADLINE = 10.0
 
 OBJECT_SELECTOR = {"matchExpressions": [{"key": ENABLED_LABEL, "operator": "NotIn", "values": ["false"]}]}
-EPHEMERAL_RULE = {"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                  "resources": ["pods/ephemeralcontainers"]}
-
+EPHEMERAL_RULE = {
+    "operations": ["UPDATE"],
+    "apiGroups": [""],
+    "apiVersions": ["v1"],
+    "resources": ["pods/ephemeralcontainers"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +94,9 @@ def test_a_chain_of_registry_then_sidecar_is_applied_in_order_as_one_patch(
 ) -> None:
     registry, sidecar = example_endpoints.url("registry"), example_endpoints.url("sidecar")
     ns = amp.namespace(unique("chain"), f"{registry}\n{sidecar}\n")
-    body = pod_manifest("chained", containers=[
-        {"name": "app", "image": "gcr.io/team/app:1", "ports": [{"containerPort": 8080}]}])
+    body = pod_manifest(
+        "chained", containers=[{"name": "app", "image": "gcr.io/team/app:1", "ports": [{"containerPort": 8080}]}]
+    )
 
     warnings = create_pod(core, ns, body)
 
@@ -110,8 +114,9 @@ def test_a_failing_first_step_under_ignore_leaves_the_rest_of_the_chain(
 ) -> None:
     error, sidecar = example_endpoints.url("error"), example_endpoints.url("sidecar")
     ns = amp.namespace(unique("chain-ignore"), f"{error} {sidecar}", failure_policy="Ignore")
-    body = pod_manifest("partly", containers=[
-        {"name": "app", "image": "registry.invalid/app:1", "ports": [{"containerPort": 8080}]}])
+    body = pod_manifest(
+        "partly", containers=[{"name": "app", "image": "registry.invalid/app:1", "ports": [{"containerPort": 8080}]}]
+    )
 
     warnings = create_pod(core, ns, body)
 
@@ -180,9 +185,15 @@ def test_kubectl_debug_gets_its_image_rewritten_through_the_subresource(
 ) -> None:
     ns = amp.namespace(unique("debug"), example_endpoints.url("registry"), failure_policy="Fail")
     create_pod(core, ns, pod_manifest("debugged", containers=[{"name": "app", "image": "gcr.io/team/app:1"}]))
-    reconfigure_webhook(amp, core, ns, rules=[
-        {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]},
-        EPHEMERAL_RULE])
+    reconfigure_webhook(
+        amp,
+        core,
+        ns,
+        rules=[
+            {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]},
+            EPHEMERAL_RULE,
+        ],
+    )
     counter = iter(range(1000))
 
     def rewritten() -> Optional[dict[str, Any]]:
@@ -191,15 +202,20 @@ def test_kubectl_debug_gets_its_image_rewritten_through_the_subresource(
         pod = read_pod(core, ns, "debugged")
         name = f"debugger-{next(counter)}"
         ephemeral = list(pod["spec"].get("ephemeralContainers") or [])
-        ephemeral.append({"name": name, "image": "busybox:1.36", "targetContainerName": "app",
-                          "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"})
-        core.patch_namespaced_pod_ephemeralcontainers(
-            "debugged", ns, {"spec": {"ephemeralContainers": ephemeral}})
+        ephemeral.append(
+            {
+                "name": name,
+                "image": "busybox:1.36",
+                "targetContainerName": "app",
+                "terminationMessagePolicy": "File",
+                "imagePullPolicy": "IfNotPresent",
+            }
+        )
+        core.patch_namespaced_pod_ephemeralcontainers("debugged", ns, {"spec": {"ephemeralContainers": ephemeral}})
         stored = read_pod(core, ns, "debugged")
         return stored if images(stored, "ephemeralContainers")[name].startswith("mirror.local/") else None
 
-    pod = poll_until("the API server to send ephemeral container updates to amp", rewritten,
-                     PROPAGATION_DEADLINE)
+    pod = poll_until("the API server to send ephemeral container updates to amp", rewritten, PROPAGATION_DEADLINE)
     debuggers = images(pod, "ephemeralContainers")
     assert debuggers[max(debuggers)] == "mirror.local/library/busybox:1.36"
     # The app container (rewritten at creation) is untouched by the update.

@@ -30,9 +30,7 @@ def test_pod_is_admitted_stored_and_stays_pending(control_plane: ControlPlane) -
         "cp-pods",
         client.V1Pod(
             metadata=client.V1ObjectMeta(name="web"),
-            spec=client.V1PodSpec(
-                containers=[client.V1Container(name="web", image="registry.invalid/web:1")]
-            ),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="web", image="registry.invalid/web:1")]),
         ),
     )
 
@@ -52,9 +50,7 @@ def test_admin_kubeconfig_works_for_other_clients(control_plane: ControlPlane) -
     # The kubeconfig file is what amp itself (or kubectl) would be given.
     api = config.new_client_from_config(config_file=str(control_plane.kubeconfig_path))
     try:
-        review = client.AuthenticationV1Api(api).create_self_subject_review(
-            client.V1SelfSubjectReview()
-        )
+        review = client.AuthenticationV1Api(api).create_self_subject_review(client.V1SelfSubjectReview())
     finally:
         api.close()
     assert review.status.user_info.username == "admin"
@@ -74,9 +70,7 @@ def test_service_account_kubeconfig_authenticates_and_rbac_applies(
     path = control_plane.service_account_kubeconfig("cp-sa", "watcher")
     api = config.new_client_from_config(config_file=str(path))
     try:
-        review = client.AuthenticationV1Api(api).create_self_subject_review(
-            client.V1SelfSubjectReview()
-        )
+        review = client.AuthenticationV1Api(api).create_self_subject_review(client.V1SelfSubjectReview())
         assert review.status.user_info.username == "system:serviceaccount:cp-sa:watcher"
 
         with pytest.raises(ApiException) as denied:
@@ -87,11 +81,7 @@ def test_service_account_kubeconfig_authenticates_and_rbac_applies(
         rbac.create_cluster_role(
             client.V1ClusterRole(
                 metadata=client.V1ObjectMeta(name="cp-sa-namespace-reader"),
-                rules=[
-                    client.V1PolicyRule(
-                        api_groups=[""], resources=["namespaces"], verbs=["get", "list", "watch"]
-                    )
-                ],
+                rules=[client.V1PolicyRule(api_groups=[""], resources=["namespaces"], verbs=["get", "list", "watch"])],
             )
         )
         rbac.create_cluster_role_binding(
@@ -102,11 +92,10 @@ def test_service_account_kubeconfig_authenticates_and_rbac_applies(
                     kind="ClusterRole",
                     name="cp-sa-namespace-reader",
                 ),
-                subjects=[
-                    client.RbacV1Subject(kind="ServiceAccount", name="watcher", namespace="cp-sa")
-                ],
+                subjects=[client.RbacV1Subject(kind="ServiceAccount", name="watcher", namespace="cp-sa")],
             )
         )
+
         def listed() -> Optional[set[str]]:
             # The API server applies a new binding a moment after it is stored.
             try:

@@ -26,7 +26,6 @@ from .conftest import AmpFactory
 pytestmark = pytest.mark.e2e
 
 
-
 @pytest.fixture(scope="module")
 def amp(start_module_amp: AmpFactory) -> AmpInstance:
     return start_module_amp("explain")
@@ -46,7 +45,10 @@ def explain(amp: AmpInstance, namespace: str, pod: dict[str, Any], tmp_path: Pat
     path.write_text(yaml.safe_dump(pod))
     done = subprocess.run(
         [script, "explain", "--config", str(amp.process.config_path), "-n", namespace, "-o", "json", str(path)],
-        capture_output=True, timeout=60, check=False)
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert done.stderr == b"", done.stderr
     return done.returncode, json.loads(done.stdout)
 
@@ -57,8 +59,11 @@ def own(pod: dict[str, Any]) -> dict[str, Any]:
     spec = pod["spec"]
 
     def container(c: dict[str, Any]) -> tuple[Any, ...]:
-        mounts = [(m["name"], m["mountPath"]) for m in c.get("volumeMounts") or []
-                  if not m["name"].startswith("kube-api-access-")]
+        mounts = [
+            (m["name"], m["mountPath"])
+            for m in c.get("volumeMounts") or []
+            if not m["name"].startswith("kube-api-access-")
+        ]
         return c["name"], c["image"], [(e["name"], e.get("value")) for e in c.get("env") or []], mounts
 
     return {

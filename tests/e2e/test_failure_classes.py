@@ -82,8 +82,12 @@ def kube_system(control_plane: ControlPlane) -> Iterator[client.CoreV1Api]:
 
 
 def test_the_api_server_keeps_each_namespace_failure_class_while_amp_is_killed(
-    control_plane: ControlPlane, amp_kubeconfig: Path, example_endpoints: ExampleEndpoints, lease_rbac: str,
-    kube_system: client.CoreV1Api, tmp_path: Path,
+    control_plane: ControlPlane,
+    amp_kubeconfig: Path,
+    example_endpoints: ExampleEndpoints,
+    lease_rbac: str,
+    kube_system: client.CoreV1Api,
+    tmp_path: Path,
 ) -> None:
     core_api = kube_system
     metrics_port = free_port()
@@ -91,14 +95,21 @@ def test_the_api_server_keeps_each_namespace_failure_class_while_amp_is_killed(
     # grants access to that one by name only.
     kube = deploy_amp_config()["kubernetes"]
     amp = AmpInstance(
-        control_plane, amp_kubeconfig, example_endpoints, tmp_path, "classes",
-        watch_webhook_configuration=True, webhook_configuration_name=kube["webhook_configuration"],
+        control_plane,
+        amp_kubeconfig,
+        example_endpoints,
+        tmp_path,
+        "classes",
+        watch_webhook_configuration=True,
+        webhook_configuration_name=kube["webhook_configuration"],
         webhook_name=kube["webhook_name"],
-        overrides={"metrics": {"port": metrics_port, "interface": LOOPBACK},
-                   "failure_policy": "auto",
-                   "endpoints": {"timeout": "2s"},
-                   "kubernetes": {"bypass": {"enabled": True, "lease_namespace": lease_rbac,
-                                             "lease_duration": "3s"}}})
+        overrides={
+            "metrics": {"port": metrics_port, "interface": LOOPBACK},
+            "failure_policy": "auto",
+            "endpoints": {"timeout": "2s"},
+            "kubernetes": {"bypass": {"enabled": True, "lease_namespace": lease_rbac, "lease_duration": "3s"}},
+        },
+    )
     amp.registration = shipped_registration(amp.instance, amp.process.mutate_url, control_plane.ca_pem)
     process = amp.process
     endpoint = example_endpoints.url("user-env")
@@ -116,8 +127,10 @@ def test_the_api_server_keeps_each_namespace_failure_class_while_amp_is_killed(
         pod = core_api.create_namespaced_pod(namespace, pod_manifest(name))
         if namespace == "kube-system":
             made_in_system.append(name)
-        return {"annotations": pod.metadata.annotations or {},
-                "env": [e.name for e in pod.spec.containers[0].env or ()]}
+        return {
+            "annotations": pod.metadata.annotations or {},
+            "env": [e.name for e in pod.spec.containers[0].env or ()],
+        }
 
     try:
         amp.start()
@@ -130,15 +143,31 @@ def test_the_api_server_keeps_each_namespace_failure_class_while_amp_is_killed(
         for namespace in ("kube-system", unmanaged):
             pod = create(namespace, f"up-{amp.instance}")
             assert STATUS_ANNOTATION not in pod["annotations"] and "AMP_USER" not in pod["env"], pod
-        assert poll_until("amp's first registration check", lambda: process.metric(
-            "amp_registration_problems", problem="class-not-enforced") == 0 or None, WAIT, details=process.describe)
-        problems = {p: process.metric("amp_registration_problems", problem=p) for p in (
-            "class-not-called", "class-not-enforced", "entries-overlap", "selects-protected-namespace",
-            "timeout-below-endpoints", "rules-missing", "side-effects", "ca-bundle-mismatch")}
+        assert poll_until(
+            "amp's first registration check",
+            lambda: process.metric("amp_registration_problems", problem="class-not-enforced") == 0 or None,
+            WAIT,
+            details=process.describe,
+        )
+        problems = {
+            p: process.metric("amp_registration_problems", problem=p)
+            for p in (
+                "class-not-called",
+                "class-not-enforced",
+                "entries-overlap",
+                "selects-protected-namespace",
+                "timeout-below-endpoints",
+                "rules-missing",
+                "side-effects",
+                "ca-bundle-mismatch",
+            )
+        }
         assert set(problems.values()) == {0}, f"{problems}\n{process.describe()}"
         assert "registration problem(s)" not in process.log_text()
-        assert f"MutatingWebhookConfiguration {amp.webhook_configuration_name}: no registration problem" \
+        assert (
+            f"MutatingWebhookConfiguration {amp.webhook_configuration_name}: no registration problem"
             in process.log_text()
+        )
 
         # amp killed: the API server applies each namespace's class itself
         assert process.proc is not None
@@ -157,14 +186,21 @@ def test_the_api_server_keeps_each_namespace_failure_class_while_amp_is_killed(
         for namespace in ("kube-system", unmanaged):
             create(namespace, f"down-{amp.instance}")
         process.stop()
-        print(f"\nSIGKILL -> API server refuses the Fail-class Pod: {refusal * 1000:.0f} ms; "
-              f"Ignore-class Pod admitted without amp in {admitted * 1000:.0f} ms")
+        print(
+            f"\nSIGKILL -> API server refuses the Fail-class Pod: {refusal * 1000:.0f} ms; "
+            f"Ignore-class Pod admitted without amp in {admitted * 1000:.0f} ms"
+        )
 
         # amp back: the Ignore-class Pod is reported, once; nothing else is
         restarted = time.monotonic()
         process.start_and_wait(WAIT)
-        events = poll_until("the AmpBypassed Event", lambda: bypass_events(core_api, relaxed) or None, WAIT,
-                            interval=0.05, details=process.describe)
+        events = poll_until(
+            "the AmpBypassed Event",
+            lambda: bypass_events(core_api, relaxed) or None,
+            WAIT,
+            interval=0.05,
+            details=process.describe,
+        )
         print(f"amp restart -> AmpBypassed Event on the Ignore-class Pod: {time.monotonic() - restarted:.2f}s")
         assert {name: len(found) for name, found in events.items()} == {"while-down": 1}
         assert [e.count for e in events["while-down"]] == [1]
@@ -179,31 +215,67 @@ def test_the_api_server_keeps_each_namespace_failure_class_while_amp_is_killed(
             if hook.name == "fail.mutate.amp.txn2.com":
                 hook.failure_policy = "Ignore"
         hooks.replace_mutating_webhook_configuration(amp.webhook_configuration_name, edited)
-        poll_until("amp to name the hand edit", lambda: process.metric(
-            "amp_registration_problems", problem="class-not-enforced") == 1 or None, WAIT, details=process.describe)
-        assert ("class-not-enforced: enabled namespaces labelled amp.txn2.com/failure-class=Fail are sent by entry "
-                "fail.mutate.amp.txn2.com, whose failurePolicy is Ignore") in process.log_text()
+        poll_until(
+            "amp to name the hand edit",
+            lambda: process.metric("amp_registration_problems", problem="class-not-enforced") == 1 or None,
+            WAIT,
+            details=process.describe,
+        )
+        assert (
+            "class-not-enforced: enabled namespaces labelled amp.txn2.com/failure-class=Fail are sent by entry "
+            "fail.mutate.amp.txn2.com, whose failurePolicy is Ignore"
+        ) in process.log_text()
         process.wait_healthy(process.port, "/readyz", process.client_context(), WAIT)
         # ... and by amp check against the cluster, with amp's own config (and RBAC)
-        checked = subprocess.run([sys.executable, "-c", "from amp.cli import main; main()", "check", "--cluster",
-                                  "--config", str(process.config_path)], capture_output=True, text=True, timeout=60)
+        checked = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from amp.cli import main; main()",
+                "check",
+                "--cluster",
+                "--config",
+                str(process.config_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert checked.returncode == 1, checked.stdout + checked.stderr
-        assert f"MutatingWebhookConfiguration {amp.webhook_configuration_name}: 1 registration problem(s)" \
+        assert (
+            f"MutatingWebhookConfiguration {amp.webhook_configuration_name}: 1 registration problem(s)"
             in checked.stdout
+        )
         assert "class-not-enforced: enabled namespaces labelled amp.txn2.com/failure-class=Fail" in checked.stdout
         # ... and by amp explain, beside the namespace's class and where it came from
         pod_file = tmp_path / "pod.yaml"
         pod_file.write_text(yaml.safe_dump(pod_manifest("explained")))
-        explained = subprocess.run([sys.executable, "-c", "from amp.cli import main; main()", "explain", "--config",
-                                    str(process.config_path), "-n", strict, "-o", "json", str(pod_file)],
-                                   capture_output=True, text=True, timeout=60)
+        explained = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from amp.cli import main; main()",
+                "explain",
+                "--config",
+                str(process.config_path),
+                "-n",
+                strict,
+                "-o",
+                "json",
+                str(pod_file),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         notes = json.loads(explained.stdout).get("notes") or []
         assert [n for n in notes if n.startswith("registration: class-not-enforced: ")], explained.stdout
         assert f"the namespace's failure-class label {CLASS_LABEL}" in explained.stdout
     finally:
         status = amp.close()
-        core_api.patch_namespace("kube-system", {"metadata": {"labels": {
-            k: None for k in added if k not in system_labels}}})
+        core_api.patch_namespace(
+            "kube-system", {"metadata": {"labels": {k: None for k in added if k not in system_labels}}}
+        )
         for name in made_in_system:
             try:
                 core_api.delete_namespaced_pod(name, "kube-system")
@@ -211,4 +283,3 @@ def test_the_api_server_keeps_each_namespace_failure_class_while_amp_is_killed(
                 if exc.status != 404:
                     raise
     assert process.stopped_cleanly(), f"amp did not stop cleanly (status {status})\n{process.describe()}"
-

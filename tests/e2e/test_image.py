@@ -62,15 +62,31 @@ def image_amp(
     cert, key = control_plane.issue_serving_certificate(f"amp-{instance}")
     volume_files = {"secret:tls.crt": cert.read_bytes(), "secret:tls.key": key.read_bytes()}
     items = {key_: f"{spec.config_mount}/{path}" for path, key_ in spec.config_items}
-    config = amp_config(port=port, cert=Path(items["secret:tls.crt"]), key=Path(items["secret:tls.key"]),
-                        kubeconfig=Path(f"{KUBECONFIG_MOUNT}/kubeconfig"), failure_policy="Fail")
+    config = amp_config(
+        port=port,
+        cert=Path(items["secret:tls.crt"]),
+        key=Path(items["secret:tls.key"]),
+        kubeconfig=Path(f"{KUBECONFIG_MOUNT}/kubeconfig"),
+        failure_policy="Fail",
+    )
     volume_files["configMap:amp.yaml"] = yaml.safe_dump(config).encode()
     volume = ConfigVolume(tmp_path / "config", spec, volume_files)
-    kube = SecretVolume(tmp_path / "kube", {"kubeconfig": amp_kubeconfig.read_bytes()}, mode=spec.config_mode,
-                        gid=spec.fs_group)
-    container = Container("e2e", image, [
-        *run_flags(spec), "--network", "host",
-        "--volume", f"{volume.dir}:{spec.config_mount}:ro", "--volume", f"{kube.dir}:{KUBECONFIG_MOUNT}:ro"])
+    kube = SecretVolume(
+        tmp_path / "kube", {"kubeconfig": amp_kubeconfig.read_bytes()}, mode=spec.config_mode, gid=spec.fs_group
+    )
+    container = Container(
+        "e2e",
+        image,
+        [
+            *run_flags(spec),
+            "--network",
+            "host",
+            "--volume",
+            f"{volume.dir}:{spec.config_mount}:ro",
+            "--volume",
+            f"{kube.dir}:{KUBECONFIG_MOUNT}:ro",
+        ],
+    )
     admission = client.AdmissionregistrationV1Api(control_plane.admin_client())
     name = f"amp-e2e-{instance}"
     container.start()
@@ -78,8 +94,9 @@ def image_amp(
     try:
         context = ssl.create_default_context(cadata=control_plane.ca_pem.decode())
         wait_answering(container, port, spec.readiness, context)
-        admission.create_mutating_webhook_configuration(webhook_configuration(
-            name, f"https://127.0.0.1:{port}/mutate", control_plane.ca_pem, instance, "Fail"))
+        admission.create_mutating_webhook_configuration(
+            webhook_configuration(name, f"https://127.0.0.1:{port}/mutate", control_plane.ca_pem, instance, "Fail")
+        )
         registered = True
         yield container, instance, port
         admission.delete_mutating_webhook_configuration(name)
@@ -97,8 +114,11 @@ def test_the_image_serves_a_pod_created_through_the_api_server(
 ) -> None:
     container, instance, _ = image_amp
     namespace = unique("image-ns")
-    control_plane.create_namespace(namespace, labels={ENABLED_LABEL: "true", INSTANCE_LABEL: instance},
-                                   annotations={ENDPOINT_ANNOTATION: example_endpoints.url("user-env")})
+    control_plane.create_namespace(
+        namespace,
+        labels={ENABLED_LABEL: "true", INSTANCE_LABEL: instance},
+        annotations={ENDPOINT_ANNOTATION: example_endpoints.url("user-env")},
+    )
     core = client.CoreV1Api(control_plane.admin_client())
     last = [""]
 
@@ -115,8 +135,12 @@ def test_the_image_serves_a_pod_created_through_the_api_server(
             return None
         return True
 
-    poll_until("the API server to call amp in the container", created, 30.0,
-               details=lambda: f"{last[0]}\n{container.describe()}")
+    poll_until(
+        "the API server to call amp in the container",
+        created,
+        30.0,
+        details=lambda: f"{last[0]}\n{container.describe()}",
+    )
     stored = core.create_namespaced_pod(namespace, pod_manifest("served"))
     read = core.read_namespaced_pod("served", namespace)
     for pod in (stored, read):

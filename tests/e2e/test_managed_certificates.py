@@ -64,17 +64,30 @@ def certificates_rbac(control_plane: ControlPlane, amp_kubeconfig: Path) -> Iter
     namespace, account = AMP_SERVICE_ACCOUNT
     rbac = client.RbacAuthorizationV1Api(control_plane.admin_client())
     name = "amp-e2e-certificates"
-    cluster_role = next(d for d in yaml.safe_load_all((DEPLOY_DIR / "managed" / "registration-rbac.yaml").read_text())
-                        if d and d["kind"] == "ClusterRole")
+    cluster_role = next(
+        d
+        for d in yaml.safe_load_all((DEPLOY_DIR / "managed" / "registration-rbac.yaml").read_text())
+        if d and d["kind"] == "ClusterRole"
+    )
     role = yaml.safe_load((DEPLOY_DIR / "managed" / "role.yaml").read_text())
     subjects = [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
     rbac.create_cluster_role({"metadata": {"name": name}, "rules": cluster_role["rules"]})
-    rbac.create_cluster_role_binding({"metadata": {"name": name}, "subjects": subjects, "roleRef": {
-        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": name},
+            "subjects": subjects,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        }
+    )
     rbac.create_namespaced_role(namespace, {"metadata": {"name": name, "namespace": namespace}, "rules": role["rules"]})
-    rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": name, "namespace": namespace}, "subjects": subjects,
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}})
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": name, "namespace": namespace},
+            "subjects": subjects,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        },
+    )
     try:
         yield namespace
     finally:
@@ -82,10 +95,12 @@ def certificates_rbac(control_plane: ControlPlane, amp_kubeconfig: Path) -> Iter
         rbac.delete_cluster_role(name)
         rbac.delete_namespaced_role_binding(name, namespace)
         rbac.delete_namespaced_role(name, namespace)
-        for delete in (lambda: client.CoreV1Api(control_plane.admin_client()).delete_namespaced_secret(
-                SECRET, namespace),
-                       lambda: client.CoordinationV1Api(control_plane.admin_client()).delete_namespaced_lease(
-                           "amp-bypass-reporter", namespace)):
+        for delete in (
+            lambda: client.CoreV1Api(control_plane.admin_client()).delete_namespaced_secret(SECRET, namespace),
+            lambda: client.CoordinationV1Api(control_plane.admin_client()).delete_namespaced_lease(
+                "amp-bypass-reporter", namespace
+            ),
+        ):
             try:
                 delete()
             except ApiException as exc:
@@ -141,8 +156,13 @@ class PodStream:
             except Exception as exc:  # every failure is the finding
                 self.failed.append(f"stream-{n}: {getattr(exc, 'body', None) or exc}")
             else:
-                self.created.append({"name": pod.metadata.name, "annotations": pod.metadata.annotations or {},
-                                     "env": [e.name for e in pod.spec.containers[0].env or ()]})
+                self.created.append(
+                    {
+                        "name": pod.metadata.name,
+                        "annotations": pod.metadata.annotations or {},
+                        "env": [e.name for e in pod.spec.containers[0].env or ()],
+                    }
+                )
             self._stop.wait(0.1)
 
 
@@ -151,14 +171,23 @@ def webhook_counts(control_plane: ControlPlane, names: set[str]) -> dict[str, fl
     scrape = control_plane.metrics()
     out: dict[str, float] = {}
     for (sample, labels), value in scrape.samples.items():
-        if sample in ("apiserver_admission_webhook_fail_open_count_total",
-                      "apiserver_admission_webhook_rejection_count_total") and dict(labels).get("name") in names:
+        if (
+            sample
+            in (
+                "apiserver_admission_webhook_fail_open_count_total",
+                "apiserver_admission_webhook_rejection_count_total",
+            )
+            and dict(labels).get("name") in names
+        ):
             out[sample] = out.get(sample, 0.0) + value
     return out
 
 
 def test_a_ca_rotation_under_a_stream_of_pods_fails_no_review(
-    control_plane: ControlPlane, amp_kubeconfig: Path, certificates_rbac: str, example_endpoints: ExampleEndpoints,
+    control_plane: ControlPlane,
+    amp_kubeconfig: Path,
+    certificates_rbac: str,
+    example_endpoints: ExampleEndpoints,
     tmp_path: Path,
 ) -> None:
     namespace = certificates_rbac
@@ -180,16 +209,34 @@ def test_a_ca_rotation_under_a_stream_of_pods_fails_no_review(
     ports = [free_port(), free_port()]
     url = f"https://{LOOPBACK}:{ports[0]}/mutate"
     # No certificate files: the config's tls.cert and tls.key name files that do not exist.
-    configs = [amp_config(
-        port=port, cert=tmp_path / "absent.crt", key=tmp_path / "absent.key", kubeconfig=amp_kubeconfig,
-        webhook_configuration=name, failure_policy="Fail",
-        overrides={"metrics": {"port": free_port(), "interface": LOOPBACK},
-                   "tls": {"reload_interval": "500ms"},
-                   "kubernetes": {"own_namespace": namespace, "enabled_label": ENABLED,
-                                  "bypass": {"enabled": False, "lease_namespace": namespace, "lease_duration": "3s"}},
-                   "registration": {"managed": True, "secret": SECRET, "url": url, "repair_interval": "1s",
-                                    "ca_validity": "1h", "cert_validity": "10m"}})
-        for port in ports]
+    configs = [
+        amp_config(
+            port=port,
+            cert=tmp_path / "absent.crt",
+            key=tmp_path / "absent.key",
+            kubeconfig=amp_kubeconfig,
+            webhook_configuration=name,
+            failure_policy="Fail",
+            overrides={
+                "metrics": {"port": free_port(), "interface": LOOPBACK},
+                "tls": {"reload_interval": "500ms"},
+                "kubernetes": {
+                    "own_namespace": namespace,
+                    "enabled_label": ENABLED,
+                    "bypass": {"enabled": False, "lease_namespace": namespace, "lease_duration": "3s"},
+                },
+                "registration": {
+                    "managed": True,
+                    "secret": SECRET,
+                    "url": url,
+                    "repair_interval": "1s",
+                    "ca_validity": "1h",
+                    "cert_validity": "10m",
+                },
+            },
+        )
+        for port in ports
+    ]
     # deploy/managed ships the object without a caBundle; amp may patch it, not create it.
     shipped = copy.deepcopy(desired(parse_config(configs[0]), b"", namespace))
     for entry in shipped["webhooks"]:
@@ -197,8 +244,11 @@ def test_a_ca_rotation_under_a_stream_of_pods_fails_no_review(
     admission.create_mutating_webhook_configuration(shipped)
     entries = {e["name"] for e in shipped["webhooks"]}
     strict = unique("certs-fail")
-    control_plane.create_namespace(strict, labels={ENABLED: "true", CLASS_LABEL: "Fail"},
-                                   annotations={ENDPOINT_ANNOTATION: example_endpoints.url("user-env")})
+    control_plane.create_namespace(
+        strict,
+        labels={ENABLED: "true", CLASS_LABEL: "Fail"},
+        annotations={ENDPOINT_ANNOTATION: example_endpoints.url("user-env")},
+    )
     replicas = [AmpProcess(f"amp-certs-{i}", tmp_path, config, b"") for i, config in enumerate(configs)]
     unverified = ssl.create_default_context()
     unverified.check_hostname, unverified.verify_mode = False, ssl.CERT_NONE
@@ -215,8 +265,10 @@ def test_a_ca_rotation_under_a_stream_of_pods_fails_no_review(
             obj = read()
             if not obj:
                 return []
-            held = [frozenset(fingerprint(c) for c in bundle_certificates(e["clientConfig"].get("caBundle")))
-                    for e in obj["webhooks"]]
+            held = [
+                frozenset(fingerprint(c) for c in bundle_certificates(e["clientConfig"].get("caBundle")))
+                for e in obj["webhooks"]
+            ]
             cas = bundle_certificates(obj["webhooks"][0]["clientConfig"].get("caBundle"))
             return [c for c in cas if all(fingerprint(c) in h for h in held)]
 
@@ -232,11 +284,17 @@ def test_a_ca_rotation_under_a_stream_of_pods_fails_no_review(
         before = webhook_counts(control_plane, entries)
         with PodStream(core, strict) as stream:
             time.sleep(2)  # a steady stream before the rotation
-            core.patch_namespaced_secret(SECRET, namespace, {"metadata": {"annotations": {
-                "amp.txn2.com/rotate-ca": "e2e"}}})
+            core.patch_namespaced_secret(
+                SECRET, namespace, {"metadata": {"annotations": {"amp.txn2.com/rotate-ca": "e2e"}}}
+            )
             asked = time.monotonic()
-            both = poll_until("the new CA in the caBundle beside the old", lambda: (
-                time.monotonic() if len(bundle()) == 2 else None), WAIT, interval=0.05, details=details)
+            both = poll_until(
+                "the new CA in the caBundle beside the old",
+                lambda: time.monotonic() if len(bundle()) == 2 else None,
+                WAIT,
+                interval=0.05,
+                details=details,
+            )
             new_ca = bundle()[1]
 
             def everyone_new() -> Optional[float]:
@@ -246,26 +304,37 @@ def test_a_ca_rotation_under_a_stream_of_pods_fails_no_review(
                         return None
                 return time.monotonic()
 
-            all_new = poll_until("every replica to serve a certificate of the new CA", everyone_new, WAIT,
-                                 interval=0.05, details=details)
-            alone = poll_until("the old CA to leave the caBundle", lambda: (
-                time.monotonic() if [fingerprint(c) for c in bundle()] == [fingerprint(new_ca)] else None),
-                WAIT, interval=0.05, details=details)
+            all_new = poll_until(
+                "every replica to serve a certificate of the new CA", everyone_new, WAIT, interval=0.05, details=details
+            )
+            alone = poll_until(
+                "the old CA to leave the caBundle",
+                lambda: time.monotonic() if [fingerprint(c) for c in bundle()] == [fingerprint(new_ca)] else None,
+                WAIT,
+                interval=0.05,
+                details=details,
+            )
             time.sleep(2)  # and a steady stream after it
         after = webhook_counts(control_plane, entries)
-        print(f"\nmanaged certificates, CA rotation under {len(stream.created)} Pod creations: "
-              f"new CA in the caBundle {both - asked:.2f}s after the request; every replica serving a certificate "
-              f"of the new CA {all_new - asked:.2f}s after it; overlap (old and new CA both in the caBundle) "
-              f"{alone - both:.2f}s")
+        print(
+            f"\nmanaged certificates, CA rotation under {len(stream.created)} Pod creations: "
+            f"new CA in the caBundle {both - asked:.2f}s after the request; every replica serving a certificate "
+            f"of the new CA {all_new - asked:.2f}s after it; overlap (old and new CA both in the caBundle) "
+            f"{alone - both:.2f}s"
+        )
         assert stream.failed == [], f"{stream.failed[:5]}\n{details()}"
-        unmutated = [p["name"] for p in stream.created if "AMP_USER" not in p["env"]
-                     or not p["annotations"].get(STATUS_ANNOTATION, "").startswith("mutated")]
+        unmutated = [
+            p["name"]
+            for p in stream.created
+            if "AMP_USER" not in p["env"] or not p["annotations"].get(STATUS_ANNOTATION, "").startswith("mutated")
+        ]
         assert unmutated == [] and len(stream.created) >= 20, (unmutated[:5], len(stream.created))
         assert after == before, (before, after)
         # The Secret holds the new CA alone, its certificate issued by it, and each replica's report.
         data = secret().data
         assert [fingerprint(c) for c in x509.load_pem_x509_certificates(base64.b64decode(data["ca.crt"]))] == [
-            fingerprint(new_ca)]
+            fingerprint(new_ca)
+        ]
         assert x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"])).issuer == new_ca.subject
         reports = [k for k in secret().metadata.annotations if k.startswith("serving.amp.txn2.com/")]
         assert len(reports) == 2, reports

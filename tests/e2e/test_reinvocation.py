@@ -63,7 +63,6 @@ LATER_ANNOTATION = "e2e.amp.txn2.com/later"
 PROPAGATION_DEADLINE = 10.0
 
 
-
 # ---- two small HTTP servers of the test's own
 
 
@@ -119,8 +118,9 @@ class Relay(LoopbackServer):
         else:
             status, reply = self._forward(example, headers, body)
         with self._lock:
-            self._calls.append((namespace, name, RelayedCall(self.url(path.lstrip("/")), pod, status,
-                                                             json.loads(reply))))
+            self._calls.append(
+                (namespace, name, RelayedCall(self.url(path.lstrip("/")), pod, status, json.loads(reply)))
+            )
         return status, reply
 
     def _forward(self, example: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
@@ -160,12 +160,16 @@ class LaterWebhook(LoopbackServer):
         if pod["metadata"].get("annotations") is None:
             op = {"op": "add", "path": "/metadata/annotations", "value": {LATER_ANNOTATION: "seen"}}
         else:
-            op = {"op": "add", "path": "/metadata/annotations/" + LATER_ANNOTATION.replace("/", "~1"),
-                  "value": "seen"}
-        response = {"uid": request["uid"], "allowed": True, "patchType": "JSONPatch",
-                    "patch": base64.b64encode(json.dumps([op]).encode()).decode()}
-        return 200, json.dumps({"apiVersion": review["apiVersion"], "kind": "AdmissionReview",
-                                "response": response}).encode()
+            op = {"op": "add", "path": "/metadata/annotations/" + LATER_ANNOTATION.replace("/", "~1"), "value": "seen"}
+        response = {
+            "uid": request["uid"],
+            "allowed": True,
+            "patchType": "JSONPatch",
+            "patch": base64.b64encode(json.dumps([op]).encode()).decode(),
+        }
+        return 200, json.dumps(
+            {"apiVersion": review["apiVersion"], "kind": "AdmissionReview", "response": response}
+        ).encode()
 
     def pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """The Pods sent for ``namespace/name``, in order, as they came."""
@@ -199,18 +203,30 @@ def later(amp: AmpInstance, control_plane: ControlPlane) -> Iterator[LaterWebhoo
     core = client.CoreV1Api(control_plane.admin_client())
     with LaterWebhook(control_plane) as webhook:
         registrations.create_mutating_webhook_configuration(
-            webhook_configuration(name, webhook.url("mutate"), control_plane.ca_pem, amp.instance,
-                                  webhook_name="later.e2e.amp.txn2.com", review_versions=("v1",)))
+            webhook_configuration(
+                name,
+                webhook.url("mutate"),
+                control_plane.ca_pem,
+                amp.instance,
+                webhook_name="later.e2e.amp.txn2.com",
+                review_versions=("v1",),
+            )
+        )
         try:
             counter = iter(range(10_000))
 
             def in_effect() -> Optional[bool]:
-                pod, _ = create_pod(core, f"{amp.instance}-probe", pod_manifest(f"later-{next(counter)}"),
-                                    dry_run="All")
+                pod, _ = create_pod(
+                    core, f"{amp.instance}-probe", pod_manifest(f"later-{next(counter)}"), dry_run="All"
+                )
                 return True if LATER_ANNOTATION in annotations(pod) else None
 
-            poll_until("the API server to call the later webhook", in_effect, PROPAGATION_DEADLINE,
-                       details=amp.process.describe)
+            poll_until(
+                "the API server to call the later webhook",
+                in_effect,
+                PROPAGATION_DEADLINE,
+                details=amp.process.describe,
+            )
             yield webhook
         finally:
             registrations.delete_mutating_webhook_configuration(name)
@@ -257,6 +273,7 @@ def reviews_logged(amp: AmpInstance, ns: str, name: str, rounds: int = 2) -> lis
     """What amp's log says of each review of ``ns/name``, in order, once it
     has said it of ``rounds`` (it logs a review after answering it): the
     result, and ``patch=0B`` when the answer had no patch."""
+
     def said() -> Optional[list[str]]:
         found = []
         for line in amp.process.log_text().splitlines():
@@ -303,10 +320,12 @@ def test_a_reinvoked_chain_of_injecting_examples_adds_each_thing_once(
     the stamp still says ``mutated``."""
     chain = [relay.endpoint("sidecar"), relay.endpoint("user-env"), relay.endpoint("poddefault")]
     ns = amp.namespace(unique("reinvoke-inject"), " ".join(chain), failure_policy="Fail")
-    body = pod_manifest("notebook", labels={"add-gcp-secret": "true"},
-                        annotations={"hub.jupyter.org/username": "alice"},
-                        containers=[{"name": "app", "image": "registry.invalid/app:1",
-                                     "ports": [{"containerPort": 8080}]}])
+    body = pod_manifest(
+        "notebook",
+        labels={"add-gcp-secret": "true"},
+        annotations={"hub.jupyter.org/username": "alice"},
+        containers=[{"name": "app", "image": "registry.invalid/app:1", "ports": [{"containerPort": 8080}]}],
+    )
 
     _, warnings = create_pod(core, ns, body)
 
@@ -378,7 +397,8 @@ def test_a_failed_first_round_is_made_good_by_the_second_and_stamped_so(
         assert names(container["volumeMounts"]) == ["amp-shared"]
     # The first round's warning reaches the client; the second round adds none.
     assert [w for w in warnings if w.startswith("amp:")] == [
-        f"amp: {origin} http-5xx; admitted without the endpoint's patch"]
+        f"amp: {origin} http-5xx; admitted without the endpoint's patch"
+    ]
 
 
 # ---- 3. the first round succeeds, the second fails
@@ -404,7 +424,8 @@ def test_a_failed_second_round_keeps_the_first_rounds_patch_and_says_skipped(
     assert list(containers(pod, "initContainers")) == ["amp-proxy-init"]
     assert names(pod["spec"]["volumes"]) == ["amp-shared"]
     assert [w for w in warnings if w.startswith("amp:")] == [
-        f"amp: {origin} http-5xx; admitted without the endpoint's patch"]
+        f"amp: {origin} http-5xx; admitted without the endpoint's patch"
+    ]
 
 
 # ---- 4. a MutatingAdmissionPolicy before amp forces the reinvocation
@@ -428,21 +449,38 @@ def containers_policy(control_plane: ControlPlane, namespace: str) -> Iterator[N
     group, version = "admissionregistration.k8s.io", "v1"
     name = unique("containers")
     policy = {
-        "apiVersion": f"{group}/{version}", "kind": "MutatingAdmissionPolicy", "metadata": {"name": name},
+        "apiVersion": f"{group}/{version}",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name},
         "spec": {
-            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                                                    "operations": ["CREATE"], "resources": ["pods"]}]},
+            "matchConstraints": {
+                "resourceRules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+                ]
+            },
             "failurePolicy": "Fail",
             "reinvocationPolicy": "IfNeeded",
-            "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": (
-                "Object{metadata: Object.metadata{annotations: {"
-                f"'{CONTAINERS_ANNOTATION}': object.spec.containers.map(c, c.name).join(',')}}}}}}")}}],
+            "mutations": [
+                {
+                    "patchType": "ApplyConfiguration",
+                    "applyConfiguration": {
+                        "expression": (
+                            "Object{metadata: Object.metadata{annotations: {"
+                            f"'{CONTAINERS_ANNOTATION}': object.spec.containers.map(c, c.name).join(',')}}}}}}"
+                        )
+                    },
+                }
+            ],
         },
     }
     binding = {
-        "apiVersion": f"{group}/{version}", "kind": "MutatingAdmissionPolicyBinding", "metadata": {"name": name},
-        "spec": {"policyName": name, "matchResources": {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}},
+        "apiVersion": f"{group}/{version}",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
+        },
     }
     objects.create_cluster_custom_object(group, version, "mutatingadmissionpolicies", policy)
     try:

@@ -55,17 +55,24 @@ WEBHOOK_TIMEOUT = 5
 SLOW_WEBHOOK_TIMEOUT = 10
 
 
-def storm_amp(start: Callable[..., AmpInstance], name: str, timeout: int = WEBHOOK_TIMEOUT,
-              **options: Any) -> AmpInstance:
+def storm_amp(
+    start: Callable[..., AmpInstance], name: str, timeout: int = WEBHOOK_TIMEOUT, **options: Any
+) -> AmpInstance:
     """An amp instance whose webhook has a name of its own (the API server's
     metrics are labelled by it) and whose failure policy is Ignore, as is
     amp's default in the tests."""
-    return start(name, webhook_name=f"{name}.storm.amp.txn2.com", webhook_failure_policy="Ignore",
-                 webhook_timeout_seconds=timeout, **options)
+    return start(
+        name,
+        webhook_name=f"{name}.storm.amp.txn2.com",
+        webhook_failure_policy="Ignore",
+        webhook_timeout_seconds=timeout,
+        **options,
+    )
 
 
-def scale_up(plane: ControlPlane, namespace: str, name: str, replicas: int,
-             details: Callable[[], str]) -> tuple[Any, Any]:
+def scale_up(
+    plane: ControlPlane, namespace: str, name: str, replicas: int, details: Callable[[], str]
+) -> tuple[Any, Any]:
     """A Deployment ``name`` of no replicas scaled to ``replicas`` at once;
     returns the API server's metrics before and after it rolled out."""
     apps = client.AppsV1Api(plane.admin_client())
@@ -109,8 +116,10 @@ def test_a_scale_up_with_one_worker_and_a_busy_endpoint_mutates_every_pod_once(
     found = outcome(pods)
     assert found["wrong"] == [] and found["skipped"] == [], {k: v[:10] for k, v in found.items()}
     assert len(found["mutated"]) == STORM_PODS
-    assert all(workloads.is_ready(p) and p["metadata"].get("generateName") and p["metadata"].get("ownerReferences")
-               for p in pods)
+    assert all(
+        workloads.is_ready(p) and p["metadata"].get("generateName") and p["metadata"].get("ownerReferences")
+        for p in pods
+    )
     seen = workloads.admission(before, after, amp.webhook_name)
     assert (seen.calls, seen.rejections, seen.fail_open) == (STORM_PODS, 0, 0), seen
     assert amp.process.metric("amp_admission_requests_total", result="patched") - patched == STORM_PODS
@@ -131,8 +140,9 @@ def test_an_endpoint_turning_slow_mid_storm_costs_no_answer_its_deadline_and_eve
             workloads.remove_namespace(core, namespace)
 
 
-def turn_and_recover(control_plane: ControlPlane, amp: AmpInstance, endpoint: workloads.TurningEndpoint,
-                     namespace: str) -> None:
+def turn_and_recover(
+    control_plane: ControlPlane, amp: AmpInstance, endpoint: workloads.TurningEndpoint, namespace: str
+) -> None:
     """Scale up while the endpoint turns slow halfway; check every Pod is
     accounted for; recover it and roll every Pod over to a mutated one."""
     core = client.CoreV1Api(control_plane.admin_client())
@@ -165,13 +175,19 @@ def turn_and_recover(control_plane: ControlPlane, amp: AmpInstance, endpoint: wo
         stamp = (created.metadata.annotations or {}).get(workloads.STATUS_ANNOTATION) or ""
         return True if stamp.startswith("mutated ") else None
 
-    poll_until("amp to call the recovered endpoint again", mutated_again, CONVERGE, interval=0.5,
-               details=amp.process.describe)
-    apps.patch_namespaced_deployment("web", namespace, {"spec": {"template": {"metadata": {
-        "annotations": {"e2e.amp.txn2.com/restarted": "1"}}}}})
+    poll_until(
+        "amp to call the recovered endpoint again", mutated_again, CONVERGE, interval=0.5, details=amp.process.describe
+    )
+    apps.patch_namespaced_deployment(
+        "web", namespace, {"spec": {"template": {"metadata": {"annotations": {"e2e.amp.txn2.com/restarted": "1"}}}}}
+    )
     workloads.wait_rolled_out(apps, namespace, "web", STORM_PODS, CONVERGE, amp.process.describe)
-    poll_until("the replaced Pods to be gone", lambda: len(workloads.pods(core, namespace)) == STORM_PODS or None,
-               CONVERGE, interval=0.5)
+    poll_until(
+        "the replaced Pods to be gone",
+        lambda: len(workloads.pods(core, namespace)) == STORM_PODS or None,
+        CONVERGE,
+        interval=0.5,
+    )
     found = outcome(workloads.pods(core, namespace))
     assert found["wrong"] == [] and found["skipped"] == [], {k: v[:10] for k, v in found.items()}
     assert len(found["mutated"]) == STORM_PODS

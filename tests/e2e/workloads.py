@@ -25,8 +25,9 @@ IMAGE = "registry.invalid/app:1"
 STATUS_ANNOTATION = "amp.txn2.com/status"
 
 
-def pod_template(app: str, *, image: str = IMAGE, annotations: Optional[dict[str, str]] = None,
-                 restart_policy: str = "Always") -> dict[str, Any]:
+def pod_template(
+    app: str, *, image: str = IMAGE, annotations: Optional[dict[str, str]] = None, restart_policy: str = "Always"
+) -> dict[str, Any]:
     """A Pod template with one container that kwok's fake nodes accept."""
     metadata: dict[str, Any] = {"labels": {"app": app}}
     if annotations:
@@ -43,8 +44,9 @@ def pod_template(app: str, *, image: str = IMAGE, annotations: Optional[dict[str
     }
 
 
-def deployment(name: str, replicas: int, *, image: str = IMAGE, max_surge: Any = "25%",
-               max_unavailable: Any = "25%") -> dict[str, Any]:
+def deployment(
+    name: str, replicas: int, *, image: str = IMAGE, max_surge: Any = "25%", max_unavailable: Any = "25%"
+) -> dict[str, Any]:
     """A Deployment of ``replicas`` Pods labelled ``app: <name>``."""
     return {
         "apiVersion": "apps/v1",
@@ -53,8 +55,10 @@ def deployment(name: str, replicas: int, *, image: str = IMAGE, max_surge: Any =
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
-            "strategy": {"type": "RollingUpdate",
-                         "rollingUpdate": {"maxSurge": max_surge, "maxUnavailable": max_unavailable}},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": max_surge, "maxUnavailable": max_unavailable},
+            },
             "template": pod_template(name, image=image),
         },
     }
@@ -66,8 +70,12 @@ def job(name: str) -> dict[str, Any]:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name},
-        "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 0,
-                 "template": pod_template(name, restart_policy="Never")},
+        "spec": {
+            "completions": 1,
+            "parallelism": 1,
+            "backoffLimit": 0,
+            "template": pod_template(name, restart_policy="Never"),
+        },
     }
 
 
@@ -84,16 +92,25 @@ def rolled_out(apps: Any, namespace: str, name: str, replicas: int) -> bool:
     """Every replica is of the current template and ready, and no other is left."""
     d = apps.read_namespaced_deployment_status(name, namespace)
     s = d.status
-    return bool((s.observed_generation or 0) >= (d.metadata.generation or 0)
-                and (s.updated_replicas or 0) == replicas and (s.ready_replicas or 0) == replicas
-                and (s.replicas or 0) == replicas and (s.available_replicas or 0) == replicas)
+    return bool(
+        (s.observed_generation or 0) >= (d.metadata.generation or 0)
+        and (s.updated_replicas or 0) == replicas
+        and (s.ready_replicas or 0) == replicas
+        and (s.replicas or 0) == replicas
+        and (s.available_replicas or 0) == replicas
+    )
 
 
-def wait_rolled_out(apps: Any, namespace: str, name: str, replicas: int, timeout: float,
-                    details: Optional[Callable[[], str]] = None) -> None:
-    poll_until(f"Deployment {namespace}/{name} to have {replicas} ready replicas of its template",
-               lambda: True if rolled_out(apps, namespace, name, replicas) else None, timeout,
-               interval=0.1, details=details)
+def wait_rolled_out(
+    apps: Any, namespace: str, name: str, replicas: int, timeout: float, details: Optional[Callable[[], str]] = None
+) -> None:
+    poll_until(
+        f"Deployment {namespace}/{name} to have {replicas} ready replicas of its template",
+        lambda: True if rolled_out(apps, namespace, name, replicas) else None,
+        timeout,
+        interval=0.1,
+        details=details,
+    )
 
 
 def jobs_complete(batch: Any, namespace: str) -> int:
@@ -190,7 +207,7 @@ def counted(scrape: Scrape, counter: str, labels: dict[str, str]) -> float:
     ``apiserver_admission_webhook_fail_open_count`` is read back as
     ``apiserver_admission_webhook_fail_open_count_total``, so its samples are
     taken from the family, never by the exposition's name."""
-    family = scrape.families.get(counter[:-len("_total")] if counter.endswith("_total") else counter)
+    family = scrape.families.get(counter[: -len("_total")] if counter.endswith("_total") else counter)
     if family is None or family.type != "counter":
         return 0.0
     wanted = labels.items()
@@ -213,8 +230,13 @@ def admission(before: Scrape, after: Scrape, webhook: str) -> Admission:
         wanted = {"name": webhook}
         return counted(after, counter, wanted) - counted(before, counter, wanted)
 
-    bounds = sorted({float(ls["le"]) for ls, _ in _webhook_samples(after, base + "_bucket", webhook)
-                     if ls.get("le") not in (None, "+Inf")})
+    bounds = sorted(
+        {
+            float(ls["le"])
+            for ls, _ in _webhook_samples(after, base + "_bucket", webhook)
+            if ls.get("le") not in (None, "+Inf")
+        }
+    )
     return Admission(
         calls=delta(base + "_count"),
         seconds=delta(base + "_sum"),
@@ -263,8 +285,9 @@ class TurningEndpoint(LoopbackServer):
         if mode not in ("hold", "slow", "fail"):
             raise ValueError(f"mode must be hold, slow or fail, not {mode!r}")
         self._server.handle_error = lambda request, address: None  # amp hung up on a held call
-        self.patch = json.dumps([{"op": "add", "path": "/spec/containers/0/env",
-                                  "value": [{"name": variable, "value": "storm"}]}]).encode()
+        self.patch = json.dumps(
+            [{"op": "add", "path": "/spec/containers/0/env", "value": [{"name": variable, "value": "storm"}]}]
+        ).encode()
         self.healthy_calls = healthy_calls
         self.mode = mode
         self.delay = delay

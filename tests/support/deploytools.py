@@ -40,8 +40,10 @@ def tool(name: str) -> str:
     """The path of a cached tool; fails the test (never skips) when it is missing."""
     path = tools_bin() / name
     if not os.access(path, os.X_OK):
-        pytest.fail(f"{name} is not installed in {path.parent}: run `make tools` "
-                    f"(tools/install-deploy-tools {name})", pytrace=False)
+        pytest.fail(
+            f"{name} is not installed in {path.parent}: run `make tools` (tools/install-deploy-tools {name})",
+            pytrace=False,
+        )
     return str(path)
 
 
@@ -57,11 +59,25 @@ def documents(text: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if d]
 
 
-def helm_template(*args: str, chart: Path = CHART, namespace: str = NAMESPACE,
-                  release: str = RELEASE) -> list[dict[str, Any]]:
+def helm_template(
+    *args: str, chart: Path = CHART, namespace: str = NAMESPACE, release: str = RELEASE
+) -> list[dict[str, Any]]:
     """The objects C{helm template} renders from the chart with C{args}."""
-    return documents(run([tool("helm"), "template", release, str(chart), "--namespace", namespace,
-                          "--kube-version", KUBE_VERSION, *args]).stdout)
+    return documents(
+        run(
+            [
+                tool("helm"),
+                "template",
+                release,
+                str(chart),
+                "--namespace",
+                namespace,
+                "--kube-version",
+                KUBE_VERSION,
+                *args,
+            ]
+        ).stdout
+    )
 
 
 def kustomize_build(directory: Path) -> list[dict[str, Any]]:

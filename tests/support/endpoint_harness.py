@@ -51,8 +51,7 @@ HEADERS = {b"x-amp-namespace": b"team", b"x-amp-uid": b"u-1"}
 
 
 def requests_total(metrics: Metrics, origin: str, outcome: str) -> float:
-    value = metrics.registry.get_sample_value(
-        "amp_endpoint_requests_total", {"endpoint": origin, "outcome": outcome})
+    value = metrics.registry.get_sample_value("amp_endpoint_requests_total", {"endpoint": origin, "outcome": outcome})
     return 0.0 if value is None else value
 
 
@@ -63,8 +62,13 @@ class Harness:
     """
 
     def __init__(
-        self, reactor_: Any, settings: Optional[EndpointSettings] = None, *, connector: Any = None,
-        origin_settings: Optional[EndpointSettings] = None, **client: Any,
+        self,
+        reactor_: Any,
+        settings: Optional[EndpointSettings] = None,
+        *,
+        connector: Any = None,
+        origin_settings: Optional[EndpointSettings] = None,
+        **client: Any,
     ) -> None:
         self.reactor = reactor_
         self.settings = settings if settings is not None else EndpointSettings()
@@ -75,16 +79,24 @@ class Harness:
         self.connector = connector
         self.client = EndpointClient(reactor_, self.metrics, self.breakers, connector=connector, **client)
 
-    def call(self, url: str, settings: Optional[EndpointSettings] = None, budget: float = 10.0,
-             body: bytes = b'{"kind":"Pod"}', *, enforce: bool = True) -> Deferred:
+    def call(
+        self,
+        url: str,
+        settings: Optional[EndpointSettings] = None,
+        budget: float = 10.0,
+        body: bytes = b'{"kind":"Pod"}',
+        *,
+        enforce: bool = True,
+    ) -> Deferred:
         """
         Call C{url} with a deadline C{budget} seconds away, which this
         harness enforces as a review would, by cancelling the call when it
         passes (unless not C{enforce}: then nothing does).
         """
         deadline = Deadline.after(self.reactor.seconds(), budget)
-        d = self.client.call(parse_endpoint_url(url), settings or self.settings, body, HEADERS, deadline,
-                             self.root.breaker)
+        d = self.client.call(
+            parse_endpoint_url(url), settings or self.settings, body, HEADERS, deadline, self.root.breaker
+        )
         return d.addTimeout(budget, self.reactor) if enforce else d
 
     def count(self, url: str, outcome: str) -> float:
@@ -130,8 +142,14 @@ class NoAddresses:
         def cancel(self) -> None:
             pass
 
-    def resolveHostName(self, receiver: Any, hostName: str, portNumber: int = 0,
-                        addressTypes: Any = None, transportSemantics: str = "TCP") -> Any:
+    def resolveHostName(
+        self,
+        receiver: Any,
+        hostName: str,
+        portNumber: int = 0,
+        addressTypes: Any = None,
+        transportSemantics: str = "TCP",
+    ) -> Any:
         resolution = self._Resolution(hostName)
         receiver.resolutionBegan(resolution)
         receiver.resolutionComplete()
@@ -202,14 +220,16 @@ class MemoryNet:
         host, port, factory = self.reactor.tcpClients[i][:3]
         proto = factory.buildProtocol(IPv4Address("TCP", host, port))
         transport = transport_class(
-            hostAddress=IPv4Address("TCP", "127.0.0.1", 40000), peerAddress=IPv4Address("TCP", host, port))
+            hostAddress=IPv4Address("TCP", "127.0.0.1", 40000), peerAddress=IPv4Address("TCP", host, port)
+        )
         transport.protocol = proto
         proto.makeConnection(transport)
         return proto, transport
 
 
-def answered_once(reply: bytes, settings: Optional[EndpointSettings] = None,
-                  url: str = "http://127.0.0.1:8090/mutate") -> tuple[Harness, Deferred, Any, Any]:
+def answered_once(
+    reply: bytes, settings: Optional[EndpointSettings] = None, url: str = "http://127.0.0.1:8090/mutate"
+) -> tuple[Harness, Deferred, Any, Any]:
     """
     One call through a new client on a new L{MemoryNet}, its connection
     accepted and C{reply} written into it; returns the harness, the call,
@@ -224,8 +244,12 @@ def answered_once(reply: bytes, settings: Optional[EndpointSettings] = None,
 
 
 def http_reply(body: bytes, code: int = 200, extra: bytes = b"") -> bytes:
-    return (b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
-            % (code, len(body), extra, body))
+    return b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s" % (
+        code,
+        len(body),
+        extra,
+        body,
+    )
 
 
 # ---------------------------------------------------------------- in-memory resources
@@ -552,14 +576,23 @@ def tls_server_options(cert: x509.Certificate, key: Any, client_ca: Optional[x50
 
 
 def review_body(namespace: str = "team") -> bytes:
-    return json.dumps({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {
-            "uid": "0df28fbd-5f5f-11e8-bc74-36e6bb280816",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE", "namespace": namespace, "name": "web",
-            "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "labels": {"app": "web"}},
-                       "spec": {"containers": [{"name": "c", "image": "nginx"}]}},
-        },
-    }).encode()
+    return json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "0df28fbd-5f5f-11e8-bc74-36e6bb280816",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "CREATE",
+                "namespace": namespace,
+                "name": "web",
+                "object": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "web", "labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "c", "image": "nginx"}]},
+                },
+            },
+        }
+    ).encode()

@@ -61,8 +61,14 @@ from urllib.parse import parse_qs, unquote, urlsplit
 JSON = dict[str, Any]
 _EPOCH = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
 _PEER_CHECK_INTERVAL = 0.1  # seconds between checks that a watching client is still there
-_REASONS = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 410: "Expired",
-            500: "InternalError", 503: "ServiceUnavailable"}
+_REASONS = {
+    400: "BadRequest",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    410: "Expired",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+}
 _WEBHOOK_DEFAULTS: JSON = {
     "admissionReviewVersions": ["v1"],
     "sideEffects": "None",
@@ -93,9 +99,12 @@ class _Resource:
 
 
 _NAMESPACES = _Resource("namespaces", "Namespace", "v1", "/api/v1/namespaces")
-_MWCS = _Resource("mutatingwebhookconfigurations", "MutatingWebhookConfiguration",
-                  "admissionregistration.k8s.io/v1",
-                  "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
+_MWCS = _Resource(
+    "mutatingwebhookconfigurations",
+    "MutatingWebhookConfiguration",
+    "admissionregistration.k8s.io/v1",
+    "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+)
 _RESOURCES = (_NAMESPACES, _MWCS)
 
 
@@ -136,8 +145,15 @@ class _State:
 
 def status_object(code: int, message: str, reason: Optional[str] = None) -> JSON:
     """A ``Status`` object of the shape kube-apiserver sends with errors."""
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason or _REASONS.get(code, "Unknown"), "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason or _REASONS.get(code, "Unknown"),
+        "code": code,
+    }
 
 
 def _dumps(obj: Any) -> bytes:
@@ -234,7 +250,7 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         path = unquote(parts.path).rstrip("/")
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-        name = path[len(_MWCS.base) + 1:] if path.startswith(_MWCS.base + "/") else ""
+        name = path[len(_MWCS.base) + 1 :] if path.startswith(_MWCS.base + "/") else ""
         content_type = self.headers.get("Content-Type") or ""
         if not name or "/" in name or content_type != "application/apply-patch+yaml":
             self._other_method()
@@ -261,7 +277,7 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     self._send_json(200, kube._list(resource, _name_selector(query)))
                 return
-            name = path[len(resource.base) + 1:] if path.startswith(resource.base + "/") else ""
+            name = path[len(resource.base) + 1 :] if path.startswith(resource.base + "/") else ""
             if name and "/" not in name:
                 obj = kube._get(resource, name)
                 if obj is None:
@@ -285,9 +301,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _watch(self, resource: _Resource, query: dict[str, str]) -> None:
         kube = self.server.kube
         deadline = time.monotonic() + float(query.get("timeoutSeconds") or kube.watch_timeout)
-        watch, expired = kube._open_watch(resource, query.get("resourceVersion", ""),
-                                          query.get("allowWatchBookmarks") == "true", self.connection,
-                                          _name_selector(query))
+        watch, expired = kube._open_watch(
+            resource,
+            query.get("resourceVersion", ""),
+            query.get("allowWatchBookmarks") == "true",
+            self.connection,
+            _name_selector(query),
+        )
         if expired is not None and watch is None:
             self._send_json(410, expired)
             return
@@ -328,8 +348,9 @@ class FakeKube:
         (None: all); a long benchmark should set it.
     """
 
-    def __init__(self, *, expired_as: str = "event", watch_timeout: float = 1800.0,
-                 request_log_limit: Optional[int] = None) -> None:
+    def __init__(
+        self, *, expired_as: str = "event", watch_timeout: float = 1800.0, request_log_limit: Optional[int] = None
+    ) -> None:
         if expired_as not in ("event", "http"):
             raise ValueError(f"expired_as must be 'event' or 'http', not {expired_as!r}")
         self.expired_as = expired_as
@@ -361,8 +382,9 @@ class FakeKube:
         if self._httpd is not None:
             raise RuntimeError("FakeKube can be started only once")
         self._httpd = _Server(self)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"fakekube-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"fakekube-{self.port}", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -410,8 +432,9 @@ class FakeKube:
         with self._cond:
             return str(self._state.rv)
 
-    def add_namespace(self, name: str, labels: Optional[dict[str, str]] = None,
-                      annotations: Optional[dict[str, str]] = None) -> JSON:
+    def add_namespace(
+        self, name: str, labels: Optional[dict[str, str]] = None, annotations: Optional[dict[str, str]] = None
+    ) -> JSON:
         """Create a Namespace (ADDED); ValueError if it exists.  Like the real
         server, the label ``kubernetes.io/metadata.name: <name>`` is set."""
         with self._cond:
@@ -419,12 +442,18 @@ class FakeKube:
                 raise ValueError(f"namespace {name!r} already exists")
             metadata = self._metadata(_NAMESPACES, name, labels, annotations)
             metadata["labels"]["kubernetes.io/metadata.name"] = name
-            obj = {"kind": "Namespace", "apiVersion": "v1", "metadata": metadata,
-                   "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
+            obj = {
+                "kind": "Namespace",
+                "apiVersion": "v1",
+                "metadata": metadata,
+                "spec": {"finalizers": ["kubernetes"]},
+                "status": {"phase": "Active"},
+            }
             return self._commit(_NAMESPACES, "ADDED", obj)
 
-    def update_namespace(self, name: str, labels: Optional[dict[str, str]] = None,
-                         annotations: Optional[dict[str, str]] = None) -> JSON:
+    def update_namespace(
+        self, name: str, labels: Optional[dict[str, str]] = None, annotations: Optional[dict[str, str]] = None
+    ) -> JSON:
         """Replace the labels and/or annotations given (MODIFIED); KeyError if missing."""
         with self._cond:
             obj = copy.deepcopy(self._existing(_NAMESPACES, name))
@@ -450,8 +479,7 @@ class FakeKube:
         with self._cond:
             old = self._state.objects[_MWCS.plural].get(name)
             metadata = copy.deepcopy(old["metadata"]) if old else self._metadata(_MWCS, name, None, None)
-            obj = {"kind": _MWCS.kind, "apiVersion": _MWCS.api_version, "metadata": metadata,
-                   "webhooks": webhooks}
+            obj = {"kind": _MWCS.kind, "apiVersion": _MWCS.api_version, "metadata": metadata, "webhooks": webhooks}
             return self._commit(_MWCS, "ADDED" if old is None else "MODIFIED", obj)
 
     def delete_webhook_configuration(self, name: str) -> JSON:
@@ -544,22 +572,29 @@ class FakeKube:
         with self._cond:
             return self._cond.wait_for(lambda: not self._watches, timeout)
 
-    def wait_for_requests(self, n: int, path_prefix: str = "", watch: Optional[bool] = None,
-                          timeout: float = 5.0) -> bool:
+    def wait_for_requests(
+        self, n: int, path_prefix: str = "", watch: Optional[bool] = None, timeout: float = 5.0
+    ) -> bool:
         """Block until at least n matching requests were logged (see count); False on timeout."""
         with self._cond:
             return self._cond.wait_for(
-                lambda: sum(1 for r in self._requests if _request_matches(r, path_prefix, watch, None)) >= n,
-                timeout)
+                lambda: sum(1 for r in self._requests if _request_matches(r, path_prefix, watch, None)) >= n, timeout
+            )
 
     # internals, called with the lock held unless said otherwise
 
-    def _metadata(self, resource: _Resource, name: str, labels: Optional[dict[str, str]],
-                  annotations: Optional[dict[str, str]]) -> JSON:
+    def _metadata(
+        self, resource: _Resource, name: str, labels: Optional[dict[str, str]], annotations: Optional[dict[str, str]]
+    ) -> JSON:
         rv = self._state.rv + 1
-        return {"name": name, "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"fakekube/{resource.plural}/{name}/{rv}")),
-                "resourceVersion": str(rv), "creationTimestamp": _timestamp(rv),
-                "labels": dict(labels or {}), "annotations": dict(annotations or {})}
+        return {
+            "name": name,
+            "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"fakekube/{resource.plural}/{name}/{rv}")),
+            "resourceVersion": str(rv),
+            "creationTimestamp": _timestamp(rv),
+            "labels": dict(labels or {}),
+            "annotations": dict(annotations or {}),
+        }
 
     def _existing(self, resource: _Resource, name: str) -> JSON:
         try:
@@ -590,7 +625,7 @@ class FakeKube:
             self._requests.append(request)
             limit = self._request_log_limit
             if limit is not None and len(self._requests) > limit:
-                del self._requests[:len(self._requests) - limit]
+                del self._requests[: len(self._requests) - limit]
             self._cond.notify_all()
 
     def _record_error(self, text: str) -> None:
@@ -618,8 +653,7 @@ class FakeKube:
             delay = self._delay if path.startswith(self._delay_prefix) else 0.0
             generation = self._delay_generation
             if delay > 0:
-                self._cond.wait_for(lambda: self._stopping.is_set() or self._delay_generation != generation,
-                                    delay)
+                self._cond.wait_for(lambda: self._stopping.is_set() or self._delay_generation != generation, delay)
         return not self._stopping.is_set()
 
     def _take_fault(self, path: str) -> Optional[int]:
@@ -634,17 +668,25 @@ class FakeKube:
         with self._cond:
             current = self._state.rv
             objects = sorted(self._state.objects[resource.plural].items())
-        items = [{k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}
-                 for key, obj in objects if name is None or key == name]
-        return {"kind": resource.kind + "List", "apiVersion": resource.api_version,
-                "metadata": {"resourceVersion": str(current)}, "items": items}
+        items = [
+            {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}
+            for key, obj in objects
+            if name is None or key == name
+        ]
+        return {
+            "kind": resource.kind + "List",
+            "apiVersion": resource.api_version,
+            "metadata": {"resourceVersion": str(current)},
+            "items": items,
+        }
 
     def _get(self, resource: _Resource, name: str) -> Optional[JSON]:
         with self._cond:
             return self._state.objects[resource.plural].get(name)
 
-    def _open_watch(self, resource: _Resource, wanted: str, bookmarks: bool, connection: socket.socket,
-                    name: Optional[str]) -> tuple[Optional[_Watch], Optional[JSON]]:
+    def _open_watch(
+        self, resource: _Resource, wanted: str, bookmarks: bool, connection: socket.socket, name: Optional[str]
+    ) -> tuple[Optional[_Watch], Optional[JSON]]:
         """Register a watch (called without the lock): (watch, expired Status or
         None); the watch is None when the answer is a plain HTTP 410."""
         with self._cond:
@@ -652,8 +694,9 @@ class FakeKube:
             cursor = int(wanted) if wanted not in ("", "0") else state.rv
             expired = None
             if cursor < state.floor:
-                expired = status_object(410, f"too old resource version: {cursor} ({state.floor + 1})",
-                                        reason="Expired")
+                expired = status_object(
+                    410, f"too old resource version: {cursor} ({state.floor + 1})", reason="Expired"
+                )
                 if self.expired_as == "http":
                     return None, expired
             watch = _Watch(resource, connection, bookmarks, self._bookmark_seq, cursor, name)
@@ -670,15 +713,25 @@ class FakeKube:
                     return "abort", []
                 state = self._state
                 start = bisect.bisect_right(state.events, watch.cursor, key=lambda e: e.rv)
-                items = [(e.type, e.obj) for e in state.events[start:]
-                         if e.resource == watch.resource.plural and (watch.name is None or e.name == watch.name)]
+                items = [
+                    (e.type, e.obj)
+                    for e in state.events[start:]
+                    if e.resource == watch.resource.plural and (watch.name is None or e.name == watch.name)
+                ]
                 watch.cursor = max(watch.cursor, state.rv)
                 if watch.bookmark_seq != self._bookmark_seq:
                     watch.bookmark_seq = self._bookmark_seq
                     if watch.bookmarks:
-                        items.append(("BOOKMARK", {"kind": watch.resource.kind,
-                                                   "apiVersion": watch.resource.api_version,
-                                                   "metadata": {"resourceVersion": str(state.rv)}}))
+                        items.append(
+                            (
+                                "BOOKMARK",
+                                {
+                                    "kind": watch.resource.kind,
+                                    "apiVersion": watch.resource.api_version,
+                                    "metadata": {"resourceVersion": str(state.rv)},
+                                },
+                            )
+                        )
                 if items:
                     return "continue", items
                 remaining = deadline - time.monotonic()

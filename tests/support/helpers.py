@@ -126,8 +126,14 @@ class SecretVolume:
     (default: 0600 for C{*.key}, 0644 otherwise, and the writer's group).
     """
 
-    def __init__(self, directory: Path, files: Mapping[str, bytes], keep: int = 0,
-                 mode: Optional[int] = None, gid: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        files: Mapping[str, bytes],
+        keep: int = 0,
+        mode: Optional[int] = None,
+        gid: Optional[int] = None,
+    ) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keep = keep
@@ -263,8 +269,12 @@ def pod(
         metadata["annotations"] = dict(annotations)
     if containers is None:
         containers = [{"name": "app", "image": "nginx:1.25"}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
-            "spec": {"containers": copy.deepcopy(containers), **spec}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {"containers": copy.deepcopy(containers), **spec},
+    }
 
 
 def review(
@@ -432,8 +442,14 @@ class RunningAmp:
         None when amp was started without it.
     """
 
-    def __init__(self, service: AmpService, port: int, connections: ConnectionTracker,
-                 metrics_port: Optional[int] = None, trackers: Iterable[ConnectionTracker] = ()) -> None:
+    def __init__(
+        self,
+        service: AmpService,
+        port: int,
+        connections: ConnectionTracker,
+        metrics_port: Optional[int] = None,
+        trackers: Iterable[ConnectionTracker] = (),
+    ) -> None:
         self.service = service
         self.port = port
         self.connections = connections
@@ -483,12 +499,19 @@ def start_amp(
     metrics = metrics if metrics is not None else Metrics()
     certificate = serving_certificate(config.tls, reactor, metrics)
     webhook = RecordingEndpoint(tls_endpoint(reactor, 0, "127.0.0.1", certificate), reactor)
-    metrics_endpoint = (RecordingEndpoint(TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"), reactor)
-                        if metrics_listener else None)
+    metrics_endpoint = (
+        RecordingEndpoint(TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"), reactor) if metrics_listener else None
+    )
     service = AmpService(
-        config, reactor, certificate=certificate, webhook_endpoint=webhook, metrics_endpoint=metrics_endpoint,
+        config,
+        reactor,
+        certificate=certificate,
+        webhook_endpoint=webhook,
+        metrics_endpoint=metrics_endpoint,
         namespaces=namespaces if namespaces is not None else namespace_source(config, reactor, metrics),
-        metrics=metrics, install_sighup=False)
+        metrics=metrics,
+        install_sighup=False,
+    )
     service.startService()
     try:
         port = yield webhook.listening.addTimeout(WAIT, reactor)
@@ -555,8 +578,9 @@ def closed_port(reactor: Any) -> Deferred:
         number = port.getHost().port
         return port.stopListening().addCallback(lambda _: number)
 
-    return TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(
-        Factory.forProtocol(Protocol)).addCallback(release)
+    return (
+        TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(Factory.forProtocol(Protocol)).addCallback(release)
+    )
 
 
 # ---------------------------------------------------------------- TLS client
@@ -591,7 +615,11 @@ class WebhookClient:
 
     @inlineCallbacks
     def post(
-        self, url: bytes, body: bytes, *, content_type: Optional[bytes] = b"application/json",
+        self,
+        url: bytes,
+        body: bytes,
+        *,
+        content_type: Optional[bytes] = b"application/json",
         headers: Optional[Mapping[bytes, Iterable[bytes]]] = None,
     ) -> Any:
         """POST C{body}; resolves to C{(response, body bytes)}."""
@@ -643,7 +671,8 @@ def tls_exchange(reactor: Any, port: int, *chunks: bytes, timeout: float = WAIT)
     """
     endpoint = wrapClientTLS(
         optionsForClientTLS("127.0.0.1", trustRoot=Certificate.loadPEM(ca_pem())),
-        TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=timeout))
+        TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=timeout),
+    )
     protocol = _Collect(chunks)
     yield connectProtocol(endpoint, protocol)
     timer = reactor.callLater(timeout, protocol.transport.abortConnection)
@@ -672,7 +701,8 @@ def parse_raw_response(data: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
 def wait_all(deferreds: Iterable[Deferred]) -> Deferred:
     """Fire when every Deferred has fired, with their results (or fail with the first failure)."""
     return DeferredList(list(deferreds), fireOnOneErrback=True, consumeErrors=True).addCallback(
-        lambda results: [r for _, r in results])
+        lambda results: [r for _, r in results]
+    )
 
 
 # ---------------------------------------------------------------- namespace sources

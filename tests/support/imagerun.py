@@ -289,16 +289,26 @@ class Container:
         return self
 
     def state(self) -> dict[str, Any]:
-        out = subprocess.run([self.engine, "inspect", "--format", "{{json .State}}", self.name],
-                             capture_output=True, text=True, timeout=60, check=True).stdout
+        out = subprocess.run(
+            [self.engine, "inspect", "--format", "{{json .State}}", self.name],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
         return json.loads(out)
 
     def running(self) -> bool:
         return bool(self.state().get("Running"))
 
     def host_port(self, container_port: int) -> int:
-        out = subprocess.run([self.engine, "port", self.name, f"{container_port}/tcp"], capture_output=True,
-                             text=True, timeout=60, check=True).stdout
+        out = subprocess.run(
+            [self.engine, "port", self.name, f"{container_port}/tcp"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
         return int(out.strip().splitlines()[0].rsplit(":", 1)[1])
 
     def logs(self) -> str:
@@ -310,15 +320,15 @@ class Container:
         return f"--- container {self.name} ({self.image}) log tail ---\n{tail}"
 
     def exec(self, *command: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([self.engine, "exec", self.name, *command], capture_output=True, text=True,
-                              timeout=60)
+        return subprocess.run([self.engine, "exec", self.name, *command], capture_output=True, text=True, timeout=60)
 
     def stop(self, grace: int) -> tuple[int, float]:
         """SIGTERM, as the kubelet sends it, then SIGKILL after ``grace``
         seconds; returns the exit status and the seconds it took to exit."""
         started = time.monotonic()
-        subprocess.run([self.engine, "stop", "--time", str(grace), self.name], capture_output=True,
-                       timeout=grace + 60, check=True)
+        subprocess.run(
+            [self.engine, "stop", "--time", str(grace), self.name], capture_output=True, timeout=grace + 60, check=True
+        )
         elapsed = time.monotonic() - started
         return int(self.state()["ExitCode"]), elapsed
 
@@ -339,8 +349,9 @@ def https_get(port: int, path: str, context: ssl.SSLContext, host: str = "127.0.
         connection.close()
 
 
-def wait_answering(container: Container, port: int, probe: Probe, context: ssl.SSLContext,
-                   timeout: float = 60.0) -> float:
+def wait_answering(
+    container: Container, port: int, probe: Probe, context: ssl.SSLContext, timeout: float = 60.0
+) -> float:
     """Poll the probe's path until it answers 200, as the kubelet would;
     returns the seconds it took."""
     assert probe.scheme == "HTTPS"
@@ -356,8 +367,9 @@ def wait_answering(container: Container, port: int, probe: Probe, context: ssl.S
         last[0] = f"last answer: {status} {body[-300:]!r}"
         return None
 
-    poll_until(f"{probe.path} of {container.name}", answered, timeout,
-               details=lambda: f"{last[0]}\n{container.describe()}")
+    poll_until(
+        f"{probe.path} of {container.name}", answered, timeout, details=lambda: f"{last[0]}\n{container.describe()}"
+    )
     return time.monotonic() - started
 
 
@@ -385,9 +397,15 @@ def container_config(spec: ChartContainer, **overrides: Any) -> dict[str, Any]:
     whose endpoint is the example endpoint on amp's loopback, which the
     chart's SSRF rules (deny_networks: loopback) then must allow."""
     config = yaml.safe_load((ROOT / "deploy" / "base" / "amp.yaml").read_text())
-    config["kubernetes"] = {"source": "static", "namespaces": {NAMESPACE: {
-        "labels": {"amp.txn2.com/enabled": "true"},
-        "annotations": {"amp.txn2.com/ep": f"http://127.0.0.1:{EXAMPLE_PORT}/user-env"}}}}
+    config["kubernetes"] = {
+        "source": "static",
+        "namespaces": {
+            NAMESPACE: {
+                "labels": {"amp.txn2.com/enabled": "true"},
+                "annotations": {"amp.txn2.com/ep": f"http://127.0.0.1:{EXAMPLE_PORT}/user-env"},
+            }
+        },
+    }
     config["failure_policy"] = "Fail"  # an endpoint that cannot be reached denies, never passes quietly
     config["endpoints"]["allow"] = ["http://127.0.0.1:*/*"]
     config["endpoints"]["deny_networks"] = [n for n in config["endpoints"]["deny_networks"] if n != "loopback"]
@@ -409,21 +427,46 @@ class Pair:
         publish = []
         for _, port in spec.ports:
             publish += ["--publish", f"127.0.0.1::{port}"]
-        self.amp = Container("amp", image, [
-            *run_flags(spec), *publish,
-            "--volume", f"{self.volume.dir}:{spec.config_mount}:{'ro' if spec.config_read_only else 'rw'}"])
+        self.amp = Container(
+            "amp",
+            image,
+            [
+                *run_flags(spec),
+                *publish,
+                "--volume",
+                f"{self.volume.dir}:{spec.config_mount}:{'ro' if spec.config_read_only else 'rw'}",
+            ],
+        )
         example_flags = run_flags(spec)
         example_flags[example_flags.index("--entrypoint") + 1] = json.dumps(
-            ["twistd", "--nodaemon", "--pidfile=", "amp-example", "--port", str(EXAMPLE_PORT),
-             "--interface", "127.0.0.1"])
-        self.example_flags = example_flags + ["--network", "container:{amp}", "--env", "PYTHONPATH=/examples",
-                                              "--volume", f"{ROOT / 'examples'}:/examples:ro"]
+            [
+                "twistd",
+                "--nodaemon",
+                "--pidfile=",
+                "amp-example",
+                "--port",
+                str(EXAMPLE_PORT),
+                "--interface",
+                "127.0.0.1",
+            ]
+        )
+        self.example_flags = example_flags + [
+            "--network",
+            "container:{amp}",
+            "--env",
+            "PYTHONPATH=/examples",
+            "--volume",
+            f"{ROOT / 'examples'}:/examples:ro",
+        ]
         self.example: Container | None = None
         self.image = image
 
     def sources(self, cert: bytes, key: bytes) -> dict[str, bytes]:
-        return {"configMap:amp.yaml": yaml.safe_dump(self.config).encode(), "secret:tls.crt": cert,
-                "secret:tls.key": key}
+        return {
+            "configMap:amp.yaml": yaml.safe_dump(self.config).encode(),
+            "secret:tls.crt": cert,
+            "secret:tls.key": key,
+        }
 
     def start(self) -> float:
         """Start both and wait until amp is ready and the endpoint answers;

@@ -88,8 +88,18 @@ class InlineWriters(Clock):
         super().__init__()
         self.writers: list[InlineWriter] = []
 
-    def spawnProcess(self, protocol: Any, executable: Any, args: Any = (), env: Any = None, path: Any = None,
-                     uid: Any = None, gid: Any = None, usePTY: bool = False, childFDs: Any = None) -> InlineWriter:
+    def spawnProcess(
+        self,
+        protocol: Any,
+        executable: Any,
+        args: Any = (),
+        env: Any = None,
+        path: Any = None,
+        uid: Any = None,
+        gid: Any = None,
+        usePTY: bool = False,
+        childFDs: Any = None,
+    ) -> InlineWriter:
         return spawn_inline(self.writers, protocol, args, childFDs)
 
     def run(self) -> None:
@@ -100,8 +110,18 @@ class InlineWriters(Clock):
     def adopt(reactor: Any) -> list[InlineWriter]:
         """Give C{reactor} (a memory reactor) this C{spawnProcess} and C{run_writers()}."""
         writers: list[InlineWriter] = []
-        def spawn(protocol: Any, executable: Any, args: Any = (), env: Any = None, path: Any = None, uid: Any = None,
-                  gid: Any = None, usePTY: bool = False, childFDs: Any = None) -> InlineWriter:
+
+        def spawn(
+            protocol: Any,
+            executable: Any,
+            args: Any = (),
+            env: Any = None,
+            path: Any = None,
+            uid: Any = None,
+            gid: Any = None,
+            usePTY: bool = False,
+            childFDs: Any = None,
+        ) -> InlineWriter:
             return spawn_inline(writers, protocol, args, childFDs)
 
         reactor.spawnProcess = spawn

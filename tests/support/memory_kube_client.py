@@ -32,32 +32,65 @@ from amp.kube._client import Conflict
 
 def api_error(status: int, reason: str = "") -> ApiException:
     """What the kubernetes client raises for an HTTP error answer."""
-    return ApiException(status=status, reason=reason or {
-        404: "Not Found", 409: "Conflict", 410: "Gone", 500: "Internal Server Error",
-        503: "Service Unavailable"}.get(status, "Error"))
+    return ApiException(
+        status=status,
+        reason=reason
+        or {
+            404: "Not Found",
+            409: "Conflict",
+            410: "Gone",
+            500: "Internal Server Error",
+            503: "Service Unavailable",
+        }.get(status, "Error"),
+    )
 
 
-def namespace(name: str, rv: str = "1", labels: Optional[dict] = None,
-              annotations: Optional[dict] = None, **metadata: Any) -> dict[str, Any]:
+def namespace(
+    name: str, rv: str = "1", labels: Optional[dict] = None, annotations: Optional[dict] = None, **metadata: Any
+) -> dict[str, Any]:
     """A Namespace as the API server sends it."""
-    return {"metadata": {"name": name, "resourceVersion": rv, "labels": labels or {},
-                         "annotations": annotations or {}, **metadata},
-            "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
+    return {
+        "metadata": {
+            "name": name,
+            "resourceVersion": rv,
+            "labels": labels or {},
+            "annotations": annotations or {},
+            **metadata,
+        },
+        "spec": {"finalizers": ["kubernetes"]},
+        "status": {"phase": "Active"},
+    }
 
 
-def pod(namespace: str, name: str, created: str, *, uid: Optional[str] = None, labels: Optional[dict] = None,
-        annotations: Optional[dict] = None, owner: Optional[str] = None, rv: str = "1",
-        **metadata: Any) -> dict[str, Any]:
+def pod(
+    namespace: str,
+    name: str,
+    created: str,
+    *,
+    uid: Optional[str] = None,
+    labels: Optional[dict] = None,
+    annotations: Optional[dict] = None,
+    owner: Optional[str] = None,
+    rv: str = "1",
+    **metadata: Any,
+) -> dict[str, Any]:
     """A Pod's PartialObjectMetadata, as the metadata-only list and watch send it."""
-    meta: dict[str, Any] = {"namespace": namespace, "name": name, "uid": uid or f"uid-{namespace}-{name}",
-                            "resourceVersion": rv, "creationTimestamp": created, **metadata}
+    meta: dict[str, Any] = {
+        "namespace": namespace,
+        "name": name,
+        "uid": uid or f"uid-{namespace}-{name}",
+        "resourceVersion": rv,
+        "creationTimestamp": created,
+        **metadata,
+    }
     if labels:
         meta["labels"] = labels
     if annotations:
         meta["annotations"] = annotations
     if owner:
-        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner, "name": f"{name}-owner",
-                                    "uid": "owner-uid", "controller": True}]
+        meta["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": owner, "name": f"{name}-owner", "uid": "owner-uid", "controller": True}
+        ]
     return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta}
 
 
@@ -70,8 +103,17 @@ def bookmark(rv: str) -> dict[str, Any]:
 
 
 def expired_event(message: str = "too old resource version: 5 (8)") -> dict[str, Any]:
-    return {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                        "reason": "Expired", "code": 410, "message": message}}
+    return {
+        "type": "ERROR",
+        "object": {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "reason": "Expired",
+            "code": 410,
+            "message": message,
+        },
+    }
 
 
 def list_body(items: Iterable[dict[str, Any]], rv: str, continue_token: Optional[str] = None) -> bytes:
@@ -135,8 +177,9 @@ class ScriptedLister:
         return answer
 
     def watch(self, *, resource_version: str, timeout_seconds: int, timeout: tuple[float, float]) -> _Stream:
-        self.calls.append(("watch", {"resource_version": resource_version, "timeout_seconds": timeout_seconds,
-                                     "timeout": timeout}))
+        self.calls.append(
+            ("watch", {"resource_version": resource_version, "timeout_seconds": timeout_seconds, "timeout": timeout})
+        )
         if not self.watches:
             self.stop.set()
             stream = _Stream([])
@@ -305,8 +348,7 @@ class MemoryKube:
             raise Conflict("HTTP 409 Conflict")
         return self._keep_secret(namespace, name, body)
 
-    def annotate_secret(self, namespace: str, name: str, annotations: dict[str, Optional[str]],
-                        timeout: float) -> None:
+    def annotate_secret(self, namespace: str, name: str, annotations: dict[str, Optional[str]], timeout: float) -> None:
         self._secret_call("annotate")
         current = self.secrets.get((namespace, name))
         if current is None:
@@ -344,8 +386,9 @@ class ManualThreadPool:
     def __init__(self) -> None:
         self.queue: list[tuple[Callable[..., Any], Callable[..., Any], tuple, dict]] = []
 
-    def callInThreadWithCallback(self, onResult: Callable[[bool, Any], None], func: Callable[..., Any],
-                                 *args: Any, **kwargs: Any) -> None:
+    def callInThreadWithCallback(
+        self, onResult: Callable[[bool, Any], None], func: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> None:
         self.queue.append((onResult, func, args, kwargs))
 
     def run(self) -> int:

@@ -28,8 +28,10 @@ def _guarded(name: str, real: Callable[..., Any], attempts: list[str]) -> Callab
     def method(self: socket.socket, address: Any, *args: Any) -> Any:
         if self.family in _INTERNET:
             attempts.append(f"{name} {address!r}")
-            raise NetworkInUnitTest(f"a unit test may not {name} a network socket ({address!r}): "
-                                    "a test over sockets belongs in tests/integration/")
+            raise NetworkInUnitTest(
+                f"a unit test may not {name} a network socket ({address!r}): "
+                "a test over sockets belongs in tests/integration/"
+            )
         return real(self, address, *args)
 
     return method

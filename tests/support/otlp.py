@@ -52,11 +52,22 @@ def spans_of(request: Any) -> list[ReceivedSpan]:
         service = str(resource.get("service.name", ""))
         for ss in rs.scope_spans:
             for s in ss.spans:
-                out.append(ReceivedSpan(
-                    service, s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(), s.kind,
-                    {a.key: _value(a.value) for a in s.attributes}, s.status.code, s.status.message,
-                    tuple((link.trace_id.hex(), link.span_id.hex()) for link in s.links),
-                    s.start_time_unix_nano, s.end_time_unix_nano))
+                out.append(
+                    ReceivedSpan(
+                        service,
+                        s.name,
+                        s.trace_id.hex(),
+                        s.span_id.hex(),
+                        s.parent_span_id.hex(),
+                        s.kind,
+                        {a.key: _value(a.value) for a in s.attributes},
+                        s.status.code,
+                        s.status.message,
+                        tuple((link.trace_id.hex(), link.span_id.hex()) for link in s.links),
+                        s.start_time_unix_nano,
+                        s.end_time_unix_nano,
+                    )
+                )
     return out
 
 

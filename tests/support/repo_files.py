@@ -61,7 +61,7 @@ def install_requires() -> list[str]:
 def supported_pythons() -> list[str]:
     """The Python versions setup.py's classifiers name, oldest first."""
     prefix = "Programming Language :: Python :: "
-    found = [c[len(prefix):] for c in setup_keyword("classifiers") if c.startswith(prefix)]
+    found = [c[len(prefix) :] for c in setup_keyword("classifiers") if c.startswith(prefix)]
     return sorted((v for v in found if re.fullmatch(r"3\.\d+", v)), key=lambda v: int(v.split(".")[1]))
 
 

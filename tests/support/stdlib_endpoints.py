@@ -151,8 +151,9 @@ class StdlibEndpoint:
 
         self._server = Server((LOOPBACK, 0), Handler)
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
-                                        name=f"stdlib-endpoint-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name=f"stdlib-endpoint-{self.port}", daemon=True
+        )
 
     def _idle_delay(self) -> Optional[float]:
         if self._random is None:

@@ -48,7 +48,11 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("bench-results")
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "run"), "--quick", "--out", str(out)],
-        cwd=str(REPO), capture_output=True, text=True, timeout=600)
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode != WRK_MISSING, done.stderr[-2000:]
     assert done.returncode == 0, f"bench/run --quick failed ({done.returncode}):\n{done.stderr[-5000:]}"
     written = sorted(out.glob("*.json"))
@@ -96,7 +100,9 @@ def test_figures_are_sane(quick_run: tuple[dict, Path]) -> None:
         expected = "result=skipped" if row["mode"] == "d" else "result=patched"
         results = {k: v for k, v in row["amp_counts"].items() if k.startswith("result=")}
         assert row["amp_counts"].get(expected, 0) > 0 and sum(results.values()) >= row["requests"], (
-            where, row["amp_counts"])
+            where,
+            row["amp_counts"],
+        )
         assert set(results) - {expected} <= {"result=ignored"}, (where, results)
     assert result["machine"]["nproc"] >= 1 and result["machine"]["python"]
 
@@ -120,9 +126,14 @@ def test_markdown_table_is_written(quick_run: tuple[dict, Path]) -> None:
     text = md.read_text()
     assert "| mode | body | reviews/s |" in text
     assert "| amp CPU ÷ floor (f) | amp CPU ÷ stack floor (g) | amp CPU ÷ endpoint (a) |" in text
-    for label in ("(a) endpoint alone", "(b) amp, warm namespace cache", "(c) amp, one Namespace GET",
-                  "(d) amp, namespace not enabled", "(f) floor: minimal Twisted TLS proxy",
-                  "(g) stack floor: twisted.web + Agent proxy"):
+    for label in (
+        "(a) endpoint alone",
+        "(b) amp, warm namespace cache",
+        "(c) amp, one Namespace GET",
+        "(d) amp, namespace not enabled",
+        "(f) floor: minimal Twisted TLS proxy",
+        "(g) stack floor: twisted.web + Agent proxy",
+    ):
         assert label in text
 
 
@@ -130,12 +141,18 @@ def test_the_safe_changes_bench_runs_the_canary_and_the_recorder(tmp_path: Path)
     """C{bench.safe_changes --quick}: four amps measured (a control beside plain for the noise); the canary compared
     reviews and the recorder wrote them (figures are only reported)."""
     require_wrk("bench.safe_changes")
-    done = subprocess.run([sys.executable, "-m", "bench.safe_changes", "--quick", "--out", str(tmp_path)],
-                          cwd=str(REPO), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.safe_changes", "--quick", "--out", str(tmp_path)],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "safe-changes.json").read_text())
     assert {(r["variant"], r["connections"]) for r in result["rows"]} == {
-        (v, c) for v in ("plain", "control", "canary", "record") for c in (1, 16)}
+        (v, c) for v in ("plain", "control", "canary", "record") for c in (1, 16)
+    }
     assert all(r["errors"] == 0 and r["cpu_ms"] > 0 for r in result["rows"])
     # The candidate is the same endpoint: it never differs (under load a
     # review may time out, which the canary counts as skipped or failed).
@@ -146,8 +163,13 @@ def test_the_safe_changes_bench_runs_the_canary_and_the_recorder(tmp_path: Path)
 def test_the_config_reload_bench_loads_every_hostile_file_each_way(tmp_path: Path) -> None:
     """C{bench.config_reload}: the good file loads, every hostile one is
     refused, each both ways, with its figures (only reported)."""
-    done = subprocess.run([sys.executable, "-m", "bench.config_reload", "--repeat", "1", "--out", str(tmp_path)],
-                          cwd=str(REPO), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.config_reload", "--repeat", "1", "--out", str(tmp_path)],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     [written] = tmp_path.glob("config-reload-*.json")
     rows = {r["kind"]: r for r in json.loads(written.read_text())["rows"]}
@@ -161,8 +183,13 @@ def test_the_listener_bench_measures_both_listeners_on_both_bodies() -> None:
     """C{bench.listener}: amp's listener and twisted.web's, each answering
     every request with its body (the script stops otherwise), figures only
     reported."""
-    done = subprocess.run([sys.executable, "-m", "bench.listener", "--requests", "20"],
-                          cwd=str(REPO), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.listener", "--requests", "20"],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert set(result) == BODIES
@@ -176,8 +203,13 @@ def test_the_review_path_bench_gets_the_endpoints_patch_for_every_review(in_flig
     and endpoint client in memory, one or several in flight, is answered
     200 with the endpoint's patch (the script stops otherwise); figures
     only reported."""
-    done = subprocess.run([sys.executable, "-m", "bench.review_path", "--reviews", "8", "--in-flight", str(in_flight)],
-                          cwd=str(REPO), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.review_path", "--reviews", "8", "--in-flight", str(in_flight)],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert set(result) == BODIES
@@ -188,8 +220,9 @@ def test_the_review_path_bench_gets_the_endpoints_patch_for_every_review(in_flig
 def test_the_audit_bench_audits_its_fleet_with_one_call_per_template() -> None:
     """C{bench.audit --quick}: every Pod of the fleet judged, the Deployments with the old image stale, one endpoint
     call per workload template (the time is only reported)."""
-    done = subprocess.run([sys.executable, "-m", "bench.audit", "--quick"], cwd=str(REPO), capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.audit", "--quick"], cwd=str(REPO), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout)
     assert found["states"] == {"current": found["pods"] // 2, "stale": found["pods"] // 2}

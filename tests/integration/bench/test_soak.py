@@ -48,8 +48,13 @@ V1 = "admission.k8s.io/v1"
 @pytest.fixture(scope="module")
 def quick_soak(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("soak-results")
-    done = subprocess.run([sys.executable, "-m", "bench.soak", "--quick", "--out", str(out)],
-                          cwd=str(REPO), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.soak", "--quick", "--out", str(out)],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     written = sorted(out.glob("soak-*.json"))
     assert len(written) == 1, f"expected one report, found {written}; stderr:\n{done.stderr[-3000:]}"
     report = json.loads(written[0].read_text())
@@ -120,11 +125,18 @@ LABEL_OP = {"op": "add", "path": "/metadata/labels/amp.soak~1patched", "value": 
 STATUS_PATH = "/metadata/annotations/amp.txn2.com~1status"
 MUTATED_OP = {"op": "add", "path": STATUS_PATH, "value": "mutated http://127.0.0.1:1"}
 SKIP_OP = {"op": "add", "path": STATUS_PATH, "value": "skipped timeout http://127.0.0.1:1"}
-IGNORED = {"uid": UID, "allowed": True, **_patch([SKIP_OP]),
-           "warnings": ["amp: http://127.0.0.1:1 timeout; admitted without the endpoint's patch"],
-           "auditAnnotations": {"error": "endpoint http://127.0.0.1:1 failed (timeout): no reply"}}
-DENIED = {"uid": UID, "allowed": False,
-          "status": {"code": 500, "message": "amp: endpoint http://127.0.0.1:1 failed (http-5xx): HTTP 500"}}
+IGNORED = {
+    "uid": UID,
+    "allowed": True,
+    **_patch([SKIP_OP]),
+    "warnings": ["amp: http://127.0.0.1:1 timeout; admitted without the endpoint's patch"],
+    "auditAnnotations": {"error": "endpoint http://127.0.0.1:1 failed (timeout): no reply"},
+}
+DENIED = {
+    "uid": UID,
+    "allowed": False,
+    "status": {"code": 500, "message": "amp: endpoint http://127.0.0.1:1 failed (http-5xx): HTTP 500"},
+}
 JSON_HEADERS = {"content-type": "application/json"}
 
 
@@ -142,23 +154,35 @@ def test_client_names_good_answers() -> None:
     assert _check(OFF, _answer({"uid": UID, "allowed": True}, beta), version=beta) == ("skipped", "", "")
 
 
-@pytest.mark.parametrize("ns,body,status", [
-    (IGNORE, _answer({"uid": UID, "allowed": True}), 500),
-    (IGNORE, b"not json", 200),
-    (IGNORE, _answer({"uid": "someone-else", "allowed": True, **_patch([LABEL_OP])}), 200),
-    (IGNORE, _answer({"uid": UID, "allowed": True, **_patch([LABEL_OP])}, "admission.k8s.io/v1beta1"), 200),
-    (IGNORE, _answer(DENIED), 200),
-    (FAIL, _answer(IGNORED), 200),
-    (IGNORE, _answer({"uid": UID, "allowed": True,
-                      **_patch([{"op": "replace", "path": "/metadata/labels/missing", "value": "x"}])}), 200),
-    (IGNORE, _answer({"uid": UID, "allowed": True, "patch": "W10="}), 200),
-    (IGNORE, _answer({"uid": UID, "allowed": True}), 200),
-    (IGNORE, _answer({"uid": UID, "allowed": True, **_patch([LABEL_OP])}), 200),
-    (IGNORE, _answer({"uid": UID, "allowed": True, **_patch([LABEL_OP, SKIP_OP])}), 200),
-    (IGNORE, _answer({**IGNORED, "warnings": []}), 200),
-    (FAIL, _answer({**DENIED, "status": {"code": 500, "message": "no reason here"}}), 200),
-    (OFF, _answer({"uid": UID, "allowed": True, **_patch([LABEL_OP])}), 200),
-])
+@pytest.mark.parametrize(
+    "ns,body,status",
+    [
+        (IGNORE, _answer({"uid": UID, "allowed": True}), 500),
+        (IGNORE, b"not json", 200),
+        (IGNORE, _answer({"uid": "someone-else", "allowed": True, **_patch([LABEL_OP])}), 200),
+        (IGNORE, _answer({"uid": UID, "allowed": True, **_patch([LABEL_OP])}, "admission.k8s.io/v1beta1"), 200),
+        (IGNORE, _answer(DENIED), 200),
+        (FAIL, _answer(IGNORED), 200),
+        (
+            IGNORE,
+            _answer(
+                {
+                    "uid": UID,
+                    "allowed": True,
+                    **_patch([{"op": "replace", "path": "/metadata/labels/missing", "value": "x"}]),
+                }
+            ),
+            200,
+        ),
+        (IGNORE, _answer({"uid": UID, "allowed": True, "patch": "W10="}), 200),
+        (IGNORE, _answer({"uid": UID, "allowed": True}), 200),
+        (IGNORE, _answer({"uid": UID, "allowed": True, **_patch([LABEL_OP])}), 200),
+        (IGNORE, _answer({"uid": UID, "allowed": True, **_patch([LABEL_OP, SKIP_OP])}), 200),
+        (IGNORE, _answer({**IGNORED, "warnings": []}), 200),
+        (FAIL, _answer({**DENIED, "status": {"code": 500, "message": "no reason here"}}), 200),
+        (OFF, _answer({"uid": UID, "allowed": True, **_patch([LABEL_OP])}), 200),
+    ],
+)
 def test_client_refuses_bad_answers(ns: dict[str, Any], body: bytes, status: int) -> None:
     with pytest.raises(Violation):
         _check(ns, body, status)
@@ -167,8 +191,10 @@ def test_client_refuses_bad_answers(ns: dict[str, Any], body: bytes, status: int
 def test_reconciliation_catches_a_miscounted_outcome() -> None:
     namespaces = [{"name": "soak-ignore", "port": "steady", "enabled": True}]
     ports = {"steady": 1}
-    records = {"u1": {"uid": "u1", "ns": "soak-ignore", "out": "ignored", "reason": "timeout"},
-               "u2": {"uid": "u2", "ns": "soak-ignore", "out": "patched", "reason": "", "kind": "ok"}}
+    records = {
+        "u1": {"uid": "u1", "ns": "soak-ignore", "out": "ignored", "reason": "timeout"},
+        "u2": {"uid": "u2", "ns": "soak-ignore", "out": "patched", "reason": "", "kind": "ok"},
+    }
     amp_log = {"u1": ("soak-ignore", "ignored", "timeout", 300.1), "u2": ("soak-ignore", "patched", "", 2.0)}
     calls = {"u1": ("steady", "hang"), "u2": ("steady", "ok")}
     injected = {"steady": {"hang": 1, "ok": 1}}
@@ -176,8 +202,9 @@ def test_reconciliation_catches_a_miscounted_outcome() -> None:
     good = reconcile(namespaces, ports, records, amp_log, calls, injected, counted)
     assert good["problems"] == [] and good["review_mismatches"] == 0 and not any(good["endpoint_timing"].values())
     # amp counting the hang as a reset is a miscount ...
-    wrong = reconcile(namespaces, ports, records, amp_log, calls, injected,
-                           {"http://127.0.0.1:1": {"connection-reset": 1, "ok": 1}})
+    wrong = reconcile(
+        namespaces, ports, records, amp_log, calls, injected, {"http://127.0.0.1:1": {"connection-reset": 1, "ok": 1}}
+    )
     assert len(wrong["problems"]) == 2
     # ... and so is a review whose reason does not follow from the endpoint's behaviour,
     amp_log["u1"] = ("soak-ignore", "ignored", "invalid-json", 3.0)
@@ -190,22 +217,33 @@ def test_reconciliation_catches_a_miscounted_outcome() -> None:
 
 def test_reconciliation_tells_timing_apart_from_miscounts() -> None:
     namespaces = [{"name": "soak-fail", "port": "steady", "enabled": True}]
-    records = {uid: {"uid": uid, "ns": "soak-fail", "out": "failed", "reason": reason}
-               for uid, reason in (("u1", "timeout"), ("u2", "timeout"), ("u3", "queue-timeout"))}
-    amp_log = {"u1": ("soak-fail", "failed", "timeout", 300.4), "u2": ("soak-fail", "failed", "timeout", 300.2),
-               "u3": ("soak-fail", "failed", "queue-timeout", 0.1)}
+    records = {
+        uid: {"uid": uid, "ns": "soak-fail", "out": "failed", "reason": reason}
+        for uid, reason in (("u1", "timeout"), ("u2", "timeout"), ("u3", "queue-timeout"))
+    }
+    amp_log = {
+        "u1": ("soak-fail", "failed", "timeout", 300.4),
+        "u2": ("soak-fail", "failed", "timeout", 300.2),
+        "u3": ("soak-fail", "failed", "queue-timeout", 0.1),
+    }
     # u1: the endpoint answered after amp's timeout; u2: it never read the
     # call; u3: amp's bulkhead refused it.
     counted = {"http://127.0.0.1:1": {"timeout": 2, "queue-timeout": 1}}
-    result = reconcile(namespaces, {"steady": 1}, records, amp_log, {"u1": ("steady", "delay")},
-                            {"steady": {"delay": 1}}, counted)
+    result = reconcile(
+        namespaces, {"steady": 1}, records, amp_log, {"u1": ("steady", "delay")}, {"steady": {"delay": 1}}, counted
+    )
     assert result["problems"] == [] and result["review_mismatches"] == 0
-    assert result["endpoint_timing"] == {"late_answers": 1, "unread_calls": 1, "bulkhead_refusals": 1,
-                                        "cancelled_by_client": 0}
+    assert result["endpoint_timing"] == {
+        "late_answers": 1,
+        "unread_calls": 1,
+        "bulkhead_refusals": 1,
+        "cancelled_by_client": 0,
+    }
     # A bulkhead refusal amp did not count is a miscount, not timing.
     counted["http://127.0.0.1:1"]["queue-timeout"] = 0
-    result = reconcile(namespaces, {"steady": 1}, records, amp_log, {"u1": ("steady", "delay")},
-                            {"steady": {"delay": 1}}, counted)
+    result = reconcile(
+        namespaces, {"steady": 1}, records, amp_log, {"u1": ("steady", "delay")}, {"steady": {"delay": 1}}, counted
+    )
     assert len(result["problems"]) == 1
 
 

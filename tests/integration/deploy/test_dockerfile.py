@@ -41,8 +41,12 @@ needs_hadolint = pytest.mark.skipif(hadolint() is None, reason="pip install hado
 
 
 def lint(path: Path) -> list[dict]:
-    result = subprocess.run([hadolint(), "--no-color", "--format", "json", "--failure-threshold", "style",
-                             str(path)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [hadolint(), "--no-color", "--format", "json", "--failure-threshold", "style", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return json.loads(result.stdout or "[]")
 
 
@@ -80,17 +84,25 @@ def test_multi_stage_on_the_newest_supported_python_slim() -> None:
     # this stage; the locked dependencies, hash-checked, into /opt/amp, which
     # has no pip; then amp's own wheel, built offline, without dependencies.
     pip = "/opt/build/bin/pip --python /opt/amp/bin/python install --no-cache-dir"
-    assert any("python -m venv /opt/build" in r
-               and "/opt/build/bin/pip install --no-cache-dir --require-hashes -r requirements/build.lock" in r
-               for r in runs)
-    assert any("python -m venv --without-pip /opt/amp" in r
-               and f"{pip} --require-hashes -r requirements/amp.lock" in r for r in runs)
-    assert runs[-1] == ("/opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation -w /wheels /src "
-                        f"&& {pip} --no-deps --no-index --find-links /wheels amp")
-    assert not [r for r in runs if "pip install" in r and "--no-index" not in r and "--require-hashes" not in r], \
+    assert any(
+        "python -m venv /opt/build" in r
+        and "/opt/build/bin/pip install --no-cache-dir --require-hashes -r requirements/build.lock" in r
+        for r in runs
+    )
+    assert any(
+        "python -m venv --without-pip /opt/amp" in r and f"{pip} --require-hashes -r requirements/amp.lock" in r
+        for r in runs
+    )
+    assert runs[-1] == (
+        "/opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation -w /wheels /src "
+        f"&& {pip} --no-deps --no-index --find-links /wheels amp"
+    )
+    assert not [r for r in runs if "pip install" in r and "--no-index" not in r and "--require-hashes" not in r], (
         "every install is from a hashed lock or offline"
-    assert not [args for ins, args in final if ins == "RUN" and "pip install" in args], \
+    )
+    assert not [args for ins, args in final if ins == "RUN" and "pip install" in args], (
         "nothing is installed in the final stage"
+    )
 
 
 def test_final_stage_runs_twistd_as_non_root() -> None:
@@ -103,8 +115,9 @@ def test_final_stage_runs_twistd_as_non_root() -> None:
     env = " ".join(args for ins, args in final if ins == "ENV")
     assert "PYTHONDONTWRITEBYTECODE=1" in env
     assert "PATH=/opt/amp/bin:$PATH" in env
-    assert kinds.index("USER") > max(i for i, k in enumerate(kinds) if k in ("RUN", "COPY")), \
+    assert kinds.index("USER") > max(i for i, k in enumerate(kinds) if k in ("RUN", "COPY")), (
         "everything that writes to the image happens before USER"
+    )
 
 
 def plugin_cache_command() -> str:
@@ -133,8 +146,9 @@ def test_plugin_cache_makes_twistd_amp_work_without_writing(tmp_path: Path) -> N
     shutil.copytree(ROOT / "amp", site / "amp", ignore=shutil.ignore_patterns("__pycache__"))
     bin_dir = Path(sysconfig.get_path("scripts"))  # python and twistd, as /opt/amp/bin in the image
     twistd = bin_dir / "twistd"
-    env = dict(os.environ, PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1",
-               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    env = dict(
+        os.environ, PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    )
     command = plugin_cache_command()
     cache_step = command.split("&&")[0].strip()
     assert shlex.split(cache_step)[:2] == ["python", "-c"]
@@ -142,8 +156,9 @@ def test_plugin_cache_makes_twistd_amp_work_without_writing(tmp_path: Path) -> N
     cache = plugins / "dropin.cache"
     assert cache.exists()
     before = (cache.stat().st_mtime_ns, cache.read_bytes())
-    result = subprocess.run([str(twistd), "amp", "--help"], env=env, cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [str(twistd), "amp", "--help"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "--config" in result.stdout
     assert (cache.stat().st_mtime_ns, cache.read_bytes()) == before, "twistd rewrote the plugin cache"
@@ -172,17 +187,27 @@ def _ignored(path: str, patterns: list[str]) -> bool:
 
 
 def test_dockerignore_sends_only_what_the_build_copies() -> None:
-    patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip() and not line.startswith("#")
+    ]
     assert patterns[0] == "*", "an allow-list: nothing is sent unless named"
     build = stages()[0]
     sources = [args.split()[0] for ins, args in build if ins == "COPY"]
     assert sources == ["requirements/build.lock", "requirements/amp.lock", "setup.py", "amp", "twisted"]
     for source in sources:
-        for path in [source] + [str(p.relative_to(ROOT)) for p in (ROOT / source).rglob("*")
-                                if "__pycache__" not in p.parts and p.suffix != ".pyc" and p.name != "dropin.cache"]:
+        for path in [source] + [
+            str(p.relative_to(ROOT))
+            for p in (ROOT / source).rglob("*")
+            if "__pycache__" not in p.parts and p.suffix != ".pyc" and p.name != "dropin.cache"
+        ]:
             assert not _ignored(path, patterns), f"{path} is copied by the Dockerfile but ignored"
-    for secret in ("dev-tls/tls.key", "dev-tls/ca.key", ".git/config", ".venv/bin/python",
-                   "tests/integration/loopback/test_tls.py", "amp/__pycache__/web.cpython-311.pyc",
-                   "twisted/plugins/dropin.cache"):
+    for secret in (
+        "dev-tls/tls.key",
+        "dev-tls/ca.key",
+        ".git/config",
+        ".venv/bin/python",
+        "tests/integration/loopback/test_tls.py",
+        "amp/__pycache__/web.cpython-311.pyc",
+        "twisted/plugins/dropin.cache",
+    ):
         assert _ignored(secret, patterns), f"{secret} would be sent to the build"

@@ -58,8 +58,9 @@ def image() -> str:
 
 @pytest.fixture(scope="module")
 def pair(spec: ChartContainer, image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    running = Pair(spec, image, tmp_path_factory.mktemp("image"),
-                   container_config(spec, tls={"reload_interval": "500ms"}))
+    running = Pair(
+        spec, image, tmp_path_factory.mktemp("image"), container_config(spec, tls={"reload_interval": "500ms"})
+    )
     try:
         running.start()
         yield running
@@ -86,12 +87,13 @@ def test_runs_with_the_charts_security_settings(pair: Pair, spec: ChartContainer
         "        return False\n"
         "print(' '.join(c.decode() for c in command if c).replace(' ', '|'), status['Uid'].split()[0],\n"
         "      status['Gid'].split()[0], status['CapEff'].strip(), status['CapBnd'].strip(),\n"
-        "      status['NoNewPrivs'].strip(), *[writable(p) for p in sys.argv[1:]])\n")
+        "      status['NoNewPrivs'].strip(), *[writable(p) for p in sys.argv[1:]])\n"
+    )
     paths = ["/", "/opt/amp", "/etc/amp", "/run", "/var/tmp", *[p for p, _ in spec.writable]]
     result = pair.amp.exec("python", "-c", script, *paths)
     assert result.returncode == 0, result.stderr
     command, uid, gid, effective, bounding, no_new_privs, *writable = result.stdout.split()
-    assert command.split("|")[-len(spec.command) + 1:] == list(spec.command[1:]), command
+    assert command.split("|")[-len(spec.command) + 1 :] == list(spec.command[1:]), command
     assert (int(uid), int(gid)) == (spec.user, spec.group)
     assert int(effective, 16) == 0 and int(bounding, 16) == 0, "capabilities left"
     assert no_new_privs == "1"
@@ -130,8 +132,9 @@ def test_answers_a_review_through_the_example_endpoint(pair: Pair) -> None:
 def _post_review(pair: Pair) -> tuple[int, bytes]:
     import http.client
 
-    connection = http.client.HTTPSConnection("127.0.0.1", pair.port("webhook"), timeout=15,
-                                             context=pair.certs.context())
+    connection = http.client.HTTPSConnection(
+        "127.0.0.1", pair.port("webhook"), timeout=15, context=pair.certs.context()
+    )
     try:
         body = json.dumps(review(namespace=NAMESPACE)).encode()
         connection.request("POST", "/mutate?timeout=10s", body, {"Content-Type": "application/json"})
@@ -156,8 +159,12 @@ def test_reloads_its_certificate_when_the_secret_is_swapped(pair: Pair) -> None:
     first, second = pair.certs.pairs
     assert _served_certificate(pair) == first[2]
     pair.volume.swap_sources(pair.sources(second[0], second[1]))
-    poll_until("amp to serve the swapped certificate", lambda: _served_certificate(pair) == second[2] or None,
-               30.0, details=pair.amp.describe)
+    poll_until(
+        "amp to serve the swapped certificate",
+        lambda: _served_certificate(pair) == second[2] or None,
+        30.0,
+        details=pair.amp.describe,
+    )
     assert pair.amp.running()
     assert _post_review(pair)[0] == 200
 
@@ -207,8 +214,11 @@ def test_sbom_lists_the_locked_packages(image: str) -> None:
     assert document["bomFormat"] == "CycloneDX"
     listed = imagetool.sbom_packages(document)
     python = _image_python(image)
-    wanted = {name: version for name, version, marker in _locked_with_markers(ROOT / "requirements" / "amp.lock")
-              if marker is None or Marker(marker).evaluate(python)}
+    wanted = {
+        name: version
+        for name, version, marker in _locked_with_markers(ROOT / "requirements" / "amp.lock")
+        if marker is None or Marker(marker).evaluate(python)
+    }
     wanted["amp"] = imagetool.version()
     assert listed == wanted
 
@@ -217,13 +227,31 @@ def _image_python(image: str) -> dict[str, str]:
     """The marker environment of the image's interpreter."""
     import subprocess
 
-    script = ("import json, platform, sys, os; print(json.dumps({'python_version': '%d.%d' % sys.version_info[:2], "
-              "'python_full_version': platform.python_version(), 'implementation_name': sys.implementation.name, "
-              "'platform_python_implementation': platform.python_implementation(), 'sys_platform': sys.platform, "
-              "'platform_system': platform.system(), 'platform_machine': platform.machine(), 'os_name': os.name}))")
-    out = subprocess.run([imagetool.engine(), "run", "--rm", "--network", "none", *imagetool.ulimits(),
-                          "--entrypoint", "python", image, "-c", script], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    script = (
+        "import json, platform, sys, os; print(json.dumps({'python_version': '%d.%d' % sys.version_info[:2], "
+        "'python_full_version': platform.python_version(), 'implementation_name': sys.implementation.name, "
+        "'platform_python_implementation': platform.python_implementation(), 'sys_platform': sys.platform, "
+        "'platform_system': platform.system(), 'platform_machine': platform.machine(), 'os_name': os.name}))"
+    )
+    out = subprocess.run(
+        [
+            imagetool.engine(),
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            *imagetool.ulimits(),
+            "--entrypoint",
+            "python",
+            image,
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     return json.loads(out)
 
 

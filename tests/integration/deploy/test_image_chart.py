@@ -52,9 +52,13 @@ def test_the_flags_follow_the_chart() -> None:
     the flags are derived, not written down twice."""
     deployment = chart_deployment()
     flags = run_flags(chart_container(deployment))
-    for expected in (["--user", "65532:65532"], ["--read-only", "--read-only-tmpfs=false"], ["--cap-drop", "ALL"],
-                     ["--security-opt", "no-new-privileges"]):
-        assert any(flags[i:i + len(expected)] == expected for i in range(len(flags))), expected
+    for expected in (
+        ["--user", "65532:65532"],
+        ["--read-only", "--read-only-tmpfs=false"],
+        ["--cap-drop", "ALL"],
+        ["--security-opt", "no-new-privileges"],
+    ):
+        assert any(flags[i : i + len(expected)] == expected for i in range(len(flags))), expected
     loose = copy.deepcopy(deployment)
     [container] = loose["spec"]["template"]["spec"]["containers"]
     container["securityContext"].update(readOnlyRootFilesystem=False, allowPrivilegeEscalation=True)

@@ -104,8 +104,14 @@ def exported() -> dict[str, set[str]]:
     leave out labelled metrics that have no series yet).
     """
     out: dict[str, set[str]] = {}
-    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",),
-                "summary": ("", "_sum", "_count"), "info": ("_info",), "unknown": ("",)}
+    suffixes = {
+        "counter": ("_total",),
+        "histogram": ("_bucket", "_sum", "_count"),
+        "gauge": ("",),
+        "summary": ("", "_sum", "_count"),
+        "info": ("_info",),
+        "unknown": ("",),
+    }
     metrics = Metrics()
     for family in metrics.registry.collect():
         labels = {label for sample in family.samples for label in sample.labels}
@@ -148,8 +154,13 @@ def test_promtool_check_rules(tmp_path: Path) -> None:
 
 def promtool_test(directory: Path) -> subprocess.CompletedProcess[str]:
     shutil.copy(ALERT_TESTS, directory / ALERT_TESTS.name)
-    return subprocess.run([tool("promtool"), "test", "rules", ALERT_TESTS.name], cwd=directory,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [tool("promtool"), "test", "rules", ALERT_TESTS.name],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_promtool_unit_tests_of_the_alerts_pass(tmp_path: Path) -> None:

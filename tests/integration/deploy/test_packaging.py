@@ -49,9 +49,23 @@ def test_the_image_and_the_wheel_contain_no_sample_code(tmp_path: Path) -> None:
 
     out = tmp_path / "wheel"
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-         "-w", str(out), str(src)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     [wheel] = out.glob("amp-*.whl")
@@ -84,8 +98,11 @@ def test_kubectl_amp_is_the_same_command() -> None:
     """`kubectl amp ...` finds kubectl-amp on PATH: the same entry point as amp."""
     scripts = setup_keyword("entry_points")["console_scripts"]
     assert "kubectl-amp = amp.cli:main" in scripts and "amp = amp.cli:main" in scripts
-    installed = {e.name: e.value for e in importlib.metadata.entry_points(group="console_scripts")
-                 if e.name in ("amp", "kubectl-amp")}
+    installed = {
+        e.name: e.value
+        for e in importlib.metadata.entry_points(group="console_scripts")
+        if e.name in ("amp", "kubectl-amp")
+    }
     assert installed == {"amp": "amp.cli:main", "kubectl-amp": "amp.cli:main"}
     script = Path(sys.executable).with_name("kubectl-amp")
     result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
@@ -110,8 +127,9 @@ def test_install_requires_is_exactly_what_the_product_imports() -> None:
     used: set[str] = set()
     for module, files in imported.items():
         dists = {_normal(d) for d in providers.get(module, [])}
-        assert dists & declared, f"{module} (imported by {', '.join(sorted(files))}) comes from an undeclared " \
-                                 f"distribution {sorted(dists)}"
+        assert dists & declared, (
+            f"{module} (imported by {', '.join(sorted(files))}) comes from an undeclared distribution {sorted(dists)}"
+        )
         used |= dists & declared
     assert declared - used == set(), "declared in install_requires but never imported by amp/"
     assert "treq" not in imported

@@ -291,8 +291,9 @@ class ListenerTests(TestCase):
         one.port.doRead()
         assert one.accepted() == 0
         assert not one.reading()
-        assert [c.getTime() - one.reactor.seconds() for c in one.reactor.getDelayedCalls()
-                if c.func == one.port._rechecked] == [pytest.approx(RECHECK)]
+        assert [
+            c.getTime() - one.reactor.seconds() for c in one.reactor.getDelayedCalls() if c.func == one.port._rechecked
+        ] == [pytest.approx(RECHECK)]
 
     def test_one_of_its_own_connections_closing_decides_at_once(self) -> None:
         one = _Listener(self)
@@ -457,8 +458,10 @@ class AcceptErrorTests(TestCase):
         one.port.doRead()
         assert one.reading()
         one.port.stopListening()
-        assert any(e.get("count") == 2 and e.get("subject") == "failed accepts on the shared webhook socket"
-                   for e in self.events), "the summary of what was not logged"
+        assert any(
+            e.get("count") == 2 and e.get("subject") == "failed accepts on the shared webhook socket"
+            for e in self.events
+        ), "the summary of what was not logged"
 
     def test_a_connection_accepted_without_a_descriptor_to_spare_is_held_not_dropped(self) -> None:
         one = _Listener(self)

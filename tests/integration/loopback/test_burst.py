@@ -100,8 +100,11 @@ class BurstTestCase(TestCase):
         self.addCleanup(port.stopListening)
         self.addCleanup(endpoint.stop)
         self.endpoint_origin = f"http://127.0.0.1:{port.getHost().port}"
-        config = make_config({"storm": namespace(f"{self.endpoint_origin}/mutate")},
-                             endpoints={"timeout": "5s", **endpoints}, deadline={"margin": "1s"})
+        config = make_config(
+            {"storm": namespace(f"{self.endpoint_origin}/mutate")},
+            endpoints={"timeout": "5s", **endpoints},
+            deadline={"margin": "1s"},
+        )
         amp = yield start_amp(config, reactor)
         self.addCleanup(amp.stop)
         self.client = WebhookClient(reactor)
@@ -119,8 +122,9 @@ class BurstTestCase(TestCase):
         """
         uid = f"uid-{n}"
         the_pod = pod(name=f"web-{n}")
-        d = self.client.post(amp.url("/mutate", f"timeout={timeout:g}s"), review_bytes(the_pod, namespace="storm",
-                                                                                        uid=uid))
+        d = self.client.post(
+            amp.url("/mutate", f"timeout={timeout:g}s"), review_bytes(the_pod, namespace="storm", uid=uid)
+        )
         response, content = yield d
         self.assertEqual(response.code, 200)
         answer = decode_answer(content)["response"]
@@ -170,8 +174,9 @@ class BusyEndpointTests(BurstTestCase):
         self.assertEqual(endpoint.calls, 40)
         self.assertLessEqual(endpoint.most, 4)
         self.assertEqual(self.sample(amp, "amp_endpoint_queued", endpoint=self.endpoint_origin), 0)
-        self.assertEqual(self.sample(amp, "amp_endpoint_requests_total", endpoint=self.endpoint_origin,
-                                     outcome="ok"), 40)
+        self.assertEqual(
+            self.sample(amp, "amp_endpoint_requests_total", endpoint=self.endpoint_origin, outcome="ok"), 40
+        )
 
     @inlineCallbacks
     def test_a_slow_endpoint_costs_the_pods_it_cannot_serve_in_time_their_mutation_not_their_answer(self) -> Any:
@@ -188,10 +193,13 @@ class BusyEndpointTests(BurstTestCase):
         self.assertLessEqual(endpoint.most, 2)
         # The metrics tell the same story as the stamps.
         origin = self.endpoint_origin
-        self.assertEqual(self.sample(amp, "amp_endpoint_queue_refused_total", endpoint=origin,
-                                     reason="queue-timeout"), counts["queue-timeout"])
-        self.assertEqual(self.sample(amp, "amp_endpoint_requests_total", endpoint=origin, outcome="ok"),
-                         counts["mutated"])
+        self.assertEqual(
+            self.sample(amp, "amp_endpoint_queue_refused_total", endpoint=origin, reason="queue-timeout"),
+            counts["queue-timeout"],
+        )
+        self.assertEqual(
+            self.sample(amp, "amp_endpoint_requests_total", endpoint=origin, outcome="ok"), counts["mutated"]
+        )
         self.assertEqual(self.sample(amp, "amp_endpoint_queued", endpoint=origin), 0)
 
     @inlineCallbacks
@@ -210,8 +218,9 @@ class BusyEndpointTests(BurstTestCase):
             yield wait_until(lambda: endpoint.held or endpoint.calls == 5, what="the next calls")
         results = yield waiting
         self.assertEqual(self.assertAccounted(results, set()), {"mutated": 5})
-        self.assertEqual(self.sample(amp, "amp_endpoint_queue_refused_total", endpoint=self.endpoint_origin,
-                                     reason="queue-full"), 4)
+        self.assertEqual(
+            self.sample(amp, "amp_endpoint_queue_refused_total", endpoint=self.endpoint_origin, reason="queue-full"), 4
+        )
 
 
 class LatencyBudgetTests(BurstTestCase):

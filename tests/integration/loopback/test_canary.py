@@ -41,18 +41,31 @@ def _ns(**annotations: str) -> NamespaceInfo:
     return NamespaceInfo("mesh", {"amp.txn2.com/enabled": "true"}, {**base, **annotations})
 
 
-@pytest.mark.parametrize("annotations, expected", [
-    ({}, None),
-    ({"amp.txn2.com/canary": "http://127.0.0.1:2/c"}, (0, 100.0, "")),
-    ({"amp.txn2.com/canary": "http://127.0.0.1:2/c", "amp.txn2.com/canary-percent": "12.5",
-      "amp.txn2.com/canary-step": "2"}, (1, 12.5, "")),
-    ({"amp.txn2.com/canary": "http://127.0.0.1:2/c", "amp.txn2.com/canary-step": "3"},
-     (None, None, "canary-step '3' is not a step of the chain (1 to 2)")),
-    ({"amp.txn2.com/canary": "http://127.0.0.1:2/c", "amp.txn2.com/canary-percent": "150"},
-     (None, None, "canary-percent '150' is not a number from 0 to 100")),
-    ({"amp.txn2.com/canary": "http://10.0.0.1/c"}, (None, None, "is not in endpoints.allow")),
-    ({"amp.txn2.com/canary": "http://127.0.0.1:2/c http://127.0.0.1:2/d"}, (None, None, "name one URL")),
-])
+@pytest.mark.parametrize(
+    "annotations, expected",
+    [
+        ({}, None),
+        ({"amp.txn2.com/canary": "http://127.0.0.1:2/c"}, (0, 100.0, "")),
+        (
+            {
+                "amp.txn2.com/canary": "http://127.0.0.1:2/c",
+                "amp.txn2.com/canary-percent": "12.5",
+                "amp.txn2.com/canary-step": "2",
+            },
+            (1, 12.5, ""),
+        ),
+        (
+            {"amp.txn2.com/canary": "http://127.0.0.1:2/c", "amp.txn2.com/canary-step": "3"},
+            (None, None, "canary-step '3' is not a step of the chain (1 to 2)"),
+        ),
+        (
+            {"amp.txn2.com/canary": "http://127.0.0.1:2/c", "amp.txn2.com/canary-percent": "150"},
+            (None, None, "canary-percent '150' is not a number from 0 to 100"),
+        ),
+        ({"amp.txn2.com/canary": "http://10.0.0.1/c"}, (None, None, "is not in endpoints.allow")),
+        ({"amp.txn2.com/canary": "http://127.0.0.1:2/c http://127.0.0.1:2/d"}, (None, None, "name one URL")),
+    ],
+)
 def test_the_plan_names_the_step_the_share_or_the_problem(annotations: dict, expected: Any) -> None:
     config = make_config()
     ns = _ns(**annotations)
@@ -77,20 +90,27 @@ class CanaryTests(TestCase):
         self.example, self.candidate = yield start_live_and_candidate(self, reactor)
         refused = yield closed_port(reactor)
         live = self.example.url("/sidecar")
-        self.amp = yield start_amp(make_config({
-            "control": namespace(live),
-            "mesh": namespace(live, annotations={"amp.txn2.com/canary": self.candidate.url("/sidecar")}),
-            "down": namespace(live, annotations={"amp.txn2.com/canary": f"http://127.0.0.1:{refused}/sidecar"}),
-            "slow": namespace(live, annotations={"amp.txn2.com/canary": self.example.url("/hang")}),
-        }), reactor, metrics_listener=True)
+        self.amp = yield start_amp(
+            make_config(
+                {
+                    "control": namespace(live),
+                    "mesh": namespace(live, annotations={"amp.txn2.com/canary": self.candidate.url("/sidecar")}),
+                    "down": namespace(live, annotations={"amp.txn2.com/canary": f"http://127.0.0.1:{refused}/sidecar"}),
+                    "slow": namespace(live, annotations={"amp.txn2.com/canary": self.example.url("/hang")}),
+                }
+            ),
+            reactor,
+            metrics_listener=True,
+        )
         self.addCleanup(self.amp.stop)
         self.client = WebhookClient(reactor)
         self.addCleanup(self.client.close)
 
     @inlineCallbacks
     def review(self, ns: str, the_pod: dict, uid: str) -> Any:
-        _, body = yield self.client.post(self.amp.url("/mutate", "timeout=10s"),
-                                         review_bytes(the_pod, namespace=ns, uid=uid))
+        _, body = yield self.client.post(
+            self.amp.url("/mutate", "timeout=10s"), review_bytes(the_pod, namespace=ns, uid=uid)
+        )
         return decode_answer(body)["response"]
 
     @inlineCallbacks
@@ -121,7 +141,8 @@ class CanaryTests(TestCase):
         counts = yield self.settled("mesh", 9)
         self.assertEqual(counts, {"same": 6, "differs": 3})
         _, body = yield self.client.get(
-            f"http://127.0.0.1:{self.amp.metrics_port}/debug/reviews?namespace=mesh".encode())
+            f"http://127.0.0.1:{self.amp.metrics_port}/debug/reviews?namespace=mesh".encode()
+        )
         import json
 
         decisions = {d["pod"]: d for d in json.loads(body)}
@@ -152,8 +173,9 @@ class CanaryTests(TestCase):
         # The candidate (which never answers) is called after the live
         # answer, and is still waited on: the answer did not wait for it.
         yield wait_until(lambda: len(hang.pending) == 1, WAIT, "the candidate's call")
-        self.assertEqual(Scrape(self.amp.service.metrics.render().decode()).total(
-            "amp_canary_reviews_total", namespace="slow"), 0)
+        self.assertEqual(
+            Scrape(self.amp.service.metrics.render().decode()).total("amp_canary_reviews_total", namespace="slow"), 0
+        )
 
 
 def test_canary_results_are_the_documented_vocabulary() -> None:
@@ -183,8 +205,12 @@ def _run(annotate: Any = None) -> tuple[Any, Clock, Metrics, _HeldCalls, dict]:
     plan = canary_plan(ns, r, config)
     canary = Canary(client, clock, metrics, annotate=annotate)
     the_pod = pod("web")
-    options = dict(denied=config.patch.denied_paths, allowed=config.patch.allowed_paths,
-                   repair=config.patch.repair, max_operations=config.patch.max_operations)
+    options = dict(
+        denied=config.patch.denied_paths,
+        allowed=config.patch.allowed_paths,
+        repair=config.patch.repair,
+        max_operations=config.patch.max_operations,
+    )
     live = LiveStep("mesh", "u1", "web", r.steps[0], the_pod, b"{}", {}, Deadline.after(0, 10), options)
     run = canary.start(plan, live)
     return run, clock, metrics, client, the_pod

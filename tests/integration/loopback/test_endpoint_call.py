@@ -87,12 +87,16 @@ class ShadowModeTests(TestCase):
         annotations = {"amp.txn2.com/ep": self.server.url(path), "amp.txn2.com/failure-policy": "Fail"}
         if mode:
             annotations["amp.txn2.com/mode"] = mode
-        config = parse_config({
-            "failure_policy": "Fail",
-            "kubernetes": {"source": "static", "namespaces": {"team": {
-                "labels": {"amp.txn2.com/enabled": "true"}, "annotations": annotations}}},
-            "endpoints": {"allow": ["http://127.0.0.1:*/*"], "timeout": "2s"},
-        })
+        config = parse_config(
+            {
+                "failure_policy": "Fail",
+                "kubernetes": {
+                    "source": "static",
+                    "namespaces": {"team": {"labels": {"amp.txn2.com/enabled": "true"}, "annotations": annotations}},
+                },
+                "endpoints": {"allow": ["http://127.0.0.1:*/*"], "timeout": "2s"},
+            }
+        )
         metrics = Metrics()
         client = EndpointClient(reactor, metrics, BreakerRegistry(reactor))
         self.addCleanup(client.close)
@@ -112,8 +116,12 @@ class ShadowModeTests(TestCase):
         self.assertNotIn("patch", response)
         self.assertEqual(outcome.result, "shadow")
         self.assertGreater(outcome.shadow_patch_size, 0)
-        self.assertEqual(metrics.registry.get_sample_value(
-            "amp_shadow_patches_total", {"endpoint": self.server.url("").rstrip("/")}), 1)
+        self.assertEqual(
+            metrics.registry.get_sample_value(
+                "amp_shadow_patches_total", {"endpoint": self.server.url("").rstrip("/")}
+            ),
+            1,
+        )
 
     @inlineCallbacks
     def test_the_same_namespace_without_shadow_gets_the_patch(self) -> Any:

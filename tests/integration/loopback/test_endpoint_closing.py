@@ -129,8 +129,9 @@ class RunningAmpTests(TestCase):
             self.addCleanup(client.close)
             for i in range(5):
                 the_pod = pod()
-                response, content = yield client.post(amp.url("/mutate", "timeout=10s"),
-                                                      review_bytes(the_pod, namespace="payments"))
+                response, content = yield client.post(
+                    amp.url("/mutate", "timeout=10s"), review_bytes(the_pod, namespace="payments")
+                )
                 answer = decode_answer(content)["response"]
                 self.assertTrue(answer["allowed"], (style, i, answer))
                 labels = apply_patch(the_pod, answer["_patch"])["metadata"]["labels"]
@@ -158,15 +159,32 @@ class ExplainTwiceTests(TestCase):
             with open(pod_path, "w") as f:
                 yaml.safe_dump(pod("web"), f)
             with open(config_path, "w") as f:
-                yaml.safe_dump({"kubernetes": {"source": "static"},
-                                "endpoints": {"allow": ["http://127.0.0.1:*/*"]}}, f)
+                yaml.safe_dump(
+                    {"kubernetes": {"source": "static"}, "endpoints": {"allow": ["http://127.0.0.1:*/*"]}}, f
+                )
             out, err = io.StringIO(), io.StringIO()
-            status = yield run([pod_path, "-n", "payments", "--config", config_path,
-                                "--set-label", f"{ENABLED_LABEL}=true",
-                                "--set-annotation", f"{EP_ANNOTATION}={server.url()}", "--twice"],
-                               reactor, stdout=out, stderr=err)
+            status = yield run(
+                [
+                    pod_path,
+                    "-n",
+                    "payments",
+                    "--config",
+                    config_path,
+                    "--set-label",
+                    f"{ENABLED_LABEL}=true",
+                    "--set-annotation",
+                    f"{EP_ANNOTATION}={server.url()}",
+                    "--twice",
+                ],
+                reactor,
+                stdout=out,
+                stderr=err,
+            )
             last = out.getvalue().rstrip("\n").splitlines()[-1]
-            self.assertEqual(last, "result: patched; idempotent -> exit 0: admitted as the endpoint intended",
-                             out.getvalue() + err.getvalue())
+            self.assertEqual(
+                last,
+                "result: patched; idempotent -> exit 0: admitted as the endpoint intended",
+                out.getvalue() + err.getvalue(),
+            )
             self.assertEqual(status, EXIT_ADMITTED)
             self.assertEqual(server.requests, 2)

@@ -269,8 +269,7 @@ class HeadLimitTests(SynchronousTestCase, FailureAssertions):
             proto.dataReceived(line)
         self.assertNoResult(d)
         proto.dataReceived(line)
-        self.assertRefused(h, d, transport,
-                           "larger than the 1024 byte limit (endpoints.max_response_header_size)")
+        self.assertRefused(h, d, transport, "larger than the 1024 byte limit (endpoints.max_response_header_size)")
 
     def test_a_huge_single_header_is_refused_before_it_ends(self) -> None:
         h, d, proto, transport = self.call()
@@ -301,8 +300,12 @@ class HeadLimitTests(SynchronousTestCase, FailureAssertions):
     def test_every_status_line_twisted_takes_for_interim_counts_as_one(self) -> None:
         # However a 1xx code is written (Twisted's parser read these as 1xx;
         # llhttp refuses all but three digits), the count goes on through it.
-        for status in (b"HTTP/1.1 100", b"HTTP/1.1 +100 Continue", b"HTTP/1.1 " + b"0" * 40 + b"100 Continue",
-                       b"HTTP/1.1 199 Anything"):
+        for status in (
+            b"HTTP/1.1 100",
+            b"HTTP/1.1 +100 Continue",
+            b"HTTP/1.1 " + b"0" * 40 + b"100 Continue",
+            b"HTTP/1.1 199 Anything",
+        ):
             net = MemoryNet()
             h = Harness(net.reactor, EndpointSettings(max_response_headers=100))
             d = h.call(URL)
@@ -473,8 +476,12 @@ class ReplyBudgetTests(SynchronousTestCase, FailureAssertions):
         handed back when the calls end.
         """
         limit = 256 * 1024
-        settings = EndpointSettings(max_buffered=limit, max_concurrent=16, max_response=64 * 1024,
-                                    breaker=BreakerConfig(consecutive_failures=1_000))
+        settings = EndpointSettings(
+            max_buffered=limit,
+            max_concurrent=16,
+            max_response=64 * 1024,
+            breaker=BreakerConfig(consecutive_failures=1_000),
+        )
         h = Harness(self.net.reactor, settings)
         budget = h.client.budget
         origins = [f"http://127.0.0.{i}:8090/mutate" for i in range(1, 9)]
@@ -488,8 +495,11 @@ class ReplyBudgetTests(SynchronousTestCase, FailureAssertions):
         ]
         for i, (proto, _) in enumerate(connections):
             kind = i % 3
-            proto.dataReceived(b"HTTP/1.1 200 OK\r\n" + (b"X-Big: " if kind == 1 else b"")
-                               + (b"Transfer-Encoding: chunked\r\n\r\n" if kind == 2 else b""))
+            proto.dataReceived(
+                b"HTTP/1.1 200 OK\r\n"
+                + (b"X-Big: " if kind == 1 else b"")
+                + (b"Transfer-Encoding: chunked\r\n\r\n" if kind == 2 else b"")
+            )
         for _ in range(40):
             for i, (proto, transport) in enumerate(connections):
                 if transport.connected:

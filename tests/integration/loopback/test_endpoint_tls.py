@@ -54,10 +54,20 @@ def chain_ca(name: str, issuer: Optional[tuple[x509.Certificate, Any]] = None) -
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(
-            digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-            key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False),
-            critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
     )
     return builder.sign(signer_key, hashes.SHA256()), key
@@ -80,7 +90,8 @@ class MutualTLSTests(TestCase, FailureAssertions):
         self.client_key = self.write("client.key", pem_key(client_key))
         self.resource = Endpoint()
         self.server = LoopbackServer.start(
-            self, Site(self.resource), tls=tls_server_options(server, server_key, client_ca=self.ca))
+            self, Site(self.resource), tls=tls_server_options(server, server_key, client_ca=self.ca)
+        )
 
     def write(self, name: str, data: bytes) -> str:
         path = os.path.join(self.dir, name)
@@ -112,7 +123,8 @@ class MutualTLSTests(TestCase, FailureAssertions):
         leaf, leaf_key = issue_cert(intermediate, intermediate_key, "amp", ["amp"], client=True)
         server_cert, server_key = issue_cert(self.ca, self.ca_key, "endpoint", ["127.0.0.1"])
         server = LoopbackServer.start(
-            self, Site(self.resource), tls=tls_server_options(server_cert, server_key, client_ca=root[0]))
+            self, Site(self.resource), tls=tls_server_options(server_cert, server_key, client_ca=root[0])
+        )
         chain = self.write("chain.crt", pem_cert(leaf) + pem_cert(intermediate))
         key = self.write("leaf.key", pem_key(leaf_key))
         h = RealHarness(self, self.mtls(client_cert=chain, client_key=key))
@@ -172,8 +184,9 @@ class MutualTLSTests(TestCase, FailureAssertions):
 
     @inlineCallbacks
     def test_missing_ca_bundle_is_a_tls_error_that_does_not_count(self) -> Any:
-        settings = self.mtls(ca_bundle=os.path.join(self.dir, "missing.crt"),
-                             breaker=BreakerConfig(consecutive_failures=1))
+        settings = self.mtls(
+            ca_bundle=os.path.join(self.dir, "missing.crt"), breaker=BreakerConfig(consecutive_failures=1)
+        )
         h = RealHarness(self, settings)
         url = self.server.url("/ok")
         e = yield self.assertFailsWith(h.call(url), "tls-error")

@@ -72,18 +72,24 @@ class LiveTests(TestCase):
         self.example = yield start_example(reactor)
         self.addCleanup(self.example.stop)
         url = self.example.url
-        self.config = self.files.write("amp.yaml", config_text({
-            "team-a": ns(url("/user-env")),
-            "mesh": ns(url("/sidecar")),
-            "broken": ns(url("/bad-patch")),
-            "strict": ns(url("/bad-patch"), **{"amp.txn2.com/failure-policy": "Fail"}),
-            "denying": ns(url("/deny")),
-            "down": ns(url("/error")),
-            "off": {"labels": {}, "annotations": {EP_ANNOTATION: url("/user-env")}},
-            "chain": ns(f"{url('/error')} {url('/user-env')}"),
-        }))
-        self.pod = self.files.write("pod.yaml", yaml.safe_dump(pod("web", annotations={
-            "hub.jupyter.org/username": "alice"})))
+        self.config = self.files.write(
+            "amp.yaml",
+            config_text(
+                {
+                    "team-a": ns(url("/user-env")),
+                    "mesh": ns(url("/sidecar")),
+                    "broken": ns(url("/bad-patch")),
+                    "strict": ns(url("/bad-patch"), **{"amp.txn2.com/failure-policy": "Fail"}),
+                    "denying": ns(url("/deny")),
+                    "down": ns(url("/error")),
+                    "off": {"labels": {}, "annotations": {EP_ANNOTATION: url("/user-env")}},
+                    "chain": ns(f"{url('/error')} {url('/user-env')}"),
+                }
+            ),
+        )
+        self.pod = self.files.write(
+            "pod.yaml", yaml.safe_dump(pod("web", annotations={"hub.jupyter.org/username": "alice"}))
+        )
 
     @inlineCallbacks
     def test_deployment_is_patched_live(self) -> Any:
@@ -140,11 +146,15 @@ class LiveTests(TestCase):
         """
         ran = yield run_live(["--config", self.config, "-n", "broken", self.pod])
         self.assertEqual(ran.status, EXIT_FAILURE_POLICY, ran.out)
-        self.assertIn("refused    apply-failed: operation 0 (remove /spec/ampExampleDoesNotExist): "
-                      "/spec/ampExampleDoesNotExist does not exist\n", ran.out)
+        self.assertIn(
+            "refused    apply-failed: operation 0 (remove /spec/ampExampleDoesNotExist): "
+            "/spec/ampExampleDoesNotExist does not exist\n",
+            ran.out,
+        )
         self.assertIn("answer     ignored (apply-failed)", ran.out)
-        self.assertIn("operation 0 (remove /spec/ampExampleDoesNotExist): /spec/ampExampleDoesNotExist does not exist",
-                      ran.out)
+        self.assertIn(
+            "operation 0 (remove /spec/ampExampleDoesNotExist): /spec/ampExampleDoesNotExist does not exist", ran.out
+        )
         self.assertIn("stamp      amp.txn2.com/status: skipped apply-failed http://127.0.0.1:", ran.out)
         self.assertIn("+    amp.txn2.com/status: skipped apply-failed http://127.0.0.1:", ran.out)
         self.assertIn("-> exit 1: the failure policy decided", ran.out)
@@ -254,12 +264,18 @@ class LiveTests(TestCase):
 
 def write_kubeconfig(path: str, url: str) -> None:
     with open(path, "w") as f:
-        f.write(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": url}}],
-            "users": [{"name": "amp", "user": {"token": "fake-token"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "amp"}}],
-        }))
+        f.write(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "fake",
+                    "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                    "users": [{"name": "amp", "user": {"token": "fake-token"}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "amp"}}],
+                }
+            )
+        )
 
 
 class ClusterTests(TestCase):
@@ -280,16 +296,25 @@ class ClusterTests(TestCase):
         self.reply = self.files.write("reply.json", [ENV_OP])
 
     def config(self, **extra: Any) -> str:
-        raw = {"kubernetes": {"source": "kubeconfig", "kubeconfig": self.kubeconfig, **extra},
-               "endpoints": {"allow": ["http://*.svc:*/*"]}}
+        raw = {
+            "kubernetes": {"source": "kubeconfig", "kubeconfig": self.kubeconfig, **extra},
+            "endpoints": {"allow": ["http://*.svc:*/*"]},
+        }
         return self.files.write("amp.yaml", yaml.safe_dump(raw))
 
     @inlineCallbacks
     def test_namespace_is_read_with_one_get(self) -> Any:
-        self.fake.add_namespace("team-a", labels={ENABLED_LABEL: "true"}, annotations={
-            EP_ANNOTATION: "http://injector.tools.svc:8080/mutate", "amp.txn2.com/failure-policy": "Ignore"})
-        ran = yield run_live(["--config", self.config(), "-n", "team-a", "--reply", self.reply, "--twice",
-                              "-o", "json", self.pod])
+        self.fake.add_namespace(
+            "team-a",
+            labels={ENABLED_LABEL: "true"},
+            annotations={
+                EP_ANNOTATION: "http://injector.tools.svc:8080/mutate",
+                "amp.txn2.com/failure-policy": "Ignore",
+            },
+        )
+        ran = yield run_live(
+            ["--config", self.config(), "-n", "team-a", "--reply", self.reply, "--twice", "-o", "json", self.pod]
+        )
         self.assertEqual(ran.status, EXIT_NOT_IDEMPOTENT, ran.out + ran.err)
         doc = ran.json
         self.assertEqual(doc["result"], "patched")
@@ -309,20 +334,38 @@ class ClusterTests(TestCase):
 
     @inlineCallbacks
     def test_auto_failure_policy_follows_the_webhook_configuration(self) -> Any:
-        self.fake.add_namespace("team-a", labels={ENABLED_LABEL: "true"}, annotations={
-            EP_ANNOTATION: "http://injector.tools.svc:8080/mutate"})
+        self.fake.add_namespace(
+            "team-a",
+            labels={ENABLED_LABEL: "true"},
+            annotations={EP_ANNOTATION: "http://injector.tools.svc:8080/mutate"},
+        )
         self.fake.put_webhook_configuration("amp", [{"name": "mutate.amp.txn2.com", "failurePolicy": "Ignore"}])
         garbage = self.files.write("garbage.json", "{not json")
-        ran = yield run_live(["--config", self.config(webhook_configuration="amp"), "-n", "team-a",
-                              "--reply", garbage, "-o", "json", self.pod])
+        ran = yield run_live(
+            [
+                "--config",
+                self.config(webhook_configuration="amp"),
+                "-n",
+                "team-a",
+                "--reply",
+                garbage,
+                "-o",
+                "json",
+                self.pod,
+            ]
+        )
         doc = ran.json
         self.assertEqual((doc["result"], doc["reason"]), ("ignored", "invalid-json"))
         self.assertEqual(doc["cluster_failure_policy_source"], "MutatingWebhookConfiguration amp")
 
     @inlineCallbacks
     def test_unusable_kubeconfig_is_bad_usage(self) -> Any:
-        config = self.files.write("amp.yaml", yaml.safe_dump({"kubernetes": {
-            "source": "kubeconfig", "kubeconfig": os.path.join(self.files.dir, "missing")}}))
+        config = self.files.write(
+            "amp.yaml",
+            yaml.safe_dump(
+                {"kubernetes": {"source": "kubeconfig", "kubeconfig": os.path.join(self.files.dir, "missing")}}
+            ),
+        )
         ran = yield run_live(["--config", config, "-n", "team-a", "--reply", self.reply, self.pod])
         self.assertEqual(ran.status, EXIT_USAGE)
         self.assertEqual(ran.err.count("\n"), 1)
@@ -349,14 +392,17 @@ class ConsoleScriptTests(TestCase):
         config = files.write("amp.yaml", config_text({"team-a": ns(example.url("/user-env"))}))
         deployment = files.write("deploy.yaml", DEPLOYMENT)
         out, err, code = yield utils.getProcessOutputAndValue(
-            script, ["explain", "--config", config, "-o", "json", deployment], env=dict(os.environ),
-            reactor=reactor)
+            script, ["explain", "--config", config, "-o", "json", deployment], env=dict(os.environ), reactor=reactor
+        )
         self.assertEqual(code, 0, err)
         doc = json.loads(out)
         self.assertEqual(doc["result"], "patched")
         self.assertTrue(doc["pod"]["metadata"]["generateName"].startswith("notebook-"))
         out, err, code = yield utils.getProcessOutputAndValue(
-            script, ["explain", "--config", config, os.path.join(files.dir, "missing.yaml")],
-            env=dict(os.environ), reactor=reactor)
+            script,
+            ["explain", "--config", config, os.path.join(files.dir, "missing.yaml")],
+            env=dict(os.environ),
+            reactor=reactor,
+        )
         self.assertEqual((code, out), (2, b""))
         self.assertEqual(err.count(b"\n"), 1, err)

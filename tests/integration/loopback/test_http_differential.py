@@ -32,8 +32,10 @@ BODY = b'[{"op":"add","path":"/metadata/labels/a","value":"b"}]'
 
 
 def _chunked(body: bytes, size: int = 7) -> bytes:
-    return b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + size]), body[i:i + size])
-                    for i in range(0, len(body), size)) + b"0\r\n\r\n"
+    return (
+        b"".join(b"%x\r\n%s\r\n" % (len(body[i : i + size]), body[i : i + size]) for i in range(0, len(body), size))
+        + b"0\r\n\r\n"
+    )
 
 
 def _length(body: bytes, status: bytes = b"200 OK", extra: bytes = b"") -> bytes:
@@ -44,8 +46,10 @@ def _length(body: bytes, status: bytes = b"200 OK", extra: bytes = b"") -> bytes
 CORPUS: dict[str, tuple[list[bytes], bool]] = {
     "length": ([_length(BODY)], False),
     "chunked": ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(BODY)], False),
-    "chunked-extensions-trailers": ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                     b"5;ext=1\r\n[{\"op\r\n0\r\nX-Trailer: t\r\n\r\n"], False),
+    "chunked-extensions-trailers": (
+        [b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\n[{"op\r\n0\r\nX-Trailer: t\r\n\r\n'],
+        False,
+    ),
     "empty-204": ([b"HTTP/1.1 204 No Content\r\n\r\n"], False),
     "status-404": ([_length(b"no such path", b"404 Not Found")], False),
     "status-503": ([_length(b"busy", b"503 Unavailable")], False),
@@ -58,8 +62,11 @@ CORPUS: dict[str, tuple[list[bytes], bool]] = {
     "many-headers": ([_length(BODY, extra=b"".join(b"X-H%d: v\r\n" % i for i in range(50)))], False),
     # Slow: a byte or a few per reactor turn.
     "slow-head": ([bytes([b]) for b in _length(BODY)[:40]] + [_length(BODY)[40:]], False),
-    "slow-chunks": ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"]
-                    + [_chunked(BODY, 3)[i:i + 5] for i in range(0, len(_chunked(BODY, 3)), 5)], False),
+    "slow-chunks": (
+        [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"]
+        + [_chunked(BODY, 3)[i : i + 5] for i in range(0, len(_chunked(BODY, 3)), 5)],
+        False,
+    ),
     # Truncated: the connection ends before the reply does.
     "nothing": ([], True),
     "half-a-head": ([b"HTTP/1.1 200 OK\r\nContent-Le"], True),
@@ -67,8 +74,10 @@ CORPUS: dict[str, tuple[list[bytes], bool]] = {
     "unfinished-chunks": ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(BODY)[:20]], True),
     # Oversized: over the body limit.
     "length-over": ([b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n[" % (LIMIT + 1)], False),
-    "chunked-over": ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"]
-                     + [b"100\r\n" + b" " * 256 + b"\r\n"] * 5, False),
+    "chunked-over": (
+        [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"] + [b"100\r\n" + b" " * 256 + b"\r\n"] * 5,
+        False,
+    ),
     "until-close-over": ([b"HTTP/1.1 200 OK\r\n\r\n"] + [b" " * 300] * 4, True),
     # Malformed.
     "not-http": ([b"SSH-2.0-OpenSSH_9.6\r\n"], True),
@@ -78,18 +87,24 @@ CORPUS: dict[str, tuple[list[bytes], bool]] = {
     "status-not-a-number": ([b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\n[]"], True),
     # RFC 9112 5.2: obsolete line folding, unfolded (a user agent MUST),
     # also when the fold arrives in the next read.
-    "folded-header": ([b"HTTP/1.1 200 OK\r\nX-A: a\r\n folded\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)],
-                      True),
-    "folded-header-split": ([b"HTTP/1.1 200 OK\r\nX-A: a\r\n", b"\t folded\r\nContent-Length: %d\r\n" % len(BODY),
-                             b"\r\n" + BODY], True),
+    "folded-header": (
+        [b"HTTP/1.1 200 OK\r\nX-A: a\r\n folded\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)],
+        True,
+    ),
+    "folded-header-split": (
+        [b"HTTP/1.1 200 OK\r\nX-A: a\r\n", b"\t folded\r\nContent-Length: %d\r\n" % len(BODY), b"\r\n" + BODY],
+        True,
+    ),
 }
 
 #: Where the verdicts differ, by design: name -> (Twisted's, amp's), why.
 STRICTER = {
     # RFC 9112 6.3: a response with both is a smuggling vector; llhttp
     # refuses it, Twisted reads it as chunked.
-    "length-and-chunked": ([b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n"
-                            + _chunked(BODY)], True),
+    "length-and-chunked": (
+        [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(BODY)],
+        True,
+    ),
 }
 STRICTER_VERDICTS = {
     "length-and-chunked": (("reply", 200, BODY), ("no reply",)),
@@ -146,7 +161,8 @@ class _Collect(Protocol):
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         if not self._done.called:
             self._done.callback(
-                ("body", b"".join(self._chunks)) if reason.check(ResponseDone, PotentialDataLoss) else ("no reply",))
+                ("body", b"".join(self._chunks)) if reason.check(ResponseDone, PotentialDataLoss) else ("no reply",)
+            )
 
 
 class DifferentialTests(TestCase):
@@ -184,8 +200,15 @@ class DifferentialTests(TestCase):
         budget = ReplyBudget(1 << 20)
         limits = ReplyLimits(16384, 100, LIMIT, budget)
         opened: list[Any] = []
-        pool = OriginPool(reactor, TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port), limits,
-                          10, 60.0, opened.append, lambda c: None)
+        pool = OriginPool(
+            reactor,
+            TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port),
+            limits,
+            10,
+            60.0,
+            opened.append,
+            lambda c: None,
+        )
         request = b"POST /%s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n" % name.encode()
         charge = Charge(budget)
         try:

@@ -35,8 +35,15 @@ from tests.support.helpers import UID, decode_answer, parse_raw_response, review
 # ---------------------------------------------------------------- the listener
 
 
-def request(body: bytes, *, host: Optional[list[bytes]] = None, target: bytes = b"/mutate",
-            version: bytes = b"HTTP/1.1", extra: bytes = b"", framing: Optional[bytes] = None) -> bytes:
+def request(
+    body: bytes,
+    *,
+    host: Optional[list[bytes]] = None,
+    target: bytes = b"/mutate",
+    version: bytes = b"HTTP/1.1",
+    extra: bytes = b"",
+    framing: Optional[bytes] = None,
+) -> bytes:
     """A POST of C{body}: Host fields C{host} (default one, 127.0.0.1), framed by Content-Length or C{framing}."""
     hosts = [b"127.0.0.1"] if host is None else host
     head = b"POST %s %s\r\n" % (target, version)
@@ -94,8 +101,15 @@ class ListenerFramingTests(HostileTestCase):
     def test_host_fields_that_rfc_9112_allows_are_reviewed(self) -> Any:
         amp = yield self.start(request_timeout="5s")
         body = review_bytes()
-        for host in (b"127.0.0.1:8443", b"[::1]:443", b"amp.amp-system.svc", b"", b"  amp.example \t",
-                     b"xn--bcher-kva.example", b"%41mp"):
+        for host in (
+            b"127.0.0.1:8443",
+            b"[::1]:443",
+            b"amp.amp-system.svc",
+            b"",
+            b"  amp.example \t",
+            b"xn--bcher-kva.example",
+            b"%41mp",
+        ):
             yield self.assertReviewed(amp, request(body, host=[host]))
         # HTTP/1.0 may leave it out.
         yield self.assertReviewed(amp, request(body, host=[], version=b"HTTP/1.0"))
@@ -104,8 +118,11 @@ class ListenerFramingTests(HostileTestCase):
     def test_an_absolute_form_target_is_served_by_its_path(self) -> Any:
         amp = yield self.start(request_timeout="5s")
         body = review_bytes()
-        for target in (b"https://127.0.0.1:%d/mutate?timeout=10s" % amp.port, b"HTTPS://amp.example/mutate",
-                       b"http://[::1]/mutate"):
+        for target in (
+            b"https://127.0.0.1:%d/mutate?timeout=10s" % amp.port,
+            b"HTTPS://amp.example/mutate",
+            b"http://[::1]/mutate",
+        ):
             yield self.assertReviewed(amp, request(body, target=target))
         # Its path decides: not the webhook's, not found (the connection stays usable).
         received = yield self.exchange(amp, request(body, target=b"https://amp.example/other"), until=b"\r\n\r\n")
@@ -115,8 +132,12 @@ class ListenerFramingTests(HostileTestCase):
     def test_absolute_targets_that_are_not_http_urls_are_400(self) -> Any:
         amp = yield self.start(request_timeout="5s")
         body = review_bytes()
-        for target in (b"ftp://amp.example/mutate", b"https:///mutate", b"https://user@amp/mutate",
-                       b"https://amp:x/mutate"):
+        for target in (
+            b"ftp://amp.example/mutate",
+            b"https:///mutate",
+            b"https://user@amp/mutate",
+            b"https://amp:x/mutate",
+        ):
             data = yield self.exchange(amp, request(body, target=target))
             self.assertRefused(data, 400, b"request target")
 
@@ -147,13 +168,14 @@ class ListenerFramingTests(HostileTestCase):
         for te in (b" chunked ", b"\tchunked\t", b"chunked \t ", b"  CHUNKED"):
             yield self.assertReviewed(amp, request(body, framing=b"Transfer-Encoding:" + te))
         # Content-Type with whitespace after it is JSON still (not 415).
-        data = request(body).replace(b"Content-Type: application/json\r\n",
-                                     b"Content-Type:\t application/json \t\r\n")
+        data = request(body).replace(b"Content-Type: application/json\r\n", b"Content-Type:\t application/json \t\r\n")
         yield self.assertReviewed(amp, data)
         # Expect with whitespace after it gets its 100.
         c = yield self.client(amp)
-        c.send(b"POST /mutate HTTP/1.1\r\nHost: amp\r\nContent-Type: application/json\r\nExpect: 100-continue \t\r\n"
-               b"Content-Length: %d\r\n\r\n" % len(body))
+        c.send(
+            b"POST /mutate HTTP/1.1\r\nHost: amp\r\nContent-Type: application/json\r\nExpect: 100-continue \t\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
         yield c.until(b"HTTP/1.1 100 Continue\r\n\r\n")
         c.send(body)
         yield c.until(b'"uid"')
@@ -268,9 +290,15 @@ class ObsFoldTests(EndpointTestCase):
         # Folded over three lines, the fold arriving in the reads after
         # its line: the value is "keep-alive, close", so the connection
         # is not reused.
-        script = Scripted([b"HTTP/1.1 200 OK\r\nConnection: keep-alive,\r\n", b" \t close\r\n",
-                           b"X-Note: a\r\n", b"\tb\r\n",
-                           b"Content-Length: %d\r\n\r\n%s" % (len(PATCH_BYTES), PATCH_BYTES)])
+        script = Scripted(
+            [
+                b"HTTP/1.1 200 OK\r\nConnection: keep-alive,\r\n",
+                b" \t close\r\n",
+                b"X-Note: a\r\n",
+                b"\tb\r\n",
+                b"Content-Length: %d\r\n\r\n%s" % (len(PATCH_BYTES), PATCH_BYTES),
+            ]
+        )
         server, _ = self.serve(script)
         h = self.harness()
         decision = yield h.call(server.url("/mutate"))
@@ -345,8 +373,10 @@ def test_a_host_is_refused_exactly_when_rfc_3986_says_it_is_not_host_and_port(va
 
 
 @settings(max_examples=300, derandomize=True, deadline=None)
-@given(codings=st.lists(st.sampled_from(["chunked", "CHUNKED", "gzip", "identity", "x", ""]), max_size=4),
-       space=st.sampled_from(["", " ", "\t", " \t "]))
+@given(
+    codings=st.lists(st.sampled_from(["chunked", "CHUNKED", "gzip", "identity", "x", ""]), max_size=4),
+    space=st.sampled_from(["", " ", "\t", " \t "]),
+)
 def test_transfer_codings_other_than_chunked_alone_are_refused(codings: list[str], space: str) -> None:
     value = ",".join(f"{space}{c}{space}" for c in codings).encode()
     named = [c.lower() for c in codings if c]

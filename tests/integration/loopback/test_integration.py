@@ -56,18 +56,30 @@ class IntegrationTestCase(TestCase):
         ex = self.example
         namespaces = {
             name: namespace(ex.url("/" + name))
-            for name in ("user-env", "registry", "sidecar", "poddefault", "deny", "noop", "bad-patch", "error",
-                         "garbage", "hang")
+            for name in (
+                "user-env",
+                "registry",
+                "sidecar",
+                "poddefault",
+                "deny",
+                "noop",
+                "bad-patch",
+                "error",
+                "garbage",
+                "hang",
+            )
         }
-        namespaces.update({
-            "team-a": namespace(ex.url("/user-env")),
-            "strict": namespace(ex.url("/error"), failure_policy="Fail"),
-            "strict-hang": namespace(ex.url("/hang"), failure_policy="Fail"),
-            "refused": namespace(f"http://127.0.0.1:{self.refused_port}/user-env"),
-            "outside": namespace("http://10.0.0.1:8090/user-env"),
-            "validated": namespace(validation=ex.url("/validate-labels")),
-            "opted-out": namespace(ex.url("/user-env"), enabled=False),
-        })
+        namespaces.update(
+            {
+                "team-a": namespace(ex.url("/user-env")),
+                "strict": namespace(ex.url("/error"), failure_policy="Fail"),
+                "strict-hang": namespace(ex.url("/hang"), failure_policy="Fail"),
+                "refused": namespace(f"http://127.0.0.1:{self.refused_port}/user-env"),
+                "outside": namespace("http://10.0.0.1:8090/user-env"),
+                "validated": namespace(validation=ex.url("/validate-labels")),
+                "opted-out": namespace(ex.url("/user-env"), enabled=False),
+            }
+        )
         amp = yield start_amp(make_config(namespaces, **config), reactor)
         self.addCleanup(amp.stop)
         self.client = WebhookClient(reactor)
@@ -96,8 +108,13 @@ class PatchedTests(IntegrationTestCase):
         patched = apply_patch(the_pod, response["_patch"])
         self.assertIn({"name": "AMP_USER", "value": "alice"}, patched["spec"]["containers"][0]["env"])
         self.assertEqual(patched["spec"]["initContainers"][0]["name"], "new-init-container")
-        self.assertEqual(amp.metrics.registry.get_sample_value("amp_admission_requests_total", {
-            "kind": "Pod", "operation": "CREATE", "result": "patched", "reason": ""}), 1)
+        self.assertEqual(
+            amp.metrics.registry.get_sample_value(
+                "amp_admission_requests_total",
+                {"kind": "Pod", "operation": "CREATE", "result": "patched", "reason": ""},
+            ),
+            1,
+        )
 
     @inlineCallbacks
     def test_v1beta1_round_trip(self) -> Any:
@@ -111,8 +128,10 @@ class PatchedTests(IntegrationTestCase):
     @inlineCallbacks
     def test_every_example_use_case_patches(self) -> Any:
         amp = yield self.start()
-        the_pod = pod(labels={"add-gcp-secret": "true"},
-                      containers=[{"name": "app", "image": "gcr.io/team/app:1", "ports": [{"containerPort": 80}]}])
+        the_pod = pod(
+            labels={"add-gcp-secret": "true"},
+            containers=[{"name": "app", "image": "gcr.io/team/app:1", "ports": [{"containerPort": 80}]}],
+        )
         for ns in ("user-env", "registry", "sidecar", "poddefault"):
             doc = yield self.post(amp, review_bytes(the_pod, namespace=ns))
             self.assertTrue(doc["response"]["allowed"], ns)
@@ -124,9 +143,13 @@ class PatchedTests(IntegrationTestCase):
         amp = yield self.start()
         users = [f"user{i}" for i in range(20)]
         docs = yield wait_all(
-            self.post(amp, review_bytes(pod(annotations={"hub.jupyter.org/username": u}), namespace="team-a",
-                                        uid=f"uid-{u}"), uid=f"uid-{u}")
-            for u in users)
+            self.post(
+                amp,
+                review_bytes(pod(annotations={"hub.jupyter.org/username": u}), namespace="team-a", uid=f"uid-{u}"),
+                uid=f"uid-{u}",
+            )
+            for u in users
+        )
         for user, doc in zip(users, docs):
             patched = apply_patch(pod(annotations={"hub.jupyter.org/username": user}), doc["response"]["_patch"])
             self.assertIn({"name": "AMP_USER", "value": user}, patched["spec"]["containers"][0]["env"])
@@ -149,8 +172,7 @@ class UnchangedTests(IntegrationTestCase):
             review_bytes(namespace="no-such-namespace"),
             review_bytes(namespace="noop"),
             review_bytes(namespace="team-a", operation="UPDATE"),
-            review_bytes({"kind": "Secret"}, namespace="team-a",
-                         kind={"group": "", "version": "v1", "kind": "Secret"}),
+            review_bytes({"kind": "Secret"}, namespace="team-a", kind={"group": "", "version": "v1", "kind": "Secret"}),
         ]
         for body in cases:
             doc = yield self.post(amp, body)
@@ -159,8 +181,10 @@ class UnchangedTests(IntegrationTestCase):
             self.assertNotIn("warnings", response)
             if body == cases[2]:
                 # Reviewed, no change: only amp's status stamp.
-                self.assertEqual(apply_patch(pod(), response["_patch"])["metadata"]["annotations"],
-                                 {STATUS_ANNOTATION: f"unchanged http://127.0.0.1:{self.example.port}"})
+                self.assertEqual(
+                    apply_patch(pod(), response["_patch"])["metadata"]["annotations"],
+                    {STATUS_ANNOTATION: f"unchanged http://127.0.0.1:{self.example.port}"},
+                )
             else:
                 self.assertNotIn("patch", response)
         # only the noop namespace reached the example server
@@ -213,8 +237,13 @@ class FailureTests(IntegrationTestCase):
     @inlineCallbacks
     def test_failures_under_fail(self) -> Any:
         amp = yield self.start(failure_policy="Fail")
-        for ns, reason in (("error", "http-5xx"), ("garbage", "invalid-json"), ("bad-patch", "apply-failed"),
-                           ("refused", "connection-refused"), ("outside", "not-allowed")):
+        for ns, reason in (
+            ("error", "http-5xx"),
+            ("garbage", "invalid-json"),
+            ("bad-patch", "apply-failed"),
+            ("refused", "connection-refused"),
+            ("outside", "not-allowed"),
+        ):
             doc = yield self.post(amp, review_bytes(namespace=ns))
             response = doc["response"]
             self.assertFalse(response["allowed"], ns)
@@ -245,8 +274,10 @@ class DeadlineTests(IntegrationTestCase):
         self.assertIn("timeout", response["warnings"][0])
         # 0.5s less the few milliseconds amp spent before the call
         self.assertRegex(response["auditAnnotations"]["error"], r"no reply within 0\.(5|4\d*)s$")
-        self.assertEqual(apply_patch(pod(), response["_patch"])["metadata"]["annotations"][STATUS_ANNOTATION],
-                         f"skipped timeout http://127.0.0.1:{self.example.port}")
+        self.assertEqual(
+            apply_patch(pod(), response["_patch"])["metadata"]["annotations"][STATUS_ANNOTATION],
+            f"skipped timeout http://127.0.0.1:{self.example.port}",
+        )
         self.assertLess(elapsed, 5.0)
 
     @inlineCallbacks
@@ -312,4 +343,3 @@ class FetchOnly(StaticNamespaceSource):
     def fetch(self, name: str, timeout: float) -> Any:
         self.fetched.append(name)
         return super().fetch(name, timeout)
-

@@ -118,12 +118,19 @@ class FakeAPITestCase(TestCase):
 
     def start(self, **overrides: Any) -> tuple[KubernetesNamespaceSource, Metrics]:
         values: dict[str, Any] = dict(
-            source="kubeconfig", kubeconfig=self.kubeconfig, watch_timeout=30.0, request_timeout=2.0,
-            backoff_initial=0.01, backoff_max=0.05, miss_timeout=2.0)
+            source="kubeconfig",
+            kubeconfig=self.kubeconfig,
+            watch_timeout=30.0,
+            request_timeout=2.0,
+            backoff_initial=0.01,
+            backoff_max=0.05,
+            miss_timeout=2.0,
+        )
         values.update(overrides)
         metrics = Metrics()
-        source = KubernetesNamespaceSource(KubernetesConfig(**values), reactor=self.reactor, metrics=metrics,
-                                           random=lambda: 0.5)
+        source = KubernetesNamespaceSource(
+            KubernetesConfig(**values), reactor=self.reactor, metrics=metrics, random=lambda: 0.5
+        )
         source.startService()
         self.addCleanup(self._stop_source, source)
         return source, metrics
@@ -136,8 +143,10 @@ class FakeAPITestCase(TestCase):
 
     def in_thread(self, blocking: Callable[..., bool], *args: Any, **kwargs: Any) -> Deferred:
         """Wait on the fake server (it blocks on its condition) without blocking the reactor."""
+
         def check(ok: bool) -> None:
             self.assertTrue(ok, f"{blocking.__name__}{args} timed out")
+
         return deferToThread(blocking, *args, **kwargs).addCallback(check)
 
     def watch_requests(self) -> list[Any]:
@@ -148,22 +157,27 @@ class FakeAPITestCase(TestCase):
 
 
 class WatchTests(FakeAPITestCase):
-
     @inlineCallbacks
     def test_list_then_watch_keep_the_cache_current(self) -> Any:
-        self.fake.add_namespace("team-a", labels={**ENABLED, "team": "a"}, annotations={
-            "amp.txn2.com/ep": EP_A, "kubectl.kubernetes.io/last-applied-configuration": "{}"})
+        self.fake.add_namespace(
+            "team-a",
+            labels={**ENABLED, "team": "a"},
+            annotations={"amp.txn2.com/ep": EP_A, "kubectl.kubernetes.io/last-applied-configuration": "{}"},
+        )
         self.fake.add_namespace("team-b")
         source, metrics = self.start()
         yield self.until(lambda: source.readiness()[0], "the first list")
         self.assertEqual(source.count, 2)
         self.assertEqual(dict(source.cached("team-a").annotations), {"amp.txn2.com/ep": EP_A})
-        self.assertEqual(source.cached("team-a").resource_version,
-                         self.fake.get_namespace("team-a")["metadata"]["resourceVersion"])
+        self.assertEqual(
+            source.cached("team-a").resource_version, self.fake.get_namespace("team-a")["metadata"]["resourceVersion"]
+        )
         yield self.in_thread(self.fake.wait_for_watches, 1)
         [watch] = self.watch_requests()
-        self.assertEqual((watch.query["resourceVersion"], watch.query["allowWatchBookmarks"],
-                          watch.query["timeoutSeconds"]), (self.fake.resource_version, "true", "30"))
+        self.assertEqual(
+            (watch.query["resourceVersion"], watch.query["allowWatchBookmarks"], watch.query["timeoutSeconds"]),
+            (self.fake.resource_version, "true", "30"),
+        )
 
         self.fake.update_namespace("team-a", labels=ENABLED, annotations={"amp.txn2.com/ep": EP_B})
         self.fake.add_namespace("team-c", labels=ENABLED)
@@ -171,8 +185,9 @@ class WatchTests(FakeAPITestCase):
         yield self.until(lambda: source.resource_version == self.fake.resource_version)
         self.assertEqual(source.cached("team-a").annotations["amp.txn2.com/ep"], EP_B)
         self.assertEqual(sorted(source._cache), ["team-a", "team-c"])
-        self.assertEqual([sample(metrics, "amp_namespace_events_total", type=t)
-                          for t in ("ADDED", "MODIFIED", "DELETED")], [1, 1, 1])
+        self.assertEqual(
+            [sample(metrics, "amp_namespace_events_total", type=t) for t in ("ADDED", "MODIFIED", "DELETED")], [1, 1, 1]
+        )
 
     @inlineCallbacks
     def test_dropped_watch_resumes_from_the_last_bookmark_nothing_lost_or_doubled(self) -> Any:
@@ -195,8 +210,13 @@ class WatchTests(FakeAPITestCase):
         yield self.until(lambda: source.resource_version == self.fake.resource_version)
         self.assertEqual([w.query["resourceVersion"] for w in self.watch_requests()][1], bookmark_rv)
         self.assertEqual(sample(metrics, "amp_namespace_watch_restarts_total", reason="dropped"), 1)
-        self.assertEqual([sample(metrics, "amp_namespace_events_total", type=t)
-                          for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")], [1, 1, 1, 1])
+        self.assertEqual(
+            [
+                sample(metrics, "amp_namespace_events_total", type=t)
+                for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")
+            ],
+            [1, 1, 1, 1],
+        )
         self.assertEqual(len(self.list_requests()), 1)
         self.assertEqual(sorted(source._cache), ["a", "b", "d"])
 
@@ -241,8 +261,9 @@ class WatchTests(FakeAPITestCase):
         yield self.in_thread(self.fake.wait_for_watches, 1)
         self.fake.set_delay(30, NS_PATH)
         self.fake.drop_watches()
-        yield self.until(lambda: sample(metrics, "amp_namespace_watch_restarts_total", reason="stalled") >= 1,
-                         "the stalled restart")
+        yield self.until(
+            lambda: sample(metrics, "amp_namespace_watch_restarts_total", reason="stalled") >= 1, "the stalled restart"
+        )
         self.assertIn("watch restarting after stalled", source.readiness()[1])
         self.fake.set_delay(0)
         self.fake.release_delayed()
@@ -252,7 +273,6 @@ class WatchTests(FakeAPITestCase):
 
 
 class StopTests(FakeAPITestCase):
-
     @inlineCallbacks
     def _stops(self, source: KubernetesNamespaceSource) -> Any:
         [thread] = source.threads
@@ -281,7 +301,6 @@ class StopTests(FakeAPITestCase):
 
 
 class FetchTests(FakeAPITestCase):
-
     @inlineCallbacks
     def test_misses_get_through_the_thread_pool(self) -> Any:
         source, metrics = self.start(per_review_get=True)
@@ -293,18 +312,22 @@ class FetchTests(FakeAPITestCase):
         failure = yield self.assertFailure(source.fetch("boom", 2.0), NamespaceLookupError)
         self.assertIn("HTTP 500", str(failure))
         self.assertEqual([self.fake.count(NS_PATH + "/" + n) for n in ("team-a", "nope", "boom")], [1, 1, 1])
-        self.assertEqual([sample(metrics, "amp_namespace_cache_misses_total", result=r)
-                          for r in ("found", "not-found", "error")], [1, 1, 1])
+        self.assertEqual(
+            [sample(metrics, "amp_namespace_cache_misses_total", result=r) for r in ("found", "not-found", "error")],
+            [1, 1, 1],
+        )
 
 
 class WebhookConfigurationTests(FakeAPITestCase):
-
     @inlineCallbacks
     def test_auto_failure_policy_follows_the_webhook_configuration(self) -> Any:
-        self.fake.put_webhook_configuration("amp", [
-            {"name": "other.amp.txn2.com", "failurePolicy": "Fail"},
-            {"name": "pods.amp.txn2.com", "failurePolicy": "Ignore"},
-        ])
+        self.fake.put_webhook_configuration(
+            "amp",
+            [
+                {"name": "other.amp.txn2.com", "failurePolicy": "Fail"},
+                {"name": "pods.amp.txn2.com", "failurePolicy": "Ignore"},
+            ],
+        )
         source, _ = self.start(webhook_configuration="amp", webhook_name="pods.amp.txn2.com")
         self.assertEqual(len(source.threads), 2)
         yield self.until(lambda: source.readiness()[0], "both lists")

@@ -53,11 +53,14 @@ class ReviewLogTests(TestCase):
         self.example = yield start_example(reactor)
         self.addCleanup(self.example.stop)
         ex = self.example.url
-        config = make_config({
-            "team-a": namespace(ex("/user-env")),
-            "broken": namespace(ex("/error")),
-            "shadow": namespace(ex("/registry"), mode="shadow"),
-        }, log={"format": "json"})
+        config = make_config(
+            {
+                "team-a": namespace(ex("/user-env")),
+                "broken": namespace(ex("/error")),
+                "shadow": namespace(ex("/registry"), mode="shadow"),
+            },
+            log={"format": "json"},
+        )
         self.amp = yield start_amp(config, reactor)
         self.addCleanup(self.amp.stop)
         self.client = WebhookClient(reactor)
@@ -68,19 +71,23 @@ class ReviewLogTests(TestCase):
         return pod(
             "notebook",
             annotations={"hub.jupyter.org/username": "alice", "team.example/token": SECRET_VALUE},
-            containers=[{"name": "app", "image": SECRET_IMAGE,
-                         "env": [{"name": "DB_PASSWORD", "value": SECRET_VALUE}]}])
+            containers=[
+                {"name": "app", "image": SECRET_IMAGE, "env": [{"name": "DB_PASSWORD", "value": SECRET_VALUE}]}
+            ],
+        )
 
     @inlineCallbacks
     def admit(self, ns: str, uid: str) -> Any:
         response, body = yield self.client.post(
-            self.amp.url("/mutate", "timeout=10s"), review_bytes(self.secret_pod(), namespace=ns, uid=uid))
+            self.amp.url("/mutate", "timeout=10s"), review_bytes(self.secret_pod(), namespace=ns, uid=uid)
+        )
         self.assertEqual(response.code, 200)
         return decode_answer(body)["response"]
 
     def review_line(self, uid: str) -> dict[str, Any]:
-        found = [line for line in lines_of(self.buf)
-                 if line["logger"] == "amp.web.ReviewHandler" and line.get("uid") == uid]
+        found = [
+            line for line in lines_of(self.buf) if line["logger"] == "amp.web.ReviewHandler" and line.get("uid") == uid
+        ]
         self.assertEqual(len(found), 1, self.buf.getvalue())
         return found[0]
 
@@ -91,8 +98,16 @@ class ReviewLogTests(TestCase):
         patch_bytes = json.dumps(answer["_patch"], separators=(",", ":")).encode("utf-8")
         self.assertEqual(
             {k: line[k] for k in REVIEW_FIELDS if k != "duration_ms"},
-            {"uid": "uid-patched", "namespace": "team-a", "pod": "notebook", "endpoint": self.origin,
-             "result": "patched", "reason": "", "patch_size": len(patch_bytes)})
+            {
+                "uid": "uid-patched",
+                "namespace": "team-a",
+                "pod": "notebook",
+                "endpoint": self.origin,
+                "result": "patched",
+                "reason": "",
+                "patch_size": len(patch_bytes),
+            },
+        )
         self.assertIsInstance(line["duration_ms"], float)
         self.assertGreater(line["duration_ms"], 0)
         self.assertIn("team-a/notebook patched", line["message"])

@@ -32,23 +32,28 @@ class ApplyOnTheWireTests(SynchronousTestCase):
         with FakeKube() as fake, tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "kubeconfig")
             with open(path, "w") as f:
-                f.write(f"apiVersion: v1\nkind: Config\nclusters: [{{name: f, cluster: {{server: \"{fake.url}\"}}}}]\n"
-                        "users: [{name: amp, user: {token: t}}]\n"
-                        "contexts: [{name: f, context: {cluster: f, user: amp}}]\ncurrent-context: f\n")
+                f.write(
+                    f'apiVersion: v1\nkind: Config\nclusters: [{{name: f, cluster: {{server: "{fake.url}"}}}}]\n'
+                    "users: [{name: amp, user: {token: t}}]\n"
+                    "contexts: [{name: f, context: {cluster: f, user: amp}}]\ncurrent-context: f\n"
+                )
             config = managed_config()
-            client = KubeClient.from_config(dataclasses.replace(config.kubernetes, source="kubeconfig",
-                                                                kubeconfig=path))
+            client = KubeClient.from_config(
+                dataclasses.replace(config.kubernetes, source="kubeconfig", kubeconfig=path)
+            )
             try:
                 want = desired(config, CA_PEM, "amp-system")
                 stored = client.apply_webhook_configuration(want, 5.0)
                 [(query, body)] = fake.applied
                 self.assertEqual(query, {"fieldManager": "amp", "force": "true"})
                 self.assertEqual(body, want)
-                self.assertEqual([e["name"] for e in stored["webhooks"]],
-                                 ["ignore.mutate.amp.txn2.com", "fail.mutate.amp.txn2.com"])
+                self.assertEqual(
+                    [e["name"] for e in stored["webhooks"]], ["ignore.mutate.amp.txn2.com", "fail.mutate.amp.txn2.com"]
+                )
                 [request] = [r for r in fake.requests if r.method == "PATCH"]
-                self.assertEqual(request.path, "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
-                                               "amp.txn2.com")
+                self.assertEqual(
+                    request.path, "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/amp.txn2.com"
+                )
                 fake.fail_next(1, 403)
                 with self.assertRaises(ApiException) as raised:
                     client.apply_webhook_configuration(want, 5.0)

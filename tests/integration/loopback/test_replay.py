@@ -30,11 +30,14 @@ class ReplayTests(TestCase):
     def setUp(self) -> Any:
         self.example, self.candidate = yield start_live_and_candidate(self, reactor)
         self.directory = self.mktemp()
-        config = make_config({
-            "mesh": namespace(self.example.url("/sidecar")),
-            "hub": namespace(self.example.url("/user-env")),
-            "quiet": namespace(self.example.url("/sidecar")),
-        }, record={"enabled": True, "directory": self.directory, "namespaces": ["mesh", "hub"]})
+        config = make_config(
+            {
+                "mesh": namespace(self.example.url("/sidecar")),
+                "hub": namespace(self.example.url("/user-env")),
+                "quiet": namespace(self.example.url("/sidecar")),
+            },
+            record={"enabled": True, "directory": self.directory, "namespaces": ["mesh", "hub"]},
+        )
         amp = yield start_amp(config, reactor)
         client = WebhookClient(reactor)
         pods = [
@@ -62,8 +65,10 @@ class ReplayTests(TestCase):
         self.assertEqual(stat.S_IMODE(os.stat(self.files[0]).st_mode), 0o600)
         with open(self.files[0], "rb") as f:
             lines = [json.loads(line) for line in f]
-        self.assertEqual([(x["namespace"]["name"], x["uid"]) for x in lines],
-                         [("mesh", "u0"), ("mesh", "u1"), ("mesh", "u2"), ("hub", "u3")])
+        self.assertEqual(
+            [(x["namespace"]["name"], x["uid"]) for x in lines],
+            [("mesh", "u0"), ("mesh", "u1"), ("mesh", "u2"), ("hub", "u3")],
+        )
         first = lines[0]
         self.assertEqual(first["review"]["request"]["object"]["metadata"]["name"], "web-1")
         [shown] = first["route"]["endpoints"]
@@ -76,13 +81,16 @@ class ReplayTests(TestCase):
     def test_replaying_against_the_recorded_answers_finds_them_the_same(self) -> Any:
         status, out, err = yield self.replay(*self.files, "--config", self._config())
         self.assertEqual((status, err), (0, ""), out)
-        self.assertEqual(out.splitlines()[-1],
-                         "replayed 4 reviews against the recorded answers: 4 same, 0 different, 0 failed, 0 unreadable")
+        self.assertEqual(
+            out.splitlines()[-1],
+            "replayed 4 reviews against the recorded answers: 4 same, 0 different, 0 failed, 0 unreadable",
+        )
 
     @inlineCallbacks
     def test_a_candidate_is_compared_with_the_live_endpoint(self) -> Any:
-        status, out, err = yield self.replay(*self.files, "--config", self._config(),
-                                             "--against", self.candidate.url("/sidecar"))
+        status, out, err = yield self.replay(
+            *self.files, "--config", self._config(), "--against", self.candidate.url("/sidecar")
+        )
         self.assertEqual(status, 1, out + err)
         lines = out.splitlines()
         # The reviews as they come, the counts last.
@@ -97,8 +105,9 @@ class ReplayTests(TestCase):
     def test_json_output_and_a_malformed_line(self) -> Any:
         with open(self.files[0], "ab") as f:
             f.write(b"{not json\n")
-        status, out, err = yield self.replay(*self.files, "--config", self._config(), "-o", "json",
-                                             "--endpoint", self.example.url("/sidecar"))
+        status, out, err = yield self.replay(
+            *self.files, "--config", self._config(), "-o", "json", "--endpoint", self.example.url("/sidecar")
+        )
         self.assertEqual(status, 2, err)
         report = json.loads(out)
         self.assertEqual(report["summary"], {"reviews": 5, "same": 3, "different": 1, "failed": 0, "unreadable": 1})

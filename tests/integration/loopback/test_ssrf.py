@@ -57,8 +57,7 @@ class Redirector(Resource):
 class LoopbackTestCase(TestCase, Answers):
     timeout = 15
 
-    def serve(self, resource: Resource, interface: str = "127.0.0.1",
-              port: int = 0) -> tuple[ConnectionCounter, int]:
+    def serve(self, resource: Resource, interface: str = "127.0.0.1", port: int = 0) -> tuple[ConnectionCounter, int]:
         site = Site(resource)
         site.log = lambda request: None  # type: ignore[method-assign]
         factory = ConnectionCounter(site)
@@ -86,8 +85,12 @@ class LoopbackSSRFTests(LoopbackTestCase):
         r = self.reviewer(f"http://127.0.0.1:{other_port}/metrics", allow=[f"http://127.0.0.1:{allowed_port}/*"])
         response, outcome = yield r.review()
         self.assertEqual(outcome.reason, "not-allowed")
-        self.assertIgnored(response, "not-allowed", f"http://127.0.0.1:{other_port}",
-                           f"endpoint http://127.0.0.1:{other_port} is not in endpoints.allow")
+        self.assertIgnored(
+            response,
+            "not-allowed",
+            f"http://127.0.0.1:{other_port}",
+            f"endpoint http://127.0.0.1:{other_port} is not in endpoints.allow",
+        )
         self.assertEqual(other.accepted, 0)
         # The allowed port is called.
         r = self.reviewer(f"http://127.0.0.1:{allowed_port}/mutate", allow=[f"http://127.0.0.1:{allowed_port}/*"])
@@ -100,8 +103,11 @@ class LoopbackSSRFTests(LoopbackTestCase):
         server, port = self.serve(Patcher())
         r = self.reviewer(f"http://localhost:{port}/mutate", policy="Fail", allow=EVERYWHERE, deny=["loopback"])
         response, outcome = yield r.review()
-        self.assertDenied(response, "denied-address", "host localhost resolves to 127.0.0.1, which is in "
-                                                      "endpoints.deny_networks (127.0.0.0/8)")
+        self.assertDenied(
+            response,
+            "denied-address",
+            "host localhost resolves to 127.0.0.1, which is in endpoints.deny_networks (127.0.0.0/8)",
+        )
         self.assertEqual(server.accepted, 0)
         # Not denied: the same name is called.
         r = self.reviewer(f"http://localhost:{port}/mutate", allow=EVERYWHERE, deny=["link-local"])
@@ -125,12 +131,14 @@ class LoopbackSSRFTests(LoopbackTestCase):
         server, port = self.serve(Patcher())
         for answer in (["127.0.0.1", "127.0.0.2"], ["127.0.0.2", "127.0.0.1"], ["127.0.0.1", "::ffff:127.0.0.2"]):
             resolver = ScriptedResolver(answer)
-            r = self.reviewer(f"http://endpoint.team-a.svc:{port}/mutate", allow=EVERYWHERE,
-                              deny=["127.0.0.2/32"], resolver=resolver)
+            r = self.reviewer(
+                f"http://endpoint.team-a.svc:{port}/mutate", allow=EVERYWHERE, deny=["127.0.0.2/32"], resolver=resolver
+            )
             response, outcome = yield r.review()
             self.assertEqual(outcome.reason, "denied-address", answer)
-            self.assertIn("127.0.0.2, which is in endpoints.deny_networks (127.0.0.2/32)",
-                          response["auditAnnotations"]["error"])
+            self.assertIn(
+                "127.0.0.2, which is in endpoints.deny_networks (127.0.0.2/32)", response["auditAnnotations"]["error"]
+            )
             self.assertEqual(resolver.queries, ["endpoint.team-a.svc"])
         self.assertEqual(server.accepted, 0)
 
@@ -148,8 +156,9 @@ class LoopbackSSRFTests(LoopbackTestCase):
         except Exception as e:  # pragma: no cover - the port is taken on 127.0.0.2
             raise SkipTest(f"cannot listen on 127.0.0.2:{port}: {e}") from e
         resolver = ScriptedResolver(["127.0.0.1"], ["127.0.0.2"])
-        r = self.reviewer(f"http://rebind.team-a.svc:{port}/mutate", allow=EVERYWHERE, deny=["127.0.0.2/32"],
-                          resolver=resolver)
+        r = self.reviewer(
+            f"http://rebind.team-a.svc:{port}/mutate", allow=EVERYWHERE, deny=["127.0.0.2/32"], resolver=resolver
+        )
         response, outcome = yield r.review()
         self.assertEqual(outcome.result, "patched")
         self.assertEqual((good.accepted, evil.accepted), (1, 0))
@@ -190,8 +199,9 @@ class LoopbackSSRFTests(LoopbackTestCase):
         redirector, port = self.serve(Redirector(location))
         r = self.reviewer(f"http://127.0.0.1:{port}/mutate", policy="Fail")
         response, outcome = yield r.review()
-        self.assertDenied(response, "redirect", f"HTTP 302 redirect to http://127.0.0.1:{target_port}/steal "
-                                                "not followed")
+        self.assertDenied(
+            response, "redirect", f"HTTP 302 redirect to http://127.0.0.1:{target_port}/steal not followed"
+        )
         self.assertEqual(redirector.accepted, 1)
         self.assertEqual(target.accepted, 0)
 
@@ -212,9 +222,12 @@ class MutateTests(LoopbackTestCase):
     def test_denied_address_through_mutate(self) -> Any:
         server, port = self.serve(Patcher())
         config = make_config(
-            {"team-a": namespace(f"http://localhost:{port}/mutate", failure_policy="Fail"),
-             "team-b": namespace(f"http://[::ffff:127.0.0.1]:{port}/mutate")},
-            endpoints={"allow": EVERYWHERE, "deny_networks": ["loopback", "link-local"]})
+            {
+                "team-a": namespace(f"http://localhost:{port}/mutate", failure_policy="Fail"),
+                "team-b": namespace(f"http://[::ffff:127.0.0.1]:{port}/mutate"),
+            },
+            endpoints={"allow": EVERYWHERE, "deny_networks": ["loopback", "link-local"]},
+        )
         amp = yield start_amp(config, reactor)
         self.addCleanup(amp.stop)
         client = WebhookClient(reactor)
@@ -222,13 +235,24 @@ class MutateTests(LoopbackTestCase):
 
         _, body = yield client.post(amp.url("/mutate"), review_bytes(namespace="team-a"))
         response = decode_answer(body)["response"]
-        self.assertDenied(response, "denied-address",
-                          "host localhost resolves to 127.0.0.1, which is in endpoints.deny_networks (127.0.0.0/8)")
+        self.assertDenied(
+            response,
+            "denied-address",
+            "host localhost resolves to 127.0.0.1, which is in endpoints.deny_networks (127.0.0.0/8)",
+        )
 
         _, body = yield client.post(amp.url("/mutate"), review_bytes(namespace="team-b"))
         response = decode_answer(body)["response"]
-        self.assertIgnored(response, "denied-address", f"http://[::ffff:127.0.0.1]:{port}",
-                           "address ::ffff:127.0.0.1 is in endpoints.deny_networks (127.0.0.0/8)")
+        self.assertIgnored(
+            response,
+            "denied-address",
+            f"http://[::ffff:127.0.0.1]:{port}",
+            "address ::ffff:127.0.0.1 is in endpoints.deny_networks (127.0.0.0/8)",
+        )
         self.assertEqual(server.accepted, 0)
-        self.assertEqual(amp.metrics.registry.get_sample_value(
-            "amp_endpoint_requests_total", {"endpoint": f"http://localhost:{port}", "outcome": "denied-address"}), 1)
+        self.assertEqual(
+            amp.metrics.registry.get_sample_value(
+                "amp_endpoint_requests_total", {"endpoint": f"http://localhost:{port}", "outcome": "denied-address"}
+            ),
+            1,
+        )

@@ -99,9 +99,17 @@ def _ca(name: str, *, path_length: int = 0, issuer: Optional[tuple[Any, Any]] = 
         .not_valid_after(now + 30 * DAY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=path_length), critical=True)
         .add_extension(
-            x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                          data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                          crl_sign=True, encipher_only=False, decipher_only=False),
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
@@ -122,8 +130,14 @@ class PlainFiles:
         self.key = str(directory / "tls.key")
         self.ca = str(directory / "ca.crt")
 
-    def write(self, pair: Optional[Pair] = None, *, cert: Optional[bytes] = None,
-              key: Optional[bytes] = None, ca: Optional[bytes] = None) -> None:
+    def write(
+        self,
+        pair: Optional[Pair] = None,
+        *,
+        cert: Optional[bytes] = None,
+        key: Optional[bytes] = None,
+        ca: Optional[bytes] = None,
+    ) -> None:
         if pair is not None:
             cert, key = pair.cert, pair.key
         for path, data in ((self.cert, cert), (self.key, key), (self.ca, ca)):
@@ -217,9 +231,15 @@ class RawClient:
     the server's chain against C{ca}.
     """
 
-    def __init__(self, ca: x509.Certificate, *, min_version: int = 0, max_version: int = 0,
-                 ciphers: Optional[bytes] = None,
-                 client_cert: Optional[tuple[x509.Certificate, Any]] = None) -> None:
+    def __init__(
+        self,
+        ca: x509.Certificate,
+        *,
+        min_version: int = 0,
+        max_version: int = 0,
+        ciphers: Optional[bytes] = None,
+        client_cert: Optional[tuple[x509.Certificate, Any]] = None,
+    ) -> None:
         self.context = SSL.Context(SSL.TLS_CLIENT_METHOD)
         if client_cert is not None:
             self.context.use_certificate(client_cert[0])
@@ -306,17 +326,19 @@ class TLSTestCase(TestCase):
     def not_after_metric(self) -> Optional[float]:
         return self.metrics.registry.get_sample_value("amp_tls_certificate_not_after_timestamp_seconds")
 
-    def certificate(self, cert_path: Optional[str] = None, key_path: Optional[str] = None,
-                    **kw: Any) -> ReloadingCertificate:
+    def certificate(
+        self, cert_path: Optional[str] = None, key_path: Optional[str] = None, **kw: Any
+    ) -> ReloadingCertificate:
         return ReloadingCertificate(
-            cert_path or self.files.cert, key_path or self.files.key,
-            clock=self.clock, metrics=self.metrics, **kw,
+            cert_path or self.files.cert,
+            key_path or self.files.key,
+            clock=self.clock,
+            metrics=self.metrics,
+            **kw,
         )
 
     def poller(self, cert: ReloadingCertificate) -> CertificateReloadService:
-        service = CertificateReloadService(
-            cert, reactor=FakeReactor(), clock=self.clock, interval=INTERVAL
-        )
+        service = CertificateReloadService(cert, reactor=FakeReactor(), clock=self.clock, interval=INTERVAL)
         service.startService()
         self.addCleanup(service.stopService)
         return service
@@ -494,9 +516,7 @@ class ServingTests(TLSTestCase):
     def test_truncated_chain_keeps_old_certificate(self) -> Any:
         new = self.pki.server()
         chain = new.cert + self.pki.ca_pem
-        return self._bad_rotation_keeps_old(
-            lambda: self.files.write(cert=chain[:-40], key=new.key), "truncated"
-        )
+        return self._bad_rotation_keeps_old(lambda: self.files.write(cert=chain[:-40], key=new.key), "truncated")
 
     def test_expired_new_pair_keeps_old_certificate(self) -> Any:
         now = datetime.datetime.fromtimestamp(self.clock.seconds(), datetime.timezone.utc)
@@ -557,8 +577,13 @@ class MemoryTests(TLSTestCase):
     """amp's own certificates: the pair is given (from their Secret), never read from files."""
 
     def memory(self) -> ReloadingCertificate:
-        return ReloadingCertificate("secret amp-system/amp-tls tls.crt", "secret amp-system/amp-tls tls.key",
-                                    clock=self.clock, metrics=self.metrics, memory=True)
+        return ReloadingCertificate(
+            "secret amp-system/amp-tls tls.crt",
+            "secret amp-system/amp-tls tls.key",
+            clock=self.clock,
+            metrics=self.metrics,
+            memory=True,
+        )
 
     @inlineCallbacks
     def test_a_given_pair_is_served_and_replaced_without_a_restart(self) -> Any:
@@ -628,8 +653,12 @@ class ProtocolTests(TLSTestCase):
             raise SkipTest(why)
         yield self._serve()
         probe = yield self.fetch(
-            RawClient(self.pki.ca, min_version=SSL.TLS1_1_VERSION, max_version=SSL.TLS1_1_VERSION,
-                      ciphers=b"DEFAULT:@SECLEVEL=0")
+            RawClient(
+                self.pki.ca,
+                min_version=SSL.TLS1_1_VERSION,
+                max_version=SSL.TLS1_1_VERSION,
+                ciphers=b"DEFAULT:@SECLEVEL=0",
+            )
         )
         self.assertRefused(probe, 0)
         self.assertIsNone(probe.serial)

@@ -91,14 +91,25 @@ class TracingTests(TestCase):
         self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
 
     def raw(self, **tracing: Any) -> dict[str, Any]:
-        settings = {"enabled": True, "protocol": "http/protobuf", "interval": "20ms",
-                    "endpoint": f"http://127.0.0.1:{self.port}/v1/traces", **tracing}
-        return raw_config({
-            "team-a": namespace(f"http://127.0.0.1:{self.port}/mutate?token=s3cret"),
-            "refused": namespace(f"http://127.0.0.1:{self.refused}/mutate"),
-            "canaried": namespace(f"http://127.0.0.1:{self.port}/mutate", annotations={
-                "amp.txn2.com/canary": f"http://127.0.0.1:{self.port}/candidate"}),
-        }, tracing=settings, metrics={"debug_reviews": 16})
+        settings = {
+            "enabled": True,
+            "protocol": "http/protobuf",
+            "interval": "20ms",
+            "endpoint": f"http://127.0.0.1:{self.port}/v1/traces",
+            **tracing,
+        }
+        return raw_config(
+            {
+                "team-a": namespace(f"http://127.0.0.1:{self.port}/mutate?token=s3cret"),
+                "refused": namespace(f"http://127.0.0.1:{self.refused}/mutate"),
+                "canaried": namespace(
+                    f"http://127.0.0.1:{self.port}/mutate",
+                    annotations={"amp.txn2.com/canary": f"http://127.0.0.1:{self.port}/candidate"},
+                ),
+            },
+            tracing=settings,
+            metrics={"debug_reviews": 16},
+        )
 
     @inlineCallbacks
     def start(self, **tracing: Any) -> Any:
@@ -115,17 +126,23 @@ class TracingTests(TestCase):
             headers[b"traceparent"] = [traceparent.encode()]
         if tracestate:
             headers[b"tracestate"] = [tracestate.encode()]
-        response, body = yield self.client.post(amp.url("/mutate", "timeout=10s"),
-                                                review_bytes(namespace=namespace), headers=headers)
+        response, body = yield self.client.post(
+            amp.url("/mutate", "timeout=10s"), review_bytes(namespace=namespace), headers=headers
+        )
         self.assertEqual(response.code, 200)
         return decode_answer(body)
 
     def trace_of(self, trace_id: str, names: int) -> Any:
-        return wait_until(lambda: len(self.collector.spans.of_trace(trace_id)) >= names and
-                          self.collector.spans.of_trace(trace_id), timeout=10, what=f"{names} spans of {trace_id}",
-                          details=lambda: f"received: {self.collector.spans.all()}, requests "
-                                          f"{self.collector.spans.requests}; log: "
-                                          f"{[e.get('log_format') for e in self.events][-8:]}")
+        return wait_until(
+            lambda: len(self.collector.spans.of_trace(trace_id)) >= names and self.collector.spans.of_trace(trace_id),
+            timeout=10,
+            what=f"{names} spans of {trace_id}",
+            details=lambda: (
+                f"received: {self.collector.spans.all()}, requests "
+                f"{self.collector.spans.requests}; log: "
+                f"{[e.get('log_format') for e in self.events][-8:]}"
+            ),
+        )
 
     @inlineCallbacks
     def test_a_review_continues_its_callers_trace_and_passes_it_to_the_endpoint(self) -> Any:
@@ -162,7 +179,8 @@ class TracingTests(TestCase):
         line = next(e for e in self.events if e.get("trace_id") == TRACE)
         self.assertIn(f"trace={TRACE}", line["log_format"].format(**line))
         response, body = yield self.client.get(
-            f"http://127.0.0.1:{amp.metrics_port}/debug/reviews?trace_id={TRACE}".encode())
+            f"http://127.0.0.1:{amp.metrics_port}/debug/reviews?trace_id={TRACE}".encode()
+        )
         self.assertEqual([d["uid"] for d in json.loads(body)], [UID])
 
     @inlineCallbacks
@@ -170,9 +188,11 @@ class TracingTests(TestCase):
         amp = yield self.start()
         yield self.post(amp, traceparent=f"00-{TRACE}-{SPAN}-01")
         yield self.trace_of(TRACE, 1)
-        response = yield self.client.http.get(amp.metrics_url(),
-                                              headers={b"accept": [b"application/openmetrics-text; version=1.0.0"]})
+        response = yield self.client.http.get(
+            amp.metrics_url(), headers={b"accept": [b"application/openmetrics-text; version=1.0.0"]}
+        )
         import treq
+
         text = (yield treq.content(response)).decode()
         self.assertTrue(response.headers.getRawHeaders(b"content-type")[0].startswith(b"application/openmetrics-text"))
         families = {f.name: f for f in text_string_to_metric_families(text)}
@@ -207,8 +227,9 @@ class TracingTests(TestCase):
         answered = self.post(amp, "fresh", traceparent=f"00-{TRACE}-{SPAN}-01")
         yield wait_until(lambda: source.fetches, what="the namespace's GET")
         name, _, fetched = source.fetches[0]
-        fetched.callback(NamespaceInfo(name, {ENABLED_LABEL: "true"},
-                                       {EP_ANNOTATION: f"http://127.0.0.1:{self.port}/mutate"}))
+        fetched.callback(
+            NamespaceInfo(name, {ENABLED_LABEL: "true"}, {EP_ANNOTATION: f"http://127.0.0.1:{self.port}/mutate"})
+        )
         yield answered
         spans = yield self.trace_of(TRACE, 6)
         review = next(s for s in spans if s.kind == SERVER)
@@ -248,8 +269,9 @@ class TracingTests(TestCase):
         self.assertTrue(call.status_message.startswith("connection-refused"), call.status_message)
         self.assertEqual(call.attributes["error.type"], "connection-refused")
         review = next(s for s in spans if s.kind == SERVER)
-        self.assertEqual((review.attributes["amp.result"], review.attributes["amp.reason"]),
-                         ("ignored", "connection-refused"))
+        self.assertEqual(
+            (review.attributes["amp.result"], review.attributes["amp.reason"]), ("ignored", "connection-refused")
+        )
         self.assertEqual(review.status_code, ERROR)
 
     @inlineCallbacks

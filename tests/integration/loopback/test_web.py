@@ -42,8 +42,14 @@ from tests.support.helpers import (
 
 def raw_post(path: bytes, body: bytes, *, headers: bytes = b"", content_length: Optional[int] = None) -> bytes:
     length = len(body) if content_length is None else content_length
-    return (b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            + headers + b"Content-Length: %d\r\n\r\n" % length + body)
+    return (
+        b"POST "
+        + path
+        + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + headers
+        + b"Content-Length: %d\r\n\r\n" % length
+        + body
+    )
 
 
 class WebTestCase(TestCase):
@@ -77,8 +83,9 @@ class BadInputTests(WebTestCase):
     @inlineCallbacks
     def test_content_type_parameters_are_accepted(self) -> Any:
         amp, client = yield self.start()
-        response, body = yield client.post(amp.url("/mutate"), review_bytes(),
-                                           content_type=b"Application/JSON; charset=utf-8")
+        response, body = yield client.post(
+            amp.url("/mutate"), review_bytes(), content_type=b"Application/JSON; charset=utf-8"
+        )
         self.assertEqual(response.code, 200)
         self.assertEqual(decode_answer(body)["response"]["uid"], UID)
 
@@ -116,8 +123,10 @@ class BadInputTests(WebTestCase):
         amp, client = yield self.start()
         body = review_bytes()
         half = len(body) // 2
-        request = (b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                   b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+        request = (
+            b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        )
         parts = [body[:half], body[half:]]
         chunks = [request] + [b"%x\r\n%s\r\n" % (len(p), p) for p in parts] + [b"0\r\n\r\n"]
         data = yield tls_exchange(reactor, amp.port, *chunks)
@@ -286,8 +295,15 @@ def test_each_request_gets_the_timeout_of_its_own_query() -> None:
 
     clock = Clock()
     resource = ReviewHandler(Admitter(), clock, Metrics(), validation=False)  # type: ignore[arg-type]
-    factory = HTTPServerFactory({b"/mutate": resource}, reactor=clock, metrics=Metrics(), max_body=1 << 20,
-                                max_connections=1000, request_timeout=10.0, idle_timeout=60.0)
+    factory = HTTPServerFactory(
+        {b"/mutate": resource},
+        reactor=clock,
+        metrics=Metrics(),
+        max_body=1 << 20,
+        max_connections=1000,
+        request_timeout=10.0,
+        idle_timeout=60.0,
+    )
     body = review_bytes()
     queries = [b"timeout=10s", b"timeout=3s", b"", b"a=1&timeout=5s", b"timeout=10s", b"timeout=7s&x=%41"]
     queries += [b"timeout=%ds" % n for n in range(_QUERIES_KEPT + 5)] + [b"timeout=3s", b"timeout=10s"]
@@ -295,7 +311,9 @@ def test_each_request_gets_the_timeout_of_its_own_query() -> None:
         protocol = factory.buildProtocol(None)
         protocol.makeConnection(StringTransport())
         target = b"/mutate" + (b"?" + query if query else b"")
-        protocol.dataReceived(b"POST %s HTTP/1.1\r\nHost: amp\r\nContent-Type: application/json\r\n"
-                              b"Content-Length: %d\r\n\r\n%s" % (target, len(body), body))
+        protocol.dataReceived(
+            b"POST %s HTTP/1.1\r\nHost: amp\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (target, len(body), body)
+        )
     expected = ["10s", "3s", None, "5s", "10s", "7s"] + [f"{n}s" for n in range(_QUERIES_KEPT + 5)] + ["3s", "10s"]
     assert asked == expected

@@ -29,8 +29,13 @@ from tests.unit.config.test_files import CONFIG_KINDS, assert_one_line, write_ho
 @pytest.mark.parametrize("kind", CONFIG_KINDS)
 def test_twistd_amp_check(tmp_path: Path, kind: str) -> None:
     path = write_hostile(tmp_path, kind, "amp.yaml")
-    result = subprocess.run([str(Path(sys.executable).with_name("twistd")), "amp", "--check", "--config", path],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("twistd")), "amp", "--check", "--config", path],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert (result.returncode, result.stdout) == (1, ""), result
     assert result.stderr.startswith(f"amp: config {path}: "), result.stderr
     assert_one_line(result.stderr, kind)

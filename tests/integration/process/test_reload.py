@@ -57,6 +57,7 @@ def test_twistd_amp_reloads_its_config_file_without_dropping_a_review(tmp_path: 
 
     def log() -> str:
         return (tmp_path / "amp.log").read_text(errors="replace")
+
     stop = threading.Event()
     steady = None
     answered: list[tuple[str, tuple[int, dict[str, str], bytes]]] = []
@@ -76,16 +77,14 @@ def test_twistd_amp_reloads_its_config_file_without_dropping_a_review(tmp_path: 
 
         # A valid change: team-a is no longer enabled.
         amp.write_config({"team-a": namespace(endpoint.url, enabled=False)}, **sections)
-        poll_until("a review under the new config", lambda: not patched(amp.review("probe")) or None, 10,
-                   amp.output)
+        poll_until("a review under the new config", lambda: not patched(amp.review("probe")) or None, 10, amp.output)
         second = config_hash(metrics)
         assert second is not None and second != first
 
         # An invalid file: refused, the running config kept.
         amp.config_path.write_text("endpoints: {timeout: soon}\n")
-        poll_until("the refused reload", lambda: "not reloaded (file changed)" in log() or None, 10,
-                   amp.output)
-        assert ("endpoints.timeout: expected a duration like 250ms, 2s or 1m, got 'soon'" in log())
+        poll_until("the refused reload", lambda: "not reloaded (file changed)" in log() or None, 10, amp.output)
+        assert "endpoints.timeout: expected a duration like 250ms, 2s or 1m, got 'soon'" in log()
         assert not patched(amp.review("still-new"))
         assert config_hash(metrics) == second
 
@@ -97,8 +96,12 @@ def test_twistd_amp_reloads_its_config_file_without_dropping_a_review(tmp_path: 
         # SIGHUP reloads at once, whatever the poll.
         reloads = log().count("reloaded (file changed)")
         amp.write_config(None, **{**sections, "reload_interval": "1h"})
-        poll_until("the hour-long poll in force",
-                   lambda: log().count("reloaded (file changed)") > reloads or None, 10, amp.output)
+        poll_until(
+            "the hour-long poll in force",
+            lambda: log().count("reloaded (file changed)") > reloads or None,
+            10,
+            amp.output,
+        )
         amp.write_config({"team-a": namespace(endpoint.url, enabled=False)}, **{**sections, "reload_interval": "1h"})
         amp.process.send_signal(signal.SIGHUP)
         poll_until("the SIGHUP reload", lambda: not patched(amp.review("hup")) or None, 10, amp.output)

@@ -143,8 +143,13 @@ class Amp:
         env = dict(os.environ, PYTHONPATH=str(REPO))
         twistd = Path(sys.executable).with_name("twistd")
         self.process = subprocess.Popen(
-            [str(twistd), "-n", "--pidfile=", "amp", "--config", str(path)], cwd=tmp_path, env=env,
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+            [str(twistd), "-n", "--pidfile=", "amp", "--config", str(path)],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.seen: list[int] = []
         self.context = ssl.create_default_context(cadata=ca_pem().decode())
 
@@ -177,13 +182,15 @@ class Amp:
         """A connection to the webhook port, not yet made."""
         return http.client.HTTPSConnection("127.0.0.1", self.port, timeout=60, context=self.context)
 
-    def review(self, uid: str, connection: Optional[http.client.HTTPSConnection] = None) -> tuple[
-            int, dict[str, str], bytes]:
+    def review(
+        self, uid: str, connection: Optional[http.client.HTTPSConnection] = None
+    ) -> tuple[int, dict[str, str], bytes]:
         """One review on its own connection (or C{connection}); blocks until answered."""
         connection = connection if connection is not None else self.connection()
         try:
-            connection.request("POST", "/mutate?timeout=30s", body=review_bytes(uid=uid),
-                               headers={"Content-Type": "application/json"})
+            connection.request(
+                "POST", "/mutate?timeout=30s", body=review_bytes(uid=uid), headers={"Content-Type": "application/json"}
+            )
             response = connection.getresponse()
             return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
         finally:
@@ -237,7 +244,8 @@ def assert_patched(result: tuple[int, dict[str, str], bytes], uid: str) -> None:
 
 
 def test_sigterm_answers_the_review_in_flight_refuses_new_connections_and_exits(
-        tmp_path: Path, endpoint: HeldEndpoint, pool: ThreadPoolExecutor) -> None:
+    tmp_path: Path, endpoint: HeldEndpoint, pool: ThreadPoolExecutor
+) -> None:
     # request_timeout: the connection accepted before the signal has that
     # long from its accept to send its review.
     amp = Amp(tmp_path, endpoint.url, listen={"drain_timeout": "20s", "request_timeout": "30s"}, endpoints=HOLD)
@@ -271,8 +279,9 @@ def test_sigterm_answers_the_review_in_flight_refuses_new_connections_and_exits(
     assert "Traceback" not in output
 
 
-def test_the_drain_is_bounded_by_drain_timeout(tmp_path: Path, endpoint: HeldEndpoint,
-                                               pool: ThreadPoolExecutor) -> None:
+def test_the_drain_is_bounded_by_drain_timeout(
+    tmp_path: Path, endpoint: HeldEndpoint, pool: ThreadPoolExecutor
+) -> None:
     """A review that would outlast the drain (its own budget is 29.5s) is cut off at drain_timeout."""
     amp = Amp(tmp_path, endpoint.url, listen={"drain_timeout": "2s"}, endpoints={"timeout": "30s"})
     try:
@@ -294,12 +303,26 @@ def test_the_drain_is_bounded_by_drain_timeout(tmp_path: Path, endpoint: HeldEnd
 
 def test_worker_zero_drains_its_workers(tmp_path: Path, endpoint: HeldEndpoint, pool: ThreadPoolExecutor) -> None:
     webhook, metrics = free_ports()
-    amp = Amp(tmp_path, endpoint.url, port=webhook, workers=2, listen={"drain_timeout": "20s"},
-              metrics={"port": metrics, "interface": "127.0.0.1"}, endpoints=HOLD)
+    amp = Amp(
+        tmp_path,
+        endpoint.url,
+        port=webhook,
+        workers=2,
+        listen={"drain_timeout": "20s"},
+        metrics={"port": metrics, "interface": "127.0.0.1"},
+        endpoints=HOLD,
+    )
     try:
-        poll_until("both workers to serve", lambda: True if None not in (
-            metric(metrics, "amp_open_connections"), metric(metrics + 1, "amp_open_connections")) else None,
-            60, amp.output)
+        poll_until(
+            "both workers to serve",
+            lambda: (
+                True
+                if None not in (metric(metrics, "amp_open_connections"), metric(metrics + 1, "amp_open_connections"))
+                else None
+            ),
+            60,
+            amp.output,
+        )
         [child] = poll_until("worker 1", lambda: children(amp.process.pid) or None, 10, amp.output)
         amp.seen.append(child)
         # New connections until each worker holds a review in flight (each
@@ -310,8 +333,12 @@ def test_worker_zero_drains_its_workers(tmp_path: Path, endpoint: HeldEndpoint, 
                 pytest.fail(f"16 connections all went to one worker\n{amp.output()}")
             uid = f"review-{len(reviews)}"
             reviews.append((uid, pool.submit(amp.review, uid)))
-            poll_until(f"{len(reviews)} reviews at the endpoint", lambda: endpoint.held() >= len(reviews) or None,
-                       10, amp.output)
+            poll_until(
+                f"{len(reviews)} reviews at the endpoint",
+                lambda: endpoint.held() >= len(reviews) or None,
+                10,
+                amp.output,
+            )
 
         amp.process.send_signal(signal.SIGTERM)
         # Closed once both workers have closed their copies of the socket.

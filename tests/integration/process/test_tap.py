@@ -54,7 +54,8 @@ def config_error(path: str, *extra: str) -> str:
 def test_broken_config_exits_with_one_line_naming_the_key(tmp_path: Path) -> None:
     path = write_config(tmp_path, "listen: {port: 8443}\nendpoints: {timeout: soon}\n")
     assert config_error(path) == (
-        f"amp: config {path}: endpoints.timeout: expected a duration like 250ms, 2s or 1m, got 'soon'")
+        f"amp: config {path}: endpoints.timeout: expected a duration like 250ms, 2s or 1m, got 'soon'"
+    )
 
 
 def test_unknown_key_exits_naming_it(tmp_path: Path) -> None:
@@ -141,16 +142,19 @@ def one_line(result: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
 def test_twistd_amp_with_a_broken_config_prints_one_line(tmp_path: Path, check: bool) -> None:
     path = write_config(tmp_path, "listen: {port: 99999}\n")
-    result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, *(["--check"] if check else []),
-                     cwd=tmp_path)
+    result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, *(["--check"] if check else []), cwd=tmp_path)
     assert one_line(result) == f"amp: config {path}: listen.port: expected a port number 0-65535, got 99999"
 
 
-@pytest.mark.parametrize("text, error", [
-    ("listen: [1, 2\n", "is not valid YAML"),
-    ("workers: 2\n", "listen.port: workers share the webhook port, so it cannot be 0"),
-    ("tls: {cert: 1}\n", "tls.cert: expected a non-empty string, got 1"),
-], ids=["yaml", "workers", "type"])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("listen: [1, 2\n", "is not valid YAML"),
+        ("workers: 2\n", "listen.port: workers share the webhook port, so it cannot be 0"),
+        ("tls: {cert: 1}\n", "tls.cert: expected a non-empty string, got 1"),
+    ],
+    ids=["yaml", "workers", "type"],
+)
 def test_twistd_amp_check_prints_one_line_per_config_error(tmp_path: Path, text: str, error: str) -> None:
     path = write_config(tmp_path, text.replace("workers: 2", "workers: 2\nlisten: {port: 0}"))
     result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, "--check", cwd=tmp_path)
@@ -169,8 +173,7 @@ def test_twistd_amp_with_a_missing_config_file_prints_one_line(tmp_path: Path) -
 def test_twistd_amp_with_a_missing_key_file_prints_one_line(tmp_path: Path, check: bool) -> None:
     key = tmp_path / "gone.key"
     path = write_config(tmp_path, yaml_config(tls={"cert": str(dev_tls()["cert"]), "key": str(key)}))
-    result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, *(["--check"] if check else []),
-                     cwd=tmp_path)
+    result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, *(["--check"] if check else []), cwd=tmp_path)
     line = one_line(result)
     assert line.startswith(f"amp: config {path}: tls.key: key file {key}: "), line
 
@@ -186,12 +189,23 @@ def test_twistd_amp_check_prints_the_effective_config(tmp_path: Path) -> None:
     from amp.config import config_digest, load_config, parse_config
 
     tls = dev_tls()
-    path = write_config(tmp_path, yaml_config(
-        {"team-a": {"labels": {"amp.txn2.com/enabled": "true"},
-                    "annotations": {"amp.txn2.com/ep": "http://user:hunter2@127.0.0.1:8080/mutate?token=t0ps3cret"}}},
-        endpoints={"client_cert": str(tls["cert"]), "client_key": str(tls["key"]),
-                   "overrides": [{"match": "http://127.0.0.1:9/*", "timeout": "750ms"}],
-                   "deny_networks": ["metadata"]}))
+    path = write_config(
+        tmp_path,
+        yaml_config(
+            {
+                "team-a": {
+                    "labels": {"amp.txn2.com/enabled": "true"},
+                    "annotations": {"amp.txn2.com/ep": "http://user:hunter2@127.0.0.1:8080/mutate?token=t0ps3cret"},
+                }
+            },
+            endpoints={
+                "client_cert": str(tls["cert"]),
+                "client_key": str(tls["key"]),
+                "overrides": [{"match": "http://127.0.0.1:9/*", "timeout": "750ms"}],
+                "deny_networks": ["metadata"],
+            },
+        ),
+    )
     result = _twistd("--nodaemon", "--pidfile=", "amp", "--config", path, "--check", cwd=tmp_path)
     assert (result.returncode, result.stderr) == (0, "")
     config = load_config(path)
@@ -204,7 +218,8 @@ def test_twistd_amp_check_prints_the_effective_config(tmp_path: Path) -> None:
     assert shown["endpoints"]["overrides"][0]["timeout"] == 0.75
     assert shown["tls"]["key"] == str(tls["key"])
     assert shown["kubernetes"]["namespaces"]["team-a"]["annotations"]["amp.txn2.com/ep"] == (
-        "http://***@127.0.0.1:8080/mutate")
+        "http://***@127.0.0.1:8080/mutate"
+    )
     for secret in ("hunter2", "t0ps3cret"):
         assert secret not in result.stdout
     key_body = tls["key"].read_text().splitlines()[1]
@@ -212,7 +227,8 @@ def test_twistd_amp_check_prints_the_effective_config(tmp_path: Path) -> None:
     assert tls["cert"].read_text().splitlines()[1] not in result.stdout
     # It loads back to the same config (the masked annotation aside).
     shown["kubernetes"]["namespaces"]["team-a"]["annotations"]["amp.txn2.com/ep"] = (
-        "http://user:hunter2@127.0.0.1:8080/mutate?token=t0ps3cret")
+        "http://user:hunter2@127.0.0.1:8080/mutate?token=t0ps3cret"
+    )
     assert parse_config(shown) == config
 
 
@@ -234,9 +250,15 @@ def test_twistd_amp_check_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> Non
     read, write = os.pipe()
     os.close(read)
     try:
-        result = subprocess.run([str(TWISTD), "--nodaemon", "--pidfile=", "amp", "--config", path, "--check"],
-                                cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=write,
-                                stderr=subprocess.PIPE, text=True, timeout=60)
+        result = subprocess.run(
+            [str(TWISTD), "--nodaemon", "--pidfile=", "amp", "--config", path, "--check"],
+            cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
     finally:
         os.close(write)
     assert (result.returncode, result.stderr) == (0, "")
@@ -260,12 +282,18 @@ def test_the_managed_registration_is_wired_to_the_lease_and_the_watch(tmp_path: 
     from amp.registration import RegistrationKeeper
 
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: [{name: f, cluster: {server: 'http://127.0.0.1:1'}}]\n"
-                          "users: [{name: amp, user: {token: t}}]\n"
-                          "contexts: [{name: f, context: {cluster: f, user: amp}}]\ncurrent-context: f\n")
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\nclusters: [{name: f, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+        "users: [{name: amp, user: {token: t}}]\n"
+        "contexts: [{name: f, context: {cluster: f, user: amp}}]\ncurrent-context: f\n"
+    )
     raw = raw_config(None)
-    raw["kubernetes"] = {"source": "kubeconfig", "kubeconfig": str(kubeconfig), "own_namespace": "amp-system",
-                         "webhook_configuration": "amp.txn2.com"}
+    raw["kubernetes"] = {
+        "source": "kubeconfig",
+        "kubeconfig": str(kubeconfig),
+        "own_namespace": "amp-system",
+        "webhook_configuration": "amp.txn2.com",
+    }
     raw["registration"] = {"managed": True}
     path = write_config(tmp_path, yaml.safe_dump(raw))
     service = makeService(options_for(path), reactor=MemoryReactorClock())
@@ -286,13 +314,19 @@ def test_amps_own_certificates_are_wired_to_the_lease_the_watch_and_the_keeper(t
     from amp.registration import RegistrationKeeper, SecretCertificates
 
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: [{name: f, cluster: {server: 'http://127.0.0.1:1'}}]\n"
-                          "users: [{name: amp, user: {token: t}}]\n"
-                          "contexts: [{name: f, context: {cluster: f, user: amp}}]\ncurrent-context: f\n")
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\nclusters: [{name: f, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+        "users: [{name: amp, user: {token: t}}]\n"
+        "contexts: [{name: f, context: {cluster: f, user: amp}}]\ncurrent-context: f\n"
+    )
     raw = raw_config(None)
     raw["tls"] = {"cert": str(tmp_path / "absent.crt"), "key": str(tmp_path / "absent.key")}
-    raw["kubernetes"] = {"source": "kubeconfig", "kubeconfig": str(kubeconfig), "own_namespace": "amp-system",
-                         "webhook_configuration": "amp.txn2.com"}
+    raw["kubernetes"] = {
+        "source": "kubeconfig",
+        "kubeconfig": str(kubeconfig),
+        "own_namespace": "amp-system",
+        "webhook_configuration": "amp.txn2.com",
+    }
     raw["registration"] = {"managed": True, "secret": "amp-certificates"}
     service = makeService(options_for(write_config(tmp_path, yaml.safe_dump(raw))), reactor=MemoryReactorClock())
     keeper, certs = service.namespaces._terms

@@ -52,10 +52,21 @@ class _SpawningReactor(MemoryReactorClock):
         super().__init__()
         self.spawned: list[dict[str, Any]] = []
 
-    def spawnProcess(self, protocol: Any, executable: Any, args: Any = (), env: Any = None, path: Any = None,
-                     uid: Any = None, gid: Any = None, usePTY: bool = False, childFDs: Any = None) -> Any:
-        self.spawned.append({"executable": executable, "args": list(args), "env": env, "childFDs": childFDs,
-                             "protocol": protocol})
+    def spawnProcess(
+        self,
+        protocol: Any,
+        executable: Any,
+        args: Any = (),
+        env: Any = None,
+        path: Any = None,
+        uid: Any = None,
+        gid: Any = None,
+        usePTY: bool = False,
+        childFDs: Any = None,
+    ) -> Any:
+        self.spawned.append(
+            {"executable": executable, "args": list(args), "env": env, "childFDs": childFDs, "protocol": protocol}
+        )
         protocol.makeConnection(_Transport())
         return None
 
@@ -99,7 +110,15 @@ def test_worker_zero_binds_the_shared_socket_and_supervises_the_other_workers(tm
         first, second = fake.spawned
         assert first["args"] == worker_argv(path, 1) and second["args"] == worker_argv(path, 2)
         assert first["args"][-8:] == [
-            "--config", path, "--worker", "1", "--listen-fd", str(LISTEN_FD), "--load-table-fd", str(LOAD_TABLE_FD)]
+            "--config",
+            path,
+            "--worker",
+            "1",
+            "--listen-fd",
+            str(LISTEN_FD),
+            "--load-table-fd",
+            str(LOAD_TABLE_FD),
+        ]
         assert first["executable"] == sys.executable
         assert first["env"] == dict(os.environ)
         # Log lines go straight to our stdout/stderr; stdin is the parent-alive pipe;
@@ -150,7 +169,8 @@ def shared(tmp_path: Path) -> Iterator[tuple[int, list[str]]]:
 
 
 def test_a_worker_never_supervises_and_serves_metrics_on_its_own_port(
-        tmp_path: Path, shared: tuple[int, list[str]]) -> None:
+    tmp_path: Path, shared: tuple[int, list[str]]
+) -> None:
     webhook, inherited = shared
     # Free ports: start-up checks that this worker's metrics port can be listened on.
     _, metrics = free_ports()
@@ -281,8 +301,13 @@ class _Pair:
         env = dict(os.environ, PYTHONPATH=str(REPO))
         twistd = Path(sys.executable).with_name("twistd")
         self.parent = subprocess.Popen(
-            [str(twistd), "-n", "--pidfile=", "amp", "--config", path], cwd=tmp_path, env=env,
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+            [str(twistd), "-n", "--pidfile=", "amp", "--config", path],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
     def output(self) -> str:
         return (self.tmp_path / "amp.log").read_text(errors="replace")[-4000:]
@@ -348,8 +373,9 @@ def _connect_all(port: int, n: int) -> list[http.client.HTTPSConnection]:
 
 
 def _review(connection: http.client.HTTPSConnection, uid: str) -> None:
-    connection.request("POST", "/mutate", body=review_bytes(namespace="default", uid=uid),
-                       headers={"Content-Type": "application/json"})
+    connection.request(
+        "POST", "/mutate", body=review_bytes(namespace="default", uid=uid), headers={"Content-Type": "application/json"}
+    )
     response = connection.getresponse()
     body = response.read()
     assert response.status == 200, body
@@ -388,7 +414,8 @@ def test_a_worker_that_dies_is_restarted_with_the_shared_socket(pair: _Pair) -> 
         os.kill(child, signal.SIGKILL)
         poll_until("worker 1 to stop serving", lambda: True if pair.counts()[1] is None else None, 60, pair.output)
         replacement = poll_until(
-            "a new worker 1", lambda: [p for p in _children(pair.parent.pid) if p != child] or None, 60, pair.output)
+            "a new worker 1", lambda: [p for p in _children(pair.parent.pid) if p != child] or None, 60, pair.output
+        )
         poll_until("the new worker 1's metrics", lambda: pair.counts()[1], 60, pair.output)
         assert len(replacement) == 1
         pair.seen.extend(replacement)
@@ -425,8 +452,12 @@ def test_a_killed_workers_connections_are_taken_over(pair: _Pair) -> None:
                 reconnected += 1
         assert reconnected == 8
         # Every one is open on a live worker: worker 0, or worker 1's replacement.
-        poll_until("16 connections open", lambda: True if sum(c or 0 for c in pair.open_connections()) == 16
-                   else None, 60, pair.output)
+        poll_until(
+            "16 connections open",
+            lambda: True if sum(c or 0 for c in pair.open_connections()) == 16 else None,
+            60,
+            pair.output,
+        )
     finally:
         _close_all(connections)
         pair.stop()

@@ -97,13 +97,13 @@ class Harness:
         self.admitter = Admitter(config, self.source, self.client, self.clock, self.metrics)
 
     def review(self, body: bytes, budget: float = 9.5, validation: bool = False) -> Deferred:
-        return self.admitter.review(parse_review(body), Deadline.after(self.clock.seconds(), budget),
-                                    validation=validation)
+        return self.admitter.review(
+            parse_review(body), Deadline.after(self.clock.seconds(), budget), validation=validation
+        )
 
 
 def requests_total(h: Harness, outcome: str, origin: str = ORIGIN) -> float:
-    value = h.metrics.registry.get_sample_value(
-        "amp_endpoint_requests_total", {"endpoint": origin, "outcome": outcome})
+    value = h.metrics.registry.get_sample_value("amp_endpoint_requests_total", {"endpoint": origin, "outcome": outcome})
     return value or 0.0
 
 
@@ -166,8 +166,9 @@ class PatchedTests(SynchronousTestCase):
 
     def test_namespace_comes_from_the_request_not_the_object(self) -> None:
         canned = Canned([])
-        h = Harness(make_config({"team-a": namespace(EP + "/test/canned"), "other": namespace(enabled=False)}),
-                    canned=canned)
+        h = Harness(
+            make_config({"team-a": namespace(EP + "/test/canned"), "other": namespace(enabled=False)}), canned=canned
+        )
         forged = pod()
         forged["metadata"]["namespace"] = "team-a"
         response, outcome = answered(self, h.review(review_bytes(forged, namespace="other")))
@@ -188,8 +189,9 @@ class PatchedTests(SynchronousTestCase):
         response, _ = answered(self, h.review(review_bytes(the_pod)))
         self.assertEqual(len(response["warnings"]), 1)
         self.assertTrue(response["warnings"][0].startswith("amp: registry rewritten"))
-        self.assertEqual(apply_patch(the_pod, response["_patch"])["spec"]["containers"][0]["image"],
-                         "asia.gcr.io/x/y:1")
+        self.assertEqual(
+            apply_patch(the_pod, response["_patch"])["spec"]["containers"][0]["image"], "asia.gcr.io/x/y:1"
+        )
         response, _ = answered(self, h.review(review_bytes(the_pod, namespace="mesh")))
         self.assertEqual(response["auditAnnotations"], {"sidecar-injected": "true"})
 
@@ -236,8 +238,9 @@ class UnchangedTests(SynchronousTestCase):
         self.assertEqual(canned.requests, [])
 
     def test_namespace_label_with_another_value(self) -> None:
-        config = make_config({"team-a": namespace(EP + "/user-env", enabled=False,
-                                                  labels={"amp.txn2.com/enabled": "false"})})
+        config = make_config(
+            {"team-a": namespace(EP + "/user-env", enabled=False, labels={"amp.txn2.com/enabled": "false"})}
+        )
         response, outcome = answered(self, Harness(config).review(review_bytes()))
         self.assertUnchanged(response)
 
@@ -252,8 +255,10 @@ class UnchangedTests(SynchronousTestCase):
         cases = [
             review_bytes(operation="UPDATE"),
             review_bytes(operation="DELETE"),
-            review_bytes({"kind": "ConfigMap", "metadata": {"name": "c"}},
-                         kind={"group": "", "version": "v1", "kind": "ConfigMap"}),
+            review_bytes(
+                {"kind": "ConfigMap", "metadata": {"name": "c"}},
+                kind={"group": "", "version": "v1", "kind": "ConfigMap"},
+            ),
             review_bytes(kind={"group": "apps", "version": "v1", "kind": "Pod"}),
             review_bytes(sub_resource="ephemeralcontainers"),
         ]
@@ -309,10 +314,18 @@ FAILURES: dict[str, tuple[dict, Optional[Canned], str, str]] = {
     "invalid-json": ({"amp.txn2.com/ep": EP + "/garbage"}, None, "invalid-json", ORIGIN),
     "invalid-reply": ({"amp.txn2.com/ep": EP + "/test/canned"}, Canned({"patches": []}), "invalid-reply", ORIGIN),
     "apply-failed": ({"amp.txn2.com/ep": EP + "/bad-patch"}, None, "apply-failed", ORIGIN),
-    "refused-path": ({"amp.txn2.com/ep": EP + "/test/canned"},
-                     Canned([{"op": "replace", "path": "/metadata/name", "value": "evil"}]), "refused-path", ORIGIN),
-    "invalid-patch": ({"amp.txn2.com/ep": EP + "/test/canned"}, Canned([{"op": "frobnicate", "path": "/x"}]),
-                      "invalid-patch", ORIGIN),
+    "refused-path": (
+        {"amp.txn2.com/ep": EP + "/test/canned"},
+        Canned([{"op": "replace", "path": "/metadata/name", "value": "evil"}]),
+        "refused-path",
+        ORIGIN,
+    ),
+    "invalid-patch": (
+        {"amp.txn2.com/ep": EP + "/test/canned"},
+        Canned([{"op": "frobnicate", "path": "/x"}]),
+        "invalid-patch",
+        ORIGIN,
+    ),
     "not-allowed": ({"amp.txn2.com/ep": "http://10.0.0.1:8080/mutate"}, None, "not-allowed", "http://10.0.0.1:8080"),
     "bad-url": ({"amp.txn2.com/ep": "ftp://127.0.0.1/x"}, None, "bad-url", "ftp://127.0.0.1/x"),
     "no-endpoint": ({}, None, "no-endpoint", "(none)"),
@@ -378,8 +391,9 @@ class FailurePolicyTests(SynchronousTestCase):
         the_pod = pod(annotations={"keep": "me"})
         response, _ = answered(self, h.review(review_bytes(the_pod)))
         patched = apply_patch(the_pod, response["_patch"])
-        self.assertEqual(patched["metadata"]["annotations"],
-                         {"keep": "me", STATUS_ANNOTATION: "skipped http-5xx " + ORIGIN})
+        self.assertEqual(
+            patched["metadata"]["annotations"], {"keep": "me", STATUS_ANNOTATION: "skipped http-5xx " + ORIGIN}
+        )
 
     def test_skipped_stamp_on_a_pod_without_metadata(self) -> None:
         h = Harness(config_for("/error"))
@@ -395,8 +409,10 @@ class FailurePolicyTests(SynchronousTestCase):
             response, outcome = answered(self, h.review(review_bytes(the_pod)))
             self.assertTrue(response["allowed"])
             self.assertEqual(outcome.result, result)
-            self.assertEqual(apply_patch(the_pod, response["_patch"])["metadata"]["annotations"],
-                             {LEGACY_SKIPPED_ANNOTATION: "left alone"})
+            self.assertEqual(
+                apply_patch(the_pod, response["_patch"])["metadata"]["annotations"],
+                {LEGACY_SKIPPED_ANNOTATION: "left alone"},
+            )
             if result == "ignored":
                 self.assertIn("error", response["auditAnnotations"])
                 self.assertNotIn("patch", response)
@@ -405,8 +421,10 @@ class FailurePolicyTests(SynchronousTestCase):
         h = Harness(config_for("/user-env", patch={"max_size": 64}))
         response, outcome = answered(self, h.review(review_bytes()))
         self.assertEqual(outcome.reason, "patch-too-large")
-        self.assertEqual(apply_patch(pod(), response["_patch"])["metadata"]["annotations"],
-                         {STATUS_ANNOTATION: "skipped patch-too-large " + ORIGIN})
+        self.assertEqual(
+            apply_patch(pod(), response["_patch"])["metadata"]["annotations"],
+            {STATUS_ANNOTATION: "skipped patch-too-large " + ORIGIN},
+        )
 
     def test_repair_off_makes_a_missing_parent_a_failure(self) -> None:
         canned = Canned([{"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "A", "value": "1"}}])
@@ -431,8 +449,11 @@ class StatusStampTests(SynchronousTestCase):
     amp's own value is set.
     """
 
-    FORGED = {STATUS_ANNOTATION: "mutated http://forged", LEGACY_SKIPPED_ANNOTATION: "http-5xx: http://old",
-              "keep": "me"}
+    FORGED = {
+        STATUS_ANNOTATION: "mutated http://forged",
+        LEGACY_SKIPPED_ANNOTATION: "http-5xx: http://old",
+        "keep": "me",
+    }
 
     def test_a_stamp_the_pod_came_with_is_read_as_an_earlier_rounds(self) -> None:
         """
@@ -440,9 +461,11 @@ class StatusStampTests(SynchronousTestCase):
         what it says of other endpoints is kept; this round's outcome is
         always told.
         """
-        for path, value in (("/user-env", f"mutated {ORIGIN} http://forged"),
-                            ("/noop", f"mutated http://forged; unchanged {ORIGIN}"),
-                            ("/error", f"skipped http-5xx {ORIGIN}; mutated http://forged")):
+        for path, value in (
+            ("/user-env", f"mutated {ORIGIN} http://forged"),
+            ("/noop", f"mutated http://forged; unchanged {ORIGIN}"),
+            ("/error", f"skipped http-5xx {ORIGIN}; mutated http://forged"),
+        ):
             with self.subTest(path=path):
                 the_pod = pod(annotations=dict(self.FORGED, **{"hub.jupyter.org/username": "alice"}))
                 response, _ = answered(self, Harness(config_for(path)).review(review_bytes(the_pod)))
@@ -493,12 +516,15 @@ class StatusStampTests(SynchronousTestCase):
         self.assertNotIn("warnings", response)
         stored = apply_patch(second, response["_patch"])
         self.assertEqual(stored["metadata"]["labels"], {"injected": "1"})
-        self.assertEqual(stored["metadata"]["annotations"],
-                         {"hub.jupyter.org/username": "alice", STATUS_ANNOTATION: f"mutated {ORIGIN}"})
+        self.assertEqual(
+            stored["metadata"]["annotations"],
+            {"hub.jupyter.org/username": "alice", STATUS_ANNOTATION: f"mutated {ORIGIN}"},
+        )
 
     def test_shadow_and_disabled_namespaces_are_not_stamped(self) -> None:
-        config = make_config({"team-a": namespace(EP + "/user-env", mode="shadow"),
-                              "off": namespace(EP + "/user-env", enabled=False)})
+        config = make_config(
+            {"team-a": namespace(EP + "/user-env", mode="shadow"), "off": namespace(EP + "/user-env", enabled=False)}
+        )
         h = Harness(config)
         for ns in ("team-a", "off", "nowhere"):
             response, _ = answered(self, h.review(review_bytes(namespace=ns)))
@@ -529,8 +555,10 @@ class FailureLogTests(SynchronousTestCase):
             response, events = self.review_logged(h, review_bytes(pod("web")))
             [event] = events
             self.assertEqual(event["log_level"], LogLevel.warn)
-            self.assertEqual((event["uid"], event["namespace"], event["pod"], event["endpoint"], event["reason"]),
-                             (UID, "team-a", "web", ORIGIN, "apply-failed"))
+            self.assertEqual(
+                (event["uid"], event["namespace"], event["pod"], event["endpoint"], event["reason"]),
+                (UID, "team-a", "web", ORIGIN, "apply-failed"),
+            )
             line = formatEvent(event)
             self.assertIn("operation 0 (add /spec/containers/5/env/-): /spec/containers/5 does not exist", line)
             self.assertTrue(line.endswith(f"failure policy {policy} {effect}"), line)
@@ -571,8 +599,9 @@ class RefusedReplyTests(SynchronousTestCase):
         }
         for reason, reply in cases.items():
             with self.subTest(reason=reason):
-                h = Harness(config_for("/test/canned", endpoints={"breaker": {"consecutive_failures": 1}}),
-                            canned=Canned(reply))
+                h = Harness(
+                    config_for("/test/canned", endpoints={"breaker": {"consecutive_failures": 1}}), canned=Canned(reply)
+                )
                 for _ in range(3):
                     _, outcome = answered(self, h.review(review_bytes()))
                     self.assertEqual((outcome.result, outcome.reason), ("ignored", reason))
@@ -612,15 +641,23 @@ class NamespaceProblemTests(SynchronousTestCase):
             source.known["team-a"] = team_a("/error", **extra)
             with capturedLogs() as events:
                 answered(self, h.review(review_bytes()))
-            warnings.extend(formatEvent(e) for e in events
-                            if e.get("log_namespace", "").startswith("amp.admission") and e.get("problem"))
+            warnings.extend(
+                formatEvent(e)
+                for e in events
+                if e.get("log_namespace", "").startswith("amp.admission") and e.get("problem")
+            )
 
         review("fail")
         review("fail")
-        self.assertEqual(warnings, ["Namespace team-a: annotation amp.txn2.com/failure-policy: 'fail' is not "
-                                    "Ignore or Fail; failure policy Ignore (from failure_policy) applies; fix: "
-                                    "kubectl label namespace team-a amp.txn2.com/failure-class=Fail (or =Ignore) "
-                                    "&& kubectl annotate namespace team-a amp.txn2.com/failure-policy-"])
+        self.assertEqual(
+            warnings,
+            [
+                "Namespace team-a: annotation amp.txn2.com/failure-policy: 'fail' is not "
+                "Ignore or Fail; failure policy Ignore (from failure_policy) applies; fix: "
+                "kubectl label namespace team-a amp.txn2.com/failure-class=Fail (or =Ignore) "
+                "&& kubectl annotate namespace team-a amp.txn2.com/failure-policy-"
+            ],
+        )
         self.assertEqual(self.problems(h), 1)
         review("FAIL")
         review("FAIL")
@@ -630,8 +667,12 @@ class NamespaceProblemTests(SynchronousTestCase):
         review("fail")
         self.assertEqual(len(warnings), 4)
         self.assertEqual(self.problems(h), 3)
-        self.assertEqual(h.metrics.registry.get_sample_value(
-            "amp_namespace_problems_total", {"problem": "failure-class-annotation"}), 1)
+        self.assertEqual(
+            h.metrics.registry.get_sample_value(
+                "amp_namespace_problems_total", {"problem": "failure-class-annotation"}
+            ),
+            1,
+        )
 
     def test_the_failure_class_label_moves_the_problem_away(self) -> None:
         """
@@ -644,8 +685,9 @@ class NamespaceProblemTests(SynchronousTestCase):
 
         def review(label: str, annotation: Optional[str] = None) -> dict[str, Any]:
             info = team_a("/error", **({} if annotation is None else {"amp.txn2.com/failure-policy": annotation}))
-            source.known["team-a"] = NamespaceInfo(info.name, {**info.labels, "amp.txn2.com/failure-class": label},
-                                                   info.annotations)
+            source.known["team-a"] = NamespaceInfo(
+                info.name, {**info.labels, "amp.txn2.com/failure-class": label}, info.annotations
+            )
             with capturedLogs() as events:
                 response, _ = answered(self, h.review(review_bytes()))
             lines.extend(formatEvent(e) for e in events if e.get("problem"))
@@ -655,12 +697,19 @@ class NamespaceProblemTests(SynchronousTestCase):
         self.assertEqual(lines, [])
         self.assertFalse(review("Fail", "Ignore")["allowed"])
         self.assertFalse(review("Fail", "Ignore")["allowed"])
-        self.assertEqual(lines, ["Namespace team-a: the label amp.txn2.com/failure-class=Fail and the deprecated "
-                                 "annotation amp.txn2.com/failure-policy='Ignore' disagree; amp and the API server "
-                                 "follow the label (Fail); fix: kubectl annotate namespace team-a "
-                                 "amp.txn2.com/failure-policy-"])
-        self.assertEqual(h.metrics.registry.get_sample_value(
-            "amp_namespace_problems_total", {"problem": "failure-class-disagrees"}), 1)
+        self.assertEqual(
+            lines,
+            [
+                "Namespace team-a: the label amp.txn2.com/failure-class=Fail and the deprecated "
+                "annotation amp.txn2.com/failure-policy='Ignore' disagree; amp and the API server "
+                "follow the label (Fail); fix: kubectl annotate namespace team-a "
+                "amp.txn2.com/failure-policy-"
+            ],
+        )
+        self.assertEqual(
+            h.metrics.registry.get_sample_value("amp_namespace_problems_total", {"problem": "failure-class-disagrees"}),
+            1,
+        )
 
     def test_the_policy_that_applies_is_named(self) -> None:
         source = FakeSource(policy="Fail")
@@ -679,10 +728,15 @@ class BreakerTests(SynchronousTestCase):
         The path override of C{/error} keeps the default breaker, but the
         origin's breaker opens after one failure, as its root's settings say.
         """
-        config = make_config({"team-a": namespace(EP + "/error"), "team-b": namespace(EP + "/user-env")},
-                             endpoints={"overrides": [
-                                 {"match": "http://127.0.0.1:*/error", "timeout": "1s"},
-                                 {"match": "http://127.0.0.1:*/*", "breaker": {"consecutive_failures": 1}}]})
+        config = make_config(
+            {"team-a": namespace(EP + "/error"), "team-b": namespace(EP + "/user-env")},
+            endpoints={
+                "overrides": [
+                    {"match": "http://127.0.0.1:*/error", "timeout": "1s"},
+                    {"match": "http://127.0.0.1:*/*", "breaker": {"consecutive_failures": 1}},
+                ]
+            },
+        )
         h = Harness(config)
         _, outcome = answered(self, h.review(review_bytes()))
         self.assertEqual(outcome.reason, "http-5xx")
@@ -736,8 +790,9 @@ class ValidationTests(SynchronousTestCase):
 
     def test_validate_never_returns_a_patch(self) -> None:
         canned = Canned([{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}])
-        response, _ = answered(self, self.harness("/test/canned", canned=canned).review(
-            review_bytes(), validation=True))
+        response, _ = answered(
+            self, self.harness("/test/canned", canned=canned).review(review_bytes(), validation=True)
+        )
         self.assertTrue(response["allowed"])
         self.assertNotIn("patch", response)
 
@@ -914,9 +969,14 @@ class DeadlineTests(SynchronousTestCase):
         under Ignore) goes on with the next step, and the review's one timer
         is set again: for that step's timeout, then the deadline.
         """
-        h = Harness(make_config({"team-a": namespace(f"{EP}/test/a {EP}/test/b", failure_policy="Ignore")},
-                                endpoints={"timeout": "250ms"}),
-                    a=Canned(hang=True), b=Canned(hang=True))
+        h = Harness(
+            make_config(
+                {"team-a": namespace(f"{EP}/test/a {EP}/test/b", failure_policy="Ignore")},
+                endpoints={"timeout": "250ms"},
+            ),
+            a=Canned(hang=True),
+            b=Canned(hang=True),
+        )
         d = h.review(review_bytes(), budget=0.4)
         [timer] = h.clock.getDelayedCalls()
         self.assertEqual(timer.getTime(), 0.25)
@@ -1016,8 +1076,10 @@ class DeadlineTests(SynchronousTestCase):
         self.assertEqual(outcome.reason, "cancelled")
 
     def test_a_failure_without_a_message_is_still_explained(self) -> None:
-        for error, reason, text in ((NamespaceLookupError(), "namespace-lookup", "namespace team-a: the lookup failed"),
-                                    (KeyError(), "internal-error", "amp internal error: KeyError")):
+        for error, reason, text in (
+            (NamespaceLookupError(), "namespace-lookup", "namespace team-a: the lookup failed"),
+            (KeyError(), "internal-error", "amp internal error: KeyError"),
+        ):
             source = FakeSource()
             h = Harness(make_config(failure_policy="Ignore"), source=source)
             d = h.review(review_bytes(), budget=2.0)
@@ -1047,8 +1109,13 @@ class RobustnessTests(SynchronousTestCase):
                 raise RuntimeError("bug in the client")
 
         config = config_for("/user-env")
-        admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), Broken(),  # type: ignore[arg-type]
-                            Clock(), Metrics())
+        admitter = Admitter(
+            config,
+            StaticNamespaceSource(config.kubernetes),
+            Broken(),  # type: ignore[arg-type]
+            Clock(),
+            Metrics(),
+        )
         body, outcome = self.successResultOf(admitter.review(parse_review(review_bytes()), Deadline(2.0, 2.0)))
         response = decode_answer(body)["response"]
         self.assertTrue(response["allowed"])
@@ -1061,8 +1128,13 @@ class RobustnessTests(SynchronousTestCase):
                 receiver.failed(Failure(ValueError("unexpected")))
 
         config = config_for("/user-env", failure_policy="Fail")
-        admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), Broken(),  # type: ignore[arg-type]
-                            Clock(), Metrics())
+        admitter = Admitter(
+            config,
+            StaticNamespaceSource(config.kubernetes),
+            Broken(),  # type: ignore[arg-type]
+            Clock(),
+            Metrics(),
+        )
         body, outcome = self.successResultOf(admitter.review(parse_review(review_bytes()), Deadline(2.0, 2.0)))
         response = decode_answer(body)["response"]
         self.assertFalse(response["allowed"])
@@ -1121,7 +1193,9 @@ class LeftAloneTests(SynchronousTestCase):
         called = Canned([{"op": "add", "path": "/metadata/labels", "value": {"x": "y"}}])
         config = make_config(
             {"kube-system": namespace(EP + "/test/called"), "amp-system": namespace(EP + "/test/called")},
-            kubernetes={"own_namespace": "amp-system"}, failure_policy="Fail")
+            kubernetes={"own_namespace": "amp-system"},
+            failure_policy="Fail",
+        )
         h = Harness(config, called=called)
         logged: list[dict] = []
         from twisted.logger import globalLogPublisher
@@ -1138,8 +1212,9 @@ class LeftAloneTests(SynchronousTestCase):
         self.assertEqual(told, ["amp-system", "kube-system"])
 
     def test_the_config_can_allow_protected_namespaces(self) -> None:
-        config = make_config({"kube-system": namespace(EP + "/test/called")},
-                             kubernetes={"allow_protected_namespaces": True})
+        config = make_config(
+            {"kube-system": namespace(EP + "/test/called")}, kubernetes={"allow_protected_namespaces": True}
+        )
         called = Canned([])
         h = Harness(config, called=called)
         _, outcome = answered(self, h.review(review_bytes(namespace="kube-system")))

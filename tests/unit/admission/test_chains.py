@@ -105,8 +105,7 @@ class ChainTests(SynchronousTestCase):
             a = Canned(label("a", "1"))
             b = Canned({"allowed": False, "status": {"code": 403, "message": "no"}})
             c = Canned([])
-            h = Harness(chain_config(A + "/test/a", B + "/test/b", C + "/test/c", failure_policy=policy),
-                        a=a, b=b, c=c)
+            h = Harness(chain_config(A + "/test/a", B + "/test/b", C + "/test/c", failure_policy=policy), a=a, b=b, c=c)
             response, outcome = answered(self, h.review(review_bytes()))
             self.assertFalse(response["allowed"])
             self.assertEqual(response["status"]["code"], 403)
@@ -153,8 +152,11 @@ class SharedBudgetTests(SynchronousTestCase):
     def test_a_slow_first_endpoint_leaves_the_rest_of_the_budget_to_the_next(self) -> None:
         for policy in ("Ignore", "Fail"):
             first, second = Hung(), Hung()
-            h = Harness(chain_config(A + "/test/first", B + "/test/second", failure_policy=policy,
-                                     endpoints={"timeout": "5s"}), first=first, second=second)
+            h = Harness(
+                chain_config(A + "/test/first", B + "/test/second", failure_policy=policy, endpoints={"timeout": "5s"}),
+                first=first,
+                second=second,
+            )
             the_pod = pod(labels={"app": "web"})
             d = h.review(review_bytes(the_pod), budget=2.0)
             h.clock.advance(1.5)
@@ -168,8 +170,9 @@ class SharedBudgetTests(SynchronousTestCase):
             self.assertEqual(outcome.reason, "timeout")
             if policy == "Ignore":
                 self.assertEqual(outcome.result, "patched")
-                self.assertEqual(apply_patch(the_pod, response["_patch"])["metadata"]["labels"],
-                                 {"app": "web", "a": "1"})
+                self.assertEqual(
+                    apply_patch(the_pod, response["_patch"])["metadata"]["labels"], {"app": "web", "a": "1"}
+                )
                 self.assertEqual(stamp(the_pod, response), f"skipped timeout {B}; mutated {A}")
             else:
                 self.assertFalse(response["allowed"])
@@ -178,14 +181,16 @@ class SharedBudgetTests(SynchronousTestCase):
 
     def test_steps_after_the_deadline_are_skipped_without_a_call(self) -> None:
         first, third = Hung(), Canned([])
-        h = Harness(chain_config(A + "/test/first", B + "/test/first", C + "/test/third",
-                                 endpoints={"timeout": "5s"}), first=first, third=third)
+        h = Harness(
+            chain_config(A + "/test/first", B + "/test/first", C + "/test/third", endpoints={"timeout": "5s"}),
+            first=first,
+            third=third,
+        )
         d = h.review(review_bytes(), budget=1.0)
         h.clock.advance(1.0)
         response, outcome = answered(self, d)
         self.assertEqual((outcome.result, outcome.reason), ("ignored", "timeout"))
-        self.assertEqual(stamp(pod(), response),
-                         f"skipped timeout {A}; skipped deadline {B} {C}")
+        self.assertEqual(stamp(pod(), response), f"skipped timeout {A}; skipped deadline {B} {C}")
         self.assertEqual(third.requests, [])
 
 
@@ -207,13 +212,20 @@ CASES = {
     "labels": [label("a", "1"), label("b", "2")],
     "repair then use": [
         [{"op": "add", "path": "/spec/volumes/-", "value": {"name": "v", "emptyDir": {}}}],
-        [{"op": "add", "path": "/spec/volumes/-", "value": {"name": "w", "emptyDir": {}}},
-         {"op": "add", "path": "/spec/containers/0/volumeMounts/-", "value": {"name": "w", "mountPath": "/w"}}],
+        [
+            {"op": "add", "path": "/spec/volumes/-", "value": {"name": "w", "emptyDir": {}}},
+            {"op": "add", "path": "/spec/containers/0/volumeMounts/-", "value": {"name": "w", "mountPath": "/w"}},
+        ],
     ],
     "second undoes first": [label("a", "1"), [{"op": "remove", "path": "/metadata/labels/a"}]],
     "empty steps": [[], label("a", "1"), []],
-    "move and test": [label("a", "1"), [{"op": "test", "path": "/metadata/labels/a", "value": "1"},
-                                        {"op": "move", "from": "/metadata/labels/a", "path": "/metadata/labels/b"}]],
+    "move and test": [
+        label("a", "1"),
+        [
+            {"op": "test", "path": "/metadata/labels/a", "value": "1"},
+            {"op": "move", "from": "/metadata/labels/a", "path": "/metadata/labels/b"},
+        ],
+    ],
 }
 
 
@@ -246,7 +258,9 @@ def test_registry_then_sidecar_composes_and_the_sidecar_image_is_never_rewritten
     assert images == {"app": "asia.gcr.io/app:1", "amp-proxy": "envoyproxy/envoy:v1.27.0"}
     again, _ = stepwise(result, [registry_reply(result, mirrors)["patch"]])
     assert {c["name"]: c["image"] for c in again["spec"]["containers"]} == {
-        "app": "asia.gcr.io/app:1", "amp-proxy": "mirror.local/envoyproxy/envoy:v1.27.0"}
+        "app": "asia.gcr.io/app:1",
+        "amp-proxy": "mirror.local/envoyproxy/envoy:v1.27.0",
+    }
     assert registry_reply(again, mirrors)["patch"] == []
     assert sidecar_reply(again)["patch"] == []
 
@@ -265,8 +279,9 @@ def test_composition_is_checked_as_a_whole() -> None:
 class NamingTests(SynchronousTestCase):
     def test_steps_on_one_origin_are_named_by_their_paths(self) -> None:
         """The example endpoints share one origin: the chain names each by its path too."""
-        h = Harness(make_config({"team-a": namespace(
-            "http://127.0.0.1:8090/registry\nhttp://127.0.0.1:8090/sidecar\n")}))
+        h = Harness(
+            make_config({"team-a": namespace("http://127.0.0.1:8090/registry\nhttp://127.0.0.1:8090/sidecar\n")})
+        )
         the_pod = pod(containers=[{"name": "app", "image": "gcr.io/app:1", "ports": [{"containerPort": 8080}]}])
         response, outcome = answered(self, h.review(review_bytes(the_pod)))
         registry, sidecar = "http://127.0.0.1:8090/registry", "http://127.0.0.1:8090/sidecar"

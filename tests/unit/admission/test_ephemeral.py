@@ -77,9 +77,11 @@ class EphemeralTests(SynchronousTestCase):
     def test_other_updates_and_subresources_are_still_skipped(self) -> None:
         called = Canned([])
         h = Harness(config("/test/called"), called=called)
-        for body in (review_bytes(debugged_pod(), operation="UPDATE"),
-                     review_bytes(debugged_pod(), operation="UPDATE", sub_resource="status"),
-                     review_bytes(debugged_pod(), operation="CREATE", sub_resource="ephemeralcontainers")):
+        for body in (
+            review_bytes(debugged_pod(), operation="UPDATE"),
+            review_bytes(debugged_pod(), operation="UPDATE", sub_resource="status"),
+            review_bytes(debugged_pod(), operation="CREATE", sub_resource="ephemeralcontainers"),
+        ):
             _, outcome = answered(self, h.review(body))
             self.assertEqual(outcome.result, "skipped")
         self.assertEqual(called.requests, [])
@@ -92,11 +94,14 @@ class EphemeralTests(SynchronousTestCase):
         self.assertEqual(called.requests, [])
 
 
-@pytest.mark.parametrize("op", [
-    {"op": "replace", "path": "/spec/containers/0/image", "value": "x"},
-    {"op": "move", "from": "/spec/containers/0/image", "path": "/spec/ephemeralContainers/0/image"},
-    {"op": "add", "path": "/spec/ephemeralContainersX", "value": []},
-])
+@pytest.mark.parametrize(
+    "op",
+    [
+        {"op": "replace", "path": "/spec/containers/0/image", "value": "x"},
+        {"op": "move", "from": "/spec/containers/0/image", "path": "/spec/ephemeralContainers/0/image"},
+        {"op": "add", "path": "/spec/ephemeralContainersX", "value": []},
+    ],
+)
 def test_confined_refuses_paths_outside(op: dict) -> None:
     with pytest.raises(PatchError) as caught:
         check_patch(debugged_pod(), [op], confined="/spec/ephemeralContainers")

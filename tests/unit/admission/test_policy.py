@@ -17,14 +17,16 @@ from tests.support.helpers import make_config, namespace
 ENABLED = {"amp.txn2.com/enabled": "true"}
 EP = "http://127.0.0.1:8090/user-env"
 
-CONFIG = parse_config({
-    "endpoints": {
-        "allow": ["http://127.0.0.1:*/*", "http://*.svc:*/*"],
-        "timeout": "2s",
-        "overrides": [{"match": "http://slow.team-a.svc:*/*", "timeout": "8s"}],
-    },
-    "failure_policy": "Ignore",
-})
+CONFIG = parse_config(
+    {
+        "endpoints": {
+            "allow": ["http://127.0.0.1:*/*", "http://*.svc:*/*"],
+            "timeout": "2s",
+            "overrides": [{"match": "http://slow.team-a.svc:*/*", "timeout": "8s"}],
+        },
+        "failure_policy": "Ignore",
+    }
+)
 
 
 def ns(labels: Optional[dict] = None, **annotations: str) -> NamespaceInfo:
@@ -77,8 +79,15 @@ def test_bad_url(url: str) -> None:
     assert r.error[1].startswith("endpoint URL")
 
 
-@pytest.mark.parametrize("url", ["http://10.0.0.1:8090/x", "https://127.0.0.1:8443/x",
-                                 "http://127.0.0.1.nip.io/x", "http://metadata.google.internal/"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.0.1:8090/x",
+        "https://127.0.0.1:8443/x",
+        "http://127.0.0.1.nip.io/x",
+        "http://metadata.google.internal/",
+    ],
+)
 def test_not_allowed(url: str) -> None:
     r = route(with_ep(url), CONFIG, None)
     assert r.error is not None and r.error[0] == "not-allowed"
@@ -106,15 +115,17 @@ def test_breaker_settings_are_the_origins() -> None:
     One breaker guards a whole origin: its settings are those of the
     origin's root URL, even where a path override gives the URL others.
     """
-    config = parse_config({
-        "endpoints": {
-            "allow": ["http://127.0.0.1:*/*"],
-            "overrides": [
-                {"match": "http://127.0.0.1:*/slow", "timeout": "8s"},
-                {"match": "http://127.0.0.1:*/*", "breaker": {"consecutive_failures": 1}},
-            ],
-        },
-    })
+    config = parse_config(
+        {
+            "endpoints": {
+                "allow": ["http://127.0.0.1:*/*"],
+                "overrides": [
+                    {"match": "http://127.0.0.1:*/slow", "timeout": "8s"},
+                    {"match": "http://127.0.0.1:*/*", "breaker": {"consecutive_failures": 1}},
+                ],
+            },
+        }
+    )
     slow = route(with_ep("http://127.0.0.1:8090/slow"), config, None)
     assert slow.settings is not None and slow.settings.timeout == 8.0
     assert slow.settings.breaker.consecutive_failures == 5
@@ -183,8 +194,9 @@ def config_policy(value: str) -> Config:
         (None, "auto", "Weird", FAIL),
     ],
 )
-def test_failure_policy_precedence(annotation: Optional[str], configured: str, cluster: Optional[str],
-                                   expected: str) -> None:
+def test_failure_policy_precedence(
+    annotation: Optional[str], configured: str, cluster: Optional[str], expected: str
+) -> None:
     annotations = {} if annotation is None else {"amp.txn2.com/failure-policy": annotation}
     namespace = ns(**annotations)
     assert failure_policy(namespace, config_policy(configured), cluster) == expected
@@ -208,15 +220,18 @@ def test_route_cache_gives_the_same_decisions() -> None:
     With a cache, each annotation value is resolved once and every decision
     (allowed, refused, bad URL) is the same as without it.
     """
-    config = make_config({
-        "ok": namespace("http://127.0.0.1:8090/user-env"),
-        "refused": namespace("http://10.1.2.3:80/"),
-        "bad": namespace("gopher://x/"),
-    })
+    config = make_config(
+        {
+            "ok": namespace("http://127.0.0.1:8090/user-env"),
+            "refused": namespace("http://10.1.2.3:80/"),
+            "bad": namespace("gopher://x/"),
+        }
+    )
     cache: dict = {}
     for name in ("ok", "refused", "bad", "ok", "refused", "bad"):
-        ns = NamespaceInfo(name, config.kubernetes.namespaces[name].labels,
-                           config.kubernetes.namespaces[name].annotations)
+        ns = NamespaceInfo(
+            name, config.kubernetes.namespaces[name].labels, config.kubernetes.namespaces[name].annotations
+        )
         assert route(ns, config, None, cache=cache) == route(ns, config, None)
     assert len(cache) == 3
     ns = NamespaceInfo("ok", config.kubernetes.namespaces["ok"].labels, config.kubernetes.namespaces["ok"].annotations)
@@ -238,13 +253,16 @@ def test_protected_namespaces_are_amps_own_and_kube_system_by_default() -> None:
     assert protected_namespaces(allowed.kubernetes) == frozenset()
 
 
-@pytest.mark.parametrize("labels,out", [
-    ({"amp.txn2.com/enabled": "false"}, True),
-    ({"amp.txn2.com/enabled": "true"}, False),
-    ({"amp.txn2.com/enabled": "False"}, False),
-    ({}, False),
-    (None, False),
-])
+@pytest.mark.parametrize(
+    "labels,out",
+    [
+        ({"amp.txn2.com/enabled": "false"}, True),
+        ({"amp.txn2.com/enabled": "true"}, False),
+        ({"amp.txn2.com/enabled": "False"}, False),
+        ({}, False),
+        (None, False),
+    ],
+)
 def test_a_pod_opts_out_with_the_enable_label_set_to_false(labels: Optional[dict], out: bool) -> None:
     from amp.rules import opted_out
 
@@ -313,8 +331,9 @@ def classed(label: Optional[str] = None, annotation: Optional[str] = None) -> Na
         (None, None, None, FAIL, None),
     ],
 )
-def test_failure_class_label(label: Optional[str], annotation: Optional[str], cluster: Optional[str],
-                             expected: str, problem: Optional[str]) -> None:
+def test_failure_class_label(
+    label: Optional[str], annotation: Optional[str], cluster: Optional[str], expected: str, problem: Optional[str]
+) -> None:
     """
     The failure-class label, which the shipped webhook entries select on,
     decides amp's failure policy too; the annotation is read when there is

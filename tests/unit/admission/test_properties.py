@@ -56,9 +56,11 @@ class Reply(Resource):
 
 def _admitter(reply: Reply, policy: str) -> tuple[Admitter, Clock]:
     clock = Clock()
-    config = make_config({
-        "team-a": namespace("http://127.0.0.1:8090/ep", failure_policy=policy),
-    })
+    config = make_config(
+        {
+            "team-a": namespace("http://127.0.0.1:8090/ep", failure_policy=policy),
+        }
+    )
     metrics = Metrics()
     client = EndpointClient(clock, metrics, BreakerRegistry(clock), connector=ResourceConnector(reply))
     source = StaticNamespaceSource(config.kubernetes)
@@ -102,9 +104,13 @@ def test_arbitrary_json_is_a_clear_400_or_a_wellformed_answer(doc: Any) -> None:
 
 
 @settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(request_part=st.dictionaries(
-    st.sampled_from(["uid", "kind", "operation", "namespace", "object", "dryRun", "subResource", "name"]),
-    JSON, max_size=8))
+@given(
+    request_part=st.dictionaries(
+        st.sampled_from(["uid", "kind", "operation", "namespace", "object", "dryRun", "subResource", "name"]),
+        JSON,
+        max_size=8,
+    )
+)
 def test_review_with_arbitrary_request_fields(request_part: dict) -> None:
     """
     Valid envelope, garbage inside: still a 400 naming the field, or an
@@ -123,8 +129,11 @@ def test_review_with_arbitrary_request_fields(request_part: dict) -> None:
 
 
 @settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(reply_doc=JSON, code=st.sampled_from([200, 200, 200, 201, 204, 302, 400, 500]),
-       policy=st.sampled_from(["Ignore", "Fail"]))
+@given(
+    reply_doc=JSON,
+    code=st.sampled_from([200, 200, 200, 201, 204, 302, 400, 500]),
+    policy=st.sampled_from(["Ignore", "Fail"]),
+)
 def test_arbitrary_endpoint_replies_never_yield_a_patch_that_fails(reply_doc: Any, code: int, policy: str) -> None:
     """
     Whatever the endpoint answers, a returned patch applies to the Pod and
@@ -145,12 +154,30 @@ def test_arbitrary_endpoint_replies_never_yield_a_patch_that_fails(reply_doc: An
 
 
 @settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(st.fixed_dictionaries({
-    "op": st.sampled_from(["add", "replace", "remove", "move", "copy", "test", "bogus"]),
-    "path": st.sampled_from(["/spec/containers/0/env/-", "/spec/volumes/-", "/metadata/labels/x",
-                             "/metadata/name", "/status", "/spec/containers/5", "", "/spec", "bad"]),
-    "value": JSON,
-}), max_size=6))
+@given(
+    ops=st.lists(
+        st.fixed_dictionaries(
+            {
+                "op": st.sampled_from(["add", "replace", "remove", "move", "copy", "test", "bogus"]),
+                "path": st.sampled_from(
+                    [
+                        "/spec/containers/0/env/-",
+                        "/spec/volumes/-",
+                        "/metadata/labels/x",
+                        "/metadata/name",
+                        "/status",
+                        "/spec/containers/5",
+                        "",
+                        "/spec",
+                        "bad",
+                    ]
+                ),
+                "value": JSON,
+            }
+        ),
+        max_size=6,
+    )
+)
 def test_patch_shaped_replies(ops: list) -> None:
     reply = Reply()
     reply.body = json.dumps(ops).encode()
@@ -163,12 +190,26 @@ def test_patch_shaped_replies(ops: list) -> None:
 
 
 CONFIG_KEYS = [
-    ("listen", "port"), ("listen", "max_body"), ("listen", "request_timeout"), ("listen", "max_connections"),
-    ("tls", "min_version"), ("tls", "reload_interval"), ("tls", "cert"),
-    ("metrics", "port"), ("kubernetes", "source"), ("kubernetes", "watch_timeout"),
-    ("kubernetes", "endpoint_annotations"), ("endpoints", "timeout"), ("endpoints", "allow"),
-    ("endpoints", "pool_size"), ("endpoints", "retry"), ("deadline", "margin"), ("patch", "repair"),
-    ("patch", "max_size"), ("patch", "denied_paths"), ("log", "format"),
+    ("listen", "port"),
+    ("listen", "max_body"),
+    ("listen", "request_timeout"),
+    ("listen", "max_connections"),
+    ("tls", "min_version"),
+    ("tls", "reload_interval"),
+    ("tls", "cert"),
+    ("metrics", "port"),
+    ("kubernetes", "source"),
+    ("kubernetes", "watch_timeout"),
+    ("kubernetes", "endpoint_annotations"),
+    ("endpoints", "timeout"),
+    ("endpoints", "allow"),
+    ("endpoints", "pool_size"),
+    ("endpoints", "retry"),
+    ("deadline", "margin"),
+    ("patch", "repair"),
+    ("patch", "max_size"),
+    ("patch", "denied_paths"),
+    ("log", "format"),
 ]
 
 

@@ -60,19 +60,43 @@ class _Reviewed:
 
 
 class ReviewStates(RuleBasedStateMachine):
-    @initialize(steps=st.integers(1, 3), origins=st.lists(st.sampled_from(_ORIGINS), min_size=3, max_size=3),
-                policy=st.sampled_from(["Ignore", "Fail"]),
-                timeout=st.sampled_from(["50ms", "250ms", "400ms", "1s", "30s"]), retry=st.booleans(),
-                max_concurrent=st.sampled_from([1, 2, 64]), max_queued=st.sampled_from([0, 1, 1024]),
-                min_call_time=st.sampled_from(["0s", "100ms", "250ms"]), lookups=st.booleans(),
-                slow_close=st.booleans())
-    def chain(self, steps: int, origins: list[str], policy: str, timeout: str, retry: bool, max_concurrent: int,
-              max_queued: int, min_call_time: str, lookups: bool, slow_close: bool) -> None:
+    @initialize(
+        steps=st.integers(1, 3),
+        origins=st.lists(st.sampled_from(_ORIGINS), min_size=3, max_size=3),
+        policy=st.sampled_from(["Ignore", "Fail"]),
+        timeout=st.sampled_from(["50ms", "250ms", "400ms", "1s", "30s"]),
+        retry=st.booleans(),
+        max_concurrent=st.sampled_from([1, 2, 64]),
+        max_queued=st.sampled_from([0, 1, 1024]),
+        min_call_time=st.sampled_from(["0s", "100ms", "250ms"]),
+        lookups=st.booleans(),
+        slow_close=st.booleans(),
+    )
+    def chain(
+        self,
+        steps: int,
+        origins: list[str],
+        policy: str,
+        timeout: str,
+        retry: bool,
+        max_concurrent: int,
+        max_queued: int,
+        min_call_time: str,
+        lookups: bool,
+        slow_close: bool,
+    ) -> None:
         self.urls = " ".join(f"{origins[i]}/step{i}" for i in range(steps))
         self.policy = policy
-        config = make_config({"team-a": namespace(self.urls, failure_policy=policy)},
-                             endpoints={"timeout": timeout, "retry": retry, "max_concurrent": max_concurrent,
-                                        "max_queued": max_queued, "min_call_time": min_call_time})
+        config = make_config(
+            {"team-a": namespace(self.urls, failure_policy=policy)},
+            endpoints={
+                "timeout": timeout,
+                "retry": retry,
+                "max_concurrent": max_concurrent,
+                "max_queued": max_queued,
+                "min_call_time": min_call_time,
+            },
+        )
         self.net = MemoryNet()
         self.clock = self.net.reactor
         metrics = Metrics()
@@ -131,7 +155,8 @@ class ReviewStates(RuleBasedStateMachine):
     def start_review(self, budget: float) -> None:
         reviewed = _Reviewed()
         reviewed.review = self.admitter.review_into(
-            reviewed.answered, parse_review(review_bytes()), Deadline.after(self.clock.seconds(), budget))
+            reviewed.answered, parse_review(review_bytes()), Deadline.after(self.clock.seconds(), budget)
+        )
         self.reviews.append(reviewed)
 
     @precondition(lambda self: self._attempts_waiting())
@@ -147,9 +172,19 @@ class ReviewStates(RuleBasedStateMachine):
         self.handled += 1
 
     @precondition(lambda self: bool(self._asked()))
-    @rule(which=st.integers(0, 1000), reply=st.sampled_from([
-        http_reply(_PATCH), http_reply(b"[]"), http_reply(b"oops", code=500), b"garbage\r\n\r\n",
-        http_reply(b"[]", extra=b"Connection: close\r\n"), None]))
+    @rule(
+        which=st.integers(0, 1000),
+        reply=st.sampled_from(
+            [
+                http_reply(_PATCH),
+                http_reply(b"[]"),
+                http_reply(b"oops", code=500),
+                b"garbage\r\n\r\n",
+                http_reply(b"[]", extra=b"Connection: close\r\n"),
+                None,
+            ]
+        ),
+    )
     def endpoint_answers(self, which: int, reply: Optional[bytes]) -> None:
         asked = self._asked()
         protocol, transport = asked[which % len(asked)]
@@ -185,8 +220,13 @@ class ReviewStates(RuleBasedStateMachine):
         open_fetches = [d for _, _, d in self.lookups.fetches if not d.called]
         d = open_fetches[which % len(open_fetches)]
         if found:
-            d.callback(NamespaceInfo("team-a", {"amp.txn2.com/enabled": "true"},
-                                     {"amp.txn2.com/ep": self.urls, "amp.txn2.com/failure-policy": self.policy}))
+            d.callback(
+                NamespaceInfo(
+                    "team-a",
+                    {"amp.txn2.com/enabled": "true"},
+                    {"amp.txn2.com/ep": self.urls, "amp.txn2.com/failure-policy": self.policy},
+                )
+            )
         else:
             d.errback(NamespaceLookupError("the API server did not answer"))
 
@@ -227,8 +267,7 @@ class ReviewStates(RuleBasedStateMachine):
         for origin in _ORIGINS:
             assert self.client.in_flight(origin) == 0, f"calls still counted in flight on {origin}"
             assert self.client.queued(origin) == 0, f"calls still waiting for a slot on {origin}"
-        left = [call for call in self.clock.getDelayedCalls()
-                if getattr(call.func, "__name__", "") != "_expire"]
+        left = [call for call in self.clock.getDelayedCalls() if getattr(call.func, "__name__", "") != "_expire"]
         assert left == [], f"timers left: {left}"
         assert not self.failures, self.failures[0]
 

@@ -100,8 +100,9 @@ class MergeTests(SynchronousTestCase):
         value = next_stamp(value, [outcome(X, "U"), outcome(Y, "U"), outcome("http://z", "M")])
         self.assertEqual(value, f"mutated {X} http://z; unchanged {Y}")
         # Another entry's round: its endpoint first, then the ones before.
-        self.assertEqual(next_stamp(value, [("http://w", Status.UNCHANGED, "")]),
-                         f"mutated {X} http://z; unchanged http://w {Y}")
+        self.assertEqual(
+            next_stamp(value, [("http://w", Status.UNCHANGED, "")]), f"mutated {X} http://z; unchanged http://w {Y}"
+        )
 
     def test_what_a_round_stamps_reads_back_as_it_was_written(self) -> None:
         marks = {X: Mark(True, "timeout"), Y: Mark(), "(none)": Mark(False, "no-endpoint"), "http://z": Mark(True)}
@@ -121,18 +122,27 @@ class HandWrittenStampTests(SynchronousTestCase):
 
     def test_it_cannot_hide_a_failure_of_this_round(self) -> None:
         self.assertEqual(next_stamp(f"mutated {X}", [outcome(X, "F")]), f"skipped http-5xx {X}; mutated {X}")
-        self.assertEqual(next_stamp(f"unchanged {X}; mutated {X}", [outcome(X, "F")]),
-                         f"skipped http-5xx {X}; mutated {X}")
+        self.assertEqual(
+            next_stamp(f"unchanged {X}; mutated {X}", [outcome(X, "F")]), f"skipped http-5xx {X}; mutated {X}"
+        )
 
     def test_what_cannot_be_read_is_dropped(self) -> None:
-        for value in ("all good", "", "skipped", "skipped Not-A-Reason http://a", "mutated", ";;; ; ",
-                      "MUTATED http://a", "\x00"):
+        for value in (
+            "all good",
+            "",
+            "skipped",
+            "skipped Not-A-Reason http://a",
+            "mutated",
+            ";;; ; ",
+            "MUTATED http://a",
+            "\x00",
+        ):
             with self.subTest(value=value):
                 self.assertEqual(next_stamp(value, [outcome(X, "U")]), f"unchanged {X}")
-        self.assertEqual(next_stamp("garbage; mutated http://a", [outcome(X, "U")]),
-                         f"mutated http://a; unchanged {X}")
-        self.assertEqual(next_stamp("mutated http://a\x1b[2J http://b", [outcome(X, "U")]),
-                         f"mutated http://b; unchanged {X}")
+        self.assertEqual(next_stamp("garbage; mutated http://a", [outcome(X, "U")]), f"mutated http://a; unchanged {X}")
+        self.assertEqual(
+            next_stamp("mutated http://a\x1b[2J http://b", [outcome(X, "U")]), f"mutated http://b; unchanged {X}"
+        )
 
     def test_a_long_value_leaves_out_other_endpoints_before_this_rounds(self) -> None:
         others = "; ".join(f"mutated http://other-{i}.example" for i in range(40))
@@ -153,7 +163,8 @@ class Behaviour:
     def set(endpoint: Canned, kind: str, label: str, failure: int = 500) -> None:
         endpoint.code = failure if kind == "F" else 200
         endpoint.body = json.dumps(
-            [{"op": "add", "path": f"/metadata/labels/{label}", "value": "1"}] if kind == "M" else []).encode()
+            [{"op": "add", "path": f"/metadata/labels/{label}", "value": "1"}] if kind == "M" else []
+        ).encode()
 
 
 def review_round(case: SynchronousTestCase, h: Harness, the_pod: dict) -> tuple[dict, Optional[list]]:

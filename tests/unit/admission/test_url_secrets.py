@@ -42,8 +42,7 @@ from tests.unit.http.test_channel import Connection, ListeningAtOnce, Transport,
 #: Every secret starts with this, and nothing else amp could say does.
 MARK = "sekret"
 
-_SECRET = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=12).map(
-    lambda s: MARK + s)
+_SECRET = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=12).map(lambda s: MARK + s)
 
 
 @st.composite
@@ -71,14 +70,23 @@ REPLIES = [
 
 
 class NoSecretInAnyOutputTests(SynchronousTestCase):
-    @settings(max_examples=150, derandomize=True, deadline=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-    @given(chain=st.lists(endpoint_url(), min_size=1, max_size=3).filter(lambda c: MARK in " ".join(c)),
-           policy=st.sampled_from(["Ignore", "Fail"]), shadow=st.booleans(),
-           reply=st.sampled_from(REPLIES), code=st.sampled_from([200, 200, 500]),
-           canary=st.one_of(st.none(), endpoint_url()))
+    @settings(
+        max_examples=150,
+        derandomize=True,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(
+        chain=st.lists(endpoint_url(), min_size=1, max_size=3).filter(lambda c: MARK in " ".join(c)),
+        policy=st.sampled_from(["Ignore", "Fail"]),
+        shadow=st.booleans(),
+        reply=st.sampled_from(REPLIES),
+        code=st.sampled_from([200, 200, 500]),
+        canary=st.one_of(st.none(), endpoint_url()),
+    )
     def test_no_output_of_a_review_holds_a_query_password_or_fragment(
-            self, chain: list[str], policy: str, shadow: bool, reply: bytes, code: int, canary: str | None) -> None:
+        self, chain: list[str], policy: str, shadow: bool, reply: bytes, code: int, canary: str | None
+    ) -> None:
         annotation = " ".join(chain)
         outputs = self.review(annotation, policy, shadow, reply, code, canary)
         for name in ("json log", "text log", "/debug/reviews"):
@@ -86,15 +94,24 @@ class NoSecretInAnyOutputTests(SynchronousTestCase):
         for name, text in outputs.items():
             self.assertNotIn(MARK, text, f"{name} shows a secret of {annotation!r}:\n{text}")
 
-    def review(self, annotation: str, policy: str, shadow: bool, reply: bytes, code: int,
-               canary: str | None) -> dict[str, str]:
+    def review(
+        self, annotation: str, policy: str, shadow: bool, reply: bytes, code: int, canary: str | None
+    ) -> dict[str, str]:
         directory = Path(tempfile.mkdtemp(prefix="amp-secrets-"))
         self.addCleanup(shutil.rmtree, directory, True)
         config = make_config(
-            {"team-a": namespace(annotation, failure_policy=policy, mode="shadow" if shadow else None,
-                                 annotations={CANARY_ANNOTATION: canary} if canary else None)},
-            endpoints={"allow": ["http://*.tools.svc:*/*"], "chain_limit": 3}, log={"format": "json"},
-            metrics={"debug_reviews": 16})
+            {
+                "team-a": namespace(
+                    annotation,
+                    failure_policy=policy,
+                    mode="shadow" if shadow else None,
+                    annotations={CANARY_ANNOTATION: canary} if canary else None,
+                )
+            },
+            endpoints={"allow": ["http://*.tools.svc:*/*"], "chain_limit": 3},
+            log={"format": "json"},
+            metrics={"debug_reviews": 16},
+        )
         clock = MemoryReactorClock()
         metrics = Metrics()
         json_log, text_log = io.StringIO(), io.StringIO()
@@ -103,10 +120,16 @@ class NoSecretInAnyOutputTests(SynchronousTestCase):
             globalLogPublisher.addObserver(observer)
         try:
             service = AmpService(
-                config, clock, certificate=serving_certificate(config.tls, clock, metrics),
-                webhook_endpoint=ListeningAtOnce([]), metrics_endpoint=None,
-                namespaces=namespace_source(config, clock, metrics), metrics=metrics,
-                connector=recorded_reply(reply, code), install_sighup=False)
+                config,
+                clock,
+                certificate=serving_certificate(config.tls, clock, metrics),
+                webhook_endpoint=ListeningAtOnce([]),
+                metrics_endpoint=None,
+                namespaces=namespace_source(config, clock, metrics),
+                metrics=metrics,
+                connector=recorded_reply(reply, code),
+                install_sighup=False,
+            )
             service.startService()
             transport = Transport()
             channel = service.webhook_server.buildProtocol(None)
@@ -125,8 +148,11 @@ class NoSecretInAnyOutputTests(SynchronousTestCase):
         response = json.loads(answer)["response"]
         patch = base64.b64decode(response.get("patch", "")).decode()
         return {
-            "answer": answer.decode(), "patch": patch, "json log": json_log.getvalue(),
-            "text log": text_log.getvalue(), "metrics": generate_latest(metrics.registry).decode(),
+            "answer": answer.decode(),
+            "patch": patch,
+            "json log": json_log.getvalue(),
+            "text log": text_log.getvalue(),
+            "metrics": generate_latest(metrics.registry).decode(),
             "/debug/reviews": json.dumps([d.as_json() for d in service.recent.select()]),
         }
 

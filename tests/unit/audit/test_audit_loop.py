@@ -23,8 +23,12 @@ from amp.kube._events import Changed, Replaced
 from amp.metrics import Metrics
 from tests.unit.kube.test_kube import ENABLED, SourceTestCase, namespace
 
-CONFIG = parse_config({"kubernetes": {"source": "kubeconfig", "kubeconfig": "/k"},
-                       "audit": {"continuous": True, "interval": "10m", "min_interval": "1m"}})
+CONFIG = parse_config(
+    {
+        "kubernetes": {"source": "kubeconfig", "kubeconfig": "/k"},
+        "audit": {"continuous": True, "interval": "10m", "min_interval": "1m"},
+    }
+)
 
 
 class Elector:
@@ -62,8 +66,9 @@ class ContinuousAuditTests(SynchronousTestCase):
             self.runs.append((self.clock.seconds(), d))
             return d
 
-        self.audit = ContinuousAudit(clock=self.clock, config=CONFIG, metrics=self.metrics, run_audit=run,
-                                     elector_factory=Elector)
+        self.audit = ContinuousAudit(
+            clock=self.clock, config=CONFIG, metrics=self.metrics, run_audit=run, elector_factory=Elector
+        )
         self.audit.start()
 
     def gauge(self, namespace: str, state: str) -> Any:
@@ -146,13 +151,26 @@ class NamespaceCueTests(SourceTestCase):
         source = self.start()
         changed: list[str] = []
         source.on_namespace_changed = changed.append
-        self.send(source, Replaced(self.infos(namespace("team-a", "3", ENABLED, {"amp.txn2.com/ep": "http://a/"})),
-                                   "10"))
-        self.send(source, Changed("MODIFIED", self.info("team-a", "11", labels=ENABLED,
-                                                        annotations={"amp.txn2.com/ep": "http://a/"}), "11"))
+        self.send(
+            source, Replaced(self.infos(namespace("team-a", "3", ENABLED, {"amp.txn2.com/ep": "http://a/"})), "10")
+        )
+        self.send(
+            source,
+            Changed(
+                "MODIFIED",
+                self.info("team-a", "11", labels=ENABLED, annotations={"amp.txn2.com/ep": "http://a/"}),
+                "11",
+            ),
+        )
         self.assertEqual(changed, [])  # nothing amp keeps changed
-        self.send(source, Changed("MODIFIED", self.info("team-a", "12", labels=ENABLED,
-                                                        annotations={"amp.txn2.com/ep": "http://b/"}), "12"))
+        self.send(
+            source,
+            Changed(
+                "MODIFIED",
+                self.info("team-a", "12", labels=ENABLED, annotations={"amp.txn2.com/ep": "http://b/"}),
+                "12",
+            ),
+        )
         self.assertEqual(changed, ["team-a"])
 
 
@@ -167,6 +185,7 @@ class ServiceTests(SynchronousTestCase):
         def observe(event: dict) -> None:
             if event.get("log_namespace") == "amp.audit_loop.AuditService":
                 from twisted.logger import formatEvent
+
                 seen.append(formatEvent(event))
 
         globalLogPublisher.addObserver(observe)

@@ -59,7 +59,10 @@ def on_the_path() -> set[CodeType]:
 
 @pytest.mark.parametrize("label, name", _NAMED, ids=[n for _, n in _NAMED])
 def test_each_row_stands_for_a_function_on_a_reviews_path(
-    on_the_path: set[CodeType], tmp_path: Path, label: str, name: str,
+    on_the_path: set[CodeType],
+    tmp_path: Path,
+    label: str,
+    name: str,
 ) -> None:
     """A function renamed, or no longer on the path, fails here instead of leaving its row at 0%."""
     assert _resolve(name).__code__ in on_the_path, f"{name} ({label!r}) does not run in a typical review"

@@ -52,10 +52,21 @@ def assertSafe(case: Any, text: str) -> None:
 
 class TerminalTests(SynchronousTestCase):
     def test_each_kind_of_control_character_is_escaped(self) -> None:
-        for char, shown in (("\x1b", "\\x1b"), ("\x07", "\\x07"), ("\x08", "\\x08"), ("\r", "\\x0d"),
-                            ("\n", "\\x0a"), ("\t", "\\x09"), ("\x00", "\\x00"), ("\x7f", "\\x7f"),
-                            ("\x9b", "\\x9b"), ("\u2028", "\\u2028"), ("\u202e", "\\u202e"),
-                            ("\u2066", "\\u2066"), ("\udc80", "\\udc80")):
+        for char, shown in (
+            ("\x1b", "\\x1b"),
+            ("\x07", "\\x07"),
+            ("\x08", "\\x08"),
+            ("\r", "\\x0d"),
+            ("\n", "\\x0a"),
+            ("\t", "\\x09"),
+            ("\x00", "\\x00"),
+            ("\x7f", "\\x7f"),
+            ("\x9b", "\\x9b"),
+            ("\u2028", "\\u2028"),
+            ("\u202e", "\\u202e"),
+            ("\u2066", "\\u2066"),
+            ("\udc80", "\\udc80"),
+        ):
             self.assertEqual(terminal(f"a{char}b"), f"a{shown}b")
 
     def test_printable_text_is_left_as_it_is(self) -> None:
@@ -74,21 +85,34 @@ class TerminalTests(SynchronousTestCase):
 class ExplainTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.files = Files(self)
-        self.config = self.files.write("amp.yaml", config_text(
-            {"team-a": ns("http://injector.example:8080/mutate")}, endpoints={"allow": ["http://*.example:*/*"]}))
+        self.config = self.files.write(
+            "amp.yaml",
+            config_text(
+                {"team-a": ns("http://injector.example:8080/mutate")}, endpoints={"allow": ["http://*.example:*/*"]}
+            ),
+        )
 
     def test_values_from_the_pod_and_the_endpoint_are_escaped_in_the_text(self) -> None:
-        hostile_pod = pod(f"web{HOSTILE}", labels={"app": HOSTILE},
-                          annotations={"amp.txn2.com/stauts": HOSTILE, f"note{HOSTILE}": "x"})
+        hostile_pod = pod(
+            f"web{HOSTILE}",
+            labels={"app": HOSTILE},
+            annotations={"amp.txn2.com/stauts": HOSTILE, f"note{HOSTILE}": "x"},
+        )
         path = self.files.write("pod.json", hostile_pod)
-        reply = self.files.write("reply.json", {
-            "patch": [ENV_OP, {"op": "add", "path": "/metadata/labels/k", "value": HOSTILE}],
-            "warnings": [f"careful{HOSTILE}"], "auditAnnotations": {"note": HOSTILE}})
+        reply = self.files.write(
+            "reply.json",
+            {
+                "patch": [ENV_OP, {"op": "add", "path": "/metadata/labels/k", "value": HOSTILE}],
+                "warnings": [f"careful{HOSTILE}"],
+                "auditAnnotations": {"note": HOSTILE},
+            },
+        )
         ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--reply", reply, path])
         self.assertEqual(ran.status, 0, ran.err)
         assertSafe(self, ran.out)
-        self.assertIn("Pod web\\x1b[2J\\x1b]0;owned\\x07\\x08\\x08\\x0dX\\x0aforged\\x9b31m\\u202e in namespace team-a",
-                      ran.out)
+        self.assertIn(
+            "Pod web\\x1b[2J\\x1b]0;owned\\x07\\x08\\x08\\x0dX\\x0aforged\\x9b31m\\u202e in namespace team-a", ran.out
+        )
         # The near-miss key, the warning, and the YAML diff of the Pod.
         self.assertIn("annotation amp.txn2.com/stauts is not read by amp", ran.out)
         self.assertIn("careful\\x1b[2J", ran.out)
@@ -126,13 +150,25 @@ def _hostile_recording() -> bytes:
     """One recorded review whose namespace, Pod name and new keys hold control characters."""
     from tests.unit.cli.test_replay import _recording as lines
 
-    [line] = lines(1, labels={"amp.txn2.com/enabled": "true"},
-                   annotations={"amp.txn2.com/ep": "http://127.0.0.1:1/a"}, namespace=f"team{HOSTILE}",
-                   request_body=json.dumps({
-                       "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                       "request": {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                                   "operation": "CREATE", "namespace": f"team{HOSTILE}",
-                                   "object": pod(f"web{HOSTILE}", annotations={"a": "b"})}}).encode())
+    [line] = lines(
+        1,
+        labels={"amp.txn2.com/enabled": "true"},
+        annotations={"amp.txn2.com/ep": "http://127.0.0.1:1/a"},
+        namespace=f"team{HOSTILE}",
+        request_body=json.dumps(
+            {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": "u",
+                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "operation": "CREATE",
+                    "namespace": f"team{HOSTILE}",
+                    "object": pod(f"web{HOSTILE}", annotations={"a": "b"}),
+                },
+            }
+        ).encode(),
+    )
     return line
 
 
@@ -180,16 +216,18 @@ BAD_LINES: dict[str, bytes] = {
     "another format": b'{"amp_recording": 2}',
     "no review": b'{"amp_recording": 1, "review": {}}',
     "a namespace that is not an object": b'{"amp_recording": 1, "review": {"request": {}}, "namespace": "x", '
-                                         b'"answer": {"result": "r"}}',
+    b'"answer": {"result": "r"}}',
     "labels that are not strings": b'{"amp_recording": 1, "review": {"request": {}}, "namespace": {"name": "x", '
-                                   b'"labels": {"a": 1}}, "answer": {"result": "r"}}',
+    b'"labels": {"a": 1}}, "answer": {"result": "r"}}',
     "a patch that is not a list": b'{"amp_recording": 1, "review": {"request": {}}, "namespace": {"name": "x"}, '
-                                  b'"answer": {"result": "r", "patch": 3}}',
+    b'"answer": {"result": "r", "patch": 3}}',
     "no answer": b'{"amp_recording": 1, "review": {"request": {}}, "namespace": {"name": "x"}}',
-    "a lone surrogate": _good().replace(b'"namespace":{"name":"team-a"', b'"namespace":{"name":"team\\udc80"')
-                                .rstrip(b"\n"),
-    "a lone surrogate in the review": _good().replace(b'"namespace": "team-a"', b'"namespace": "\\udc80"')
-                                        .rstrip(b"\n"),
+    "a lone surrogate": _good()
+    .replace(b'"namespace":{"name":"team-a"', b'"namespace":{"name":"team\\udc80"')
+    .rstrip(b"\n"),
+    "a lone surrogate in the review": _good()
+    .replace(b'"namespace": "team-a"', b'"namespace": "\\udc80"')
+    .rstrip(b"\n"),
     "NaN": _good().replace(b'"amp_recording":1', b'"amp_recording":NaN').rstrip(b"\n"),
 }
 
@@ -206,10 +244,13 @@ class MalformedRecordingTests(SynchronousTestCase):
         self.assertEqual(report["summary"]["same"], 2)
         for (kind, _), (number, message) in zip(BAD_LINES.items(), enumerate(report["unreadable"], start=2)):
             self.assertTrue(message.startswith(f"{path}:{number}: "), (kind, message))
-        self.assertIn("not valid Unicode (a lone surrogate escape) at namespace.name",
-                      report["unreadable"][list(BAD_LINES).index("a lone surrogate")])
-        self.assertIn("at review.request.namespace",
-                      report["unreadable"][list(BAD_LINES).index("a lone surrogate in the review")])
+        self.assertIn(
+            "not valid Unicode (a lone surrogate escape) at namespace.name",
+            report["unreadable"][list(BAD_LINES).index("a lone surrogate")],
+        )
+        self.assertIn(
+            "at review.request.namespace", report["unreadable"][list(BAD_LINES).index("a lone surrogate in the review")]
+        )
 
     def test_a_line_over_the_limit_is_named_and_skipped_unread(self) -> None:
         import amp.cli.replay_run as module
@@ -228,20 +269,29 @@ class MalformedRecordingTests(SynchronousTestCase):
             self.assertEqual(status, 2, err)
             if output == "json":
                 report = json.loads(out)
-                self.assertEqual(report["summary"], {"reviews": count + 3, "same": 3, "different": 0, "failed": 0,
-                                                     "unreadable": count})
+                self.assertEqual(
+                    report["summary"],
+                    {"reviews": count + 3, "same": 3, "different": 0, "failed": 0, "unreadable": count},
+                )
                 self.assertEqual(len(report["unreadable"]), UNREADABLE_SAMPLE)
                 self.assertEqual(report["unreadable_not_shown"], count - UNREADABLE_SAMPLE)
-                self.assertEqual([m.split(": ")[0] for m in report["unreadable"]],
-                                 [f"stdin:{i}" for i in range(1, UNREADABLE_SAMPLE + 1)])
+                self.assertEqual(
+                    [m.split(": ")[0] for m in report["unreadable"]],
+                    [f"stdin:{i}" for i in range(1, UNREADABLE_SAMPLE + 1)],
+                )
             else:
                 lines = out.splitlines()
                 self.assertEqual(len(lines), UNREADABLE_SAMPLE + 2)
-                self.assertEqual(lines[UNREADABLE_SAMPLE],
-                                 f"unreadable ... and {count - UNREADABLE_SAMPLE} more lines (the first "
-                                 f"{UNREADABLE_SAMPLE} are shown)")
-                self.assertEqual(lines[-1], f"replayed {count + 3} reviews against the recorded answers: 3 same, "
-                                            f"0 different, 0 failed, {count} unreadable")
+                self.assertEqual(
+                    lines[UNREADABLE_SAMPLE],
+                    f"unreadable ... and {count - UNREADABLE_SAMPLE} more lines (the first "
+                    f"{UNREADABLE_SAMPLE} are shown)",
+                )
+                self.assertEqual(
+                    lines[-1],
+                    f"replayed {count + 3} reviews against the recorded answers: 3 same, "
+                    f"0 different, 0 failed, {count} unreadable",
+                )
 
     def test_a_line_whose_replay_fails_unforeseen_is_one_named_line(self) -> None:
         from amp.cli.replay_run import Replayer
@@ -266,15 +316,25 @@ class _Held:
     def __init__(self) -> None:
         self.waiting: list[tuple[str, Deferred]] = []
 
-    def ask_into(self, receiver: Any, url: Any, settings: Any, body: bytes, headers: Any, deadline: Any,
-                 breaker: Any = None, caller_times: bool = False) -> None:
+    def ask_into(
+        self,
+        receiver: Any,
+        url: Any,
+        settings: Any,
+        body: bytes,
+        headers: Any,
+        deadline: Any,
+        breaker: Any = None,
+        caller_times: bool = False,
+    ) -> None:
         from amp.endpoint import CallReply
         from amp.reply import EndpointDecision
 
         d: Deferred = Deferred()
         self.waiting.append((url.path, d))
         d.addCallback(lambda patch: CallReply(EndpointDecision(patch=patch), lambda outcome: None)).addCallbacks(
-            receiver.replied, receiver.failed)
+            receiver.replied, receiver.failed
+        )
 
     def answer(self, index: int, patch: list) -> None:
         path, d = self.waiting[index]
@@ -282,8 +342,9 @@ class _Held:
 
 
 def _enabled_recording(count: int) -> list[Any]:
-    lines = _recording(count, labels={"amp.txn2.com/enabled": "true"},
-                       annotations={"amp.txn2.com/ep": "http://127.0.0.1:1/a"})
+    lines = _recording(
+        count, labels={"amp.txn2.com/enabled": "true"}, annotations={"amp.txn2.com/ep": "http://127.0.0.1:1/a"}
+    )
     return [decode_line(line.rstrip(b"\n"), f"rec:{i}") for i, line in enumerate(lines, start=1)]
 
 
@@ -293,8 +354,14 @@ class StreamingTests(SynchronousTestCase):
     def test_each_review_is_reported_once_the_ones_before_it_are_done(self) -> None:
         client = _Held()
         seen: list[str] = []
-        done = replay(MemoryReactorClock(), ReplayOptions(config=make_config(), concurrency=3),
-                      _enabled_recording(3), client, Metrics(), emit=lambda r: seen.append(r.recorded.where))
+        done = replay(
+            MemoryReactorClock(),
+            ReplayOptions(config=make_config(), concurrency=3),
+            _enabled_recording(3),
+            client,
+            Metrics(),
+            emit=lambda r: seen.append(r.recorded.where),
+        )
         self.assertEqual(len(client.waiting), 3)
         client.answer(1, self.CHANGE)  # the second is done first: it waits for the first
         self.assertEqual(seen, [])
@@ -317,8 +384,14 @@ class StreamingTests(SynchronousTestCase):
                 taken += 1
                 yield r
 
-        replay(MemoryReactorClock(), ReplayOptions(config=make_config(), concurrency=2), lines(), client, Metrics(),
-               emit=lambda r: None)
+        replay(
+            MemoryReactorClock(),
+            ReplayOptions(config=make_config(), concurrency=2),
+            lines(),
+            client,
+            Metrics(),
+            emit=lambda r: None,
+        )
         # The first review never ends; every later one does at once.
         for i in range(1, 100):
             if i < len(client.waiting):

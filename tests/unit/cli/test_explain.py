@@ -169,9 +169,15 @@ class ReplyTests(SynchronousTestCase):
 
     def setUp(self) -> None:
         self.files = Files(self)
-        self.config = self.files.write("amp.yaml", config_text({
-            "team-a": ns("http://injector.example:8080/mutate"),
-        }, endpoints={"allow": ["http://*.example:*/*"], "max_response": "1KiB"}))
+        self.config = self.files.write(
+            "amp.yaml",
+            config_text(
+                {
+                    "team-a": ns("http://injector.example:8080/mutate"),
+                },
+                endpoints={"allow": ["http://*.example:*/*"], "max_response": "1KiB"},
+            ),
+        )
         self.pod = self.files.write("pod.json", pod("web"))
 
     def explain(self, reply: Any, *extra: str) -> Ran:
@@ -185,55 +191,101 @@ class ReplyTests(SynchronousTestCase):
         self.assertEqual(doc["result"], "patched")
         # amp's repair: the env list is created before the append; then
         # amp's status stamp.
-        self.assertEqual(doc["patch"], [
-            {"op": "add", "path": "/spec/containers/0/env", "value": []}, ENV_OP,
-            {"op": "add", "path": "/metadata/annotations",
-             "value": {STATUS: "mutated http://injector.example:8080"}}])
+        self.assertEqual(
+            doc["patch"],
+            [
+                {"op": "add", "path": "/spec/containers/0/env", "value": []},
+                ENV_OP,
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations",
+                    "value": {STATUS: "mutated http://injector.example:8080"},
+                },
+            ],
+        )
         self.assertEqual(doc["pod"]["spec"]["containers"][0]["env"], [{"name": "TEAM", "value": "a"}])
         self.assertTrue(doc["recorded_reply"].endswith("reply.json"))
         trace = doc["trace"]
-        self.assertEqual([e["step"] for e in trace], [
-            "namespace", "route", "allow", "policy", "budget", "call", "reply", "repair", "operation", "operation",
-            "stamp", "answer"])
+        self.assertEqual(
+            [e["step"] for e in trace],
+            [
+                "namespace",
+                "route",
+                "allow",
+                "policy",
+                "budget",
+                "call",
+                "reply",
+                "repair",
+                "operation",
+                "operation",
+                "stamp",
+                "answer",
+            ],
+        )
         route, allow, policy, budget, call, reply, repair, inserted, own, stamp, answer = trace[1:]
         self.assertEqual((stamp["key"], stamp["value"]), (STATUS, "mutated http://injector.example:8080"))
-        self.assertEqual((route["enabled"], route["annotation"], route["url"]),
-                         (True, EP_ANNOTATION, "http://injector.example:8080/mutate"))
+        self.assertEqual(
+            (route["enabled"], route["annotation"], route["url"]),
+            (True, EP_ANNOTATION, "http://injector.example:8080/mutate"),
+        )
         self.assertEqual((allow["allowed"], allow["pattern"]), (True, "http://*.example:*/*"))
         self.assertEqual(policy["policy"], "Ignore")
         self.assertIn("the config's failure_policy Ignore", policy["why"])
         self.assertEqual((budget["seconds"], budget["timeout"]), (9.5, 5.0))
         self.assertEqual((call["url"], call["outcome"]), ("http://injector.example:8080/mutate", "ok"))
         self.assertEqual((reply["allowed"], reply["operations"]), (True, 1))
-        self.assertEqual(repair["message"], "operation 0 (add /spec/containers/0/env/-): /spec/containers/0/env "
-                                            "does not exist; amp inserted add /spec/containers/0/env")
-        self.assertEqual((inserted["path"], inserted["repair"], inserted["index"]),
-                         ("/spec/containers/0/env", True, None))
+        self.assertEqual(
+            repair["message"],
+            "operation 0 (add /spec/containers/0/env/-): /spec/containers/0/env "
+            "does not exist; amp inserted add /spec/containers/0/env",
+        )
+        self.assertEqual(
+            (inserted["path"], inserted["repair"], inserted["index"]), ("/spec/containers/0/env", True, None)
+        )
         self.assertEqual((own["path"], own["repair"], own["index"]), (ENV_OP["path"], False, 0))
         self.assertEqual((answer["result"], answer["reason"]), ("patched", ""))
         text = self.explain([ENV_OP]).out
         self.assertIn("answered with the recorded reply", text)
-        self.assertIn("past 64 calls at once to the endpoint (endpoints.max_concurrent), a review waits for a slot"
-                      " until 0.25s before its deadline (queue-timeout)", text)
+        self.assertIn(
+            "past 64 calls at once to the endpoint (endpoints.max_concurrent), a review waits for a slot"
+            " until 0.25s before its deadline (queue-timeout)",
+            text,
+        )
         self.assertNotIn("latency budget", text)
 
     def test_the_endpoints_latency_budget_is_shown(self) -> None:
-        config = self.files.write("budget.yaml", config_text({
-            "team-a": ns("http://injector.example:8080/mutate"),
-        }, endpoints={"allow": ["http://*.example:*/*"], "latency_budget": "250ms"}))
+        config = self.files.write(
+            "budget.yaml",
+            config_text(
+                {
+                    "team-a": ns("http://injector.example:8080/mutate"),
+                },
+                endpoints={"allow": ["http://*.example:*/*"], "latency_budget": "250ms"},
+            ),
+        )
         path = self.files.write("reply.json", [ENV_OP])
         ran = run_sync(self, ["--config", config, "-n", "team-a", "--reply", path, "-o", "json", self.pod])
         [budget] = [e for e in ran.json["trace"] if e["step"] == "budget"]
         self.assertEqual((budget["latency_budget"], budget["max_concurrent"]), (0.25, 64))
         text = run_sync(self, ["--config", config, "-n", "team-a", "--reply", path, self.pod]).out
-        self.assertIn("latency budget 0.25s: while the p90 of the endpoint's recent calls is over it, reviews are "
-                      "shed (latency-budget), but for one probe at a time", text)
-        self.assertIn("operation  + add /spec/containers/0/env  (inserted by amp: repair)\n"
-                      "operation  0 add /spec/containers/0/env/-\n", text)
+        self.assertIn(
+            "latency budget 0.25s: while the p90 of the endpoint's recent calls is over it, reviews are "
+            "shed (latency-budget), but for one probe at a time",
+            text,
+        )
+        self.assertIn(
+            "operation  + add /spec/containers/0/env  (inserted by amp: repair)\n"
+            "operation  0 add /spec/containers/0/env/-\n",
+            text,
+        )
 
     def test_recorded_object_reply_with_warnings_and_deny(self) -> None:
-        ran = self.explain({"allowed": False, "status": {"code": 403, "message": "no GPUs for team-a"},
-                            "warnings": ["quota"]}, "-o", "json")
+        ran = self.explain(
+            {"allowed": False, "status": {"code": 403, "message": "no GPUs for team-a"}, "warnings": ["quota"]},
+            "-o",
+            "json",
+        )
         self.assertEqual(ran.status, EXIT_DENIED)
         doc = ran.json
         self.assertEqual((doc["result"], doc["reason"]), ("denied", "endpoint-denied"))
@@ -263,8 +315,9 @@ class ReplyTests(SynchronousTestCase):
 
     def test_twice_with_an_endpoint_that_checks_first_is_idempotent(self) -> None:
         connector = ResourceConnector(_AddOnce())
-        ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--twice", "-o", "json", self.pod],
-                       connector=connector)
+        ran = run_sync(
+            self, ["--config", self.config, "-n", "team-a", "--twice", "-o", "json", self.pod], connector=connector
+        )
         self.assertEqual(ran.status, EXIT_ADMITTED, ran.out)
         doc = ran.json
         self.assertIs(doc["idempotent"], True)
@@ -286,21 +339,33 @@ class ReplyTests(SynchronousTestCase):
         ran = run_sync(self, argv, connector=ResourceConnector(_SecondAnswer(503, "overloaded")))
         self.assertEqual(ran.status, EXIT_FAILURE_POLICY, ran.out)
         self.assertNotIn("idempotent ->", ran.out)
-        self.assertTrue(ran.out.endswith(
-            "result: patched; the second review failed (http-5xx), so idempotency is not known"
-            " -> exit 1: the failure policy decided in the second review\n"), ran.out)
+        self.assertTrue(
+            ran.out.endswith(
+                "result: patched; the second review failed (http-5xx), so idempotency is not known"
+                " -> exit 1: the failure policy decided in the second review\n"
+            ),
+            ran.out,
+        )
         doc = run_sync(self, [*argv, "-o", "json"], connector=ResourceConnector(_SecondAnswer(503, "x"))).json
         self.assertIsNone(doc["idempotent"])
-        self.assertEqual((doc["exit_status"], doc["second"]["result"], doc["second"]["reason"]),
-                         (EXIT_FAILURE_POLICY, "ignored", "http-5xx"))
+        self.assertEqual(
+            (doc["exit_status"], doc["second"]["result"], doc["second"]["reason"]),
+            (EXIT_FAILURE_POLICY, "ignored", "http-5xx"),
+        )
 
     def test_twice_with_a_denied_second_review_says_so(self) -> None:
         deny = {"allowed": False, "status": {"code": 403, "message": "once is enough"}}
-        ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--twice", self.pod],
-                       connector=ResourceConnector(_SecondAnswer(200, deny)))
+        ran = run_sync(
+            self,
+            ["--config", self.config, "-n", "team-a", "--twice", self.pod],
+            connector=ResourceConnector(_SecondAnswer(200, deny)),
+        )
         self.assertEqual(ran.status, EXIT_DENIED, ran.out)
-        self.assertIn("result: patched; the second review was denied by the endpoint, so idempotency is not known"
-                      " -> exit 3: the endpoint denied the Pod in the second review\n", ran.out)
+        self.assertIn(
+            "result: patched; the second review was denied by the endpoint, so idempotency is not known"
+            " -> exit 3: the endpoint denied the Pod in the second review\n",
+            ran.out,
+        )
 
     def test_twice_after_a_deny_is_not_checked(self) -> None:
         ran = self.explain({"allowed": False}, "--twice", "-o", "json")
@@ -314,8 +379,17 @@ class ReplyTests(SynchronousTestCase):
         and no cluster is needed; amp's default allow-list applies.
         """
         reply = self.files.write("r.json", [ENV_OP])
-        argv = ["-n", "team-z", "--reply", reply, "--set-label", f"{ENABLED_LABEL}=true",
-                "--set-annotation", f"{EP_ANNOTATION}=http://injector.tools.svc:8080/mutate", self.pod]
+        argv = [
+            "-n",
+            "team-z",
+            "--reply",
+            reply,
+            "--set-label",
+            f"{ENABLED_LABEL}=true",
+            "--set-annotation",
+            f"{EP_ANNOTATION}=http://injector.tools.svc:8080/mutate",
+            self.pod,
+        ]
         ran = run_sync(self, argv)
         self.assertEqual(ran.status, EXIT_ADMITTED, ran.out + ran.err)
         self.assertIn("namespace  team-z (from the command line)", ran.out)
@@ -325,9 +399,24 @@ class ReplyTests(SynchronousTestCase):
 
     def test_set_annotation_overrides_the_config(self) -> None:
         path = self.files.write("reply.json", [ENV_OP])
-        ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--reply", path, "-o", "json",
-                              "--set-annotation", "amp.txn2.com/failure-policy=Fail",
-                              "--set-annotation", f"{EP_ANNOTATION}=http://elsewhere.test:80/", self.pod])
+        ran = run_sync(
+            self,
+            [
+                "--config",
+                self.config,
+                "-n",
+                "team-a",
+                "--reply",
+                path,
+                "-o",
+                "json",
+                "--set-annotation",
+                "amp.txn2.com/failure-policy=Fail",
+                "--set-annotation",
+                f"{EP_ANNOTATION}=http://elsewhere.test:80/",
+                self.pod,
+            ],
+        )
         doc = ran.json
         self.assertEqual((doc["result"], doc["reason"]), ("failed", "not-allowed"))
         self.assertEqual(ran.status, EXIT_FAILURE_POLICY)
@@ -338,18 +427,48 @@ class ReplyTests(SynchronousTestCase):
         A typo in the failure-policy annotation falls back to the config's
         policy, and the trace says so.
         """
-        ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--reply", self.files.write("r.json", "{"),
-                              "--set-annotation", "amp.txn2.com/failure-policy=fail", self.pod])
+        ran = run_sync(
+            self,
+            [
+                "--config",
+                self.config,
+                "-n",
+                "team-a",
+                "--reply",
+                self.files.write("r.json", "{"),
+                "--set-annotation",
+                "amp.txn2.com/failure-policy=fail",
+                self.pod,
+            ],
+        )
         self.assertEqual(ran.status, EXIT_FAILURE_POLICY)
-        self.assertIn("policy     Ignore: no label amp.txn2.com/failure-class, so the annotation "
-                      "amp.txn2.com/failure-policy='fail' is not Ignore or Fail, so the config's failure_policy Ignore "
-                      "(problem failure-policy: ", ran.out)
-        self.assertIn("fix: kubectl label namespace team-a amp.txn2.com/failure-class=Fail (or =Ignore) "
-                      "&& kubectl annotate namespace team-a amp.txn2.com/failure-policy-)\n", ran.out)
+        self.assertIn(
+            "policy     Ignore: no label amp.txn2.com/failure-class, so the annotation "
+            "amp.txn2.com/failure-policy='fail' is not Ignore or Fail, so the config's failure_policy Ignore "
+            "(problem failure-policy: ",
+            ran.out,
+        )
+        self.assertIn(
+            "fix: kubectl label namespace team-a amp.txn2.com/failure-class=Fail (or =Ignore) "
+            "&& kubectl annotate namespace team-a amp.txn2.com/failure-policy-)\n",
+            ran.out,
+        )
 
     def test_not_enabled_says_why(self) -> None:
-        ran = run_sync(self, ["-n", "team-q", "--set-label", f"{ENABLED_LABEL}=yes", "--set-annotation",
-                              f"{EP_ANNOTATION}=http://user:secret@injector.tools.svc:8080/", "-o", "json", self.pod])
+        ran = run_sync(
+            self,
+            [
+                "-n",
+                "team-q",
+                "--set-label",
+                f"{ENABLED_LABEL}=yes",
+                "--set-annotation",
+                f"{EP_ANNOTATION}=http://user:secret@injector.tools.svc:8080/",
+                "-o",
+                "json",
+                self.pod,
+            ],
+        )
         self.assertEqual(ran.status, EXIT_ADMITTED)
         doc = ran.json
         self.assertEqual(doc["result"], "skipped")
@@ -364,30 +483,65 @@ class ReplyTests(SynchronousTestCase):
         and without -n, that the namespace default was assumed.
         """
         typo_pod = self.files.write("typo.json", pod("web", annotations={"amp.txn2.com/stauts": "x"}))
-        ran = run_sync(self, ["--set-label", "amp.txn2.com/enable=true",
-                              "--set-annotation", "amp.txn2.com/endpoint=http://injector.tools.svc:8080/", typo_pod])
+        ran = run_sync(
+            self,
+            [
+                "--set-label",
+                "amp.txn2.com/enable=true",
+                "--set-annotation",
+                "amp.txn2.com/endpoint=http://injector.tools.svc:8080/",
+                typo_pod,
+            ],
+        )
         self.assertIn("note: no --namespace and Pod web names none: explained in namespace default\n", ran.out)
-        self.assertIn("note: Pod: annotation amp.txn2.com/stauts is not read by amp "
-                      "(did you mean amp.txn2.com/status?)\n", ran.out)
-        self.assertIn("           annotation amp.txn2.com/endpoint is not read by amp (did you mean amp.txn2.com/ep?)\n"
-                      "           label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)\n",
-                      ran.out)
+        self.assertIn(
+            "note: Pod: annotation amp.txn2.com/stauts is not read by amp (did you mean amp.txn2.com/status?)\n",
+            ran.out,
+        )
+        self.assertIn(
+            "           annotation amp.txn2.com/endpoint is not read by amp (did you mean amp.txn2.com/ep?)\n"
+            "           label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)\n",
+            ran.out,
+        )
         doc = run_sync(self, ["-o", "json", "-n", "team-a", "--set-label", "amp.txn2.com/enable=true", self.pod]).json
         self.assertNotIn("notes", doc, "the namespace was given and the Pod has no unknown key")
-        self.assertEqual(doc["trace"][0]["near_misses"],
-                         ["label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)"])
+        self.assertEqual(
+            doc["trace"][0]["near_misses"],
+            ["label amp.txn2.com/enable is not read by amp (did you mean amp.txn2.com/enabled?)"],
+        )
 
     def test_hints_of_a_static_namespace_in_the_config(self) -> None:
-        config = self.files.write("typo.yaml", config_text({"team-t": {
-            "labels": {ENABLED_LABEL: "true"}, "annotations": {"amp.txn2.com/endpiont": "http://x.example:8080/"}}}))
+        config = self.files.write(
+            "typo.yaml",
+            config_text(
+                {
+                    "team-t": {
+                        "labels": {ENABLED_LABEL: "true"},
+                        "annotations": {"amp.txn2.com/endpiont": "http://x.example:8080/"},
+                    }
+                }
+            ),
+        )
         ran = run_sync(self, ["--config", config, "-n", "team-t", self.pod])
         self.assertIn("annotation amp.txn2.com/endpiont is not read by amp (did you mean amp.txn2.com/ep?)", ran.out)
         self.assertNotIn("explained in namespace default", ran.out)
 
     def test_opted_out_pod_is_left_alone(self) -> None:
         opted = self.files.write("opted.json", pod("web", labels={ENABLED_LABEL: "false"}))
-        ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--reply", self.files.write("r.json", [ENV_OP]),
-                              "-o", "json", opted])
+        ran = run_sync(
+            self,
+            [
+                "--config",
+                self.config,
+                "-n",
+                "team-a",
+                "--reply",
+                self.files.write("r.json", [ENV_OP]),
+                "-o",
+                "json",
+                opted,
+            ],
+        )
         self.assertEqual(ran.status, EXIT_ADMITTED)
         doc = ran.json
         self.assertEqual((doc["result"], doc["reason"], doc["patch"]), ("skipped", "opted-out", []))
@@ -395,8 +549,11 @@ class ReplyTests(SynchronousTestCase):
 
     def test_stdin(self) -> None:
         path = self.files.write("reply.json", "[]")
-        ran = run_sync(self, ["--config", self.config, "-n", "team-a", "--reply", path, "-"],
-                       stdin=yaml.safe_dump(pod("from-stdin")))
+        ran = run_sync(
+            self,
+            ["--config", self.config, "-n", "team-a", "--reply", path, "-"],
+            stdin=yaml.safe_dump(pod("from-stdin")),
+        )
         self.assertEqual(ran.status, EXIT_ADMITTED, ran.err)
         self.assertIn("Pod from-stdin in namespace team-a", ran.out)
         self.assertIn("Only amp's status stamp changes:", ran.out)
@@ -443,8 +600,7 @@ class UsageTests(SynchronousTestCase):
         self.bad([self.files.write("bad.json", '{"kind": "Pod",')], "is not valid JSON")
 
     def test_no_pod(self) -> None:
-        self.bad([self.files.write("svc.yaml", "kind: Service\nmetadata: {name: s}\n")],
-                 "no Pod, workload", "Service")
+        self.bad([self.files.write("svc.yaml", "kind: Service\nmetadata: {name: s}\n")], "no Pod, workload", "Service")
 
     def test_two_pods(self) -> None:
         two = yaml.safe_dump_all([pod("a"), pod("b")])
@@ -461,8 +617,10 @@ class UsageTests(SynchronousTestCase):
         self.bad(["--config", config, self.pod], "config", "endpoints.timeout")
 
     def test_workload_without_template(self) -> None:
-        self.bad([self.files.write("d.yaml", "kind: Deployment\nmetadata: {name: d}\nspec: {}\n")],
-                 "spec.template is missing")
+        self.bad(
+            [self.files.write("d.yaml", "kind: Deployment\nmetadata: {name: d}\nspec: {}\n")],
+            "spec.template is missing",
+        )
 
     def test_stdin_not_text(self) -> None:
         self.bad(["-"], "stdin, line 2: not UTF-8 text", stdin=b"kind: Pod\nmetadata: {name: \xff}\n")
@@ -484,7 +642,6 @@ class UsageTests(SynchronousTestCase):
 
 
 class WorkloadTests(SynchronousTestCase):
-
     def one(self, text: str, namespace: Optional[str] = None, now: float = 0.0) -> Any:
         return pod_for(select_object(load_documents(text.encode(), "f"), "f"), namespace, now=now)
 
@@ -508,7 +665,8 @@ class WorkloadTests(SynchronousTestCase):
         self.assertNotEqual(other.pod["metadata"]["labels"]["pod-template-hash"], h)
 
     def test_statefulset(self) -> None:
-        got = self.one("""
+        got = self.one(
+            """
 kind: StatefulSet
 metadata: {name: db}
 spec:
@@ -518,7 +676,9 @@ spec:
     spec: {containers: [{name: pg, image: postgres:16}], volumes: [{name: data, emptyDir: {}}]}
   volumeClaimTemplates:
   - metadata: {name: data}
-""", "prod")
+""",
+            "prod",
+        )
         meta, spec = got.pod["metadata"], got.pod["spec"]
         self.assertEqual(meta["name"], "db-0")
         self.assertEqual(meta["labels"]["statefulset.kubernetes.io/pod-name"], "db-0")
@@ -545,23 +705,29 @@ spec:
         self.assertEqual(got.namespace, "default")
 
     def test_job_and_cronjob(self) -> None:
-        job = self.one("""
+        job = self.one(
+            """
 kind: Job
 metadata: {name: report}
 spec: {template: {spec: {containers: [{name: r, image: r:1}], restartPolicy: Never}}}
-""", "batch")
+""",
+            "batch",
+        )
         labels = job.pod["metadata"]["labels"]
         self.assertEqual((labels["job-name"], labels["batch.kubernetes.io/job-name"]), ("report", "report"))
         self.assertEqual(labels["controller-uid"], labels["batch.kubernetes.io/controller-uid"])
         self.assertEqual(job.pod["metadata"]["generateName"], "report-")
         self.assertIn("batch.kubernetes.io/job-tracking", job.pod["metadata"]["finalizers"])
-        cron = self.one("""
+        cron = self.one(
+            """
 kind: CronJob
 metadata: {name: nightly}
 spec:
   schedule: "0 3 * * *"
   jobTemplate: {spec: {template: {spec: {containers: [{name: n, image: n:1}]}}}}
-""", now=1_700_000_000.0)
+""",
+            now=1_700_000_000.0,
+        )
         minutes = 1_700_000_000 // 60
         self.assertEqual(cron.pod["metadata"]["generateName"], f"nightly-{minutes}-")
         self.assertEqual(cron.pod["metadata"]["labels"]["job-name"], f"nightly-{minutes}")
@@ -585,13 +751,17 @@ metadata: {name: web, namespace: team-a, uid: 1234, resourceVersion: "99",
 spec: {containers: [{name: w, image: w:1}]}
 status: {phase: Running}
 """)
-        self.assertEqual(got.pod["metadata"], {"name": "web", "namespace": "team-a",
-                                               "annotations": {"when": "2024-01-01"}})
+        self.assertEqual(
+            got.pod["metadata"], {"name": "web", "namespace": "team-a", "annotations": {"when": "2024-01-01"}}
+        )
         self.assertNotIn("status", got.pod)
 
     def test_list_json_and_other_kinds(self) -> None:
-        doc = {"apiVersion": "v1", "kind": "List", "items": [
-            {"kind": "Service", "metadata": {"name": "s"}}, pod("only")]}
+        doc = {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [{"kind": "Service", "metadata": {"name": "s"}}, pod("only")],
+        }
         got = pod_for(select_object(load_documents(json.dumps(doc).encode(), "f"), "f"), "team-a")
         self.assertEqual(got.pod["metadata"]["name"], "only")
         multi = "kind: ConfigMap\nmetadata: {name: c}\n---\n" + DEPLOYMENT
@@ -675,18 +845,25 @@ class TraceInPipelineTests(SynchronousTestCase):
         from amp.trace import RecordedTrace
         from tests.support.helpers import review_bytes
 
-        for reply, policy in (([ENV_OP], "Ignore"), ([{"op": "remove", "path": "/spec/nope"}], "Ignore"),
-                              ([{"op": "remove", "path": "/spec/nope"}], "Fail"), ({"allowed": False}, "Ignore"),
-                              ("{", "Ignore")):
-            config = parse_config(yaml.safe_load(config_text(
-                {"team-a": ns("http://127.0.0.1:9/x")}, failure_policy=policy)))
+        for reply, policy in (
+            ([ENV_OP], "Ignore"),
+            ([{"op": "remove", "path": "/spec/nope"}], "Ignore"),
+            ([{"op": "remove", "path": "/spec/nope"}], "Fail"),
+            ({"allowed": False}, "Ignore"),
+            ("{", "Ignore"),
+        ):
+            config = parse_config(
+                yaml.safe_load(config_text({"team-a": ns("http://127.0.0.1:9/x")}, failure_policy=policy))
+            )
             answers = []
             for trace in (None, RecordedTrace()):
-                admitter, clock = self.admitter(config, recorded_reply(
-                    reply.encode() if isinstance(reply, str) else json.dumps(reply).encode()))
+                admitter, clock = self.admitter(
+                    config, recorded_reply(reply.encode() if isinstance(reply, str) else json.dumps(reply).encode())
+                )
                 req = parse_review(review_bytes())
-                answers.append(self.successResultOf(admitter.review(req, Deadline.after(clock.seconds(), 5.0),
-                                                                    trace=trace)))
+                answers.append(
+                    self.successResultOf(admitter.review(req, Deadline.after(clock.seconds(), 5.0), trace=trace))
+                )
             self.assertEqual(answers[0], answers[1])
             self.assertEqual(trace.steps(Step.ANSWER)[-1]["result"], answers[1].outcome.result)
 
@@ -697,10 +874,11 @@ class TraceInPipelineTests(SynchronousTestCase):
 
         key = "amp.txn2.com/failure-policy"
         for notes, configured, cluster, want in (
-                ({key: "Ignore"}, "Fail", None, "the namespace's annotation"),
-                ({key: "fail"}, "Ignore", None, "'fail' is not Ignore or Fail, so the config's failure_policy Ignore"),
-                ({}, "auto", "Ignore", "failurePolicy of amp's MutatingWebhookConfiguration"),
-                ({}, "auto", None, "is not known: Fail")):
+            ({key: "Ignore"}, "Fail", None, "the namespace's annotation"),
+            ({key: "fail"}, "Ignore", None, "'fail' is not Ignore or Fail, so the config's failure_policy Ignore"),
+            ({}, "auto", "Ignore", "failurePolicy of amp's MutatingWebhookConfiguration"),
+            ({}, "auto", None, "is not known: Fail"),
+        ):
             config = parse_config({"failure_policy": configured})
             info = NamespaceInfo("n", {}, notes)
             policy, why = failure_policy_why(info, config, cluster)

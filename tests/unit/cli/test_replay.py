@@ -27,8 +27,9 @@ from tests.support.helpers import make_config, pod, review_bytes
 def _recording(count: int, *, uid: str = "r", **capture: Any) -> list[bytes]:
     from tests.unit.record.test_record import _capture
 
-    skipped = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                          "response": {"uid": "u", "allowed": True}}).encode()
+    skipped = json.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {"uid": "u", "allowed": True}}
+    ).encode()
     values: dict[str, Any] = dict(labels={}, annotations={}, endpoints=(), answer=skipped, result="skipped")
     values.update(capture)
     return [encode_line(_capture(uid=f"{uid}{i}", **values)) for i in range(count)]
@@ -62,21 +63,32 @@ def test_a_replay_holds_no_recorded_review_once_compared() -> None:
 def test_replay_resolves_failure_policy_auto_as_the_recording_was_answered() -> None:
     # An enabled namespace without an endpoint: amp denied it under Fail
     # (the cluster's policy, config auto); replayed, it is denied again.
-    denied = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                         "response": {"uid": "u", "allowed": False, "status": {"code": 500, "message": "x"}}}).encode()
-    lines = _recording(1, labels={"amp.txn2.com/enabled": "true"}, failure_policy="Fail", answer=denied,
-                       result="failed", reason="no-endpoint")
+    denied = json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {"uid": "u", "allowed": False, "status": {"code": 500, "message": "x"}},
+        }
+    ).encode()
+    lines = _recording(
+        1,
+        labels={"amp.txn2.com/enabled": "true"},
+        failure_policy="Fail",
+        answer=denied,
+        result="failed",
+        reason="no-endpoint",
+    )
     recorded = [decode_line(lines[0].rstrip(b"\n"), "rec:1")]
-    report = replay(MemoryReactorClock(), ReplayOptions(config=make_config(failure_policy="auto")), recorded, None,
-                    Metrics()).result
+    report = replay(
+        MemoryReactorClock(), ReplayOptions(config=make_config(failure_policy="auto")), recorded, None, Metrics()
+    ).result
     assert report.counts()["same"] == 1, [r.as_json() for r in report.reviews]
 
 
 def test_stdin_and_a_missing_file_is_bad_usage_in_one_line() -> None:
     out, err = io.StringIO(), io.StringIO()
     stdin = io.BytesIO(b"".join(_recording(2)))
-    done = dispatch(["replay", "-", "no-such-file.jsonl"], MemoryReactorClock(), stdin=stdin, stdout=out,
-                    stderr=err)
+    done = dispatch(["replay", "-", "no-such-file.jsonl"], MemoryReactorClock(), stdin=stdin, stdout=out, stderr=err)
     assert done.result == 2
     assert err.getvalue() == "amp replay: cannot read no-such-file.jsonl: No such file or directory\n"
 
@@ -88,8 +100,9 @@ class _Answers:
         self.patches = patches
         self.called: list[str] = []
 
-    def call(self, url: Any, settings: Any, body: bytes, headers: Any, deadline: Any, breaker: Any = None,
-             check: Any = None) -> Any:
+    def call(
+        self, url: Any, settings: Any, body: bytes, headers: Any, deadline: Any, breaker: Any = None, check: Any = None
+    ) -> Any:
         from twisted.internet.defer import succeed
 
         from amp.reply import EndpointDecision
@@ -102,13 +115,22 @@ class _Answers:
         from amp.endpoint import CallReply
 
         return self.call(url, settings, body, headers, deadline, breaker).addCallback(
-            lambda decision: CallReply(decision, lambda outcome: None))
+            lambda decision: CallReply(decision, lambda outcome: None)
+        )
 
-    def ask_into(self, receiver: Any, url: Any, settings: Any, body: bytes, headers: Any, deadline: Any,
-                 breaker: Any = None, caller_times: bool = False) -> None:
+    def ask_into(
+        self,
+        receiver: Any,
+        url: Any,
+        settings: Any,
+        body: bytes,
+        headers: Any,
+        deadline: Any,
+        breaker: Any = None,
+        caller_times: bool = False,
+    ) -> None:
         """As L{ask}, told to C{receiver} (how a review asks)."""
-        self.ask(url, settings, body, headers, deadline, breaker).addCallbacks(
-            receiver.replied, receiver.failed)
+        self.ask(url, settings, body, headers, deadline, breaker).addCallbacks(receiver.replied, receiver.failed)
 
 
 def _note(path: str, value: str) -> list:
@@ -119,16 +141,23 @@ CHAIN = {"/a": _note("a", "1"), "/b": _note("b", "1"), "/c": _note("a", "2"), "/
 
 
 def _chain_recording(**annotations: str) -> list[bytes]:
-    return _recording(1, labels={"amp.txn2.com/enabled": "true"}, annotations={
-        "amp.txn2.com/ep": "http://127.0.0.1:1/a http://127.0.0.1:1/b", **annotations})
+    return _recording(
+        1,
+        labels={"amp.txn2.com/enabled": "true"},
+        annotations={"amp.txn2.com/ep": "http://127.0.0.1:1/a http://127.0.0.1:1/b", **annotations},
+    )
 
 
-@pytest.mark.parametrize("annotations, against, expected", [
-    ({}, "/c", ["/metadata/annotations/a"]),
-    ({"amp.txn2.com/canary-step": "2"}, "/d", ["/metadata/annotations/b"]),
-])
-def test_against_replaces_the_chain_step_a_canary_stands_in_for(annotations: dict, against: str,
-                                                                 expected: list) -> None:
+@pytest.mark.parametrize(
+    "annotations, against, expected",
+    [
+        ({}, "/c", ["/metadata/annotations/a"]),
+        ({"amp.txn2.com/canary-step": "2"}, "/d", ["/metadata/annotations/b"]),
+    ],
+)
+def test_against_replaces_the_chain_step_a_canary_stands_in_for(
+    annotations: dict, against: str, expected: list
+) -> None:
     client = _Answers(CHAIN)
     recorded = [decode_line(_chain_recording(**annotations)[0].rstrip(b"\n"), "rec:1")]
     options = ReplayOptions(config=make_config(), against=f"http://127.0.0.1:1{against}")
@@ -148,8 +177,14 @@ def test_endpoint_takes_a_chain_in_the_annotations_form(tmp_path: Any) -> None:
     client = _Answers(CHAIN)
     out, err = io.StringIO(), io.StringIO()
     stdin = io.BytesIO(_chain_recording()[0])
-    done = run(["-", "--endpoint", "http://127.0.0.1:1/c http://127.0.0.1:1/d", "--config", str(config)],
-               MemoryReactorClock(), stdin=stdin, stdout=out, stderr=err, endpoint_client=client)
+    done = run(
+        ["-", "--endpoint", "http://127.0.0.1:1/c http://127.0.0.1:1/d", "--config", str(config)],
+        MemoryReactorClock(),
+        stdin=stdin,
+        stdout=out,
+        stderr=err,
+        endpoint_client=client,
+    )
     assert err.getvalue() == ""
     assert done.result == 1
     assert client.called == ["/c", "/d"]
@@ -165,8 +200,7 @@ def test_a_traced_reviews_difference_names_its_recorded_trace() -> None:
     line = json.loads(encode_line(_traced_capture(trace)))
     recorded = decode_line(json.dumps(line).encode(), "rec.jsonl:7")
     side = Side("patched", "", None)
-    report = ReplayReport(reviews=[ReplayedReview(recorded, "different", side, side,
-                                                  (Difference("/spec/x", 1, 2),))])
+    report = ReplayReport(reviews=[ReplayedReview(recorded, "different", side, side, (Difference("/spec/x", 1, 2),))])
     text = render_text(report, None)
     assert "different  team-a/web (rec.jsonl:7) trace=0af7651916cd43dd8448eb211c80319c\n" in text
     assert json.loads(render_json(report))["reviews"][0]["trace_id"] == trace
@@ -177,9 +211,25 @@ def _traced_capture(trace_id: str) -> Any:
 
     from amp.record import Capture
 
-    answer = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                         "response": {"uid": "u1", "allowed": True, "patchType": "JSONPatch",
-                                      "patch": b64encode(b"[]").decode()}}).encode()
-    return Capture(time=0.0, uid="u1", namespace="team-a", labels={}, annotations={}, endpoints=("http://e:1/x",),
-                   failure_policy="Ignore", mode="normal", request_body=review_bytes(pod("web")), answer_body=answer,
-                   result="patched", reason="", trace_id=trace_id)
+    answer = json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {"uid": "u1", "allowed": True, "patchType": "JSONPatch", "patch": b64encode(b"[]").decode()},
+        }
+    ).encode()
+    return Capture(
+        time=0.0,
+        uid="u1",
+        namespace="team-a",
+        labels={},
+        annotations={},
+        endpoints=("http://e:1/x",),
+        failure_policy="Ignore",
+        mode="normal",
+        request_body=review_bytes(pod("web")),
+        answer_body=answer,
+        result="patched",
+        reason="",
+        trace_id=trace_id,
+    )

@@ -49,7 +49,8 @@ MIB = 1024 * 1024
 #: A few hundred bytes that expand to 10**9 nodes.
 ALIAS_BOMB = b'a: &a ["x","x","x","x","x","x","x","x","x","x"]\n' + b"".join(
     b"%s: &%s [%s]\n" % (n, n, b",".join([b"*" + p] * 10))
-    for p, n in zip([b"a", b"b", b"c", b"d", b"e", b"f", b"g", b"h"], [b"b", b"c", b"d", b"e", b"f", b"g", b"h", b"i"]))
+    for p, n in zip([b"a", b"b", b"c", b"d", b"e", b"f", b"g", b"h"], [b"b", b"c", b"d", b"e", b"f", b"g", b"h", b"i"])
+)
 DEEP_JSON = b'{"kind": "Pod", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 
 #: Each hostile kind: its bytes (None: a 50 MiB file) and what the one line says.
@@ -116,7 +117,7 @@ class ReaderTests(SynchronousTestCase):
             with self.assertRaises(FileError) as e:
                 parse_documents(text, "f")
             self.assertIn("line 2, column 4", str(e.exception))
-        self.assertEqual(parse_documents(b"a: 18446744073709551615\n", "f"), [{"a": 2 ** 64 - 1}])
+        self.assertEqual(parse_documents(b"a: 18446744073709551615\n", "f"), [{"a": 2**64 - 1}])
         for text in (b'{"a": Infinity}', b'{"a": 1e400}', b'{"a": 123456789012345678901234}'):
             with self.assertRaises(FileError):
                 parse_json(text, "f")
@@ -129,8 +130,9 @@ class ReaderTests(SynchronousTestCase):
     def test_an_alias_bomb_is_counted_not_expanded(self) -> None:
         with self.assertRaises(FileError) as e:
             parse_documents(ALIAS_BOMB, "pod.yaml")
-        self.assertEqual(str(e.exception), f"pod.yaml, line 6: has more than {MAX_NODES} nodes with its aliases "
-                                           f"expanded, the limit")
+        self.assertEqual(
+            str(e.exception), f"pod.yaml, line 6: has more than {MAX_NODES} nodes with its aliases expanded, the limit"
+        )
 
     def test_aliases_may_not_nest_past_the_depth_limit(self) -> None:
         # Each level is 60 deep by itself; the aliases stack them.
@@ -138,8 +140,9 @@ class ReaderTests(SynchronousTestCase):
         lines += [b"l%d: &l%d " % (i, i) + b"[" * 60 + b"*l%d" % (i - 1) + b"]" * 60 for i in range(1, 4)]
         with self.assertRaises(FileError) as e:
             parse_documents(b"\n".join(lines) + b"\n", "f")
-        self.assertEqual(str(e.exception),
-                         f"f, line 2: alias *l0 nests it more than {MAX_DEPTH} levels deep, the limit")
+        self.assertEqual(
+            str(e.exception), f"f, line 2: alias *l0 nests it more than {MAX_DEPTH} levels deep, the limit"
+        )
 
     def test_a_recursive_alias_is_refused(self) -> None:
         with self.assertRaises(FileError) as e:
@@ -150,14 +153,16 @@ class ReaderTests(SynchronousTestCase):
         text = "".join(f"{' ' * i}k{i}:\n" for i in range(MAX_DEPTH + 5)) + " " * (MAX_DEPTH + 5) + "v\n"
         with self.assertRaises(FileError) as e:
             parse_documents(text.encode(), "f")
-        self.assertEqual(str(e.exception), f"f, line {MAX_DEPTH + 1}: nests more than {MAX_DEPTH} levels deep, "
-                                           f"the limit")
+        self.assertEqual(
+            str(e.exception), f"f, line {MAX_DEPTH + 1}: nests more than {MAX_DEPTH} levels deep, the limit"
+        )
 
     def test_amp_config_refuses_any_anchor_or_alias(self) -> None:
         with self.assertRaises(FileError) as e:
             config_document(b"listen: {port: 8443}\nfailure_policy: &p Fail\n", "amp.yaml")
-        self.assertEqual(str(e.exception), "amp.yaml, line 2: anchors and aliases are not allowed in amp's config "
-                                           "(found &p)")
+        self.assertEqual(
+            str(e.exception), "amp.yaml, line 2: anchors and aliases are not allowed in amp's config (found &p)"
+        )
 
     def test_invalid_utf8_names_line_and_byte(self) -> None:
         with self.assertRaises(FileError) as e:
@@ -216,8 +221,9 @@ class ExplainTests(SynchronousTestCase):
 
     def refused(self, argv: list[str], kind: str, *names: str, stdin: Any = None) -> None:
         out, err = io.StringIO(), io.StringIO()
-        status = self.successResultOf(run(argv, Clock(), stdin=stdin if stdin is not None else io.BytesIO(),
-                                          stdout=out, stderr=err))
+        status = self.successResultOf(
+            run(argv, Clock(), stdin=stdin if stdin is not None else io.BytesIO(), stdout=out, stderr=err)
+        )
         self.assertEqual((status, out.getvalue()), (EXIT_USAGE, ""), err.getvalue())
         self.assertTrue(err.getvalue().startswith("amp explain: "), err.getvalue())
         assert_one_line(err.getvalue(), kind, *names)
@@ -252,9 +258,22 @@ class ExplainTests(SynchronousTestCase):
         """
         for kind in ("alias bomb", "100,000-deep JSON", "NaN", "invalid UTF-8"):
             path = write_hostile(self.dir, kind, "reply.json")
-            ran = run_sync(self, ["-n", "team-a", "--reply", path, "--set-label", "amp.txn2.com/enabled=true",
-                                  "--set-annotation", "amp.txn2.com/ep=http://ep.tools.svc/m", "-o", "json",
-                                  self.pod])
+            ran = run_sync(
+                self,
+                [
+                    "-n",
+                    "team-a",
+                    "--reply",
+                    path,
+                    "--set-label",
+                    "amp.txn2.com/enabled=true",
+                    "--set-annotation",
+                    "amp.txn2.com/ep=http://ep.tools.svc/m",
+                    "-o",
+                    "json",
+                    self.pod,
+                ],
+            )
             self.assertEqual((ran.status, ran.json["reason"]), (EXIT_FAILURE_POLICY, "invalid-json"), ran.err)
 
 
@@ -272,7 +291,6 @@ class ReloadTests(ConfigFileCase):
         d: Deferred[Any] = Deferred()
         self.loads.append((f, d))
         return d
-
 
     def swap(self, kind: str) -> None:
         """A new version of the ConfigMap volume holding the hostile file of C{kind}; then a poll."""
@@ -322,5 +340,11 @@ class ReloadTests(ConfigFileCase):
         self.assertEqual(load_config_file(self.volume.path, loaded.state), Loaded(loaded.state))
         (self.dir / "bomb.yaml").write_bytes(ALIAS_BOMB)
         bomb = load_config_file(str(self.dir / "bomb.yaml"), None)
-        self.assertEqual((bomb.config, bomb.error), (None, f"(file): {self.dir / 'bomb.yaml'}, line 1: anchors and "
-                                                           f"aliases are not allowed in amp's config (found &a)"))
+        self.assertEqual(
+            (bomb.config, bomb.error),
+            (
+                None,
+                f"(file): {self.dir / 'bomb.yaml'}, line 1: anchors and "
+                f"aliases are not allowed in amp's config (found &a)",
+            ),
+        )

@@ -92,13 +92,22 @@ def yaml_of(**sections: Any) -> str:
 class ForReloadTests(SynchronousTestCase):
     def test_restart_only_keys_keep_their_running_values_and_are_named(self) -> None:
         running = parse_config({"listen": {"port": 8443}, "kubernetes": {"source": "static"}})
-        new = parse_config({"listen": {"port": 9443, "max_body": 1024}, "workers": 2, "failure_policy": "Fail",
-                            "tls": {"cert": "/elsewhere.crt"}, "metrics": {"port": 9191},
-                            "kubernetes": {"source": "static"}})
+        new = parse_config(
+            {
+                "listen": {"port": 9443, "max_body": 1024},
+                "workers": 2,
+                "failure_policy": "Fail",
+                "tls": {"cert": "/elsewhere.crt"},
+                "metrics": {"port": 9191},
+                "kubernetes": {"source": "static"},
+            }
+        )
         effective, kept = for_reload(running, new)
         self.assertEqual(kept, ["listen.port", "tls.cert", "metrics.port", "workers"])
-        self.assertEqual((effective.listen.port, effective.tls.cert, effective.metrics.port, effective.workers),
-                         (8443, running.tls.cert, running.metrics.port, 1))
+        self.assertEqual(
+            (effective.listen.port, effective.tls.cert, effective.metrics.port, effective.workers),
+            (8443, running.tls.cert, running.metrics.port, 1),
+        )
         self.assertEqual((effective.listen.max_body, effective.failure_policy), (1024, "Fail"))
 
     def test_nothing_restart_only_changed(self) -> None:
@@ -108,8 +117,9 @@ class ForReloadTests(SynchronousTestCase):
 
     def test_a_kubernetes_source_keeps_what_it_was_built_from(self) -> None:
         running = parse_config({"kubernetes": {"source": "cluster"}})
-        new = parse_config({"kubernetes": {"source": "cluster", "enabled_label": "other/enabled",
-                                           "watch_timeout": "1m"}})
+        new = parse_config(
+            {"kubernetes": {"source": "cluster", "enabled_label": "other/enabled", "watch_timeout": "1m"}}
+        )
         effective, kept = for_reload(running, new)
         self.assertEqual(kept, ["kubernetes.enabled_label", "kubernetes.watch_timeout"])
         self.assertEqual(effective, running)
@@ -118,15 +128,19 @@ class ForReloadTests(SynchronousTestCase):
 class DigestTests(SynchronousTestCase):
     def test_layout_comments_and_order_do_not_change_the_hash(self) -> None:
         a = parse_config(yaml.safe_load("endpoints: {allow: ['http://*.svc:*/*'], timeout: 2s}\nworkers: 1\n"))
-        b = parse_config(yaml.safe_load("# same\nworkers: 1\nendpoints:\n  timeout: 2000ms\n"
-                                        "  allow:\n    - http://*.svc:*/*\n"))
+        b = parse_config(
+            yaml.safe_load("# same\nworkers: 1\nendpoints:\n  timeout: 2000ms\n  allow:\n    - http://*.svc:*/*\n")
+        )
         self.assertEqual(config_digest(a), config_digest(b))
 
     def test_any_value_changes_the_hash(self) -> None:
         base = config_digest(Config())
-        for raw in ({"endpoints": {"deny_networks": ["loopback"]}}, {"patch": {"repair": False}},
-                    {"kubernetes": {"source": "static", "namespaces": {"a": {"labels": {"x": "y"}}}}},
-                    {"endpoints": {"overrides": [{"match": "http://a.svc:*/*", "timeout": "1s"}]}}):
+        for raw in (
+            {"endpoints": {"deny_networks": ["loopback"]}},
+            {"patch": {"repair": False}},
+            {"kubernetes": {"source": "static", "namespaces": {"a": {"labels": {"x": "y"}}}}},
+            {"endpoints": {"overrides": [{"match": "http://a.svc:*/*", "timeout": "1s"}]}},
+        ):
             self.assertNotEqual(config_digest(parse_config(raw)), base, raw)
         self.assertEqual(config_digest(parse_config({})), base)
 
@@ -205,9 +219,13 @@ class ConfigFileTests(ConfigFileCase):
         self.assertEqual(self.applied, [])
         self.assertIs(self.file.running, running)
         self.assertEqual(self.reloads("error"), 1)
-        self.assertEqual(self.lines(), [
-            f"Config {self.volume.path} not reloaded (file changed), still running config {self.file.digest}: "
-            f"endpoints.timeout: expected a duration like 250ms, 2s or 1m, got 'soon'"])
+        self.assertEqual(
+            self.lines(),
+            [
+                f"Config {self.volume.path} not reloaded (file changed), still running config {self.file.digest}: "
+                f"endpoints.timeout: expected a duration like 250ms, 2s or 1m, got 'soon'"
+            ],
+        )
         # Reported once, not at every poll; the next change is tried again.
         self.clock.advance(INTERVAL * 3)
         self.assertEqual(self.reloads("error"), 1)
@@ -230,9 +248,13 @@ class ConfigFileTests(ConfigFileCase):
         [applied] = self.applied
         self.assertEqual((applied.listen.port, applied.metrics.port, applied.listen.max_body), (0, 0, 2048))
         [warning] = [e for e in self.events if e.get("kept")]
-        self.assertEqual(formatEvent(warning), (
-            f"Config {self.volume.path}: listen.port, metrics.port changed but only take effect on a restart; "
-            f"running with the old values of these keys"))
+        self.assertEqual(
+            formatEvent(warning),
+            (
+                f"Config {self.volume.path}: listen.port, metrics.port changed but only take effect on a restart; "
+                f"running with the old values of these keys"
+            ),
+        )
 
     def test_only_restart_only_changes_put_nothing_new_in_force(self) -> None:
         self.volume.update(yaml_of(workers=3))
@@ -315,10 +337,16 @@ class SighupTests(SynchronousTestCase):
         config = load_config(volume.path)
         metrics = Metrics()
         service = AmpService(
-            config, clock, certificate=serving_certificate(config.tls, clock, metrics),
-            webhook_endpoint=ListeningAtOnce([]), metrics_endpoint=None,
-            namespaces=namespace_source(config, clock, metrics), metrics=metrics, config_path=volume.path,
-            in_thread=at_once)
+            config,
+            clock,
+            certificate=serving_certificate(config.tls, clock, metrics),
+            webhook_endpoint=ListeningAtOnce([]),
+            metrics_endpoint=None,
+            namespaces=namespace_source(config, clock, metrics),
+            metrics=metrics,
+            config_path=volume.path,
+            in_thread=at_once,
+        )
         service.startService()
         self.addCleanup(lambda: service.running and service.stopService())
         self.assertEqual(signal.getsignal(signal.SIGHUP), service.sighup.handle)
@@ -350,11 +378,18 @@ class ApplyTests(SynchronousTestCase):
         self.observer = ConfigurableObserver(config.log.format, config.log.level, self.out)
         self.events: list[str] = []
         service = AmpService(
-            config, self.clock, certificate=serving_certificate(config.tls, self.clock, self.metrics),
-            webhook_endpoint=ListeningAtOnce(self.events), metrics_endpoint=None,
+            config,
+            self.clock,
+            certificate=serving_certificate(config.tls, self.clock, self.metrics),
+            webhook_endpoint=ListeningAtOnce(self.events),
+            metrics_endpoint=None,
             namespaces=namespaces if namespaces is not None else self.static(config),
-            metrics=self.metrics, install_sighup=False, log_observer=self.observer,
-            config_path=self.volume.path, in_thread=at_once)
+            metrics=self.metrics,
+            install_sighup=False,
+            log_observer=self.observer,
+            config_path=self.volume.path,
+            in_thread=at_once,
+        )
         service.startService()
         self.addCleanup(service.stopService)
         return service
@@ -365,8 +400,7 @@ class ApplyTests(SynchronousTestCase):
         return namespace_source(config, self.clock, Metrics())
 
     def yaml(self, namespaces: Any = None, **sections: Any) -> str:
-        return yaml.safe_dump(raw_config(namespaces if namespaces is not None else {"team-a": namespace()},
-                                         **sections))
+        return yaml.safe_dump(raw_config(namespaces if namespaces is not None else {"team-a": namespace()}, **sections))
 
     def change(self, service: AmpService, text: str) -> None:
         self.volume.update(text)
@@ -405,11 +439,11 @@ class ApplyTests(SynchronousTestCase):
         for i in range(20):
             c = self.review(service, f"r{i}")
             answers.append(self.answer(c))
-            self.change(service, self.yaml(failure_policy="Fail" if i % 2 else "Ignore",
-                                           endpoints={"timeout": f"{i + 1}s"}))
+            self.change(
+                service, self.yaml(failure_policy="Fail" if i % 2 else "Ignore", endpoints={"timeout": f"{i + 1}s"})
+            )
         self.assertEqual([a["uid"] for a in answers], [f"r{i}" for i in range(20)])
-        self.assertEqual(self.metrics.registry.get_sample_value("amp_config_reloads_total", {"result": "success"}),
-                         20)
+        self.assertEqual(self.metrics.registry.get_sample_value("amp_config_reloads_total", {"result": "success"}), 20)
 
     def test_static_namespaces_are_reloaded(self) -> None:
         service = self.start(namespaces=None, failure_policy="Fail")
@@ -454,5 +488,4 @@ class ApplyTests(SynchronousTestCase):
             with open(name, "rb") as f:
                 uids.extend(json.loads(line)["uid"] for line in f)
         self.assertEqual(uids, ["on"])
-        self.assertEqual(self.metrics.registry.get_sample_value("amp_recorded_reviews_total", {"result": "written"}),
-                         1)
+        self.assertEqual(self.metrics.registry.get_sample_value("amp_recorded_reviews_total", {"result": "written"}), 1)

@@ -52,16 +52,18 @@ def test_the_check_notices_drift(tmp_path: Path, capsys: pytest.CaptureFixture[s
     path = tmp_path / "values.schema.json"
     path.write_text(json.dumps(copy))
     assert main(["--check", str(path)]) == 1
-    assert capsys.readouterr().err == (f"{path}: properties.config differs from amp's config declaration; "
-                                       f"run: python -m amp.schema --write {path}\n")
+    assert capsys.readouterr().err == (
+        f"{path}: properties.config differs from amp's config declaration; run: python -m amp.schema --write {path}\n"
+    )
     assert main(["--write", str(path)]) == 0
     assert main(["--check", str(path)]) == 0
 
 
 def test_every_object_is_closed() -> None:
     jsonschema.Draft7Validator.check_schema(SCHEMA)
-    open_ = [path for path, schema in objects(SCHEMA)
-             if "additionalProperties" not in schema and path not in PASS_THROUGH]
+    open_ = [
+        path for path, schema in objects(SCHEMA) if "additionalProperties" not in schema and path not in PASS_THROUGH
+    ]
     assert open_ == []
     assert SCHEMA["additionalProperties"] is False
 
@@ -71,18 +73,23 @@ def test_the_default_values_are_valid() -> None:
 
 
 def errors(values: dict[str, Any]) -> list[str]:
-    return [f"/{'/'.join(map(str, e.absolute_path))}: {e.message}"
-            for e in jsonschema.Draft7Validator(SCHEMA).iter_errors(values)]
+    return [
+        f"/{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in jsonschema.Draft7Validator(SCHEMA).iter_errors(values)
+    ]
 
 
-@pytest.mark.parametrize("values, where", [
-    ({"replica": 3}, "/: Additional properties are not allowed ('replica' was unexpected)"),
-    ({"config": {"endpoint": {"timeout": "3s"}}}, "/config: Additional properties are not allowed ('endpoint'"),
-    ({"image": {"tga": "1"}}, "/image: Additional properties are not allowed"),
-    ({"webhook": {"namespaceSelector": {"matchLabel": {}}}}, "/webhook/namespaceSelector: Additional properties"),
-    ({"monitoring": {"serviceMonitor": {"intervall": "1m"}}}, "/monitoring/serviceMonitor: Additional properties"),
-    ({"autoscaling": {"enabled": "yes"}}, "/autoscaling/enabled: 'yes' is not of type 'boolean'"),
-])
+@pytest.mark.parametrize(
+    "values, where",
+    [
+        ({"replica": 3}, "/: Additional properties are not allowed ('replica' was unexpected)"),
+        ({"config": {"endpoint": {"timeout": "3s"}}}, "/config: Additional properties are not allowed ('endpoint'"),
+        ({"image": {"tga": "1"}}, "/image: Additional properties are not allowed"),
+        ({"webhook": {"namespaceSelector": {"matchLabel": {}}}}, "/webhook/namespaceSelector: Additional properties"),
+        ({"monitoring": {"serviceMonitor": {"intervall": "1m"}}}, "/monitoring/serviceMonitor: Additional properties"),
+        ({"autoscaling": {"enabled": "yes"}}, "/autoscaling/enabled: 'yes' is not of type 'boolean'"),
+    ],
+)
 def test_misspelt_values_are_refused_where_they_are(values: dict[str, Any], where: str) -> None:
     assert any(e.startswith(where) for e in errors({**VALUES, **values})), errors({**VALUES, **values})
 
@@ -100,8 +107,12 @@ def rich_config() -> dict[str, Any]:
     tls = dev_tls()
     return {
         "kubernetes": {"source": "static", "namespaces": {"a": {"labels": {"x": "y"}, "annotations": {"z": "w"}}}},
-        "endpoints": {"overrides": [{"match": "http://*.svc:*/*", "timeout": "2s", "breaker": {"cooldown": "1s"}}],
-                      "client_cert": str(tls["cert"]), "client_key": str(tls["key"]), "deny_networks": ["metadata"]},
+        "endpoints": {
+            "overrides": [{"match": "http://*.svc:*/*", "timeout": "2s", "breaker": {"cooldown": "1s"}}],
+            "client_cert": str(tls["cert"]),
+            "client_key": str(tls["key"]),
+            "deny_networks": ["metadata"],
+        },
         "tls": {"client_ca": str(tls["cert"])},
     }
 
@@ -123,22 +134,26 @@ def test_the_examples_config_is_valid() -> None:
     assert config_errors(raw) == []
 
 
-@pytest.mark.parametrize("config", [
-    {"endpoint": {"timeout": "3s"}},
-    {"listen": {"port": "http"}},
-    {"listen": {"port": 70000}},
-    {"endpoints": {"timeout": "soon"}},
-    {"endpoints": {"timeout": 0}},
-    {"log": {"level": "verbose"}},
-    {"workers": 0},
-    {"tls": {"min_version": "1.1"}},
-    {"failure_policy": "ignore"},
-    {"endpoints": {"overrides": [{"timeout": "1s"}]}},
-    {"endpoints": {"breaker": {"failure_ratio": 2}}},
-    {"kubernetes": {"source": "static", "namespaces": {"a": {"label": {}}}}},
-    {"patch": {"max_size": "3 parsecs"}},
-    {"kubernetes": {"bypass": {"enable": True}}},
-], ids=lambda c: json.dumps(c))
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"endpoint": {"timeout": "3s"}},
+        {"listen": {"port": "http"}},
+        {"listen": {"port": 70000}},
+        {"endpoints": {"timeout": "soon"}},
+        {"endpoints": {"timeout": 0}},
+        {"log": {"level": "verbose"}},
+        {"workers": 0},
+        {"tls": {"min_version": "1.1"}},
+        {"failure_policy": "ignore"},
+        {"endpoints": {"overrides": [{"timeout": "1s"}]}},
+        {"endpoints": {"breaker": {"failure_ratio": 2}}},
+        {"kubernetes": {"source": "static", "namespaces": {"a": {"label": {}}}}},
+        {"patch": {"max_size": "3 parsecs"}},
+        {"kubernetes": {"bypass": {"enable": True}}},
+    ],
+    ids=lambda c: json.dumps(c),
+)
 def test_the_schema_refuses_what_amp_refuses(config: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         parse_config(config)

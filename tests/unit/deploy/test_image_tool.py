@@ -40,8 +40,9 @@ def test_a_difference_in_content_mode_or_files_is_named() -> None:
     base = imagetool.read_filesystem(_tar({"opt/amp/a.py": (b"x = 1\n", 0o644, 1000)}))
     content = imagetool.read_filesystem(_tar({"opt/amp/a.py": (b"x = 2\n", 0o644, 1000)}))
     mode = imagetool.read_filesystem(_tar({"opt/amp/a.py": (b"x = 1\n", 0o755, 1000)}))
-    extra = imagetool.read_filesystem(_tar({"opt/amp/a.py": (b"x = 1\n", 0o644, 1000),
-                                            "opt/amp/b.py": (b"", 0o644, 1000)}))
+    extra = imagetool.read_filesystem(
+        _tar({"opt/amp/a.py": (b"x = 1\n", 0o644, 1000), "opt/amp/b.py": (b"", 0o644, 1000)})
+    )
     for other in (content, mode):
         [line] = imagetool.differences(base, other)
         assert line.startswith("/opt/amp/a.py: ")
@@ -49,34 +50,52 @@ def test_a_difference_in_content_mode_or_files_is_named() -> None:
 
 
 def test_the_config_comparison_keeps_what_the_image_runs_with() -> None:
-    inspected = {"Id": "sha256:1", "Created": "2026-11-28T22:00:00Z", "GraphDriver": {"Data": "/var/lib/x"},
-                 "Config": {"User": "65532:65532", "Cmd": ["--config", "/etc/amp/amp.yaml"], "Hostname": "h"},
-                 "Labels": {"org.opencontainers.image.revision": "abc"},
-                 "Annotations": {"org.opencontainers.image.base.digest": "sha256:2",
-                                 "org.opencontainers.image.base.name": "localhost/python:3.13-slim"}}
+    inspected = {
+        "Id": "sha256:1",
+        "Created": "2026-11-28T22:00:00Z",
+        "GraphDriver": {"Data": "/var/lib/x"},
+        "Config": {"User": "65532:65532", "Cmd": ["--config", "/etc/amp/amp.yaml"], "Hostname": "h"},
+        "Labels": {"org.opencontainers.image.revision": "abc"},
+        "Annotations": {
+            "org.opencontainers.image.base.digest": "sha256:2",
+            "org.opencontainers.image.base.name": "localhost/python:3.13-slim",
+        },
+    }
     assert imagetool.config_without_times(inspected) == {
         "Config": {"User": "65532:65532", "Cmd": ["--config", "/etc/amp/amp.yaml"]},
         "Labels": {"org.opencontainers.image.revision": "abc"},
-        "Annotations": {"org.opencontainers.image.base.name": "localhost/python:3.13-slim"}}
+        "Annotations": {"org.opencontainers.image.base.name": "localhost/python:3.13-slim"},
+    }
 
 
 def test_the_forbidden_check_finds_what_it_looks_for() -> None:
-    found = imagetool.forbidden(["/usr/bin/gcc-14", "/root/.cache/pip/http/x", "/var/cache/apt/archives/a_1.deb",
-                                 "/opt/amp/lib/python3.13/site-packages/tests/test_x.py", "/wheels/amp.whl",
-                                 "/usr/bin/python3", "/var/lib/apt/lists/lock", "/run/secrets/build-ca",
-                                 "/opt/amp/lib/python3.13/site-packages/bench/run.py"])
+    found = imagetool.forbidden(
+        [
+            "/usr/bin/gcc-14",
+            "/root/.cache/pip/http/x",
+            "/var/cache/apt/archives/a_1.deb",
+            "/opt/amp/lib/python3.13/site-packages/tests/test_x.py",
+            "/wheels/amp.whl",
+            "/usr/bin/python3",
+            "/var/lib/apt/lists/lock",
+            "/run/secrets/build-ca",
+            "/opt/amp/lib/python3.13/site-packages/bench/run.py",
+        ]
+    )
     assert {what: sorted(paths) for what, paths in found.items()} == {
-        "a C compiler": ["/usr/bin/gcc-14"], "pip's cache": ["/root/.cache/pip/http/x"],
+        "a C compiler": ["/usr/bin/gcc-14"],
+        "pip's cache": ["/root/.cache/pip/http/x"],
         "apt's package cache": ["/var/cache/apt/archives/a_1.deb"],
         "amp's tests": ["/opt/amp/lib/python3.13/site-packages/tests/test_x.py"],
         "amp's benchmarks": ["/opt/amp/lib/python3.13/site-packages/bench/run.py"],
-        "the build's sources or wheels": ["/wheels/amp.whl"], "the build's CA bundle": ["/run/secrets/build-ca"]}
+        "the build's sources or wheels": ["/wheels/amp.whl"],
+        "the build's CA bundle": ["/run/secrets/build-ca"],
+    }
 
 
 def test_the_lock_reader_reads_every_pin() -> None:
     pins = imagetool.locked(ROOT / "requirements" / "amp.lock")
-    lines = [line for line in (ROOT / "requirements" / "amp.lock").read_text().splitlines()
-             if line[:1].isalnum()]
+    lines = [line for line in (ROOT / "requirements" / "amp.lock").read_text().splitlines() if line[:1].isalnum()]
     assert len(pins) == len(lines) and pins["twisted"] and pins["cffi"]
 
 
@@ -102,6 +121,7 @@ def test_the_revision_names_the_last_commit_of_what_the_image_is_built_from() ->
 
     copied = [args.split()[0] for ins, args in stages()[0] if ins == "COPY"]
     assert sorted(imagetool.CONTEXT) == sorted(["Dockerfile", ".dockerignore", *copied])
-    allowed = [line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.startswith("!")]
+    allowed = [
+        line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")
+    ]
     assert sorted(allowed) == sorted(copied)

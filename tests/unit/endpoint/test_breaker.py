@@ -20,8 +20,13 @@ from amp.config import BreakerConfig
 
 # Trips on consecutive failures only, unless a test lowers min_requests.
 CONSECUTIVE = BreakerConfig(
-    consecutive_failures=5, failure_ratio=0.5, window=30.0, min_requests=1000,
-    cooldown=5.0, max_cooldown=120.0, half_open_requests=1,
+    consecutive_failures=5,
+    failure_ratio=0.5,
+    window=30.0,
+    min_requests=1000,
+    cooldown=5.0,
+    max_cooldown=120.0,
+    half_open_requests=1,
 )
 # Trips on the failure ratio only.
 RATIO = dataclasses.replace(CONSECUTIVE, consecutive_failures=1000, min_requests=10)
@@ -470,15 +475,17 @@ def test_a_failing_callback_does_not_break_the_breaker():
 @given(
     ops=st.lists(
         st.tuples(
-            st.sampled_from(["allow", "allow", "allow", "fail", "fail", "ok", "release", "tick"]),
-            st.integers(0, 7)),
-        min_size=50, max_size=200,
+            st.sampled_from(["allow", "allow", "allow", "fail", "fail", "ok", "release", "tick"]), st.integers(0, 7)
+        ),
+        min_size=50,
+        max_size=200,
     ),
     limit=st.integers(1, 3),
 )
 def test_random_traffic_keeps_the_state_machine_legal(ops, limit):
     config = dataclasses.replace(
-        CONSECUTIVE, consecutive_failures=3, min_requests=4, half_open_requests=limit, window=10.0)
+        CONSECUTIVE, consecutive_failures=3, min_requests=4, half_open_requests=limit, window=10.0
+    )
     breaker, clock, changes = make(config)
     outstanding = []  # (ticket, the state period it was issued in)
     legal = {(CLOSED, OPEN), (OPEN, HALF_OPEN), (HALF_OPEN, OPEN), (HALF_OPEN, CLOSED)}
@@ -501,8 +508,7 @@ def test_random_traffic_keeps_the_state_machine_legal(ops, limit):
             clock.advance(n)
         elif outstanding:
             ticket, _ = outstanding.pop(n % len(outstanding))
-            {"ok": breaker.record_success, "fail": breaker.record_failure,
-             "release": breaker.release}[op](ticket)
+            {"ok": breaker.record_success, "fail": breaker.record_failure, "release": breaker.release}[op](ticket)
         state = breaker.state
         if state != OPEN:
             assert breaker.reopens_in() == 0.0

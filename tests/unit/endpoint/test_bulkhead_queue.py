@@ -120,8 +120,7 @@ class QueueTests(SynchronousTestCase, FailureAssertions):
         self.assertIn("max_queued", e.message)
         self.assertEqual(len(self.endpoint.held), 2)
         self.assertEqual(h.count(URL, "queue-full"), 1)
-        self.assertEqual(sample(h.metrics, "amp_endpoint_queue_refused_total", endpoint=ORIGIN, reason="queue-full"),
-                         1)
+        self.assertEqual(sample(h.metrics, "amp_endpoint_queue_refused_total", endpoint=ORIGIN, reason="queue-full"), 1)
         self.assertNoResult(waiting)
 
     def test_no_queue_fails_at_once(self) -> None:
@@ -138,8 +137,9 @@ class QueueTests(SynchronousTestCase, FailureAssertions):
         self.clock.advance(0.001)
         e = self.assertReason(d, "queue-timeout")
         self.assertIn("waited 1.5s", e.message)
-        self.assertEqual(sample(h.metrics, "amp_endpoint_queue_refused_total", endpoint=ORIGIN,
-                                reason="queue-timeout"), 1)
+        self.assertEqual(
+            sample(h.metrics, "amp_endpoint_queue_refused_total", endpoint=ORIGIN, reason="queue-timeout"), 1
+        )
         self.assertEqual(sample(h.metrics, "amp_endpoint_queued", endpoint=ORIGIN), 0)
         # Refused calls have no latency: only calls that went out do.
         self.assertEqual(sample(h.metrics, "amp_endpoint_duration_seconds_count", endpoint=ORIGIN), 0)
@@ -188,8 +188,9 @@ class QueueTests(SynchronousTestCase, FailureAssertions):
         self.assertEqual(h.client.in_flight(ORIGIN), 1)
         # The breaker's refusals are the breaker's: not the queue's.
         self.assertEqual(h.count(URL, "breaker-open"), 2)
-        self.assertEqual(sample(h.metrics, "amp_endpoint_queue_refused_total", endpoint=ORIGIN,
-                                reason="breaker-open"), 0)
+        self.assertEqual(
+            sample(h.metrics, "amp_endpoint_queue_refused_total", endpoint=ORIGIN, reason="breaker-open"), 0
+        )
 
 
 # ---------------------------------------------------------------- the latency budget (client)
@@ -226,8 +227,7 @@ class LatencyBudgetTests(SynchronousTestCase, FailureAssertions):
         self.clock = Clock()
         self.endpoint = Slow(self.clock, 0.5)
         self.connector = ResourceConnector(self.endpoint)
-        self.h = Harness(self.clock, EndpointSettings(latency_budget=0.2, latency_window=5),
-                         connector=self.connector)
+        self.h = Harness(self.clock, EndpointSettings(latency_budget=0.2, latency_window=5), connector=self.connector)
 
     def run_call(self, budget: float = 10.0) -> defer.Deferred:
         d = self.h.call(URL, budget=budget)
@@ -288,13 +288,18 @@ class LatencyBudgetTests(SynchronousTestCase, FailureAssertions):
 
 
 def admitter(clock: Clock, resource: Resource, **endpoints: Any) -> tuple[Admitter, Metrics, ResourceConnector]:
-    config = parse_config({
-        "failure_policy": "Ignore",
-        "kubernetes": {"source": "static", "namespaces": {"team": {
-            "labels": {"amp.txn2.com/enabled": "true"},
-            "annotations": {"amp.txn2.com/ep": URL}}}},
-        "endpoints": {"allow": ["http://127.0.0.1:*/*"], **endpoints},
-    })
+    config = parse_config(
+        {
+            "failure_policy": "Ignore",
+            "kubernetes": {
+                "source": "static",
+                "namespaces": {
+                    "team": {"labels": {"amp.txn2.com/enabled": "true"}, "annotations": {"amp.txn2.com/ep": URL}}
+                },
+            },
+            "endpoints": {"allow": ["http://127.0.0.1:*/*"], **endpoints},
+        }
+    )
     metrics = Metrics()
     connector = ResourceConnector(resource)
     client = EndpointClient(clock, metrics, BreakerRegistry(clock), connector=connector)

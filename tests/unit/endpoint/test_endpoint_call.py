@@ -52,34 +52,34 @@ ORIGIN = "http://127.0.0.1:8090"
 # ---------------------------------------------------------------- every reason is tested
 
 
+#: Where most of the reasons' tests live (module paths under tests/).
+READING = "integration.loopback.test_endpoint_reading."
+QUEUE = "unit.endpoint.test_bulkhead_queue."
+
+
 class ReasonCoverageTests(SynchronousTestCase):
     #: reason -> the test that provokes it through EndpointClient.call and
     #: the metric ("module.Class.test", the module's path under tests).
     TESTS = {
         "timeout": "unit.endpoint.test_endpoint_call.OneTimerTests.test_endpoint_timeout_shorter_than_the_time_left",
-        "connection-refused": "integration.loopback.test_endpoint_reading.LoopbackReplyTests.test_refused",
-        "connection-reset": "integration.loopback.test_endpoint_reading.LoopbackReplyTests.test_reset_mid_reply",
+        "connection-refused": READING + "LoopbackReplyTests.test_refused",
+        "connection-reset": READING + "LoopbackReplyTests.test_reset_mid_reply",
         "connection-failed": "unit.endpoint.test_endpoint_call.ConnectTests.test_name_that_does_not_resolve",
         "denied-address": "unit.endpoint.test_endpoint_call.ConnectTests.test_name_resolving_into_deny_networks",
         "tls-error": "integration.loopback.test_endpoint_tls.MutualTLSTests.test_wrong_ca_is_a_tls_error",
-        "redirect": "integration.loopback.test_endpoint_reading.LoopbackReplyTests.test_redirect_is_not_followed",
-        "http-4xx": "integration.loopback.test_endpoint_reading.LoopbackReplyTests.test_http_4xx",
-        "http-5xx": "integration.loopback.test_endpoint_reading.LoopbackReplyTests.test_http_5xx",
-        "response-too-large":
-            "integration.loopback.test_endpoint_reading.LoopbackReplyTests.test_content_length_over_the_limit_fails_fast",
-        "response-headers-too-large":
-            "integration.loopback.test_endpoint_reading.LoopbackHeadTests.test_an_endpoint_streaming_header_lines_is_refused_long_before_its_timeout",
-        "reply-buffer-full":
-            "integration.loopback.test_endpoint_reading.ReplyBudgetTests.test_concurrent_bodies_stay_within_the_budget",
-        "invalid-json": "integration.loopback.test_endpoint_reading.LoopbackReplyTests.test_non_json",
-        "invalid-reply": "integration.loopback.test_endpoint_reading.LoopbackReplyTests.test_json_of_the_wrong_shape",
+        "redirect": READING + "LoopbackReplyTests.test_redirect_is_not_followed",
+        "http-4xx": READING + "LoopbackReplyTests.test_http_4xx",
+        "http-5xx": READING + "LoopbackReplyTests.test_http_5xx",
+        "response-too-large": READING + "LoopbackReplyTests.test_content_length_over_the_limit_fails_fast",
+        "response-headers-too-large": READING
+        + "LoopbackHeadTests.test_an_endpoint_streaming_header_lines_is_refused_long_before_its_timeout",
+        "reply-buffer-full": READING + "ReplyBudgetTests.test_concurrent_bodies_stay_within_the_budget",
+        "invalid-json": READING + "LoopbackReplyTests.test_non_json",
+        "invalid-reply": READING + "LoopbackReplyTests.test_json_of_the_wrong_shape",
         "breaker-open": "unit.endpoint.test_endpoint_call.BreakerIntegrationTests.test_trip_refuse_trial_close",
-        "queue-full":
-            "unit.endpoint.test_bulkhead_queue.QueueTests.test_calls_over_max_concurrent_and_max_queued_fail_fast",
-        "queue-timeout":
-            "unit.endpoint.test_bulkhead_queue.QueueTests.test_a_waiter_fails_when_its_deadline_leaves_too_little_for_the_call",
-        "latency-budget":
-            "unit.endpoint.test_bulkhead_queue.LatencyBudgetTests.test_an_origin_over_its_budget_is_shed_then_probed_back",
+        "queue-full": QUEUE + "QueueTests.test_calls_over_max_concurrent_and_max_queued_fail_fast",
+        "queue-timeout": QUEUE + "QueueTests.test_a_waiter_fails_when_its_deadline_leaves_too_little_for_the_call",
+        "latency-budget": QUEUE + "LatencyBudgetTests.test_an_origin_over_its_budget_is_shed_then_probed_back",
     }
 
     def test_every_reason_has_a_test(self) -> None:
@@ -117,8 +117,9 @@ class OneTimerTests(SynchronousTestCase, FailureAssertions):
         e = self.assertReason(d, "timeout")
         self.assertIn("no reply within 1s", e.message)
         self.assertEqual(h.count(URL, "timeout"), 1)
-        self.assertEqual(h.metrics.registry.get_sample_value(
-            "amp_endpoint_duration_seconds_sum", {"endpoint": ORIGIN}), 1.0)
+        self.assertEqual(
+            h.metrics.registry.get_sample_value("amp_endpoint_duration_seconds_sum", {"endpoint": ORIGIN}), 1.0
+        )
         # The endpoint's own timeout is a verdict on the endpoint.
         self.assertEqual(h.breaker(URL).state, OPEN)
         self.assertEqual(self.clock.getDelayedCalls(), [])
@@ -166,8 +167,9 @@ class OneTimerTests(SynchronousTestCase, FailureAssertions):
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_caller_cancel_releases_the_half_open_trial(self) -> None:
-        settings = EndpointSettings(timeout=1.0, breaker=BreakerConfig(
-            consecutive_failures=1, cooldown=5.0, half_open_requests=1))
+        settings = EndpointSettings(
+            timeout=1.0, breaker=BreakerConfig(consecutive_failures=1, cooldown=5.0, half_open_requests=1)
+        )
         h = self.harness(settings)
         d = h.call(URL)
         self.clock.advance(1.0)
@@ -189,14 +191,18 @@ class OneTimerTests(SynchronousTestCase, FailureAssertions):
         self.assertEqual(h.breaker(URL).state, CLOSED)
 
     def test_overrides_give_each_url_its_timeout(self) -> None:
-        config = parse_config({"endpoints": {
-            "allow": ["http://127.0.0.1:*/*"],
-            "timeout": "5s",
-            "overrides": [
-                {"match": "http://127.0.0.1:8090/hang*", "timeout": "1s"},
-                {"match": "http://127.0.0.1:8090/*", "timeout": "3s"},
-            ],
-        }})
+        config = parse_config(
+            {
+                "endpoints": {
+                    "allow": ["http://127.0.0.1:*/*"],
+                    "timeout": "5s",
+                    "overrides": [
+                        {"match": "http://127.0.0.1:8090/hang*", "timeout": "1s"},
+                        {"match": "http://127.0.0.1:8090/*", "timeout": "3s"},
+                    ],
+                }
+            }
+        )
         endpoints = config.endpoints
         hang = parse_endpoint_url("http://127.0.0.1:8090/hang-forever")
         other = parse_endpoint_url("http://127.0.0.1:8090/slow")
@@ -205,8 +211,9 @@ class OneTimerTests(SynchronousTestCase, FailureAssertions):
         self.assertEqual(endpoints.settings_for(hang).timeout, 1.0)
         self.assertEqual(endpoints.settings_for(other).timeout, 3.0)
         self.assertEqual(endpoints.settings_for(elsewhere).timeout, 5.0)
-        client = EndpointClient(self.clock, Metrics(), BreakerRegistry(self.clock),
-                                connector=ResourceConnector(self.hung))
+        client = EndpointClient(
+            self.clock, Metrics(), BreakerRegistry(self.clock), connector=ResourceConnector(self.hung)
+        )
         deadline = Deadline.after(self.clock.seconds(), 9.5)
         calls = {u: client.call(u, endpoints.settings_for(u), b"{}", {}, deadline) for u in (hang, other, elsewhere)}
         self.clock.advance(1.0)
@@ -265,9 +272,10 @@ class ConnectTests(SynchronousTestCase, FailureAssertions):
     def test_name_resolving_into_deny_networks(self) -> None:
         # The memory reactor resolves every name to 127.0.0.1.  More on
         # denied addresses in test_ssrf.py.
-        settings = EndpointSettings(deny_networks=parse_config(
-            {"endpoints": {"deny_networks": ["loopback"]}}).endpoints.deny_networks,
-            breaker=BreakerConfig(consecutive_failures=1))
+        settings = EndpointSettings(
+            deny_networks=parse_config({"endpoints": {"deny_networks": ["loopback"]}}).endpoints.deny_networks,
+            breaker=BreakerConfig(consecutive_failures=1),
+        )
         h = Harness(self.net.reactor, settings)
         url = "http://endpoint.test:8090/mutate"
         e = self.assertReason(h.call(url), "denied-address")
@@ -290,8 +298,9 @@ class ConnectTests(SynchronousTestCase, FailureAssertions):
         self.assertReason(d, "connection-refused")
         self.net.reactor.advance(settings.breaker.cooldown)
         not_bytes: Any = {b"x-bad": 5}
-        bad = h.client.call(parse_endpoint_url(URL), settings, b"{}", not_bytes,
-                            Deadline.after(self.net.reactor.seconds(), 5.0))
+        bad = h.client.call(
+            parse_endpoint_url(URL), settings, b"{}", not_bytes, Deadline.after(self.net.reactor.seconds(), 5.0)
+        )
         self.assertReason(bad, "connection-failed")
         self.assertEqual(len(self.flushLoggedErrors()), 1)
         # The half-open trial slot is free again: the next call goes out.
@@ -419,8 +428,10 @@ class BreakerIntegrationTests(SynchronousTestCase, FailureAssertions):
     def setUp(self) -> None:
         self.clock = Clock()
         self.resource = Switchable(500)
-        self.settings = EndpointSettings(timeout=2.0, breaker=BreakerConfig(
-            consecutive_failures=2, cooldown=5.0, max_cooldown=60.0, half_open_requests=1))
+        self.settings = EndpointSettings(
+            timeout=2.0,
+            breaker=BreakerConfig(consecutive_failures=2, cooldown=5.0, max_cooldown=60.0, half_open_requests=1),
+        )
         self.h = Harness(self.clock, self.settings, connector=ResourceConnector(self.resource))
 
     def deadline(self) -> Deadline:
@@ -482,10 +493,12 @@ class BreakerIntegrationTests(SynchronousTestCase, FailureAssertions):
 
         metrics = Metrics()
         breakers = BreakerRegistry(
-            self.clock, lambda origin, state: metrics.breaker_state.labels(origin).set(BREAKER_STATE_VALUES[state]))
+            self.clock, lambda origin, state: metrics.breaker_state.labels(origin).set(BREAKER_STATE_VALUES[state])
+        )
         client = EndpointClient(self.clock, metrics, breakers, connector=ResourceConnector(self.resource))
         gauge = lambda: metrics.registry.get_sample_value(  # noqa: E731
-            "amp_circuit_breaker_state", {"endpoint": ORIGIN})
+            "amp_circuit_breaker_state", {"endpoint": ORIGIN}
+        )
         url = parse_endpoint_url(URL)
         for _ in range(2):
             self.assertReason(client.call(url, self.settings, b"{}", {}, self.deadline()), "http-5xx")
@@ -512,8 +525,7 @@ class ClassifyTests(SynchronousTestCase):
         self.assertEqual(self.reason(ierror.ConnectionRefusedError()), "connection-refused")
         self.assertEqual(self.reason(ierror.TimeoutError()), "timeout")
         self.assertEqual(self.reason(ierror.DNSLookupError("x")), "connection-failed")
-        self.assertEqual(self.reason(ConnectionClosed(Failure(SSL.Error([("SSL routines", "", "bad")])))),
-                         "tls-error")
+        self.assertEqual(self.reason(ConnectionClosed(Failure(SSL.Error([("SSL routines", "", "bad")])))), "tls-error")
         self.assertEqual(self.reason(ConnectionClosed(Failure(VerificationError(errors=[])))), "tls-error")
         self.assertEqual(self.reason(VerificationError(errors=[])), "tls-error")
         self.assertEqual(self.reason(SSL.Error([("SSL routines", "", "bad")])), "tls-error")
@@ -547,14 +559,25 @@ class HostHeaderTests(SynchronousTestCase):
 
 class AdmitterDeadlineTests(SynchronousTestCase):
     def admitter(self, clock: Clock, timeout: str) -> tuple[Admitter, Metrics, BreakerRegistry, Any]:
-        config = parse_config({
-            "failure_policy": "Ignore",
-            "kubernetes": {"source": "static", "namespaces": {"team": {
-                "labels": {"amp.txn2.com/enabled": "true"},
-                "annotations": {"amp.txn2.com/ep": "http://127.0.0.1:8090/hang"}}}},
-            "endpoints": {"allow": ["http://127.0.0.1:*/*"], "timeout": timeout,
-                          "breaker": {"consecutive_failures": 1}},
-        })
+        config = parse_config(
+            {
+                "failure_policy": "Ignore",
+                "kubernetes": {
+                    "source": "static",
+                    "namespaces": {
+                        "team": {
+                            "labels": {"amp.txn2.com/enabled": "true"},
+                            "annotations": {"amp.txn2.com/ep": "http://127.0.0.1:8090/hang"},
+                        }
+                    },
+                },
+                "endpoints": {
+                    "allow": ["http://127.0.0.1:*/*"],
+                    "timeout": timeout,
+                    "breaker": {"consecutive_failures": 1},
+                },
+            }
+        )
         metrics = Metrics()
         breakers = BreakerRegistry(clock)
         client = EndpointClient(clock, metrics, breakers, connector=ResourceConnector(Hung()))

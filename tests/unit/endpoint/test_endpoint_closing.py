@@ -80,8 +80,12 @@ class ReuseTests(SynchronousTestCase, FailureAssertions):
         self.assertNotReused(reply(b"HTTP/1.1 200 OK\r\nConnection: close"))
 
     def test_connection_close_in_any_case_or_list_is_not_kept(self) -> None:
-        for header in (b"Connection: Close", b"CONNECTION: CLOSE", b"connection: keep-alive, close",
-                       b"Connection: upgrade\r\nConnection:close"):
+        for header in (
+            b"Connection: Close",
+            b"CONNECTION: CLOSE",
+            b"connection: keep-alive, close",
+            b"Connection: upgrade\r\nConnection:close",
+        ):
             with self.subTest(header=header):
                 self.setUp()
                 self.assertNotReused(reply(b"HTTP/1.1 200 OK\r\n" + header))
@@ -95,7 +99,7 @@ class ReuseTests(SynchronousTestCase, FailureAssertions):
         proto, transport = self.net.accept()
         answer = reply(b"HTTP/1.0 200 OK\r\nX-Padding: " + b"p" * 40)
         for i in range(0, len(answer), 7):
-            proto.dataReceived(answer[i:i + 7])
+            proto.dataReceived(answer[i : i + 7])
         self.assertEqual(self.successResultOf(d).patch, PATCH)
         self.assertFalse(transport.connected)
         self.h.call(URL)

@@ -125,8 +125,15 @@ def test_a_budget_needs_a_positive_budget_and_window(budget: float, window: int)
         LatencyBudget(budget, window)
 
 
-@given(st.lists(st.tuples(st.sampled_from(["call", "probe-fast", "probe-slow", "probe-forget"]),
-                          st.floats(min_value=0.0, max_value=1.0)), max_size=200))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["call", "probe-fast", "probe-slow", "probe-forget"]),
+            st.floats(min_value=0.0, max_value=1.0),
+        ),
+        max_size=200,
+    )
+)
 def test_at_most_one_probe_is_ever_out(steps: list) -> None:
     b = LatencyBudget(0.5, 5)
     out_probe = False

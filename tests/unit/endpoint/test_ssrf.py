@@ -53,8 +53,14 @@ class ScriptedResolver:
         self.answers = list(answers)
         self.queries: list[str] = []
 
-    def resolveHostName(self, receiver: Any, hostName: str, portNumber: int = 0,
-                        addressTypes: Any = None, transportSemantics: str = "TCP") -> Any:
+    def resolveHostName(
+        self,
+        receiver: Any,
+        hostName: str,
+        portNumber: int = 0,
+        addressTypes: Any = None,
+        transportSemantics: str = "TCP",
+    ) -> Any:
         answer = self.answers[min(len(self.queries), len(self.answers) - 1)]
         self.queries.append(hostName)
         resolution = Resolution(hostName)
@@ -72,8 +78,17 @@ class Reviewer:
     namespace C{team-a} annotated with C{endpoint}.
     """
 
-    def __init__(self, reactor_: Any, endpoint: str, *, policy: str = "Ignore", allow: Any = None,
-                 deny: Any = None, resolver: Any = None, **endpoints: Any) -> None:
+    def __init__(
+        self,
+        reactor_: Any,
+        endpoint: str,
+        *,
+        policy: str = "Ignore",
+        allow: Any = None,
+        deny: Any = None,
+        resolver: Any = None,
+        **endpoints: Any,
+    ) -> None:
         section: dict[str, Any] = dict(endpoints)
         if allow is not None:
             section["allow"] = allow
@@ -84,8 +99,9 @@ class Reviewer:
         self.breakers = BreakerRegistry(reactor_, lambda origin, state: None)
         self.reactor = reactor_
         self.client = EndpointClient(reactor_, self.metrics, self.breakers, resolver=resolver)
-        self.admitter = Admitter(self.config, StaticNamespaceSource(self.config.kubernetes), self.client,
-                                 reactor_, self.metrics)
+        self.admitter = Admitter(
+            self.config, StaticNamespaceSource(self.config.kubernetes), self.client, reactor_, self.metrics
+        )
 
     def review(self) -> Deferred:
         """Resolves to C{(response, outcome)}: the AdmissionReview's response, decoded."""
@@ -94,7 +110,8 @@ class Reviewer:
 
     def count(self, origin: str, outcome: str) -> float:
         value = self.metrics.registry.get_sample_value(
-            "amp_endpoint_requests_total", {"endpoint": origin, "outcome": outcome})
+            "amp_endpoint_requests_total", {"endpoint": origin, "outcome": outcome}
+        )
         return value or 0.0
 
 
@@ -103,14 +120,20 @@ class Answers:
 
     def assertIgnored(self, response: dict, reason: str, where: str, message: str) -> None:
         self.assertTrue(response["allowed"], response)  # type: ignore[attr-defined]
-        self.assertEqual(response["warnings"],  # type: ignore[attr-defined]
-                         [f"amp: {where} {reason}; admitted without the endpoint's patch"])
+        self.assertEqual(
+            response["warnings"],  # type: ignore[attr-defined]
+            [f"amp: {where} {reason}; admitted without the endpoint's patch"],
+        )
         audit = response["auditAnnotations"]["error"]
         self.assertIn(f"endpoint {where} failed ({reason}): ", audit)  # type: ignore[attr-defined]
         self.assertIn(message, audit)  # type: ignore[attr-defined]
         [op] = response["_patch"]
-        self.assertEqual(op["value"], {STATUS_ANNOTATION: f"skipped {reason} {where}"}  # type: ignore[attr-defined]
-                         if op["path"] == "/metadata/annotations" else f"skipped {reason} {where}")
+        self.assertEqual(
+            op["value"],
+            {STATUS_ANNOTATION: f"skipped {reason} {where}"}  # type: ignore[attr-defined]
+            if op["path"] == "/metadata/annotations"
+            else f"skipped {reason} {where}",
+        )
 
     def assertDenied(self, response: dict, reason: str, message: str) -> None:
         self.assertFalse(response["allowed"], response)  # type: ignore[attr-defined]
@@ -143,37 +166,51 @@ class NeverConnectedTests(SynchronousTestCase, Answers):
         url = "http://169.254.169.254/latest/meta-data/iam/security-credentials/"
         response, outcome, r = self.review(url, allow=EVERYWHERE, deny=["link-local"])
         self.assertEqual(outcome.reason, "denied-address")
-        self.assertIgnored(response, "denied-address", "http://169.254.169.254:80",
-                           "address 169.254.169.254 is in endpoints.deny_networks (169.254.0.0/16)")
+        self.assertIgnored(
+            response,
+            "denied-address",
+            "http://169.254.169.254:80",
+            "address 169.254.169.254 is in endpoints.deny_networks (169.254.0.0/16)",
+        )
         self.assertEqual(r.count("http://169.254.169.254:80", "denied-address"), 1)
 
     def test_metadata_address_denied_under_fail(self) -> None:
-        response, outcome, r = self.review("http://169.254.169.254/", policy="Fail", allow=EVERYWHERE,
-                                           deny=["metadata"])
+        response, outcome, r = self.review(
+            "http://169.254.169.254/", policy="Fail", allow=EVERYWHERE, deny=["metadata"]
+        )
         self.assertEqual(outcome.result, "failed")
-        self.assertDenied(response, "denied-address",
-                          "address 169.254.169.254 is in endpoints.deny_networks (169.254.169.254/32)")
+        self.assertDenied(
+            response, "denied-address", "address 169.254.169.254 is in endpoints.deny_networks (169.254.169.254/32)"
+        )
 
     def test_metadata_address_refused_by_the_allow_list(self) -> None:
         """Without a deny list, the default allow-list (in-cluster Services only) refuses it."""
         config_allow = list(parse_config({}).endpoints.allow)
-        response, outcome, _ = self.review("http://169.254.169.254/latest/meta-data/",
-                                           allow=[p.text for p in config_allow])
+        response, outcome, _ = self.review(
+            "http://169.254.169.254/latest/meta-data/", allow=[p.text for p in config_allow]
+        )
         self.assertEqual(outcome.reason, "not-allowed")
-        self.assertIgnored(response, "not-allowed", "http://169.254.169.254:80",
-                           "endpoint http://169.254.169.254:80 is not in endpoints.allow")
+        self.assertIgnored(
+            response,
+            "not-allowed",
+            "http://169.254.169.254:80",
+            "endpoint http://169.254.169.254:80 is not in endpoints.allow",
+        )
 
     def test_ipv4_mapped_ipv6_literal_is_checked_as_ipv4(self) -> None:
         for literal in ("::ffff:169.254.169.254", "::ffff:a9fe:a9fe", "64:ff9b::a9fe:a9fe"):
             response, outcome, _ = self.review(f"http://[{literal}]:80/", allow=EVERYWHERE, deny=["link-local"])
             self.assertEqual(outcome.reason, "denied-address", literal)
-            self.assertIn(f"address {literal} is in endpoints.deny_networks (169.254.0.0/16)",
-                          response["auditAnnotations"]["error"])
+            self.assertIn(
+                f"address {literal} is in endpoints.deny_networks (169.254.0.0/16)",
+                response["auditAnnotations"]["error"],
+            )
 
     def test_ipv6_link_local_and_loopback_literals(self) -> None:
         for literal, net in (("fe80::1", "fe80::/10"), ("::1", "::1/128"), ("fd00:ec2::254", "fd00:ec2::254/128")):
-            response, outcome, _ = self.review(f"https://[{literal}]:8443/", allow=EVERYWHERE,
-                                               deny=["link-local", "loopback", "metadata"])
+            response, outcome, _ = self.review(
+                f"https://[{literal}]:8443/", allow=EVERYWHERE, deny=["link-local", "loopback", "metadata"]
+            )
             self.assertEqual(outcome.reason, "denied-address", literal)
             self.assertIn(f"({net})", response["auditAnnotations"]["error"])
 
@@ -183,28 +220,43 @@ class NeverConnectedTests(SynchronousTestCase, Answers):
 
     def test_host_name_resolving_to_the_metadata_address(self) -> None:
         resolver = ScriptedResolver(["169.254.169.254"])
-        response, outcome, r = self.review("http://metadata.google.internal/computeMetadata/v1/",
-                                           allow=EVERYWHERE, deny=["link-local"], resolver=resolver)
+        response, outcome, r = self.review(
+            "http://metadata.google.internal/computeMetadata/v1/",
+            allow=EVERYWHERE,
+            deny=["link-local"],
+            resolver=resolver,
+        )
         self.assertEqual(resolver.queries, ["metadata.google.internal"])
-        self.assertIgnored(response, "denied-address", "http://metadata.google.internal:80",
-                           "host metadata.google.internal resolves to 169.254.169.254, which is in "
-                           "endpoints.deny_networks (169.254.0.0/16)")
+        self.assertIgnored(
+            response,
+            "denied-address",
+            "http://metadata.google.internal:80",
+            "host metadata.google.internal resolves to 169.254.169.254, which is in "
+            "endpoints.deny_networks (169.254.0.0/16)",
+        )
 
     def test_host_name_resolving_to_a_mapped_address(self) -> None:
         resolver = ScriptedResolver(["::ffff:169.254.169.254"])
-        response, outcome, _ = self.review("http://evil.team-a.svc:80/", allow=EVERYWHERE,
-                                           deny=["169.254.169.254/32"], resolver=resolver)
+        response, outcome, _ = self.review(
+            "http://evil.team-a.svc:80/", allow=EVERYWHERE, deny=["169.254.169.254/32"], resolver=resolver
+        )
         self.assertEqual(outcome.reason, "denied-address")
         self.assertIn("resolves to ::ffff:169.254.169.254", response["auditAnnotations"]["error"])
 
     def test_denied_calls_do_not_open_the_breaker(self) -> None:
-        r = Reviewer(self.reactor, "http://169.254.169.254/", allow=EVERYWHERE, deny=["link-local"],
-                     breaker={"consecutive_failures": 1})
+        r = Reviewer(
+            self.reactor,
+            "http://169.254.169.254/",
+            allow=EVERYWHERE,
+            deny=["link-local"],
+            breaker={"consecutive_failures": 1},
+        )
         for _ in range(3):
             _, outcome = self.successResultOf(r.review())
             self.assertEqual(outcome.reason, "denied-address")
-        self.assertEqual(r.breakers.get("http://169.254.169.254:80", r.config.endpoints.defaults.breaker).state,
-                         "closed")
+        self.assertEqual(
+            r.breakers.get("http://169.254.169.254:80", r.config.endpoints.defaults.breaker).state, "closed"
+        )
         self.assertEqual(self.reactor.tcpClients, [])
 
     def test_a_resolution_that_never_ends_times_out_and_its_late_answer_is_dropped(self) -> None:
@@ -212,14 +264,19 @@ class NeverConnectedTests(SynchronousTestCase, Answers):
 
         @implementer(IHostnameResolver)
         class Slow:
-            def resolveHostName(self, receiver: Any, hostName: str, portNumber: int = 0,
-                                addressTypes: Any = None, transportSemantics: str = "TCP") -> Any:
+            def resolveHostName(
+                self,
+                receiver: Any,
+                hostName: str,
+                portNumber: int = 0,
+                addressTypes: Any = None,
+                transportSemantics: str = "TCP",
+            ) -> Any:
                 held.append((receiver, portNumber))
                 receiver.resolutionBegan(Resolution(hostName))
                 return Resolution(hostName)
 
-        r = Reviewer(self.reactor, "http://slow-dns.team-a.svc:8080/", allow=EVERYWHERE, timeout="2s",
-                     resolver=Slow())
+        r = Reviewer(self.reactor, "http://slow-dns.team-a.svc:8080/", allow=EVERYWHERE, timeout="2s", resolver=Slow())
         d = r.review()
         self.reactor.advance(1.999)
         self.assertNoResult(d)
@@ -234,8 +291,9 @@ class NeverConnectedTests(SynchronousTestCase, Answers):
     def test_allowed_resolution_connects_to_the_checked_address(self) -> None:
         """The control case: an allowed answer is connected to, at that address."""
         resolver = ScriptedResolver(["10.96.0.10"], ["169.254.169.254"])
-        r = Reviewer(self.reactor, "http://user-env.platform.svc:8080/", allow=EVERYWHERE, deny=["link-local"],
-                     resolver=resolver)
+        r = Reviewer(
+            self.reactor, "http://user-env.platform.svc:8080/", allow=EVERYWHERE, deny=["link-local"], resolver=resolver
+        )
         r.review()
         [(host, port, *_)] = self.reactor.tcpClients
         self.assertEqual((host, port), ("10.96.0.10", 8080))
@@ -260,22 +318,33 @@ class BadURLTests(SynchronousTestCase, Answers):
         return response, outcome
 
     def test_non_http_schemes(self) -> None:
-        for url, scheme in (("file:///etc/passwd", "file"), ("gopher://127.0.0.1:6379/_SET%20x", "gopher"),
-                            ("ftp://127.0.0.1/", "ftp"), ("dict://127.0.0.1:11211/stat", "dict"),
-                            ("HTTPS+unix://%2Fvar%2Frun%2Fdocker.sock/", "https+unix")):
+        for url, scheme in (
+            ("file:///etc/passwd", "file"),
+            ("gopher://127.0.0.1:6379/_SET%20x", "gopher"),
+            ("ftp://127.0.0.1/", "ftp"),
+            ("dict://127.0.0.1:11211/stat", "dict"),
+            ("HTTPS+unix://%2Fvar%2Frun%2Fdocker.sock/", "https+unix"),
+        ):
             response, _ = self.review(url, policy="Fail")
             self.assertDenied(response, "bad-url", f"endpoint URL scheme {scheme!r} is not http or https")
 
     def test_credentials(self) -> None:
-        for url in ("http://user:secret@127.0.0.1:8080/mutate", "http://127.0.0.1:80@evil.example/",
-                    "http://:secret@127.0.0.1/"):
+        for url in (
+            "http://user:secret@127.0.0.1:8080/mutate",
+            "http://127.0.0.1:80@evil.example/",
+            "http://:secret@127.0.0.1/",
+        ):
             response, _ = self.review(url)
             self.assertIn("endpoint URL must not contain credentials", response["auditAnnotations"]["error"])
             self.assertTrue(response["allowed"])
 
     def test_cr_lf(self) -> None:
-        for url in ("http://127.0.0.1:8080/mutate\r\nX-Injected: 1", "http://127.0.0.1:8080/a\rb",
-                    "http://127.0.0.1:8080/a\tb", "http://127.0.0.1:8080/\x00"):
+        for url in (
+            "http://127.0.0.1:8080/mutate\r\nX-Injected: 1",
+            "http://127.0.0.1:8080/a\rb",
+            "http://127.0.0.1:8080/a\tb",
+            "http://127.0.0.1:8080/\x00",
+        ):
             response, _ = self.review(url, policy="Fail")
             self.assertDenied(response, "bad-url", "endpoint URL contains whitespace or control characters")
             self.assertNotIn("\r", response["status"]["message"])
@@ -330,8 +399,10 @@ class StepNameTests(SynchronousTestCase):
     def test_origin_when_alone_path_when_shared_position_when_only_the_query_differs(self) -> None:
         self.assertEqual(self.names("http://a/m?t=1", "http://b/m?t=2"), ("http://a:80", "http://b:80"))
         self.assertEqual(self.names("http://a/m?t=1", "http://a/n?t=2"), ("http://a:80/m", "http://a:80/n"))
-        self.assertEqual(self.names("http://a/m?t=1", "http://a/m?t=2", "http://a/n"),
-                         ("http://a:80/m#1", "http://a:80/m#2", "http://a:80/n"))
+        self.assertEqual(
+            self.names("http://a/m?t=1", "http://a/m?t=2", "http://a/n"),
+            ("http://a:80/m#1", "http://a:80/m#2", "http://a:80/n"),
+        )
 
 
 # ---------------------------------------------------------------- the deny list itself
@@ -339,26 +410,40 @@ class StepNameTests(SynchronousTestCase):
 
 class DenyListTests(SynchronousTestCase):
     def test_names_expand_to_their_ranges(self) -> None:
-        self.assertEqual(parse_networks(["link-local"]),
-                         (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10")))
+        self.assertEqual(
+            parse_networks(["link-local"]), (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+        )
         for name, ranges in NAMED_NETWORKS.items():
             self.assertEqual(parse_networks([name]), tuple(ipaddress.ip_network(r) for r in ranges))
 
     def test_cidrs_bare_addresses_and_repeats(self) -> None:
-        self.assertEqual(parse_networks(["10.0.0.0/8", "192.0.2.7", "fd00::/8", "10.0.0.0/8"]),
-                         (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("192.0.2.7/32"),
-                          ipaddress.ip_network("fd00::/8")))
+        self.assertEqual(
+            parse_networks(["10.0.0.0/8", "192.0.2.7", "fd00::/8", "10.0.0.0/8"]),
+            (
+                ipaddress.ip_network("10.0.0.0/8"),
+                ipaddress.ip_network("192.0.2.7/32"),
+                ipaddress.ip_network("fd00::/8"),
+            ),
+        )
 
     def test_config_names_the_key_and_the_item(self) -> None:
         with self.assertRaises(ConfigError) as e:
             parse_config({"endpoints": {"deny_networks": ["loopback", "metdata"]}})
-        self.assertEqual(str(e.exception),
-                         "endpoints.deny_networks: item 1: 'metdata' is not a CIDR (like 10.0.0.0/8 or fd00::/8) "
-                         "or one of loopback, link-local, metadata, private, cgnat")
+        self.assertEqual(
+            str(e.exception),
+            "endpoints.deny_networks: item 1: 'metdata' is not a CIDR (like 10.0.0.0/8 or fd00::/8) "
+            "or one of loopback, link-local, metadata, private, cgnat",
+        )
 
     def test_config_carries_the_list_into_every_override(self) -> None:
-        config = parse_config({"endpoints": {"deny_networks": ["link-local"],
-                                             "overrides": [{"match": "http://slow.svc:80/*", "timeout": "8s"}]}})
+        config = parse_config(
+            {
+                "endpoints": {
+                    "deny_networks": ["link-local"],
+                    "overrides": [{"match": "http://slow.svc:80/*", "timeout": "8s"}],
+                }
+            }
+        )
         expected = parse_networks(["link-local"])
         self.assertEqual(config.endpoints.deny_networks, expected)
         self.assertEqual(config.endpoints.defaults.deny_networks, expected)
@@ -366,8 +451,14 @@ class DenyListTests(SynchronousTestCase):
 
     def test_an_override_cannot_loosen_it(self) -> None:
         with self.assertRaises(ConfigError) as e:
-            parse_config({"endpoints": {"deny_networks": ["link-local"],
-                                        "overrides": [{"match": "http://x.svc:80/*", "deny_networks": []}]}})
+            parse_config(
+                {
+                    "endpoints": {
+                        "deny_networks": ["link-local"],
+                        "overrides": [{"match": "http://x.svc:80/*", "deny_networks": []}],
+                    }
+                }
+            )
         self.assertTrue(str(e.exception).startswith("endpoints.overrides[0].deny_networks: unknown key"))
 
     def test_default_denies_nothing(self) -> None:
@@ -376,10 +467,16 @@ class DenyListTests(SynchronousTestCase):
     def test_mapped_and_nat64_addresses(self) -> None:
         nets = parse_networks(["link-local", "loopback"])
         for address, expected in (
-            ("169.254.169.254", "169.254.0.0/16"), ("::ffff:169.254.169.254", "169.254.0.0/16"),
-            ("::ffff:127.0.0.1", "127.0.0.0/8"), ("64:ff9b::7f00:1", "127.0.0.0/8"),
-            ("fe80::1%eth0", "fe80::/10"), ("::", "::/128"), ("0.0.0.0", "0.0.0.0/8"),
-            ("10.0.0.1", None), ("::ffff:10.0.0.1", None), ("2001:db8::1", None),
+            ("169.254.169.254", "169.254.0.0/16"),
+            ("::ffff:169.254.169.254", "169.254.0.0/16"),
+            ("::ffff:127.0.0.1", "127.0.0.0/8"),
+            ("64:ff9b::7f00:1", "127.0.0.0/8"),
+            ("fe80::1%eth0", "fe80::/10"),
+            ("::", "::/128"),
+            ("0.0.0.0", "0.0.0.0/8"),
+            ("10.0.0.1", None),
+            ("::ffff:10.0.0.1", None),
+            ("2001:db8::1", None),
         ):
             net = denied_network(address, nets)
             self.assertEqual(str(net) if net is not None else None, expected, address)

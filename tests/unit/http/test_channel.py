@@ -94,9 +94,15 @@ class ChannelTestCase(SynchronousTestCase):
         config = make_config({"team-a": namespace(enabled=False)}, listen=listen)
         metrics = Metrics()
         service = AmpService(
-            config, self.clock, certificate=serving_certificate(config.tls, self.clock, metrics),
-            webhook_endpoint=serverFromString(self.clock, "tcp:0"), metrics_endpoint=None,
-            namespaces=StaticNamespaceSource(config.kubernetes), metrics=metrics, install_sighup=False)
+            config,
+            self.clock,
+            certificate=serving_certificate(config.tls, self.clock, metrics),
+            webhook_endpoint=serverFromString(self.clock, "tcp:0"),
+            metrics_endpoint=None,
+            namespaces=StaticNamespaceSource(config.kubernetes),
+            metrics=metrics,
+            install_sighup=False,
+        )
         self.metrics = metrics
         return service.webhook_server
 
@@ -112,9 +118,15 @@ class ChannelTestCase(SynchronousTestCase):
         self.metrics = Metrics()
         self.source = HeldSource(self.events)
         service = AmpService(
-            config, self.clock, certificate=serving_certificate(config.tls, self.clock, self.metrics),
-            webhook_endpoint=ListeningAtOnce(self.events), metrics_endpoint=None, namespaces=self.source,
-            metrics=self.metrics, install_sighup=False)
+            config,
+            self.clock,
+            certificate=serving_certificate(config.tls, self.clock, self.metrics),
+            webhook_endpoint=ListeningAtOnce(self.events),
+            metrics_endpoint=None,
+            namespaces=self.source,
+            metrics=self.metrics,
+            install_sighup=False,
+        )
         service.startService()
         return service
 
@@ -126,8 +138,11 @@ class ChannelTestCase(SynchronousTestCase):
 
     def timers(self) -> list[Any]:
         """The clock's pending calls, but for the log limiter's interval timers."""
-        return [call for call in self.clock.getDelayedCalls()
-                if not isinstance(getattr(call.func, "__self__", None), RepeatLimiter)]
+        return [
+            call
+            for call in self.clock.getDelayedCalls()
+            if not isinstance(getattr(call.func, "__self__", None), RepeatLimiter)
+        ]
 
     def bad_requests(self, code: int) -> float:
         return self.metrics.registry.get_sample_value("amp_bad_requests_total", {"code": str(code)}) or 0.0
@@ -634,9 +649,13 @@ class FloodTests(ChannelTestCase):
         self.assertEqual(self.dropped("max-connections"), 1500)
         self.assertEqual(len(self.lines("Connection refused")), http.WARNING_BURST)
         self.clock.advance(http.WARNING_INTERVAL)
-        self.assertEqual(self.lines("more connections refused"), [
-            f"{1500 - http.WARNING_BURST} more connections refused over listen.max_connections in the last "
-            f"{http.WARNING_INTERVAL:g}s (only the first {http.WARNING_BURST} of a burst are logged)"])
+        self.assertEqual(
+            self.lines("more connections refused"),
+            [
+                f"{1500 - http.WARNING_BURST} more connections refused over listen.max_connections in the last "
+                f"{http.WARNING_INTERVAL:g}s (only the first {http.WARNING_BURST} of a burst are logged)"
+            ],
+        )
         self.assertEqual(site.open_connections, len(held))
 
     def test_oversized_requests(self) -> None:
@@ -662,8 +681,9 @@ class FloodTests(ChannelTestCase):
         self.clock.advance(1)
         self.assertEqual(self.dropped("no-request"), 200)
         self.assertEqual(self.bad_requests(408), 100)
-        self.assertEqual(len(self.lines("sent no request")) + len(self.lines("Refused a request: 408")),
-                         http.WARNING_BURST)
+        self.assertEqual(
+            len(self.lines("sent no request")) + len(self.lines("Refused a request: 408")), http.WARNING_BURST
+        )
         for c in silent + slow:
             c.lose()
         self.clock.advance(http.WARNING_INTERVAL)
@@ -689,16 +709,33 @@ class FloodTests(ChannelTestCase):
 ALLOWED_STATUSES = {100, 200, 400, 404, 405, 408, 413, 414, 415, 431}
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.integers(min_value=10**300, max_value=10**400)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=10**300, max_value=10**400)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=20)
+    max_leaves=20,
+)
 
 #: Where in an AdmissionReview a generated value goes.
-PLACES = [(), ("request",), ("request", "object"), ("request", "uid"), ("request", "object", "metadata"),
-          ("request", "object", "metadata", "annotations"), ("request", "object", "spec", "containers"),
-          ("apiVersion",), ("kind",), ("request", "kind"), ("request", "namespace"), ("request", "operation"),
-          ("request", "dryRun"), ("request", "object", "metadata", "name")]
+PLACES = [
+    (),
+    ("request",),
+    ("request", "object"),
+    ("request", "uid"),
+    ("request", "object", "metadata"),
+    ("request", "object", "metadata", "annotations"),
+    ("request", "object", "spec", "containers"),
+    ("apiVersion",),
+    ("kind",),
+    ("request", "kind"),
+    ("request", "namespace"),
+    ("request", "operation"),
+    ("request", "dryRun"),
+    ("request", "object", "metadata", "name"),
+]
 
 
 def placed(doc: Any, place: tuple[str, ...], value: Any) -> Any:
@@ -757,19 +794,35 @@ class NoServerErrorTests(ChannelTestCase):
             if status != 100:
                 headers = dict(line.split(b": ", 1) for line in m.group(2).split(b"\r\n"))
                 # amp's own answers: plain text, or an AdmissionReview; never an HTML error page.
-                self.assertIn(headers.get(b"Content-Type", headers.get(b"content-type")),
-                              (b"text/plain; charset=utf-8", b"application/json"), data[:500])
+                self.assertIn(
+                    headers.get(b"Content-Type", headers.get(b"content-type")),
+                    (b"text/plain; charset=utf-8", b"application/json"),
+                    data[:500],
+                )
         self.assertNotIn(b"Processing Failed", data)
-        failures = [e for e in self.events if "log_failure" in e or e.get("log_level") in (LogLevel.error,
-                                                                                          LogLevel.critical)]
+        failures = [
+            e for e in self.events if "log_failure" in e or e.get("log_level") in (LogLevel.error, LogLevel.critical)
+        ]
         self.assertEqual(failures, [], [formatEvent(e) for e in failures])
         self.events.clear()
         return statuses
 
-    def post(self, body: bytes, query: bytes = b"timeout=10s", content_type: bytes = b"application/json",
-             path: bytes = b"/mutate") -> list[int]:
-        head = (b"POST " + path + b"?" + query + b" HTTP/1.1\r\nHost: amp\r\nContent-Type: " + content_type
-                + b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+    def post(
+        self,
+        body: bytes,
+        query: bytes = b"timeout=10s",
+        content_type: bytes = b"application/json",
+        path: bytes = b"/mutate",
+    ) -> list[int]:
+        head = (
+            b"POST "
+            + path
+            + b"?"
+            + query
+            + b" HTTP/1.1\r\nHost: amp\r\nContent-Type: "
+            + content_type
+            + b"\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
         return self.check(self.exchange(head + body))
 
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -783,25 +836,38 @@ class NoServerErrorTests(ChannelTestCase):
         self.check(self.exchange(b"POST /mutate HTTP/1.1\r\nHost: amp\r\n", *chunks))
 
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(json_values, st.sampled_from(PLACES), st.sampled_from(["team-a", "on", "missing", ""]),
-           st.sampled_from([b"/mutate", b"/validate"]))
-    def test_arbitrary_json_anywhere_in_a_review(self, value: Any, place: tuple[str, ...], ns: str,
-                                                 path: bytes) -> None:
+    @given(
+        json_values,
+        st.sampled_from(PLACES),
+        st.sampled_from(["team-a", "on", "missing", ""]),
+        st.sampled_from([b"/mutate", b"/validate"]),
+    )
+    def test_arbitrary_json_anywhere_in_a_review(
+        self, value: Any, place: tuple[str, ...], ns: str, path: bytes
+    ) -> None:
         doc = placed(review(namespace=ns), place, value)
         body = json.dumps(doc, allow_nan=True).encode()
         self.assertIn(self.post(body, path=path), ([200], [400]))
 
     @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(st.integers(min_value=1, max_value=100_000), st.sampled_from(["[", '{"a":']), st.booleans(),
-           st.sampled_from(["body", "object", "uid", "annotation"]), st.sampled_from(["team-a", "on"]))
+    @given(
+        st.integers(min_value=1, max_value=100_000),
+        st.sampled_from(["[", '{"a":']),
+        st.booleans(),
+        st.sampled_from(["body", "object", "uid", "annotation"]),
+        st.sampled_from(["team-a", "on"]),
+    )
     def test_deep_nesting(self, depth: int, opener: str, closed: bool, where: str, ns: str) -> None:
         deep = nested(depth, opener, closed)
         if where == "body":
             body = deep
         else:
             marker = "\u0000deep\u0000"
-            place = {"object": ("request", "object"), "uid": ("request", "uid"),
-                     "annotation": ("request", "object", "metadata", "annotations")}[where]
+            place = {
+                "object": ("request", "object"),
+                "uid": ("request", "uid"),
+                "annotation": ("request", "object", "metadata", "annotations"),
+            }[where]
             body = json.dumps(placed(review(namespace=ns), place, marker)).replace(json.dumps(marker), deep)
         statuses = self.post(body.encode())
         self.assertIn(statuses, ([200], [400], [413]))

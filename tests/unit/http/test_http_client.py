@@ -70,8 +70,10 @@ class KeepAliveTests(_Base):
     """
 
     def test_a_chunked_reply_is_reused(self) -> None:
-        self.assertReusedAfter(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
-                               % (len(PATCH_BYTES), PATCH_BYTES))
+        self.assertReusedAfter(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+            % (len(PATCH_BYTES), PATCH_BYTES)
+        )
 
     def test_bytes_after_the_reply_close_the_connection(self) -> None:
         # Two replies to one request, or bytes that are not HTTP: the peer
@@ -139,9 +141,16 @@ class NotHTTPTests(_Base):
         _, transport = self.net.accept()
         head, _, body = transport.value().partition(b"\r\n\r\n")
         lines = head.split(b"\r\n")
-        self.assertEqual(lines[:5], [b"POST /mutate HTTP/1.1", b"Host: 127.0.0.1:8090",
-                                     b"Content-Type: application/json", b"Accept: application/json",
-                                     b"User-Agent: " + USER_AGENT])
+        self.assertEqual(
+            lines[:5],
+            [
+                b"POST /mutate HTTP/1.1",
+                b"Host: 127.0.0.1:8090",
+                b"Content-Type: application/json",
+                b"Accept: application/json",
+                b"User-Agent: " + USER_AGENT,
+            ],
+        )
         self.assertIn(b"X-Amp-Namespace: team", lines)
         self.assertIn(b"X-Amp-Uid: u-1", lines)
         self.assertIn(b"Content-Length: 14", lines)
@@ -151,8 +160,13 @@ class NotHTTPTests(_Base):
         from amp.deadline import Deadline
         from amp.urls import parse_endpoint_url
 
-        d = self.h.client.call(parse_endpoint_url(URL), self.h.settings, b"{}",
-                               {b"x-amp-namespace": b"a\r\nX-Injected: 1"}, Deadline.after(0, 5.0))
+        d = self.h.client.call(
+            parse_endpoint_url(URL),
+            self.h.settings,
+            b"{}",
+            {b"x-amp-namespace": b"a\r\nX-Injected: 1"},
+            Deadline.after(0, 5.0),
+        )
         e = self.assertReason(d, "connection-failed")
         self.assertIn("line break", e.message)
         self.assertEqual(self.net.attempts, 0)
@@ -165,8 +179,10 @@ class FramingTests(_Base):
     counted against the head's limits while they arrive.
     """
 
-    FOLDED = (b"HTTP/1.1 200 OK\r\nConnection: keep-alive,\r\n \t close\r\nX-Note: a\r\n\tb\r\n"
-              b"Content-Length: %d\r\n\r\n%s" % (len(PATCH_BYTES), PATCH_BYTES))
+    FOLDED = (
+        b"HTTP/1.1 200 OK\r\nConnection: keep-alive,\r\n \t close\r\nX-Note: a\r\n\tb\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(PATCH_BYTES), PATCH_BYTES)
+    )
 
     def test_obs_fold_is_unfolded_wherever_the_reads_split_it(self) -> None:
         # Unfolded, Connection is "keep-alive, close": the connection is
@@ -185,7 +201,7 @@ class FramingTests(_Base):
         d = self.h.call(URL)
         proto, transport = self.net.accept()
         for i in range(len(self.FOLDED)):
-            proto.dataReceived(self.FOLDED[i:i + 1])
+            proto.dataReceived(self.FOLDED[i : i + 1])
         self.assertEqual(self.successResultOf(d).patch, PATCH)
         self.assertFalse(transport.connected)
 
@@ -211,8 +227,9 @@ class FramingTests(_Base):
     def test_trailer_bytes_count_with_the_head_bytes_as_they_arrive(self) -> None:
         settings = EndpointSettings(max_response_header_size=1024)
         head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-        h, d, proto, transport = answered_once(head + b"%x\r\n%s\r\n0\r\nX-Big: " % (len(PATCH_BYTES), PATCH_BYTES),
-                                               settings)
+        h, d, proto, transport = answered_once(
+            head + b"%x\r\n%s\r\n0\r\nX-Big: " % (len(PATCH_BYTES), PATCH_BYTES), settings
+        )
         self.assertNoResult(d)
         # The field never ends: refused at the read that passes the limit.
         for _ in range(3):
@@ -235,9 +252,11 @@ class MemoryTests(_Base):
         import gc
         import weakref
 
-        for reply in (b"HTTP/1.1 200 OK\r\nContent-Length: 2000000\r\n\r\n[",
-                      b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1000\r\n" + b" " * 4096,
-                      b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]"):
+        for reply in (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2000000\r\n\r\n[",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1000\r\n" + b" " * 4096,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]",
+        ):
             h, d, proto, transport = answered_once(reply, EndpointSettings(max_response=1000))
             self.failureResultOf(d)
             self.assertFalse(transport.connected)

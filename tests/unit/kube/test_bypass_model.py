@@ -48,9 +48,12 @@ LEASE = 3.0
 STEP = 0.25
 STATUS = "amp.txn2.com/status"
 LABEL = "amp.txn2.com/enabled"
-CONFIG = KubernetesConfig(source="kubeconfig", kubeconfig="/nonexistent", request_timeout=1.0,
-                          bypass=BypassConfig(enabled=True, lease_namespace="amp-system", horizon=3600.0,
-                                              lease_duration=LEASE))
+CONFIG = KubernetesConfig(
+    source="kubeconfig",
+    kubeconfig="/nonexistent",
+    request_timeout=1.0,
+    bypass=BypassConfig(enabled=True, lease_namespace="amp-system", horizon=3600.0, lease_duration=LEASE),
+)
 
 
 class _Bridge:
@@ -124,9 +127,19 @@ class Replica:
 
     def make_report(self) -> Any:
         return BypassReport(
-            config=CONFIG, client=_Client(self.cluster), reactor=self.reactor, clock=self.reactor,
-            metrics=self.metrics, identity=self.identity, namespaces=self, enables=self.enables,
-            own_namespace="amp-system", lease_namespace="amp-system", watch=self.watch, wall=self.reactor.seconds)
+            config=CONFIG,
+            client=_Client(self.cluster),
+            reactor=self.reactor,
+            clock=self.reactor,
+            metrics=self.metrics,
+            identity=self.identity,
+            namespaces=self,
+            enables=self.enables,
+            own_namespace="amp-system",
+            lease_namespace="amp-system",
+            watch=self.watch,
+            wall=self.reactor.seconds,
+        )
 
     @property
     def reporter(self) -> Any:
@@ -141,8 +154,16 @@ class Replica:
     def cached(self, name: str) -> Any:
         return self.cache.get(name, UNKNOWN)
 
-    def watch(self, name: str, thread_name: str, lister: Any, *, parse: Callable[[Any], Any],
-              handler: Callable[[Any], None], **options: Any) -> _Bridge:
+    def watch(
+        self,
+        name: str,
+        thread_name: str,
+        lister: Any,
+        *,
+        parse: Callable[[Any], Any],
+        handler: Callable[[Any], None],
+        **options: Any,
+    ) -> _Bridge:
         """A term's Pod watch starts: it lists every Pod, then follows."""
         bridge = self.pod_watch = _Bridge(self, handler)
         self.parse = parse
@@ -235,8 +256,9 @@ class BypassModel(RuleBasedStateMachine):
         cluster = self.cluster
         name = f"team-{len(cluster.namespaces)}"
         rv = cluster.write()
-        obj = namespace(name, rv=rv, labels={LABEL: "true"} if enabled else {},
-                        creationTimestamp=format_time(cluster.second()))
+        obj = namespace(
+            name, rv=rv, labels={LABEL: "true"} if enabled else {}, creationTimestamp=format_time(cluster.second())
+        )
         if enabled:
             self._managed(obj)
             cluster.enabled_at[name] = (int(rv), cluster.second())
@@ -259,9 +281,14 @@ class BypassModel(RuleBasedStateMachine):
             replica.namespace_event("MODIFIED", obj)
 
     def _managed(self, obj: dict[str, Any]) -> None:
-        obj["metadata"]["managedFields"] = [{
-            "manager": "gitops", "operation": "Update", "time": format_time(self.cluster.second()),
-            "fieldsV1": {"f:metadata": {"f:labels": {f"f:{LABEL}": {}}}}}]
+        obj["metadata"]["managedFields"] = [
+            {
+                "manager": "gitops",
+                "operation": "Update",
+                "time": format_time(self.cluster.second()),
+                "fieldsV1": {"f:metadata": {"f:labels": {f"f:{LABEL}": {}}}},
+            }
+        ]
 
     @precondition(lambda self: self.cluster.namespaces and len(self.cluster.pods) < 12)
     @rule(data=st.data(), amp_reachable=st.booleans())
@@ -271,8 +298,14 @@ class BypassModel(RuleBasedStateMachine):
         enabled = ns in cluster.enabled_at
         reviewed = enabled and amp_reachable
         name = f"p{len(cluster.pods)}"
-        obj = pod(ns, name, format_time(cluster.second()), rv=cluster.write(), owner="ReplicaSet",
-                  annotations={STATUS: "mutated"} if reviewed else None)
+        obj = pod(
+            ns,
+            name,
+            format_time(cluster.second()),
+            rv=cluster.write(),
+            owner="ReplicaSet",
+            annotations={STATUS: "mutated"} if reviewed else None,
+        )
         cluster.truth[obj["metadata"]["uid"]] = (enabled and not reviewed, reviewed, ns, cluster.second())
         cluster.pods.append(obj)
         for replica in self.replicas:
@@ -312,8 +345,9 @@ class BypassModel(RuleBasedStateMachine):
             assert not reviewed, f"an Event for Pod {uid}, which amp reviewed"
             if not bypassed:
                 same_second = self.cluster.enabled_at.get(ns, (0, None))[1] == second
-                assert same_second and "possibly" in bodies[0]["message"], \
+                assert same_second and "possibly" in bodies[0]["message"], (
                     f"Pod {uid} did not bypass amp: {bodies[0]['message']}"
+                )
 
     def teardown(self) -> None:
         if not self.cluster.pods:
@@ -329,8 +363,9 @@ class BypassModel(RuleBasedStateMachine):
         self.at_most_one_event_and_none_unearned()
 
 
-BypassModel.TestCase.settings = settings(max_examples=100, stateful_step_count=30, deadline=None,
-                                         suppress_health_check=[HealthCheck.too_slow])
+BypassModel.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 #: The model check, as a test of the suite.
 BypassModelTests = BypassModel.TestCase

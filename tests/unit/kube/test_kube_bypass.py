@@ -53,8 +53,13 @@ def at(seconds: float) -> str:
 def kube_config(kube: Optional[dict[str, Any]] = None, **bypass: Any) -> KubernetesConfig:
     values: dict[str, Any] = dict(enabled=True, lease_namespace="amp-system", horizon=HOUR)
     values.update(bypass)
-    return KubernetesConfig(source="kubeconfig", kubeconfig="/nonexistent", request_timeout=2.0,
-                            bypass=BypassConfig(**values), **(kube or {}))
+    return KubernetesConfig(
+        source="kubeconfig",
+        kubeconfig="/nonexistent",
+        request_timeout=2.0,
+        bypass=BypassConfig(**values),
+        **(kube or {}),
+    )
 
 
 def enabled_ns(name: str, since: Optional[float] = -HOUR, **annotations: str) -> NamespaceInfo:
@@ -62,8 +67,9 @@ def enabled_ns(name: str, since: Optional[float] = -HOUR, **annotations: str) ->
     return NamespaceInfo(name, ENABLED, annotations, "1", None if since is None else T0 + since)
 
 
-def seen(namespace: str, name: str, created: float, controller: str = "ReplicaSet",
-         revision: Optional[int] = None) -> PodSeen:
+def seen(
+    namespace: str, name: str, created: float, controller: str = "ReplicaSet", revision: Optional[int] = None
+) -> PodSeen:
     return PodSeen(namespace, name, f"uid-{namespace}-{name}", T0 + created, controller, revision)
 
 
@@ -71,25 +77,39 @@ def seen(namespace: str, name: str, created: float, controller: str = "ReplicaSe
 
 
 class KeepTests(SynchronousTestCase):
-
     def managed(self, *entries: tuple[str, list[str]]) -> list[dict[str, Any]]:
-        return [{"manager": f"m{i}", "operation": "Update", "time": when, "fieldsV1": {
-            "f:metadata": {"f:labels": {f"f:{label}": {} for label in labels}}}}
-            for i, (when, labels) in enumerate(entries)]
+        return [
+            {
+                "manager": f"m{i}",
+                "operation": "Update",
+                "time": when,
+                "fieldsV1": {"f:metadata": {"f:labels": {f"f:{label}": {} for label in labels}}},
+            }
+            for i, (when, labels) in enumerate(entries)
+        ]
 
     def test_enabled_since_is_when_the_label_was_last_written(self) -> None:
         keep = Keep(kube_config())
-        obj = namespace("team-a", labels=ENABLED, creationTimestamp=at(-100), managedFields=self.managed(
-            (at(-100), ["kubernetes.io/metadata.name"]),
-            (at(-50), ["amp.txn2.com/enabled", "team"]),
-            (at(-70), ["amp.txn2.com/enabled"])))
+        obj = namespace(
+            "team-a",
+            labels=ENABLED,
+            creationTimestamp=at(-100),
+            managedFields=self.managed(
+                (at(-100), ["kubernetes.io/metadata.name"]),
+                (at(-50), ["amp.txn2.com/enabled", "team"]),
+                (at(-70), ["amp.txn2.com/enabled"]),
+            ),
+        )
         self.assertEqual(keep.namespace(obj).enabled_since, T0 - 50)
 
     def test_enabled_since_is_unknown_without_a_managed_field_or_when_not_enabled(self) -> None:
         keep = Keep(kube_config())
         self.assertIsNone(keep.namespace(namespace("a", labels=ENABLED)).enabled_since)
-        disabled = namespace("b", labels={"amp.txn2.com/enabled": "false"},
-                             managedFields=self.managed((at(-50), ["amp.txn2.com/enabled"])))
+        disabled = namespace(
+            "b",
+            labels={"amp.txn2.com/enabled": "false"},
+            managedFields=self.managed((at(-50), ["amp.txn2.com/enabled"])),
+        )
         self.assertIsNone(keep.namespace(disabled).enabled_since)
 
     def test_a_pod_is_kept_only_when_it_could_have_bypassed_amp(self) -> None:
@@ -123,30 +143,70 @@ class KeepTests(SynchronousTestCase):
         lister = KubeClient.pod_metadata(Client())  # type: ignore[arg-type]
         lister.list(limit=500, continue_token="c1", timeout=(1.0, 1.0))
         lister.watch(resource_version="7", timeout_seconds=30, timeout=(1.0, 31.0))
-        self.assertEqual(calls, [
-            ("GET", "/api/v1/pods", [("limit", "500"), ("continue", "c1")],
-             "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"),
-            ("GET", "/api/v1/pods", [("watch", "true"), ("resourceVersion", "7"), ("allowWatchBookmarks", "true"),
-                                     ("timeoutSeconds", "30")],
-             "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"),
-        ])
+        self.assertEqual(
+            calls,
+            [
+                (
+                    "GET",
+                    "/api/v1/pods",
+                    [("limit", "500"), ("continue", "c1")],
+                    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+                ),
+                (
+                    "GET",
+                    "/api/v1/pods",
+                    [
+                        ("watch", "true"),
+                        ("resourceVersion", "7"),
+                        ("allowWatchBookmarks", "true"),
+                        ("timeoutSeconds", "30"),
+                    ],
+                    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
+                ),
+            ],
+        )
 
     def test_the_pod_watch_loop_keeps_only_candidates(self) -> None:
         stop = threading.Event()
-        lister = ScriptedLister(stop, lists=[list_body([
-            pod("a", "bypassed", at(-10)), pod("a", "reviewed", at(-10), annotations={"amp.txn2.com/status": "x"}),
-        ], "10")], watches=[[
-            event("ADDED", pod("a", "new", at(0), rv="11")),
-            event("MODIFIED", pod("a", "new", at(0), rv="12")),
-            event("DELETED", pod("a", "bypassed", at(-10), rv="13")),
-        ]])
+        lister = ScriptedLister(
+            stop,
+            lists=[
+                list_body(
+                    [
+                        pod("a", "bypassed", at(-10)),
+                        pod("a", "reviewed", at(-10), annotations={"amp.txn2.com/status": "x"}),
+                    ],
+                    "10",
+                )
+            ],
+            watches=[
+                [
+                    event("ADDED", pod("a", "new", at(0), rv="11")),
+                    event("MODIFIED", pod("a", "new", at(0), rv="12")),
+                    event("DELETED", pod("a", "bypassed", at(-10), rv="13")),
+                ]
+            ],
+        )
         emitted: list[Any] = []
         keep = PodKeep(kube_config(), cutoff=lambda: T0 - HOUR)
-        ListWatch(lister=lister, parse=keep.pod, emit=emitted.append, stop=stop, config=kube_config(),
-                  random=lambda: 0.0, kinds=("ADDED", "DELETED"), page_size=500).run()
+        ListWatch(
+            lister=lister,
+            parse=keep.pod,
+            emit=emitted.append,
+            stop=stop,
+            config=kube_config(),
+            random=lambda: 0.0,
+            kinds=("ADDED", "DELETED"),
+            page_size=500,
+        ).run()
         self.assertEqual(emitted[0], Replaced((seen("a", "bypassed", -10, "", 1),), "10"))
-        self.assertEqual(emitted[1:3], [Changed("ADDED", seen("a", "new", 0, "", 11), "11"),
-                                        Changed("DELETED", seen("a", "bypassed", -10, "", 13), "13")])
+        self.assertEqual(
+            emitted[1:3],
+            [
+                Changed("ADDED", seen("a", "new", 0, "", 11), "11"),
+                Changed("DELETED", seen("a", "bypassed", -10, "", 13), "13"),
+            ],
+        )
 
 
 # ====================================================================== the report
@@ -178,7 +238,6 @@ class PendingPool:
 
 
 class ReporterTestCase(SynchronousTestCase):
-
     def setUp(self) -> None:
         from twisted.internet.task import Clock
 
@@ -189,20 +248,28 @@ class ReporterTestCase(SynchronousTestCase):
         self.logs = LogCapture(self)
         self.config: dict[str, Any] = {}
         self.namespaces = Namespaces(
-            enabled_ns("team-a"), enabled_ns("team-b"),
+            enabled_ns("team-a"),
+            enabled_ns("team-b"),
             enabled_ns("late-enabled", since=-30),
             enabled_ns("unknown-since", since=None),
             enabled_ns("shadowed", **{"amp.txn2.com/mode": "shadow"}),
             NamespaceInfo("plain", {}, {}),
-            enabled_ns("kube-system"), enabled_ns("amp-system"),
+            enabled_ns("kube-system"),
+            enabled_ns("amp-system"),
         )
         self.enables: dict[str, Enabled] = {}
 
     def reporter(self, post_event: Any = None, identity: str = "amp-0_abc", **bypass: Any) -> BypassReporter:
         reporter = BypassReporter(
-            config=kube_config(self.config, **bypass), namespaces=self.namespaces, clock=self.clock,
-            metrics=self.metrics, post_event=post_event or self.post, own_namespace="amp-system",
-            identity=identity, enables=self.enables.get)
+            config=kube_config(self.config, **bypass),
+            namespaces=self.namespaces,
+            clock=self.clock,
+            metrics=self.metrics,
+            post_event=post_event or self.post,
+            own_namespace="amp-system",
+            identity=identity,
+            enables=self.enables.get,
+        )
         reporter.start_term()
         reporter.namespaces_listed()
         return reporter
@@ -223,7 +290,6 @@ class ReporterTestCase(SynchronousTestCase):
 
 
 class ReportTests(ReporterTestCase):
-
     def test_a_bypassed_pod_is_counted_logged_and_gets_an_event(self) -> None:
         reporter = self.reporter()
         reporter.news(Changed("ADDED", seen("team-a", "web-1", -5), "11"))
@@ -236,8 +302,10 @@ class ReportTests(ReporterTestCase):
         [(namespace, body)] = self.kube.events
         self.assertEqual(namespace, "team-a")
         self.assertEqual((body["type"], body["reason"], body["count"]), ("Warning", "AmpBypassed", 1))
-        self.assertEqual(body["involvedObject"], {"apiVersion": "v1", "kind": "Pod", "namespace": "team-a",
-                                                  "name": "web-1", "uid": "uid-team-a-web-1"})
+        self.assertEqual(
+            body["involvedObject"],
+            {"apiVersion": "v1", "kind": "Pod", "namespace": "team-a", "name": "web-1", "uid": "uid-team-a-web-1"},
+        )
         self.assertEqual(body["metadata"]["namespace"], "team-a")
         self.assertEqual(body["metadata"]["name"], "web-1.amp-bypassed.uid-team-a-web-1")
         self.assertIn("admitted without amp", body["message"])
@@ -253,25 +321,39 @@ class ReportTests(ReporterTestCase):
 
     def test_pods_that_did_not_bypass_amp_are_never_reported(self) -> None:
         reporter = self.reporter()
-        reporter.news(Replaced((
-            seen("late-enabled", "before-enabling", -31),
-            seen("shadowed", "p", -5),
-            seen("plain", "not-enabled", -5),
-            seen("kube-system", "p", -5),
-            seen("amp-system", "amp-itself", -5),
-            seen("gone", "namespace-unknown", -5),
-            seen("team-a", "older-than-the-horizon", -HOUR - 1),
-            seen("late-enabled", "after-enabling", -29),
-        ), "10"))
+        reporter.news(
+            Replaced(
+                (
+                    seen("late-enabled", "before-enabling", -31),
+                    seen("shadowed", "p", -5),
+                    seen("plain", "not-enabled", -5),
+                    seen("kube-system", "p", -5),
+                    seen("amp-system", "amp-itself", -5),
+                    seen("gone", "namespace-unknown", -5),
+                    seen("team-a", "older-than-the-horizon", -HOUR - 1),
+                    seen("late-enabled", "after-enabling", -29),
+                ),
+                "10",
+            )
+        )
         self.settle()
         self.assertEqual(self.reported(), ["late-enabled/after-enabling"])
-        self.assertEqual(sum(s.value for m in self.metrics.registry.collect() if m.name == "amp_bypassed_pods"
-                             for s in m.samples if s.name.endswith("_total")), 1)
+        self.assertEqual(
+            sum(
+                s.value
+                for m in self.metrics.registry.collect()
+                if m.name == "amp_bypassed_pods"
+                for s in m.samples
+                if s.name.endswith("_total")
+            ),
+            1,
+        )
 
     def test_where_the_order_cannot_be_told_the_pod_is_possibly_bypassed(self) -> None:
         reporter = self.reporter()
-        reporter.news(Replaced((seen("late-enabled", "same-second-as-enabling", -30),
-                                seen("unknown-since", "p", -5)), "10"))
+        reporter.news(
+            Replaced((seen("late-enabled", "same-second-as-enabling", -30), seen("unknown-since", "p", -5)), "10")
+        )
         self.settle()
         self.assertEqual(self.reported(), ["late-enabled/same-second-as-enabling", "unknown-since/p"])
         same, unknown = (body["message"] for _, body in self.kube.events)
@@ -286,8 +368,9 @@ class ReportTests(ReporterTestCase):
     def test_the_namespaces_amp_does_not_act_on_follow_its_configuration(self) -> None:
         self.config = {"protected_namespaces": ("team-b",)}
         reporter = self.reporter()
-        reporter.news(Replaced((seen("kube-system", "p", -5), seen("team-b", "p", -5),
-                                seen("amp-system", "p", -5)), "10"))
+        reporter.news(
+            Replaced((seen("kube-system", "p", -5), seen("team-b", "p", -5), seen("amp-system", "p", -5)), "10")
+        )
         self.assertEqual(self.reported(), ["kube-system/p"])
         self.config = {"allow_protected_namespaces": True}
         reporter = self.reporter()
@@ -332,8 +415,14 @@ class ReportTests(ReporterTestCase):
 
     def test_pods_wait_for_the_first_namespace_list(self) -> None:
         reporter = BypassReporter(
-            config=kube_config(), namespaces=self.namespaces, clock=self.clock, metrics=self.metrics,
-            post_event=self.post, own_namespace="amp-system", identity="amp-0")
+            config=kube_config(),
+            namespaces=self.namespaces,
+            clock=self.clock,
+            metrics=self.metrics,
+            post_event=self.post,
+            own_namespace="amp-system",
+            identity="amp-0",
+        )
         reporter.start_term()
         reporter.news(Replaced((seen("team-a", "p", -5),), "10"))
         self.settle()
@@ -415,8 +504,7 @@ class ReportTests(ReporterTestCase):
         self.clock.advance(RETRY_FIRST)
         pool.posted[4][2].callback(False)
         self.assertEqual(self.counted("team-a"), 1)
-        self.assertEqual([body["involvedObject"]["name"] for _, body, _ in pool.posted],
-                         ["p1", "p1", "p2", "p2", "p2"])
+        self.assertEqual([body["involvedObject"]["name"] for _, body, _ in pool.posted], ["p1", "p1", "p2", "p2", "p2"])
 
     def test_events_waiting_are_bounded(self) -> None:
         pool = PendingPool()
@@ -438,8 +526,9 @@ class ReportTests(ReporterTestCase):
 class OrderTests(ReporterTestCase):
     """A Pod and its namespace's enabling, ordered to the write where the API server allows it."""
 
-    def judge(self, pod: PodSeen, ns: NamespaceInfo, enabled: Optional[Enabled] = None,
-              exact: bool = True) -> Optional[Verdict]:
+    def judge(
+        self, pod: PodSeen, ns: NamespaceInfo, enabled: Optional[Enabled] = None, exact: bool = True
+    ) -> Optional[Verdict]:
         return Judge(kube_config(), "amp-system")(pod, ns, enabled, exact=exact, now=T0)
 
     def test_the_seconds_decide_when_they_differ(self) -> None:
@@ -473,15 +562,18 @@ class OrderTests(ReporterTestCase):
         enables.changed("ADDED", None, plain, "5")
         self.assertEqual((enables.get("a"), enables.get("b")), (Enabled(7, True), None))
         enables.changed("MODIFIED", plain, NamespaceInfo("b", ENABLED, {}, "9"), "9")
-        enables.changed("MODIFIED", NamespaceInfo("b", ENABLED, {}, "9"), NamespaceInfo("b", ENABLED, {"x": "y"}, "10"),
-                        "10")
+        enables.changed(
+            "MODIFIED", NamespaceInfo("b", ENABLED, {}, "9"), NamespaceInfo("b", ENABLED, {"x": "y"}, "10"), "10"
+        )
         self.assertEqual(enables.get("b"), Enabled(9, False), "a later change is not the enabling")
         enables.changed("MODIFIED", enabled_ns("a"), NamespaceInfo("a", {}, {}, "11"), "11")
         self.assertIsNone(enables.get("a"), "disabled")
         # a relist keeps what did not change unseen
         enables.changed("ADDED", None, NamespaceInfo("c", ENABLED, {}, "12"), "12")
-        enables.replaced({"b": NamespaceInfo("b", ENABLED, {}, "10"), "c": NamespaceInfo("c", ENABLED, {}, "12")},
-                         {"b": NamespaceInfo("b", ENABLED, {}, "13"), "c": NamespaceInfo("c", ENABLED, {}, "12")})
+        enables.replaced(
+            {"b": NamespaceInfo("b", ENABLED, {}, "10"), "c": NamespaceInfo("c", ENABLED, {}, "12")},
+            {"b": NamespaceInfo("b", ENABLED, {}, "13"), "c": NamespaceInfo("c", ENABLED, {}, "12")},
+        )
         self.assertEqual((enables.get("b"), enables.get("c")), (None, Enabled(12, True)))
 
     def test_the_reporter_orders_added_pods_by_revision(self) -> None:
@@ -507,8 +599,9 @@ class OrderTests(ReporterTestCase):
             name = event_name(seen)
             self.assertTrue(dns.match(name) and len(name) <= 253, name)
         self.assertEqual(event_name(PodSeen("a", "web-1", uid, T0)), f"web-1.amp-bypassed.{uid}")
-        self.assertNotEqual(event_name(PodSeen("a", "web-1", uid.replace("3", "4"), T0)),
-                            event_name(PodSeen("a", "web-1", uid, T0)))
+        self.assertNotEqual(
+            event_name(PodSeen("a", "web-1", uid.replace("3", "4"), T0)), event_name(PodSeen("a", "web-1", uid, T0))
+        )
 
 
 class HandOverTests(ReporterTestCase):
@@ -565,10 +658,17 @@ class LeaseTests(SynchronousTestCase):
 
     def elector(self, identity: str) -> LeaseElector:
         elector = LeaseElector(
-            client=self.kube, reactor=self.reactor, clock=self.reactor, namespace="amp-system",
-            name="amp-bypass-reporter", identity=identity, duration=self.DURATION, request_timeout=2.0,
+            client=self.kube,
+            reactor=self.reactor,
+            clock=self.reactor,
+            namespace="amp-system",
+            name="amp-bypass-reporter",
+            identity=identity,
+            duration=self.DURATION,
+            request_timeout=2.0,
             on_elected=lambda: self.log.append(f"{identity} elected"),
-            on_deposed=lambda: self.log.append(f"{identity} deposed"))
+            on_deposed=lambda: self.log.append(f"{identity} deposed"),
+        )
         self.addCleanup(elector.stop)
         return elector
 
@@ -674,6 +774,7 @@ class _Unreachable:
     def __getattr__(self, name: str) -> Any:
         def fail(*args: Any) -> Any:
             raise api_error(503)
+
         return fail
 
 
@@ -681,7 +782,6 @@ class _Unreachable:
 
 
 class SourceBypassTests(SynchronousTestCase):
-
     def setUp(self) -> None:
         self.reactor = ThreadReactor()
         self.reactor.advance(T0)
@@ -691,17 +791,32 @@ class SourceBypassTests(SynchronousTestCase):
 
     def start(self, **bypass: Any) -> KubernetesNamespaceSource:
         source = KubernetesNamespaceSource(
-            kube_config(**bypass), reactor=self.reactor, metrics=self.metrics, random=lambda: 0.5,
-            client_factory=lambda config: self.kube, spawn=self.threads, identity="amp-0_abc",
-            wall=self.reactor.seconds)
+            kube_config(**bypass),
+            reactor=self.reactor,
+            metrics=self.metrics,
+            random=lambda: 0.5,
+            client_factory=lambda config: self.kube,
+            spawn=self.threads,
+            identity="amp-0_abc",
+            wall=self.reactor.seconds,
+        )
         source.startService()
         return source
 
     def namespaces(self, source: KubernetesNamespaceSource) -> None:
         keep = Keep(kube_config())
-        obj = namespace("team-a", labels=ENABLED, managedFields=[{
-            "manager": "kubectl", "operation": "Update", "time": at(-HOUR),
-            "fieldsV1": {"f:metadata": {"f:labels": {"f:amp.txn2.com/enabled": {}}}}}])
+        obj = namespace(
+            "team-a",
+            labels=ENABLED,
+            managedFields=[
+                {
+                    "manager": "kubectl",
+                    "operation": "Update",
+                    "time": at(-HOUR),
+                    "fieldsV1": {"f:metadata": {"f:labels": {"f:amp.txn2.com/enabled": {}}}},
+                }
+            ],
+        )
         source.watches["namespaces"].emit(Replaced({"team-a": keep.namespace(obj)}, "10"))
 
     def test_the_leader_watches_pods_and_reports_until_it_stops(self) -> None:
@@ -716,9 +831,15 @@ class SourceBypassTests(SynchronousTestCase):
 
         pods = self.kube.listers["pods"]
         pods.stop = source.watches["pods"].stopping
-        pods.lists.append(list_body([pod("team-a", "bypassed", at(-5), owner="ReplicaSet"),
-                                     pod("team-a", "reviewed", at(-5), annotations={"amp.txn2.com/status": "x"})],
-                                    "20"))
+        pods.lists.append(
+            list_body(
+                [
+                    pod("team-a", "bypassed", at(-5), owner="ReplicaSet"),
+                    pod("team-a", "reviewed", at(-5), annotations={"amp.txn2.com/status": "x"}),
+                ],
+                "20",
+            )
+        )
         self.threads.named("amp-pod-watch").run()
         self.assertEqual(pods.requests("list")[0]["limit"], 500)
         self.reactor.advance(SETTLE)
@@ -756,8 +877,14 @@ class SourceBypassTests(SynchronousTestCase):
     def test_a_namespace_seen_created_enabled_orders_its_pods_to_the_write(self) -> None:
         source = self.start()
         keep = Keep(kube_config())
-        enabled_now = [{"manager": "gitops", "operation": "Update", "time": at(0),
-                        "fieldsV1": {"f:metadata": {"f:labels": {"f:amp.txn2.com/enabled": {}}}}}]
+        enabled_now = [
+            {
+                "manager": "gitops",
+                "operation": "Update",
+                "time": at(0),
+                "fieldsV1": {"f:metadata": {"f:labels": {"f:amp.txn2.com/enabled": {}}}},
+            }
+        ]
         listed = namespace("listed", rv="9", labels=ENABLED, managedFields=enabled_now)
         source.watches["namespaces"].emit(Replaced({"listed": keep.namespace(listed)}, "10"))
         self.reactor.pool.run()
@@ -781,8 +908,11 @@ class SourceBypassTests(SynchronousTestCase):
         for per_review_get in (False, True):
             source = KubernetesNamespaceSource(
                 KubernetesConfig(source="kubeconfig", kubeconfig="/x", per_review_get=per_review_get),
-                reactor=self.reactor, metrics=self.metrics, client_factory=lambda config: self.kube,
-                spawn=self.threads)
+                reactor=self.reactor,
+                metrics=self.metrics,
+                client_factory=lambda config: self.kube,
+                spawn=self.threads,
+            )
             source.startService()
             d = source.fetch("team-a", 2.0)
             d.cancel()
@@ -797,8 +927,9 @@ class SourceBypassTests(SynchronousTestCase):
     def test_without_its_namespace_outside_a_cluster_the_report_is_off(self) -> None:
         logs = LogCapture(self)
         config = KubernetesConfig(source="kubeconfig", kubeconfig="/x", bypass=BypassConfig(enabled=True))
-        source = KubernetesNamespaceSource(config, reactor=self.reactor, client_factory=lambda c: self.kube,
-                                           spawn=self.threads)
+        source = KubernetesNamespaceSource(
+            config, reactor=self.reactor, client_factory=lambda c: self.kube, spawn=self.threads
+        )
         source.startService()
         self.assertIsNone(source.elector)
         [error] = logs.at(LogLevel.error)

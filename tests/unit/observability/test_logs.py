@@ -38,24 +38,41 @@ def logger(fmt: str = "json", level: str = "info", namespace: str = "amp.web.Rev
 
 
 class JSONLineTests(TestCase):
-
     def test_review_fields_are_top_level_keys(self) -> None:
         """
         A review event becomes one JSON object with the time, level, logger,
         formatted message and every keyword field at the top level.
         """
         log, buf = logger()
-        log.info("review {uid} {namespace}/{pod} {result}", uid="u-1", namespace="team-a", pod="web-*",
-                 endpoint="http://ep.team-a.svc:8080", result="patched", reason="", duration_ms=12.5,
-                 patch_size=497)
+        log.info(
+            "review {uid} {namespace}/{pod} {result}",
+            uid="u-1",
+            namespace="team-a",
+            pod="web-*",
+            endpoint="http://ep.team-a.svc:8080",
+            result="patched",
+            reason="",
+            duration_ms=12.5,
+            patch_size=497,
+        )
         [line] = lines_of(buf)
         self.assertEqual(line["message"], "review u-1 team-a/web-* patched")
         self.assertEqual(line["level"], "info")
         self.assertEqual(line["logger"], "amp.web.ReviewHandler")
         self.assertRegex(line["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
-        self.assertEqual({k: line[k] for k in REVIEW_FIELDS}, {
-            "uid": "u-1", "namespace": "team-a", "pod": "web-*", "endpoint": "http://ep.team-a.svc:8080",
-            "result": "patched", "reason": "", "duration_ms": 12.5, "patch_size": 497})
+        self.assertEqual(
+            {k: line[k] for k in REVIEW_FIELDS},
+            {
+                "uid": "u-1",
+                "namespace": "team-a",
+                "pod": "web-*",
+                "endpoint": "http://ep.team-a.svc:8080",
+                "result": "patched",
+                "reason": "",
+                "duration_ms": 12.5,
+                "patch_size": 497,
+            },
+        )
 
     def test_one_line_per_event_whatever_the_values(self) -> None:
         """
@@ -66,10 +83,10 @@ class JSONLineTests(TestCase):
         log.info("first\nwith a newline {x}", x="a\nb")
         log.info("second", raw=b"\xffbytes", ratio=math.nan, big=math.inf, obj=object(), items=(1, "two"))
         log.warn("third", nested={"k": [1, {"v": None}]})
-        log.info("fourth {path}", path="caf\udce9", huge=2 ** 70)
+        log.info("fourth {path}", path="caf\udce9", huge=2**70)
         parsed = lines_of(buf)
         self.assertEqual(len(parsed), 4)
-        self.assertEqual((parsed[3]["path"], parsed[3]["huge"]), ("caf\udce9", 2 ** 70))
+        self.assertEqual((parsed[3]["path"], parsed[3]["huge"]), ("caf\udce9", 2**70))
         self.assertEqual(parsed[3]["message"], "fourth caf\udce9")
         self.assertEqual(parsed[0]["x"], "a\nb")
         self.assertEqual(parsed[1]["raw"], "\\xffbytes")
@@ -104,8 +121,16 @@ class JSONLineTests(TestCase):
         except ZeroDivisionError:
             failure = Failure()
         event = {
-            "system": "-", "failure": failure, "why": "oops", "isError": 1, "message": (), "time": 1.5,
-            "log_time": 1.5, "log_text": "oops", "log_format": "{log_text}", "log_namespace": "log_legacy",
+            "system": "-",
+            "failure": failure,
+            "why": "oops",
+            "isError": 1,
+            "message": (),
+            "time": 1.5,
+            "log_time": 1.5,
+            "log_text": "oops",
+            "log_format": "{log_text}",
+            "log_namespace": "log_legacy",
         }
         line = json.loads(event_as_json(event))
         self.assertEqual(line["message"], "oops")
@@ -124,8 +149,9 @@ class JSONLineTests(TestCase):
             log.warn("w")
             log.error("e")
             seen[level] = [line["message"] for line in lines_of(buf)]
-        self.assertEqual(seen, {
-            "debug": ["d", "i", "w", "e"], "info": ["i", "w", "e"], "warn": ["w", "e"], "error": ["e"]})
+        self.assertEqual(
+            seen, {"debug": ["d", "i", "w", "e"], "info": ["i", "w", "e"], "warn": ["w", "e"], "error": ["e"]}
+        )
 
     def test_connection_chatter_only_at_debug(self) -> None:
         """
@@ -162,14 +188,28 @@ def test_text_lines_are_twisteds_classic_form() -> None:
 
     out = io.StringIO()
     observer = TextLinesObserver(out)
-    observer({"log_format": "review {uid} done", "uid": "u-1", "log_time": 1763735342.25,
-              "log_namespace": "amp.web", "log_level": LogLevel.info})
+    observer(
+        {
+            "log_format": "review {uid} done",
+            "uid": "u-1",
+            "log_time": 1763735342.25,
+            "log_namespace": "amp.web",
+            "log_level": LogLevel.info,
+        }
+    )
     try:
         _ = 1 / 0
     except ZeroDivisionError:
         failure = Failure()
-    observer({"log_format": "boom", "log_time": 1763735343.0, "log_namespace": "amp.x",
-              "log_level": LogLevel.critical, "log_failure": failure})
+    observer(
+        {
+            "log_format": "boom",
+            "log_time": 1763735343.0,
+            "log_namespace": "amp.x",
+            "log_level": LogLevel.critical,
+            "log_failure": failure,
+        }
+    )
     first, *rest = out.getvalue().splitlines()
     assert first == "2025-11-21T14:29:02.250Z [amp.web#info] review u-1 done"
     assert rest[0] == "2025-11-21T14:29:03.000Z [amp.x#critical] boom"
@@ -188,10 +228,32 @@ def test_fast_formatting_matches_twisteds() -> None:
     from amp.logs import format_event
     from amp.web import _REVIEW_LINE, _REVIEW_LINE_WITH_REASON
 
-    fields = {"uid": "u-1", "namespace": "team-a", "pod": "p-*", "endpoint": "http://e:80", "result": "ignored",
-              "reason": "timeout", "patch_size": 0, "duration_ms": 12.345, "a": {"k": 1}, "x": 3, "y": "z"}
-    formats = [_REVIEW_LINE, _REVIEW_LINE_WITH_REASON, "{a!r} x", "{a.k}", "{}", "plain {{braces}}",
-               "{x:>5}|{y}", "{missing}", "{x:{y}}", "unclosed {", "{a}"]
+    fields = {
+        "uid": "u-1",
+        "namespace": "team-a",
+        "pod": "p-*",
+        "endpoint": "http://e:80",
+        "result": "ignored",
+        "reason": "timeout",
+        "patch_size": 0,
+        "duration_ms": 12.345,
+        "a": {"k": 1},
+        "x": 3,
+        "y": "z",
+    }
+    formats = [
+        _REVIEW_LINE,
+        _REVIEW_LINE_WITH_REASON,
+        "{a!r} x",
+        "{a.k}",
+        "{}",
+        "plain {{braces}}",
+        "{x:>5}|{y}",
+        "{missing}",
+        "{x:{y}}",
+        "unclosed {",
+        "{a}",
+    ]
     for fmt in formats:
         event = dict(fields, log_format=fmt)
         assert format_event(event) == formatEvent(event), fmt
@@ -207,9 +269,13 @@ class RepeatLimiterTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.events: list[dict[str, Any]] = []
-        self.limiter = RepeatLimiter(Logger(observer=self.events.append), self.clock,
-                                     {"refused": "connections refused", "other": "other things"},
-                                     burst=3, interval=10.0)
+        self.limiter = RepeatLimiter(
+            Logger(observer=self.events.append),
+            self.clock,
+            {"refused": "connections refused", "other": "other things"},
+            burst=3,
+            interval=10.0,
+        )
 
     def messages(self) -> list[str]:
         return [formatEvent(e) for e in self.events]
@@ -224,8 +290,10 @@ class RepeatLimiterTests(SynchronousTestCase):
         self.clock.advance(9.9)
         self.assertEqual(len(self.events), 3)
         self.clock.advance(0.1)
-        self.assertEqual(self.messages()[3:], [
-            "1497 more connections refused in the last 10s (only the first 3 of a burst are logged)"])
+        self.assertEqual(
+            self.messages()[3:],
+            ["1497 more connections refused in the last 10s (only the first 3 of a burst are logged)"],
+        )
         self.assertEqual(self.events[3]["log_level"], LogLevel.warn)
 
     def test_a_flood_that_goes_on_writes_one_summary_per_interval(self) -> None:

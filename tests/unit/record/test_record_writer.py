@@ -37,9 +37,17 @@ from tests.unit.record.test_record import _capture
 
 
 def writer_settings(tmp_path: Any, **kw: Any) -> WriterSettings:
-    values: dict[str, Any] = dict(directory=str(tmp_path / "rec"), file_size=1024 * 1024, max_size=8 * 1024 * 1024,
-                                  queue=1024, queue_bytes=4 * 1024 * 1024, redact=False, key=b"k" * 32,
-                                  keep_prefixes=("amp.txn2.com/",), keep_names=("team.example/ep",))
+    values: dict[str, Any] = dict(
+        directory=str(tmp_path / "rec"),
+        file_size=1024 * 1024,
+        max_size=8 * 1024 * 1024,
+        queue=1024,
+        queue_bytes=4 * 1024 * 1024,
+        redact=False,
+        key=b"k" * 32,
+        keep_prefixes=("amp.txn2.com/",),
+        keep_names=("team.example/ep",),
+    )
     values.update(kw)
     return WriterSettings(**values)
 
@@ -69,7 +77,7 @@ def test_frames_are_cut_wherever_the_reads_end(tmp_path: Any) -> None:
     reader = FrameReader()
     frames = []
     for i in range(0, len(stream), 7):
-        frames.extend(reader.feed(stream[i:i + 7]))
+        frames.extend(reader.feed(stream[i : i + 7]))
     assert reader.buffered == 0
     assert decode_settings(frames[0][1]) == writer_settings(tmp_path)
     assert [decode_capture(body) for _, body in frames[1:]] == captures
@@ -90,7 +98,8 @@ def test_a_capture_frame_whose_lengths_do_not_add_up_is_refused() -> None:
 def test_report_lines_round_trip_and_stay_one_line() -> None:
     assert decode_report(report_line(3, 1, 4096, "")) == Report(3, 1, 4096, "")
     assert decode_report(report_line(0, 2, 10, "OSError: [Errno 28] No space\nleft")) == Report(
-        0, 2, 10, "OSError: [Errno 28] No space left")
+        0, 2, 10, "OSError: [Errno 28] No space left"
+    )
     assert decode_report(problem_line("too large\r\nreally")) == Problem("too large really")
     with pytest.raises(FrameError):
         decode_report(b"R three")
@@ -115,8 +124,7 @@ def feed_all(loop: WriterLoop, *frames: bytes) -> list[Any]:
 def test_the_writer_writes_private_lines_and_reports_them(tmp_path: Any) -> None:
     loop = WriterLoop()
     captures = [_capture(uid=f"u{i}") for i in range(3)]
-    reports = feed_all(loop, settings_frame(writer_settings(tmp_path)),
-                       *(b"".join(capture_frame(c)) for c in captures))
+    reports = feed_all(loop, settings_frame(writer_settings(tmp_path)), *(b"".join(capture_frame(c)) for c in captures))
     size = sum(len(c.request_body) + len(c.answer_body) for c in captures)
     assert reports == [Report(3, 0, size, "")]
     assert [decode_line(line, "x").uid for line in recorded_lines(tmp_path)] == ["u0", "u1", "u2"]
@@ -126,8 +134,7 @@ def test_the_writer_writes_private_lines_and_reports_them(tmp_path: Any) -> None
 
 
 def test_writers_given_the_same_key_redact_to_the_same_markers(tmp_path: Any) -> None:
-    capture = _capture(annotations={"amp.txn2.com/ep": "http://e/x", "team.example/ep": "kept",
-                                    "secret": "hunter2"})
+    capture = _capture(annotations={"amp.txn2.com/ep": "http://e/x", "team.example/ep": "kept", "secret": "hunter2"})
     markers = []
     for n in range(2):
         loop = WriterLoop()
@@ -183,8 +190,9 @@ def test_a_review_the_writer_cannot_use_is_a_problem_line_not_a_state(tmp_path: 
     loop = WriterLoop(now=Now())
     loop.feed(settings_frame(writer_settings(tmp_path, file_size=1000, redact=True)))
     large = json.dumps({"request": {"object": {"spec": {"nodeName": "n" * 2000}}}}).encode()
-    out = loop.feed(b"".join(capture_frame(_capture(request_body=b"[]")))
-                    + b"".join(capture_frame(_capture(request_body=large))))
+    out = loop.feed(
+        b"".join(capture_frame(_capture(request_body=b"[]"))) + b"".join(capture_frame(_capture(request_body=large)))
+    )
     problems = [decode_report(line) for line in out.splitlines()]
     assert all(isinstance(p, Problem) for p in problems) and len(problems) == 2
     assert "larger than record.file_size" in problems[1].message  # type: ignore[union-attr]

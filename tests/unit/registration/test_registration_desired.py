@@ -42,13 +42,18 @@ def test_the_check_finds_no_problem_in_what_amp_applies(pki: Any) -> None:
     _, leaf, ca_pem = pki
     # after the certificates were issued (at import time "now" could precede them)
     now = datetime.datetime.now(datetime.timezone.utc).timestamp()
-    for changes in ({}, {"failure_policy": "Fail", "kubernetes.webhook_name": "fail.mutate.amp.txn2.com"},
-                    {"failure_policy": "Fail", "kubernetes.webhook_name": None}, {"failure_policy": "Ignore"},
-                    {"registration.default_class": "Fail", "kubernetes.webhook_name": None},
-                    {"ephemeral_containers": True}, {"deadline.default_timeout": "25s"},
-                    {"kubernetes.protected_namespaces": ["kube-system", "kube-public", "gatekeeper-system"]},
-                    {"kubernetes.failure_class_label": None, "kubernetes.webhook_name": None},
-                    {"kubernetes.allow_protected_namespaces": True}):
+    for changes in (
+        {},
+        {"failure_policy": "Fail", "kubernetes.webhook_name": "fail.mutate.amp.txn2.com"},
+        {"failure_policy": "Fail", "kubernetes.webhook_name": None},
+        {"failure_policy": "Ignore"},
+        {"registration.default_class": "Fail", "kubernetes.webhook_name": None},
+        {"ephemeral_containers": True},
+        {"deadline.default_timeout": "25s"},
+        {"kubernetes.protected_namespaces": ["kube-system", "kube-public", "gatekeeper-system"]},
+        {"kubernetes.failure_class_label": None, "kubernetes.webhook_name": None},
+        {"kubernetes.allow_protected_namespaces": True},
+    ):
         c = config(**changes)
         obj = desired(c, ca_pem)
         assert check(obj, needs(c), [leaf], now) == (), changes
@@ -117,11 +122,15 @@ def test_drift_is_found_where_it_is(pki: Any) -> None:
         return drifted(obj, want)
 
     assert edit(lambda o: o["webhooks"][1].update(timeoutSeconds=30)) == (
-        "webhooks[fail.mutate.amp.txn2.com].timeoutSeconds")
-    assert edit(lambda o: o["webhooks"][0]["namespaceSelector"]["matchExpressions"][0]["values"].remove(
-        "kube-system")) == "webhooks[ignore.mutate.amp.txn2.com].namespaceSelector.matchExpressions[0].values"
+        "webhooks[fail.mutate.amp.txn2.com].timeoutSeconds"
+    )
+    assert (
+        edit(lambda o: o["webhooks"][0]["namespaceSelector"]["matchExpressions"][0]["values"].remove("kube-system"))
+        == "webhooks[ignore.mutate.amp.txn2.com].namespaceSelector.matchExpressions[0].values"
+    )
     assert edit(lambda o: o["webhooks"][0]["clientConfig"].update(caBundle="")) == (
-        "webhooks[ignore.mutate.amp.txn2.com].clientConfig.caBundle")
+        "webhooks[ignore.mutate.amp.txn2.com].clientConfig.caBundle"
+    )
     assert edit(lambda o: o["webhooks"].pop()) == "webhooks[fail.mutate.amp.txn2.com] (missing)"
     assert edit(lambda o: o["webhooks"].append({"name": "extra"})) == "webhooks[extra] (not amp's)"
 
@@ -144,11 +153,13 @@ def test_the_operators_selector_requirements_apply_in_the_managed_mode_too(pki: 
 
 
 def test_a_bad_selector_requirement_is_named() -> None:
-    for bad, words in (([{"key": "team", "operator": "Has"}], "operator must be one of"),
-                       ([{"key": "team", "operator": "In"}], "In needs values"),
-                       ([{"key": "team", "operator": "Exists", "values": ["x"]}], "takes no values"),
-                       ([{"operator": "Exists"}], "with a key"),
-                       ([{"key": "t", "operator": "In", "values": [True]}], "list of strings")):
+    for bad, words in (
+        ([{"key": "team", "operator": "Has"}], "operator must be one of"),
+        ([{"key": "team", "operator": "In"}], "In needs values"),
+        ([{"key": "team", "operator": "Exists", "values": ["x"]}], "takes no values"),
+        ([{"operator": "Exists"}], "with a key"),
+        ([{"key": "t", "operator": "In", "values": [True]}], "list of strings"),
+    ):
         with pytest.raises(ConfigError, match="registration.match_expressions") as info:
             config(**{"registration.match_expressions": bad})
         assert words in str(info.value)

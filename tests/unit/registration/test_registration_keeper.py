@@ -53,12 +53,14 @@ class Logs:
         case.addCleanup(globalLogPublisher.removeObserver, self.events.append)
 
     def at(self, level: LogLevel) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("log_level") == level
-                and e.get("log_namespace", "").startswith("amp.registration")]
+        return [
+            e
+            for e in self.events
+            if e.get("log_level") == level and e.get("log_namespace", "").startswith("amp.registration")
+        ]
 
 
 class KeeperTests(SynchronousTestCase):
-
     def setUp(self) -> None:
         self.reactor = ThreadReactor()
         self.reactor.advance(T0)
@@ -75,9 +77,15 @@ class KeeperTests(SynchronousTestCase):
         return self.ca
 
     def keeper(self, config: Config | None = None) -> RegistrationKeeper:
-        return RegistrationKeeper(config or managed_config(), reactor=self.reactor, clock=self.reactor,
-                                  metrics=self.metrics, own_namespace="amp-system", random=lambda: 0.5,
-                                  read=self.read)
+        return RegistrationKeeper(
+            config or managed_config(),
+            reactor=self.reactor,
+            clock=self.reactor,
+            metrics=self.metrics,
+            own_namespace="amp-system",
+            random=lambda: 0.5,
+            read=self.read,
+        )
 
     def want(self, config: Config | None = None) -> dict[str, Any]:
         return desired(config or managed_config(), self.ca, "amp-system")
@@ -232,12 +240,28 @@ class SourceTermTests(SynchronousTestCase):
         kube = MemoryKube()
         threads = Threads()
         config = managed_config()
-        keeper = RegistrationKeeper(config, reactor=reactor, clock=reactor, metrics=Metrics(),
-                                    own_namespace="amp-system", read=lambda path: CA_PEM)
-        kube_config = dataclasses.replace(config.kubernetes, source="kubeconfig", kubeconfig="/nonexistent",
-                                   bypass=BypassConfig(enabled=False, lease_namespace="amp-system"))
-        source = KubernetesNamespaceSource(kube_config, reactor=reactor, client_factory=lambda c: kube,
-                                           spawn=threads, identity="amp-0_abc", terms=[keeper])
+        keeper = RegistrationKeeper(
+            config,
+            reactor=reactor,
+            clock=reactor,
+            metrics=Metrics(),
+            own_namespace="amp-system",
+            read=lambda path: CA_PEM,
+        )
+        kube_config = dataclasses.replace(
+            config.kubernetes,
+            source="kubeconfig",
+            kubeconfig="/nonexistent",
+            bypass=BypassConfig(enabled=False, lease_namespace="amp-system"),
+        )
+        source = KubernetesNamespaceSource(
+            kube_config,
+            reactor=reactor,
+            client_factory=lambda c: kube,
+            spawn=threads,
+            identity="amp-0_abc",
+            terms=[keeper],
+        )
         source.startService()
         reactor.pool.run()  # the Lease is won, then the apply
         reactor.pool.run()

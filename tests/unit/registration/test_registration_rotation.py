@@ -31,10 +31,23 @@ NAMES = serving_names("amp", "amp-system", "https://127.0.0.1:8443/mutate")
 CA_LIFE, CERT_LIFE, TTL = 3000.0, 900.0, 60.0
 
 
-def step(held: Optional[Held], clock: Clock, *, holds: Optional[float] = None,
-         reports: Optional[dict[str, Report]] = None, rotate: bool = False) -> tuple[Step, Optional[Held], float]:
-    p = plan(held, now=clock.seconds(), names=NAMES, cluster_holds=holds, reports=reports or {}, report_ttl=TTL,
-             rotate_requested=rotate)
+def step(
+    held: Optional[Held],
+    clock: Clock,
+    *,
+    holds: Optional[float] = None,
+    reports: Optional[dict[str, Report]] = None,
+    rotate: bool = False,
+) -> tuple[Step, Optional[Held], float]:
+    p = plan(
+        held,
+        now=clock.seconds(),
+        names=NAMES,
+        cluster_holds=holds,
+        reports=reports or {},
+        report_ttl=TTL,
+        rotate_requested=rotate,
+    )
     new = carry_out(p.step, held, now=clock.seconds(), names=NAMES, ca_validity=CA_LIFE, cert_validity=CERT_LIFE)
     return p.step, new, p.wake
 
@@ -100,8 +113,7 @@ def test_a_ca_rotation_overlaps_until_every_replica_serves_the_new_certificate()
     # Keep the serving certificate fresh so that only the CA is due.
     clock.advance(1970)
     assert step(held, clock)[0] is Step.ISSUE
-    held = carry_out(Step.ISSUE, held, now=clock.seconds(), names=NAMES, ca_validity=CA_LIFE,
-                     cert_validity=CERT_LIFE)
+    held = carry_out(Step.ISSUE, held, now=clock.seconds(), names=NAMES, ca_validity=CA_LIFE, cert_validity=CERT_LIFE)
     assert held is not None and held.cert is not None
     old_ca, old_cert = held.cas[0], held.cert
     clock.advance(10)  # two thirds of the CA's life (it starts 60 s early)
@@ -134,11 +146,9 @@ def test_a_ca_rotation_overlaps_until_every_replica_serves_the_new_certificate()
     assert got is Step.RETIRE_CA and held is not None and held.cas == (new_ca,)
     clock.advance(TTL + 1)
     gone = {report_key("amp-3"): Report(fingerprint(old_cert), now)}
-    two = carry_out(Step.ADD_CA, held, now=clock.seconds(), names=NAMES, ca_validity=CA_LIFE,
-                    cert_validity=CERT_LIFE)
+    two = carry_out(Step.ADD_CA, held, now=clock.seconds(), names=NAMES, ca_validity=CA_LIFE, cert_validity=CERT_LIFE)
     assert two is not None
-    two = carry_out(Step.ISSUE, two, now=clock.seconds(), names=NAMES, ca_validity=CA_LIFE,
-                    cert_validity=CERT_LIFE)
+    two = carry_out(Step.ISSUE, two, now=clock.seconds(), names=NAMES, ca_validity=CA_LIFE, cert_validity=CERT_LIFE)
     assert two is not None and two.cert is not None
     live = {report_key("amp-1"): Report(fingerprint(two.cert), clock.seconds())}
     assert step(two, clock, holds=seen, reports={**gone, **live})[0] is Step.RETIRE_CA
@@ -170,6 +180,5 @@ def test_reports_are_annotations_with_safe_names() -> None:
     long = report_key("a" * 200 + "/weird name")
     assert long.startswith("serving.amp.txn2.com/") and len(long.split("/", 1)[1]) <= 63
     assert report_key("a" * 200) != report_key("a" * 199 + "b")
-    annotations = {report_key("r1"): report_value("ab12", 1000.7), report_key("r2"): "garbage",
-                   "other.io/x": "ab12 1"}
+    annotations = {report_key("r1"): report_value("ab12", 1000.7), report_key("r2"): "garbage", "other.io/x": "ab12 1"}
     assert read_reports(annotations) == {report_key("r1"): Report("ab12", 1000.0)}

@@ -33,8 +33,13 @@ INTERVAL = 1.0
 
 def config() -> Config:
     raw = yaml.safe_load((ROOT / "deploy" / "base" / "amp.yaml").read_text())
-    raw["registration"] = {"managed": True, "secret": NAME, "repair_interval": "1s", "ca_validity": "1h",
-                           "cert_validity": "10m"}
+    raw["registration"] = {
+        "managed": True,
+        "secret": NAME,
+        "repair_interval": "1s",
+        "ca_validity": "1h",
+        "cert_validity": "10m",
+    }
     raw.setdefault("tls", {})["reload_interval"] = f"{INTERVAL:g}s"
     return parse_config(raw)
 
@@ -43,8 +48,16 @@ class Replica:
     def __init__(self, reactor: ThreadReactor, kube: MemoryKube, name: str) -> None:
         self.certificate = ReloadingCertificate("Secret tls.crt", "Secret tls.key", clock=reactor, memory=True)
         self.metrics = Metrics()
-        self.certs = SecretCertificates(config(), reactor=reactor, clock=reactor, certificate=self.certificate,
-                                        client=kube, namespace=NS, identity=name, metrics=self.metrics)
+        self.certs = SecretCertificates(
+            config(),
+            reactor=reactor,
+            clock=reactor,
+            certificate=self.certificate,
+            client=kube,
+            namespace=NS,
+            identity=name,
+            metrics=self.metrics,
+        )
         self.told = 0
         self.certs.on_bundle.append(self.tell)
 
@@ -58,7 +71,6 @@ class Replica:
 
 
 class SecretCertificatesTests(SynchronousTestCase):
-
     def setUp(self) -> None:
         self.reactor = ThreadReactor()
         self.reactor.advance(T0)
@@ -145,17 +157,25 @@ class SecretCertificatesTests(SynchronousTestCase):
         self.settle(3)
         self.assertEqual(self.b.serving, fingerprint(issued.cert))
         self.assertEqual(self.held().cas, (two.cas[1],))
-        steps = {s: self.a.metrics.registry.get_sample_value("amp_certificate_steps_total", {"step": s})
-                 for s in ("create", "add-ca", "issue", "retire-ca")}
+        steps = {
+            s: self.a.metrics.registry.get_sample_value("amp_certificate_steps_total", {"step": s})
+            for s in ("create", "add-ca", "issue", "retire-ca")
+        }
         self.assertEqual(steps, {"create": 1, "add-ca": 1, "issue": 1, "retire-ca": 1})
         self.assertEqual(self.b.metrics.registry.get_sample_value("amp_certificate_steps_total", {"step": "issue"}), 0)
         self.assertEqual(self.b.metrics.registry.get_sample_value("amp_certificate_authorities"), 1)
         self.assertEqual(self.a.serving, fingerprint(issued.cert))
 
     def test_the_keeper_applies_the_bundle_of_the_secret(self) -> None:
-        keeper = RegistrationKeeper(config(), reactor=self.reactor, clock=self.reactor, metrics=Metrics(),
-                                    own_namespace=NS, bundle=lambda: self.a.certs.bundle,
-                                    read=lambda path: self.fail("no CA file is read"))
+        keeper = RegistrationKeeper(
+            config(),
+            reactor=self.reactor,
+            clock=self.reactor,
+            metrics=Metrics(),
+            own_namespace=NS,
+            bundle=lambda: self.a.certs.bundle,
+            read=lambda path: self.fail("no CA file is read"),
+        )
         self.a.certs.on_bundle.append(keeper.refresh)
         keeper.start_term(self.kube)
         self.settle(1)
@@ -169,13 +189,15 @@ class SecretCertificatesTests(SynchronousTestCase):
     def test_an_api_server_away_is_logged_and_retried(self) -> None:
         errors: list[Any] = []
         from twisted.logger import globalLogPublisher
+
         globalLogPublisher.addObserver(errors.append)
         self.addCleanup(globalLogPublisher.removeObserver, errors.append)
         self.kube.secret_error = OSError("connection refused")
         self.a.certs.start_term(self.kube)
         self.settle(5)
-        warned = [e for e in errors if "connection refused" in str(e.get("error", ""))
-                  and e.get("log_source") is self.a.certs]
+        warned = [
+            e for e in errors if "connection refused" in str(e.get("error", "")) and e.get("log_source") is self.a.certs
+        ]
         self.assertEqual(len(warned), 1, "one line per distinct error")
         self.kube.secret_error = None
         self.settle(3)

@@ -22,8 +22,10 @@ DEPLOY = [p for p in sorted((ROOT / "deploy").rglob("*")) if p.is_file() and p.s
 AMPS_NAMESPACE = [
     # (not `kubectl amp explain -n <ns>`: that is the Pod's namespace; nor
     # amp audit's restart commands, which name a workload's)
-    re.compile(r"\b(?:kubectl(?! amp\b)(?! rollout restart\b)(?! delete pod\b)|helm)\b"
-               r"[^\n`]*?\s(?:-n|--namespace)[ =]([a-z0-9][a-z0-9-]*)"),
+    re.compile(
+        r"\b(?:kubectl(?! amp\b)(?! rollout restart\b)(?! delete pod\b)|helm)\b"
+        r"[^\n`]*?\s(?:-n|--namespace)[ =]([a-z0-9][a-z0-9-]*)"
+    ),
     re.compile(r"\bamp\.([a-z0-9][a-z0-9-]*)\.svc\b"),
     re.compile(r"\bname: amp[a-z0-9-]*, namespace: ([a-z0-9][a-z0-9-]*)"),
 ]
@@ -35,8 +37,9 @@ def named_namespaces() -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for path in {*DOCS, *DEPLOY}:
         text = path.read_text()
-        patterns = AMPS_NAMESPACE + ([MANIFEST_NAMESPACE] if path.suffix == ".yaml" and "chart" not in path.parts
-                                     else [])
+        patterns = AMPS_NAMESPACE + (
+            [MANIFEST_NAMESPACE] if path.suffix == ".yaml" and "chart" not in path.parts else []
+        )
         for pattern in patterns:
             for m in pattern.finditer(text):
                 found.setdefault(m.group(1), set()).add(str(path.relative_to(ROOT)))
@@ -104,8 +107,15 @@ def test_one_story_about_idempotency() -> None:
     admission.  No doc or manifest says endpoints need not be idempotent
     without saying in what sense, or asks for idempotency without it.
     """
-    texts = {p: p.read_text() for p in {*DOCS, *DEPLOY, ROOT / "deploy" / "chart" / "amp" / "values.yaml",
-                                         *(ROOT / "deploy" / "chart" / "amp" / "templates").glob("*.yaml")}}
+    texts = {
+        p: p.read_text()
+        for p in {
+            *DOCS,
+            *DEPLOY,
+            ROOT / "deploy" / "chart" / "amp" / "values.yaml",
+            *(ROOT / "deploy" / "chart" / "amp" / "templates").glob("*.yaml"),
+        }
+    }
     assert not [str(p.relative_to(ROOT)) for p, t in texts.items() if "need not be idempotent" in t]
     assert not [str(p.relative_to(ROOT)) for p, t in texts.items() if "Be idempotent" in t]
     endpoints = texts[ROOT / "docs" / "endpoints.md"]

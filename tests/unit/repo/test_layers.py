@@ -44,8 +44,11 @@ def test_every_test_module_sits_in_a_layer() -> None:
     misplaced = []
     for path in sorted(TESTS.rglob("test_*.py")):
         parts = path.relative_to(TESTS).parts
-        fits = ((parts[0] == "unit" and len(parts) == 3) or (parts[0] == "e2e" and len(parts) == 2) or
-                (parts[0] == "integration" and len(parts) == 3 and parts[1] in INTEGRATION_KINDS))
+        fits = (
+            (parts[0] == "unit" and len(parts) == 3)
+            or (parts[0] == "e2e" and len(parts) == 2)
+            or (parts[0] == "integration" and len(parts) == 3 and parts[1] in INTEGRATION_KINDS)
+        )
         if not fits:
             misplaced.append("/".join(parts))
     assert misplaced == [], f"test modules outside the layers (see tests/README.md): {misplaced}"

@@ -45,7 +45,7 @@ def imported(tree: ast.AST, name: str, is_package: bool, known: set[str]) -> set
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 source = ".".join(base + ([node.module] if node.module else []))
             else:
                 source = node.module or ""
@@ -65,8 +65,10 @@ def imported(tree: ast.AST, name: str, is_package: bool, known: set[str]) -> set
 def import_graph() -> dict[str, set[str]]:
     found = modules()
     known = set(found)
-    return {name: imported(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py", known)
-            for name, path in found.items()}
+    return {
+        name: imported(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py", known)
+        for name, path in found.items()
+    }
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -80,7 +82,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if colour[nxt] == GREY:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if colour[nxt] == WHITE:
                 cycle = visit(nxt)
                 if cycle:
@@ -147,8 +149,12 @@ def test_the_package_check_sees_a_cycle_between_packages() -> None:
     known = {"amp.p", "amp.p._one", "amp.p._two", "amp.q"}
     one = ast.parse("from amp import q\n")
     q = ast.parse("from amp.p._two import f\n")
-    graph = {"amp.p": set(), "amp.p._one": imported(one, "amp.p._one", False, known),
-             "amp.p._two": set(), "amp.q": imported(q, "amp.q", False, known)}
+    graph = {
+        "amp.p": set(),
+        "amp.p._one": imported(one, "amp.p._one", False, known),
+        "amp.p._two": set(),
+        "amp.q": imported(q, "amp.q", False, known),
+    }
     assert find_cycle(graph) == []
     assert find_cycle(package_graph(graph)) == ["amp.p", "amp.q", "amp.p"]
 

@@ -57,8 +57,13 @@ RUNTIME_PINS = read_lock(RUNTIME)
 DEV_PINS = read_lock(DEV)
 DECLARED_RUNTIME = requirements(setup_keyword("install_requires"))
 EXTRAS = setup_keyword("extras_require")
-DECLARED_DEV = requirements(setup_keyword("install_requires"), EXTRAS["test"], EXTRAS["bench"],
-                            EXAMPLES["dependencies"], EXAMPLES["optional-dependencies"]["test"])
+DECLARED_DEV = requirements(
+    setup_keyword("install_requires"),
+    EXTRAS["test"],
+    EXTRAS["bench"],
+    EXAMPLES["dependencies"],
+    EXAMPLES["optional-dependencies"]["test"],
+)
 
 
 @pytest.mark.parametrize("pins", [RUNTIME_PINS, DEV_PINS], ids=["runtime", "dev"])
@@ -67,10 +72,12 @@ def test_every_pin_has_hashes(pins: dict[str, tuple[Version, int, str]]) -> None
     assert [name for name, (_, hashes, _) in pins.items() if hashes == 0] == []
 
 
-@pytest.mark.parametrize("pins, declared", [(RUNTIME_PINS, DECLARED_RUNTIME), (DEV_PINS, DECLARED_DEV)],
-                         ids=["runtime", "dev"])
-def test_the_lock_satisfies_the_declared_ranges(pins: dict[str, tuple[Version, int, str]],
-                                                declared: list[Requirement]) -> None:
+@pytest.mark.parametrize(
+    "pins, declared", [(RUNTIME_PINS, DECLARED_RUNTIME), (DEV_PINS, DECLARED_DEV)], ids=["runtime", "dev"]
+)
+def test_the_lock_satisfies_the_declared_ranges(
+    pins: dict[str, tuple[Version, int, str]], declared: list[Requirement]
+) -> None:
     for req in declared:
         name = canonicalize_name(req.name)
         assert name in pins, f"{req} is declared but not locked: run `make lock`"

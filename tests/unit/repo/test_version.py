@@ -57,8 +57,12 @@ def test_the_changelog_has_the_version() -> None:
 
 
 def test_every_version_named_in_docs_and_manifests_is_amps() -> None:
-    files = [ROOT / "README.md", ROOT / "Dockerfile", *(ROOT / "docs").glob("*.md"),
-             *(p for p in (ROOT / "deploy").rglob("*") if p.is_file() and p.suffix in (".md", ".yaml", ".sh", ".txt"))]
+    files = [
+        ROOT / "README.md",
+        ROOT / "Dockerfile",
+        *(ROOT / "docs").glob("*.md"),
+        *(p for p in (ROOT / "deploy").rglob("*") if p.is_file() and p.suffix in (".md", ".yaml", ".sh", ".txt")),
+    ]
     named = {}
     for path in files:
         for m in NAMED.finditer(path.read_text()):

@@ -57,11 +57,19 @@ def test_namespace_is_the_requests_not_the_objects() -> None:
 
 
 def test_seed_v1beta1_request_without_optional_fields() -> None:
-    body = json.dumps({
-        "apiVersion": V1BETA1, "kind": "AdmissionReview",
-        "request": {"uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                    "namespace": "ns", "operation": "CREATE", "object": pod("")},
-    }).encode()
+    body = json.dumps(
+        {
+            "apiVersion": V1BETA1,
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u1",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "namespace": "ns",
+                "operation": "CREATE",
+                "object": pod(""),
+            },
+        }
+    ).encode()
     req = parse_review(body)
     assert req.dry_run is False
     assert req.is_pod_create
@@ -160,12 +168,16 @@ def test_a_review_over_the_nesting_bound_is_a_400_naming_it() -> None:
     assert f"more than {MAX_DEPTH} deep" in e.value.message
 
 
-@pytest.mark.parametrize("body", [
-    b"[" * 100_000,
-    b'{"a":' * 100_000,
-    b"[" * 100_000 + b"]" * 100_000,
-    b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"object": ' + b"[" * 100_000,
-], ids=["open-arrays", "open-objects", "closed", "in-the-object"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000,
+        b'{"a":' * 100_000,
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"object": ' + b"[" * 100_000,
+    ],
+    ids=["open-arrays", "open-objects", "closed", "in-the-object"],
+)
 def test_deep_nesting_is_a_400_not_a_recursion_error(body: bytes) -> None:
     with pytest.raises(ReviewError) as e:
         parse_review(body)
@@ -179,16 +191,19 @@ def test_brackets_in_strings_are_not_nesting() -> None:
     assert req.object["metadata"]["x"]["command"] == deep_text
 
 
-@pytest.mark.parametrize("literal, fragment", [
-    ("NaN", "NaN is not a JSON number"),
-    ("Infinity", "Infinity is not a JSON number"),
-    ("-Infinity", "-Infinity is not a JSON number"),
-    ("1e400", "number 1e400 is out of range"),
-    ("-1e999", "number -1e999 is out of range"),
-    ("18446744073709551616", "number 18446744073709551616 is out of range"),
-    ("-9223372036854775809", "number -9223372036854775809 is out of range"),
-    ("1" * 5000, "is out of range"),
-])
+@pytest.mark.parametrize(
+    "literal, fragment",
+    [
+        ("NaN", "NaN is not a JSON number"),
+        ("Infinity", "Infinity is not a JSON number"),
+        ("-Infinity", "-Infinity is not a JSON number"),
+        ("1e400", "number 1e400 is out of range"),
+        ("-1e999", "number -1e999 is out of range"),
+        ("18446744073709551616", "number 18446744073709551616 is out of range"),
+        ("-9223372036854775809", "number -9223372036854775809 is out of range"),
+        ("1" * 5000, "is out of range"),
+    ],
+)
 def test_numbers_json_cannot_carry_are_a_400(literal: str, fragment: str) -> None:
     body = json.dumps(review(pod())).replace('"name": "web"', f'"name": "web", "n": {literal}').encode()
     assert literal.encode() in body
@@ -198,10 +213,17 @@ def test_numbers_json_cannot_carry_are_a_400(literal: str, fragment: str) -> Non
     assert fragment in e.value.message
 
 
-@pytest.mark.parametrize("literal, value", [
-    ("9223372036854775807", 2 ** 63 - 1), ("-9223372036854775808", -(2 ** 63)),
-    ("18446744073709551615", 2 ** 64 - 1), ("1.5e300", 1.5e300), ("-0.0", -0.0), ("0", 0),
-])
+@pytest.mark.parametrize(
+    "literal, value",
+    [
+        ("9223372036854775807", 2**63 - 1),
+        ("-9223372036854775808", -(2**63)),
+        ("18446744073709551615", 2**64 - 1),
+        ("1.5e300", 1.5e300),
+        ("-0.0", -0.0),
+        ("0", 0),
+    ],
+)
 def test_numbers_in_range_are_kept(literal: str, value: Any) -> None:
     body = json.dumps(review(pod())).replace('"name": "web"', f'"name": "web", "n": {literal}').encode()
     assert parse_review(body).object["metadata"]["n"] == value
@@ -221,15 +243,14 @@ def depth_of(value: Any) -> int:
 
 TRICKY_TEXT = st.text(alphabet='[]{}"\\ab\n\u2028', max_size=12)
 NESTED_JSON = st.recursive(
-    st.none() | st.integers(-(2 ** 63), 2 ** 64 - 1) | TRICKY_TEXT,
+    st.none() | st.integers(-(2**63), 2**64 - 1) | TRICKY_TEXT,
     lambda children: st.lists(children, max_size=3) | st.dictionaries(TRICKY_TEXT, children, max_size=3),
     max_leaves=40,
 )
 
 
 @settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(value=NESTED_JSON, depth=st.integers(0, 30), indent=st.sampled_from([None, 0, 2]),
-       ascii=st.booleans())
+@given(value=NESTED_JSON, depth=st.integers(0, 30), indent=st.sampled_from([None, 0, 2]), ascii=st.booleans())
 def test_nesting_is_measured_exactly(value: Any, depth: int, indent: Any, ascii: bool) -> None:
     doc = nested(depth, value)
     body = json.dumps(doc, indent=indent, ensure_ascii=ascii).encode()
@@ -240,20 +261,28 @@ def test_nesting_is_measured_exactly(value: Any, depth: int, indent: Any, ascii:
 
 
 def _fuzz_bodies() -> st.SearchStrategy[bytes]:
-    brackets = st.lists(st.sampled_from([b"[", b"]", b"{", b"}", b'"', b"\\", b",", b":", b"1", b'"a"']),
-                        max_size=400).map(b"".join)
-    deep = st.tuples(st.sampled_from([b"[", b"{\"a\":", b'["', b"[\\"]), st.integers(0, 5000),
-                     st.sampled_from([b"", b"]", b"}", b"1"])).map(lambda t: t[0] * t[1] + t[2] * (t[1] // 2))
+    brackets = st.lists(
+        st.sampled_from([b"[", b"]", b"{", b"}", b'"', b"\\", b",", b":", b"1", b'"a"']), max_size=400
+    ).map(b"".join)
+    deep = st.tuples(
+        st.sampled_from([b"[", b'{"a":', b'["', b"[\\"]), st.integers(0, 5000), st.sampled_from([b"", b"]", b"}", b"1"])
+    ).map(lambda t: t[0] * t[1] + t[2] * (t[1] // 2))
     reviews = st.tuples(NESTED_JSON, st.integers(0, 150)).map(lambda t: review_around(nested(t[1], t[0])))
     mangled = st.tuples(reviews, st.integers(0, 400), st.binary(max_size=8)).map(
-        lambda t: t[0][:t[1]] + t[2] + t[0][t[1]:])
+        lambda t: t[0][: t[1]] + t[2] + t[0][t[1] :]
+    )
     constants = st.sampled_from([b"NaN", b"Infinity", b"-Infinity", b"1e999", b"99999999999999999999999"]).map(
-        lambda c: json.dumps(review(pod())).encode().replace(b'"name": "web"', b'"name": ' + c))
+        lambda c: json.dumps(review(pod())).encode().replace(b'"name": "web"', b'"name": ' + c)
+    )
     return st.one_of(st.binary(max_size=300), brackets, deep, reviews, mangled, constants)
 
 
-@settings(max_examples=300, derandomize=True, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=300,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(body=_fuzz_bodies())
 def test_any_bytes_are_a_review_or_a_400(body: bytes) -> None:
     """
@@ -293,8 +322,7 @@ def test_answer_echoes_uid_and_api_version(api_version: str) -> None:
     assert doc["response"] == {"uid": "the-uid", "allowed": True}
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"patch": []}, {"patch": None}, {"patch_bytes": b""},
-                                    {"patch_bytes": b"[]"}])
+@pytest.mark.parametrize("kwargs", [{}, {"patch": []}, {"patch": None}, {"patch_bytes": b""}, {"patch_bytes": b"[]"}])
 def test_no_patch_type_without_a_change(kwargs: dict) -> None:
     response = answer(encode_response(V1, UID, **kwargs))["response"]
     assert "patch" not in response
@@ -315,9 +343,17 @@ def test_patch_bytes_are_sent_as_given() -> None:
 
 
 def test_denial_has_a_status_and_never_a_patch() -> None:
-    response = answer(encode_response(
-        V1, UID, allowed=False, patch=[{"op": "add", "path": "/x", "value": 1}], code=500,
-        message="amp: no", reason="InternalError"))["response"]
+    response = answer(
+        encode_response(
+            V1,
+            UID,
+            allowed=False,
+            patch=[{"op": "add", "path": "/x", "value": 1}],
+            code=500,
+            message="amp: no",
+            reason="InternalError",
+        )
+    )["response"]
     assert response["allowed"] is False
     assert response["status"] == {"status": "Failure", "code": 500, "message": "amp: no", "reason": "InternalError"}
     assert "patch" not in response and "patchType" not in response
@@ -363,11 +399,20 @@ def test_clip() -> None:
 
 
 def test_audit_keys_must_be_a_bare_name() -> None:
-    good, problems = clean_audit_annotations({
-        "error": "e", "sidecar-injected": "true", "a.b_c-d": "1", "x" * 63: "long",
-        "x" * 64: "too long", "amp.txn2.com/error": "slash", "": "empty", "-lead": "dash", "trail-": "dash",
-        "sp ace": "space",
-    })
+    good, problems = clean_audit_annotations(
+        {
+            "error": "e",
+            "sidecar-injected": "true",
+            "a.b_c-d": "1",
+            "x" * 63: "long",
+            "x" * 64: "too long",
+            "amp.txn2.com/error": "slash",
+            "": "empty",
+            "-lead": "dash",
+            "trail-": "dash",
+            "sp ace": "space",
+        }
+    )
     assert good == {"error": "e", "sidecar-injected": "true", "a.b_c-d": "1", "x" * 63: "long"}
     assert len(problems) == 6
     assert any("'amp.txn2.com/error'" in p for p in problems)
@@ -389,6 +434,7 @@ def test_non_ascii_is_sent_as_utf8() -> None:
 
 # ---------------------------------------------------------------- the object's own bytes
 
+
 def _forwarded(body: bytes):
     req = parse_review(body)
     assert req.object_json is not None
@@ -404,14 +450,17 @@ def test_object_bytes_are_cut_from_the_body_as_sent() -> None:
     serialised again: each top-level member's bytes as they came (spaces
     and all), the members joined compactly.
     """
-    body = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u",' \
-           b'"kind":{"group":"","version":"v1","kind":"Pod"},"operation":"CREATE","namespace":"n",' \
-           b'"object":{"metadata":{"name":"p"},  "spec":{"containers":[{"name":"c", "image":"i"}]}},' \
-           b'"oldObject":null,"dryRun":false}}'
+    body = (
+        b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u",'
+        b'"kind":{"group":"","version":"v1","kind":"Pod"},"operation":"CREATE","namespace":"n",'
+        b'"object":{"metadata":{"name":"p"},  "spec":{"containers":[{"name":"c", "image":"i"}]}},'
+        b'"oldObject":null,"dryRun":false}}'
+    )
     for lazy in (False, True):
         _forwarded(body)
         assert parse_review(body, lazy=lazy).object_json == (
-            b'{"metadata":{"name":"p"},"spec":{"containers":[{"name":"c", "image":"i"}]}}')
+            b'{"metadata":{"name":"p"},"spec":{"containers":[{"name":"c", "image":"i"}]}}'
+        )
 
 
 def test_an_earlier_key_named_object_is_not_taken_for_the_pod() -> None:
@@ -437,11 +486,18 @@ def test_no_object_bytes_without_an_object() -> None:
 
 
 @settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(extra=st.dictionaries(st.sampled_from(["object", "x", "oldObject", "options"]),
-                             st.recursive(st.none() | st.text(max_size=5) | st.integers(-(2 ** 63), 2 ** 64 - 1),
-                                          lambda c: st.dictionaries(st.sampled_from(["object", "a"]), c, max_size=3),
-                                          max_leaves=6), max_size=3),
-       indent=st.sampled_from([None, 0, 2]))
+@given(
+    extra=st.dictionaries(
+        st.sampled_from(["object", "x", "oldObject", "options"]),
+        st.recursive(
+            st.none() | st.text(max_size=5) | st.integers(-(2**63), 2**64 - 1),
+            lambda c: st.dictionaries(st.sampled_from(["object", "a"]), c, max_size=3),
+            max_leaves=6,
+        ),
+        max_size=3,
+    ),
+    indent=st.sampled_from([None, 0, 2]),
+)
 def test_object_bytes_always_decode_to_the_parsed_object(extra: dict, indent: Any) -> None:
     doc = review(pod())
     doc["request"]["userInfo"] = {"username": "u", "extra": extra}
@@ -455,7 +511,10 @@ def test_object_bytes_always_decode_to_the_parsed_object(extra: dict, indent: An
 # ---------------------------------------------------------------- the fast path and the careful one
 
 ANY_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
     max_leaves=25,
@@ -463,8 +522,12 @@ ANY_JSON = st.recursive(
 
 
 @settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(extra=ANY_JSON, where=st.sampled_from(["object", "request", "review"]), indent=st.sampled_from([None, 2]),
-       ascii=st.booleans())
+@given(
+    extra=ANY_JSON,
+    where=st.sampled_from(["object", "request", "review"]),
+    indent=st.sampled_from([None, 2]),
+    ascii=st.booleans(),
+)
 def test_the_fast_path_decides_as_the_careful_one(extra: Any, where: str, indent: Any, ascii: bool) -> None:
     """
     Reviews are decoded in C (msgspec) unless that decoder refuses them or
@@ -494,7 +557,12 @@ def test_the_fast_path_decides_as_the_careful_one(extra: Any, where: str, indent
         return
     assert isinstance(got, AdmissionRequest)
     assert (got.uid, got.kind, got.operation, got.namespace, got.dry_run) == (
-        careful.uid, careful.kind, careful.operation, careful.namespace, careful.dry_run)
+        careful.uid,
+        careful.kind,
+        careful.operation,
+        careful.namespace,
+        careful.dry_run,
+    )
     assert got.object == careful.object
     if got.object_json is not None:
         assert json.loads(got.object_json) == got.object

@@ -53,10 +53,16 @@ def surrogate_paths(doc: Any) -> bool:
 
 
 @settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(name=TEXT, labels=st.dictionaries(TEXT, TEXT, max_size=3), annotations=st.dictionaries(TEXT, TEXT, max_size=3),
-       env=TEXT, lazy=st.booleans())
+@given(
+    name=TEXT,
+    labels=st.dictionaries(TEXT, TEXT, max_size=3),
+    annotations=st.dictionaries(TEXT, TEXT, max_size=3),
+    env=TEXT,
+    lazy=st.booleans(),
+)
 def test_a_review_the_parser_accepts_is_encoded_for_the_endpoint_and_answered(
-        name: str, labels: dict, annotations: dict, env: str, lazy: bool) -> None:
+    name: str, labels: dict, annotations: dict, env: str, lazy: bool
+) -> None:
     doc = review(reviewed_pod(name, labels, annotations, env))
     # As JSON can carry them: lone surrogates only as escapes.
     body = json.dumps(doc, ensure_ascii=True).encode()
@@ -127,8 +133,7 @@ class EndpointReplyTests(SynchronousTestCase):
     def test_a_reply_with_a_lone_surrogate_is_invalid_json_naming_where(self) -> None:
         from amp.reply import ReplyError, parse_reply
 
-        e = self.assertRaises(ReplyError, parse_reply,
-                              b'[{"op":"add","path":"/metadata/labels/a","value":"x\\udc80"}]')
+        e = self.assertRaises(ReplyError, parse_reply, b'[{"op":"add","path":"/metadata/labels/a","value":"x\\udc80"}]')
         self.assertEqual(e.reason, "invalid-json")
         self.assertIn("[0].value", str(e))
 

@@ -40,11 +40,16 @@ class TraceparentTests(SynchronousTestCase):
 
     def test_malformed_headers_are_ignored(self) -> None:
         bad = [
-            b"", b"00", HEADER.upper(), HEADER.replace(b"-", b"_"), b"ff" + HEADER[2:],
+            b"",
+            b"00",
+            HEADER.upper(),
+            HEADER.replace(b"-", b"_"),
+            b"ff" + HEADER[2:],
             b"00-" + b"0" * 32 + b"-" + SPAN.encode() + b"-01",  # all-zero trace id
             b"00-" + TRACE.encode() + b"-" + b"0" * 16 + b"-01",  # all-zero span id
             HEADER + b"-extra",  # version 00 has exactly four fields
-            HEADER[:-1], b"00-" + TRACE.encode() + b"-" + SPAN.encode() + b"-0g",
+            HEADER[:-1],
+            b"00-" + TRACE.encode() + b"-" + SPAN.encode() + b"-0g",
         ]
         for value in bad:
             self.assertIsNone(parse_traceparent(value), value)
@@ -116,16 +121,19 @@ class SettingsTests(SynchronousTestCase):
         settings = resolve(self.config(enabled=True), {"OTEL_TRACES_SAMPLER": "jaeger_remote"})
         self.assertEqual(settings.sampler, Sampler(1.0, True))
         self.assertIn("jaeger_remote", settings.problems[0])
-        settings = resolve(self.config(enabled=True), {"OTEL_TRACES_SAMPLER": "traceidratio",
-                                                       "OTEL_TRACES_SAMPLER_ARG": "2"})
+        settings = resolve(
+            self.config(enabled=True), {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"}
+        )
         self.assertIn("OTEL_TRACES_SAMPLER_ARG='2'", settings.problems[0])
 
     def test_service_name_from_the_config_else_the_environment_else_amp(self) -> None:
-        self.assertEqual(resolve(self.config(service_name="amp-prod"), {"OTEL_SERVICE_NAME": "x"})
-                         .exporting.service_name, "amp-prod")
+        self.assertEqual(
+            resolve(self.config(service_name="amp-prod"), {"OTEL_SERVICE_NAME": "x"}).exporting.service_name, "amp-prod"
+        )
         self.assertIsNone(resolve(self.config(), {"OTEL_SERVICE_NAME": "x"}).exporting.service_name)
-        self.assertIsNone(resolve(self.config(), {"OTEL_RESOURCE_ATTRIBUTES": "a=b,service.name=y"})
-                          .exporting.service_name)
+        self.assertIsNone(
+            resolve(self.config(), {"OTEL_RESOURCE_ATTRIBUTES": "a=b,service.name=y"}).exporting.service_name
+        )
         self.assertEqual(resolve(self.config(), {}).exporting.service_name, "amp")
 
     def test_endpoint_and_headers_left_to_the_exporter_when_unset(self) -> None:

@@ -81,8 +81,12 @@ class PipelineTests(SynchronousTestCase):
         self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
 
     def pipeline(self, exporter: Exporter, queue: int = 4) -> Pipeline:
-        p = Pipeline(Exporting(queue=queue, batch=queue, interval=0.01, export_timeout=1.0), self.threads,
-                     lambda n, reason: self.dropped.append((n, reason)), exporter)
+        p = Pipeline(
+            Exporting(queue=queue, batch=queue, interval=0.01, export_timeout=1.0),
+            self.threads,
+            lambda n, reason: self.dropped.append((n, reason)),
+            exporter,
+        )
         self.addCleanup(p._processor.shutdown)
         return p
 
