@@ -606,8 +606,12 @@ class WebhookClient:
     server does to amp.  C{close} closes the pooled connections.
     """
 
-    def __init__(self, reactor: Any, *, ca: Optional[bytes] = None, persistent: bool = True) -> None:
+    def __init__(
+        self, reactor: Any, *, ca: Optional[bytes] = None, persistent: bool = True, wait: float = WAIT
+    ) -> None:
         self.reactor = reactor
+        #: How long a request may take before the client gives up on it.
+        self.wait = wait
         self.pool = HTTPConnectionPool(reactor, persistent=persistent)
         self.pool.retryAutomatically = False
         agent = Agent(reactor, contextFactory=TrustCA(ca), pool=self.pool)
@@ -626,15 +630,15 @@ class WebhookClient:
         h: dict[bytes, list[bytes]] = {k: list(v) for k, v in (headers or {}).items()}
         if content_type is not None:
             h[b"content-type"] = [content_type]
-        response = yield self.http.post(url, data=body, headers=h).addTimeout(WAIT, self.reactor)
-        content = yield treq.content(response).addTimeout(WAIT, self.reactor)
+        response = yield self.http.post(url, data=body, headers=h).addTimeout(self.wait, self.reactor)
+        content = yield treq.content(response).addTimeout(self.wait, self.reactor)
         return response, content
 
     @inlineCallbacks
     def get(self, url: bytes) -> Any:
         """GET; resolves to C{(response, body bytes)}."""
-        response = yield self.http.get(url).addTimeout(WAIT, self.reactor)
-        content = yield treq.content(response).addTimeout(WAIT, self.reactor)
+        response = yield self.http.get(url).addTimeout(self.wait, self.reactor)
+        content = yield treq.content(response).addTimeout(self.wait, self.reactor)
         return response, content
 
     def close(self) -> Deferred:
