@@ -23,18 +23,15 @@ from __future__ import annotations
 
 import fcntl
 import http.client
-import importlib.util
 import json
 import os
 import shlex
 import ssl
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Mapping, Optional
 
 import pytest
@@ -44,6 +41,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from amp_dev.devcert import issue_cert, make_ca, pem_cert, pem_key
 from tests.support.helpers import SecretVolume
 from tests.support.waiting import poll_until
+from tools import image as imagetool  # tools/image.py, as `make image` runs it
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = ROOT / "deploy" / "base" / "deployment.yaml"
@@ -51,22 +49,6 @@ DEPLOYMENT = ROOT / "deploy" / "base" / "deployment.yaml"
 EXAMPLE_PORT = 8090
 #: The static namespace whose Pods go to the example endpoint.
 NAMESPACE = "team-a"
-
-
-def _load_tool() -> ModuleType:
-    name = "amp_tools_image"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "image.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-#: tools/image.py, as ``make image`` runs it.
-imagetool = _load_tool()
 
 
 def require_engine() -> str:
