@@ -128,6 +128,10 @@ def fingerprint(cert: x509.Certificate) -> str:
     return hashlib.sha256(cert.public_bytes(Encoding.DER)).hexdigest()
 
 
+#: Pods the stream gets answered before the rotation and after it (about 2 s).
+STEADY = 20
+
+
 class PodStream:
     """A thread creating a Pod every ~100 ms in C{namespace}; what became of each."""
 
@@ -164,6 +168,15 @@ class PodStream:
                     }
                 )
             self._stop.wait(0.1)
+
+    def answered(self) -> int:
+        """Pods the stream has had answered so far, created or refused."""
+        return len(self.created) + len(self.failed)
+
+    def await_more(self, count: int, what: str) -> None:
+        """Wait until the stream has had C{count} more Pods answered."""
+        goal = self.answered() + count
+        poll_until(what, lambda: self.answered() >= goal or None, WAIT, interval=0.05)
 
 
 def webhook_counts(control_plane: ControlPlane, names: set[str]) -> dict[str, float]:
@@ -283,7 +296,7 @@ def test_a_ca_rotation_under_a_stream_of_pods_fails_no_review(
         assert (probe.metadata.annotations or {}).get(STATUS_ANNOTATION, "").startswith("mutated"), details()
         before = webhook_counts(control_plane, entries)
         with PodStream(core, strict) as stream:
-            time.sleep(2)  # a steady stream before the rotation
+            stream.await_more(STEADY, "a steady stream of Pods before the rotation")
             core.patch_namespaced_secret(
                 SECRET, namespace, {"metadata": {"annotations": {"amp.txn2.com/rotate-ca": "e2e"}}}
             )
@@ -314,7 +327,7 @@ def test_a_ca_rotation_under_a_stream_of_pods_fails_no_review(
                 interval=0.05,
                 details=details,
             )
-            time.sleep(2)  # and a steady stream after it
+            stream.await_more(STEADY, "a steady stream of Pods after the rotation")
         after = webhook_counts(control_plane, entries)
         print(
             f"\nmanaged certificates, CA rotation under {len(stream.created)} Pod creations: "
