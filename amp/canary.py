@@ -9,7 +9,10 @@ for, default 1) has a share of its reviews also sent to the candidate.  The
 candidate is called once the live step it stands in for has answered, in
 the reactor's next turn (after the live answer of a one-step chain is
 written), with the same Pod (as the chain's earlier steps left it) and the
-same headers; its reply is checked and dry-applied as the live one is; and when
+same headers; it runs as the live step does, through the review's own step
+code (L{amp.steps.CallStep}: one L{amp.waiting.Waiting} for the call's own
+timeout and the review's deadline, the reply judged with the same
+L{amp.patch.check_patch} options, the call settled with the verdict); and when
 both are known, the Pod after the live step is compared by JSON path with
 the Pod after the candidate (later steps of a chain are not run again: that
 would call live endpoints twice).
@@ -37,20 +40,23 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Callable, Mapping, Optional
 
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from amp.config import Config
 from amp.deadline import Deadline
+from amp.endpoint import Call, EndpointRequest
 from amp.memo import Memo
 from amp.namespaces import NamespaceInfo
-from amp.patch import PatchError, check_patch
+from amp.patch import PatchError
 from amp.poddiff import pod_differences
 from amp.policy import EndpointStep, Route, resolve_chain
 from amp.reply import EndpointDecision
 from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_ANNOTATION
+from amp.steps import CallStep, Judged
 from amp.urls import shown_url
+from amp.waiting import Waiting
 
 __all__ = [
     "CANARY_ANNOTATION",
@@ -139,7 +145,7 @@ class Canary:
     Runs candidates beside live steps and reports the comparison.
 
     @param client: the candidates' own L{amp.endpoint.EndpointClient}.
-    @param clock: for the deadline's timer.
+    @param clock: for each run's one timer (L{amp.waiting.Waiting}).
     @param metrics: L{amp.metrics.Metrics} (C{canary_reviews}).
     @param annotate: told C{(uid, result, paths)} when a comparison ends
         (L{amp.recent.RecentDecisions.annotate}), or None.
@@ -234,9 +240,11 @@ class CanaryRun:
     the reactor's next turn: by then the live answer of a one-step chain
     is written, so the candidate's request and reply never take CPU ahead
     of it on the one reactor thread.  A live step that failed or was not
-    run needs no comparison, and the candidate is not called.  Always ends:
-    the review's deadline cancels a call still in flight, or ends a run
-    whose call never started.
+    run needs no comparison, and the candidate is not called.  The call
+    is the review's own step code (L{CallStep}, whose owner the run is:
+    L{amp.steps.IStepOwner}), waited on through the run's L{Waiting} with
+    the review's deadline.  Always ends: the deadline cancels a call still
+    in flight, or ends a run whose call never started.
     """
 
     def __init__(self, canary: Canary, candidate: EndpointStep, step: LiveStep) -> None:
@@ -249,18 +257,19 @@ class CanaryRun:
         self._pod = step.pod
         self._body = step.body
         self._headers = dict(step.headers)
-        deadline = self._deadline = step.deadline
-        self._options = step.patch_options
+        self._deadline = step.deadline
         self._live: Any = _PENDING
         self._candidate: Any = _PENDING
         self._done = False
-        self._call: Optional[Deferred[EndpointDecision]] = None
         clock = canary._clock
         self._starter: Any = None
         #: The live review's spans when it is traced (the candidate's call a linked span).
         self.spans: Any = None
         self._span: Any = None
-        self._timer = clock.callLater(max(0.0, deadline.remaining(clock.seconds())), self._expired)
+        waiting = self._waiting = Waiting(clock, step.deadline, self._expired)
+        self._calls = CallStep(self, waiting, canary._client, step.patch_options)
+        # The deadline holds from now, whether or not the call starts.
+        waiting.arm()
 
     def live_done(self, pod_after: Optional[dict[str, Any]], skipped: bool = False) -> None:
         """
@@ -284,14 +293,18 @@ class CanaryRun:
         if self.spans is not None:
             self._span = self.spans.begin_linked("canary", self._canary._clock.seconds())
             self._headers[b"traceparent"] = b"00-%032x-%016x-01" % (self._span.trace_id, self._span.span_id)
-        self._call = self._canary._client.call(
-            candidate.url, candidate.settings, self._body, self._headers, self._deadline, candidate.breaker
+        self._calls.start(
+            EndpointRequest(
+                candidate.url, candidate.settings, self._body, self._headers, self._deadline, candidate.breaker
+            ),
+            self._pod,
         )
-        self._call.addCallbacks(self._answered, self._failed)
 
     def _expired(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
+        """The review's deadline passed: the call in flight is cut off, or the run ends without it."""
+        if self._calls.call is not None:
+            # Tells step_failed: a timeout.
+            self._waiting.cancel()
             return
         if self._starter is not None and self._starter.active():
             self._starter.cancel()
@@ -300,19 +313,24 @@ class CanaryRun:
         self._candidate = ("failed", "timeout: the review's deadline passed")
         self._compare()
 
-    def _answered(self, decision: Any) -> None:
+    # ------------------------------------------------------------ the candidate's step (IStepOwner)
+
+    def step_replied(self, call: Optional[Call], decision: EndpointDecision) -> bool:
+        """The candidate answered: judged unless the run has ended."""
+        return not self._done
+
+    def step_judged(self, decision: EndpointDecision, judged: Judged) -> None:
+        """The candidate's reply judged as the live step's is: the Pod after it, or why amp refused it."""
         if not decision.allowed:
             self._candidate = ("pod", None)
-        elif not decision.patch:
-            self._candidate = ("pod", self._pod)
+        elif isinstance(judged, PatchError):
+            self._candidate = ("failed", f"{judged.reason}: {judged}")
         else:
-            try:
-                self._candidate = ("pod", check_patch(self._pod, decision.patch, **self._options).pod)
-            except PatchError as e:
-                self._candidate = ("failed", f"{e.reason}: {e}")
+            self._candidate = ("pod", judged.pod if judged is not None else self._pod)
         self._compare()
 
-    def _failed(self, failure: Failure) -> None:
+    def step_failed(self, call: Optional[Call], failure: Failure) -> None:
+        """The candidate's call failed, or was cut off by the deadline."""
         if failure.check(CancelledError):
             self._candidate = ("failed", "timeout: the review's deadline passed")
         else:
@@ -327,8 +345,7 @@ class CanaryRun:
         if self._done or self._live is _PENDING or self._candidate is _PENDING:
             return
         self._done = True
-        if self._timer.active():
-            self._timer.cancel()
+        self._waiting.close()
         live_kind, live_pod = self._live
         kind, value = self._candidate
         canary = self._canary

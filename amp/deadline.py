@@ -5,9 +5,12 @@ The API server tells a webhook how long it will wait with C{?timeout=10s}
 on the URL.  The HTTP edge (L{amp.web}) turns that, less
 C{deadline.margin}, into one absolute L{Deadline} on the reactor's clock,
 once, when the request arrives; it travels down with the review.  One timer
-enforces it, the one L{amp.admission} arms for the review; every step
-(the namespace lookup, the endpoint call) is given what is left of it
-(L{Deadline.remaining}) and is cancelled by that timer when it passes.
+enforces it: the review's L{amp.waiting.Waiting}, which both sides read
+(the review, and every step it waits on: the namespace lookup, the endpoint
+call, the canary's candidate).  Each step is given what is left of it
+(L{Deadline.remaining}); the one timer is set for the earlier of the step's
+own expiry and the deadline, and when the deadline passes the step in
+progress is cut off the one way, its C{cancel()}.
 """
 
 from __future__ import annotations

@@ -248,6 +248,7 @@ def breaker_open(reviews: int) -> Any:
 
     from amp.admission_review import parse_review
     from amp.deadline import Deadline
+    from amp.endpoint import EndpointRequest, deferred_call
     from amp.urls import parse_endpoint_url
 
     @inlineCallbacks
@@ -280,7 +281,9 @@ def breaker_open(reviews: int) -> Any:
         body = b'{"kind":"Pod"}'
 
         def call() -> None:
-            client.call(target, settings, body, {}, Deadline.after(reactor.seconds(), 10.0)).addErrback(lambda f: None)
+            deferred_call(
+                client, EndpointRequest(target, settings, body, {}, Deadline.after(reactor.seconds(), 10.0))
+            ).addErrback(lambda f: None)
 
         call_time = timed(call)
         yield client.close()
@@ -297,6 +300,7 @@ def healthy(calls: int, concurrency: int) -> Any:
 
     from amp.admission_review import parse_review
     from amp.deadline import Deadline
+    from amp.endpoint import EndpointRequest, deferred_call
     from amp.urls import parse_endpoint_url
 
     @inlineCallbacks
@@ -323,9 +327,9 @@ def healthy(calls: int, concurrency: int) -> Any:
 
         def one() -> Any:
             started = time.perf_counter()
-            return client.call(target, settings, body, headers, Deadline.after(reactor.seconds(), 10.0)).addCallback(
-                lambda _: latencies.append(time.perf_counter() - started)
-            )
+            return deferred_call(
+                client, EndpointRequest(target, settings, body, headers, Deadline.after(reactor.seconds(), 10.0))
+            ).addCallback(lambda _: latencies.append(time.perf_counter() - started))
 
         left = [calls]
 
@@ -409,7 +413,7 @@ def in_memory(calls: int) -> None:
     from amp.breaker import BreakerRegistry
     from amp.config import parse_config
     from amp.deadline import Deadline
-    from amp.endpoint import EndpointClient
+    from amp.endpoint import EndpointClient, EndpointRequest, deferred_call
     from amp.metrics import Metrics
     from amp.urls import parse_endpoint_url
 
@@ -426,7 +430,7 @@ def in_memory(calls: int) -> None:
         b"x-amp-dry-run": b"false",
     }
     deadline = Deadline.after(memory.seconds(), 10.0)
-    first = client.call(target, settings, body, headers, deadline)
+    first = deferred_call(client, EndpointRequest(target, settings, body, headers, deadline))
     host, port, factory = memory.tcpClients[0][:3]
     proto = factory.buildProtocol(IPv4Address("TCP", host, port))
     transport = StringTransport()
@@ -438,7 +442,7 @@ def in_memory(calls: int) -> None:
     def run() -> float:
         started = time.process_time()
         for _ in range(calls):
-            d = client.call(target, settings, body, headers, deadline)
+            d = deferred_call(client, EndpointRequest(target, settings, body, headers, deadline))
             transport.clear()
             proto.dataReceived(_REPLY)
             d.addErrback(failures.append)

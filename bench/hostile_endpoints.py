@@ -107,7 +107,7 @@ def hostile(origins: int, per_origin: int, body: bytes) -> Any:
     from amp.breaker import BreakerRegistry
     from amp.config import parse_config
     from amp.deadline import Deadline
-    from amp.endpoint import EndpointClient
+    from amp.endpoint import EndpointClient, EndpointRequest, deferred_call
     from amp.metrics import Metrics
     from amp.urls import parse_endpoint_url
 
@@ -143,12 +143,15 @@ def hostile(origins: int, per_origin: int, body: bytes) -> Any:
             client.budget.peak = 0
             started = time.perf_counter()
             calls = [
-                client.call(
-                    parse_endpoint_url(f"http://127.0.0.1:{port}{path}"),
-                    settings,
-                    body,
-                    {},
-                    Deadline.after(reactor.seconds(), 10.0),
+                deferred_call(
+                    client,
+                    EndpointRequest(
+                        parse_endpoint_url(f"http://127.0.0.1:{port}{path}"),
+                        settings,
+                        body,
+                        {},
+                        Deadline.after(reactor.seconds(), 10.0),
+                    ),
                 )
                 for port in ports
                 for _ in range(per_origin)

@@ -60,9 +60,9 @@ BREAKDOWN: tuple[tuple[str, "re.Pattern[str]", tuple[str, ...]], ...] = (
         ("amp.admission_review:nesting_exceeds",),
     ),
     (
-        "endpoint call set-up (amp.endpoint.EndpointClient.ask_into)",
-        re.compile(r"^EndpointClient\.ask_into "),
-        ("amp.endpoint._client:EndpointClient.ask_into",),
+        "endpoint call set-up (amp.endpoint.EndpointClient.call)",
+        re.compile(r"^EndpointClient\.call "),
+        ("amp.endpoint._client:EndpointClient.call",),
     ),
     (
         "the endpoint's reply read (amp.http's client llhttp callbacks and head count)",

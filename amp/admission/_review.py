@@ -1,26 +1,29 @@
 """
-One review in progress (L{Review}): its steps, the one timer of its
-deadline, and cancellation.
+One review in progress (L{Review}): its steps, waited on the one way
+(L{amp.waiting.Waiting}: the review's deadline and the step in progress,
+one timer), and cancellation.
 
 A review waits on one step at a time (the namespace lookup when the cache
 does not know the namespace, then each endpoint call of the chain), gives
-each step what is left of the deadline, and owns the one timer that
-enforces it: when the deadline passes, or the client goes away (the
-review's Deferred is cancelled), the step in progress is cancelled and the
-review is answered at once.  An endpoint call resolves to the reply and its
-settle handle (L{amp.endpoint.CallReply}): the review judges the reply's patch,
-settles the call with the verdict, and goes on; how it ends is
-L{amp.admission._answering}'s.  Beside a step, the namespace's canary
-(L{amp.canary}) may call a candidate endpoint, told how the live step
-ended; an answered review is offered for recording (L{amp.record}).
+each step what is left of the deadline, and waits on it through its
+L{amp.waiting.Waiting}, whose one timer enforces the deadline: when the
+deadline passes, or the client goes away (L{Review.cancel}), the step in
+progress is cancelled (its own C{cancel}, the one way) and the review is
+answered at once.  The lookup is a step over the namespace cache's
+Deferred (L{amp.waiting.DeferredStep}), its result told to the review; an
+endpoint call is the shared L{amp.steps.CallStep}'s, which judges the
+reply's patch, settles the call with the verdict and tells the review,
+which goes on; how it ends is L{amp.admission._answering}'s.  Beside a
+step, the namespace's canary (L{amp.canary}) may call a candidate endpoint
+through the same step code, told how the live step ended; an answered
+review is offered for recording (L{amp.record}).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Optional
 
-from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -35,27 +38,27 @@ from amp.admission._state import ENDING, REVIEW_NEXT, IllegalReviewTransition, R
 from amp.admission_review import AdmissionRequest, clean_audit_annotations, dumps
 from amp.answers import Answer
 from amp.deadline import Deadline
-from amp.endpoint import OK, Call, CallReply, EndpointFailure
+from amp.endpoint import OK, Call, EndpointFailure, EndpointRequest
 from amp.namespaces import UNKNOWN, NamespaceInfo
-from amp.patch import PatchError, check_patch, unchanged
+from amp.patch import PatchError, unchanged
 from amp.policy import FAIL, SHADOW, Route
 from amp.reasons import Reason, Status
 from amp.reply import EndpointDecision
+from amp.steps import CallStep, Judged
 from amp.trace import IReviewTrace, Refused, Skipped
 from amp.tracing import ReviewSpans
-
-_T = TypeVar("_T")
+from amp.waiting import DeferredStep, Waiting
 
 _WORKING, _LOOKING_UP, _CALLING, _TIMED_OUT, _CANCELLED_STATE, _ANSWERED = ReviewState
-#: A timer may fire this much before the time it was set for (floats).
-_EARLY = 1e-6
 
 
 class Review:
     """
     One review in progress: its state (a L{ReviewState}; the transitions
-    are L{amp.admission._state}'s), the step it waits on, the deadline's
-    timer, the route once known, the chain once routed.
+    are L{amp.admission._state}'s), its L{Waiting} (the deadline, the step
+    it waits on, the one timer), the route once known, the chain once
+    routed.  It is the namespace lookup's receiver and the owner of its
+    endpoint steps (L{amp.steps.IStepOwner}).
 
     @param answered: called once with the review's L{Answer} (a review
         never fails); L{cancel} ends the review at once, as C{cancelled}.
@@ -67,9 +70,8 @@ class Review:
         "_deadline",
         "_validation",
         "_route",
-        "_pending",
-        "_call",
-        "_timer",
+        "_waiting",
+        "_step",
         "_state",
         "_answered",
         "_chain",
@@ -81,6 +83,7 @@ class Review:
         "_canary_run",
         "_spans",
         "_lookup_started",
+        "_judge_began",
     )
 
     log = Logger()
@@ -112,11 +115,12 @@ class Review:
         self._canary_plan: Any = None
         self._canary_run: Any = None
         self._state = _WORKING
-        #: The step waited on: a namespace lookup (LOOKING_UP), or an endpoint
-        #: call (CALLING; its end is told, L{replied}, L{failed}).
-        self._pending: Optional[Deferred[Any]] = None
-        self._call: Optional[Call] = None
-        self._timer: Optional[IDelayedCall] = None
+        #: The deadline and the step waited on: the namespace lookup
+        #: (LOOKING_UP; its end told to L{replied}, L{failed}), or an endpoint
+        #: call (CALLING; its end told through L{_step}).
+        self._waiting = Waiting(parts.clock, deadline, self._deadline_passed)
+        #: The chain's endpoint calls, once routed (L{amp.steps.CallStep}).
+        self._step: Optional[CallStep] = None
         #: The endpoint chain in progress, once routed.
         self._chain: Optional[Chain] = None
         self._answered = answered
@@ -144,6 +148,11 @@ class Review:
             self.log.failure("amp internal error: review {uid}", Failure(), uid=self._req.uid)
             self._state = state
 
+    @property
+    def waiting(self) -> Waiting:
+        """What the review waits on: its deadline, the step in progress, the one timer."""
+        return self._waiting
+
     def start(self) -> None:
         namespaces = self._parts.namespaces
         name = self._req.namespace
@@ -153,78 +162,43 @@ class Review:
                 now = self._parts.clock.seconds()
                 if self._spans is not None and self._spans.sampled:
                     self._lookup_started = now
-                    self._wait(namespaces.fetch(name, self._deadline.remaining(now)), self._looked_up)
-                else:
-                    self._wait(namespaces.fetch(name, self._deadline.remaining(now)), self._routed)
+                self._become(_LOOKING_UP)
+                lookup = DeferredStep(namespaces.fetch(name, self._deadline.remaining(now)), self)
+                if not lookup.told:
+                    self._waiting.wait(lookup)
             else:
                 self._routed(ns)
         except Exception:
             # A bug, a broken source or client: still an answer.
             self._step_failed(Failure())
 
-    def _wait(self, d: Deferred[_T], then: Callable[[_T], None]) -> None:
-        """
-        Wait for C{d}, then pass its result to C{then}; arm the deadline's
-        timer if it is not armed yet and C{d} has not fired already.
-        """
-        self._pending = d
-        self._become(_LOOKING_UP)
-        d.addBoth(self._resume, d, then)
-        if self._pending is d:
-            self._arm()
+    def replied(self, ns: Optional[NamespaceInfo]) -> None:
+        """The namespace lookup's result (its step's receiver, L{amp.waiting.IReceiver})."""
+        if self._looked():
+            try:
+                spans = self._spans
+                if spans is not None and spans.sampled:
+                    # A traced review's span of it.
+                    _observing.lookup_span(spans, self._lookup_started, self._parts.clock, self._req.namespace, ns)
+                self._routed(ns)
+            except Exception:
+                self._step_failed(Failure())
 
-    def _arm(self) -> None:
-        """
-        The review waits: its one timer set for the deadline, or for the
-        endpoint call's own timeout when that ends first (the call is told
-        then, L{_expired}; it arms no timer of its own), or, while the call
-        waits for a slot of its origin's bulkhead, for its latest start.
-        """
-        when = self._call_expires()
-        if when is None:
-            when = self._deadline.at
-        clock = self._parts.clock
-        timer = self._timer
-        if timer is None:
-            self._timer = clock.callLater(max(0.0, when - clock.seconds()), self._expired)
-        elif timer.getTime() != when:
-            timer.reset(max(0.0, when - clock.seconds()))
+    def failed(self, failure: Failure) -> None:
+        """The namespace lookup failed, or was cancelled (its step's receiver)."""
+        if self._looked():
+            try:
+                self._step_failed(failure)
+            except Exception:
+                self._step_failed(Failure())
 
-    def _call_expires(self) -> Optional[float]:
-        """
-        When the endpoint call in progress times out, if it does before the
-        review's deadline (else None: the deadline ends it).
-        """
-        call = self._call
-        if call is not None and call.expires is not None and call.expires < self._deadline.at:
-            return call.expires
-        return None
-
-    def _resume(self, result: Union[_T, Failure], d: Deferred[_T], then: Callable[[_T], None]) -> None:
-        if self._pending is not d:
-            # The review was answered without this step; its result is
-            # dropped (a reply is settled as it is: nobody judges it).
-            if isinstance(result, CallReply):
-                result.settle(OK)
-            return None
-        self._pending = None
-        if self._state is _LOOKING_UP:
+    def _looked(self) -> bool:
+        """The lookup ended: whether the review still wants its result (not when answered without it)."""
+        state = self._state
+        if state is _LOOKING_UP:
+            self._waiting.step = None
             self._become(_WORKING)
-        try:
-            if isinstance(result, Failure):
-                self._step_failed(result)
-            else:
-                then(result)
-        except Exception:
-            self._step_failed(Failure())
-        return None
-
-    def _looked_up(self, ns: Optional[NamespaceInfo]) -> None:
-        """The namespace the cache did not know, fetched (a traced review's span of it)."""
-        spans = self._spans
-        assert spans is not None
-        _observing.lookup_span(spans, self._lookup_started, self._parts.clock, self._req.namespace, ns)
-        self._routed(ns)
+        return state is not _ANSWERED
 
     def _routed(self, ns: Optional[NamespaceInfo]) -> None:
         parts = self._parts
@@ -300,57 +274,69 @@ class Review:
         spans = self._spans
         if spans is not None:
             _observing.trace_call(spans, self._parts.clock, step, headers, chain.index)
-        call = self._parts.endpoints.ask_into(
-            self, step.url, step.settings, pod_json, headers, self._deadline, step.breaker, caller_times=True
-        )
-        if call is not None and not call.told:
-            # Not ended at once (a refusal is told before ask_into returns,
-            # and the chain may have gone on from it).
-            self._call = call
+        calls = self._step
+        if calls is None:
+            parts = self._parts
+            calls = self._step = CallStep(
+                self,
+                self._waiting,
+                parts.endpoints,
+                parts.check_options,
+                judges=not self._validation,
+                confined=EPHEMERAL_CONTAINERS if req.is_ephemeral_update else None,
+                trace=self._trace,
+            )
+        request = EndpointRequest(step.url, step.settings, pod_json, headers, self._deadline, step.breaker)
+        if calls.start(request, chain.pod.pod):
+            # Waited on (a refusal is told before start returns, and the
+            # chain may have gone on from it).
             self._become(_CALLING)
-            self._arm()
 
-    def replied(self, reply: CallReply) -> None:
-        """The endpoint call in progress answered (L{amp.endpoint.ICallReceiver})."""
+    # ------------------------------------------------------------ the endpoint step's end (IStepOwner)
+
+    def step_replied(self, call: Optional[Call], decision: EndpointDecision) -> bool:
+        """The endpoint call in progress answered; whether its reply is still wanted (judged)."""
         spans = self._spans
         if spans is not None and spans.sampled:
-            _observing.call_ended(spans, self._parts.clock, self._parts.endpoints, self._chain, self._call, None)
-        self._call = None
-        if self._state is _CALLING:
+            _observing.call_ended(spans, self._parts.clock, self._parts.endpoints, self._chain, call, None)
+        state = self._state
+        if state is _CALLING:
             self._become(_WORKING)
-        elif self._state is _ANSWERED:
+        elif state is _ANSWERED:
             # The review was answered without this step; its reply is
             # settled as it is: nobody judges it.
-            reply.settle(OK)
-            return
+            return False
+        if self._trace.recording:
+            self._record_call(OK, "")
+            _observing.record_replied(self._trace, decision)
+        if spans is not None and spans.sampled and decision.patch:
+            self._judge_began = self._parts.clock.seconds()
+        return True
+
+    def step_judged(self, decision: EndpointDecision, judged: Judged) -> None:
+        """The endpoint's reply judged and its call settled with the verdict: go on."""
         try:
-            self._take_reply(reply)
+            spans = self._spans
+            if spans is not None and spans.sampled and decision.patch:
+                _observing.patch_span(spans, self._judge_began, self._parts.clock, decision, judged)
+            self._decided(decision, judged)
         except Exception:
             self._step_failed(Failure())
 
-    def failed(self, failure: Failure) -> None:
-        """The endpoint call in progress failed (L{amp.endpoint.ICallReceiver})."""
+    def step_failed(self, call: Optional[Call], failure: Failure) -> None:
+        """The endpoint call in progress failed (or amp could not judge its reply)."""
         spans = self._spans
         if spans is not None and spans.sampled:
-            _observing.call_failed(spans, self._parts.clock, self._parts.endpoints, self._chain, self._call, failure)
-        self._call = None
-        if self._state is _CALLING:
+            _observing.call_failed(spans, self._parts.clock, self._parts.endpoints, self._chain, call, failure)
+        state = self._state
+        if state is _CALLING:
             self._become(_WORKING)
-        elif self._state is _ANSWERED:
+        elif state is _ANSWERED:
             return
         try:
             self._step_failed(failure)
         except Exception:
             self._step_failed(Failure())
-
-    def started(self) -> None:
-        """
-        The endpoint call in progress waited for a slot and goes out now
-        (L{amp.endpoint.ICallReceiver}): the one timer, set for its latest
-        start, is set for its own timeout (or the deadline) instead.
-        """
-        if self._state is _CALLING and self._call is not None:
-            self._arm()
 
     def _tell_canary(self, pod_after: Optional[dict[str, Any]] = None, skipped: bool = False) -> None:
         """Tell the canary in progress how the live step it stands beside ended."""
@@ -358,53 +344,10 @@ class Review:
         if run is not None:
             run.live_done(pod_after, skipped)
 
-    def _take_reply(self, reply: CallReply) -> None:
-        """
-        The endpoint answered: judge its reply, settle the call with the
-        verdict (L{OK} or the reason amp refuses the reply), then go on.
-        """
-        decision = reply.decision
-        judged = None
-        try:
-            if self._trace.recording:
-                self._record_call(OK, "")
-                _observing.record_replied(self._trace, decision)
-            spans = self._spans
-            if spans is not None and spans.sampled and decision.patch:
-                began = self._parts.clock.seconds()
-                judged = self._judge(decision)
-                _observing.patch_span(spans, began, self._parts.clock, decision, judged)
-            else:
-                judged = self._judge(decision)
-        finally:
-            reply.settle(judged.reason if isinstance(judged, PatchError) else OK)
-        self._decided(decision, judged)
-
-    def _judge(self, decision: EndpointDecision) -> Any:
-        """
-        The current step's patch checked and dry-applied to the Pod as the
-        steps before left it; the L{PatchError} when amp refuses it; None
-        when there is nothing to check (a deny, a validation, no patch).
-        """
-        chain = self._chain
-        assert chain is not None
-        if not decision.allowed or self._validation or not decision.patch:
-            return None
-        try:
-            return check_patch(
-                chain.pod.pod,
-                decision.patch,
-                **self._parts.check_options,
-                trace=self._trace,
-                confined=EPHEMERAL_CONTAINERS if self._req.is_ephemeral_update else None,
-            )
-        except PatchError as e:
-            return e
-
-    def _decided(self, decision: EndpointDecision, judged: Any) -> None:
+    def _decided(self, decision: EndpointDecision, judged: Judged) -> None:
         """
         Go on from the endpoint's C{decision} and amp's C{judged} verdict on
-        its patch (see L{_judge}).
+        its patch (L{amp.steps.judge}).
         """
         req = self._req
         chain = self._chain
@@ -423,10 +366,11 @@ class Review:
             self._trace.record(Refused, reason=judged.reason, message=str(judged))
             return self._step_ended(judged.reason, str(judged))
         self._tell_canary(judged.pod if judged is not None else chain.pod.pod)
-        changed = judged is not None and bool(judged.operations)
-        if changed:
+        if judged is not None and judged.operations:
             chain.applied(judged)
-        chain.ok(origin, changed)
+            chain.ok(origin, True)
+        else:
+            chain.ok(origin, False)
         self._call_next()
 
     def _step_ended(self, reason: Reason, message: str) -> None:
@@ -461,10 +405,7 @@ class Review:
         if spans is not None and spans.sampled:
             spans.stamp = self._answering.stamper.value
         self._become(_ANSWERED)
-        self._pending = self._call = None
-        timer, self._timer = self._timer, None
-        if timer is not None and timer.active():
-            timer.cancel()
+        self._waiting.close()
         self._tell_canary(skipped=True)
         recorder = self._parts.recorder
         if recorder is not None and recorder.recording and self._route is not None and not self._validation:
@@ -473,31 +414,8 @@ class Review:
             )
         self._answered(answer)
 
-    def _expired(self) -> None:
-        self._timer = None
-        call = self._call
-        when = self._call_expires()
-        now = self._parts.clock.seconds()
-        if call is not None and when is not None and when <= now + _EARLY:
-            # The endpoint call's own timeout, not the review's deadline:
-            # the call fails with timeout (told at once, failed), and
-            # the chain goes on or the failure policy answers.
-            self._call = None
-            try:
-                call.time_out()
-            finally:
-                if self._timer is None and self._state is not _ANSWERED:
-                    # Not answered, and no next step armed the timer (or
-                    # a bug of amp's raised while the call ended): the
-                    # deadline still holds.
-                    self._arm()
-            return
-        if not self._deadline.passed(now):
-            # Early (floats), or a call that got its slot without the
-            # review being told: the timer waits for the call's own
-            # timeout, or the deadline, instead.
-            self._arm()
-            return
+    def _deadline_passed(self) -> None:
+        """The deadline passed (the L{Waiting}'s timer): end the review now."""
         self._end(Reason.DEADLINE)
 
     def cancel(self) -> None:
@@ -507,22 +425,16 @@ class Review:
     def _end(self, why: Reason) -> None:
         """
         End the review now (its deadline passed, or the client went away):
-        cancel the step in progress, which then ends through L{_resume}.
+        the step in progress is cancelled (the one way, L{Waiting.cancel}),
+        and tells its end (a timeout when the deadline passed, else a
+        cancellation), which answers the review.
         """
         if self._state is _ANSWERED:
             return
         self._become(_TIMED_OUT if why is Reason.DEADLINE else _CANCELLED_STATE)
-        pending = self._pending
-        if pending is not None:
-            pending.cancel()
-        call, self._call = self._call, None
-        if call is not None:
-            # Tells failed: a timeout when the deadline passed, else
-            # CancelledError.
-            call.cancel()
+        self._waiting.cancel()
         if self._state is not _ANSWERED:
             # The step did not end when cancelled: answer without it.
-            self._pending = None
             self._step_failed(Failure(CancelledError()))
 
     def _step_failed(self, failure: Failure) -> None:

@@ -3,11 +3,15 @@ Calling endpoints: pooled HTTP/1.1 calls with per-endpoint timeouts, reply
 limits, a concurrency cap and a circuit breaker per endpoint origin, to
 addresses checked against C{endpoints.deny_networks}.
 
-L{EndpointClient.ask} POSTs the Pod and resolves to a L{CallReply}: the
+There is one way to call an endpoint: L{EndpointClient.call} takes an
+L{EndpointRequest} (URL, settings, body, headers, the review's deadline,
+the origin's breaker settings) and an L{ICallReceiver}, and returns the
+L{Call}, which the caller waits on through its L{amp.waiting.Waiting} (the
+call arms no timer of its own).  The receiver is told a L{CallReply}: the
 endpoint's L{amp.reply.EndpointDecision} and the handle with which the
 caller settles the call's outcome once it has judged the reply (C{ok}, or
-the reason amp refuses it); L{EndpointClient.call} uses the reply as it is.
-Either fails with L{EndpointFailure} whose
+the reason amp refuses it; L{amp.steps.CallStep} does that for a review and
+for the canary); or the failure, an L{EndpointFailure} whose
 C{reason} is one of L{amp.reasons.ENDPOINT_REASONS}: every way a call can go
 wrong has a name that reaches the warning, the audit annotation, the deny
 message and the C{amp_endpoint_requests_total{endpoint,outcome}} label
@@ -20,11 +24,14 @@ concern each:
     bulkhead, time left), building its request, shutting down.
   - L{amp.endpoint._origin}: the state kept per origin (L{amp.endpoint._origin.Origin}):
     bulkhead and queue, latency budget, breaker thresholds, metric children.
-  - L{amp.endpoint._call}: one call's state machine: its one timer, retries,
+  - L{amp.endpoint._call}: one call's state machine: its expiry, retries,
     the reply's settle handle (L{CallReply}), settling the outcome, the metric
     and the breaker ticket exactly once, and telling its end to its
-    L{ICallReceiver} (the review itself on the hot path, through
-    L{EndpointClient.ask_into}; a Deferred through L{EndpointClient.ask}).
+    L{ICallReceiver} (the review's L{amp.steps.CallStep} on the hot path).
+  - L{amp.endpoint._request}: L{EndpointRequest}, what a caller asks for.
+  - L{amp.endpoint._deferred}: L{deferred_call}, a call as a Deferred of its
+    decision for callers that are not a review (tests, benchmarks), waited
+    on through the same L{amp.waiting.Waiting}.
   - L{amp.endpoint._failures}: naming failures (L{classify}).
   - L{amp.endpoint._pool}: the L{amp.endpoint._pool.Profile} per settings
     value (reply limits, a pool per origin) and each URL's request head,
@@ -45,14 +52,12 @@ Limits
 
   - Time: C{min(settings.timeout, time left before the review's
     deadline)}, covering connect, TLS handshake, headers and body.  The
-    call's own timeout covers only C{settings.timeout}, when that ends first
-    (a C{timeout} then counts against the breaker); the review's deadline
-    belongs to the caller (L{amp.admission}), whose one timer cancels the
-    call when it passes (C{timeout}, not counted).  A review's one timer
-    also times the call's own timeout (C{ask_into(..., caller_times=True)}:
-    set for the earlier of the two, it calls C{Call.time_out}); other
-    callers get a timer of the call's.  C{connect_timeout}
-    separately bounds the TCP connect.
+    caller times it, with the one timer of its L{amp.waiting.Waiting}: set
+    for the earlier of the call's own expiry (L{Call.expires}: its timeout,
+    when C{settings.timeout} ends first; a C{timeout} then counts against
+    the breaker) and the review's deadline (the call is cancelled:
+    C{timeout}, not counted).  C{connect_timeout} separately bounds the
+    TCP connect.
   - Bulkhead: when C{max_concurrent} calls to the origin are in flight, the
     next waits for a slot in the origin's queue (L{amp.bulkhead}), in
     arrival order, while its deadline leaves C{min_call_time} for the call
@@ -123,8 +128,10 @@ are closed when they end.
 from amp.endpoint._call import OK, Call, CallReply, ICallReceiver
 from amp.endpoint._client import EndpointClient
 from amp.endpoint._connect import DeniedAddress
+from amp.endpoint._deferred import deferred_call
 from amp.endpoint._failures import EndpointFailure
 from amp.endpoint._pool import USER_AGENT, Connector
+from amp.endpoint._request import EndpointRequest
 from amp.endpoint._types import IEndpointReactor
 
 __all__ = [
@@ -133,9 +140,11 @@ __all__ = [
     "CallReply",
     "Connector",
     "EndpointClient",
+    "EndpointRequest",
     "ICallReceiver",
     "EndpointFailure",
     "DeniedAddress",
     "IEndpointReactor",
     "USER_AGENT",
+    "deferred_call",
 ]

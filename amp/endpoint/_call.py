@@ -2,7 +2,7 @@
 One endpoint call, from the request to a settled outcome: L{Call}.
 
 A call is settled exactly once, by the first of: a failure (a named one,
-or the endpoint's own timer), the caller cancelling it, or, once the call
+or the endpoint's own timeout), the caller cancelling it, or, once the call
 has resolved to a usable reply (L{CallReply}), the caller settling it with
 the reply's outcome (C{ok}, or the reason amp refused the reply) after it
 judged the reply.  Settling records the outcome metric and the duration,
@@ -23,29 +23,28 @@ A call made while its origin's bulkhead is full waits in the origin's
 queue (L{Call.queue}), in arrival order, until a slot frees (L{Call.start},
 from the client), or until its latest start, the review's deadline less
 C{min_call_time}: then it fails with C{queue-timeout}.  While it waits,
-L{Call.expires} is that latest start, which the caller's one timer (or the
-call's own, for callers without one) times exactly as it times the call's
-own timeout; cancelled while it waits, it leaves the queue at once.  A
+L{Call.expires} is that latest start, which the caller's one timer times
+exactly as it times the call's own timeout; cancelled while it waits, it
+leaves the queue at once.  A
 waiting call holds no breaker ticket and no slot, and counts no duration.
 
-One timer
-=========
+One timer, the caller's
+=======================
 
-The call has a timeout of its own only when the endpoint's C{timeout} is
-shorter than the time left before the review's deadline: then the
-endpoint's timeout is the verdict, C{timeout}, and it counts against the
-breaker.  The call runs that timer itself, or, when its caller has a timer
-anyway (a review: L{amp.endpoint.EndpointClient.ask_into} with
-C{caller_times}), the caller's one timer fires at the earlier of the two
-and calls L{Call.time_out} at the call's L{Call.expires} (told when a call
-that waited for a slot goes out, L{ICallReceiver.started}, as that moves it).
-Otherwise the deadline's timer is the one timer, and it is the caller's
-(L{amp.admission}, which owns the review's L{amp.deadline.Deadline}): the
-caller cancels the call (L{Call.cancel}) when the deadline passes.  The call then
-fails with C{timeout} (it had all the time there was) and hands its ticket
-back: the review's deadline is not a verdict on the endpoint.  Cancelled
-before the deadline (the API server hung up), the call ends as
-C{cancelled}, also without a verdict.
+A call arms no timer: its caller waits on it through its
+L{amp.waiting.Waiting}, whose one timer is set for the earlier of the
+call's L{Call.expires} and the review's deadline.  The call has a time of
+its own (L{Call.expires} not None) only when the endpoint's C{timeout} is
+shorter than the time left before the deadline: the caller's timer then
+calls L{Call.time_out} at it, and the endpoint's timeout is the verdict,
+C{timeout}, counted against the breaker.  A call that waited for a slot
+and goes out tells its receiver (L{ICallReceiver.started}), as that moves
+its expiry from its latest start to its own timeout.  Otherwise the
+deadline ends the call: the caller cancels it (L{Call.cancel}) when the
+deadline passes, and it fails with C{timeout} (it had all the time there
+was) and hands its ticket back: the review's deadline is not a verdict on
+the endpoint.  Cancelled before the deadline (the API server hung up), the
+call ends as C{cancelled}, also without a verdict.
 
 Retries
 =======
@@ -67,7 +66,7 @@ from typing import Any, Callable, Optional
 from typing import Protocol as TypingProtocol
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -105,8 +104,9 @@ class CallReply:
 
 class ICallReceiver(TypingProtocol):
     """
-    Where one call's end goes (L{Call}): exactly one of these, once (the
-    names of L{amp.http.IReceiver}'s, so L{amp.http.DeferredReceiver} is one).
+    Where one call's end goes (L{Call}): exactly one of L{replied} and
+    L{failed}, once (the names of L{amp.waiting.IReceiver}'s); and
+    L{started} when a call that waited for a slot goes out.
     """
 
     def replied(self, reply: CallReply) -> None:
@@ -118,9 +118,10 @@ class ICallReceiver(TypingProtocol):
     def started(self) -> None:
         """
         The call, which waited for a slot, goes out now: its L{Call.expires}
-        is its own timeout from now (or None).  A caller that times the
-        call sets its timer for it; told before anything is sent, so the
-        call may still end (and be told) right after.
+        is its own timeout from now (or None).  The caller's timer, set for
+        its latest start, is set for that (L{amp.waiting.Waiting.arm});
+        told before anything is sent, so the call may still end (and be
+        told) right after.
         """
 
 
@@ -192,10 +193,10 @@ def _answer(reply: Reply) -> EndpointDecision:
 
 class Call:
     """
-    One call: its timer (if it has one), its ticket, its place in the
+    One call: its expiry (if it has one), its ticket, its place in the
     bulkhead.
 
-    @param reactor: for the call's timer and its clock.
+    @param reactor: the clock (the call's durations and expiry).
     @param settled: told C{(call, outcome, seconds, verdict)} once, when
         the call is settled (the client's bulkhead, latency budget and
         metrics); L{queued} tells whether it held a slot.
@@ -210,7 +211,6 @@ class Call:
         "guard",
         "_on_settled",
         "_started",
-        "_timer",
         "_pending",
         "_retry",
         "_replied",
@@ -219,7 +219,6 @@ class Call:
         "_receiver",
         "told",
         "expires",
-        "_caller_times",
         "queued",
         "exchange",
     )
@@ -231,7 +230,6 @@ class Call:
         guard: CallGuard,
         settled: Callable[["Call", str, float, Verdict], None],
         receiver: "ICallReceiver",
-        caller_times: bool = False,
     ) -> None:
         self._reactor = reactor
         self._request = request
@@ -245,15 +243,17 @@ class Call:
         self._waiters: Optional[list[Deferred[None]]] = None
         #: The request through the pool, until its outcome came.
         self._pending: Optional[Exchange] = None
-        self._timer: Optional[IDelayedCall] = None
         self._receiver = receiver
         #: The receiver was told how the call ended.
         self.told = False
-        #: When the call's own timeout ends (the reactor's clock), or None
-        #: when it has none (the caller's deadline comes first).
+        #: When the call's own time ends (the reactor's clock): its timeout,
+        #: or its latest start while it waits for a slot; None when it has
+        #: none (the caller's deadline comes first).  The caller's timer
+        #: calls L{time_out} at it.
         self.expires: Optional[float] = None
-        #: The caller calls L{time_out} at L{expires}: no timer of the call's.
-        self._caller_times = caller_times
+        #: The last request through the pool (its connection's reuse and
+        #: resends, for a trace), once sent.
+        self.exchange: Optional[Exchange] = None
         #: The call waits in its origin's queue for a slot (L{queue}).
         self.queued = False
 
@@ -268,12 +268,9 @@ class Call:
         (the reactor's clock), its L{expires} meanwhile; then it fails with
         C{queue-timeout}.
         """
-        reactor = self._reactor
         self.queued = True
-        self._started = reactor.seconds()
+        self._started = self._reactor.seconds()
         self.expires = latest
-        if not self._caller_times:
-            self._timer = reactor.callLater(max(0.0, latest - self._started), self._queue_timed_out)
 
     def waited(self, now: float) -> float:
         """Seconds the call has waited in the queue at C{now} (while it waits)."""
@@ -291,7 +288,6 @@ class Call:
         self._tell_failure(Failure(EndpointFailure(reason, message)))
 
     def _queue_timed_out(self) -> None:
-        self._timer = None
         if self._done or not self.queued:
             return
         now = self._reactor.seconds()
@@ -302,28 +298,19 @@ class Call:
             f"calls in flight); {left:.3g}s left is too little for the call "
             f"(endpoints.min_call_time)",
         )
-        #: The last request through the pool (its connection's reuse and
-        #: resends, for a trace), once sent.
-        self.exchange: Optional[Exchange] = None
 
     def start(self) -> None:
-        reactor = self._reactor
+        """
+        Send the request (its slot, ticket and time are the client's to
+        give); a call that waited for a slot tells its receiver first
+        (L{ICallReceiver.started}): its L{expires} moved.
+        """
         waited = self.queued
+        self._started = self._reactor.seconds()
+        timeout = self._request.timeout
+        self.expires = self._started + timeout if timeout is not None else None
         if waited:
             self.queued = False
-            self.expires = None
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-        self._started = reactor.seconds()
-        timeout = self._request.timeout
-        if timeout is not None:
-            self.expires = self._started + timeout
-            if not self._caller_times:
-                self._timer = reactor.callLater(timeout, self._timed_out)
-        if waited and self._caller_times:
-            # The caller's timer was set for the latest start: it now times
-            # the call's own timeout, not that.
             self._receiver.started()
         self._send()
 
@@ -376,9 +363,6 @@ class Call:
             # The endpoint answered (a success for the breaker); amp may
             # still refuse what it said, which its caller tells by settling.
             self._replied = True
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
             self.told = True
             self._receiver.replied(CallReply(result, self.settle))
             return None
@@ -419,7 +403,6 @@ class Call:
         No reply in the call's time: its own timeout (C{own}, a verdict on
         the endpoint) or the review's deadline (not one).
         """
-        self._timer = None
         if self._done or self._replied:
             return
         self._settle(Reason.TIMEOUT, Verdict.FAILURE if own else Verdict.RELEASE)
@@ -466,9 +449,6 @@ class Call:
         guard = self.guard
         # The reply is parsed (or dropped): its bytes are no longer held.
         guard.charge.close()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         # The breaker hears the verdict before the slot is freed: a call
         # that waited for it asks a breaker that knows.
         ticket = guard.ticket

@@ -16,17 +16,16 @@ from twisted.python.failure import Failure
 
 from amp.breaker import BreakerRegistry, CircuitBreaker
 from amp.config import BreakerConfig, EndpointSettings
-from amp.deadline import Deadline
-from amp.endpoint._call import OK, Call, CallGuard, CallReply, CallRequest, ICallReceiver
+from amp.endpoint._call import Call, CallGuard, CallRequest, ICallReceiver
 from amp.endpoint._failures import EndpointFailure, LocalFailure
 from amp.endpoint._origin import Origin
 from amp.endpoint._pool import Connector, Profile, request_bytes
+from amp.endpoint._request import EndpointRequest
 from amp.endpoint._types import IEndpointReactor
-from amp.http import Charge, ClientConnection, DeferredReceiver, ReplyBudget
+from amp.http import Charge, ClientConnection, ReplyBudget
 from amp.memo import Memo
 from amp.metrics import Metrics
 from amp.reasons import Reason, Verdict
-from amp.reply import EndpointDecision
 from amp.shedding import SHED, LatencyBudget
 from amp.urls import EndpointURL
 
@@ -260,80 +259,39 @@ class EndpointClient:
 
     # ------------------------------------------------------------ calls
 
-    def call(
-        self,
-        url: EndpointURL,
-        settings: EndpointSettings,
-        body: bytes,
-        headers: dict[bytes, bytes],
-        deadline: Deadline,
-        breaker_config: Optional[BreakerConfig] = None,
-    ) -> "Deferred[EndpointDecision]":
+    def call(self, request: EndpointRequest, receiver: ICallReceiver) -> Optional[Call]:
         """
-        L{ask}, the reply used as it is: resolves to the endpoint's
-        L{EndpointDecision}, the call counted C{ok}.
-        """
-        return self.ask(url, settings, body, headers, deadline, breaker_config).addCallback(_used)
+        POST C{request.body} to C{request.url} and parse the reply, within
+        C{settings.timeout} and before C{request.deadline}; C{receiver} is
+        told once (L{ICallReceiver}): the L{CallReply}, which the caller
+        settles once it has judged it, or the failure, an L{EndpointFailure}
+        (told before this returns when amp refuses the call at once: then
+        the result is None).  The result is the L{Call}, which the caller
+        waits on through its L{amp.waiting.Waiting}: the call arms no timer.
 
-    def ask(
-        self,
-        url: EndpointURL,
-        settings: EndpointSettings,
-        body: bytes,
-        headers: dict[bytes, bytes],
-        deadline: Deadline,
-        breaker_config: Optional[BreakerConfig] = None,
-    ) -> "Deferred[CallReply]":
-        """
-        L{ask_into}, told to a Deferred: it resolves to the L{CallReply},
-        or fails with L{EndpointFailure}; cancelling it is the call's
-        L{Call.cancel}.
-        """
-        receiver: DeferredReceiver[CallReply] = DeferredReceiver()
-        receiver.cancels = self.ask_into(receiver, url, settings, body, headers, deadline, breaker_config)
-        return receiver.result
-
-    def ask_into(
-        self,
-        receiver: ICallReceiver,
-        url: EndpointURL,
-        settings: EndpointSettings,
-        body: bytes,
-        headers: dict[bytes, bytes],
-        deadline: Deadline,
-        breaker_config: Optional[BreakerConfig] = None,
-        caller_times: bool = False,
-    ) -> Optional[Call]:
-        """
-        POST C{body} to C{url} and parse the reply, within C{settings.timeout}
-        and before C{deadline}; C{receiver} is told once (L{ICallReceiver}):
-        the L{CallReply}, which the caller settles once it has judged it, or
-        the failure, an L{EndpointFailure} (told before this returns when
-        amp refuses the call at once: then the result is None).  The result
-        is the L{Call}, which the caller may L{Call.cancel}.
-
-        The caller owns C{deadline}: when C{settings.timeout} ends first, the
-        call's own timer fails it with C{timeout} (which counts against the
-        breaker); otherwise the caller's timer is the only one, and the
-        caller cancels the call when the deadline passes: the call then
-        fails with C{timeout} too, but the breaker counts nothing (the
+        The caller owns the deadline and times the call: when
+        C{settings.timeout} ends first, the call's L{Call.expires} says when
+        and the caller's timer calls its L{Call.time_out}: the call fails with
+        C{timeout} (which counts against the breaker); otherwise the caller
+        cancels the call (L{Call.cancel}) when the deadline passes: the call
+        then fails with C{timeout} too, but the breaker counts nothing (the
         review's deadline is not a verdict on the endpoint).  Cancelled
         before the deadline (the API server went away), the call ends as
-        C{cancelled}, the breaker counts nothing, and the result fails with
-        C{CancelledError}.
+        C{cancelled}, the breaker counts nothing, and the receiver is told a
+        C{CancelledError}.  A call that waits for a bulkhead slot has its
+        latest start as its C{expires} (C{queue-timeout} then), and tells the
+        receiver L{ICallReceiver.started} when it goes out.
 
         The caller settles the L{CallReply} with C{ok} or the reason amp
         refuses it (its patch is invalid, does not apply, ...): the call is
         counted under that outcome, and the endpoint answered either way (a
-        success for its breaker).
-
-        @param caller_times: the caller has a timer of its own and calls the
-            call's C{time_out} at its C{expires} (when not None), the
-            earlier of that and its own deadline: the call arms no timer.
-        @param breaker_config: the breaker settings of C{url}'s origin (those
-            of its root URL, see L{amp.policy.Route.breaker}); by default
-            C{settings.breaker}.  The first call to an origin sets them.
+        success for its breaker).  Callers that want a Deferred of the
+        decision use L{amp.endpoint.deferred_call}.
         """
+        url = request.url
+        settings = request.settings
+        deadline = request.deadline
+        breaker_config = request.breaker
         origin = self._origin(url.origin, breaker_config if breaker_config is not None else settings.breaker)
         breaker = self._breaker(origin)
         ticket = breaker.allow()
@@ -389,14 +347,14 @@ class EndpointClient:
                     ),
                 )
                 return None
-        # A timer of the call's own only when the endpoint's timeout ends
-        # before the caller's deadline: that deadline is the caller's timer.
+        # A time of the call's own only when the endpoint's timeout ends
+        # before the caller's deadline.
         timeout = settings.timeout if settings.timeout < remaining else None
         # From here on the ticket must reach the breaker whatever happens.
         try:
             profile = self._profile(settings)
             target = profile.target(url)
-            data = request_bytes(target, headers, body, self._closing)
+            data = request_bytes(target, request.headers, request.body, self._closing)
             if target.denied is not None:
                 log.warn("Not calling {endpoint}: {message}", endpoint=origin.name, message=target.denied)
                 raise LocalFailure(Reason.DENIED_ADDRESS, target.denied)
@@ -411,7 +369,7 @@ class EndpointClient:
             return None
         # One bound for all calls; a reloaded configuration may change it.
         self.budget.limit = settings.max_buffered
-        request = CallRequest(
+        sending = CallRequest(
             origin.name,
             target,
             profile,
@@ -424,11 +382,10 @@ class EndpointClient:
         if not slot:
             c = Call(
                 self.reactor,
-                request,
+                sending,
                 CallGuard(Charge(self.budget), breaker, None),
                 partial(self._settled, origin),
                 receiver,
-                caller_times,
             )
             self._live.add(c)
             bulkhead.wait(c, settings.max_concurrent, settings.max_queued)
@@ -438,7 +395,7 @@ class EndpointClient:
         guard = CallGuard(Charge(self.budget), breaker, ticket)
         if latency is not None:
             guard.latency, guard.token = latency, token
-        c = Call(self.reactor, request, guard, partial(self._settled, origin), receiver, caller_times)
+        c = Call(self.reactor, sending, guard, partial(self._settled, origin), receiver)
         self._live.add(c)
         c.start()
         return c
@@ -516,8 +473,3 @@ def _shed_message(latency: LatencyBudget) -> str:
         f"shed: the endpoint's recent calls are over its latency budget of {latency.budget:.3g}s (p90 of the "
         f"last {latency.window}); one probe call at a time until one is back within it"
     )
-
-
-def _used(reply: CallReply) -> EndpointDecision:
-    reply.settle(OK)
-    return reply.decision

@@ -52,7 +52,7 @@ _T = TypeVar("_T")
 
 
 class Cancellable(TypingProtocol):
-    """What a L{DeferredReceiver} cancels: an L{Exchange}, an endpoint call, a review."""
+    """What a L{DeferredReceiver} cancels: an L{Exchange}, a review."""
 
     def cancel(self) -> None:
         """Stop; tell the receiver nothing more."""
@@ -62,10 +62,11 @@ class DeferredReceiver(Generic[_T]):
     """
     The Deferred form of a receiver: C{result} fires with the reply or
     fails with the failure, and cancelling it cancels C{cancels} (what the
-    receiver was given to, when it waits: an L{Exchange}, an endpoint call,
-    a review).  For L{OriginPool.request}, L{amp.endpoint.EndpointClient.ask}
-    and L{amp.admission.Admitter.review}, whose receivers' methods have the
-    same names (C{replied}, and C{failed} where a failure is possible).
+    receiver was given to, when it waits: an L{Exchange}, a review).  For
+    L{OriginPool.request} and L{amp.admission.Admitter.review}, whose
+    receivers' methods have the same names (C{replied}, and C{failed} where
+    a failure is possible).  An endpoint call's Deferred is
+    L{amp.endpoint.deferred_call}'s, which also times it.
     """
 
     __slots__ = ("result", "cancels")
@@ -84,9 +85,6 @@ class DeferredReceiver(Generic[_T]):
 
     def failed(self, failure: Failure) -> None:
         self.result.errback(failure)
-
-    def started(self) -> None:
-        """An endpoint call that waited for a slot went out: nothing to do (its own timer times it)."""
 
 
 class _ConnectionFactory(Factory):

@@ -41,7 +41,7 @@ from zope.interface import implementer
 from amp.breaker import BreakerRegistry
 from amp.config import EndpointSettings
 from amp.deadline import Deadline
-from amp.endpoint import EndpointClient, EndpointFailure
+from amp.endpoint import EndpointClient, EndpointFailure, EndpointRequest, deferred_call
 from amp.metrics import Metrics
 from amp.urls import parse_endpoint_url
 
@@ -85,19 +85,39 @@ class Harness:
         settings: Optional[EndpointSettings] = None,
         budget: float = 10.0,
         body: bytes = b'{"kind":"Pod"}',
-        *,
-        enforce: bool = True,
     ) -> Deferred:
         """
-        Call C{url} with a deadline C{budget} seconds away, which this
-        harness enforces as a review would, by cancelling the call when it
-        passes (unless not C{enforce}: then nothing does).
+        Call C{url} with a deadline C{budget} seconds away through
+        L{deferred_call}, which times the call as a review would: one timer
+        for the call's own timeout and the deadline, the call cancelled
+        when the deadline passes.
         """
-        deadline = Deadline.after(self.reactor.seconds(), budget)
-        d = self.client.call(
-            parse_endpoint_url(url), settings or self.settings, body, HEADERS, deadline, self.root.breaker
+        return deferred_call(self.client, self.request(url, settings, budget, body))
+
+    def request(
+        self,
+        url: str,
+        settings: Optional[EndpointSettings] = None,
+        budget: float = 10.0,
+        body: bytes = b'{"kind":"Pod"}',
+    ) -> EndpointRequest:
+        """The request L{call} makes."""
+        return EndpointRequest(
+            parse_endpoint_url(url),
+            settings or self.settings,
+            body,
+            HEADERS,
+            Deadline.after(self.reactor.seconds(), budget),
+            self.root.breaker,
         )
-        return d.addTimeout(budget, self.reactor) if enforce else d
+
+    def start(self, url: str, settings: Optional[EndpointSettings] = None, budget: float = 10.0) -> tuple[Any, "Told"]:
+        """
+        Call C{url} through L{EndpointClient.call} with nobody waiting on
+        it (no timer); returns the call and what it told.
+        """
+        told = Told()
+        return self.client.call(self.request(url, settings, budget), told), told
 
     def count(self, url: str, outcome: str) -> float:
         return requests_total(self.metrics, parse_endpoint_url(url).origin, outcome)
@@ -105,6 +125,24 @@ class Harness:
     def breaker(self, url: str) -> Any:
         origin = parse_endpoint_url(url).origin
         return self.breakers.get(origin, self.settings.breaker)
+
+
+class Told:
+    """An L{amp.endpoint.ICallReceiver} that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.replies: list[Any] = []
+        self.failures: list[Failure] = []
+        self.starts = 0
+
+    def replied(self, reply: Any) -> None:
+        self.replies.append(reply)
+
+    def failed(self, failure: Failure) -> None:
+        self.failures.append(failure)
+
+    def started(self) -> None:
+        self.starts += 1
 
 
 class FailureAssertions:

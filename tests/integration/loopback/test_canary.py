@@ -10,12 +10,14 @@ from typing import Any
 
 import pytest
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import CancelledError, inlineCallbacks
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from amp.canary import Canary, CanaryResult, LiveStep, canary_plan
 from amp.deadline import Deadline
+from amp.endpoint import CallReply
 from amp.metrics import Metrics
 from amp.namespaces import NamespaceInfo
 from amp.policy import route
@@ -185,16 +187,39 @@ def test_canary_results_are_the_documented_vocabulary() -> None:
 # ---------------------------------------------------------------- one run, on a Clock
 
 
+class _Held:
+    """A call held until the test answers it (a step: no time of its own)."""
+
+    expires = None
+
+    def __init__(self, request: Any, receiver: Any) -> None:
+        self.request = request
+        self.receiver = receiver
+        self.told = False
+
+    def callback(self, decision: EndpointDecision) -> None:
+        self.told = True
+        self.receiver.replied(CallReply(decision, lambda outcome: None))
+
+    def time_out(self) -> None:
+        raise AssertionError("a held call has no time of its own")
+
+    def cancel(self) -> None:
+        if not self.told:
+            self.told = True
+            self.receiver.failed(Failure(CancelledError()))
+
+
 class _HeldCalls:
-    """An endpoint client whose calls wait until the test fires them."""
+    """An endpoint client whose calls wait until the test answers them."""
 
     def __init__(self) -> None:
-        self.calls: list[Deferred] = []
+        self.calls: list[_Held] = []
 
-    def call(self, url: Any, settings: Any, body: bytes, headers: Any, deadline: Any, breaker: Any = None) -> Deferred:
-        d: Deferred = Deferred()
-        self.calls.append(d)
-        return d
+    def call(self, request: Any, receiver: Any) -> _Held:
+        held = _Held(request, receiver)
+        self.calls.append(held)
+        return held
 
 
 def _run(annotate: Any = None) -> tuple[Any, Clock, Metrics, _HeldCalls, dict]:

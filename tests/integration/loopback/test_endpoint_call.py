@@ -22,7 +22,7 @@ from amp.admission_review import parse_review
 from amp.breaker import BreakerRegistry
 from amp.config import BreakerConfig, EndpointSettings, parse_config
 from amp.deadline import Deadline
-from amp.endpoint import USER_AGENT, EndpointClient, EndpointFailure
+from amp.endpoint import USER_AGENT, EndpointClient, EndpointFailure, EndpointRequest, deferred_call
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
 from amp.urls import EndpointURL
@@ -66,11 +66,15 @@ class WireTests(TestCase, FailureAssertions):
         path = EndpointURL(f"http://127.0.0.1:{port}/caf\u00e9", "http", "127.0.0.1", port, "/caf\u00e9")
         host = EndpointURL(f"http://caf\u00e9:{port}/ok", "http", "caf\u00e9", port, "/ok")
         with self.assertRaises(EndpointFailure) as e:
-            yield h.client.call(path, h.settings, b"{}", {}, Deadline.after(reactor.seconds(), 5.0))
+            yield deferred_call(
+                h.client, EndpointRequest(path, h.settings, b"{}", {}, Deadline.after(reactor.seconds(), 5.0))
+            )
         self.assertEqual(e.exception.reason, "http-4xx")
         self.assertEqual(self.resource.seen[0][0], b"/caf%C3%A9")
         with self.assertRaises(EndpointFailure) as e:
-            yield h.client.call(host, h.settings, b"{}", {}, Deadline.after(reactor.seconds(), 5.0))
+            yield deferred_call(
+                h.client, EndpointRequest(host, h.settings, b"{}", {}, Deadline.after(reactor.seconds(), 5.0))
+            )
         self.assertEqual(e.exception.reason, "connection-failed")
         self.assertEqual(h.client.in_flight(path.origin), 0)
         self.assertEqual(h.client.in_flight(host.origin), 0)

@@ -1105,7 +1105,7 @@ class DeadlineTests(SynchronousTestCase):
 class RobustnessTests(SynchronousTestCase):
     def test_endpoint_client_raising_still_answers(self) -> None:
         class Broken:
-            def ask_into(self, *args: Any, **kwargs: Any) -> Any:
+            def call(self, request: Any, receiver: Any) -> Any:
                 raise RuntimeError("bug in the client")
 
         config = config_for("/user-env")
@@ -1124,7 +1124,7 @@ class RobustnessTests(SynchronousTestCase):
 
     def test_endpoint_client_failing_unexpectedly_still_answers(self) -> None:
         class Broken:
-            def ask_into(self, receiver: Any, *args: Any, **kwargs: Any) -> Any:
+            def call(self, request: Any, receiver: Any) -> Any:
                 receiver.failed(Failure(ValueError("unexpected")))
 
         config = config_for("/user-env", failure_policy="Fail")

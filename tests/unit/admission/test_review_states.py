@@ -247,7 +247,7 @@ class ReviewStates(RuleBasedStateMachine):
                 assert reviewed.answers == 0
                 # At rest, a review not answered waits on exactly one step.
                 assert review.state in (ReviewState.LOOKING_UP, ReviewState.CALLING), review.state
-                assert id(review) in timed, "a review waits with no timer for its deadline"
+                assert id(review.waiting) in timed, "a review waits with no timer for its deadline"
         assert not self.failures, self.failures[0]
 
     def check_the_end(self) -> None:

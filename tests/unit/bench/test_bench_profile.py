@@ -73,18 +73,18 @@ def test_each_row_stands_for_a_function_on_a_reviews_path(
 
 
 def test_a_stack_counts_for_every_row_it_passes_through_and_no_other(tmp_path: Path) -> None:
-    ask_into = _frame("amp.endpoint._client:EndpointClient.ask_into")
+    call = _frame("amp.endpoint._client:EndpointClient.call")
     check = _frame("amp.patch._check:check_patch")
     on_header = _frame("amp.http._client:ClientConnection.on_header")
     collapsed = tmp_path / "profile.txt"
     collapsed.write_text(
-        f"process 1;thread 1;run (twisted/internet/base.py:1);{ask_into};write (x.py:2) 3\n"
+        f"process 1;thread 1;run (twisted/internet/base.py:1);{call};write (x.py:2) 3\n"
         f"process 1;thread 1;run (twisted/internet/base.py:1);{on_header} 1\n"
         f"process 1;thread 1;run (twisted/internet/base.py:1);{check};apply (y.py:3) 4\n"
         "process 1;thread 1;run (twisted/internet/base.py:1) 2\n"
     )
     rows = {row["part"]: row["total_pct"] for row in summarise_collapsed(str(collapsed))["breakdown"]}
-    assert rows["endpoint call set-up (amp.endpoint.EndpointClient.ask_into)"] == 30.0
+    assert rows["endpoint call set-up (amp.endpoint.EndpointClient.call)"] == 30.0
     assert rows["the endpoint's reply read (amp.http's client llhttp callbacks and head count)"] == 10.0
     assert rows["patch checks (amp.patch.check_patch)"] == 40.0
     assert rows["AdmissionReview parsing (amp.admission_review.parse_review)"] == 0.0

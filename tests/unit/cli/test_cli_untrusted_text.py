@@ -316,22 +316,13 @@ class _Held:
     def __init__(self) -> None:
         self.waiting: list[tuple[str, Deferred]] = []
 
-    def ask_into(
-        self,
-        receiver: Any,
-        url: Any,
-        settings: Any,
-        body: bytes,
-        headers: Any,
-        deadline: Any,
-        breaker: Any = None,
-        caller_times: bool = False,
-    ) -> None:
+    def call(self, request: Any, receiver: Any) -> None:
+        """Hold C{request} until the test answers it (told to C{receiver} then)."""
         from amp.endpoint import CallReply
         from amp.reply import EndpointDecision
 
         d: Deferred = Deferred()
-        self.waiting.append((url.path, d))
+        self.waiting.append((request.url.path, d))
         d.addCallback(lambda patch: CallReply(EndpointDecision(patch=patch), lambda outcome: None)).addCallbacks(
             receiver.replied, receiver.failed
         )

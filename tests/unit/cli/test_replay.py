@@ -100,37 +100,13 @@ class _Answers:
         self.patches = patches
         self.called: list[str] = []
 
-    def call(
-        self, url: Any, settings: Any, body: bytes, headers: Any, deadline: Any, breaker: Any = None, check: Any = None
-    ) -> Any:
-        from twisted.internet.defer import succeed
-
+    def call(self, request: Any, receiver: Any) -> None:
+        """Answer C{request} at once (told to C{receiver} before returning, as a refusal is)."""
+        from amp.endpoint import CallReply
         from amp.reply import EndpointDecision
 
-        self.called.append(url.path)
-        return succeed(EndpointDecision(patch=self.patches[url.path]))
-
-    def ask(self, url: Any, settings: Any, body: bytes, headers: Any, deadline: Any, breaker: Any = None) -> Any:
-        """As L{call}, the reply with its settle handle (what a review asks for)."""
-        from amp.endpoint import CallReply
-
-        return self.call(url, settings, body, headers, deadline, breaker).addCallback(
-            lambda decision: CallReply(decision, lambda outcome: None)
-        )
-
-    def ask_into(
-        self,
-        receiver: Any,
-        url: Any,
-        settings: Any,
-        body: bytes,
-        headers: Any,
-        deadline: Any,
-        breaker: Any = None,
-        caller_times: bool = False,
-    ) -> None:
-        """As L{ask}, told to C{receiver} (how a review asks)."""
-        self.ask(url, settings, body, headers, deadline, breaker).addCallbacks(receiver.replied, receiver.failed)
+        self.called.append(request.url.path)
+        receiver.replied(CallReply(EndpointDecision(patch=self.patches[request.url.path]), lambda outcome: None))
 
 
 def _note(path: str, value: str) -> list:

@@ -25,7 +25,7 @@ from amp.admission_review import parse_review
 from amp.breaker import CLOSED, HALF_OPEN, OPEN, BreakerRegistry
 from amp.config import BreakerConfig, EndpointSettings, parse_config
 from amp.deadline import Deadline
-from amp.endpoint import EndpointClient, EndpointFailure
+from amp.endpoint import EndpointClient, EndpointFailure, EndpointRequest, deferred_call
 from amp.endpoint._failures import LocalFailure, classify
 from amp.metrics import Metrics
 from amp.namespaces import StaticNamespaceSource
@@ -109,7 +109,7 @@ class OneTimerTests(SynchronousTestCase, FailureAssertions):
 
     def test_endpoint_timeout_shorter_than_the_time_left(self) -> None:
         h = self.harness(EndpointSettings(timeout=1.0, breaker=BreakerConfig(consecutive_failures=1)))
-        d = h.call(URL, budget=9.5, enforce=False)
+        d = h.call(URL, budget=9.5)
         self.assertEqual([c.getTime() for c in self.clock.getDelayedCalls()], [1.0])
         self.clock.advance(0.999)
         self.assertNoResult(d)
@@ -126,14 +126,16 @@ class OneTimerTests(SynchronousTestCase, FailureAssertions):
 
     def test_no_timer_of_its_own_when_the_caller_has_less_time(self) -> None:
         h = self.harness(EndpointSettings(timeout=5.0))
-        d = h.call(URL, budget=1.5, enforce=False)
+        call, told = h.start(URL, budget=1.5)
+        self.assertIsNone(call.expires)
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.clock.advance(60)
-        self.assertNoResult(d)
+        self.assertEqual((told.replies, told.failures), ([], []))
 
     def test_no_timer_of_its_own_when_the_times_are_equal(self) -> None:
         h = self.harness(EndpointSettings(timeout=2.0))
-        h.call(URL, budget=2.0, enforce=False)
+        call, _ = h.start(URL, budget=2.0)
+        self.assertIsNone(call.expires)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_the_callers_deadline_ends_the_call_without_a_verdict(self) -> None:
@@ -215,7 +217,10 @@ class OneTimerTests(SynchronousTestCase, FailureAssertions):
             self.clock, Metrics(), BreakerRegistry(self.clock), connector=ResourceConnector(self.hung)
         )
         deadline = Deadline.after(self.clock.seconds(), 9.5)
-        calls = {u: client.call(u, endpoints.settings_for(u), b"{}", {}, deadline) for u in (hang, other, elsewhere)}
+        calls = {
+            u: deferred_call(client, EndpointRequest(u, endpoints.settings_for(u), b"{}", {}, deadline))
+            for u in (hang, other, elsewhere)
+        }
         self.clock.advance(1.0)
         self.assertReason(calls[hang], "timeout")
         self.assertNoResult(calls[other])
@@ -298,8 +303,11 @@ class ConnectTests(SynchronousTestCase, FailureAssertions):
         self.assertReason(d, "connection-refused")
         self.net.reactor.advance(settings.breaker.cooldown)
         not_bytes: Any = {b"x-bad": 5}
-        bad = h.client.call(
-            parse_endpoint_url(URL), settings, b"{}", not_bytes, Deadline.after(self.net.reactor.seconds(), 5.0)
+        bad = deferred_call(
+            h.client,
+            EndpointRequest(
+                parse_endpoint_url(URL), settings, b"{}", not_bytes, Deadline.after(self.net.reactor.seconds(), 5.0)
+            ),
         )
         self.assertReason(bad, "connection-failed")
         self.assertEqual(len(self.flushLoggedErrors()), 1)
@@ -501,11 +509,13 @@ class BreakerIntegrationTests(SynchronousTestCase, FailureAssertions):
         )
         url = parse_endpoint_url(URL)
         for _ in range(2):
-            self.assertReason(client.call(url, self.settings, b"{}", {}, self.deadline()), "http-5xx")
+            self.assertReason(
+                deferred_call(client, EndpointRequest(url, self.settings, b"{}", {}, self.deadline())), "http-5xx"
+            )
         self.assertEqual(gauge(), 2)
         self.clock.advance(5.0)
         self.resource.status = 200
-        self.successResultOf(client.call(url, self.settings, b"{}", {}, self.deadline()))
+        self.successResultOf(deferred_call(client, EndpointRequest(url, self.settings, b"{}", {}, self.deadline())))
         self.assertEqual(gauge(), 0)
 
 

@@ -158,14 +158,18 @@ class NotHTTPTests(_Base):
 
     def test_a_header_value_with_a_line_break_is_never_sent(self) -> None:
         from amp.deadline import Deadline
+        from amp.endpoint import EndpointRequest, deferred_call
         from amp.urls import parse_endpoint_url
 
-        d = self.h.client.call(
-            parse_endpoint_url(URL),
-            self.h.settings,
-            b"{}",
-            {b"x-amp-namespace": b"a\r\nX-Injected: 1"},
-            Deadline.after(0, 5.0),
+        d = deferred_call(
+            self.h.client,
+            EndpointRequest(
+                parse_endpoint_url(URL),
+                self.h.settings,
+                b"{}",
+                {b"x-amp-namespace": b"a\r\nX-Injected: 1"},
+                Deadline.after(0, 5.0),
+            ),
         )
         e = self.assertReason(d, "connection-failed")
         self.assertIn("line break", e.message)
