@@ -162,8 +162,9 @@ class Review:
                 now = self._parts.clock.seconds()
                 if self._spans is not None and self._spans.sampled:
                     self._lookup_started = now
+                fetched = namespaces.fetch(name, self._deadline.remaining(now))
                 self._become(_LOOKING_UP)
-                lookup = DeferredStep(namespaces.fetch(name, self._deadline.remaining(now)), self)
+                lookup = DeferredStep(fetched, self)
                 if not lookup.told:
                     self._waiting.wait(lookup)
             else:

@@ -283,6 +283,22 @@ class ReviewWaitingTests(SynchronousTestCase):
         self.assertEqual([a.outcome.reason for a in answers], ["cancelled"])
         self.assertEqual(clock.getDelayedCalls(), [])
 
+    def test_a_lookup_that_cannot_start_is_answered_without_waiting(self) -> None:
+        class Broken(FakeSource):
+            def fetch(self, name: str, timeout: float) -> Deferred:
+                raise RuntimeError("broken source")
+
+        admitter, clock = self.admitter(Broken())
+        answers: list[Any] = []
+        review = admitter.review_into(answers.append, parse_review(review_bytes()), Deadline.after(0.0, 2.0))
+        self.assertIsNone(review)
+        [answer] = answers
+        self.assertEqual(answer.outcome.reason, "internal-error")
+        # The one failure logged is the source's, not a review transition of amp's.
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertEqual(self.flushLoggedErrors(), [])
+        self.assertEqual(clock.getDelayedCalls(), [])
+
 
 # ---------------------------------------------------------------- the shared judge
 
