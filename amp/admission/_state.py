@@ -9,8 +9,9 @@ or the client went away; the step in progress is then cancelled and the
 review answered.  Once answered, nothing changes it: a step that ends late
 is dropped (a reply settled as it is).
 
-What the review waits on is kept beside its state (the lookup's Deferred,
-the endpoint L{amp.endpoint.Call}), set exactly while the state says so.
+What the review waits on is its L{amp.waiting.Waiting}'s step (the
+namespace lookup, an endpoint L{amp.endpoint.Call}), set exactly while the
+state says so (LOOKING_UP, CALLING).
 A transition not in L{REVIEW_NEXT} is amp's bug: L{check_review} raises
 L{IllegalReviewTransition}, which the review logs as a failure, still
 answering.

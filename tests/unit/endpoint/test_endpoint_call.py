@@ -95,9 +95,10 @@ class ReasonCoverageTests(SynchronousTestCase):
 
 class OneTimerTests(SynchronousTestCase, FailureAssertions):
     """
-    A call runs its own timer only when the endpoint's timeout is shorter
-    than the caller's time left; otherwise the caller's deadline is the one
-    timer, and the caller cancels.
+    A call has a time of its own (its expiry, which its caller's one timer
+    times) only when the endpoint's timeout is shorter than the caller's
+    time left; otherwise the caller's deadline is the one timer, and the
+    caller cancels.  The call itself arms no timer.
     """
 
     def setUp(self) -> None:
