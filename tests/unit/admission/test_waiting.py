@@ -283,6 +283,29 @@ class ReviewWaitingTests(SynchronousTestCase):
         self.assertEqual([a.outcome.reason for a in answers], ["cancelled"])
         self.assertEqual(clock.getDelayedCalls(), [])
 
+    def test_the_endpoint_call_is_the_step_and_its_own_timeout_the_one_timer(self) -> None:
+        clock = Clock()
+        metrics = Metrics()
+        client = EndpointClient(clock, metrics, BreakerRegistry(clock), connector=ResourceConnector(Hung()))
+        config = make_config({"team-a": namespace(URL)}, endpoints={"timeout": "1s"})
+        admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), client, clock, metrics)
+        answers: list[Any] = []
+        review = admitter.review_into(answers.append, parse_review(review_bytes()), Deadline.after(0.0, 5.0))
+        self.assertIs(review.state, ReviewState.CALLING)
+        self.assertEqual(review.waiting.step.expires, 1.0)
+        self.assertEqual(_timers(clock), [1.0])
+        clock.advance(1.0)
+        # The call timed out on its own account (Ignore: the step skipped).
+        [answer] = answers
+        self.assertEqual(answer.outcome.reason, "timeout")
+        self.assertEqual(
+            metrics.registry.get_sample_value(
+                "amp_endpoint_requests_total", {"endpoint": "http://127.0.0.1:8090", "outcome": "timeout"}
+            ),
+            1.0,
+        )
+        self.assertEqual(clock.getDelayedCalls(), [])
+
     def test_a_lookup_that_cannot_start_is_answered_without_waiting(self) -> None:
         class Broken(FakeSource):
             def fetch(self, name: str, timeout: float) -> Deferred:
