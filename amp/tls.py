@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 
 #: TLS 1.2 cipher suites: Mozilla's "intermediate" list without the
 #: finite-field DHE suites, i.e. ECDHE key exchange with AES-GCM or
-#: ChaCha20-Poly1305.  TLS 1.3 suites are OpenSSL's defaults (all AEAD).
+#: ChaCha20-Poly1305.
 TLS12_CIPHERS = ":".join(
     (
         "ECDHE-ECDSA-AES128-GCM-SHA256",
@@ -88,13 +88,31 @@ TLS12_CIPHERS = ":".join(
     )
 )
 
+#: TLS 1.3 suites: OpenSSL's three, AES-128-GCM first as in the TLS 1.2 list
+#: and as Go's client (the API server's) prefers them on AES hardware.
+#: OpenSSL's own order puts AES-256-GCM-SHA384 first, and with the server's
+#: preference every handshake ran its key schedule and transcript on
+#: SHA-384: 1.4% of amp's instructions per review on a new connection
+#: (bench/README.md, "Figures behind the code").
+TLS13_CIPHERSUITES = ":".join(("TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256"))
+
 #: The only application protocol offered over ALPN: the API server talks
 #: HTTP/1.1 to webhooks.
 ALPN_PROTOCOL = b"http/1.1"
 
 _MIN_VERSIONS = {"1.2": SSL.TLS1_2_VERSION, "1.3": SSL.TLS1_3_VERSION}
 
-_OPTIONS = SSL.OP_NO_COMPRESSION | SSL.OP_CIPHER_SERVER_PREFERENCE | getattr(SSL, "OP_NO_RENEGOTIATION", 0)
+#: No session resumption: C{OP_NO_TICKET} makes OpenSSL's tickets mere
+#: references into the server's session cache, which is off (L{_context}),
+#: so none resumes anything.  The API server's webhook client keeps no TLS
+#: session cache and never resumes: an encrypted (stateless) ticket was work
+#: on every handshake for nobody, 4% of amp's instructions per review on a
+#: new connection (bench/README.md, "Figures behind the code"), and its key,
+#: living as long as the process, would weaken every session's forward
+#: secrecy.
+_OPTIONS = (
+    SSL.OP_NO_COMPRESSION | SSL.OP_CIPHER_SERVER_PREFERENCE | getattr(SSL, "OP_NO_RENEGOTIATION", 0) | SSL.OP_NO_TICKET
+)
 
 _PEM_BEGIN_CERT = b"-----BEGIN CERTIFICATE-----"
 _PEM_END_CERT = b"-----END CERTIFICATE-----"
@@ -366,9 +384,10 @@ class ReloadingCertificate:
             ctx.add_extra_chain_cert(extra)
         ctx.use_privatekey(key)
         ctx.check_privatekey()
-        # Required for session resumption when client certificates are
-        # verified; harmless otherwise.
+        # No session is resumed (see _OPTIONS); the context still names
+        # itself, which OpenSSL asks for when client certificates are verified.
         ctx.set_session_id(b"amp")
+        ctx.set_session_cache_mode(SSL.SESS_CACHE_OFF)
         if client_cas:
             store = ctx.get_cert_store()
             if store is None:
@@ -381,6 +400,7 @@ class ReloadingCertificate:
             ctx.set_verify(SSL.VERIFY_NONE)
         ctx.set_alpn_select_callback(_select_alpn)
         ctx.set_cipher_list(TLS12_CIPHERS.encode("ascii"))
+        ctx.set_tls13_ciphersuites(TLS13_CIPHERSUITES.encode("ascii"))
         return ctx
 
     def _install(self, new: _Loaded) -> None:

@@ -20,7 +20,12 @@ and a review of amp's, more Python over more memory than the floor's,
 runs fewer instructions per cycle (measured here: amp's CPU ratio
 C{bench/run} reports is above this one).  Use both.
 
-Run: C{python -m bench.process_instructions [--reviews N] [--body typical]};
+With C{--fresh}, every review goes on a new TLS connection (handshake,
+one review, the client closes), as in a Pod storm where kube-apiserver
+opens a connection per call in flight: the figure then holds amp's and the
+floor's per-connection cost too.
+
+Run: C{python -m bench.process_instructions [--reviews N] [--body typical] [--fresh]};
 needs valgrind.  Prints one JSON object.
 """
 
@@ -53,6 +58,7 @@ def measure(
     tls: dict[str, str],
     body_files: dict[str, str],
     endpoint_url: str,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     """Instructions per review of one proxy (C{amp} or C{floor}) for C{body}."""
     out = os.path.join(workdir, f"callgrind.{which}.{body}")
@@ -81,7 +87,8 @@ def measure(
         proc.wait_ready(timeout=600)
         port = proc.port
     client = subprocess.Popen(
-        [py, "-m", "bench.closed_loop", str(port), body_files[f"{body}-on"], str(CONNECTIONS), tls["ca_cert"]],
+        [py, "-m", "bench.closed_loop", str(port), body_files[f"{body}-on"], str(CONNECTIONS), tls["ca_cert"]]
+        + (["fresh"] if fresh else []),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -124,6 +131,9 @@ def main() -> None:
         help=f"reviews per connection in the counted round ({CONNECTIONS} connections; default 15)",
     )
     parser.add_argument("--body", choices=bodies.BODIES, action="append", help="the bodies (default both)")
+    parser.add_argument(
+        "--fresh", action="store_true", help="a new TLS connection per review, closed by the client after its answer"
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("bench.process_instructions needs valgrind (callgrind and callgrind_control)")
@@ -138,7 +148,7 @@ def main() -> None:
             endpoint_url = f"http://127.0.0.1:{endpoint.first_line()['port']}/patch"
             for body in args.body or bodies.BODIES:
                 figures = {
-                    which: measure(which, body, args.reviews, workdir, tls, body_files, endpoint_url)
+                    which: measure(which, body, args.reviews, workdir, tls, body_files, endpoint_url, args.fresh)
                     for which in ("floor", "amp")
                 }
                 figures["amp_vs_floor"] = round(

@@ -81,7 +81,8 @@ class TLSConfig:
         "Note that the kubelet's HTTPS probes present no certificate."))
     min_version: str = declare(TLS_VERSION, "1.2", restart=Restart.ALWAYS, doc=(
         "Lowest TLS version accepted: `\"1.2\"` or `\"1.3\"` (quote it). TLS 1.2 uses ECDHE with AES-GCM or "
-        "ChaCha20-Poly1305 only."))
+        "ChaCha20-Poly1305 only; TLS 1.3 prefers AES-128-GCM. No session is resumed (the API server never resumes "
+        "one), so amp keeps no session cache and no ticket key."))
     reload_interval: float = declare(POSITIVE_DURATION, 5.0, restart=Restart.ALWAYS, doc=(
         "How often the certificate, key and client CA files are checked for a change. A new set is loaded only if "
         "it is complete, belongs together and has not expired; otherwise the certificate in service stays. `SIGHUP`"
