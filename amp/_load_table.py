@@ -11,7 +11,7 @@ import os
 import struct
 import tempfile
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 __all__ = ["HEARTBEAT", "SLOT", "STALE", "LoadTable"]
 
@@ -36,7 +36,7 @@ class LoadTable:
         use the same one (C{time.monotonic}).
     """
 
-    def __init__(self, buffer: Any, worker: int, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, buffer: mmap.mmap | bytearray, worker: int, now: Callable[[], float] = time.monotonic) -> None:
         self.workers = len(buffer) // SLOT
         if not 0 <= worker < self.workers:
             raise ValueError(f"worker {worker}: the load table has {self.workers} slots")

@@ -24,6 +24,7 @@ from amp.reasons import NamespaceSource
 
 if TYPE_CHECKING:
     from amp.reactors import IAmpReactor
+    from amp.service import AmpService
 
 
 class Options(usage.Options):
@@ -147,7 +148,7 @@ def print_effective_config(config: Config, out: Any = None) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def makeService(options: Options, reactor: Optional[IAmpReactor] = None) -> Any:
+def makeService(options: Options, reactor: Optional[IAmpReactor] = None) -> AmpService:
     """
     Build amp's service from parsed options: the one place that reaches for
     the global reactor (when none is given) and builds the real listening

@@ -28,7 +28,7 @@ from amp.memo import Memo
 from amp.metrics import Metrics
 from amp.reasons import Result
 from amp.recent import Decision, RecentDecisions
-from amp.tracing import NO_TRACING, ReviewSpans
+from amp.tracing import NO_TRACING, ReviewSpans, ReviewTracer
 
 #: What the listener serves, for a request to any other path.
 SERVED = "amp serves /mutate, /validate, /healthz and /readyz"
@@ -98,7 +98,7 @@ class ReviewHandler:
         # through an instance makes a new Logger).
         self._info = self.log.info
         #: OpenTelemetry tracing (L{amp.tracing.Tracing}); off: L{NO_TRACING}.
-        self.tracing: Any = NO_TRACING
+        self.tracing: ReviewTracer = NO_TRACING
 
     def __call__(self, request: Request) -> None:
         if request.method != b"POST":

@@ -15,13 +15,14 @@ drain's time is up is aborted.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IAddress, IReactorTime
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger, LogLevel
 
+from amp.config import ListenConfig
 from amp.http._limits import WARNING_BURST, WARNING_INTERVAL, WARNING_KINDS
 from amp.http._request import Handler, IConnection, Request
 from amp.http._server import HTTPServerProtocol
@@ -81,7 +82,7 @@ class HTTPServerFactory(Factory):
         #: connection accepted now is closed at once.
         self.draining = False
         self._drained: Optional[Deferred[int]] = None
-        self._drain_timer: Any = None
+        self._drain_timer: Optional[IDelayedCall] = None
 
     def buildProtocol(self, addr: Optional[IAddress]) -> HTTPServerProtocol:
         return HTTPServerProtocol(self)
@@ -111,8 +112,9 @@ class HTTPServerFactory(Factory):
     def connection_lost(self, connection: IConnection) -> None:
         self.connections.discard(connection)
         self._count(-1)
-        if self._drained is not None and not self.connections and self._drain_timer.active():
-            self._drain_timer.cancel()
+        timer = self._drain_timer
+        if self._drained is not None and not self.connections and timer is not None and timer.active():
+            timer.cancel()
             self._drained.callback(0)
 
     def _count(self, change: int) -> None:
@@ -161,7 +163,7 @@ class HTTPServerFactory(Factory):
         assert self._drained is not None
         self._drained.callback(len(left))
 
-    def apply(self, listen: Any) -> None:
+    def apply(self, listen: ListenConfig) -> None:
         """
         The limits of a reloaded C{listen} section, for every request and
         connection from now on.

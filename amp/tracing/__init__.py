@@ -26,7 +26,7 @@ from amp.tracing._context import (
 )
 from amp.tracing._settings import Exporting, Settings, resolve
 from amp.tracing._spans import CLIENT, INTERNAL, SERVER, ReviewSpans, SpanRecord
-from amp.tracing._tracing import NO_TRACING, Tracing
+from amp.tracing._tracing import NO_TRACING, ReviewTracer, Tracing
 
 __all__ = [
     "CLIENT",
@@ -38,6 +38,7 @@ __all__ = [
     "Ids",
     "Parent",
     "ReviewSpans",
+    "ReviewTracer",
     "Sampler",
     "Settings",
     "SpanRecord",

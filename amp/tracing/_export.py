@@ -67,7 +67,9 @@ class _Reporting(SpanExporter):
     processor's thread.
     """
 
-    def __init__(self, inner: SpanExporter, report: Callable[[int, bool], None], call_from_thread: Any) -> None:
+    def __init__(
+        self, inner: SpanExporter, report: Callable[[int, bool], None], call_from_thread: Callable[..., object]
+    ) -> None:
         self._inner = inner
         self._report = report
         self._call = call_from_thread

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
@@ -25,8 +25,23 @@ from amp.tracing._settings import Settings, resolve
 from amp.tracing._spans import ReviewSpans
 
 if TYPE_CHECKING:
+    from twisted.python.threadpool import ThreadPool
+
     from amp.reactors import IAmpReactor
     from amp.tracing._export import Pipeline
+
+
+class ReviewTracer(Protocol):
+    """What the webhook reads of tracing for each review: a L{Tracing}, or L{NO_TRACING}."""
+
+    #: Reviews are traced: read once per review.
+    enabled: bool
+
+    def begin(self, traceparent: Optional[bytes], tracestate: Optional[bytes], now: float) -> Optional[ReviewSpans]:
+        """A traced review's spans, begun at C{now} under the caller's context (or None: not sampled)."""
+
+    def finish(self, spans: ReviewSpans, end: float, attributes: dict[str, Any], error: Optional[str]) -> None:
+        """The review's spans ended at C{end}, with its attributes and error, and exported."""
 
 
 class _Off:
@@ -67,7 +82,7 @@ class Tracing(Service):
         environ: Optional[Mapping[str, str]] = None,
         ids: Optional[Ids] = None,
         exporter: Optional[Callable[[Any], Any]] = None,
-        threadpool: Any = None,
+        threadpool: Optional[ThreadPool] = None,
     ) -> None:
         self._reactor = reactor
         self._dropped = dropped
@@ -124,7 +139,7 @@ class Tracing(Service):
             )
         self.enabled = True
 
-    def _retire(self, pipeline: Any) -> None:
+    def _retire(self, pipeline: Pipeline) -> None:
         d = pipeline.shutdown(self._threadpool if self._threadpool is not None else self._reactor.getThreadPool())
         self._closing.append(d)
 
