@@ -115,29 +115,12 @@ class Bench:
             self.procs.append(self.fakeapi)
             say(f"fake Kubernetes API on {self.fakeapi.first_line()['url']} (pid {self.fakeapi.pid})")
         source = "kubeconfig" if self.kube else "static"
-        self.amp = Amp(
-            "cache",
-            workdir,
-            self.tls,
-            endpoint_url=self.endpoint_url,
-            source=source,
-            kubeconfig=kubeconfig,
-            per_review_get=False,
-            cpus=self.amp_cpus,
-        )
+        self.workdir = workdir
+        self.amp = self.new_amp("cache")
         self.procs.append(self.amp)
         self.amp_get: Optional[Amp] = None
         if self.kube:
-            self.amp_get = Amp(
-                "per-review-get",
-                workdir,
-                self.tls,
-                endpoint_url=self.endpoint_url,
-                source=source,
-                kubeconfig=kubeconfig,
-                per_review_get=True,
-                cpus=self.amp_cpus,
-            )
+            self.amp_get = self.new_amp("per-review-get", per_review_get=True)
             self.procs.append(self.amp_get)
         #: mode -> the amp of a tracing mode, exporting to the benchmark's collector.
         self.traced: dict[str, Amp] = {}
@@ -148,15 +131,8 @@ class Bench:
             say(f"OTLP collector on {sink_url} (pid {self.sink.pid})")
             for mode, ratio in TRACING.items():
                 if mode in self.args.modes:
-                    self.traced[mode] = Amp(
+                    self.traced[mode] = self.new_amp(
                         f"tracing-{ratio:g}",
-                        workdir,
-                        self.tls,
-                        endpoint_url=self.endpoint_url,
-                        source=source,
-                        kubeconfig=kubeconfig,
-                        per_review_get=False,
-                        cpus=self.amp_cpus,
                         overlay={
                             "tracing": {
                                 "enabled": True,
@@ -174,6 +150,24 @@ class Bench:
         self.results["namespace_source"] = source
         if not self.kube:
             say("amp.kube is not available: mode (b) uses static namespaces and mode (c) is not measured")
+
+    def new_amp(self, name: str, *, per_review_get: bool = False, **options: Any) -> Amp:
+        """
+        An amp of the run (L{start} made the workdir, the certificate, the
+        endpoint and, with C{amp.kube}, the fake API it uses), pinned to
+        amp's CPU; C{options} go to L{Amp} (C{overlay}, C{extra_twistd}).
+        """
+        return Amp(
+            name,
+            self.workdir,
+            self.tls,
+            endpoint_url=self.endpoint_url,
+            source="kubeconfig" if self.kube else "static",
+            kubeconfig=os.path.join(self.workdir, "kubeconfig") if self.kube else None,
+            per_review_get=per_review_get,
+            cpus=self.amp_cpus,
+            **options,
+        )
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from bench.harness import Amp, run_wrk, say
+from bench.harness import run_wrk, say
 from bench.profile_summary import _short, summarise_collapsed
 from bench.run_measure import Bench
 
@@ -78,20 +78,7 @@ def cprofile(bench: Bench, outdir: str, stem: str, duration: int) -> Optional[di
     import pstats
 
     stats_path = os.path.join(outdir, f"{stem}-profile.pstats")
-    workdir = os.path.dirname(bench.amp.config_path)
-    source = "kubeconfig" if bench.kube else "static"
-    kubeconfig = os.path.join(workdir, "kubeconfig") if bench.kube else None
-    amp = Amp(
-        "cprofile",
-        workdir,
-        bench.tls,
-        endpoint_url=bench.endpoint_url,
-        source=source,
-        kubeconfig=kubeconfig,
-        per_review_get=False,
-        cpus=bench.amp_cpus,
-        extra_twistd=(f"--profile={stats_path}", "--profiler=cprofile", "--savestats"),
-    )
+    amp = bench.new_amp("cprofile", extra_twistd=(f"--profile={stats_path}", "--profiler=cprofile", "--savestats"))
     try:
         amp.wait_ready()
         run_wrk(
