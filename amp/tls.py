@@ -65,7 +65,8 @@ from twisted.internet.interfaces import (
 )
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
-from zope.interface import implementer
+from zope.interface import implementer, providedBy
+from zope.interface.declarations import Provides
 
 from amp.files import PEM_LIMIT, FileError, FileState, Observed, observe, read_file
 from amp.metrics import Metrics
@@ -534,7 +535,36 @@ class TLSServerEndpoint:
         self.clock = clock
 
     def listen(self, protocolFactory: IProtocolFactory) -> Deferred[IListeningPort]:
-        return self.inner.listen(TLSMemoryBIOFactory(self.creator, False, protocolFactory, clock=self.clock))
+        return self.inner.listen(_ServerTLSFactory(self.creator, False, protocolFactory, clock=self.clock))
+
+
+class _ServerTLSProtocol(TLSMemoryBIOProtocol):
+    """
+    Twisted's TLS protocol, its interface declarations kept.
+
+    Twisted's C{makeConnection} declares the transport's interfaces one
+    C{directlyProvides} at a time (nine for TCP), then all at once, and
+    zope.interface caches a declaration only while something holds it: all
+    but the last were built again, resolution order and all, on each new
+    connection, every review's in a Pod storm (bench/README.md, "Figures
+    behind the code").  Holding them makes them cache hits.
+    """
+
+    #: The declarations Twisted's makeConnection makes, kept, by the
+    #: transport's class (a handful of classes at most).
+    _kept: dict[type, tuple[Any, ...]] = {}
+
+    def makeConnection(self, transport: Any) -> None:
+        kind = type(transport)
+        if kind not in self._kept:
+            provided = providedBy(transport)
+            # One per interface, then ProtocolWrapper's with them all.
+            self._kept[kind] = (*(Provides(type(self), i) for i in provided), Provides(type(self), provided))
+        super().makeConnection(transport)  # type: ignore[no-untyped-call]  # Twisted leaves it unannotated
+
+
+class _ServerTLSFactory(TLSMemoryBIOFactory):
+    protocol = _ServerTLSProtocol
 
 
 def tcp_description(port: int, interface: str, backlog: Optional[int] = None) -> str:

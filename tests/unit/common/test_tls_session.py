@@ -1,19 +1,28 @@
 """
 What a TLS handshake with amp's listener negotiates, run in memory (two
-memory BIOs, no socket): the suite a client like the API server's gets and
-that no session is resumed (nobody resumes; see L{amp.tls}).
+memory BIOs, no socket): the suite a client like the API server's gets,
+that no session is resumed (nobody resumes; see L{amp.tls}), and the TLS
+protocol's interface declarations.
 """
 
 from __future__ import annotations
 
+import gc
 import ssl
+import weakref
 from pathlib import Path
 
 from OpenSSL import SSL
+from twisted.internet.address import IPv4Address
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.trial.unittest import TestCase
+from zope.interface import directlyProvidedBy, providedBy
+from zope.interface.declarations import Provides
 
-from amp.tls import TLS13_CIPHERSUITES, ReloadingCertificate
+from amp.tls import TLS13_CIPHERSUITES, ReloadingCertificate, _ServerTLSFactory, _ServerTLSProtocol
 from amp_dev.devcert import write_dev_tls
 
 
@@ -99,3 +108,38 @@ class HandshakeTests(TestCase):
             second.run()
             self.assertEqual(second.client.version(), version.name.replace("_", "."))
             self.assertFalse(second.client.session_reused, version)
+
+
+class DeclarationTests(TestCase):
+    """
+    The listener's TLS protocol declares what Twisted's declares, and keeps
+    the declarations Twisted's makeConnection builds on every connection.
+    """
+
+    def _connected(self, cert: ReloadingCertificate) -> TLSMemoryBIOProtocol:
+        factory = _ServerTLSFactory(cert, False, Factory.forProtocol(Protocol), clock=Clock())
+        protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
+        assert isinstance(protocol, TLSMemoryBIOProtocol)
+        protocol.makeConnection(StringTransport())
+        return protocol
+
+    def test_declarations_are_twisteds_and_survive_the_connection(self) -> None:
+        files = write_dev_tls(self.mktemp())
+        cert = ReloadingCertificate(str(files["cert"]), str(files["key"]), clock=Clock())
+        cert.load()
+        protocol = self._connected(cert)
+        self.assertIsInstance(protocol, _ServerTLSProtocol)
+        twisteds = TLSMemoryBIOProtocol(TLSMemoryBIOFactory(cert, False, Factory.forProtocol(Protocol)), Protocol())
+        twisteds.makeConnection(StringTransport())
+        self.assertEqual(list(directlyProvidedBy(protocol)), list(directlyProvidedBy(twisteds)))
+        interfaces = list(providedBy(StringTransport()))
+        self.assertGreater(len(interfaces), 1)
+        transport = StringTransport()
+        declared = [weakref.ref(Provides(_ServerTLSProtocol, i)) for i in (*interfaces, providedBy(transport))]
+        del protocol, twisteds
+        gc.collect()
+        # Every declaration Twisted's loop made is still alive, so the next
+        # connection's are cache hits, not new specifications.
+        self.assertNotIn(None, [ref() for ref in declared])
+        again = self._connected(cert)
+        self.assertIs(again.__provides__, declared[-1]())  # type: ignore[attr-defined]  # zope sets it
