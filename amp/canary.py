@@ -38,15 +38,16 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from twisted.internet.defer import CancelledError
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from amp.config import Config
 from amp.deadline import Deadline
-from amp.endpoint import Call, EndpointRequest
+from amp.endpoint import Call, EndpointClient, EndpointRequest
 from amp.memo import Memo
 from amp.namespaces import NamespaceInfo
 from amp.patch import PatchError
@@ -57,6 +58,10 @@ from amp.rules import CANARY_ANNOTATION, CANARY_PERCENT_ANNOTATION, CANARY_STEP_
 from amp.steps import CallStep, Judged
 from amp.urls import shown_url
 from amp.waiting import Waiting
+
+if TYPE_CHECKING:
+    from amp.metrics import Metrics
+    from amp.tracing import ReviewSpans, SpanRecord
 
 __all__ = [
     "CANARY_ANNOTATION",
@@ -155,9 +160,9 @@ class Canary:
 
     def __init__(
         self,
-        client: Any,
-        clock: Any,
-        metrics: Any,
+        client: EndpointClient,
+        clock: IReactorTime,
+        metrics: Metrics,
         *,
         annotate: Optional[Callable[[str, str, tuple[str, ...]], None]] = None,
         draw: Callable[[], float] = random.random,
@@ -171,7 +176,7 @@ class Canary:
         #: L{_PROBLEMS_KEPT}: one forgotten is reported again).
         self._problems: Memo[str, str] = Memo(_PROBLEMS_KEPT)
 
-    def start(self, plan: CanaryPlan, step: LiveStep, spans: Any = None) -> Optional["CanaryRun"]:
+    def start(self, plan: CanaryPlan, step: LiveStep, spans: Optional[ReviewSpans] = None) -> Optional["CanaryRun"]:
         """
         Start the candidate beside the live C{step} about to be called, if
         this review is sampled; the L{CanaryRun} to tell the live step's
@@ -227,7 +232,9 @@ class Canary:
             self._annotate(run.uid, str(result), paths)
 
 
-_PENDING: Any = object()
+#: One side of a comparison once known: C{("pod", the Pod after the step,
+#: None when it denied)}, C{("failed", why)} or C{("skipped", None)}.
+_Side = tuple[str, Any]
 #: Namespaces whose last canary problem is remembered, so it is reported once.
 _PROBLEMS_KEPT = 4096
 
@@ -258,14 +265,15 @@ class CanaryRun:
         self._body = step.body
         self._headers = dict(step.headers)
         self._deadline = step.deadline
-        self._live: Any = _PENDING
-        self._candidate: Any = _PENDING
+        #: The live step's side and the candidate's, None until known.
+        self._live: Optional[_Side] = None
+        self._candidate: Optional[_Side] = None
         self._done = False
         clock = canary._clock
-        self._starter: Any = None
+        self._starter: Optional[IDelayedCall] = None
         #: The live review's spans when it is traced (the candidate's call a linked span).
-        self.spans: Any = None
-        self._span: Any = None
+        self.spans: Optional[ReviewSpans] = None
+        self._span: Optional[SpanRecord] = None
         waiting = self._waiting = Waiting(clock, step.deadline, self._expired)
         self._calls = CallStep(self, waiting, canary._client, step.patch_options)
         # The deadline holds from now, whether or not the call starts.
@@ -276,7 +284,7 @@ class CanaryRun:
         The live step's outcome: the Pod after it (its checked patch applied;
         None when it denied), or C{skipped} when it failed or was not run.
         """
-        if self._live is not _PENDING:
+        if self._live is not None:
             return
         if skipped:
             self._live = ("skipped", None)
@@ -308,7 +316,7 @@ class CanaryRun:
             return
         if self._starter is not None and self._starter.active():
             self._starter.cancel()
-        if self._live is _PENDING:
+        if self._live is None:
             self._live = ("skipped", None)
         self._candidate = ("failed", "timeout: the review's deadline passed")
         self._compare()
@@ -342,7 +350,7 @@ class CanaryRun:
         self._compare()
 
     def _compare(self) -> None:
-        if self._done or self._live is _PENDING or self._candidate is _PENDING:
+        if self._done or self._live is None or self._candidate is None:
             return
         self._done = True
         self._waiting.close()
@@ -351,7 +359,7 @@ class CanaryRun:
         canary = self._canary
         span, self._span = self._span, None
         try:
-            if span is not None:
+            if span is not None and self.spans is not None:
                 self.spans.end_linked(
                     span,
                     canary._clock.seconds(),
