@@ -98,7 +98,7 @@ class _Ending(ProcessProtocol):
     calls C{on_end} first when the process has ended.
     """
 
-    def __init__(self, inner: Any, on_end: Callable[[], None]) -> None:
+    def __init__(self, inner: ProcessProtocol, on_end: Callable[[], None]) -> None:
         self.inner = inner
         self.on_end = on_end
 

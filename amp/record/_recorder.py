@@ -54,7 +54,7 @@ import os
 import random
 import site
 import sys
-from typing import Any, Callable, Mapping, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
@@ -78,6 +78,9 @@ from amp.record._pipe import (
 )
 from amp.record._redact import KeptAnnotations
 from amp.rules import RECORD_ANNOTATION
+
+if TYPE_CHECKING:
+    from amp.reactors import IAmpReactor
 
 __all__ = ["Recorder", "RecordSettings", "RECORD_ANNOTATION", "RECORD_RESULTS", "writer_argv"]
 
@@ -187,7 +190,7 @@ class _Writer:
     again when it ends unasked, stopped (see the module docstring).
     """
 
-    def __init__(self, recorder: "Recorder", settings: RecordSettings, reactor: Any, frame: bytes) -> None:
+    def __init__(self, recorder: "Recorder", settings: RecordSettings, reactor: IAmpReactor, frame: bytes) -> None:
         self.limit = settings.queue
         #: The most bytes of reviews waiting for the writer.
         self.byte_limit = QUEUE_FILES * settings.file_size
@@ -370,7 +373,7 @@ class Recorder(Service):
     def __init__(
         self,
         settings: RecordSettings,
-        reactor: Any,
+        reactor: IAmpReactor,
         metrics: Any,
         *,
         draw: Callable[[], float] = random.random,
