@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Union
 from typing import Protocol as TypingProtocol
 
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from amp.endpoint import OK, Call, CallReply, EndpointClient, EndpointRequest
@@ -30,6 +31,8 @@ from amp.waiting import Waiting
 #: when amp refuses it, or None when there is nothing to check (a deny, no
 #: patch, a validation).
 Judged = Optional[Union[CheckedPatch, PatchError]]
+
+_log = Logger()
 
 
 def judge(
@@ -137,6 +140,7 @@ class CallStep:
         owner = self._owner
         decision = reply.decision
         judged: Judged = None
+        wanted = False
         try:
             wanted = owner.step_replied(call, decision)
             if wanted and self._judges:
@@ -144,10 +148,18 @@ class CallStep:
         except Exception:
             # amp's bug: the endpoint answered; the owner is told the failure.
             broke = Failure()
-            reply.settle(OK)
-            owner.step_failed(None, broke)
+            _settle(reply, OK)
+            owner.step_failed(call, broke)
             return
-        reply.settle(judged.reason if isinstance(judged, PatchError) else OK)
+        try:
+            reply.settle(judged.reason if isinstance(judged, PatchError) else OK)
+        except Exception:
+            # amp's bug while settling (the breaker, the metrics, starting a
+            # queued call): the review is still answered now, not at its
+            # deadline, as the failure it is.
+            if wanted:
+                owner.step_failed(call, Failure())
+            return
         if wanted:
             owner.step_judged(decision, judged)
 
@@ -163,3 +175,11 @@ class CallStep:
         """The call, which waited for a slot, goes out: the owner's one timer moves to its new expiry."""
         if self.call is not None:
             self._waiting.arm()
+
+
+def _settle(reply: CallReply, outcome: str) -> None:
+    """Settle C{reply} on a path that is already amp's failure: a second failure is logged, not raised."""
+    try:
+        reply.settle(outcome)
+    except Exception:
+        _log.failure("amp internal error settling an endpoint call")

@@ -433,7 +433,7 @@ class EndpointClient:
     def close(self) -> Deferred[None]:
         """
         Shut down: stop keeping connections, wait for the calls in flight
-        (each is bounded by its timer or its caller's deadline), close the
+        (each bounded by its caller's one timer: its own timeout or the deadline), close the
         idle connections; fires once every connection that was open has
         closed.  Calls made after that still work, on connections that are
         closed when they end.

@@ -306,6 +306,39 @@ class ReviewWaitingTests(SynchronousTestCase):
         )
         self.assertEqual(clock.getDelayedCalls(), [])
 
+    def test_a_reply_whose_settling_fails_is_answered_at_once(self) -> None:
+        """
+        amp's own bug while settling a reply (the breaker, the metrics,
+        starting a queued call) answers the review then, as an internal
+        error: not at its deadline, and never not at all.
+        """
+        clock = Clock()
+        metrics = Metrics()
+        hung = Hung()
+        connector = ResourceConnector(hung)
+        client = EndpointClient(clock, metrics, BreakerRegistry(clock), connector=connector)
+        settled = client._settled
+
+        def broken(*args: Any) -> None:
+            settled(*args)
+            raise RuntimeError("settling broke")
+
+        client._settled = broken  # type: ignore[method-assign]  # the failure under test
+        config = make_config({"team-a": namespace(URL)}, endpoints={"timeout": "3s"})
+        admitter = Admitter(config, StaticNamespaceSource(config.kubernetes), client, clock, metrics)
+        answers: list[Any] = []
+        review = admitter.review_into(answers.append, parse_review(review_bytes()), Deadline.after(0.0, 5.0))
+        connector.flush()
+        self.assertIs(review.state, ReviewState.CALLING)
+        clock.advance(1.0)
+        hung.answer()
+        connector.flush()
+        [answer] = answers
+        self.assertEqual(answer.outcome.reason, "internal-error")
+        self.assertIs(review.state, ReviewState.ANSWERED)
+        self.assertEqual(clock.getDelayedCalls(), [])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
     def test_a_lookup_that_cannot_start_is_answered_without_waiting(self) -> None:
         class Broken(FakeSource):
             def fetch(self, name: str, timeout: float) -> Deferred:
