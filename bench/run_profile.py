@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from typing import Any, Optional
 
 from bench.harness import run_wrk, say
@@ -50,9 +49,12 @@ def profile(bench: Bench, outdir: str, stem: str, mode: str = "b") -> Optional[d
             stderr=subprocess.STDOUT,
             text=True,
         )
-        time.sleep(0.5)  # py-spy attaches before the load starts
+        # py-spy says "Sampling process ..." once attached: the load starts after it.
+        assert proc.stdout is not None
+        attached = proc.stdout.readline()
         run_wrk(url, body_file, connections=bench.args.connections, duration=duration + 1, cpus=bench.load_cpus)
         out, _ = proc.communicate(timeout=60)
+        out = attached + out
         if proc.returncode == 0 and os.path.exists(raw):
             summary = summarise_collapsed(raw)
             summary.update(
